@@ -1,0 +1,202 @@
+//! The tower layer that gives axum routes the Idempotency-Key contract.
+//!
+//! Put it in front of mutating routes with `route_layer` (or `MethodRouter::layer`), so that
+//! axum's matched route template is known and becomes part of the key's scope:
+//!
+//! ```no_run
+//! use axum::{Router, routing::post};
+//! use oncely::{IdempotencyLayer, ServerSecret, store::sqlite::SqliteKeyStore};
+//! # async fn demo(pool: sqlx::SqlitePool) {
+//! let store = SqliteKeyStore::new(pool);
+//! let secret = ServerSecret::new(b"0123456789abcdef0123456789abcdef".to_vec()).unwrap();
+//! let app: Router = Router::new()
+//!     .route("/payments", post(|| async { "paid" }))
+//!     .route_layer(IdempotencyLayer::generic(store, secret));
+//! # }
+//! ```
+//!
+//! Two modes:
+//! - [`IdempotencyLayer::transactional`]: the layer opens a transaction and claims the key in it;
+//!   the handler takes [`IdempotentTx`] and writes its rows in that transaction; the layer stores
+//!   the response in it and commits once. Business rows and the stored result commit together or
+//!   not at all.
+//! - [`IdempotencyLayer::generic`]: claim (its own statement), run the handler, store the result.
+//!   An effect outside the database that ran before a crash can run again once the lease expires,
+//!   so the handler gets a [`DerivedKey`](crate::DerivedKey) (a request extension) to forward to
+//!   downstream APIs that deduplicate by key.
+//!
+//! Each request that reaches the layer with a key logs and counts one [`Outcome`]
+//! (`oncely_idempotency_requests_total{outcome, route}`) and carries it as a response extension.
+//!
+//! The work after the key is claimed runs in its own task: a client that disconnects cannot
+//! cancel a request half-way between its effect and the stored result.
+
+pub(crate) mod service;
+mod transaction;
+
+use std::fmt;
+use std::sync::Arc;
+use std::time::Duration;
+
+use tower::Layer;
+
+pub use service::IdempotencyService;
+pub use transaction::{IdempotentTx, TxGuard};
+
+use crate::ServerSecret;
+use crate::fingerprint::JsonNormalizer;
+use crate::store::KeyStore;
+
+/// How the layer runs the handler; see the [module docs](self).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Mode {
+    /// Claim, run, store: for any handler.
+    Generic,
+    /// The handler writes in the claiming transaction; one commit.
+    Transactional,
+}
+
+/// What happened to one request, as logged and counted.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Outcome {
+    /// First request: the handler ran and its result was stored.
+    Created,
+    /// A stored result was returned; the handler did not run.
+    Replayed,
+    /// Another request with this key was still running: 409.
+    InProgress,
+    /// Same key, different request: 422.
+    Mismatch,
+    /// Missing or malformed key, or an unreadable or oversized request body: 400/413.
+    Invalid,
+    /// The handler ran but failed (5xx) or rejected the request before any effect
+    /// (400/401/403/408/409/413/415/429): nothing stored, the key is free again.
+    Released,
+    /// The key store failed: 503, nothing stored.
+    Error,
+}
+
+impl Outcome {
+    /// The label used in logs and metrics.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Created => "created",
+            Self::Replayed => "replayed",
+            Self::InProgress => "in_progress",
+            Self::Mismatch => "mismatch",
+            Self::Invalid => "invalid",
+            Self::Released => "released",
+            Self::Error => "error",
+        }
+    }
+}
+
+impl fmt::Display for Outcome {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+/// The layer's settings; see the builder methods of [`IdempotencyLayer`] for each default.
+#[derive(Clone)]
+pub(crate) struct Config {
+    pub(crate) secret: ServerSecret,
+    pub(crate) mode: Mode,
+    pub(crate) required: bool,
+    pub(crate) lease: Duration,
+    pub(crate) retention: Duration,
+    pub(crate) wait: Duration,
+    pub(crate) max_request_body: usize,
+    pub(crate) max_stored_body: usize,
+    pub(crate) normalizer: Option<JsonNormalizer>,
+}
+
+/// The Idempotency-Key layer. Build it with [`generic`](Self::generic) or
+/// [`transactional`](Self::transactional), then adjust.
+#[derive(Clone)]
+pub struct IdempotencyLayer<K> {
+    store: K,
+    config: Arc<Config>,
+}
+
+impl<K: KeyStore> IdempotencyLayer<K> {
+    /// Claim, run, store (any handler).
+    pub fn generic(store: K, secret: ServerSecret) -> Self {
+        Self::new(store, secret, Mode::Generic)
+    }
+
+    /// The handler writes in the claiming transaction (take [`IdempotentTx`]); one commit.
+    pub fn transactional(store: K, secret: ServerSecret) -> Self {
+        Self::new(store, secret, Mode::Transactional)
+    }
+
+    fn new(store: K, secret: ServerSecret, mode: Mode) -> Self {
+        Self {
+            store,
+            config: Arc::new(Config {
+                secret,
+                mode,
+                required: true,
+                lease: Duration::from_secs(30),
+                retention: Duration::from_secs(24 * 60 * 60),
+                wait: Duration::from_millis(1500),
+                max_request_body: 1024 * 1024,
+                max_stored_body: 256 * 1024,
+                normalizer: None,
+            }),
+        }
+    }
+
+    fn with(mut self, f: impl FnOnce(&mut Config)) -> Self {
+        f(Arc::make_mut(&mut self.config));
+        self
+    }
+
+    /// Lets requests without a key through unprotected (default: a key is required, 400). Such a
+    /// request carries no [`DerivedKey`](crate::DerivedKey): take it as `Option<Extension<_>>`.
+    pub fn optional(self) -> Self {
+        self.with(|c| c.required = false)
+    }
+
+    /// How long a claim holds its key before a retry may take it over (default 30 s). In
+    /// transactional mode it also bounds the handler and its transaction.
+    pub fn lease(self, lease: Duration) -> Self {
+        self.with(|c| c.lease = lease)
+    }
+
+    /// How long results are replayed, counted from the first request (default 24 h).
+    pub fn retention(self, retention: Duration) -> Self {
+        self.with(|c| c.retention = retention)
+    }
+
+    /// How long a request waits for a concurrent one with the same key before answering 409
+    /// (default 1.5 s).
+    pub fn wait(self, wait: Duration) -> Self {
+        self.with(|c| c.wait = wait)
+    }
+
+    /// The largest request body read (default 1 MiB; larger: 413, nothing stored).
+    pub fn max_request_body(self, bytes: usize) -> Self {
+        self.with(|c| c.max_request_body = bytes)
+    }
+
+    /// The largest response body stored for replay (default 256 KiB). A larger one is returned
+    /// to the first caller, and the key is tombstoned: retries get a 422, never a second run.
+    pub fn max_stored_body(self, bytes: usize) -> Self {
+        self.with(|c| c.max_stored_body = bytes)
+    }
+
+    /// Rewrites JSON bodies before fingerprinting, so that requests that mean the same match
+    /// (for example, a normalized email address).
+    pub fn normalize_json(self, normalizer: JsonNormalizer) -> Self {
+        self.with(|c| c.normalizer = Some(normalizer))
+    }
+}
+
+impl<S, K: Clone> Layer<S> for IdempotencyLayer<K> {
+    type Service = IdempotencyService<S, K>;
+
+    fn layer(&self, inner: S) -> Self::Service {
+        IdempotencyService::new(inner, self.store.clone(), self.config.clone())
+    }
+}

@@ -1,0 +1,524 @@
+//! The service the layer wraps around a route: the contract's state machine.
+
+use std::convert::Infallible;
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::Arc;
+use std::task::{Context, Poll};
+use std::time::Duration;
+
+use axum::body::Body;
+use axum::extract::MatchedPath;
+use axum::response::{IntoResponse, Response};
+use bytes::Bytes;
+use http::{HeaderName, HeaderValue, Method, Request, StatusCode, header};
+use tokio::time::Instant;
+use tower::{Service, ServiceExt};
+
+use super::{Config, IdempotentTx, Mode, Outcome};
+use crate::store::{
+    Claim, ClaimRequest, Completion, KeyStore, Record, RecordState, StoredResponse,
+};
+use crate::{DerivedKey, Fingerprint, IdempotencyKey, KeyError, Problem, Scope, TenantId};
+
+/// The header that marks a replayed response.
+pub const IDEMPOTENT_REPLAYED: HeaderName = HeaderName::from_static("idempotent-replayed");
+
+/// See [`IdempotencyLayer`](super::IdempotencyLayer).
+#[derive(Clone)]
+pub struct IdempotencyService<S, K> {
+    inner: S,
+    store: K,
+    config: Arc<Config>,
+}
+
+impl<S, K> IdempotencyService<S, K> {
+    pub(crate) fn new(inner: S, store: K, config: Arc<Config>) -> Self {
+        Self {
+            inner,
+            store,
+            config,
+        }
+    }
+}
+
+impl<S, K> Service<Request<Body>> for IdempotencyService<S, K>
+where
+    S: Service<Request<Body>, Response = Response, Error = Infallible> + Clone + Send + 'static,
+    S::Future: Send + 'static,
+    K: KeyStore,
+{
+    type Response = Response;
+    type Error = Infallible;
+    type Future = Pin<Box<dyn Future<Output = Result<Response, Infallible>> + Send>>;
+
+    fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), Infallible>> {
+        self.inner.poll_ready(cx)
+    }
+
+    fn call(&mut self, req: Request<Body>) -> Self::Future {
+        // The ready service is the one we were given; leave a fresh clone in its place.
+        let clone = self.inner.clone();
+        let inner = std::mem::replace(&mut self.inner, clone);
+        if matches!(
+            *req.method(),
+            Method::GET | Method::HEAD | Method::OPTIONS | Method::TRACE
+        ) {
+            return Box::pin(inner.oneshot(req));
+        }
+        let store = self.store.clone();
+        let config = self.config.clone();
+        Box::pin(async move {
+            // Its own task: a client that hangs up cannot stop us between effect and record.
+            let work = tokio::spawn(handle(inner, store, config, req));
+            Ok(work
+                .await
+                .unwrap_or_else(|_| internal_error("the request task failed")))
+        })
+    }
+}
+
+/// One request, from the key header to the response.
+async fn handle<S, K>(inner: S, store: K, config: Arc<Config>, req: Request<Body>) -> Response
+where
+    S: Service<Request<Body>, Response = Response, Error = Infallible> + Send + 'static,
+    S::Future: Send + 'static,
+    K: KeyStore,
+{
+    let (mut parts, body) = req.into_parts();
+    let route = match parts.extensions.get::<MatchedPath>() {
+        Some(matched) => matched.as_str().to_owned(),
+        None => parts.uri.path().to_owned(),
+    };
+    let key = match IdempotencyKey::from_headers(&parts.headers) {
+        Ok(key) => key,
+        Err(KeyError::Missing) if !config.required => {
+            return inner
+                .oneshot(Request::from_parts(parts, body))
+                .await
+                .into_response();
+        }
+        Err(error) => return finish(&route, None, Outcome::Invalid, key_problem(&error)),
+    };
+    let tenant = parts
+        .extensions
+        .get::<TenantId>()
+        .cloned()
+        .unwrap_or_default();
+    let scope = Scope::new(tenant, parts.method.as_str(), route, key);
+    let bytes = match read_body(body, config.max_request_body).await {
+        Ok(bytes) => bytes,
+        Err(problem) => return finish(&scope.route, Some(&scope), Outcome::Invalid, problem),
+    };
+    let content_type = parts
+        .headers
+        .get(header::CONTENT_TYPE)
+        .and_then(|v| v.to_str().ok());
+    let fingerprint = Fingerprint::of_request(
+        &config.secret,
+        parts.method.as_str(),
+        &scope.route,
+        content_type,
+        &bytes,
+        config.normalizer.as_ref(),
+    );
+    let derived_key = DerivedKey::for_scope(&config.secret, &scope);
+    parts.extensions.insert(derived_key.clone());
+    let req = Request::from_parts(parts, Body::from(bytes));
+    let claim = ClaimRequest {
+        scope: &scope,
+        fingerprint: &fingerprint,
+        lease: config.lease,
+        retention: config.retention,
+    };
+    let (outcome, response) = match config.mode {
+        Mode::Generic => generic(inner, &store, &config, &claim, req).await,
+        Mode::Transactional => {
+            transactional(inner, &store, &config, &claim, derived_key, req).await
+        }
+    };
+    finish(&scope.route, Some(&scope), outcome, response)
+}
+
+/// Claim, run, store.
+async fn generic<S, K>(
+    inner: S,
+    store: &K,
+    config: &Config,
+    claim: &ClaimRequest<'_>,
+    req: Request<Body>,
+) -> (Outcome, Response)
+where
+    S: Service<Request<Body>, Response = Response, Error = Infallible> + Send + 'static,
+    S::Future: Send + 'static,
+    K: KeyStore,
+{
+    let mut waiter = Waiter::new(config.wait);
+    let token = loop {
+        match store.claim(claim).await {
+            Ok(Claim::Acquired { token, .. }) => break token,
+            Ok(Claim::Existing(record)) => {
+                if let Some(answer) = answer_from_record(&record, claim.fingerprint) {
+                    return answer;
+                }
+            }
+            Ok(Claim::Busy) => {}
+            Err(error) => return store_failed(&error),
+        }
+        if !waiter.pause().await {
+            return in_use();
+        }
+    };
+    let (parts, body) = match run(inner, req, None).await {
+        Ok(collected) => collected,
+        Err(response) => {
+            release_logged(store, claim.scope, token).await;
+            return (Outcome::Released, response);
+        }
+    };
+    if releases_key(parts.status) {
+        release_logged(store, claim.scope, token).await;
+        return (
+            Outcome::Released,
+            Response::from_parts(parts, Body::from(body)),
+        );
+    }
+    let completion = completion_for(config, &parts, &body);
+    match store.complete(claim.scope, token, &completion).await {
+        Ok(true) => {}
+        Ok(false) => tracing::warn!(
+            route = %claim.scope.route,
+            "idempotency lease lost: another request took the key over; this result is not stored"
+        ),
+        Err(error) => tracing::error!(
+            route = %claim.scope.route, %error,
+            "could not store an idempotent result; the key frees when its lease expires"
+        ),
+    }
+    (
+        Outcome::Created,
+        Response::from_parts(parts, Body::from(body)),
+    )
+}
+
+/// Claim in a transaction, run the handler in it, store the result in it, commit once.
+async fn transactional<S, K>(
+    inner: S,
+    store: &K,
+    config: &Config,
+    claim: &ClaimRequest<'_>,
+    derived_key: DerivedKey,
+    mut req: Request<Body>,
+) -> (Outcome, Response)
+where
+    S: Service<Request<Body>, Response = Response, Error = Infallible> + Send + 'static,
+    S::Future: Send + 'static,
+    K: KeyStore,
+{
+    let mut waiter = Waiter::new(config.wait);
+    let (token, tx) = loop {
+        match store.claim_in_transaction(claim, waiter.remaining()).await {
+            Ok(Claim::Acquired { token, tx }) => break (token, tx),
+            Ok(Claim::Existing(record)) => {
+                if let Some(answer) = answer_from_record(&record, claim.fingerprint) {
+                    return answer;
+                }
+            }
+            Ok(Claim::Busy) => return in_use(),
+            Err(error) => return store_failed(&error),
+        }
+        if !waiter.pause().await {
+            return in_use();
+        }
+    };
+    let handle = IdempotentTx::<K::Database>::new(tx, derived_key);
+    req.extensions_mut().insert(handle.clone());
+    let collected = run(inner, req, Some(config.lease)).await;
+    // The handler is done (or was stopped): its transaction comes back to us. Dropping it, on
+    // any path below that does not commit, rolls it back and so frees the key.
+    let Some(mut tx) = handle.take() else {
+        return (
+            Outcome::Released,
+            internal_error("the handler kept its transaction"),
+        );
+    };
+    let (parts, body) = match collected {
+        Ok(collected) => collected,
+        Err(response) => return (Outcome::Released, response),
+    };
+    if releases_key(parts.status) {
+        drop(tx);
+        return (
+            Outcome::Released,
+            Response::from_parts(parts, Body::from(body)),
+        );
+    }
+    let completion = completion_for(config, &parts, &body);
+    match store
+        .complete_in_transaction(&mut tx, claim.scope, token, &completion)
+        .await
+    {
+        Ok(true) => {}
+        Ok(false) => {
+            return (
+                Outcome::Released,
+                internal_error("the key's claim was lost"),
+            );
+        }
+        Err(error) => return store_failed(&error),
+    }
+    if let Err(error) = tx.commit().await {
+        tracing::error!(route = %claim.scope.route, %error, "commit of an idempotent request failed");
+        // The commit may or may not have happened: a retry with the same key finds out.
+        let problem = Problem::new(
+            StatusCode::SERVICE_UNAVAILABLE,
+            "commit-failed",
+            "Outcome unknown",
+        )
+        .with_detail("the result could not be confirmed; retry with the same Idempotency-Key")
+        .with_retry_after(1);
+        return (Outcome::Error, problem.into_response());
+    }
+    (
+        Outcome::Created,
+        Response::from_parts(parts, Body::from(body)),
+    )
+}
+
+/// Runs the handler in a task of its own (a panic becomes a 500) and collects its body.
+/// `deadline`, if set, stops the handler after that long (503).
+async fn run<S>(
+    inner: S,
+    req: Request<Body>,
+    deadline: Option<Duration>,
+) -> Result<(http::response::Parts, Bytes), Response>
+where
+    S: Service<Request<Body>, Response = Response, Error = Infallible> + Send + 'static,
+    S::Future: Send + 'static,
+{
+    let task = tokio::spawn(async move {
+        let response = inner.oneshot(req).await.into_response();
+        let (parts, body) = response.into_parts();
+        let bytes = axum::body::to_bytes(body, usize::MAX).await;
+        (parts, bytes)
+    });
+    let abort = task.abort_handle();
+    let joined = match deadline {
+        Some(limit) => match tokio::time::timeout(limit, task).await {
+            Ok(joined) => joined,
+            Err(_) => {
+                abort.abort();
+                let problem = Problem::new(StatusCode::SERVICE_UNAVAILABLE, "request-timeout", "Request took too long")
+                    .with_detail("the request ran longer than its lease and was rolled back; retry with the same Idempotency-Key")
+                    .with_retry_after(1);
+                return Err(problem.into_response());
+            }
+        },
+        None => task.await,
+    };
+    match joined {
+        Ok((parts, Ok(bytes))) => Ok((parts, bytes)),
+        Ok((_, Err(_))) => Err(internal_error("the response body failed")),
+        Err(_) => Err(internal_error("the handler panicked")),
+    }
+}
+
+/// The handler rejected the request before any effect, or failed: nothing to keep.
+fn releases_key(status: StatusCode) -> bool {
+    status.is_server_error()
+        || matches!(
+            status.as_u16(),
+            400 | 401 | 403 | 408 | 409 | 413 | 415 | 429
+        )
+}
+
+fn completion_for(config: &Config, parts: &http::response::Parts, body: &Bytes) -> Completion {
+    if body.len() > config.max_stored_body {
+        Completion::Tombstone {
+            reason: format!(
+                "the response body ({} bytes) was larger than the {} bytes stored for replay",
+                body.len(),
+                config.max_stored_body
+            ),
+        }
+    } else {
+        Completion::Response(StoredResponse::new(
+            parts.status.as_u16(),
+            &parts.headers,
+            body.clone(),
+        ))
+    }
+}
+
+/// The answer an existing row gives, or `None` while it is in progress.
+fn answer_from_record(record: &Record, fingerprint: &Fingerprint) -> Option<(Outcome, Response)> {
+    if record.fingerprint != *fingerprint {
+        let problem = Problem::new(
+            StatusCode::UNPROCESSABLE_ENTITY,
+            "idempotency-key-reused",
+            "Idempotency-Key reused",
+        )
+        .with_detail("this key was used for a different request; use a new key for a new request");
+        return Some((Outcome::Mismatch, problem.into_response()));
+    }
+    match &record.state {
+        RecordState::InProgress { .. } => None,
+        RecordState::Completed(stored) => Some((Outcome::Replayed, replay(stored))),
+        RecordState::Tombstoned { reason } => {
+            let problem = Problem::new(
+                StatusCode::UNPROCESSABLE_ENTITY,
+                "idempotency-key-unreplayable",
+                "The result of this request cannot be replayed",
+            )
+            .with_detail(format!("the request was processed, but {reason}"));
+            Some((Outcome::Replayed, problem.into_response()))
+        }
+    }
+}
+
+fn replay(stored: &StoredResponse) -> Response {
+    let status = StatusCode::from_u16(stored.status).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
+    let mut response = (status, stored.body.clone()).into_response();
+    let headers = response.headers_mut();
+    headers.remove(header::CONTENT_TYPE);
+    for (name, value) in &stored.headers {
+        if let (Ok(name), Ok(value)) = (
+            HeaderName::try_from(name.as_str()),
+            HeaderValue::try_from(value.as_str()),
+        ) {
+            headers.append(name, value);
+        }
+    }
+    headers.insert(IDEMPOTENT_REPLAYED, HeaderValue::from_static("true"));
+    response
+}
+
+/// Bounded waiting for a concurrent request with the same key: 10 ms, doubling to 100 ms.
+struct Waiter {
+    deadline: Instant,
+    pause: Duration,
+}
+
+impl Waiter {
+    fn new(wait: Duration) -> Self {
+        Self {
+            deadline: Instant::now() + wait,
+            pause: Duration::from_millis(10),
+        }
+    }
+
+    fn remaining(&self) -> Duration {
+        self.deadline.saturating_duration_since(Instant::now())
+    }
+
+    /// Sleeps before the next try; `false` once the wait is over.
+    async fn pause(&mut self) -> bool {
+        let remaining = self.remaining();
+        if remaining.is_zero() {
+            return false;
+        }
+        tokio::time::sleep(self.pause.min(remaining)).await;
+        self.pause = (self.pause * 2).min(Duration::from_millis(100));
+        true
+    }
+}
+
+async fn read_body(body: Body, limit: usize) -> Result<Bytes, Response> {
+    axum::body::to_bytes(body, limit).await.map_err(|error| {
+        let too_large =
+            std::iter::successors(Some(&error as &dyn std::error::Error), |e| e.source())
+                .any(|e| e.is::<http_body_util::LengthLimitError>());
+        if too_large {
+            Problem::new(
+                StatusCode::PAYLOAD_TOO_LARGE,
+                "request-too-large",
+                "Request body too large",
+            )
+            .with_detail(format!("the body is larger than {limit} bytes"))
+            .into_response()
+        } else {
+            Problem::new(
+                StatusCode::BAD_REQUEST,
+                "request-body-unreadable",
+                "Request body unreadable",
+            )
+            .into_response()
+        }
+    })
+}
+
+fn key_problem(error: &KeyError) -> Response {
+    let problem = match error {
+        KeyError::Missing => Problem::new(StatusCode::BAD_REQUEST, "idempotency-key-missing", "Idempotency-Key required")
+            .with_detail("send an Idempotency-Key header with a unique value per operation, and reuse it on every retry"),
+        other => Problem::new(StatusCode::BAD_REQUEST, "idempotency-key-invalid", "Idempotency-Key invalid")
+            .with_detail(other.to_string()),
+    };
+    problem.into_response()
+}
+
+fn in_use() -> (Outcome, Response) {
+    let problem = Problem::new(
+        StatusCode::CONFLICT,
+        "idempotency-key-in-use",
+        "Request in progress",
+    )
+    .with_detail(
+        "a request with this Idempotency-Key is still being processed; retry after a moment",
+    )
+    .with_retry_after(1);
+    (Outcome::InProgress, problem.into_response())
+}
+
+fn store_failed(error: &crate::store::StoreError) -> (Outcome, Response) {
+    tracing::error!(%error, "idempotency key store failed");
+    let problem = Problem::new(
+        StatusCode::SERVICE_UNAVAILABLE,
+        "storage-unavailable",
+        "Service unavailable",
+    )
+    .with_detail("the request was not processed; retry with the same Idempotency-Key")
+    .with_retry_after(1);
+    (Outcome::Error, problem.into_response())
+}
+
+fn internal_error(detail: &str) -> Response {
+    tracing::error!(detail, "idempotent request failed");
+    Problem::new(
+        StatusCode::INTERNAL_SERVER_ERROR,
+        "internal-error",
+        "Internal error",
+    )
+    .with_detail("the request failed and nothing was stored; retry with the same Idempotency-Key")
+    .into_response()
+}
+
+async fn release_logged<K: KeyStore>(store: &K, scope: &Scope, token: crate::store::FencingToken) {
+    if let Err(error) = store.release(scope, token).await {
+        tracing::error!(route = %scope.route, %error, "could not release a key; it frees when its lease expires");
+    }
+}
+
+/// Logs and counts the outcome, and attaches it to the response.
+fn finish(
+    route: &str,
+    scope: Option<&Scope>,
+    outcome: Outcome,
+    mut response: Response,
+) -> Response {
+    metrics::counter!(
+        "oncely_idempotency_requests_total",
+        "outcome" => outcome.as_str(),
+        "route" => route.to_owned()
+    )
+    .increment(1);
+    tracing::info!(
+        idempotency_outcome = outcome.as_str(),
+        route,
+        tenant = scope.map(|s| s.tenant.as_str()),
+        status = response.status().as_u16(),
+        "idempotent request"
+    );
+    response.extensions_mut().insert(outcome);
+    response
+}

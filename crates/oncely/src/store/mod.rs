@@ -1,0 +1,316 @@
+//! Durable key stores: one trait, a PostgreSQL and a SQLite implementation.
+//!
+//! The trait speaks in scopes, fingerprints and stored responses; HTTP lives in
+//! [`crate::layer`]. Both implementations pass the same conformance suite
+//! (`tests/it/store_conformance.rs`).
+//!
+//! A key row moves through these states:
+//!
+//! ```text
+//!            claim                     complete(token)
+//!  (absent) ───────► in_progress ───────────────────────► completed ──┐
+//!      ▲               │   │ lease expired: claim takes over          │ retention
+//!      │  release(token)│   └─► in_progress (new fencing token)      │ expired:
+//!      └───────────────┘       complete(token, too large) ─► tombstoned ─► pruned
+//! ```
+
+use std::future::Future;
+use std::time::Duration;
+
+use bytes::Bytes;
+use uuid::Uuid;
+
+use crate::{Fingerprint, Scope};
+
+pub mod postgres;
+pub mod sqlite;
+
+/// The response headers a stored result keeps and replays. Everything else (`Set-Cookie`,
+/// `Authorization`, anything secret) is dropped before storage.
+pub const REPLAYED_HEADERS: [&str; 4] = ["content-type", "location", "etag", "link"];
+
+/// A fencing token: names one claim of a key. Completion and release succeed only with the token
+/// of the current claim, so an owner whose lease expired and was taken over can no longer write.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct FencingToken(pub Uuid);
+
+impl FencingToken {
+    /// A fresh random token.
+    pub fn new() -> Self {
+        Self(Uuid::new_v4())
+    }
+}
+
+impl Default for FencingToken {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+/// What a claim asks for.
+#[derive(Debug, Clone)]
+pub struct ClaimRequest<'a> {
+    /// The key's scope.
+    pub scope: &'a Scope,
+    /// The fingerprint of this request.
+    pub fingerprint: &'a Fingerprint,
+    /// How long the claim holds the key before another request may take it over.
+    pub lease: Duration,
+    /// How long the key's result is replayed, counted from this claim. (Fixed at claim time so
+    /// that completing a key touches no indexed column.)
+    pub retention: Duration,
+}
+
+/// A response as stored: status, allow-listed headers, body.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct StoredResponse {
+    /// HTTP status code.
+    pub status: u16,
+    /// `(name, value)` pairs, names lower case, only [`REPLAYED_HEADERS`].
+    pub headers: Vec<(String, String)>,
+    /// The body bytes.
+    pub body: Bytes,
+}
+
+impl StoredResponse {
+    /// Keeps the allow-listed headers of `headers`, drops the rest.
+    pub fn new(status: u16, headers: &http::HeaderMap, body: Bytes) -> Self {
+        let headers = headers
+            .iter()
+            .filter(|(name, _)| REPLAYED_HEADERS.contains(&name.as_str()))
+            .filter_map(|(name, value)| {
+                Some((name.as_str().to_owned(), value.to_str().ok()?.to_owned()))
+            })
+            .collect();
+        Self {
+            status,
+            headers,
+            body,
+        }
+    }
+
+    pub(crate) fn headers_json(&self) -> String {
+        serde_json::to_string(&self.headers).expect("headers always serialize")
+    }
+
+    pub(crate) fn from_columns(
+        status: i64,
+        headers: &str,
+        body: Vec<u8>,
+    ) -> Result<Self, StoreError> {
+        Ok(Self {
+            status: u16::try_from(status).map_err(|_| StoreError::Corrupt("response status"))?,
+            headers: serde_json::from_str(headers)
+                .map_err(|_| StoreError::Corrupt("response headers"))?,
+            body: Bytes::from(body),
+        })
+    }
+}
+
+/// How a claimed key ends when its request has run.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Completion {
+    /// Store the response; later requests replay it.
+    Response(StoredResponse),
+    /// The request ran but its result cannot be replayed (for example, the body was over the
+    /// size limit): later requests get an error, never a second run.
+    Tombstone {
+        /// Why, for the error and for operators.
+        reason: String,
+    },
+}
+
+/// A key row that exists (and has not outlived its retention).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Record {
+    /// The fingerprint of the request that claimed the key.
+    pub fingerprint: Fingerprint,
+    /// Where it stands.
+    pub state: RecordState,
+}
+
+/// The state of a [`Record`].
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum RecordState {
+    /// A request holds the key under a lease.
+    InProgress {
+        /// Whether the lease is still running (an expired one can be taken over).
+        lease_active: bool,
+    },
+    /// Finished: replay this.
+    Completed(StoredResponse),
+    /// Finished, not replayable.
+    Tombstoned {
+        /// Why.
+        reason: String,
+    },
+}
+
+/// The answer to a claim.
+#[derive(Debug)]
+pub enum Claim<T = ()> {
+    /// This request now owns the key (new, retention expired, or an expired lease taken over).
+    Acquired {
+        /// The fencing token of this claim.
+        token: FencingToken,
+        /// The open transaction, for transactional claims.
+        tx: T,
+    },
+    /// Someone else's row: in progress, completed or tombstoned; the caller compares fingerprints.
+    Existing(Record),
+    /// Transactional claims only: the bounded wait for a concurrent owner ran out.
+    Busy,
+}
+
+/// A store failure.
+#[derive(Debug, thiserror::Error)]
+pub enum StoreError {
+    /// The database refused or could not be reached.
+    #[error("database error: {0}")]
+    Database(#[from] sqlx::Error),
+    /// A stored value could not be read back.
+    #[error("stored {0} is corrupt")]
+    Corrupt(&'static str),
+    /// The database was migrated by a different version of this library.
+    #[error("migration error: {0}")]
+    Migrate(#[from] sqlx::migrate::MigrateError),
+}
+
+/// A durable key store.
+///
+/// Two ways to use a key:
+/// - *generic*: [`claim`](Self::claim) (its own short statement), run anything,
+///   [`complete`](Self::complete) or [`release`](Self::release);
+/// - *transactional*: [`claim_in_transaction`](Self::claim_in_transaction) opens a transaction
+///   and claims inside it; the caller writes its business rows in the same transaction and
+///   [`complete_in_transaction`](Self::complete_in_transaction) before committing, so the
+///   business change and the stored result commit together (one commit per new request). A
+///   rollback (or a crash) leaves the key free.
+pub trait KeyStore: Clone + Send + Sync + 'static {
+    /// The database the transactional mode hands to handlers.
+    type Database: sqlx::Database;
+
+    /// Creates or updates the store's tables (its own migration history table).
+    fn migrate(&self) -> impl Future<Output = Result<(), StoreError>> + Send;
+
+    /// Atomically claims a key: inserts it in progress, or takes it over if its retention or
+    /// (same fingerprint only) its lease has expired; otherwise returns the existing row.
+    fn claim(
+        &self,
+        req: &ClaimRequest<'_>,
+    ) -> impl Future<Output = Result<Claim, StoreError>> + Send;
+
+    /// Stores the outcome of the claim `token`. `false` if that claim no longer owns the key.
+    fn complete(
+        &self,
+        scope: &Scope,
+        token: FencingToken,
+        completion: &Completion,
+    ) -> impl Future<Output = Result<bool, StoreError>> + Send;
+
+    /// Frees the key of the claim `token` (nothing is stored; a retry runs again).
+    fn release(
+        &self,
+        scope: &Scope,
+        token: FencingToken,
+    ) -> impl Future<Output = Result<bool, StoreError>> + Send;
+
+    /// Reads a key's row, if it exists and is within retention.
+    fn get(&self, scope: &Scope)
+    -> impl Future<Output = Result<Option<Record>, StoreError>> + Send;
+
+    /// Deletes up to `limit` rows whose retention has passed (never an in-progress row with a
+    /// running lease); returns how many. Call it repeatedly: each batch is short and skips rows
+    /// other transactions hold.
+    fn prune(&self, limit: u32) -> impl Future<Output = Result<u64, StoreError>> + Send;
+
+    /// Begins a transaction and claims the key inside it, waiting at most `wait` for a
+    /// concurrent owner to finish. The transaction is bounded by `req.lease`.
+    fn claim_in_transaction(
+        &self,
+        req: &ClaimRequest<'_>,
+        wait: Duration,
+    ) -> impl Future<Output = Result<Claim<sqlx::Transaction<'static, Self::Database>>, StoreError>> + Send;
+
+    /// Stores the outcome inside the claiming transaction; the caller commits.
+    fn complete_in_transaction(
+        &self,
+        tx: &mut sqlx::Transaction<'static, Self::Database>,
+        scope: &Scope,
+        token: FencingToken,
+        completion: &Completion,
+    ) -> impl Future<Output = Result<bool, StoreError>> + Send;
+}
+
+/// Prunes in batches of `batch` until nothing expired is left; returns the total deleted.
+pub async fn prune_all<S: KeyStore>(store: &S, batch: u32) -> Result<u64, StoreError> {
+    let mut total = 0;
+    loop {
+        let n = store.prune(batch).await?;
+        total += n;
+        if n < u64::from(batch) {
+            return Ok(total);
+        }
+        tokio::task::yield_now().await;
+    }
+}
+
+pub(crate) fn millis(d: Duration) -> i64 {
+    i64::try_from(d.as_millis()).unwrap_or(i64::MAX)
+}
+
+/// A [`Completion`] as the columns both stores write.
+pub(crate) struct CompletionColumns<'a> {
+    pub(crate) state: &'static str,
+    pub(crate) status: Option<i64>,
+    pub(crate) headers: Option<String>,
+    pub(crate) body: Option<Vec<u8>>,
+    pub(crate) reason: Option<&'a str>,
+}
+
+impl Completion {
+    pub(crate) fn columns(&self) -> CompletionColumns<'_> {
+        match self {
+            Completion::Response(r) => CompletionColumns {
+                state: "completed",
+                status: Some(i64::from(r.status)),
+                headers: Some(r.headers_json()),
+                body: Some(r.body.to_vec()),
+                reason: None,
+            },
+            Completion::Tombstone { reason } => CompletionColumns {
+                state: "tombstoned",
+                status: None,
+                headers: None,
+                body: None,
+                reason: Some(reason.as_str()),
+            },
+        }
+    }
+}
+
+pub(crate) fn record_from_columns(
+    fingerprint: &[u8],
+    state: &str,
+    lease_active: bool,
+    status: Option<i64>,
+    headers: Option<String>,
+    body: Option<Vec<u8>>,
+    reason: Option<String>,
+) -> Result<Record, StoreError> {
+    let fingerprint =
+        Fingerprint::from_bytes(fingerprint).ok_or(StoreError::Corrupt("fingerprint"))?;
+    let state = match state {
+        "in_progress" => RecordState::InProgress { lease_active },
+        "completed" => RecordState::Completed(StoredResponse::from_columns(
+            status.ok_or(StoreError::Corrupt("response status"))?,
+            headers.as_deref().unwrap_or("[]"),
+            body.unwrap_or_default(),
+        )?),
+        "tombstoned" => RecordState::Tombstoned {
+            reason: reason.unwrap_or_default(),
+        },
+        _ => return Err(StoreError::Corrupt("state")),
+    };
+    Ok(Record { fingerprint, state })
+}

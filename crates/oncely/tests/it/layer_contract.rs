@@ -1,0 +1,770 @@
+//! Every row of the Idempotency-Key contract, through the layer, on both stores.
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::time::Duration;
+
+use axum::body::Body;
+use axum::extract::Request;
+use axum::middleware::{self, Next};
+use axum::response::{IntoResponse, Response};
+use axum::routing::{get, post};
+use axum::{Extension, Json, Router};
+use http::{HeaderMap, StatusCode, header};
+use http_body_util::BodyExt;
+use oncely::{DerivedKey, IdempotencyLayer, IdempotentTx, Outcome, TenantId};
+use serde_json::{Value, json};
+use tower::ServiceExt;
+
+use crate::support::{Backend, Db, both_stores, new_key, postgres, postgres_again, secret};
+
+/// Counts how often handlers with an effect outside the database ran.
+#[derive(Clone, Default)]
+struct Effects(Arc<AtomicUsize>);
+
+impl Effects {
+    fn bump(&self) -> usize {
+        self.0.fetch_add(1, Ordering::SeqCst) + 1
+    }
+    fn count(&self) -> usize {
+        self.0.load(Ordering::SeqCst)
+    }
+}
+
+async fn pay(
+    Extension(effects): Extension<Effects>,
+    key: Option<Extension<DerivedKey>>,
+) -> Response {
+    tokio::time::sleep(Duration::from_millis(50)).await;
+    let n = effects.bump();
+    let mut headers = HeaderMap::new();
+    headers.insert(header::LOCATION, format!("/payments/{n}").parse().unwrap());
+    headers.insert(header::SET_COOKIE, "session=s3cr3t".parse().unwrap());
+    headers.insert("x-request-cost", "7".parse().unwrap());
+    (
+        StatusCode::CREATED,
+        headers,
+        Json(json!({"payment": n, "derived_key": key.map(|k| k.0.to_string())})),
+    )
+        .into_response()
+}
+
+async fn slow(Extension(effects): Extension<Effects>) -> Json<Value> {
+    tokio::time::sleep(Duration::from_millis(400)).await;
+    Json(json!({"payment": effects.bump()}))
+}
+
+async fn fail(Extension(effects): Extension<Effects>) -> StatusCode {
+    effects.bump();
+    StatusCode::SERVICE_UNAVAILABLE
+}
+
+async fn reject(Extension(effects): Extension<Effects>) -> StatusCode {
+    effects.bump();
+    StatusCode::BAD_REQUEST
+}
+
+async fn big(Extension(effects): Extension<Effects>) -> String {
+    effects.bump();
+    "x".repeat(2000)
+}
+
+async fn panics(Extension(effects): Extension<Effects>) -> StatusCode {
+    effects.bump();
+    panic!("handler bug")
+}
+
+async fn tx_pay<S: Backend>(tx: IdempotentTx<S::Database>) -> (StatusCode, Json<Value>) {
+    tokio::time::sleep(Duration::from_millis(30)).await;
+    let mut conn = tx.lock().await;
+    S::insert_effect(&mut conn, "pay").await;
+    (
+        StatusCode::CREATED,
+        Json(json!({"paid": true, "derived_key": tx.derived_key().as_str()})),
+    )
+}
+
+async fn tx_slow<S: Backend>(tx: IdempotentTx<S::Database>) -> Json<Value> {
+    S::insert_effect(&mut *tx.lock().await, "slow").await;
+    tokio::time::sleep(Duration::from_millis(400)).await;
+    Json(json!({"paid": true}))
+}
+
+async fn tx_fail<S: Backend>(tx: IdempotentTx<S::Database>) -> StatusCode {
+    S::insert_effect(&mut *tx.lock().await, "fail").await;
+    StatusCode::INTERNAL_SERVER_ERROR
+}
+
+async fn tx_hang<S: Backend>(tx: IdempotentTx<S::Database>) -> StatusCode {
+    S::insert_effect(&mut *tx.lock().await, "hang").await;
+    tokio::time::sleep(Duration::from_secs(30)).await;
+    StatusCode::CREATED
+}
+
+/// A test-only tenant resolver: `x-tenant` picks the tenant.
+async fn tenant_from_header(mut req: Request, next: Next) -> Response {
+    let tenant = req
+        .headers()
+        .get("x-tenant")
+        .and_then(|v| v.to_str().ok())
+        .map(|t| TenantId::parse(t).unwrap());
+    if let Some(tenant) = tenant {
+        req.extensions_mut().insert(tenant);
+    }
+    next.run(req).await
+}
+
+/// The app under test: generic routes, transactional routes under `/tx`, a GET.
+fn app<S: Backend>(
+    store: S,
+    effects: Effects,
+    tune: impl Fn(IdempotencyLayer<S>) -> IdempotencyLayer<S>,
+) -> Router {
+    let generic = Router::new()
+        .route("/payments", post(pay))
+        .route("/payments/{id}/refund", post(pay))
+        .route("/slow", post(slow))
+        .route("/fail", post(fail))
+        .route("/reject", post(reject))
+        .route("/big", post(big))
+        .route("/panic", post(panics))
+        .route_layer(tune(
+            IdempotencyLayer::generic(store.clone(), secret()).max_stored_body(1000),
+        ));
+    let transactional = Router::new()
+        .route("/tx/payments", post(tx_pay::<S>))
+        .route("/tx/slow", post(tx_slow::<S>))
+        .route("/tx/fail", post(tx_fail::<S>))
+        .route("/tx/hang", post(tx_hang::<S>))
+        .route_layer(tune(
+            IdempotencyLayer::transactional(store, secret()).lease(Duration::from_secs(2)),
+        ));
+    generic
+        .merge(transactional)
+        .route("/health", get(|| async { "ok" }))
+        .layer(Extension(effects))
+        .layer(middleware::from_fn(tenant_from_header))
+}
+
+fn plain<S: Backend>(store: S, effects: Effects) -> Router {
+    app(store, effects, |l| l)
+}
+
+struct Answer {
+    status: StatusCode,
+    headers: HeaderMap,
+    body: Bytes,
+    outcome: Option<Outcome>,
+}
+
+use bytes::Bytes;
+
+impl Answer {
+    fn json(&self) -> Value {
+        serde_json::from_slice(&self.body).unwrap_or(Value::Null)
+    }
+    fn replayed(&self) -> bool {
+        self.headers
+            .get("idempotent-replayed")
+            .is_some_and(|v| v == "true")
+    }
+    fn problem_type(&self) -> String {
+        assert_eq!(
+            self.headers[header::CONTENT_TYPE],
+            "application/problem+json"
+        );
+        self.json()["type"].as_str().unwrap().to_owned()
+    }
+}
+
+async fn send(
+    app: &Router,
+    path: &str,
+    key: Option<&str>,
+    body: &str,
+    extra: &[(&str, &str)],
+) -> Answer {
+    let mut req = Request::post(path).header(header::CONTENT_TYPE, "application/json");
+    if let Some(key) = key {
+        req = req.header("idempotency-key", key);
+    }
+    for (name, value) in extra {
+        req = req.header(*name, *value);
+    }
+    let response = app
+        .clone()
+        .oneshot(req.body(Body::from(body.to_owned())).unwrap())
+        .await
+        .unwrap();
+    let outcome = response.extensions().get::<Outcome>().copied();
+    let (parts, body) = response.into_parts();
+    Answer {
+        status: parts.status,
+        headers: parts.headers,
+        body: body.collect().await.unwrap().to_bytes(),
+        outcome,
+    }
+}
+
+fn quoted(key: &str) -> String {
+    format!("\"{key}\"")
+}
+
+both_stores!(
+    fifty_concurrent_identical_requests_run_the_generic_handler_once,
+    fifty_concurrent_identical_requests_commit_one_transaction,
+    a_retry_replays_status_body_and_allow_listed_headers_only,
+    same_key_with_a_different_body_is_422_and_runs_nothing,
+    same_key_with_reordered_json_keys_replays,
+    a_missing_key_is_400_and_runs_nothing,
+    malformed_keys_are_400_and_run_nothing,
+    tenant_a_key_never_replays_for_tenant_b,
+    the_same_key_on_another_route_is_another_scope,
+    a_5xx_releases_the_key_and_a_retry_runs_again,
+    a_rolled_back_transaction_releases_the_key,
+    a_validation_rejection_is_not_stored,
+    a_panicking_handler_releases_the_key,
+    an_oversized_response_tombstones_the_key,
+    an_oversized_request_is_413_and_not_stored,
+    a_request_still_running_after_the_wait_gets_409_with_retry_after,
+    a_concurrent_retry_within_the_wait_gets_the_replay,
+    an_expired_lease_is_taken_over_and_the_first_owner_cannot_store,
+    a_transactional_handler_past_its_lease_is_rolled_back,
+    a_client_that_gives_up_after_commit_gets_the_replay_on_retry,
+    safe_methods_and_optional_keys_pass_through,
+    the_derived_key_is_stable_per_scope,
+);
+
+async fn fifty_concurrent_identical_requests_run_the_generic_handler_once<S: Backend>(
+    store: S,
+    _db: Db,
+) {
+    let effects = Effects::default();
+    let app = plain(store, effects.clone());
+    let key = quoted(&new_key());
+    let answers = futures_join(50, |_| {
+        let (app, key) = (app.clone(), key.clone());
+        async move { send(&app, "/payments", Some(&key), r#"{"amount":10}"#, &[]).await }
+    })
+    .await;
+    assert_eq!(effects.count(), 1);
+    for a in &answers {
+        assert_eq!(a.status, StatusCode::CREATED);
+        assert_eq!(a.json()["payment"], 1);
+    }
+    assert_eq!(answers.iter().filter(|a| a.replayed()).count(), 49);
+}
+
+async fn fifty_concurrent_identical_requests_commit_one_transaction<S: Backend>(store: S, _db: Db) {
+    let app = plain(store.clone(), Effects::default());
+    let key = quoted(&new_key());
+    let answers = futures_join(50, |_| {
+        let (app, key) = (app.clone(), key.clone());
+        async move { send(&app, "/tx/payments", Some(&key), r#"{"amount":10}"#, &[]).await }
+    })
+    .await;
+    assert_eq!(store.count_effects().await, 1);
+    let first = &answers[0];
+    for a in &answers {
+        assert_eq!(a.status, StatusCode::CREATED, "{:?}", a.json());
+        assert_eq!(a.body, first.body);
+    }
+    assert_eq!(
+        answers
+            .iter()
+            .filter(|a| a.outcome == Some(Outcome::Created))
+            .count(),
+        1
+    );
+    assert_eq!(answers.iter().filter(|a| a.replayed()).count(), 49);
+}
+
+async fn a_retry_replays_status_body_and_allow_listed_headers_only<S: Backend>(store: S, _db: Db) {
+    let effects = Effects::default();
+    let app = plain(store, effects.clone());
+    let key = new_key();
+    let first = send(&app, "/payments", Some(&key), r#"{"amount":10}"#, &[]).await;
+    assert_eq!(first.outcome, Some(Outcome::Created));
+    assert!(
+        first.headers.contains_key(header::SET_COOKIE),
+        "the first caller gets every header"
+    );
+    assert!(!first.replayed());
+    let retry = send(&app, "/payments", Some(&key), r#"{"amount":10}"#, &[]).await;
+    assert_eq!(effects.count(), 1);
+    assert_eq!(retry.outcome, Some(Outcome::Replayed));
+    assert_eq!(retry.status, StatusCode::CREATED);
+    assert_eq!(retry.body, first.body);
+    assert!(retry.replayed());
+    assert_eq!(retry.headers[header::LOCATION], "/payments/1");
+    assert_eq!(retry.headers[header::CONTENT_TYPE], "application/json");
+    assert!(
+        !retry.headers.contains_key(header::SET_COOKIE),
+        "Set-Cookie must never be replayed"
+    );
+    assert!(
+        !retry.headers.contains_key("x-request-cost"),
+        "only allow-listed headers are replayed"
+    );
+}
+
+async fn same_key_with_a_different_body_is_422_and_runs_nothing<S: Backend>(store: S, _db: Db) {
+    let effects = Effects::default();
+    let app = plain(store.clone(), effects.clone());
+    for path in ["/payments", "/tx/payments"] {
+        let key = new_key();
+        send(&app, path, Some(&key), r#"{"amount":10}"#, &[]).await;
+        let other = send(&app, path, Some(&key), r#"{"amount":11}"#, &[]).await;
+        assert_eq!(other.status, StatusCode::UNPROCESSABLE_ENTITY);
+        assert_eq!(other.outcome, Some(Outcome::Mismatch));
+        assert_eq!(
+            other.problem_type(),
+            "https://oncely.dev/problems/idempotency-key-reused"
+        );
+    }
+    assert_eq!(effects.count(), 1);
+    assert_eq!(store.count_effects().await, 1);
+}
+
+async fn same_key_with_reordered_json_keys_replays<S: Backend>(store: S, _db: Db) {
+    let effects = Effects::default();
+    let app = plain(store, effects.clone());
+    let key = new_key();
+    send(
+        &app,
+        "/payments",
+        Some(&key),
+        r#"{"amount":10,"currency":"EUR"}"#,
+        &[],
+    )
+    .await;
+    let retry = send(
+        &app,
+        "/payments",
+        Some(&key),
+        "{ \"currency\": \"EUR\",\n \"amount\": 10 }",
+        &[],
+    )
+    .await;
+    assert!(retry.replayed());
+    assert_eq!(effects.count(), 1);
+}
+
+async fn a_missing_key_is_400_and_runs_nothing<S: Backend>(store: S, _db: Db) {
+    let effects = Effects::default();
+    let app = plain(store.clone(), effects.clone());
+    for path in ["/payments", "/tx/payments"] {
+        let a = send(&app, path, None, "{}", &[]).await;
+        assert_eq!(a.status, StatusCode::BAD_REQUEST);
+        assert_eq!(a.outcome, Some(Outcome::Invalid));
+        assert_eq!(
+            a.problem_type(),
+            "https://oncely.dev/problems/idempotency-key-missing"
+        );
+    }
+    assert_eq!(effects.count(), 0);
+    assert_eq!(store.count_effects().await, 0);
+}
+
+async fn malformed_keys_are_400_and_run_nothing<S: Backend>(store: S, _db: Db) {
+    let effects = Effects::default();
+    let app = plain(store, effects.clone());
+    let long = "k".repeat(256);
+    for key in ["", "\"\"", long.as_str(), "a b", "\"unterminated", "a,b"] {
+        let a = send(&app, "/payments", Some(key), "{}", &[]).await;
+        assert_eq!(a.status, StatusCode::BAD_REQUEST, "key {key:?}");
+        assert_eq!(
+            a.problem_type(),
+            "https://oncely.dev/problems/idempotency-key-invalid"
+        );
+    }
+    let req = Request::post("/payments")
+        .header("idempotency-key", "one")
+        .header("idempotency-key", "two")
+        .body(Body::empty())
+        .unwrap();
+    let a = app.clone().oneshot(req).await.unwrap();
+    assert_eq!(a.status(), StatusCode::BAD_REQUEST);
+    assert_eq!(effects.count(), 0);
+}
+
+async fn tenant_a_key_never_replays_for_tenant_b<S: Backend>(store: S, _db: Db) {
+    let effects = Effects::default();
+    let app = plain(store, effects.clone());
+    let key = new_key();
+    let a = send(&app, "/payments", Some(&key), "{}", &[("x-tenant", "a")]).await;
+    let b = send(&app, "/payments", Some(&key), "{}", &[("x-tenant", "b")]).await;
+    assert!(!b.replayed());
+    assert_eq!(b.outcome, Some(Outcome::Created));
+    assert_ne!(a.json()["payment"], b.json()["payment"]);
+    assert_ne!(a.json()["derived_key"], b.json()["derived_key"]);
+    assert_eq!(effects.count(), 2);
+}
+
+async fn the_same_key_on_another_route_is_another_scope<S: Backend>(store: S, _db: Db) {
+    let effects = Effects::default();
+    let app = plain(store, effects.clone());
+    let key = new_key();
+    send(&app, "/payments", Some(&key), "{}", &[]).await;
+    let other = send(&app, "/payments/1/refund", Some(&key), "{}", &[]).await;
+    assert_eq!(other.outcome, Some(Outcome::Created));
+    // The route template is the scope, not the concrete path.
+    let same_template = send(&app, "/payments/2/refund", Some(&key), "{}", &[]).await;
+    assert_eq!(same_template.outcome, Some(Outcome::Replayed));
+    assert_eq!(effects.count(), 2);
+}
+
+async fn a_5xx_releases_the_key_and_a_retry_runs_again<S: Backend>(store: S, _db: Db) {
+    let effects = Effects::default();
+    let app = plain(store, effects.clone());
+    let key = new_key();
+    let first = send(&app, "/fail", Some(&key), "{}", &[]).await;
+    assert_eq!(first.status, StatusCode::SERVICE_UNAVAILABLE);
+    assert_eq!(first.outcome, Some(Outcome::Released));
+    let retry = send(&app, "/fail", Some(&key), "{}", &[]).await;
+    assert_eq!(retry.outcome, Some(Outcome::Released));
+    assert_eq!(effects.count(), 2);
+}
+
+async fn a_rolled_back_transaction_releases_the_key<S: Backend>(store: S, _db: Db) {
+    let app = plain(store.clone(), Effects::default());
+    let key = new_key();
+    let first = send(&app, "/tx/fail", Some(&key), "{}", &[]).await;
+    assert_eq!(first.status, StatusCode::INTERNAL_SERVER_ERROR);
+    assert_eq!(first.outcome, Some(Outcome::Released));
+    assert_eq!(
+        store.count_effects().await,
+        0,
+        "the failed handler's rows were rolled back"
+    );
+    let retry = send(&app, "/tx/fail", Some(&key), "{}", &[]).await;
+    assert_eq!(
+        retry.outcome,
+        Some(Outcome::Released),
+        "the retry ran again"
+    );
+}
+
+async fn a_validation_rejection_is_not_stored<S: Backend>(store: S, _db: Db) {
+    let effects = Effects::default();
+    let app = plain(store, effects.clone());
+    let key = new_key();
+    assert_eq!(
+        send(&app, "/reject", Some(&key), "{}", &[]).await.status,
+        StatusCode::BAD_REQUEST
+    );
+    let retry = send(&app, "/reject", Some(&key), "{}", &[]).await;
+    assert!(!retry.replayed());
+    assert_eq!(effects.count(), 2);
+}
+
+async fn a_panicking_handler_releases_the_key<S: Backend>(store: S, _db: Db) {
+    let effects = Effects::default();
+    let app = plain(store, effects.clone());
+    let key = new_key();
+    let first = send(&app, "/panic", Some(&key), "{}", &[]).await;
+    assert_eq!(first.status, StatusCode::INTERNAL_SERVER_ERROR);
+    assert_eq!(
+        first.problem_type(),
+        "https://oncely.dev/problems/internal-error"
+    );
+    send(&app, "/panic", Some(&key), "{}", &[]).await;
+    assert_eq!(effects.count(), 2, "the key was released, so the retry ran");
+}
+
+async fn an_oversized_response_tombstones_the_key<S: Backend>(store: S, _db: Db) {
+    let effects = Effects::default();
+    let app = plain(store, effects.clone());
+    let key = new_key();
+    let first = send(&app, "/big", Some(&key), "{}", &[]).await;
+    assert_eq!(first.status, StatusCode::OK);
+    assert_eq!(
+        first.body.len(),
+        2000,
+        "the first caller gets the whole body"
+    );
+    let retry = send(&app, "/big", Some(&key), "{}", &[]).await;
+    assert_eq!(retry.status, StatusCode::UNPROCESSABLE_ENTITY);
+    assert_eq!(
+        retry.problem_type(),
+        "https://oncely.dev/problems/idempotency-key-unreplayable"
+    );
+    assert_eq!(effects.count(), 1, "a tombstoned key never runs again");
+}
+
+async fn an_oversized_request_is_413_and_not_stored<S: Backend>(store: S, _db: Db) {
+    let effects = Effects::default();
+    let app = app(store, effects.clone(), |l| l.max_request_body(100));
+    let key = new_key();
+    let big = format!(r#"{{"pad":"{}"}}"#, "x".repeat(200));
+    let a = send(&app, "/payments", Some(&key), &big, &[]).await;
+    assert_eq!(a.status, StatusCode::PAYLOAD_TOO_LARGE);
+    assert_eq!(
+        a.problem_type(),
+        "https://oncely.dev/problems/request-too-large"
+    );
+    let small = send(&app, "/payments", Some(&key), "{}", &[]).await;
+    assert_eq!(small.outcome, Some(Outcome::Created), "the key stayed free");
+    assert_eq!(effects.count(), 1);
+}
+
+async fn a_request_still_running_after_the_wait_gets_409_with_retry_after<S: Backend>(
+    store: S,
+    _db: Db,
+) {
+    let effects = Effects::default();
+    let app = app(store, effects.clone(), |l| {
+        l.wait(Duration::from_millis(100))
+    });
+    for path in ["/slow", "/tx/slow"] {
+        let key = new_key();
+        let first = tokio::spawn({
+            let (app, key) = (app.clone(), key.clone());
+            async move { send(&app, path, Some(&key), "{}", &[]).await }
+        });
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        let second = send(&app, path, Some(&key), "{}", &[]).await;
+        if path == "/tx/slow" && second.status != StatusCode::CONFLICT {
+            // SQLite has one writer: the second request waits for the write lock (its busy
+            // timeout), which the first holds until it commits, and then replays.
+            assert!(second.replayed(), "{path}: {:?}", second.json());
+        } else {
+            assert_eq!(second.status, StatusCode::CONFLICT, "{path}");
+            assert_eq!(second.outcome, Some(Outcome::InProgress));
+            assert_eq!(second.headers[header::RETRY_AFTER], "1");
+            assert_eq!(
+                second.problem_type(),
+                "https://oncely.dev/problems/idempotency-key-in-use"
+            );
+        }
+        assert_eq!(first.await.unwrap().status, StatusCode::OK);
+    }
+    assert_eq!(effects.count(), 1);
+}
+
+async fn a_concurrent_retry_within_the_wait_gets_the_replay<S: Backend>(store: S, _db: Db) {
+    let effects = Effects::default();
+    let app = plain(store, effects.clone());
+    let key = new_key();
+    let first = tokio::spawn({
+        let (app, key) = (app.clone(), key.clone());
+        async move { send(&app, "/slow", Some(&key), "{}", &[]).await }
+    });
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    let second = send(&app, "/slow", Some(&key), "{}", &[]).await;
+    assert!(second.replayed());
+    assert_eq!(second.body, first.await.unwrap().body);
+    assert_eq!(effects.count(), 1);
+}
+
+async fn an_expired_lease_is_taken_over_and_the_first_owner_cannot_store<S: Backend>(
+    store: S,
+    _db: Db,
+) {
+    let effects = Effects::default();
+    let app = app(store, effects.clone(), |l| {
+        l.lease(Duration::from_millis(150))
+            .wait(Duration::from_millis(50))
+    });
+    let key = new_key();
+    let first = tokio::spawn({
+        let (app, key) = (app.clone(), key.clone());
+        async move { send(&app, "/slow", Some(&key), "{}", &[]).await }
+    });
+    // The first owner is still running (400 ms) but its 150 ms lease is over: a retry takes over.
+    tokio::time::sleep(Duration::from_millis(250)).await;
+    let second = send(&app, "/slow", Some(&key), "{}", &[]).await;
+    assert_eq!(second.outcome, Some(Outcome::Created));
+    assert_eq!(first.await.unwrap().json()["payment"], 1);
+    assert_eq!(second.json()["payment"], 2);
+    // The stored result is the second owner's: the first could not overwrite it.
+    let third = send(&app, "/slow", Some(&key), "{}", &[]).await;
+    assert!(third.replayed());
+    assert_eq!(third.json()["payment"], 2);
+}
+
+async fn a_transactional_handler_past_its_lease_is_rolled_back<S: Backend>(store: S, _db: Db) {
+    let app = app(store.clone(), Effects::default(), |l| {
+        l.lease(Duration::from_millis(200))
+    });
+    let key = new_key();
+    let a = send(&app, "/tx/hang", Some(&key), "{}", &[]).await;
+    assert_eq!(a.status, StatusCode::SERVICE_UNAVAILABLE);
+    assert_eq!(
+        a.problem_type(),
+        "https://oncely.dev/problems/request-timeout"
+    );
+    assert_eq!(store.count_effects().await, 0);
+    assert_eq!(a.outcome, Some(Outcome::Released));
+}
+
+/// Over a real socket: the client times out while the handler runs; the server still commits;
+/// the retry gets the stored result.
+async fn a_client_that_gives_up_after_commit_gets_the_replay_on_retry<S: Backend>(
+    store: S,
+    _db: Db,
+) {
+    let effects = Effects::default();
+    let base = serve(plain(store.clone(), effects.clone())).await;
+    let client = reqwest::Client::new();
+    for path in ["/slow", "/tx/slow"] {
+        let key = new_key();
+        let gave_up = client
+            .post(format!("{base}{path}"))
+            .header("idempotency-key", &key)
+            .timeout(Duration::from_millis(100))
+            .send()
+            .await;
+        assert!(gave_up.is_err(), "the client should have timed out");
+        tokio::time::sleep(Duration::from_millis(600)).await;
+        let retry = client
+            .post(format!("{base}{path}"))
+            .header("idempotency-key", &key)
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(retry.status(), 200);
+        assert_eq!(retry.headers()["idempotent-replayed"], "true", "{path}");
+    }
+    assert_eq!(effects.count(), 1);
+    assert_eq!(store.count_effects().await, 1);
+}
+
+async fn safe_methods_and_optional_keys_pass_through<S: Backend>(store: S, _db: Db) {
+    let app = plain(store.clone(), Effects::default());
+    let a = app
+        .clone()
+        .oneshot(Request::get("/health").body(Body::empty()).unwrap())
+        .await
+        .unwrap();
+    assert_eq!(a.status(), StatusCode::OK);
+    let effects = Effects::default();
+    let optional = app_optional(store, effects.clone());
+    let a = send(&optional, "/payments", None, "{}", &[]).await;
+    assert_eq!(a.status, StatusCode::CREATED);
+    assert_eq!(a.outcome, None);
+}
+
+fn app_optional<S: Backend>(store: S, effects: Effects) -> Router {
+    app(store, effects, |l| l.optional())
+}
+
+async fn the_derived_key_is_stable_per_scope<S: Backend>(store: S, _db: Db) {
+    let app = plain(store, Effects::default());
+    let key = new_key();
+    let first = send(&app, "/tx/payments", Some(&key), "{}", &[]).await;
+    let retry = send(&app, "/tx/payments", Some(&key), "{}", &[]).await;
+    let other = send(&app, "/tx/payments", Some(&new_key()), "{}", &[]).await;
+    let derived = first.json()["derived_key"].as_str().unwrap().to_owned();
+    assert_eq!(derived.len(), 40);
+    assert_eq!(retry.json()["derived_key"], derived.as_str());
+    assert_ne!(other.json()["derived_key"], derived.as_str());
+    assert!(
+        !derived.contains(&key),
+        "the derived key does not reveal the client's key"
+    );
+}
+
+/// Two app instances, each with its own pool, share one PostgreSQL database.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn fifty_concurrent_requests_over_two_app_instances_commit_once() {
+    let (store_a, db) = postgres().await;
+    let store_b = postgres_again(&db).await;
+    let generic_effects = Effects::default();
+    let a = serve(plain(store_a.clone(), generic_effects.clone())).await;
+    let b = serve(plain(store_b, generic_effects.clone())).await;
+    let client = reqwest::Client::new();
+    for path in ["/tx/payments", "/payments"] {
+        let key = new_key();
+        let answers = futures_join(50, |i| {
+            let url = format!("{}{path}", if i % 2 == 0 { &a } else { &b });
+            let (client, key) = (client.clone(), key.clone());
+            async move {
+                let r = client
+                    .post(url)
+                    .header("idempotency-key", key)
+                    .json(&json!({"n": 1}))
+                    .send()
+                    .await
+                    .unwrap();
+                (r.status(), r.bytes().await.unwrap())
+            }
+        })
+        .await;
+        for (status, body) in &answers {
+            assert_eq!(*status, StatusCode::CREATED);
+            assert_eq!(body, &answers[0].1);
+        }
+    }
+    assert_eq!(store_a.count_effects().await, 1);
+    assert_eq!(generic_effects.count(), 1);
+}
+
+/// The outcome is counted in metrics with its route.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn outcomes_are_counted_per_route() {
+    use metrics_util::debugging::{DebugValue, DebuggingRecorder};
+    let recorder = DebuggingRecorder::new();
+    let snapshotter = recorder.snapshotter();
+    recorder
+        .install()
+        .expect("the only global recorder in this test binary");
+    let (store, _db) = crate::support::sqlite().await;
+    let app = plain(store, Effects::default());
+    let key = new_key();
+    send(&app, "/payments", Some(&key), "{}", &[]).await;
+    send(&app, "/payments", Some(&key), "{}", &[]).await;
+    send(&app, "/payments", Some(&key), "{\"other\":1}", &[]).await;
+    send(&app, "/payments", None, "{}", &[]).await;
+    let counts: Vec<(String, u64)> = snapshotter
+        .snapshot()
+        .into_vec()
+        .into_iter()
+        .filter(|(k, ..)| k.key().name() == "oncely_idempotency_requests_total")
+        .filter(|(k, ..)| {
+            k.key()
+                .labels()
+                .any(|l| l.key() == "route" && l.value() == "/payments")
+        })
+        .filter_map(|(k, _, _, v)| match v {
+            DebugValue::Counter(n) => Some((
+                k.key()
+                    .labels()
+                    .find(|l| l.key() == "outcome")
+                    .unwrap()
+                    .value()
+                    .to_owned(),
+                n,
+            )),
+            _ => None,
+        })
+        .collect();
+    for outcome in ["created", "replayed", "mismatch", "invalid"] {
+        assert!(
+            counts.contains(&(outcome.to_owned(), 1)),
+            "{outcome} in {counts:?}"
+        );
+    }
+}
+
+async fn serve(app: Router) -> String {
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    tokio::spawn(async move { axum::serve(listener, app).await.unwrap() });
+    format!("http://{addr}")
+}
+
+/// Runs `n` futures at once on the runtime's threads and collects their answers in order.
+async fn futures_join<F, Fut, T>(n: usize, make: F) -> Vec<T>
+where
+    F: Fn(usize) -> Fut,
+    Fut: std::future::Future<Output = T> + Send + 'static,
+    T: Send + 'static,
+{
+    let handles: Vec<_> = (0..n).map(|i| tokio::spawn(make(i))).collect();
+    let mut out = Vec::with_capacity(n);
+    for h in handles {
+        out.push(h.await.unwrap());
+    }
+    out
+}

@@ -1,0 +1,8 @@
+//! Integration tests of the `oncely` library: one binary, every case against both stores.
+
+#![allow(unreachable_pub)]
+
+mod layer_contract;
+mod properties;
+mod store_conformance;
+mod support;

@@ -1,0 +1,122 @@
+//! What the tests share: a store per backend, with a business table to count effects in.
+
+use std::future::Future;
+
+use oncely::store::KeyStore;
+use oncely::store::postgres::PgKeyStore;
+use oncely::store::sqlite::SqliteKeyStore;
+use oncely::{IdempotencyKey, Scope, ServerSecret, TenantId};
+use oncely_testdb::{TestPostgres, TestSqlite};
+use sqlx::{Database, Postgres, Sqlite};
+
+/// A key store the tests can also write business rows through.
+pub trait Backend: KeyStore {
+    /// Writes one business row (`effects`) on `conn`.
+    fn insert_effect(
+        conn: &mut <Self::Database as Database>::Connection,
+        label: &str,
+    ) -> impl Future<Output = ()> + Send;
+    /// How many business rows committed.
+    fn count_effects(&self) -> impl Future<Output = i64> + Send;
+}
+
+/// Keeps the database alive as long as the test holds it.
+pub enum Db {
+    Postgres(#[allow(dead_code)] TestPostgres),
+    Sqlite(#[allow(dead_code)] TestSqlite),
+}
+
+const EFFECTS: &str = "CREATE TABLE effects (label TEXT NOT NULL)";
+
+pub async fn postgres() -> (PgKeyStore, Db) {
+    let db = TestPostgres::new().await;
+    let store = PgKeyStore::new(db.pool(80).await);
+    store.migrate().await.expect("migrate");
+    sqlx::query(EFFECTS).execute(store.pool()).await.unwrap();
+    (store, Db::Postgres(db))
+}
+
+/// A second store (its own pool: another "app instance") on the same database.
+pub async fn postgres_again(db: &Db) -> PgKeyStore {
+    let Db::Postgres(db) = db else {
+        panic!("not postgres")
+    };
+    PgKeyStore::new(db.pool(80).await)
+}
+
+pub async fn sqlite() -> (SqliteKeyStore, Db) {
+    let db = TestSqlite::new();
+    let store = SqliteKeyStore::new(db.pool(16).await);
+    store.migrate().await.expect("migrate");
+    sqlx::query(EFFECTS).execute(store.pool()).await.unwrap();
+    (store, Db::Sqlite(db))
+}
+
+impl Backend for PgKeyStore {
+    async fn insert_effect(conn: &mut sqlx::PgConnection, label: &str) {
+        sqlx::query("INSERT INTO effects (label) VALUES ($1)")
+            .bind(label)
+            .execute(conn)
+            .await
+            .unwrap();
+    }
+    async fn count_effects(&self) -> i64 {
+        sqlx::query_scalar::<Postgres, i64>("SELECT count(*) FROM effects")
+            .fetch_one(self.pool())
+            .await
+            .unwrap()
+    }
+}
+
+impl Backend for SqliteKeyStore {
+    async fn insert_effect(conn: &mut sqlx::SqliteConnection, label: &str) {
+        sqlx::query("INSERT INTO effects (label) VALUES (?1)")
+            .bind(label)
+            .execute(conn)
+            .await
+            .unwrap();
+    }
+    async fn count_effects(&self) -> i64 {
+        sqlx::query_scalar::<Sqlite, i64>("SELECT count(*) FROM effects")
+            .fetch_one(self.pool())
+            .await
+            .unwrap()
+    }
+}
+
+pub fn secret() -> ServerSecret {
+    ServerSecret::new(b"test-secret-test-secret-test-secret".to_vec()).unwrap()
+}
+
+pub fn scope(key: &str) -> Scope {
+    Scope::new(
+        TenantId::default(),
+        "POST",
+        "/payments",
+        IdempotencyKey::parse(key).unwrap(),
+    )
+}
+
+pub fn new_key() -> String {
+    uuid::Uuid::new_v4().to_string()
+}
+
+/// Runs a generic async test body against both stores: `both_stores!(name_of_fn, …)` makes
+/// `name_of_fn::postgres` and `name_of_fn::sqlite`.
+macro_rules! both_stores {
+    ($($name:ident),* $(,)?) => {$(
+        mod $name {
+            #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+            async fn postgres() {
+                let (store, db) = $crate::support::postgres().await;
+                super::$name(store, db).await;
+            }
+            #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+            async fn sqlite() {
+                let (store, db) = $crate::support::sqlite().await;
+                super::$name(store, db).await;
+            }
+        }
+    )*};
+}
+pub(crate) use both_stores;

@@ -22,7 +22,7 @@ pub trait Backend: KeyStore {
 
 /// Keeps the database alive as long as the test holds it.
 pub enum Db {
-    Postgres(#[allow(dead_code)] TestPostgres),
+    Postgres(#[allow(dead_code)] Box<TestPostgres>),
     Sqlite(#[allow(dead_code)] TestSqlite),
 }
 
@@ -30,10 +30,10 @@ const EFFECTS: &str = "CREATE TABLE effects (label TEXT NOT NULL)";
 
 pub async fn postgres() -> (PgKeyStore, Db) {
     let db = TestPostgres::new().await;
-    let store = PgKeyStore::new(db.pool(80).await);
+    let store = PgKeyStore::new(db.pool(30).await);
     store.migrate().await.expect("migrate");
     sqlx::query(EFFECTS).execute(store.pool()).await.unwrap();
-    (store, Db::Postgres(db))
+    (store, Db::Postgres(Box::new(db)))
 }
 
 /// A second store (its own pool: another "app instance") on the same database.
@@ -41,7 +41,7 @@ pub async fn postgres_again(db: &Db) -> PgKeyStore {
     let Db::Postgres(db) = db else {
         panic!("not postgres")
     };
-    PgKeyStore::new(db.pool(80).await)
+    PgKeyStore::new(db.pool(30).await)
 }
 
 pub async fn sqlite() -> (SqliteKeyStore, Db) {

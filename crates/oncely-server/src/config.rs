@@ -1,0 +1,241 @@
+//! Configuration: flags with environment fallbacks. Secrets never print.
+
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use anyhow::{Context, bail};
+use clap::{Args, Parser, Subcommand, ValueEnum};
+use oncely::ServerSecret;
+use rand::RngCore;
+use secrecy::{ExposeSecret, SecretString};
+
+/// `oncely`: retried requests and re-run jobs become harmless.
+#[derive(Debug, Parser)]
+#[command(name = "oncely", version, about)]
+pub struct Cli {
+    /// What to do.
+    #[command(subcommand)]
+    pub command: Command,
+}
+
+/// The subcommands.
+#[derive(Debug, Subcommand)]
+pub enum Command {
+    /// Run the HTTP API.
+    Serve(ServeArgs),
+    /// Apply the database migrations and exit.
+    Migrate(DatabaseArgs),
+}
+
+/// Where the data lives.
+#[derive(Debug, Clone, Args)]
+pub struct DatabaseArgs {
+    /// `postgres://…` or `sqlite://…`.
+    #[arg(
+        long,
+        env = "DATABASE_URL",
+        default_value = "sqlite://oncely.db",
+        hide_env_values = true
+    )]
+    pub database_url: String,
+}
+
+/// Settings of `oncely serve`.
+#[derive(Debug, Clone, Args)]
+pub struct ServeArgs {
+    #[command(flatten)]
+    #[allow(missing_docs)]
+    pub database: DatabaseArgs,
+
+    /// `development` (generated secret, dev conveniences) or `production` (everything explicit).
+    #[arg(
+        long = "env",
+        env = "ONCELY_ENV",
+        value_enum,
+        default_value = "development"
+    )]
+    pub environment: Environment,
+
+    /// Listen address.
+    #[arg(long, env = "ONCELY_BIND", default_value = "127.0.0.1:8080")]
+    pub bind: SocketAddr,
+
+    /// Server secret (fingerprints, keyed hashes, sealing); at least 32 characters. Generated per
+    /// data directory in development; required in production.
+    #[arg(long, env = "ONCELY_SECRET", hide_env_values = true)]
+    pub secret: Option<SecretString>,
+
+    /// How long idempotent results are replayed (`24h`, `90m`, …).
+    #[arg(long, env = "ONCELY_KEY_RETENTION", default_value = "24h", value_parser = parse_duration)]
+    pub key_retention: Duration,
+
+    /// How long an in-progress key is held before a retry may take it over.
+    #[arg(long, env = "ONCELY_LEASE", default_value = "30s", value_parser = parse_duration)]
+    pub lease: Duration,
+}
+
+/// The deployment environment.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum Environment {
+    /// A developer's machine.
+    Development,
+    /// Real traffic: no generated secrets, no dev pages.
+    Production,
+}
+
+/// The shortest `ONCELY_SECRET` accepted.
+pub const MIN_SECRET_CHARS: usize = 32;
+
+fn parse_duration(s: &str) -> Result<Duration, String> {
+    let d = humantime::parse_duration(s).map_err(|e| format!("{e} (examples: 30s, 15m, 24h)"))?;
+    if d.is_zero() {
+        return Err("must be longer than zero".into());
+    }
+    Ok(d)
+}
+
+impl ServeArgs {
+    /// Checks settings that depend on each other.
+    pub fn validate(&self) -> anyhow::Result<()> {
+        if self.lease >= self.key_retention {
+            bail!(
+                "ONCELY_LEASE ({:?}) must be shorter than ONCELY_KEY_RETENTION ({:?})",
+                self.lease,
+                self.key_retention
+            );
+        }
+        Ok(())
+    }
+
+    /// The server secret: given, or (development only) read from or generated into the data
+    /// directory, so that it survives restarts.
+    pub fn server_secret(&self) -> anyhow::Result<ServerSecret> {
+        if let Some(secret) = &self.secret {
+            let secret = secret.expose_secret();
+            if secret.len() < MIN_SECRET_CHARS {
+                bail!("ONCELY_SECRET must be at least {MIN_SECRET_CHARS} characters");
+            }
+            return Ok(ServerSecret::new(secret.as_bytes().to_vec())?);
+        }
+        if self.environment == Environment::Production {
+            bail!(
+                "ONCELY_SECRET is required in production (at least {MIN_SECRET_CHARS} random characters)"
+            );
+        }
+        let path = data_dir(&self.database.database_url).join(".oncely-secret");
+        Ok(ServerSecret::new(dev_secret(&path)?)?)
+    }
+}
+
+/// Where development state (the generated secret) lives: beside the SQLite file, else here.
+pub fn data_dir(database_url: &str) -> PathBuf {
+    database_url
+        .strip_prefix("sqlite://")
+        .or_else(|| database_url.strip_prefix("sqlite:"))
+        .map(|path| path.split('?').next().unwrap_or(path))
+        .and_then(|path| Path::new(path).parent().map(Path::to_path_buf))
+        .filter(|dir| !dir.as_os_str().is_empty())
+        .unwrap_or_else(|| PathBuf::from("."))
+}
+
+fn dev_secret(path: &Path) -> anyhow::Result<Vec<u8>> {
+    if let Ok(existing) = std::fs::read_to_string(path) {
+        let existing = existing.trim();
+        if existing.len() >= MIN_SECRET_CHARS {
+            return Ok(existing.as_bytes().to_vec());
+        }
+    }
+    let mut bytes = [0u8; 32];
+    rand::rng().fill_bytes(&mut bytes);
+    let secret = hex::encode(bytes);
+    write_private(path, &secret)
+        .with_context(|| format!("writing the development secret to {}", path.display()))?;
+    Ok(secret.into_bytes())
+}
+
+fn write_private(path: &Path, contents: &str) -> std::io::Result<()> {
+    use std::io::Write;
+    let mut options = std::fs::OpenOptions::new();
+    options.write(true).create(true).truncate(true);
+    #[cfg(unix)]
+    std::os::unix::fs::OpenOptionsExt::mode(&mut options, 0o600);
+    options.open(path)?.write_all(contents.as_bytes())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn serve(args: &[&str]) -> ServeArgs {
+        let mut argv = vec!["oncely", "serve"];
+        argv.extend_from_slice(args);
+        match Cli::try_parse_from(argv).unwrap().command {
+            Command::Serve(args) => args,
+            Command::Migrate(_) => unreachable!(),
+        }
+    }
+
+    #[test]
+    fn production_without_a_secret_is_a_startup_error() {
+        let args = serve(&["--env", "production", "--database-url", "sqlite::memory:"]);
+        let error = args.server_secret().unwrap_err().to_string();
+        assert!(
+            error.contains("ONCELY_SECRET is required in production"),
+            "{error}"
+        );
+    }
+
+    #[test]
+    fn a_short_secret_is_refused() {
+        let args = serve(&["--secret", "short"]);
+        assert!(
+            args.server_secret()
+                .unwrap_err()
+                .to_string()
+                .contains("at least 32")
+        );
+    }
+
+    #[test]
+    fn the_development_secret_is_generated_once_per_data_directory() {
+        let dir = tempfile::tempdir().unwrap();
+        let url = format!("sqlite://{}", dir.path().join("x.db").display());
+        let args = serve(&["--database-url", &url]);
+        args.server_secret().unwrap();
+        let first = std::fs::read_to_string(dir.path().join(".oncely-secret")).unwrap();
+        args.server_secret().unwrap();
+        assert_eq!(
+            first,
+            std::fs::read_to_string(dir.path().join(".oncely-secret")).unwrap()
+        );
+        assert_eq!(first.len(), 64);
+    }
+
+    #[test]
+    fn secrets_never_print() {
+        let args = serve(&["--secret", "0123456789abcdef0123456789abcdef-very-secret"]);
+        assert!(!format!("{args:?}").contains("very-secret"));
+    }
+
+    #[test]
+    fn durations_parse_and_lease_must_be_shorter_than_retention() {
+        assert_eq!(serve(&["--lease", "5s"]).lease, Duration::from_secs(5));
+        assert!(
+            serve(&["--lease", "2h", "--key-retention", "1h"])
+                .validate()
+                .is_err()
+        );
+        assert!(Cli::try_parse_from(["oncely", "serve", "--lease", "soon"]).is_err());
+    }
+
+    #[test]
+    fn data_dir_follows_the_sqlite_file() {
+        assert_eq!(data_dir("sqlite://oncely.db"), PathBuf::from("."));
+        assert_eq!(
+            data_dir("sqlite:///var/lib/oncely/o.db?mode=rwc"),
+            PathBuf::from("/var/lib/oncely")
+        );
+        assert_eq!(data_dir("postgres://x/y"), PathBuf::from("."));
+    }
+}

@@ -1,0 +1,108 @@
+//! The database: PostgreSQL or SQLite, chosen by the URL's scheme.
+
+use anyhow::{Context, bail};
+use oncely::store::KeyStore;
+use oncely::store::postgres::PgKeyStore;
+use oncely::store::sqlite::{SqliteKeyStore, connect_options};
+use sqlx::postgres::PgPoolOptions;
+use sqlx::sqlite::SqlitePoolOptions;
+
+/// A connected database and the key store on it.
+#[derive(Debug, Clone)]
+pub enum Database {
+    /// PostgreSQL: production.
+    Postgres(PgKeyStore),
+    /// SQLite: the embedded default.
+    Sqlite(SqliteKeyStore),
+}
+
+impl Database {
+    /// Connects; the error says which database could not be reached (never its password).
+    pub async fn connect(url: &str) -> anyhow::Result<Self> {
+        if url.starts_with("postgres://") || url.starts_with("postgresql://") {
+            let pool = PgPoolOptions::new()
+                .max_connections(32)
+                .connect(url)
+                .await
+                .with_context(|| format!("cannot connect to PostgreSQL at {}", redact(url)))?;
+            Ok(Self::Postgres(PgKeyStore::new(pool)))
+        } else if url.starts_with("sqlite:") {
+            let pool = SqlitePoolOptions::new()
+                .max_connections(8)
+                .connect_with(connect_options(url)?)
+                .await
+                .with_context(|| format!("cannot open SQLite database {url}"))?;
+            Ok(Self::Sqlite(SqliteKeyStore::new(pool)))
+        } else {
+            bail!(
+                "DATABASE_URL must start with postgres:// or sqlite:// (got {})",
+                redact(url)
+            )
+        }
+    }
+
+    /// Applies every migration.
+    pub async fn migrate(&self) -> anyhow::Result<()> {
+        match self {
+            Self::Postgres(store) => store.migrate().await,
+            Self::Sqlite(store) => store.migrate().await,
+        }
+        .context("applying migrations")
+    }
+
+    /// Ready to serve: reachable, and every migration this binary knows is applied.
+    pub async fn ready(&self) -> anyhow::Result<()> {
+        let latest = oncely::store::postgres::migrator()
+            .iter()
+            .map(|m| m.version)
+            .max()
+            .unwrap_or(0);
+        let query =
+            "SELECT COALESCE(MAX(version), 0) FROM _oncely_idempotency_migrations WHERE success";
+        let applied: i64 = match self {
+            Self::Postgres(store) => sqlx::query_scalar(query).fetch_one(store.pool()).await?,
+            Self::Sqlite(store) => sqlx::query_scalar(query).fetch_one(store.pool()).await?,
+        };
+        if applied < latest {
+            bail!("migrations pending: database at {applied}, binary expects {latest}");
+        }
+        Ok(())
+    }
+
+    /// A name for logs: `postgres` or `sqlite`.
+    pub fn kind(&self) -> &'static str {
+        match self {
+            Self::Postgres(_) => "postgres",
+            Self::Sqlite(_) => "sqlite",
+        }
+    }
+}
+
+/// The URL with any password replaced, for messages.
+pub fn redact(url: &str) -> String {
+    match (url.find("://"), url.rfind('@')) {
+        (Some(scheme), Some(at)) if at > scheme => {
+            let userinfo = &url[scheme + 3..at];
+            match userinfo.split_once(':') {
+                Some((user, _)) => format!("{}{user}:***{}", &url[..scheme + 3], &url[at..]),
+                None => url.to_owned(),
+            }
+        }
+        _ => url.to_owned(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::redact;
+
+    #[test]
+    fn passwords_are_redacted() {
+        assert_eq!(
+            redact("postgres://u:hunter2@h:5432/d"),
+            "postgres://u:***@h:5432/d"
+        );
+        assert_eq!(redact("postgres://u@h/d"), "postgres://u@h/d");
+        assert_eq!(redact("sqlite://x.db"), "sqlite://x.db");
+    }
+}

@@ -18,7 +18,10 @@ use oncely::{IdempotencyLayer, IdempotentTx, ServerSecret};
 use serde_json::{Value, json};
 use sqlx::Sqlite;
 
-async fn create_payment(tx: IdempotentTx<Sqlite>, Json(body): Json<Value>) -> (StatusCode, Json<Value>) {
+async fn create_payment(
+    tx: IdempotentTx<Sqlite>,
+    Json(body): Json<Value>,
+) -> (StatusCode, Json<Value>) {
     let amount = body["amount"].as_i64().unwrap_or(0);
     let mut conn = tx.lock().await;
     let id: i64 = sqlx::query_scalar("INSERT INTO payments (amount) VALUES (?1) RETURNING id")
@@ -26,16 +29,22 @@ async fn create_payment(tx: IdempotentTx<Sqlite>, Json(body): Json<Value>) -> (S
         .fetch_one(&mut *conn)
         .await
         .expect("insert payment");
-    (StatusCode::CREATED, Json(json!({ "id": id, "amount": amount })))
+    (
+        StatusCode::CREATED,
+        Json(json!({ "id": id, "amount": amount })),
+    )
 }
 
 #[tokio::main]
 async fn main() -> anyhow::Result<()> {
     tracing_subscriber::fmt().with_env_filter("info").init();
-    let pool = sqlx::SqlitePool::connect_with(connect_options("sqlite://payments-example.db")?).await?;
-    sqlx::query("CREATE TABLE IF NOT EXISTS payments (id INTEGER PRIMARY KEY, amount INTEGER NOT NULL)")
-        .execute(&pool)
-        .await?;
+    let pool =
+        sqlx::SqlitePool::connect_with(connect_options("sqlite://payments-example.db")?).await?;
+    sqlx::query(
+        "CREATE TABLE IF NOT EXISTS payments (id INTEGER PRIMARY KEY, amount INTEGER NOT NULL)",
+    )
+    .execute(&pool)
+    .await?;
     let store = SqliteKeyStore::new(pool);
     store.migrate().await?;
     // A real service reads this from its configuration (ONCELY_SECRET).
@@ -46,7 +55,10 @@ async fn main() -> anyhow::Result<()> {
         .route_layer(IdempotencyLayer::transactional(store, secret));
 
     let listener = tokio::net::TcpListener::bind("127.0.0.1:3000").await?;
-    println!("POST http://{}/payments with an Idempotency-Key header", listener.local_addr()?);
+    println!(
+        "POST http://{}/payments with an Idempotency-Key header",
+        listener.local_addr()?
+    );
     axum::serve(listener, app).await?;
     Ok(())
 }

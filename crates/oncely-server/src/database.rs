@@ -1,5 +1,7 @@
 //! The database: PostgreSQL or SQLite, chosen by the URL's scheme.
 
+use std::time::Duration;
+
 use anyhow::{Context, bail};
 use oncely::store::KeyStore;
 use oncely::store::postgres::PgKeyStore;
@@ -22,6 +24,8 @@ impl Database {
         if url.starts_with("postgres://") || url.starts_with("postgresql://") {
             let pool = PgPoolOptions::new()
                 .max_connections(32)
+                // Start-up against an unreachable server fails in seconds, not half a minute.
+                .acquire_timeout(Duration::from_secs(5))
                 .connect(url)
                 .await
                 .with_context(|| format!("cannot connect to PostgreSQL at {}", redact(url)))?;

@@ -129,6 +129,20 @@ pub struct Record {
     pub state: RecordState,
 }
 
+impl Record {
+    /// Whether a claim with `fingerprint` may take this row over: its retention ended
+    /// (`expired`), or it is in progress with an expired lease and the same request.
+    pub(crate) fn claimable_by(&self, fingerprint: &Fingerprint, expired: bool) -> bool {
+        expired
+            || (matches!(
+                self.state,
+                RecordState::InProgress {
+                    lease_active: false
+                }
+            ) && self.fingerprint == *fingerprint)
+    }
+}
+
 /// The state of a [`Record`].
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum RecordState {

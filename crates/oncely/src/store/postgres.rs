@@ -11,8 +11,8 @@ use sqlx::migrate::{Migration, MigrationType, Migrator};
 use sqlx::{AssertSqlSafe, PgConnection, PgPool, Postgres, Row, SqlSafeStr, Transaction};
 
 use super::{
-    Claim, ClaimRequest, Completion, FencingToken, KeyStore, Record, RecordState, StoreError,
-    millis, record_from_columns,
+    Claim, ClaimRequest, Completion, FencingToken, KeyStore, Record, StoreError, millis,
+    record_from_columns,
 };
 use crate::Scope;
 
@@ -141,45 +141,35 @@ async fn claim_on(conn: &mut PgConnection, req: &ClaimRequest<'_>) -> Result<Cla
     let scope = req.scope;
     for _ in 0..8 {
         let token = FencingToken::new();
-        let inserted = sqlx::query(INSERT)
-            .bind(scope.tenant.as_str())
-            .bind(&scope.method)
-            .bind(&scope.route)
-            .bind(scope.key.as_str())
-            .bind(&req.fingerprint.as_bytes()[..])
-            .bind(token.0)
-            .bind(secs(req.lease))
-            .bind(secs(req.retention))
+        let with_args = |sql| {
+            sqlx::query(sql)
+                .bind(scope.tenant.as_str())
+                .bind(&scope.method)
+                .bind(&scope.route)
+                .bind(scope.key.as_str())
+                .bind(&req.fingerprint.as_bytes()[..])
+                .bind(token.0)
+                .bind(secs(req.lease))
+                .bind(secs(req.retention))
+        };
+        if with_args(INSERT)
             .fetch_optional(&mut *conn)
-            .await?;
-        if inserted.is_some() {
+            .await?
+            .is_some()
+        {
             return Ok(Claim::Acquired { token, tx: () });
         }
-        let Some(row) = select(&mut *conn, scope).await? else {
+        let Some(found) = select(&mut *conn, scope).await? else {
             continue;
         };
-        let claimable = row.expired
-            || (matches!(
-                row.record.state,
-                RecordState::InProgress {
-                    lease_active: false
-                }
-            ) && row.record.fingerprint == *req.fingerprint);
-        if !claimable {
-            return Ok(Claim::Existing(row.record));
+        if !found.record.claimable_by(req.fingerprint, found.expired) {
+            return Ok(Claim::Existing(found.record));
         }
-        let taken = sqlx::query(TAKEOVER)
-            .bind(scope.tenant.as_str())
-            .bind(&scope.method)
-            .bind(&scope.route)
-            .bind(scope.key.as_str())
-            .bind(&req.fingerprint.as_bytes()[..])
-            .bind(token.0)
-            .bind(secs(req.lease))
-            .bind(secs(req.retention))
+        if with_args(TAKEOVER)
             .fetch_optional(&mut *conn)
-            .await?;
-        if taken.is_some() {
+            .await?
+            .is_some()
+        {
             return Ok(Claim::Acquired { token, tx: () });
         }
     }

@@ -12,8 +12,8 @@ use sqlx::migrate::{Migration, MigrationType, Migrator};
 use sqlx::{Row, SqlSafeStr, Sqlite, SqliteConnection, SqlitePool, Transaction};
 
 use super::{
-    Claim, ClaimRequest, Completion, FencingToken, KeyStore, Record, RecordState, StoreError,
-    millis, record_from_columns,
+    Claim, ClaimRequest, Completion, FencingToken, KeyStore, Record, StoreError, millis,
+    record_from_columns,
 };
 use crate::Scope;
 
@@ -177,13 +177,7 @@ async fn claim_on(
     let found = select(&mut *conn, scope, now)
         .await?
         .ok_or(StoreError::Corrupt("key row vanished during claim"))?;
-    let claimable = found.expired
-        || (matches!(
-            found.record.state,
-            RecordState::InProgress {
-                lease_active: false
-            }
-        ) && found.record.fingerprint == *req.fingerprint);
+    let claimable = found.record.claimable_by(req.fingerprint, found.expired);
     if claimable && args(TAKEOVER).execute(&mut *conn).await?.rows_affected() == 1 {
         return Ok(Claim::Acquired { token, tx: () });
     }

@@ -710,12 +710,16 @@ async fn outcomes_are_counted_per_route() {
         .install()
         .expect("the only global recorder in this test binary");
     let (store, _db) = crate::support::sqlite().await;
-    let app = plain(store, Effects::default());
+    // A route no other test uses: the recorder is global and tests run in parallel.
+    let app = Router::new()
+        .route("/metrics-probe", post(pay))
+        .route_layer(IdempotencyLayer::generic(store, secret()))
+        .layer(Extension(Effects::default()));
     let key = new_key();
-    send(&app, "/payments", Some(&key), "{}", &[]).await;
-    send(&app, "/payments", Some(&key), "{}", &[]).await;
-    send(&app, "/payments", Some(&key), "{\"other\":1}", &[]).await;
-    send(&app, "/payments", None, "{}", &[]).await;
+    send(&app, "/metrics-probe", Some(&key), "{}", &[]).await;
+    send(&app, "/metrics-probe", Some(&key), "{}", &[]).await;
+    send(&app, "/metrics-probe", Some(&key), "{\"other\":1}", &[]).await;
+    send(&app, "/metrics-probe", None, "{}", &[]).await;
     let counts: Vec<(String, u64)> = snapshotter
         .snapshot()
         .into_vec()
@@ -724,7 +728,7 @@ async fn outcomes_are_counted_per_route() {
         .filter(|(k, ..)| {
             k.key()
                 .labels()
-                .any(|l| l.key() == "route" && l.value() == "/payments")
+                .any(|l| l.key() == "route" && l.value() == "/metrics-probe")
         })
         .filter_map(|(k, _, _, v)| match v {
             DebugValue::Counter(n) => Some((

@@ -124,3 +124,48 @@ impl Default for TestSqlite {
         Self::new()
     }
 }
+
+/// A test's database, whichever backend: kept alive as long as the test holds it.
+pub enum TestDb {
+    /// PostgreSQL.
+    Postgres(Box<TestPostgres>),
+    /// SQLite.
+    Sqlite(TestSqlite),
+}
+
+impl TestDb {
+    /// The PostgreSQL database; panics on SQLite (for PostgreSQL-only helpers).
+    pub fn postgres(&self) -> &TestPostgres {
+        match self {
+            Self::Postgres(db) => db,
+            Self::Sqlite(_) => panic!("not a PostgreSQL test database"),
+        }
+    }
+}
+
+/// Runs generic async test bodies against both backends: `both_stores!(pg_setup, sqlite_setup;
+/// case_a, case_b)` makes `case_a::postgres`, `case_a::sqlite`, … Each setup is an async fn
+/// returning `(store, TestDb)`; each case is `async fn case<S>(store: S, db: TestDb)`.
+#[macro_export]
+macro_rules! both_stores {
+    ($pg:path, $sqlite:path; $($name:ident),* $(,)?) => {$(
+        mod $name {
+            #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+            async fn postgres() {
+                let (store, db) = $pg().await;
+                super::$name(store, db).await;
+            }
+            #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+            async fn sqlite() {
+                let (store, db) = $sqlite().await;
+                super::$name(store, db).await;
+            }
+        }
+    )*};
+}
+
+/// An HTTP client for tests (reqwest with rustls: installs the ring provider first).
+pub fn http() -> reqwest::Client {
+    let _ = rustls::crypto::ring::default_provider().install_default();
+    reqwest::Client::new()
+}

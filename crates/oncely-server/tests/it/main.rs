@@ -34,9 +34,17 @@ async fn spawn_app(database_url: &str) -> String {
 async fn health_and_readiness_answer_on_sqlite() {
     let db = TestSqlite::new();
     let base = spawn_app(db.url()).await;
-    let health = reqwest::get(format!("{base}/healthz")).await.unwrap();
+    let health = oncely_testdb::http()
+        .get(format!("{base}/healthz"))
+        .send()
+        .await
+        .unwrap();
     assert_eq!(health.status(), 200);
-    let ready = reqwest::get(format!("{base}/readyz")).await.unwrap();
+    let ready = oncely_testdb::http()
+        .get(format!("{base}/readyz"))
+        .send()
+        .await
+        .unwrap();
     assert_eq!(ready.status(), 200, "{}", ready.text().await.unwrap());
 }
 
@@ -44,7 +52,11 @@ async fn health_and_readiness_answer_on_sqlite() {
 async fn readiness_answers_on_postgres() {
     let db = TestPostgres::new().await;
     let base = spawn_app(db.url()).await;
-    let ready = reqwest::get(format!("{base}/readyz")).await.unwrap();
+    let ready = oncely_testdb::http()
+        .get(format!("{base}/readyz"))
+        .send()
+        .await
+        .unwrap();
     assert_eq!(ready.status(), 200, "{}", ready.text().await.unwrap());
 }
 

@@ -606,7 +606,7 @@ async fn a_client_that_gives_up_after_commit_gets_the_replay_on_retry<S: Backend
 ) {
     let effects = Effects::default();
     let base = serve(plain(store.clone(), effects.clone())).await;
-    let client = reqwest::Client::new();
+    let client = oncely_testdb::http();
     for path in ["/slow", "/tx/slow"] {
         let key = new_key();
         let gave_up = client
@@ -673,7 +673,7 @@ async fn fifty_concurrent_requests_over_two_app_instances_commit_once() {
     let generic_effects = Effects::default();
     let a = serve(plain(store_a.clone(), generic_effects.clone())).await;
     let b = serve(plain(store_b, generic_effects.clone())).await;
-    let client = reqwest::Client::new();
+    let client = oncely_testdb::http();
     for path in ["/tx/payments", "/payments"] {
         let key = new_key();
         let answers = futures_join(50, |i| {

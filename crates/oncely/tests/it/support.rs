@@ -20,11 +20,7 @@ pub trait Backend: KeyStore {
     fn count_effects(&self) -> impl Future<Output = i64> + Send;
 }
 
-/// Keeps the database alive as long as the test holds it.
-pub enum Db {
-    Postgres(#[allow(dead_code)] Box<TestPostgres>),
-    Sqlite(#[allow(dead_code)] TestSqlite),
-}
+pub use oncely_testdb::TestDb as Db;
 
 const EFFECTS: &str = "CREATE TABLE effects (label TEXT NOT NULL)";
 
@@ -38,10 +34,7 @@ pub async fn postgres() -> (PgKeyStore, Db) {
 
 /// A second store (its own pool: another "app instance") on the same database.
 pub async fn postgres_again(db: &Db) -> PgKeyStore {
-    let Db::Postgres(db) = db else {
-        panic!("not postgres")
-    };
-    PgKeyStore::new(db.pool(30).await)
+    PgKeyStore::new(db.postgres().pool(30).await)
 }
 
 pub async fn sqlite() -> (SqliteKeyStore, Db) {
@@ -101,22 +94,10 @@ pub fn new_key() -> String {
     uuid::Uuid::new_v4().to_string()
 }
 
-/// Runs a generic async test body against both stores: `both_stores!(name_of_fn, …)` makes
-/// `name_of_fn::postgres` and `name_of_fn::sqlite`.
+/// `both_stores!(case, …)`: each case on PostgreSQL and SQLite.
 macro_rules! both_stores {
-    ($($name:ident),* $(,)?) => {$(
-        mod $name {
-            #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-            async fn postgres() {
-                let (store, db) = $crate::support::postgres().await;
-                super::$name(store, db).await;
-            }
-            #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-            async fn sqlite() {
-                let (store, db) = $crate::support::sqlite().await;
-                super::$name(store, db).await;
-            }
-        }
-    )*};
+    ($($name:ident),* $(,)?) => {
+        oncely_testdb::both_stores!(crate::support::postgres, crate::support::sqlite; $($name),*);
+    };
 }
 pub(crate) use both_stores;

@@ -1,0 +1,210 @@
+//! The SMTP intake: greeting, EHLO/HELO, MAIL, RCPT, DATA, RSET, NOOP, QUIT. No TLS, no AUTH:
+//! it listens on loopback for tests and development.
+
+use std::time::Duration;
+
+use mail_parser::MessageParser;
+use time::OffsetDateTime;
+use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader};
+use tokio::net::{TcpListener, TcpStream};
+
+use crate::{Inbox, Intake, Message, Rejection, Verdict};
+
+/// The largest message accepted (bytes).
+pub const MAX_MESSAGE: usize = 10 * 1024 * 1024;
+
+/// Accepts connections until the listener fails.
+pub async fn serve(listener: TcpListener, inbox: Inbox) {
+    loop {
+        match listener.accept().await {
+            Ok((stream, _)) => {
+                let inbox = inbox.clone();
+                tokio::spawn(async move {
+                    if let Err(error) = session(stream, inbox).await {
+                        tracing::debug!(%error, "smtp session ended");
+                    }
+                });
+            }
+            Err(error) => {
+                tracing::warn!(%error, "smtp accept failed");
+                tokio::time::sleep(Duration::from_millis(50)).await;
+            }
+        }
+    }
+}
+
+async fn session(stream: TcpStream, inbox: Inbox) -> std::io::Result<()> {
+    let (read, mut write) = stream.into_split();
+    let mut lines = BufReader::new(read);
+    write.write_all(b"220 oncely-inbox ESMTP ready\r\n").await?;
+    let mut from = String::new();
+    let mut to: Vec<String> = Vec::new();
+    let mut line = String::new();
+    loop {
+        line.clear();
+        if lines.read_line(&mut line).await? == 0 {
+            return Ok(());
+        }
+        let command = line.trim_end();
+        let verb = command
+            .split_whitespace()
+            .next()
+            .unwrap_or("")
+            .to_ascii_uppercase();
+        let reply: &[u8] = match verb.as_str() {
+            "EHLO" => b"250-oncely-inbox\r\n250-8BITMIME\r\n250-SMTPUTF8\r\n250 SIZE 10485760\r\n",
+            "HELO" => b"250 oncely-inbox\r\n",
+            "MAIL" => {
+                from = address_of(command);
+                to.clear();
+                b"250 2.1.0 Ok\r\n"
+            }
+            "RCPT" => {
+                to.push(address_of(command));
+                b"250 2.1.5 Ok\r\n"
+            }
+            "DATA" => {
+                if to.is_empty() {
+                    b"503 5.5.1 RCPT first\r\n"
+                } else {
+                    write
+                        .write_all(b"354 End data with <CR><LF>.<CR><LF>\r\n")
+                        .await?;
+                    let data = read_data(&mut lines).await?;
+                    tokio::time::sleep(inbox.delay()).await;
+                    let verdict = inbox.receive(parse(&data, &from, &to));
+                    to.clear();
+                    match verdict {
+                        Verdict::Accepted(id) => {
+                            write
+                                .write_all(format!("250 2.0.0 Ok: queued as {id}\r\n").as_bytes())
+                                .await?;
+                            continue;
+                        }
+                        // Kept, but the sender never hears so: the unknown outcome.
+                        Verdict::AcceptedThenDrop(_) => return Ok(()),
+                        Verdict::Rejected(Rejection::Temporary) => {
+                            b"451 4.3.0 Temporary failure (injected)\r\n"
+                        }
+                        Verdict::Rejected(Rejection::Permanent) => {
+                            b"550 5.7.1 Message rejected (injected)\r\n"
+                        }
+                    }
+                }
+            }
+            "RSET" => {
+                from.clear();
+                to.clear();
+                b"250 2.0.0 Ok\r\n"
+            }
+            "NOOP" => b"250 2.0.0 Ok\r\n",
+            "QUIT" => {
+                write.write_all(b"221 2.0.0 Bye\r\n").await?;
+                return Ok(());
+            }
+            _ => b"502 5.5.2 Command not recognized\r\n",
+        };
+        write.write_all(reply).await?;
+    }
+}
+
+/// Reads the message up to the lone `.` line, undoing dot-stuffing.
+async fn read_data<R: AsyncBufReadExt + Unpin>(lines: &mut R) -> std::io::Result<Vec<u8>> {
+    let mut data = Vec::new();
+    let mut line = Vec::new();
+    loop {
+        line.clear();
+        if lines.read_until(b'\n', &mut line).await? == 0 {
+            return Err(std::io::ErrorKind::UnexpectedEof.into());
+        }
+        if line == b".\r\n" || line == b".\n" {
+            return Ok(data);
+        }
+        let unstuffed = if line.starts_with(b"..") {
+            &line[1..]
+        } else {
+            &line[..]
+        };
+        if data.len() + unstuffed.len() > MAX_MESSAGE {
+            return Err(std::io::Error::other("message too large"));
+        }
+        data.extend_from_slice(unstuffed);
+    }
+}
+
+/// `MAIL FROM:<a@b>` → `a@b`.
+fn address_of(command: &str) -> String {
+    let start = command.find('<').map_or(0, |i| i + 1);
+    let end = command[start..]
+        .find('>')
+        .map_or(command.len(), |i| start + i);
+    command[start..end].to_owned()
+}
+
+fn parse(data: &[u8], envelope_from: &str, envelope_to: &[String]) -> Message {
+    let parsed = MessageParser::default().parse(data);
+    let header = |name: &str| {
+        parsed
+            .as_ref()
+            .and_then(|m| m.header_raw(name))
+            .map(|v| v.trim().to_owned())
+    };
+    Message {
+        id: String::new(),
+        intake: Intake::Smtp,
+        received_at: OffsetDateTime::now_utc(),
+        from: envelope_from.to_owned(),
+        to: envelope_to.to_vec(),
+        subject: parsed
+            .as_ref()
+            .and_then(|m| m.subject())
+            .unwrap_or_default()
+            .to_owned(),
+        text: parsed
+            .as_ref()
+            .and_then(|m| m.body_text(0))
+            .map(|t| t.into_owned())
+            .unwrap_or_default(),
+        html: parsed
+            .as_ref()
+            // mail-parser renders text as HTML when there is no HTML part; keep real ones only.
+            .filter(|_| {
+                header("Content-Type")
+                    .is_some_and(|ct| ct.contains("multipart") || ct.contains("html"))
+            })
+            .and_then(|m| m.body_html(0))
+            .map(|t| t.into_owned()),
+        message_id: parsed
+            .as_ref()
+            .and_then(|m| m.message_id())
+            .map(str::to_owned),
+        idempotency_key: header("Idempotency-Key"),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn envelope_addresses_are_unwrapped() {
+        assert_eq!(address_of("MAIL FROM:<a@b.io> SIZE=10"), "a@b.io");
+        assert_eq!(address_of("RCPT TO:<c@d.io>"), "c@d.io");
+    }
+
+    #[test]
+    fn quoted_printable_bodies_and_custom_headers_are_decoded() {
+        let raw = b"From: a@b.io\r\nTo: c@d.io\r\nSubject: Hi\r\nMessage-ID: <k1@oncely>\r\n\
+Idempotency-Key: k1\r\nContent-Type: text/plain; charset=utf-8\r\n\
+Content-Transfer-Encoding: quoted-printable\r\n\r\nhttp://x/verify?token=3Dabc=\r\ndef\r\n";
+        let m = parse(raw, "a@b.io", &["c@d.io".into()]);
+        assert_eq!(m.subject, "Hi");
+        assert_eq!(m.message_id.as_deref(), Some("k1@oncely"));
+        assert_eq!(m.idempotency_key.as_deref(), Some("k1"));
+        assert!(
+            m.text.contains("http://x/verify?token=abcdef"),
+            "{}",
+            m.text
+        );
+    }
+}

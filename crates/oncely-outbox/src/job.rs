@@ -1,0 +1,149 @@
+//! Jobs as enqueued, claimed and recorded; what a delivery attempt reports.
+
+use serde::Serialize;
+use serde_json::Value;
+use time::OffsetDateTime;
+use uuid::Uuid;
+
+/// A job to enqueue.
+#[derive(Debug, Clone)]
+pub struct NewJob {
+    /// Names the business intent, unique: `invoice:inv_123:finalize`. Never a queue's job id.
+    pub operation_key: String,
+    /// Which handler runs it (`email.verification`, `charge`, …).
+    pub kind: String,
+    /// The handler's input.
+    pub payload: Value,
+    /// Do not run after this moment (a link that expired is not sent): the job goes dead with
+    /// `expired` instead.
+    pub not_after: Option<OffsetDateTime>,
+}
+
+impl NewJob {
+    /// A job with no expiry.
+    pub fn new(operation_key: impl Into<String>, kind: impl Into<String>, payload: Value) -> Self {
+        Self {
+            operation_key: operation_key.into(),
+            kind: kind.into(),
+            payload,
+            not_after: None,
+        }
+    }
+
+    /// Sets the moment after which the job must not run.
+    pub fn not_after(mut self, at: OffsetDateTime) -> Self {
+        self.not_after = Some(at);
+        self
+    }
+}
+
+/// What enqueue did.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Enqueued {
+    /// A new job with this id.
+    Inserted(i64),
+    /// A job with this operation key already exists: nothing was added.
+    AlreadyExists,
+}
+
+/// A claimed job, handed to its handler.
+#[derive(Debug, Clone)]
+pub struct Job {
+    /// Row id.
+    pub id: i64,
+    /// The business intent.
+    pub operation_key: String,
+    /// The handler kind.
+    pub kind: String,
+    /// The handler's input.
+    pub payload: Value,
+    /// Stable for this job across every attempt: forward it downstream.
+    pub delivery_key: Uuid,
+    /// This attempt's number, from 1.
+    pub attempt: i32,
+    /// When the job was enqueued (the retry horizon counts from here).
+    pub created_at: OffsetDateTime,
+    /// See [`NewJob::not_after`].
+    pub not_after: Option<OffsetDateTime>,
+    /// The claim's lease token: finishing requires it.
+    pub lease_token: Uuid,
+}
+
+/// What one attempt reports.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Delivery {
+    /// The effect happened (the provider accepted).
+    Sent {
+        /// The provider's id for it, if any.
+        provider_message_id: Option<String>,
+    },
+    /// It did not happen; try again later.
+    Retry(String),
+    /// It may or may not have happened (timeout after handing over): retry with the same key.
+    Unknown(String),
+    /// It can never happen (rejected as invalid): dead now.
+    Permanent(String),
+}
+
+/// Where a job stands.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum JobStatus {
+    /// Waiting to run (or running under a lease).
+    Pending,
+    /// Done.
+    Sent,
+    /// Given up, with a reason.
+    Dead,
+}
+
+impl JobStatus {
+    pub(crate) fn parse(s: &str) -> Self {
+        match s {
+            "sent" => Self::Sent,
+            "dead" => Self::Dead,
+            _ => Self::Pending,
+        }
+    }
+}
+
+/// A job as stored, for operators and tests.
+#[derive(Debug, Clone, Serialize)]
+pub struct JobRecord {
+    /// Row id.
+    pub id: i64,
+    /// The business intent.
+    pub operation_key: String,
+    /// Handler kind.
+    pub kind: String,
+    /// Status.
+    pub status: JobStatus,
+    /// Attempts started so far.
+    pub attempts: i32,
+    /// The last error, or the reason it is dead.
+    pub last_error: Option<String>,
+    /// The provider's id of the delivery.
+    pub provider_message_id: Option<String>,
+    /// The payload.
+    pub payload: Value,
+    /// The delivery key.
+    pub delivery_key: Uuid,
+}
+
+/// One attempt as recorded: the history an incident review needs.
+#[derive(Debug, Clone, Serialize)]
+pub struct AttemptRecord {
+    /// Attempt number, from 1.
+    pub attempt: i32,
+    /// The worker that made it.
+    pub worker: String,
+    /// `sent`, `retry`, `unknown`, `dead`, `expired`, `abandoned` (the worker's lease ran out
+    /// first), `released` (handed back at shutdown), or `None` while running.
+    pub result: Option<String>,
+    /// The provider's id, if sent.
+    pub provider_message_id: Option<String>,
+    /// What went wrong.
+    pub error: Option<String>,
+    /// Whether it has finished.
+    pub finished: bool,
+}

@@ -1,0 +1,234 @@
+//! Email messages and the mailers that deliver them: SMTP (lettre) and a Resend-compatible HTTP
+//! API (reqwest). Both forward the job's delivery key, so a provider that deduplicates turns a
+//! retried unknown outcome into one email.
+
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::Arc;
+use std::time::Duration;
+
+use lettre::message::header::{ContentType, Header, HeaderName, HeaderValue};
+use lettre::{AsyncSmtpTransport, AsyncTransport, Tokio1Executor};
+use secrecy::{ExposeSecret, SecretString};
+use serde::{Deserialize, Serialize};
+use serde_json::json;
+
+use crate::job::Delivery;
+
+/// An email to send.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Email {
+    /// Sender address.
+    pub from: String,
+    /// Recipient address.
+    pub to: String,
+    /// Subject line.
+    pub subject: String,
+    /// Plain-text body.
+    pub text: String,
+}
+
+/// Delivers email. The `delivery_key` is stable for one logical message across every attempt.
+pub trait Mailer: Send + Sync + 'static {
+    /// Sends once and reports what happened.
+    fn send<'a>(
+        &'a self,
+        email: &'a Email,
+        delivery_key: &'a str,
+    ) -> Pin<Box<dyn Future<Output = Delivery> + Send + 'a>>;
+}
+
+/// A mailer URL that cannot be used.
+#[derive(Debug, thiserror::Error)]
+pub enum MailerError {
+    /// Not `smtp://`, `smtps://`, `http://` or `https://`.
+    #[error("mailer URL must start with smtp://, smtps://, http:// or https:// (got {0:?})")]
+    Scheme(String),
+    /// lettre refused the SMTP URL.
+    #[error("invalid SMTP URL: {0}")]
+    Smtp(#[from] lettre::transport::smtp::Error),
+    /// reqwest could not build a client.
+    #[error("cannot build the HTTP client: {0}")]
+    Http(#[from] reqwest::Error),
+}
+
+/// Builds the mailer a URL names: `smtp://host:port` (plain; `?tls=required` for STARTTLS),
+/// `smtps://host:port` (TLS), or `http(s)://host/emails` (Resend-compatible API, `api_key` as
+/// bearer token). Every send is bounded by `timeout`.
+pub fn from_url(
+    url: &str,
+    api_key: Option<SecretString>,
+    timeout: Duration,
+) -> Result<Arc<dyn Mailer>, MailerError> {
+    if url.starts_with("smtp://") || url.starts_with("smtps://") {
+        Ok(Arc::new(SmtpMailer::new(url, timeout)?))
+    } else if url.starts_with("http://") || url.starts_with("https://") {
+        Ok(Arc::new(HttpMailer::new(url, api_key, timeout)?))
+    } else {
+        Err(MailerError::Scheme(
+            url.split("://").next().unwrap_or(url).to_owned(),
+        ))
+    }
+}
+
+/// The header that carries the delivery key over SMTP.
+#[derive(Debug, Clone)]
+struct IdempotencyKeyHeader(String);
+
+impl Header for IdempotencyKeyHeader {
+    fn name() -> HeaderName {
+        HeaderName::new_from_ascii_str("Idempotency-Key")
+    }
+
+    fn parse(s: &str) -> Result<Self, Box<dyn std::error::Error + Send + Sync>> {
+        Ok(Self(s.to_owned()))
+    }
+
+    fn display(&self) -> HeaderValue {
+        HeaderValue::new(Self::name(), self.0.clone())
+    }
+}
+
+/// SMTP with lettre: `Message-ID: <delivery_key@oncely>` and `Idempotency-Key: delivery_key`.
+pub struct SmtpMailer {
+    transport: AsyncSmtpTransport<Tokio1Executor>,
+    timeout: Duration,
+}
+
+impl SmtpMailer {
+    /// See [`from_url`].
+    pub fn new(url: &str, timeout: Duration) -> Result<Self, MailerError> {
+        install_crypto_provider();
+        let transport = AsyncSmtpTransport::<Tokio1Executor>::from_url(url)?
+            .timeout(Some(timeout))
+            .build();
+        Ok(Self { transport, timeout })
+    }
+
+    async fn deliver(&self, email: &Email, key: &str) -> Delivery {
+        let message = match build_message(email, key) {
+            Ok(message) => message,
+            Err(error) => return Delivery::Permanent(format!("cannot build the message: {error}")),
+        };
+        match tokio::time::timeout(self.timeout, self.transport.send(message)).await {
+            Err(_) => Delivery::Unknown(format!("SMTP send took longer than {:?}", self.timeout)),
+            Ok(Ok(response)) => Delivery::Sent {
+                provider_message_id: response.message().next().map(|line| line.trim().to_owned()),
+            },
+            Ok(Err(error)) if error.is_permanent() => Delivery::Permanent(format!("SMTP: {error}")),
+            Ok(Err(error)) if error.is_transient() => Delivery::Retry(format!("SMTP: {error}")),
+            // Connection lost or timed out mid-conversation: the server may have the message.
+            Ok(Err(error)) => Delivery::Unknown(format!("SMTP: {error}")),
+        }
+    }
+}
+
+fn build_message(
+    email: &Email,
+    key: &str,
+) -> Result<lettre::Message, Box<dyn std::error::Error + Send + Sync>> {
+    Ok(lettre::Message::builder()
+        .from(email.from.parse()?)
+        .to(email.to.parse()?)
+        .subject(email.subject.clone())
+        .message_id(Some(format!("<{key}@oncely>")))
+        .header(IdempotencyKeyHeader(key.to_owned()))
+        .header(ContentType::TEXT_PLAIN)
+        .body(email.text.clone())?)
+}
+
+impl Mailer for SmtpMailer {
+    fn send<'a>(
+        &'a self,
+        email: &'a Email,
+        delivery_key: &'a str,
+    ) -> Pin<Box<dyn Future<Output = Delivery> + Send + 'a>> {
+        Box::pin(self.deliver(email, delivery_key))
+    }
+}
+
+/// A Resend-compatible HTTP API: `POST {url}` with `Idempotency-Key: delivery_key`.
+pub struct HttpMailer {
+    client: reqwest::Client,
+    url: String,
+    api_key: Option<SecretString>,
+}
+
+impl HttpMailer {
+    /// See [`from_url`].
+    pub fn new(
+        url: &str,
+        api_key: Option<SecretString>,
+        timeout: Duration,
+    ) -> Result<Self, MailerError> {
+        install_crypto_provider();
+        let client = reqwest::Client::builder()
+            .timeout(timeout)
+            .connect_timeout(timeout)
+            .build()?;
+        Ok(Self {
+            client,
+            url: url.to_owned(),
+            api_key,
+        })
+    }
+
+    async fn deliver(&self, email: &Email, key: &str) -> Delivery {
+        let mut request = self
+            .client
+            .post(&self.url)
+            .header("Idempotency-Key", key)
+            .json(&json!({
+                "from": email.from,
+                "to": [email.to],
+                "subject": email.subject,
+                "text": email.text,
+                "headers": { "Message-ID": format!("<{key}@oncely>") },
+            }));
+        if let Some(api_key) = &self.api_key {
+            request = request.bearer_auth(api_key.expose_secret());
+        }
+        let response = match request.send().await {
+            Ok(response) => response,
+            // Never reached the provider: safe to retry. Anything later: outcome unknown.
+            Err(error) if error.is_connect() => return Delivery::Retry(format!("HTTP: {error}")),
+            Err(error) => return Delivery::Unknown(format!("HTTP: {error}")),
+        };
+        let status = response.status();
+        if status.is_success() {
+            let id = response
+                .json::<serde_json::Value>()
+                .await
+                .ok()
+                .and_then(|v| v["id"].as_str().map(str::to_owned));
+            return Delivery::Sent {
+                provider_message_id: id,
+            };
+        }
+        let body = response.text().await.unwrap_or_default();
+        let error = format!(
+            "HTTP {status}: {}",
+            body.chars().take(200).collect::<String>()
+        );
+        match status.as_u16() {
+            408 | 409 | 429 => Delivery::Retry(error),
+            400..=499 => Delivery::Permanent(error),
+            _ => Delivery::Retry(error),
+        }
+    }
+}
+
+impl Mailer for HttpMailer {
+    fn send<'a>(
+        &'a self,
+        email: &'a Email,
+        delivery_key: &'a str,
+    ) -> Pin<Box<dyn Future<Output = Delivery> + Send + 'a>> {
+        Box::pin(self.deliver(email, delivery_key))
+    }
+}
+
+/// TLS for both mailers uses rustls with the ring provider; install it once per process.
+fn install_crypto_provider() {
+    let _ = rustls::crypto::ring::default_provider().install_default();
+}

@@ -1,0 +1,132 @@
+//! Where jobs live: one trait, a PostgreSQL and a SQLite implementation, one conformance suite
+//! (`tests/it/store_conformance.rs`).
+
+use std::future::Future;
+use std::sync::Arc;
+use std::time::Duration;
+
+use sqlx::postgres::PgListener;
+use tokio::sync::Notify;
+
+use crate::job::{AttemptRecord, Job, JobRecord, JobStatus};
+
+pub mod postgres;
+pub mod sqlite;
+
+/// The PostgreSQL channel enqueue notifies (on commit) and idle workers listen on.
+pub const CHANNEL: &str = "oncely_outbox";
+
+/// An outbox failure.
+#[derive(Debug, thiserror::Error)]
+pub enum OutboxError {
+    /// The database refused or could not be reached.
+    #[error("database error: {0}")]
+    Database(#[from] sqlx::Error),
+    /// The schema could not be migrated.
+    #[error("migration error: {0}")]
+    Migrate(#[from] sqlx::migrate::MigrateError),
+    /// A stored payload is not valid JSON.
+    #[error("stored payload is not JSON: {0}")]
+    Payload(#[from] serde_json::Error),
+}
+
+/// How an attempt ends, as the store writes it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Finish {
+    /// The job's new status.
+    pub status: JobStatus,
+    /// The attempt's result label (`sent`, `retry`, `unknown`, `dead`, `expired`).
+    pub result: &'static str,
+    /// For a retry: when the job is due again.
+    pub retry_in: Duration,
+    /// The provider's id of a delivery.
+    pub provider_message_id: Option<String>,
+    /// What went wrong (or why it is dead).
+    pub error: Option<String>,
+}
+
+/// How an idle worker learns of new jobs.
+pub enum Wakeup {
+    /// Only by polling.
+    Poll,
+    /// PostgreSQL LISTEN (enqueue NOTIFYs on commit); polling stays as the fallback.
+    Listen(Box<PgListener>),
+    /// An in-process signal (SQLite: [`sqlite::SqliteJobStore::notify`]).
+    Signal(Arc<Notify>),
+}
+
+impl Wakeup {
+    /// Waits for a wake-up, at most `max` (the polling interval).
+    pub async fn wait(&mut self, max: Duration) {
+        match self {
+            Self::Poll => tokio::time::sleep(max).await,
+            Self::Listen(listener) => {
+                match tokio::time::timeout(max, listener.recv()).await {
+                    Ok(Ok(_)) | Err(_) => {}
+                    // The listener reconnects by itself; meanwhile, behave like polling.
+                    Ok(Err(error)) => {
+                        tracing::warn!(%error, "outbox LISTEN failed; polling");
+                        tokio::time::sleep(max).await;
+                    }
+                }
+            }
+            Self::Signal(notify) => {
+                let _ = tokio::time::timeout(max, notify.notified()).await;
+            }
+        }
+    }
+}
+
+/// Where jobs live.
+pub trait JobStore: Clone + Send + Sync + 'static {
+    /// Creates or updates the outbox tables (its own migration history table).
+    fn migrate(&self) -> impl Future<Output = Result<(), OutboxError>> + Send;
+
+    /// Claims up to `limit` due jobs of `kinds` for `worker` under a lease of `lease`, and opens
+    /// an attempt row for each. A job whose earlier attempt never finished (its worker died) has
+    /// that attempt closed as `abandoned`.
+    fn claim(
+        &self,
+        worker: &str,
+        kinds: &[String],
+        limit: u32,
+        lease: Duration,
+    ) -> impl Future<Output = Result<Vec<Job>, OutboxError>> + Send;
+
+    /// Ends the attempt of a claimed job. `false` if the claim's lease token no longer owns the
+    /// job (its lease expired and another worker took it).
+    fn finish(
+        &self,
+        job: &Job,
+        finish: &Finish,
+    ) -> impl Future<Output = Result<bool, OutboxError>> + Send;
+
+    /// Hands a claimed job back unstarted (shutdown): due now, the attempt not counted.
+    fn release(&self, job: &Job) -> impl Future<Output = Result<bool, OutboxError>> + Send;
+
+    /// How this store wakes idle workers.
+    fn wakeup(&self) -> impl Future<Output = Result<Wakeup, OutboxError>> + Send;
+
+    /// A job by its operation key.
+    fn job(
+        &self,
+        operation_key: &str,
+    ) -> impl Future<Output = Result<Option<JobRecord>, OutboxError>> + Send;
+
+    /// The attempts of a job, in order.
+    fn attempts(
+        &self,
+        job_id: i64,
+    ) -> impl Future<Output = Result<Vec<AttemptRecord>, OutboxError>> + Send;
+
+    /// How many jobs are pending.
+    fn pending(&self) -> impl Future<Output = Result<i64, OutboxError>> + Send;
+}
+
+fn status_str(status: JobStatus) -> &'static str {
+    match status {
+        JobStatus::Pending => "pending",
+        JobStatus::Sent => "sent",
+        JobStatus::Dead => "dead",
+    }
+}

@@ -1,0 +1,261 @@
+//! The outbox on PostgreSQL.
+
+use std::borrow::Cow;
+use std::time::Duration;
+
+use sqlx::migrate::{Migration, MigrationType, Migrator};
+use sqlx::postgres::{PgListener, PgRow};
+use sqlx::{PgConnection, PgPool, Row, SqlSafeStr};
+use uuid::Uuid;
+
+use super::{CHANNEL, Finish, JobStore, OutboxError, Wakeup, status_str};
+use crate::job::{AttemptRecord, Enqueued, Job, JobRecord, JobStatus, NewJob};
+
+/// The table that records which of the outbox's migrations ran.
+pub const MIGRATIONS_TABLE: &str = "_oncely_outbox_migrations";
+
+/// The outbox's migrations.
+pub fn migrator() -> Migrator {
+    let mut migrator = Migrator::with_migrations(vec![Migration::new(
+        1,
+        Cow::Borrowed("outbox"),
+        MigrationType::Simple,
+        include_str!("../../migrations/postgres/0001_outbox.sql").into_sql_str(),
+        false,
+    )]);
+    migrator.dangerous_set_table_name(MIGRATIONS_TABLE);
+    migrator
+}
+
+/// Enqueues `job` on `conn` — inside the caller's transaction, so the job commits (and wakes
+/// listening workers) with the business change, or not at all.
+///
+/// Index: the unique index on `operation_key`.
+pub async fn enqueue(conn: &mut PgConnection, job: &NewJob) -> Result<Enqueued, OutboxError> {
+    let id: Option<i64> = sqlx::query_scalar(
+        "WITH inserted AS (
+             INSERT INTO oncely_outbox (operation_key, kind, payload, delivery_key, not_after)
+             VALUES ($1, $2, $3::text::jsonb, $4, $5)
+             ON CONFLICT (operation_key) DO NOTHING
+             RETURNING id)
+         SELECT id FROM inserted, pg_notify($6, $2)",
+    )
+    .bind(&job.operation_key)
+    .bind(&job.kind)
+    .bind(job.payload.to_string())
+    .bind(Uuid::new_v4())
+    .bind(job.not_after)
+    .bind(CHANNEL)
+    .fetch_optional(conn)
+    .await?;
+    Ok(id.map_or(Enqueued::AlreadyExists, Enqueued::Inserted))
+}
+
+/// A [`JobStore`] on PostgreSQL.
+#[derive(Debug, Clone)]
+pub struct PgJobStore {
+    pool: PgPool,
+    poll_only: bool,
+}
+
+impl PgJobStore {
+    /// A store on `pool`; idle workers LISTEN for new jobs.
+    pub fn new(pool: PgPool) -> Self {
+        Self {
+            pool,
+            poll_only: false,
+        }
+    }
+
+    /// Workers only poll: for connection poolers in transaction mode, where LISTEN does not work.
+    pub fn poll_only(mut self) -> Self {
+        self.poll_only = true;
+        self
+    }
+
+    /// The pool.
+    pub fn pool(&self) -> &PgPool {
+        &self.pool
+    }
+}
+
+// Index: oncely_outbox_due (partial, pending only). SKIP LOCKED: workers never wait for each
+// other. Claiming pushes run_after to the lease's end, so a dead worker's job is due again then.
+const CLAIM: &str = "
+    WITH due AS (
+        SELECT id FROM oncely_outbox
+         WHERE status = 'pending' AND run_after <= now() AND kind = ANY($4)
+         ORDER BY run_after, id
+         LIMIT $1
+           FOR UPDATE SKIP LOCKED
+    ), claimed AS (
+        UPDATE oncely_outbox o
+           SET run_after = now() + make_interval(secs => $2), lease_token = $3,
+               attempts = o.attempts + 1
+          FROM due WHERE o.id = due.id
+        RETURNING o.id, o.operation_key, o.kind, o.payload::text AS payload, o.delivery_key,
+                  o.attempts, o.created_at, o.not_after
+    ), abandoned AS (
+        UPDATE oncely_outbox_attempts SET finished_at = now(), result = 'abandoned',
+               error = 'the worker''s lease ended before the attempt finished'
+         WHERE job_id IN (SELECT id FROM claimed) AND finished_at IS NULL
+    ), opened AS (
+        INSERT INTO oncely_outbox_attempts (job_id, attempt, worker, lease_token)
+        SELECT id, attempts, $5, $3 FROM claimed
+    )
+    SELECT * FROM claimed ORDER BY id";
+
+const FINISH: &str = "
+    WITH job AS (
+        UPDATE oncely_outbox
+           SET status = $3, lease_token = NULL, last_error = $7,
+               run_after = CASE WHEN $3 = 'pending' THEN now() + make_interval(secs => $4) ELSE run_after END,
+               sent_at = CASE WHEN $3 = 'sent' THEN now() END,
+               dead_at = CASE WHEN $3 = 'dead' THEN now() END,
+               provider_message_id = COALESCE($6, provider_message_id)
+         WHERE id = $1 AND lease_token = $2 AND status = 'pending'
+        RETURNING id
+    ), attempt AS (
+        UPDATE oncely_outbox_attempts
+           SET finished_at = now(), result = $5, provider_message_id = $6, error = $7
+         WHERE job_id IN (SELECT id FROM job) AND lease_token = $2 AND finished_at IS NULL
+    )
+    SELECT count(*) FROM job";
+
+const RELEASE: &str = "
+    WITH job AS (
+        UPDATE oncely_outbox SET run_after = now(), lease_token = NULL, attempts = attempts - 1
+         WHERE id = $1 AND lease_token = $2 AND status = 'pending'
+        RETURNING id
+    ), attempt AS (
+        DELETE FROM oncely_outbox_attempts
+         WHERE job_id IN (SELECT id FROM job) AND lease_token = $2 AND finished_at IS NULL
+    )
+    SELECT count(*) FROM job";
+
+fn job_from(row: &PgRow, lease_token: Uuid) -> Result<Job, OutboxError> {
+    Ok(Job {
+        id: row.try_get("id")?,
+        operation_key: row.try_get("operation_key")?,
+        kind: row.try_get("kind")?,
+        payload: serde_json::from_str(row.try_get("payload")?)?,
+        delivery_key: row.try_get("delivery_key")?,
+        attempt: row.try_get("attempts")?,
+        created_at: row.try_get("created_at")?,
+        not_after: row.try_get("not_after")?,
+        lease_token,
+    })
+}
+
+impl JobStore for PgJobStore {
+    async fn migrate(&self) -> Result<(), OutboxError> {
+        migrator().run(&self.pool).await?;
+        Ok(())
+    }
+
+    async fn claim(
+        &self,
+        worker: &str,
+        kinds: &[String],
+        limit: u32,
+        lease: Duration,
+    ) -> Result<Vec<Job>, OutboxError> {
+        let token = Uuid::new_v4();
+        let rows = sqlx::query(CLAIM)
+            .bind(i64::from(limit))
+            .bind(lease.as_secs_f64())
+            .bind(token)
+            .bind(kinds)
+            .bind(worker)
+            .fetch_all(&self.pool)
+            .await?;
+        rows.iter().map(|row| job_from(row, token)).collect()
+    }
+
+    async fn finish(&self, job: &Job, finish: &Finish) -> Result<bool, OutboxError> {
+        let n: i64 = sqlx::query_scalar(FINISH)
+            .bind(job.id)
+            .bind(job.lease_token)
+            .bind(status_str(finish.status))
+            .bind(finish.retry_in.as_secs_f64())
+            .bind(finish.result)
+            .bind(finish.provider_message_id.as_deref())
+            .bind(finish.error.as_deref())
+            .fetch_one(&self.pool)
+            .await?;
+        Ok(n == 1)
+    }
+
+    async fn release(&self, job: &Job) -> Result<bool, OutboxError> {
+        let n: i64 = sqlx::query_scalar(RELEASE)
+            .bind(job.id)
+            .bind(job.lease_token)
+            .fetch_one(&self.pool)
+            .await?;
+        Ok(n == 1)
+    }
+
+    async fn wakeup(&self) -> Result<Wakeup, OutboxError> {
+        if self.poll_only {
+            return Ok(Wakeup::Poll);
+        }
+        let mut listener = PgListener::connect_with(&self.pool).await?;
+        listener.listen(CHANNEL).await?;
+        Ok(Wakeup::Listen(Box::new(listener)))
+    }
+
+    async fn job(&self, operation_key: &str) -> Result<Option<JobRecord>, OutboxError> {
+        let row = sqlx::query(
+            "SELECT id, operation_key, kind, status, attempts, last_error, provider_message_id,
+                    payload::text AS payload, delivery_key
+               FROM oncely_outbox WHERE operation_key = $1",
+        )
+        .bind(operation_key)
+        .fetch_optional(&self.pool)
+        .await?;
+        row.map(|row| {
+            Ok(JobRecord {
+                id: row.try_get("id")?,
+                operation_key: row.try_get("operation_key")?,
+                kind: row.try_get("kind")?,
+                status: JobStatus::parse(row.try_get("status")?),
+                attempts: row.try_get("attempts")?,
+                last_error: row.try_get("last_error")?,
+                provider_message_id: row.try_get("provider_message_id")?,
+                payload: serde_json::from_str(row.try_get("payload")?)?,
+                delivery_key: row.try_get("delivery_key")?,
+            })
+        })
+        .transpose()
+    }
+
+    async fn attempts(&self, job_id: i64) -> Result<Vec<AttemptRecord>, OutboxError> {
+        let rows = sqlx::query(
+            "SELECT attempt, worker, result, provider_message_id, error, finished_at IS NOT NULL AS finished
+               FROM oncely_outbox_attempts WHERE job_id = $1 ORDER BY attempt, id",
+        )
+        .bind(job_id)
+        .fetch_all(&self.pool)
+        .await?;
+        rows.iter()
+            .map(|row| {
+                Ok(AttemptRecord {
+                    attempt: row.try_get("attempt")?,
+                    worker: row.try_get("worker")?,
+                    result: row.try_get("result")?,
+                    provider_message_id: row.try_get("provider_message_id")?,
+                    error: row.try_get("error")?,
+                    finished: row.try_get("finished")?,
+                })
+            })
+            .collect()
+    }
+
+    async fn pending(&self) -> Result<i64, OutboxError> {
+        Ok(
+            sqlx::query_scalar("SELECT count(*) FROM oncely_outbox WHERE status = 'pending'")
+                .fetch_one(&self.pool)
+                .await?,
+        )
+    }
+}

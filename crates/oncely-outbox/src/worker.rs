@@ -1,0 +1,257 @@
+//! The worker: claims due jobs, runs their handlers outside any transaction, records the result.
+
+use std::collections::HashMap;
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::Arc;
+use std::time::Duration;
+
+use time::OffsetDateTime;
+use tokio_util::sync::CancellationToken;
+
+use crate::job::{Delivery, Job, JobStatus};
+use crate::policy::RetryPolicy;
+use crate::store::{Finish, JobStore, OutboxError};
+
+/// Runs the jobs of one kind.
+pub trait Handler: Send + Sync + 'static {
+    /// Performs the job's effect once, forwarding [`Job::delivery_key`] to anything downstream
+    /// that deduplicates, and reports what happened.
+    fn run<'a>(&'a self, job: &'a Job) -> Pin<Box<dyn Future<Output = Delivery> + Send + 'a>>;
+}
+
+/// Worker settings.
+#[derive(Debug, Clone)]
+pub struct WorkerConfig {
+    /// Names this worker in attempt rows (host, process, random suffix by default).
+    pub id: String,
+    /// Jobs claimed at once (and run concurrently).
+    pub batch: u32,
+    /// How long a claim holds its jobs. A handler is stopped at 90 % of it (outcome unknown),
+    /// so that no other worker takes the job while it still runs.
+    pub lease: Duration,
+    /// How often an idle worker looks for due jobs without a wake-up (retries come due this way).
+    pub poll_interval: Duration,
+}
+
+impl Default for WorkerConfig {
+    fn default() -> Self {
+        let host = std::env::var("HOSTNAME").unwrap_or_else(|_| "worker".into());
+        Self {
+            id: format!(
+                "{host}-{}-{:04x}",
+                std::process::id(),
+                rand::random::<u16>()
+            ),
+            batch: 16,
+            lease: Duration::from_secs(30),
+            poll_interval: Duration::from_secs(1),
+        }
+    }
+}
+
+struct Registered {
+    handler: Arc<dyn Handler>,
+    policy: RetryPolicy,
+}
+
+/// Runs registered kinds of jobs from a [`JobStore`]. Any number of workers, in any number of
+/// processes, coordinate only through the database.
+pub struct Worker<S> {
+    store: S,
+    config: WorkerConfig,
+    handlers: HashMap<String, Registered>,
+    kinds: Vec<String>,
+}
+
+impl<S: JobStore> Worker<S> {
+    /// A worker with no handlers yet.
+    pub fn new(store: S, config: WorkerConfig) -> Self {
+        Self {
+            store,
+            config,
+            handlers: HashMap::new(),
+            kinds: Vec::new(),
+        }
+    }
+
+    /// Runs jobs of `kind` with `handler` and the default retry policy.
+    pub fn handle(self, kind: &str, handler: impl Handler) -> Self {
+        self.handle_with_policy(kind, handler, RetryPolicy::DEFAULT)
+    }
+
+    /// Runs jobs of `kind` with `handler` and `policy`.
+    pub fn handle_with_policy(
+        mut self,
+        kind: &str,
+        handler: impl Handler,
+        policy: RetryPolicy,
+    ) -> Self {
+        self.handlers.insert(
+            kind.to_owned(),
+            Registered {
+                handler: Arc::new(handler),
+                policy,
+            },
+        );
+        self.kinds = self.handlers.keys().cloned().collect();
+        self
+    }
+
+    /// The worker's settings.
+    pub fn config(&self) -> &WorkerConfig {
+        &self.config
+    }
+
+    /// Claims one batch of due jobs and runs it; returns how many jobs it ran.
+    pub async fn run_once(&self) -> Result<usize, OutboxError> {
+        let jobs = self
+            .store
+            .claim(
+                &self.config.id,
+                &self.kinds,
+                self.config.batch,
+                self.config.lease,
+            )
+            .await?;
+        let n = jobs.len();
+        let results = futures::future::join_all(jobs.iter().map(|job| self.attempt(job))).await;
+        for result in results {
+            result?;
+        }
+        Ok(n)
+    }
+
+    /// Runs batches until nothing is due now (jobs waiting for a retry delay stay pending).
+    pub async fn drain(&self) -> Result<usize, OutboxError> {
+        let mut total = 0;
+        loop {
+            let n = self.run_once().await?;
+            if n == 0 {
+                return Ok(total);
+            }
+            total += n;
+        }
+    }
+
+    /// Runs until `shutdown` is cancelled: then it stops claiming, lets the batch in hand finish
+    /// (each handler is bounded by the lease), and returns.
+    pub async fn run(self, shutdown: CancellationToken) -> Result<(), OutboxError> {
+        let mut wakeup = self.store.wakeup().await?;
+        tracing::info!(worker = %self.config.id, kinds = ?self.kinds, "outbox worker started");
+        while !shutdown.is_cancelled() {
+            match self.run_once().await {
+                Ok(0) => {
+                    tokio::select! {
+                        () = shutdown.cancelled() => break,
+                        () = wakeup.wait(self.config.poll_interval) => {}
+                    }
+                }
+                Ok(_) => {}
+                Err(error) => {
+                    tracing::error!(%error, "outbox worker could not claim; retrying");
+                    tokio::select! {
+                        () = shutdown.cancelled() => break,
+                        () = tokio::time::sleep(self.config.poll_interval) => {}
+                    }
+                }
+            }
+        }
+        tracing::info!(worker = %self.config.id, "outbox worker stopped");
+        Ok(())
+    }
+
+    async fn attempt(&self, job: &Job) -> Result<(), OutboxError> {
+        let Some(registered) = self.handlers.get(&job.kind) else {
+            // Claims only ask for registered kinds; keep the job for a worker that has it.
+            self.store.release(job).await?;
+            return Ok(());
+        };
+        let now = OffsetDateTime::now_utc();
+        let finish = if job.not_after.is_some_and(|limit| limit <= now) {
+            Finish {
+                status: JobStatus::Dead,
+                result: "expired",
+                retry_in: Duration::ZERO,
+                provider_message_id: None,
+                error: Some("not run: its deadline passed before delivery".into()),
+            }
+        } else {
+            let limit = self.config.lease.mul_f64(0.9);
+            let delivery = tokio::time::timeout(limit, registered.handler.run(job))
+                .await
+                .unwrap_or_else(|_| {
+                    Delivery::Unknown(format!("the handler took longer than {limit:?}"))
+                });
+            decide(job, delivery, &registered.policy, now)
+        };
+        metrics::counter!("oncely_outbox_attempts_total", "kind" => job.kind.clone(), "result" => finish.result)
+            .increment(1);
+        let level_ok = finish.status != JobStatus::Dead;
+        if level_ok {
+            tracing::info!(job = job.id, kind = %job.kind, attempt = job.attempt, result = finish.result, error = finish.error.as_deref(), "outbox attempt");
+        } else {
+            tracing::warn!(job = job.id, kind = %job.kind, attempt = job.attempt, result = finish.result, error = finish.error.as_deref(), "outbox job is dead");
+        }
+        if !self.store.finish(job, &finish).await? {
+            tracing::warn!(
+                job = job.id,
+                "outbox lease lost before the attempt was recorded"
+            );
+        }
+        Ok(())
+    }
+}
+
+/// What to record for an attempt's outcome, under `policy`.
+pub fn decide(job: &Job, delivery: Delivery, policy: &RetryPolicy, now: OffsetDateTime) -> Finish {
+    let (result, error) = match delivery {
+        Delivery::Sent {
+            provider_message_id,
+        } => {
+            return Finish {
+                status: JobStatus::Sent,
+                result: "sent",
+                retry_in: Duration::ZERO,
+                provider_message_id,
+                error: None,
+            };
+        }
+        Delivery::Permanent(error) => {
+            return Finish {
+                status: JobStatus::Dead,
+                result: "dead",
+                retry_in: Duration::ZERO,
+                provider_message_id: None,
+                error: Some(error),
+            };
+        }
+        Delivery::Retry(error) => ("retry", error),
+        Delivery::Unknown(error) => ("unknown", error),
+    };
+    let retry_in = policy.delay(job.attempt);
+    let age = (now - job.created_at).try_into().unwrap_or(Duration::ZERO);
+    let dead = |why: String| Finish {
+        status: JobStatus::Dead,
+        result,
+        retry_in: Duration::ZERO,
+        provider_message_id: None,
+        error: Some(why),
+    };
+    if job.attempt >= policy.max_attempts {
+        return dead(format!("gave up after {} attempts: {error}", job.attempt));
+    }
+    if age + retry_in > policy.horizon {
+        return dead(format!(
+            "gave up: the next try would fall after the {:?} retry horizon: {error}",
+            policy.horizon
+        ));
+    }
+    Finish {
+        status: JobStatus::Pending,
+        result,
+        retry_in,
+        provider_message_id: None,
+        error: Some(error),
+    }
+}

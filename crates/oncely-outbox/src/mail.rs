@@ -232,3 +232,35 @@ impl Mailer for HttpMailer {
 fn install_crypto_provider() {
     let _ = rustls::crypto::ring::default_provider().install_default();
 }
+
+/// A [`Handler`](crate::Handler) for jobs whose payload is an [`Email`]: sends it with the job's
+/// delivery key.
+pub struct EmailHandler {
+    mailer: Arc<dyn Mailer>,
+}
+
+impl EmailHandler {
+    /// Sends with `mailer`.
+    pub fn new(mailer: Arc<dyn Mailer>) -> Self {
+        Self { mailer }
+    }
+}
+
+impl crate::Handler for EmailHandler {
+    fn run<'a>(
+        &'a self,
+        job: &'a crate::Job,
+    ) -> Pin<Box<dyn Future<Output = Delivery> + Send + 'a>> {
+        Box::pin(async move {
+            let email: Email = match serde_json::from_value(job.payload.clone()) {
+                Ok(email) => email,
+                Err(error) => {
+                    return Delivery::Permanent(format!("payload is not an email: {error}"));
+                }
+            };
+            self.mailer
+                .send(&email, &job.delivery_key.to_string())
+                .await
+        })
+    }
+}

@@ -1,0 +1,398 @@
+//! Workers delivering email to the test inbox, over real SMTP and HTTP, under injected faults.
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use oncely_inbox::{Faults, Inbox, Rejection, Running};
+use oncely_outbox::mail::{Email, EmailHandler, Mailer, from_url};
+use oncely_outbox::{JobStatus, NewJob, RetryPolicy, Worker, WorkerConfig};
+use oncely_testdb::TestDb;
+use time::OffsetDateTime;
+use tokio_util::sync::CancellationToken;
+
+use crate::support::{Backend, both_stores};
+
+const FAST: RetryPolicy = RetryPolicy {
+    base: Duration::from_millis(10),
+    max_delay: Duration::from_millis(40),
+    max_attempts: 6,
+    horizon: Duration::from_secs(3600),
+};
+
+async fn inbox(faults: Faults) -> (Inbox, Running) {
+    let inbox = Inbox::new();
+    inbox.set_faults(faults);
+    let running = inbox
+        .start(
+            "127.0.0.1:0".parse().unwrap(),
+            "127.0.0.1:0".parse().unwrap(),
+        )
+        .await
+        .unwrap();
+    (inbox, running)
+}
+
+fn smtp(running: &Running) -> Arc<dyn Mailer> {
+    from_url(
+        &format!("smtp://{}", running.smtp_addr),
+        None,
+        Duration::from_secs(2),
+    )
+    .unwrap()
+}
+
+fn http(running: &Running, timeout: Duration) -> Arc<dyn Mailer> {
+    from_url(
+        &format!("http://{}/emails", running.http_addr),
+        None,
+        timeout,
+    )
+    .unwrap()
+}
+
+fn worker<S: Backend>(store: &S, mailer: Arc<dyn Mailer>, policy: RetryPolicy) -> Worker<S> {
+    let config = WorkerConfig {
+        poll_interval: Duration::from_millis(50),
+        ..WorkerConfig::default()
+    };
+    Worker::new(store.clone(), config).handle_with_policy(
+        "email",
+        EmailHandler::new(mailer),
+        policy,
+    )
+}
+
+fn email_job(key: &str, to: &str) -> NewJob {
+    let email = Email {
+        from: "oncely@localhost".into(),
+        to: to.into(),
+        subject: "Hello".into(),
+        text: format!("job {key}"),
+    };
+    NewJob::new(key, "email", serde_json::to_value(email).unwrap())
+}
+
+/// Runs the worker until the job leaves `pending` (retries wait for their delay), or 10 s.
+async fn run_until_settled<S: Backend>(
+    worker: &Worker<S>,
+    store: &S,
+    key: &str,
+) -> oncely_outbox::JobRecord {
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        worker.drain().await.unwrap();
+        let record = store.job(key).await.unwrap().unwrap();
+        if record.status != JobStatus::Pending || Instant::now() > deadline {
+            return record;
+        }
+        tokio::time::sleep(Duration::from_millis(15)).await;
+    }
+}
+
+async fn results<S: Backend>(store: &S, id: i64) -> Vec<String> {
+    store
+        .attempts(id)
+        .await
+        .unwrap()
+        .into_iter()
+        .map(|a| a.result.unwrap_or_default())
+        .collect()
+}
+
+both_stores!(
+    a_job_is_delivered_once_over_smtp_with_its_delivery_key,
+    three_temporary_rejections_then_delivered_on_the_fourth_attempt,
+    a_permanent_rejection_is_dead_at_once_with_its_reason,
+    attempts_stop_at_the_maximum_and_the_job_is_dead,
+    accept_then_drop_with_a_deduplicating_provider_delivers_exactly_one_email,
+    accept_then_drop_over_plain_smtp_records_the_duplicate,
+    the_http_provider_gets_the_same_idempotency_key_on_every_retry,
+    a_job_past_its_deadline_is_not_sent,
+    an_idle_worker_wakes_when_a_job_commits_and_stops_on_shutdown,
+    four_workers_deliver_a_hundred_jobs_exactly_once,
+);
+
+async fn a_job_is_delivered_once_over_smtp_with_its_delivery_key<S: Backend>(
+    store: S,
+    _db: TestDb,
+) {
+    let (inbox, running) = inbox(Faults::default()).await;
+    store
+        .enqueue_with_business_row(email_job("k", "ada@example.com"), true)
+        .await
+        .unwrap();
+    let record = run_until_settled(&worker(&store, smtp(&running), FAST), &store, "k").await;
+    assert_eq!(record.status, JobStatus::Sent);
+    let messages = inbox.messages(Some("ada@example.com"));
+    assert_eq!(messages.len(), 1);
+    let key = record.delivery_key.to_string();
+    assert_eq!(messages[0].idempotency_key.as_deref(), Some(key.as_str()));
+    assert_eq!(
+        messages[0].message_id.as_deref(),
+        Some(format!("{key}@oncely").as_str())
+    );
+    assert_eq!(messages[0].text.trim(), "job k");
+    assert!(
+        record
+            .provider_message_id
+            .unwrap()
+            .contains(&messages[0].id),
+        "the inbox's id is recorded"
+    );
+    assert_eq!(results(&store, record.id).await, ["sent"]);
+}
+
+async fn three_temporary_rejections_then_delivered_on_the_fourth_attempt<S: Backend>(
+    store: S,
+    _db: TestDb,
+) {
+    let (inbox, running) = inbox(Faults {
+        reject_next: 3,
+        ..Faults::default()
+    })
+    .await;
+    store
+        .enqueue_with_business_row(email_job("k", "bob@example.com"), true)
+        .await
+        .unwrap();
+    let record = run_until_settled(&worker(&store, smtp(&running), FAST), &store, "k").await;
+    assert_eq!(record.status, JobStatus::Sent);
+    assert_eq!(record.attempts, 4);
+    assert_eq!(
+        results(&store, record.id).await,
+        ["retry", "retry", "retry", "sent"]
+    );
+    assert_eq!(inbox.messages(None).len(), 1);
+}
+
+async fn a_permanent_rejection_is_dead_at_once_with_its_reason<S: Backend>(store: S, _db: TestDb) {
+    let faults = Faults {
+        reject_next: 1,
+        rejection: Rejection::Permanent,
+        ..Faults::default()
+    };
+    let (inbox, running) = inbox(faults).await;
+    store
+        .enqueue_with_business_row(email_job("k", "c@example.com"), true)
+        .await
+        .unwrap();
+    let record = run_until_settled(&worker(&store, smtp(&running), FAST), &store, "k").await;
+    assert_eq!(record.status, JobStatus::Dead);
+    assert_eq!(record.attempts, 1);
+    assert!(
+        record.last_error.unwrap().contains("550"),
+        "the provider's reason is kept"
+    );
+    assert!(inbox.messages(None).is_empty());
+}
+
+async fn attempts_stop_at_the_maximum_and_the_job_is_dead<S: Backend>(store: S, _db: TestDb) {
+    let (_inbox, running) = inbox(Faults {
+        reject_next: 100,
+        ..Faults::default()
+    })
+    .await;
+    store
+        .enqueue_with_business_row(email_job("k", "d@example.com"), true)
+        .await
+        .unwrap();
+    let policy = RetryPolicy {
+        max_attempts: 3,
+        ..FAST
+    };
+    let record = run_until_settled(&worker(&store, smtp(&running), policy), &store, "k").await;
+    assert_eq!(record.status, JobStatus::Dead);
+    assert_eq!(record.attempts, 3);
+    assert!(
+        record
+            .last_error
+            .unwrap()
+            .starts_with("gave up after 3 attempts")
+    );
+}
+
+async fn accept_then_drop_with_a_deduplicating_provider_delivers_exactly_one_email<S: Backend>(
+    store: S,
+    _db: TestDb,
+) {
+    let (inbox, running) = inbox(Faults {
+        drop_after_accept: 1,
+        ..Faults::provider()
+    })
+    .await;
+    store
+        .enqueue_with_business_row(email_job("k", "e@example.com"), true)
+        .await
+        .unwrap();
+    let record = run_until_settled(&worker(&store, smtp(&running), FAST), &store, "k").await;
+    assert_eq!(record.status, JobStatus::Sent);
+    assert_eq!(results(&store, record.id).await, ["unknown", "sent"]);
+    assert_eq!(
+        inbox.messages(Some("e@example.com")).len(),
+        1,
+        "exactly one email"
+    );
+    assert_eq!(inbox.stats().deduplicated, 1);
+}
+
+async fn accept_then_drop_over_plain_smtp_records_the_duplicate<S: Backend>(store: S, _db: TestDb) {
+    let (inbox, running) = inbox(Faults {
+        drop_after_accept: 1,
+        ..Faults::default()
+    })
+    .await;
+    store
+        .enqueue_with_business_row(email_job("k", "f@example.com"), true)
+        .await
+        .unwrap();
+    let record = run_until_settled(&worker(&store, smtp(&running), FAST), &store, "k").await;
+    assert_eq!(record.status, JobStatus::Sent);
+    // Plain SMTP cannot deduplicate: the unknown outcome costs a second copy, and it shows.
+    assert_eq!(inbox.messages(Some("f@example.com")).len(), 2);
+    assert_eq!(inbox.stats().duplicates, 1);
+}
+
+async fn the_http_provider_gets_the_same_idempotency_key_on_every_retry<S: Backend>(
+    store: S,
+    _db: TestDb,
+) {
+    let faults = Faults {
+        reject_next: 1,
+        drop_after_accept: 1,
+        ..Faults::provider()
+    };
+    let (inbox, running) = inbox(faults).await;
+    store
+        .enqueue_with_business_row(email_job("k", "g@example.com"), true)
+        .await
+        .unwrap();
+    let mailer = http(&running, Duration::from_millis(500));
+    let record = run_until_settled(&worker(&store, mailer, FAST), &store, "k").await;
+    assert_eq!(record.status, JobStatus::Sent);
+    assert_eq!(
+        results(&store, record.id).await,
+        ["retry", "unknown", "sent"]
+    );
+    let messages = inbox.messages(Some("g@example.com"));
+    assert_eq!(messages.len(), 1);
+    assert_eq!(
+        messages[0].idempotency_key.as_deref(),
+        Some(record.delivery_key.to_string().as_str())
+    );
+    assert_eq!(inbox.stats().attempts, 3);
+}
+
+async fn a_job_past_its_deadline_is_not_sent<S: Backend>(store: S, _db: TestDb) {
+    let (inbox, running) = inbox(Faults::default()).await;
+    let job = email_job("k", "h@example.com")
+        .not_after(OffsetDateTime::now_utc() - time::Duration::seconds(1));
+    store.enqueue_with_business_row(job, true).await.unwrap();
+    let record = run_until_settled(&worker(&store, smtp(&running), FAST), &store, "k").await;
+    assert_eq!(record.status, JobStatus::Dead);
+    assert_eq!(results(&store, record.id).await, ["expired"]);
+    assert!(inbox.messages(None).is_empty());
+}
+
+async fn an_idle_worker_wakes_when_a_job_commits_and_stops_on_shutdown<S: Backend>(
+    store: S,
+    _db: TestDb,
+) {
+    let (inbox, running) = inbox(Faults::default()).await;
+    // Polling alone would take a minute: only the wake-up (LISTEN/NOTIFY, or the in-process
+    // signal) can deliver within the test's few seconds.
+    let config = WorkerConfig {
+        poll_interval: Duration::from_secs(60),
+        ..WorkerConfig::default()
+    };
+    let worker = Worker::new(store.clone(), config).handle_with_policy(
+        "email",
+        EmailHandler::new(smtp(&running)),
+        FAST,
+    );
+    let shutdown = CancellationToken::new();
+    let running_worker = tokio::spawn(worker.run(shutdown.clone()));
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    store
+        .enqueue_with_business_row(email_job("k", "i@example.com"), true)
+        .await
+        .unwrap();
+    assert_eq!(
+        inbox
+            .wait_for("i@example.com", 1, Duration::from_secs(5))
+            .await
+            .len(),
+        1
+    );
+    shutdown.cancel();
+    tokio::time::timeout(Duration::from_secs(5), running_worker)
+        .await
+        .expect("stops promptly")
+        .unwrap()
+        .unwrap();
+}
+
+async fn four_workers_deliver_a_hundred_jobs_exactly_once<S: Backend>(store: S, _db: TestDb) {
+    let (inbox, running) = inbox(Faults::default()).await;
+    for i in 0..100 {
+        store
+            .enqueue_with_business_row(
+                email_job(&format!("k{i}"), &format!("u{i}@example.com")),
+                true,
+            )
+            .await
+            .unwrap();
+    }
+    let shutdown = CancellationToken::new();
+    let workers: Vec<_> = (0..4)
+        .map(|i| {
+            let config = WorkerConfig {
+                id: format!("w{i}"),
+                batch: 8,
+                poll_interval: Duration::from_millis(50),
+                ..WorkerConfig::default()
+            };
+            let worker = Worker::new(store.clone(), config)
+                .handle("email", EmailHandler::new(smtp(&running)));
+            tokio::spawn(worker.run(shutdown.clone()))
+        })
+        .collect();
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while inbox.messages(None).len() < 100 && Instant::now() < deadline {
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    shutdown.cancel();
+    for w in workers {
+        w.await.unwrap().unwrap();
+    }
+    assert_eq!(inbox.messages(None).len(), 100);
+    assert_eq!(inbox.stats().duplicates, 0);
+    assert_eq!(store.pending().await.unwrap(), 0);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_poll_only_worker_still_delivers() {
+    let (store, _db) = crate::support::postgres().await;
+    let store = store.poll_only();
+    let (inbox, running) = inbox(Faults::default()).await;
+    let config = WorkerConfig {
+        poll_interval: Duration::from_millis(100),
+        ..WorkerConfig::default()
+    };
+    let worker =
+        Worker::new(store.clone(), config).handle("email", EmailHandler::new(smtp(&running)));
+    let shutdown = CancellationToken::new();
+    let handle = tokio::spawn(worker.run(shutdown.clone()));
+    store
+        .enqueue_with_business_row(email_job("k", "p@example.com"), true)
+        .await
+        .unwrap();
+    assert_eq!(
+        inbox
+            .wait_for("p@example.com", 1, Duration::from_secs(5))
+            .await
+            .len(),
+        1
+    );
+    shutdown.cancel();
+    handle.await.unwrap().unwrap();
+}

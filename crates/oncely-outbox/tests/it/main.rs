@@ -1,0 +1,7 @@
+//! Integration tests of the outbox: one binary, every case against both stores.
+
+#![allow(unreachable_pub)]
+
+mod delivery;
+mod store_conformance;
+mod support;

@@ -1,0 +1,262 @@
+//! What every job store does, on PostgreSQL and SQLite.
+
+use std::collections::HashSet;
+use std::time::Duration;
+
+use oncely_outbox::store::Finish;
+use oncely_outbox::{Enqueued, JobStatus, NewJob};
+use oncely_testdb::TestDb;
+use serde_json::json;
+
+use crate::support::{Backend, LEASE, both_stores, kinds};
+
+fn job(key: &str) -> NewJob {
+    NewJob::new(key, "email", json!({"n": key}))
+}
+
+fn sent() -> Finish {
+    Finish {
+        status: JobStatus::Sent,
+        result: "sent",
+        retry_in: Duration::ZERO,
+        provider_message_id: Some("p-1".into()),
+        error: None,
+    }
+}
+
+both_stores!(
+    enqueueing_the_same_intent_twice_is_a_no_op_that_says_so,
+    a_rolled_back_business_transaction_enqueues_nothing,
+    concurrent_workers_claim_every_job_exactly_once,
+    a_leased_job_is_not_claimed_again_until_its_lease_ends,
+    an_expired_lease_lets_another_worker_take_the_job_and_fences_out_the_first,
+    release_hands_a_job_back_without_counting_the_attempt,
+    a_retry_waits_for_its_delay,
+    only_the_requested_kinds_are_claimed,
+    sent_jobs_keep_their_attempt_history,
+);
+
+async fn enqueueing_the_same_intent_twice_is_a_no_op_that_says_so<S: Backend>(
+    store: S,
+    _db: TestDb,
+) {
+    let first = store
+        .enqueue_with_business_row(job("signup:1"), true)
+        .await
+        .unwrap();
+    assert!(matches!(first, Enqueued::Inserted(_)));
+    let again = store
+        .enqueue_with_business_row(job("signup:1"), true)
+        .await
+        .unwrap();
+    assert_eq!(again, Enqueued::AlreadyExists);
+    assert_eq!(store.pending().await.unwrap(), 1);
+}
+
+async fn a_rolled_back_business_transaction_enqueues_nothing<S: Backend>(store: S, _db: TestDb) {
+    store
+        .enqueue_with_business_row(job("k"), false)
+        .await
+        .unwrap();
+    assert_eq!(store.business_rows().await, 0);
+    assert!(store.job("k").await.unwrap().is_none());
+}
+
+async fn concurrent_workers_claim_every_job_exactly_once<S: Backend>(store: S, _db: TestDb) {
+    for i in 0..60 {
+        store
+            .enqueue_with_business_row(job(&format!("k{i}")), true)
+            .await
+            .unwrap();
+    }
+    let workers = (0..4).map(|w| {
+        let store = store.clone();
+        tokio::spawn(async move {
+            let mut mine = Vec::new();
+            loop {
+                let jobs = store
+                    .claim(&format!("w{w}"), &kinds(&["email"]), 5, LEASE)
+                    .await
+                    .unwrap();
+                if jobs.is_empty() {
+                    return mine;
+                }
+                for job in jobs {
+                    assert!(store.finish(&job, &sent()).await.unwrap());
+                    mine.push(job.id);
+                }
+            }
+        })
+    });
+    let mut all = Vec::new();
+    for w in workers {
+        all.extend(w.await.unwrap());
+    }
+    let unique: HashSet<_> = all.iter().collect();
+    assert_eq!(all.len(), 60, "every job ran once");
+    assert_eq!(unique.len(), 60, "no job ran twice");
+}
+
+async fn a_leased_job_is_not_claimed_again_until_its_lease_ends<S: Backend>(store: S, _db: TestDb) {
+    store
+        .enqueue_with_business_row(job("k"), true)
+        .await
+        .unwrap();
+    let claimed = store
+        .claim("a", &kinds(&["email"]), 10, LEASE)
+        .await
+        .unwrap();
+    assert_eq!(claimed.len(), 1);
+    assert_eq!(claimed[0].attempt, 1);
+    assert!(
+        store
+            .claim("b", &kinds(&["email"]), 10, LEASE)
+            .await
+            .unwrap()
+            .is_empty()
+    );
+}
+
+async fn an_expired_lease_lets_another_worker_take_the_job_and_fences_out_the_first<S: Backend>(
+    store: S,
+    _db: TestDb,
+) {
+    store
+        .enqueue_with_business_row(job("k"), true)
+        .await
+        .unwrap();
+    let first = store
+        .claim("a", &kinds(&["email"]), 1, Duration::from_millis(100))
+        .await
+        .unwrap()
+        .remove(0);
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    let second = store
+        .claim("b", &kinds(&["email"]), 1, LEASE)
+        .await
+        .unwrap()
+        .remove(0);
+    assert_eq!(second.id, first.id);
+    assert_eq!(second.attempt, 2);
+    assert_eq!(
+        second.delivery_key, first.delivery_key,
+        "the delivery key is stable across attempts"
+    );
+    assert!(
+        !store.finish(&first, &sent()).await.unwrap(),
+        "the first worker's lease is gone"
+    );
+    assert!(store.finish(&second, &sent()).await.unwrap());
+    let attempts = store.attempts(first.id).await.unwrap();
+    assert_eq!(attempts.len(), 2);
+    assert_eq!(attempts[0].result.as_deref(), Some("abandoned"));
+    assert_eq!(
+        (attempts[1].worker.as_str(), attempts[1].result.as_deref()),
+        ("b", Some("sent"))
+    );
+}
+
+async fn release_hands_a_job_back_without_counting_the_attempt<S: Backend>(store: S, _db: TestDb) {
+    store
+        .enqueue_with_business_row(job("k"), true)
+        .await
+        .unwrap();
+    let claimed = store
+        .claim("a", &kinds(&["email"]), 1, LEASE)
+        .await
+        .unwrap()
+        .remove(0);
+    assert!(store.release(&claimed).await.unwrap());
+    let again = store
+        .claim("b", &kinds(&["email"]), 1, LEASE)
+        .await
+        .unwrap()
+        .remove(0);
+    assert_eq!(again.attempt, 1);
+    assert!(
+        store
+            .attempts(again.id)
+            .await
+            .unwrap()
+            .iter()
+            .all(|a| a.worker == "b")
+    );
+}
+
+async fn a_retry_waits_for_its_delay<S: Backend>(store: S, _db: TestDb) {
+    store
+        .enqueue_with_business_row(job("k"), true)
+        .await
+        .unwrap();
+    let claimed = store
+        .claim("a", &kinds(&["email"]), 1, LEASE)
+        .await
+        .unwrap()
+        .remove(0);
+    let retry = Finish {
+        status: JobStatus::Pending,
+        result: "retry",
+        retry_in: Duration::from_millis(300),
+        provider_message_id: None,
+        error: Some("451 try later".into()),
+    };
+    assert!(store.finish(&claimed, &retry).await.unwrap());
+    assert!(
+        store
+            .claim("a", &kinds(&["email"]), 1, LEASE)
+            .await
+            .unwrap()
+            .is_empty()
+    );
+    tokio::time::sleep(Duration::from_millis(400)).await;
+    let again = store
+        .claim("a", &kinds(&["email"]), 1, LEASE)
+        .await
+        .unwrap();
+    assert_eq!(again[0].attempt, 2);
+    let record = store.job("k").await.unwrap().unwrap();
+    assert_eq!(record.last_error.as_deref(), Some("451 try later"));
+}
+
+async fn only_the_requested_kinds_are_claimed<S: Backend>(store: S, _db: TestDb) {
+    store
+        .enqueue_with_business_row(NewJob::new("a", "charge", json!({})), true)
+        .await
+        .unwrap();
+    store
+        .enqueue_with_business_row(NewJob::new("b", "email", json!({})), true)
+        .await
+        .unwrap();
+    let claimed = store
+        .claim("w", &kinds(&["charge"]), 10, LEASE)
+        .await
+        .unwrap();
+    assert_eq!(
+        claimed.iter().map(|j| j.kind.as_str()).collect::<Vec<_>>(),
+        ["charge"]
+    );
+}
+
+async fn sent_jobs_keep_their_attempt_history<S: Backend>(store: S, _db: TestDb) {
+    store
+        .enqueue_with_business_row(job("k"), true)
+        .await
+        .unwrap();
+    let claimed = store
+        .claim("a", &kinds(&["email"]), 1, LEASE)
+        .await
+        .unwrap()
+        .remove(0);
+    store.finish(&claimed, &sent()).await.unwrap();
+    let record = store.job("k").await.unwrap().unwrap();
+    assert_eq!(record.status, JobStatus::Sent);
+    assert_eq!(record.provider_message_id.as_deref(), Some("p-1"));
+    assert!(
+        store
+            .claim("a", &kinds(&["email"]), 1, LEASE)
+            .await
+            .unwrap()
+            .is_empty()
+    );
+    assert_eq!(store.pending().await.unwrap(), 0);
+}

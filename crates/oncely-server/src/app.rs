@@ -1,41 +1,141 @@
-//! The HTTP application.
+//! The application: database, mailer, HTTP routes and in-process workers, assembled once.
 
 use std::future::Future;
 use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::Duration;
 
 use anyhow::Context;
 use axum::Router;
 use axum::extract::State;
 use axum::http::StatusCode;
 use axum::routing::get;
+use oncely_inbox::{Inbox, Running};
+use oncely_outbox::mail::{self, Mailer};
+use oncely_outbox::{OutboxError, RetryPolicy, WorkerConfig};
 use tokio::net::TcpListener;
+use tokio::task::JoinHandle;
+use tokio_util::sync::CancellationToken;
 
-use crate::config::ServeArgs;
+use crate::accounts::Accounts;
+use crate::config::{CommonArgs, Environment, MailerChoice, ServeArgs};
 use crate::database::Database;
+use crate::mail::MailContext;
+use crate::routes::{self, AppState, KeyPolicy};
+use crate::workers;
+
+/// How long one email send may take before its outcome counts as unknown.
+pub const SEND_TIMEOUT: Duration = Duration::from_secs(10);
 
 /// A bound, ready-to-run server. Tests bind port 0 and read [`Application::addr`].
 pub struct Application {
     listener: TcpListener,
     router: Router,
     database: Database,
+    dev_inbox: Option<(Inbox, Running)>,
+    shutdown: CancellationToken,
+    workers: Vec<JoinHandle<Result<(), OutboxError>>>,
+}
+
+/// The mailer a configuration names; in development, `dev` starts the built-in inbox.
+pub async fn mailer(
+    common: &CommonArgs,
+) -> anyhow::Result<(Arc<dyn Mailer>, Option<(Inbox, Running)>)> {
+    match common.mailer_choice()? {
+        MailerChoice::Url(url) => {
+            let mailer = mail::from_url(&url, common.mailer_api_key.clone(), SEND_TIMEOUT)
+                .with_context(|| {
+                    format!(
+                        "ONCELY_MAILER {:?}",
+                        url.split("://").next().unwrap_or_default()
+                    )
+                })?;
+            Ok((mailer, None))
+        }
+        MailerChoice::Dev => {
+            let inbox = Inbox::new();
+            let loopback: SocketAddr = "127.0.0.1:0".parse().expect("a valid address");
+            let running = inbox
+                .start(loopback, loopback)
+                .await
+                .context("starting the dev inbox")?;
+            let mailer =
+                mail::from_url(&format!("smtp://{}", running.smtp_addr), None, SEND_TIMEOUT)?;
+            Ok((mailer, Some((inbox, running))))
+        }
+    }
+}
+
+/// Worker settings from the configuration.
+pub fn worker_settings(common: &CommonArgs) -> (WorkerConfig, RetryPolicy) {
+    let config = WorkerConfig {
+        lease: common.lease,
+        ..WorkerConfig::default()
+    };
+    (
+        config,
+        RetryPolicy {
+            base: common.retry_base,
+            ..RetryPolicy::DEFAULT
+        },
+    )
 }
 
 impl Application {
-    /// Connects to the database, applies migrations, binds the listener.
+    /// Checks the configuration, connects, migrates, binds, starts the workers.
     pub async fn build(args: &ServeArgs) -> anyhow::Result<Self> {
         args.validate()?;
-        // Resolved at start-up so that a missing production secret stops the process now.
-        let _secret = args.server_secret()?;
-        let database = Database::connect(&args.database.database_url).await?;
+        let common = &args.common;
+        let secret = common.server_secret()?;
+        common.mailer_choice()?;
+        let database = Database::connect(&common.database.database_url).await?;
         database.migrate().await?;
         let listener = TcpListener::bind(args.bind)
             .await
             .with_context(|| format!("cannot listen on {}", args.bind))?;
-        let router = router(database.clone());
+        let addr = listener.local_addr()?;
+        let (mailer, dev_inbox) = mailer(common).await?;
+        let context = Arc::new(MailContext {
+            secret: secret.clone(),
+            public_url: common.public_url(Some(addr)),
+            from: common.mail_from.clone(),
+            mailer,
+        });
+        let shutdown = CancellationToken::new();
+        let policy = KeyPolicy {
+            lease: common.lease,
+            retention: args.key_retention,
+        };
+        let parts = Parts {
+            secret,
+            policy,
+            context,
+            workers: args.workers,
+            common,
+            shutdown: &shutdown,
+        };
+        let (v1, workers) = match &database {
+            Database::Postgres(store) => parts.assemble(store.clone()),
+            Database::Sqlite(store) => parts.assemble(store.clone()),
+        };
+        let mut router = Router::new()
+            .route("/healthz", get(|| async { "ok" }))
+            .route("/readyz", get(readyz))
+            .with_state(database.clone())
+            .merge(v1);
+        if let Some((inbox, _)) = &dev_inbox
+            && common.environment == Environment::Development
+            && addr.ip().is_loopback()
+        {
+            router = router.nest("/_dev/inbox", oncely_inbox::http::router(inbox.clone()));
+        }
         Ok(Self {
             listener,
             router,
             database,
+            dev_inbox,
+            shutdown,
+            workers,
         })
     }
 
@@ -51,23 +151,63 @@ impl Application {
         &self.database
     }
 
-    /// Serves until `shutdown` completes, then finishes in-flight requests.
+    /// The built-in inbox, when the mailer is `dev`.
+    pub fn dev_inbox(&self) -> Option<&(Inbox, Running)> {
+        self.dev_inbox.as_ref()
+    }
+
+    /// Serves until `shutdown` completes; then finishes in-flight requests, stops the workers
+    /// (each finishes the batch in hand) and returns.
     pub async fn run_until(
         self,
         shutdown: impl Future<Output = ()> + Send + 'static,
     ) -> anyhow::Result<()> {
-        axum::serve(self.listener, self.router)
+        let served = axum::serve(self.listener, self.router)
             .with_graceful_shutdown(shutdown)
-            .await?;
-        Ok(())
+            .await;
+        self.shutdown.cancel();
+        for worker in self.workers {
+            if let Ok(Err(error)) = worker.await {
+                tracing::error!(%error, "outbox worker failed");
+            }
+        }
+        Ok(served?)
     }
 }
 
-fn router(database: Database) -> Router {
-    Router::new()
-        .route("/healthz", get(|| async { "ok" }))
-        .route("/readyz", get(readyz))
-        .with_state(database)
+/// What assembling the routes and workers for one database needs.
+struct Parts<'a> {
+    secret: oncely::ServerSecret,
+    policy: KeyPolicy,
+    context: Arc<MailContext>,
+    workers: usize,
+    common: &'a CommonArgs,
+    shutdown: &'a CancellationToken,
+}
+
+impl Parts<'_> {
+    fn assemble<A: Accounts>(
+        self,
+        accounts: A,
+    ) -> (Router, Vec<JoinHandle<Result<(), OutboxError>>>) {
+        let jobs = accounts.jobs(self.common.poll_only);
+        let (config, retry) = worker_settings(self.common);
+        let handles = workers::spawn(
+            &accounts,
+            &jobs,
+            &self.context,
+            self.workers,
+            &config,
+            retry,
+            self.shutdown,
+        );
+        let state = AppState {
+            accounts,
+            jobs,
+            secret: self.secret,
+        };
+        (routes::v1(state, self.policy), handles)
+    }
 }
 
 async fn readyz(State(database): State<Database>) -> (StatusCode, String) {

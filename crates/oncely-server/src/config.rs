@@ -22,10 +22,14 @@ pub struct Cli {
 /// The subcommands.
 #[derive(Debug, Subcommand)]
 pub enum Command {
-    /// Run the HTTP API.
+    /// Run the HTTP API (and, unless `--workers 0`, outbox workers in the same process).
     Serve(ServeArgs),
+    /// Run outbox workers only.
+    Worker(WorkerArgs),
     /// Apply the database migrations and exit.
     Migrate(DatabaseArgs),
+    /// Run the test inbox: SMTP and a Resend-compatible HTTP API that keep every message.
+    Inbox(InboxArgs),
 }
 
 /// Where the data lives.
@@ -41,14 +45,14 @@ pub struct DatabaseArgs {
     pub database_url: String,
 }
 
-/// Settings of `oncely serve`.
+/// Settings shared by `serve` and `worker`.
 #[derive(Debug, Clone, Args)]
-pub struct ServeArgs {
+pub struct CommonArgs {
     #[command(flatten)]
     #[allow(missing_docs)]
     pub database: DatabaseArgs,
 
-    /// `development` (generated secret, dev conveniences) or `production` (everything explicit).
+    /// `development` (generated secret, dev inbox) or `production` (everything explicit).
     #[arg(
         long = "env",
         env = "ONCELY_ENV",
@@ -57,22 +61,88 @@ pub struct ServeArgs {
     )]
     pub environment: Environment,
 
-    /// Listen address.
-    #[arg(long, env = "ONCELY_BIND", default_value = "127.0.0.1:8080")]
-    pub bind: SocketAddr,
-
-    /// Server secret (fingerprints, keyed hashes, sealing); at least 32 characters. Generated per
+    /// Server secret (fingerprints, keyed hashes, tokens); at least 32 characters. Generated per
     /// data directory in development; required in production.
     #[arg(long, env = "ONCELY_SECRET", hide_env_values = true)]
     pub secret: Option<SecretString>,
+
+    /// Base of links in emails. Default: `http://<bind>`.
+    #[arg(long, env = "ONCELY_PUBLIC_URL")]
+    pub public_url: Option<String>,
+
+    /// `dev` (the built-in inbox), `smtp://host:port` (`smtps://` for TLS), or
+    /// `http(s)://host/emails` (Resend-compatible). Default `dev` in development; required in
+    /// production.
+    #[arg(long, env = "ONCELY_MAILER")]
+    pub mailer: Option<String>,
+
+    /// Bearer token for an HTTP mailer.
+    #[arg(long, env = "ONCELY_MAILER_API_KEY", hide_env_values = true)]
+    pub mailer_api_key: Option<SecretString>,
+
+    /// Sender address of every email.
+    #[arg(long, env = "ONCELY_MAIL_FROM", default_value = "oncely@localhost")]
+    pub mail_from: String,
+
+    /// How long a claimed key or outbox job is held before another process may take it over.
+    #[arg(long, env = "ONCELY_LEASE", default_value = "30s", value_parser = parse_duration)]
+    pub lease: Duration,
+
+    /// First delay before an email is retried (doubling, with jitter, up to 10 minutes).
+    #[arg(long, env = "ONCELY_RETRY_BASE", default_value = "2s", value_parser = parse_duration)]
+    pub retry_base: Duration,
+
+    /// Workers only poll for jobs (for PostgreSQL behind a transaction-mode pooler, where
+    /// LISTEN does not work).
+    #[arg(long, env = "ONCELY_POLL_ONLY")]
+    pub poll_only: bool,
+}
+
+/// Settings of `oncely serve`.
+#[derive(Debug, Clone, Args)]
+pub struct ServeArgs {
+    #[command(flatten)]
+    #[allow(missing_docs)]
+    pub common: CommonArgs,
+
+    /// Listen address.
+    #[arg(long, env = "ONCELY_BIND", default_value = "127.0.0.1:8080")]
+    pub bind: SocketAddr,
 
     /// How long idempotent results are replayed (`24h`, `90m`, …).
     #[arg(long, env = "ONCELY_KEY_RETENTION", default_value = "24h", value_parser = parse_duration)]
     pub key_retention: Duration,
 
-    /// How long an in-progress key is held before a retry may take it over.
-    #[arg(long, env = "ONCELY_LEASE", default_value = "30s", value_parser = parse_duration)]
-    pub lease: Duration,
+    /// Outbox workers inside this process (0: API only).
+    #[arg(long, env = "ONCELY_WORKERS", default_value_t = 1)]
+    pub workers: usize,
+}
+
+/// Settings of `oncely worker`.
+#[derive(Debug, Clone, Args)]
+pub struct WorkerArgs {
+    #[command(flatten)]
+    #[allow(missing_docs)]
+    pub common: CommonArgs,
+
+    /// Concurrent workers in this process.
+    #[arg(long, env = "ONCELY_WORKERS", default_value_t = 1)]
+    pub workers: usize,
+}
+
+/// Settings of `oncely inbox`.
+#[derive(Debug, Clone, Args)]
+pub struct InboxArgs {
+    /// SMTP listen address.
+    #[arg(long, default_value = "127.0.0.1:2525")]
+    pub smtp: SocketAddr,
+    /// HTTP listen address (`POST /emails`, `GET /messages`, `GET /stats`, `PUT /faults`).
+    #[arg(long, default_value = "127.0.0.1:8025")]
+    pub http: SocketAddr,
+    /// Behave like a real provider: a repeat of an idempotency key within 24 h is acknowledged
+    /// but not delivered again.
+    #[arg(long)]
+    pub provider_mode: bool,
 }
 
 /// The deployment environment.
@@ -98,16 +168,27 @@ fn parse_duration(s: &str) -> Result<Duration, String> {
 impl ServeArgs {
     /// Checks settings that depend on each other.
     pub fn validate(&self) -> anyhow::Result<()> {
-        if self.lease >= self.key_retention {
+        if self.common.lease >= self.key_retention {
             bail!(
                 "ONCELY_LEASE ({:?}) must be shorter than ONCELY_KEY_RETENTION ({:?})",
-                self.lease,
+                self.common.lease,
                 self.key_retention
             );
         }
         Ok(())
     }
+}
 
+/// Where email goes.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum MailerChoice {
+    /// The built-in inbox of this process (development).
+    Dev,
+    /// `smtp://`, `smtps://`, `http://` or `https://`.
+    Url(String),
+}
+
+impl CommonArgs {
     /// The server secret: given, or (development only) read from or generated into the data
     /// directory, so that it survives restarts.
     pub fn server_secret(&self) -> anyhow::Result<ServerSecret> {
@@ -125,6 +206,41 @@ impl ServeArgs {
         }
         let path = data_dir(&self.database.database_url).join(".oncely-secret");
         Ok(ServerSecret::new(dev_secret(&path)?)?)
+    }
+
+    /// The mailer to use; an invalid or (in production) missing one is a start-up error.
+    pub fn mailer_choice(&self) -> anyhow::Result<MailerChoice> {
+        let production = self.environment == Environment::Production;
+        match self.mailer.as_deref() {
+            None if production => {
+                bail!(
+                    "ONCELY_MAILER is required in production (smtp://…, smtps://… or https://…/emails)"
+                )
+            }
+            Some("dev") if production => bail!("ONCELY_MAILER=dev is for development only"),
+            None | Some("dev") => Ok(MailerChoice::Dev),
+            Some(url)
+                if ["smtp://", "smtps://", "http://", "https://"]
+                    .iter()
+                    .any(|s| url.starts_with(s)) =>
+            {
+                Ok(MailerChoice::Url(url.to_owned()))
+            }
+            Some(other) => bail!(
+                "ONCELY_MAILER must be dev, smtp://host:port, smtps://host:port or http(s)://host/emails (got {:?})",
+                other.split("://").next().unwrap_or(other)
+            ),
+        }
+    }
+
+    /// The base of links, without a trailing slash.
+    pub fn public_url(&self, bind: Option<SocketAddr>) -> String {
+        let url = match (&self.public_url, bind) {
+            (Some(url), _) => url.clone(),
+            (None, Some(bind)) => format!("http://{bind}"),
+            (None, None) => "http://127.0.0.1:8080".to_owned(),
+        };
+        url.trim_end_matches('/').to_owned()
     }
 }
 
@@ -172,14 +288,14 @@ mod tests {
         argv.extend_from_slice(args);
         match Cli::try_parse_from(argv).unwrap().command {
             Command::Serve(args) => args,
-            Command::Migrate(_) => unreachable!(),
+            _ => unreachable!(),
         }
     }
 
     #[test]
     fn production_without_a_secret_is_a_startup_error() {
         let args = serve(&["--env", "production", "--database-url", "sqlite::memory:"]);
-        let error = args.server_secret().unwrap_err().to_string();
+        let error = args.common.server_secret().unwrap_err().to_string();
         assert!(
             error.contains("ONCELY_SECRET is required in production"),
             "{error}"
@@ -190,7 +306,8 @@ mod tests {
     fn a_short_secret_is_refused() {
         let args = serve(&["--secret", "short"]);
         assert!(
-            args.server_secret()
+            args.common
+                .server_secret()
                 .unwrap_err()
                 .to_string()
                 .contains("at least 32")
@@ -202,9 +319,9 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let url = format!("sqlite://{}", dir.path().join("x.db").display());
         let args = serve(&["--database-url", &url]);
-        args.server_secret().unwrap();
+        args.common.server_secret().unwrap();
         let first = std::fs::read_to_string(dir.path().join(".oncely-secret")).unwrap();
-        args.server_secret().unwrap();
+        args.common.server_secret().unwrap();
         assert_eq!(
             first,
             std::fs::read_to_string(dir.path().join(".oncely-secret")).unwrap()
@@ -220,13 +337,52 @@ mod tests {
 
     #[test]
     fn durations_parse_and_lease_must_be_shorter_than_retention() {
-        assert_eq!(serve(&["--lease", "5s"]).lease, Duration::from_secs(5));
+        assert_eq!(
+            serve(&["--lease", "5s"]).common.lease,
+            Duration::from_secs(5)
+        );
         assert!(
             serve(&["--lease", "2h", "--key-retention", "1h"])
                 .validate()
                 .is_err()
         );
         assert!(Cli::try_parse_from(["oncely", "serve", "--lease", "soon"]).is_err());
+    }
+
+    #[test]
+    fn the_mailer_defaults_to_dev_in_development_and_is_required_in_production() {
+        assert_eq!(
+            serve(&[]).common.mailer_choice().unwrap(),
+            MailerChoice::Dev
+        );
+        let production = serve(&["--env", "production"])
+            .common
+            .mailer_choice()
+            .unwrap_err()
+            .to_string();
+        assert!(
+            production.contains("ONCELY_MAILER is required in production"),
+            "{production}"
+        );
+        let invalid = serve(&["--mailer", "ftp://x"])
+            .common
+            .mailer_choice()
+            .unwrap_err()
+            .to_string();
+        assert!(invalid.contains("must be dev, smtp://"), "{invalid}");
+        assert!(
+            serve(&["--env", "production", "--mailer", "dev"])
+                .common
+                .mailer_choice()
+                .is_err()
+        );
+        assert_eq!(
+            serve(&["--mailer", "smtp://127.0.0.1:2525"])
+                .common
+                .mailer_choice()
+                .unwrap(),
+            MailerChoice::Url("smtp://127.0.0.1:2525".into())
+        );
     }
 
     #[test]

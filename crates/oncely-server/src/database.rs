@@ -4,6 +4,9 @@ use std::time::Duration;
 
 use anyhow::{Context, bail};
 use oncely::store::KeyStore;
+use sqlx::AssertSqlSafe;
+
+use crate::accounts::Accounts;
 use oncely::store::postgres::PgKeyStore;
 use oncely::store::sqlite::{SqliteKeyStore, connect_options};
 use sqlx::postgres::PgPoolOptions;
@@ -45,30 +48,68 @@ impl Database {
         }
     }
 
-    /// Applies every migration.
+    /// Applies every migration: idempotency keys, outbox, accounts (each library keeps its own
+    /// history table).
     pub async fn migrate(&self) -> anyhow::Result<()> {
+        use oncely_outbox::JobStore;
         match self {
-            Self::Postgres(store) => store.migrate().await,
-            Self::Sqlite(store) => store.migrate().await,
+            Self::Postgres(store) => {
+                store
+                    .migrate()
+                    .await
+                    .context("idempotency key migrations")?;
+                store
+                    .jobs(false)
+                    .migrate()
+                    .await
+                    .context("outbox migrations")?;
+                store.migrate_accounts().await.context("account migrations")
+            }
+            Self::Sqlite(store) => {
+                store
+                    .migrate()
+                    .await
+                    .context("idempotency key migrations")?;
+                store
+                    .jobs(false)
+                    .migrate()
+                    .await
+                    .context("outbox migrations")?;
+                store.migrate_accounts().await.context("account migrations")
+            }
         }
-        .context("applying migrations")
     }
 
     /// Ready to serve: reachable, and every migration this binary knows is applied.
     pub async fn ready(&self) -> anyhow::Result<()> {
-        let latest = oncely::store::postgres::migrator()
-            .iter()
-            .map(|m| m.version)
-            .max()
-            .unwrap_or(0);
-        let query =
-            "SELECT COALESCE(MAX(version), 0) FROM _oncely_idempotency_migrations WHERE success";
-        let applied: i64 = match self {
-            Self::Postgres(store) => sqlx::query_scalar(query).fetch_one(store.pool()).await?,
-            Self::Sqlite(store) => sqlx::query_scalar(query).fetch_one(store.pool()).await?,
-        };
-        if applied < latest {
-            bail!("migrations pending: database at {applied}, binary expects {latest}");
+        let expected = [
+            (
+                "_oncely_idempotency_migrations",
+                oncely::store::postgres::migrator(),
+            ),
+            (
+                "_oncely_outbox_migrations",
+                oncely_outbox::store::postgres::migrator(),
+            ),
+            (
+                "_oncely_server_migrations",
+                crate::accounts::postgres::migrator(),
+            ),
+        ];
+        for (table, migrator) in expected {
+            let latest = migrator.iter().map(|m| m.version).max().unwrap_or(0);
+            let query = AssertSqlSafe(format!(
+                "SELECT COALESCE(MAX(version), 0) FROM {table} WHERE success"
+            ));
+            let applied: i64 = match self {
+                Self::Postgres(store) => sqlx::query_scalar(query).fetch_one(store.pool()).await?,
+                Self::Sqlite(store) => sqlx::query_scalar(query).fetch_one(store.pool()).await?,
+            };
+            if applied < latest {
+                bail!(
+                    "migrations pending in {table}: database at {applied}, binary expects {latest}"
+                );
+            }
         }
         Ok(())
     }

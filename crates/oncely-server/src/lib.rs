@@ -1,16 +1,26 @@
-//! The `oncely` service: account flows built on idempotency keys (and, next, a transactional
-//! outbox).
+//! The `oncely` service: account flows built on idempotency keys and a transactional outbox.
 //!
 //! Map:
 //! - [`config`]: command line and environment (`DATABASE_URL`, `ONCELY_*`), the server secret.
 //! - [`database`]: PostgreSQL or SQLite, chosen by URL; migrations; readiness.
-//! - [`app`]: the HTTP application: routes, binding (port 0 in tests), graceful shutdown.
+//! - [`app`]: assembly: database, mailer, routes, workers; binding (port 0 in tests); shutdown.
+//! - [`routes`]: the HTTP API (`/v1/signup`, `/v1/verify`) behind the idempotency layer.
+//! - [`accounts`]: the SQL of the account flows, once per database dialect.
+//! - [`email`], [`token`], [`password`]: addresses, one-time tokens, Argon2id.
+//! - [`mail`]: the emails and the outbox handlers that send them; [`workers`]: starting them.
 //!
 //! `main.rs` only parses the command line and calls into these.
 
 #![deny(unsafe_code)]
 #![warn(missing_docs, unreachable_pub)]
 
+pub mod accounts;
 pub mod app;
 pub mod config;
 pub mod database;
+pub mod email;
+pub mod mail;
+pub mod password;
+pub mod routes;
+pub mod token;
+pub mod workers;

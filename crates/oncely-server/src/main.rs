@@ -1,15 +1,25 @@
 //! The `oncely` binary: parses the command line and calls into the library.
 
+use std::sync::Arc;
+
+use anyhow::bail;
 use clap::Parser;
-use oncely_server::app::Application;
-use oncely_server::config::{Cli, Command, Environment};
+use oncely_inbox::{Faults, Inbox};
+use oncely_server::app::{self, Application};
+use oncely_server::config::{Cli, Command, Environment, InboxArgs, MailerChoice, WorkerArgs};
 use oncely_server::database::Database;
+use oncely_server::mail::MailContext;
+use oncely_server::workers;
+use tokio_util::sync::CancellationToken;
 
 #[tokio::main]
 async fn main() -> std::process::ExitCode {
     let cli = Cli::parse();
-    let production =
-        matches!(&cli.command, Command::Serve(a) if a.environment == Environment::Production);
+    let production = match &cli.command {
+        Command::Serve(a) => a.common.environment == Environment::Production,
+        Command::Worker(a) => a.common.environment == Environment::Production,
+        _ => false,
+    };
     init_tracing(production);
     match run(cli).await {
         Ok(()) => std::process::ExitCode::SUCCESS,
@@ -26,17 +36,101 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
         Command::Serve(args) => {
             let app = Application::build(&args).await?;
             let addr = app.addr();
-            tracing::info!(%addr, database = app.database().kind(), "oncely is serving");
-            println!("oncely API:  http://{addr}  (health: http://{addr}/healthz)");
+            tracing::info!(%addr, database = app.database().kind(), workers = args.workers, "oncely is serving");
+            println!("oncely API:   http://{addr}   (health: /healthz)");
+            if let Some((_, running)) = app.dev_inbox() {
+                println!(
+                    "dev inbox:    http://{addr}/_dev/inbox/messages   (SMTP {})",
+                    running.smtp_addr
+                );
+            }
+            println!(
+                "try:          curl -i http://{addr}/v1/signup -H 'Idempotency-Key: \"signup-1\"' \
+                 -H 'content-type: application/json' -d '{{\"email\":\"ada@example.com\"}}'"
+            );
             app.run_until(shutdown_signal()).await
         }
+        Command::Worker(args) => run_workers(args).await,
         Command::Migrate(args) => {
             let database = Database::connect(&args.database_url).await?;
             database.migrate().await?;
             println!("migrations applied ({})", database.kind());
             Ok(())
         }
+        Command::Inbox(args) => run_inbox(args).await,
     }
+}
+
+async fn run_workers(args: WorkerArgs) -> anyhow::Result<()> {
+    let common = &args.common;
+    if common.mailer_choice()? == MailerChoice::Dev {
+        bail!(
+            "the dev inbox lives inside `oncely serve`; give `oncely worker` an ONCELY_MAILER URL"
+        );
+    }
+    let secret = common.server_secret()?;
+    let database = Database::connect(&common.database.database_url).await?;
+    database.migrate().await?;
+    let (mailer, _) = app::mailer(common).await?;
+    let context = Arc::new(MailContext {
+        secret,
+        public_url: common.public_url(None),
+        from: common.mail_from.clone(),
+        mailer,
+    });
+    let (config, retry) = app::worker_settings(common);
+    let shutdown = CancellationToken::new();
+    let handles = match &database {
+        Database::Postgres(s) => {
+            use oncely_server::accounts::Accounts;
+            workers::spawn(
+                s,
+                &s.jobs(common.poll_only),
+                &context,
+                args.workers,
+                &config,
+                retry,
+                &shutdown,
+            )
+        }
+        Database::Sqlite(s) => {
+            use oncely_server::accounts::Accounts;
+            workers::spawn(
+                s,
+                &s.jobs(common.poll_only),
+                &context,
+                args.workers,
+                &config,
+                retry,
+                &shutdown,
+            )
+        }
+    };
+    println!(
+        "oncely worker: {} worker(s) on {}",
+        args.workers,
+        database.kind()
+    );
+    shutdown_signal().await;
+    shutdown.cancel();
+    for handle in handles {
+        handle.await??;
+    }
+    Ok(())
+}
+
+async fn run_inbox(args: InboxArgs) -> anyhow::Result<()> {
+    let inbox = Inbox::new();
+    if args.provider_mode {
+        inbox.set_faults(Faults::provider());
+    }
+    let running = inbox.start(args.smtp, args.http).await?;
+    println!(
+        "oncely inbox: SMTP {}  HTTP http://{}  (GET /messages, GET /stats, PUT /faults)",
+        running.smtp_addr, running.http_addr
+    );
+    shutdown_signal().await;
+    Ok(())
 }
 
 fn init_tracing(json: bool) {

@@ -1,0 +1,131 @@
+//! The HTTP API: `/v1/…` account routes behind the idempotency layer, health and readiness.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use axum::extract::rejection::JsonRejection;
+use axum::extract::{FromRequest, Request, State};
+use axum::http::{Method, StatusCode};
+use axum::middleware::{self, Next};
+use axum::response::Response;
+use axum::routing::{get, post};
+use axum::{Json, Router};
+use oncely::{IdempotencyLayer, Problem, ServerSecret};
+use serde::de::DeserializeOwned;
+
+use crate::accounts::Accounts;
+use crate::email::normalize_json_email;
+
+pub mod signup;
+pub mod verify;
+
+/// What handlers share.
+pub struct AppState<A: Accounts> {
+    /// Account SQL and the key store.
+    pub accounts: A,
+    /// The outbox store the in-process workers use (woken after commits).
+    pub jobs: A::Jobs,
+    /// Derives tokens.
+    pub secret: ServerSecret,
+}
+
+impl<A: Accounts> Clone for AppState<A> {
+    fn clone(&self) -> Self {
+        Self {
+            accounts: self.accounts.clone(),
+            jobs: self.jobs.clone(),
+            secret: self.secret.clone(),
+        }
+    }
+}
+
+/// Idempotency settings of the `/v1` routes.
+#[derive(Debug, Clone, Copy)]
+pub struct KeyPolicy {
+    /// How long an in-progress key is held.
+    pub lease: Duration,
+    /// How long results replay.
+    pub retention: Duration,
+}
+
+/// The account routes.
+pub fn v1<A: Accounts>(state: AppState<A>, policy: KeyPolicy) -> Router {
+    let keys = IdempotencyLayer::transactional(state.accounts.clone(), state.secret.clone())
+        .lease(policy.lease)
+        .retention(policy.retention)
+        .max_request_body(16 * 1024)
+        .normalize_json(Arc::new(normalize_json_email));
+    Router::new()
+        .route("/v1/signup", post(signup::signup::<A>))
+        .route("/v1/verify", get(verify::page).post(verify::verify::<A>))
+        .route_layer(keys)
+        .layer(middleware::from_fn_with_state(
+            state.clone(),
+            wake_workers::<A>,
+        ))
+        .with_state(state)
+}
+
+/// After a mutating request committed, wake this process's idle workers (SQLite has no
+/// NOTIFY; on PostgreSQL this does nothing).
+async fn wake_workers<A: Accounts>(
+    State(state): State<AppState<A>>,
+    req: Request,
+    next: Next,
+) -> Response {
+    let mutating = req.method() == Method::POST;
+    let response = next.run(req).await;
+    if mutating && response.status().is_success() {
+        A::notify_workers(&state.jobs);
+    }
+    response
+}
+
+/// `Json<T>` whose rejections are problem+json: 415 without a JSON content type, 413 for a
+/// body over the limit, 400 for anything unreadable.
+pub struct Body<T>(pub T);
+
+impl<S: Send + Sync, T: DeserializeOwned> FromRequest<S> for Body<T> {
+    type Rejection = Problem;
+
+    async fn from_request(req: Request, state: &S) -> Result<Self, Self::Rejection> {
+        match Json::<T>::from_request(req, state).await {
+            Ok(Json(value)) => Ok(Self(value)),
+            Err(JsonRejection::MissingJsonContentType(_)) => Err(Problem::new(
+                StatusCode::UNSUPPORTED_MEDIA_TYPE,
+                "unsupported-media-type",
+                "Send JSON",
+            )
+            .with_detail("the request needs Content-Type: application/json")),
+            Err(rejection) if rejection.status() == StatusCode::PAYLOAD_TOO_LARGE => {
+                Err(Problem::new(
+                    StatusCode::PAYLOAD_TOO_LARGE,
+                    "request-too-large",
+                    "Request body too large",
+                ))
+            }
+            Err(rejection) => Err(invalid_request(rejection.body_text())),
+        }
+    }
+}
+
+/// 400 `invalid-request`.
+pub fn invalid_request(detail: impl Into<String>) -> Problem {
+    Problem::new(
+        StatusCode::BAD_REQUEST,
+        "invalid-request",
+        "Invalid request",
+    )
+    .with_detail(detail)
+}
+
+/// 500 for an unexpected failure; the cause goes to the log, not to the client.
+pub fn unexpected(error: anyhow::Error) -> Problem {
+    tracing::error!(error = format!("{error:#}"), "request failed");
+    Problem::new(
+        StatusCode::INTERNAL_SERVER_ERROR,
+        "internal-error",
+        "Internal error",
+    )
+    .with_detail("nothing was changed; retry with the same Idempotency-Key")
+}

@@ -105,6 +105,11 @@ impl<S: JobStore> Worker<S> {
 
     /// Claims one batch of due jobs and runs it; returns how many jobs it ran.
     pub async fn run_once(&self) -> Result<usize, OutboxError> {
+        Ok(self.run_batch().await?.0)
+    }
+
+    /// One batch: how many jobs ran, and the soonest retry it scheduled.
+    async fn run_batch(&self) -> Result<(usize, Option<Duration>), OutboxError> {
         let jobs = self
             .store
             .claim(
@@ -114,12 +119,14 @@ impl<S: JobStore> Worker<S> {
                 self.config.lease,
             )
             .await?;
-        let n = jobs.len();
         let results = futures::future::join_all(jobs.iter().map(|job| self.attempt(job))).await;
+        let mut soonest: Option<Duration> = None;
         for result in results {
-            result?;
+            if let Some(retry_in) = result? {
+                soonest = Some(soonest.map_or(retry_in, |s| s.min(retry_in)));
+            }
         }
-        Ok(n)
+        Ok((jobs.len(), soonest))
     }
 
     /// Runs batches until nothing is due now (jobs waiting for a retry delay stay pending).
@@ -139,15 +146,28 @@ impl<S: JobStore> Worker<S> {
     pub async fn run(self, shutdown: CancellationToken) -> Result<(), OutboxError> {
         let mut wakeup = self.store.wakeup().await?;
         tracing::info!(worker = %self.config.id, kinds = ?self.kinds, "outbox worker started");
+        // A retry this worker scheduled is due before the next poll: wake for it, not later.
+        let mut retry_at: Option<tokio::time::Instant> = None;
         while !shutdown.is_cancelled() {
-            match self.run_once().await {
-                Ok(0) => {
+            match self.run_batch().await {
+                Ok((0, _)) => {
+                    let now = tokio::time::Instant::now();
+                    let until_retry = retry_at.filter(|at| *at > now).map(|at| at - now);
+                    let wait = until_retry.map_or(self.config.poll_interval, |d| {
+                        d.min(self.config.poll_interval)
+                    });
+                    retry_at = retry_at.filter(|at| *at > now);
                     tokio::select! {
                         () = shutdown.cancelled() => break,
-                        () = wakeup.wait(self.config.poll_interval) => {}
+                        () = wakeup.wait(wait) => {}
                     }
                 }
-                Ok(_) => {}
+                Ok((_, soonest)) => {
+                    if let Some(delay) = soonest {
+                        let at = tokio::time::Instant::now() + delay;
+                        retry_at = Some(retry_at.map_or(at, |r| r.min(at)));
+                    }
+                }
                 Err(error) => {
                     tracing::error!(%error, "outbox worker could not claim; retrying");
                     tokio::select! {
@@ -161,11 +181,12 @@ impl<S: JobStore> Worker<S> {
         Ok(())
     }
 
-    async fn attempt(&self, job: &Job) -> Result<(), OutboxError> {
+    /// Runs one job; returns its retry delay if it was rescheduled.
+    async fn attempt(&self, job: &Job) -> Result<Option<Duration>, OutboxError> {
         let Some(registered) = self.handlers.get(&job.kind) else {
             // Claims only ask for registered kinds; keep the job for a worker that has it.
             self.store.release(job).await?;
-            return Ok(());
+            return Ok(None);
         };
         let now = OffsetDateTime::now_utc();
         let finish = if job.not_after.is_some_and(|limit| limit <= now) {
@@ -199,7 +220,7 @@ impl<S: JobStore> Worker<S> {
                 "outbox lease lost before the attempt was recorded"
             );
         }
-        Ok(())
+        Ok((finish.status == JobStatus::Pending).then_some(finish.retry_in))
     }
 }
 

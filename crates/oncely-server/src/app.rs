@@ -118,6 +118,16 @@ impl Application {
             Database::Postgres(store) => parts.assemble(store.clone()),
             Database::Sqlite(store) => parts.assemble(store.clone()),
         };
+        let v1 = if common.environment == Environment::Development
+            && std::env::var("ONCELY_FAILPOINT").as_deref() == Ok("crash-after-commit")
+        {
+            tracing::warn!(
+                "failpoint crash-after-commit is on: the process aborts after its first committed POST"
+            );
+            v1.layer(axum::middleware::from_fn(crash_after_commit))
+        } else {
+            v1
+        };
         let mut router = Router::new()
             .route("/healthz", get(|| async { "ok" }))
             .route("/readyz", get(readyz))
@@ -208,6 +218,20 @@ impl Parts<'_> {
         };
         (routes::v1(state, self.policy), handles)
     }
+}
+
+/// Test hook (development only, `ONCELY_FAILPOINT=crash-after-commit`): the process dies after
+/// a POST committed and before its answer leaves, as a crash or a kill at the worst moment would.
+async fn crash_after_commit(
+    req: axum::extract::Request,
+    next: axum::middleware::Next,
+) -> axum::response::Response {
+    let post = req.method() == axum::http::Method::POST;
+    let response = next.run(req).await;
+    if post && response.status().is_success() {
+        std::process::abort();
+    }
+    response
 }
 
 async fn readyz(State(database): State<Database>) -> (StatusCode, String) {

@@ -1,0 +1,428 @@
+//! Signup and verification, end to end: one account, one email, however the request arrives.
+
+use std::time::Duration;
+
+use oncely_inbox::{Faults, Rejection};
+use oncely_testdb::TestDb;
+use serde_json::{Value, json};
+
+use crate::support::{
+    both_databases, count, dump, spawn_app_on, spawn_app_with_inbox, spawn_binary, start_inbox,
+    token_in,
+};
+
+fn signup_body(email: &str) -> Value {
+    json!({ "email": email, "password": "correct horse battery" })
+}
+
+both_databases!(
+    the_same_signup_retried_twenty_times_makes_one_user_and_one_email,
+    fifty_concurrent_identical_signups_over_two_servers_and_two_workers_send_one_email,
+    two_keys_for_the_same_new_address_make_one_account_and_the_same_answer,
+    new_pending_and_registered_addresses_get_the_same_answer,
+    bad_input_is_rejected_and_nothing_is_stored,
+    the_server_killed_after_commit_replays_on_retry_and_one_email_arrives,
+    a_worker_that_loses_the_answer_sends_one_email_to_a_deduplicating_provider,
+    a_worker_that_loses_the_answer_over_plain_smtp_records_the_duplicate,
+    three_rejections_then_delivered_with_four_attempts_and_a_permanent_one_is_dead,
+    a_verification_link_works_once_and_its_token_is_in_no_log_and_no_column,
+);
+
+async fn the_same_signup_retried_twenty_times_makes_one_user_and_one_email(
+    url: String,
+    _db: TestDb,
+) {
+    let app = spawn_app_on(&url, &[]).await;
+    let mut bodies = Vec::new();
+    for _ in 0..20 {
+        let response = app
+            .post(
+                "/v1/signup",
+                "\"signup-ada\"",
+                &signup_body("Ada@Example.com"),
+            )
+            .await;
+        assert_eq!(response.status(), 202);
+        bodies.push(response.text().await.unwrap());
+    }
+    assert!(bodies.iter().all(|b| b == &bodies[0]));
+    assert_eq!(app.count("SELECT count(*) FROM oncely_users").await, 1);
+    let emails = app.emails_to("ada@example.com", 1).await;
+    assert_eq!(emails.len(), 1, "exactly one email");
+    assert_eq!(emails[0].subject, "Confirm your email address");
+}
+
+async fn fifty_concurrent_identical_signups_over_two_servers_and_two_workers_send_one_email(
+    url: String,
+    _db: TestDb,
+) {
+    let (inbox, running) = start_inbox(Faults::default()).await;
+    let a = spawn_app_with_inbox(&url, inbox.clone(), running, &["--workers", "1"]).await;
+    let b = spawn_app_with_inbox(&url, inbox.clone(), running, &["--workers", "1"]).await;
+    let requests = (0..50).map(|i| {
+        let (client, base) = if i % 2 == 0 {
+            (a.client.clone(), a.base.clone())
+        } else {
+            (b.client.clone(), b.base.clone())
+        };
+        tokio::spawn(async move {
+            let r = client
+                .post(format!("{base}/v1/signup"))
+                .header("idempotency-key", "storm-1")
+                .json(&signup_body("storm@example.com"))
+                .send()
+                .await
+                .unwrap();
+            (r.status().as_u16(), r.text().await.unwrap())
+        })
+    });
+    let mut answers = Vec::new();
+    for r in requests {
+        answers.push(r.await.unwrap());
+    }
+    assert!(answers.iter().all(|(s, _)| *s == 202), "{answers:?}");
+    assert!(answers.iter().all(|(_, b)| b == &answers[0].1));
+    assert_eq!(a.count("SELECT count(*) FROM oncely_users").await, 1);
+    assert_eq!(a.emails_to("storm@example.com", 1).await.len(), 1);
+}
+
+async fn two_keys_for_the_same_new_address_make_one_account_and_the_same_answer(
+    url: String,
+    _db: TestDb,
+) {
+    let app = spawn_app_on(&url, &[]).await;
+    let body = signup_body("twice@example.com");
+    let (first, second) = tokio::join!(
+        app.post("/v1/signup", "key-one", &body),
+        app.post("/v1/signup", "key-two", &body)
+    );
+    assert_eq!(
+        (first.status(), second.status()),
+        (202.try_into().unwrap(), 202.try_into().unwrap())
+    );
+    assert_eq!(first.text().await.unwrap(), second.text().await.unwrap());
+    assert_eq!(app.count("SELECT count(*) FROM oncely_users").await, 1);
+}
+
+async fn new_pending_and_registered_addresses_get_the_same_answer(url: String, _db: TestDb) {
+    let app = spawn_app_on(&url, &[]).await;
+    let new = app
+        .post("/v1/signup", "a1", &signup_body("same@example.com"))
+        .await;
+    let pending = app
+        .post("/v1/signup", "a2", &signup_body("same@example.com"))
+        .await;
+    // The second signup superseded the first link: only the newest one works.
+    let token = token_in(app.emails_to("same@example.com", 2).await.last().unwrap());
+    app.post("/v1/verify", "v1", &json!({ "token": token }))
+        .await;
+    let registered = app
+        .post("/v1/signup", "a3", &signup_body("same@example.com"))
+        .await;
+    let mut answers = Vec::new();
+    for r in [new, pending, registered] {
+        answers.push((r.status(), r.text().await.unwrap()));
+    }
+    assert!(answers.iter().all(|a| a == &answers[0]), "{answers:?}");
+    let subjects: Vec<String> = app
+        .emails_to("same@example.com", 3)
+        .await
+        .into_iter()
+        .map(|m| m.subject)
+        .collect();
+    assert_eq!(
+        subjects.last().unwrap(),
+        "Someone tried to sign up with your address"
+    );
+}
+
+async fn bad_input_is_rejected_and_nothing_is_stored(url: String, _db: TestDb) {
+    let app = spawn_app_on(&url, &[]).await;
+    let cases: [(&str, Option<&str>, &str, u16); 5] = [
+        (
+            "bad-1",
+            Some("application/json"),
+            r#"{"email":"not-an-address"}"#,
+            400,
+        ),
+        (
+            "bad-2",
+            Some("application/json"),
+            r#"{"email":"a@example.com","password":"short"}"#,
+            400,
+        ),
+        (
+            "bad-3",
+            Some("text/plain"),
+            r#"{"email":"a@example.com"}"#,
+            415,
+        ),
+        (
+            "bad-4",
+            Some("application/json"),
+            r#"{"email":"a@example.com","admin":true}"#,
+            400,
+        ),
+        (
+            "bad-5",
+            Some("application/json"),
+            &format!(
+                r#"{{"email":"a@example.com","source":"{}"}}"#,
+                "x".repeat(20_000)
+            ),
+            413,
+        ),
+    ];
+    for (key, content_type, body, status) in cases {
+        let mut request = app
+            .client
+            .post(format!("{}/v1/signup", app.base))
+            .header("idempotency-key", key)
+            .body(body.to_owned());
+        if let Some(ct) = content_type {
+            request = request.header("content-type", ct);
+        }
+        let response = request.send().await.unwrap();
+        assert_eq!(response.status(), status, "{key}");
+        assert_eq!(
+            response.headers()["content-type"],
+            "application/problem+json",
+            "{key}"
+        );
+    }
+    assert_eq!(app.count("SELECT count(*) FROM oncely_users").await, 0);
+    assert_eq!(app.count("SELECT count(*) FROM oncely_outbox").await, 0);
+    assert_eq!(
+        app.count("SELECT count(*) FROM oncely_idempotency_keys")
+            .await,
+        0,
+        "rejected keys stay free"
+    );
+}
+
+async fn the_server_killed_after_commit_replays_on_retry_and_one_email_arrives(
+    url: String,
+    _db: TestDb,
+) {
+    let (inbox, running) = start_inbox(Faults::default()).await;
+    let mailer = format!("smtp://{}", running.smtp_addr);
+    let doomed = spawn_binary(
+        &url,
+        &mailer,
+        &["--workers", "0"],
+        &[("ONCELY_FAILPOINT", "crash-after-commit")],
+    )
+    .await;
+    let client = oncely_testdb::http();
+    let lost = client
+        .post(format!("{}/v1/signup", doomed.base))
+        .header("idempotency-key", "crash-1")
+        .json(&signup_body("crash@example.com"))
+        .send()
+        .await;
+    assert!(lost.is_err(), "the process died before answering");
+    let restarted = spawn_binary(&url, &mailer, &["--workers", "1"], &[]).await;
+    let retry = client
+        .post(format!("{}/v1/signup", restarted.base))
+        .header("idempotency-key", "crash-1")
+        .json(&signup_body("crash@example.com"))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(retry.status(), 202);
+    assert_eq!(
+        retry.headers()["idempotent-replayed"],
+        "true",
+        "the committed result is replayed"
+    );
+    inbox
+        .wait_for("crash@example.com", 1, Duration::from_secs(10))
+        .await;
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert_eq!(inbox.messages(Some("crash@example.com")).len(), 1);
+    assert_eq!(count(&url, "SELECT count(*) FROM oncely_users").await, 1);
+}
+
+async fn a_worker_that_loses_the_answer_sends_one_email_to_a_deduplicating_provider(
+    url: String,
+    _db: TestDb,
+) {
+    let (inbox, running) = start_inbox(Faults {
+        drop_after_accept: 1,
+        ..Faults::provider()
+    })
+    .await;
+    let app = spawn_app_with_inbox(&url, inbox, running, &[]).await;
+    app.post("/v1/signup", "k", &signup_body("drop@example.com"))
+        .await;
+    wait_until_sent(&app, 1).await;
+    assert_eq!(app.emails_to("drop@example.com", 1).await.len(), 1);
+    assert_eq!(
+        app.inbox.stats().deduplicated,
+        1,
+        "the retry reached the provider and was deduplicated"
+    );
+    let sent = app
+        .count("SELECT count(*) FROM oncely_outbox WHERE status = 'sent'")
+        .await;
+    assert_eq!(sent, 1);
+}
+
+async fn a_worker_that_loses_the_answer_over_plain_smtp_records_the_duplicate(
+    url: String,
+    _db: TestDb,
+) {
+    let (inbox, running) = start_inbox(Faults {
+        drop_after_accept: 1,
+        ..Faults::default()
+    })
+    .await;
+    let app = spawn_app_with_inbox(&url, inbox, running, &[]).await;
+    app.post("/v1/signup", "k", &signup_body("plain@example.com"))
+        .await;
+    wait_until_sent(&app, 1).await;
+    assert_eq!(
+        app.emails_to("plain@example.com", 2).await.len(),
+        2,
+        "plain SMTP cannot deduplicate"
+    );
+    assert_eq!(app.inbox.stats().duplicates, 1);
+    let unknown = app
+        .count("SELECT count(*) FROM oncely_outbox_attempts WHERE result = 'unknown'")
+        .await;
+    assert_eq!(unknown, 1, "the attempt history shows why");
+}
+
+/// Waits (up to 10 s) until `n` outbox jobs are sent.
+async fn wait_until_sent(app: &crate::support::TestApp, n: i64) {
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    while app
+        .count("SELECT count(*) FROM oncely_outbox WHERE status = 'sent'")
+        .await
+        < n
+        && std::time::Instant::now() < deadline
+    {
+        tokio::time::sleep(Duration::from_millis(25)).await;
+    }
+}
+
+async fn three_rejections_then_delivered_with_four_attempts_and_a_permanent_one_is_dead(
+    url: String,
+    _db: TestDb,
+) {
+    let (inbox, running) = start_inbox(Faults {
+        reject_next: 3,
+        ..Faults::default()
+    })
+    .await;
+    let app = spawn_app_with_inbox(&url, inbox, running, &[]).await;
+    app.post("/v1/signup", "k1", &signup_body("retry@example.com"))
+        .await;
+    assert_eq!(app.emails_to("retry@example.com", 1).await.len(), 1);
+    assert_eq!(
+        app.count("SELECT count(*) FROM oncely_outbox_attempts")
+            .await,
+        4
+    );
+    assert_eq!(
+        app.count("SELECT count(*) FROM oncely_outbox_attempts WHERE result = 'retry'")
+            .await,
+        3
+    );
+
+    app.inbox.set_faults(Faults {
+        reject_next: 1,
+        rejection: Rejection::Permanent,
+        ..Faults::default()
+    });
+    app.post("/v1/signup", "k2", &signup_body("dead@example.com"))
+        .await;
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    while app
+        .count("SELECT count(*) FROM oncely_outbox WHERE status = 'dead'")
+        .await
+        == 0
+        && std::time::Instant::now() < deadline
+    {
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let reason = app
+        .count(
+            "SELECT count(*) FROM oncely_outbox WHERE status = 'dead' AND last_error LIKE '%550%'",
+        )
+        .await;
+    assert_eq!(reason, 1, "dead, with the provider's reason");
+    assert!(app.inbox.messages(Some("dead@example.com")).is_empty());
+}
+
+async fn a_verification_link_works_once_and_its_token_is_in_no_log_and_no_column(
+    url: String,
+    _db: TestDb,
+) {
+    let (inbox, running) = start_inbox(Faults::default()).await;
+    let mut process = spawn_binary(&url, &format!("smtp://{}", running.smtp_addr), &[], &[]).await;
+    let client = oncely_testdb::http();
+    let post = |path: &str, key: &str, body: Value| {
+        client
+            .post(format!("{}{path}", process.base))
+            .header("idempotency-key", key)
+            .json(&body)
+            .send()
+    };
+    post("/v1/signup", "s", signup_body("once@example.com"))
+        .await
+        .unwrap();
+    let email = inbox
+        .wait_for("once@example.com", 1, Duration::from_secs(10))
+        .await
+        .remove(0);
+    let token = token_in(&email);
+    assert!(token.len() >= 43, "≥ 256 bits, base64url");
+    let page = client
+        .get(format!("{}/v1/verify?token={token}", process.base))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(page.status(), 200, "opening the link consumes nothing");
+    let first = post("/v1/verify", "v1", json!({ "token": token }))
+        .await
+        .unwrap();
+    assert_eq!(first.status(), 200);
+    let again = post("/v1/verify", "v2", json!({ "token": token }))
+        .await
+        .unwrap();
+    assert_eq!(again.status(), 400);
+    assert_eq!(
+        again.json::<Value>().await.unwrap()["type"],
+        "https://oncely.dev/problems/token-invalid"
+    );
+    assert_eq!(
+        count(
+            &url,
+            "SELECT count(*) FROM oncely_users WHERE status = 'verified'"
+        )
+        .await,
+        1
+    );
+
+    let database = dump(&url).await;
+    assert!(
+        database.contains("once@example.com"),
+        "the dump really covers the tables"
+    );
+    assert!(
+        !database.contains(&token),
+        "the raw token is in no database column"
+    );
+    process.child.kill().await.unwrap();
+    let logs = process.stderr.await.unwrap();
+    assert!(
+        logs.contains("signup accepted"),
+        "the log really was captured"
+    );
+    assert!(!logs.contains(&token), "the raw token is in no log line");
+    assert!(
+        !logs.contains("once@example.com"),
+        "full addresses are in no log line"
+    );
+}

@@ -1,0 +1,258 @@
+//! `spawn_app`: the service on a random port with a fresh database and the test inbox.
+
+use std::process::Stdio;
+use std::time::Duration;
+
+use clap::Parser;
+use oncely_inbox::{Faults, Inbox, Message, Running};
+use oncely_server::app::Application;
+use oncely_server::config::{Cli, Command, ServeArgs};
+use oncely_testdb::{TestDb, TestPostgres, TestSqlite};
+use serde_json::Value;
+use sqlx::{AssertSqlSafe, Connection};
+use tokio::io::{AsyncBufReadExt, BufReader};
+
+pub const SECRET: &str = "test-secret-0123456789-0123456789-abcdef";
+
+pub fn serve_args(database_url: &str, mailer: &str, extra: &[&str]) -> ServeArgs {
+    let mut argv = vec![
+        "oncely",
+        "serve",
+        "--bind",
+        "127.0.0.1:0",
+        "--database-url",
+        database_url,
+        "--mailer",
+        mailer,
+        "--secret",
+        SECRET,
+        "--retry-base",
+        "10ms",
+    ];
+    argv.extend_from_slice(extra);
+    let Command::Serve(args) = Cli::try_parse_from(argv).unwrap().command else {
+        unreachable!()
+    };
+    args
+}
+
+/// A running app and the inbox it mails to.
+pub struct TestApp {
+    pub base: String,
+    pub client: reqwest::Client,
+    pub inbox: Inbox,
+    pub database_url: String,
+}
+
+pub async fn start_inbox(faults: Faults) -> (Inbox, Running) {
+    let inbox = Inbox::new();
+    inbox.set_faults(faults);
+    let running = inbox
+        .start(
+            "127.0.0.1:0".parse().unwrap(),
+            "127.0.0.1:0".parse().unwrap(),
+        )
+        .await
+        .unwrap();
+    (inbox, running)
+}
+
+/// The app, in this process, mailing over SMTP to a fresh inbox.
+pub async fn spawn_app_on(database_url: &str, extra: &[&str]) -> TestApp {
+    let (inbox, running) = start_inbox(Faults::default()).await;
+    spawn_app_with_inbox(database_url, inbox, running, extra).await
+}
+
+pub async fn spawn_app_with_inbox(
+    database_url: &str,
+    inbox: Inbox,
+    running: Running,
+    extra: &[&str],
+) -> TestApp {
+    let mailer = format!("smtp://{}", running.smtp_addr);
+    let app = Application::build(&serve_args(database_url, &mailer, extra))
+        .await
+        .expect("the app starts");
+    let base = format!("http://{}", app.addr());
+    tokio::spawn(app.run_until(std::future::pending()));
+    TestApp {
+        base,
+        client: oncely_testdb::http(),
+        inbox,
+        database_url: database_url.to_owned(),
+    }
+}
+
+impl TestApp {
+    pub async fn post(&self, path: &str, key: &str, body: &Value) -> reqwest::Response {
+        self.client
+            .post(format!("{}{path}", self.base))
+            .header("idempotency-key", key)
+            .json(body)
+            .send()
+            .await
+            .unwrap()
+    }
+
+    /// Waits for `n` emails to `to` (or 10 s), then a little longer to catch any extra one.
+    pub async fn emails_to(&self, to: &str, n: usize) -> Vec<Message> {
+        self.inbox.wait_for(to, n, Duration::from_secs(10)).await;
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        self.inbox.messages(Some(to))
+    }
+
+    pub async fn count(&self, sql: &str) -> i64 {
+        count(&self.database_url, sql).await
+    }
+}
+
+pub async fn count(database_url: &str, sql: &str) -> i64 {
+    let sql = AssertSqlSafe(sql.to_owned());
+    if database_url.starts_with("postgres") {
+        let mut conn = sqlx::PgConnection::connect(database_url).await.unwrap();
+        sqlx::query_scalar(sql).fetch_one(&mut conn).await.unwrap()
+    } else {
+        let mut conn = sqlx::SqliteConnection::connect(database_url).await.unwrap();
+        sqlx::query_scalar(sql).fetch_one(&mut conn).await.unwrap()
+    }
+}
+
+/// Every row of every table, as text (bytes as hex), for scanning a database for secrets.
+pub async fn dump(database_url: &str) -> String {
+    let mut out = String::new();
+    if database_url.starts_with("postgres") {
+        let mut conn = sqlx::PgConnection::connect(database_url).await.unwrap();
+        let tables: Vec<String> =
+            sqlx::query_scalar("SELECT tablename::text FROM pg_tables WHERE schemaname = 'public'")
+                .fetch_all(&mut conn)
+                .await
+                .unwrap();
+        for table in tables {
+            let rows: Vec<String> =
+                sqlx::query_scalar(AssertSqlSafe(format!("SELECT t::text FROM {table} t")))
+                    .fetch_all(&mut conn)
+                    .await
+                    .unwrap();
+            out.push_str(&rows.join("\n"));
+        }
+    } else {
+        let mut conn = sqlx::SqliteConnection::connect(database_url).await.unwrap();
+        let tables: Vec<String> =
+            sqlx::query_scalar("SELECT name FROM sqlite_master WHERE type = 'table'")
+                .fetch_all(&mut conn)
+                .await
+                .unwrap();
+        for table in tables {
+            let columns: Vec<String> = sqlx::query_scalar(AssertSqlSafe(format!(
+                "SELECT name FROM pragma_table_info('{table}')"
+            )))
+            .fetch_all(&mut conn)
+            .await
+            .unwrap();
+            let text = columns
+                .iter()
+                .map(|c| format!("quote({c})"))
+                .collect::<Vec<_>>()
+                .join(" || ',' || ");
+            let rows: Vec<String> =
+                sqlx::query_scalar(AssertSqlSafe(format!("SELECT {text} FROM {table}")))
+                    .fetch_all(&mut conn)
+                    .await
+                    .unwrap();
+            out.push_str(&rows.join("\n"));
+        }
+    }
+    out
+}
+
+/// The token in a verification email.
+pub fn token_in(message: &Message) -> String {
+    let start = message.text.find("token=").expect("a link with a token") + "token=".len();
+    message.text[start..]
+        .chars()
+        .take_while(|c| c.is_ascii_alphanumeric() || *c == '-' || *c == '_')
+        .collect()
+}
+
+pub async fn postgres_db() -> (String, TestDb) {
+    let db = TestPostgres::new().await;
+    (db.url().to_owned(), TestDb::Postgres(Box::new(db)))
+}
+
+pub async fn sqlite_db() -> (String, TestDb) {
+    let db = TestSqlite::new();
+    (db.url().to_owned(), TestDb::Sqlite(db))
+}
+
+/// The `oncely` binary as a child process; its stdout's first line gives the address.
+pub struct Process {
+    pub child: tokio::process::Child,
+    pub base: String,
+    pub stderr: tokio::task::JoinHandle<String>,
+}
+
+pub async fn spawn_binary(
+    database_url: &str,
+    mailer: &str,
+    extra: &[&str],
+    env: &[(&str, &str)],
+) -> Process {
+    let mut command = tokio::process::Command::new(env!("CARGO_BIN_EXE_oncely"));
+    command
+        .args([
+            "serve",
+            "--bind",
+            "127.0.0.1:0",
+            "--database-url",
+            database_url,
+            "--mailer",
+            mailer,
+            "--secret",
+            SECRET,
+            "--retry-base",
+            "10ms",
+        ])
+        .args(extra)
+        .env("RUST_LOG", "debug")
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .kill_on_drop(true);
+    for (k, v) in env {
+        command.env(k, v);
+    }
+    let mut child = command.spawn().expect("the oncely binary starts");
+    let mut stdout = BufReader::new(child.stdout.take().unwrap()).lines();
+    let first = tokio::time::timeout(Duration::from_secs(30), stdout.next_line())
+        .await
+        .unwrap()
+        .unwrap()
+        .unwrap();
+    let base = first
+        .split_whitespace()
+        .find(|w| w.starts_with("http://"))
+        .expect("the API address")
+        .to_owned();
+    let mut stderr = BufReader::new(child.stderr.take().unwrap());
+    let stderr = tokio::spawn(async move {
+        let mut all = String::new();
+        let mut line = String::new();
+        while stderr.read_line(&mut line).await.unwrap_or(0) > 0 {
+            all.push_str(&line);
+            line.clear();
+        }
+        all
+    });
+    tokio::spawn(async move { while let Ok(Some(_)) = stdout.next_line().await {} });
+    Process {
+        child,
+        base,
+        stderr,
+    }
+}
+
+macro_rules! both_databases {
+    ($($name:ident),* $(,)?) => {
+        oncely_testdb::both_stores!(crate::support::postgres_db, crate::support::sqlite_db; $($name),*);
+    };
+}
+pub(crate) use both_databases;

@@ -109,13 +109,25 @@ async fn new_pending_and_registered_addresses_get_the_same_answer(url: String, _
     let new = app
         .post("/v1/signup", "a1", &signup_body("same@example.com"))
         .await;
+    app.inbox
+        .wait_for("same@example.com", 1, Duration::from_secs(10))
+        .await;
     let pending = app
         .post("/v1/signup", "a2", &signup_body("same@example.com"))
         .await;
     // The second signup superseded the first link: only the newest one works.
-    let token = token_in(app.emails_to("same@example.com", 2).await.last().unwrap());
-    app.post("/v1/verify", "v1", &json!({ "token": token }))
+    let newest = app
+        .inbox
+        .wait_for("same@example.com", 2, Duration::from_secs(10))
         .await;
+    assert_eq!(newest.len(), 2, "a pending address gets a fresh link");
+    let token = token_in(&newest[1]);
+    assert_eq!(
+        app.post("/v1/verify", "v1", &json!({ "token": token }))
+            .await
+            .status(),
+        200
+    );
     let registered = app
         .post("/v1/signup", "a3", &signup_body("same@example.com"))
         .await;
@@ -124,15 +136,15 @@ async fn new_pending_and_registered_addresses_get_the_same_answer(url: String, _
         answers.push((r.status(), r.text().await.unwrap()));
     }
     assert!(answers.iter().all(|a| a == &answers[0]), "{answers:?}");
-    let subjects: Vec<String> = app
-        .emails_to("same@example.com", 3)
-        .await
-        .into_iter()
-        .map(|m| m.subject)
-        .collect();
+    let emails = app.emails_to("same@example.com", 3).await;
+    assert_eq!(emails.len(), 3);
     assert_eq!(
-        subjects.last().unwrap(),
+        emails[2].subject,
         "Someone tried to sign up with your address"
+    );
+    assert!(
+        !emails[2].text.contains("token="),
+        "the notice carries no link that changes anything"
     );
 }
 
@@ -424,5 +436,32 @@ async fn a_verification_link_works_once_and_its_token_is_in_no_log_and_no_column
     assert!(
         !logs.contains("once@example.com"),
         "full addresses are in no log line"
+    );
+}
+
+/// API processes with no workers, and a separate `oncely worker` process, coordinating only
+/// through PostgreSQL (LISTEN/NOTIFY across processes).
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn an_api_process_and_a_separate_worker_process_deliver_one_email() {
+    let (url, _db) = crate::support::postgres_db().await;
+    let (inbox, running) = start_inbox(Faults::default()).await;
+    let mailer = format!("smtp://{}", running.smtp_addr);
+    let api = spawn_binary(&url, &mailer, &["--workers", "0"], &[]).await;
+    let _worker = crate::support::spawn_worker(&url, &mailer).await;
+    let client = oncely_testdb::http();
+    let response = client
+        .post(format!("{}/v1/signup", api.base))
+        .header("idempotency-key", "split-1")
+        .json(&signup_body("split@example.com"))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(response.status(), 202);
+    assert_eq!(
+        inbox
+            .wait_for("split@example.com", 1, Duration::from_secs(10))
+            .await
+            .len(),
+        1
     );
 }

@@ -256,3 +256,33 @@ macro_rules! both_databases {
     };
 }
 pub(crate) use both_databases;
+
+/// `oncely worker` as a child process; returns once it reports that it runs.
+pub async fn spawn_worker(database_url: &str, mailer: &str) -> tokio::process::Child {
+    let mut child = tokio::process::Command::new(env!("CARGO_BIN_EXE_oncely"))
+        .args([
+            "worker",
+            "--database-url",
+            database_url,
+            "--mailer",
+            mailer,
+            "--secret",
+            SECRET,
+            "--retry-base",
+            "10ms",
+        ])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .kill_on_drop(true)
+        .spawn()
+        .expect("the oncely binary starts");
+    let mut stdout = BufReader::new(child.stdout.take().unwrap()).lines();
+    let first = tokio::time::timeout(Duration::from_secs(30), stdout.next_line())
+        .await
+        .unwrap()
+        .unwrap()
+        .unwrap();
+    assert!(first.starts_with("oncely worker:"), "{first}");
+    tokio::spawn(async move { while let Ok(Some(_)) = stdout.next_line().await {} });
+    child
+}

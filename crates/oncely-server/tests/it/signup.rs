@@ -7,8 +7,8 @@ use oncely_testdb::TestDb;
 use serde_json::{Value, json};
 
 use crate::support::{
-    both_databases, count, dump, spawn_app_on, spawn_app_with_inbox, spawn_binary, start_inbox,
-    token_in,
+    both_databases, count, dump, execute, spawn_app_on, spawn_app_with_inbox, spawn_binary,
+    start_inbox, token_in,
 };
 
 fn signup_body(email: &str) -> Value {
@@ -26,6 +26,7 @@ both_databases!(
     a_worker_that_loses_the_answer_over_plain_smtp_records_the_duplicate,
     three_rejections_then_delivered_with_four_attempts_and_a_permanent_one_is_dead,
     a_verification_link_works_once_and_its_token_is_in_no_log_and_no_column,
+    an_expired_link_gets_the_same_generic_400_as_a_used_one,
 );
 
 async fn the_same_signup_retried_twenty_times_makes_one_user_and_one_email(
@@ -463,5 +464,46 @@ async fn an_api_process_and_a_separate_worker_process_deliver_one_email() {
             .await
             .len(),
         1
+    );
+}
+
+async fn an_expired_link_gets_the_same_generic_400_as_a_used_one(url: String, _db: TestDb) {
+    let app = spawn_app_on(&url, &[]).await;
+    app.post("/v1/signup", "s", &signup_body("late@example.com"))
+        .await;
+    let token = token_in(&app.emails_to("late@example.com", 1).await[0]);
+    // 25 hours later (the link lives 24 h): age the token in place.
+    let past = if url.starts_with("postgres") {
+        "now() - interval '1 hour'"
+    } else {
+        "0"
+    };
+    execute(
+        &url,
+        &format!("UPDATE oncely_tokens SET expires_at = {past}"),
+    )
+    .await;
+    let expired = app
+        .post("/v1/verify", "v1", &json!({ "token": token }))
+        .await;
+    assert_eq!(expired.status(), 400);
+    let expired: Value = expired.json().await.unwrap();
+    let unknown: Value = app
+        .post("/v1/verify", "v2", &json!({ "token": "not-a-token" }))
+        .await
+        .json()
+        .await
+        .unwrap();
+    assert_eq!(
+        expired, unknown,
+        "expired and unknown tokens are indistinguishable"
+    );
+    assert_eq!(
+        count(
+            &url,
+            "SELECT count(*) FROM oncely_users WHERE status = 'verified'"
+        )
+        .await,
+        0
     );
 }

@@ -117,6 +117,18 @@ pub async fn count(database_url: &str, sql: &str) -> i64 {
     }
 }
 
+/// Runs one statement (test set-up that the API cannot do, like ageing a token).
+pub async fn execute(database_url: &str, sql: &str) {
+    let sql = AssertSqlSafe(sql.to_owned());
+    if database_url.starts_with("postgres") {
+        let mut conn = sqlx::PgConnection::connect(database_url).await.unwrap();
+        sqlx::query(sql).execute(&mut conn).await.unwrap();
+    } else {
+        let mut conn = sqlx::SqliteConnection::connect(database_url).await.unwrap();
+        sqlx::query(sql).execute(&mut conn).await.unwrap();
+    }
+}
+
 /// Every row of every table, as text (bytes as hex), for scanning a database for secrets.
 pub async fn dump(database_url: &str) -> String {
     let mut out = String::new();

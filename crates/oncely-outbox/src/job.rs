@@ -83,6 +83,9 @@ pub enum Delivery {
     Unknown(String),
     /// It can never happen (rejected as invalid): dead now.
     Permanent(String),
+    /// Deliberately not run (nobody to send to, rate-limited): dead now, the attempt recorded
+    /// as `skipped` with this reason. Not a failure.
+    Skipped(String),
 }
 
 /// Where a job stands.
@@ -137,8 +140,8 @@ pub struct AttemptRecord {
     pub attempt: i32,
     /// The worker that made it.
     pub worker: String,
-    /// `sent`, `retry`, `unknown`, `dead`, `expired`, `abandoned` (the worker's lease ran out
-    /// first), `released` (handed back at shutdown), or `None` while running.
+    /// `sent`, `retry`, `unknown`, `dead`, `expired`, `skipped`, `abandoned` (the worker's lease
+    /// ran out first), `released` (handed back at shutdown), or `None` while running.
     pub result: Option<String>,
     /// The provider's id, if sent.
     pub provider_message_id: Option<String>,

@@ -208,7 +208,7 @@ impl<S: JobStore> Worker<S> {
         };
         metrics::counter!("oncely_outbox_attempts_total", "kind" => job.kind.clone(), "result" => finish.result)
             .increment(1);
-        let level_ok = finish.status != JobStatus::Dead;
+        let level_ok = finish.status != JobStatus::Dead || finish.result == "skipped";
         if level_ok {
             tracing::info!(job = job.id, kind = %job.kind, attempt = job.attempt, result = finish.result, error = finish.error.as_deref(), "outbox attempt");
         } else {
@@ -245,6 +245,15 @@ pub fn decide(job: &Job, delivery: Delivery, policy: &RetryPolicy, now: OffsetDa
                 retry_in: Duration::ZERO,
                 provider_message_id: None,
                 error: Some(error),
+            };
+        }
+        Delivery::Skipped(reason) => {
+            return Finish {
+                status: JobStatus::Dead,
+                result: "skipped",
+                retry_in: Duration::ZERO,
+                provider_message_id: None,
+                error: Some(reason),
             };
         }
         Delivery::Retry(error) => ("retry", error),

@@ -21,6 +21,7 @@ use crate::accounts::Accounts;
 use crate::config::{CommonArgs, Environment, MailerChoice, ServeArgs};
 use crate::database::Database;
 use crate::mail::MailContext;
+use crate::routes::issue::MailLimits;
 use crate::routes::{self, AppState, KeyPolicy};
 use crate::workers;
 
@@ -106,9 +107,15 @@ impl Application {
             lease: common.lease,
             retention: args.key_retention,
         };
+        let limits = MailLimits {
+            per_address: args.mail_cap_per_address,
+            per_client: args.mail_cap_per_client,
+            window: args.mail_cap_window,
+        };
         let parts = Parts {
             secret,
             policy,
+            limits,
             context,
             workers: args.workers,
             common,
@@ -189,6 +196,7 @@ impl Application {
 struct Parts<'a> {
     secret: oncely::ServerSecret,
     policy: KeyPolicy,
+    limits: MailLimits,
     context: Arc<MailContext>,
     workers: usize,
     common: &'a CommonArgs,
@@ -215,6 +223,7 @@ impl Parts<'_> {
             accounts,
             jobs,
             secret: self.secret,
+            limits: self.limits,
         };
         (routes::v1(state, self.policy), handles)
     }

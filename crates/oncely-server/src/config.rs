@@ -30,6 +30,22 @@ pub enum Command {
     Migrate(DatabaseArgs),
     /// Run the test inbox: SMTP and a Resend-compatible HTTP API that keep every message.
     Inbox(InboxArgs),
+    /// Manage tenants.
+    #[command(subcommand)]
+    Tenant(TenantCommand),
+}
+
+/// `oncely tenant …`.
+#[derive(Debug, Subcommand)]
+pub enum TenantCommand {
+    /// Create a tenant and print its API key (once: only its hash is stored).
+    Create {
+        /// The tenant's id: 1-128 characters of A-Z a-z 0-9 - _ . : (not `default`).
+        name: String,
+        #[command(flatten)]
+        #[allow(missing_docs)]
+        database: DatabaseArgs,
+    },
 }
 
 /// Where the data lives.
@@ -116,6 +132,19 @@ pub struct ServeArgs {
     /// Outbox workers inside this process (0: API only).
     #[arg(long, env = "ONCELY_WORKERS", default_value_t = 1)]
     pub workers: usize,
+
+    /// Emails per window to one address (counted whether or not it has an account); more are
+    /// not sent, and the answer does not change.
+    #[arg(long, env = "ONCELY_MAIL_CAP_PER_ADDRESS", default_value_t = 5)]
+    pub mail_cap_per_address: u32,
+
+    /// Emails per window requested by one client address.
+    #[arg(long, env = "ONCELY_MAIL_CAP_PER_CLIENT", default_value_t = 30)]
+    pub mail_cap_per_client: u32,
+
+    /// The window of both email caps.
+    #[arg(long, env = "ONCELY_MAIL_CAP_WINDOW", default_value = "1h", value_parser = parse_duration)]
+    pub mail_cap_window: Duration,
 }
 
 /// Settings of `oncely worker`.

@@ -1,8 +1,9 @@
 //! The emails the service sends, and the outbox handlers that render and send them.
 //!
-//! Payloads hold ids, never tokens: the verification handler derives the token again from the
-//! server secret and the token record's id (see [`crate::token`]), checks the record is still
-//! live, and only then sends the link.
+//! Payloads hold ids, never tokens: the handler derives the token again from the server secret
+//! and the token record's id (see [`crate::token`]), checks the record is still live, and only
+//! then sends the link. A job written for an unknown address (a decoy: no recipient) or one
+//! whose send was suppressed by a rate limit ends `skipped`, with the reason, and sends nothing.
 
 use std::future::Future;
 use std::pin::Pin;
@@ -16,10 +17,17 @@ use uuid::Uuid;
 use crate::accounts::Accounts;
 use crate::token::{Flow, Token};
 
-/// Job kind: the verification email after a signup.
-pub const VERIFICATION: &str = "email.verification";
 /// Job kind: "someone tried to sign up with your address" to an existing account.
 pub const SIGNUP_NOTICE: &str = "email.signup_notice";
+
+/// Every job kind the service's workers run.
+pub const KINDS: [&str; 5] = [
+    "email.verification",
+    "email.password_reset",
+    "email.magic_link",
+    "email.invite",
+    SIGNUP_NOTICE,
+];
 
 /// What every email handler needs.
 #[derive(Clone)]
@@ -41,16 +49,58 @@ fn uuid_field(job: &Job, field: &str) -> Result<Uuid, Delivery> {
         .ok_or_else(|| Delivery::Permanent(format!("payload has no {field}")))
 }
 
-/// Sends the verification email of a token record.
-pub struct VerificationEmail<A> {
-    /// Reads the token record and its user.
+/// The rate-limit verdict the request recorded, if its email is suppressed.
+fn suppressed(job: &Job) -> Option<Delivery> {
+    job.payload["suppressed"]
+        .as_str()
+        .map(|reason| Delivery::Skipped(reason.to_owned()))
+}
+
+/// Subject and body of a flow's email, around its link.
+fn render(flow: Flow, link: &str) -> (&'static str, String) {
+    match flow {
+        Flow::Verification => (
+            "Confirm your email address",
+            format!(
+                "Welcome!\n\nConfirm your email address by opening this link:\n\n{link}\n\n\
+                 The link works once and expires in 24 hours. If you did not sign up, ignore this message.\n"
+            ),
+        ),
+        Flow::PasswordReset => (
+            "Reset your password",
+            format!(
+                "Someone asked to reset the password of your account. To choose a new one, open:\n\n{link}\n\n\
+                 The link works once and expires in 1 hour. If it was not you, ignore this message.\n"
+            ),
+        ),
+        Flow::MagicLink => (
+            "Your sign-in link",
+            format!(
+                "Open this link to sign in:\n\n{link}\n\nIt works once and expires in 15 minutes.\n"
+            ),
+        ),
+        Flow::Invite => (
+            "You are invited",
+            format!(
+                "You have been invited to join. Accept the invitation here:\n\n{link}\n\nIt expires in 7 days.\n"
+            ),
+        ),
+    }
+}
+
+/// Sends the email of a token record, whichever its flow.
+pub struct TokenEmail<A> {
+    /// Reads the token record and its recipient.
     pub accounts: A,
     /// Secret, links, sender, mailer.
     pub context: Arc<MailContext>,
 }
 
-impl<A: Accounts> VerificationEmail<A> {
+impl<A: Accounts> TokenEmail<A> {
     async fn send(&self, job: &Job) -> Delivery {
+        if let Some(skip) = suppressed(job) {
+            return skip;
+        }
         let token_id = match uuid_field(job, "token_id") {
             Ok(id) => id,
             Err(delivery) => return delivery,
@@ -60,25 +110,30 @@ impl<A: Accounts> VerificationEmail<A> {
             Ok(None) => return Delivery::Permanent("the token record no longer exists".into()),
             Err(error) => return Delivery::Retry(format!("reading the token record: {error:#}")),
         };
+        let Some(to) = record.recipient else {
+            return Delivery::Skipped("no account for this address: nothing to send".into());
+        };
         if !record.live {
-            return Delivery::Permanent(
-                "not sent: the link was superseded, used or expired before delivery".into(),
+            return Delivery::Skipped(
+                "the link was superseded or used before delivery: not sent".into(),
             );
         }
-        let token = Token::derive(&self.context.secret, Flow::Verification, token_id);
+        let Some(flow) = Flow::parse(&record.flow) else {
+            return Delivery::Permanent(format!("unknown token flow {:?}", record.flow));
+        };
+        let token = Token::derive(&self.context.secret, flow, token_id);
         let link = format!(
-            "{}/v1/verify?token={}",
+            "{}{}?token={}",
             self.context.public_url,
+            flow.path(),
             token.expose()
         );
+        let (subject, text) = render(flow, &link);
         let email = Email {
             from: self.context.from.clone(),
-            to: record.email,
-            subject: "Confirm your email address".into(),
-            text: format!(
-                "Welcome!\n\nConfirm your email address by opening this link:\n\n{link}\n\n\
-                 The link works once and expires in 24 hours. If you did not sign up, ignore this message.\n"
-            ),
+            to,
+            subject: subject.into(),
+            text,
         };
         self.context
             .mailer
@@ -87,7 +142,7 @@ impl<A: Accounts> VerificationEmail<A> {
     }
 }
 
-impl<A: Accounts> Handler for VerificationEmail<A> {
+impl<A: Accounts> Handler for TokenEmail<A> {
     fn run<'a>(&'a self, job: &'a Job) -> Pin<Box<dyn Future<Output = Delivery> + Send + 'a>> {
         Box::pin(self.send(job))
     }
@@ -103,6 +158,9 @@ pub struct SignupNotice<A> {
 
 impl<A: Accounts> SignupNotice<A> {
     async fn send(&self, job: &Job) -> Delivery {
+        if let Some(skip) = suppressed(job) {
+            return skip;
+        }
         let user_id = match uuid_field(job, "user_id") {
             Ok(id) => id,
             Err(delivery) => return delivery,
@@ -118,7 +176,7 @@ impl<A: Accounts> SignupNotice<A> {
             subject: "Someone tried to sign up with your address".into(),
             text: format!(
                 "Someone (maybe you) tried to create an account with this address, but you already have one.\n\n\
-                 Sign in at {0}, or reset your password at {0}/v1/password-reset if you forgot it.\n\
+                 Sign in at {0}, or ask for a password reset there if you forgot your password.\n\
                  If it was not you, you can ignore this message.\n",
                 self.context.public_url
             ),

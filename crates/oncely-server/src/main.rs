@@ -6,7 +6,9 @@ use anyhow::bail;
 use clap::Parser;
 use oncely_inbox::{Faults, Inbox};
 use oncely_server::app::{self, Application};
-use oncely_server::config::{Cli, Command, Environment, InboxArgs, MailerChoice, WorkerArgs};
+use oncely_server::config::{
+    Cli, Command, Environment, InboxArgs, MailerChoice, TenantCommand, WorkerArgs,
+};
 use oncely_server::database::Database;
 use oncely_server::mail::MailContext;
 use oncely_server::workers;
@@ -58,7 +60,29 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
             Ok(())
         }
         Command::Inbox(args) => run_inbox(args).await,
+        Command::Tenant(TenantCommand::Create { name, database }) => {
+            create_tenant(&name, &database.database_url).await
+        }
     }
+}
+
+async fn create_tenant(name: &str, database_url: &str) -> anyhow::Result<()> {
+    use oncely_server::accounts::Accounts;
+    use oncely_server::routes::tenant::{hash_api_key, new_api_key};
+    let tenant = oncely::TenantId::parse(name).map_err(|e| anyhow::anyhow!("{e}"))?;
+    if tenant == oncely::TenantId::default() {
+        bail!("`default` is the tenant of requests without an API key; choose another name");
+    }
+    let database = Database::connect(database_url).await?;
+    database.migrate().await?;
+    let key = new_api_key();
+    let created = match &database {
+        Database::Postgres(s) => s.create_tenant(tenant.as_str(), &hash_api_key(&key)).await,
+        Database::Sqlite(s) => s.create_tenant(tenant.as_str(), &hash_api_key(&key)).await,
+    };
+    created.map_err(|_| anyhow::anyhow!("tenant {tenant} already exists"))?;
+    println!("tenant {tenant} created. Its API key (shown once; only a hash is stored):\n{key}");
+    Ok(())
 }
 
 async fn run_workers(args: WorkerArgs) -> anyhow::Result<()> {

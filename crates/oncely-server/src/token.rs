@@ -11,11 +11,17 @@ use oncely::ServerSecret;
 use sha2::{Digest, Sha256};
 use uuid::Uuid;
 
-/// Which flow a token belongs to.
+/// Which flow a token belongs to; a token of one flow is useless in another.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Flow {
     /// Email verification after signup (24 h).
     Verification,
+    /// Password reset (1 h).
+    PasswordReset,
+    /// Sign-in link (15 min).
+    MagicLink,
+    /// Invitation to a tenant (7 days).
+    Invite,
 }
 
 impl Flow {
@@ -23,13 +29,51 @@ impl Flow {
     pub fn as_str(self) -> &'static str {
         match self {
             Self::Verification => "verification",
+            Self::PasswordReset => "password_reset",
+            Self::MagicLink => "magic_link",
+            Self::Invite => "invite",
         }
+    }
+
+    /// The flow stored as `name`.
+    pub fn parse(name: &str) -> Option<Self> {
+        [
+            Self::Verification,
+            Self::PasswordReset,
+            Self::MagicLink,
+            Self::Invite,
+        ]
+        .into_iter()
+        .find(|f| f.as_str() == name)
     }
 
     /// How long its tokens live.
     pub fn lifetime(self) -> time::Duration {
         match self {
             Self::Verification => time::Duration::hours(24),
+            Self::PasswordReset => time::Duration::hours(1),
+            Self::MagicLink => time::Duration::minutes(15),
+            Self::Invite => time::Duration::days(7),
+        }
+    }
+
+    /// The outbox job kind of its email.
+    pub fn job_kind(self) -> &'static str {
+        match self {
+            Self::Verification => "email.verification",
+            Self::PasswordReset => "email.password_reset",
+            Self::MagicLink => "email.magic_link",
+            Self::Invite => "email.invite",
+        }
+    }
+
+    /// The path its link opens (a page that consumes nothing; its button POSTs there).
+    pub fn path(self) -> &'static str {
+        match self {
+            Self::Verification => "/v1/verify",
+            Self::PasswordReset => "/v1/password-reset/confirm",
+            Self::MagicLink => "/v1/magic-link/consume",
+            Self::Invite => "/v1/invites/accept",
         }
     }
 }

@@ -7,7 +7,8 @@ use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
 
 use crate::accounts::Accounts;
-use crate::mail::{MailContext, SIGNUP_NOTICE, SignupNotice, VERIFICATION, VerificationEmail};
+use crate::mail::{MailContext, SIGNUP_NOTICE, SignupNotice, TokenEmail};
+use crate::token::Flow;
 
 /// A worker for every email kind of the service.
 pub fn worker<A: Accounts>(
@@ -17,23 +18,24 @@ pub fn worker<A: Accounts>(
     config: WorkerConfig,
     policy: RetryPolicy,
 ) -> Worker<A::Jobs> {
-    Worker::new(jobs, config)
-        .handle_with_policy(
-            VERIFICATION,
-            VerificationEmail {
-                accounts: accounts.clone(),
-                context: context.clone(),
-            },
-            policy,
-        )
-        .handle_with_policy(
-            SIGNUP_NOTICE,
-            SignupNotice {
-                accounts: accounts.clone(),
-                context,
-            },
-            policy,
-        )
+    let mut worker = Worker::new(jobs, config);
+    for flow in [
+        Flow::Verification,
+        Flow::PasswordReset,
+        Flow::MagicLink,
+        Flow::Invite,
+    ] {
+        let handler = TokenEmail {
+            accounts: accounts.clone(),
+            context: context.clone(),
+        };
+        worker = worker.handle_with_policy(flow.job_kind(), handler, policy);
+    }
+    let notice = SignupNotice {
+        accounts: accounts.clone(),
+        context,
+    };
+    worker.handle_with_policy(SIGNUP_NOTICE, notice, policy)
 }
 
 /// Starts `n` workers that run until `shutdown` is cancelled.

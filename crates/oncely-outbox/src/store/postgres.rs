@@ -16,13 +16,22 @@ pub const MIGRATIONS_TABLE: &str = "_oncely_outbox_migrations";
 
 /// The outbox's migrations.
 pub fn migrator() -> Migrator {
-    let mut migrator = Migrator::with_migrations(vec![Migration::new(
-        1,
-        Cow::Borrowed("outbox"),
-        MigrationType::Simple,
-        include_str!("../../migrations/postgres/0001_outbox.sql").into_sql_str(),
-        false,
-    )]);
+    let mut migrator = Migrator::with_migrations(vec![
+        Migration::new(
+            1,
+            Cow::Borrowed("outbox"),
+            MigrationType::Simple,
+            include_str!("../../migrations/postgres/0001_outbox.sql").into_sql_str(),
+            false,
+        ),
+        Migration::new(
+            2,
+            Cow::Borrowed("skipped attempts"),
+            MigrationType::Simple,
+            include_str!("../../migrations/postgres/0002_skipped.sql").into_sql_str(),
+            false,
+        ),
+    ]);
     migrator.dangerous_set_table_name(MIGRATIONS_TABLE);
     migrator
 }

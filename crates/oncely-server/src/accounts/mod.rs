@@ -25,6 +25,15 @@ pub enum SignupRow {
     Verified(Uuid),
 }
 
+/// A user found by address.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct UserRow {
+    /// The user.
+    pub id: Uuid,
+    /// Whether the address is verified.
+    pub verified: bool,
+}
+
 /// A token to store (its hash only).
 #[derive(Debug, Clone)]
 pub struct NewToken<'a> {
@@ -32,26 +41,43 @@ pub struct NewToken<'a> {
     pub id: Uuid,
     /// Owner tenant.
     pub tenant: &'a str,
-    /// Owner user.
-    pub user_id: Uuid,
-    /// `verification`, …
+    /// Owner user, if any. A token with neither user nor email is a decoy: never consumable.
+    pub user_id: Option<Uuid>,
+    /// The invited address (invites only).
+    pub email: Option<&'a str>,
+    /// `verification`, `password_reset`, `magic_link`, `invite`.
     pub flow: &'a str,
     /// SHA-256 of the token.
     pub hash: &'a [u8],
     /// End of validity.
     pub expires_at: OffsetDateTime,
+    /// Whether this token supersedes the user's live tokens of the same flow (not when its
+    /// email will be suppressed: the user's current link must keep working).
+    pub supersede: bool,
+}
+
+/// A token that was consumed.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ConsumedToken {
+    /// Its user, if it had one.
+    pub user_id: Option<Uuid>,
+    /// Its address (invites).
+    pub email: Option<String>,
 }
 
 /// What the worker needs to send a token's email.
 #[derive(Debug, Clone)]
 pub struct TokenForSend {
-    /// The recipient.
-    pub email: String,
+    /// The flow.
+    pub flow: String,
+    /// The recipient: the user's address, or the invited one; `None` for a decoy.
+    pub recipient: Option<String>,
     /// Still usable (not consumed, not superseded, not expired).
     pub live: bool,
 }
 
-/// The SQL of the account flows, for one database.
+/// The SQL of the account flows, for one database. Handlers run these inside the idempotency
+/// layer's transaction (`conn`); the worker and the CLI use the pool (`&self`).
 pub trait Accounts: KeyStore {
     /// The outbox store on the same database.
     type Jobs: oncely_outbox::JobStore;
@@ -63,8 +89,9 @@ pub trait Accounts: KeyStore {
     /// Applies the service's own migrations.
     fn migrate_accounts(&self) -> impl Future<Output = anyhow::Result<()>> + Send;
 
-    /// Inserts the user if the (tenant, address) is new, else reports the existing one. A
-    /// concurrent insert of the same address waits for the other transaction (the unique index).
+    /// Inserts the user if the (tenant, address) is new, then reads it back (both statements
+    /// run either way: the same work for new and known addresses). A concurrent insert of the
+    /// same address waits for the other transaction (the unique index).
     fn signup_user<'c>(
         conn: &'c mut <Self::Database as Database>::Connection,
         tenant: &'c str,
@@ -73,19 +100,36 @@ pub trait Accounts: KeyStore {
         source: Option<&'c str>,
     ) -> impl Future<Output = anyhow::Result<SignupRow>> + Send + 'c;
 
-    /// Stores a token, superseding the user's live tokens of the same flow.
+    /// The user with this address in this tenant.
+    fn find_user<'c>(
+        conn: &'c mut <Self::Database as Database>::Connection,
+        tenant: &'c str,
+        email: &'c EmailAddress,
+    ) -> impl Future<Output = anyhow::Result<Option<UserRow>>> + Send + 'c;
+
+    /// Counts one more email for `bucket` in the window starting at `window_start`; returns
+    /// the count including this one.
+    fn count_email<'c>(
+        conn: &'c mut <Self::Database as Database>::Connection,
+        tenant: &'c str,
+        bucket: &'c str,
+        window_start: i64,
+    ) -> impl Future<Output = anyhow::Result<i64>> + Send + 'c;
+
+    /// Stores a token (its hash), first superseding the user's live tokens of the same flow if
+    /// asked (the statement runs either way).
     fn insert_token<'c>(
         conn: &'c mut <Self::Database as Database>::Connection,
         token: &'c NewToken<'c>,
     ) -> impl Future<Output = anyhow::Result<()>> + Send + 'c;
 
-    /// Consumes a live token of `flow` for `tenant`; returns its user.
+    /// Consumes a live, owned token of `flow` for `tenant`.
     fn consume_token<'c>(
         conn: &'c mut <Self::Database as Database>::Connection,
         tenant: &'c str,
         flow: &'c str,
         hash: &'c [u8],
-    ) -> impl Future<Output = anyhow::Result<Option<Uuid>>> + Send + 'c;
+    ) -> impl Future<Output = anyhow::Result<Option<ConsumedToken>>> + Send + 'c;
 
     /// Marks a user's address verified.
     fn mark_verified<'c>(
@@ -93,13 +137,29 @@ pub trait Accounts: KeyStore {
         user_id: Uuid,
     ) -> impl Future<Output = anyhow::Result<()>> + Send + 'c;
 
+    /// Replaces a user's password hash.
+    fn set_password<'c>(
+        conn: &'c mut <Self::Database as Database>::Connection,
+        user_id: Uuid,
+        password_hash: &'c str,
+    ) -> impl Future<Output = anyhow::Result<()>> + Send + 'c;
+
+    /// Accepts an invite: creates the user (verified: the invite proved the address) or marks
+    /// the existing one verified, and adds the tenant membership once.
+    fn accept_invite<'c>(
+        conn: &'c mut <Self::Database as Database>::Connection,
+        tenant: &'c str,
+        email: &'c str,
+        password_hash: Option<&'c str>,
+    ) -> impl Future<Output = anyhow::Result<Uuid>> + Send + 'c;
+
     /// Enqueues an outbox job in the transaction.
     fn enqueue<'c>(
         conn: &'c mut <Self::Database as Database>::Connection,
         job: &'c NewJob,
     ) -> impl Future<Output = Result<Enqueued, OutboxError>> + Send + 'c;
 
-    /// The recipient and liveness of a token (for the worker, outside any transaction).
+    /// The flow, recipient and liveness of a token (for the worker, outside any transaction).
     fn token_for_send(
         &self,
         token_id: Uuid,
@@ -109,6 +169,19 @@ pub trait Accounts: KeyStore {
     fn user_email(
         &self,
         user_id: Uuid,
+    ) -> impl Future<Output = anyhow::Result<Option<String>>> + Send;
+
+    /// Creates a tenant with the hash of its API key; fails if the name is taken.
+    fn create_tenant(
+        &self,
+        id: &str,
+        api_key_hash: &[u8],
+    ) -> impl Future<Output = anyhow::Result<()>> + Send;
+
+    /// The tenant whose API key hashes to `api_key_hash`.
+    fn tenant_by_key(
+        &self,
+        api_key_hash: &[u8],
     ) -> impl Future<Output = anyhow::Result<Option<String>>> + Send;
 
     /// Wakes in-process workers of `jobs` after a commit (SQLite); PostgreSQL NOTIFYs by itself.

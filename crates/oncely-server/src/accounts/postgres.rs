@@ -9,18 +9,28 @@ use sqlx::migrate::{Migration, MigrationType, Migrator};
 use sqlx::{PgConnection, Row, SqlSafeStr};
 use uuid::Uuid;
 
-use super::{Accounts, NewToken, SignupRow, TokenForSend};
+use super::{Accounts, ConsumedToken, NewToken, SignupRow, TokenForSend, UserRow};
 use crate::email::EmailAddress;
 
 /// The service's migrations on PostgreSQL.
 pub fn migrator() -> Migrator {
-    let mut migrator = Migrator::with_migrations(vec![Migration::new(
-        1,
-        Cow::Borrowed("accounts"),
-        MigrationType::Simple,
-        include_str!("../../migrations/postgres/0001_accounts.sql").into_sql_str(),
-        false,
-    )]);
+    let mut migrator = Migrator::with_migrations(vec![
+        Migration::new(
+            1,
+            Cow::Borrowed("accounts"),
+            MigrationType::Simple,
+            include_str!("../../migrations/postgres/0001_accounts.sql").into_sql_str(),
+            false,
+        ),
+        Migration::new(
+            2,
+            Cow::Borrowed("tenants, invites, rate limits"),
+            MigrationType::Simple,
+            include_str!("../../migrations/postgres/0002_tenants_invites_limits.sql")
+                .into_sql_str(),
+            false,
+        ),
+    ]);
     migrator.dangerous_set_table_name("_oncely_server_migrations");
     migrator
 }
@@ -45,51 +55,87 @@ impl Accounts for PgKeyStore {
         password_hash: Option<&str>,
         source: Option<&str>,
     ) -> anyhow::Result<SignupRow> {
-        let inserted: Option<Uuid> = sqlx::query_scalar(
+        let new_id = Uuid::new_v4();
+        sqlx::query(
             "INSERT INTO oncely_users (id, tenant, email, password_hash, source)
-             VALUES ($1, $2, $3, $4, $5)
-             ON CONFLICT (tenant, email) DO NOTHING RETURNING id",
+             VALUES ($1, $2, $3, $4, $5) ON CONFLICT (tenant, email) DO NOTHING",
         )
-        .bind(Uuid::new_v4())
+        .bind(new_id)
         .bind(tenant)
         .bind(email.as_str())
         .bind(password_hash)
         .bind(source)
-        .fetch_optional(&mut *conn)
+        .execute(&mut *conn)
         .await?;
-        if let Some(id) = inserted {
-            return Ok(SignupRow::Created(id));
-        }
-        let row =
-            sqlx::query("SELECT id, status FROM oncely_users WHERE tenant = $1 AND email = $2")
-                .bind(tenant)
-                .bind(email.as_str())
-                .fetch_one(conn)
-                .await?;
-        let id = row.try_get("id")?;
-        Ok(if row.try_get::<&str, _>("status")? == "verified" {
-            SignupRow::Verified(id)
-        } else {
-            SignupRow::Pending(id)
+        let user = Self::find_user(conn, tenant, email)
+            .await?
+            .ok_or_else(|| anyhow::anyhow!("user vanished"))?;
+        Ok(match user {
+            UserRow { id, .. } if id == new_id => SignupRow::Created(id),
+            UserRow { id, verified: true } => SignupRow::Verified(id),
+            UserRow {
+                id,
+                verified: false,
+            } => SignupRow::Pending(id),
         })
+    }
+
+    async fn find_user(
+        conn: &mut PgConnection,
+        tenant: &str,
+        email: &EmailAddress,
+    ) -> anyhow::Result<Option<UserRow>> {
+        let row = sqlx::query("SELECT id, status = 'verified' AS verified FROM oncely_users WHERE tenant = $1 AND email = $2")
+            .bind(tenant)
+            .bind(email.as_str())
+            .fetch_optional(conn)
+            .await?;
+        row.map(|r| {
+            Ok(UserRow {
+                id: r.try_get("id")?,
+                verified: r.try_get("verified")?,
+            })
+        })
+        .transpose()
+    }
+
+    async fn count_email(
+        conn: &mut PgConnection,
+        tenant: &str,
+        bucket: &str,
+        window_start: i64,
+    ) -> anyhow::Result<i64> {
+        let count: i32 = sqlx::query_scalar(
+            "INSERT INTO oncely_rate_limits AS r (tenant, bucket, window_start, count) VALUES ($1, $2, $3, 1)
+             ON CONFLICT (tenant, bucket, window_start) DO UPDATE SET count = r.count + 1
+             RETURNING count",
+        )
+        .bind(tenant)
+        .bind(bucket)
+        .bind(window_start)
+        .fetch_one(conn)
+        .await?;
+        Ok(i64::from(count))
     }
 
     async fn insert_token(conn: &mut PgConnection, token: &NewToken<'_>) -> anyhow::Result<()> {
         sqlx::query(
             "UPDATE oncely_tokens SET superseded_at = now()
-              WHERE user_id = $1 AND flow = $2 AND consumed_at IS NULL AND superseded_at IS NULL",
+              WHERE user_id = $1 AND flow = $2 AND $3 AND consumed_at IS NULL AND superseded_at IS NULL",
         )
         .bind(token.user_id)
         .bind(token.flow)
+        .bind(token.supersede)
         .execute(&mut *conn)
         .await?;
         sqlx::query(
-            "INSERT INTO oncely_tokens (id, tenant, user_id, flow, token_hash, expires_at)
-             VALUES ($1, $2, $3, $4, $5, $6)",
+            "INSERT INTO oncely_tokens (id, tenant, user_id, email, flow, token_hash, expires_at)
+             VALUES ($1, $2, $3, $4, $5, $6, $7)",
         )
         .bind(token.id)
         .bind(token.tenant)
         .bind(token.user_id)
+        .bind(token.email)
         .bind(token.flow)
         .bind(token.hash)
         .bind(token.expires_at)
@@ -103,18 +149,25 @@ impl Accounts for PgKeyStore {
         tenant: &str,
         flow: &str,
         hash: &[u8],
-    ) -> anyhow::Result<Option<Uuid>> {
-        Ok(sqlx::query_scalar(
+    ) -> anyhow::Result<Option<ConsumedToken>> {
+        let row = sqlx::query(
             "UPDATE oncely_tokens SET consumed_at = now()
-              WHERE token_hash = $1 AND tenant = $2 AND flow = $3
+              WHERE token_hash = $1 AND tenant = $2 AND flow = $3 AND (user_id IS NOT NULL OR email IS NOT NULL)
                 AND consumed_at IS NULL AND superseded_at IS NULL AND expires_at > now()
-             RETURNING user_id",
+             RETURNING user_id, email",
         )
         .bind(hash)
         .bind(tenant)
         .bind(flow)
         .fetch_optional(conn)
-        .await?)
+        .await?;
+        row.map(|r| {
+            Ok(ConsumedToken {
+                user_id: r.try_get("user_id")?,
+                email: r.try_get("email")?,
+            })
+        })
+        .transpose()
     }
 
     async fn mark_verified(conn: &mut PgConnection, user_id: Uuid) -> anyhow::Result<()> {
@@ -125,21 +178,64 @@ impl Accounts for PgKeyStore {
         Ok(())
     }
 
+    async fn set_password(
+        conn: &mut PgConnection,
+        user_id: Uuid,
+        password_hash: &str,
+    ) -> anyhow::Result<()> {
+        sqlx::query("UPDATE oncely_users SET password_hash = $2 WHERE id = $1")
+            .bind(user_id)
+            .bind(password_hash)
+            .execute(conn)
+            .await?;
+        Ok(())
+    }
+
+    async fn accept_invite(
+        conn: &mut PgConnection,
+        tenant: &str,
+        email: &str,
+        password_hash: Option<&str>,
+    ) -> anyhow::Result<Uuid> {
+        let id: Uuid = sqlx::query_scalar(
+            "INSERT INTO oncely_users AS u (id, tenant, email, password_hash, source, status, verified_at)
+             VALUES ($1, $2, $3, $4, 'invite', 'verified', now())
+             ON CONFLICT (tenant, email) DO UPDATE
+                SET status = 'verified', verified_at = COALESCE(u.verified_at, now()),
+                    password_hash = COALESCE(u.password_hash, excluded.password_hash)
+             RETURNING id",
+        )
+        .bind(Uuid::new_v4())
+        .bind(tenant)
+        .bind(email)
+        .bind(password_hash)
+        .fetch_one(&mut *conn)
+        .await?;
+        sqlx::query("INSERT INTO oncely_memberships (tenant, user_id) VALUES ($1, $2) ON CONFLICT DO NOTHING")
+            .bind(tenant)
+            .bind(id)
+            .execute(conn)
+            .await?;
+        Ok(id)
+    }
+
     async fn enqueue(conn: &mut PgConnection, job: &NewJob) -> Result<Enqueued, OutboxError> {
         oncely_outbox::store::postgres::enqueue(conn, job).await
     }
 
     async fn token_for_send(&self, token_id: Uuid) -> anyhow::Result<Option<TokenForSend>> {
         let row = sqlx::query(
-            "SELECT u.email, (t.consumed_at IS NULL AND t.superseded_at IS NULL AND t.expires_at > now()) AS live
-               FROM oncely_tokens t JOIN oncely_users u ON u.id = t.user_id WHERE t.id = $1",
+            "SELECT t.flow, COALESCE(u.email, t.email) AS recipient,
+                    (t.consumed_at IS NULL AND t.superseded_at IS NULL AND t.expires_at > now()) AS live
+               FROM oncely_tokens t LEFT JOIN oncely_users u ON u.id = t.user_id WHERE t.id = $1",
         )
         .bind(token_id)
         .fetch_optional(self.pool())
         .await?;
         row.map(|r| {
             Ok(TokenForSend {
-                email: r.try_get("email")?,
+                flow: r.try_get("flow")?,
+                recipient: r.try_get("recipient")?,
                 live: r.try_get("live")?,
             })
         })
@@ -150,6 +246,24 @@ impl Accounts for PgKeyStore {
         Ok(
             sqlx::query_scalar("SELECT email FROM oncely_users WHERE id = $1")
                 .bind(user_id)
+                .fetch_optional(self.pool())
+                .await?,
+        )
+    }
+
+    async fn create_tenant(&self, id: &str, api_key_hash: &[u8]) -> anyhow::Result<()> {
+        sqlx::query("INSERT INTO oncely_tenants (id, api_key_hash) VALUES ($1, $2)")
+            .bind(id)
+            .bind(api_key_hash)
+            .execute(self.pool())
+            .await?;
+        Ok(())
+    }
+
+    async fn tenant_by_key(&self, api_key_hash: &[u8]) -> anyhow::Result<Option<String>> {
+        Ok(
+            sqlx::query_scalar("SELECT id FROM oncely_tenants WHERE api_key_hash = $1")
+                .bind(api_key_hash)
                 .fetch_optional(self.pool())
                 .await?,
         )

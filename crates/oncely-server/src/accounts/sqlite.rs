@@ -10,18 +10,27 @@ use sqlx::{Row, SqlSafeStr, SqliteConnection};
 use time::OffsetDateTime;
 use uuid::Uuid;
 
-use super::{Accounts, NewToken, SignupRow, TokenForSend};
+use super::{Accounts, ConsumedToken, NewToken, SignupRow, TokenForSend, UserRow};
 use crate::email::EmailAddress;
 
 /// The service's migrations on SQLite.
 pub fn migrator() -> Migrator {
-    let mut migrator = Migrator::with_migrations(vec![Migration::new(
-        1,
-        Cow::Borrowed("accounts"),
-        MigrationType::Simple,
-        include_str!("../../migrations/sqlite/0001_accounts.sql").into_sql_str(),
-        false,
-    )]);
+    let mut migrator = Migrator::with_migrations(vec![
+        Migration::new(
+            1,
+            Cow::Borrowed("accounts"),
+            MigrationType::Simple,
+            include_str!("../../migrations/sqlite/0001_accounts.sql").into_sql_str(),
+            false,
+        ),
+        Migration::new(
+            2,
+            Cow::Borrowed("tenants, invites, rate limits"),
+            MigrationType::Simple,
+            include_str!("../../migrations/sqlite/0002_tenants_invites_limits.sql").into_sql_str(),
+            false,
+        ),
+    ]);
     migrator.dangerous_set_table_name("_oncely_server_migrations");
     migrator
 }
@@ -53,54 +62,89 @@ impl Accounts for SqliteKeyStore {
         password_hash: Option<&str>,
         source: Option<&str>,
     ) -> anyhow::Result<SignupRow> {
-        let inserted: Option<Uuid> = sqlx::query_scalar(
+        let new_id = Uuid::new_v4();
+        sqlx::query(
             "INSERT INTO oncely_users (id, tenant, email, password_hash, source, created_at)
-             VALUES (?1, ?2, ?3, ?4, ?5, ?6)
-             ON CONFLICT (tenant, email) DO NOTHING RETURNING id",
+             VALUES (?1, ?2, ?3, ?4, ?5, ?6) ON CONFLICT (tenant, email) DO NOTHING",
         )
-        .bind(Uuid::new_v4())
+        .bind(new_id)
         .bind(tenant)
         .bind(email.as_str())
         .bind(password_hash)
         .bind(source)
         .bind(now())
-        .fetch_optional(&mut *conn)
+        .execute(&mut *conn)
         .await?;
-        if let Some(id) = inserted {
-            return Ok(SignupRow::Created(id));
-        }
-        let row =
-            sqlx::query("SELECT id, status FROM oncely_users WHERE tenant = ?1 AND email = ?2")
-                .bind(tenant)
-                .bind(email.as_str())
-                .fetch_one(conn)
-                .await?;
-        let id = row.try_get("id")?;
-        Ok(if row.try_get::<&str, _>("status")? == "verified" {
-            SignupRow::Verified(id)
-        } else {
-            SignupRow::Pending(id)
+        let user = Self::find_user(conn, tenant, email)
+            .await?
+            .ok_or_else(|| anyhow::anyhow!("user vanished"))?;
+        Ok(match user {
+            UserRow { id, .. } if id == new_id => SignupRow::Created(id),
+            UserRow { id, verified: true } => SignupRow::Verified(id),
+            UserRow {
+                id,
+                verified: false,
+            } => SignupRow::Pending(id),
         })
+    }
+
+    async fn find_user(
+        conn: &mut SqliteConnection,
+        tenant: &str,
+        email: &EmailAddress,
+    ) -> anyhow::Result<Option<UserRow>> {
+        let row = sqlx::query("SELECT id, status = 'verified' AS verified FROM oncely_users WHERE tenant = ?1 AND email = ?2")
+            .bind(tenant)
+            .bind(email.as_str())
+            .fetch_optional(conn)
+            .await?;
+        row.map(|r| {
+            Ok(UserRow {
+                id: r.try_get("id")?,
+                verified: r.try_get("verified")?,
+            })
+        })
+        .transpose()
+    }
+
+    async fn count_email(
+        conn: &mut SqliteConnection,
+        tenant: &str,
+        bucket: &str,
+        window_start: i64,
+    ) -> anyhow::Result<i64> {
+        Ok(sqlx::query_scalar(
+            "INSERT INTO oncely_rate_limits (tenant, bucket, window_start, count) VALUES (?1, ?2, ?3, 1)
+             ON CONFLICT (tenant, bucket, window_start) DO UPDATE SET count = count + 1
+             RETURNING count",
+        )
+        .bind(tenant)
+        .bind(bucket)
+        .bind(window_start)
+        .fetch_one(conn)
+        .await?)
     }
 
     async fn insert_token(conn: &mut SqliteConnection, token: &NewToken<'_>) -> anyhow::Result<()> {
         let now = now();
         sqlx::query(
-            "UPDATE oncely_tokens SET superseded_at = ?3
-              WHERE user_id = ?1 AND flow = ?2 AND consumed_at IS NULL AND superseded_at IS NULL",
+            "UPDATE oncely_tokens SET superseded_at = ?4
+              WHERE user_id = ?1 AND flow = ?2 AND ?3 AND consumed_at IS NULL AND superseded_at IS NULL",
         )
         .bind(token.user_id)
         .bind(token.flow)
+        .bind(token.supersede)
         .bind(now)
         .execute(&mut *conn)
         .await?;
         sqlx::query(
-            "INSERT INTO oncely_tokens (id, tenant, user_id, flow, token_hash, expires_at, created_at)
-             VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7)",
+            "INSERT INTO oncely_tokens (id, tenant, user_id, email, flow, token_hash, expires_at, created_at)
+             VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8)",
         )
         .bind(token.id)
         .bind(token.tenant)
         .bind(token.user_id)
+        .bind(token.email)
         .bind(token.flow)
         .bind(token.hash)
         .bind(ms(token.expires_at))
@@ -115,19 +159,26 @@ impl Accounts for SqliteKeyStore {
         tenant: &str,
         flow: &str,
         hash: &[u8],
-    ) -> anyhow::Result<Option<Uuid>> {
-        Ok(sqlx::query_scalar(
+    ) -> anyhow::Result<Option<ConsumedToken>> {
+        let row = sqlx::query(
             "UPDATE oncely_tokens SET consumed_at = ?4
-              WHERE token_hash = ?1 AND tenant = ?2 AND flow = ?3
+              WHERE token_hash = ?1 AND tenant = ?2 AND flow = ?3 AND (user_id IS NOT NULL OR email IS NOT NULL)
                 AND consumed_at IS NULL AND superseded_at IS NULL AND expires_at > ?4
-             RETURNING user_id",
+             RETURNING user_id, email",
         )
         .bind(hash)
         .bind(tenant)
         .bind(flow)
         .bind(now())
         .fetch_optional(conn)
-        .await?)
+        .await?;
+        row.map(|r| {
+            Ok(ConsumedToken {
+                user_id: r.try_get("user_id")?,
+                email: r.try_get("email")?,
+            })
+        })
+        .transpose()
     }
 
     async fn mark_verified(conn: &mut SqliteConnection, user_id: Uuid) -> anyhow::Result<()> {
@@ -139,14 +190,59 @@ impl Accounts for SqliteKeyStore {
         Ok(())
     }
 
+    async fn set_password(
+        conn: &mut SqliteConnection,
+        user_id: Uuid,
+        password_hash: &str,
+    ) -> anyhow::Result<()> {
+        sqlx::query("UPDATE oncely_users SET password_hash = ?2 WHERE id = ?1")
+            .bind(user_id)
+            .bind(password_hash)
+            .execute(conn)
+            .await?;
+        Ok(())
+    }
+
+    async fn accept_invite(
+        conn: &mut SqliteConnection,
+        tenant: &str,
+        email: &str,
+        password_hash: Option<&str>,
+    ) -> anyhow::Result<Uuid> {
+        let now = now();
+        let id: Uuid = sqlx::query_scalar(
+            "INSERT INTO oncely_users (id, tenant, email, password_hash, source, status, verified_at, created_at)
+             VALUES (?1, ?2, ?3, ?4, 'invite', 'verified', ?5, ?5)
+             ON CONFLICT (tenant, email) DO UPDATE
+                SET status = 'verified', verified_at = COALESCE(verified_at, excluded.verified_at),
+                    password_hash = COALESCE(password_hash, excluded.password_hash)
+             RETURNING id",
+        )
+        .bind(Uuid::new_v4())
+        .bind(tenant)
+        .bind(email)
+        .bind(password_hash)
+        .bind(now)
+        .fetch_one(&mut *conn)
+        .await?;
+        sqlx::query("INSERT INTO oncely_memberships (tenant, user_id, created_at) VALUES (?1, ?2, ?3) ON CONFLICT DO NOTHING")
+            .bind(tenant)
+            .bind(id)
+            .bind(now)
+            .execute(conn)
+            .await?;
+        Ok(id)
+    }
+
     async fn enqueue(conn: &mut SqliteConnection, job: &NewJob) -> Result<Enqueued, OutboxError> {
         oncely_outbox::store::sqlite::enqueue(conn, job).await
     }
 
     async fn token_for_send(&self, token_id: Uuid) -> anyhow::Result<Option<TokenForSend>> {
         let row = sqlx::query(
-            "SELECT u.email, (t.consumed_at IS NULL AND t.superseded_at IS NULL AND t.expires_at > ?2) AS live
-               FROM oncely_tokens t JOIN oncely_users u ON u.id = t.user_id WHERE t.id = ?1",
+            "SELECT t.flow, COALESCE(u.email, t.email) AS recipient,
+                    (t.consumed_at IS NULL AND t.superseded_at IS NULL AND t.expires_at > ?2) AS live
+               FROM oncely_tokens t LEFT JOIN oncely_users u ON u.id = t.user_id WHERE t.id = ?1",
         )
         .bind(token_id)
         .bind(now())
@@ -154,7 +250,8 @@ impl Accounts for SqliteKeyStore {
         .await?;
         row.map(|r| {
             Ok(TokenForSend {
-                email: r.try_get("email")?,
+                flow: r.try_get("flow")?,
+                recipient: r.try_get("recipient")?,
                 live: r.try_get("live")?,
             })
         })
@@ -165,6 +262,27 @@ impl Accounts for SqliteKeyStore {
         Ok(
             sqlx::query_scalar("SELECT email FROM oncely_users WHERE id = ?1")
                 .bind(user_id)
+                .fetch_optional(self.pool())
+                .await?,
+        )
+    }
+
+    async fn create_tenant(&self, id: &str, api_key_hash: &[u8]) -> anyhow::Result<()> {
+        sqlx::query(
+            "INSERT INTO oncely_tenants (id, api_key_hash, created_at) VALUES (?1, ?2, ?3)",
+        )
+        .bind(id)
+        .bind(api_key_hash)
+        .bind(now())
+        .execute(self.pool())
+        .await?;
+        Ok(())
+    }
+
+    async fn tenant_by_key(&self, api_key_hash: &[u8]) -> anyhow::Result<Option<String>> {
+        Ok(
+            sqlx::query_scalar("SELECT id FROM oncely_tenants WHERE api_key_hash = ?1")
+                .bind(api_key_hash)
                 .fetch_optional(self.pool())
                 .await?,
         )

@@ -16,8 +16,11 @@ use serde::de::DeserializeOwned;
 use crate::accounts::Accounts;
 use crate::email::normalize_json_email;
 
+pub mod consume;
+pub mod issue;
+pub mod links;
 pub mod signup;
-pub mod verify;
+pub mod tenant;
 
 /// What handlers share.
 pub struct AppState<A: Accounts> {
@@ -27,6 +30,8 @@ pub struct AppState<A: Accounts> {
     pub jobs: A::Jobs,
     /// Derives tokens.
     pub secret: ServerSecret,
+    /// Caps on emails.
+    pub limits: issue::MailLimits,
 }
 
 impl<A: Accounts> Clone for AppState<A> {
@@ -35,6 +40,7 @@ impl<A: Accounts> Clone for AppState<A> {
             accounts: self.accounts.clone(),
             jobs: self.jobs.clone(),
             secret: self.secret.clone(),
+            limits: self.limits,
         }
     }
 }
@@ -57,11 +63,35 @@ pub fn v1<A: Accounts>(state: AppState<A>, policy: KeyPolicy) -> Router {
         .normalize_json(Arc::new(normalize_json_email));
     Router::new()
         .route("/v1/signup", post(signup::signup::<A>))
-        .route("/v1/verify", get(verify::page).post(verify::verify::<A>))
+        .route(
+            "/v1/verify",
+            get(consume::verify_page).post(consume::verify::<A>),
+        )
+        .route("/v1/verification/resend", post(links::resend::<A>))
+        .route("/v1/password-reset", post(links::password_reset::<A>))
+        .route(
+            "/v1/password-reset/confirm",
+            get(consume::reset_page).post(consume::reset_confirm::<A>),
+        )
+        .route("/v1/magic-link", post(links::magic_link::<A>))
+        .route(
+            "/v1/magic-link/consume",
+            get(consume::magic_page).post(consume::magic_consume::<A>),
+        )
+        .route("/v1/invites", post(links::invite::<A>))
+        .route(
+            "/v1/invites/accept",
+            get(consume::invite_page).post(consume::invite_accept::<A>),
+        )
         .route_layer(keys)
+        // Outer layers run first: the tenant is known before the key is scoped.
         .layer(middleware::from_fn_with_state(
             state.clone(),
             wake_workers::<A>,
+        ))
+        .layer(middleware::from_fn_with_state(
+            state.clone(),
+            tenant::resolve::<A>,
         ))
         .with_state(state)
 }
@@ -107,6 +137,17 @@ impl<S: Send + Sync, T: DeserializeOwned> FromRequest<S> for Body<T> {
             Err(rejection) => Err(invalid_request(rejection.body_text())),
         }
     }
+}
+
+/// The same answer whether or not the address has an account.
+pub fn accepted() -> (StatusCode, Json<serde_json::Value>) {
+    (
+        StatusCode::ACCEPTED,
+        Json(serde_json::json!({
+            "status": "accepted",
+            "detail": "If this address can be used, an email with the next step is on its way to it."
+        })),
+    )
 }
 
 /// 400 `invalid-request`.

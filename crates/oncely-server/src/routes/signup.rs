@@ -7,16 +7,15 @@ use oncely::{IdempotentTx, Problem, TenantId};
 use oncely_outbox::NewJob;
 use secrecy::SecretString;
 use serde::Deserialize;
-use serde_json::{Value, json};
-use time::OffsetDateTime;
-use uuid::Uuid;
+use serde_json::json;
 
-use super::{AppState, Body, invalid_request, unexpected};
-use crate::accounts::{Accounts, NewToken, SignupRow};
+use super::issue::{Client, Owner, suppression, token_email};
+use super::{AppState, Body, accepted, invalid_request, unexpected};
+use crate::accounts::{Accounts, SignupRow};
 use crate::email::EmailAddress;
-use crate::mail::{SIGNUP_NOTICE, VERIFICATION};
+use crate::mail::SIGNUP_NOTICE;
 use crate::password;
-use crate::token::{Flow, Token};
+use crate::token::Flow;
 
 /// The signup request.
 #[derive(Deserialize)]
@@ -27,25 +26,32 @@ pub struct SignupRequest {
     source: Option<String>,
 }
 
-/// The same answer whether the address is new, pending or registered.
-pub fn accepted() -> (StatusCode, Json<Value>) {
-    (
-        StatusCode::ACCEPTED,
-        Json(json!({
-            "status": "accepted",
-            "detail": "If this address can be used, an email with the next step is on its way to it."
-        })),
-    )
+/// Checks a password's length and hashes it (before any database work, for every request
+/// that has one, whatever the address).
+pub async fn hash_password(password: Option<String>) -> Result<Option<String>, Problem> {
+    match password {
+        Some(password) if !password::LENGTH.contains(&password.chars().count()) => {
+            Err(invalid_request("password must be 8 to 128 characters"))
+        }
+        Some(password) => Ok(Some(
+            password::hash(SecretString::from(password))
+                .await
+                .map_err(unexpected)?,
+        )),
+        None => Ok(None),
+    }
 }
 
-/// Creates the account (or finds it), a verification token and the email job, in the
-/// idempotency layer's transaction: they commit with the stored response, once.
+/// Creates the account (or finds it), and the email for it — a verification link, or a notice
+/// to an account that exists — in the idempotency layer's transaction: they commit with the
+/// stored response, once.
 pub async fn signup<A: Accounts>(
     State(state): State<AppState<A>>,
     tenant: Option<Extension<TenantId>>,
+    client: Client,
     tx: IdempotentTx<A::Database>,
     Body(request): Body<SignupRequest>,
-) -> Result<(StatusCode, Json<Value>), Problem> {
+) -> Result<(StatusCode, Json<serde_json::Value>), Problem> {
     let tenant = tenant.map(|Extension(t)| t).unwrap_or_default();
     let email = EmailAddress::parse(&request.email)
         .map_err(|_| invalid_request("email is not a valid address"))?;
@@ -54,17 +60,7 @@ pub async fn signup<A: Accounts>(
     {
         return Err(invalid_request("source is at most 64 printable characters"));
     }
-    let password_hash = match request.password {
-        Some(password) if !password::LENGTH.contains(&password.chars().count()) => {
-            return Err(invalid_request("password must be 8 to 128 characters"));
-        }
-        Some(password) => Some(
-            password::hash(SecretString::from(password))
-                .await
-                .map_err(unexpected)?,
-        ),
-        None => None,
-    };
+    let password_hash = hash_password(request.password).await?;
 
     let mut conn = tx.lock().await;
     let row = A::signup_user(
@@ -76,38 +72,48 @@ pub async fn signup<A: Accounts>(
     )
     .await
     .map_err(unexpected)?;
-    let job = match row {
-        SignupRow::Created(user_id) | SignupRow::Pending(user_id) => {
-            let token_id = Uuid::new_v4();
-            let expires_at = OffsetDateTime::now_utc() + Flow::Verification.lifetime();
-            let hash = Token::derive(&state.secret, Flow::Verification, token_id).hash();
-            let token = NewToken {
-                id: token_id,
-                tenant: tenant.as_str(),
-                user_id,
-                flow: Flow::Verification.as_str(),
-                hash: &hash,
-                expires_at,
-            };
-            A::insert_token(&mut conn, &token)
-                .await
-                .map_err(unexpected)?;
-            NewJob::new(
-                format!("signup-verification:{tenant}:{user_id}:{token_id}"),
-                VERIFICATION,
-                json!({ "token_id": token_id }),
-            )
-            .not_after(expires_at)
-        }
-        SignupRow::Verified(user_id) => NewJob::new(
-            format!("signup-notice:{tenant}:{user_id}:{}", tx.derived_key()),
-            SIGNUP_NOTICE,
-            json!({ "user_id": user_id }),
-        ),
-    };
-    A::enqueue(&mut conn, &job)
+    let suppressed = suppression(&mut *conn, &state, &tenant, &email, &client)
         .await
-        .map_err(|e| unexpected(e.into()))?;
-    tracing::info!(email = %email.masked(), tenant = %tenant, kind = %job.kind, "signup accepted");
+        .map_err(unexpected)?;
+    match row {
+        SignupRow::Created(user) | SignupRow::Pending(user) => {
+            let owner = Owner {
+                user: Some(user),
+                email: None,
+            };
+            token_email(
+                &mut *conn,
+                &state,
+                &tenant,
+                Flow::Verification,
+                owner,
+                suppressed,
+            )
+            .await
+            .map_err(unexpected)?;
+        }
+        SignupRow::Verified(user) => {
+            // A decoy token keeps the work the same as for a new address; the email is a notice.
+            token_email(
+                &mut *conn,
+                &state,
+                &tenant,
+                Flow::Verification,
+                Owner::NOBODY,
+                Some("decoy".into()),
+            )
+            .await
+            .map_err(unexpected)?;
+            let job = NewJob::new(
+                format!("signup-notice:{tenant}:{user}:{}", tx.derived_key()),
+                SIGNUP_NOTICE,
+                json!({ "user_id": user, "suppressed": suppressed }),
+            );
+            A::enqueue(&mut conn, &job)
+                .await
+                .map_err(|e| unexpected(e.into()))?;
+        }
+    }
+    tracing::info!(email = %email.masked(), tenant = %tenant, "signup accepted");
     Ok(accepted())
 }

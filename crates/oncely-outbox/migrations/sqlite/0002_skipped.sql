@@ -1,0 +1,18 @@
+-- Adds the attempt result 'skipped' (SQLite cannot alter a CHECK: rebuild the table; nothing
+-- references it).
+CREATE TABLE oncely_outbox_attempts_new (
+    id                  INTEGER PRIMARY KEY,
+    job_id              INTEGER NOT NULL REFERENCES oncely_outbox (id) ON DELETE CASCADE,
+    attempt             INTEGER NOT NULL,
+    worker              TEXT    NOT NULL,
+    lease_token         BLOB    NOT NULL,
+    started_at          INTEGER NOT NULL,
+    finished_at         INTEGER,
+    result              TEXT CHECK (result IN ('sent', 'retry', 'unknown', 'dead', 'expired', 'abandoned', 'released', 'skipped')),
+    provider_message_id TEXT,
+    error               TEXT
+);
+INSERT INTO oncely_outbox_attempts_new SELECT * FROM oncely_outbox_attempts;
+DROP TABLE oncely_outbox_attempts;
+ALTER TABLE oncely_outbox_attempts_new RENAME TO oncely_outbox_attempts;
+CREATE INDEX oncely_outbox_attempts_job ON oncely_outbox_attempts (job_id, attempt);

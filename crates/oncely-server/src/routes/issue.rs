@@ -1,0 +1,161 @@
+//! The step every mail-sending route shares: count the email against the rate limits, store a
+//! token (or a decoy), enqueue the email job. The same statements run whether or not the
+//! address has an account, whether or not the email will be suppressed: responses and their
+//! timing cannot tell those cases apart.
+
+use std::net::SocketAddr;
+use std::time::Duration;
+
+use axum::extract::{ConnectInfo, FromRequestParts};
+use axum::http::request::Parts;
+use oncely::TenantId;
+use oncely_outbox::NewJob;
+use serde_json::json;
+use time::OffsetDateTime;
+use uuid::Uuid;
+
+use super::AppState;
+use crate::accounts::{Accounts, NewToken};
+use crate::email::EmailAddress;
+use crate::token::{Flow, Token};
+
+/// Caps on emails per window, per normalized address and per client.
+#[derive(Debug, Clone, Copy)]
+pub struct MailLimits {
+    /// Emails per window to one address (whether or not it has an account).
+    pub per_address: u32,
+    /// Emails per window requested by one client address.
+    pub per_client: u32,
+    /// The window.
+    pub window: Duration,
+}
+
+/// The client's address (from the connection), for per-client limits.
+pub struct Client(pub String);
+
+impl<S: Send + Sync> FromRequestParts<S> for Client {
+    type Rejection = std::convert::Infallible;
+
+    async fn from_request_parts(parts: &mut Parts, _: &S) -> Result<Self, Self::Rejection> {
+        let ip = parts
+            .extensions
+            .get::<ConnectInfo<SocketAddr>>()
+            .map(|c| c.0.ip().to_string());
+        Ok(Self(ip.unwrap_or_else(|| "unknown".into())))
+    }
+}
+
+/// Who a token is for.
+#[derive(Debug, Clone, Copy)]
+pub struct Owner<'a> {
+    /// The account, if there is one.
+    pub user: Option<Uuid>,
+    /// The invited address (invites only).
+    pub email: Option<&'a str>,
+}
+
+impl Owner<'_> {
+    /// Nobody: the decoy written for an address without an account.
+    pub const NOBODY: Self = Self {
+        user: None,
+        email: None,
+    };
+}
+
+/// Counts this email for the address and the client (both, always) and says whether it must be
+/// suppressed, and why.
+pub async fn suppression<A: Accounts>(
+    conn: &mut <A::Database as sqlx::Database>::Connection,
+    state: &AppState<A>,
+    tenant: &TenantId,
+    email: &EmailAddress,
+    client: &Client,
+) -> anyhow::Result<Option<String>> {
+    let limits = state.limits;
+    let window = limits.window.as_secs().max(1) as i64;
+    let window_start = OffsetDateTime::now_utc().unix_timestamp() / window * window;
+    // Buckets are keyed hashes: the limits table never holds an address.
+    let bucket = |kind: &str, value: &str| {
+        format!(
+            "{kind}:{}",
+            hex::encode(
+                &state
+                    .secret
+                    .mac("oncely/rate-limit/v1", &[kind.as_bytes(), value.as_bytes()])[..16]
+            )
+        )
+    };
+    let to_address = A::count_email(
+        conn,
+        tenant.as_str(),
+        &bucket("address", email.as_str()),
+        window_start,
+    )
+    .await?;
+    let from_client = A::count_email(
+        conn,
+        tenant.as_str(),
+        &bucket("client", &client.0),
+        window_start,
+    )
+    .await?;
+    let reason = if to_address > i64::from(limits.per_address) {
+        Some((
+            "address",
+            format!(
+                "suppressed: over {} emails per {:?} to this address",
+                limits.per_address, limits.window
+            ),
+        ))
+    } else if from_client > i64::from(limits.per_client) {
+        Some((
+            "client",
+            format!(
+                "suppressed: over {} emails per {:?} from this client",
+                limits.per_client, limits.window
+            ),
+        ))
+    } else {
+        None
+    };
+    Ok(reason.map(|(limit, reason)| {
+        metrics::counter!("oncely_emails_suppressed_total", "limit" => limit).increment(1);
+        reason
+    }))
+}
+
+/// Stores a token of `flow` for `owner` (a decoy if nobody) and enqueues its email job.
+pub async fn token_email<A: Accounts>(
+    conn: &mut <A::Database as sqlx::Database>::Connection,
+    state: &AppState<A>,
+    tenant: &TenantId,
+    flow: Flow,
+    owner: Owner<'_>,
+    suppressed: Option<String>,
+) -> anyhow::Result<()> {
+    let token_id = Uuid::new_v4();
+    let expires_at = OffsetDateTime::now_utc() + flow.lifetime();
+    let hash = Token::derive(&state.secret, flow, token_id).hash();
+    let token = NewToken {
+        id: token_id,
+        tenant: tenant.as_str(),
+        user_id: owner.user,
+        email: owner.email,
+        flow: flow.as_str(),
+        hash: &hash,
+        expires_at,
+        supersede: suppressed.is_none(),
+    };
+    A::insert_token(conn, &token).await?;
+    let user = owner
+        .user
+        .map_or_else(|| "no-account".to_owned(), |u| u.to_string());
+    let job = NewJob::new(
+        format!("{}:{tenant}:{user}:{token_id}", flow.as_str()),
+        flow.job_kind(),
+        json!({ "token_id": token_id, "suppressed": suppressed }),
+    )
+    .not_after(expires_at);
+    A::enqueue(conn, &job).await?;
+    Ok(())
+}

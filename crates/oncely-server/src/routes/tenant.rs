@@ -1,0 +1,86 @@
+//! Tenants: `Authorization: Bearer <api key>` selects one; no header means the default tenant;
+//! a bad key is 401 and never falls back to the default.
+
+use axum::extract::{Request, State};
+use axum::http::{HeaderValue, StatusCode, header};
+use axum::middleware::Next;
+use axum::response::{IntoResponse, Response};
+use base64::Engine;
+use base64::engine::general_purpose::URL_SAFE_NO_PAD;
+use oncely::{Problem, TenantId};
+use sha2::{Digest, Sha256};
+
+use super::{AppState, unexpected};
+use crate::accounts::Accounts;
+
+/// Marks a request whose tenant was proven by an API key (invites need one).
+#[derive(Debug, Clone)]
+pub struct AuthenticatedTenant;
+
+/// API keys start with this, so that leaked ones are recognizable.
+pub const KEY_PREFIX: &str = "onc_";
+
+/// A new API key: `onc_` and 256 random bits, base64url.
+pub fn new_api_key() -> String {
+    format!(
+        "{KEY_PREFIX}{}",
+        URL_SAFE_NO_PAD.encode(rand::random::<[u8; 32]>())
+    )
+}
+
+/// What is stored of an API key: SHA-256 (the key has 256 bits of entropy; no salt needed).
+pub fn hash_api_key(key: &str) -> Vec<u8> {
+    Sha256::digest(key.as_bytes()).to_vec()
+}
+
+fn unauthorized() -> Response {
+    let mut response = Problem::new(StatusCode::UNAUTHORIZED, "unauthorized", "Invalid API key")
+        .with_detail("send Authorization: Bearer <tenant API key>, or no Authorization header for the default tenant")
+        .into_response();
+    response
+        .headers_mut()
+        .insert(header::WWW_AUTHENTICATE, HeaderValue::from_static("Bearer"));
+    response
+}
+
+/// Resolves the tenant of a request before the idempotency layer scopes its key.
+pub async fn resolve<A: Accounts>(
+    State(state): State<AppState<A>>,
+    mut req: Request,
+    next: Next,
+) -> Response {
+    let Some(value) = req.headers().get(header::AUTHORIZATION) else {
+        return next.run(req).await;
+    };
+    let Some(key) = value
+        .to_str()
+        .ok()
+        .and_then(|v| v.strip_prefix("Bearer "))
+        .map(str::trim)
+    else {
+        return unauthorized();
+    };
+    if !key.starts_with(KEY_PREFIX) {
+        return unauthorized();
+    }
+    match state.accounts.tenant_by_key(&hash_api_key(key)).await {
+        Ok(Some(id)) => match TenantId::parse(id) {
+            Ok(tenant) => {
+                req.extensions_mut().insert(tenant);
+                req.extensions_mut().insert(AuthenticatedTenant);
+                next.run(req).await
+            }
+            Err(_) => unexpected(anyhow::anyhow!("stored tenant id is invalid")).into_response(),
+        },
+        Ok(None) => unauthorized(),
+        Err(error) => unexpected(error).into_response(),
+    }
+}
+
+/// 401 for routes that need an API key.
+pub fn require(authenticated: Option<&AuthenticatedTenant>) -> Result<(), Problem> {
+    authenticated.map(|_| ()).ok_or_else(|| {
+        Problem::new(StatusCode::UNAUTHORIZED, "unauthorized", "API key required")
+            .with_detail("this route needs Authorization: Bearer <tenant API key>")
+    })
+}

@@ -2,6 +2,7 @@
 
 #![allow(unreachable_pub)]
 
+mod flows;
 mod health;
 mod signup;
 mod support;

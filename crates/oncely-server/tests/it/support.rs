@@ -84,6 +84,46 @@ pub async fn spawn_app_with_inbox(
 }
 
 impl TestApp {
+    /// A POST as a tenant (`Authorization: Bearer <api_key>`).
+    pub async fn post_as(
+        &self,
+        api_key: &str,
+        path: &str,
+        key: &str,
+        body: &Value,
+    ) -> reqwest::Response {
+        self.client
+            .post(format!("{}{path}", self.base))
+            .bearer_auth(api_key)
+            .header("idempotency-key", key)
+            .json(body)
+            .send()
+            .await
+            .unwrap()
+    }
+
+    /// Creates a tenant with `oncely tenant create` and returns the API key it printed.
+    pub async fn create_tenant(&self, name: &str) -> String {
+        let output = tokio::process::Command::new(env!("CARGO_BIN_EXE_oncely"))
+            .args([
+                "tenant",
+                "create",
+                name,
+                "--database-url",
+                &self.database_url,
+            ])
+            .output()
+            .await
+            .unwrap();
+        assert!(
+            output.status.success(),
+            "{}",
+            String::from_utf8_lossy(&output.stderr)
+        );
+        let stdout = String::from_utf8(output.stdout).unwrap();
+        stdout.lines().last().unwrap().trim().to_owned()
+    }
+
     pub async fn post(&self, path: &str, key: &str, body: &Value) -> reqwest::Response {
         self.client
             .post(format!("{}{path}", self.base))

@@ -90,7 +90,7 @@ async fn each_link_flow_sends_exactly_one_email_per_logical_request(url: String,
         &app,
         "/v1/verification/resend",
         &json!({ "email": "pending@example.com" }),
-        10,
+        20,
     )
     .await;
     let resent = app.emails_to("pending@example.com", 2).await;
@@ -105,7 +105,7 @@ async fn each_link_flow_sends_exactly_one_email_per_logical_request(url: String,
         ("/v1/password-reset", "Reset your password"),
         ("/v1/magic-link", "Your sign-in link"),
     ] {
-        retried_and_concurrent(&app, path, &json!({ "email": "ada@example.com" }), 10).await;
+        retried_and_concurrent(&app, path, &json!({ "email": "ada@example.com" }), 20).await;
         let emails = app.emails_to("ada@example.com", 2).await;
         assert_eq!(emails.len(), 2, "{path}: one email per logical request");
         assert!(emails.iter().all(|e| e.subject == subject));
@@ -271,14 +271,14 @@ async fn invites_need_an_api_key_and_accepting_twice_makes_one_membership(
             .await,
         1
     );
-    for _ in 0..5 {
+    for _ in 0..20 {
         assert_eq!(
             app.post_as(&key, "/v1/invites", "i1", &body).await.status(),
             202
         );
     }
     let invite = &app.emails_to("guest@example.com", 1).await;
-    assert_eq!(invite.len(), 1, "one email for five retries");
+    assert_eq!(invite.len(), 1, "one email for twenty retries");
     let token = token_in(&invite[0]);
     let accept = json!({ "token": token, "password": "guest password" });
     assert_eq!(

@@ -31,4 +31,4 @@ pub mod worker;
 pub use job::{Delivery, Enqueued, Job, JobRecord, JobStatus, NewJob};
 pub use policy::RetryPolicy;
 pub use store::{JobStore, OutboxError};
-pub use worker::{Handler, Worker, WorkerConfig};
+pub use worker::{Handler, KindOptions, Worker, WorkerConfig};

@@ -50,10 +50,34 @@ impl Default for WorkerConfig {
     }
 }
 
+/// How one kind of job runs.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct KindOptions {
+    /// Its retry policy.
+    pub policy: RetryPolicy,
+    /// At most this many of its jobs at once in one worker (`None`: up to the batch size). A
+    /// worker claims a limited kind on its own, at most this many at a time.
+    pub concurrency: Option<u32>,
+}
+
+impl Default for KindOptions {
+    fn default() -> Self {
+        Self {
+            policy: RetryPolicy::DEFAULT,
+            concurrency: None,
+        }
+    }
+}
+
 struct Registered {
     handler: Arc<dyn Handler>,
-    policy: RetryPolicy,
+    options: KindOptions,
 }
+
+/// `restrict_to` named a kind this worker has no handler for.
+#[derive(Debug, thiserror::Error)]
+#[error("no handler for job kind {0:?} (known: {1})")]
+pub struct UnknownKind(pub String, pub String);
 
 /// Runs registered kinds of jobs from a [`JobStore`]. Any number of workers, in any number of
 /// processes, coordinate only through the database.
@@ -61,7 +85,6 @@ pub struct Worker<S> {
     store: S,
     config: WorkerConfig,
     handlers: HashMap<String, Registered>,
-    kinds: Vec<String>,
 }
 
 impl<S: JobStore> Worker<S> {
@@ -71,31 +94,79 @@ impl<S: JobStore> Worker<S> {
             store,
             config,
             handlers: HashMap::new(),
-            kinds: Vec::new(),
         }
     }
 
-    /// Runs jobs of `kind` with `handler` and the default retry policy.
+    /// Runs jobs of `kind` with `handler`, the default retry policy and no concurrency limit.
     pub fn handle(self, kind: &str, handler: impl Handler) -> Self {
-        self.handle_with_policy(kind, handler, RetryPolicy::DEFAULT)
+        self.handle_with(kind, handler, KindOptions::default())
     }
 
     /// Runs jobs of `kind` with `handler` and `policy`.
     pub fn handle_with_policy(
-        mut self,
+        self,
         kind: &str,
         handler: impl Handler,
         policy: RetryPolicy,
     ) -> Self {
+        self.handle_with(
+            kind,
+            handler,
+            KindOptions {
+                policy,
+                concurrency: None,
+            },
+        )
+    }
+
+    /// Runs jobs of `kind` with `handler` and `options`.
+    pub fn handle_with(mut self, kind: &str, handler: impl Handler, options: KindOptions) -> Self {
         self.handlers.insert(
             kind.to_owned(),
             Registered {
                 handler: Arc::new(handler),
-                policy,
+                options,
             },
         );
-        self.kinds = self.handlers.keys().cloned().collect();
         self
+    }
+
+    /// Keeps only the handlers of `kinds` (`oncely worker --kinds …`): this worker leaves every
+    /// other kind to other workers.
+    pub fn restrict_to(mut self, kinds: &[String]) -> Result<Self, UnknownKind> {
+        if let Some(unknown) = kinds.iter().find(|k| !self.handlers.contains_key(*k)) {
+            let mut known: Vec<_> = self.handlers.keys().cloned().collect();
+            known.sort();
+            return Err(UnknownKind(unknown.clone(), known.join(", ")));
+        }
+        self.handlers.retain(|kind, _| kinds.contains(kind));
+        Ok(self)
+    }
+
+    /// The kinds this worker runs.
+    pub fn kinds(&self) -> Vec<String> {
+        let mut kinds: Vec<_> = self.handlers.keys().cloned().collect();
+        kinds.sort();
+        kinds
+    }
+
+    /// The claims one batch makes: every unlimited kind together (up to the batch size), each
+    /// limited kind on its own (up to its concurrency).
+    fn claims(&self) -> Vec<(Vec<String>, u32)> {
+        let mut unlimited = Vec::new();
+        let mut claims = Vec::new();
+        for (kind, registered) in &self.handlers {
+            match registered.options.concurrency {
+                Some(limit) => {
+                    claims.push((vec![kind.clone()], limit.min(self.config.batch).max(1)))
+                }
+                None => unlimited.push(kind.clone()),
+            }
+        }
+        if !unlimited.is_empty() {
+            claims.push((unlimited, self.config.batch));
+        }
+        claims
     }
 
     /// The worker's settings.
@@ -110,15 +181,14 @@ impl<S: JobStore> Worker<S> {
 
     /// One batch: how many jobs ran, and the soonest retry it scheduled.
     async fn run_batch(&self) -> Result<(usize, Option<Duration>), OutboxError> {
-        let jobs = self
-            .store
-            .claim(
-                &self.config.id,
-                &self.kinds,
-                self.config.batch,
-                self.config.lease,
-            )
-            .await?;
+        let mut jobs = Vec::new();
+        for (kinds, limit) in self.claims() {
+            jobs.extend(
+                self.store
+                    .claim(&self.config.id, &kinds, limit, self.config.lease)
+                    .await?,
+            );
+        }
         let results = futures::future::join_all(jobs.iter().map(|job| self.attempt(job))).await;
         let mut soonest: Option<Duration> = None;
         for result in results {
@@ -145,7 +215,7 @@ impl<S: JobStore> Worker<S> {
     /// (each handler is bounded by the lease), and returns.
     pub async fn run(self, shutdown: CancellationToken) -> Result<(), OutboxError> {
         let mut wakeup = self.store.wakeup().await?;
-        tracing::info!(worker = %self.config.id, kinds = ?self.kinds, "outbox worker started");
+        tracing::info!(worker = %self.config.id, kinds = ?self.kinds(), "outbox worker started");
         // A retry this worker scheduled is due before the next poll: wake for it, not later.
         let mut retry_at: Option<tokio::time::Instant> = None;
         while !shutdown.is_cancelled() {
@@ -204,7 +274,7 @@ impl<S: JobStore> Worker<S> {
                 .unwrap_or_else(|_| {
                     Delivery::Unknown(format!("the handler took longer than {limit:?}"))
                 });
-            decide(job, delivery, &registered.policy, now)
+            decide(job, delivery, &registered.options.policy, now)
         };
         metrics::counter!("oncely_outbox_attempts_total", "kind" => job.kind.clone(), "result" => finish.result)
             .increment(1);

@@ -121,6 +121,46 @@ pub trait JobStore: Clone + Send + Sync + 'static {
 
     /// How many jobs are pending.
     fn pending(&self) -> impl Future<Output = Result<i64, OutboxError>> + Send;
+
+    /// Jobs for operators, newest first. (No index serves the kind filter: this is an
+    /// inspection tool, not a hot path.)
+    fn list(
+        &self,
+        filter: &JobFilter,
+    ) -> impl Future<Output = Result<Vec<JobRecord>, OutboxError>> + Send;
+
+    /// Re-drives a dead job: pending and due now, with a fresh attempt budget and the *same*
+    /// delivery key (a provider that saw an earlier attempt still deduplicates). Its attempt
+    /// history is kept. `false` if no dead job has this key.
+    fn redrive(
+        &self,
+        operation_key: &str,
+    ) -> impl Future<Output = Result<bool, OutboxError>> + Send;
+}
+
+/// Which jobs [`JobStore::list`] returns.
+#[derive(Debug, Clone, Default)]
+pub struct JobFilter {
+    /// Only this kind.
+    pub kind: Option<String>,
+    /// Only this status.
+    pub status: Option<JobStatus>,
+    /// At most this many (0: 50).
+    pub limit: u32,
+}
+
+impl JobFilter {
+    pub(crate) fn limit(&self) -> i64 {
+        if self.limit == 0 {
+            50
+        } else {
+            i64::from(self.limit)
+        }
+    }
+
+    pub(crate) fn status(&self) -> Option<&'static str> {
+        self.status.map(status_str)
+    }
 }
 
 fn status_str(status: JobStatus) -> &'static str {

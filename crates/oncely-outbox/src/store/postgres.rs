@@ -5,10 +5,10 @@ use std::time::Duration;
 
 use sqlx::migrate::{Migration, MigrationType, Migrator};
 use sqlx::postgres::{PgListener, PgRow};
-use sqlx::{PgConnection, PgPool, Row, SqlSafeStr};
+use sqlx::{AssertSqlSafe, PgConnection, PgPool, Row, SqlSafeStr};
 use uuid::Uuid;
 
-use super::{CHANNEL, Finish, JobStore, OutboxError, Wakeup, status_str};
+use super::{CHANNEL, Finish, JobFilter, JobStore, OutboxError, Wakeup, status_str};
 use crate::job::{AttemptRecord, Enqueued, Job, JobRecord, JobStatus, NewJob};
 
 /// The table that records which of the outbox's migrations ran.
@@ -156,6 +156,22 @@ fn job_from(row: &PgRow, lease_token: Uuid) -> Result<Job, OutboxError> {
     })
 }
 
+const RECORD_COLUMNS: &str = "id, operation_key, kind, status, attempts, last_error, provider_message_id, payload::text AS payload, delivery_key";
+
+fn record_from(row: &sqlx::postgres::PgRow) -> Result<JobRecord, OutboxError> {
+    Ok(JobRecord {
+        id: row.try_get("id")?,
+        operation_key: row.try_get("operation_key")?,
+        kind: row.try_get("kind")?,
+        status: JobStatus::parse(row.try_get("status")?),
+        attempts: row.try_get("attempts")?,
+        last_error: row.try_get("last_error")?,
+        provider_message_id: row.try_get("provider_message_id")?,
+        payload: serde_json::from_str(row.try_get("payload")?)?,
+        delivery_key: row.try_get("delivery_key")?,
+    })
+}
+
 impl JobStore for PgJobStore {
     async fn migrate(&self) -> Result<(), OutboxError> {
         migrator().run(&self.pool).await?;
@@ -214,34 +230,20 @@ impl JobStore for PgJobStore {
     }
 
     async fn job(&self, operation_key: &str) -> Result<Option<JobRecord>, OutboxError> {
-        let row = sqlx::query(
-            "SELECT id, operation_key, kind, status, attempts, last_error, provider_message_id,
-                    payload::text AS payload, delivery_key
-               FROM oncely_outbox WHERE operation_key = $1",
-        )
-        .bind(operation_key)
-        .fetch_optional(&self.pool)
-        .await?;
-        row.map(|row| {
-            Ok(JobRecord {
-                id: row.try_get("id")?,
-                operation_key: row.try_get("operation_key")?,
-                kind: row.try_get("kind")?,
-                status: JobStatus::parse(row.try_get("status")?),
-                attempts: row.try_get("attempts")?,
-                last_error: row.try_get("last_error")?,
-                provider_message_id: row.try_get("provider_message_id")?,
-                payload: serde_json::from_str(row.try_get("payload")?)?,
-                delivery_key: row.try_get("delivery_key")?,
-            })
-        })
-        .transpose()
+        let sql = AssertSqlSafe(format!(
+            "SELECT {RECORD_COLUMNS} FROM oncely_outbox WHERE operation_key = $1"
+        ));
+        let row = sqlx::query(sql)
+            .bind(operation_key)
+            .fetch_optional(&self.pool)
+            .await?;
+        row.as_ref().map(record_from).transpose()
     }
 
     async fn attempts(&self, job_id: i64) -> Result<Vec<AttemptRecord>, OutboxError> {
         let rows = sqlx::query(
             "SELECT attempt, worker, result, provider_message_id, error, finished_at IS NOT NULL AS finished
-               FROM oncely_outbox_attempts WHERE job_id = $1 ORDER BY attempt, id",
+               FROM oncely_outbox_attempts WHERE job_id = $1 ORDER BY id",
         )
         .bind(job_id)
         .fetch_all(&self.pool)
@@ -258,6 +260,34 @@ impl JobStore for PgJobStore {
                 })
             })
             .collect()
+    }
+
+    async fn list(&self, filter: &JobFilter) -> Result<Vec<JobRecord>, OutboxError> {
+        let sql = AssertSqlSafe(format!(
+            "SELECT {RECORD_COLUMNS} FROM oncely_outbox
+              WHERE ($1 IS NULL OR kind = $1) AND ($2 IS NULL OR status = $2)
+              ORDER BY id DESC LIMIT $3"
+        ));
+        let rows = sqlx::query(sql)
+            .bind(filter.kind.as_deref())
+            .bind(filter.status())
+            .bind(filter.limit())
+            .fetch_all(&self.pool)
+            .await?;
+        rows.iter().map(record_from).collect()
+    }
+
+    async fn redrive(&self, operation_key: &str) -> Result<bool, OutboxError> {
+        let done = sqlx::query(
+            "UPDATE oncely_outbox
+                SET status = 'pending', run_after = now(), attempts = 0, dead_at = NULL,
+                    lease_token = NULL, last_error = NULL
+              WHERE operation_key = $1 AND status = 'dead'",
+        )
+        .bind(operation_key)
+        .execute(&self.pool)
+        .await?;
+        Ok(done.rows_affected() == 1)
     }
 
     async fn pending(&self) -> Result<i64, OutboxError> {

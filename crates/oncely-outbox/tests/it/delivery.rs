@@ -5,7 +5,7 @@ use std::time::{Duration, Instant};
 
 use oncely_inbox::{Faults, Inbox, Rejection, Running};
 use oncely_outbox::mail::{Email, EmailHandler, Mailer, from_url};
-use oncely_outbox::{JobStatus, NewJob, RetryPolicy, Worker, WorkerConfig};
+use oncely_outbox::{JobStatus, JobStore, NewJob, RetryPolicy, Worker, WorkerConfig};
 use oncely_testdb::TestDb;
 use time::OffsetDateTime;
 use tokio_util::sync::CancellationToken;
@@ -395,4 +395,120 @@ async fn a_poll_only_worker_still_delivers() {
     );
     shutdown.cancel();
     handle.await.unwrap().unwrap();
+}
+
+/// Counts how many of its jobs run at once.
+#[derive(Clone)]
+struct Counting(Arc<Gauge>);
+
+struct Gauge {
+    now: std::sync::atomic::AtomicUsize,
+    max: std::sync::atomic::AtomicUsize,
+}
+
+impl oncely_outbox::Handler for Counting {
+    fn run<'a>(
+        &'a self,
+        _job: &'a oncely_outbox::Job,
+    ) -> std::pin::Pin<Box<dyn std::future::Future<Output = oncely_outbox::Delivery> + Send + 'a>>
+    {
+        use std::sync::atomic::Ordering::SeqCst;
+        Box::pin(async move {
+            let now = self.0.now.fetch_add(1, SeqCst) + 1;
+            self.0.max.fetch_max(now, SeqCst);
+            tokio::time::sleep(Duration::from_millis(30)).await;
+            self.0.now.fetch_sub(1, SeqCst);
+            oncely_outbox::Delivery::Sent {
+                provider_message_id: None,
+            }
+        })
+    }
+}
+
+fn gauge() -> Counting {
+    Counting(Arc::new(Gauge {
+        now: 0.into(),
+        max: 0.into(),
+    }))
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_limited_kind_runs_at_most_its_concurrency_while_others_run_in_full_batches() {
+    use oncely_outbox::KindOptions;
+    let (store, _db) = crate::support::sqlite().await;
+    for i in 0..12 {
+        store
+            .enqueue_with_business_row(
+                NewJob::new(format!("charge:{i}"), "charge", serde_json::json!({})),
+                true,
+            )
+            .await
+            .unwrap();
+        store
+            .enqueue_with_business_row(
+                NewJob::new(format!("usage:{i}"), "usage", serde_json::json!({})),
+                true,
+            )
+            .await
+            .unwrap();
+    }
+    let (charges, usage) = (gauge(), gauge());
+    let worker = Worker::new(
+        store.clone(),
+        WorkerConfig {
+            batch: 8,
+            ..WorkerConfig::default()
+        },
+    )
+    .handle_with(
+        "charge",
+        charges.clone(),
+        KindOptions {
+            concurrency: Some(2),
+            ..KindOptions::default()
+        },
+    )
+    .handle("usage", usage.clone());
+    assert_eq!(worker.drain().await.unwrap(), 24);
+    use std::sync::atomic::Ordering::SeqCst;
+    assert_eq!(
+        charges.0.max.load(SeqCst),
+        2,
+        "never more than 2 charges at once"
+    );
+    assert!(
+        usage.0.max.load(SeqCst) > 2,
+        "unlimited kinds run a whole batch at once"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_worker_restricted_to_some_kinds_leaves_the_others() {
+    let (store, _db) = crate::support::sqlite().await;
+    store
+        .enqueue_with_business_row(NewJob::new("a:1", "a", serde_json::json!({})), true)
+        .await
+        .unwrap();
+    store
+        .enqueue_with_business_row(NewJob::new("b:1", "b", serde_json::json!({})), true)
+        .await
+        .unwrap();
+    let worker = || {
+        Worker::new(store.clone(), WorkerConfig::default())
+            .handle("a", gauge())
+            .handle("b", gauge())
+    };
+    let only_a = worker().restrict_to(&["a".to_owned()]).unwrap();
+    assert_eq!(only_a.kinds(), ["a"]);
+    assert_eq!(only_a.drain().await.unwrap(), 1);
+    assert_eq!(
+        store.job("b:1").await.unwrap().unwrap().status,
+        JobStatus::Pending
+    );
+    let error = worker()
+        .restrict_to(&["c".to_owned()])
+        .err()
+        .unwrap()
+        .to_string();
+    assert!(error.contains("\"c\"") && error.contains("a, b"), "{error}");
 }

@@ -3,7 +3,7 @@
 use std::collections::HashSet;
 use std::time::Duration;
 
-use oncely_outbox::store::Finish;
+use oncely_outbox::store::{Finish, JobFilter};
 use oncely_outbox::{Enqueued, JobStatus, NewJob};
 use oncely_testdb::TestDb;
 use serde_json::json;
@@ -34,6 +34,7 @@ both_stores!(
     a_retry_waits_for_its_delay,
     only_the_requested_kinds_are_claimed,
     sent_jobs_keep_their_attempt_history,
+    dead_jobs_are_listed_with_their_reason_and_redriven_with_the_same_key,
 );
 
 async fn enqueueing_the_same_intent_twice_is_a_no_op_that_says_so<S: Backend>(
@@ -259,4 +260,80 @@ async fn sent_jobs_keep_their_attempt_history<S: Backend>(store: S, _db: TestDb)
             .is_empty()
     );
     assert_eq!(store.pending().await.unwrap(), 0);
+}
+
+async fn dead_jobs_are_listed_with_their_reason_and_redriven_with_the_same_key<S: Backend>(
+    store: S,
+    _db: TestDb,
+) {
+    store
+        .enqueue_with_business_row(
+            NewJob::new("invoice:1:finalize", "invoice", json!({})),
+            true,
+        )
+        .await
+        .unwrap();
+    store
+        .enqueue_with_business_row(job("mail:1"), true)
+        .await
+        .unwrap();
+    let claimed = store
+        .claim("w", &kinds(&["invoice"]), 1, LEASE)
+        .await
+        .unwrap()
+        .remove(0);
+    let dead = Finish {
+        status: JobStatus::Dead,
+        result: "dead",
+        retry_in: Duration::ZERO,
+        provider_message_id: None,
+        error: Some("card declined".into()),
+    };
+    store.finish(&claimed, &dead).await.unwrap();
+
+    let dead_jobs = store
+        .list(&JobFilter {
+            status: Some(JobStatus::Dead),
+            ..JobFilter::default()
+        })
+        .await
+        .unwrap();
+    assert_eq!(dead_jobs.len(), 1);
+    assert_eq!(dead_jobs[0].last_error.as_deref(), Some("card declined"));
+    let invoices = store
+        .list(&JobFilter {
+            kind: Some("invoice".into()),
+            ..JobFilter::default()
+        })
+        .await
+        .unwrap();
+    assert_eq!(
+        invoices
+            .iter()
+            .map(|j| j.operation_key.as_str())
+            .collect::<Vec<_>>(),
+        ["invoice:1:finalize"]
+    );
+    assert_eq!(store.list(&JobFilter::default()).await.unwrap().len(), 2);
+
+    assert!(
+        !store.redrive("mail:1").await.unwrap(),
+        "only dead jobs are re-driven"
+    );
+    assert!(store.redrive("invoice:1:finalize").await.unwrap());
+    let again = store
+        .claim("w", &kinds(&["invoice"]), 1, LEASE)
+        .await
+        .unwrap()
+        .remove(0);
+    assert_eq!(
+        again.delivery_key, claimed.delivery_key,
+        "the same key goes downstream again"
+    );
+    assert_eq!(again.attempt, 1, "a fresh attempt budget");
+    assert_eq!(
+        store.attempts(again.id).await.unwrap().len(),
+        2,
+        "the history is kept"
+    );
 }

@@ -15,13 +15,14 @@
 //! deduplicate (an email API's `Idempotency-Key`, SMTP `Message-ID`). An *unknown* outcome
 //! (timeout after the request was handed over) is retried with the same key.
 //!
-//! Map: [`job`] (jobs, outcomes), [`policy`] (retry policy), [`store`] (the [`JobStore`] trait,
+//! Map: [`job`] (jobs, outcomes), [`http`] (calling an API with the job's key), [`policy`] (retry policy), [`store`] (the [`JobStore`] trait,
 //! PostgreSQL and SQLite), [`worker`] (the worker loop, wake-ups, shutdown), [`mail`] (email
 //! messages and the SMTP and HTTP mailers).
 
 #![deny(unsafe_code)]
 #![warn(missing_docs, unreachable_pub)]
 
+pub mod http;
 pub mod job;
 pub mod mail;
 pub mod policy;

@@ -9,7 +9,7 @@ use std::time::Duration;
 
 use lettre::message::header::{ContentType, Header, HeaderName, HeaderValue};
 use lettre::{AsyncSmtpTransport, AsyncTransport, Tokio1Executor};
-use secrecy::{ExposeSecret, SecretString};
+use secrecy::SecretString;
 use serde::{Deserialize, Serialize};
 use serde_json::json;
 
@@ -161,11 +161,7 @@ impl HttpMailer {
         api_key: Option<SecretString>,
         timeout: Duration,
     ) -> Result<Self, MailerError> {
-        install_crypto_provider();
-        let client = reqwest::Client::builder()
-            .timeout(timeout)
-            .connect_timeout(timeout)
-            .build()?;
+        let client = crate::http::client(timeout)?;
         Ok(Self {
             client,
             url: url.to_owned(),
@@ -174,46 +170,20 @@ impl HttpMailer {
     }
 
     async fn deliver(&self, email: &Email, key: &str) -> Delivery {
-        let mut request = self
-            .client
-            .post(&self.url)
-            .header("Idempotency-Key", key)
-            .json(&json!({
-                "from": email.from,
-                "to": [email.to],
-                "subject": email.subject,
-                "text": email.text,
-                "headers": { "Message-ID": format!("<{key}@oncely>") },
-            }));
-        if let Some(api_key) = &self.api_key {
-            request = request.bearer_auth(api_key.expose_secret());
-        }
-        let response = match request.send().await {
-            Ok(response) => response,
-            // Never reached the provider: safe to retry. Anything later: outcome unknown.
-            Err(error) if error.is_connect() => return Delivery::Retry(format!("HTTP: {error}")),
-            Err(error) => return Delivery::Unknown(format!("HTTP: {error}")),
-        };
-        let status = response.status();
-        if status.is_success() {
-            let id = response
-                .json::<serde_json::Value>()
-                .await
-                .ok()
-                .and_then(|v| v["id"].as_str().map(str::to_owned));
-            return Delivery::Sent {
-                provider_message_id: id,
-            };
-        }
-        let body = response.text().await.unwrap_or_default();
-        let error = format!(
-            "HTTP {status}: {}",
-            body.chars().take(200).collect::<String>()
-        );
-        match status.as_u16() {
-            408 | 409 | 429 => Delivery::Retry(error),
-            400..=499 => Delivery::Permanent(error),
-            _ => Delivery::Retry(error),
+        let body = json!({
+            "from": email.from,
+            "to": [email.to],
+            "subject": email.subject,
+            "text": email.text,
+            "headers": { "Message-ID": format!("<{key}@oncely>") },
+        });
+        match crate::http::post_json(&self.client, &self.url, key, &body, self.api_key.as_ref())
+            .await
+        {
+            Ok(answer) => Delivery::Sent {
+                provider_message_id: answer["id"].as_str().map(str::to_owned),
+            },
+            Err(outcome) => outcome,
         }
     }
 }
@@ -228,8 +198,8 @@ impl Mailer for HttpMailer {
     }
 }
 
-/// TLS for both mailers uses rustls with the ring provider; install it once per process.
-fn install_crypto_provider() {
+/// TLS uses rustls with the ring provider; install it once per process.
+pub(crate) fn install_crypto_provider() {
     let _ = rustls::crypto::ring::default_provider().install_default();
 }
 

@@ -1,0 +1,53 @@
+//! Calling an HTTP API from a job with the job's key as `Idempotency-Key`, and reading the
+//! outcome the way every such API needs: 2xx done; 408/409/429/5xx and connection failures
+//! retried; other 4xx permanent; a timeout or a broken connection after sending *unknown*
+//! (retried with the same key, which a deduplicating API turns into one effect).
+
+use secrecy::{ExposeSecret, SecretString};
+use serde_json::Value;
+
+use crate::job::Delivery;
+
+/// POSTs `body` to `url` with `Idempotency-Key: key` (and a bearer token if given). `Ok` holds
+/// the JSON answer of a 2xx (`Null` if it was not JSON); `Err` the outcome to report.
+pub async fn post_json(
+    client: &reqwest::Client,
+    url: &str,
+    key: &str,
+    body: &Value,
+    bearer: Option<&SecretString>,
+) -> Result<Value, Delivery> {
+    let mut request = client.post(url).header("Idempotency-Key", key).json(body);
+    if let Some(token) = bearer {
+        request = request.bearer_auth(token.expose_secret());
+    }
+    let response = match request.send().await {
+        Ok(response) => response,
+        // Never reached the server: safe to retry. Anything later: the outcome is unknown.
+        Err(error) if error.is_connect() => return Err(Delivery::Retry(format!("HTTP: {error}"))),
+        Err(error) => return Err(Delivery::Unknown(format!("HTTP: {error}"))),
+    };
+    let status = response.status();
+    if status.is_success() {
+        return Ok(response.json::<Value>().await.unwrap_or(Value::Null));
+    }
+    let text = response.text().await.unwrap_or_default();
+    let error = format!(
+        "HTTP {status}: {}",
+        text.chars().take(200).collect::<String>()
+    );
+    Err(match status.as_u16() {
+        408 | 409 | 429 => Delivery::Retry(error),
+        400..=499 => Delivery::Permanent(error),
+        _ => Delivery::Retry(error),
+    })
+}
+
+/// A client with `timeout` on connecting and on the whole request (TLS via rustls and ring).
+pub fn client(timeout: std::time::Duration) -> Result<reqwest::Client, reqwest::Error> {
+    crate::mail::install_crypto_provider();
+    reqwest::Client::builder()
+        .timeout(timeout)
+        .connect_timeout(timeout)
+        .build()
+}

@@ -23,7 +23,7 @@ use crate::database::Database;
 use crate::mail::MailContext;
 use crate::routes::issue::MailLimits;
 use crate::routes::{self, AppState, KeyPolicy};
-use crate::workers;
+use crate::workers::{self, WorkerPlan};
 
 /// How long one email send may take before its outcome counts as unknown.
 pub const SEND_TIMEOUT: Duration = Duration::from_secs(10);
@@ -67,19 +67,20 @@ pub async fn mailer(
     }
 }
 
-/// Worker settings from the configuration.
-pub fn worker_settings(common: &CommonArgs) -> (WorkerConfig, RetryPolicy) {
-    let config = WorkerConfig {
-        lease: common.lease,
-        ..WorkerConfig::default()
-    };
-    (
-        config,
-        RetryPolicy {
+/// The workers a configuration asks for.
+pub fn worker_plan(common: &CommonArgs, count: usize, kinds: Vec<String>) -> WorkerPlan {
+    WorkerPlan {
+        count,
+        config: WorkerConfig {
+            lease: common.lease,
+            ..WorkerConfig::default()
+        },
+        policy: RetryPolicy {
             base: common.retry_base,
             ..RetryPolicy::DEFAULT
         },
-    )
+        kinds,
+    }
 }
 
 impl Application {
@@ -122,8 +123,8 @@ impl Application {
             shutdown: &shutdown,
         };
         let (v1, workers) = match &database {
-            Database::Postgres(store) => parts.assemble(store.clone()),
-            Database::Sqlite(store) => parts.assemble(store.clone()),
+            Database::Postgres(store) => parts.assemble(store.clone())?,
+            Database::Sqlite(store) => parts.assemble(store.clone())?,
         };
         let v1 = if common.environment == Environment::Development
             && std::env::var("ONCELY_FAILPOINT").as_deref() == Ok("crash-after-commit")
@@ -207,25 +208,17 @@ impl Parts<'_> {
     fn assemble<A: Accounts>(
         self,
         accounts: A,
-    ) -> (Router, Vec<JoinHandle<Result<(), OutboxError>>>) {
+    ) -> anyhow::Result<(Router, Vec<JoinHandle<Result<(), OutboxError>>>)> {
         let jobs = accounts.jobs(self.common.poll_only);
-        let (config, retry) = worker_settings(self.common);
-        let handles = workers::spawn(
-            &accounts,
-            &jobs,
-            &self.context,
-            self.workers,
-            &config,
-            retry,
-            self.shutdown,
-        );
+        let plan = worker_plan(self.common, self.workers, Vec::new());
+        let handles = workers::spawn(&accounts, &jobs, &self.context, &plan, self.shutdown)?;
         let state = AppState {
             accounts,
             jobs,
             secret: self.secret,
             limits: self.limits,
         };
-        (routes::v1(state, self.policy), handles)
+        Ok((routes::v1(state, self.policy), handles))
     }
 }
 

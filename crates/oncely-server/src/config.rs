@@ -33,6 +33,56 @@ pub enum Command {
     /// Manage tenants.
     #[command(subcommand)]
     Tenant(TenantCommand),
+    /// Inspect outbox jobs and re-drive dead ones.
+    #[command(subcommand)]
+    Outbox(OutboxCommand),
+}
+
+/// `oncely outbox …`.
+#[derive(Debug, Subcommand)]
+pub enum OutboxCommand {
+    /// List jobs, newest first.
+    List {
+        /// Only this kind (`email.verification`, `charge`, …).
+        #[arg(long)]
+        kind: Option<String>,
+        /// Only this status.
+        #[arg(long, value_enum)]
+        status: Option<JobStatusArg>,
+        /// At most this many.
+        #[arg(long, default_value_t = 50)]
+        limit: u32,
+        #[command(flatten)]
+        #[allow(missing_docs)]
+        database: DatabaseArgs,
+    },
+    /// Show a job (by operation key) and every attempt.
+    Show {
+        /// The job's operation key.
+        key: String,
+        #[command(flatten)]
+        #[allow(missing_docs)]
+        database: DatabaseArgs,
+    },
+    /// Re-drive a dead job: due now, fresh attempts, the same delivery key.
+    Retry {
+        /// The job's operation key.
+        key: String,
+        #[command(flatten)]
+        #[allow(missing_docs)]
+        database: DatabaseArgs,
+    },
+}
+
+/// A job status on the command line.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum JobStatusArg {
+    /// Waiting or running.
+    Pending,
+    /// Done.
+    Sent,
+    /// Given up or skipped, with a reason.
+    Dead,
 }
 
 /// `oncely tenant …`.
@@ -157,6 +207,10 @@ pub struct WorkerArgs {
     /// Concurrent workers in this process.
     #[arg(long, env = "ONCELY_WORKERS", default_value_t = 1)]
     pub workers: usize,
+
+    /// Run only these job kinds (comma-separated); default: all.
+    #[arg(long, env = "ONCELY_WORKER_KINDS", value_delimiter = ',')]
+    pub kinds: Vec<String>,
 }
 
 /// Settings of `oncely inbox`.

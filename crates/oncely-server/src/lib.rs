@@ -8,6 +8,7 @@
 //! - [`accounts`]: the SQL of the account flows, once per database dialect.
 //! - [`email`], [`token`], [`password`]: addresses, one-time tokens, Argon2id.
 //! - [`mail`]: the emails and the outbox handlers that send them; [`workers`]: starting them.
+//! - [`ops`]: operator commands (`oncely outbox list|show|retry`).
 //!
 //! `main.rs` only parses the command line and calls into these.
 
@@ -20,6 +21,7 @@ pub mod config;
 pub mod database;
 pub mod email;
 pub mod mail;
+pub mod ops;
 pub mod password;
 pub mod routes;
 pub mod token;

@@ -63,6 +63,10 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
         Command::Tenant(TenantCommand::Create { name, database }) => {
             create_tenant(&name, &database.database_url).await
         }
+        Command::Outbox(command) => {
+            print!("{}", oncely_server::ops::outbox(command).await?);
+            Ok(())
+        }
     }
 }
 
@@ -86,6 +90,7 @@ async fn create_tenant(name: &str, database_url: &str) -> anyhow::Result<()> {
 }
 
 async fn run_workers(args: WorkerArgs) -> anyhow::Result<()> {
+    use oncely_server::accounts::Accounts;
     let common = &args.common;
     if common.mailer_choice()? == MailerChoice::Dev {
         bail!(
@@ -102,32 +107,14 @@ async fn run_workers(args: WorkerArgs) -> anyhow::Result<()> {
         from: common.mail_from.clone(),
         mailer,
     });
-    let (config, retry) = app::worker_settings(common);
+    let plan = app::worker_plan(common, args.workers, args.kinds.clone());
     let shutdown = CancellationToken::new();
     let handles = match &database {
         Database::Postgres(s) => {
-            use oncely_server::accounts::Accounts;
-            workers::spawn(
-                s,
-                &s.jobs(common.poll_only),
-                &context,
-                args.workers,
-                &config,
-                retry,
-                &shutdown,
-            )
+            workers::spawn(s, &s.jobs(common.poll_only), &context, &plan, &shutdown)?
         }
         Database::Sqlite(s) => {
-            use oncely_server::accounts::Accounts;
-            workers::spawn(
-                s,
-                &s.jobs(common.poll_only),
-                &context,
-                args.workers,
-                &config,
-                retry,
-                &shutdown,
-            )
+            workers::spawn(s, &s.jobs(common.poll_only), &context, &plan, &shutdown)?
         }
     };
     println!(

@@ -38,24 +38,39 @@ pub fn worker<A: Accounts>(
     worker.handle_with_policy(SIGNUP_NOTICE, notice, policy)
 }
 
-/// Starts `n` workers that run until `shutdown` is cancelled.
+/// How many workers to run, and how.
+#[derive(Debug, Clone)]
+pub struct WorkerPlan {
+    /// Workers in this process.
+    pub count: usize,
+    /// Their settings (each gets `-<n>` appended to its id).
+    pub config: WorkerConfig,
+    /// The retry policy of every email kind.
+    pub policy: RetryPolicy,
+    /// Only these kinds; empty: all.
+    pub kinds: Vec<String>,
+}
+
+/// Starts the planned workers; they run until `shutdown` is cancelled. An unknown kind in the
+/// plan is an error before anything starts.
 pub fn spawn<A: Accounts>(
     accounts: &A,
     jobs: &A::Jobs,
     context: &Arc<MailContext>,
-    n: usize,
-    config: &WorkerConfig,
-    policy: RetryPolicy,
+    plan: &WorkerPlan,
     shutdown: &CancellationToken,
-) -> Vec<JoinHandle<Result<(), OutboxError>>> {
-    (0..n)
-        .map(|i| {
-            let config = WorkerConfig {
-                id: format!("{}-{i}", config.id),
-                ..config.clone()
-            };
-            let worker = worker(accounts, jobs.clone(), context.clone(), config, policy);
-            tokio::spawn(worker.run(shutdown.clone()))
-        })
-        .collect()
+) -> anyhow::Result<Vec<JoinHandle<Result<(), OutboxError>>>> {
+    let mut handles = Vec::new();
+    for i in 0..plan.count {
+        let config = WorkerConfig {
+            id: format!("{}-{i}", plan.config.id),
+            ..plan.config.clone()
+        };
+        let mut worker = worker(accounts, jobs.clone(), context.clone(), config, plan.policy);
+        if !plan.kinds.is_empty() {
+            worker = worker.restrict_to(&plan.kinds)?;
+        }
+        handles.push(tokio::spawn(worker.run(shutdown.clone())));
+    }
+    Ok(handles)
 }

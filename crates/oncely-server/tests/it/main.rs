@@ -4,5 +4,6 @@
 
 mod flows;
 mod health;
+mod ops;
 mod signup;
 mod support;

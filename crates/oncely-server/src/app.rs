@@ -12,9 +12,8 @@ use axum::http::StatusCode;
 use axum::routing::get;
 use oncely_inbox::{Inbox, Running};
 use oncely_outbox::mail::{self, Mailer};
-use oncely_outbox::{OutboxError, RetryPolicy, WorkerConfig};
+use oncely_outbox::{RetryPolicy, WorkerConfig};
 use tokio::net::TcpListener;
-use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
 
 use crate::accounts::Accounts;
@@ -23,7 +22,7 @@ use crate::database::Database;
 use crate::mail::MailContext;
 use crate::routes::issue::MailLimits;
 use crate::routes::{self, AppState, KeyPolicy};
-use crate::workers::{self, WorkerPlan};
+use crate::workers::{self, WorkerHandles, WorkerPlan};
 
 /// How long one email send may take before its outcome counts as unknown.
 pub const SEND_TIMEOUT: Duration = Duration::from_secs(10);
@@ -35,7 +34,7 @@ pub struct Application {
     database: Database,
     dev_inbox: Option<(Inbox, Running)>,
     shutdown: CancellationToken,
-    workers: Vec<JoinHandle<Result<(), OutboxError>>>,
+    workers: WorkerHandles,
 }
 
 /// The mailer a configuration names; in development, `dev` starts the built-in inbox.
@@ -205,10 +204,7 @@ struct Parts<'a> {
 }
 
 impl Parts<'_> {
-    fn assemble<A: Accounts>(
-        self,
-        accounts: A,
-    ) -> anyhow::Result<(Router, Vec<JoinHandle<Result<(), OutboxError>>>)> {
+    fn assemble<A: Accounts>(self, accounts: A) -> anyhow::Result<(Router, WorkerHandles)> {
         let jobs = accounts.jobs(self.common.poll_only);
         let plan = worker_plan(self.common, self.workers, Vec::new());
         let handles = workers::spawn(&accounts, &jobs, &self.context, &plan, self.shutdown)?;

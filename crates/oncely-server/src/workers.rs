@@ -38,6 +38,9 @@ pub fn worker<A: Accounts>(
     worker.handle_with_policy(SIGNUP_NOTICE, notice, policy)
 }
 
+/// The running workers of a process.
+pub type WorkerHandles = Vec<JoinHandle<Result<(), OutboxError>>>;
+
 /// How many workers to run, and how.
 #[derive(Debug, Clone)]
 pub struct WorkerPlan {
@@ -59,7 +62,7 @@ pub fn spawn<A: Accounts>(
     context: &Arc<MailContext>,
     plan: &WorkerPlan,
     shutdown: &CancellationToken,
-) -> anyhow::Result<Vec<JoinHandle<Result<(), OutboxError>>>> {
+) -> anyhow::Result<WorkerHandles> {
     let mut handles = Vec::new();
     for i in 0..plan.count {
         let config = WorkerConfig {

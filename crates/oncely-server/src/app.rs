@@ -22,6 +22,7 @@ use crate::database::Database;
 use crate::mail::MailContext;
 use crate::routes::issue::MailLimits;
 use crate::routes::{self, AppState, KeyPolicy};
+use crate::telemetry;
 use crate::workers::{self, WorkerHandles, WorkerPlan};
 
 /// How long one email send may take before its outcome counts as unknown.
@@ -135,17 +136,21 @@ impl Application {
         } else {
             v1
         };
+        telemetry::prometheus();
         let mut router = Router::new()
             .route("/healthz", get(|| async { "ok" }))
             .route("/readyz", get(readyz))
+            .route("/metrics", get(metrics))
             .with_state(database.clone())
-            .merge(v1);
+            .merge(v1)
+            .route_layer(axum::middleware::from_fn(telemetry::record_http));
         if let Some((inbox, _)) = &dev_inbox
             && common.environment == Environment::Development
             && addr.ip().is_loopback()
         {
             router = router.nest("/_dev/inbox", oncely_inbox::http::router(inbox.clone()));
         }
+        let router = telemetry::layer(router);
         Ok(Self {
             listener,
             router,
@@ -230,6 +235,24 @@ async fn crash_after_commit(
         std::process::abort();
     }
     response
+}
+
+/// Prometheus text; the outbox backlog is read now.
+async fn metrics(State(database): State<Database>) -> (StatusCode, String) {
+    use oncely_outbox::JobStore;
+    let backlog = match &database {
+        Database::Postgres(store) => store.jobs(true).backlog().await,
+        Database::Sqlite(store) => store.jobs(true).backlog().await,
+    };
+    match backlog {
+        Ok(backlog) => {
+            metrics::gauge!("oncely_outbox_pending").set(backlog.pending as f64);
+            metrics::gauge!("oncely_outbox_oldest_pending_seconds")
+                .set(backlog.oldest_pending_seconds);
+        }
+        Err(error) => tracing::warn!(%error, "reading the outbox backlog for /metrics"),
+    }
+    (StatusCode::OK, telemetry::prometheus().render())
 }
 
 async fn readyz(State(database): State<Database>) -> (StatusCode, String) {

@@ -9,6 +9,7 @@
 //! - [`email`], [`token`], [`password`]: addresses, one-time tokens, Argon2id.
 //! - [`mail`]: the emails and the outbox handlers that send them; [`workers`]: starting them.
 //! - [`ops`]: operator commands (`oncely outbox list|show|retry`).
+//! - [`telemetry`]: logs, request ids, metrics.
 //!
 //! `main.rs` only parses the command line and calls into these.
 
@@ -24,5 +25,6 @@ pub mod mail;
 pub mod ops;
 pub mod password;
 pub mod routes;
+pub mod telemetry;
 pub mod token;
 pub mod workers;

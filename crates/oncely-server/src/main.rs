@@ -22,7 +22,7 @@ async fn main() -> std::process::ExitCode {
         Command::Worker(a) => a.common.environment == Environment::Production,
         _ => false,
     };
-    init_tracing(production);
+    oncely_server::telemetry::init_tracing(production);
     match run(cli).await {
         Ok(()) => std::process::ExitCode::SUCCESS,
         Err(error) => {
@@ -142,19 +142,6 @@ async fn run_inbox(args: InboxArgs) -> anyhow::Result<()> {
     );
     shutdown_signal().await;
     Ok(())
-}
-
-fn init_tracing(json: bool) {
-    use tracing_subscriber::EnvFilter;
-    let filter = EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new("info"));
-    let builder = tracing_subscriber::fmt()
-        .with_env_filter(filter)
-        .with_writer(std::io::stderr);
-    if json {
-        builder.json().init();
-    } else {
-        builder.init();
-    }
 }
 
 async fn shutdown_signal() {

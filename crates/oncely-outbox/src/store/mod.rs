@@ -122,6 +122,9 @@ pub trait JobStore: Clone + Send + Sync + 'static {
     /// How many jobs are pending.
     fn pending(&self) -> impl Future<Output = Result<i64, OutboxError>> + Send;
 
+    /// How many jobs are pending and how long the oldest has waited (for metrics).
+    fn backlog(&self) -> impl Future<Output = Result<Backlog, OutboxError>> + Send;
+
     /// Jobs for operators, newest first. (No index serves the kind filter: this is an
     /// inspection tool, not a hot path.)
     fn list(
@@ -136,6 +139,15 @@ pub trait JobStore: Clone + Send + Sync + 'static {
         &self,
         operation_key: &str,
     ) -> impl Future<Output = Result<bool, OutboxError>> + Send;
+}
+
+/// The outbox's backlog.
+#[derive(Debug, Clone, Copy, Default, PartialEq)]
+pub struct Backlog {
+    /// Pending jobs (due or waiting for a retry).
+    pub pending: i64,
+    /// Seconds since the oldest pending job was enqueued (0 when none).
+    pub oldest_pending_seconds: f64,
 }
 
 /// Which jobs [`JobStore::list`] returns.

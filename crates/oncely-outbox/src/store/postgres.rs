@@ -8,7 +8,7 @@ use sqlx::postgres::{PgListener, PgRow};
 use sqlx::{AssertSqlSafe, PgConnection, PgPool, Row, SqlSafeStr};
 use uuid::Uuid;
 
-use super::{CHANNEL, Finish, JobFilter, JobStore, OutboxError, Wakeup, status_str};
+use super::{Backlog, CHANNEL, Finish, JobFilter, JobStore, OutboxError, Wakeup, status_str};
 use crate::job::{AttemptRecord, Enqueued, Job, JobRecord, JobStatus, NewJob};
 
 /// The table that records which of the outbox's migrations ran.
@@ -260,6 +260,20 @@ impl JobStore for PgJobStore {
                 })
             })
             .collect()
+    }
+
+    async fn backlog(&self) -> Result<Backlog, OutboxError> {
+        let row = sqlx::query(
+            "SELECT count(*) AS pending,
+                    COALESCE(EXTRACT(EPOCH FROM now() - min(created_at))::float8, 0) AS oldest
+               FROM oncely_outbox WHERE status = 'pending'",
+        )
+        .fetch_one(&self.pool)
+        .await?;
+        Ok(Backlog {
+            pending: row.try_get("pending")?,
+            oldest_pending_seconds: row.try_get("oldest")?,
+        })
     }
 
     async fn list(&self, filter: &JobFilter) -> Result<Vec<JobRecord>, OutboxError> {

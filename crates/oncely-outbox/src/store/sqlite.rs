@@ -12,7 +12,7 @@ use time::OffsetDateTime;
 use tokio::sync::Notify;
 use uuid::Uuid;
 
-use super::{Finish, JobFilter, JobStore, OutboxError, Wakeup, status_str};
+use super::{Backlog, Finish, JobFilter, JobStore, OutboxError, Wakeup, status_str};
 use crate::job::{AttemptRecord, Enqueued, Job, JobRecord, JobStatus, NewJob};
 
 /// The table that records which of the outbox's migrations ran.
@@ -308,6 +308,20 @@ impl JobStore for SqliteJobStore {
                 })
             })
             .collect()
+    }
+
+    async fn backlog(&self) -> Result<Backlog, OutboxError> {
+        let row = sqlx::query(
+            "SELECT count(*) AS pending, min(created_at) AS oldest FROM oncely_outbox WHERE status = 'pending'",
+        )
+        .fetch_one(&self.pool)
+        .await?;
+        let oldest: Option<i64> = row.try_get("oldest")?;
+        let age = oldest.map_or(0.0, |t| (now_ms() - t).max(0) as f64 / 1000.0);
+        Ok(Backlog {
+            pending: row.try_get("pending")?,
+            oldest_pending_seconds: age,
+        })
     }
 
     async fn list(&self, filter: &JobFilter) -> Result<Vec<JobRecord>, OutboxError> {

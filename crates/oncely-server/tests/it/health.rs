@@ -53,3 +53,101 @@ async fn an_unreachable_database_stops_start_up_with_a_clear_error() {
     );
     assert!(!message.contains(":pw@"));
 }
+
+#[tokio::test]
+async fn metrics_show_request_outcomes_outbox_backlog_and_deliveries() {
+    let db = TestSqlite::new();
+    let app = spawn_app_on(db.url(), &[]).await;
+    let body = serde_json::json!({ "email": "metrics@example.com" });
+    app.post("/v1/signup", "m1", &body).await;
+    app.post("/v1/signup", "m1", &body).await;
+    app.emails_to("metrics@example.com", 1).await;
+    let metrics = app
+        .client
+        .get(format!("{}/metrics", app.base))
+        .send()
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    for needle in [
+        r#"oncely_idempotency_requests_total{outcome="created",route="/v1/signup"}"#,
+        r#"oncely_idempotency_requests_total{outcome="replayed",route="/v1/signup"}"#,
+        "oncely_outbox_pending ",
+        "oncely_outbox_oldest_pending_seconds ",
+        r#"oncely_outbox_attempts_total{kind="email.verification",result="sent"}"#,
+        r#"oncely_http_requests_total{route="/v1/signup",method="POST",status="202"}"#,
+        "oncely_http_request_duration_seconds",
+    ] {
+        assert!(
+            metrics.contains(needle),
+            "{needle} missing from:\n{metrics}"
+        );
+    }
+}
+
+#[tokio::test]
+async fn every_response_carries_a_request_id_and_keeps_the_callers() {
+    let db = TestSqlite::new();
+    let app = spawn_app_on(db.url(), &[]).await;
+    let generated = app
+        .client
+        .get(format!("{}/healthz", app.base))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(generated.headers()["x-request-id"].len(), 36, "a UUID");
+    let given = app
+        .client
+        .get(format!("{}/healthz", app.base))
+        .header("x-request-id", "abc-123")
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(given.headers()["x-request-id"], "abc-123");
+}
+
+#[tokio::test]
+async fn production_logs_are_json_lines_with_request_id_route_outcome_and_a_masked_address() {
+    let db = TestSqlite::new();
+    let (_inbox, running) = crate::support::start_inbox(oncely_inbox::Faults::default()).await;
+    let mut process = crate::support::spawn_binary(
+        db.url(),
+        &format!("smtp://{}", running.smtp_addr),
+        &[],
+        &[("ONCELY_ENV", "production")],
+    )
+    .await;
+    let response = oncely_testdb::http()
+        .post(format!("{}/v1/signup", process.base))
+        .header("idempotency-key", "json-logs")
+        .header("x-request-id", "req-42")
+        .json(&serde_json::json!({ "email": "logged@example.com" }))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(response.status(), 202);
+    process.child.kill().await.unwrap();
+    let logs = process.stderr.await.unwrap();
+    let lines: Vec<serde_json::Value> = logs
+        .lines()
+        .filter_map(|l| serde_json::from_str(l).ok())
+        .collect();
+    assert!(
+        !lines.is_empty() && lines.len() == logs.lines().count(),
+        "every line is JSON"
+    );
+    let outcome = lines
+        .iter()
+        .find(|l| l["fields"]["idempotency_outcome"] == "created")
+        .expect("the idempotency outcome is logged");
+    assert_eq!(outcome["fields"]["route"], "/v1/signup");
+    assert_eq!(outcome["span"]["request_id"], "req-42");
+    let signup = lines
+        .iter()
+        .find(|l| l["fields"]["message"] == "signup accepted")
+        .unwrap();
+    assert_eq!(signup["fields"]["email"], "l***@example.com");
+    assert!(!logs.contains("logged@example.com"));
+}

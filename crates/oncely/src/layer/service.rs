@@ -14,6 +14,7 @@ use bytes::Bytes;
 use http::{HeaderName, HeaderValue, Method, Request, StatusCode, header};
 use tokio::time::Instant;
 use tower::{Service, ServiceExt};
+use tracing::Instrument;
 
 use super::{Config, IdempotentTx, Mode, Outcome};
 use crate::store::{
@@ -70,7 +71,7 @@ where
         let config = self.config.clone();
         Box::pin(async move {
             // Its own task: a client that hangs up cannot stop us between effect and record.
-            let work = tokio::spawn(handle(inner, store, config, req));
+            let work = tokio::spawn(handle(inner, store, config, req).in_current_span());
             Ok(work
                 .await
                 .unwrap_or_else(|_| internal_error("the request task failed")))
@@ -296,12 +297,15 @@ where
     S: Service<Request<Body>, Response = Response, Error = Infallible> + Send + 'static,
     S::Future: Send + 'static,
 {
-    let task = tokio::spawn(async move {
-        let response = inner.oneshot(req).await.into_response();
-        let (parts, body) = response.into_parts();
-        let bytes = axum::body::to_bytes(body, usize::MAX).await;
-        (parts, bytes)
-    });
+    let task = tokio::spawn(
+        async move {
+            let response = inner.oneshot(req).await.into_response();
+            let (parts, body) = response.into_parts();
+            let bytes = axum::body::to_bytes(body, usize::MAX).await;
+            (parts, bytes)
+        }
+        .in_current_span(),
+    );
     let abort = task.abort_handle();
     let joined = match deadline {
         Some(limit) => match tokio::time::timeout(limit, task).await {

@@ -111,9 +111,11 @@ impl Application {
         let limits = MailLimits {
             per_address: args.mail_cap_per_address,
             per_client: args.mail_cap_per_client,
-            window: args.mail_cap_window,
+            window: args.retention.mail_cap_window,
         };
+        let pruning = (args.prune_interval, args.retention.retention());
         let parts = Parts {
+            pruning,
             secret,
             policy,
             limits,
@@ -200,6 +202,7 @@ impl Application {
 /// What assembling the routes and workers for one database needs.
 struct Parts<'a> {
     secret: oncely::ServerSecret,
+    pruning: (Duration, crate::prune::Retention),
     policy: KeyPolicy,
     limits: MailLimits,
     context: Arc<MailContext>,
@@ -212,7 +215,13 @@ impl Parts<'_> {
     fn assemble<A: Accounts>(self, accounts: A) -> anyhow::Result<(Router, WorkerHandles)> {
         let jobs = accounts.jobs(self.common.poll_only);
         let plan = worker_plan(self.common, self.workers, Vec::new());
-        let handles = workers::spawn(&accounts, &jobs, &self.context, &plan, self.shutdown)?;
+        let mut handles = workers::spawn(&accounts, &jobs, &self.context, &plan, self.shutdown)?;
+        handles.push(tokio::spawn(prune_periodically(
+            accounts.clone(),
+            jobs.clone(),
+            self.pruning,
+            self.shutdown.clone(),
+        )));
         let state = AppState {
             accounts,
             jobs,
@@ -235,6 +244,29 @@ async fn crash_after_commit(
         std::process::abort();
     }
     response
+}
+
+/// `serve`'s pruner: a full pass every interval, until shutdown.
+async fn prune_periodically<A: Accounts>(
+    accounts: A,
+    jobs: A::Jobs,
+    (interval, retention): (Duration, crate::prune::Retention),
+    shutdown: CancellationToken,
+) -> Result<(), oncely_outbox::OutboxError> {
+    loop {
+        tokio::select! {
+            () = shutdown.cancelled() => return Ok(()),
+            () = tokio::time::sleep(interval) => {}
+        }
+        match crate::prune::prune_all(&accounts, &jobs, retention, |_, _| {}).await {
+            Ok(pruned) if pruned.total() > 0 => tracing::info!(?pruned, "pruned expired rows"),
+            Ok(_) => {}
+            Err(error) => tracing::warn!(
+                error = format!("{error:#}"),
+                "pruning failed; next pass later"
+            ),
+        }
+    }
 }
 
 /// Prometheus text; the outbox backlog is read now.

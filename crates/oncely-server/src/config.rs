@@ -36,6 +36,9 @@ pub enum Command {
     /// Inspect outbox jobs and re-drive dead ones.
     #[command(subcommand)]
     Outbox(OutboxCommand),
+    /// Delete expired keys, old outbox history, expired tokens and old email-cap counters, in
+    /// small batches (safe while serving).
+    Prune(PruneArgs),
 }
 
 /// `oncely outbox …`.
@@ -192,9 +195,47 @@ pub struct ServeArgs {
     #[arg(long, env = "ONCELY_MAIL_CAP_PER_CLIENT", default_value_t = 30)]
     pub mail_cap_per_client: u32,
 
-    /// The window of both email caps.
+    #[command(flatten)]
+    #[allow(missing_docs)]
+    pub retention: RetentionArgs,
+
+    /// How often `serve` prunes expired rows (see `oncely prune`).
+    #[arg(long, env = "ONCELY_PRUNE_INTERVAL", default_value = "10m", value_parser = parse_duration)]
+    pub prune_interval: Duration,
+}
+
+/// How long rows are kept (used by `serve`'s pruner and by `oncely prune`).
+#[derive(Debug, Clone, Args)]
+pub struct RetentionArgs {
+    /// The window of both email caps (their counters are kept two windows).
     #[arg(long, env = "ONCELY_MAIL_CAP_WINDOW", default_value = "1h", value_parser = parse_duration)]
     pub mail_cap_window: Duration,
+
+    /// How long sent and dead outbox jobs (and their attempts) are kept after they finished.
+    #[arg(long, env = "ONCELY_OUTBOX_RETENTION", default_value = "7d", value_parser = parse_duration)]
+    pub outbox_retention: Duration,
+}
+
+impl RetentionArgs {
+    /// As the pruner takes it.
+    pub fn retention(&self) -> crate::prune::Retention {
+        crate::prune::Retention {
+            outbox: self.outbox_retention,
+            tokens: Duration::from_secs(7 * 24 * 3600),
+            cap_window: self.mail_cap_window,
+        }
+    }
+}
+
+/// Settings of `oncely prune`.
+#[derive(Debug, Clone, Args)]
+pub struct PruneArgs {
+    #[command(flatten)]
+    #[allow(missing_docs)]
+    pub database: DatabaseArgs,
+    #[command(flatten)]
+    #[allow(missing_docs)]
+    pub retention: RetentionArgs,
 }
 
 /// Settings of `oncely worker`.

@@ -9,7 +9,7 @@
 //! - [`email`], [`token`], [`password`]: addresses, one-time tokens, Argon2id.
 //! - [`mail`]: the emails and the outbox handlers that send them; [`workers`]: starting them.
 //! - [`ops`]: operator commands (`oncely outbox list|show|retry`).
-//! - [`telemetry`]: logs, request ids, metrics.
+//! - [`telemetry`]: logs, request ids, metrics; [`prune`]: retention.
 //!
 //! `main.rs` only parses the command line and calls into these.
 
@@ -24,6 +24,7 @@ pub mod email;
 pub mod mail;
 pub mod ops;
 pub mod password;
+pub mod prune;
 pub mod routes;
 pub mod telemetry;
 pub mod token;

@@ -7,7 +7,7 @@ use clap::Parser;
 use oncely_inbox::{Faults, Inbox};
 use oncely_server::app::{self, Application};
 use oncely_server::config::{
-    Cli, Command, Environment, InboxArgs, MailerChoice, TenantCommand, WorkerArgs,
+    Cli, Command, Environment, InboxArgs, MailerChoice, PruneArgs, TenantCommand, WorkerArgs,
 };
 use oncely_server::database::Database;
 use oncely_server::mail::MailContext;
@@ -63,6 +63,7 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
         Command::Tenant(TenantCommand::Create { name, database }) => {
             create_tenant(&name, &database.database_url).await
         }
+        Command::Prune(args) => prune(args).await,
         Command::Outbox(command) => {
             print!("{}", oncely_server::ops::outbox(command).await?);
             Ok(())
@@ -127,6 +128,38 @@ async fn run_workers(args: WorkerArgs) -> anyhow::Result<()> {
     for handle in handles {
         handle.await??;
     }
+    Ok(())
+}
+
+async fn prune(args: PruneArgs) -> anyhow::Result<()> {
+    use indicatif::{ProgressBar, ProgressStyle};
+    use oncely_server::accounts::Accounts;
+    let database = Database::connect(&args.database.database_url).await?;
+    database.migrate().await?;
+    let bar = ProgressBar::new_spinner();
+    bar.set_style(
+        ProgressStyle::with_template("{spinner} pruning {msg}").expect("a valid template"),
+    );
+    bar.enable_steady_tick(std::time::Duration::from_millis(120));
+    let progress = |table: &str, n: u64| bar.set_message(format!("{table}: {n} rows deleted"));
+    let retention = args.retention.retention();
+    let pruned = match &database {
+        Database::Postgres(s) => {
+            oncely_server::prune::prune_all(s, &s.jobs(true), retention, progress).await?
+        }
+        Database::Sqlite(s) => {
+            oncely_server::prune::prune_all(s, &s.jobs(true), retention, progress).await?
+        }
+    };
+    bar.finish_and_clear();
+    println!(
+        "pruned {} rows: {} idempotency keys, {} outbox jobs, {} tokens, {} email-cap counters",
+        pruned.total(),
+        pruned.keys,
+        pruned.jobs,
+        pruned.tokens,
+        pruned.rate_limits
+    );
     Ok(())
 }
 

@@ -122,6 +122,15 @@ pub trait JobStore: Clone + Send + Sync + 'static {
     /// How many jobs are pending.
     fn pending(&self) -> impl Future<Output = Result<i64, OutboxError>> + Send;
 
+    /// Deletes up to `limit` sent or dead jobs (and their attempts) that finished more than
+    /// `older_than` ago; returns how many. Call it repeatedly: each batch is short and skips rows
+    /// others hold. Until a job is pruned its operation key cannot be enqueued again.
+    fn prune(
+        &self,
+        older_than: Duration,
+        limit: u32,
+    ) -> impl Future<Output = Result<u64, OutboxError>> + Send;
+
     /// How many jobs are pending and how long the oldest has waited (for metrics).
     fn backlog(&self) -> impl Future<Output = Result<Backlog, OutboxError>> + Send;
 

@@ -31,6 +31,13 @@ pub fn migrator() -> Migrator {
             include_str!("../../migrations/postgres/0002_skipped.sql").into_sql_str(),
             false,
         ),
+        Migration::new(
+            3,
+            Cow::Borrowed("prune index"),
+            MigrationType::Simple,
+            include_str!("../../migrations/postgres/0003_prune_index.sql").into_sql_str(),
+            false,
+        ),
     ]);
     migrator.dangerous_set_table_name(MIGRATIONS_TABLE);
     migrator
@@ -274,6 +281,24 @@ impl JobStore for PgJobStore {
             pending: row.try_get("pending")?,
             oldest_pending_seconds: row.try_get("oldest")?,
         })
+    }
+
+    async fn prune(&self, older_than: Duration, limit: u32) -> Result<u64, OutboxError> {
+        // Index: oncely_outbox_finished. SKIP LOCKED: never waits for a worker.
+        let done = sqlx::query(
+            "DELETE FROM oncely_outbox WHERE id = ANY (ARRAY(
+                 SELECT id FROM oncely_outbox
+                  WHERE status <> 'pending'
+                    AND COALESCE(sent_at, dead_at) < now() - make_interval(secs => $1)
+                  ORDER BY COALESCE(sent_at, dead_at)
+                  LIMIT $2
+                    FOR UPDATE SKIP LOCKED))",
+        )
+        .bind(older_than.as_secs_f64())
+        .bind(i64::from(limit))
+        .execute(&self.pool)
+        .await?;
+        Ok(done.rows_affected())
     }
 
     async fn list(&self, filter: &JobFilter) -> Result<Vec<JobRecord>, OutboxError> {

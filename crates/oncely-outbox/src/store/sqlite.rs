@@ -35,6 +35,13 @@ pub fn migrator() -> Migrator {
             include_str!("../../migrations/sqlite/0002_skipped.sql").into_sql_str(),
             false,
         ),
+        Migration::new(
+            3,
+            Cow::Borrowed("prune index"),
+            MigrationType::Simple,
+            include_str!("../../migrations/sqlite/0003_prune_index.sql").into_sql_str(),
+            false,
+        ),
     ]);
     migrator.dangerous_set_table_name(MIGRATIONS_TABLE);
     migrator
@@ -322,6 +329,22 @@ impl JobStore for SqliteJobStore {
             pending: row.try_get("pending")?,
             oldest_pending_seconds: age,
         })
+    }
+
+    async fn prune(&self, older_than: Duration, limit: u32) -> Result<u64, OutboxError> {
+        // Index: oncely_outbox_finished.
+        let done = sqlx::query(
+            "DELETE FROM oncely_outbox WHERE id IN (
+                 SELECT id FROM oncely_outbox
+                  WHERE status <> 'pending' AND COALESCE(sent_at, dead_at) < ?1
+                  ORDER BY COALESCE(sent_at, dead_at)
+                  LIMIT ?2)",
+        )
+        .bind(now_ms() - ms(older_than))
+        .bind(i64::from(limit))
+        .execute(&self.pool)
+        .await?;
+        Ok(done.rows_affected())
     }
 
     async fn list(&self, filter: &JobFilter) -> Result<Vec<JobRecord>, OutboxError> {

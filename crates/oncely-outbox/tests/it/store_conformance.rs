@@ -35,6 +35,7 @@ both_stores!(
     only_the_requested_kinds_are_claimed,
     sent_jobs_keep_their_attempt_history,
     dead_jobs_are_listed_with_their_reason_and_redriven_with_the_same_key,
+    pruning_removes_only_finished_jobs_past_their_retention_in_batches,
 );
 
 async fn enqueueing_the_same_intent_twice_is_a_no_op_that_says_so<S: Backend>(
@@ -336,4 +337,45 @@ async fn dead_jobs_are_listed_with_their_reason_and_redriven_with_the_same_key<S
         2,
         "the history is kept"
     );
+}
+
+async fn pruning_removes_only_finished_jobs_past_their_retention_in_batches<S: Backend>(
+    store: S,
+    _db: TestDb,
+) {
+    for i in 0..5 {
+        store
+            .enqueue_with_business_row(job(&format!("done:{i}")), true)
+            .await
+            .unwrap();
+    }
+    for claimed in store
+        .claim("w", &kinds(&["email"]), 5, LEASE)
+        .await
+        .unwrap()
+    {
+        store.finish(&claimed, &sent()).await.unwrap();
+    }
+    store
+        .enqueue_with_business_row(job("waiting"), true)
+        .await
+        .unwrap();
+    assert_eq!(
+        store.prune(Duration::from_secs(3600), 10).await.unwrap(),
+        0,
+        "within retention: kept"
+    );
+    tokio::time::sleep(Duration::from_millis(30)).await;
+    assert_eq!(
+        store.prune(Duration::from_millis(10), 2).await.unwrap(),
+        2,
+        "one bounded batch"
+    );
+    assert_eq!(store.prune(Duration::from_millis(10), 10).await.unwrap(), 3);
+    assert_eq!(store.prune(Duration::from_millis(10), 10).await.unwrap(), 0);
+    assert!(
+        store.job("waiting").await.unwrap().is_some(),
+        "pending jobs are never pruned"
+    );
+    assert!(store.job("done:0").await.unwrap().is_none());
 }

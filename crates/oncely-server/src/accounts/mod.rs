@@ -171,6 +171,22 @@ pub trait Accounts: KeyStore {
         user_id: Uuid,
     ) -> impl Future<Output = anyhow::Result<Option<String>>> + Send;
 
+    /// Deletes up to `limit` tokens that expired more than `expired_for` ago (used, superseded,
+    /// decoys and unused alike); returns how many.
+    fn prune_tokens(
+        &self,
+        expired_for: std::time::Duration,
+        limit: u32,
+    ) -> impl Future<Output = anyhow::Result<u64>> + Send;
+
+    /// Deletes up to `limit` email-cap counters of windows that started before `before_window`
+    /// (Unix seconds); returns how many.
+    fn prune_rate_limits(
+        &self,
+        before_window: i64,
+        limit: u32,
+    ) -> impl Future<Output = anyhow::Result<u64>> + Send;
+
     /// Creates a tenant with the hash of its API key; fails if the name is taken.
     fn create_tenant(
         &self,

@@ -251,6 +251,38 @@ impl Accounts for PgKeyStore {
         )
     }
 
+    async fn prune_tokens(
+        &self,
+        expired_for: std::time::Duration,
+        limit: u32,
+    ) -> anyhow::Result<u64> {
+        // Index: oncely_tokens_expires_at. SKIP LOCKED: never waits for a request.
+        let done = sqlx::query(
+            "DELETE FROM oncely_tokens WHERE id = ANY (ARRAY(
+                 SELECT id FROM oncely_tokens WHERE expires_at < now() - make_interval(secs => $1)
+                  ORDER BY expires_at LIMIT $2 FOR UPDATE SKIP LOCKED))",
+        )
+        .bind(expired_for.as_secs_f64())
+        .bind(i64::from(limit))
+        .execute(self.pool())
+        .await?;
+        Ok(done.rows_affected())
+    }
+
+    async fn prune_rate_limits(&self, before_window: i64, limit: u32) -> anyhow::Result<u64> {
+        // Index: oncely_rate_limits_window.
+        let done = sqlx::query(
+            "DELETE FROM oncely_rate_limits WHERE ctid = ANY (ARRAY(
+                 SELECT ctid FROM oncely_rate_limits WHERE window_start < $1
+                  LIMIT $2 FOR UPDATE SKIP LOCKED))",
+        )
+        .bind(before_window)
+        .bind(i64::from(limit))
+        .execute(self.pool())
+        .await?;
+        Ok(done.rows_affected())
+    }
+
     async fn create_tenant(&self, id: &str, api_key_hash: &[u8]) -> anyhow::Result<()> {
         sqlx::query("INSERT INTO oncely_tenants (id, api_key_hash) VALUES ($1, $2)")
             .bind(id)

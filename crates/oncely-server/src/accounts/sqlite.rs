@@ -30,6 +30,13 @@ pub fn migrator() -> Migrator {
             include_str!("../../migrations/sqlite/0002_tenants_invites_limits.sql").into_sql_str(),
             false,
         ),
+        Migration::new(
+            3,
+            Cow::Borrowed("prune indexes"),
+            MigrationType::Simple,
+            include_str!("../../migrations/sqlite/0003_prune_indexes.sql").into_sql_str(),
+            false,
+        ),
     ]);
     migrator.dangerous_set_table_name("_oncely_server_migrations");
     migrator
@@ -265,6 +272,37 @@ impl Accounts for SqliteKeyStore {
                 .fetch_optional(self.pool())
                 .await?,
         )
+    }
+
+    async fn prune_tokens(
+        &self,
+        expired_for: std::time::Duration,
+        limit: u32,
+    ) -> anyhow::Result<u64> {
+        // Index: oncely_tokens_expires_at.
+        let cutoff = now() - i64::try_from(expired_for.as_millis()).unwrap_or(i64::MAX);
+        let done = sqlx::query(
+            "DELETE FROM oncely_tokens WHERE rowid IN (
+                 SELECT rowid FROM oncely_tokens WHERE expires_at < ?1 ORDER BY expires_at LIMIT ?2)",
+        )
+        .bind(cutoff)
+        .bind(i64::from(limit))
+        .execute(self.pool())
+        .await?;
+        Ok(done.rows_affected())
+    }
+
+    async fn prune_rate_limits(&self, before_window: i64, limit: u32) -> anyhow::Result<u64> {
+        // Index: oncely_rate_limits_window.
+        let done = sqlx::query(
+            "DELETE FROM oncely_rate_limits WHERE rowid IN (
+                 SELECT rowid FROM oncely_rate_limits WHERE window_start < ?1 LIMIT ?2)",
+        )
+        .bind(before_window)
+        .bind(i64::from(limit))
+        .execute(self.pool())
+        .await?;
+        Ok(done.rows_affected())
     }
 
     async fn create_tenant(&self, id: &str, api_key_hash: &[u8]) -> anyhow::Result<()> {

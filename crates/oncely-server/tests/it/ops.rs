@@ -106,3 +106,107 @@ async fn a_worker_for_an_unknown_kind_refuses_to_start_and_names_the_known_ones(
         "{text}"
     );
 }
+
+both_databases!(prune_deletes_expired_keys_old_history_and_counters_but_keeps_pending_work);
+
+async fn prune_deletes_expired_keys_old_history_and_counters_but_keeps_pending_work(
+    url: String,
+    _db: TestDb,
+) {
+    let (inbox, running) = start_inbox(Faults::default()).await;
+    let short = ["--lease", "300ms", "--key-retention", "1s"];
+    let app = spawn_app_with_inbox(&url, inbox, running, &short).await;
+    app.post("/v1/signup", "old", &json!({ "email": "old@example.com" }))
+        .await;
+    assert_eq!(app.emails_to("old@example.com", 1).await.len(), 1);
+    tokio::time::sleep(Duration::from_millis(2200)).await;
+    // A job that is still pending is never pruned, however old.
+    app.inbox.set_faults(Faults {
+        reject_next: 100,
+        ..Faults::default()
+    });
+    app.post("/v1/signup", "new", &json!({ "email": "new@example.com" }))
+        .await;
+
+    let (ok, out) = oncely(&[
+        "prune",
+        "--database-url",
+        &url,
+        "--outbox-retention",
+        "1s",
+        "--mail-cap-window",
+        "1s",
+    ])
+    .await;
+    assert!(ok, "{out}");
+    assert!(out.contains("1 idempotency keys, 1 outbox jobs"), "{out}");
+    assert_eq!(
+        app.count("SELECT count(*) FROM oncely_idempotency_keys")
+            .await,
+        1,
+        "the fresh key stays"
+    );
+    assert_eq!(
+        app.count("SELECT count(*) FROM oncely_outbox WHERE status = 'pending'")
+            .await,
+        1
+    );
+    assert_eq!(
+        app.count("SELECT count(*) FROM oncely_outbox WHERE status = 'sent'")
+            .await,
+        0
+    );
+    assert_eq!(
+        app.count("SELECT count(*) FROM oncely_outbox_attempts WHERE result = 'sent'")
+            .await,
+        0,
+        "attempts go with their job"
+    );
+    // The expired key is free again: the same key is a new request now.
+    let again = app
+        .post("/v1/signup", "old", &json!({ "email": "old@example.com" }))
+        .await;
+    assert!(again.headers().get("idempotent-replayed").is_none());
+}
+
+#[tokio::test]
+async fn serve_prunes_in_the_background_and_counts_it() {
+    let db = oncely_testdb::TestSqlite::new();
+    let args = [
+        "--lease",
+        "300ms",
+        "--key-retention",
+        "1s",
+        "--prune-interval",
+        "300ms",
+        "--outbox-retention",
+        "1s",
+    ];
+    let app = crate::support::spawn_app_on(db.url(), &args).await;
+    app.post("/v1/signup", "k", &json!({ "email": "bg@example.com" }))
+        .await;
+    app.emails_to("bg@example.com", 1).await;
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while app.count("SELECT count(*) FROM oncely_outbox").await > 0 && Instant::now() < deadline {
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert_eq!(
+        app.count("SELECT count(*) FROM oncely_idempotency_keys")
+            .await,
+        0
+    );
+    assert_eq!(app.count("SELECT count(*) FROM oncely_outbox").await, 0);
+    let metrics = app
+        .client
+        .get(format!("{}/metrics", app.base))
+        .send()
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    assert!(
+        metrics.contains(r#"oncely_pruned_rows_total{table="jobs"}"#),
+        "{metrics}"
+    );
+}

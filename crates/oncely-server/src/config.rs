@@ -39,6 +39,31 @@ pub enum Command {
     /// Delete expired keys, old outbox history, expired tokens and old email-cap counters, in
     /// small batches (safe while serving).
     Prune(PruneArgs),
+    /// Look up idempotency keys (for a support case).
+    #[command(subcommand)]
+    Key(KeyCommand),
+}
+
+/// `oncely key …`.
+#[derive(Debug, Subcommand)]
+pub enum KeyCommand {
+    /// Show where a key stands: in progress, completed (with the stored answer) or tombstoned.
+    Show {
+        /// The key, as the client sent it (without sf-string quotes).
+        key: String,
+        /// The route template.
+        #[arg(long, default_value = "/v1/signup")]
+        route: String,
+        /// The method.
+        #[arg(long, default_value = "POST")]
+        method: String,
+        /// The tenant.
+        #[arg(long, default_value = "default")]
+        tenant: String,
+        #[command(flatten)]
+        #[allow(missing_docs)]
+        database: DatabaseArgs,
+    },
 }
 
 /// `oncely outbox …`.

@@ -64,6 +64,10 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
             create_tenant(&name, &database.database_url).await
         }
         Command::Prune(args) => prune(args).await,
+        Command::Key(command) => {
+            print!("{}", oncely_server::ops::key_show(command).await?);
+            Ok(())
+        }
         Command::Outbox(command) => {
             print!("{}", oncely_server::ops::outbox(command).await?);
             Ok(())

@@ -1,4 +1,4 @@
-//! Operator commands: `oncely outbox list|show|retry`.
+//! Operator commands: `oncely outbox list|show|retry`, `oncely key show`.
 
 use std::fmt::Write;
 
@@ -97,6 +97,66 @@ async fn run<S: JobStore>(jobs: &S, command: OutboxCommand) -> anyhow::Result<St
                 out,
                 "re-driven: {key} is due now, with the same delivery key"
             )?;
+        }
+    }
+    Ok(out)
+}
+
+/// `oncely key show`: the state of one idempotency key, and the answer it replays.
+pub async fn key_show(command: crate::config::KeyCommand) -> anyhow::Result<String> {
+    use oncely::store::{KeyStore, Record, RecordState};
+    use oncely::{IdempotencyKey, Scope, TenantId};
+    let crate::config::KeyCommand::Show {
+        key,
+        route,
+        method,
+        tenant,
+        database,
+    } = command;
+    let tenant = TenantId::parse(tenant).map_err(|e| anyhow::anyhow!("{e}"))?;
+    let key = IdempotencyKey::parse(&key).map_err(|e| anyhow::anyhow!("{e}"))?;
+    let scope = Scope::new(tenant, method.to_uppercase(), route, key);
+    let record: Option<Record> = match Database::connect(&database.database_url).await? {
+        Database::Postgres(store) => store.get(&scope).await?,
+        Database::Sqlite(store) => store.get(&scope).await?,
+    };
+    let mut out = String::new();
+    writeln!(
+        out,
+        "tenant {} · {} {} · key {:?}",
+        scope.tenant,
+        scope.method,
+        scope.route,
+        scope.key.as_str()
+    )?;
+    match record {
+        None => writeln!(
+            out,
+            "not found: never used, or its retention has passed (a request with it runs afresh)"
+        )?,
+        Some(record) => {
+            writeln!(out, "fingerprint: {:?}", record.fingerprint)?;
+            match record.state {
+                RecordState::InProgress { lease_active: true } => {
+                    writeln!(out, "state: in progress (lease running)")?
+                }
+                RecordState::InProgress {
+                    lease_active: false,
+                } => writeln!(
+                    out,
+                    "state: in progress, lease expired (the next retry takes it over)"
+                )?,
+                RecordState::Completed(response) => {
+                    writeln!(out, "state: completed; replays status {}", response.status)?;
+                    for (name, value) in &response.headers {
+                        writeln!(out, "  {name}: {value}")?;
+                    }
+                    writeln!(out, "  body: {}", String::from_utf8_lossy(&response.body))?;
+                }
+                RecordState::Tombstoned { reason } => {
+                    writeln!(out, "state: tombstoned ({reason})")?
+                }
+            }
         }
     }
     Ok(out)

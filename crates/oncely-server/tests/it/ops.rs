@@ -210,3 +210,28 @@ async fn serve_prunes_in_the_background_and_counts_it() {
         "{metrics}"
     );
 }
+
+#[tokio::test]
+async fn key_show_tells_support_what_a_key_replays() {
+    let db = oncely_testdb::TestSqlite::new();
+    let app = crate::support::spawn_app_on(db.url(), &[]).await;
+    app.post(
+        "/v1/signup",
+        "\"support-1\"",
+        &json!({ "email": "help@example.com" }),
+    )
+    .await;
+    let (ok, out) = oncely(&["key", "show", "support-1", "--database-url", db.url()]).await;
+    assert!(ok, "{out}");
+    assert!(
+        out.contains("state: completed; replays status 202")
+            && out.contains("\"status\":\"accepted\""),
+        "{out}"
+    );
+    assert!(
+        !out.contains("help@example.com"),
+        "a stored answer holds no address"
+    );
+    let (ok, out) = oncely(&["key", "show", "never-used", "--database-url", db.url()]).await;
+    assert!(ok && out.contains("not found"), "{out}");
+}

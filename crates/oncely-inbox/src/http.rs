@@ -14,6 +14,8 @@ use crate::{Faults, Inbox, Intake, Message, Rejection, Verdict};
 /// The routes, on an [`Inbox`]. The server mounts the read API under `/_dev/inbox` in development.
 pub fn router(inbox: Inbox) -> Router {
     Router::new()
+        .route("/", get(crate::page::list))
+        .route("/view/{id}", get(crate::page::view))
         .route("/emails", post(send_email))
         .route("/messages", get(list).delete(clear))
         .route("/messages/{id}", get(one))

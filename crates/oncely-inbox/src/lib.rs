@@ -5,6 +5,7 @@
 //! - [`smtp`]: the SMTP intake (enough of RFC 5321 for real clients such as lettre).
 //! - [`http`]: `POST /emails` (Resend-compatible, honours `Idempotency-Key`), and the read API:
 //!   `GET /messages?to=`, `GET /messages/{id}`, `DELETE /messages`, `GET /stats`, `PUT /faults`.
+//! - [`page`]: the same as pages for a person (`GET /`, `GET /view/{id}`), links clickable.
 //!
 //! Every copy is kept: a message delivered twice shows twice, and [`Stats::duplicates`] counts
 //! it. In *provider mode* ([`Faults::dedupe_window`]) the inbox behaves like a real provider
@@ -23,6 +24,7 @@
 #![warn(missing_docs, unreachable_pub)]
 
 pub mod http;
+pub mod page;
 pub mod smtp;
 
 use std::collections::HashMap;

@@ -39,6 +39,13 @@ pub enum Command {
     /// Delete expired keys, old outbox history, expired tokens and old email-cap counters, in
     /// small batches (safe while serving).
     Prune(PruneArgs),
+    /// Run a storm of retried, concurrent and conflicting signups against an embedded instance,
+    /// and show that every intent made one account and one email.
+    Demo {
+        /// How many intents (signups for distinct addresses).
+        #[arg(long, default_value_t = 10)]
+        intents: usize,
+    },
     /// Look up idempotency keys (for a support case).
     #[command(subcommand)]
     Key(KeyCommand),

@@ -9,7 +9,7 @@
 //! - [`email`], [`token`], [`password`]: addresses, one-time tokens, Argon2id.
 //! - [`mail`]: the emails and the outbox handlers that send them; [`workers`]: starting them.
 //! - [`ops`]: operator commands (`oncely outbox list|show|retry`).
-//! - [`telemetry`]: logs, request ids, metrics; [`prune`]: retention.
+//! - [`telemetry`]: logs, request ids, metrics; [`prune`]: retention; [`demo`]: `oncely demo`.
 //!
 //! `main.rs` only parses the command line and calls into these.
 
@@ -20,6 +20,7 @@ pub mod accounts;
 pub mod app;
 pub mod config;
 pub mod database;
+pub mod demo;
 pub mod email;
 pub mod mail;
 pub mod ops;

@@ -64,6 +64,17 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
             create_tenant(&name, &database.database_url).await
         }
         Command::Prune(args) => prune(args).await,
+        Command::Demo { intents } => {
+            println!(
+                "oncely demo: {intents} signups, each retried 5 times, sent 5 times at once, and its key reused once with another body; the first 3 deliveries fail"
+            );
+            let report = oncely_server::demo::run(intents).await?;
+            print!("{}", report.table());
+            if !report.one_per_intent() {
+                bail!("an intent did not produce exactly one account and one email");
+            }
+            Ok(())
+        }
         Command::Key(command) => {
             print!("{}", oncely_server::ops::key_show(command).await?);
             Ok(())

@@ -235,3 +235,28 @@ async fn key_show_tells_support_what_a_key_replays() {
     let (ok, out) = oncely(&["key", "show", "never-used", "--database-url", db.url()]).await;
     assert!(ok && out.contains("not found"), "{out}");
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn the_demo_storm_shows_one_account_and_one_email_per_intent() {
+    let report = oncely_server::demo::run(3).await.unwrap();
+    assert_eq!(report.requests, 33);
+    assert_eq!(report.outcomes["created"], 3);
+    assert_eq!(report.outcomes["mismatch"], 3);
+    let answered_ok: usize = ["created", "replayed", "in_progress"]
+        .iter()
+        .map(|k| report.outcomes.get(k).copied().unwrap_or(0))
+        .sum();
+    assert_eq!(answered_ok, 30);
+    assert_eq!(
+        (report.users, report.emails, report.failed_attempts),
+        (3, 3, 3)
+    );
+    assert!(report.one_per_intent());
+    assert!(
+        report
+            .table()
+            .contains("one account and one email per intent        yes"),
+        "{}",
+        report.table()
+    );
+}

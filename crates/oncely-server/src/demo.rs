@@ -1,0 +1,193 @@
+//! `oncely demo`: a storm against an embedded instance, and the table that shows what
+//! survived it — one account and one email per intent.
+//!
+//! Per intent (a signup for its own address): the request retried in a row, the same request
+//! sent concurrently, and once the key reused with another body. The inbox rejects the first
+//! delivery attempts (a provider hiccup) so that retries show too.
+
+use std::collections::BTreeMap;
+use std::fmt::Write;
+use std::time::{Duration, Instant};
+
+use clap::Parser;
+use oncely_inbox::{Faults, Inbox};
+use serde_json::json;
+
+use crate::app::Application;
+use crate::config::{Cli, Command};
+
+/// What the storm did and what came out of it.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Report {
+    /// Logical operations (signups for distinct addresses).
+    pub intents: usize,
+    /// HTTP requests sent.
+    pub requests: usize,
+    /// Answers by idempotency outcome.
+    pub outcomes: BTreeMap<&'static str, usize>,
+    /// Accounts in the database.
+    pub users: i64,
+    /// Emails in the inbox.
+    pub emails: usize,
+    /// Delivery attempts recorded (including the injected failures).
+    pub attempts: i64,
+    /// Delivery attempts that failed and were retried.
+    pub failed_attempts: i64,
+}
+
+impl Report {
+    /// Whether every intent produced exactly one account and one email.
+    pub fn one_per_intent(&self) -> bool {
+        self.users == self.intents as i64 && self.emails == self.intents
+    }
+
+    /// The table `oncely demo` prints.
+    pub fn table(&self) -> String {
+        let mut out = String::new();
+        let row = |out: &mut String, k: &str, v: String| {
+            writeln!(out, "  {k:<38} {v:>8}").expect("write to a String")
+        };
+        row(
+            &mut out,
+            "intents (signups, distinct addresses)",
+            self.intents.to_string(),
+        );
+        row(&mut out, "HTTP requests sent", self.requests.to_string());
+        for (outcome, n) in &self.outcomes {
+            row(&mut out, &format!("  answered {outcome}"), n.to_string());
+        }
+        row(&mut out, "accounts created", self.users.to_string());
+        row(
+            &mut out,
+            "delivery attempts (failed, retried)",
+            format!("{} ({})", self.attempts, self.failed_attempts),
+        );
+        row(&mut out, "emails delivered", self.emails.to_string());
+        let verdict = if self.one_per_intent() { "yes" } else { "NO" };
+        row(
+            &mut out,
+            "one account and one email per intent",
+            verdict.to_owned(),
+        );
+        out
+    }
+}
+
+/// Runs the storm with `intents` intents on a throwaway SQLite database.
+pub async fn run(intents: usize) -> anyhow::Result<Report> {
+    let dir = tempfile_dir()?;
+    let database_url = format!("sqlite://{}", dir.join("demo.db").display());
+    let inbox = Inbox::new();
+    inbox.set_faults(Faults {
+        reject_next: 3,
+        ..Faults::default()
+    });
+    let loopback = "127.0.0.1:0".parse().expect("an address");
+    let running = inbox.start(loopback, loopback).await?;
+    let mailer = format!("smtp://{}", running.smtp_addr);
+    let argv = [
+        "oncely",
+        "serve",
+        "--bind",
+        "127.0.0.1:0",
+        "--database-url",
+        &database_url,
+        "--mailer",
+        &mailer,
+        "--retry-base",
+        "50ms",
+        "--mail-cap-per-client",
+        "100000",
+    ];
+    let Command::Serve(args) = Cli::try_parse_from(argv)?.command else {
+        unreachable!("parsed serve")
+    };
+    let app = Application::build(&args).await?;
+    let base = format!("http://{}", app.addr());
+    let database = app.database().clone();
+    tokio::spawn(app.run_until(std::future::pending()));
+
+    let client = oncely_outbox::http::client(Duration::from_secs(10))?;
+    let mut report = Report {
+        intents,
+        ..Report::default()
+    };
+    let send = |key: String, email: String| {
+        let client = client.clone();
+        let url = format!("{base}/v1/signup");
+        async move {
+            let response = client
+                .post(url)
+                .header("idempotency-key", key)
+                .json(&json!({ "email": email }))
+                .send()
+                .await?;
+            let replayed = response.headers().contains_key("idempotent-replayed");
+            Ok::<_, reqwest::Error>(match (response.status().as_u16(), replayed) {
+                (202, false) => "created",
+                (202, true) => "replayed",
+                (409, _) => "in_progress",
+                (422, _) => "mismatch",
+                _ => "other",
+            })
+        }
+    };
+    for i in 0..intents {
+        let (key, email) = (format!("demo-{i}"), format!("user{i}@example.com"));
+        let mut answers = Vec::new();
+        for _ in 0..5 {
+            answers.push(send(key.clone(), email.clone()).await?);
+        }
+        let concurrent =
+            futures::future::join_all((0..5).map(|_| send(key.clone(), email.clone()))).await;
+        for answer in concurrent {
+            answers.push(answer?);
+        }
+        answers.push(send(key.clone(), format!("someone-else{i}@example.com")).await?);
+        report.requests += answers.len();
+        for answer in answers {
+            *report.outcomes.entry(answer).or_default() += 1;
+        }
+    }
+
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while inbox.messages(None).len() < intents && Instant::now() < deadline {
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    report.emails = inbox.messages(None).len();
+    let (users, attempts, failed) = database_counts(&database).await?;
+    (report.users, report.attempts, report.failed_attempts) = (users, attempts, failed);
+    let _ = std::fs::remove_dir_all(&dir);
+    Ok(report)
+}
+
+async fn database_counts(database: &crate::database::Database) -> anyhow::Result<(i64, i64, i64)> {
+    const USERS: &str = "SELECT count(*) FROM oncely_users";
+    const ATTEMPTS: &str = "SELECT count(*) FROM oncely_outbox_attempts";
+    const FAILED: &str = "SELECT count(*) FROM oncely_outbox_attempts WHERE result = 'retry'";
+    Ok(match database {
+        crate::database::Database::Sqlite(store) => {
+            let pool = store.pool();
+            (
+                sqlx::query_scalar(USERS).fetch_one(pool).await?,
+                sqlx::query_scalar(ATTEMPTS).fetch_one(pool).await?,
+                sqlx::query_scalar(FAILED).fetch_one(pool).await?,
+            )
+        }
+        crate::database::Database::Postgres(store) => {
+            let pool = store.pool();
+            (
+                sqlx::query_scalar(USERS).fetch_one(pool).await?,
+                sqlx::query_scalar(ATTEMPTS).fetch_one(pool).await?,
+                sqlx::query_scalar(FAILED).fetch_one(pool).await?,
+            )
+        }
+    })
+}
+
+fn tempfile_dir() -> std::io::Result<std::path::PathBuf> {
+    let dir = std::env::temp_dir().join(format!("oncely-demo-{}", uuid::Uuid::new_v4().simple()));
+    std::fs::create_dir_all(&dir)?;
+    Ok(dir)
+}

@@ -143,6 +143,12 @@ impl Application {
             .route("/healthz", get(|| async { "ok" }))
             .route("/readyz", get(readyz))
             .route("/metrics", get(metrics))
+            .route(
+                "/openapi.json",
+                get(|| async {
+                    axum::Json(<crate::openapi::ApiDoc as utoipa::OpenApi>::openapi())
+                }),
+            )
             .with_state(database.clone())
             .merge(v1)
             .route_layer(axum::middleware::from_fn(telemetry::record_http));

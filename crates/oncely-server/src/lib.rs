@@ -8,6 +8,7 @@
 //! - [`accounts`]: the SQL of the account flows, once per database dialect.
 //! - [`email`], [`token`], [`password`]: addresses, one-time tokens, Argon2id.
 //! - [`mail`]: the emails and the outbox handlers that send them; [`workers`]: starting them.
+//! - [`openapi`]: the OpenAPI description (`/openapi.json`).
 //! - [`ops`]: operator commands (`oncely outbox list|show|retry`).
 //! - [`telemetry`]: logs, request ids, metrics; [`prune`]: retention; [`demo`]: `oncely demo`.
 //!
@@ -23,6 +24,7 @@ pub mod database;
 pub mod demo;
 pub mod email;
 pub mod mail;
+pub mod openapi;
 pub mod ops;
 pub mod password;
 pub mod prune;

@@ -79,10 +79,12 @@ pub async fn invite_page(Query(query): Query<PageQuery>) -> Html<String> {
 }
 
 /// `{ "token": … }` (and a password where the flow takes one).
-#[derive(Deserialize)]
+#[derive(Deserialize, utoipa::ToSchema)]
 #[serde(deny_unknown_fields)]
 pub struct TokenRequest {
+    /// The token from the link.
     token: String,
+    /// The new password (password reset: required; invite: optional; others: none).
     password: Option<String>,
 }
 

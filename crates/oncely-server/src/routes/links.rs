@@ -17,9 +17,11 @@ use crate::email::EmailAddress;
 use crate::token::Flow;
 
 /// `{ "email": … }`.
-#[derive(Deserialize)]
+#[derive(Deserialize, utoipa::ToSchema)]
 #[serde(deny_unknown_fields)]
 pub struct EmailRequest {
+    /// The address the link is for.
+    #[schema(example = "ada@example.com")]
     email: String,
 }
 

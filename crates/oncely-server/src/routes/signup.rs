@@ -18,11 +18,15 @@ use crate::password;
 use crate::token::Flow;
 
 /// The signup request.
-#[derive(Deserialize)]
+#[derive(Deserialize, utoipa::ToSchema)]
 #[serde(deny_unknown_fields)]
 pub struct SignupRequest {
+    /// The address; normalized (trimmed, IDNA, lower case) and strictly validated.
+    #[schema(example = "ada@example.com")]
     email: String,
+    /// Optional; 8–128 characters.
     password: Option<String>,
+    /// Optional; where the signup came from, ≤ 64 printable characters.
     source: Option<String>,
 }
 

@@ -2,6 +2,7 @@
 
 #![allow(unreachable_pub)]
 
+mod api_description;
 mod flows;
 mod health;
 mod ops;

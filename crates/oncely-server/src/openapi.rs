@@ -1,0 +1,355 @@
+//! The OpenAPI 3 description served at `/openapi.json`: request schemas derive from the
+//! request types; each route's answers are declared next to it here; what every `POST` shares
+//! (the `Idempotency-Key` header, the tenant's API key, the idempotency problems) is added once.
+
+use utoipa::openapi::path::{Operation, Parameter, ParameterBuilder, ParameterIn};
+use utoipa::openapi::{ContentBuilder, ObjectBuilder, Required, ResponseBuilder, Type};
+use utoipa::{Modify, OpenApi, ToSchema};
+
+use crate::routes::consume::TokenRequest;
+use crate::routes::links::EmailRequest;
+use crate::routes::signup::SignupRequest;
+
+/// Every problem type the service answers with: (slug, status, meaning). `docs/api.md` lists
+/// the same; a test checks both against the code.
+pub const PROBLEM_TYPES: &[(&str, u16, &str)] = &[
+    (
+        "idempotency-key-missing",
+        400,
+        "the route needs an Idempotency-Key header",
+    ),
+    (
+        "idempotency-key-invalid",
+        400,
+        "the key is empty, too long, not visible ASCII, or sent twice",
+    ),
+    (
+        "idempotency-key-reused",
+        422,
+        "the key was used for a different request",
+    ),
+    (
+        "idempotency-key-in-use",
+        409,
+        "a request with the key is still running; retry after Retry-After",
+    ),
+    (
+        "idempotency-key-unreplayable",
+        422,
+        "the request ran but its response was too large to store",
+    ),
+    (
+        "invalid-request",
+        400,
+        "the body is malformed or a field is invalid",
+    ),
+    ("request-too-large", 413, "the body is over the limit"),
+    ("request-body-unreadable", 400, "the body could not be read"),
+    ("unsupported-media-type", 415, "the body is not JSON"),
+    (
+        "token-invalid",
+        400,
+        "the link is unknown, used, superseded, expired, or another tenant's",
+    ),
+    (
+        "unauthorized",
+        401,
+        "the API key is invalid, or the route needs one",
+    ),
+    (
+        "storage-unavailable",
+        503,
+        "the key store failed; nothing ran",
+    ),
+    (
+        "request-timeout",
+        503,
+        "the request ran past its lease and was rolled back",
+    ),
+    (
+        "commit-failed",
+        503,
+        "the outcome is unknown; retry with the same key",
+    ),
+    (
+        "internal-error",
+        500,
+        "an unexpected failure; nothing was stored",
+    ),
+];
+
+/// `{"status": …, "detail": …}`.
+#[derive(ToSchema)]
+#[allow(dead_code)]
+pub struct Accepted {
+    /// `accepted`.
+    #[schema(example = "accepted")]
+    status: String,
+    /// The same sentence for every address.
+    detail: String,
+}
+
+/// `{"status": …}`.
+#[derive(ToSchema)]
+#[allow(dead_code)]
+pub struct Done {
+    /// `verified`, `password_changed`, `signed_in` or `joined`.
+    status: String,
+}
+
+/// RFC 9457 problem details (`application/problem+json`).
+#[derive(ToSchema)]
+#[allow(dead_code)]
+pub struct Problem {
+    /// `https://oncely.dev/problems/<slug>`, one of [`PROBLEM_TYPES`].
+    #[schema(rename = "type")]
+    type_uri: String,
+    /// A short summary.
+    title: String,
+    /// The HTTP status.
+    status: u16,
+    /// This occurrence, for people.
+    detail: Option<String>,
+}
+
+macro_rules! post_route {
+    ($name:ident, $path:tt, $body:ident, $ok:tt, $ok_body:ident, $summary:literal $(, ($status:tt, $desc:tt))*) => {
+        #[doc = $summary]
+        #[utoipa::path(
+            post,
+            path = $path,
+            request_body(content = $body, content_type = "application/json"),
+            responses(
+                (status = $ok, description = "Done (or replayed: `Idempotent-Replayed: true`)", body = $ok_body),
+                $((status = $status, description = $desc, body = Problem, content_type = "application/problem+json"),)*
+            )
+        )]
+        #[allow(dead_code)]
+        fn $name() {}
+    };
+}
+
+post_route!(
+    signup,
+    "/v1/signup",
+    SignupRequest,
+    202,
+    Accepted,
+    "Sign up: one account per address and tenant, one email per request; the same answer for new, pending and registered addresses."
+);
+post_route!(
+    resend,
+    "/v1/verification/resend",
+    EmailRequest,
+    202,
+    Accepted,
+    "A new verification link for an unverified account; the same answer for every address."
+);
+post_route!(
+    password_reset,
+    "/v1/password-reset",
+    EmailRequest,
+    202,
+    Accepted,
+    "A password reset link (1 h) if the address has an account; the same answer for every address."
+);
+post_route!(
+    magic_link,
+    "/v1/magic-link",
+    EmailRequest,
+    202,
+    Accepted,
+    "A sign-in link (15 min) if the address has an account; the same answer for every address."
+);
+post_route!(
+    invite,
+    "/v1/invites",
+    EmailRequest,
+    202,
+    Accepted,
+    "An invitation (7 days) to any address; needs the tenant's API key."
+);
+post_route!(
+    verify,
+    "/v1/verify",
+    TokenRequest,
+    200,
+    Done,
+    "Uses a verification link once; marks the address verified.",
+    (400, "`token-invalid`")
+);
+post_route!(
+    reset_confirm,
+    "/v1/password-reset/confirm",
+    TokenRequest,
+    200,
+    Done,
+    "Uses a reset link once; sets the new password.",
+    (400, "`token-invalid`, or an invalid password")
+);
+post_route!(
+    magic_consume,
+    "/v1/magic-link/consume",
+    TokenRequest,
+    200,
+    Done,
+    "Uses a sign-in link once.",
+    (400, "`token-invalid`")
+);
+post_route!(
+    invite_accept,
+    "/v1/invites/accept",
+    TokenRequest,
+    200,
+    Done,
+    "Uses an invitation once: creates or joins the account, one membership.",
+    (400, "`token-invalid`")
+);
+
+macro_rules! get_route {
+    ($name:ident, $path:tt, $ct:tt, $summary:tt $(, $param:tt)?) => {
+        #[doc = $summary]
+        #[utoipa::path(
+            get,
+            path = $path,
+            $(params(($param = Option<String>, Query, description = "The token from the link")),)?
+            responses((status = 200, description = $summary, content_type = $ct))
+        )]
+        #[allow(dead_code)]
+        fn $name() {}
+    };
+}
+
+get_route!(
+    verify_page,
+    "/v1/verify",
+    "text/html",
+    "The page a verification link opens; consumes nothing.",
+    "token"
+);
+get_route!(
+    reset_page,
+    "/v1/password-reset/confirm",
+    "text/html",
+    "The page a reset link opens; consumes nothing.",
+    "token"
+);
+get_route!(
+    magic_page,
+    "/v1/magic-link/consume",
+    "text/html",
+    "The page a sign-in link opens; consumes nothing.",
+    "token"
+);
+get_route!(
+    invite_page,
+    "/v1/invites/accept",
+    "text/html",
+    "The page an invitation opens; consumes nothing.",
+    "token"
+);
+get_route!(
+    healthz,
+    "/healthz",
+    "text/plain",
+    "Liveness: 200 while the process runs."
+);
+get_route!(
+    readyz,
+    "/readyz",
+    "text/plain",
+    "Readiness: 200 when the database answers and migrations are current; else 503."
+);
+get_route!(metrics, "/metrics", "text/plain", "Prometheus metrics.");
+
+/// The description.
+#[derive(OpenApi)]
+#[openapi(
+    info(title = "oncely", description = "Signup, verification and account links; retried requests are harmless."),
+    paths(
+        signup, resend, password_reset, magic_link, invite, verify, reset_confirm, magic_consume,
+        invite_accept, verify_page, reset_page, magic_page, invite_page, healthz, readyz, metrics
+    ),
+    components(schemas(Accepted, Done, Problem)),
+    modifiers(&Shared)
+)]
+pub struct ApiDoc;
+
+/// What every `POST` shares.
+struct Shared;
+
+impl Modify for Shared {
+    fn modify(&self, openapi: &mut utoipa::openapi::OpenApi) {
+        for (path, item) in openapi.paths.paths.iter_mut() {
+            if let Some(post) = item.post.as_mut() {
+                add_shared(post, path == "/v1/invites");
+            }
+        }
+    }
+}
+
+fn header(name: &str, required: bool, description: &str) -> utoipa::openapi::RefOr<Parameter> {
+    ParameterBuilder::new()
+        .name(name)
+        .parameter_in(ParameterIn::Header)
+        .required(if required {
+            Required::True
+        } else {
+            Required::False
+        })
+        .description(Some(description))
+        .schema(Some(ObjectBuilder::new().schema_type(Type::String)))
+        .build()
+        .into()
+}
+
+fn add_shared(operation: &mut Operation, needs_api_key: bool) {
+    let parameters = operation.parameters.get_or_insert_with(Vec::new);
+    parameters.push(header(
+        "Idempotency-Key",
+        true,
+        "One value per logical operation, reused on every retry: an RFC 8941 string or a bare token, 1-255 visible ASCII characters.",
+    ));
+    parameters.push(header(
+        "Authorization",
+        needs_api_key,
+        "`Bearer <tenant API key>`; without it, the default tenant. An invalid key is 401, never the default tenant.",
+    ));
+    let problem = |description: &str| {
+        ResponseBuilder::new()
+            .description(description)
+            .content(
+                "application/problem+json",
+                ContentBuilder::new()
+                    .schema(Some(utoipa::openapi::Ref::from_schema_name("Problem")))
+                    .build(),
+            )
+            .build()
+    };
+    let shared = [
+        (
+            "400",
+            "`idempotency-key-missing`, `idempotency-key-invalid`, `invalid-request`, `request-body-unreadable`",
+        ),
+        ("401", "`unauthorized`"),
+        ("409", "`idempotency-key-in-use` (with `Retry-After`)"),
+        ("413", "`request-too-large`"),
+        ("415", "`unsupported-media-type`"),
+        (
+            "422",
+            "`idempotency-key-reused`, `idempotency-key-unreplayable`",
+        ),
+        ("500", "`internal-error`"),
+        (
+            "503",
+            "`storage-unavailable`, `request-timeout`, `commit-failed` (with `Retry-After`)",
+        ),
+    ];
+    for (status, description) in shared {
+        operation
+            .responses
+            .responses
+            .entry(status.to_owned())
+            .or_insert_with(|| problem(description).into());
+    }
+}

@@ -1,0 +1,203 @@
+//! `/openapi.json` describes every route, and `docs/api.md` and the code agree with it.
+
+use std::collections::BTreeSet;
+
+use oncely_server::openapi::PROBLEM_TYPES;
+use serde_json::Value;
+
+use crate::support::spawn_app_on;
+
+fn workspace(path: &str) -> String {
+    let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../..");
+    std::fs::read_to_string(root.join(path)).unwrap()
+}
+
+async fn spec() -> (Value, crate::support::TestApp, oncely_testdb::TestSqlite) {
+    let db = oncely_testdb::TestSqlite::new();
+    let app = spawn_app_on(db.url(), &[]).await;
+    let spec = app
+        .client
+        .get(format!("{}/openapi.json", app.base))
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    (spec, app, db)
+}
+
+#[tokio::test]
+async fn the_description_is_openapi_3_and_every_post_requires_an_idempotency_key() {
+    let (spec, app, _db) = spec().await;
+    assert!(spec["openapi"].as_str().unwrap().starts_with("3."));
+    let schemas = spec["components"]["schemas"].as_object().unwrap();
+    for (path, item) in spec["paths"].as_object().unwrap() {
+        for (method, operation) in item.as_object().unwrap() {
+            let responses = operation["responses"].as_object().unwrap();
+            assert!(!responses.is_empty(), "{method} {path} has no responses");
+            if method == "post" {
+                let key = operation["parameters"]
+                    .as_array()
+                    .unwrap()
+                    .iter()
+                    .find(|p| p["name"] == "Idempotency-Key");
+                assert_eq!(
+                    key.map(|k| (&k["in"], &k["required"])),
+                    Some((&"header".into(), &true.into())),
+                    "{path}"
+                );
+                assert!(
+                    responses.contains_key("422") && responses.contains_key("409"),
+                    "{path}"
+                );
+            }
+        }
+    }
+    // Every reference points at a schema that exists.
+    let text = spec.to_string();
+    for reference in text.split("\"$ref\":\"#/components/schemas/").skip(1) {
+        let name = &reference[..reference.find('"').unwrap()];
+        assert!(schemas.contains_key(name), "dangling reference to {name}");
+    }
+    // A real answer has what its schema requires.
+    let answer: Value = app
+        .post(
+            "/v1/signup",
+            "api",
+            &serde_json::json!({ "email": "api@example.com" }),
+        )
+        .await
+        .json()
+        .await
+        .unwrap();
+    for field in schemas["Accepted"]["required"].as_array().unwrap() {
+        assert!(
+            answer.get(field.as_str().unwrap()).is_some(),
+            "the 202 lacks {field}"
+        );
+    }
+    let problem: Value = app
+        .post(
+            "/v1/signup",
+            "api-2",
+            &serde_json::json!({ "email": "nope" }),
+        )
+        .await
+        .json()
+        .await
+        .unwrap();
+    for field in schemas["Problem"]["required"].as_array().unwrap() {
+        assert!(
+            problem.get(field.as_str().unwrap()).is_some(),
+            "a problem lacks {field}"
+        );
+    }
+}
+
+/// `### \`POST /v1/…\`` headings of docs/api.md.
+fn documented_routes(api_md: &str) -> BTreeSet<(String, String)> {
+    api_md
+        .lines()
+        .filter(|l| l.starts_with("### `"))
+        .flat_map(|l| {
+            l.split('`')
+                .skip(1)
+                .step_by(2)
+                .map(str::to_owned)
+                .collect::<Vec<_>>()
+        })
+        .filter_map(|route| {
+            let (method, path) = route.split_once(' ')?;
+            Some((method.to_lowercase(), path.split('?').next()?.to_owned()))
+        })
+        .collect()
+}
+
+#[tokio::test]
+async fn docs_api_md_documents_every_route_of_the_description_and_no_other() {
+    let (spec, _app, _db) = spec().await;
+    let described: BTreeSet<(String, String)> = spec["paths"]
+        .as_object()
+        .unwrap()
+        .iter()
+        .flat_map(|(path, item)| {
+            item.as_object()
+                .unwrap()
+                .keys()
+                .map(move |m| (m.clone(), path.clone()))
+        })
+        // The pages a link opens are documented with their flows, not as routes of their own.
+        .filter(|(method, path)| {
+            method == "post" || !path.starts_with("/v1/") || path == "/v1/verify"
+        })
+        .filter(|(_, path)| path != "/metrics")
+        .collect();
+    let documented = documented_routes(&workspace("docs/api.md"));
+    assert_eq!(
+        described, documented,
+        "docs/api.md and /openapi.json disagree"
+    );
+}
+
+#[test]
+fn problem_types_are_the_same_in_the_code_the_description_and_the_docs() {
+    let listed: BTreeSet<(String, u16)> = PROBLEM_TYPES
+        .iter()
+        .map(|(slug, status, _)| ((*slug).to_owned(), *status))
+        .collect();
+    // docs/api.md's table: | `slug` | status |
+    let api_md = workspace("docs/api.md");
+    let table = &api_md[api_md.find("## Problem types").unwrap()..];
+    let documented: BTreeSet<(String, u16)> = table
+        .lines()
+        .filter_map(|l| {
+            let cells: Vec<&str> = l.split('|').map(str::trim).collect();
+            let slug = cells.get(1)?.strip_prefix('`')?.strip_suffix('`')?;
+            Some((slug.to_owned(), cells.get(2)?.parse().ok()?))
+        })
+        .collect();
+    assert_eq!(
+        listed, documented,
+        "docs/api.md's problem table and openapi::PROBLEM_TYPES disagree"
+    );
+    // Every slug the code can answer with is listed, and every listed one is used.
+    let mut used = BTreeSet::new();
+    for file in ["crates/oncely/src", "crates/oncely-server/src"]
+        .iter()
+        .flat_map(|dir| rust_files(dir))
+    {
+        let text = workspace(&file);
+        for piece in text.split("Problem::new(").skip(1) {
+            let quoted = piece.split('"').nth(1).unwrap();
+            used.insert(quoted.to_owned());
+        }
+    }
+    let listed_slugs: BTreeSet<String> = listed.into_iter().map(|(slug, _)| slug).collect();
+    assert_eq!(
+        used, listed_slugs,
+        "a problem type in the code is missing from PROBLEM_TYPES, or the reverse"
+    );
+}
+
+fn rust_files(dir: &str) -> Vec<String> {
+    let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../..");
+    let mut out = Vec::new();
+    let mut stack = vec![root.join(dir)];
+    while let Some(path) = stack.pop() {
+        for entry in std::fs::read_dir(path).unwrap() {
+            let path = entry.unwrap().path();
+            if path.is_dir() {
+                stack.push(path);
+            } else if path.extension().is_some_and(|e| e == "rs") {
+                out.push(
+                    path.strip_prefix(&root)
+                        .unwrap()
+                        .to_string_lossy()
+                        .into_owned(),
+                );
+            }
+        }
+    }
+    out
+}

@@ -91,6 +91,18 @@ pub enum OutboxCommand {
         #[allow(missing_docs)]
         database: DatabaseArgs,
     },
+    /// List dead jobs with their reasons (`list --status dead`).
+    Dead {
+        /// Only this kind.
+        #[arg(long)]
+        kind: Option<String>,
+        /// At most this many.
+        #[arg(long, default_value_t = 50)]
+        limit: u32,
+        #[command(flatten)]
+        #[allow(missing_docs)]
+        database: DatabaseArgs,
+    },
     /// Show a job (by operation key) and every attempt.
     Show {
         /// The job's operation key.

@@ -42,7 +42,7 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
             println!("oncely API:   http://{addr}   (health: /healthz)");
             if let Some((_, running)) = app.dev_inbox() {
                 println!(
-                    "dev inbox:    http://{addr}/_dev/inbox/messages   (SMTP {})",
+                    "dev inbox:    http://{addr}/_dev/inbox   (JSON: /_dev/inbox/messages; SMTP {})",
                     running.smtp_addr
                 );
             }

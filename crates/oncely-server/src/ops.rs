@@ -12,8 +12,23 @@ use crate::database::Database;
 
 /// Runs an outbox command and returns what to print.
 pub async fn outbox(command: OutboxCommand) -> anyhow::Result<String> {
+    // `dead` is `list --status dead`.
+    let command = match command {
+        OutboxCommand::Dead {
+            kind,
+            limit,
+            database,
+        } => OutboxCommand::List {
+            kind,
+            status: Some(JobStatusArg::Dead),
+            limit,
+            database,
+        },
+        other => other,
+    };
     let database = match &command {
         OutboxCommand::List { database, .. }
+        | OutboxCommand::Dead { database, .. }
         | OutboxCommand::Show { database, .. }
         | OutboxCommand::Retry { database, .. } => {
             Database::connect(&database.database_url).await?
@@ -28,6 +43,7 @@ pub async fn outbox(command: OutboxCommand) -> anyhow::Result<String> {
 async fn run<S: JobStore>(jobs: &S, command: OutboxCommand) -> anyhow::Result<String> {
     let mut out = String::new();
     match command {
+        OutboxCommand::Dead { .. } => unreachable!("`outbox` turns it into a list"),
         OutboxCommand::List {
             kind,
             status,

@@ -66,6 +66,9 @@ async fn a_dead_job_is_listed_with_its_reason_shown_with_its_attempts_and_redriv
         .to_owned();
     assert!(key.starts_with("verification:default:"), "{key}");
 
+    let (ok, dead) = oncely(&["outbox", "dead", "--database-url", &url]).await;
+    assert!(ok && dead.contains(&key), "{dead}");
+
     let (ok, shown) = oncely(&["outbox", "show", &key, "--database-url", &url]).await;
     assert!(ok, "{shown}");
     assert!(
@@ -259,4 +262,37 @@ async fn the_demo_storm_shows_one_account_and_one_email_per_intent() {
         "{}",
         report.table()
     );
+}
+
+#[tokio::test]
+async fn help_documents_every_setting_and_never_shows_a_secret() {
+    let output = tokio::process::Command::new(env!("CARGO_BIN_EXE_oncely"))
+        .args(["serve", "--help"])
+        .env("ONCELY_SECRET", "super-secret-value-0123456789-abcdef")
+        .env("ONCELY_MAILER_API_KEY", "re_secret_api_key")
+        .env("DATABASE_URL", "postgres://user:db-password@host/db")
+        .output()
+        .await
+        .unwrap();
+    let help = String::from_utf8(output.stdout).unwrap();
+    for variable in [
+        "DATABASE_URL",
+        "ONCELY_ENV",
+        "ONCELY_BIND",
+        "ONCELY_SECRET",
+        "ONCELY_PUBLIC_URL",
+        "ONCELY_MAILER",
+        "ONCELY_MAIL_FROM",
+        "ONCELY_WORKERS",
+        "ONCELY_KEY_RETENTION",
+        "ONCELY_LEASE",
+    ] {
+        assert!(
+            help.contains(variable),
+            "{variable} is not documented in serve --help"
+        );
+    }
+    for secret in ["super-secret-value", "re_secret_api_key", "db-password"] {
+        assert!(!help.contains(secret), "{secret} leaked into --help");
+    }
 }

@@ -284,6 +284,48 @@ impl Modify for Shared {
             if let Some(post) = item.post.as_mut() {
                 add_shared(post, path == "/v1/invites");
             }
+            for operation in [&mut item.get, &mut item.post].into_iter().flatten() {
+                add_response_headers(operation);
+            }
+        }
+    }
+}
+
+fn response_header(description: &str) -> utoipa::openapi::RefOr<utoipa::openapi::header::Header> {
+    let mut header =
+        utoipa::openapi::header::Header::new(ObjectBuilder::new().schema_type(Type::String));
+    header.description = Some(description.to_owned());
+    header.into()
+}
+
+/// Headers answers carry: the request id on every one, the replay marker on stored answers,
+/// `Retry-After` where a retry is invited.
+fn add_response_headers(operation: &mut Operation) {
+    let post = operation
+        .parameters
+        .iter()
+        .flatten()
+        .any(|p| matches!(p, utoipa::openapi::RefOr::T(p) if p.name == "Idempotency-Key"));
+    for (status, response) in operation.responses.responses.iter_mut() {
+        let utoipa::openapi::RefOr::T(response) = response else {
+            continue;
+        };
+        let headers = &mut response.headers;
+        headers.insert(
+            "X-Request-Id".into(),
+            response_header("The caller's x-request-id, or a generated UUID; also in every log line of the request."),
+        );
+        if post && status.starts_with('2') {
+            headers.insert(
+                "Idempotent-Replayed".into(),
+                response_header("`true` when this is the stored answer of an earlier request with the same key."),
+            );
+        }
+        if status == "409" || status == "503" {
+            headers.insert(
+                "Retry-After".into(),
+                response_header("Seconds to wait before retrying with the same key."),
+            );
         }
     }
 }

@@ -191,6 +191,15 @@ impl Inbox {
         Ok(running)
     }
 
+    /// An inbox with `faults`, listening on free loopback ports (tests, the dev inbox, demos).
+    pub async fn start_local(faults: Faults) -> std::io::Result<(Self, Running)> {
+        let inbox = Self::new();
+        inbox.set_faults(faults);
+        let loopback = SocketAddr::from(([127, 0, 0, 1], 0));
+        let running = inbox.start(loopback, loopback).await?;
+        Ok((inbox, running))
+    }
+
     /// Replaces the faults.
     pub fn set_faults(&self, faults: Faults) {
         self.lock().faults = faults;

@@ -6,14 +6,7 @@ use oncely_inbox::{Faults, Inbox};
 use serde_json::{Value, json};
 
 async fn start() -> (Inbox, String) {
-    let inbox = Inbox::new();
-    let running = inbox
-        .start(
-            "127.0.0.1:0".parse().unwrap(),
-            "127.0.0.1:0".parse().unwrap(),
-        )
-        .await
-        .unwrap();
+    let (inbox, running) = Inbox::start_local(Faults::default()).await.unwrap();
     (inbox, format!("http://{}", running.http_addr))
 }
 

@@ -54,10 +54,7 @@ pub async fn mailer(
             Ok((mailer, None))
         }
         MailerChoice::Dev => {
-            let inbox = Inbox::new();
-            let loopback: SocketAddr = "127.0.0.1:0".parse().expect("a valid address");
-            let running = inbox
-                .start(loopback, loopback)
+            let (inbox, running) = Inbox::start_local(oncely_inbox::Faults::default())
                 .await
                 .context("starting the dev inbox")?;
             let mailer =

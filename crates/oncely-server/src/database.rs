@@ -3,7 +3,6 @@
 use std::time::Duration;
 
 use anyhow::{Context, bail};
-use oncely::store::KeyStore;
 use sqlx::AssertSqlSafe;
 
 use crate::accounts::Accounts;
@@ -51,32 +50,9 @@ impl Database {
     /// Applies every migration: idempotency keys, outbox, accounts (each library keeps its own
     /// history table).
     pub async fn migrate(&self) -> anyhow::Result<()> {
-        use oncely_outbox::JobStore;
         match self {
-            Self::Postgres(store) => {
-                store
-                    .migrate()
-                    .await
-                    .context("idempotency key migrations")?;
-                store
-                    .jobs(false)
-                    .migrate()
-                    .await
-                    .context("outbox migrations")?;
-                store.migrate_accounts().await.context("account migrations")
-            }
-            Self::Sqlite(store) => {
-                store
-                    .migrate()
-                    .await
-                    .context("idempotency key migrations")?;
-                store
-                    .jobs(false)
-                    .migrate()
-                    .await
-                    .context("outbox migrations")?;
-                store.migrate_accounts().await.context("account migrations")
-            }
+            Self::Postgres(store) => migrate_all(store).await,
+            Self::Sqlite(store) => migrate_all(store).await,
         }
     }
 
@@ -121,6 +97,20 @@ impl Database {
             Self::Sqlite(_) => "sqlite",
         }
     }
+}
+
+async fn migrate_all<A: Accounts>(store: &A) -> anyhow::Result<()> {
+    use oncely_outbox::JobStore;
+    store
+        .migrate()
+        .await
+        .context("idempotency key migrations")?;
+    store
+        .jobs(false)
+        .migrate()
+        .await
+        .context("outbox migrations")?;
+    store.migrate_accounts().await.context("account migrations")
 }
 
 /// The URL with any password replaced, for messages.

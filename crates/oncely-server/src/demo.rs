@@ -77,13 +77,11 @@ impl Report {
 pub async fn run(intents: usize) -> anyhow::Result<Report> {
     let dir = tempfile_dir()?;
     let database_url = format!("sqlite://{}", dir.join("demo.db").display());
-    let inbox = Inbox::new();
-    inbox.set_faults(Faults {
+    let (inbox, running) = Inbox::start_local(Faults {
         reject_next: 3,
         ..Faults::default()
-    });
-    let loopback = "127.0.0.1:0".parse().expect("an address");
-    let running = inbox.start(loopback, loopback).await?;
+    })
+    .await?;
     let mailer = format!("smtp://{}", running.smtp_addr);
     let argv = [
         "oncely",

@@ -20,16 +20,7 @@ const FAST: RetryPolicy = RetryPolicy {
 };
 
 async fn inbox(faults: Faults) -> (Inbox, Running) {
-    let inbox = Inbox::new();
-    inbox.set_faults(faults);
-    let running = inbox
-        .start(
-            "127.0.0.1:0".parse().unwrap(),
-            "127.0.0.1:0".parse().unwrap(),
-        )
-        .await
-        .unwrap();
-    (inbox, running)
+    Inbox::start_local(faults).await.unwrap()
 }
 
 fn smtp(running: &Running) -> Arc<dyn Mailer> {

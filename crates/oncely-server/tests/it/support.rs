@@ -45,16 +45,7 @@ pub struct TestApp {
 }
 
 pub async fn start_inbox(faults: Faults) -> (Inbox, Running) {
-    let inbox = Inbox::new();
-    inbox.set_faults(faults);
-    let running = inbox
-        .start(
-            "127.0.0.1:0".parse().unwrap(),
-            "127.0.0.1:0".parse().unwrap(),
-        )
-        .await
-        .unwrap();
-    (inbox, running)
+    Inbox::start_local(faults).await.unwrap()
 }
 
 /// The app, in this process, mailing over SMTP to a fresh inbox.

@@ -1,0 +1,35 @@
+//! The layer-overhead target: one trivial handler served twice on PostgreSQL, `/plain` without
+//! the Idempotency-Key layer and `/keyed` behind its generic mode.
+
+use axum::Router;
+use axum::routing::post;
+use oncely::store::KeyStore;
+use oncely::store::postgres::PgKeyStore;
+use oncely::{IdempotencyLayer, ServerSecret};
+
+#[tokio::main]
+async fn main() -> anyhow::Result<()> {
+    let url = std::env::var("DATABASE_URL")?;
+    let bind = std::env::var("BIND").unwrap_or_else(|_| "127.0.0.1:8091".into());
+    let pool = sqlx::postgres::PgPoolOptions::new()
+        .max_connections(32)
+        .connect(&url)
+        .await?;
+    let store = PgKeyStore::new(pool);
+    store.migrate().await?;
+    let secret = ServerSecret::new(b"bench-secret-bench-secret-bench-secret".to_vec())?;
+    let handler = || async {
+        (
+            axum::http::StatusCode::CREATED,
+            axum::Json(serde_json::json!({ "ok": true })),
+        )
+    };
+    let app = Router::new()
+        .route("/keyed", post(handler))
+        .route_layer(IdempotencyLayer::generic(store, secret))
+        .route("/plain", post(handler));
+    let listener = tokio::net::TcpListener::bind(&bind).await?;
+    println!("layer target on http://{bind}");
+    axum::serve(listener, app).await?;
+    Ok(())
+}

@@ -1,0 +1,176 @@
+//! `oncely-loadgen`: drives an Idempotency-Key API over HTTP for a fixed time and prints one
+//! JSON line: requests, successes, rate, latency percentiles, statuses.
+//!
+//! Modes:
+//! - `signup`: every logical request a fresh key and a fresh address; with `--duplicates p`, a
+//!   share p of requests repeat an earlier request (same key, same body) instead;
+//! - `replay`: first makes `--keys` requests, then only repeats them (every answer a replay);
+//! - `plain`: a fresh key per request to any URL with a fixed body (layer overhead).
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::{Duration, Instant};
+
+use clap::{Parser, ValueEnum};
+use rand::Rng;
+use serde_json::json;
+use tokio::sync::Mutex;
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+enum Mode {
+    Signup,
+    Replay,
+    Plain,
+}
+
+#[derive(Debug, Parser)]
+struct Args {
+    /// The URL to POST to.
+    #[arg(long)]
+    url: String,
+    #[arg(long, value_enum, default_value = "signup")]
+    mode: Mode,
+    /// Requests in flight at once.
+    #[arg(long, default_value_t = 16)]
+    concurrency: usize,
+    /// How long to run, in seconds.
+    #[arg(long, default_value_t = 10.0)]
+    seconds: f64,
+    /// Share of requests that repeat an earlier one (signup mode).
+    #[arg(long, default_value_t = 0.0)]
+    duplicates: f64,
+    /// Keys to create first and then replay (replay mode).
+    #[arg(long, default_value_t = 200)]
+    keys: usize,
+}
+
+#[derive(Default)]
+struct Totals {
+    latencies: Vec<Duration>,
+    statuses: BTreeMap<u16, u64>,
+}
+
+fn body(n: u64) -> serde_json::Value {
+    json!({ "email": format!("bench-{n}@example.com") })
+}
+
+#[tokio::main]
+async fn main() -> anyhow::Result<()> {
+    let args = Args::parse();
+    let _ = rustls::crypto::ring::default_provider().install_default();
+    let client = reqwest::Client::builder()
+        .pool_max_idle_per_host(args.concurrency)
+        .build()?;
+    let run_id: u64 = rand::random::<u32>().into();
+    let counter = Arc::new(AtomicU64::new(0));
+
+    if args.mode == Mode::Replay {
+        for n in 0..args.keys as u64 {
+            let r = client
+                .post(&args.url)
+                .header("idempotency-key", format!("r-{run_id}-{n}"))
+                .json(&body(run_id * 1_000_000 + n))
+                .send()
+                .await?;
+            anyhow::ensure!(
+                r.status().is_success(),
+                "warm-up request failed: {}",
+                r.status()
+            );
+        }
+    }
+
+    let totals = Arc::new(Mutex::new(Totals::default()));
+    let deadline = Instant::now() + Duration::from_secs_f64(args.seconds);
+    let started = Instant::now();
+    let mut tasks = Vec::new();
+    for _ in 0..args.concurrency {
+        let (client, url, totals, counter) = (
+            client.clone(),
+            args.url.clone(),
+            totals.clone(),
+            counter.clone(),
+        );
+        let (mode, duplicates, keys) = (args.mode, args.duplicates, args.keys as u64);
+        tasks.push(tokio::spawn(async move {
+            let mut local = Totals::default();
+            while Instant::now() < deadline {
+                let n = counter.fetch_add(1, Ordering::Relaxed);
+                let (key, payload) = match mode {
+                    Mode::Replay => {
+                        let k = rand::rng().random_range(0..keys);
+                        (format!("r-{run_id}-{k}"), body(run_id * 1_000_000 + k))
+                    }
+                    Mode::Signup
+                        if n > 0 && rand::rng().random_bool(duplicates.clamp(0.0, 1.0)) =>
+                    {
+                        let k = rand::rng().random_range(0..n);
+                        (format!("s-{run_id}-{k}"), body(run_id * 1_000_000_000 + k))
+                    }
+                    Mode::Signup => (format!("s-{run_id}-{n}"), body(run_id * 1_000_000_000 + n)),
+                    Mode::Plain => (format!("p-{run_id}-{n}"), json!({ "amount": 1 })),
+                };
+                let sent = Instant::now();
+                let status = match client
+                    .post(&url)
+                    .header("idempotency-key", key)
+                    .json(&payload)
+                    .send()
+                    .await
+                {
+                    Ok(r) => {
+                        let status = r.status().as_u16();
+                        let _ = r.bytes().await;
+                        status
+                    }
+                    Err(_) => 0,
+                };
+                local.latencies.push(sent.elapsed());
+                *local.statuses.entry(status).or_default() += 1;
+            }
+            let mut totals = totals.lock().await;
+            totals.latencies.extend(local.latencies);
+            for (s, c) in local.statuses {
+                *totals.statuses.entry(s).or_default() += c;
+            }
+        }));
+    }
+    for task in tasks {
+        task.await?;
+    }
+    let elapsed = started.elapsed().as_secs_f64();
+    let mut totals = Arc::try_unwrap(totals)
+        .map_err(|_| anyhow::anyhow!("tasks still running"))?
+        .into_inner();
+    totals.latencies.sort();
+    let pct = |p: f64| {
+        let i = ((totals.latencies.len() as f64 * p) as usize)
+            .min(totals.latencies.len().saturating_sub(1));
+        totals
+            .latencies
+            .get(i)
+            .map_or(0.0, |d| d.as_secs_f64() * 1000.0)
+    };
+    let requests = totals.latencies.len();
+    let ok: u64 = totals
+        .statuses
+        .iter()
+        .filter(|(s, _)| (200..300).contains(*s))
+        .map(|(_, c)| c)
+        .sum();
+    println!(
+        "{}",
+        json!({
+            "requests": requests,
+            "ok": ok,
+            "seconds": elapsed,
+            "rate": ok as f64 / elapsed,
+            "p50_ms": pct(0.50),
+            "p95_ms": pct(0.95),
+            "p99_ms": pct(0.99),
+            "statuses": totals.statuses,
+        })
+    );
+    Ok(())
+}

@@ -1,0 +1,53 @@
+"""Turns bench/run's measurements into bench/results/<date>.json and the table in docs/benchmarks.md."""
+import datetime
+import json
+import os
+import pathlib
+import platform
+
+env = os.environ
+load = {k: json.loads(env[k]) for k in ["SIGNUP", "REPLAY", "MIX", "PLAIN", "KEYED"]}
+pg_signup, pg_replay = float(env["PG_SIGNUP"] or 0), float(env["PG_REPLAY"] or 0)
+rss_mib = int(env["RSS_KB"] or 0) / 1024
+
+
+def ratio(a, b):
+    return round(a / b, 3) if b else None
+
+
+results = {
+    "date": datetime.date.today().isoformat(),
+    "machine": f"{platform.machine()}, {os.cpu_count()} cores",
+    "seconds_per_scenario": float(env["S"]),
+    "concurrency": int(env["C"]),
+    "signup": {"oncely": load["SIGNUP"], "pgbench_tps": pg_signup, "ratio": ratio(load["SIGNUP"]["rate"], pg_signup), "target": 0.8},
+    "replay": {"oncely": load["REPLAY"], "pgbench_tps": pg_replay, "ratio": ratio(load["REPLAY"]["rate"], pg_replay), "target": 0.5},
+    "mix_10pct_duplicates": load["MIX"],
+    "layer_overhead": {"plain": load["PLAIN"], "keyed": load["KEYED"], "ratio": ratio(load["KEYED"]["rate"], load["PLAIN"]["rate"])},
+    "serve_peak_rss_mib": round(rss_mib, 1),
+}
+out = pathlib.Path("bench/results") / f"{results['date']}.json"
+out.write_text(json.dumps(results, indent=2) + "\n")
+
+def row(name, measured, baseline, r, target):
+    verdict = "" if target is None or r is None else (" ✓" if r >= target else " ✗")
+    return f"| {name} | {measured} | {baseline} | {r}{verdict} | {target if target is not None else '—'} |"
+
+s, rp, mx, pl, ky = load["SIGNUP"], load["REPLAY"], load["MIX"], load["PLAIN"], load["KEYED"]
+table = "\n".join([
+    f"Measured {results['date']} on {results['machine']}, {results['concurrency']} clients, {results['seconds_per_scenario']:.0f} s per scenario.",
+    "",
+    "| scenario | oncely | baseline (same run) | ratio | target |",
+    "|---|---|---|---|---|",
+    row("signup, new keys (req/s, over HTTP)", f"{s['rate']:.0f} (p99 {s['p99_ms']:.1f} ms)", f"pgbench, same SQL: {pg_signup:.0f} tps", results["signup"]["ratio"], 0.8),
+    row("replay (req/s)", f"{rp['rate']:.0f} (p99 {rp['p99_ms']:.1f} ms)", f"pgbench, PK lookup: {pg_replay:.0f} tps", results["replay"]["ratio"], 0.5),
+    row("signup with 10 % duplicates (req/s)", f"{mx['rate']:.0f}", "—", None, None),
+    row("generic layer on a trivial handler (req/s)", f"{ky['rate']:.0f} (p99 {ky['p99_ms']:.1f} ms)", f"without the layer: {pl['rate']:.0f}", results["layer_overhead"]["ratio"], None),
+    row("peak RSS of oncely serve under signup load", f"{rss_mib:.1f} MiB", "—", None, "≤ 64 MiB"),
+])
+doc = pathlib.Path("docs/benchmarks.md")
+text = doc.read_text()
+start, end = "<!-- results:start -->", "<!-- results:end -->"
+text = text[: text.index(start) + len(start)] + "\n" + table + "\n" + text[text.index(end):]
+doc.write_text(text)
+print(table)

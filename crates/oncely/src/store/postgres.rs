@@ -50,13 +50,29 @@ pub fn migrator() -> Migrator {
     migrator
 }
 
-const INSERT: &str = "
-    INSERT INTO oncely_idempotency_keys
-        (tenant, method, route, idem_key, fingerprint, state, fence, lease_until, expires_at)
-    VALUES ($1, $2, $3, $4, $5, 'in_progress', $6,
-            now() + make_interval(secs => $7), now() + make_interval(secs => $8))
-    ON CONFLICT (tenant, method, route, idem_key) DO NOTHING
-    RETURNING fence";
+// Insert-or-read in one round trip: the insert takes no row lock and writes nothing when the key
+// exists, and the read (from the statement's snapshot) returns the existing row. If a concurrent
+// request committed the key after the snapshot was taken, neither part returns a row and the
+// caller simply asks again.
+const CLAIM: &str = "
+    WITH inserted AS (
+        INSERT INTO oncely_idempotency_keys
+            (tenant, method, route, idem_key, fingerprint, state, fence, lease_until, expires_at)
+        VALUES ($1, $2, $3, $4, $5, 'in_progress', $6,
+                now() + make_interval(secs => $7), now() + make_interval(secs => $8))
+        ON CONFLICT (tenant, method, route, idem_key) DO NOTHING
+        RETURNING fence
+    )
+    SELECT true AS inserted, NULL::bytea AS fingerprint, NULL::text AS state, false AS lease_active,
+           false AS expired, NULL::int8 AS response_status, NULL::text AS response_headers,
+           NULL::bytea AS response_body, NULL::text AS tombstone_reason
+      FROM inserted
+    UNION ALL
+    SELECT false, fingerprint, state, COALESCE(lease_until > now(), false), expires_at <= now(),
+           response_status::int8, response_headers::text, response_body, tombstone_reason
+      FROM oncely_idempotency_keys
+     WHERE tenant = $1 AND method = $2 AND route = $3 AND idem_key = $4
+       AND NOT EXISTS (SELECT 1 FROM inserted)";
 
 // Takes over a row whose retention ended, or whose lease ended (same request only). The guard
 // is re-checked under the row lock, so of two racing takeovers exactly one wins.
@@ -118,7 +134,10 @@ async fn select(conn: &mut PgConnection, scope: &Scope) -> Result<Option<Found>,
         .bind(scope.key.as_str())
         .fetch_optional(conn)
         .await?;
-    let Some(row) = row else { return Ok(None) };
+    row.as_ref().map(found_from).transpose()
+}
+
+fn found_from(row: &sqlx::postgres::PgRow) -> Result<Found, StoreError> {
     let record = record_from_columns(
         row.try_get::<&[u8], _>("fingerprint")?,
         row.try_get("state")?,
@@ -128,15 +147,15 @@ async fn select(conn: &mut PgConnection, scope: &Scope) -> Result<Option<Found>,
         row.try_get("response_body")?,
         row.try_get("tombstone_reason")?,
     )?;
-    Ok(Some(Found {
+    Ok(Found {
         record,
         expired: row.try_get("expired")?,
-    }))
+    })
 }
 
-/// The claim algorithm, on any connection (autocommit or inside a transaction):
-/// insert (no row lock taken when the key exists, so replays write nothing); else read; take
-/// over if allowed; loop if the row changed underneath.
+/// The claim algorithm, on any connection (autocommit or inside a transaction): insert-or-read
+/// in one statement (a replay is one round trip and writes nothing); take over if allowed; loop
+/// if the row changed underneath.
 async fn claim_on(conn: &mut PgConnection, req: &ClaimRequest<'_>) -> Result<Claim, StoreError> {
     let scope = req.scope;
     for _ in 0..8 {
@@ -152,16 +171,13 @@ async fn claim_on(conn: &mut PgConnection, req: &ClaimRequest<'_>) -> Result<Cla
                 .bind(secs(req.lease))
                 .bind(secs(req.retention))
         };
-        if with_args(INSERT)
-            .fetch_optional(&mut *conn)
-            .await?
-            .is_some()
-        {
+        let Some(row) = with_args(CLAIM).fetch_optional(&mut *conn).await? else {
+            continue; // raced with a concurrent commit: ask again
+        };
+        if row.try_get::<bool, _>("inserted")? {
             return Ok(Claim::Acquired { token, tx: () });
         }
-        let Some(found) = select(&mut *conn, scope).await? else {
-            continue;
-        };
+        let found = found_from(&row)?;
         if !found.record.claimable_by(req.fingerprint, found.expired) {
             return Ok(Claim::Existing(found.record));
         }

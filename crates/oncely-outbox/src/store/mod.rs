@@ -13,6 +13,31 @@ use crate::job::{AttemptRecord, Job, JobRecord, JobStatus};
 pub mod postgres;
 pub mod sqlite;
 
+/// A migrator of `(version, description, sql)` steps with its own history table, so that the
+/// outbox's migrations never mix with the application's.
+pub(crate) fn migrator_of(
+    steps: &[(i64, &'static str, &'static str)],
+    table: &'static str,
+) -> sqlx::migrate::Migrator {
+    use sqlx::SqlSafeStr;
+    use sqlx::migrate::{Migration, MigrationType, Migrator};
+    let migrations = steps
+        .iter()
+        .map(|(version, description, sql)| {
+            Migration::new(
+                *version,
+                (*description).into(),
+                MigrationType::Simple,
+                sql.into_sql_str(),
+                false,
+            )
+        })
+        .collect();
+    let mut migrator = Migrator::with_migrations(migrations);
+    migrator.dangerous_set_table_name(table);
+    migrator
+}
+
 /// The PostgreSQL channel enqueue notifies (on commit) and idle workers listen on.
 pub const CHANNEL: &str = "oncely_outbox";
 

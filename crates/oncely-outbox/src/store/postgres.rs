@@ -1,11 +1,10 @@
 //! The outbox on PostgreSQL.
 
-use std::borrow::Cow;
 use std::time::Duration;
 
-use sqlx::migrate::{Migration, MigrationType, Migrator};
+use sqlx::migrate::Migrator;
 use sqlx::postgres::{PgListener, PgRow};
-use sqlx::{AssertSqlSafe, PgConnection, PgPool, Row, SqlSafeStr};
+use sqlx::{AssertSqlSafe, PgConnection, PgPool, Row};
 use uuid::Uuid;
 
 use super::{Backlog, CHANNEL, Finish, JobFilter, JobStore, OutboxError, Wakeup, status_str};
@@ -16,31 +15,26 @@ pub const MIGRATIONS_TABLE: &str = "_oncely_outbox_migrations";
 
 /// The outbox's migrations.
 pub fn migrator() -> Migrator {
-    let mut migrator = Migrator::with_migrations(vec![
-        Migration::new(
-            1,
-            Cow::Borrowed("outbox"),
-            MigrationType::Simple,
-            include_str!("../../migrations/postgres/0001_outbox.sql").into_sql_str(),
-            false,
-        ),
-        Migration::new(
-            2,
-            Cow::Borrowed("skipped attempts"),
-            MigrationType::Simple,
-            include_str!("../../migrations/postgres/0002_skipped.sql").into_sql_str(),
-            false,
-        ),
-        Migration::new(
-            3,
-            Cow::Borrowed("prune index"),
-            MigrationType::Simple,
-            include_str!("../../migrations/postgres/0003_prune_index.sql").into_sql_str(),
-            false,
-        ),
-    ]);
-    migrator.dangerous_set_table_name(MIGRATIONS_TABLE);
-    migrator
+    super::migrator_of(
+        &[
+            (
+                1,
+                "outbox",
+                include_str!("../../migrations/postgres/0001_outbox.sql"),
+            ),
+            (
+                2,
+                "skipped attempts",
+                include_str!("../../migrations/postgres/0002_skipped.sql"),
+            ),
+            (
+                3,
+                "prune index",
+                include_str!("../../migrations/postgres/0003_prune_index.sql"),
+            ),
+        ],
+        MIGRATIONS_TABLE,
+    )
 }
 
 /// Enqueues `job` on `conn` — inside the caller's transaction, so the job commits (and wakes

@@ -1,13 +1,12 @@
 //! The outbox on SQLite: the embedded default. One writer at a time, so claims run in
 //! `BEGIN IMMEDIATE` rather than with `SKIP LOCKED`; times are Unix milliseconds.
 
-use std::borrow::Cow;
 use std::sync::Arc;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
-use sqlx::migrate::{Migration, MigrationType, Migrator};
+use sqlx::migrate::Migrator;
 use sqlx::sqlite::SqliteRow;
-use sqlx::{AssertSqlSafe, Row, SqlSafeStr, SqliteConnection, SqlitePool};
+use sqlx::{AssertSqlSafe, Row, SqliteConnection, SqlitePool};
 use time::OffsetDateTime;
 use tokio::sync::Notify;
 use uuid::Uuid;
@@ -20,31 +19,26 @@ pub const MIGRATIONS_TABLE: &str = "_oncely_outbox_migrations";
 
 /// The outbox's migrations.
 pub fn migrator() -> Migrator {
-    let mut migrator = Migrator::with_migrations(vec![
-        Migration::new(
-            1,
-            Cow::Borrowed("outbox"),
-            MigrationType::Simple,
-            include_str!("../../migrations/sqlite/0001_outbox.sql").into_sql_str(),
-            false,
-        ),
-        Migration::new(
-            2,
-            Cow::Borrowed("skipped attempts"),
-            MigrationType::Simple,
-            include_str!("../../migrations/sqlite/0002_skipped.sql").into_sql_str(),
-            false,
-        ),
-        Migration::new(
-            3,
-            Cow::Borrowed("prune index"),
-            MigrationType::Simple,
-            include_str!("../../migrations/sqlite/0003_prune_index.sql").into_sql_str(),
-            false,
-        ),
-    ]);
-    migrator.dangerous_set_table_name(MIGRATIONS_TABLE);
-    migrator
+    super::migrator_of(
+        &[
+            (
+                1,
+                "outbox",
+                include_str!("../../migrations/sqlite/0001_outbox.sql"),
+            ),
+            (
+                2,
+                "skipped attempts",
+                include_str!("../../migrations/sqlite/0002_skipped.sql"),
+            ),
+            (
+                3,
+                "prune index",
+                include_str!("../../migrations/sqlite/0003_prune_index.sql"),
+            ),
+        ],
+        MIGRATIONS_TABLE,
+    )
 }
 
 fn now_ms() -> i64 {

@@ -14,6 +14,27 @@ use crate::email::EmailAddress;
 pub mod postgres;
 pub mod sqlite;
 
+/// The service's migrations (its own history table, `_oncely_server_migrations`).
+pub(crate) fn migrator_of(steps: &[(i64, &'static str, &'static str)]) -> sqlx::migrate::Migrator {
+    use sqlx::SqlSafeStr;
+    use sqlx::migrate::{Migration, MigrationType, Migrator};
+    let migrations = steps
+        .iter()
+        .map(|(version, description, sql)| {
+            Migration::new(
+                *version,
+                (*description).into(),
+                MigrationType::Simple,
+                sql.into_sql_str(),
+                false,
+            )
+        })
+        .collect();
+    let mut migrator = Migrator::with_migrations(migrations);
+    migrator.dangerous_set_table_name("_oncely_server_migrations");
+    migrator
+}
+
 /// What a signup found.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum SignupRow {

@@ -1,12 +1,10 @@
 //! Account SQL for PostgreSQL.
 
-use std::borrow::Cow;
-
 use oncely::store::postgres::PgKeyStore;
 use oncely_outbox::store::postgres::PgJobStore;
 use oncely_outbox::{Enqueued, NewJob, OutboxError};
-use sqlx::migrate::{Migration, MigrationType, Migrator};
-use sqlx::{PgConnection, Row, SqlSafeStr};
+use sqlx::migrate::Migrator;
+use sqlx::{PgConnection, Row};
 use uuid::Uuid;
 
 use super::{Accounts, ConsumedToken, NewToken, SignupRow, TokenForSend, UserRow};
@@ -14,25 +12,23 @@ use crate::email::EmailAddress;
 
 /// The service's migrations on PostgreSQL.
 pub fn migrator() -> Migrator {
-    let mut migrator = Migrator::with_migrations(vec![
-        Migration::new(
+    super::migrator_of(&[
+        (
             1,
-            Cow::Borrowed("accounts"),
-            MigrationType::Simple,
-            include_str!("../../migrations/postgres/0001_accounts.sql").into_sql_str(),
-            false,
+            "accounts",
+            include_str!("../../migrations/postgres/0001_accounts.sql"),
         ),
-        Migration::new(
+        (
             2,
-            Cow::Borrowed("tenants, invites, rate limits"),
-            MigrationType::Simple,
-            include_str!("../../migrations/postgres/0002_tenants_invites_limits.sql")
-                .into_sql_str(),
-            false,
+            "tenants, invites, rate limits",
+            include_str!("../../migrations/postgres/0002_tenants_invites_limits.sql"),
         ),
-    ]);
-    migrator.dangerous_set_table_name("_oncely_server_migrations");
-    migrator
+        (
+            3,
+            "prune indexes",
+            include_str!("../../migrations/postgres/0003_prune_indexes.sql"),
+        ),
+    ])
 }
 
 impl Accounts for PgKeyStore {

@@ -1,12 +1,10 @@
 //! Account SQL for SQLite (times: Unix milliseconds from this process's clock).
 
-use std::borrow::Cow;
-
 use oncely::store::sqlite::SqliteKeyStore;
 use oncely_outbox::store::sqlite::SqliteJobStore;
 use oncely_outbox::{Enqueued, NewJob, OutboxError};
-use sqlx::migrate::{Migration, MigrationType, Migrator};
-use sqlx::{Row, SqlSafeStr, SqliteConnection};
+use sqlx::migrate::Migrator;
+use sqlx::{Row, SqliteConnection};
 use time::OffsetDateTime;
 use uuid::Uuid;
 
@@ -15,31 +13,23 @@ use crate::email::EmailAddress;
 
 /// The service's migrations on SQLite.
 pub fn migrator() -> Migrator {
-    let mut migrator = Migrator::with_migrations(vec![
-        Migration::new(
+    super::migrator_of(&[
+        (
             1,
-            Cow::Borrowed("accounts"),
-            MigrationType::Simple,
-            include_str!("../../migrations/sqlite/0001_accounts.sql").into_sql_str(),
-            false,
+            "accounts",
+            include_str!("../../migrations/sqlite/0001_accounts.sql"),
         ),
-        Migration::new(
+        (
             2,
-            Cow::Borrowed("tenants, invites, rate limits"),
-            MigrationType::Simple,
-            include_str!("../../migrations/sqlite/0002_tenants_invites_limits.sql").into_sql_str(),
-            false,
+            "tenants, invites, rate limits",
+            include_str!("../../migrations/sqlite/0002_tenants_invites_limits.sql"),
         ),
-        Migration::new(
+        (
             3,
-            Cow::Borrowed("prune indexes"),
-            MigrationType::Simple,
-            include_str!("../../migrations/sqlite/0003_prune_indexes.sql").into_sql_str(),
-            false,
+            "prune indexes",
+            include_str!("../../migrations/sqlite/0003_prune_indexes.sql"),
         ),
-    ]);
-    migrator.dangerous_set_table_name("_oncely_server_migrations");
-    migrator
+    ])
 }
 
 fn ms(t: OffsetDateTime) -> i64 {

@@ -1,0 +1,127 @@
+//! Worker benchmarks on PostgreSQL, printing one JSON line each:
+//! - `drain seed N`: inserts N pending jobs of kind `noop` (one statement);
+//! - `drain run W`: W workers (no-op handler) until nothing is pending; jobs and seconds;
+//! - `drain latency N`: one idle worker (LISTEN/NOTIFY); N jobs enqueued one per commit, 10 ms
+//!   apart; the delay from commit to the handler starting, p50/p95/p99.
+
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use oncely_outbox::store::postgres::{PgJobStore, enqueue};
+use oncely_outbox::{Delivery, Handler, Job, JobStore, NewJob, Worker, WorkerConfig};
+use serde_json::json;
+use tokio_util::sync::CancellationToken;
+
+struct Noop(Option<Arc<Mutex<Vec<f64>>>>);
+
+impl Handler for Noop {
+    fn run<'a>(&'a self, job: &'a Job) -> Pin<Box<dyn Future<Output = Delivery> + Send + 'a>> {
+        if let Some(latencies) = &self.0 {
+            let waited = time::OffsetDateTime::now_utc() - job.created_at;
+            latencies
+                .lock()
+                .expect("lock")
+                .push(waited.as_seconds_f64() * 1000.0);
+        }
+        Box::pin(async {
+            Delivery::Sent {
+                provider_message_id: None,
+            }
+        })
+    }
+}
+
+#[tokio::main]
+async fn main() -> anyhow::Result<()> {
+    let args: Vec<String> = std::env::args().collect();
+    let (command, n) = (
+        args.get(1).map(String::as_str),
+        args.get(2)
+            .and_then(|n| n.parse::<usize>().ok())
+            .unwrap_or(1),
+    );
+    let pool = sqlx::postgres::PgPoolOptions::new()
+        .max_connections(8)
+        .connect(&std::env::var("DATABASE_URL")?)
+        .await?;
+    let store = PgJobStore::new(pool.clone());
+    store.migrate().await?;
+    match command {
+        Some("seed") => {
+            sqlx::query(
+                "INSERT INTO oncely_outbox (operation_key, kind, payload, delivery_key)
+                 SELECT 'noop:' || gen_random_uuid(), 'noop', '{}'::jsonb, gen_random_uuid() FROM generate_series(1, $1)",
+            )
+            .bind(n as i64)
+            .execute(&pool)
+            .await?;
+            println!("{}", json!({ "seeded": n }));
+        }
+        Some("run") => {
+            let started = Instant::now();
+            let mut workers = Vec::new();
+            for i in 0..n {
+                let config = WorkerConfig {
+                    id: format!("bench-{i}"),
+                    batch: 64,
+                    poll_interval: Duration::from_millis(20),
+                    ..WorkerConfig::default()
+                };
+                let worker = Worker::new(store.clone(), config).handle("noop", Noop(None));
+                workers.push(tokio::spawn(async move { worker.drain().await }));
+            }
+            let mut done = 0;
+            for w in workers {
+                done += w.await??;
+            }
+            println!(
+                "{}",
+                json!({ "jobs": done, "seconds": started.elapsed().as_secs_f64() })
+            );
+        }
+        Some("latency") => {
+            let latencies = Arc::new(Mutex::new(Vec::new()));
+            let shutdown = CancellationToken::new();
+            let config = WorkerConfig {
+                poll_interval: Duration::from_secs(5),
+                ..WorkerConfig::default()
+            };
+            let worker =
+                Worker::new(store.clone(), config).handle("noop", Noop(Some(latencies.clone())));
+            let running = tokio::spawn(worker.run(shutdown.clone()));
+            tokio::time::sleep(Duration::from_millis(300)).await;
+            for i in 0..n {
+                let mut tx = pool.begin().await?;
+                enqueue(
+                    &mut tx,
+                    &NewJob::new(format!("latency:{i}:{}", uuid()), "noop", json!({})),
+                )
+                .await?;
+                tx.commit().await?;
+                tokio::time::sleep(Duration::from_millis(10)).await;
+            }
+            tokio::time::sleep(Duration::from_millis(500)).await;
+            shutdown.cancel();
+            running.await??;
+            let mut l = latencies.lock().expect("lock").clone();
+            l.sort_by(f64::total_cmp);
+            let pct = |p: f64| {
+                l.get(((l.len() as f64 * p) as usize).min(l.len().saturating_sub(1)))
+                    .copied()
+                    .unwrap_or(0.0)
+            };
+            println!(
+                "{}",
+                json!({ "jobs": l.len(), "p50_ms": pct(0.5), "p95_ms": pct(0.95), "p99_ms": pct(0.99) })
+            );
+        }
+        _ => anyhow::bail!("usage: drain seed N | drain run WORKERS | drain latency N"),
+    }
+    Ok(())
+}
+
+fn uuid() -> u64 {
+    rand::random()
+}

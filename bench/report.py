@@ -36,7 +36,8 @@ out.write_text(json.dumps(results, indent=2) + "\n")
 
 def row(name, measured, baseline, r, target):
     verdict = "" if target is None or r is None else (" ✓" if r >= target else " ✗")
-    return f"| {name} | {measured} | {baseline} | {r}{verdict} | {target if target is not None else '—'} |"
+    shown = "—" if r is None else r
+    return f"| {name} | {measured} | {baseline} | {shown}{verdict} | {target if target is not None else '—'} |"
 
 s, rp, mx, pl, ky = load["SIGNUP"], load["REPLAY"], load["MIX"], load["PLAIN"], load["KEYED"]
 table = "\n".join([

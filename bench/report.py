@@ -29,8 +29,12 @@ results = {
         "drain_20000_jobs_seconds": {"1_process": float(env["DRAIN_1"]), "2_processes": float(env["DRAIN_2"])},
         "drain_jobs_per_second": {"1_process": round(20000 / float(env["DRAIN_1"])), "2_processes": round(20000 / float(env["DRAIN_2"]))},
         "enqueue_to_start_latency_ms": json.loads(env["LATENCY"]),
+        "graphile_worker_drain_seconds": float(env["GRAPHILE"]) if env.get("GRAPHILE") else None,
     },
 }
+graphile = results["worker"]["graphile_worker_drain_seconds"]
+graphile_rate = round(20000 / graphile) if graphile else None
+results["worker"]["drain_ratio_vs_graphile_worker"] = ratio(results["worker"]["drain_jobs_per_second"]["1_process"], graphile_rate)
 out = pathlib.Path("bench/results") / f"{results['date']}.json"
 out.write_text(json.dumps(results, indent=2) + "\n")
 
@@ -50,7 +54,9 @@ table = "\n".join([
     row("signup with 10 % duplicates (req/s)", f"{mx['rate']:.0f}", "—", None, None),
     row("generic layer on a trivial handler (req/s)", f"{ky['rate']:.0f} (p99 {ky['p99_ms']:.1f} ms)", f"without the layer: {pl['rate']:.0f}", results["layer_overhead"]["ratio"], None),
     row("peak RSS of oncely serve under signup load", f"{rss_mib:.1f} MiB", "—", None, "≤ 64 MiB"),
-    row("worker drain, 20,000 no-op jobs, 1 process (jobs/s)", results["worker"]["drain_jobs_per_second"]["1_process"], "graphile-worker: not yet measured", None, None),
+    row("worker drain, 20,000 no-op jobs, 1 process (jobs/s)", results["worker"]["drain_jobs_per_second"]["1_process"],
+        f"graphile-worker, 1 process, 16 jobs at once: {graphile_rate}" if graphile_rate else "graphile-worker: not run (no npm)",
+        results["worker"]["drain_ratio_vs_graphile_worker"], 1.0),
     row("worker drain, 2 processes (jobs/s)", results["worker"]["drain_jobs_per_second"]["2_processes"], "—", None, None),
     row("enqueue → handler start, idle worker (LISTEN/NOTIFY)", "p50 {p50_ms:.1f} / p95 {p95_ms:.1f} / p99 {p99_ms:.1f} ms".format(**results["worker"]["enqueue_to_start_latency_ms"]), "—", None, "p99 ≤ 50 ms"),
 ])

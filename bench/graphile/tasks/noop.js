@@ -1,0 +1,2 @@
+// The no-op task: the same work as oncely's no-op handler (none).
+module.exports = async () => {};

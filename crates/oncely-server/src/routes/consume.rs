@@ -2,15 +2,16 @@
 //! expires; every failure is the same generic 400. Opening a link (GET) shows a page and
 //! consumes nothing — link scanners open links; only the page's button POSTs.
 
+use axum::Json;
 use axum::extract::{Query, State};
 use axum::http::StatusCode;
 use axum::response::Html;
-use axum::{Extension, Json};
 use oncely::{IdempotentTx, Problem, TenantId};
 use serde::Deserialize;
 use serde_json::{Value, json};
 
 use super::signup::hash_password;
+use super::tenant::Tenant;
 use super::{AppState, Body, unexpected};
 use crate::accounts::{Accounts, ConsumedToken};
 use crate::token::{self, Flow};
@@ -118,6 +119,24 @@ async fn consume<A: Accounts>(
 
 type Consumed = Result<Json<Value>, Problem>;
 
+/// Uses a link whose only effect is proving the address: marks it verified, answers `status`.
+async fn verify_address<A: Accounts>(
+    tenant: &TenantId,
+    tx: &IdempotentTx<A::Database>,
+    request: TokenRequest,
+    flow: Flow,
+    status: &str,
+) -> Consumed {
+    no_password(&request)?;
+    let mut conn = tx.lock().await;
+    let token = consume::<A>(&mut *conn, tenant, flow, &request.token).await?;
+    let user = token.user_id.ok_or_else(token_invalid)?;
+    A::mark_verified(&mut conn, user)
+        .await
+        .map_err(unexpected)?;
+    Ok(Json(json!({ "status": status })))
+}
+
 fn no_password(request: &TokenRequest) -> Result<(), Problem> {
     match request.password {
         Some(_) => Err(super::invalid_request("this link takes no password")),
@@ -128,30 +147,21 @@ fn no_password(request: &TokenRequest) -> Result<(), Problem> {
 /// `POST /v1/verify`: marks the address verified.
 pub async fn verify<A: Accounts>(
     State(_): State<AppState<A>>,
-    tenant: Option<Extension<TenantId>>,
+    Tenant(tenant): Tenant,
     tx: IdempotentTx<A::Database>,
     Body(request): Body<TokenRequest>,
 ) -> Consumed {
-    no_password(&request)?;
-    let tenant = tenant.map(|Extension(t)| t).unwrap_or_default();
-    let mut conn = tx.lock().await;
-    let token = consume::<A>(&mut *conn, &tenant, Flow::Verification, &request.token).await?;
-    let user = token.user_id.ok_or_else(token_invalid)?;
-    A::mark_verified(&mut conn, user)
-        .await
-        .map_err(unexpected)?;
-    Ok(Json(json!({ "status": "verified" })))
+    verify_address::<A>(&tenant, &tx, request, Flow::Verification, "verified").await
 }
 
 /// `POST /v1/password-reset/confirm`: sets the new password (and, since the link proved the
 /// address, marks it verified).
 pub async fn reset_confirm<A: Accounts>(
     State(_): State<AppState<A>>,
-    tenant: Option<Extension<TenantId>>,
+    Tenant(tenant): Tenant,
     tx: IdempotentTx<A::Database>,
     Body(request): Body<TokenRequest>,
 ) -> Consumed {
-    let tenant = tenant.map(|Extension(t)| t).unwrap_or_default();
     let Some(password_hash) = hash_password(request.password).await? else {
         return Err(super::invalid_request("password is required"));
     };
@@ -170,30 +180,21 @@ pub async fn reset_confirm<A: Accounts>(
 /// `POST /v1/magic-link/consume`: signs in (and marks the address verified).
 pub async fn magic_consume<A: Accounts>(
     State(_): State<AppState<A>>,
-    tenant: Option<Extension<TenantId>>,
+    Tenant(tenant): Tenant,
     tx: IdempotentTx<A::Database>,
     Body(request): Body<TokenRequest>,
 ) -> Consumed {
-    no_password(&request)?;
-    let tenant = tenant.map(|Extension(t)| t).unwrap_or_default();
-    let mut conn = tx.lock().await;
-    let token = consume::<A>(&mut *conn, &tenant, Flow::MagicLink, &request.token).await?;
-    let user = token.user_id.ok_or_else(token_invalid)?;
-    A::mark_verified(&mut conn, user)
-        .await
-        .map_err(unexpected)?;
-    Ok(Json(json!({ "status": "signed_in" })))
+    verify_address::<A>(&tenant, &tx, request, Flow::MagicLink, "signed_in").await
 }
 
 /// `POST /v1/invites/accept`: creates the account (verified) or joins the existing one; one
 /// membership per (tenant, user).
 pub async fn invite_accept<A: Accounts>(
     State(_): State<AppState<A>>,
-    tenant: Option<Extension<TenantId>>,
+    Tenant(tenant): Tenant,
     tx: IdempotentTx<A::Database>,
     Body(request): Body<TokenRequest>,
 ) -> Consumed {
-    let tenant = tenant.map(|Extension(t)| t).unwrap_or_default();
     let password_hash = hash_password(request.password).await?;
     let mut conn = tx.lock().await;
     let token = consume::<A>(&mut *conn, &tenant, Flow::Invite, &request.token).await?;

@@ -10,7 +10,7 @@ use serde::Deserialize;
 use serde_json::Value;
 
 use super::issue::{Client, Owner, suppression, token_email};
-use super::tenant::{AuthenticatedTenant, require};
+use super::tenant::{AuthenticatedTenant, Tenant, require};
 use super::{AppState, Body, accepted, invalid_request, unexpected};
 use crate::accounts::Accounts;
 use crate::email::EmailAddress;
@@ -34,6 +34,8 @@ enum Target {
     Pending,
     /// Any account (reset, magic link).
     Account,
+    /// The address itself, with its account if it has one (invites).
+    Address,
 }
 
 async fn send_link<A: Accounts>(
@@ -55,13 +57,19 @@ async fn send_link<A: Accounts>(
         .await
         .map_err(unexpected)?;
     let owner = match (user, target) {
-        (Some(user), Target::Account) => Some(user.id),
-        (Some(user), Target::Pending) if !user.verified => Some(user.id),
-        _ => None,
-    };
-    let owner = Owner {
-        user: owner,
-        email: None,
+        (user, Target::Address) => Owner {
+            user: user.map(|u| u.id),
+            email: Some(email.as_str()),
+        },
+        (Some(user), Target::Account) => Owner {
+            user: Some(user.id),
+            email: None,
+        },
+        (Some(user), Target::Pending) if !user.verified => Owner {
+            user: Some(user.id),
+            email: None,
+        },
+        _ => Owner::NOBODY,
     };
     token_email(&mut *conn, state, tenant, flow, owner, suppressed)
         .await
@@ -70,22 +78,18 @@ async fn send_link<A: Accounts>(
     Ok(accepted())
 }
 
-fn tenant_of(tenant: Option<Extension<TenantId>>) -> TenantId {
-    tenant.map(|Extension(t)| t).unwrap_or_default()
-}
-
 /// `POST /v1/verification/resend`: a new verification link (superseding the old one) if the
 /// address has an unverified account.
 pub async fn resend<A: Accounts>(
     State(state): State<AppState<A>>,
-    tenant: Option<Extension<TenantId>>,
+    Tenant(tenant): Tenant,
     client: Client,
     tx: IdempotentTx<A::Database>,
     Body(request): Body<EmailRequest>,
 ) -> Accepted {
     send_link(
         &state,
-        &tenant_of(tenant),
+        &tenant,
         &client,
         &tx,
         &request.email,
@@ -98,14 +102,14 @@ pub async fn resend<A: Accounts>(
 /// `POST /v1/password-reset`: a reset link (1 h) if the address has an account.
 pub async fn password_reset<A: Accounts>(
     State(state): State<AppState<A>>,
-    tenant: Option<Extension<TenantId>>,
+    Tenant(tenant): Tenant,
     client: Client,
     tx: IdempotentTx<A::Database>,
     Body(request): Body<EmailRequest>,
 ) -> Accepted {
     send_link(
         &state,
-        &tenant_of(tenant),
+        &tenant,
         &client,
         &tx,
         &request.email,
@@ -118,14 +122,14 @@ pub async fn password_reset<A: Accounts>(
 /// `POST /v1/magic-link`: a sign-in link (15 min) if the address has an account.
 pub async fn magic_link<A: Accounts>(
     State(state): State<AppState<A>>,
-    tenant: Option<Extension<TenantId>>,
+    Tenant(tenant): Tenant,
     client: Client,
     tx: IdempotentTx<A::Database>,
     Body(request): Body<EmailRequest>,
 ) -> Accepted {
     send_link(
         &state,
-        &tenant_of(tenant),
+        &tenant,
         &client,
         &tx,
         &request.email,
@@ -138,30 +142,21 @@ pub async fn magic_link<A: Accounts>(
 /// `POST /v1/invites` (tenant API key required): an invitation (7 days) to any address.
 pub async fn invite<A: Accounts>(
     State(state): State<AppState<A>>,
-    tenant: Option<Extension<TenantId>>,
+    Tenant(tenant): Tenant,
     authenticated: Option<Extension<AuthenticatedTenant>>,
     client: Client,
     tx: IdempotentTx<A::Database>,
     Body(request): Body<EmailRequest>,
 ) -> Accepted {
     require(authenticated.as_ref().map(|Extension(a)| a))?;
-    let tenant = tenant_of(tenant);
-    let email = EmailAddress::parse(&request.email)
-        .map_err(|_| invalid_request("email is not a valid address"))?;
-    let mut conn = tx.lock().await;
-    let user = A::find_user(&mut conn, tenant.as_str(), &email)
-        .await
-        .map_err(unexpected)?;
-    let suppressed = suppression(&mut *conn, &state, &tenant, &email, &client)
-        .await
-        .map_err(unexpected)?;
-    let owner = Owner {
-        user: user.map(|u| u.id),
-        email: Some(email.as_str()),
-    };
-    token_email(&mut *conn, &state, &tenant, Flow::Invite, owner, suppressed)
-        .await
-        .map_err(unexpected)?;
-    tracing::info!(email = %email.masked(), tenant = %tenant, "invite sent");
-    Ok(accepted())
+    send_link(
+        &state,
+        &tenant,
+        &client,
+        &tx,
+        &request.email,
+        Flow::Invite,
+        Target::Address,
+    )
+    .await
 }

@@ -1,15 +1,16 @@
 //! `POST /v1/signup`: one account per (tenant, address), one email per request.
 
+use axum::Json;
 use axum::extract::State;
 use axum::http::StatusCode;
-use axum::{Extension, Json};
-use oncely::{IdempotentTx, Problem, TenantId};
+use oncely::{IdempotentTx, Problem};
 use oncely_outbox::NewJob;
 use secrecy::SecretString;
 use serde::Deserialize;
 use serde_json::json;
 
 use super::issue::{Client, Owner, suppression, token_email};
+use super::tenant::Tenant;
 use super::{AppState, Body, accepted, invalid_request, unexpected};
 use crate::accounts::{Accounts, SignupRow};
 use crate::email::EmailAddress;
@@ -51,12 +52,11 @@ pub async fn hash_password(password: Option<String>) -> Result<Option<String>, P
 /// stored response, once.
 pub async fn signup<A: Accounts>(
     State(state): State<AppState<A>>,
-    tenant: Option<Extension<TenantId>>,
+    Tenant(tenant): Tenant,
     client: Client,
     tx: IdempotentTx<A::Database>,
     Body(request): Body<SignupRequest>,
 ) -> Result<(StatusCode, Json<serde_json::Value>), Problem> {
-    let tenant = tenant.map(|Extension(t)| t).unwrap_or_default();
     let email = EmailAddress::parse(&request.email)
         .map_err(|_| invalid_request("email is not a valid address"))?;
     if let Some(source) = &request.source

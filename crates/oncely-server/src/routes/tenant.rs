@@ -17,6 +17,26 @@ use crate::accounts::Accounts;
 #[derive(Debug, Clone)]
 pub struct AuthenticatedTenant;
 
+/// The request's tenant: the one [`resolve`] proved with an API key, else the default tenant.
+pub struct Tenant(pub TenantId);
+
+impl<S: Send + Sync> axum::extract::FromRequestParts<S> for Tenant {
+    type Rejection = std::convert::Infallible;
+
+    async fn from_request_parts(
+        parts: &mut axum::http::request::Parts,
+        _: &S,
+    ) -> Result<Self, Self::Rejection> {
+        Ok(Self(
+            parts
+                .extensions
+                .get::<TenantId>()
+                .cloned()
+                .unwrap_or_default(),
+        ))
+    }
+}
+
 /// API keys start with this, so that leaked ones are recognizable.
 pub const KEY_PREFIX: &str = "onc_";
 

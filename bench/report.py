@@ -4,9 +4,10 @@ import json
 import os
 import pathlib
 import platform
+import sys
 
 env = os.environ
-load = {k: json.loads(env[k]) for k in ["SIGNUP", "REPLAY", "MIX", "PLAIN", "KEYED"]}
+load = {k: json.loads(env[k]) for k in ["SIGNUP", "REPLAY", "MIX", "PLAIN", "KEYED", "SCALE_BEFORE", "SCALE_AFTER", "DURING_PRUNE"]}
 pg_signup, pg_replay = float(env["PG_SIGNUP"] or 0), float(env["PG_REPLAY"] or 0)
 rss_mib = int(env["RSS_KB"] or 0) / 1024
 
@@ -31,6 +32,21 @@ results = {
         "enqueue_to_start_latency_ms": json.loads(env["LATENCY"]),
         "graphile_worker_drain_seconds": float(env["GRAPHILE"]) if env.get("GRAPHILE") else None,
     },
+}
+before, after, pruning = load["SCALE_BEFORE"], load["SCALE_AFTER"], load["DURING_PRUNE"]
+results["scale_1m_expired_keys_1m_sent_jobs"] = {
+    "signup_before": before,
+    "signup_after": after,
+    "signup_ratio": ratio(after["rate"], before["rate"]),
+    "signup_p50_ratio": ratio(before["p50_ms"], after["p50_ms"]),
+    "drain_jobs_per_second_after": round(20000 / float(env["DRAIN_SCALE"])),
+    "drain_ratio": ratio(20000 / float(env["DRAIN_SCALE"]), 20000 / float(env["DRAIN_1"])),
+    "target": 0.9,
+}
+results["prune_2m_rows_under_signup_load"] = {
+    "prune_seconds": float(env["PRUNE_SECONDS"]),
+    "signup_during": pruning,
+    "signup_ratio": ratio(pruning["rate"], after["rate"]),
 }
 graphile = results["worker"]["graphile_worker_drain_seconds"]
 graphile_rate = round(20000 / graphile) if graphile else None
@@ -58,6 +74,13 @@ table = "\n".join([
         f"graphile-worker, 1 process, 16 jobs at once: {graphile_rate}" if graphile_rate else "graphile-worker: not run (no npm)",
         results["worker"]["drain_ratio_vs_graphile_worker"], 1.0),
     row("worker drain, 2 processes (jobs/s)", results["worker"]["drain_jobs_per_second"]["2_processes"], "—", None, None),
+    row("signups with 1 M expired keys + 1 M sent jobs present (req/s)", f"{after['rate']:.0f} (p50 {after['p50_ms']:.1f} ms)",
+        f"just before adding them: {before['rate']:.0f} (p50 {before['p50_ms']:.1f} ms)", results["scale_1m_expired_keys_1m_sent_jobs"]["signup_ratio"], 0.9),
+    row("worker drain with them present (jobs/s)", results["scale_1m_expired_keys_1m_sent_jobs"]["drain_jobs_per_second_after"],
+        f"without them: {results['worker']['drain_jobs_per_second']['1_process']}", results["scale_1m_expired_keys_1m_sent_jobs"]["drain_ratio"], 0.9),
+    row(f"signups while `oncely prune` deletes the 2 M rows ({results['prune_2m_rows_under_signup_load']['prune_seconds']:.1f} s) (req/s)",
+        f"{pruning['rate']:.0f} (p99 {pruning['p99_ms']:.1f} ms)", f"without pruning: {after['rate']:.0f} (p99 {after['p99_ms']:.1f} ms)",
+        results["prune_2m_rows_under_signup_load"]["signup_ratio"], None),
     row("enqueue → handler start, idle worker (LISTEN/NOTIFY)", "p50 {p50_ms:.1f} / p95 {p95_ms:.1f} / p99 {p99_ms:.1f} ms".format(**results["worker"]["enqueue_to_start_latency_ms"]), "—", None, "p99 ≤ 50 ms"),
 ])
 doc = pathlib.Path("docs/benchmarks.md")
@@ -65,4 +88,5 @@ text = doc.read_text()
 start, end = "<!-- results:start -->", "<!-- results:end -->"
 text = text[: text.index(start) + len(start)] + "\n" + table + "\n" + text[text.index(end):]
 doc.write_text(text)
-print(table)
+print(table, file=sys.stderr)
+print(out)

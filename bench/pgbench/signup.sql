@@ -2,6 +2,9 @@
 -- in one transaction, with the same values shape. Baseline for the signup path.
 \set n random(1, 2000000000)
 \set m random(1, 2000000000)
+-- The read that answers a retry without a transaction; a new key finds nothing.
+SELECT fingerprint, state FROM oncely_idempotency_keys
+ WHERE tenant = 'default' AND method = 'POST' AND route = '/v1/signup' AND idem_key = 'pg-:n-:m';
 BEGIN;
 SET LOCAL lock_timeout = 1500;
 SET LOCAL idle_in_transaction_session_timeout = 30000;

@@ -6,6 +6,8 @@ use std::pin::Pin;
 use std::sync::Arc;
 use std::time::Duration;
 
+use futures::stream::FuturesUnordered;
+use futures::{FutureExt, StreamExt};
 use time::OffsetDateTime;
 use tokio_util::sync::CancellationToken;
 
@@ -189,12 +191,49 @@ impl<S: JobStore> Worker<S> {
                     .await?,
             );
         }
-        let results = futures::future::join_all(jobs.iter().map(|job| self.attempt(job))).await;
+        // Results are recorded as they come, each group in one statement: jobs that finished
+        // together share a write, and a slow job does not hold back the record of a fast one.
+        let mut running: FuturesUnordered<_> = jobs.iter().map(|job| self.attempt(job)).collect();
         let mut soonest: Option<Duration> = None;
-        for result in results {
-            if let Some(retry_in) = result? {
-                soonest = Some(soonest.map_or(retry_in, |s| s.min(retry_in)));
+        let mut done = Vec::new();
+        let mut failure = None;
+        while let Some(first) = running.next().await {
+            done.push(first);
+            while let Some(Some(more)) = running.next().now_or_never() {
+                done.push(more);
             }
+            let finished: Vec<(&Job, &Finish)> = done
+                .iter()
+                .filter_map(|(job, finish)| Some((*job, finish.as_ref()?)))
+                .collect();
+            if finished.is_empty() {
+                done.clear();
+                continue;
+            }
+            // A failed record does not stop the jobs still running: their results may record.
+            match self.store.finish_all(&finished).await {
+                Ok(owned) => {
+                    for ((job, finish), owned) in finished.into_iter().zip(owned) {
+                        if !owned {
+                            tracing::warn!(
+                                job = job.id,
+                                "outbox lease lost before the attempt was recorded"
+                            );
+                        } else if finish.status == JobStatus::Pending {
+                            soonest =
+                                Some(soonest.map_or(finish.retry_in, |s| s.min(finish.retry_in)));
+                        }
+                    }
+                }
+                Err(error) => {
+                    tracing::error!(%error, jobs = finished.len(), "could not record attempts; the jobs run again when their lease ends");
+                    failure.get_or_insert(error);
+                }
+            }
+            done.clear();
+        }
+        if let Some(error) = failure {
+            return Err(error);
         }
         Ok((jobs.len(), soonest))
     }
@@ -251,12 +290,14 @@ impl<S: JobStore> Worker<S> {
         Ok(())
     }
 
-    /// Runs one job; returns its retry delay if it was rescheduled.
-    async fn attempt(&self, job: &Job) -> Result<Option<Duration>, OutboxError> {
+    /// Runs one job; returns what to record of it (`None`: handed back unstarted).
+    async fn attempt<'j>(&self, job: &'j Job) -> (&'j Job, Option<Finish>) {
         let Some(registered) = self.handlers.get(&job.kind) else {
             // Claims only ask for registered kinds; keep the job for a worker that has it.
-            self.store.release(job).await?;
-            return Ok(None);
+            if let Err(error) = self.store.release(job).await {
+                tracing::warn!(job = job.id, %error, "could not hand a job back; it is due again when its lease ends");
+            }
+            return (job, None);
         };
         let now = OffsetDateTime::now_utc();
         let finish = if job.not_after.is_some_and(|limit| limit <= now) {
@@ -284,13 +325,7 @@ impl<S: JobStore> Worker<S> {
         } else {
             tracing::warn!(job = job.id, kind = %job.kind, attempt = job.attempt, result = finish.result, error = finish.error.as_deref(), "outbox job is dead");
         }
-        if !self.store.finish(job, &finish).await? {
-            tracing::warn!(
-                job = job.id,
-                "outbox lease lost before the attempt was recorded"
-            );
-        }
-        Ok((finish.status == JobStatus::Pending).then_some(finish.retry_in))
+        (job, Some(finish))
     }
 }
 

@@ -28,6 +28,18 @@ impl Database {
                 .max_connections(32)
                 // Start-up against an unreachable server fails in seconds, not half a minute.
                 .acquire_timeout(Duration::from_secs(5))
+                // A ping before every acquire is a round trip per request; ping only connections
+                // that sat idle. A connection that died under load fails its request (503, retried
+                // with the same key) and is discarded.
+                .test_before_acquire(false)
+                .before_acquire(|conn, meta| {
+                    Box::pin(async move {
+                        if meta.idle_for > Duration::from_secs(1) {
+                            sqlx::Connection::ping(conn).await?;
+                        }
+                        Ok(true)
+                    })
+                })
                 .connect(url)
                 .await
                 .with_context(|| format!("cannot connect to PostgreSQL at {}", redact(url)))?;

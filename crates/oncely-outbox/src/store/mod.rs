@@ -118,13 +118,22 @@ pub trait JobStore: Clone + Send + Sync + 'static {
         lease: Duration,
     ) -> impl Future<Output = Result<Vec<Job>, OutboxError>> + Send;
 
-    /// Ends the attempt of a claimed job. `false` if the claim's lease token no longer owns the
-    /// job (its lease expired and another worker took it).
+    /// Ends the attempts of claimed jobs, all in one statement where the database allows. For
+    /// each, `false` if its claim's lease token no longer owns the job (its lease expired and
+    /// another worker took it).
+    fn finish_all(
+        &self,
+        done: &[(&Job, &Finish)],
+    ) -> impl Future<Output = Result<Vec<bool>, OutboxError>> + Send;
+
+    /// Ends the attempt of one claimed job; see [`JobStore::finish_all`].
     fn finish(
         &self,
         job: &Job,
         finish: &Finish,
-    ) -> impl Future<Output = Result<bool, OutboxError>> + Send;
+    ) -> impl Future<Output = Result<bool, OutboxError>> + Send {
+        async move { Ok(self.finish_all(&[(job, finish)]).await?[0]) }
+    }
 
     /// Hands a claimed job back unstarted (shutdown): due now, the attempt not counted.
     fn release(&self, job: &Job) -> impl Future<Output = Result<bool, OutboxError>> + Send;

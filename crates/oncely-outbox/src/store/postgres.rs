@@ -115,22 +115,32 @@ const CLAIM: &str = "
     )
     SELECT * FROM claimed ORDER BY id";
 
+// One statement for a whole batch of results: the jobs (by primary key, guarded by the lease
+// token) and their open attempt rows (oncely_outbox_attempts_job).
 const FINISH: &str = "
-    WITH job AS (
-        UPDATE oncely_outbox
-           SET status = $3, lease_token = NULL, last_error = $7,
-               run_after = CASE WHEN $3 = 'pending' THEN now() + make_interval(secs => $4) ELSE run_after END,
-               sent_at = CASE WHEN $3 = 'sent' THEN now() END,
-               dead_at = CASE WHEN $3 = 'dead' THEN now() END,
-               provider_message_id = COALESCE($6, provider_message_id)
-         WHERE id = $1 AND lease_token = $2 AND status = 'pending'
-        RETURNING id
+    WITH done AS (
+        SELECT * FROM unnest($1::int8[], $2::uuid[], $3::text[], $4::float8[], $5::text[],
+                             $6::text[], $7::text[])
+                   AS d(id, lease_token, status, retry_secs, result, provider_message_id, error)
+    ), job AS (
+        UPDATE oncely_outbox o
+           SET status = d.status, lease_token = NULL, last_error = d.error,
+               run_after = CASE WHEN d.status = 'pending'
+                                THEN now() + make_interval(secs => d.retry_secs) ELSE o.run_after END,
+               sent_at = CASE WHEN d.status = 'sent' THEN now() END,
+               dead_at = CASE WHEN d.status = 'dead' THEN now() END,
+               provider_message_id = COALESCE(d.provider_message_id, o.provider_message_id)
+          FROM done d
+         WHERE o.id = d.id AND o.lease_token = d.lease_token AND o.status = 'pending'
+        RETURNING o.id, d.lease_token, d.result, d.provider_message_id, d.error
     ), attempt AS (
-        UPDATE oncely_outbox_attempts
-           SET finished_at = now(), result = $5, provider_message_id = $6, error = $7
-         WHERE job_id IN (SELECT id FROM job) AND lease_token = $2 AND finished_at IS NULL
+        UPDATE oncely_outbox_attempts a
+           SET finished_at = now(), result = j.result, provider_message_id = j.provider_message_id,
+               error = j.error
+          FROM job j
+         WHERE a.job_id = j.id AND a.lease_token = j.lease_token AND a.finished_at IS NULL
     )
-    SELECT count(*) FROM job";
+    SELECT id FROM job";
 
 const RELEASE: &str = "
     WITH job AS (
@@ -198,18 +208,30 @@ impl JobStore for PgJobStore {
         rows.iter().map(|row| job_from(row, token)).collect()
     }
 
-    async fn finish(&self, job: &Job, finish: &Finish) -> Result<bool, OutboxError> {
-        let n: i64 = sqlx::query_scalar(FINISH)
-            .bind(job.id)
-            .bind(job.lease_token)
-            .bind(status_str(finish.status))
-            .bind(finish.retry_in.as_secs_f64())
-            .bind(finish.result)
-            .bind(finish.provider_message_id.as_deref())
-            .bind(finish.error.as_deref())
-            .fetch_one(&self.pool)
+    async fn finish_all(&self, done: &[(&Job, &Finish)]) -> Result<Vec<bool>, OutboxError> {
+        let column = |f: &dyn Fn(&Job, &Finish) -> Option<String>| -> Vec<Option<String>> {
+            done.iter().map(|(job, finish)| f(job, finish)).collect()
+        };
+        let ids: Vec<i64> = done.iter().map(|(job, _)| job.id).collect();
+        let finished: Vec<i64> = sqlx::query_scalar(FINISH)
+            .bind(&ids)
+            .bind(
+                done.iter()
+                    .map(|(job, _)| job.lease_token)
+                    .collect::<Vec<_>>(),
+            )
+            .bind(column(&|_, f| Some(status_str(f.status).to_owned())))
+            .bind(
+                done.iter()
+                    .map(|(_, f)| f.retry_in.as_secs_f64())
+                    .collect::<Vec<_>>(),
+            )
+            .bind(column(&|_, f| Some(f.result.to_owned())))
+            .bind(column(&|_, f| f.provider_message_id.clone()))
+            .bind(column(&|_, f| f.error.clone()))
+            .fetch_all(&self.pool)
             .await?;
-        Ok(n == 1)
+        Ok(ids.iter().map(|id| finished.contains(id)).collect())
     }
 
     async fn release(&self, job: &Job) -> Result<bool, OutboxError> {

@@ -207,47 +207,52 @@ impl JobStore for SqliteJobStore {
         Ok(jobs)
     }
 
-    async fn finish(&self, job: &Job, finish: &Finish) -> Result<bool, OutboxError> {
+    async fn finish_all(&self, done: &[(&Job, &Finish)]) -> Result<Vec<bool>, OutboxError> {
         let now = now_ms();
-        let status = status_str(finish.status);
+        let mut owned = Vec::with_capacity(done.len());
+        // One write transaction for the whole batch.
         let mut tx = self.pool.begin_with("BEGIN IMMEDIATE").await?;
-        let updated = sqlx::query(
-            "UPDATE oncely_outbox
+        for (job, finish) in done {
+            let status = status_str(finish.status);
+            let updated = sqlx::query(
+                "UPDATE oncely_outbox
                 SET status = ?3, lease_token = NULL, last_error = ?7,
                     run_after = CASE WHEN ?3 = 'pending' THEN ?8 + ?4 ELSE run_after END,
                     sent_at = CASE WHEN ?3 = 'sent' THEN ?8 END,
                     dead_at = CASE WHEN ?3 = 'dead' THEN ?8 END,
                     provider_message_id = COALESCE(?6, provider_message_id)
               WHERE id = ?1 AND lease_token = ?2 AND status = 'pending'",
-        )
-        .bind(job.id)
-        .bind(job.lease_token)
-        .bind(status)
-        .bind(ms(finish.retry_in))
-        .bind(finish.result)
-        .bind(finish.provider_message_id.as_deref())
-        .bind(finish.error.as_deref())
-        .bind(now)
-        .execute(&mut *tx)
-        .await?
-        .rows_affected();
-        if updated == 1 {
-            sqlx::query(
-                "UPDATE oncely_outbox_attempts
-                    SET finished_at = ?3, result = ?4, provider_message_id = ?5, error = ?6
-                  WHERE job_id = ?1 AND lease_token = ?2 AND finished_at IS NULL",
             )
             .bind(job.id)
             .bind(job.lease_token)
-            .bind(now)
+            .bind(status)
+            .bind(ms(finish.retry_in))
             .bind(finish.result)
             .bind(finish.provider_message_id.as_deref())
             .bind(finish.error.as_deref())
+            .bind(now)
             .execute(&mut *tx)
-            .await?;
+            .await?
+            .rows_affected();
+            if updated == 1 {
+                sqlx::query(
+                    "UPDATE oncely_outbox_attempts
+                    SET finished_at = ?3, result = ?4, provider_message_id = ?5, error = ?6
+                  WHERE job_id = ?1 AND lease_token = ?2 AND finished_at IS NULL",
+                )
+                .bind(job.id)
+                .bind(job.lease_token)
+                .bind(now)
+                .bind(finish.result)
+                .bind(finish.provider_message_id.as_deref())
+                .bind(finish.error.as_deref())
+                .execute(&mut *tx)
+                .await?;
+            }
+            owned.push(updated == 1);
         }
         tx.commit().await?;
-        Ok(updated == 1)
+        Ok(owned)
     }
 
     async fn release(&self, job: &Job) -> Result<bool, OutboxError> {

@@ -30,6 +30,7 @@ both_stores!(
     concurrent_workers_claim_every_job_exactly_once,
     a_leased_job_is_not_claimed_again_until_its_lease_ends,
     an_expired_lease_lets_another_worker_take_the_job_and_fences_out_the_first,
+    one_batch_finish_records_each_result_and_fences_each_job,
     release_hands_a_job_back_without_counting_the_attempt,
     a_retry_waits_for_its_delay,
     only_the_requested_kinds_are_claimed,
@@ -378,4 +379,67 @@ async fn pruning_removes_only_finished_jobs_past_their_retention_in_batches<S: B
         "pending jobs are never pruned"
     );
     assert!(store.job("done:0").await.unwrap().is_none());
+}
+
+async fn one_batch_finish_records_each_result_and_fences_each_job<S: Backend>(
+    store: S,
+    _db: TestDb,
+) {
+    for key in ["a", "b", "c"] {
+        store
+            .enqueue_with_business_row(job(key), true)
+            .await
+            .unwrap();
+    }
+    let first = store
+        .claim("w1", &kinds(&["email"]), 3, Duration::from_millis(100))
+        .await
+        .unwrap();
+    assert_eq!(first.len(), 3);
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    // Another worker takes "c" over after w1's lease ended; w1 still records all three.
+    let taken = store
+        .claim("w2", &kinds(&["email"]), 1, LEASE)
+        .await
+        .unwrap()
+        .remove(0);
+    let retry = Finish {
+        status: JobStatus::Pending,
+        result: "retry",
+        retry_in: Duration::from_secs(60),
+        provider_message_id: None,
+        error: Some("451 try later".into()),
+    };
+    let dead = Finish {
+        status: JobStatus::Dead,
+        result: "dead",
+        retry_in: Duration::ZERO,
+        provider_message_id: None,
+        error: Some("550 no such user".into()),
+    };
+    let outcomes = [sent(), retry, dead];
+    let done: Vec<_> = first.iter().zip(&outcomes).collect();
+    let owned = store.finish_all(&done).await.unwrap();
+    let expected: Vec<bool> = first.iter().map(|j| j.id != taken.id).collect();
+    assert_eq!(owned, expected, "only the job taken over is fenced out");
+    for (claimed, outcome) in first.iter().zip(&outcomes) {
+        let record = store.job(&claimed.operation_key).await.unwrap().unwrap();
+        let attempts = store.attempts(claimed.id).await.unwrap();
+        if claimed.id == taken.id {
+            assert_eq!(record.status, JobStatus::Pending, "still w2's");
+            assert_eq!(
+                attempts.last().unwrap().result,
+                None,
+                "w2's attempt is open"
+            );
+            continue;
+        }
+        assert_eq!(record.status, outcome.status);
+        assert_eq!(record.last_error, outcome.error);
+        assert_eq!(attempts.len(), 1);
+        assert_eq!(attempts[0].result.as_deref(), Some(outcome.result));
+        assert_eq!(attempts[0].error, outcome.error);
+    }
+    assert!(store.finish_all(&[]).await.unwrap().is_empty());
+    assert!(store.finish(&taken, &sent()).await.unwrap());
 }

@@ -19,7 +19,7 @@
 //! - [`IdempotencyLayer::transactional`]: the layer opens a transaction and claims the key in it;
 //!   the handler takes [`IdempotentTx`] and writes its rows in that transaction; the layer stores
 //!   the response in it and commits once. Business rows and the stored result commit together or
-//!   not at all.
+//!   not at all. A repeat of a finished request is answered from one read, without a transaction.
 //! - [`IdempotencyLayer::generic`]: claim (its own statement), run the handler, store the result.
 //!   An effect outside the database that ran before a crash can run again once the lease expires,
 //!   so the handler gets a [`DerivedKey`](crate::DerivedKey) (a request extension) to forward to

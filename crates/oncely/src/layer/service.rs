@@ -216,6 +216,18 @@ where
     S::Future: Send + 'static,
     K: KeyStore,
 {
+    // Most repeats of a key are retries of a finished request: answer those from one read,
+    // without opening a transaction. Anything else (no row, in progress, expired) takes the
+    // claim below, which decides under the database's locks.
+    match store.get(claim.scope).await {
+        Ok(Some(record)) => {
+            if let Some(answer) = answer_from_record(&record, claim.fingerprint) {
+                return answer;
+            }
+        }
+        Ok(None) => {}
+        Err(error) => return store_failed(&error),
+    }
     let mut waiter = Waiter::new(config.wait);
     let (token, tx) = loop {
         match store.claim_in_transaction(claim, waiter.remaining()).await {

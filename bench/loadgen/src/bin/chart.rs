@@ -1,0 +1,184 @@
+//! Draws a results file of `bench/run` as a PNG: each scenario's ratio to its baseline measured
+//! in the same run, with its target.
+//!
+//! `chart <results.json> <out.png>`. Text is drawn with a TrueType font from the system
+//! (`BENCH_FONT`, else DejaVu Sans or the first `.ttf` under `/usr/share/fonts`).
+
+use std::path::{Path, PathBuf};
+
+use anyhow::{Context, bail};
+use plotters::prelude::*;
+use plotters::style::{FontStyle, register_font};
+use serde_json::Value;
+
+/// One bar: a label, the ratio (if measured) and its target (if any).
+struct Bar {
+    label: String,
+    ratio: Option<f64>,
+    target: Option<f64>,
+}
+
+fn bars(results: &Value) -> Vec<Bar> {
+    let ratio = |path: &[&str]| {
+        path.iter()
+            .try_fold(results, |v, k| v.get(k))
+            .and_then(Value::as_f64)
+    };
+    vec![
+        Bar {
+            label: "signup over HTTP / pgbench, same SQL".into(),
+            ratio: ratio(&["signup", "ratio"]),
+            target: Some(0.8),
+        },
+        Bar {
+            label: "replay over HTTP / pgbench, PK lookup".into(),
+            ratio: ratio(&["replay", "ratio"]),
+            target: Some(0.5),
+        },
+        Bar {
+            label: "worker drain / graphile-worker".into(),
+            ratio: ratio(&["worker", "drain_ratio_vs_graphile_worker"]),
+            target: Some(1.0),
+        },
+        Bar {
+            label: "signup with 1 M expired keys + 1 M sent jobs / without".into(),
+            ratio: ratio(&["scale_1m_expired_keys_1m_sent_jobs", "signup_ratio"]),
+            target: Some(0.9),
+        },
+        Bar {
+            label: "worker drain with them / without".into(),
+            ratio: ratio(&["scale_1m_expired_keys_1m_sent_jobs", "drain_ratio"]),
+            target: Some(0.9),
+        },
+        Bar {
+            label: "signup while oncely prune runs / without".into(),
+            ratio: ratio(&["prune_2m_rows_under_signup_load", "signup_ratio"]),
+            target: None,
+        },
+        Bar {
+            label: "generic layer / same handler without it".into(),
+            ratio: ratio(&["layer_overhead", "ratio"]),
+            target: None,
+        },
+    ]
+}
+
+fn font() -> anyhow::Result<Vec<u8>> {
+    let chosen = match std::env::var_os("BENCH_FONT") {
+        Some(path) => PathBuf::from(path),
+        None => {
+            let dejavu = Path::new("/usr/share/fonts/truetype/dejavu/DejaVuSans.ttf");
+            if dejavu.exists() {
+                dejavu.to_path_buf()
+            } else {
+                find_ttf(Path::new("/usr/share/fonts")).context(
+                    "no TrueType font found: install one (Debian: fonts-dejavu-core) or set BENCH_FONT",
+                )?
+            }
+        }
+    };
+    std::fs::read(&chosen).with_context(|| format!("cannot read font {}", chosen.display()))
+}
+
+fn find_ttf(dir: &Path) -> Option<PathBuf> {
+    let mut entries: Vec<_> = std::fs::read_dir(dir)
+        .ok()?
+        .flatten()
+        .map(|e| e.path())
+        .collect();
+    entries.sort();
+    entries.iter().find_map(|path| {
+        if path.is_dir() {
+            find_ttf(path)
+        } else {
+            (path.extension()? == "ttf").then(|| path.clone())
+        }
+    })
+}
+
+fn main() -> anyhow::Result<()> {
+    let args: Vec<String> = std::env::args().skip(1).collect();
+    let [input, output] = args.as_slice() else {
+        bail!("usage: chart <results.json> <out.png>");
+    };
+    let results: Value = serde_json::from_str(
+        &std::fs::read_to_string(input).with_context(|| format!("cannot read {input}"))?,
+    )
+    .with_context(|| format!("{input} is not a results file"))?;
+    let font: &'static [u8] = Box::leak(font()?.into_boxed_slice());
+    register_font("sans-serif", FontStyle::Normal, font)
+        .map_err(|_| anyhow::anyhow!("the font could not be loaded"))?;
+    let bars = bars(&results);
+    draw(&bars, &results, Path::new(output))?;
+    println!("wrote {output}");
+    Ok(())
+}
+
+fn draw(bars: &[Bar], results: &Value, output: &Path) -> anyhow::Result<()> {
+    let root = BitMapBackend::new(output, (900, 640)).into_drawing_area();
+    root.fill(&WHITE)?;
+    let x_max = bars
+        .iter()
+        .flat_map(|b| [b.ratio, b.target])
+        .flatten()
+        .fold(1.2f64, f64::max)
+        * 1.1;
+    let caption = format!(
+        "oncely / baseline, same run ({}, {}, {} clients)",
+        results["date"].as_str().unwrap_or("?"),
+        results["machine"].as_str().unwrap_or("?"),
+        results["concurrency"]
+    );
+    let rows = bars.len() as f64;
+    let mut chart = ChartBuilder::on(&root)
+        .caption(caption, ("sans-serif", 20))
+        .margin(16)
+        .x_label_area_size(36)
+        .build_cartesian_2d(0f64..x_max, 0f64..rows)?;
+    chart
+        .configure_mesh()
+        .disable_y_mesh()
+        .disable_y_axis()
+        .x_desc("ratio (higher is better); | marks the target")
+        .label_style(("sans-serif", 14))
+        .draw()?;
+    for (i, bar) in bars.iter().enumerate() {
+        let top = rows - i as f64 - 0.3;
+        let bottom = rows - i as f64 - 0.75;
+        let met = match (bar.ratio, bar.target) {
+            (Some(r), Some(t)) => r >= t,
+            _ => true,
+        };
+        let color = if bar.target.is_none() {
+            RGBColor(150, 150, 150)
+        } else if met {
+            RGBColor(46, 139, 87)
+        } else {
+            RGBColor(200, 60, 50)
+        };
+        let value = match bar.ratio {
+            Some(r) => {
+                chart.draw_series(std::iter::once(Rectangle::new(
+                    [(0.0, bottom), (r, top)],
+                    color.filled(),
+                )))?;
+                format!("{r:.2}")
+            }
+            None => "not measured".into(),
+        };
+        let label = format!("{}: {value}", bar.label);
+        chart.draw_series(std::iter::once(Text::new(
+            label,
+            (0.01 * x_max, rows - i as f64 - 0.05),
+            ("sans-serif", 15),
+        )))?;
+        if let Some(target) = bar.target {
+            chart.draw_series(std::iter::once(PathElement::new(
+                vec![(target, bottom - 0.08), (target, top + 0.08)],
+                BLACK.stroke_width(3),
+            )))?;
+        }
+    }
+    root.present()?;
+    Ok(())
+}

@@ -6,6 +6,9 @@
 //!   share p of requests repeat an earlier request (same key, same body) instead;
 //! - `replay`: first makes `--keys` requests, then only repeats them (every answer a replay);
 //! - `plain`: a fresh key per request to any URL with a fixed body (layer overhead).
+//!
+//! Requests go through `oncely-client` with one attempt each ([`RetryPolicy::NONE`]): the
+//! figures count first answers, and an error is counted as status 0.
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
@@ -13,6 +16,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 use clap::{Parser, ValueEnum};
+use oncely_client::{Client, Operation, RetryPolicy};
 use rand::Rng;
 use serde_json::json;
 use tokio::sync::Mutex;
@@ -28,7 +32,7 @@ enum Mode {
 struct Args {
     /// The URL to POST to.
     #[arg(long)]
-    url: String,
+    url: reqwest::Url,
     #[arg(long, value_enum, default_value = "signup")]
     mode: Mode,
     /// Requests in flight at once.
@@ -59,24 +63,34 @@ fn body(n: u64) -> serde_json::Value {
 async fn main() -> anyhow::Result<()> {
     let args = Args::parse();
     let _ = rustls::crypto::ring::default_provider().install_default();
-    let client = reqwest::Client::builder()
+    let http = reqwest::Client::builder()
         .pool_max_idle_per_host(args.concurrency)
         .build()?;
+    let client = Client::new(args.url.clone())
+        .http_client(http)
+        .policy(RetryPolicy::NONE);
+    let path = args.url.path().to_owned();
+    let request = move |key: String, payload: &serde_json::Value| {
+        Operation::post(&path)
+            .with_key(key)
+            .json(payload)
+            .expect("a JSON value serializes")
+    };
     let run_id: u64 = rand::random::<u32>().into();
     let counter = Arc::new(AtomicU64::new(0));
 
     if args.mode == Mode::Replay {
         for n in 0..args.keys as u64 {
-            let r = client
-                .post(&args.url)
-                .header("idempotency-key", format!("r-{run_id}-{n}"))
-                .json(&body(run_id * 1_000_000 + n))
-                .send()
+            let answer = client
+                .send(&request(
+                    format!("r-{run_id}-{n}"),
+                    &body(run_id * 1_000_000 + n),
+                ))
                 .await?;
             anyhow::ensure!(
-                r.status().is_success(),
+                answer.is_success(),
                 "warm-up request failed: {}",
-                r.status()
+                answer.status
             );
         }
     }
@@ -86,9 +100,9 @@ async fn main() -> anyhow::Result<()> {
     let started = Instant::now();
     let mut tasks = Vec::new();
     for _ in 0..args.concurrency {
-        let (client, url, totals, counter) = (
+        let (client, request, totals, counter) = (
             client.clone(),
-            args.url.clone(),
+            request.clone(),
             totals.clone(),
             counter.clone(),
         );
@@ -112,17 +126,10 @@ async fn main() -> anyhow::Result<()> {
                     Mode::Plain => (format!("p-{run_id}-{n}"), json!({ "amount": 1 })),
                 };
                 let sent = Instant::now();
-                let status = match client
-                    .post(&url)
-                    .header("idempotency-key", key)
-                    .json(&payload)
-                    .send()
-                    .await
-                {
-                    Ok(r) => {
-                        let status = r.status().as_u16();
-                        let _ = r.bytes().await;
-                        status
+                let status = match client.send(&request(key, &payload)).await {
+                    Ok(answer) => answer.status.as_u16(),
+                    Err(oncely_client::Error::GaveUp { status, .. }) => {
+                        status.map_or(0, |s| s.as_u16())
                     }
                     Err(_) => 0,
                 };

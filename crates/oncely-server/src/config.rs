@@ -145,8 +145,8 @@ pub enum TenantCommand {
     },
 }
 
-/// Where the data lives.
-#[derive(Debug, Clone, Args)]
+/// Where the data lives. Prints its URL without the password.
+#[derive(Clone, Args)]
 pub struct DatabaseArgs {
     /// `postgres://…` or `sqlite://…`.
     #[arg(
@@ -156,6 +156,14 @@ pub struct DatabaseArgs {
         hide_env_values = true
     )]
     pub database_url: String,
+}
+
+impl std::fmt::Debug for DatabaseArgs {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("DatabaseArgs")
+            .field("database_url", &crate::database::redact(&self.database_url))
+            .finish()
+    }
 }
 
 /// Settings shared by `serve` and `worker`.
@@ -458,6 +466,35 @@ mod tests {
             Command::Serve(args) => args,
             _ => unreachable!(),
         }
+    }
+
+    #[test]
+    fn no_secret_of_the_command_line_prints() {
+        let cli = Cli::try_parse_from([
+            "oncely",
+            "serve",
+            "--database-url",
+            "postgres://app:db-password-1@db:5432/oncely",
+            "--secret",
+            "server-secret-server-secret-server-secret",
+            "--mailer",
+            "https://api.example.com/emails",
+            "--mailer-api-key",
+            "mailer-api-key-1",
+        ])
+        .unwrap();
+        let printed = format!("{cli:?} {cli:#?}");
+        for secret in [
+            "db-password-1",
+            "server-secret-server-secret-server-secret",
+            "mailer-api-key-1",
+        ] {
+            assert!(!printed.contains(secret), "{secret} printed: {printed}");
+        }
+        assert!(
+            printed.contains("postgres://app:***@db:5432/oncely") || printed.contains("db:5432"),
+            "{printed}"
+        );
     }
 
     #[test]

@@ -125,9 +125,10 @@ async fn migrate_all<A: Accounts>(store: &A) -> anyhow::Result<()> {
     store.migrate_accounts().await.context("account migrations")
 }
 
-/// The URL with any password replaced, for messages.
+/// The URL with any password (in the user info or a `password=` parameter) replaced, for
+/// messages.
 pub fn redact(url: &str) -> String {
-    match (url.find("://"), url.rfind('@')) {
+    let mut out = match (url.find("://"), url.rfind('@')) {
         (Some(scheme), Some(at)) if at > scheme => {
             let userinfo = &url[scheme + 3..at];
             match userinfo.split_once(':') {
@@ -136,7 +137,13 @@ pub fn redact(url: &str) -> String {
             }
         }
         _ => url.to_owned(),
+    };
+    if let Some(at) = out.find("password=") {
+        let start = at + "password=".len();
+        let end = out[start..].find('&').map_or(out.len(), |e| start + e);
+        out.replace_range(start..end, "***");
     }
+    out
 }
 
 #[cfg(test)]
@@ -151,5 +158,9 @@ mod tests {
         );
         assert_eq!(redact("postgres://u@h/d"), "postgres://u@h/d");
         assert_eq!(redact("sqlite://x.db"), "sqlite://x.db");
+        assert_eq!(
+            redact("postgres://h/d?sslmode=require&password=hunter2&x=1"),
+            "postgres://h/d?sslmode=require&password=***&x=1"
+        );
     }
 }

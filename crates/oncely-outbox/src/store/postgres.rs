@@ -32,6 +32,11 @@ pub fn migrator() -> Migrator {
                 "prune index",
                 include_str!("../../migrations/postgres/0003_prune_index.sql"),
             ),
+            (
+                4,
+                "due index by kind",
+                include_str!("../../migrations/postgres/0004_due_by_kind.sql"),
+            ),
         ],
         MIGRATIONS_TABLE,
     )
@@ -89,15 +94,21 @@ impl PgJobStore {
     }
 }
 
-// Index: oncely_outbox_due (partial, pending only). SKIP LOCKED: workers never wait for each
-// other. Claiming pushes run_after to the lease's end, so a dead worker's job is due again then.
+// Index: oncely_outbox_due_by_kind (partial, pending only), walked once per kind, oldest due
+// first; at most `limit` rows per kind are locked and the oldest `limit` of them claimed (the
+// rest unlock when the statement commits). SKIP LOCKED: workers never wait for each other. Claiming pushes run_after to the lease's end, so a dead worker's job is due again then.
 const CLAIM: &str = "
     WITH due AS (
-        SELECT id FROM oncely_outbox
-         WHERE status = 'pending' AND run_after <= now() AND kind = ANY($4)
-         ORDER BY run_after, id
-         LIMIT $1
-           FOR UPDATE SKIP LOCKED
+        SELECT d.id FROM unnest($4::text[]) AS k(kind)
+        CROSS JOIN LATERAL (
+            SELECT id, run_after FROM oncely_outbox
+             WHERE status = 'pending' AND kind = k.kind AND run_after <= now()
+             ORDER BY run_after, id
+             LIMIT $1
+               FOR UPDATE SKIP LOCKED
+        ) d
+        ORDER BY d.run_after, d.id
+        LIMIT $1
     ), claimed AS (
         UPDATE oncely_outbox o
            SET run_after = now() + make_interval(secs => $2), lease_token = $3,

@@ -36,6 +36,11 @@ pub fn migrator() -> Migrator {
                 "prune index",
                 include_str!("../../migrations/sqlite/0003_prune_index.sql"),
             ),
+            (
+                4,
+                "due index by kind",
+                include_str!("../../migrations/sqlite/0004_due_by_kind.sql"),
+            ),
         ],
         MIGRATIONS_TABLE,
     )
@@ -110,7 +115,7 @@ impl SqliteJobStore {
     }
 }
 
-// Index: oncely_outbox_due (partial, pending only).
+// Index: oncely_outbox_due_by_kind (partial, pending only).
 const CLAIM: &str = "
     UPDATE oncely_outbox
        SET run_after = ?1 + ?2, lease_token = ?3, attempts = attempts + 1

@@ -3,8 +3,11 @@
 #![allow(unreachable_pub)]
 
 mod api_description;
+mod chaos;
 mod flows;
 mod health;
+mod hostile;
 mod ops;
+mod security;
 mod signup;
 mod support;

@@ -1,0 +1,84 @@
+//! `oncely-chaos`: see the library docs and `docs/reliability.md`. Prints the report as JSON and
+//! exits 1 if the run broke the promise.
+
+use std::path::PathBuf;
+use std::time::Duration;
+
+use clap::{Parser, ValueEnum};
+use oncely_chaos::{Config, Delivery, run};
+
+#[derive(Debug, Clone, Copy, ValueEnum)]
+enum Mode {
+    Provider,
+    Smtp,
+}
+
+#[derive(Debug, Parser)]
+#[command(
+    about = "Kill, restart and fault oncely under a retrying storm; audit losses and duplicates"
+)]
+struct Args {
+    /// The `oncely` binary.
+    #[arg(long, default_value = "target/release/oncely")]
+    oncely: PathBuf,
+    /// A PostgreSQL database for the run (it is migrated, and should be empty).
+    #[arg(long, env = "DATABASE_URL")]
+    database_url: String,
+    /// Logical intents (signups).
+    #[arg(long, default_value_t = 2000)]
+    intents: usize,
+    /// Intents in flight.
+    #[arg(long, default_value_t = 16)]
+    concurrency: usize,
+    /// Shortest time between kills, in milliseconds.
+    #[arg(long, default_value_t = 300)]
+    kill_min_ms: u64,
+    /// Longest time between kills, in milliseconds.
+    #[arg(long, default_value_t = 1500)]
+    kill_max_ms: u64,
+    /// Shell command that restarts PostgreSQL (run once, halfway).
+    #[arg(long)]
+    restart_postgres: Option<String>,
+    /// Share of delivery attempts the inbox fails.
+    #[arg(long, default_value_t = 0.1)]
+    fault_rate: f64,
+    /// How the workers deliver.
+    #[arg(long, value_enum, default_value = "provider")]
+    delivery: Mode,
+    /// Upper bound on the whole run, in seconds.
+    #[arg(long, default_value_t = 1800)]
+    time_limit: u64,
+    /// Keep the process logs in this directory.
+    #[arg(long)]
+    logs: Option<PathBuf>,
+}
+
+#[tokio::main]
+async fn main() -> anyhow::Result<()> {
+    let args = Args::parse();
+    let config = Config {
+        oncely: args.oncely,
+        database_url: args.database_url,
+        intents: args.intents,
+        concurrency: args.concurrency,
+        kill_every: (
+            Duration::from_millis(args.kill_min_ms),
+            Duration::from_millis(args.kill_max_ms),
+        ),
+        restart_postgres: args.restart_postgres,
+        fault_rate: args.fault_rate,
+        delivery: match args.delivery {
+            Mode::Provider => Delivery::Provider,
+            Mode::Smtp => Delivery::Smtp,
+        },
+        time_limit: Duration::from_secs(args.time_limit),
+        logs: args.logs,
+    };
+    let report = run(&config).await?;
+    println!("{}", serde_json::to_string_pretty(&report)?);
+    if !report.passed() {
+        eprintln!("chaos: the run broke the promise (see the report)");
+        std::process::exit(1);
+    }
+    Ok(())
+}

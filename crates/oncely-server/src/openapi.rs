@@ -330,7 +330,12 @@ fn add_response_headers(operation: &mut Operation) {
     }
 }
 
-fn header(name: &str, required: bool, description: &str) -> utoipa::openapi::RefOr<Parameter> {
+fn header(
+    name: &str,
+    required: bool,
+    description: &str,
+    schema: ObjectBuilder,
+) -> utoipa::openapi::RefOr<Parameter> {
     ParameterBuilder::new()
         .name(name)
         .parameter_in(ParameterIn::Header)
@@ -340,7 +345,7 @@ fn header(name: &str, required: bool, description: &str) -> utoipa::openapi::Ref
             Required::False
         })
         .description(Some(description))
-        .schema(Some(ObjectBuilder::new().schema_type(Type::String)))
+        .schema(Some(schema))
         .build()
         .into()
 }
@@ -350,12 +355,19 @@ fn add_shared(operation: &mut Operation, needs_api_key: bool) {
     parameters.push(header(
         "Idempotency-Key",
         true,
-        "One value per logical operation, reused on every retry: an RFC 8941 string or a bare token, 1-255 visible ASCII characters.",
+        "One value per logical operation, reused on every retry: an RFC 8941 string or a bare token, 1-255 visible ASCII characters (a bare token has no comma).",
+        // The bare form, which every client can send; the server also takes an RFC 8941 string.
+        ObjectBuilder::new()
+            .schema_type(Type::String)
+            .min_length(Some(1))
+            .max_length(Some(255))
+            .pattern(Some("^[!#-+\\--~]+$")),
     ));
     parameters.push(header(
         "Authorization",
         needs_api_key,
         "`Bearer <tenant API key>`; without it, the default tenant. An invalid key is 401, never the default tenant.",
+        ObjectBuilder::new().schema_type(Type::String),
     ));
     let problem = |description: &str| {
         ResponseBuilder::new()

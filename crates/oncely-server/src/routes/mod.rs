@@ -8,7 +8,7 @@ use axum::extract::{FromRequest, Request, State};
 use axum::http::{Method, StatusCode};
 use axum::middleware::{self, Next};
 use axum::response::Response;
-use axum::routing::{get, post};
+use axum::routing::{MethodRouter, get, post};
 use axum::{Json, Router};
 use oncely::{IdempotencyLayer, Problem, ServerSecret};
 use serde::de::DeserializeOwned;
@@ -61,38 +61,44 @@ pub fn v1<A: Accounts>(state: AppState<A>, policy: KeyPolicy) -> Router {
         .retention(policy.retention)
         .max_request_body(16 * 1024)
         .normalize_json(Arc::new(normalize_json_email));
+    // Per method router: the layers run only for a method the route has, so any other method
+    // is a plain 405. Outer layers run first: the tenant is known before the key is scoped.
+    let tenant = middleware::from_fn_with_state(state.clone(), tenant::resolve::<A>);
+    let wake = middleware::from_fn_with_state(state.clone(), wake_workers::<A>);
+    let guarded = |route: MethodRouter<AppState<A>>| {
+        route
+            .route_layer(keys.clone())
+            .route_layer(wake.clone())
+            .route_layer(tenant.clone())
+    };
     Router::new()
-        .route("/v1/signup", post(signup::signup::<A>))
+        .route("/v1/signup", guarded(post(signup::signup::<A>)))
         .route(
             "/v1/verify",
-            get(consume::verify_page).post(consume::verify::<A>),
+            guarded(get(consume::verify_page).post(consume::verify::<A>)),
         )
-        .route("/v1/verification/resend", post(links::resend::<A>))
-        .route("/v1/password-reset", post(links::password_reset::<A>))
+        .route(
+            "/v1/verification/resend",
+            guarded(post(links::resend::<A>)),
+        )
+        .route(
+            "/v1/password-reset",
+            guarded(post(links::password_reset::<A>)),
+        )
         .route(
             "/v1/password-reset/confirm",
-            get(consume::reset_page).post(consume::reset_confirm::<A>),
+            guarded(get(consume::reset_page).post(consume::reset_confirm::<A>)),
         )
-        .route("/v1/magic-link", post(links::magic_link::<A>))
+        .route("/v1/magic-link", guarded(post(links::magic_link::<A>)))
         .route(
             "/v1/magic-link/consume",
-            get(consume::magic_page).post(consume::magic_consume::<A>),
+            guarded(get(consume::magic_page).post(consume::magic_consume::<A>)),
         )
-        .route("/v1/invites", post(links::invite::<A>))
+        .route("/v1/invites", guarded(post(links::invite::<A>)))
         .route(
             "/v1/invites/accept",
-            get(consume::invite_page).post(consume::invite_accept::<A>),
+            guarded(get(consume::invite_page).post(consume::invite_accept::<A>)),
         )
-        .route_layer(keys)
-        // Outer layers run first: the tenant is known before the key is scoped.
-        .layer(middleware::from_fn_with_state(
-            state.clone(),
-            wake_workers::<A>,
-        ))
-        .layer(middleware::from_fn_with_state(
-            state.clone(),
-            tenant::resolve::<A>,
-        ))
         .with_state(state)
 }
 

@@ -361,7 +361,7 @@ fn add_shared(operation: &mut Operation, needs_api_key: bool) {
             .schema_type(Type::String)
             .min_length(Some(1))
             .max_length(Some(255))
-            .pattern(Some("^[!#-+\\--~]+$")),
+            .pattern(Some(format!("^{}+$", oncely::key::BARE_KEY_CLASS))),
     ));
     parameters.push(header(
         "Authorization",

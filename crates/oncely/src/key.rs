@@ -15,6 +15,11 @@ pub const IDEMPOTENCY_KEY: http::HeaderName = http::HeaderName::from_static("ide
 /// The longest key accepted, in characters (after unescaping an sf-string).
 pub const MAX_KEY_LEN: usize = 255;
 
+/// The characters of a bare key as a regular-expression class (ECMA-262 and Rust `regex`):
+/// visible ASCII without `"`, `\` and `,`. API descriptions use it for the header's pattern;
+/// the property tests check that every string it matches parses.
+pub const BARE_KEY_CLASS: &str = r"[!#-+\--\[\]-~]";
+
 /// A validated idempotency key: 1–255 visible ASCII characters.
 ///
 /// Built only by [`IdempotencyKey::parse`] (one header value) or [`IdempotencyKey::from_headers`].

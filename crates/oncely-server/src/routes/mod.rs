@@ -77,10 +77,7 @@ pub fn v1<A: Accounts>(state: AppState<A>, policy: KeyPolicy) -> Router {
             "/v1/verify",
             guarded(get(consume::verify_page).post(consume::verify::<A>)),
         )
-        .route(
-            "/v1/verification/resend",
-            guarded(post(links::resend::<A>)),
-        )
+        .route("/v1/verification/resend", guarded(post(links::resend::<A>)))
         .route(
             "/v1/password-reset",
             guarded(post(links::password_reset::<A>)),

@@ -201,3 +201,48 @@ fn rust_files(dir: &str) -> Vec<String> {
     }
     out
 }
+
+/// Regression (schemathesis): the key header's schema once allowed an empty key, so schema-valid
+/// requests were refused. Every value the schema allows must be a key the server takes.
+#[tokio::test]
+async fn the_key_header_schema_allows_only_keys_the_server_accepts() {
+    let (spec, _app, _db) = spec().await;
+    let parameter = spec["paths"]["/v1/signup"]["post"]["parameters"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|p| p["name"] == "Idempotency-Key")
+        .unwrap()
+        .clone();
+    let schema = &parameter["schema"];
+    assert_eq!(schema["minLength"], 1);
+    assert_eq!(schema["maxLength"], 255);
+    assert_eq!(
+        schema["pattern"],
+        format!("^{}+$", oncely::key::BARE_KEY_CLASS)
+    );
+    // The pattern's class excludes exactly the characters a bare key may not have.
+    for refused in ["\"", "\\", ",", " ", "\u{7f}", "é"] {
+        assert!(
+            oncely::IdempotencyKey::parse(format!("a{refused}b")).is_err(),
+            "{refused:?}"
+        );
+    }
+}
+
+/// Regression (schemathesis): an undeclared method was answered by the tenant check (401) or
+/// the key check (400) instead of 405.
+#[tokio::test]
+async fn undeclared_methods_are_405_before_any_other_check() {
+    let (_spec, app, _db) = spec().await;
+    for method in ["PUT", "DELETE", "PATCH", "TRACE"] {
+        let response = app
+            .client
+            .request(method.parse().unwrap(), format!("{}/v1/signup", app.base))
+            .bearer_auth("not-a-key")
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(response.status(), 405, "{method}");
+    }
+}

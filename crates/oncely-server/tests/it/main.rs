@@ -8,6 +8,7 @@ mod flows;
 mod health;
 mod hostile;
 mod ops;
+mod properties;
 mod security;
 mod signup;
 mod support;

@@ -12,7 +12,7 @@
 //! tokens the run produced: none may appear in a log line, and no token may appear in the
 //! database (only its hash is stored).
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::{BTreeMap, HashMap, HashSet};
 use std::net::{SocketAddr, TcpListener};
 use std::path::{Path, PathBuf};
 use std::process::Stdio;
@@ -56,8 +56,8 @@ pub struct Config {
     pub kill_every: (Duration, Duration),
     /// A shell command that restarts PostgreSQL, run once in the middle of the storm.
     pub restart_postgres: Option<String>,
-    /// Share of delivery attempts the inbox fails (half rejected with a temporary error, half
-    /// accepted and then the connection dropped).
+    /// Share of delivery attempts the inbox fails, during the storm and the drain after it (half
+    /// rejected with a temporary error, half accepted and then the connection dropped).
     pub fault_rate: f64,
     /// How the workers deliver.
     pub delivery: Delivery,
@@ -262,6 +262,9 @@ pub async fn run(config: &Config) -> anyhow::Result<Report> {
                 &mailer,
                 "--lease",
                 "3s",
+                // 5 processes × 12 stay under PostgreSQL's default 100 connections.
+                "--database-pool",
+                "12",
             ]
             .iter()
             .map(|s| s.to_string()),
@@ -322,7 +325,6 @@ pub async fn run(config: &Config) -> anyhow::Result<Report> {
         let storm_over = storm_over.clone();
         let answered = answered.clone();
         let config = config.clone();
-        let inbox = inbox.clone();
         tokio::spawn(async move {
             let mut report = Report::default();
             let mut restarted_pg = config.restart_postgres.is_none();
@@ -333,17 +335,6 @@ pub async fn run(config: &Config) -> anyhow::Result<Report> {
                 tokio::time::sleep(pause).await;
                 if storm_over.load(Ordering::Relaxed) {
                     break;
-                }
-                // Faults for the next stretch: about fault_rate of the ~20 attempts it sees,
-                // at least one rejection and one accept-then-drop whenever faults are on.
-                if config.fault_rate > 0.0 {
-                    let budget = ((config.fault_rate * 20.0).round() as u32).max(2);
-                    let rejects = rand::rng().random_range(1..budget);
-                    let drops = budget - rejects;
-                    let mut now = inbox.faults();
-                    now.reject_next = rejects;
-                    now.drop_after_accept = drops;
-                    inbox.set_faults(now);
                 }
                 if !restarted_pg && answered.load(Ordering::Relaxed) >= halfway {
                     let command = config.restart_postgres.as_deref().unwrap_or_default();
@@ -380,6 +371,35 @@ pub async fn run(config: &Config) -> anyhow::Result<Report> {
                 }
             }
             Ok((report, procs))
+        })
+    };
+
+    // The fault injector, until the drain ends: every 50 ms, owes the inbox fault_rate of the
+    // attempts it saw since the last tick, alternately as an accept-then-drop and a rejection.
+    let drained = Arc::new(AtomicBool::new(false));
+    let injector = {
+        let drained = drained.clone();
+        let inbox = inbox.clone();
+        let rate = config.fault_rate.clamp(0.0, 1.0);
+        tokio::spawn(async move {
+            let (mut seen, mut owed, mut reject) = (0u64, 0.0f64, false);
+            while !drained.load(Ordering::Relaxed) && rate > 0.0 {
+                tokio::time::sleep(Duration::from_millis(50)).await;
+                let attempts = inbox.stats().attempts;
+                owed += rate * attempts.saturating_sub(seen) as f64;
+                seen = attempts;
+                let mut faults = inbox.faults();
+                while owed >= 1.0 {
+                    owed -= 1.0;
+                    if reject {
+                        faults.reject_next += 1;
+                    } else {
+                        faults.drop_after_accept += 1;
+                    }
+                    reject = !reject;
+                }
+                inbox.set_faults(faults);
+            }
         })
     };
 
@@ -430,19 +450,25 @@ pub async fn run(config: &Config) -> anyhow::Result<Report> {
         }
     }
 
-    // Drain: faults off (dedupe stays), every worker up, until nothing is pending.
-    inbox.set_faults(faults(0, 0));
-    let pool = PgPool::connect(&config.database_url).await?;
+    // Drain: every worker up, faults still on, until nothing is pending (a job failed by a
+    // fault waits for its retry delay: 2 s, then 4 s, …).
+    let pool = sqlx::postgres::PgPoolOptions::new()
+        .max_connections(2)
+        .connect(&config.database_url)
+        .await?;
     loop {
-        let pending: i64 =
+        let pending: Result<i64, _> =
             sqlx::query_scalar("SELECT count(*) FROM oncely_outbox WHERE status = 'pending'")
                 .fetch_one(&pool)
-                .await?;
-        if pending == 0 || Instant::now() >= deadline {
+                .await;
+        if pending.is_ok_and(|n| n == 0) || Instant::now() >= deadline {
             break;
         }
         tokio::time::sleep(Duration::from_millis(200)).await;
     }
+    drained.store(true, Ordering::Relaxed);
+    injector.await?;
+    inbox.set_faults(faults(0, 0));
     report.seconds = started.elapsed().as_secs_f64();
     for proc in &mut procs {
         proc.kill().await;
@@ -491,13 +517,17 @@ async fn audit(
     let messages = inbox.messages(None);
     report.emails = messages.len() as u64;
     let mut per_address: HashMap<&str, u64> = HashMap::new();
-    let mut tokens = Vec::new();
+    let mut tokens = HashSet::new();
     for message in &messages {
         for to in &message.to {
             *per_address.entry(to.as_str()).or_default() += 1;
         }
         tokens.extend(tokens_in(&message.text));
     }
+    anyhow::ensure!(
+        tokens.iter().all(|t| t.len() == 43),
+        "a link carried a token that is not 43 characters"
+    );
     let dead = report.jobs.get("dead").copied().unwrap_or(0);
     let received = addresses
         .iter()
@@ -520,11 +550,12 @@ async fn audit(
 
     // Leaks: addresses and tokens in log lines; tokens anywhere in the database; addresses in
     // the idempotency table.
+    let marker = format!("chaos-{run_id}-");
     for entry in std::fs::read_dir(logs)? {
         let text = std::fs::read_to_string(entry?.path())?;
         for line in text.lines() {
-            report.addresses_in_logs += u64::from(line.contains(&format!("chaos-{run_id}-")));
-            report.tokens_in_logs += u64::from(tokens.iter().any(|t| line.contains(t.as_str())));
+            report.addresses_in_logs += u64::from(line.contains(&marker));
+            report.tokens_in_logs += u64::from(contains_any(line, &tokens));
         }
     }
     let tables: Vec<String> = sqlx::query_scalar(
@@ -539,14 +570,36 @@ async fn audit(
             .fetch_all(pool)
             .await?;
         for row in &rows {
-            report.tokens_in_database += u64::from(tokens.iter().any(|t| row.contains(t.as_str())));
+            report.tokens_in_database += u64::from(contains_any(row, &tokens));
             if table == "oncely_idempotency_keys" {
-                report.addresses_in_key_table +=
-                    u64::from(row.contains(&format!("chaos-{run_id}-")));
+                report.addresses_in_key_table += u64::from(row.contains(&marker));
             }
         }
     }
     Ok(())
+}
+
+/// Whether `text` contains one of `tokens` (all 43 URL-safe characters): every 43-character
+/// window of every run of URL-safe characters is looked up, so the scan is linear in the text.
+fn contains_any(text: &str, tokens: &HashSet<String>) -> bool {
+    const LEN: usize = 43;
+    let bytes = text.as_bytes();
+    let url_safe = |b: u8| b.is_ascii_alphanumeric() || b == b'-' || b == b'_';
+    let mut start = 0;
+    while start < bytes.len() {
+        if !url_safe(bytes[start]) {
+            start += 1;
+            continue;
+        }
+        let end = (start..bytes.len())
+            .find(|&i| !url_safe(bytes[i]))
+            .unwrap_or(bytes.len());
+        if end - start >= LEN && (start..=end - LEN).any(|i| tokens.contains(&text[i..i + LEN])) {
+            return true;
+        }
+        start = end;
+    }
+    false
 }
 
 /// The raw tokens in an email's text: the value of every `token=` parameter.
@@ -565,6 +618,17 @@ pub fn tokens_in(text: &str) -> Vec<String> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_token_is_found_anywhere_in_a_line_and_nothing_else_matches() {
+        let token = "A".repeat(21) + "-" + &"b".repeat(21);
+        let tokens = HashSet::from([token.clone()]);
+        assert!(contains_any(&format!("x {token} y"), &tokens));
+        assert!(contains_any(&format!("{{\"t\":\"zz{token}zz\"}}"), &tokens));
+        assert!(!contains_any(&token[1..], &tokens));
+        assert!(!contains_any(&"A".repeat(100), &tokens));
+        assert!(!contains_any("", &tokens));
+    }
 
     #[test]
     fn tokens_are_found_in_links() {

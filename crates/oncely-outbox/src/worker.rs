@@ -9,7 +9,9 @@ use std::time::Duration;
 use futures::stream::FuturesUnordered;
 use futures::{FutureExt, StreamExt};
 use time::OffsetDateTime;
+use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
+use tracing::Instrument;
 
 use crate::job::{Delivery, Job, JobStatus};
 use crate::policy::RetryPolicy;
@@ -178,64 +180,25 @@ impl<S: JobStore> Worker<S> {
 
     /// Claims one batch of due jobs and runs it; returns how many jobs it ran.
     pub async fn run_once(&self) -> Result<usize, OutboxError> {
-        Ok(self.run_batch().await?.0)
-    }
-
-    /// One batch: how many jobs ran, and the soonest retry it scheduled.
-    async fn run_batch(&self) -> Result<(usize, Option<Duration>), OutboxError> {
-        let mut jobs = Vec::new();
+        let mut flight = InFlight::default();
         for (kinds, limit) in self.claims() {
-            jobs.extend(
-                self.store
-                    .claim(&self.config.id, &kinds, limit, self.config.lease)
-                    .await?,
-            );
+            let jobs = self
+                .store
+                .claim(&self.config.id, &kinds, limit, self.config.lease)
+                .await?;
+            for job in jobs {
+                flight.push(0, self.spawn(job));
+            }
         }
-        // Results are recorded as they come, each group in one statement: jobs that finished
-        // together share a write, and a slow job does not hold back the record of a fast one.
-        let mut running: FuturesUnordered<_> = jobs.iter().map(|job| self.attempt(job)).collect();
-        let mut soonest: Option<Duration> = None;
-        let mut done = Vec::new();
+        let ran = flight.len();
+        let mut soonest = None;
         let mut failure = None;
-        while let Some(first) = running.next().await {
-            done.push(first);
-            while let Some(Some(more)) = running.next().now_or_never() {
-                done.push(more);
+        while !flight.is_empty() {
+            if let Err(error) = self.record_next(&mut flight, &mut soonest).await {
+                failure.get_or_insert(error);
             }
-            let finished: Vec<(&Job, &Finish)> = done
-                .iter()
-                .filter_map(|(job, finish)| Some((*job, finish.as_ref()?)))
-                .collect();
-            if finished.is_empty() {
-                done.clear();
-                continue;
-            }
-            // A failed record does not stop the jobs still running: their results may record.
-            match self.store.finish_all(&finished).await {
-                Ok(owned) => {
-                    for ((job, finish), owned) in finished.into_iter().zip(owned) {
-                        if !owned {
-                            tracing::warn!(
-                                job = job.id,
-                                "outbox lease lost before the attempt was recorded"
-                            );
-                        } else if finish.status == JobStatus::Pending {
-                            soonest =
-                                Some(soonest.map_or(finish.retry_in, |s| s.min(finish.retry_in)));
-                        }
-                    }
-                }
-                Err(error) => {
-                    tracing::error!(%error, jobs = finished.len(), "could not record attempts; the jobs run again when their lease ends");
-                    failure.get_or_insert(error);
-                }
-            }
-            done.clear();
         }
-        if let Some(error) = failure {
-            return Err(error);
-        }
-        Ok((jobs.len(), soonest))
+        failure.map_or(Ok(ran), Err)
     }
 
     /// Runs batches until nothing is due now (jobs waiting for a retry delay stay pending).
@@ -250,83 +213,237 @@ impl<S: JobStore> Worker<S> {
         }
     }
 
-    /// Runs until `shutdown` is cancelled: then it stops claiming, lets the batch in hand finish
+    /// Runs until `shutdown` is cancelled: then it stops claiming, lets the jobs in hand finish
     /// (each handler is bounded by the lease), and returns.
+    ///
+    /// Jobs run continuously: whenever a claim group (the unlimited kinds, or a limited kind)
+    /// has free slots, the worker claims that many more; a slow job holds its own slot only,
+    /// never the next claim.
     pub async fn run(self, shutdown: CancellationToken) -> Result<(), OutboxError> {
         let mut wakeup = self.store.wakeup().await?;
         tracing::info!(worker = %self.config.id, kinds = ?self.kinds(), "outbox worker started");
+        let groups = self.claims();
+        let mut flight = InFlight::default();
         // A retry this worker scheduled is due before the next poll: wake for it, not later.
         let mut retry_at: Option<tokio::time::Instant> = None;
-        while !shutdown.is_cancelled() {
-            match self.run_batch().await {
-                Ok((0, _)) => {
-                    let now = tokio::time::Instant::now();
-                    let until_retry = retry_at.filter(|at| *at > now).map(|at| at - now);
-                    let wait = until_retry.map_or(self.config.poll_interval, |d| {
-                        d.min(self.config.poll_interval)
-                    });
-                    retry_at = retry_at.filter(|at| *at > now);
-                    tokio::select! {
-                        () = shutdown.cancelled() => break,
-                        () = wakeup.wait(wait) => {}
+        loop {
+            let mut free_slots = false;
+            let mut claim_failed = false;
+            if !shutdown.is_cancelled() {
+                for (group, (kinds, limit)) in groups.iter().enumerate() {
+                    let free = limit.saturating_sub(flight.running(group));
+                    if free == 0 {
+                        continue;
+                    }
+                    match self
+                        .store
+                        .claim(&self.config.id, kinds, free, self.config.lease)
+                        .await
+                    {
+                        Ok(jobs) => {
+                            free_slots |= (jobs.len() as u32) < free;
+                            for job in jobs {
+                                flight.push(group, self.spawn(job));
+                            }
+                        }
+                        Err(error) => {
+                            tracing::error!(%error, "outbox worker could not claim; retrying");
+                            free_slots = true;
+                            claim_failed = true;
+                        }
                     }
                 }
-                Ok((_, soonest)) => {
-                    if let Some(delay) = soonest {
-                        let at = tokio::time::Instant::now() + delay;
-                        retry_at = Some(retry_at.map_or(at, |r| r.min(at)));
-                    }
+            }
+            if flight.is_empty() && shutdown.is_cancelled() {
+                break;
+            }
+            let now = tokio::time::Instant::now();
+            retry_at = retry_at.filter(|at| *at > now);
+            let wait = match (claim_failed, retry_at) {
+                (true, _) | (false, None) => self.config.poll_interval,
+                (false, Some(at)) => (at - now).min(self.config.poll_interval),
+            };
+            let mut soonest = None;
+            if flight.is_empty() {
+                // Idle: until new work is announced, a retry comes due, or the poll interval.
+                tokio::select! {
+                    () = shutdown.cancelled() => {}
+                    () = wakeup.wait(wait), if !claim_failed => {}
+                    () = tokio::time::sleep(wait), if claim_failed => {}
                 }
-                Err(error) => {
-                    tracing::error!(%error, "outbox worker could not claim; retrying");
-                    tokio::select! {
-                        () = shutdown.cancelled() => break,
-                        () = tokio::time::sleep(self.config.poll_interval) => {}
-                    }
+            } else if free_slots && !shutdown.is_cancelled() {
+                // Busy with room to spare: a finished job, or new work, whichever comes first.
+                // (Only the wait for a finished job is cancelled here, never its recording.)
+                let finished = tokio::select! {
+                    biased;
+                    finished = flight.next() => finished,
+                    () = shutdown.cancelled() => None,
+                    () = wakeup.wait(wait) => None,
+                };
+                if let Some(first) = finished
+                    && let Err(error) = self.record_with(first, &mut flight, &mut soonest).await
+                {
+                    tracing::error!(%error, "outbox attempts not recorded; they run again when their lease ends");
                 }
+            } else if let Err(error) = self.record_next(&mut flight, &mut soonest).await {
+                tracing::error!(%error, "outbox attempts not recorded; they run again when their lease ends");
+            }
+            if let Some(delay) = soonest {
+                let at = tokio::time::Instant::now() + delay;
+                retry_at = Some(retry_at.map_or(at, |r| r.min(at)));
             }
         }
         tracing::info!(worker = %self.config.id, "outbox worker stopped");
         Ok(())
     }
 
-    /// Runs one job; returns what to record of it (`None`: handed back unstarted).
-    async fn attempt<'j>(&self, job: &'j Job) -> (&'j Job, Option<Finish>) {
-        let Some(registered) = self.handlers.get(&job.kind) else {
-            // Claims only ask for registered kinds; keep the job for a worker that has it.
-            if let Err(error) = self.store.release(job).await {
-                tracing::warn!(job = job.id, %error, "could not hand a job back; it is due again when its lease ends");
-            }
-            return (job, None);
-        };
-        let now = OffsetDateTime::now_utc();
-        let finish = if job.not_after.is_some_and(|limit| limit <= now) {
-            Finish {
-                status: JobStatus::Dead,
-                result: "expired",
-                retry_in: Duration::ZERO,
-                provider_message_id: None,
-                error: Some("not run: its deadline passed before delivery".into()),
-            }
-        } else {
-            let limit = self.config.lease.mul_f64(0.9);
-            let delivery = tokio::time::timeout(limit, registered.handler.run(job))
-                .await
-                .unwrap_or_else(|_| {
-                    Delivery::Unknown(format!("the handler took longer than {limit:?}"))
-                });
-            decide(job, delivery, &registered.options.policy, now)
-        };
-        metrics::counter!("oncely_outbox_attempts_total", "kind" => job.kind.clone(), "result" => finish.result)
-            .increment(1);
-        let level_ok = finish.status != JobStatus::Dead || finish.result == "skipped";
-        if level_ok {
-            tracing::info!(job = job.id, kind = %job.kind, attempt = job.attempt, result = finish.result, error = finish.error.as_deref(), "outbox attempt");
-        } else {
-            tracing::warn!(job = job.id, kind = %job.kind, attempt = job.attempt, result = finish.result, error = finish.error.as_deref(), "outbox job is dead");
-        }
-        (job, Some(finish))
+    /// Starts one job in a task of its own.
+    fn spawn(&self, job: Job) -> JoinHandle<(Job, Option<Finish>)> {
+        let registered = self
+            .handlers
+            .get(&job.kind)
+            .map(|r| (r.handler.clone(), r.options));
+        let store = self.store.clone();
+        let limit = self.config.lease.mul_f64(0.9);
+        tokio::spawn(attempt(registered, store, limit, job).in_current_span())
     }
+
+    /// Waits for the next job to finish and records it with every other one finished by then
+    /// (see [`Worker::record_with`]).
+    async fn record_next(
+        &self,
+        flight: &mut InFlight,
+        soonest: &mut Option<Duration>,
+    ) -> Result<(), OutboxError> {
+        match flight.next().await {
+            Some(first) => self.record_with(first, flight, soonest).await,
+            None => Ok(()),
+        }
+    }
+
+    /// Records `first` and every other job finished by now in one statement; `soonest` keeps
+    /// the earliest retry scheduled.
+    async fn record_with(
+        &self,
+        first: (Job, Option<Finish>),
+        flight: &mut InFlight,
+        soonest: &mut Option<Duration>,
+    ) -> Result<(), OutboxError> {
+        let mut done = vec![first];
+        while let Some(Some(more)) = flight.next().now_or_never() {
+            done.push(more);
+        }
+        let finished: Vec<(&Job, &Finish)> = done
+            .iter()
+            .filter_map(|(job, finish)| Some((job, finish.as_ref()?)))
+            .collect();
+        if finished.is_empty() {
+            return Ok(());
+        }
+        let owned = self.store.finish_all(&finished).await?;
+        for ((job, finish), owned) in finished.into_iter().zip(owned) {
+            if !owned {
+                tracing::warn!(
+                    job = job.id,
+                    "outbox lease lost before the attempt was recorded"
+                );
+            } else if finish.status == JobStatus::Pending {
+                *soonest = Some(soonest.map_or(finish.retry_in, |s| s.min(finish.retry_in)));
+            }
+        }
+        Ok(())
+    }
+}
+
+/// The jobs a worker is running, each in its own task, with a count per claim group.
+#[derive(Default)]
+struct InFlight {
+    tasks: FuturesUnordered<Tagged>,
+    per_group: HashMap<usize, u32>,
+}
+
+/// A running job's task and its claim group.
+type Tagged = Pin<Box<dyn Future<Output = (usize, Option<(Job, Option<Finish>)>)> + Send>>;
+
+impl InFlight {
+    fn push(&mut self, group: usize, task: JoinHandle<(Job, Option<Finish>)>) {
+        *self.per_group.entry(group).or_default() += 1;
+        self.tasks
+            .push(Box::pin(async move { (group, task.await.ok()) }));
+    }
+
+    fn running(&self, group: usize) -> u32 {
+        self.per_group.get(&group).copied().unwrap_or(0)
+    }
+
+    fn len(&self) -> usize {
+        self.tasks.len()
+    }
+
+    fn is_empty(&self) -> bool {
+        self.tasks.is_empty()
+    }
+
+    /// The next finished job (`None` once nothing runs). A task that failed outright (it cannot:
+    /// panics are caught in [`attempt`]) leaves its job to run again when its lease ends.
+    async fn next(&mut self) -> Option<(Job, Option<Finish>)> {
+        loop {
+            let (group, result) = self.tasks.next().await?;
+            if let Some(count) = self.per_group.get_mut(&group) {
+                *count -= 1;
+            }
+            match result {
+                Some(done) => return Some(done),
+                None => tracing::error!(
+                    "an outbox job's task failed; it runs again when its lease ends"
+                ),
+            }
+        }
+    }
+}
+
+/// Runs one job; returns what to record of it (`None`: handed back unstarted). A handler that
+/// panics or outlives `limit` is an unknown outcome, retried with the same delivery key.
+async fn attempt<S: JobStore>(
+    registered: Option<(Arc<dyn Handler>, KindOptions)>,
+    store: S,
+    limit: Duration,
+    job: Job,
+) -> (Job, Option<Finish>) {
+    let Some((handler, options)) = registered else {
+        // Claims only ask for registered kinds; keep the job for a worker that has it.
+        if let Err(error) = store.release(&job).await {
+            tracing::warn!(job = job.id, %error, "could not hand a job back; it is due again when its lease ends");
+        }
+        return (job, None);
+    };
+    let now = OffsetDateTime::now_utc();
+    let finish = if job.not_after.is_some_and(|deadline| deadline <= now) {
+        Finish {
+            status: JobStatus::Dead,
+            result: "expired",
+            retry_in: Duration::ZERO,
+            provider_message_id: None,
+            error: Some("not run: its deadline passed before delivery".into()),
+        }
+    } else {
+        let run = std::panic::AssertUnwindSafe(handler.run(&job)).catch_unwind();
+        let delivery = match tokio::time::timeout(limit, run).await {
+            Ok(Ok(delivery)) => delivery,
+            Ok(Err(_)) => Delivery::Unknown("the handler panicked".into()),
+            Err(_) => Delivery::Unknown(format!("the handler took longer than {limit:?}")),
+        };
+        decide(&job, delivery, &options.policy, now)
+    };
+    metrics::counter!("oncely_outbox_attempts_total", "kind" => job.kind.clone(), "result" => finish.result)
+        .increment(1);
+    let level_ok = finish.status != JobStatus::Dead || finish.result == "skipped";
+    if level_ok {
+        tracing::info!(job = job.id, kind = %job.kind, attempt = job.attempt, result = finish.result, error = finish.error.as_deref(), "outbox attempt");
+    } else {
+        tracing::warn!(job = job.id, kind = %job.kind, attempt = job.attempt, result = finish.result, error = finish.error.as_deref(), "outbox job is dead");
+    }
+    (job, Some(finish))
 }
 
 /// What to record for an attempt's outcome, under `policy`.

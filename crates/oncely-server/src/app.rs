@@ -87,7 +87,8 @@ impl Application {
         let common = &args.common;
         let secret = common.server_secret()?;
         common.mailer_choice()?;
-        let database = Database::connect(&common.database.database_url).await?;
+        let database =
+            Database::connect_pool(&common.database.database_url, common.database_pool).await?;
         database.migrate().await?;
         let listener = TcpListener::bind(args.bind)
             .await

@@ -173,6 +173,11 @@ pub struct CommonArgs {
     #[allow(missing_docs)]
     pub database: DatabaseArgs,
 
+    /// Most PostgreSQL connections this process opens. Keep the sum over all `serve` and `worker`
+    /// processes under the server's `max_connections` (100 by default).
+    #[arg(long, env = "ONCELY_DATABASE_POOL", default_value_t = 16, value_parser = clap::value_parser!(u32).range(2..=1000))]
+    pub database_pool: u32,
+
     /// `development` (generated secret, dev inbox) or `production` (everything explicit).
     #[arg(
         long = "env",
@@ -465,6 +470,20 @@ mod tests {
         match Cli::try_parse_from(argv).unwrap().command {
             Command::Serve(args) => args,
             _ => unreachable!(),
+        }
+    }
+
+    /// Regression (chaos run): five processes with 32 connections each exceeded PostgreSQL's
+    /// default 100 connections; the pool is now bounded and configurable.
+    #[test]
+    fn the_database_pool_defaults_to_16_and_is_bounded() {
+        assert_eq!(serve(&[]).common.database_pool, 16);
+        assert_eq!(serve(&["--database-pool", "8"]).common.database_pool, 8);
+        for bad in ["0", "1", "1001", "many"] {
+            assert!(
+                Cli::try_parse_from(["oncely", "serve", "--database-pool", bad]).is_err(),
+                "{bad}"
+            );
         }
     }
 

@@ -21,11 +21,17 @@ pub enum Database {
 }
 
 impl Database {
-    /// Connects; the error says which database could not be reached (never its password).
+    /// Connects with a small pool, for one-off commands; see [`Database::connect_pool`].
     pub async fn connect(url: &str) -> anyhow::Result<Self> {
+        Self::connect_pool(url, 4).await
+    }
+
+    /// Connects with at most `max_connections` PostgreSQL connections (SQLite: at most 8); the
+    /// error says which database could not be reached (never its password).
+    pub async fn connect_pool(url: &str, max_connections: u32) -> anyhow::Result<Self> {
         if url.starts_with("postgres://") || url.starts_with("postgresql://") {
             let pool = PgPoolOptions::new()
-                .max_connections(32)
+                .max_connections(max_connections)
                 // Start-up against an unreachable server fails in seconds, not half a minute.
                 .acquire_timeout(Duration::from_secs(5))
                 // A ping before every acquire is a round trip per request; ping only connections

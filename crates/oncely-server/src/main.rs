@@ -114,7 +114,8 @@ async fn run_workers(args: WorkerArgs) -> anyhow::Result<()> {
         );
     }
     let secret = common.server_secret()?;
-    let database = Database::connect(&common.database.database_url).await?;
+    let database =
+        Database::connect_pool(&common.database.database_url, common.database_pool).await?;
     database.migrate().await?;
     let (mailer, _) = app::mailer(common).await?;
     let context = Arc::new(MailContext {

@@ -101,6 +101,7 @@ both_stores!(
     a_job_past_its_deadline_is_not_sent,
     an_idle_worker_wakes_when_a_job_commits_and_stops_on_shutdown,
     four_workers_deliver_a_hundred_jobs_exactly_once,
+    a_stuck_job_holds_its_own_slot_and_never_the_next_claim,
 );
 
 async fn a_job_is_delivered_once_over_smtp_with_its_delivery_key<S: Backend>(
@@ -502,4 +503,89 @@ async fn a_worker_restricted_to_some_kinds_leaves_the_others() {
         .unwrap()
         .to_string();
     assert!(error.contains("\"c\"") && error.contains("a, b"), "{error}");
+}
+
+/// Regression (chaos run): the worker used to claim a batch and wait for all of it, so one send
+/// stuck until its timeout stalled every other job. Now each job holds only its own slot.
+async fn a_stuck_job_holds_its_own_slot_and_never_the_next_claim<S: Backend>(
+    store: S,
+    _db: TestDb,
+) {
+    use oncely_outbox::{Delivery, Handler, Job};
+    use std::future::Future;
+    use std::pin::Pin;
+
+    /// `stuck` waits until the test releases it; every other job is sent at once.
+    struct Gate {
+        release: Arc<tokio::sync::Notify>,
+        sent: Arc<std::sync::Mutex<Vec<String>>>,
+    }
+    impl Handler for Gate {
+        fn run<'a>(&'a self, job: &'a Job) -> Pin<Box<dyn Future<Output = Delivery> + Send + 'a>> {
+            Box::pin(async move {
+                if job.operation_key == "stuck" {
+                    self.release.notified().await;
+                }
+                self.sent.lock().unwrap().push(job.operation_key.clone());
+                Delivery::Sent {
+                    provider_message_id: None,
+                }
+            })
+        }
+    }
+    let release = Arc::new(tokio::sync::Notify::new());
+    let sent = Arc::new(std::sync::Mutex::new(Vec::new()));
+    store
+        .enqueue_with_business_row(NewJob::new("stuck", "gate", serde_json::json!({})), true)
+        .await
+        .unwrap();
+    for i in 0..20 {
+        store
+            .enqueue_with_business_row(
+                NewJob::new(format!("fast-{i}"), "gate", serde_json::json!({})),
+                true,
+            )
+            .await
+            .unwrap();
+    }
+    let config = WorkerConfig {
+        batch: 4,
+        poll_interval: Duration::from_millis(50),
+        ..WorkerConfig::default()
+    };
+    let worker = Worker::new(store.clone(), config).handle(
+        "gate",
+        Gate {
+            release: release.clone(),
+            sent: sent.clone(),
+        },
+    );
+    let shutdown = CancellationToken::new();
+    let handle = tokio::spawn(worker.run(shutdown.clone()));
+    // All twenty others go through while "stuck" still holds one of the four slots.
+    let all_fast = async {
+        while sent.lock().unwrap().len() < 20 {
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    };
+    let finished = tokio::time::timeout(Duration::from_secs(20), all_fast).await;
+    let so_far = sent.lock().unwrap().clone();
+    assert!(
+        finished.is_ok(),
+        "a stuck job held the others back: sent {so_far:?}"
+    );
+    assert!(!so_far.contains(&"stuck".to_string()));
+    release.notify_one();
+    shutdown.cancel();
+    tokio::time::timeout(Duration::from_secs(5), handle)
+        .await
+        .expect("stops once the stuck job ends")
+        .unwrap()
+        .unwrap();
+    assert_eq!(
+        sent.lock().unwrap().len(),
+        21,
+        "the stuck job finished before shutdown"
+    );
+    assert_eq!(store.pending().await.unwrap(), 0);
 }

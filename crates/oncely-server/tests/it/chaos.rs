@@ -36,7 +36,7 @@ async fn killed_processes_and_failing_deliveries_lose_nothing_and_duplicate_noth
 async fn over_plain_smtp_a_dropped_answer_is_a_counted_duplicate_and_nothing_is_lost() {
     let db = TestPostgres::new().await;
     let config = Config {
-        intents: 60,
+        intents: 80,
         fault_rate: 0.2,
         delivery: Delivery::Smtp,
         ..Config::short(oncely(), db.url().to_owned())

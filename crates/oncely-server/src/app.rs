@@ -185,7 +185,7 @@ impl Application {
     }
 
     /// Serves until `shutdown` completes; then finishes in-flight requests, stops the workers
-    /// (each finishes the batch in hand) and returns.
+    /// (each finishes the jobs in hand) and returns.
     pub async fn run_until(
         self,
         shutdown: impl Future<Output = ()> + Send + 'static,

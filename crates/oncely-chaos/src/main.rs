@@ -74,7 +74,13 @@ async fn main() -> anyhow::Result<()> {
         time_limit: Duration::from_secs(args.time_limit),
         logs: args.logs,
     };
-    let report = run(&config).await?;
+    // On Ctrl-C or SIGTERM, return: dropping the run kills every process it started.
+    let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())?;
+    let report = tokio::select! {
+        report = run(&config) => report?,
+        _ = tokio::signal::ctrl_c() => anyhow::bail!("interrupted; the processes were stopped"),
+        _ = term.recv() => anyhow::bail!("terminated; the processes were stopped"),
+    };
     println!("{}", serde_json::to_string_pretty(&report)?);
     if !report.passed() {
         eprintln!("chaos: the run broke the promise (see the report)");

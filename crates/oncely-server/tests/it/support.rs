@@ -210,11 +210,10 @@ pub async fn dump(database_url: &str) -> String {
 
 /// The token in a verification email.
 pub fn token_in(message: &Message) -> String {
-    let start = message.text.find("token=").expect("a link with a token") + "token=".len();
-    message.text[start..]
-        .chars()
-        .take_while(|c| c.is_ascii_alphanumeric() || *c == '-' || *c == '_')
-        .collect()
+    oncely_chaos::tokens_in(&message.text)
+        .into_iter()
+        .next()
+        .expect("a link with a token")
 }
 
 pub async fn postgres_db() -> (String, TestDb) {

@@ -15,15 +15,7 @@ fn workspace(path: &str) -> String {
 async fn spec() -> (Value, crate::support::TestApp, oncely_testdb::TestSqlite) {
     let db = oncely_testdb::TestSqlite::new();
     let app = spawn_app_on(db.url(), &[]).await;
-    let spec = app
-        .client
-        .get(format!("{}/openapi.json", app.base))
-        .send()
-        .await
-        .unwrap()
-        .json()
-        .await
-        .unwrap();
+    let spec = app.get("/openapi.json").await.json().await.unwrap();
     (spec, app, db)
 }
 

@@ -9,19 +9,9 @@ use crate::support::{serve_args, spawn_app_on};
 async fn health_and_readiness_answer_on_sqlite() {
     let db = TestSqlite::new();
     let app = spawn_app_on(db.url(), &[]).await;
-    let health = app
-        .client
-        .get(format!("{}/healthz", app.base))
-        .send()
-        .await
-        .unwrap();
+    let health = app.get("/healthz").await;
     assert_eq!(health.status(), 200);
-    let ready = app
-        .client
-        .get(format!("{}/readyz", app.base))
-        .send()
-        .await
-        .unwrap();
+    let ready = app.get("/readyz").await;
     assert_eq!(ready.status(), 200, "{}", ready.text().await.unwrap());
 }
 
@@ -29,12 +19,7 @@ async fn health_and_readiness_answer_on_sqlite() {
 async fn readiness_answers_on_postgres() {
     let db = TestPostgres::new().await;
     let app = spawn_app_on(db.url(), &[]).await;
-    let ready = app
-        .client
-        .get(format!("{}/readyz", app.base))
-        .send()
-        .await
-        .unwrap();
+    let ready = app.get("/readyz").await;
     assert_eq!(ready.status(), 200, "{}", ready.text().await.unwrap());
 }
 
@@ -62,15 +47,7 @@ async fn metrics_show_request_outcomes_outbox_backlog_and_deliveries() {
     app.post("/v1/signup", "m1", &body).await;
     app.post("/v1/signup", "m1", &body).await;
     app.emails_to("metrics@example.com", 1).await;
-    let metrics = app
-        .client
-        .get(format!("{}/metrics", app.base))
-        .send()
-        .await
-        .unwrap()
-        .text()
-        .await
-        .unwrap();
+    let metrics = app.get("/metrics").await.text().await.unwrap();
     for needle in [
         r#"oncely_idempotency_requests_total{outcome="created",route="/v1/signup"}"#,
         r#"oncely_idempotency_requests_total{outcome="replayed",route="/v1/signup"}"#,
@@ -91,12 +68,7 @@ async fn metrics_show_request_outcomes_outbox_backlog_and_deliveries() {
 async fn every_response_carries_a_request_id_and_keeps_the_callers() {
     let db = TestSqlite::new();
     let app = spawn_app_on(db.url(), &[]).await;
-    let generated = app
-        .client
-        .get(format!("{}/healthz", app.base))
-        .send()
-        .await
-        .unwrap();
+    let generated = app.get("/healthz").await;
     assert_eq!(generated.headers()["x-request-id"].len(), 36, "a UUID");
     let given = app
         .client

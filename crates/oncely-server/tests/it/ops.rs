@@ -199,15 +199,7 @@ async fn serve_prunes_in_the_background_and_counts_it() {
         0
     );
     assert_eq!(app.count("SELECT count(*) FROM oncely_outbox").await, 0);
-    let metrics = app
-        .client
-        .get(format!("{}/metrics", app.base))
-        .send()
-        .await
-        .unwrap()
-        .text()
-        .await
-        .unwrap();
+    let metrics = app.get("/metrics").await.text().await.unwrap();
     assert!(
         metrics.contains(r#"oncely_pruned_rows_total{table="jobs"}"#),
         "{metrics}"

@@ -115,6 +115,14 @@ impl TestApp {
         stdout.lines().last().unwrap().trim().to_owned()
     }
 
+    pub async fn get(&self, path: &str) -> reqwest::Response {
+        self.client
+            .get(format!("{}{path}", self.base))
+            .send()
+            .await
+            .unwrap()
+    }
+
     pub async fn post(&self, path: &str, key: &str, body: &Value) -> reqwest::Response {
         self.client
             .post(format!("{}{path}", self.base))

@@ -52,6 +52,11 @@ pub const PROBLEM_TYPES: &[(&str, u16, &str)] = &[
         "the link is unknown, used, superseded, expired, or another tenant's",
     ),
     (
+        "password-mismatch",
+        400,
+        "the password is not the one chosen at the signup that sent this link",
+    ),
+    (
         "unauthorized",
         401,
         "the API key is invalid, or the route needs one",
@@ -95,6 +100,8 @@ pub struct Accepted {
 pub struct Done {
     /// `verified`, `password_changed`, `signed_in` or `joined`.
     status: String,
+    /// `POST /v1/verify` only: whether the signup's password was re-entered and adopted.
+    password_set: Option<bool>,
 }
 
 /// RFC 9457 problem details (`application/problem+json`).
@@ -175,8 +182,11 @@ post_route!(
     TokenRequest,
     200,
     Done,
-    "Uses a verification link once; marks the address verified.",
-    (400, "`token-invalid`")
+    "Uses a verification link once; marks the address verified and, if the signup's password is re-entered, sets it.",
+    (
+        400,
+        "`token-invalid`, `password-mismatch`, or `invalid-request`"
+    )
 );
 post_route!(
     reset_confirm,

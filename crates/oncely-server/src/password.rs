@@ -26,6 +26,20 @@ pub async fn hash(password: SecretString) -> anyhow::Result<String> {
     .await?
 }
 
+/// Whether `password` matches the PHC string `phc` (on the blocking pool, like [`hash`]).
+pub async fn verify(phc: &str, password: SecretString) -> anyhow::Result<bool> {
+    use argon2::{PasswordHash, PasswordVerifier};
+    let phc = phc.to_owned();
+    tokio::task::spawn_blocking(move || {
+        let parsed = PasswordHash::new(&phc)
+            .map_err(|e| anyhow::anyhow!("a stored hash is invalid: {e}"))?;
+        Ok(hasher()
+            .verify_password(password.expose_secret().as_bytes(), &parsed)
+            .is_ok())
+    })
+    .await?
+}
+
 #[cfg(test)]
 mod tests {
     use argon2::{PasswordHash, PasswordVerifier};

@@ -72,6 +72,10 @@ pub struct NewToken<'a> {
     pub hash: &'a [u8],
     /// End of validity.
     pub expires_at: OffsetDateTime,
+    /// Verification tokens of a signup that chose a password: its Argon2id hash. It is set on
+    /// the account only if the verifier re-enters the same password, so that whoever proves the
+    /// address never adopts a password a stranger chose.
+    pub password_hash: Option<&'a str>,
     /// Whether this token supersedes the user's live tokens of the same flow (not when its
     /// email will be suppressed: the user's current link must keep working).
     pub supersede: bool,
@@ -80,6 +84,10 @@ pub struct NewToken<'a> {
 /// A token that was consumed.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct ConsumedToken {
+    /// The tenant the token was issued in (a link names its tenant through its token).
+    pub tenant: String,
+    /// The password hash a signup stored with its verification token, if any.
+    pub password_hash: Option<String>,
     /// Its user, if it had one.
     pub user_id: Option<Uuid>,
     /// Its address (invites).
@@ -113,11 +121,14 @@ pub trait Accounts: KeyStore {
     /// Inserts the user if the (tenant, address) is new, then reads it back (both statements
     /// run either way: the same work for new and known addresses). A concurrent insert of the
     /// same address waits for the other transaction (the unique index).
+    ///
+    /// The account gets no password here: a password chosen at signup travels with that
+    /// signup's verification token ([`NewToken::password_hash`]) and takes effect only when the
+    /// address owner verifies with that token and re-enters it ([`Self::mark_verified`]).
     fn signup_user<'c>(
         conn: &'c mut <Self::Database as Database>::Connection,
         tenant: &'c str,
         email: &'c EmailAddress,
-        password_hash: Option<&'c str>,
         source: Option<&'c str>,
     ) -> impl Future<Output = anyhow::Result<SignupRow>> + Send + 'c;
 
@@ -144,18 +155,24 @@ pub trait Accounts: KeyStore {
         token: &'c NewToken<'c>,
     ) -> impl Future<Output = anyhow::Result<()>> + Send + 'c;
 
-    /// Consumes a live, owned token of `flow` for `tenant`.
+    /// Consumes a live, owned token of `flow`, found by its hash (unique across tenants). The
+    /// token names its tenant; `tenant`, when the request proved one with an API key, must be
+    /// that tenant (a token of tenant A is useless with tenant B's key).
     fn consume_token<'c>(
         conn: &'c mut <Self::Database as Database>::Connection,
-        tenant: &'c str,
+        tenant: Option<&'c str>,
         flow: &'c str,
         hash: &'c [u8],
     ) -> impl Future<Output = anyhow::Result<Option<ConsumedToken>>> + Send + 'c;
 
-    /// Marks a user's address verified.
+    /// Marks a pending user's address verified, setting `password_hash` if given (only while
+    /// pending: a verified account's password changes only through a reset), and supersedes the
+    /// user's other live verification tokens (a signup link that carries someone's password must
+    /// not set it later).
     fn mark_verified<'c>(
         conn: &'c mut <Self::Database as Database>::Connection,
         user_id: Uuid,
+        password_hash: Option<&'c str>,
     ) -> impl Future<Output = anyhow::Result<()>> + Send + 'c;
 
     /// Replaces a user's password hash.
@@ -166,7 +183,8 @@ pub trait Accounts: KeyStore {
     ) -> impl Future<Output = anyhow::Result<()>> + Send + 'c;
 
     /// Accepts an invite: creates the user (verified: the invite proved the address) or marks
-    /// the existing one verified, and adds the tenant membership once.
+    /// the existing one verified (superseding its live verification tokens), and adds the tenant
+    /// membership once.
     fn accept_invite<'c>(
         conn: &'c mut <Self::Database as Database>::Connection,
         tenant: &'c str,

@@ -28,6 +28,11 @@ pub fn migrator() -> Migrator {
             "prune indexes",
             include_str!("../../migrations/postgres/0003_prune_indexes.sql"),
         ),
+        (
+            4,
+            "signup password on its verification token",
+            include_str!("../../migrations/postgres/0004_signup_password_on_token.sql"),
+        ),
     ])
 }
 
@@ -48,18 +53,16 @@ impl Accounts for PgKeyStore {
         conn: &mut PgConnection,
         tenant: &str,
         email: &EmailAddress,
-        password_hash: Option<&str>,
         source: Option<&str>,
     ) -> anyhow::Result<SignupRow> {
         let new_id = Uuid::new_v4();
         sqlx::query(
-            "INSERT INTO oncely_users (id, tenant, email, password_hash, source)
-             VALUES ($1, $2, $3, $4, $5) ON CONFLICT (tenant, email) DO NOTHING",
+            "INSERT INTO oncely_users (id, tenant, email, source)
+             VALUES ($1, $2, $3, $4) ON CONFLICT (tenant, email) DO NOTHING",
         )
         .bind(new_id)
         .bind(tenant)
         .bind(email.as_str())
-        .bind(password_hash)
         .bind(source)
         .execute(&mut *conn)
         .await?;
@@ -125,8 +128,8 @@ impl Accounts for PgKeyStore {
         .execute(&mut *conn)
         .await?;
         sqlx::query(
-            "INSERT INTO oncely_tokens (id, tenant, user_id, email, flow, token_hash, expires_at)
-             VALUES ($1, $2, $3, $4, $5, $6, $7)",
+            "INSERT INTO oncely_tokens (id, tenant, user_id, email, flow, token_hash, expires_at, password_hash)
+             VALUES ($1, $2, $3, $4, $5, $6, $7, $8)",
         )
         .bind(token.id)
         .bind(token.tenant)
@@ -135,6 +138,7 @@ impl Accounts for PgKeyStore {
         .bind(token.flow)
         .bind(token.hash)
         .bind(token.expires_at)
+        .bind(token.password_hash)
         .execute(conn)
         .await?;
         Ok(())
@@ -142,15 +146,17 @@ impl Accounts for PgKeyStore {
 
     async fn consume_token(
         conn: &mut PgConnection,
-        tenant: &str,
+        tenant: Option<&str>,
         flow: &str,
         hash: &[u8],
     ) -> anyhow::Result<Option<ConsumedToken>> {
+        // Index: token_hash unique (across tenants: the token names its tenant).
         let row = sqlx::query(
             "UPDATE oncely_tokens SET consumed_at = now()
-              WHERE token_hash = $1 AND tenant = $2 AND flow = $3 AND (user_id IS NOT NULL OR email IS NOT NULL)
+              WHERE token_hash = $1 AND ($2::text IS NULL OR tenant = $2) AND flow = $3
+                AND (user_id IS NOT NULL OR email IS NOT NULL)
                 AND consumed_at IS NULL AND superseded_at IS NULL AND expires_at > now()
-             RETURNING user_id, email",
+             RETURNING tenant, user_id, email, password_hash",
         )
         .bind(hash)
         .bind(tenant)
@@ -159,19 +165,30 @@ impl Accounts for PgKeyStore {
         .await?;
         row.map(|r| {
             Ok(ConsumedToken {
+                tenant: r.try_get("tenant")?,
                 user_id: r.try_get("user_id")?,
                 email: r.try_get("email")?,
+                password_hash: r.try_get("password_hash")?,
             })
         })
         .transpose()
     }
 
-    async fn mark_verified(conn: &mut PgConnection, user_id: Uuid) -> anyhow::Result<()> {
-        sqlx::query("UPDATE oncely_users SET status = 'verified', verified_at = now() WHERE id = $1 AND status = 'pending'")
-            .bind(user_id)
-            .execute(conn)
-            .await?;
-        Ok(())
+    async fn mark_verified(
+        conn: &mut PgConnection,
+        user_id: Uuid,
+        password_hash: Option<&str>,
+    ) -> anyhow::Result<()> {
+        sqlx::query(
+            "UPDATE oncely_users SET status = 'verified', verified_at = now(),
+                    password_hash = COALESCE($2, password_hash)
+              WHERE id = $1 AND status = 'pending'",
+        )
+        .bind(user_id)
+        .bind(password_hash)
+        .execute(&mut *conn)
+        .await?;
+        supersede_verification(conn, user_id).await
     }
 
     async fn set_password(
@@ -210,8 +227,9 @@ impl Accounts for PgKeyStore {
         sqlx::query("INSERT INTO oncely_memberships (tenant, user_id) VALUES ($1, $2) ON CONFLICT DO NOTHING")
             .bind(tenant)
             .bind(id)
-            .execute(conn)
+            .execute(&mut *conn)
             .await?;
+        supersede_verification(conn, id).await?;
         Ok(id)
     }
 
@@ -298,4 +316,17 @@ impl Accounts for PgKeyStore {
     }
 
     fn notify_workers(_: &PgJobStore) {}
+}
+
+/// Supersedes a user's live verification tokens once the address is proven (index:
+/// `oncely_tokens_live`).
+async fn supersede_verification(conn: &mut PgConnection, user_id: Uuid) -> anyhow::Result<()> {
+    sqlx::query(
+        "UPDATE oncely_tokens SET superseded_at = now()
+          WHERE user_id = $1 AND flow = 'verification' AND consumed_at IS NULL AND superseded_at IS NULL",
+    )
+    .bind(user_id)
+    .execute(conn)
+    .await?;
+    Ok(())
 }

@@ -29,6 +29,11 @@ pub fn migrator() -> Migrator {
             "prune indexes",
             include_str!("../../migrations/sqlite/0003_prune_indexes.sql"),
         ),
+        (
+            4,
+            "signup password on its verification token",
+            include_str!("../../migrations/sqlite/0004_signup_password_on_token.sql"),
+        ),
     ])
 }
 
@@ -56,18 +61,16 @@ impl Accounts for SqliteKeyStore {
         conn: &mut SqliteConnection,
         tenant: &str,
         email: &EmailAddress,
-        password_hash: Option<&str>,
         source: Option<&str>,
     ) -> anyhow::Result<SignupRow> {
         let new_id = Uuid::new_v4();
         sqlx::query(
-            "INSERT INTO oncely_users (id, tenant, email, password_hash, source, created_at)
-             VALUES (?1, ?2, ?3, ?4, ?5, ?6) ON CONFLICT (tenant, email) DO NOTHING",
+            "INSERT INTO oncely_users (id, tenant, email, source, created_at)
+             VALUES (?1, ?2, ?3, ?4, ?5) ON CONFLICT (tenant, email) DO NOTHING",
         )
         .bind(new_id)
         .bind(tenant)
         .bind(email.as_str())
-        .bind(password_hash)
         .bind(source)
         .bind(now())
         .execute(&mut *conn)
@@ -135,8 +138,8 @@ impl Accounts for SqliteKeyStore {
         .execute(&mut *conn)
         .await?;
         sqlx::query(
-            "INSERT INTO oncely_tokens (id, tenant, user_id, email, flow, token_hash, expires_at, created_at)
-             VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8)",
+            "INSERT INTO oncely_tokens (id, tenant, user_id, email, flow, token_hash, expires_at, created_at, password_hash)
+             VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9)",
         )
         .bind(token.id)
         .bind(token.tenant)
@@ -146,6 +149,7 @@ impl Accounts for SqliteKeyStore {
         .bind(token.hash)
         .bind(ms(token.expires_at))
         .bind(now)
+        .bind(token.password_hash)
         .execute(conn)
         .await?;
         Ok(())
@@ -153,15 +157,16 @@ impl Accounts for SqliteKeyStore {
 
     async fn consume_token(
         conn: &mut SqliteConnection,
-        tenant: &str,
+        tenant: Option<&str>,
         flow: &str,
         hash: &[u8],
     ) -> anyhow::Result<Option<ConsumedToken>> {
         let row = sqlx::query(
             "UPDATE oncely_tokens SET consumed_at = ?4
-              WHERE token_hash = ?1 AND tenant = ?2 AND flow = ?3 AND (user_id IS NOT NULL OR email IS NOT NULL)
+              WHERE token_hash = ?1 AND (?2 IS NULL OR tenant = ?2) AND flow = ?3
+                AND (user_id IS NOT NULL OR email IS NOT NULL)
                 AND consumed_at IS NULL AND superseded_at IS NULL AND expires_at > ?4
-             RETURNING user_id, email",
+             RETURNING tenant, user_id, email, password_hash",
         )
         .bind(hash)
         .bind(tenant)
@@ -171,20 +176,31 @@ impl Accounts for SqliteKeyStore {
         .await?;
         row.map(|r| {
             Ok(ConsumedToken {
+                tenant: r.try_get("tenant")?,
                 user_id: r.try_get("user_id")?,
                 email: r.try_get("email")?,
+                password_hash: r.try_get("password_hash")?,
             })
         })
         .transpose()
     }
 
-    async fn mark_verified(conn: &mut SqliteConnection, user_id: Uuid) -> anyhow::Result<()> {
-        sqlx::query("UPDATE oncely_users SET status = 'verified', verified_at = ?2 WHERE id = ?1 AND status = 'pending'")
-            .bind(user_id)
-            .bind(now())
-            .execute(conn)
-            .await?;
-        Ok(())
+    async fn mark_verified(
+        conn: &mut SqliteConnection,
+        user_id: Uuid,
+        password_hash: Option<&str>,
+    ) -> anyhow::Result<()> {
+        sqlx::query(
+            "UPDATE oncely_users SET status = 'verified', verified_at = ?2,
+                    password_hash = COALESCE(?3, password_hash)
+              WHERE id = ?1 AND status = 'pending'",
+        )
+        .bind(user_id)
+        .bind(now())
+        .bind(password_hash)
+        .execute(&mut *conn)
+        .await?;
+        supersede_verification(conn, user_id).await
     }
 
     async fn set_password(
@@ -226,8 +242,9 @@ impl Accounts for SqliteKeyStore {
             .bind(tenant)
             .bind(id)
             .bind(now)
-            .execute(conn)
+            .execute(&mut *conn)
             .await?;
+        supersede_verification(conn, id).await?;
         Ok(id)
     }
 
@@ -319,4 +336,18 @@ impl Accounts for SqliteKeyStore {
     fn notify_workers(jobs: &SqliteJobStore) {
         jobs.notify();
     }
+}
+
+/// Supersedes a user's live verification tokens once the address is proven (index:
+/// `oncely_tokens_live`).
+async fn supersede_verification(conn: &mut SqliteConnection, user_id: Uuid) -> anyhow::Result<()> {
+    sqlx::query(
+        "UPDATE oncely_tokens SET superseded_at = ?2
+          WHERE user_id = ?1 AND flow = 'verification' AND consumed_at IS NULL AND superseded_at IS NULL",
+    )
+    .bind(user_id)
+    .bind(now())
+    .execute(conn)
+    .await?;
+    Ok(())
 }

@@ -10,10 +10,13 @@ use oncely::{IdempotentTx, Problem, TenantId};
 use serde::Deserialize;
 use serde_json::{Value, json};
 
+use secrecy::SecretString;
+
 use super::signup::hash_password;
-use super::tenant::Tenant;
+use super::tenant::ProvenTenant;
 use super::{AppState, Body, unexpected};
 use crate::accounts::{Accounts, ConsumedToken};
+use crate::password;
 use crate::token::{self, Flow};
 
 /// `?token=` of a link.
@@ -24,18 +27,16 @@ pub struct PageQuery {
 
 /// A page whose button POSTs the token (and a password, where the flow takes one) with an
 /// Idempotency-Key, so that a double click is harmless. Reads and writes nothing.
-fn page(title: &str, flow: Flow, with_password: bool, query: PageQuery) -> Html<String> {
+fn page(title: &str, flow: Flow, password_label: Option<&str>, query: PageQuery) -> Html<String> {
     let token: String = query
         .token
         .unwrap_or_default()
         .chars()
         .filter(|c| c.is_ascii_alphanumeric() || *c == '-' || *c == '_')
         .collect();
-    let password = if with_password {
-        r#"<p><label>Password <input id="password" type="password" minlength="8" maxlength="128"></label></p>"#
-    } else {
-        ""
-    };
+    let password = password_label.map_or_else(String::new, |label| {
+        format!(r#"<p><label>{label} <input id="password" type="password" minlength="8" maxlength="128"></label></p>"#)
+    });
     let action = flow.path();
     Html(format!(
         r#"<!doctype html><meta charset="utf-8"><title>{title}</title>
@@ -48,7 +49,10 @@ document.getElementById("confirm").onclick = async () => {{
   const field = document.getElementById("password");
   if (field && field.value) body.password = field.value;
   const r = await fetch("{action}", {{method: "POST", headers: {{"content-type": "application/json", "idempotency-key": key}}, body: JSON.stringify(body)}});
-  document.getElementById("result").textContent = r.ok ? "Done." : "This link is invalid or has expired.";
+  const problem = r.ok ? null : await r.json().catch(() => null);
+  document.getElementById("result").textContent = r.ok ? "Done."
+    : problem && problem.type && problem.type.endsWith("/password-mismatch") ? problem.detail
+    : "This link is invalid or has expired.";
 }};
 </script>"#
     ))
@@ -59,24 +63,34 @@ pub async fn verify_page(Query(query): Query<PageQuery>) -> Html<String> {
     page(
         "Confirm your email address",
         Flow::Verification,
-        false,
+        Some("The password you chose when you signed up (leave empty if you chose none)"),
         query,
     )
 }
 
 /// `GET /v1/password-reset/confirm`.
 pub async fn reset_page(Query(query): Query<PageQuery>) -> Html<String> {
-    page("Choose a new password", Flow::PasswordReset, true, query)
+    page(
+        "Choose a new password",
+        Flow::PasswordReset,
+        Some("New password"),
+        query,
+    )
 }
 
 /// `GET /v1/magic-link/consume`.
 pub async fn magic_page(Query(query): Query<PageQuery>) -> Html<String> {
-    page("Sign in", Flow::MagicLink, false, query)
+    page("Sign in", Flow::MagicLink, None, query)
 }
 
 /// `GET /v1/invites/accept`.
 pub async fn invite_page(Query(query): Query<PageQuery>) -> Html<String> {
-    page("Accept the invitation", Flow::Invite, true, query)
+    page(
+        "Accept the invitation",
+        Flow::Invite,
+        Some("Password (optional)"),
+        query,
+    )
 }
 
 /// `{ "token": … }` (and a password where the flow takes one).
@@ -85,7 +99,9 @@ pub async fn invite_page(Query(query): Query<PageQuery>) -> Html<String> {
 pub struct TokenRequest {
     /// The token from the link.
     token: String,
-    /// The new password (password reset: required; invite: optional; others: none).
+    /// Password reset: the new password (required). Invite: the account's password (optional).
+    /// Verification: the password chosen at signup, re-entered to adopt it (optional). Magic
+    /// link: none.
     password: Option<String>,
 }
 
@@ -100,15 +116,17 @@ pub fn token_invalid() -> Problem {
     .with_detail("the link is invalid, was already used, or has expired; request a new one")
 }
 
+/// Consumes `presented` in `flow`. The token names its tenant; a request that proved a tenant
+/// with an API key (`proven`) can only use that tenant's tokens.
 async fn consume<A: Accounts>(
     conn: &mut <A::Database as sqlx::Database>::Connection,
-    tenant: &TenantId,
+    proven: &ProvenTenant,
     flow: Flow,
     presented: &str,
 ) -> Result<ConsumedToken, Problem> {
     A::consume_token(
         conn,
-        tenant.as_str(),
+        proven.0.as_ref().map(TenantId::as_str),
         flow.as_str(),
         &token::hash(presented),
     )
@@ -119,24 +137,6 @@ async fn consume<A: Accounts>(
 
 type Consumed = Result<Json<Value>, Problem>;
 
-/// Uses a link whose only effect is proving the address: marks it verified, answers `status`.
-async fn verify_address<A: Accounts>(
-    tenant: &TenantId,
-    tx: &IdempotentTx<A::Database>,
-    request: TokenRequest,
-    flow: Flow,
-    status: &str,
-) -> Consumed {
-    no_password(&request)?;
-    let mut conn = tx.lock().await;
-    let token = consume::<A>(&mut *conn, tenant, flow, &request.token).await?;
-    let user = token.user_id.ok_or_else(token_invalid)?;
-    A::mark_verified(&mut conn, user)
-        .await
-        .map_err(unexpected)?;
-    Ok(Json(json!({ "status": status })))
-}
-
 fn no_password(request: &TokenRequest) -> Result<(), Problem> {
     match request.password {
         Some(_) => Err(super::invalid_request("this link takes no password")),
@@ -144,21 +144,55 @@ fn no_password(request: &TokenRequest) -> Result<(), Problem> {
     }
 }
 
-/// `POST /v1/verify`: marks the address verified.
+/// `POST /v1/verify`: marks the address verified. A signup that chose a password stored its
+/// hash with this link's token; the account gets that password only if the request re-enters
+/// it — whoever proves the address never adopts a password someone else chose (an attacker who
+/// pre-registered the address). Without a password the address is verified and the account
+/// keeps no password (set one with a password reset).
 pub async fn verify<A: Accounts>(
     State(_): State<AppState<A>>,
-    Tenant(tenant): Tenant,
+    proven: ProvenTenant,
     tx: IdempotentTx<A::Database>,
     Body(request): Body<TokenRequest>,
 ) -> Consumed {
-    verify_address::<A>(&tenant, &tx, request, Flow::Verification, "verified").await
+    let mut conn = tx.lock().await;
+    let token = consume::<A>(&mut *conn, &proven, Flow::Verification, &request.token).await?;
+    let user = token.user_id.ok_or_else(token_invalid)?;
+    let adopted = match (request.password, token.password_hash) {
+        (None, _) => None,
+        (Some(_), None) => {
+            return Err(super::invalid_request(
+                "this signup chose no password; confirm without one",
+            ));
+        }
+        (Some(presented), Some(stored)) => {
+            if !password::verify(&stored, SecretString::from(presented))
+                .await
+                .map_err(unexpected)?
+            {
+                return Err(Problem::new(
+                    StatusCode::BAD_REQUEST,
+                    "password-mismatch",
+                    "Not the password chosen at signup",
+                )
+                .with_detail("enter the password you chose when you signed up, or confirm without a password and set one later with a password reset"));
+            }
+            Some(stored)
+        }
+    };
+    A::mark_verified(&mut conn, user, adopted.as_deref())
+        .await
+        .map_err(unexpected)?;
+    Ok(Json(
+        json!({ "status": "verified", "password_set": adopted.is_some() }),
+    ))
 }
 
 /// `POST /v1/password-reset/confirm`: sets the new password (and, since the link proved the
 /// address, marks it verified).
 pub async fn reset_confirm<A: Accounts>(
     State(_): State<AppState<A>>,
-    Tenant(tenant): Tenant,
+    proven: ProvenTenant,
     tx: IdempotentTx<A::Database>,
     Body(request): Body<TokenRequest>,
 ) -> Consumed {
@@ -166,40 +200,48 @@ pub async fn reset_confirm<A: Accounts>(
         return Err(super::invalid_request("password is required"));
     };
     let mut conn = tx.lock().await;
-    let token = consume::<A>(&mut *conn, &tenant, Flow::PasswordReset, &request.token).await?;
+    let token = consume::<A>(&mut *conn, &proven, Flow::PasswordReset, &request.token).await?;
     let user = token.user_id.ok_or_else(token_invalid)?;
     A::set_password(&mut conn, user, &password_hash)
         .await
         .map_err(unexpected)?;
-    A::mark_verified(&mut conn, user)
+    A::mark_verified(&mut conn, user, None)
         .await
         .map_err(unexpected)?;
     Ok(Json(json!({ "status": "password_changed" })))
 }
 
-/// `POST /v1/magic-link/consume`: signs in (and marks the address verified).
+/// `POST /v1/magic-link/consume`: signs in (and marks the address verified; a password a signup
+/// left on a verification link is not adopted, and that link stops working).
 pub async fn magic_consume<A: Accounts>(
     State(_): State<AppState<A>>,
-    Tenant(tenant): Tenant,
+    proven: ProvenTenant,
     tx: IdempotentTx<A::Database>,
     Body(request): Body<TokenRequest>,
 ) -> Consumed {
-    verify_address::<A>(&tenant, &tx, request, Flow::MagicLink, "signed_in").await
+    no_password(&request)?;
+    let mut conn = tx.lock().await;
+    let token = consume::<A>(&mut *conn, &proven, Flow::MagicLink, &request.token).await?;
+    let user = token.user_id.ok_or_else(token_invalid)?;
+    A::mark_verified(&mut conn, user, None)
+        .await
+        .map_err(unexpected)?;
+    Ok(Json(json!({ "status": "signed_in" })))
 }
 
 /// `POST /v1/invites/accept`: creates the account (verified) or joins the existing one; one
-/// membership per (tenant, user).
+/// membership per (tenant, user). The tenant is the invite's own.
 pub async fn invite_accept<A: Accounts>(
     State(_): State<AppState<A>>,
-    Tenant(tenant): Tenant,
+    proven: ProvenTenant,
     tx: IdempotentTx<A::Database>,
     Body(request): Body<TokenRequest>,
 ) -> Consumed {
     let password_hash = hash_password(request.password).await?;
     let mut conn = tx.lock().await;
-    let token = consume::<A>(&mut *conn, &tenant, Flow::Invite, &request.token).await?;
+    let token = consume::<A>(&mut *conn, &proven, Flow::Invite, &request.token).await?;
     let email = token.email.ok_or_else(token_invalid)?;
-    A::accept_invite(&mut conn, tenant.as_str(), &email, password_hash.as_deref())
+    A::accept_invite(&mut conn, &token.tenant, &email, password_hash.as_deref())
         .await
         .map_err(unexpected)?;
     Ok(Json(json!({ "status": "joined" })))

@@ -62,6 +62,15 @@ impl Owner<'_> {
     };
 }
 
+/// A verification token issued by a signup. It supersedes no other token — each signup's link
+/// stays its own, so a stranger's signup cannot kill the owner's link — and the password it
+/// carries takes effect only if whoever verifies re-enters it.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct FromSignup<'a> {
+    /// The Argon2id hash of the password the signup chose, if any.
+    pub password_hash: Option<&'a str>,
+}
+
 /// Counts this email for the address and the client (both, always) and says whether it must be
 /// suppressed, and why.
 pub async fn suppression<A: Accounts>(
@@ -124,7 +133,9 @@ pub async fn suppression<A: Accounts>(
     }))
 }
 
-/// Stores a token of `flow` for `owner` (a decoy if nobody) and enqueues its email job.
+/// Stores a token of `flow` for `owner` (a decoy if nobody) and enqueues its email job. A token
+/// that is not from a signup supersedes the owner's live tokens of the flow (unless its email is
+/// suppressed: then the current link must keep working).
 pub async fn token_email<A: Accounts>(
     conn: &mut <A::Database as sqlx::Database>::Connection,
     state: &AppState<A>,
@@ -132,6 +143,7 @@ pub async fn token_email<A: Accounts>(
     flow: Flow,
     owner: Owner<'_>,
     suppressed: Option<String>,
+    signup: Option<FromSignup<'_>>,
 ) -> anyhow::Result<()> {
     let token_id = Uuid::new_v4();
     let expires_at = OffsetDateTime::now_utc() + flow.lifetime();
@@ -144,7 +156,8 @@ pub async fn token_email<A: Accounts>(
         flow: flow.as_str(),
         hash: &hash,
         expires_at,
-        supersede: suppressed.is_none(),
+        password_hash: signup.and_then(|s| s.password_hash),
+        supersede: suppressed.is_none() && signup.is_none(),
     };
     A::insert_token(conn, &token).await?;
     let user = owner

@@ -71,7 +71,7 @@ async fn send_link<A: Accounts>(
         },
         _ => Owner::NOBODY,
     };
-    token_email(&mut *conn, state, tenant, flow, owner, suppressed)
+    token_email(&mut *conn, state, tenant, flow, owner, suppressed, None)
         .await
         .map_err(unexpected)?;
     tracing::info!(email = %email.masked(), tenant = %tenant, flow = flow.as_str(), "link requested");

@@ -9,7 +9,7 @@ use secrecy::SecretString;
 use serde::Deserialize;
 use serde_json::json;
 
-use super::issue::{Client, Owner, suppression, token_email};
+use super::issue::{Client, FromSignup, Owner, suppression, token_email};
 use super::tenant::Tenant;
 use super::{AppState, Body, accepted, invalid_request, unexpected};
 use crate::accounts::{Accounts, SignupRow};
@@ -71,7 +71,6 @@ pub async fn signup<A: Accounts>(
         &mut conn,
         tenant.as_str(),
         &email,
-        password_hash.as_deref(),
         request.source.as_deref(),
     )
     .await
@@ -85,6 +84,11 @@ pub async fn signup<A: Accounts>(
                 user: Some(user),
                 email: None,
             };
+            // The password waits on this signup's own token: the account gets it only when
+            // the address owner verifies with this link and re-enters it.
+            let signup = FromSignup {
+                password_hash: password_hash.as_deref(),
+            };
             token_email(
                 &mut *conn,
                 &state,
@@ -92,6 +96,7 @@ pub async fn signup<A: Accounts>(
                 Flow::Verification,
                 owner,
                 suppressed,
+                Some(signup),
             )
             .await
             .map_err(unexpected)?;
@@ -105,6 +110,7 @@ pub async fn signup<A: Accounts>(
                 Flow::Verification,
                 Owner::NOBODY,
                 Some("decoy".into()),
+                Some(FromSignup::default()),
             )
             .await
             .map_err(unexpected)?;

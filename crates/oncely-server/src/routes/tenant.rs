@@ -37,6 +37,26 @@ impl<S: Send + Sync> axum::extract::FromRequestParts<S> for Tenant {
     }
 }
 
+/// The tenant a request proved with an API key, if it sent one. Links (tokens) name their own
+/// tenant; a proven tenant must match it, an anonymous browser request takes the token's.
+pub struct ProvenTenant(pub Option<TenantId>);
+
+impl<S: Send + Sync> axum::extract::FromRequestParts<S> for ProvenTenant {
+    type Rejection = std::convert::Infallible;
+
+    async fn from_request_parts(
+        parts: &mut axum::http::request::Parts,
+        _: &S,
+    ) -> Result<Self, Self::Rejection> {
+        let proven = parts.extensions.get::<AuthenticatedTenant>().is_some();
+        Ok(Self(
+            proven
+                .then(|| parts.extensions.get::<TenantId>().cloned())
+                .flatten(),
+        ))
+    }
+}
+
 /// API keys start with this, so that leaked ones are recognizable.
 pub const KEY_PREFIX: &str = "onc_";
 

@@ -376,18 +376,27 @@ async fn a_token_of_tenant_a_is_useless_for_tenant_b(url: String, _db: TestDb) {
             .status(),
         400
     );
+    // A browser has no API key: the token names its tenant, so the owner's click works
+    // (this test used to assert a 400 here — every non-default tenant's links were broken).
     assert_eq!(
         app.post("/v1/verify", "v0", &json!({ "token": token }))
             .await
             .status(),
-        400,
-        "nor the default tenant"
+        200,
+        "the owner's click from a browser, without an API key"
+    );
+    assert_eq!(
+        app.count("SELECT count(*) FROM oncely_users WHERE email = 'both@example.com' AND status = 'verified' AND tenant = 'tenant-a'")
+            .await,
+        1,
+        "verified in its own tenant, not in b"
     );
     assert_eq!(
         app.post_as(&a, "/v1/verify", "v", &json!({ "token": token }))
             .await
             .status(),
-        200
+        400,
+        "and only once"
     );
 }
 

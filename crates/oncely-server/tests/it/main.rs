@@ -3,6 +3,7 @@
 #![allow(unreachable_pub)]
 
 mod api_description;
+mod attacks;
 mod chaos;
 mod flows;
 mod health;

@@ -1,0 +1,345 @@
+//! The attacker's side of every account flow (DESIGN.md, threat model), walked the way real
+//! callers walk them: the application's backend with its tenant's API key, and the address
+//! owner's browser — the GET page from the email, then the POST its button sends, with no API
+//! key — on a tenant other than the default.
+
+use argon2::{PasswordHash, PasswordVerifier};
+use oncely_inbox::Message;
+use oncely_testdb::TestDb;
+use serde_json::{Value, json};
+
+use crate::support::{TestApp, both_databases, spawn_app_on, token_in};
+
+both_databases!(
+    a_pre_registered_password_is_never_adopted_by_the_owner,
+    the_signups_own_password_is_adopted_when_re_entered,
+    verifying_by_another_link_ends_signup_links_and_adopts_no_password,
+    a_strangers_signup_does_not_cancel_the_owners_link,
+    an_invite_to_a_pre_registered_address_sets_the_invitees_password,
+    every_link_of_a_non_default_tenant_works_from_a_browser,
+    a_tenants_link_is_useless_with_another_tenants_api_key,
+);
+
+/// The link in an email (`http…?token=…`).
+fn link_in(message: &Message) -> String {
+    let text = &message.text;
+    let at = text.find("token=").expect("a link with a token");
+    let start = text[..at].rfind("http").expect("an absolute link");
+    text[start..]
+        .split_whitespace()
+        .next()
+        .expect("the link")
+        .to_owned()
+}
+
+/// What a browser does with a link: opens the page (no API key), then sends what its button
+/// sends — the token the page embeds, to the path the page posts to, with the page's own
+/// Idempotency-Key — adding `password` where the page has a password field.
+async fn click(app: &TestApp, link: &str, password: Option<&str>) -> (u16, Value) {
+    let page = app.client.get(link).send().await.unwrap();
+    assert_eq!(page.status(), 200, "the page opens without an API key");
+    let html = page.text().await.unwrap();
+    let action = between(&html, "fetch(\"", "\"");
+    let token = between(&html, "{token: \"", "\"");
+    assert!(!token.is_empty(), "the page carries the token: {html}");
+    let mut body = json!({ "token": token });
+    if let Some(password) = password {
+        assert!(
+            html.contains("id=\"password\""),
+            "the page has no password field"
+        );
+        body["password"] = json!(password);
+    }
+    let answer = app
+        .client
+        .post(format!("{}{action}", app.base))
+        .header("idempotency-key", uuid::Uuid::new_v4().to_string())
+        .json(&body)
+        .send()
+        .await
+        .unwrap();
+    let status = answer.status().as_u16();
+    (status, answer.json().await.unwrap_or(Value::Null))
+}
+
+fn between<'a>(text: &'a str, start: &str, end: &str) -> &'a str {
+    let from = text.find(start).expect("marker in the page") + start.len();
+    let to = text[from..].find(end).expect("end marker") + from;
+    &text[from..to]
+}
+
+async fn password_hash_of(app: &TestApp, email: &str) -> Option<String> {
+    let sql = format!("SELECT password_hash FROM oncely_users WHERE email = '{email}'");
+    if app.database_url.starts_with("postgres") {
+        let mut conn = <sqlx::PgConnection as sqlx::Connection>::connect(&app.database_url)
+            .await
+            .unwrap();
+        sqlx::query_scalar(sqlx::AssertSqlSafe(sql))
+            .fetch_one(&mut conn)
+            .await
+            .unwrap()
+    } else {
+        let mut conn = <sqlx::SqliteConnection as sqlx::Connection>::connect(&app.database_url)
+            .await
+            .unwrap();
+        sqlx::query_scalar(sqlx::AssertSqlSafe(sql))
+            .fetch_one(&mut conn)
+            .await
+            .unwrap()
+    }
+}
+
+fn verifies(phc: &str, password: &str) -> bool {
+    let parsed = PasswordHash::new(phc).unwrap();
+    argon2::Argon2::default()
+        .verify_password(password.as_bytes(), &parsed)
+        .is_ok()
+}
+
+fn problem_type(body: &Value) -> &str {
+    body["type"]
+        .as_str()
+        .unwrap_or_default()
+        .rsplit('/')
+        .next()
+        .unwrap()
+}
+
+async fn a_pre_registered_password_is_never_adopted_by_the_owner(url: String, _db: TestDb) {
+    let app = spawn_app_on(&url, &[]).await;
+    let victim = "victim@example.com";
+    // The attacker signs up with the victim's address and a password of its own.
+    let attack = json!({ "email": victim, "password": "attacker password" });
+    assert_eq!(
+        app.post("/v1/signup", "attack", &attack).await.status(),
+        202
+    );
+    assert_eq!(
+        password_hash_of(&app, victim).await,
+        None,
+        "a pending account holds no password"
+    );
+    let link = link_in(&app.emails_to(victim, 1).await[0]);
+    // The owner, who never chose that password, cannot adopt it by typing its own …
+    let (status, body) = click(&app, &link, Some("owner password")).await;
+    assert_eq!((status, problem_type(&body)), (400, "password-mismatch"));
+    // … and confirming without one verifies the address and leaves no password to sign in with.
+    let (status, body) = click(&app, &link, None).await;
+    assert_eq!(status, 200, "{body}");
+    assert_eq!(body, json!({ "status": "verified", "password_set": false }));
+    assert_eq!(password_hash_of(&app, victim).await, None);
+    assert_eq!(
+        app.count("SELECT count(*) FROM oncely_users WHERE status = 'verified'")
+            .await,
+        1
+    );
+}
+
+async fn the_signups_own_password_is_adopted_when_re_entered(url: String, _db: TestDb) {
+    let app = spawn_app_on(&url, &[]).await;
+    let owner = "owner@example.com";
+    let signup = json!({ "email": owner, "password": "owner password" });
+    assert_eq!(app.post("/v1/signup", "s1", &signup).await.status(), 202);
+    let link = link_in(&app.emails_to(owner, 1).await[0]);
+    let (status, body) = click(&app, &link, Some("owner password")).await;
+    assert_eq!(status, 200, "{body}");
+    assert_eq!(body, json!({ "status": "verified", "password_set": true }));
+    let phc = password_hash_of(&app, owner).await.expect("a password");
+    assert!(verifies(&phc, "owner password"));
+    assert!(!verifies(&phc, "attacker password"));
+}
+
+async fn verifying_by_another_link_ends_signup_links_and_adopts_no_password(
+    url: String,
+    _db: TestDb,
+) {
+    let app = spawn_app_on(&url, &[]).await;
+    let victim = "magic-victim@example.com";
+    let attack = json!({ "email": victim, "password": "attacker password" });
+    app.post("/v1/signup", "attack", &attack).await;
+    let signup_link = link_in(&app.emails_to(victim, 1).await[0]);
+    // The owner signs in with a magic link: the address is proven, no password is adopted.
+    app.post("/v1/magic-link", "m1", &json!({ "email": victim }))
+        .await;
+    let magic_link = link_in(&app.emails_to(victim, 2).await[1]);
+    let (status, body) = click(&app, &magic_link, None).await;
+    assert_eq!((status, &body["status"]), (200, &json!("signed_in")));
+    assert_eq!(password_hash_of(&app, victim).await, None);
+    // The signup link that carried the stranger's password no longer works, with or without it.
+    let (status, body) = click(&app, &signup_link, Some("attacker password")).await;
+    assert_eq!((status, problem_type(&body)), (400, "token-invalid"));
+    let (status, _) = click(&app, &signup_link, None).await;
+    assert_eq!(status, 400);
+    assert_eq!(password_hash_of(&app, victim).await, None);
+}
+
+async fn a_strangers_signup_does_not_cancel_the_owners_link(url: String, _db: TestDb) {
+    let app = spawn_app_on(&url, &[]).await;
+    let owner = "raced@example.com";
+    let mine = json!({ "email": owner, "password": "owner password" });
+    app.post("/v1/signup", "mine", &mine).await;
+    let my_link = link_in(&app.emails_to(owner, 1).await[0]);
+    let theirs = json!({ "email": owner, "password": "attacker password" });
+    app.post("/v1/signup", "theirs", &theirs).await;
+    let their_link = link_in(&app.emails_to(owner, 2).await[1]);
+    assert_ne!(my_link, their_link);
+    let (status, body) = click(&app, &my_link, Some("owner password")).await;
+    assert_eq!(status, 200, "the owner's own link still works: {body}");
+    assert_eq!(body["password_set"], true);
+    // Verified: the stranger's link is over.
+    let (status, _) = click(&app, &their_link, Some("attacker password")).await;
+    assert_eq!(status, 400);
+    let phc = password_hash_of(&app, owner).await.unwrap();
+    assert!(verifies(&phc, "owner password"));
+}
+
+async fn an_invite_to_a_pre_registered_address_sets_the_invitees_password(
+    url: String,
+    _db: TestDb,
+) {
+    let app = spawn_app_on(&url, &[]).await;
+    let key = app.create_tenant("acme").await;
+    let guest = "pre-registered-guest@example.com";
+    // The attacker pre-registers the address in the tenant the invitation will come from.
+    let attack = json!({ "email": guest, "password": "attacker password" });
+    app.post_as(&key, "/v1/signup", "attack", &attack).await;
+    let signup_link = link_in(&app.emails_to(guest, 1).await[0]);
+    app.post_as(&key, "/v1/invites", "invite", &json!({ "email": guest }))
+        .await;
+    let invite_link = link_in(&app.emails_to(guest, 2).await[1]);
+    let (status, body) = click(&app, &invite_link, Some("guest password")).await;
+    assert_eq!((status, &body["status"]), (200, &json!("joined")), "{body}");
+    let phc = password_hash_of(&app, guest).await.unwrap();
+    assert!(verifies(&phc, "guest password"));
+    let (status, _) = click(&app, &signup_link, Some("attacker password")).await;
+    assert_eq!(
+        status, 400,
+        "the pre-registration's link ended with the invite"
+    );
+    assert!(verifies(
+        &password_hash_of(&app, guest).await.unwrap(),
+        "guest password"
+    ));
+}
+
+async fn every_link_of_a_non_default_tenant_works_from_a_browser(url: String, _db: TestDb) {
+    let app = spawn_app_on(&url, &[]).await;
+    let key = app.create_tenant("acme").await;
+    // The application's backend asks for every kind of email, with its tenant's key.
+    let user = "acme-user@example.com";
+    let signup = json!({ "email": user, "password": "user password" });
+    assert_eq!(
+        app.post_as(&key, "/v1/signup", "s", &signup).await.status(),
+        202
+    );
+    let (status, body) = click(
+        &app,
+        &link_in(&app.emails_to(user, 1).await[0]),
+        Some("user password"),
+    )
+    .await;
+    assert_eq!(status, 200, "verification link: {body}");
+    assert_eq!(body["password_set"], true);
+    let email = json!({ "email": user });
+    app.post_as(&key, "/v1/password-reset", "r", &email).await;
+    let (status, body) = click(
+        &app,
+        &link_in(&app.emails_to(user, 2).await[1]),
+        Some("a new password"),
+    )
+    .await;
+    assert_eq!(status, 200, "reset link: {body}");
+    assert!(verifies(
+        &password_hash_of(&app, user).await.unwrap(),
+        "a new password"
+    ));
+    app.post_as(&key, "/v1/magic-link", "m", &email).await;
+    let (status, body) = click(&app, &link_in(&app.emails_to(user, 3).await[2]), None).await;
+    assert_eq!(status, 200, "magic link: {body}");
+    let guest = "acme-guest@example.com";
+    app.post_as(&key, "/v1/invites", "i", &json!({ "email": guest }))
+        .await;
+    let (status, body) = click(&app, &link_in(&app.emails_to(guest, 1).await[0]), None).await;
+    assert_eq!(status, 200, "invite link: {body}");
+    // Everything happened in the tenant, nothing in the default one.
+    assert_eq!(
+        app.count(
+            "SELECT count(*) FROM oncely_users WHERE tenant = 'acme' AND status = 'verified'"
+        )
+        .await,
+        2
+    );
+    assert_eq!(
+        app.count("SELECT count(*) FROM oncely_memberships WHERE tenant = 'acme'")
+            .await,
+        1
+    );
+    assert_eq!(
+        app.count("SELECT count(*) FROM oncely_users WHERE tenant <> 'acme'")
+            .await,
+        0
+    );
+}
+
+async fn a_tenants_link_is_useless_with_another_tenants_api_key(url: String, _db: TestDb) {
+    let app = spawn_app_on(&url, &[]).await;
+    let acme = app.create_tenant("acme").await;
+    let globex = app.create_tenant("globex").await;
+    let user = "shared@example.com";
+    app.post_as(&acme, "/v1/signup", "s", &json!({ "email": user }))
+        .await;
+    let token = token_in(&app.emails_to(user, 1).await[0]);
+    // Tenant B's backend presents tenant A's token: one generic answer, nothing used.
+    let answer = app
+        .post_as(
+            &globex,
+            "/v1/verify",
+            "v-globex",
+            &json!({ "token": token }),
+        )
+        .await;
+    assert_eq!(answer.status(), 400);
+    let body: Value = answer.json().await.unwrap();
+    assert_eq!(problem_type(&body), "token-invalid");
+    // … and the same invitation flow: acme's invite cannot be accepted into globex.
+    app.post_as(
+        &acme,
+        "/v1/invites",
+        "i",
+        &json!({ "email": "guest@example.com" }),
+    )
+    .await;
+    let invite = token_in(&app.emails_to("guest@example.com", 1).await[0]);
+    let answer = app
+        .post_as(
+            &globex,
+            "/v1/invites/accept",
+            "a-globex",
+            &json!({ "token": invite }),
+        )
+        .await;
+    assert_eq!(answer.status(), 400);
+    assert_eq!(
+        app.count("SELECT count(*) FROM oncely_memberships").await,
+        0
+    );
+    // The owner's own click (no API key) still works: the link was not used up.
+    let answer = app
+        .post("/v1/verify", "v-owner", &json!({ "token": token }))
+        .await;
+    assert_eq!(answer.status(), 200);
+    let answer = app
+        .post_as(
+            &acme,
+            "/v1/invites/accept",
+            "a-acme",
+            &json!({ "token": invite }),
+        )
+        .await;
+    assert_eq!(answer.status(), 200);
+    assert_eq!(
+        app.count("SELECT count(*) FROM oncely_memberships WHERE tenant = 'acme'")
+            .await,
+        1
+    );
+}

@@ -62,7 +62,7 @@ pub mod problem;
 pub mod scope;
 pub mod store;
 
-pub use fingerprint::{DerivedKey, Fingerprint, JsonNormalizer, ServerSecret};
+pub use fingerprint::{CanonicalJson, DerivedKey, Fingerprint, JsonNormalizer, ServerSecret};
 pub use key::{IdempotencyKey, KeyError};
 pub use layer::{IdempotencyLayer, IdempotentTx, Mode, Outcome};
 pub use problem::Problem;

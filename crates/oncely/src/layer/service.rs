@@ -17,6 +17,7 @@ use tower::{Service, ServiceExt};
 use tracing::Instrument;
 
 use super::{Config, IdempotentTx, Mode, Outcome};
+use crate::fingerprint::RequestTarget;
 use crate::store::{
     Claim, ClaimRequest, Completion, KeyStore, Record, RecordState, StoredResponse,
 };
@@ -115,10 +116,15 @@ where
         .headers
         .get(header::CONTENT_TYPE)
         .and_then(|v| v.to_str().ok());
+    let target = RequestTarget {
+        method: parts.method.as_str(),
+        route: &scope.route,
+        path: parts.uri.path(),
+        query: parts.uri.query(),
+    };
     let fingerprint = Fingerprint::of_request(
         &config.secret,
-        parts.method.as_str(),
-        &scope.route,
+        &target,
         content_type,
         &bytes,
         config.normalizer.as_ref(),

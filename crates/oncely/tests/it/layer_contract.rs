@@ -220,6 +220,8 @@ both_stores!(
     malformed_keys_are_400_and_run_nothing,
     tenant_a_key_never_replays_for_tenant_b,
     the_same_key_on_another_route_is_another_scope,
+    the_query_is_part_of_the_request,
+    numbers_that_differ_past_f64_precision_are_different_requests,
     a_5xx_releases_the_key_and_a_retry_runs_again,
     a_rolled_back_transaction_releases_the_key,
     a_validation_rejection_is_not_stored,
@@ -408,9 +410,70 @@ async fn the_same_key_on_another_route_is_another_scope<S: Backend>(store: S, _d
     send(&app, "/payments", Some(&key), "{}", &[]).await;
     let other = send(&app, "/payments/1/refund", Some(&key), "{}", &[]).await;
     assert_eq!(other.outcome, Some(Outcome::Created));
-    // The route template is the scope, not the concrete path.
+    // The route template is the scope, but the concrete path is in the fingerprint: payment 1's
+    // key on payment 2 is a reused key, never refund 1's answer.
     let same_template = send(&app, "/payments/2/refund", Some(&key), "{}", &[]).await;
-    assert_eq!(same_template.outcome, Some(Outcome::Replayed));
+    assert_eq!(same_template.status, StatusCode::UNPROCESSABLE_ENTITY);
+    assert_eq!(same_template.outcome, Some(Outcome::Mismatch));
+    assert_eq!(
+        same_template.problem_type(),
+        "https://oncely.dev/problems/idempotency-key-reused"
+    );
+    assert_eq!(effects.count(), 2);
+}
+
+async fn the_query_is_part_of_the_request<S: Backend>(store: S, _db: Db) {
+    let effects = Effects::default();
+    let app = plain(store, effects.clone());
+    let key = new_key();
+    let first = send(&app, "/payments?a=1&b=x%20y", Some(&key), "{}", &[]).await;
+    assert_eq!(first.outcome, Some(Outcome::Created));
+    let reordered = send(&app, "/payments?b=x+y&a=1", Some(&key), "{}", &[]).await;
+    assert!(reordered.replayed(), "same pairs in another order");
+    let other = send(&app, "/payments?a=2&b=x%20y", Some(&key), "{}", &[]).await;
+    assert_eq!(other.outcome, Some(Outcome::Mismatch));
+    let none = send(&app, "/payments", Some(&key), "{}", &[]).await;
+    assert_eq!(none.outcome, Some(Outcome::Mismatch));
+    assert_eq!(effects.count(), 1);
+}
+
+async fn numbers_that_differ_past_f64_precision_are_different_requests<S: Backend>(
+    store: S,
+    _db: Db,
+) {
+    let effects = Effects::default();
+    let app = plain(store, effects.clone());
+    let key = new_key();
+    send(&app, "/payments", Some(&key), r#"{"amount":0.1}"#, &[]).await;
+    let other = send(
+        &app,
+        "/payments",
+        Some(&key),
+        r#"{"amount":0.10000000000000001}"#,
+        &[],
+    )
+    .await;
+    assert_eq!(other.outcome, Some(Outcome::Mismatch));
+    let same = send(&app, "/payments", Some(&key), r#"{"amount":1.0e-1}"#, &[]).await;
+    assert!(same.replayed());
+    let key = new_key();
+    send(
+        &app,
+        "/payments",
+        Some(&key),
+        r#"{"id":18446744073709551616}"#,
+        &[],
+    )
+    .await;
+    let other = send(
+        &app,
+        "/payments",
+        Some(&key),
+        r#"{"id":18446744073709551617}"#,
+        &[],
+    )
+    .await;
+    assert_eq!(other.outcome, Some(Outcome::Mismatch));
     assert_eq!(effects.count(), 2);
 }
 

@@ -3,6 +3,7 @@
 use std::time::Duration;
 
 use bytes::Bytes;
+use oncely::fingerprint::RequestTarget;
 use oncely::store::{
     Claim, ClaimRequest, Completion, FencingToken, KeyStore, RecordState, StoredResponse, prune_all,
 };
@@ -11,7 +12,13 @@ use oncely::{Fingerprint, IdempotencyKey, Scope, TenantId};
 use crate::support::{Backend, Db, both_stores, new_key, scope, secret};
 
 fn fp(body: &str) -> Fingerprint {
-    Fingerprint::of_request(&secret(), "POST", "/payments", None, body.as_bytes(), None)
+    Fingerprint::of_request(
+        &secret(),
+        &RequestTarget::route("POST", "/payments"),
+        None,
+        body.as_bytes(),
+        None,
+    )
 }
 
 fn req<'a>(scope: &'a Scope, fingerprint: &'a Fingerprint, lease_ms: u64) -> ClaimRequest<'a> {

@@ -176,7 +176,14 @@ where
             return in_use();
         }
     };
-    let (parts, body) = match run(inner, req, None).await {
+    // While the handler runs, renew the lease (every lease/3): only a dead owner is taken over.
+    let renewing = keep_renewed(store, claim.scope, token, config.lease);
+    tokio::pin!(renewing);
+    let collected = tokio::select! {
+        collected = run(inner, req, None) => collected,
+        never = &mut renewing => match never {},
+    };
+    let (parts, body) = match collected {
         Ok(collected) => collected,
         Err(response) => {
             release_logged(store, claim.scope, token).await;
@@ -191,7 +198,12 @@ where
         );
     }
     let completion = completion_for(config, &parts, &body);
-    match store.complete(claim.scope, token, &completion).await {
+    // A failed write is retried with backoff, the lease still renewed, for at most one lease.
+    let stored = tokio::select! {
+        stored = complete_with_retry(store, claim.scope, token, &completion, config.lease) => stored,
+        never = &mut renewing => match never {},
+    };
+    match stored {
         Ok(true) => {}
         Ok(false) => tracing::warn!(
             route = %claim.scope.route,
@@ -199,13 +211,60 @@ where
         ),
         Err(error) => tracing::error!(
             route = %claim.scope.route, %error,
-            "could not store an idempotent result; the key frees when its lease expires"
+            "could not store an idempotent result after retrying; the key frees when its lease expires"
         ),
     }
     (
         Outcome::Created,
         Response::from_parts(parts, Body::from(body)),
     )
+}
+
+/// Renews the lease of `token` every `lease / 3`, for as long as it is polled. Stops renewing
+/// (and waits forever) once the claim is lost; a failed renewal is logged and tried again.
+async fn keep_renewed<K: KeyStore>(
+    store: &K,
+    scope: &Scope,
+    token: crate::store::FencingToken,
+    lease: Duration,
+) -> Infallible {
+    let period = (lease / 3).max(Duration::from_millis(1));
+    loop {
+        tokio::time::sleep(period).await;
+        match store.renew(scope, token, lease).await {
+            Ok(true) => {}
+            Ok(false) => {
+                tracing::warn!(route = %scope.route, "idempotency lease lost while the handler ran");
+                return std::future::pending().await;
+            }
+            Err(error) => {
+                tracing::warn!(route = %scope.route, %error, "could not renew an idempotency lease");
+            }
+        }
+    }
+}
+
+/// Stores a completion, retrying failed writes with backoff (10 ms doubling to 1 s) for at most
+/// `within`; the last error if every try failed.
+async fn complete_with_retry<K: KeyStore>(
+    store: &K,
+    scope: &Scope,
+    token: crate::store::FencingToken,
+    completion: &Completion,
+    within: Duration,
+) -> Result<bool, crate::store::StoreError> {
+    let deadline = Instant::now() + within;
+    let mut pause = Duration::from_millis(10);
+    loop {
+        match store.complete(scope, token, completion).await {
+            Err(error) if Instant::now() + pause < deadline => {
+                tracing::warn!(route = %scope.route, %error, "storing an idempotent result failed; retrying");
+                tokio::time::sleep(pause).await;
+                pause = (pause * 2).min(Duration::from_secs(1));
+            }
+            done => return done,
+        }
+    }
 }
 
 /// Claim in a transaction, run the handler in it, store the result in it, commit once.

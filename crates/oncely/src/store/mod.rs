@@ -10,6 +10,7 @@
 //!            claim                     complete(token)
 //!  (absent) ───────► in_progress ───────────────────────► completed ──┐
 //!      ▲               │   │ lease expired: claim takes over          │ retention
+//!      │               │   │ (renew(token) extends a live owner's lease)│
 //!      │  release(token)│   └─► in_progress (new fencing token)      │ expired:
 //!      └───────────────┘       complete(token, too large) ─► tombstoned ─► pruned
 //! ```
@@ -220,6 +221,17 @@ pub trait KeyStore: Clone + Send + Sync + 'static {
         scope: &Scope,
         token: FencingToken,
         completion: &Completion,
+    ) -> impl Future<Output = Result<bool, StoreError>> + Send;
+
+    /// Extends the lease of the claim `token` to `lease` from now (the database's clock on
+    /// PostgreSQL). Fenced: `false` unless the key is still in progress under that token, so an
+    /// owner that was taken over learns it has lost the key. A live owner renews periodically,
+    /// so only a dead owner's key is ever taken over.
+    fn renew(
+        &self,
+        scope: &Scope,
+        token: FencingToken,
+        lease: Duration,
     ) -> impl Future<Output = Result<bool, StoreError>> + Send;
 
     /// Frees the key of the claim `token` (nothing is stored; a retry runs again).

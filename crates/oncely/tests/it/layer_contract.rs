@@ -230,7 +230,9 @@ both_stores!(
     an_oversized_request_is_413_and_not_stored,
     a_request_still_running_after_the_wait_gets_409_with_retry_after,
     a_concurrent_retry_within_the_wait_gets_the_replay,
-    an_expired_lease_is_taken_over_and_the_first_owner_cannot_store,
+    a_slow_live_owner_keeps_its_key_and_runs_once,
+    a_dead_owner_is_taken_over_and_its_token_can_no_longer_complete,
+    a_failed_completion_is_retried,
     a_transactional_handler_past_its_lease_is_rolled_back,
     a_client_that_gives_up_after_commit_gets_the_replay_on_retry,
     safe_methods_and_optional_keys_pass_through,
@@ -620,10 +622,7 @@ async fn a_concurrent_retry_within_the_wait_gets_the_replay<S: Backend>(store: S
     assert_eq!(effects.count(), 1);
 }
 
-async fn an_expired_lease_is_taken_over_and_the_first_owner_cannot_store<S: Backend>(
-    store: S,
-    _db: Db,
-) {
+async fn a_slow_live_owner_keeps_its_key_and_runs_once<S: Backend>(store: S, _db: Db) {
     let effects = Effects::default();
     let app = app(store, effects.clone(), |l| {
         l.lease(Duration::from_millis(150))
@@ -634,16 +633,63 @@ async fn an_expired_lease_is_taken_over_and_the_first_owner_cannot_store<S: Back
         let (app, key) = (app.clone(), key.clone());
         async move { send(&app, "/slow", Some(&key), "{}", &[]).await }
     });
-    // The first owner is still running (400 ms) but its 150 ms lease is over: a retry takes over.
+    // The first owner is still running (400 ms), past its 150 ms lease, but alive: it renews its
+    // lease, so a retry must not take the key over and run the payment a second time.
     tokio::time::sleep(Duration::from_millis(250)).await;
     let second = send(&app, "/slow", Some(&key), "{}", &[]).await;
-    assert_eq!(second.outcome, Some(Outcome::Created));
+    assert_eq!(second.status, StatusCode::CONFLICT, "{:?}", second.json());
+    assert_eq!(second.outcome, Some(Outcome::InProgress));
     assert_eq!(first.await.unwrap().json()["payment"], 1);
-    assert_eq!(second.json()["payment"], 2);
-    // The stored result is the second owner's: the first could not overwrite it.
     let third = send(&app, "/slow", Some(&key), "{}", &[]).await;
     assert!(third.replayed());
-    assert_eq!(third.json()["payment"], 2);
+    assert_eq!(third.json()["payment"], 1);
+    assert_eq!(effects.count(), 1);
+}
+
+/// A claim whose owner died (claimed through the store, never renewed nor completed) is taken
+/// over after its lease, and the dead owner's token can no longer complete the key.
+async fn a_dead_owner_is_taken_over_and_its_token_can_no_longer_complete<S: Backend>(
+    store: S,
+    _db: Db,
+) {
+    use oncely::fingerprint::RequestTarget;
+    use oncely::store::{Claim, ClaimRequest, Completion};
+    let effects = Effects::default();
+    let app = plain(store.clone(), effects.clone());
+    let key = new_key();
+    let scope = oncely::Scope::new(
+        TenantId::default(),
+        "POST",
+        "/slow",
+        oncely::IdempotencyKey::parse(&key).unwrap(),
+    );
+    let fingerprint = oncely::Fingerprint::of_request(
+        &secret(),
+        &RequestTarget::route("POST", "/slow"),
+        Some("application/json"),
+        b"{}",
+        None,
+    );
+    let claim = ClaimRequest {
+        scope: &scope,
+        fingerprint: &fingerprint,
+        lease: Duration::from_millis(100),
+        retention: Duration::from_secs(3600),
+    };
+    let Claim::Acquired { token: dead, .. } = store.claim(&claim).await.unwrap() else {
+        panic!("the key was free")
+    };
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    let retry = send(&app, "/slow", Some(&key), "{}", &[]).await;
+    assert_eq!(retry.outcome, Some(Outcome::Created), "{:?}", retry.json());
+    let late = Completion::Tombstone {
+        reason: "the dead owner".into(),
+    };
+    assert!(!store.complete(&scope, dead, &late).await.unwrap());
+    let again = send(&app, "/slow", Some(&key), "{}", &[]).await;
+    assert!(again.replayed());
+    assert_eq!(again.json(), retry.json());
+    assert_eq!(effects.count(), 1);
 }
 
 async fn a_transactional_handler_past_its_lease_is_rolled_back<S: Backend>(store: S, _db: Db) {
@@ -726,6 +772,112 @@ async fn the_derived_key_is_stable_per_scope<S: Backend>(store: S, _db: Db) {
         !derived.contains(&key),
         "the derived key does not reveal the client's key"
     );
+}
+
+/// A store whose first `n` completions fail, as a database blip would.
+#[derive(Clone)]
+struct FlakyCompletes<S> {
+    inner: S,
+    failures_left: Arc<AtomicUsize>,
+}
+
+impl<S: oncely::store::KeyStore> oncely::store::KeyStore for FlakyCompletes<S> {
+    type Database = S::Database;
+
+    async fn migrate(&self) -> Result<(), oncely::store::StoreError> {
+        self.inner.migrate().await
+    }
+    async fn claim(
+        &self,
+        req: &oncely::store::ClaimRequest<'_>,
+    ) -> Result<oncely::store::Claim, oncely::store::StoreError> {
+        self.inner.claim(req).await
+    }
+    async fn complete(
+        &self,
+        scope: &oncely::Scope,
+        token: oncely::store::FencingToken,
+        completion: &oncely::store::Completion,
+    ) -> Result<bool, oncely::store::StoreError> {
+        let failing = self
+            .failures_left
+            .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |n| n.checked_sub(1))
+            .is_ok();
+        if failing {
+            return Err(oncely::store::StoreError::Corrupt(
+                "injected completion failure",
+            ));
+        }
+        self.inner.complete(scope, token, completion).await
+    }
+    async fn renew(
+        &self,
+        scope: &oncely::Scope,
+        token: oncely::store::FencingToken,
+        lease: Duration,
+    ) -> Result<bool, oncely::store::StoreError> {
+        self.inner.renew(scope, token, lease).await
+    }
+    async fn release(
+        &self,
+        scope: &oncely::Scope,
+        token: oncely::store::FencingToken,
+    ) -> Result<bool, oncely::store::StoreError> {
+        self.inner.release(scope, token).await
+    }
+    async fn get(
+        &self,
+        scope: &oncely::Scope,
+    ) -> Result<Option<oncely::store::Record>, oncely::store::StoreError> {
+        self.inner.get(scope).await
+    }
+    async fn prune(&self, limit: u32) -> Result<u64, oncely::store::StoreError> {
+        self.inner.prune(limit).await
+    }
+    async fn claim_in_transaction(
+        &self,
+        req: &oncely::store::ClaimRequest<'_>,
+        wait: Duration,
+    ) -> Result<
+        oncely::store::Claim<sqlx::Transaction<'static, Self::Database>>,
+        oncely::store::StoreError,
+    > {
+        self.inner.claim_in_transaction(req, wait).await
+    }
+    async fn complete_in_transaction(
+        &self,
+        tx: &mut sqlx::Transaction<'static, Self::Database>,
+        scope: &oncely::Scope,
+        token: oncely::store::FencingToken,
+        completion: &oncely::store::Completion,
+    ) -> Result<bool, oncely::store::StoreError> {
+        self.inner
+            .complete_in_transaction(tx, scope, token, completion)
+            .await
+    }
+}
+
+async fn a_failed_completion_is_retried<S: Backend>(store: S, _db: Db) {
+    let effects = Effects::default();
+    let flaky = FlakyCompletes {
+        inner: store,
+        failures_left: Arc::new(AtomicUsize::new(3)),
+    };
+    let app = Router::new()
+        .route("/payments", post(pay))
+        .route_layer(
+            IdempotencyLayer::generic(flaky.clone(), secret()).wait(Duration::from_millis(100)),
+        )
+        .layer(Extension(effects.clone()));
+    let key = new_key();
+    let first = send(&app, "/payments", Some(&key), "{}", &[]).await;
+    assert_eq!(first.outcome, Some(Outcome::Created));
+    assert_eq!(flaky.failures_left.load(Ordering::SeqCst), 0);
+    // The result was stored despite the failed writes: the retry replays it at once.
+    let retry = send(&app, "/payments", Some(&key), "{}", &[]).await;
+    assert!(retry.replayed(), "{:?}", retry.json());
+    assert_eq!(retry.body, first.body);
+    assert_eq!(effects.count(), 1);
 }
 
 /// Two app instances, each with its own pool, share one PostgreSQL database.

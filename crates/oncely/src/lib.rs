@@ -64,7 +64,7 @@ pub mod store;
 
 pub use fingerprint::{CanonicalJson, DerivedKey, Fingerprint, JsonNormalizer, ServerSecret};
 pub use key::{IdempotencyKey, KeyError};
-pub use layer::{IdempotencyLayer, IdempotentTx, Mode, Outcome};
+pub use layer::{IdempotencyLayer, IdempotentTx, Mode, Outcome, TxAborted};
 pub use problem::Problem;
 pub use scope::{Scope, TenantId};
 

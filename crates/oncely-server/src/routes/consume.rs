@@ -128,7 +128,7 @@ async fn verify_address<A: Accounts>(
     status: &str,
 ) -> Consumed {
     no_password(&request)?;
-    let mut conn = tx.lock().await;
+    let mut conn = tx.lock().await?;
     let token = consume::<A>(&mut *conn, tenant, flow, &request.token).await?;
     let user = token.user_id.ok_or_else(token_invalid)?;
     A::mark_verified(&mut conn, user)
@@ -165,7 +165,7 @@ pub async fn reset_confirm<A: Accounts>(
     let Some(password_hash) = hash_password(request.password).await? else {
         return Err(super::invalid_request("password is required"));
     };
-    let mut conn = tx.lock().await;
+    let mut conn = tx.lock().await?;
     let token = consume::<A>(&mut *conn, &tenant, Flow::PasswordReset, &request.token).await?;
     let user = token.user_id.ok_or_else(token_invalid)?;
     A::set_password(&mut conn, user, &password_hash)
@@ -196,7 +196,7 @@ pub async fn invite_accept<A: Accounts>(
     Body(request): Body<TokenRequest>,
 ) -> Consumed {
     let password_hash = hash_password(request.password).await?;
-    let mut conn = tx.lock().await;
+    let mut conn = tx.lock().await?;
     let token = consume::<A>(&mut *conn, &tenant, Flow::Invite, &request.token).await?;
     let email = token.email.ok_or_else(token_invalid)?;
     A::accept_invite(&mut conn, tenant.as_str(), &email, password_hash.as_deref())

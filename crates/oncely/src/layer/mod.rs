@@ -41,7 +41,7 @@ use std::time::Duration;
 use tower::Layer;
 
 pub use service::IdempotencyService;
-pub use transaction::{IdempotentTx, TxGuard};
+pub use transaction::{IdempotentTx, TxAborted, TxGuard};
 
 use crate::ServerSecret;
 use crate::fingerprint::JsonNormalizer;

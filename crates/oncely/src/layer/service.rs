@@ -16,10 +16,11 @@ use tokio::time::Instant;
 use tower::{Service, ServiceExt};
 use tracing::Instrument;
 
+use super::transaction::{ClaimFn, Claimed, Refusal, TxState};
 use super::{Config, IdempotentTx, Mode, Outcome};
 use crate::fingerprint::RequestTarget;
 use crate::store::{
-    Claim, ClaimRequest, Completion, KeyStore, Record, RecordState, StoredResponse,
+    Claim, ClaimRequest, Completion, FencingToken, KeyStore, Record, RecordState, StoredResponse,
 };
 use crate::{DerivedKey, Fingerprint, IdempotencyKey, KeyError, Problem, Scope, TenantId};
 
@@ -267,7 +268,8 @@ async fn complete_with_retry<K: KeyStore>(
     }
 }
 
-/// Claim in a transaction, run the handler in it, store the result in it, commit once.
+/// Run the handler; its first `IdempotentTx::lock` claims the key in a transaction; store the
+/// result in it, commit once. A handler that never locked is claimed for after it returns.
 async fn transactional<S, K>(
     inner: S,
     store: &K,
@@ -283,7 +285,7 @@ where
 {
     // Most repeats of a key are retries of a finished request: answer those from one read,
     // without opening a transaction. Anything else (no row, in progress, expired) takes the
-    // claim below, which decides under the database's locks.
+    // claim, which decides under the database's locks.
     match store.get(claim.scope).await {
         Ok(Some(record)) => {
             if let Some(answer) = answer_from_record(&record, claim.fingerprint) {
@@ -293,32 +295,42 @@ where
         Ok(None) => {}
         Err(error) => return store_failed(&error),
     }
-    let mut waiter = Waiter::new(config.wait);
-    let (token, tx) = loop {
-        match store.claim_in_transaction(claim, waiter.remaining()).await {
-            Ok(Claim::Acquired { token, tx }) => break (token, tx),
-            Ok(Claim::Existing(record)) => {
-                if let Some(answer) = answer_from_record(&record, claim.fingerprint) {
-                    return answer;
-                }
-            }
-            Ok(Claim::Busy) => return in_use(),
-            Err(error) => return store_failed(&error),
-        }
-        if !waiter.pause().await {
-            return in_use();
-        }
+    let owned = OwnedClaim {
+        scope: Arc::new(claim.scope.clone()),
+        fingerprint: *claim.fingerprint,
+        lease: claim.lease,
+        retention: claim.retention,
+        wait: config.wait,
     };
-    let handle = IdempotentTx::<K::Database>::new(tx, derived_key);
+    let claim_fn: ClaimFn<K::Database> = {
+        let (store, owned) = (store.clone(), owned.clone());
+        Box::new(move || {
+            let (store, owned) = (store.clone(), owned.clone());
+            Box::pin(async move { claim_transaction(&store, &owned).await })
+        })
+    };
+    let handle = IdempotentTx::<K::Database>::new(claim_fn, derived_key);
     req.extensions_mut().insert(handle.clone());
     let collected = run(inner, req, Some(config.lease)).await;
     // The handler is done (or was stopped): its transaction comes back to us. Dropping it, on
     // any path below that does not commit, rolls it back and so frees the key.
-    let Some(mut tx) = handle.take() else {
+    let Some(state) = handle.take() else {
         return (
             Outcome::Released,
             internal_error("the handler kept its transaction"),
         );
+    };
+    let (token, tx) = match state {
+        // The key was not acquired: answer what the claim found, whatever the handler said.
+        TxState::Refused(refusal) => return refusal,
+        TxState::Taken => {
+            return (
+                Outcome::Released,
+                internal_error("the transaction was taken twice"),
+            );
+        }
+        TxState::Held { token, tx } => (token, Some(tx)),
+        TxState::Unclaimed => (FencingToken::new(), None),
     };
     let (parts, body) = match collected {
         Ok(collected) => collected,
@@ -331,6 +343,15 @@ where
             Response::from_parts(parts, Body::from(body)),
         );
     }
+    // A handler that never locked wrote nothing: claim now, in a transaction, to store its
+    // result (or answer from the row a concurrent request committed meanwhile).
+    let (token, mut tx) = match tx {
+        Some(tx) => (token, tx),
+        None => match claim_transaction(store, &owned).await {
+            Ok(claimed) => claimed,
+            Err(refusal) => return refusal,
+        },
+    };
     let completion = completion_for(config, &parts, &body);
     match store
         .complete_in_transaction(&mut tx, claim.scope, token, &completion)
@@ -361,6 +382,46 @@ where
         Outcome::Created,
         Response::from_parts(parts, Body::from(body)),
     )
+}
+
+/// What a transactional claim needs, owned (it runs inside the handler's `lock()`).
+#[derive(Clone)]
+struct OwnedClaim {
+    scope: Arc<Scope>,
+    fingerprint: Fingerprint,
+    lease: Duration,
+    retention: Duration,
+    wait: Duration,
+}
+
+/// Opens a transaction and claims the key in it, waiting a bounded time for a concurrent owner;
+/// or the answer the key's state gives (replay, 422, 409, 503).
+async fn claim_transaction<K: KeyStore>(
+    store: &K,
+    owned: &OwnedClaim,
+) -> Result<Claimed<K::Database>, Refusal> {
+    let claim = ClaimRequest {
+        scope: &owned.scope,
+        fingerprint: &owned.fingerprint,
+        lease: owned.lease,
+        retention: owned.retention,
+    };
+    let mut waiter = Waiter::new(owned.wait);
+    loop {
+        match store.claim_in_transaction(&claim, waiter.remaining()).await {
+            Ok(Claim::Acquired { token, tx }) => return Ok((token, tx)),
+            Ok(Claim::Existing(record)) => {
+                if let Some(answer) = answer_from_record(&record, claim.fingerprint) {
+                    return Err(answer);
+                }
+            }
+            Ok(Claim::Busy) => return Err(in_use()),
+            Err(error) => return Err(store_failed(&error)),
+        }
+        if !waiter.pause().await {
+            return Err(in_use());
+        }
+    }
 }
 
 /// Runs the handler in a task of its own (a panic becomes a 500) and collects its body.

@@ -12,7 +12,7 @@ use axum::routing::{get, post};
 use axum::{Extension, Json, Router};
 use http::{HeaderMap, StatusCode, header};
 use http_body_util::BodyExt;
-use oncely::{DerivedKey, IdempotencyLayer, IdempotentTx, Outcome, TenantId};
+use oncely::{DerivedKey, IdempotencyLayer, IdempotentTx, Outcome, TenantId, TxAborted};
 use serde_json::{Value, json};
 use tower::ServiceExt;
 
@@ -74,31 +74,33 @@ async fn panics(Extension(effects): Extension<Effects>) -> StatusCode {
     panic!("handler bug")
 }
 
-async fn tx_pay<S: Backend>(tx: IdempotentTx<S::Database>) -> (StatusCode, Json<Value>) {
+async fn tx_pay<S: Backend>(
+    tx: IdempotentTx<S::Database>,
+) -> Result<(StatusCode, Json<Value>), TxAborted> {
     tokio::time::sleep(Duration::from_millis(30)).await;
-    let mut conn = tx.lock().await;
+    let mut conn = tx.lock().await?;
     S::insert_effect(&mut conn, "pay").await;
-    (
+    Ok((
         StatusCode::CREATED,
         Json(json!({"paid": true, "derived_key": tx.derived_key().as_str()})),
-    )
+    ))
 }
 
-async fn tx_slow<S: Backend>(tx: IdempotentTx<S::Database>) -> Json<Value> {
-    S::insert_effect(&mut *tx.lock().await, "slow").await;
+async fn tx_slow<S: Backend>(tx: IdempotentTx<S::Database>) -> Result<Json<Value>, TxAborted> {
+    S::insert_effect(&mut *tx.lock().await?, "slow").await;
     tokio::time::sleep(Duration::from_millis(400)).await;
-    Json(json!({"paid": true}))
+    Ok(Json(json!({"paid": true})))
 }
 
-async fn tx_fail<S: Backend>(tx: IdempotentTx<S::Database>) -> StatusCode {
-    S::insert_effect(&mut *tx.lock().await, "fail").await;
-    StatusCode::INTERNAL_SERVER_ERROR
+async fn tx_fail<S: Backend>(tx: IdempotentTx<S::Database>) -> Result<StatusCode, TxAborted> {
+    S::insert_effect(&mut *tx.lock().await?, "fail").await;
+    Ok(StatusCode::INTERNAL_SERVER_ERROR)
 }
 
-async fn tx_hang<S: Backend>(tx: IdempotentTx<S::Database>) -> StatusCode {
-    S::insert_effect(&mut *tx.lock().await, "hang").await;
+async fn tx_hang<S: Backend>(tx: IdempotentTx<S::Database>) -> Result<StatusCode, TxAborted> {
+    S::insert_effect(&mut *tx.lock().await?, "hang").await;
     tokio::time::sleep(Duration::from_secs(30)).await;
-    StatusCode::CREATED
+    Ok(StatusCode::CREATED)
 }
 
 /// A test-only tenant resolver: `x-tenant` picks the tenant.
@@ -231,6 +233,9 @@ both_stores!(
     a_request_still_running_after_the_wait_gets_409_with_retry_after,
     a_concurrent_retry_within_the_wait_gets_the_replay,
     a_slow_live_owner_keeps_its_key_and_runs_once,
+    transactional_pre_work_before_lock_runs_concurrently,
+    a_transactional_handler_that_never_locks_is_stored_and_replayed,
+    after_a_refused_lock_the_layer_answers_not_the_handler,
     a_dead_owner_is_taken_over_and_its_token_can_no_longer_complete,
     a_failed_completion_is_retried,
     a_transactional_handler_past_its_lease_is_rolled_back,
@@ -772,6 +777,124 @@ async fn the_derived_key_is_stable_per_scope<S: Backend>(store: S, _db: Db) {
         !derived.contains(&key),
         "the derived key does not reveal the client's key"
     );
+}
+
+/// Transactional handlers whose slow pre-work (password hashing) comes before `lock()` run that
+/// pre-work concurrently: no transaction, no SQLite write lock, is held before `lock()`. Each
+/// of `N` requests waits at a barrier of `N` before locking, which only all of them can reach
+/// if none holds the database meanwhile.
+async fn transactional_pre_work_before_lock_runs_concurrently<S: Backend>(store: S, _db: Db) {
+    const N: usize = 6;
+    async fn handler<S: Backend>(
+        Extension(barrier): Extension<Arc<tokio::sync::Barrier>>,
+        tx: IdempotentTx<S::Database>,
+    ) -> Result<StatusCode, TxAborted> {
+        barrier.wait().await;
+        S::insert_effect(&mut *tx.lock().await?, "pre-work").await;
+        Ok(StatusCode::CREATED)
+    }
+    let app = Router::new()
+        .route("/tx/pre-work", post(handler::<S>))
+        .route_layer(IdempotencyLayer::transactional(store.clone(), secret()))
+        .layer(Extension(Arc::new(tokio::sync::Barrier::new(N))));
+    let all = futures_join(N, |_| {
+        let app = app.clone();
+        async move {
+            send(&app, "/tx/pre-work", Some(&new_key()), "{}", &[])
+                .await
+                .status
+        }
+    });
+    let statuses = tokio::time::timeout(Duration::from_secs(15), all)
+        .await
+        .expect("the handlers' pre-work did not overlap: a transaction was held before lock()");
+    assert!(
+        statuses.iter().all(|s| *s == StatusCode::CREATED),
+        "{statuses:?}"
+    );
+    assert_eq!(store.count_effects().await, N as i64);
+}
+
+async fn a_transactional_handler_that_never_locks_is_stored_and_replayed<S: Backend>(
+    store: S,
+    _db: Db,
+) {
+    async fn handler(Extension(effects): Extension<Effects>) -> (StatusCode, Json<Value>) {
+        (StatusCode::CREATED, Json(json!({"n": effects.bump()})))
+    }
+    let effects = Effects::default();
+    let app = Router::new()
+        .route("/tx/no-lock", post(handler))
+        .route_layer(IdempotencyLayer::transactional(store, secret()))
+        .layer(Extension(effects.clone()));
+    let key = new_key();
+    let first = send(&app, "/tx/no-lock", Some(&key), "{}", &[]).await;
+    assert_eq!(first.outcome, Some(Outcome::Created));
+    let retry = send(&app, "/tx/no-lock", Some(&key), "{}", &[]).await;
+    assert!(retry.replayed());
+    assert_eq!(retry.json()["n"], 1);
+    let other = send(&app, "/tx/no-lock", Some(&key), r#"{"x":1}"#, &[]).await;
+    assert_eq!(other.outcome, Some(Outcome::Mismatch));
+    assert_eq!(effects.count(), 1);
+}
+
+/// A handler that swallows a refused `lock()` and answers something else: the client gets what
+/// the key's state says (here a replay), never the handler's answer.
+async fn after_a_refused_lock_the_layer_answers_not_the_handler<S: Backend>(store: S, _db: Db) {
+    async fn handler<S: Backend>(
+        Extension(gate): Extension<Arc<tokio::sync::Notify>>,
+        tx: IdempotentTx<S::Database>,
+    ) -> (StatusCode, &'static str) {
+        gate.notified().await;
+        match tx.lock().await {
+            Ok(mut conn) => {
+                S::insert_effect(&mut conn, "refused").await;
+                (StatusCode::CREATED, "stored")
+            }
+            Err(_) => (StatusCode::OK, "the handler's own answer"),
+        }
+    }
+    let gate = Arc::new(tokio::sync::Notify::new());
+    let app = Router::new()
+        .route("/tx/refused", post(handler::<S>))
+        .route_layer(IdempotencyLayer::transactional(store.clone(), secret()))
+        .layer(Extension(gate.clone()));
+    let key = new_key();
+    // Both requests pass the fast path (no row yet), then lock one after the other.
+    let first = tokio::spawn({
+        let (app, key) = (app.clone(), key.clone());
+        async move { send(&app, "/tx/refused", Some(&key), "{}", &[]).await }
+    });
+    let second = tokio::spawn({
+        let (app, key) = (app.clone(), key.clone());
+        async move { send(&app, "/tx/refused", Some(&key), "{}", &[]).await }
+    });
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    gate.notify_one();
+    let a = tokio::time::timeout(Duration::from_secs(10), async {
+        loop {
+            if first.is_finished() || second.is_finished() {
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+    })
+    .await;
+    assert!(a.is_ok());
+    gate.notify_one();
+    let (first, second) = (first.await.unwrap(), second.await.unwrap());
+    for answer in [&first, &second] {
+        assert_eq!(answer.status, StatusCode::CREATED);
+        assert_eq!(&answer.body[..], b"stored");
+    }
+    assert_eq!(
+        [first.replayed(), second.replayed()]
+            .iter()
+            .filter(|r| **r)
+            .count(),
+        1
+    );
+    assert_eq!(store.count_effects().await, 1);
 }
 
 /// A store whose first `n` completions fail, as a database blip would.

@@ -181,7 +181,7 @@ where
     let renewing = keep_renewed(store, claim.scope, token, config.lease);
     tokio::pin!(renewing);
     let collected = tokio::select! {
-        collected = run(inner, req, None) => collected,
+        collected = run(inner, req, None, config.max_stored_body) => collected,
         never = &mut renewing => match never {},
     };
     let (parts, body) = match collected {
@@ -195,7 +195,7 @@ where
         release_logged(store, claim.scope, token).await;
         return (
             Outcome::Released,
-            Response::from_parts(parts, Body::from(body)),
+            Response::from_parts(parts, body.into_body()),
         );
     }
     let completion = completion_for(config, &parts, &body);
@@ -217,7 +217,7 @@ where
     }
     (
         Outcome::Created,
-        Response::from_parts(parts, Body::from(body)),
+        Response::from_parts(parts, body.into_body()),
     )
 }
 
@@ -311,7 +311,7 @@ where
     };
     let handle = IdempotentTx::<K::Database>::new(claim_fn, derived_key);
     req.extensions_mut().insert(handle.clone());
-    let collected = run(inner, req, Some(config.lease)).await;
+    let collected = run(inner, req, Some(config.lease), config.max_stored_body).await;
     // The handler is done (or was stopped): its transaction comes back to us. Dropping it, on
     // any path below that does not commit, rolls it back and so frees the key.
     let Some(state) = handle.take() else {
@@ -340,7 +340,7 @@ where
         drop(tx);
         return (
             Outcome::Released,
-            Response::from_parts(parts, Body::from(body)),
+            Response::from_parts(parts, body.into_body()),
         );
     }
     // A handler that never locked wrote nothing: claim now, in a transaction, to store its
@@ -380,7 +380,7 @@ where
     }
     (
         Outcome::Created,
-        Response::from_parts(parts, Body::from(body)),
+        Response::from_parts(parts, body.into_body()),
     )
 }
 
@@ -424,13 +424,15 @@ async fn claim_transaction<K: KeyStore>(
     }
 }
 
-/// Runs the handler in a task of its own (a panic becomes a 500) and collects its body.
-/// `deadline`, if set, stops the handler after that long (503).
+/// Runs the handler in a task of its own (a panic becomes a 500) and collects its body, at most
+/// `cap + 1` bytes of it: a longer body is never buffered whole. `deadline`, if set, stops the
+/// handler (and the collection) after that long (503).
 async fn run<S>(
     inner: S,
     req: Request<Body>,
     deadline: Option<Duration>,
-) -> Result<(http::response::Parts, Bytes), Response>
+    cap: usize,
+) -> Result<(http::response::Parts, Collected), Response>
 where
     S: Service<Request<Body>, Response = Response, Error = Infallible> + Send + 'static,
     S::Future: Send + 'static,
@@ -439,8 +441,7 @@ where
         async move {
             let response = inner.oneshot(req).await.into_response();
             let (parts, body) = response.into_parts();
-            let bytes = axum::body::to_bytes(body, usize::MAX).await;
-            (parts, bytes)
+            (parts, Collected::read(body, cap).await)
         }
         .in_current_span(),
     );
@@ -459,9 +460,84 @@ where
         None => task.await,
     };
     match joined {
-        Ok((parts, Ok(bytes))) => Ok((parts, bytes)),
+        Ok((parts, Ok(collected))) => Ok((parts, collected)),
         Ok((_, Err(_))) => Err(internal_error("the response body failed")),
         Err(_) => Err(internal_error("the handler panicked")),
+    }
+}
+
+/// A response body as far as the layer read it.
+enum Collected {
+    /// The whole body, within the stored limit.
+    Whole(Bytes),
+    /// Over the limit: the bytes read so far and the rest, still to be streamed to the client.
+    Overflow { prefix: Bytes, rest: Body },
+}
+
+impl Collected {
+    async fn read(mut body: Body, cap: usize) -> Result<Self, axum::Error> {
+        use http_body_util::BodyExt;
+        let mut buf = bytes::BytesMut::new();
+        while let Some(frame) = body.frame().await {
+            // Trailers are not stored (nor replayed).
+            if let Ok(data) = frame?.into_data() {
+                buf.extend_from_slice(&data);
+                if buf.len() > cap {
+                    return Ok(Self::Overflow {
+                        prefix: buf.freeze(),
+                        rest: body,
+                    });
+                }
+            }
+        }
+        Ok(Self::Whole(buf.freeze()))
+    }
+
+    /// The body for the client: the collected bytes, then whatever was not read yet.
+    fn into_body(self) -> Body {
+        match self {
+            Self::Whole(bytes) => Body::from(bytes),
+            Self::Overflow { prefix, rest } => Body::new(Prefixed {
+                prefix: Some(prefix),
+                rest,
+            }),
+        }
+    }
+}
+
+/// A body that yields `prefix`, then `rest`.
+struct Prefixed {
+    prefix: Option<Bytes>,
+    rest: Body,
+}
+
+impl http_body::Body for Prefixed {
+    type Data = Bytes;
+    type Error = axum::Error;
+
+    fn poll_frame(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<http_body::Frame<Bytes>, axum::Error>>> {
+        if let Some(prefix) = self.prefix.take() {
+            return Poll::Ready(Some(Ok(http_body::Frame::data(prefix))));
+        }
+        Pin::new(&mut self.rest).poll_frame(cx)
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.prefix.is_none() && self.rest.is_end_stream()
+    }
+
+    fn size_hint(&self) -> http_body::SizeHint {
+        let prefix = self.prefix.as_ref().map_or(0, |p| p.len() as u64);
+        let rest = self.rest.size_hint();
+        let mut hint = http_body::SizeHint::new();
+        hint.set_lower(rest.lower() + prefix);
+        if let Some(upper) = rest.upper() {
+            hint.set_upper(upper + prefix);
+        }
+        hint
     }
 }
 
@@ -474,21 +550,17 @@ fn releases_key(status: StatusCode) -> bool {
         )
 }
 
-fn completion_for(config: &Config, parts: &http::response::Parts, body: &Bytes) -> Completion {
-    if body.len() > config.max_stored_body {
-        Completion::Tombstone {
+fn completion_for(config: &Config, parts: &http::response::Parts, body: &Collected) -> Completion {
+    match body {
+        Collected::Whole(bytes) if bytes.len() <= config.max_stored_body => Completion::Response(
+            StoredResponse::new(parts.status.as_u16(), &parts.headers, bytes.clone()),
+        ),
+        _ => Completion::Tombstone {
             reason: format!(
-                "the response body ({} bytes) was larger than the {} bytes stored for replay",
-                body.len(),
+                "the response body was larger than the {} bytes stored for replay",
                 config.max_stored_body
             ),
-        }
-    } else {
-        Completion::Response(StoredResponse::new(
-            parts.status.as_u16(),
-            &parts.headers,
-            body.clone(),
-        ))
+        },
     }
 }
 

@@ -229,6 +229,8 @@ both_stores!(
     a_validation_rejection_is_not_stored,
     a_panicking_handler_releases_the_key,
     an_oversized_response_tombstones_the_key,
+    a_streamed_oversized_response_reaches_the_client_and_tombstones_the_key,
+    the_layer_never_buffers_past_the_stored_limit,
     an_oversized_request_is_413_and_not_stored,
     a_request_still_running_after_the_wait_gets_409_with_retry_after,
     a_concurrent_retry_within_the_wait_gets_the_replay,
@@ -560,6 +562,162 @@ async fn an_oversized_response_tombstones_the_key<S: Backend>(store: S, _db: Db)
         "https://oncely.dev/problems/idempotency-key-unreplayable"
     );
     assert_eq!(effects.count(), 1, "a tombstoned key never runs again");
+}
+
+/// A response body of `chunks` chunks of 100 bytes (endless if `None`) that counts how many
+/// chunks were produced.
+struct Chunks {
+    produced: Arc<AtomicUsize>,
+    left: Option<usize>,
+    yielded: bool,
+}
+
+impl http_body::Body for Chunks {
+    type Data = Bytes;
+    type Error = std::convert::Infallible;
+
+    fn poll_frame(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<Option<Result<http_body::Frame<Bytes>, Self::Error>>> {
+        // Yield between chunks, as a real stream would: a reader that never stops must not
+        // starve the runtime (the test's timeout has to fire).
+        self.yielded = !self.yielded;
+        if self.yielded {
+            cx.waker().wake_by_ref();
+            return std::task::Poll::Pending;
+        }
+        if let Some(left) = &mut self.left {
+            if *left == 0 {
+                return std::task::Poll::Ready(None);
+            }
+            *left -= 1;
+        }
+        self.produced.fetch_add(1, Ordering::SeqCst);
+        std::task::Poll::Ready(Some(Ok(http_body::Frame::data(Bytes::from(vec![
+            b'x';
+            100
+        ])))))
+    }
+}
+
+#[derive(Clone)]
+struct Streamed {
+    produced: Arc<AtomicUsize>,
+    chunks: Option<usize>,
+}
+
+async fn stream_generic(
+    Extension(streamed): Extension<Streamed>,
+    Extension(effects): Extension<Effects>,
+) -> Response {
+    effects.bump();
+    Response::new(Body::new(Chunks {
+        produced: streamed.produced,
+        left: streamed.chunks,
+        yielded: false,
+    }))
+}
+
+async fn stream_tx<S: Backend>(
+    Extension(streamed): Extension<Streamed>,
+    tx: IdempotentTx<S::Database>,
+) -> Result<Response, TxAborted> {
+    S::insert_effect(&mut *tx.lock().await?, "stream").await;
+    Ok(Response::new(Body::new(Chunks {
+        produced: streamed.produced,
+        left: streamed.chunks,
+        yielded: false,
+    })))
+}
+
+fn streaming_app<S: Backend>(
+    store: S,
+    effects: Effects,
+    chunks: Option<usize>,
+) -> (Router, Arc<AtomicUsize>) {
+    let produced = Arc::new(AtomicUsize::new(0));
+    let app = Router::new()
+        .route("/stream", post(stream_generic))
+        .route_layer(IdempotencyLayer::generic(store.clone(), secret()).max_stored_body(1000))
+        .merge(
+            Router::new()
+                .route("/tx/stream", post(stream_tx::<S>))
+                .route_layer(
+                    IdempotencyLayer::transactional(store, secret()).max_stored_body(1000),
+                ),
+        )
+        .layer(Extension(Streamed {
+            produced: produced.clone(),
+            chunks,
+        }))
+        .layer(Extension(effects));
+    (app, produced)
+}
+
+async fn a_streamed_oversized_response_reaches_the_client_and_tombstones_the_key<S: Backend>(
+    store: S,
+    _db: Db,
+) {
+    let effects = Effects::default();
+    let (app, _) = streaming_app(store.clone(), effects.clone(), Some(100));
+    for path in ["/stream", "/tx/stream"] {
+        let key = new_key();
+        let first = send(&app, path, Some(&key), "{}", &[]).await;
+        assert_eq!(first.status, StatusCode::OK, "{path}");
+        assert_eq!(first.outcome, Some(Outcome::Created), "{path}");
+        assert_eq!(
+            first.body.len(),
+            100 * 100,
+            "{path}: the client gets the whole body"
+        );
+        assert!(first.body.iter().all(|b| *b == b'x'));
+        let retry = send(&app, path, Some(&key), "{}", &[]).await;
+        assert_eq!(retry.status, StatusCode::UNPROCESSABLE_ENTITY, "{path}");
+        assert_eq!(
+            retry.problem_type(),
+            "https://oncely.dev/problems/idempotency-key-unreplayable"
+        );
+    }
+    assert_eq!(effects.count(), 1);
+    assert_eq!(
+        store.count_effects().await,
+        1,
+        "committed before the body streamed"
+    );
+}
+
+/// An endless body: the response head reaches the client after about the stored limit (1000
+/// bytes, 10 chunks) was read, and the body keeps flowing after it.
+async fn the_layer_never_buffers_past_the_stored_limit<S: Backend>(store: S, _db: Db) {
+    for path in ["/stream", "/tx/stream"] {
+        let (app, produced) = streaming_app(store.clone(), Effects::default(), None);
+        let key = new_key();
+        let req = Request::post(path)
+            .header("idempotency-key", &key)
+            .body(Body::from("{}"))
+            .unwrap();
+        let response = tokio::time::timeout(Duration::from_secs(3), app.clone().oneshot(req))
+            .await
+            .expect("the layer buffered the endless body instead of answering")
+            .unwrap();
+        let at_head = produced.load(Ordering::SeqCst);
+        assert!(
+            at_head <= 11,
+            "{path}: {at_head} chunks read before the head"
+        );
+        assert_eq!(response.status(), StatusCode::OK);
+        let mut body = response.into_body();
+        let mut received = 0;
+        while received < 50 * 100 {
+            let frame = body.frame().await.unwrap().unwrap();
+            received += frame.into_data().unwrap().len();
+        }
+        assert!(produced.load(Ordering::SeqCst) >= 50);
+        drop(body);
+        let retry = send(&app, path, Some(&key), "{}", &[]).await;
+        assert_eq!(retry.status, StatusCode::UNPROCESSABLE_ENTITY, "{path}");
+    }
 }
 
 async fn an_oversized_request_is_413_and_not_stored<S: Backend>(store: S, _db: Db) {

@@ -16,11 +16,11 @@ use tokio::time::Instant;
 use tower::{Service, ServiceExt};
 use tracing::Instrument;
 
-use super::transaction::{ClaimFn, Claimed, Refusal, TxState};
+use super::transaction::{ClaimFn, Claimed, HeldScopes, Refusal, TxState};
 use super::{Config, IdempotentTx, Mode, Outcome};
 use crate::fingerprint::RequestTarget;
 use crate::store::{
-    Claim, ClaimRequest, Completion, FencingToken, KeyStore, Record, RecordState, StoredResponse,
+    Claim, ClaimRequest, Completion, KeyStore, Record, RecordState, StoreError, StoredResponse,
 };
 use crate::{DerivedKey, Fingerprint, IdempotencyKey, KeyError, Problem, Scope, TenantId};
 
@@ -253,7 +253,7 @@ async fn complete_with_retry<K: KeyStore>(
     token: crate::store::FencingToken,
     completion: &Completion,
     within: Duration,
-) -> Result<bool, crate::store::StoreError> {
+) -> Result<bool, StoreError> {
     let deadline = Instant::now() + within;
     let mut pause = Duration::from_millis(10);
     loop {
@@ -301,6 +301,7 @@ where
         lease: claim.lease,
         retention: claim.retention,
         wait: config.wait,
+        held: config.held.clone(),
     };
     let claim_fn: ClaimFn<K::Database> = {
         let (store, owned) = (store.clone(), owned.clone());
@@ -320,7 +321,7 @@ where
             internal_error("the handler kept its transaction"),
         );
     };
-    let (token, tx) = match state {
+    let claimed = match state {
         // The key was not acquired: answer what the claim found, whatever the handler said.
         TxState::Refused(refusal) => return refusal,
         TxState::Taken => {
@@ -329,15 +330,15 @@ where
                 internal_error("the transaction was taken twice"),
             );
         }
-        TxState::Held { token, tx } => (token, Some(tx)),
-        TxState::Unclaimed => (FencingToken::new(), None),
+        TxState::Held(claimed) => Some(claimed),
+        TxState::Unclaimed => None,
     };
     let (parts, body) = match collected {
         Ok(collected) => collected,
         Err(response) => return (Outcome::Released, response),
     };
     if releases_key(parts.status) {
-        drop(tx);
+        drop(claimed);
         return (
             Outcome::Released,
             Response::from_parts(parts, body.into_body()),
@@ -345,8 +346,12 @@ where
     }
     // A handler that never locked wrote nothing: claim now, in a transaction, to store its
     // result (or answer from the row a concurrent request committed meanwhile).
-    let (token, mut tx) = match tx {
-        Some(tx) => (token, tx),
+    let Claimed {
+        token,
+        mut tx,
+        held: _held,
+    } = match claimed {
+        Some(claimed) => claimed,
         None => match claim_transaction(store, &owned).await {
             Ok(claimed) => claimed,
             Err(refusal) => return refusal,
@@ -392,6 +397,7 @@ struct OwnedClaim {
     lease: Duration,
     retention: Duration,
     wait: Duration,
+    held: HeldScopes,
 }
 
 /// Opens a transaction and claims the key in it, waiting a bounded time for a concurrent owner;
@@ -409,13 +415,29 @@ async fn claim_transaction<K: KeyStore>(
     let mut waiter = Waiter::new(owned.wait);
     loop {
         match store.claim_in_transaction(&claim, waiter.remaining()).await {
-            Ok(Claim::Acquired { token, tx }) => return Ok((token, tx)),
+            Ok(Claim::Acquired { token, tx }) => {
+                let held = owned.held.hold(&owned.scope);
+                return Ok(Claimed { token, tx, held });
+            }
             Ok(Claim::Existing(record)) => {
                 if let Some(answer) = answer_from_record(&record, claim.fingerprint) {
                     return Err(answer);
                 }
             }
             Ok(Claim::Busy) => return Err(in_use()),
+            // The database as a whole is busy (SQLite's write lock). 409 only if a request with
+            // this key holds it; the key's committed row answers for itself; else 503.
+            Err(StoreError::Busy) => {
+                if owned.held.is_held(&owned.scope) {
+                    return Err(in_use());
+                }
+                return Err(match store.get(&owned.scope).await {
+                    Ok(Some(record)) => {
+                        answer_from_record(&record, claim.fingerprint).unwrap_or_else(in_use)
+                    }
+                    Ok(None) | Err(_) => store_failed(&StoreError::Busy),
+                });
+            }
             Err(error) => return Err(store_failed(&error)),
         }
         if !waiter.pause().await {
@@ -684,7 +706,18 @@ fn in_use() -> (Outcome, Response) {
     (Outcome::InProgress, problem.into_response())
 }
 
-fn store_failed(error: &crate::store::StoreError) -> (Outcome, Response) {
+fn store_failed(error: &StoreError) -> (Outcome, Response) {
+    if matches!(error, StoreError::Busy) {
+        tracing::warn!(%error, "idempotency key store busy");
+        let problem = Problem::new(
+            StatusCode::SERVICE_UNAVAILABLE,
+            "storage-busy",
+            "Service busy",
+        )
+        .with_detail("the database was busy and the request was not processed; retry with the same Idempotency-Key")
+        .with_retry_after(1);
+        return (Outcome::Error, problem.into_response());
+    }
     tracing::error!(%error, "idempotency key store failed");
     let problem = Problem::new(
         StatusCode::SERVICE_UNAVAILABLE,

@@ -173,7 +173,9 @@ pub enum Claim<T = ()> {
     },
     /// Someone else's row: in progress, completed or tombstoned; the caller compares fingerprints.
     Existing(Record),
-    /// Transactional claims only: the bounded wait for a concurrent owner ran out.
+    /// Transactional claims only: the bounded wait for a concurrent owner *of this key* ran out
+    /// (PostgreSQL: the key's row stayed locked). A database that is busy as a whole (SQLite's
+    /// write lock) is [`StoreError::Busy`] instead.
     Busy,
 }
 
@@ -183,6 +185,10 @@ pub enum StoreError {
     /// The database refused or could not be reached.
     #[error("database error: {0}")]
     Database(#[from] sqlx::Error),
+    /// The database is busy: its write lock (SQLite) was not free within the wait. Says
+    /// nothing about the key; retry later.
+    #[error("the database is busy")]
+    Busy,
     /// A stored value could not be read back.
     #[error("stored {0} is corrupt")]
     Corrupt(&'static str),
@@ -251,7 +257,8 @@ pub trait KeyStore: Clone + Send + Sync + 'static {
     fn prune(&self, limit: u32) -> impl Future<Output = Result<u64, StoreError>> + Send;
 
     /// Begins a transaction and claims the key inside it, waiting at most `wait` for a
-    /// concurrent owner to finish. The transaction is bounded by `req.lease`.
+    /// concurrent owner to finish ([`Claim::Busy`]) or for the database's write lock
+    /// ([`StoreError::Busy`]). The transaction is bounded by `req.lease`.
     fn claim_in_transaction(
         &self,
         req: &ClaimRequest<'_>,

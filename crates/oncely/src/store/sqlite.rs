@@ -229,7 +229,11 @@ impl KeyStore for SqliteKeyStore {
     }
 
     async fn claim(&self, req: &ClaimRequest<'_>) -> Result<Claim, StoreError> {
-        let mut tx = self.pool.begin_with("BEGIN IMMEDIATE").await?;
+        let mut tx = match self.pool.begin_with("BEGIN IMMEDIATE").await {
+            Ok(tx) => tx,
+            Err(e) if is_busy(&e) => return Err(StoreError::Busy),
+            Err(e) => return Err(e.into()),
+        };
         let claim = claim_on(&mut tx, req).await?;
         tx.commit().await?;
         Ok(claim)
@@ -299,17 +303,19 @@ impl KeyStore for SqliteKeyStore {
         _wait: Duration,
     ) -> Result<Claim<Transaction<'static, Sqlite>>, StoreError> {
         // One writer at a time: a concurrent owner of the same key holds the write lock until it
-        // commits, so waiting for the lock (the pool's busy timeout) is waiting for that owner.
+        // commits, so waiting for the lock (the pool's busy timeout) may be waiting for that
+        // owner — or for any other writer. A lock still busy after the timeout therefore says
+        // nothing about this key: StoreError::Busy, not Claim::Busy.
         let mut tx = match self.pool.begin_with("BEGIN IMMEDIATE").await {
             Ok(tx) => tx,
-            Err(e) if is_busy(&e) => return Ok(Claim::Busy),
+            Err(e) if is_busy(&e) => return Err(StoreError::Busy),
             Err(e) => return Err(e.into()),
         };
         match claim_on(&mut tx, req).await {
             Ok(Claim::Acquired { token, .. }) => Ok(Claim::Acquired { token, tx }),
             Ok(Claim::Existing(record)) => Ok(Claim::Existing(record)),
             Ok(Claim::Busy) => Ok(Claim::Busy),
-            Err(StoreError::Database(e)) if is_busy(&e) => Ok(Claim::Busy),
+            Err(StoreError::Database(e)) if is_busy(&e) => Err(StoreError::Busy),
             Err(e) => Err(e),
         }
     }

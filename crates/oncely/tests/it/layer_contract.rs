@@ -1055,6 +1055,79 @@ async fn after_a_refused_lock_the_layer_answers_not_the_handler<S: Backend>(stor
     assert_eq!(store.count_effects().await, 1);
 }
 
+/// SQLite: when the database's write lock stays busy past the wait, a brand-new key gets 503
+/// `storage-busy` (nobody holds that key), while a key held by a concurrent request of this
+/// process still gets 409 `idempotency-key-in-use`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn sqlite_busy_write_lock_is_503_for_a_new_key_and_409_for_a_held_one() {
+    use std::str::FromStr;
+    let (_store, db) = crate::support::sqlite().await;
+    let Db::Sqlite(file) = &db else {
+        unreachable!()
+    };
+    // A pool whose busy timeout (SQLite's wait for the write lock) is short.
+    let options = sqlx::sqlite::SqliteConnectOptions::from_str(file.url())
+        .unwrap()
+        .journal_mode(sqlx::sqlite::SqliteJournalMode::Wal)
+        .busy_timeout(Duration::from_millis(200));
+    let pool = sqlx::sqlite::SqlitePoolOptions::new()
+        .max_connections(8)
+        .connect_with(options)
+        .await
+        .unwrap();
+    let store = oncely::store::sqlite::SqliteKeyStore::new(pool);
+    let app = Router::new()
+        .route(
+            "/tx/payments",
+            post(tx_pay::<oncely::store::sqlite::SqliteKeyStore>),
+        )
+        .route(
+            "/tx/slow",
+            post(tx_slow::<oncely::store::sqlite::SqliteKeyStore>),
+        )
+        .route_layer(IdempotencyLayer::transactional(store.clone(), secret()));
+
+    // Another writer (not a request of this layer) holds the write lock.
+    let mut other = store.pool().acquire().await.unwrap();
+    sqlx::query("BEGIN IMMEDIATE")
+        .execute(&mut *other)
+        .await
+        .unwrap();
+    let key = new_key();
+    let busy = send(&app, "/tx/payments", Some(&key), "{}", &[]).await;
+    assert_eq!(
+        busy.status,
+        StatusCode::SERVICE_UNAVAILABLE,
+        "{:?}",
+        busy.json()
+    );
+    assert_eq!(
+        busy.problem_type(),
+        "https://oncely.dev/problems/storage-busy"
+    );
+    assert_eq!(busy.headers[header::RETRY_AFTER], "1");
+    assert_eq!(busy.outcome, Some(Outcome::Error));
+    sqlx::query("ROLLBACK").execute(&mut *other).await.unwrap();
+    drop(other);
+    let retry = send(&app, "/tx/payments", Some(&key), "{}", &[]).await;
+    assert_eq!(retry.outcome, Some(Outcome::Created), "the key stayed free");
+
+    // A request with the same key holds the lock (400 ms in its transaction): 409.
+    let key = new_key();
+    let first = tokio::spawn({
+        let (app, key) = (app.clone(), key.clone());
+        async move { send(&app, "/tx/slow", Some(&key), "{}", &[]).await }
+    });
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    let second = send(&app, "/tx/slow", Some(&key), "{}", &[]).await;
+    assert_eq!(second.status, StatusCode::CONFLICT, "{:?}", second.json());
+    assert_eq!(
+        second.problem_type(),
+        "https://oncely.dev/problems/idempotency-key-in-use"
+    );
+    assert_eq!(first.await.unwrap().status, StatusCode::OK);
+}
+
 /// A store whose first `n` completions fail, as a database blip would.
 #[derive(Clone)]
 struct FlakyCompletes<S> {

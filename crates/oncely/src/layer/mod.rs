@@ -1,7 +1,9 @@
 //! The tower layer that gives axum routes the Idempotency-Key contract.
 //!
 //! Put it in front of mutating routes with `route_layer` (or `MethodRouter::layer`), so that
-//! axum's matched route template is known and becomes part of the key's scope:
+//! axum's matched route template is known and becomes part of the key's scope (without it, every
+//! request shares the fixed route [`UNMATCHED_ROUTE`], as scope and as metric label; the
+//! concrete path is always in the fingerprint):
 //!
 //! ```no_run
 //! use axum::{Router, routing::post};
@@ -40,7 +42,7 @@ use std::time::Duration;
 
 use tower::Layer;
 
-pub use service::IdempotencyService;
+pub use service::{IdempotencyService, UNMATCHED_ROUTE};
 pub use transaction::{IdempotentTx, TxAborted, TxGuard};
 
 use crate::ServerSecret;

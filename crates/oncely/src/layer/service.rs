@@ -24,6 +24,10 @@ use crate::store::{
 };
 use crate::{DerivedKey, Fingerprint, IdempotencyKey, KeyError, Problem, Scope, TenantId};
 
+/// The route (scope and metric label) of a request that reached the layer without axum's
+/// `MatchedPath`.
+pub const UNMATCHED_ROUTE: &str = "<unmatched>";
+
 /// The header that marks a replayed response.
 pub const IDEMPOTENT_REPLAYED: HeaderName = HeaderName::from_static("idempotent-replayed");
 
@@ -89,9 +93,13 @@ where
     K: KeyStore,
 {
     let (mut parts, body) = req.into_parts();
+    // Without axum's matched route (the layer used outside a router, or with `Router::layer`)
+    // neither the metric label nor the scope may be the raw path: unbounded label cardinality,
+    // and one scope per path. All such requests share one fixed route; the concrete path is in
+    // the fingerprint, so a key reused on another path is a 422, never another path's answer.
     let route = match parts.extensions.get::<MatchedPath>() {
         Some(matched) => matched.as_str().to_owned(),
-        None => parts.uri.path().to_owned(),
+        None => UNMATCHED_ROUTE.to_owned(),
     };
     let key = match IdempotencyKey::from_headers(&parts.headers) {
         Ok(key) => key,

@@ -243,6 +243,7 @@ both_stores!(
     a_transactional_handler_past_its_lease_is_rolled_back,
     a_client_that_gives_up_after_commit_gets_the_replay_on_retry,
     safe_methods_and_optional_keys_pass_through,
+    without_a_matched_route_the_scope_is_fixed_and_the_path_is_fingerprinted,
     the_derived_key_is_stable_per_scope,
 );
 
@@ -1318,6 +1319,104 @@ async fn outcomes_are_counted_per_route() {
             "{outcome} in {counts:?}"
         );
     }
+    // Without a matched route the label is fixed, never the raw path.
+    let (store, _db) = crate::support::sqlite().await;
+    let unmatched = unmatched_service(store);
+    for id in 0..3 {
+        let path = format!("/metrics-probe-unmatched/{id}");
+        send_to(&unmatched, &path, &new_key()).await;
+    }
+    let routes: Vec<String> = snapshotter
+        .snapshot()
+        .into_vec()
+        .into_iter()
+        .filter(|(k, ..)| k.key().name() == "oncely_idempotency_requests_total")
+        .flat_map(|(k, ..)| {
+            k.key()
+                .labels()
+                .filter(|l| l.key() == "route")
+                .map(|l| l.value().to_owned())
+                .collect::<Vec<_>>()
+        })
+        .collect();
+    assert!(
+        routes.iter().any(|r| r == oncely::layer::UNMATCHED_ROUTE),
+        "{routes:?}"
+    );
+    assert!(
+        !routes
+            .iter()
+            .any(|r| r.starts_with("/metrics-probe-unmatched")),
+        "{routes:?}"
+    );
+}
+
+/// The layer around a bare service: no router, so no `MatchedPath`.
+fn unmatched_service<S: Backend>(
+    store: S,
+) -> oncely::layer::IdempotencyService<
+    tower::util::BoxCloneService<Request, Response, std::convert::Infallible>,
+    S,
+> {
+    use tower::Layer;
+    let counter = Arc::new(AtomicUsize::new(0));
+    let inner = tower::service_fn(move |req: Request| {
+        let n = counter.fetch_add(1, Ordering::SeqCst) + 1;
+        async move {
+            Ok::<_, std::convert::Infallible>(
+                Json(json!({"n": n, "path": req.uri().path()})).into_response(),
+            )
+        }
+    });
+    IdempotencyLayer::generic(store, secret()).layer(tower::util::BoxCloneService::new(inner))
+}
+
+async fn send_to<Svc>(service: &Svc, path: &str, key: &str) -> (StatusCode, Value)
+where
+    Svc: tower::Service<Request, Response = Response, Error = std::convert::Infallible> + Clone,
+{
+    let req = Request::post(path)
+        .header("idempotency-key", key)
+        .header(header::CONTENT_TYPE, "application/json")
+        .body(Body::from("{}"))
+        .unwrap();
+    let response = service.clone().oneshot(req).await.unwrap();
+    let status = response.status();
+    let body = response.into_body().collect().await.unwrap().to_bytes();
+    (status, serde_json::from_slice(&body).unwrap_or(Value::Null))
+}
+
+/// Outside a router, one key on two paths is one scope: the second path is a 422, not a new
+/// scope per raw path (and not the first path's answer).
+async fn without_a_matched_route_the_scope_is_fixed_and_the_path_is_fingerprinted<S: Backend>(
+    store: S,
+    _db: Db,
+) {
+    let service = unmatched_service(store.clone());
+    let key = new_key();
+    let (status, first) = send_to(&service, "/things/1", &key).await;
+    assert_eq!(status, StatusCode::OK);
+    let (status, retry) = send_to(&service, "/things/1", &key).await;
+    assert_eq!((status, &retry), (StatusCode::OK, &first));
+    let (status, other) = send_to(&service, "/things/2", &key).await;
+    assert_eq!(status, StatusCode::UNPROCESSABLE_ENTITY, "{other:?}");
+    assert_eq!(
+        other["type"],
+        "https://oncely.dev/problems/idempotency-key-reused"
+    );
+    let scope = oncely::Scope::new(
+        TenantId::default(),
+        "POST",
+        oncely::layer::UNMATCHED_ROUTE,
+        oncely::IdempotencyKey::parse(&key).unwrap(),
+    );
+    assert!(
+        oncely::store::KeyStore::get(&store, &scope)
+            .await
+            .unwrap()
+            .is_some(),
+        "the key is stored under the fixed route"
+    );
 }
 
 async fn serve(app: Router) -> String {

@@ -27,13 +27,28 @@ type HmacSha256 = Hmac<Sha256>;
 
 /// The server secret: keys fingerprints and derived keys. Never printed.
 ///
+/// Rotation: [`with_previous`](Self::with_previous) keeps earlier secrets for verification
+/// during a grace period. New fingerprints and MACs use the current secret; a stored
+/// fingerprint made with a previous one still counts as the same request (replayed, not 422),
+/// and a key taken over from a row a previous secret fingerprinted keeps that secret's
+/// [`DerivedKey`].
+///
 /// ```
 /// use oncely::ServerSecret;
 /// let secret = ServerSecret::new(b"a long random server secret".to_vec()).unwrap();
 /// assert_eq!(format!("{secret:?}"), "ServerSecret([REDACTED])");
+/// let old = ServerSecret::new(b"the secret before the rotation".to_vec()).unwrap();
+/// let rotated = secret.with_previous(vec![old]);
+/// assert_eq!(format!("{rotated:?}"), "ServerSecret([REDACTED], previous: 1)");
+/// assert_eq!(rotated.all().count(), 2);
 /// ```
 #[derive(Clone)]
-pub struct ServerSecret(Arc<SecretSlice<u8>>);
+pub struct ServerSecret(Arc<SecretRing>);
+
+struct SecretRing {
+    current: SecretSlice<u8>,
+    previous: Vec<ServerSecret>,
+}
 
 /// A secret too short to key an HMAC safely.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -49,12 +64,44 @@ impl ServerSecret {
         if bytes.len() < MIN_SECRET_LEN {
             return Err(SecretTooShort);
         }
-        Ok(Self(Arc::new(bytes.into())))
+        Ok(Self(Arc::new(SecretRing {
+            current: bytes.into(),
+            previous: Vec::new(),
+        })))
+    }
+
+    /// This secret, with `previous` secrets accepted for verification (newest first). Each
+    /// previous secret contributes its current key only.
+    pub fn with_previous(self, previous: Vec<ServerSecret>) -> Self {
+        let previous = previous
+            .into_iter()
+            .map(|p| {
+                Self(Arc::new(SecretRing {
+                    current: p.0.current.expose_secret().to_vec().into(),
+                    previous: Vec::new(),
+                }))
+            })
+            .collect();
+        Self(Arc::new(SecretRing {
+            current: self.0.current.expose_secret().to_vec().into(),
+            previous,
+        }))
+    }
+
+    /// The previous secrets, newest first (each without previous secrets of its own).
+    pub fn previous(&self) -> &[ServerSecret] {
+        &self.0.previous
+    }
+
+    /// Every secret to try when verifying: this one (its [`mac`](Self::mac) is the current
+    /// secret's), then the previous ones.
+    pub fn all(&self) -> impl Iterator<Item = &ServerSecret> {
+        std::iter::once(self).chain(self.0.previous.iter())
     }
 
     /// HMAC-SHA256 over length-prefixed parts, so that `("ab", "c")` and `("a", "bc")` differ.
     pub fn mac(&self, domain: &str, parts: &[&[u8]]) -> [u8; 32] {
-        let mut mac = HmacSha256::new_from_slice(self.0.expose_secret())
+        let mut mac = HmacSha256::new_from_slice(self.0.current.expose_secret())
             .expect("HMAC accepts keys of any length");
         for part in std::iter::once(domain.as_bytes()).chain(parts.iter().copied()) {
             mac.update(&(part.len() as u64).to_be_bytes());
@@ -66,7 +113,10 @@ impl ServerSecret {
 
 impl fmt::Debug for ServerSecret {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str("ServerSecret([REDACTED])")
+        match self.0.previous.len() {
+            0 => f.write_str("ServerSecret([REDACTED])"),
+            n => write!(f, "ServerSecret([REDACTED], previous: {n})"),
+        }
     }
 }
 
@@ -140,6 +190,12 @@ impl CanonicalRequest {
             query: canonical_query(target.query.unwrap_or("")),
             body,
         }
+    }
+
+    /// The fingerprints of this request under every secret of `secret` ([`ServerSecret::all`]):
+    /// the current one first.
+    pub fn fingerprints(&self, secret: &ServerSecret) -> Vec<Fingerprint> {
+        secret.all().map(|s| self.fingerprint(s)).collect()
     }
 
     /// The fingerprint of this request under `secret`'s current key.
@@ -747,6 +803,30 @@ mod tests {
             Some(&lower),
         );
         assert_eq!(a, b);
+    }
+
+    #[test]
+    fn previous_secrets_verify_and_never_print() {
+        let old = ServerSecret::new(vec![3; 32]).unwrap();
+        let rotated = secret().with_previous(vec![old.clone()]);
+        let target = RequestTarget::route("POST", "/p");
+        let canonical = CanonicalRequest::new(&target, None, b"x", None);
+        let all = canonical.fingerprints(&rotated);
+        assert_eq!(all[0], canonical.fingerprint(&secret()), "current first");
+        assert_eq!(all[1], canonical.fingerprint(&old));
+        assert_eq!(rotated.mac("d", &[b"x"]), secret().mac("d", &[b"x"]));
+        assert_eq!(
+            rotated.previous()[0].mac("d", &[b"x"]),
+            old.mac("d", &[b"x"])
+        );
+        let printed = format!("{rotated:?} {:?}", rotated.previous());
+        assert!(
+            !printed.contains('\u{1}') && !printed.contains('\u{3}') && !printed.contains("[1, ")
+        );
+        assert_eq!(
+            printed,
+            "ServerSecret([REDACTED], previous: 1) [ServerSecret([REDACTED])]"
+        );
     }
 
     #[test]

@@ -18,7 +18,7 @@ use tracing::Instrument;
 
 use super::transaction::{ClaimFn, Claimed, HeldScopes, Refusal, TxState};
 use super::{Config, IdempotentTx, Mode, Outcome};
-use crate::fingerprint::RequestTarget;
+use crate::fingerprint::{CanonicalRequest, RequestTarget};
 use crate::store::{
     Claim, ClaimRequest, Completion, KeyStore, Record, RecordState, StoreError, StoredResponse,
 };
@@ -92,7 +92,7 @@ where
     S::Future: Send + 'static,
     K: KeyStore,
 {
-    let (mut parts, body) = req.into_parts();
+    let (parts, body) = req.into_parts();
     // Without axum's matched route (the layer used outside a router, or with `Router::layer`)
     // neither the metric label nor the scope may be the raw path: unbounded label cardinality,
     // and one scope per path. All such requests share one fixed route; the concrete path is in
@@ -131,26 +131,22 @@ where
         path: parts.uri.path(),
         query: parts.uri.query(),
     };
-    let fingerprint = Fingerprint::of_request(
-        &config.secret,
-        &target,
-        content_type,
-        &bytes,
-        config.normalizer.as_ref(),
-    );
-    let derived_key = DerivedKey::for_scope(&config.secret, &scope);
-    parts.extensions.insert(derived_key.clone());
+    // One fingerprint per secret (current first): a row a previous secret fingerprinted is
+    // still the same request during a rotation's grace period.
+    let fingerprints =
+        CanonicalRequest::new(&target, content_type, &bytes, config.normalizer.as_ref())
+            .fingerprints(&config.secret);
     let req = Request::from_parts(parts, Body::from(bytes));
     let claim = ClaimRequest {
         scope: &scope,
-        fingerprint: &fingerprint,
+        fingerprint: &fingerprints[0],
         lease: config.lease,
         retention: config.retention,
     };
     let (outcome, response) = match config.mode {
-        Mode::Generic => generic(inner, &store, &config, &claim, req).await,
+        Mode::Generic => generic(inner, &store, &config, &claim, &fingerprints, req).await,
         Mode::Transactional => {
-            transactional(inner, &store, &config, &claim, derived_key, req).await
+            transactional(inner, &store, &config, &claim, &fingerprints, req).await
         }
     };
     finish(&scope.route, Some(&scope), outcome, response)
@@ -162,7 +158,8 @@ async fn generic<S, K>(
     store: &K,
     config: &Config,
     claim: &ClaimRequest<'_>,
-    req: Request<Body>,
+    fingerprints: &[Fingerprint],
+    mut req: Request<Body>,
 ) -> (Outcome, Response)
 where
     S: Service<Request<Body>, Response = Response, Error = Infallible> + Send + 'static,
@@ -170,12 +167,24 @@ where
     K: KeyStore,
 {
     let mut waiter = Waiter::new(config.wait);
+    // Which secret's fingerprint the claim uses: the current one, or the previous one that
+    // fingerprinted an in-progress row (so its expired lease can be taken over).
+    let mut secret_index = 0;
     let token = loop {
-        match store.claim(claim).await {
+        let attempt = ClaimRequest {
+            fingerprint: &fingerprints[secret_index],
+            ..claim.clone()
+        };
+        match store.claim(&attempt).await {
             Ok(Claim::Acquired { token, .. }) => break token,
             Ok(Claim::Existing(record)) => {
-                if let Some(answer) = answer_from_record(&record, claim.fingerprint) {
+                if let Some(answer) = answer_from_record(&record, fingerprints) {
                     return answer;
+                }
+                let matched = fingerprints.iter().position(|f| *f == record.fingerprint);
+                if let Some(index) = matched.filter(|i| *i != secret_index) {
+                    secret_index = index;
+                    continue;
                 }
             }
             Ok(Claim::Busy) => {}
@@ -185,6 +194,15 @@ where
             return in_use();
         }
     };
+    // Downstream calls get the key of the secret that fingerprinted the row: stable for every
+    // retry of the scope, across a rotation too.
+    let secret = config
+        .secret
+        .all()
+        .nth(secret_index)
+        .unwrap_or(&config.secret);
+    req.extensions_mut()
+        .insert(DerivedKey::for_scope(secret, claim.scope));
     // While the handler runs, renew the lease (every lease/3): only a dead owner is taken over.
     let renewing = keep_renewed(store, claim.scope, token, config.lease);
     tokio::pin!(renewing);
@@ -283,7 +301,7 @@ async fn transactional<S, K>(
     store: &K,
     config: &Config,
     claim: &ClaimRequest<'_>,
-    derived_key: DerivedKey,
+    fingerprints: &[Fingerprint],
     mut req: Request<Body>,
 ) -> (Outcome, Response)
 where
@@ -296,7 +314,7 @@ where
     // claim, which decides under the database's locks.
     match store.get(claim.scope).await {
         Ok(Some(record)) => {
-            if let Some(answer) = answer_from_record(&record, claim.fingerprint) {
+            if let Some(answer) = answer_from_record(&record, fingerprints) {
                 return answer;
             }
         }
@@ -305,7 +323,7 @@ where
     }
     let owned = OwnedClaim {
         scope: Arc::new(claim.scope.clone()),
-        fingerprint: *claim.fingerprint,
+        fingerprints: fingerprints.into(),
         lease: claim.lease,
         retention: claim.retention,
         wait: config.wait,
@@ -318,6 +336,8 @@ where
             Box::pin(async move { claim_transaction(&store, &owned).await })
         })
     };
+    let derived_key = DerivedKey::for_scope(&config.secret, claim.scope);
+    req.extensions_mut().insert(derived_key.clone());
     let handle = IdempotentTx::<K::Database>::new(claim_fn, derived_key);
     req.extensions_mut().insert(handle.clone());
     let collected = run(inner, req, Some(config.lease), config.max_stored_body).await;
@@ -401,7 +421,8 @@ where
 #[derive(Clone)]
 struct OwnedClaim {
     scope: Arc<Scope>,
-    fingerprint: Fingerprint,
+    /// Current secret's first.
+    fingerprints: Arc<[Fingerprint]>,
     lease: Duration,
     retention: Duration,
     wait: Duration,
@@ -416,7 +437,7 @@ async fn claim_transaction<K: KeyStore>(
 ) -> Result<Claimed<K::Database>, Refusal> {
     let claim = ClaimRequest {
         scope: &owned.scope,
-        fingerprint: &owned.fingerprint,
+        fingerprint: &owned.fingerprints[0],
         lease: owned.lease,
         retention: owned.retention,
     };
@@ -428,7 +449,7 @@ async fn claim_transaction<K: KeyStore>(
                 return Ok(Claimed { token, tx, held });
             }
             Ok(Claim::Existing(record)) => {
-                if let Some(answer) = answer_from_record(&record, claim.fingerprint) {
+                if let Some(answer) = answer_from_record(&record, &owned.fingerprints) {
                     return Err(answer);
                 }
             }
@@ -441,7 +462,7 @@ async fn claim_transaction<K: KeyStore>(
                 }
                 return Err(match store.get(&owned.scope).await {
                     Ok(Some(record)) => {
-                        answer_from_record(&record, claim.fingerprint).unwrap_or_else(in_use)
+                        answer_from_record(&record, &owned.fingerprints).unwrap_or_else(in_use)
                     }
                     Ok(None) | Err(_) => store_failed(&StoreError::Busy),
                 });
@@ -595,8 +616,12 @@ fn completion_for(config: &Config, parts: &http::response::Parts, body: &Collect
 }
 
 /// The answer an existing row gives, or `None` while it is in progress.
-fn answer_from_record(record: &Record, fingerprint: &Fingerprint) -> Option<(Outcome, Response)> {
-    if record.fingerprint != *fingerprint {
+/// `fingerprints`: this request's, under the current and any previous secret.
+fn answer_from_record(
+    record: &Record,
+    fingerprints: &[Fingerprint],
+) -> Option<(Outcome, Response)> {
+    if !fingerprints.contains(&record.fingerprint) {
         let problem = Problem::new(
             StatusCode::UNPROCESSABLE_ENTITY,
             "idempotency-key-reused",

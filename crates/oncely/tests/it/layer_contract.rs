@@ -245,6 +245,8 @@ both_stores!(
     safe_methods_and_optional_keys_pass_through,
     without_a_matched_route_the_scope_is_fixed_and_the_path_is_fingerprinted,
     the_derived_key_is_stable_per_scope,
+    a_rotated_secret_still_replays_with_the_previous_one_in_its_ring,
+    a_dead_owner_under_a_previous_secret_is_taken_over_with_its_derived_key,
 );
 
 async fn fifty_concurrent_identical_requests_run_the_generic_handler_once<S: Backend>(
@@ -1232,6 +1234,121 @@ async fn a_failed_completion_is_retried<S: Backend>(store: S, _db: Db) {
     let retry = send(&app, "/payments", Some(&key), "{}", &[]).await;
     assert!(retry.replayed(), "{:?}", retry.json());
     assert_eq!(retry.body, first.body);
+    assert_eq!(effects.count(), 1);
+}
+
+/// Keys completed under secret A replay on a layer whose secret is B with A as previous;
+/// with B alone they are another request (422).
+async fn a_rotated_secret_still_replays_with_the_previous_one_in_its_ring<S: Backend>(
+    store: S,
+    _db: Db,
+) {
+    let a = secret();
+    let b = oncely::ServerSecret::new(b"the-next-secret-the-next-secret-!".to_vec()).unwrap();
+    let layer_app = |secret: oncely::ServerSecret, effects: Effects| {
+        Router::new()
+            .route("/payments", post(pay))
+            .route("/tx/payments", post(tx_pay::<S>))
+            .route_layer(IdempotencyLayer::generic(store.clone(), secret.clone()))
+            .layer(Extension(effects))
+    };
+    let tx_app = |secret: oncely::ServerSecret| {
+        Router::new()
+            .route("/tx/payments", post(tx_pay::<S>))
+            .route_layer(IdempotencyLayer::transactional(store.clone(), secret))
+    };
+    let effects = Effects::default();
+    let key = new_key();
+    let tx_key = new_key();
+    let before = send(
+        &layer_app(a.clone(), effects.clone()),
+        "/payments",
+        Some(&key),
+        "{}",
+        &[],
+    )
+    .await;
+    let tx_before = send(&tx_app(a.clone()), "/tx/payments", Some(&tx_key), "{}", &[]).await;
+    assert_eq!(before.outcome, Some(Outcome::Created));
+    assert_eq!(tx_before.outcome, Some(Outcome::Created));
+
+    let rotated = b.clone().with_previous(vec![a.clone()]);
+    let after = send(
+        &layer_app(rotated.clone(), effects.clone()),
+        "/payments",
+        Some(&key),
+        "{}",
+        &[],
+    )
+    .await;
+    assert!(after.replayed(), "{:?}", after.json());
+    assert_eq!(after.body, before.body);
+    let tx_after = send(&tx_app(rotated), "/tx/payments", Some(&tx_key), "{}", &[]).await;
+    assert!(tx_after.replayed(), "{:?}", tx_after.json());
+
+    let without = send(
+        &layer_app(b.clone(), effects.clone()),
+        "/payments",
+        Some(&key),
+        "{}",
+        &[],
+    )
+    .await;
+    assert_eq!(without.outcome, Some(Outcome::Mismatch));
+    let tx_without = send(&tx_app(b), "/tx/payments", Some(&tx_key), "{}", &[]).await;
+    assert_eq!(tx_without.outcome, Some(Outcome::Mismatch));
+    assert_eq!(effects.count(), 1);
+    assert_eq!(store.count_effects().await, 1);
+}
+
+/// A claim made under secret A whose owner died is taken over after rotation to B (A kept as
+/// previous), and the handler gets the same derived key it had under A.
+async fn a_dead_owner_under_a_previous_secret_is_taken_over_with_its_derived_key<S: Backend>(
+    store: S,
+    _db: Db,
+) {
+    use oncely::fingerprint::RequestTarget;
+    use oncely::store::{Claim, ClaimRequest};
+    let a = secret();
+    let b = oncely::ServerSecret::new(b"the-next-secret-the-next-secret-!".to_vec()).unwrap();
+    let key = new_key();
+    let scope = oncely::Scope::new(
+        TenantId::default(),
+        "POST",
+        "/payments",
+        oncely::IdempotencyKey::parse(&key).unwrap(),
+    );
+    let fingerprint = oncely::Fingerprint::of_request(
+        &a,
+        &RequestTarget::route("POST", "/payments"),
+        Some("application/json"),
+        b"{}",
+        None,
+    );
+    let claim = ClaimRequest {
+        scope: &scope,
+        fingerprint: &fingerprint,
+        lease: Duration::from_millis(100),
+        retention: Duration::from_secs(3600),
+    };
+    let Claim::Acquired { .. } = store.claim(&claim).await.unwrap() else {
+        panic!("the key was free")
+    };
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    let effects = Effects::default();
+    let app = Router::new()
+        .route("/payments", post(pay))
+        .route_layer(
+            IdempotencyLayer::generic(store.clone(), b.with_previous(vec![a.clone()]))
+                .wait(Duration::from_millis(300)),
+        )
+        .layer(Extension(effects.clone()));
+    let retry = send(&app, "/payments", Some(&key), "{}", &[]).await;
+    assert_eq!(retry.outcome, Some(Outcome::Created), "{:?}", retry.json());
+    assert_eq!(
+        retry.json()["derived_key"],
+        DerivedKey::for_scope(&a, &scope).as_str()
+    );
     assert_eq!(effects.count(), 1);
 }
 

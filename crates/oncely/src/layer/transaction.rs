@@ -140,14 +140,17 @@ impl<DB: Database> Clone for IdempotentTx<DB> {
 #[error("the idempotency key was not acquired; the layer answers this request")]
 pub struct TxAborted;
 
+/// Under the layer this response never reaches a client (the layer answers from the key's
+/// state instead); it is a 409 in case a handler's answer is used elsewhere.
 impl From<TxAborted> for Problem {
     fn from(_: TxAborted) -> Self {
         Problem::new(
             StatusCode::CONFLICT,
-            "idempotency-key-not-acquired",
+            "idempotency-key-in-use",
             "Idempotency-Key not acquired",
         )
-        .with_detail("the idempotency layer answers this request from the key's state")
+        .with_detail("the key was not acquired; the idempotency layer answers this request from the key's state")
+        .with_retry_after(1)
     }
 }
 

@@ -121,7 +121,20 @@ impl<A: Accounts> TokenEmail<A> {
         let Some(flow) = Flow::parse(&record.flow) else {
             return Delivery::Permanent(format!("unknown token flow {:?}", record.flow));
         };
-        let token = Token::derive(&self.context.secret, flow, token_id);
+        // The secret that derived the stored hash: the current one, or a previous one when the
+        // job was written before a rotation (the link must be the one whose hash is stored).
+        let Some(token) = self
+            .context
+            .secret
+            .all()
+            .map(|secret| Token::derive(secret, flow, token_id))
+            .find(|token| token.hash() == record.hash)
+        else {
+            return Delivery::Permanent(
+                "no configured server secret derives this link (rotated out of ONCELY_SECRET_PREVIOUS?): not sent"
+                    .into(),
+            );
+        };
         let link = format!(
             "{}{}?token={}",
             self.context.public_url,

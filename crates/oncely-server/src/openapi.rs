@@ -67,6 +67,11 @@ pub const PROBLEM_TYPES: &[(&str, u16, &str)] = &[
         "the key store failed; nothing ran",
     ),
     (
+        "storage-busy",
+        503,
+        "the database was busy (SQLite's write lock); nothing ran",
+    ),
+    (
         "request-timeout",
         503,
         "the request ran past its lease and was rolled back",
@@ -406,7 +411,7 @@ fn add_shared(operation: &mut Operation, needs_api_key: bool) {
         ("500", "`internal-error`"),
         (
             "503",
-            "`storage-unavailable`, `request-timeout`, `commit-failed` (with `Retry-After`)",
+            "`storage-unavailable`, `storage-busy`, `request-timeout`, `commit-failed` (with `Retry-After`)",
         ),
     ];
     for (status, description) in shared {

@@ -14,25 +14,25 @@ use axum::routing::post;
 use axum::{Json, Router};
 use oncely::store::KeyStore;
 use oncely::store::sqlite::{SqliteKeyStore, connect_options};
-use oncely::{IdempotencyLayer, IdempotentTx, ServerSecret};
+use oncely::{IdempotencyLayer, IdempotentTx, ServerSecret, TxAborted};
 use serde_json::{Value, json};
 use sqlx::Sqlite;
 
 async fn create_payment(
     tx: IdempotentTx<Sqlite>,
     Json(body): Json<Value>,
-) -> (StatusCode, Json<Value>) {
+) -> Result<(StatusCode, Json<Value>), TxAborted> {
     let amount = body["amount"].as_i64().unwrap_or(0);
-    let mut conn = tx.lock().await;
+    let mut conn = tx.lock().await?;
     let id: i64 = sqlx::query_scalar("INSERT INTO payments (amount) VALUES (?1) RETURNING id")
         .bind(amount)
         .fetch_one(&mut *conn)
         .await
         .expect("insert payment");
-    (
+    Ok((
         StatusCode::CREATED,
         Json(json!({ "id": id, "amount": amount })),
-    )
+    ))
 }
 
 #[tokio::main]

@@ -36,17 +36,25 @@
 //! | key malformed (empty, > 255 chars, not visible ASCII, two headers) | 400 `…/idempotency-key-invalid` |
 //! | first request | the handler runs; its response is stored |
 //! | same key and request, completed | stored status, body and `Content-Type`, `Location`, `ETag`, `Link`, plus `Idempotent-Replayed: true` |
-//! | same key, different request | 422 `…/idempotency-key-reused` |
+//! | same key, different request (method, path, query or body) | 422 `…/idempotency-key-reused` |
 //! | same key, still running | wait up to 1.5 s and replay; else 409 `…/idempotency-key-in-use` with `Retry-After` |
-//! | running, but its lease expired | taken over with a new fencing token; the old owner can no longer complete |
+//! | running, owner alive | its lease is renewed while it runs: never taken over |
+//! | running, owner dead (lease expired) | taken over with a new fencing token; the old owner can no longer complete |
+//! | database busy (SQLite write lock held by another writer) | 503 `…/storage-busy` with `Retry-After` |
 //! | handler answers 5xx or rejects before any effect (400, 401, 403, 408, 409, 413, 415, 429) | nothing stored; the key is free |
-//! | response body over the stored limit | first caller gets it; retries get 422 `…/idempotency-key-unreplayable` |
+//! | response body over the stored limit | first caller gets it, streamed (never buffered whole); retries get 422 `…/idempotency-key-unreplayable` |
+//!
+//! "Same request" is decided by a keyed fingerprint of the method, the route, the concrete
+//! path, the canonical query and the canonical body (JSON: key order and whitespace ignored,
+//! numbers compared exactly). During a secret rotation
+//! ([`ServerSecret::with_previous`]) a fingerprint made with a previous secret still matches.
 //!
 //! # Map of the crate
 //!
 //! - [`key`]: the `Idempotency-Key` header ([`IdempotencyKey`]).
 //! - [`scope`]: who a key belongs to ([`TenantId`], [`Scope`]).
-//! - [`fingerprint`]: request fingerprints, the server secret, keys derived for downstream calls.
+//! - [`fingerprint`]: request fingerprints, exact canonical JSON ([`CanonicalJson`]), the server
+//!   secret and its rotation, keys derived for downstream calls.
 //! - [`store`]: the [`KeyStore`](store::KeyStore) trait and its PostgreSQL and SQLite
 //!   implementations, each with its own migrations.
 //! - [`layer`]: the tower layer, in *generic* and *transactional* mode, and the outcomes it logs.
@@ -62,9 +70,9 @@ pub mod problem;
 pub mod scope;
 pub mod store;
 
-pub use fingerprint::{DerivedKey, Fingerprint, JsonNormalizer, ServerSecret};
+pub use fingerprint::{CanonicalJson, DerivedKey, Fingerprint, JsonNormalizer, ServerSecret};
 pub use key::{IdempotencyKey, KeyError};
-pub use layer::{IdempotencyLayer, IdempotentTx, Mode, Outcome};
+pub use layer::{IdempotencyLayer, IdempotentTx, Mode, Outcome, TxAborted};
 pub use problem::Problem;
 pub use scope::{Scope, TenantId};
 

@@ -101,7 +101,7 @@ async fn create(
         )
         .with_detail(e.to_string())
     };
-    let mut conn = tx.lock().await;
+    let mut conn = tx.lock().await?;
     sqlx::query(
         "INSERT INTO subscriptions (id, customer, plan, amount_cents) VALUES (?1, ?2, ?3, ?4)",
     )

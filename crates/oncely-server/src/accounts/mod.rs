@@ -103,6 +103,8 @@ pub struct TokenForSend {
     pub recipient: Option<String>,
     /// Still usable (not consumed, not superseded, not expired).
     pub live: bool,
+    /// SHA-256 of the token: tells which server secret (current or previous) derived it.
+    pub hash: Vec<u8>,
 }
 
 /// The SQL of the account flows, for one database. Handlers run these inside the idempotency
@@ -164,6 +166,15 @@ pub trait Accounts: KeyStore {
         flow: &'c str,
         hash: &'c [u8],
     ) -> impl Future<Output = anyhow::Result<Option<ConsumedToken>>> + Send + 'c;
+
+    /// Whether a live verification token with this hash exists (in `tenant`, if given) and the
+    /// password hash its signup chose, if any. Read on the pool, before the request's
+    /// transaction, so that checking a password never holds it.
+    fn signup_password(
+        &self,
+        tenant: Option<&str>,
+        hash: &[u8],
+    ) -> impl Future<Output = anyhow::Result<Option<Option<String>>>> + Send;
 
     /// Marks a pending user's address verified, setting `password_hash` if given (only while
     /// pending: a verified account's password changes only through a reset), and supersedes the

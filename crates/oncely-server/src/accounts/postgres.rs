@@ -174,6 +174,24 @@ impl Accounts for PgKeyStore {
         .transpose()
     }
 
+    async fn signup_password(
+        &self,
+        tenant: Option<&str>,
+        hash: &[u8],
+    ) -> anyhow::Result<Option<Option<String>>> {
+        let row: Option<(Option<String>,)> = sqlx::query_as(
+            "SELECT password_hash FROM oncely_tokens
+              WHERE token_hash = $1 AND ($2::text IS NULL OR tenant = $2) AND flow = 'verification'
+                AND user_id IS NOT NULL
+                AND consumed_at IS NULL AND superseded_at IS NULL AND expires_at > now()",
+        )
+        .bind(hash)
+        .bind(tenant)
+        .fetch_optional(self.pool())
+        .await?;
+        Ok(row.map(|(password,)| password))
+    }
+
     async fn mark_verified(
         conn: &mut PgConnection,
         user_id: Uuid,
@@ -239,7 +257,7 @@ impl Accounts for PgKeyStore {
 
     async fn token_for_send(&self, token_id: Uuid) -> anyhow::Result<Option<TokenForSend>> {
         let row = sqlx::query(
-            "SELECT t.flow, COALESCE(u.email, t.email) AS recipient,
+            "SELECT t.flow, t.token_hash, COALESCE(u.email, t.email) AS recipient,
                     (t.consumed_at IS NULL AND t.superseded_at IS NULL AND t.expires_at > now()) AS live
                FROM oncely_tokens t LEFT JOIN oncely_users u ON u.id = t.user_id WHERE t.id = $1",
         )
@@ -251,6 +269,7 @@ impl Accounts for PgKeyStore {
                 flow: r.try_get("flow")?,
                 recipient: r.try_get("recipient")?,
                 live: r.try_get("live")?,
+                hash: r.try_get("token_hash")?,
             })
         })
         .transpose()

@@ -185,6 +185,25 @@ impl Accounts for SqliteKeyStore {
         .transpose()
     }
 
+    async fn signup_password(
+        &self,
+        tenant: Option<&str>,
+        hash: &[u8],
+    ) -> anyhow::Result<Option<Option<String>>> {
+        let row: Option<(Option<String>,)> = sqlx::query_as(
+            "SELECT password_hash FROM oncely_tokens
+              WHERE token_hash = ?1 AND (?2 IS NULL OR tenant = ?2) AND flow = 'verification'
+                AND user_id IS NOT NULL
+                AND consumed_at IS NULL AND superseded_at IS NULL AND expires_at > ?3",
+        )
+        .bind(hash)
+        .bind(tenant)
+        .bind(now())
+        .fetch_optional(self.pool())
+        .await?;
+        Ok(row.map(|(password,)| password))
+    }
+
     async fn mark_verified(
         conn: &mut SqliteConnection,
         user_id: Uuid,
@@ -254,7 +273,7 @@ impl Accounts for SqliteKeyStore {
 
     async fn token_for_send(&self, token_id: Uuid) -> anyhow::Result<Option<TokenForSend>> {
         let row = sqlx::query(
-            "SELECT t.flow, COALESCE(u.email, t.email) AS recipient,
+            "SELECT t.flow, t.token_hash, COALESCE(u.email, t.email) AS recipient,
                     (t.consumed_at IS NULL AND t.superseded_at IS NULL AND t.expires_at > ?2) AS live
                FROM oncely_tokens t LEFT JOIN oncely_users u ON u.id = t.user_id WHERE t.id = ?1",
         )
@@ -267,6 +286,7 @@ impl Accounts for SqliteKeyStore {
                 flow: r.try_get("flow")?,
                 recipient: r.try_get("recipient")?,
                 live: r.try_get("live")?,
+                hash: r.try_get("token_hash")?,
             })
         })
         .transpose()

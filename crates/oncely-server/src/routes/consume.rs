@@ -150,22 +150,26 @@ fn no_password(request: &TokenRequest) -> Result<(), Problem> {
 /// pre-registered the address). Without a password the address is verified and the account
 /// keeps no password (set one with a password reset).
 pub async fn verify<A: Accounts>(
-    State(_): State<AppState<A>>,
+    State(state): State<AppState<A>>,
     proven: ProvenTenant,
     tx: IdempotentTx<A::Database>,
     Body(request): Body<TokenRequest>,
 ) -> Consumed {
-    let mut conn = tx.lock().await;
-    let token = consume::<A>(&mut *conn, &proven, Flow::Verification, &request.token).await?;
-    let user = token.user_id.ok_or_else(token_invalid)?;
-    let adopted = match (request.password, token.password_hash) {
-        (None, _) => None,
-        (Some(_), None) => {
-            return Err(super::invalid_request(
-                "this signup chose no password; confirm without one",
-            ));
-        }
-        (Some(presented), Some(stored)) => {
+    let tenant = proven.0.as_ref().map(TenantId::as_str);
+    // A re-entered password is checked before the transaction opens: Argon2 takes tens of
+    // milliseconds, and the key's transaction (on SQLite the write lock) is not held meanwhile.
+    let adopted = match request.password {
+        None => None,
+        Some(presented) => {
+            let stored = state
+                .accounts
+                .signup_password(tenant, &token::hash(&request.token))
+                .await
+                .map_err(unexpected)?
+                .ok_or_else(token_invalid)?
+                .ok_or_else(|| {
+                    super::invalid_request("this signup chose no password; confirm without one")
+                })?;
             if !password::verify(&stored, SecretString::from(presented))
                 .await
                 .map_err(unexpected)?
@@ -180,6 +184,12 @@ pub async fn verify<A: Accounts>(
             Some(stored)
         }
     };
+    let mut conn = tx.lock().await?;
+    let token = consume::<A>(&mut *conn, &proven, Flow::Verification, &request.token).await?;
+    let user = token.user_id.ok_or_else(token_invalid)?;
+    if adopted.is_some() && token.password_hash != adopted {
+        return Err(token_invalid());
+    }
     A::mark_verified(&mut conn, user, adopted.as_deref())
         .await
         .map_err(unexpected)?;
@@ -199,7 +209,7 @@ pub async fn reset_confirm<A: Accounts>(
     let Some(password_hash) = hash_password(request.password).await? else {
         return Err(super::invalid_request("password is required"));
     };
-    let mut conn = tx.lock().await;
+    let mut conn = tx.lock().await?;
     let token = consume::<A>(&mut *conn, &proven, Flow::PasswordReset, &request.token).await?;
     let user = token.user_id.ok_or_else(token_invalid)?;
     A::set_password(&mut conn, user, &password_hash)
@@ -220,7 +230,7 @@ pub async fn magic_consume<A: Accounts>(
     Body(request): Body<TokenRequest>,
 ) -> Consumed {
     no_password(&request)?;
-    let mut conn = tx.lock().await;
+    let mut conn = tx.lock().await?;
     let token = consume::<A>(&mut *conn, &proven, Flow::MagicLink, &request.token).await?;
     let user = token.user_id.ok_or_else(token_invalid)?;
     A::mark_verified(&mut conn, user, None)
@@ -238,7 +248,7 @@ pub async fn invite_accept<A: Accounts>(
     Body(request): Body<TokenRequest>,
 ) -> Consumed {
     let password_hash = hash_password(request.password).await?;
-    let mut conn = tx.lock().await;
+    let mut conn = tx.lock().await?;
     let token = consume::<A>(&mut *conn, &proven, Flow::Invite, &request.token).await?;
     let email = token.email.ok_or_else(token_invalid)?;
     A::accept_invite(&mut conn, &token.tenant, &email, password_hash.as_deref())

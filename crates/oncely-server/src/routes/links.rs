@@ -49,7 +49,7 @@ async fn send_link<A: Accounts>(
 ) -> Accepted {
     let email =
         EmailAddress::parse(email).map_err(|_| invalid_request("email is not a valid address"))?;
-    let mut conn = tx.lock().await;
+    let mut conn = tx.lock().await?;
     let user = A::find_user(&mut conn, tenant.as_str(), &email)
         .await
         .map_err(unexpected)?;

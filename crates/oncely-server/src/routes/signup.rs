@@ -66,7 +66,7 @@ pub async fn signup<A: Accounts>(
     }
     let password_hash = hash_password(request.password).await?;
 
-    let mut conn = tx.lock().await;
+    let mut conn = tx.lock().await?;
     let row = A::signup_user(
         &mut conn,
         tenant.as_str(),

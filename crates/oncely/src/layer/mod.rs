@@ -1,7 +1,9 @@
 //! The tower layer that gives axum routes the Idempotency-Key contract.
 //!
 //! Put it in front of mutating routes with `route_layer` (or `MethodRouter::layer`), so that
-//! axum's matched route template is known and becomes part of the key's scope:
+//! axum's matched route template is known and becomes part of the key's scope (without it, every
+//! request shares the fixed route [`UNMATCHED_ROUTE`], as scope and as metric label; the
+//! concrete path is always in the fingerprint):
 //!
 //! ```no_run
 //! use axum::{Router, routing::post};
@@ -16,14 +18,21 @@
 //! ```
 //!
 //! Two modes:
-//! - [`IdempotencyLayer::transactional`]: the layer opens a transaction and claims the key in it;
-//!   the handler takes [`IdempotentTx`] and writes its rows in that transaction; the layer stores
-//!   the response in it and commits once. Business rows and the stored result commit together or
-//!   not at all. A repeat of a finished request is answered from one read, without a transaction.
-//! - [`IdempotencyLayer::generic`]: claim (its own statement), run the handler, store the result.
-//!   An effect outside the database that ran before a crash can run again once the lease expires,
-//!   so the handler gets a [`DerivedKey`](crate::DerivedKey) (a request extension) to forward to
-//!   downstream APIs that deduplicate by key.
+//! - [`IdempotencyLayer::transactional`]: the handler takes [`IdempotentTx`]; its first
+//!   [`lock`](IdempotentTx::lock) opens a transaction and claims the key in it (work before it,
+//!   such as password hashing, holds no transaction); the handler writes its rows in that
+//!   transaction; the layer stores the response in it and commits once. Business rows and the
+//!   stored result commit together or not at all. If `lock` fails ([`TxAborted`]) the layer
+//!   answers what the claim found (replay, 422, 409, 503), whatever the handler returns. A
+//!   repeat of a finished request is answered from one read, without a transaction.
+//! - [`IdempotencyLayer::generic`]: claim (its own statement), run the handler while renewing its
+//!   lease, store the result (retried within the lease if the write fails). Only a dead owner's
+//!   key is taken over; an effect outside the database that ran before such a crash can run
+//!   again, so the handler gets a [`DerivedKey`](crate::DerivedKey) (a request extension) to
+//!   forward to downstream APIs that deduplicate by key.
+//!
+//! A response body is read up to the stored limit + 1 byte, never further: a longer one
+//! tombstones the key and streams on to the client.
 //!
 //! Each request that reaches the layer with a key logs and counts one [`Outcome`]
 //! (`oncely_idempotency_requests_total{outcome, route}`) and carries it as a response extension.
@@ -40,8 +49,8 @@ use std::time::Duration;
 
 use tower::Layer;
 
-pub use service::IdempotencyService;
-pub use transaction::{IdempotentTx, TxGuard};
+pub use service::{IdempotencyService, UNMATCHED_ROUTE};
+pub use transaction::{IdempotentTx, TxAborted, TxGuard};
 
 use crate::ServerSecret;
 use crate::fingerprint::JsonNormalizer;
@@ -109,6 +118,7 @@ pub(crate) struct Config {
     pub(crate) max_request_body: usize,
     pub(crate) max_stored_body: usize,
     pub(crate) normalizer: Option<JsonNormalizer>,
+    pub(crate) held: transaction::HeldScopes,
 }
 
 /// The Idempotency-Key layer. Build it with [`generic`](Self::generic) or
@@ -143,6 +153,7 @@ impl<K: KeyStore> IdempotencyLayer<K> {
                 max_request_body: 1024 * 1024,
                 max_stored_body: 256 * 1024,
                 normalizer: None,
+                held: Default::default(),
             }),
         }
     }
@@ -158,8 +169,9 @@ impl<K: KeyStore> IdempotencyLayer<K> {
         self.with(|c| c.required = false)
     }
 
-    /// How long a claim holds its key before a retry may take it over (default 30 s). In
-    /// transactional mode it also bounds the handler and its transaction.
+    /// How long a claim holds its key before a retry may take it over (default 30 s); a live
+    /// generic owner renews it every lease/3. In transactional mode it also bounds the handler
+    /// and its transaction.
     pub fn lease(self, lease: Duration) -> Self {
         self.with(|c| c.lease = lease)
     }
@@ -170,7 +182,8 @@ impl<K: KeyStore> IdempotencyLayer<K> {
     }
 
     /// How long a request waits for a concurrent one with the same key before answering 409
-    /// (default 1.5 s).
+    /// (default 1.5 s). On SQLite's transactional claims the wait for the write lock is the
+    /// pool's busy timeout.
     pub fn wait(self, wait: Duration) -> Self {
         self.with(|c| c.wait = wait)
     }

@@ -16,11 +16,17 @@ use tokio::time::Instant;
 use tower::{Service, ServiceExt};
 use tracing::Instrument;
 
+use super::transaction::{ClaimFn, Claimed, HeldScopes, Refusal, TxState};
 use super::{Config, IdempotentTx, Mode, Outcome};
+use crate::fingerprint::{CanonicalRequest, RequestTarget};
 use crate::store::{
-    Claim, ClaimRequest, Completion, KeyStore, Record, RecordState, StoredResponse,
+    Claim, ClaimRequest, Completion, KeyStore, Record, RecordState, StoreError, StoredResponse,
 };
 use crate::{DerivedKey, Fingerprint, IdempotencyKey, KeyError, Problem, Scope, TenantId};
+
+/// The route (scope and metric label) of a request that reached the layer without axum's
+/// `MatchedPath`.
+pub const UNMATCHED_ROUTE: &str = "<unmatched>";
 
 /// The header that marks a replayed response.
 pub const IDEMPOTENT_REPLAYED: HeaderName = HeaderName::from_static("idempotent-replayed");
@@ -86,10 +92,14 @@ where
     S::Future: Send + 'static,
     K: KeyStore,
 {
-    let (mut parts, body) = req.into_parts();
+    let (parts, body) = req.into_parts();
+    // Without axum's matched route (the layer used outside a router, or with `Router::layer`)
+    // neither the metric label nor the scope may be the raw path: unbounded label cardinality,
+    // and one scope per path. All such requests share one fixed route; the concrete path is in
+    // the fingerprint, so a key reused on another path is a 422, never another path's answer.
     let route = match parts.extensions.get::<MatchedPath>() {
         Some(matched) => matched.as_str().to_owned(),
-        None => parts.uri.path().to_owned(),
+        None => UNMATCHED_ROUTE.to_owned(),
     };
     let key = match IdempotencyKey::from_headers(&parts.headers) {
         Ok(key) => key,
@@ -115,27 +125,28 @@ where
         .headers
         .get(header::CONTENT_TYPE)
         .and_then(|v| v.to_str().ok());
-    let fingerprint = Fingerprint::of_request(
-        &config.secret,
-        parts.method.as_str(),
-        &scope.route,
-        content_type,
-        &bytes,
-        config.normalizer.as_ref(),
-    );
-    let derived_key = DerivedKey::for_scope(&config.secret, &scope);
-    parts.extensions.insert(derived_key.clone());
+    let target = RequestTarget {
+        method: parts.method.as_str(),
+        route: &scope.route,
+        path: parts.uri.path(),
+        query: parts.uri.query(),
+    };
+    // One fingerprint per secret (current first): a row a previous secret fingerprinted is
+    // still the same request during a rotation's grace period.
+    let fingerprints =
+        CanonicalRequest::new(&target, content_type, &bytes, config.normalizer.as_ref())
+            .fingerprints(&config.secret);
     let req = Request::from_parts(parts, Body::from(bytes));
     let claim = ClaimRequest {
         scope: &scope,
-        fingerprint: &fingerprint,
+        fingerprint: &fingerprints[0],
         lease: config.lease,
         retention: config.retention,
     };
     let (outcome, response) = match config.mode {
-        Mode::Generic => generic(inner, &store, &config, &claim, req).await,
+        Mode::Generic => generic(inner, &store, &config, &claim, &fingerprints, req).await,
         Mode::Transactional => {
-            transactional(inner, &store, &config, &claim, derived_key, req).await
+            transactional(inner, &store, &config, &claim, &fingerprints, req).await
         }
     };
     finish(&scope.route, Some(&scope), outcome, response)
@@ -147,7 +158,8 @@ async fn generic<S, K>(
     store: &K,
     config: &Config,
     claim: &ClaimRequest<'_>,
-    req: Request<Body>,
+    fingerprints: &[Fingerprint],
+    mut req: Request<Body>,
 ) -> (Outcome, Response)
 where
     S: Service<Request<Body>, Response = Response, Error = Infallible> + Send + 'static,
@@ -155,12 +167,24 @@ where
     K: KeyStore,
 {
     let mut waiter = Waiter::new(config.wait);
+    // Which secret's fingerprint the claim uses: the current one, or the previous one that
+    // fingerprinted an in-progress row (so its expired lease can be taken over).
+    let mut secret_index = 0;
     let token = loop {
-        match store.claim(claim).await {
+        let attempt = ClaimRequest {
+            fingerprint: &fingerprints[secret_index],
+            ..claim.clone()
+        };
+        match store.claim(&attempt).await {
             Ok(Claim::Acquired { token, .. }) => break token,
             Ok(Claim::Existing(record)) => {
-                if let Some(answer) = answer_from_record(&record, claim.fingerprint) {
+                if let Some(answer) = answer_from_record(&record, fingerprints) {
                     return answer;
+                }
+                let matched = fingerprints.iter().position(|f| *f == record.fingerprint);
+                if let Some(index) = matched.filter(|i| *i != secret_index) {
+                    secret_index = index;
+                    continue;
                 }
             }
             Ok(Claim::Busy) => {}
@@ -170,7 +194,23 @@ where
             return in_use();
         }
     };
-    let (parts, body) = match run(inner, req, None).await {
+    // Downstream calls get the key of the secret that fingerprinted the row: stable for every
+    // retry of the scope, across a rotation too.
+    let secret = config
+        .secret
+        .all()
+        .nth(secret_index % config.secret.all().count())
+        .unwrap_or(&config.secret);
+    req.extensions_mut()
+        .insert(DerivedKey::for_scope(secret, claim.scope));
+    // While the handler runs, renew the lease (every lease/3): only a dead owner is taken over.
+    let renewing = keep_renewed(store, claim.scope, token, config.lease);
+    tokio::pin!(renewing);
+    let collected = tokio::select! {
+        collected = run(inner, req, None, config.max_stored_body) => collected,
+        never = &mut renewing => match never {},
+    };
+    let (parts, body) = match collected {
         Ok(collected) => collected,
         Err(response) => {
             release_logged(store, claim.scope, token).await;
@@ -181,11 +221,16 @@ where
         release_logged(store, claim.scope, token).await;
         return (
             Outcome::Released,
-            Response::from_parts(parts, Body::from(body)),
+            Response::from_parts(parts, body.into_body()),
         );
     }
     let completion = completion_for(config, &parts, &body);
-    match store.complete(claim.scope, token, &completion).await {
+    // A failed write is retried with backoff, the lease still renewed, for at most one lease.
+    let stored = tokio::select! {
+        stored = complete_with_retry(store, claim.scope, token, &completion, config.lease) => stored,
+        never = &mut renewing => match never {},
+    };
+    match stored {
         Ok(true) => {}
         Ok(false) => tracing::warn!(
             route = %claim.scope.route,
@@ -193,22 +238,70 @@ where
         ),
         Err(error) => tracing::error!(
             route = %claim.scope.route, %error,
-            "could not store an idempotent result; the key frees when its lease expires"
+            "could not store an idempotent result after retrying; the key frees when its lease expires"
         ),
     }
     (
         Outcome::Created,
-        Response::from_parts(parts, Body::from(body)),
+        Response::from_parts(parts, body.into_body()),
     )
 }
 
-/// Claim in a transaction, run the handler in it, store the result in it, commit once.
+/// Renews the lease of `token` every `lease / 3`, for as long as it is polled. Stops renewing
+/// (and waits forever) once the claim is lost; a failed renewal is logged and tried again.
+async fn keep_renewed<K: KeyStore>(
+    store: &K,
+    scope: &Scope,
+    token: crate::store::FencingToken,
+    lease: Duration,
+) -> Infallible {
+    let period = (lease / 3).max(Duration::from_millis(1));
+    loop {
+        tokio::time::sleep(period).await;
+        match store.renew(scope, token, lease).await {
+            Ok(true) => {}
+            Ok(false) => {
+                tracing::warn!(route = %scope.route, "idempotency lease lost while the handler ran");
+                return std::future::pending().await;
+            }
+            Err(error) => {
+                tracing::warn!(route = %scope.route, %error, "could not renew an idempotency lease");
+            }
+        }
+    }
+}
+
+/// Stores a completion, retrying failed writes with backoff (10 ms doubling to 1 s) for at most
+/// `within`; the last error if every try failed.
+async fn complete_with_retry<K: KeyStore>(
+    store: &K,
+    scope: &Scope,
+    token: crate::store::FencingToken,
+    completion: &Completion,
+    within: Duration,
+) -> Result<bool, StoreError> {
+    let deadline = Instant::now() + within;
+    let mut pause = Duration::from_millis(10);
+    loop {
+        match store.complete(scope, token, completion).await {
+            Err(error) if Instant::now() + pause < deadline => {
+                tracing::warn!(route = %scope.route, %error, "storing an idempotent result failed; retrying");
+                tokio::time::sleep(pause).await;
+                pause = (pause * 2).min(Duration::from_secs(1));
+            }
+            done => return done,
+        }
+    }
+}
+
+/// Run the handler; its first `IdempotentTx::lock` claims the key in a transaction; store the
+/// result in it, commit once. A handler that never locked is claimed for after it returns.
 async fn transactional<S, K>(
     inner: S,
     store: &K,
     config: &Config,
     claim: &ClaimRequest<'_>,
-    derived_key: DerivedKey,
+    fingerprints: &[Fingerprint],
     mut req: Request<Body>,
 ) -> (Outcome, Response)
 where
@@ -218,54 +311,80 @@ where
 {
     // Most repeats of a key are retries of a finished request: answer those from one read,
     // without opening a transaction. Anything else (no row, in progress, expired) takes the
-    // claim below, which decides under the database's locks.
+    // claim, which decides under the database's locks.
     match store.get(claim.scope).await {
         Ok(Some(record)) => {
-            if let Some(answer) = answer_from_record(&record, claim.fingerprint) {
+            if let Some(answer) = answer_from_record(&record, fingerprints) {
                 return answer;
             }
         }
         Ok(None) => {}
         Err(error) => return store_failed(&error),
     }
-    let mut waiter = Waiter::new(config.wait);
-    let (token, tx) = loop {
-        match store.claim_in_transaction(claim, waiter.remaining()).await {
-            Ok(Claim::Acquired { token, tx }) => break (token, tx),
-            Ok(Claim::Existing(record)) => {
-                if let Some(answer) = answer_from_record(&record, claim.fingerprint) {
-                    return answer;
-                }
-            }
-            Ok(Claim::Busy) => return in_use(),
-            Err(error) => return store_failed(&error),
-        }
-        if !waiter.pause().await {
-            return in_use();
-        }
+    let owned = OwnedClaim {
+        scope: Arc::new(claim.scope.clone()),
+        fingerprints: fingerprints.into(),
+        lease: claim.lease,
+        retention: claim.retention,
+        wait: config.wait,
+        held: config.held.clone(),
     };
-    let handle = IdempotentTx::<K::Database>::new(tx, derived_key);
+    let claim_fn: ClaimFn<K::Database> = {
+        let (store, owned) = (store.clone(), owned.clone());
+        Box::new(move || {
+            let (store, owned) = (store.clone(), owned.clone());
+            Box::pin(async move { claim_transaction(&store, &owned).await })
+        })
+    };
+    let derived_key = DerivedKey::for_scope(&config.secret, claim.scope);
+    req.extensions_mut().insert(derived_key.clone());
+    let handle = IdempotentTx::<K::Database>::new(claim_fn, derived_key);
     req.extensions_mut().insert(handle.clone());
-    let collected = run(inner, req, Some(config.lease)).await;
+    let collected = run(inner, req, Some(config.lease), config.max_stored_body).await;
     // The handler is done (or was stopped): its transaction comes back to us. Dropping it, on
     // any path below that does not commit, rolls it back and so frees the key.
-    let Some(mut tx) = handle.take() else {
+    let Some(state) = handle.take() else {
         return (
             Outcome::Released,
             internal_error("the handler kept its transaction"),
         );
+    };
+    let claimed = match state {
+        // The key was not acquired: answer what the claim found, whatever the handler said.
+        TxState::Refused(refusal) => return refusal,
+        TxState::Taken => {
+            return (
+                Outcome::Released,
+                internal_error("the transaction was taken twice"),
+            );
+        }
+        TxState::Held(claimed) => Some(claimed),
+        TxState::Unclaimed => None,
     };
     let (parts, body) = match collected {
         Ok(collected) => collected,
         Err(response) => return (Outcome::Released, response),
     };
     if releases_key(parts.status) {
-        drop(tx);
+        drop(claimed);
         return (
             Outcome::Released,
-            Response::from_parts(parts, Body::from(body)),
+            Response::from_parts(parts, body.into_body()),
         );
     }
+    // A handler that never locked wrote nothing: claim now, in a transaction, to store its
+    // result (or answer from the row a concurrent request committed meanwhile).
+    let Claimed {
+        token,
+        mut tx,
+        held: _held,
+    } = match claimed {
+        Some(claimed) => claimed,
+        None => match claim_transaction(store, &owned).await {
+            Ok(claimed) => claimed,
+            Err(refusal) => return refusal,
+        },
+    };
     let completion = completion_for(config, &parts, &body);
     match store
         .complete_in_transaction(&mut tx, claim.scope, token, &completion)
@@ -294,17 +413,77 @@ where
     }
     (
         Outcome::Created,
-        Response::from_parts(parts, Body::from(body)),
+        Response::from_parts(parts, body.into_body()),
     )
 }
 
-/// Runs the handler in a task of its own (a panic becomes a 500) and collects its body.
-/// `deadline`, if set, stops the handler after that long (503).
+/// What a transactional claim needs, owned (it runs inside the handler's `lock()`).
+#[derive(Clone)]
+struct OwnedClaim {
+    scope: Arc<Scope>,
+    /// Current secret's first.
+    fingerprints: Arc<[Fingerprint]>,
+    lease: Duration,
+    retention: Duration,
+    wait: Duration,
+    held: HeldScopes,
+}
+
+/// Opens a transaction and claims the key in it, waiting a bounded time for a concurrent owner;
+/// or the answer the key's state gives (replay, 422, 409, 503).
+async fn claim_transaction<K: KeyStore>(
+    store: &K,
+    owned: &OwnedClaim,
+) -> Result<Claimed<K::Database>, Refusal> {
+    let claim = ClaimRequest {
+        scope: &owned.scope,
+        fingerprint: &owned.fingerprints[0],
+        lease: owned.lease,
+        retention: owned.retention,
+    };
+    let mut waiter = Waiter::new(owned.wait);
+    loop {
+        match store.claim_in_transaction(&claim, waiter.remaining()).await {
+            Ok(Claim::Acquired { token, tx }) => {
+                let held = owned.held.hold(&owned.scope);
+                return Ok(Claimed { token, tx, held });
+            }
+            Ok(Claim::Existing(record)) => {
+                if let Some(answer) = answer_from_record(&record, &owned.fingerprints) {
+                    return Err(answer);
+                }
+            }
+            Ok(Claim::Busy) => return Err(in_use()),
+            // The database as a whole is busy (SQLite's write lock). 409 only if a request with
+            // this key holds it; the key's committed row answers for itself; else 503.
+            Err(StoreError::Busy) => {
+                if owned.held.is_held(&owned.scope) {
+                    return Err(in_use());
+                }
+                return Err(match store.get(&owned.scope).await {
+                    Ok(Some(record)) => {
+                        answer_from_record(&record, &owned.fingerprints).unwrap_or_else(in_use)
+                    }
+                    Ok(None) | Err(_) => store_failed(&StoreError::Busy),
+                });
+            }
+            Err(error) => return Err(store_failed(&error)),
+        }
+        if !waiter.pause().await {
+            return Err(in_use());
+        }
+    }
+}
+
+/// Runs the handler in a task of its own (a panic becomes a 500) and collects its body, at most
+/// `cap + 1` bytes of it: a longer body is never buffered whole. `deadline`, if set, stops the
+/// handler (and the collection) after that long (503).
 async fn run<S>(
     inner: S,
     req: Request<Body>,
     deadline: Option<Duration>,
-) -> Result<(http::response::Parts, Bytes), Response>
+    cap: usize,
+) -> Result<(http::response::Parts, Collected), Response>
 where
     S: Service<Request<Body>, Response = Response, Error = Infallible> + Send + 'static,
     S::Future: Send + 'static,
@@ -313,8 +492,7 @@ where
         async move {
             let response = inner.oneshot(req).await.into_response();
             let (parts, body) = response.into_parts();
-            let bytes = axum::body::to_bytes(body, usize::MAX).await;
-            (parts, bytes)
+            (parts, Collected::read(body, cap).await)
         }
         .in_current_span(),
     );
@@ -333,9 +511,84 @@ where
         None => task.await,
     };
     match joined {
-        Ok((parts, Ok(bytes))) => Ok((parts, bytes)),
+        Ok((parts, Ok(collected))) => Ok((parts, collected)),
         Ok((_, Err(_))) => Err(internal_error("the response body failed")),
         Err(_) => Err(internal_error("the handler panicked")),
+    }
+}
+
+/// A response body as far as the layer read it.
+enum Collected {
+    /// The whole body, within the stored limit.
+    Whole(Bytes),
+    /// Over the limit: the bytes read so far and the rest, still to be streamed to the client.
+    Overflow { prefix: Bytes, rest: Body },
+}
+
+impl Collected {
+    async fn read(mut body: Body, cap: usize) -> Result<Self, axum::Error> {
+        use http_body_util::BodyExt;
+        let mut buf = bytes::BytesMut::new();
+        while let Some(frame) = body.frame().await {
+            // Trailers are not stored (nor replayed).
+            if let Ok(data) = frame?.into_data() {
+                buf.extend_from_slice(&data);
+                if buf.len() > cap {
+                    return Ok(Self::Overflow {
+                        prefix: buf.freeze(),
+                        rest: body,
+                    });
+                }
+            }
+        }
+        Ok(Self::Whole(buf.freeze()))
+    }
+
+    /// The body for the client: the collected bytes, then whatever was not read yet.
+    fn into_body(self) -> Body {
+        match self {
+            Self::Whole(bytes) => Body::from(bytes),
+            Self::Overflow { prefix, rest } => Body::new(Prefixed {
+                prefix: Some(prefix),
+                rest,
+            }),
+        }
+    }
+}
+
+/// A body that yields `prefix`, then `rest`.
+struct Prefixed {
+    prefix: Option<Bytes>,
+    rest: Body,
+}
+
+impl http_body::Body for Prefixed {
+    type Data = Bytes;
+    type Error = axum::Error;
+
+    fn poll_frame(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<http_body::Frame<Bytes>, axum::Error>>> {
+        if let Some(prefix) = self.prefix.take() {
+            return Poll::Ready(Some(Ok(http_body::Frame::data(prefix))));
+        }
+        Pin::new(&mut self.rest).poll_frame(cx)
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.prefix.is_none() && self.rest.is_end_stream()
+    }
+
+    fn size_hint(&self) -> http_body::SizeHint {
+        let prefix = self.prefix.as_ref().map_or(0, |p| p.len() as u64);
+        let rest = self.rest.size_hint();
+        let mut hint = http_body::SizeHint::new();
+        hint.set_lower(rest.lower() + prefix);
+        if let Some(upper) = rest.upper() {
+            hint.set_upper(upper + prefix);
+        }
+        hint
     }
 }
 
@@ -348,27 +601,27 @@ fn releases_key(status: StatusCode) -> bool {
         )
 }
 
-fn completion_for(config: &Config, parts: &http::response::Parts, body: &Bytes) -> Completion {
-    if body.len() > config.max_stored_body {
-        Completion::Tombstone {
+fn completion_for(config: &Config, parts: &http::response::Parts, body: &Collected) -> Completion {
+    match body {
+        Collected::Whole(bytes) if bytes.len() <= config.max_stored_body => Completion::Response(
+            StoredResponse::new(parts.status.as_u16(), &parts.headers, bytes.clone()),
+        ),
+        _ => Completion::Tombstone {
             reason: format!(
-                "the response body ({} bytes) was larger than the {} bytes stored for replay",
-                body.len(),
+                "the response body was larger than the {} bytes stored for replay",
                 config.max_stored_body
             ),
-        }
-    } else {
-        Completion::Response(StoredResponse::new(
-            parts.status.as_u16(),
-            &parts.headers,
-            body.clone(),
-        ))
+        },
     }
 }
 
 /// The answer an existing row gives, or `None` while it is in progress.
-fn answer_from_record(record: &Record, fingerprint: &Fingerprint) -> Option<(Outcome, Response)> {
-    if record.fingerprint != *fingerprint {
+/// `fingerprints`: this request's, under the current and any previous secret.
+fn answer_from_record(
+    record: &Record,
+    fingerprints: &[Fingerprint],
+) -> Option<(Outcome, Response)> {
+    if !fingerprints.contains(&record.fingerprint) {
         let problem = Problem::new(
             StatusCode::UNPROCESSABLE_ENTITY,
             "idempotency-key-reused",
@@ -486,7 +739,18 @@ fn in_use() -> (Outcome, Response) {
     (Outcome::InProgress, problem.into_response())
 }
 
-fn store_failed(error: &crate::store::StoreError) -> (Outcome, Response) {
+fn store_failed(error: &StoreError) -> (Outcome, Response) {
+    if matches!(error, StoreError::Busy) {
+        tracing::warn!(%error, "idempotency key store busy");
+        let problem = Problem::new(
+            StatusCode::SERVICE_UNAVAILABLE,
+            "storage-busy",
+            "Service busy",
+        )
+        .with_detail("the database was busy and the request was not processed; retry with the same Idempotency-Key")
+        .with_retry_after(1);
+        return (Outcome::Error, problem.into_response());
+    }
     tracing::error!(%error, "idempotency key store failed");
     let problem = Problem::new(
         StatusCode::SERVICE_UNAVAILABLE,

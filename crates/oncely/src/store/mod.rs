@@ -10,6 +10,7 @@
 //!            claim                     complete(token)
 //!  (absent) ───────► in_progress ───────────────────────► completed ──┐
 //!      ▲               │   │ lease expired: claim takes over          │ retention
+//!      │               │   │ (renew(token) extends a live owner's lease)│
 //!      │  release(token)│   └─► in_progress (new fencing token)      │ expired:
 //!      └───────────────┘       complete(token, too large) ─► tombstoned ─► pruned
 //! ```
@@ -172,7 +173,9 @@ pub enum Claim<T = ()> {
     },
     /// Someone else's row: in progress, completed or tombstoned; the caller compares fingerprints.
     Existing(Record),
-    /// Transactional claims only: the bounded wait for a concurrent owner ran out.
+    /// Transactional claims only: the bounded wait for a concurrent owner *of this key* ran out
+    /// (PostgreSQL: the key's row stayed locked). A database that is busy as a whole (SQLite's
+    /// write lock) is [`StoreError::Busy`] instead.
     Busy,
 }
 
@@ -182,6 +185,10 @@ pub enum StoreError {
     /// The database refused or could not be reached.
     #[error("database error: {0}")]
     Database(#[from] sqlx::Error),
+    /// The database is busy: its write lock (SQLite) was not free within the wait. Says
+    /// nothing about the key; retry later.
+    #[error("the database is busy")]
+    Busy,
     /// A stored value could not be read back.
     #[error("stored {0} is corrupt")]
     Corrupt(&'static str),
@@ -222,6 +229,17 @@ pub trait KeyStore: Clone + Send + Sync + 'static {
         completion: &Completion,
     ) -> impl Future<Output = Result<bool, StoreError>> + Send;
 
+    /// Extends the lease of the claim `token` to `lease` from now (the database's clock on
+    /// PostgreSQL). Fenced: `false` unless the key is still in progress under that token, so an
+    /// owner that was taken over learns it has lost the key. A live owner renews periodically,
+    /// so only a dead owner's key is ever taken over.
+    fn renew(
+        &self,
+        scope: &Scope,
+        token: FencingToken,
+        lease: Duration,
+    ) -> impl Future<Output = Result<bool, StoreError>> + Send;
+
     /// Frees the key of the claim `token` (nothing is stored; a retry runs again).
     fn release(
         &self,
@@ -239,7 +257,8 @@ pub trait KeyStore: Clone + Send + Sync + 'static {
     fn prune(&self, limit: u32) -> impl Future<Output = Result<u64, StoreError>> + Send;
 
     /// Begins a transaction and claims the key inside it, waiting at most `wait` for a
-    /// concurrent owner to finish. The transaction is bounded by `req.lease`.
+    /// concurrent owner to finish ([`Claim::Busy`]) or for the database's write lock
+    /// ([`StoreError::Busy`]). The transaction is bounded by `req.lease`.
     fn claim_in_transaction(
         &self,
         req: &ClaimRequest<'_>,

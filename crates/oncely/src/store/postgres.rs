@@ -102,6 +102,12 @@ const COMPLETE: &str = "
      WHERE tenant = $1 AND method = $2 AND route = $3 AND idem_key = $4
        AND fence = $5 AND state = 'in_progress'";
 
+const RENEW: &str = "
+    UPDATE oncely_idempotency_keys
+       SET lease_until = now() + make_interval(secs => $6)
+     WHERE tenant = $1 AND method = $2 AND route = $3 AND idem_key = $4
+       AND fence = $5 AND state = 'in_progress'";
+
 const RELEASE: &str = "
     DELETE FROM oncely_idempotency_keys
      WHERE tenant = $1 AND method = $2 AND route = $3 AND idem_key = $4
@@ -240,6 +246,24 @@ impl KeyStore for PgKeyStore {
     ) -> Result<bool, StoreError> {
         let mut conn = self.pool.acquire().await?;
         complete_on(&mut conn, scope, token, completion).await
+    }
+
+    async fn renew(
+        &self,
+        scope: &Scope,
+        token: FencingToken,
+        lease: Duration,
+    ) -> Result<bool, StoreError> {
+        let done = sqlx::query(RENEW)
+            .bind(scope.tenant.as_str())
+            .bind(&scope.method)
+            .bind(&scope.route)
+            .bind(scope.key.as_str())
+            .bind(token.0)
+            .bind(secs(lease))
+            .execute(&self.pool)
+            .await?;
+        Ok(done.rows_affected() == 1)
     }
 
     async fn release(&self, scope: &Scope, token: FencingToken) -> Result<bool, StoreError> {

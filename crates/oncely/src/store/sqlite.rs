@@ -104,6 +104,12 @@ const COMPLETE: &str = "
      WHERE tenant = ?1 AND method = ?2 AND route = ?3 AND idem_key = ?4
        AND fence = ?5 AND state = 'in_progress'";
 
+const RENEW: &str = "
+    UPDATE oncely_idempotency_keys
+       SET lease_until = ?7 + ?6
+     WHERE tenant = ?1 AND method = ?2 AND route = ?3 AND idem_key = ?4
+       AND fence = ?5 AND state = 'in_progress'";
+
 const RELEASE: &str = "
     DELETE FROM oncely_idempotency_keys
      WHERE tenant = ?1 AND method = ?2 AND route = ?3 AND idem_key = ?4
@@ -223,7 +229,11 @@ impl KeyStore for SqliteKeyStore {
     }
 
     async fn claim(&self, req: &ClaimRequest<'_>) -> Result<Claim, StoreError> {
-        let mut tx = self.pool.begin_with("BEGIN IMMEDIATE").await?;
+        let mut tx = match self.pool.begin_with("BEGIN IMMEDIATE").await {
+            Ok(tx) => tx,
+            Err(e) if is_busy(&e) => return Err(StoreError::Busy),
+            Err(e) => return Err(e.into()),
+        };
         let claim = claim_on(&mut tx, req).await?;
         tx.commit().await?;
         Ok(claim)
@@ -237,6 +247,25 @@ impl KeyStore for SqliteKeyStore {
     ) -> Result<bool, StoreError> {
         let mut conn = self.pool.acquire().await?;
         complete_on(&mut conn, scope, token, completion).await
+    }
+
+    async fn renew(
+        &self,
+        scope: &Scope,
+        token: FencingToken,
+        lease: Duration,
+    ) -> Result<bool, StoreError> {
+        let done = sqlx::query(RENEW)
+            .bind(scope.tenant.as_str())
+            .bind(&scope.method)
+            .bind(&scope.route)
+            .bind(scope.key.as_str())
+            .bind(token.0)
+            .bind(millis(lease))
+            .bind(now_ms())
+            .execute(&self.pool)
+            .await?;
+        Ok(done.rows_affected() == 1)
     }
 
     async fn release(&self, scope: &Scope, token: FencingToken) -> Result<bool, StoreError> {
@@ -274,17 +303,19 @@ impl KeyStore for SqliteKeyStore {
         _wait: Duration,
     ) -> Result<Claim<Transaction<'static, Sqlite>>, StoreError> {
         // One writer at a time: a concurrent owner of the same key holds the write lock until it
-        // commits, so waiting for the lock (the pool's busy timeout) is waiting for that owner.
+        // commits, so waiting for the lock (the pool's busy timeout) may be waiting for that
+        // owner — or for any other writer. A lock still busy after the timeout therefore says
+        // nothing about this key: StoreError::Busy, not Claim::Busy.
         let mut tx = match self.pool.begin_with("BEGIN IMMEDIATE").await {
             Ok(tx) => tx,
-            Err(e) if is_busy(&e) => return Ok(Claim::Busy),
+            Err(e) if is_busy(&e) => return Err(StoreError::Busy),
             Err(e) => return Err(e.into()),
         };
         match claim_on(&mut tx, req).await {
             Ok(Claim::Acquired { token, .. }) => Ok(Claim::Acquired { token, tx }),
             Ok(Claim::Existing(record)) => Ok(Claim::Existing(record)),
             Ok(Claim::Busy) => Ok(Claim::Busy),
-            Err(StoreError::Database(e)) if is_busy(&e) => Ok(Claim::Busy),
+            Err(StoreError::Database(e)) if is_busy(&e) => Err(StoreError::Busy),
             Err(e) => Err(e),
         }
     }

@@ -3,6 +3,7 @@
 use std::time::Duration;
 
 use bytes::Bytes;
+use oncely::fingerprint::RequestTarget;
 use oncely::store::{
     Claim, ClaimRequest, Completion, FencingToken, KeyStore, RecordState, StoredResponse, prune_all,
 };
@@ -11,7 +12,13 @@ use oncely::{Fingerprint, IdempotencyKey, Scope, TenantId};
 use crate::support::{Backend, Db, both_stores, new_key, scope, secret};
 
 fn fp(body: &str) -> Fingerprint {
-    Fingerprint::of_request(&secret(), "POST", "/payments", None, body.as_bytes(), None)
+    Fingerprint::of_request(
+        &secret(),
+        &RequestTarget::route("POST", "/payments"),
+        None,
+        body.as_bytes(),
+        None,
+    )
 }
 
 fn req<'a>(scope: &'a Scope, fingerprint: &'a Fingerprint, lease_ms: u64) -> ClaimRequest<'a> {
@@ -60,6 +67,7 @@ both_stores!(
     an_expired_lease_is_taken_over_and_the_old_owner_can_no_longer_complete,
     an_expired_lease_is_not_taken_over_by_a_different_request,
     release_frees_the_key_only_for_its_owner,
+    renewal_keeps_a_live_owner_and_is_fenced,
     lease_and_retention_are_separate,
     prune_deletes_only_expired_rows_in_bounded_batches,
     a_tombstone_is_kept_and_returned,
@@ -179,6 +187,66 @@ async fn an_expired_lease_is_not_taken_over_by_a_different_request<S: Backend>(s
             other_kind(&other)
         ),
     }
+}
+
+async fn renewal_keeps_a_live_owner_and_is_fenced<S: Backend>(store: S, _db: Db) {
+    let scope = scope(&new_key());
+    let fp = fp("a");
+    let token = acquired(store.claim(&req(&scope, &fp, 300)).await.unwrap());
+    // Renewed well past the first lease: never taken over while renewals keep coming.
+    assert!(
+        store
+            .renew(&scope, token, Duration::from_secs(60))
+            .await
+            .unwrap()
+    );
+    tokio::time::sleep(Duration::from_millis(400)).await;
+    match store.claim(&req(&scope, &fp, 10_000)).await.unwrap() {
+        Claim::Existing(record) => {
+            assert_eq!(record.state, RecordState::InProgress { lease_active: true });
+        }
+        other => panic!("a renewed claim was taken over: {}", other_kind(&other)),
+    }
+    // Another token cannot renew, and neither can the owner once the key is completed.
+    assert!(
+        !store
+            .renew(&scope, FencingToken::new(), Duration::from_secs(60))
+            .await
+            .unwrap()
+    );
+    assert!(
+        store
+            .complete(&scope, token, &response("done"))
+            .await
+            .unwrap()
+    );
+    assert!(
+        !store
+            .renew(&scope, token, Duration::from_secs(60))
+            .await
+            .unwrap()
+    );
+    assert!(matches!(
+        store.get(&scope).await.unwrap().unwrap().state,
+        RecordState::Completed(_)
+    ));
+    // A lapsed, taken-over owner cannot renew its way back.
+    let scope = crate::support::scope(&new_key());
+    let old = acquired(store.claim(&req(&scope, &fp, 50)).await.unwrap());
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    let new = acquired(store.claim(&req(&scope, &fp, 10_000)).await.unwrap());
+    assert!(
+        !store
+            .renew(&scope, old, Duration::from_secs(60))
+            .await
+            .unwrap()
+    );
+    assert!(
+        store
+            .renew(&scope, new, Duration::from_secs(60))
+            .await
+            .unwrap()
+    );
 }
 
 async fn release_frees_the_key_only_for_its_owner<S: Backend>(store: S, _db: Db) {

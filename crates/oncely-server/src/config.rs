@@ -252,6 +252,17 @@ pub struct ServeArgs {
     #[arg(long, env = "ONCELY_MAIL_CAP_PER_CLIENT", default_value_t = 30)]
     pub mail_cap_per_client: u32,
 
+    /// Proxies (comma-separated CIDRs or addresses) whose `X-Forwarded-For` / `Forwarded`
+    /// name the client for the per-client cap. Default: none (the headers are ignored and the
+    /// connection's peer is the client).
+    #[arg(
+        long,
+        env = "ONCELY_TRUSTED_PROXIES",
+        value_delimiter = ',',
+        value_parser = crate::client_addr::parse_trusted_proxy
+    )]
+    pub trusted_proxies: Vec<ipnet::IpNet>,
+
     #[command(flatten)]
     #[allow(missing_docs)]
     pub retention: RetentionArgs,
@@ -514,6 +525,17 @@ mod tests {
             printed.contains("postgres://app:***@db:5432/oncely") || printed.contains("db:5432"),
             "{printed}"
         );
+    }
+
+    #[test]
+    fn trusted_proxies_are_cidrs_and_a_bad_one_is_a_clear_startup_error() {
+        assert!(serve(&[]).trusted_proxies.is_empty());
+        let args = serve(&["--trusted-proxies", "10.0.0.0/8, 127.0.0.1"]);
+        assert_eq!(args.trusted_proxies.len(), 2);
+        let error = Cli::try_parse_from(["oncely", "serve", "--trusted-proxies", "10.0.0.0/33"])
+            .unwrap_err()
+            .to_string();
+        assert!(error.contains("\"10.0.0.0/33\" is not a CIDR"), "{error}");
     }
 
     #[test]

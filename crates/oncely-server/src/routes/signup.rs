@@ -9,7 +9,7 @@ use secrecy::SecretString;
 use serde::Deserialize;
 use serde_json::json;
 
-use super::issue::{Client, Owner, suppression, token_email};
+use super::issue::{ClientAddr, Owner, suppression, token_email};
 use super::tenant::Tenant;
 use super::{AppState, Body, accepted, invalid_request, unexpected};
 use crate::accounts::{Accounts, SignupRow};
@@ -53,7 +53,7 @@ pub async fn hash_password(password: Option<String>) -> Result<Option<String>, P
 pub async fn signup<A: Accounts>(
     State(state): State<AppState<A>>,
     Tenant(tenant): Tenant,
-    client: Client,
+    client: ClientAddr,
     tx: IdempotentTx<A::Database>,
     Body(request): Body<SignupRequest>,
 ) -> Result<(StatusCode, Json<serde_json::Value>), Problem> {

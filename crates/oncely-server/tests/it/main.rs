@@ -4,6 +4,7 @@
 
 mod api_description;
 mod chaos;
+mod client_caps;
 mod flows;
 mod health;
 mod hostile;

@@ -88,6 +88,7 @@ impl Application {
         let common = &args.common;
         let secret = common.server_secret()?;
         common.mailer_choice()?;
+        common.public_url(Some(args.bind))?;
         let database =
             Database::connect_pool(&common.database.database_url, common.database_pool).await?;
         database.migrate().await?;
@@ -98,7 +99,7 @@ impl Application {
         let (mailer, dev_inbox) = mailer(common).await?;
         let context = Arc::new(MailContext {
             secret: secret.clone(),
-            public_url: common.public_url(Some(addr)),
+            public_url: common.public_url(Some(addr))?,
             from: common.mail_from.clone(),
             mailer,
         });

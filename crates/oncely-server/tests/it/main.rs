@@ -12,4 +12,5 @@ mod ops;
 mod properties;
 mod security;
 mod signup;
+mod startup;
 mod support;

@@ -3,5 +3,6 @@
 #![allow(unreachable_pub)]
 
 mod delivery;
+mod recording;
 mod store_conformance;
 mod support;

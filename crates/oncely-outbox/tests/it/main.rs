@@ -6,3 +6,4 @@ mod delivery;
 mod recording;
 mod store_conformance;
 mod support;
+mod wakeups;

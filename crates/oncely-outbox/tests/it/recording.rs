@@ -53,6 +53,9 @@ impl<S: JobStore> JobStore for FailingFinish<S> {
     async fn release(&self, job: &Job) -> Result<bool, OutboxError> {
         self.inner.release(job).await
     }
+    fn wake(&self) {
+        self.inner.wake();
+    }
     async fn wakeup(&self) -> Result<Wakeup, OutboxError> {
         self.inner.wakeup().await
     }

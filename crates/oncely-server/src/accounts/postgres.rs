@@ -297,5 +297,7 @@ impl Accounts for PgKeyStore {
         )
     }
 
-    fn notify_workers(_: &PgJobStore) {}
+    fn notify_workers(jobs: &PgJobStore) {
+        jobs.wake();
+    }
 }

@@ -135,9 +135,14 @@ async fn a_failed_recording_is_retried_and_nothing_is_sent_twice<S: Backend>(
         3,
         "recorded despite the blip"
     );
+    // Jobs finishing at different moments may be recorded in more than one batch.
     assert_eq!(
-        flaky.calls.load(Ordering::SeqCst),
-        4,
+        flaky.failures.load(Ordering::SeqCst),
+        0,
+        "every injected failure happened"
+    );
+    assert!(
+        flaky.calls.load(Ordering::SeqCst) >= 4,
         "three failures, then success"
     );
     // Past the lease: with the result lost, the jobs would be claimed and sent again now.

@@ -7,6 +7,9 @@
 //! - `replay`: first makes `--keys` requests, then only repeats them (every answer a replay);
 //! - `plain`: a fresh key per request to any URL with a fixed body (layer overhead).
 //!
+//! With `--password`, signup bodies carry a password (Argon2id on the server: the memory
+//! scenario, `bench/password-rss`).
+//!
 //! Requests go through `oncely-client` with one attempt each ([`RetryPolicy::NONE`]): the
 //! figures count first answers, and an error is counted as status 0.
 
@@ -47,6 +50,9 @@ struct Args {
     /// Keys to create first and then replay (replay mode).
     #[arg(long, default_value_t = 200)]
     keys: usize,
+    /// Signups carry a password.
+    #[arg(long)]
+    password: bool,
 }
 
 #[derive(Default)]
@@ -55,8 +61,12 @@ struct Totals {
     statuses: BTreeMap<u16, u64>,
 }
 
-fn body(n: u64) -> serde_json::Value {
-    json!({ "email": format!("bench-{n}@example.com") })
+fn body(n: u64, password: bool) -> serde_json::Value {
+    if password {
+        json!({ "email": format!("bench-{n}@example.com"), "password": format!("bench password {n}") })
+    } else {
+        json!({ "email": format!("bench-{n}@example.com") })
+    }
 }
 
 #[tokio::main]
@@ -84,7 +94,7 @@ async fn main() -> anyhow::Result<()> {
             let answer = client
                 .send(&request(
                     format!("r-{run_id}-{n}"),
-                    &body(run_id * 1_000_000 + n),
+                    &body(run_id * 1_000_000 + n, args.password),
                 ))
                 .await?;
             anyhow::ensure!(
@@ -106,7 +116,8 @@ async fn main() -> anyhow::Result<()> {
             totals.clone(),
             counter.clone(),
         );
-        let (mode, duplicates, keys) = (args.mode, args.duplicates, args.keys as u64);
+        let (mode, duplicates, keys, password) =
+            (args.mode, args.duplicates, args.keys as u64, args.password);
         tasks.push(tokio::spawn(async move {
             let mut local = Totals::default();
             while Instant::now() < deadline {
@@ -114,15 +125,24 @@ async fn main() -> anyhow::Result<()> {
                 let (key, payload) = match mode {
                     Mode::Replay => {
                         let k = rand::rng().random_range(0..keys);
-                        (format!("r-{run_id}-{k}"), body(run_id * 1_000_000 + k))
+                        (
+                            format!("r-{run_id}-{k}"),
+                            body(run_id * 1_000_000 + k, password),
+                        )
                     }
                     Mode::Signup
                         if n > 0 && rand::rng().random_bool(duplicates.clamp(0.0, 1.0)) =>
                     {
                         let k = rand::rng().random_range(0..n);
-                        (format!("s-{run_id}-{k}"), body(run_id * 1_000_000_000 + k))
+                        (
+                            format!("s-{run_id}-{k}"),
+                            body(run_id * 1_000_000_000 + k, password),
+                        )
                     }
-                    Mode::Signup => (format!("s-{run_id}-{n}"), body(run_id * 1_000_000_000 + n)),
+                    Mode::Signup => (
+                        format!("s-{run_id}-{n}"),
+                        body(run_id * 1_000_000_000 + n, password),
+                    ),
                     Mode::Plain => (format!("p-{run_id}-{n}"), json!({ "amount": 1 })),
                 };
                 let sent = Instant::now();

@@ -4,6 +4,10 @@
 //! 1. Inside your transaction, [`postgres::enqueue`](store::postgres::enqueue) (or the SQLite
 //!    one) inserts a [`NewJob`] named after the business intent (`signup-verification:t:42:1`).
 //!    Its operation key is unique: enqueueing the same intent twice is a no-op that says so.
+//!    After the transaction commits, call [`JobStore::wake`] on the job store: idle workers (in
+//!    every process, on PostgreSQL) start at once. Enqueue itself does not notify — inside the
+//!    transaction a NOTIFY would serialise every commit — and without a wake workers still find
+//!    the job at their next poll.
 //! 2. A [`Worker`] claims due jobs in batches (`FOR UPDATE SKIP LOCKED` on PostgreSQL) under a
 //!    lease, runs the [`Handler`] of each job's kind *outside* any transaction, and records the
 //!    attempt. `sent_at` is set only after the handler reports the effect happened.

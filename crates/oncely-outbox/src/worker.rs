@@ -340,7 +340,7 @@ impl<S: JobStore> Worker<S> {
         if finished.is_empty() {
             return Ok(());
         }
-        let owned = self.store.finish_all(&finished).await?;
+        let owned = self.finish_with_retries(&finished).await?;
         for ((job, finish), owned) in finished.into_iter().zip(owned) {
             if !owned {
                 tracing::warn!(
@@ -354,6 +354,37 @@ impl<S: JobStore> Worker<S> {
         Ok(())
     }
 }
+
+impl<S: JobStore> Worker<S> {
+    /// Records finished attempts. A failed write (a database blip) is retried with backoff for
+    /// up to a lease: the attempts already happened, and a result that is never recorded makes
+    /// the job run — the email be sent — again after its lease. Every write is fenced by the
+    /// claim's lease token, so a late one cannot overwrite another worker's claim (it reports
+    /// the lease as lost instead).
+    async fn finish_with_retries(
+        &self,
+        finished: &[(&Job, &Finish)],
+    ) -> Result<Vec<bool>, OutboxError> {
+        let deadline = tokio::time::Instant::now() + self.config.lease;
+        let mut delay = FINISH_RETRY_FIRST;
+        loop {
+            match self.store.finish_all(finished).await {
+                Ok(owned) => return Ok(owned),
+                Err(error) if tokio::time::Instant::now() + delay < deadline => {
+                    tracing::warn!(%error, retry_in = ?delay, jobs = finished.len(), "recording outbox attempts failed; retrying");
+                    metrics::counter!("oncely_outbox_finish_retries_total").increment(1);
+                    tokio::time::sleep(delay).await;
+                    delay = (delay * 2).min(FINISH_RETRY_MAX);
+                }
+                Err(error) => return Err(error),
+            }
+        }
+    }
+}
+
+/// First and longest pause between tries to record finished attempts.
+const FINISH_RETRY_FIRST: Duration = Duration::from_millis(50);
+const FINISH_RETRY_MAX: Duration = Duration::from_secs(2);
 
 /// The jobs a worker is running, each in its own task, with a count per claim group.
 #[derive(Default)]

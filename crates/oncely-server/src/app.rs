@@ -17,6 +17,7 @@ use tokio::net::TcpListener;
 use tokio_util::sync::CancellationToken;
 
 use crate::accounts::Accounts;
+use crate::client_addr::TrustedProxies;
 use crate::config::{CommonArgs, Environment, MailerChoice, ServeArgs};
 use crate::database::Database;
 use crate::mail::MailContext;
@@ -87,6 +88,7 @@ impl Application {
         let common = &args.common;
         let secret = common.server_secret()?;
         common.mailer_choice()?;
+        common.public_url(Some(args.bind))?;
         let database =
             Database::connect_pool(&common.database.database_url, common.database_pool).await?;
         database.migrate().await?;
@@ -97,7 +99,7 @@ impl Application {
         let (mailer, dev_inbox) = mailer(common).await?;
         let context = Arc::new(MailContext {
             secret: secret.clone(),
-            public_url: common.public_url(Some(addr)),
+            public_url: common.public_url(Some(addr))?,
             from: common.mail_from.clone(),
             mailer,
         });
@@ -156,7 +158,9 @@ impl Application {
         {
             router = router.nest("/_dev/inbox", oncely_inbox::http::router(inbox.clone()));
         }
-        let router = telemetry::layer(router);
+        let router = telemetry::layer(router).layer(axum::Extension(TrustedProxies::new(
+            args.trusted_proxies.clone(),
+        )));
         Ok(Self {
             listener,
             router,
@@ -190,9 +194,14 @@ impl Application {
         self,
         shutdown: impl Future<Output = ()> + Send + 'static,
     ) -> anyhow::Result<()> {
-        let served = axum::serve(self.listener, self.router)
-            .with_graceful_shutdown(shutdown)
-            .await;
+        // With the peer address: the per-client email cap keys on it.
+        let served = axum::serve(
+            self.listener,
+            self.router
+                .into_make_service_with_connect_info::<SocketAddr>(),
+        )
+        .with_graceful_shutdown(shutdown)
+        .await;
         self.shutdown.cancel();
         for worker in self.workers {
             if let Ok(Err(error)) = worker.await {

@@ -166,8 +166,8 @@ impl std::fmt::Debug for DatabaseArgs {
     }
 }
 
-/// Settings shared by `serve` and `worker`.
-#[derive(Debug, Clone, Args)]
+/// Settings shared by `serve` and `worker`. Its `Debug` shows no secret.
+#[derive(Clone, Args)]
 pub struct CommonArgs {
     #[command(flatten)]
     #[allow(missing_docs)]
@@ -192,15 +192,27 @@ pub struct CommonArgs {
     #[arg(long, env = "ONCELY_SECRET", hide_env_values = true)]
     pub secret: Option<SecretString>,
 
-    /// Base of links in emails. Default: `http://<bind>`.
+    /// The server secret before a rotation, kept for a grace period (at least the key
+    /// retention and the longest link lifetime, 7 days): retries of requests stored under it
+    /// still replay, and links and emails it derived still work. New work uses ONCELY_SECRET.
+    #[arg(long, env = "ONCELY_SECRET_PREVIOUS", hide_env_values = true)]
+    pub secret_previous: Option<SecretString>,
+
+    /// Base of links in emails: `http(s)://host[:port][/path]`, no query or fragment. Default
+    /// `http://<bind>` in development; required in production.
     #[arg(long, env = "ONCELY_PUBLIC_URL")]
     pub public_url: Option<String>,
 
     /// `dev` (the built-in inbox), `smtp://host:port` (`smtps://` for TLS), or
     /// `http(s)://host/emails` (Resend-compatible). Default `dev` in development; required in
-    /// production.
-    #[arg(long, env = "ONCELY_MAILER")]
+    /// production. May hold SMTP credentials (`smtps://user:password@host`): never printed.
+    #[arg(long, env = "ONCELY_MAILER", hide_env_values = true)]
     pub mailer: Option<String>,
+
+    /// The SMTP password, kept out of `ONCELY_MAILER` (which then names the user:
+    /// `smtps://user@host:465`).
+    #[arg(long, env = "ONCELY_SMTP_PASSWORD", hide_env_values = true)]
+    pub smtp_password: Option<SecretString>,
 
     /// Bearer token for an HTTP mailer.
     #[arg(long, env = "ONCELY_MAILER_API_KEY", hide_env_values = true)]
@@ -222,6 +234,29 @@ pub struct CommonArgs {
     /// LISTEN does not work).
     #[arg(long, env = "ONCELY_POLL_ONLY")]
     pub poll_only: bool,
+}
+
+impl std::fmt::Debug for CommonArgs {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("CommonArgs")
+            .field("database", &self.database)
+            .field("database_pool", &self.database_pool)
+            .field("environment", &self.environment)
+            .field("secret", &self.secret)
+            .field("secret_previous", &self.secret_previous)
+            .field("public_url", &self.public_url)
+            .field(
+                "mailer",
+                &self.mailer.as_deref().map(crate::database::redact),
+            )
+            .field("mailer_api_key", &self.mailer_api_key)
+            .field("smtp_password", &self.smtp_password)
+            .field("mail_from", &self.mail_from)
+            .field("lease", &self.lease)
+            .field("retry_base", &self.retry_base)
+            .field("poll_only", &self.poll_only)
+            .finish()
+    }
 }
 
 /// Settings of `oncely serve`.
@@ -251,6 +286,17 @@ pub struct ServeArgs {
     /// Emails per window requested by one client address.
     #[arg(long, env = "ONCELY_MAIL_CAP_PER_CLIENT", default_value_t = 30)]
     pub mail_cap_per_client: u32,
+
+    /// Proxies (comma-separated CIDRs or addresses) whose `X-Forwarded-For` / `Forwarded`
+    /// name the client for the per-client cap. Default: none (the headers are ignored and the
+    /// connection's peer is the client).
+    #[arg(
+        long,
+        env = "ONCELY_TRUSTED_PROXIES",
+        value_delimiter = ',',
+        value_parser = crate::client_addr::parse_trusted_proxy
+    )]
+    pub trusted_proxies: Vec<ipnet::IpNet>,
 
     #[command(flatten)]
     #[allow(missing_docs)]
@@ -360,19 +406,89 @@ impl ServeArgs {
     }
 }
 
-/// Where email goes.
-#[derive(Debug, Clone, PartialEq, Eq)]
+/// Where email goes. Its `Debug` shows no password.
+#[derive(Clone, PartialEq, Eq)]
 pub enum MailerChoice {
     /// The built-in inbox of this process (development).
     Dev,
-    /// `smtp://`, `smtps://`, `http://` or `https://`.
+    /// `smtp://`, `smtps://`, `http://` or `https://` (with `ONCELY_SMTP_PASSWORD` filled in).
     Url(String),
+}
+
+impl std::fmt::Debug for MailerChoice {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Self::Dev => f.write_str("Dev"),
+            Self::Url(url) => f
+                .debug_tuple("Url")
+                .field(&crate::database::redact(url))
+                .finish(),
+        }
+    }
+}
+
+/// Percent-encodes everything but RFC 3986 unreserved characters (for URL userinfo).
+fn percent_encode(s: &str) -> String {
+    s.bytes()
+        .map(|b| match b {
+            b'A'..=b'Z' | b'a'..=b'z' | b'0'..=b'9' | b'-' | b'.' | b'_' | b'~' => {
+                (b as char).to_string()
+            }
+            _ => format!("%{b:02X}"),
+        })
+        .collect()
+}
+
+/// `smtps://user@host` and a password: `smtps://user:password@host` (password encoded).
+fn with_smtp_password(url: &str, password: &str) -> anyhow::Result<String> {
+    let Some((scheme, rest)) = url.split_once("://") else {
+        bail!("ONCELY_SMTP_PASSWORD needs an smtp:// or smtps:// ONCELY_MAILER");
+    };
+    if scheme != "smtp" && scheme != "smtps" {
+        bail!(
+            "ONCELY_SMTP_PASSWORD is for smtp:// and smtps:// mailers (an HTTP mailer takes ONCELY_MAILER_API_KEY)"
+        );
+    }
+    let authority_end = rest.find(['/', '?']).unwrap_or(rest.len());
+    let Some(at) = rest[..authority_end].rfind('@') else {
+        bail!("ONCELY_SMTP_PASSWORD needs the user in ONCELY_MAILER ({scheme}://user@host:port)");
+    };
+    let user = &rest[..at];
+    if user.contains(':') {
+        bail!(
+            "ONCELY_MAILER already has a password; set it there or in ONCELY_SMTP_PASSWORD, not both"
+        );
+    }
+    Ok(format!(
+        "{scheme}://{user}:{}{}",
+        percent_encode(password),
+        &rest[at..]
+    ))
 }
 
 impl CommonArgs {
     /// The server secret: given, or (development only) read from or generated into the data
     /// directory, so that it survives restarts.
+    /// With `ONCELY_SECRET_PREVIOUS`, the previous secret verifies what it made (see
+    /// [`ServerSecret::with_previous`]).
     pub fn server_secret(&self) -> anyhow::Result<ServerSecret> {
+        let current = self.current_secret()?;
+        let Some(previous) = &self.secret_previous else {
+            return Ok(current);
+        };
+        let previous = previous.expose_secret();
+        if previous.len() < MIN_SECRET_CHARS {
+            bail!("ONCELY_SECRET_PREVIOUS must be at least {MIN_SECRET_CHARS} characters");
+        }
+        if self.secret.as_ref().map(ExposeSecret::expose_secret) == Some(previous) {
+            bail!(
+                "ONCELY_SECRET_PREVIOUS is the same as ONCELY_SECRET; set it to the secret before the rotation"
+            );
+        }
+        Ok(current.with_previous(vec![ServerSecret::new(previous.as_bytes().to_vec())?]))
+    }
+
+    fn current_secret(&self) -> anyhow::Result<ServerSecret> {
         if let Some(secret) = &self.secret {
             let secret = secret.expose_secret();
             if secret.len() < MIN_SECRET_CHARS {
@@ -405,7 +521,13 @@ impl CommonArgs {
                     .iter()
                     .any(|s| url.starts_with(s)) =>
             {
-                Ok(MailerChoice::Url(url.to_owned()))
+                match &self.smtp_password {
+                    Some(password) => Ok(MailerChoice::Url(with_smtp_password(
+                        url,
+                        password.expose_secret(),
+                    )?)),
+                    None => Ok(MailerChoice::Url(url.to_owned())),
+                }
             }
             Some(other) => bail!(
                 "ONCELY_MAILER must be dev, smtp://host:port, smtps://host:port or http(s)://host/emails (got {:?})",
@@ -414,14 +536,34 @@ impl CommonArgs {
         }
     }
 
-    /// The base of links, without a trailing slash.
-    pub fn public_url(&self, bind: Option<SocketAddr>) -> String {
+    /// The base of links, without a trailing slash. Required in production; `http(s)` with a
+    /// host and no query or fragment.
+    pub fn public_url(&self, bind: Option<SocketAddr>) -> anyhow::Result<String> {
         let url = match (&self.public_url, bind) {
             (Some(url), _) => url.clone(),
+            (None, _) if self.environment == Environment::Production => bail!(
+                "ONCELY_PUBLIC_URL is required in production (the base of links in emails, e.g. https://accounts.example.com)"
+            ),
             (None, Some(bind)) => format!("http://{bind}"),
             (None, None) => "http://127.0.0.1:8080".to_owned(),
         };
-        url.trim_end_matches('/').to_owned()
+        let parsed = url::Url::parse(&url).map_err(|e| {
+            anyhow::anyhow!(
+                "ONCELY_PUBLIC_URL {url:?} is not a URL ({e}); e.g. https://accounts.example.com"
+            )
+        })?;
+        if !matches!(parsed.scheme(), "http" | "https") || !parsed.has_host() {
+            bail!("ONCELY_PUBLIC_URL {url:?} must be an http:// or https:// URL with a host");
+        }
+        if parsed.query().is_some() || parsed.fragment().is_some() {
+            bail!(
+                "ONCELY_PUBLIC_URL {url:?} must not have a query or a fragment (links append their own)"
+            );
+        }
+        if !parsed.username().is_empty() || parsed.password().is_some() {
+            bail!("ONCELY_PUBLIC_URL must not hold credentials");
+        }
+        Ok(url.trim_end_matches('/').to_owned())
     }
 }
 
@@ -517,6 +659,150 @@ mod tests {
     }
 
     #[test]
+    fn trusted_proxies_are_cidrs_and_a_bad_one_is_a_clear_startup_error() {
+        assert!(serve(&[]).trusted_proxies.is_empty());
+        let args = serve(&["--trusted-proxies", "10.0.0.0/8, 127.0.0.1"]);
+        assert_eq!(args.trusted_proxies.len(), 2);
+        let error = Cli::try_parse_from(["oncely", "serve", "--trusted-proxies", "10.0.0.0/33"])
+            .unwrap_err()
+            .to_string();
+        assert!(error.contains("\"10.0.0.0/33\" is not a CIDR"), "{error}");
+    }
+
+    /// Regression: `ONCELY_MAILER=smtps://user:password@…` printed in `Debug`.
+    #[test]
+    fn the_mailer_password_never_prints() {
+        let args = serve(&[
+            "--mailer",
+            "smtps://mailer-user:smtp-password-1@smtp.example.com:465",
+            "--smtp-password",
+            "smtp-password-2",
+        ]);
+        let printed = format!("{args:?} {args:#?} {:?}", args.common);
+        for secret in ["smtp-password-1", "smtp-password-2"] {
+            assert!(!printed.contains(secret), "{secret} printed: {printed}");
+        }
+        assert!(
+            printed.contains("smtps://mailer-user:***@smtp.example.com:465"),
+            "{printed}"
+        );
+        let choice = serve(&[
+            "--mailer",
+            "smtps://mailer-user@smtp.example.com:465",
+            "--smtp-password",
+            "smtp-password-3",
+        ])
+        .common
+        .mailer_choice()
+        .unwrap();
+        assert!(!format!("{choice:?}").contains("smtp-password-3"));
+    }
+
+    #[test]
+    fn the_smtp_password_fills_in_the_mailer_url_encoded() {
+        let choice = |mailer: &str| {
+            serve(&["--mailer", mailer, "--smtp-password", "p@ss:w/rd %"])
+                .common
+                .mailer_choice()
+        };
+        assert_eq!(
+            choice("smtps://mailer-user@smtp.example.com:465").unwrap(),
+            MailerChoice::Url(
+                "smtps://mailer-user:p%40ss%3Aw%2Frd%20%25@smtp.example.com:465".into()
+            )
+        );
+        assert_eq!(
+            choice("smtp://u@127.0.0.1:2525?tls=required").unwrap(),
+            MailerChoice::Url("smtp://u:p%40ss%3Aw%2Frd%20%25@127.0.0.1:2525?tls=required".into())
+        );
+        for (mailer, error) in [
+            ("smtps://smtp.example.com:465", "needs the user"),
+            (
+                "smtps://u:other@smtp.example.com:465",
+                "already has a password",
+            ),
+            ("https://api.example.com/emails", "ONCELY_MAILER_API_KEY"),
+        ] {
+            let e = choice(mailer).unwrap_err().to_string();
+            assert!(e.contains(error), "{mailer}: {e}");
+            assert!(!e.contains("p@ss"), "{e}");
+        }
+        // Without it, the URL is used as given.
+        assert_eq!(
+            serve(&["--mailer", "smtps://u:given@h:465"])
+                .common
+                .mailer_choice()
+                .unwrap(),
+            MailerChoice::Url("smtps://u:given@h:465".into())
+        );
+    }
+
+    /// Regression: production started without `ONCELY_PUBLIC_URL` and linked to
+    /// `http://0.0.0.0:8080`.
+    #[test]
+    fn production_needs_a_public_url_and_development_has_a_default() {
+        let bind: SocketAddr = "0.0.0.0:8080".parse().unwrap();
+        let error = serve(&["--env", "production"])
+            .common
+            .public_url(Some(bind))
+            .unwrap_err()
+            .to_string();
+        assert!(
+            error.starts_with("ONCELY_PUBLIC_URL is required in production")
+                && !error.contains('\n'),
+            "{error}"
+        );
+        assert_eq!(
+            serve(&[]).common.public_url(Some(bind)).unwrap(),
+            "http://0.0.0.0:8080"
+        );
+        assert_eq!(
+            serve(&[
+                "--env",
+                "production",
+                "--public-url",
+                "https://accounts.example.com/auth/"
+            ])
+            .common
+            .public_url(Some(bind))
+            .unwrap(),
+            "https://accounts.example.com/auth"
+        );
+    }
+
+    #[test]
+    fn a_public_url_must_be_http_without_query_or_fragment() {
+        for (bad, why) in [
+            ("ftp://accounts.example.com", "http:// or https://"),
+            ("javascript:alert(1)", "http:// or https://"),
+            ("accounts.example.com", "is not a URL"),
+            (
+                "https://accounts.example.com/?ref=mail",
+                "query or a fragment",
+            ),
+            ("https://accounts.example.com/#top", "query or a fragment"),
+            ("https://accounts.example.com?", "query or a fragment"),
+            ("https://u:p@accounts.example.com", "credentials"),
+        ] {
+            for env in ["development", "production"] {
+                let error = serve(&["--env", env, "--public-url", bad])
+                    .common
+                    .public_url(None)
+                    .unwrap_err()
+                    .to_string();
+                assert!(error.contains(why), "{bad}: {error}");
+            }
+        }
+        assert_eq!(
+            serve(&["--public-url", "http://localhost:3000"])
+                .common
+                .public_url(None)
+                .unwrap(),
+            "http://localhost:3000"
+        );
+    }
+
+    #[test]
     fn production_without_a_secret_is_a_startup_error() {
         let args = serve(&["--env", "production", "--database-url", "sqlite::memory:"]);
         let error = args.common.server_secret().unwrap_err().to_string();
@@ -555,8 +841,54 @@ mod tests {
 
     #[test]
     fn secrets_never_print() {
-        let args = serve(&["--secret", "0123456789abcdef0123456789abcdef-very-secret"]);
-        assert!(!format!("{args:?}").contains("very-secret"));
+        let args = serve(&[
+            "--secret",
+            "0123456789abcdef0123456789abcdef-very-secret",
+            "--secret-previous",
+            "0123456789abcdef0123456789abcdef-old-secret",
+        ]);
+        let printed = format!("{args:?} {:?}", args.common.server_secret().unwrap());
+        assert!(!printed.contains("very-secret"), "{printed}");
+        assert!(!printed.contains("old-secret"), "{printed}");
+    }
+
+    #[test]
+    fn a_previous_secret_joins_the_ring_and_must_differ_and_be_long() {
+        let current = "0123456789abcdef0123456789abcdef-current";
+        let ring = serve(&[
+            "--secret",
+            current,
+            "--secret-previous",
+            "0123456789abcdef0123456789abcdef-previous",
+        ])
+        .common
+        .server_secret()
+        .unwrap();
+        assert_eq!(ring.previous().len(), 1);
+        assert_eq!(
+            ring.mac("x", &[]),
+            ServerSecret::new(current.as_bytes().to_vec())
+                .unwrap()
+                .mac("x", &[]),
+            "new work uses the current secret"
+        );
+        let same = serve(&["--secret", current, "--secret-previous", current])
+            .common
+            .server_secret();
+        assert!(
+            same.unwrap_err()
+                .to_string()
+                .contains("same as ONCELY_SECRET")
+        );
+        let short = serve(&["--secret", current, "--secret-previous", "short"])
+            .common
+            .server_secret();
+        assert!(
+            short
+                .unwrap_err()
+                .to_string()
+                .contains("ONCELY_SECRET_PREVIOUS")
+        );
     }
 
     #[test]

@@ -19,6 +19,7 @@
 
 pub mod accounts;
 pub mod app;
+pub mod client_addr;
 pub mod config;
 pub mod database;
 pub mod demo;

@@ -114,13 +114,14 @@ async fn run_workers(args: WorkerArgs) -> anyhow::Result<()> {
         );
     }
     let secret = common.server_secret()?;
+    let public_url = common.public_url(None)?;
     let database =
         Database::connect_pool(&common.database.database_url, common.database_pool).await?;
     database.migrate().await?;
     let (mailer, _) = app::mailer(common).await?;
     let context = Arc::new(MailContext {
         secret,
-        public_url: common.public_url(None),
+        public_url,
         from: common.mail_from.clone(),
         mailer,
     });

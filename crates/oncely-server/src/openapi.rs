@@ -82,6 +82,11 @@ pub const PROBLEM_TYPES: &[(&str, u16, &str)] = &[
         "the outcome is unknown; retry with the same key",
     ),
     (
+        "busy",
+        503,
+        "every password hasher is busy; nothing ran, retry after Retry-After",
+    ),
+    (
         "internal-error",
         500,
         "an unexpected failure; nothing was stored",

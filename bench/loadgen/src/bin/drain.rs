@@ -1,8 +1,11 @@
 //! Worker benchmarks on PostgreSQL, printing one JSON line each:
 //! - `drain seed N`: inserts N pending jobs of kind `noop` (one statement);
 //! - `drain run W`: W workers (no-op handler) until nothing is pending; jobs and seconds;
-//! - `drain latency N`: one idle worker (LISTEN/NOTIFY); N jobs enqueued one per commit, 10 ms
-//!   apart; the delay from commit to the handler starting, p50/p95/p99.
+//! - `drain latency N`: one idle worker (LISTEN/NOTIFY); N jobs enqueued one per commit (each
+//!   followed by `wake`), 10 ms apart; the delay from commit to the handler starting, p50/p95/p99;
+//! - `drain enqueue C [in-tx]`: C concurrent enqueuers for 5 s, each transaction one job, then
+//!   `wake` after commit; with `in-tx`, a `pg_notify` inside each transaction instead (how
+//!   enqueue notified before): commits per second.
 
 use std::future::Future;
 use std::pin::Pin;
@@ -43,7 +46,11 @@ async fn main() -> anyhow::Result<()> {
             .unwrap_or(1),
     );
     let pool = sqlx::postgres::PgPoolOptions::new()
-        .max_connections(8)
+        .max_connections(if command == Some("enqueue") {
+            n as u32 + 2
+        } else {
+            8
+        })
         .connect(&std::env::var("DATABASE_URL")?)
         .await?;
     let store = PgJobStore::new(pool.clone());
@@ -100,6 +107,7 @@ async fn main() -> anyhow::Result<()> {
                 )
                 .await?;
                 tx.commit().await?;
+                store.wake();
                 tokio::time::sleep(Duration::from_millis(10)).await;
             }
             tokio::time::sleep(Duration::from_millis(500)).await;
@@ -117,7 +125,47 @@ async fn main() -> anyhow::Result<()> {
                 json!({ "jobs": l.len(), "p50_ms": pct(0.5), "p95_ms": pct(0.95), "p99_ms": pct(0.99) })
             );
         }
-        _ => anyhow::bail!("usage: drain seed N | drain run WORKERS | drain latency N"),
+        Some("enqueue") => {
+            let in_tx = args.get(3).map(String::as_str) == Some("in-tx");
+            let deadline = Instant::now() + Duration::from_secs(5);
+            let mut tasks = Vec::new();
+            for t in 0..n {
+                let (pool, store) = (pool.clone(), store.clone());
+                tasks.push(tokio::spawn(async move {
+                    let mut commits = 0u64;
+                    while Instant::now() < deadline {
+                        let mut tx = pool.begin().await?;
+                        enqueue(
+                            &mut tx,
+                            &NewJob::new(format!("enq:{t}:{}", uuid()), "noop", json!({})),
+                        )
+                        .await?;
+                        if in_tx {
+                            sqlx::query("SELECT pg_notify('oncely_outbox', 'noop')")
+                                .execute(&mut *tx)
+                                .await?;
+                        }
+                        tx.commit().await?;
+                        if !in_tx {
+                            store.wake();
+                        }
+                        commits += 1;
+                    }
+                    anyhow::Ok(commits)
+                }));
+            }
+            let mut commits = 0;
+            for task in tasks {
+                commits += task.await??;
+            }
+            println!(
+                "{}",
+                json!({ "enqueuers": n, "notify": if in_tx { "in transaction" } else { "wake after commit" }, "commits_per_s": commits as f64 / 5.0 })
+            );
+        }
+        _ => anyhow::bail!(
+            "usage: drain seed N | drain run WORKERS | drain latency N | drain enqueue C [in-tx]"
+        ),
     }
     Ok(())
 }

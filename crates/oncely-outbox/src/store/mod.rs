@@ -38,7 +38,7 @@ pub(crate) fn migrator_of(
     migrator
 }
 
-/// The PostgreSQL channel enqueue notifies (on commit) and idle workers listen on.
+/// The PostgreSQL channel [`postgres::PgJobStore::wake`] notifies and idle workers listen on.
 pub const CHANNEL: &str = "oncely_outbox";
 
 /// An outbox failure.
@@ -74,7 +74,8 @@ pub struct Finish {
 pub enum Wakeup {
     /// Only by polling.
     Poll,
-    /// PostgreSQL LISTEN (enqueue NOTIFYs on commit); polling stays as the fallback.
+    /// PostgreSQL LISTEN (woken by [`JobStore::wake`] after commits); polling stays as the
+    /// fallback.
     Listen(Box<PgListener>),
     /// An in-process signal (SQLite: [`sqlite::SqliteJobStore::notify`]).
     Signal(Arc<Notify>),
@@ -137,6 +138,12 @@ pub trait JobStore: Clone + Send + Sync + 'static {
 
     /// Hands a claimed job back unstarted (shutdown): due now, the attempt not counted.
     fn release(&self, job: &Job) -> impl Future<Output = Result<bool, OutboxError>> + Send;
+
+    /// Wakes idle workers after a transaction that enqueued has committed (call it after the
+    /// commit, never inside the transaction). PostgreSQL: a coalesced NOTIFY from a background
+    /// task, reaching workers in every process; SQLite: this process's workers. Without it,
+    /// workers find new jobs at their next poll ([`crate::WorkerConfig::poll_interval`]).
+    fn wake(&self);
 
     /// How this store wakes idle workers.
     fn wakeup(&self) -> impl Future<Output = Result<Wakeup, OutboxError>> + Send;

@@ -1,10 +1,12 @@
 //! The outbox on PostgreSQL.
 
+use std::sync::{Arc, OnceLock};
 use std::time::Duration;
 
 use sqlx::migrate::Migrator;
 use sqlx::postgres::{PgListener, PgRow};
-use sqlx::{AssertSqlSafe, PgConnection, PgPool, Row};
+use sqlx::{AssertSqlSafe, Connection, PgConnection, PgPool, Row};
+use tokio::sync::mpsc;
 use uuid::Uuid;
 
 use super::{Backlog, CHANNEL, Finish, JobFilter, JobStore, OutboxError, Wakeup, status_str};
@@ -42,36 +44,48 @@ pub fn migrator() -> Migrator {
     )
 }
 
-/// Enqueues `job` on `conn` — inside the caller's transaction, so the job commits (and wakes
-/// listening workers) with the business change, or not at all.
+/// Enqueues `job` on `conn` — inside the caller's transaction, so the job commits with the
+/// business change, or not at all.
+///
+/// It does not NOTIFY: a `pg_notify` in the transaction would take PostgreSQL's global notify
+/// lock at commit and serialise every committing enqueuer. After the transaction commits, call
+/// [`PgJobStore::wake`] (or [`JobStore::wake`]): one background task sends at most one NOTIFY
+/// per [`NOTIFY_INTERVAL`], on its own connection, for any number of wakes. Without a wake,
+/// workers still find the job at their next poll.
 ///
 /// Index: the unique index on `operation_key`.
 pub async fn enqueue(conn: &mut PgConnection, job: &NewJob) -> Result<Enqueued, OutboxError> {
     let id: Option<i64> = sqlx::query_scalar(
-        "WITH inserted AS (
-             INSERT INTO oncely_outbox (operation_key, kind, payload, delivery_key, not_after)
-             VALUES ($1, $2, $3::text::jsonb, $4, $5)
-             ON CONFLICT (operation_key) DO NOTHING
-             RETURNING id)
-         SELECT id FROM inserted, pg_notify($6, $2)",
+        "INSERT INTO oncely_outbox (operation_key, kind, payload, delivery_key, not_after)
+         VALUES ($1, $2, $3::text::jsonb, $4, $5)
+         ON CONFLICT (operation_key) DO NOTHING
+         RETURNING id",
     )
     .bind(&job.operation_key)
     .bind(&job.kind)
     .bind(job.payload.to_string())
     .bind(Uuid::new_v4())
     .bind(job.not_after)
-    .bind(CHANNEL)
     .fetch_optional(conn)
     .await?;
     Ok(id.map_or(Enqueued::AlreadyExists, Enqueued::Inserted))
 }
+
+/// At most one NOTIFY per this interval, however many commits wake the workers.
+pub const NOTIFY_INTERVAL: Duration = Duration::from_millis(10);
 
 /// A [`JobStore`] on PostgreSQL.
 #[derive(Debug, Clone)]
 pub struct PgJobStore {
     pool: PgPool,
     poll_only: bool,
+    waker: Arc<Waker>,
 }
+
+/// The sender of wake-ups to the notifier task (started by the first wake). When the last
+/// clone of the store goes, the task ends.
+#[derive(Debug, Default)]
+struct Waker(OnceLock<mpsc::Sender<()>>);
 
 impl PgJobStore {
     /// A store on `pool`; idle workers LISTEN for new jobs.
@@ -79,6 +93,7 @@ impl PgJobStore {
         Self {
             pool,
             poll_only: false,
+            waker: Arc::default(),
         }
     }
 
@@ -91,6 +106,48 @@ impl PgJobStore {
     /// The pool.
     pub fn pool(&self) -> &PgPool {
         &self.pool
+    }
+
+    /// Wakes idle workers in every process: call it after a transaction that enqueued
+    /// committed. Never blocks: wakes arriving together become one NOTIFY (at most one per
+    /// [`NOTIFY_INTERVAL`]), sent by a background task on a connection of its own. Outside a
+    /// Tokio runtime it does nothing (workers poll).
+    pub fn wake(&self) {
+        let sender = self.waker.0.get_or_init(|| {
+            let (sender, receiver) = mpsc::channel(1);
+            if let Ok(runtime) = tokio::runtime::Handle::try_current() {
+                runtime.spawn(notifier(self.pool.clone(), receiver));
+            }
+            sender
+        });
+        // Full: a NOTIFY is already due, and it covers this commit too.
+        let _ = sender.try_send(());
+    }
+}
+
+/// Sends one NOTIFY per batch of wakes, then rests [`NOTIFY_INTERVAL`] (wakes meanwhile wait,
+/// coalesced, for the next one).
+async fn notifier(pool: PgPool, mut wakes: mpsc::Receiver<()>) {
+    let mut conn: Option<PgConnection> = None;
+    while wakes.recv().await.is_some() {
+        if conn.is_none() {
+            match PgConnection::connect_with(&pool.connect_options()).await {
+                Ok(c) => conn = Some(c),
+                Err(error) => {
+                    tracing::warn!(%error, "outbox notifier cannot connect; workers poll")
+                }
+            }
+        }
+        if let Some(c) = conn.as_mut()
+            && let Err(error) = sqlx::query("SELECT pg_notify($1, '')")
+                .bind(CHANNEL)
+                .execute(&mut *c)
+                .await
+        {
+            tracing::warn!(%error, "outbox NOTIFY failed; workers poll until it works again");
+            conn = None;
+        }
+        tokio::time::sleep(NOTIFY_INTERVAL).await;
     }
 }
 
@@ -254,6 +311,10 @@ impl JobStore for PgJobStore {
         Ok(n == 1)
     }
 
+    fn wake(&self) {
+        PgJobStore::wake(self);
+    }
+
     async fn wakeup(&self) -> Result<Wakeup, OutboxError> {
         if self.poll_only {
             return Ok(Wakeup::Poll);
@@ -353,6 +414,9 @@ impl JobStore for PgJobStore {
         .bind(operation_key)
         .execute(&self.pool)
         .await?;
+        if done.rows_affected() == 1 {
+            self.wake();
+        }
         Ok(done.rows_affected() == 1)
     }
 

@@ -284,6 +284,10 @@ impl JobStore for SqliteJobStore {
         Ok(updated == 1)
     }
 
+    fn wake(&self) {
+        self.notify();
+    }
+
     async fn wakeup(&self) -> Result<Wakeup, OutboxError> {
         Ok(Wakeup::Signal(self.notify.clone()))
     }

@@ -3,5 +3,7 @@
 #![allow(unreachable_pub)]
 
 mod delivery;
+mod recording;
 mod store_conformance;
 mod support;
+mod wakeups;

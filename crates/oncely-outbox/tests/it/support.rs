@@ -51,7 +51,8 @@ impl Backend for PgJobStore {
             .await?;
         let enqueued = oncely_outbox::store::postgres::enqueue(&mut tx, &job).await?;
         if commit {
-            tx.commit().await?
+            tx.commit().await?;
+            self.wake();
         } else {
             tx.rollback().await?
         }

@@ -250,6 +250,7 @@ pub trait Accounts: KeyStore {
         api_key_hash: &[u8],
     ) -> impl Future<Output = anyhow::Result<Option<String>>> + Send;
 
-    /// Wakes in-process workers of `jobs` after a commit (SQLite); PostgreSQL NOTIFYs by itself.
+    /// Wakes workers of `jobs` after a commit: a coalesced NOTIFY (PostgreSQL, every process)
+    /// or an in-process signal (SQLite).
     fn notify_workers(jobs: &Self::Jobs);
 }

@@ -334,7 +334,9 @@ impl Accounts for PgKeyStore {
         )
     }
 
-    fn notify_workers(_: &PgJobStore) {}
+    fn notify_workers(jobs: &PgJobStore) {
+        jobs.wake();
+    }
 }
 
 /// Supersedes a user's live verification tokens once the address is proven (index:

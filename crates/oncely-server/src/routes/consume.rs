@@ -12,7 +12,7 @@ use serde_json::{Value, json};
 
 use secrecy::SecretString;
 
-use super::signup::hash_password;
+use super::signup::{busy, hash_password};
 use super::tenant::ProvenTenant;
 use super::{AppState, Body, unexpected};
 use crate::accounts::{Accounts, ConsumedToken};
@@ -170,10 +170,12 @@ pub async fn verify<A: Accounts>(
                 .ok_or_else(|| {
                     super::invalid_request("this signup chose no password; confirm without one")
                 })?;
-            if !password::verify(&stored, SecretString::from(presented))
-                .await
-                .map_err(unexpected)?
-            {
+            let matches = match password::verify(&stored, SecretString::from(presented)).await {
+                Ok(matches) => matches,
+                Err(password::HashError::Overloaded) => return Err(busy()),
+                Err(password::HashError::Failed(error)) => return Err(unexpected(error)),
+            };
+            if !matches {
                 return Err(Problem::new(
                     StatusCode::BAD_REQUEST,
                     "password-mismatch",

@@ -3,10 +3,10 @@
 //! address has an account, whether or not the email will be suppressed: responses and their
 //! timing cannot tell those cases apart.
 
-use std::net::SocketAddr;
+use std::net::IpAddr;
 use std::time::Duration;
 
-use axum::extract::{ConnectInfo, FromRequestParts};
+use axum::extract::FromRequestParts;
 use axum::http::request::Parts;
 use oncely::TenantId;
 use oncely_outbox::NewJob;
@@ -16,6 +16,7 @@ use uuid::Uuid;
 
 use super::AppState;
 use crate::accounts::{Accounts, NewToken};
+use crate::client_addr::{self, TrustedProxies};
 use crate::email::EmailAddress;
 use crate::token::{Flow, Token};
 
@@ -30,18 +31,26 @@ pub struct MailLimits {
     pub window: Duration,
 }
 
-/// The client's address (from the connection), for per-client limits.
-pub struct Client(pub String);
+/// The client's address, for per-client limits: the connection's peer, or what a trusted proxy
+/// forwarded (see [`crate::client_addr`]). `None` when the server runs without connect info:
+/// such a request is not counted against any client (it is never pooled with others).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ClientAddr(pub Option<IpAddr>);
 
-impl<S: Send + Sync> FromRequestParts<S> for Client {
+impl<S: Send + Sync> FromRequestParts<S> for ClientAddr {
     type Rejection = std::convert::Infallible;
 
     async fn from_request_parts(parts: &mut Parts, _: &S) -> Result<Self, Self::Rejection> {
-        let ip = parts
+        let trusted = parts
             .extensions
-            .get::<ConnectInfo<SocketAddr>>()
-            .map(|c| c.0.ip().to_string());
-        Ok(Self(ip.unwrap_or_else(|| "unknown".into())))
+            .get::<TrustedProxies>()
+            .cloned()
+            .unwrap_or_default();
+        Ok(Self(client_addr::client_ip(
+            client_addr::peer(&parts.extensions),
+            &parts.headers,
+            &trusted,
+        )))
     }
 }
 
@@ -71,14 +80,14 @@ pub struct FromSignup<'a> {
     pub password_hash: Option<&'a str>,
 }
 
-/// Counts this email for the address and the client (both, always) and says whether it must be
-/// suppressed, and why.
+/// Counts this email for the address and the client (both, whenever the client is known) and
+/// says whether it must be suppressed, and why.
 pub async fn suppression<A: Accounts>(
     conn: &mut <A::Database as sqlx::Database>::Connection,
     state: &AppState<A>,
     tenant: &TenantId,
     email: &EmailAddress,
-    client: &Client,
+    client: &ClientAddr,
 ) -> anyhow::Result<Option<String>> {
     let limits = state.limits;
     let window = limits.window.as_secs().max(1) as i64;
@@ -101,13 +110,18 @@ pub async fn suppression<A: Accounts>(
         window_start,
     )
     .await?;
-    let from_client = A::count_email(
-        conn,
-        tenant.as_str(),
-        &bucket("client", &client.0),
-        window_start,
-    )
-    .await?;
+    let from_client = match client.0 {
+        Some(ip) => {
+            A::count_email(
+                conn,
+                tenant.as_str(),
+                &bucket("client", &ip.to_string()),
+                window_start,
+            )
+            .await?
+        }
+        None => 0,
+    };
     let reason = if to_address > i64::from(limits.per_address) {
         Some((
             "address",

@@ -9,7 +9,7 @@ use oncely::{IdempotentTx, Problem, TenantId};
 use serde::Deserialize;
 use serde_json::Value;
 
-use super::issue::{Client, Owner, suppression, token_email};
+use super::issue::{ClientAddr, Owner, suppression, token_email};
 use super::tenant::{AuthenticatedTenant, Tenant, require};
 use super::{AppState, Body, accepted, invalid_request, unexpected};
 use crate::accounts::Accounts;
@@ -41,7 +41,7 @@ enum Target {
 async fn send_link<A: Accounts>(
     state: &AppState<A>,
     tenant: &TenantId,
-    client: &Client,
+    client: &ClientAddr,
     tx: &IdempotentTx<A::Database>,
     email: &str,
     flow: Flow,
@@ -83,7 +83,7 @@ async fn send_link<A: Accounts>(
 pub async fn resend<A: Accounts>(
     State(state): State<AppState<A>>,
     Tenant(tenant): Tenant,
-    client: Client,
+    client: ClientAddr,
     tx: IdempotentTx<A::Database>,
     Body(request): Body<EmailRequest>,
 ) -> Accepted {
@@ -103,7 +103,7 @@ pub async fn resend<A: Accounts>(
 pub async fn password_reset<A: Accounts>(
     State(state): State<AppState<A>>,
     Tenant(tenant): Tenant,
-    client: Client,
+    client: ClientAddr,
     tx: IdempotentTx<A::Database>,
     Body(request): Body<EmailRequest>,
 ) -> Accepted {
@@ -123,7 +123,7 @@ pub async fn password_reset<A: Accounts>(
 pub async fn magic_link<A: Accounts>(
     State(state): State<AppState<A>>,
     Tenant(tenant): Tenant,
-    client: Client,
+    client: ClientAddr,
     tx: IdempotentTx<A::Database>,
     Body(request): Body<EmailRequest>,
 ) -> Accepted {
@@ -144,7 +144,7 @@ pub async fn invite<A: Accounts>(
     State(state): State<AppState<A>>,
     Tenant(tenant): Tenant,
     authenticated: Option<Extension<AuthenticatedTenant>>,
-    client: Client,
+    client: ClientAddr,
     tx: IdempotentTx<A::Database>,
     Body(request): Body<EmailRequest>,
 ) -> Accepted {

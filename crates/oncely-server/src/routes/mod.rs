@@ -99,8 +99,8 @@ pub fn v1<A: Accounts>(state: AppState<A>, policy: KeyPolicy) -> Router {
         .with_state(state)
 }
 
-/// After a mutating request committed, wake this process's idle workers (SQLite has no
-/// NOTIFY; on PostgreSQL this does nothing).
+/// After a mutating request committed, wake idle workers: on PostgreSQL a coalesced NOTIFY
+/// sent outside the request's transaction (workers in every process), on SQLite this process's.
 async fn wake_workers<A: Accounts>(
     State(state): State<AppState<A>>,
     req: Request,

@@ -9,7 +9,7 @@ use secrecy::SecretString;
 use serde::Deserialize;
 use serde_json::json;
 
-use super::issue::{Client, FromSignup, Owner, suppression, token_email};
+use super::issue::{ClientAddr, FromSignup, Owner, suppression, token_email};
 use super::tenant::Tenant;
 use super::{AppState, Body, accepted, invalid_request, unexpected};
 use crate::accounts::{Accounts, SignupRow};
@@ -38,13 +38,24 @@ pub async fn hash_password(password: Option<String>) -> Result<Option<String>, P
         Some(password) if !password::LENGTH.contains(&password.chars().count()) => {
             Err(invalid_request("password must be 8 to 128 characters"))
         }
-        Some(password) => Ok(Some(
-            password::hash(SecretString::from(password))
-                .await
-                .map_err(unexpected)?,
-        )),
+        Some(password) => match password::hash(SecretString::from(password)).await {
+            Ok(hash) => Ok(Some(hash)),
+            Err(password::HashError::Overloaded) => Err(busy()),
+            Err(password::HashError::Failed(error)) => Err(unexpected(error)),
+        },
         None => Ok(None),
     }
+}
+
+/// 503 while every password hasher is busy: nothing ran, the key is free, retry shortly.
+pub fn busy() -> Problem {
+    Problem::new(
+        StatusCode::SERVICE_UNAVAILABLE,
+        "busy",
+        "Too many passwords being hashed",
+    )
+    .with_detail("nothing was changed; retry with the same Idempotency-Key after Retry-After")
+    .with_retry_after(password::RETRY_AFTER_SECONDS)
 }
 
 /// Creates the account (or finds it), and the email for it — a verification link, or a notice
@@ -53,7 +64,7 @@ pub async fn hash_password(password: Option<String>) -> Result<Option<String>, P
 pub async fn signup<A: Accounts>(
     State(state): State<AppState<A>>,
     Tenant(tenant): Tenant,
-    client: Client,
+    client: ClientAddr,
     tx: IdempotentTx<A::Database>,
     Body(request): Body<SignupRequest>,
 ) -> Result<(StatusCode, Json<serde_json::Value>), Problem> {

@@ -8,7 +8,9 @@ use oncely_inbox::Message;
 use oncely_testdb::TestDb;
 use serde_json::{Value, json};
 
-use crate::support::{TestApp, both_databases, spawn_app_on, token_in};
+use crate::support::{
+    SECRET, TestApp, both_databases, spawn_app_on, spawn_app_with_inbox, start_inbox, token_in,
+};
 
 both_databases!(
     a_pre_registered_password_is_never_adopted_by_the_owner,
@@ -18,6 +20,8 @@ both_databases!(
     an_invite_to_a_pre_registered_address_sets_the_invitees_password,
     every_link_of_a_non_default_tenant_works_from_a_browser,
     a_tenants_link_is_useless_with_another_tenants_api_key,
+    a_secret_rotation_keeps_retries_links_and_queued_emails_working,
+    the_same_key_with_another_query_is_refused_not_replayed,
 );
 
 /// The link in an email (`http…?token=…`).
@@ -342,4 +346,69 @@ async fn a_tenants_link_is_useless_with_another_tenants_api_key(url: String, _db
             .await,
         1
     );
+}
+
+async fn a_secret_rotation_keeps_retries_links_and_queued_emails_working(url: String, _db: TestDb) {
+    const NEXT: &str = "the-next-server-secret-0123456789-abcdef";
+    // Before the rotation: an API process without workers, so the email job waits in the outbox.
+    let (inbox, running) = start_inbox(oncely_inbox::Faults::default()).await;
+    let before = spawn_app_with_inbox(&url, inbox.clone(), running, &["--workers", "0"]).await;
+    let owner = "rotated@example.com";
+    let signup = json!({ "email": owner, "password": "owner password" });
+    let first = before.post("/v1/signup", "rotation", &signup).await;
+    assert_eq!(first.status(), 202);
+    let first_body = first.text().await.unwrap();
+
+    // After it: ONCELY_SECRET is new, the old one is ONCELY_SECRET_PREVIOUS.
+    let after = spawn_app_on(&url, &["--secret", NEXT, "--secret-previous", SECRET]).await;
+    let retry = after.post("/v1/signup", "rotation", &signup).await;
+    assert_eq!(retry.status(), 202, "a retry across the rotation replays");
+    assert_eq!(
+        retry
+            .headers()
+            .get("idempotent-replayed")
+            .map(|v| v.as_bytes()),
+        Some(&b"true"[..])
+    );
+    assert_eq!(retry.text().await.unwrap(), first_body);
+    // The queued email, sent after the rotation, carries the link whose hash is stored.
+    let link = link_in(&after.emails_to(owner, 1).await[0]);
+    let (status, body) = click(&after, &link, Some("owner password")).await;
+    assert_eq!(status, 200, "{body}");
+    assert_eq!(body["password_set"], true);
+    assert_eq!(
+        after
+            .count("SELECT count(*) FROM oncely_outbox WHERE status = 'sent'")
+            .await,
+        1
+    );
+
+    // Without the previous secret, the same retry is another request (what the ring prevents).
+    let forgotten = spawn_app_on(&url, &["--secret", NEXT]).await;
+    let lost = forgotten.post("/v1/signup", "rotation", &signup).await;
+    assert_eq!(lost.status(), 422);
+}
+
+async fn the_same_key_with_another_query_is_refused_not_replayed(url: String, _db: TestDb) {
+    let app = spawn_app_on(&url, &[]).await;
+    let body = json!({ "email": "query@example.com" });
+    let post = |path: &'static str| {
+        let app = &app;
+        let body = &body;
+        async move {
+            app.client
+                .post(format!("{}{path}", app.base))
+                .header("idempotency-key", "one-key")
+                .json(body)
+                .send()
+                .await
+                .unwrap()
+        }
+    };
+    assert_eq!(post("/v1/signup?ref=a").await.status(), 202);
+    let replay = post("/v1/signup?ref=a").await;
+    assert!(replay.headers().get("idempotent-replayed").is_some());
+    let other = post("/v1/signup?ref=b").await;
+    assert_eq!(other.status(), 422, "another query is another request");
+    assert_eq!(post("/v1/signup").await.status(), 422);
 }

@@ -88,7 +88,10 @@ async fn production_logs_are_json_lines_with_request_id_route_outcome_and_a_mask
         db.url(),
         &format!("smtp://{}", running.smtp_addr),
         &[],
-        &[("ONCELY_ENV", "production")],
+        &[
+            ("ONCELY_ENV", "production"),
+            ("ONCELY_PUBLIC_URL", "https://accounts.example.com"),
+        ],
     )
     .await;
     let response = oncely_testdb::http()

@@ -5,6 +5,7 @@
 mod api_description;
 mod attacks;
 mod chaos;
+mod client_caps;
 mod flows;
 mod health;
 mod hostile;
@@ -12,4 +13,5 @@ mod ops;
 mod properties;
 mod security;
 mod signup;
+mod startup;
 mod support;

@@ -24,11 +24,12 @@ pub fn serve_args(database_url: &str, mailer: &str, extra: &[&str]) -> ServeArgs
         database_url,
         "--mailer",
         mailer,
-        "--secret",
-        SECRET,
         "--retry-base",
         "10ms",
     ];
+    if !extra.contains(&"--secret") {
+        argv.extend_from_slice(&["--secret", SECRET]);
+    }
     argv.extend_from_slice(extra);
     let Command::Serve(args) = Cli::try_parse_from(argv).unwrap().command else {
         unreachable!()

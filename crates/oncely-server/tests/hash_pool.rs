@@ -1,0 +1,93 @@
+//! Password hashing is bounded: with every hashing thread busy and the queue full, a signup
+//! with a password answers 503 `busy` with `Retry-After`, its key stays free, and the retry
+//! succeeds. Its own test binary: it saturates the process-wide hashing pool.
+
+#![allow(unreachable_pub)]
+
+#[allow(dead_code, unused)]
+#[path = "it/support.rs"]
+mod support;
+
+use std::sync::{Arc, Mutex, mpsc};
+
+use argon2::{PasswordHash, PasswordVerifier};
+use oncely_server::password;
+use serde_json::json;
+
+#[tokio::test]
+async fn a_saturated_hashing_pool_answers_503_busy_with_retry_after_and_frees_the_key() {
+    let (url, _db) = support::postgres_db().await;
+    let app = support::spawn_app_on(&url, &[]).await;
+    let body = json!({ "email": "busy@example.com", "password": "correct horse battery" });
+
+    // Occupy every hashing thread, then fill the queue.
+    let threads = std::thread::available_parallelism()
+        .map_or(1, usize::from)
+        .min(password::MAX_THREADS);
+    let (started, is_started) = mpsc::channel();
+    let (release, released) = mpsc::channel::<()>();
+    let released = Arc::new(Mutex::new(released));
+    let mut blockers = Vec::new();
+    for _ in 0..threads {
+        let (started, released) = (started.clone(), Arc::clone(&released));
+        blockers.push(
+            password::pool()
+                .try_run(move || {
+                    started.send(()).unwrap();
+                    released.lock().unwrap().recv().unwrap();
+                })
+                .unwrap(),
+        );
+    }
+    for _ in 0..threads {
+        is_started.recv().unwrap();
+    }
+    let mut queued = Vec::new();
+    for _ in 0..threads * password::QUEUE_PER_THREAD {
+        queued.push(password::pool().try_run(|| ()).unwrap());
+    }
+
+    let refused = app.post("/v1/signup", "busy-1", &body).await;
+    assert_eq!(refused.status(), 503);
+    assert_eq!(refused.headers()["retry-after"], "1");
+    let problem: serde_json::Value = refused.json().await.unwrap();
+    assert_eq!(
+        problem["type"], "https://oncely.dev/problems/busy",
+        "{problem}"
+    );
+    assert_eq!(
+        app.count("SELECT count(*) FROM oncely_users").await,
+        0,
+        "nothing ran"
+    );
+
+    for _ in 0..threads {
+        release.send(()).unwrap();
+    }
+    for blocker in blockers {
+        blocker.await.unwrap();
+    }
+    for job in queued {
+        job.await.unwrap();
+    }
+
+    // The key was released: the retry runs, and the stored hash verifies.
+    let retried = app.post("/v1/signup", "busy-1", &body).await;
+    assert_eq!(retried.status(), 202);
+    assert!(retried.headers().get("idempotent-replayed").is_none());
+    let phc: String = {
+        use sqlx::Connection;
+        let mut conn = sqlx::PgConnection::connect(&url).await.unwrap();
+        sqlx::query_scalar("SELECT password_hash FROM oncely_users")
+            .fetch_one(&mut conn)
+            .await
+            .unwrap()
+    };
+    let params = argon2::Params::new(19 * 1024, 2, 1, None).unwrap();
+    let argon = argon2::Argon2::new(argon2::Algorithm::Argon2id, argon2::Version::V0x13, params);
+    assert!(
+        argon
+            .verify_password(b"correct horse battery", &PasswordHash::new(&phc).unwrap())
+            .is_ok()
+    );
+}

@@ -1,0 +1,119 @@
+//! What the binary prints and refuses before it serves.
+
+use std::process::Output;
+
+use crate::support::SECRET;
+
+async fn oncely(args: &[&str], env: &[(&str, &str)]) -> Output {
+    let mut command = tokio::process::Command::new(env!("CARGO_BIN_EXE_oncely"));
+    command
+        .args(args)
+        .env_remove("DATABASE_URL")
+        .kill_on_drop(true);
+    for (k, v) in env {
+        command.env(k, v);
+    }
+    // A refused configuration exits at once; one that starts serving would run forever.
+    tokio::time::timeout(std::time::Duration::from_secs(60), command.output())
+        .await
+        .expect("oncely started serving instead of refusing the configuration")
+        .unwrap()
+}
+
+/// Regression: clap showed `[env: ONCELY_MAILER=smtps://user:password@…]` in `--help`.
+#[tokio::test]
+async fn help_shows_no_secret_from_the_environment() {
+    let env = [
+        (
+            "ONCELY_MAILER",
+            "smtps://mailer-user:smtp-password-1@smtp.example.com:465",
+        ),
+        ("ONCELY_SMTP_PASSWORD", "smtp-password-2"),
+        ("ONCELY_MAILER_API_KEY", "mailer-api-key-3"),
+        ("ONCELY_SECRET", "server-secret-4-server-secret-4-server"),
+        ("DATABASE_URL", "postgres://app:db-password-5@db/oncely"),
+        (
+            "ONCELY_SECRET_PREVIOUS",
+            "previous-secret-6-previous-secret-6-x",
+        ),
+    ];
+    for command in [&["serve", "--help"][..], &["worker", "--help"]] {
+        let mut command_env = env.to_vec();
+        command_env.push(("RUST_LOG", "info"));
+        let mut cmd = tokio::process::Command::new(env!("CARGO_BIN_EXE_oncely"));
+        cmd.args(command);
+        for (k, v) in &command_env {
+            cmd.env(k, v);
+        }
+        let output = cmd.output().await.unwrap();
+        assert!(output.status.success());
+        let printed = format!(
+            "{}{}",
+            String::from_utf8_lossy(&output.stdout),
+            String::from_utf8_lossy(&output.stderr)
+        );
+        assert!(printed.contains("ONCELY_SMTP_PASSWORD"), "{printed}");
+        for secret in [
+            "smtp-password-1",
+            "smtp-password-2",
+            "mailer-api-key-3",
+            "previous-secret-6",
+            "server-secret-4",
+            "db-password-5",
+        ] {
+            assert!(
+                !printed.contains(secret),
+                "{secret} in {command:?}: {printed}"
+            );
+        }
+    }
+}
+
+/// Regression: production started without `ONCELY_PUBLIC_URL` and mailed links to
+/// `http://0.0.0.0:8080`.
+#[tokio::test]
+async fn production_without_a_public_url_does_not_start() {
+    let dir = tempfile::tempdir().unwrap();
+    let url = format!("sqlite://{}?mode=rwc", dir.path().join("o.db").display());
+    let output = oncely(
+        &[
+            "serve",
+            "--bind",
+            "127.0.0.1:0",
+            "--database-url",
+            &url,
+            "--mailer",
+            "smtp://127.0.0.1:9",
+        ],
+        &[("ONCELY_ENV", "production"), ("ONCELY_SECRET", SECRET)],
+    )
+    .await;
+    assert!(!output.status.success());
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(
+        stderr.contains("ONCELY_PUBLIC_URL is required in production"),
+        "{stderr}"
+    );
+    assert_eq!(stderr.trim().lines().count(), 1, "one clear line: {stderr}");
+    let bad = oncely(
+        &[
+            "serve",
+            "--bind",
+            "127.0.0.1:0",
+            "--database-url",
+            &url,
+            "--mailer",
+            "smtp://127.0.0.1:9",
+            "--public-url",
+            "https://accounts.example.com/?x=1",
+        ],
+        &[("ONCELY_ENV", "production"), ("ONCELY_SECRET", SECRET)],
+    )
+    .await;
+    assert!(!bad.status.success());
+    assert!(
+        String::from_utf8_lossy(&bad.stderr).contains("must not have a query"),
+        "{}",
+        String::from_utf8_lossy(&bad.stderr)
+    );
+}

@@ -178,6 +178,19 @@ fn canonical(ip: IpAddr) -> IpAddr {
     }
 }
 
+/// The rate-limit bucket of a client address: an IPv4 address as it is, an IPv6 address by its
+/// /64 — one subscriber's allocation, so that rotating through the 2^64 addresses of one's own
+/// prefix does not escape the per-client cap.
+pub fn cap_bucket(ip: IpAddr) -> String {
+    match canonical(ip) {
+        IpAddr::V6(v6) => {
+            let prefix = u128::from(v6) & (u128::MAX << 64);
+            format!("{}/64", std::net::Ipv6Addr::from(prefix))
+        }
+        v4 => v4.to_string(),
+    }
+}
+
 /// The peer of a connection served with connect info, if any.
 pub fn peer(extensions: &axum::http::Extensions) -> Option<IpAddr> {
     extensions
@@ -192,6 +205,22 @@ mod tests {
 
     fn ip(s: &str) -> IpAddr {
         s.parse().unwrap()
+    }
+
+    #[test]
+    fn ipv6_clients_share_a_cap_per_64_and_ipv4_per_address() {
+        assert_eq!(
+            cap_bucket(ip("2001:db8:1:2:aaaa::1")),
+            cap_bucket(ip("2001:db8:1:2:ffff:ffff:ffff:ffff"))
+        );
+        assert_eq!(cap_bucket(ip("2001:db8:1:2::1")), "2001:db8:1:2::/64");
+        assert_ne!(
+            cap_bucket(ip("2001:db8:1:2::1")),
+            cap_bucket(ip("2001:db8:1:3::1"))
+        );
+        assert_eq!(cap_bucket(ip("192.0.2.1")), "192.0.2.1");
+        assert_ne!(cap_bucket(ip("192.0.2.1")), cap_bucket(ip("192.0.2.2")));
+        assert_eq!(cap_bucket(ip("::ffff:192.0.2.1")), "192.0.2.1");
     }
 
     fn headers(pairs: &[(&'static str, &str)]) -> HeaderMap {

@@ -115,7 +115,7 @@ pub async fn suppression<A: Accounts>(
             A::count_email(
                 conn,
                 tenant.as_str(),
-                &bucket("client", &ip.to_string()),
+                &bucket("client", &client_addr::cap_bucket(ip)),
                 window_start,
             )
             .await?

@@ -110,6 +110,9 @@ impl Application {
         };
         let limits = MailLimits {
             per_address: args.mail_cap_per_address,
+            per_address_total: args
+                .mail_cap_per_address_total
+                .unwrap_or_else(|| args.mail_cap_per_address.saturating_mul(4)),
             per_client: args.mail_cap_per_client,
             window: args.retention.mail_cap_window,
         };

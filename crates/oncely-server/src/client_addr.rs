@@ -88,19 +88,21 @@ pub fn forwarded_chain(headers: &HeaderMap) -> Vec<Option<IpAddr>> {
     if !xff.is_empty() {
         return xff
             .into_iter()
-            .flat_map(|value| match value.to_str() {
-                Ok(text) => text.split(',').map(node).collect::<Vec<_>>(),
-                Err(_) => vec![None],
+            // Bytes that are not UTF-8 spoil only their own element: a client must not be
+            // able to turn the whole line — with the address its proxy appended — into one
+            // unreadable hop (and so be counted as the proxy).
+            .flat_map(|value| {
+                String::from_utf8_lossy(value.as_bytes())
+                    .split(',')
+                    .map(node)
+                    .collect::<Vec<_>>()
             })
             .collect();
     }
     headers
         .get_all("forwarded")
         .iter()
-        .flat_map(|value| match value.to_str() {
-            Ok(text) => forwarded_for(text),
-            Err(_) => vec![None],
-        })
+        .flat_map(|value| forwarded_for(&String::from_utf8_lossy(value.as_bytes())))
         .collect()
 }
 
@@ -205,6 +207,30 @@ mod tests {
 
     fn ip(s: &str) -> IpAddr {
         s.parse().unwrap()
+    }
+
+    #[test]
+    fn bytes_that_are_not_utf8_spoil_only_their_own_hop() {
+        let trusted = TrustedProxies::new(vec!["127.0.0.9/32".parse().unwrap()]);
+        let mut map = HeaderMap::new();
+        map.append(
+            "x-forwarded-for",
+            HeaderValue::from_bytes(b"\xff, 203.0.113.5").unwrap(),
+        );
+        assert_eq!(
+            client_ip(Some(ip("127.0.0.9")), &map, &trusted),
+            Some(ip("203.0.113.5")),
+            "the address the proxy appended is the client, not the proxy"
+        );
+        let mut map = HeaderMap::new();
+        map.append(
+            "forwarded",
+            HeaderValue::from_bytes(b"for=\xff, for=203.0.113.6").unwrap(),
+        );
+        assert_eq!(
+            client_ip(Some(ip("127.0.0.9")), &map, &trusted),
+            Some(ip("203.0.113.6"))
+        );
     }
 
     #[test]

@@ -200,7 +200,7 @@ pub struct CommonArgs {
 
     /// Base of links in emails: `http(s)://host[:port][/path]`, no query or fragment. Default
     /// `http://<bind>` in development; required in production.
-    #[arg(long, env = "ONCELY_PUBLIC_URL")]
+    #[arg(long, env = "ONCELY_PUBLIC_URL", hide_env_values = true)]
     pub public_url: Option<String>,
 
     /// `dev` (the built-in inbox), `smtp://host:port` (`smtps://` for TLS), or
@@ -278,10 +278,16 @@ pub struct ServeArgs {
     #[arg(long, env = "ONCELY_WORKERS", default_value_t = 1)]
     pub workers: usize,
 
-    /// Emails per window to one address (counted whether or not it has an account); more are
-    /// not sent, and the answer does not change.
+    /// Emails per window to one address requested by one client (counted whether or not the
+    /// address has an account); more are not sent, and the answer does not change. Per client,
+    /// so that one client cannot use up the owner's own emails.
     #[arg(long, env = "ONCELY_MAIL_CAP_PER_ADDRESS", default_value_t = 5)]
     pub mail_cap_per_address: u32,
+
+    /// Emails per window to one address from all clients together: the ceiling that protects a
+    /// mailbox from many clients at once. Default: 4 × ONCELY_MAIL_CAP_PER_ADDRESS.
+    #[arg(long, env = "ONCELY_MAIL_CAP_PER_ADDRESS_TOTAL")]
+    pub mail_cap_per_address_total: Option<u32>,
 
     /// Emails per window requested by one client address.
     #[arg(long, env = "ONCELY_MAIL_CAP_PER_CLIENT", default_value_t = 30)]
@@ -400,6 +406,11 @@ impl ServeArgs {
                 "ONCELY_LEASE ({:?}) must be shorter than ONCELY_KEY_RETENTION ({:?})",
                 self.common.lease,
                 self.key_retention
+            );
+        }
+        if self.trusted_proxies.iter().any(|net| net.prefix_len() == 0) {
+            tracing::warn!(
+                "ONCELY_TRUSTED_PROXIES trusts every address (a /0): any client can name itself in X-Forwarded-For and escape the per-client email cap; list only your proxies"
             );
         }
         Ok(())
@@ -544,6 +555,10 @@ impl CommonArgs {
             (None, _) if self.environment == Environment::Production => bail!(
                 "ONCELY_PUBLIC_URL is required in production (the base of links in emails, e.g. https://accounts.example.com)"
             ),
+            // A wildcard bind is no address to click: development links go to loopback.
+            (None, Some(bind)) if bind.ip().is_unspecified() => {
+                format!("http://127.0.0.1:{}", bind.port())
+            }
             (None, Some(bind)) => format!("http://{bind}"),
             (None, None) => "http://127.0.0.1:8080".to_owned(),
         };
@@ -562,6 +577,21 @@ impl CommonArgs {
         }
         if !parsed.username().is_empty() || parsed.password().is_some() {
             bail!("ONCELY_PUBLIC_URL must not hold credentials");
+        }
+        let unspecified = match parsed.host() {
+            Some(url::Host::Ipv4(ip)) => ip.is_unspecified(),
+            Some(url::Host::Ipv6(ip)) => ip.is_unspecified(),
+            _ => false,
+        };
+        if unspecified {
+            bail!(
+                "ONCELY_PUBLIC_URL {url:?} names no host anyone can reach (0.0.0.0 / [::] is a bind address); give the address users open, e.g. https://accounts.example.com"
+            );
+        }
+        if self.environment == Environment::Production && parsed.scheme() == "http" {
+            tracing::warn!(
+                "ONCELY_PUBLIC_URL is plain http: links carry one-time tokens; use https in production"
+            );
         }
         Ok(url.trim_end_matches('/').to_owned())
     }
@@ -752,9 +782,16 @@ mod tests {
                 && !error.contains('\n'),
             "{error}"
         );
+        // Development links after a wildcard bind go to loopback (0.0.0.0 is no address to
+        // open; browsers refuse it).
         assert_eq!(
             serve(&[]).common.public_url(Some(bind)).unwrap(),
-            "http://0.0.0.0:8080"
+            "http://127.0.0.1:8080"
+        );
+        let loopback: SocketAddr = "127.0.0.1:9090".parse().unwrap();
+        assert_eq!(
+            serve(&[]).common.public_url(Some(loopback)).unwrap(),
+            "http://127.0.0.1:9090"
         );
         assert_eq!(
             serve(&[
@@ -783,6 +820,8 @@ mod tests {
             ("https://accounts.example.com/#top", "query or a fragment"),
             ("https://accounts.example.com?", "query or a fragment"),
             ("https://u:p@accounts.example.com", "credentials"),
+            ("http://0.0.0.0:8080", "names no host"),
+            ("http://[::]:8080/", "names no host"),
         ] {
             for env in ["development", "production"] {
                 let error = serve(&["--env", env, "--public-url", bad])

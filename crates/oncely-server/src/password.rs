@@ -7,6 +7,7 @@
 //! fails at once with [`HashError::Overloaded`]; the route answers 503 with `Retry-After`, the
 //! idempotency key is released, and the client retries.
 
+use std::collections::HashMap;
 use std::future::Future;
 use std::sync::mpsc::{self, TrySendError};
 use std::sync::{Arc, Mutex, OnceLock};
@@ -120,6 +121,33 @@ type Job = Box<dyn FnOnce() + Send>;
 /// A fixed set of threads with a bounded queue in front.
 pub struct HashPool {
     queue: mpsc::SyncSender<Job>,
+    /// Slots (running + queued) one client may hold at once: a quarter of the pool, at least 1.
+    per_client: usize,
+    /// Slots each client holds now; an entry leaves the map when its count drops to 0, so the
+    /// map is bounded by the requests in flight.
+    held: Arc<Mutex<HashMap<String, usize>>>,
+}
+
+/// One client's slot in the pool, given back when dropped (the hash finished, failed or its
+/// request went away).
+struct Share {
+    client: String,
+    held: Arc<Mutex<HashMap<String, usize>>>,
+}
+
+impl Drop for Share {
+    fn drop(&mut self) {
+        let mut held = self
+            .held
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        if let Some(count) = held.get_mut(&self.client) {
+            *count -= 1;
+            if *count == 0 {
+                held.remove(&self.client);
+            }
+        }
+    }
 }
 
 impl HashPool {
@@ -143,7 +171,47 @@ impl HashPool {
                     }
                 })?;
         }
-        Ok(Self { queue: sender })
+        let capacity = threads.max(1) + queue;
+        Ok(Self {
+            queue: sender,
+            per_client: (capacity / 4).max(1),
+            held: Arc::default(),
+        })
+    }
+
+    /// Takes one of `client`'s slots, or refuses when the client already holds its share: one
+    /// client flooding password requests cannot take the whole pool from everyone else.
+    fn share(&self, client: &str) -> Result<Share, HashError> {
+        let mut held = self
+            .held
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        let count = held.entry(client.to_owned()).or_insert(0);
+        if *count >= self.per_client {
+            metrics::counter!("oncely_password_hashes_refused_total").increment(1);
+            return Err(HashError::Overloaded);
+        }
+        *count += 1;
+        Ok(Share {
+            client: client.to_owned(),
+            held: Arc::clone(&self.held),
+        })
+    }
+
+    /// [`try_run`](Self::try_run) within `client`'s share of the pool (`None`: a caller whose
+    /// address is unknown shares the pool without a per-client bound).
+    pub fn try_run_for<T: Send + 'static, F: FnOnce() -> T + Send + 'static>(
+        &self,
+        client: Option<&str>,
+        f: F,
+    ) -> Result<impl Future<Output = Result<T, HashError>> + use<T, F>, HashError> {
+        let share = client.map(|c| self.share(c)).transpose()?;
+        let running = self.try_run(f)?;
+        Ok(async move {
+            let result = running.await;
+            drop(share);
+            result
+        })
     }
 
     /// Queues `f`, or refuses at once when the queue is full; the future is its result.
@@ -206,12 +274,28 @@ pub async fn hash(password: SecretString) -> Result<String, HashError> {
     pool().hash(password).await
 }
 
+/// [`hash`] within the share of the pool of `client` (a rate-limit bucket of the caller's
+/// address): [`HashError::Overloaded`] when the pool is saturated or this client holds its
+/// share already.
+pub async fn hash_for(client: Option<&str>, password: SecretString) -> Result<String, HashError> {
+    let hashed = pool().try_run_for(client, move || {
+        hash_in_thread_memory(password.expose_secret().as_bytes())
+    })?;
+    Ok(hashed.await??)
+}
+
 /// Whether `password` matches the PHC string `phc`, on the process-wide pool (a check costs
-/// what a hash costs); [`HashError::Overloaded`] when it is saturated.
-pub async fn verify(phc: &str, password: SecretString) -> Result<bool, HashError> {
+/// what a hash costs) within `client`'s share of it; [`HashError::Overloaded`] as with
+/// [`hash_for`].
+pub async fn verify(
+    client: Option<&str>,
+    phc: &str,
+    password: SecretString,
+) -> Result<bool, HashError> {
     let phc = phc.to_owned();
-    let checked = pool()
-        .try_run(move || verify_in_thread_memory(&phc, password.expose_secret().as_bytes()))?;
+    let checked = pool().try_run_for(client, move || {
+        verify_in_thread_memory(&phc, password.expose_secret().as_bytes())
+    })?;
     Ok(checked.await??)
 }
 
@@ -234,12 +318,12 @@ mod tests {
             .await
             .unwrap();
         assert!(
-            verify(&ours, "correct horse battery".to_owned().into())
+            verify(None, &ours, "correct horse battery".to_owned().into())
                 .await
                 .unwrap()
         );
         assert!(
-            !verify(&ours, "correct horse batterY".to_owned().into())
+            !verify(None, &ours, "correct horse batterY".to_owned().into())
                 .await
                 .unwrap()
         );
@@ -255,13 +339,17 @@ mod tests {
         .unwrap()
         .to_string();
         assert!(
-            verify(&other, "another one".to_owned().into())
+            verify(None, &other, "another one".to_owned().into())
                 .await
                 .unwrap()
         );
-        assert!(!verify(&other, "not it".to_owned().into()).await.unwrap());
         assert!(
-            verify("not a phc string", "x".to_owned().into())
+            !verify(None, &other, "not it".to_owned().into())
+                .await
+                .unwrap()
+        );
+        assert!(
+            verify(None, "not a phc string", "x".to_owned().into())
                 .await
                 .is_err()
         );
@@ -330,5 +418,40 @@ mod tests {
         // Free again: hashes are accepted and verify.
         let phc = pool.hash("afterwards 123".to_owned().into()).await.unwrap();
         assert!(verifies(&phc, "afterwards 123"));
+    }
+
+    #[tokio::test]
+    async fn one_client_holds_at_most_its_share_and_others_still_get_in() {
+        // 1 thread + 7 queued = 8 slots; a client may hold 2.
+        let pool = HashPool::new(1, 7).unwrap();
+        let (release, released) = std::sync::mpsc::channel::<()>();
+        let released = Arc::new(Mutex::new(released));
+        let block = |pool: &HashPool, client: &str| {
+            let released = Arc::clone(&released);
+            pool.try_run_for(Some(client), move || {
+                released.lock().unwrap().recv().unwrap();
+            })
+        };
+        let first = block(&pool, "flooder").unwrap();
+        let second = block(&pool, "flooder").unwrap();
+        assert!(
+            matches!(block(&pool, "flooder"), Err(HashError::Overloaded)),
+            "a third slot for the same client is refused"
+        );
+        let other = block(&pool, "someone else").unwrap();
+        let unknown = block(&pool, "unknown").unwrap();
+        for _ in 0..4 {
+            release.send(()).unwrap();
+        }
+        for job in [first, second, other, unknown] {
+            job.await.unwrap();
+        }
+        assert!(
+            pool.held.lock().unwrap().is_empty(),
+            "shares are given back"
+        );
+        let again = block(&pool, "flooder").unwrap();
+        release.send(()).unwrap();
+        again.await.unwrap();
     }
 }

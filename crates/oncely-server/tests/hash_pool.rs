@@ -14,8 +14,12 @@ use argon2::{PasswordHash, PasswordVerifier};
 use oncely_server::password;
 use serde_json::json;
 
+/// The tests of this binary take the process-wide pool in turn.
+static POOL_IN_USE: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
+
 #[tokio::test]
 async fn a_saturated_hashing_pool_answers_503_busy_with_retry_after_and_frees_the_key() {
+    let _pool = POOL_IN_USE.lock().await;
     let (url, _db) = support::postgres_db().await;
     let app = support::spawn_app_on(&url, &[]).await;
     let body = json!({ "email": "busy@example.com", "password": "correct horse battery" });
@@ -93,4 +97,63 @@ async fn a_saturated_hashing_pool_answers_503_busy_with_retry_after_and_frees_th
             .verify_password(b"correct horse battery", &PasswordHash::new(&phc).unwrap())
             .is_ok()
     );
+}
+
+fn client_from(source: &str) -> reqwest::Client {
+    reqwest::Client::builder()
+        .local_address(source.parse::<std::net::IpAddr>().unwrap())
+        .build()
+        .unwrap()
+}
+
+/// One client holding its share of the pool (here: jobs of 127.0.0.2 that do not end) gets 503
+/// `busy`; another client's password signup still runs.
+#[tokio::test]
+async fn one_client_flooding_password_requests_leaves_room_for_others() {
+    let _pool = POOL_IN_USE.lock().await;
+    let (url, _db) = support::postgres_db().await;
+    let app = support::spawn_app_on(&url, &[]).await;
+    let (release, released) = mpsc::channel::<()>();
+    let released = Arc::new(Mutex::new(released));
+    let mut held = Vec::new();
+    // Take 127.0.0.2's whole share with jobs that wait.
+    loop {
+        let released = Arc::clone(&released);
+        match password::pool().try_run_for(Some("127.0.0.2"), move || {
+            released.lock().unwrap().recv().unwrap();
+        }) {
+            Ok(job) => held.push(job),
+            Err(password::HashError::Overloaded) => break,
+            Err(other) => panic!("{other}"),
+        }
+    }
+    assert!(!held.is_empty());
+    let signup = |source: &'static str, email: &'static str| {
+        let base = app.base.clone();
+        async move {
+            client_from(source)
+                .post(format!("{base}/v1/signup"))
+                .header("idempotency-key", format!("fair-{email}"))
+                .json(&json!({ "email": email, "password": "correct horse battery" }))
+                .send()
+                .await
+                .unwrap()
+        }
+    };
+    let flooder = signup("127.0.0.2", "flooder@example.com").await;
+    assert_eq!(
+        flooder.status(),
+        503,
+        "the flooding client is over its share"
+    );
+    // Another client is admitted, not refused (its hash waits behind the held jobs until they
+    // are released).
+    let other = tokio::spawn(signup("127.0.0.3", "other@example.com"));
+    for _ in 0..held.len() {
+        release.send(()).unwrap();
+    }
+    for job in held {
+        job.await.unwrap();
+    }
+    assert_eq!(other.await.unwrap().status(), 202, "another client gets in");
 }

@@ -35,6 +35,9 @@ pub(crate) fn migrator_of(
         .collect();
     let mut migrator = Migrator::with_migrations(migrations);
     migrator.dangerous_set_table_name(table);
+    // Migrations only add: a process of the previous release must still start (and restart)
+    // on a database a newer release already migrated, so versions it does not know are fine.
+    migrator.set_ignore_missing(true);
     migrator
 }
 

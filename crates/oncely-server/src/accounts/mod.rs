@@ -32,6 +32,9 @@ pub(crate) fn migrator_of(steps: &[(i64, &'static str, &'static str)]) -> sqlx::
         .collect();
     let mut migrator = Migrator::with_migrations(migrations);
     migrator.dangerous_set_table_name("_oncely_server_migrations");
+    // Migrations only add: a process of the previous release must still start (and restart)
+    // on a database a newer release already migrated, so versions it does not know are fine.
+    migrator.set_ignore_missing(true);
     migrator
 }
 
@@ -77,7 +80,9 @@ pub struct NewToken<'a> {
     /// address never adopts a password a stranger chose.
     pub password_hash: Option<&'a str>,
     /// Whether this token supersedes the user's live tokens of the same flow (not when its
-    /// email will be suppressed: the user's current link must keep working).
+    /// email will be suppressed: the user's current link must keep working). A signup's link
+    /// that carries a password is never superseded (by a resend anyone can request): it lives
+    /// until it expires or the address is verified.
     pub supersede: bool,
 }
 
@@ -176,10 +181,12 @@ pub trait Accounts: KeyStore {
         hash: &[u8],
     ) -> impl Future<Output = anyhow::Result<Option<Option<String>>>> + Send;
 
-    /// Marks a pending user's address verified, setting `password_hash` if given (only while
-    /// pending: a verified account's password changes only through a reset), and supersedes the
-    /// user's other live verification tokens (a signup link that carries someone's password must
-    /// not set it later).
+    /// Marks a pending user's address verified and sets its password to `password_hash` —
+    /// `None` clears whatever a pending account held (a release before 0004, or a process of
+    /// that release still running beside this one, wrote signup passwords on the account: the
+    /// owner's proof of the address must not adopt it). A verified account is left alone: its
+    /// password changes only through a reset. Supersedes the user's other live verification
+    /// tokens (a signup link that carries someone's password must not set it later).
     fn mark_verified<'c>(
         conn: &'c mut <Self::Database as Database>::Connection,
         user_id: Uuid,
@@ -194,7 +201,8 @@ pub trait Accounts: KeyStore {
     ) -> impl Future<Output = anyhow::Result<()>> + Send + 'c;
 
     /// Accepts an invite: creates the user (verified: the invite proved the address) or marks
-    /// the existing one verified (superseding its live verification tokens), and adds the tenant
+    /// the existing one verified (superseding its live verification tokens; a pending account
+    /// gets the invitee's password or none, never the one it held), and adds the tenant
     /// membership once.
     fn accept_invite<'c>(
         conn: &'c mut <Self::Database as Database>::Connection,

@@ -120,7 +120,8 @@ impl Accounts for PgKeyStore {
     async fn insert_token(conn: &mut PgConnection, token: &NewToken<'_>) -> anyhow::Result<()> {
         sqlx::query(
             "UPDATE oncely_tokens SET superseded_at = now()
-              WHERE user_id = $1 AND flow = $2 AND $3 AND consumed_at IS NULL AND superseded_at IS NULL",
+              WHERE user_id = $1 AND flow = $2 AND $3 AND consumed_at IS NULL AND superseded_at IS NULL
+                AND password_hash IS NULL",
         )
         .bind(token.user_id)
         .bind(token.flow)
@@ -199,7 +200,7 @@ impl Accounts for PgKeyStore {
     ) -> anyhow::Result<()> {
         sqlx::query(
             "UPDATE oncely_users SET status = 'verified', verified_at = now(),
-                    password_hash = COALESCE($2, password_hash)
+                    password_hash = $2
               WHERE id = $1 AND status = 'pending'",
         )
         .bind(user_id)
@@ -233,7 +234,8 @@ impl Accounts for PgKeyStore {
              VALUES ($1, $2, $3, $4, 'invite', 'verified', now())
              ON CONFLICT (tenant, email) DO UPDATE
                 SET status = 'verified', verified_at = COALESCE(u.verified_at, now()),
-                    password_hash = COALESCE(u.password_hash, excluded.password_hash)
+                    password_hash = CASE WHEN u.status = 'pending' THEN excluded.password_hash
+                                     ELSE u.password_hash END
              RETURNING id",
         )
         .bind(Uuid::new_v4())

@@ -129,7 +129,8 @@ impl Accounts for SqliteKeyStore {
         let now = now();
         sqlx::query(
             "UPDATE oncely_tokens SET superseded_at = ?4
-              WHERE user_id = ?1 AND flow = ?2 AND ?3 AND consumed_at IS NULL AND superseded_at IS NULL",
+              WHERE user_id = ?1 AND flow = ?2 AND ?3 AND consumed_at IS NULL AND superseded_at IS NULL
+                AND password_hash IS NULL",
         )
         .bind(token.user_id)
         .bind(token.flow)
@@ -211,7 +212,7 @@ impl Accounts for SqliteKeyStore {
     ) -> anyhow::Result<()> {
         sqlx::query(
             "UPDATE oncely_users SET status = 'verified', verified_at = ?2,
-                    password_hash = COALESCE(?3, password_hash)
+                    password_hash = ?3
               WHERE id = ?1 AND status = 'pending'",
         )
         .bind(user_id)
@@ -247,7 +248,8 @@ impl Accounts for SqliteKeyStore {
              VALUES (?1, ?2, ?3, ?4, 'invite', 'verified', ?5, ?5)
              ON CONFLICT (tenant, email) DO UPDATE
                 SET status = 'verified', verified_at = COALESCE(verified_at, excluded.verified_at),
-                    password_hash = COALESCE(password_hash, excluded.password_hash)
+                    password_hash = CASE WHEN status = 'pending' THEN excluded.password_hash
+                                     ELSE password_hash END
              RETURNING id",
         )
         .bind(Uuid::new_v4())

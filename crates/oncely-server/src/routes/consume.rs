@@ -12,6 +12,7 @@ use serde_json::{Value, json};
 
 use secrecy::SecretString;
 
+use super::issue::ClientAddr;
 use super::signup::{busy, hash_password};
 use super::tenant::ProvenTenant;
 use super::{AppState, Body, unexpected};
@@ -51,7 +52,7 @@ document.getElementById("confirm").onclick = async () => {{
   const r = await fetch("{action}", {{method: "POST", headers: {{"content-type": "application/json", "idempotency-key": key}}, body: JSON.stringify(body)}});
   const problem = r.ok ? null : await r.json().catch(() => null);
   document.getElementById("result").textContent = r.ok ? "Done."
-    : problem && problem.type && problem.type.endsWith("/password-mismatch") ? problem.detail
+    : problem && problem.type && /\/(password-mismatch|invalid-request|busy)$/.test(problem.type) ? problem.detail
     : "This link is invalid or has expired.";
 }};
 </script>"#
@@ -152,6 +153,7 @@ fn no_password(request: &TokenRequest) -> Result<(), Problem> {
 pub async fn verify<A: Accounts>(
     State(state): State<AppState<A>>,
     proven: ProvenTenant,
+    client: ClientAddr,
     tx: IdempotentTx<A::Database>,
     Body(request): Body<TokenRequest>,
 ) -> Consumed {
@@ -170,7 +172,13 @@ pub async fn verify<A: Accounts>(
                 .ok_or_else(|| {
                     super::invalid_request("this signup chose no password; confirm without one")
                 })?;
-            let matches = match password::verify(&stored, SecretString::from(presented)).await {
+            let matches = match password::verify(
+                client.hash_share().as_deref(),
+                &stored,
+                SecretString::from(presented),
+            )
+            .await
+            {
                 Ok(matches) => matches,
                 Err(password::HashError::Overloaded) => return Err(busy()),
                 Err(password::HashError::Failed(error)) => return Err(unexpected(error)),
@@ -205,19 +213,20 @@ pub async fn verify<A: Accounts>(
 pub async fn reset_confirm<A: Accounts>(
     State(_): State<AppState<A>>,
     proven: ProvenTenant,
+    client: ClientAddr,
     tx: IdempotentTx<A::Database>,
     Body(request): Body<TokenRequest>,
 ) -> Consumed {
-    let Some(password_hash) = hash_password(request.password).await? else {
+    let Some(password_hash) = hash_password(request.password, &client).await? else {
         return Err(super::invalid_request("password is required"));
     };
     let mut conn = tx.lock().await?;
     let token = consume::<A>(&mut *conn, &proven, Flow::PasswordReset, &request.token).await?;
     let user = token.user_id.ok_or_else(token_invalid)?;
-    A::set_password(&mut conn, user, &password_hash)
+    A::mark_verified(&mut conn, user, Some(&password_hash))
         .await
         .map_err(unexpected)?;
-    A::mark_verified(&mut conn, user, None)
+    A::set_password(&mut conn, user, &password_hash)
         .await
         .map_err(unexpected)?;
     Ok(Json(json!({ "status": "password_changed" })))
@@ -246,10 +255,11 @@ pub async fn magic_consume<A: Accounts>(
 pub async fn invite_accept<A: Accounts>(
     State(_): State<AppState<A>>,
     proven: ProvenTenant,
+    client: ClientAddr,
     tx: IdempotentTx<A::Database>,
     Body(request): Body<TokenRequest>,
 ) -> Consumed {
-    let password_hash = hash_password(request.password).await?;
+    let password_hash = hash_password(request.password, &client).await?;
     let mut conn = tx.lock().await?;
     let token = consume::<A>(&mut *conn, &proven, Flow::Invite, &request.token).await?;
     let email = token.email.ok_or_else(token_invalid)?;

@@ -23,8 +23,11 @@ use crate::token::{Flow, Token};
 /// Caps on emails per window, per normalized address and per client.
 #[derive(Debug, Clone, Copy)]
 pub struct MailLimits {
-    /// Emails per window to one address (whether or not it has an account).
+    /// Emails per window to one address requested by one client (whether or not the address
+    /// has an account). A client whose address is unknown counts only against the total.
     pub per_address: u32,
+    /// Emails per window to one address from all clients together.
+    pub per_address_total: u32,
     /// Emails per window requested by one client address.
     pub per_client: u32,
     /// The window.
@@ -36,6 +39,13 @@ pub struct MailLimits {
 /// such a request is not counted against any client (it is never pooled with others).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct ClientAddr(pub Option<IpAddr>);
+
+impl ClientAddr {
+    /// The key of this client's share of the password-hashing pool (its rate-limit bucket).
+    pub fn hash_share(&self) -> Option<String> {
+        self.0.map(client_addr::cap_bucket)
+    }
+}
 
 impl<S: Send + Sync> FromRequestParts<S> for ClientAddr {
     type Rejection = std::convert::Infallible;
@@ -80,8 +90,12 @@ pub struct FromSignup<'a> {
     pub password_hash: Option<&'a str>,
 }
 
-/// Counts this email for the address and the client (both, whenever the client is known) and
-/// says whether it must be suppressed, and why.
+/// Counts this email for the address from this client and for this client (whenever the client
+/// is known), then — if those let it through — for the address from all clients, and says
+/// whether it must be suppressed, and why. The per-address cap is per client: a stranger who
+/// exhausts it for the owner's address exhausts it only for itself; the total ceiling needs
+/// many clients. (Which counters a request touches depends on the client's own history, never
+/// on whether the address has an account.)
 pub async fn suppression<A: Accounts>(
     conn: &mut <A::Database as sqlx::Database>::Connection,
     state: &AppState<A>,
@@ -103,26 +117,29 @@ pub async fn suppression<A: Accounts>(
             )
         )
     };
-    let to_address = A::count_email(
-        conn,
-        tenant.as_str(),
-        &bucket("address", email.as_str()),
-        window_start,
-    )
-    .await?;
-    let from_client = match client.0 {
+    let (to_address_from_client, from_client) = match client.0 {
         Some(ip) => {
-            A::count_email(
+            let client = client_addr::cap_bucket(ip);
+            let pair = format!("{}\n{client}", email.as_str());
+            let to_address_from_client = A::count_email(
                 conn,
                 tenant.as_str(),
-                &bucket("client", &client_addr::cap_bucket(ip)),
+                &bucket("address-client", &pair),
                 window_start,
             )
-            .await?
+            .await?;
+            let from_client = A::count_email(
+                conn,
+                tenant.as_str(),
+                &bucket("client", &client),
+                window_start,
+            )
+            .await?;
+            (to_address_from_client, from_client)
         }
-        None => 0,
+        None => (0, 0),
     };
-    let reason = if to_address > i64::from(limits.per_address) {
+    let reason = if to_address_from_client > i64::from(limits.per_address) {
         Some((
             "address",
             format!(
@@ -139,7 +156,24 @@ pub async fn suppression<A: Accounts>(
             ),
         ))
     } else {
-        None
+        // Only emails a client's own caps let through count toward the mailbox's total: a
+        // client hammering one address past its share cannot use up everyone else's.
+        let to_address = A::count_email(
+            conn,
+            tenant.as_str(),
+            &bucket("address", email.as_str()),
+            window_start,
+        )
+        .await?;
+        (to_address > i64::from(limits.per_address_total)).then(|| {
+            (
+                "address_total",
+                format!(
+                    "suppressed: over {} emails per {:?} to this address from all clients",
+                    limits.per_address_total, limits.window
+                ),
+            )
+        })
     };
     Ok(reason.map(|(limit, reason)| {
         metrics::counter!("oncely_emails_suppressed_total", "limit" => limit).increment(1);

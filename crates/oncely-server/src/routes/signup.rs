@@ -32,17 +32,24 @@ pub struct SignupRequest {
 }
 
 /// Checks a password's length and hashes it (before any database work, for every request
-/// that has one, whatever the address).
-pub async fn hash_password(password: Option<String>) -> Result<Option<String>, Problem> {
+/// that has one, whatever the address), within the caller's share of the hashing pool.
+pub async fn hash_password(
+    password: Option<String>,
+    client: &ClientAddr,
+) -> Result<Option<String>, Problem> {
     match password {
         Some(password) if !password::LENGTH.contains(&password.chars().count()) => {
             Err(invalid_request("password must be 8 to 128 characters"))
         }
-        Some(password) => match password::hash(SecretString::from(password)).await {
-            Ok(hash) => Ok(Some(hash)),
-            Err(password::HashError::Overloaded) => Err(busy()),
-            Err(password::HashError::Failed(error)) => Err(unexpected(error)),
-        },
+        Some(password) => {
+            match password::hash_for(client.hash_share().as_deref(), SecretString::from(password))
+                .await
+            {
+                Ok(hash) => Ok(Some(hash)),
+                Err(password::HashError::Overloaded) => Err(busy()),
+                Err(password::HashError::Failed(error)) => Err(unexpected(error)),
+            }
+        }
         None => Ok(None),
     }
 }
@@ -75,7 +82,7 @@ pub async fn signup<A: Accounts>(
     {
         return Err(invalid_request("source is at most 64 printable characters"));
     }
-    let password_hash = hash_password(request.password).await?;
+    let password_hash = hash_password(request.password, &client).await?;
 
     let mut conn = tx.lock().await?;
     let row = A::signup_user(

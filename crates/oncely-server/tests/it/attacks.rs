@@ -9,7 +9,8 @@ use oncely_testdb::TestDb;
 use serde_json::{Value, json};
 
 use crate::support::{
-    SECRET, TestApp, both_databases, spawn_app_on, spawn_app_with_inbox, start_inbox, token_in,
+    SECRET, TestApp, both_databases, execute, spawn_app_on, spawn_app_with_inbox, start_inbox,
+    token_in,
 };
 
 both_databases!(
@@ -22,6 +23,9 @@ both_databases!(
     a_tenants_link_is_useless_with_another_tenants_api_key,
     a_secret_rotation_keeps_retries_links_and_queued_emails_working,
     the_same_key_with_another_query_is_refused_not_replayed,
+    a_password_an_older_release_left_on_a_pending_account_is_never_adopted,
+    a_strangers_resend_does_not_cancel_the_owners_signup_link,
+    a_stranger_cannot_use_up_the_owners_emails,
 );
 
 /// The link in an email (`http…?token=…`).
@@ -411,4 +415,242 @@ async fn the_same_key_with_another_query_is_refused_not_replayed(url: String, _d
     let other = post("/v1/signup?ref=b").await;
     assert_eq!(other.status(), 422, "another query is another request");
     assert_eq!(post("/v1/signup").await.status(), 422);
+}
+
+/// The release before migration 0004 wrote a signup's password on the pending account, and a
+/// process of that release may still serve beside this one after `oncely migrate`: whatever a
+/// pending account holds is never what the owner's proof of the address adopts.
+async fn a_password_an_older_release_left_on_a_pending_account_is_never_adopted(
+    url: String,
+    _db: TestDb,
+) {
+    let app = spawn_app_on(&url, &[]).await;
+    let key = app.create_tenant("acme").await;
+    let attacker_hash = crate::support::argon2_hash("attacker password");
+    let plant = |email: &str| {
+        format!("UPDATE oncely_users SET password_hash = '{attacker_hash}' WHERE email = '{email}'")
+    };
+    // Verification without a password.
+    let by_verify = "old-verify@example.com";
+    app.post_as(&key, "/v1/signup", "s1", &json!({ "email": by_verify }))
+        .await;
+    let link = link_in(&app.emails_to(by_verify, 1).await[0]);
+    execute(&url, &plant(by_verify)).await;
+    let (status, body) = click(&app, &link, None).await;
+    assert_eq!((status, &body["password_set"]), (200, &json!(false)));
+    assert_eq!(password_hash_of(&app, by_verify).await, None);
+    // A magic link.
+    let by_magic = "old-magic@example.com";
+    app.post_as(&key, "/v1/signup", "s2", &json!({ "email": by_magic }))
+        .await;
+    app.emails_to(by_magic, 1).await;
+    execute(&url, &plant(by_magic)).await;
+    app.post_as(&key, "/v1/magic-link", "m2", &json!({ "email": by_magic }))
+        .await;
+    let (status, _) = click(&app, &link_in(&app.emails_to(by_magic, 2).await[1]), None).await;
+    assert_eq!(status, 200);
+    assert_eq!(password_hash_of(&app, by_magic).await, None);
+    // An invitation: the invitee's password, or none — never the planted one.
+    for (email, password) in [
+        ("old-invite@example.com", Some("guest password")),
+        ("old-invite-nopw@example.com", None),
+    ] {
+        app.post_as(
+            &key,
+            "/v1/signup",
+            &format!("s3-{email}"),
+            &json!({ "email": email }),
+        )
+        .await;
+        app.emails_to(email, 1).await;
+        execute(&url, &plant(email)).await;
+        app.post_as(
+            &key,
+            "/v1/invites",
+            &format!("i3-{email}"),
+            &json!({ "email": email }),
+        )
+        .await;
+        let (status, body) =
+            click(&app, &link_in(&app.emails_to(email, 2).await[1]), password).await;
+        assert_eq!(status, 200, "{body}");
+        match password {
+            Some(password) => assert!(verifies(
+                &password_hash_of(&app, email).await.unwrap(),
+                password
+            )),
+            None => assert_eq!(password_hash_of(&app, email).await, None),
+        }
+    }
+    // A reset sets the new password (and only it).
+    let by_reset = "old-reset@example.com";
+    app.post_as(&key, "/v1/signup", "s4", &json!({ "email": by_reset }))
+        .await;
+    app.emails_to(by_reset, 1).await;
+    execute(&url, &plant(by_reset)).await;
+    app.post_as(
+        &key,
+        "/v1/password-reset",
+        "r4",
+        &json!({ "email": by_reset }),
+    )
+    .await;
+    let (status, _) = click(
+        &app,
+        &link_in(&app.emails_to(by_reset, 2).await[1]),
+        Some("owner's new password"),
+    )
+    .await;
+    assert_eq!(status, 200);
+    let phc = password_hash_of(&app, by_reset).await.unwrap();
+    assert!(verifies(&phc, "owner's new password"));
+}
+
+async fn a_strangers_resend_does_not_cancel_the_owners_signup_link(url: String, _db: TestDb) {
+    let app = spawn_app_on(&url, &[]).await;
+    let owner = "resent@example.com";
+    let signup = json!({ "email": owner, "password": "owner password" });
+    app.post("/v1/signup", "mine", &signup).await;
+    let my_link = link_in(&app.emails_to(owner, 1).await[0]);
+    // Anyone may ask for a resend (no API key on the default tenant).
+    app.post(
+        "/v1/verification/resend",
+        "theirs",
+        &json!({ "email": owner }),
+    )
+    .await;
+    let resent = link_in(&app.emails_to(owner, 2).await[1]);
+    // The resent link carries no password: re-entering one there says so …
+    let (status, body) = click(&app, &resent, Some("owner password")).await;
+    assert_eq!((status, problem_type(&body)), (400, "invalid-request"));
+    // … and the owner's own signup link still sets the owner's password.
+    let (status, body) = click(&app, &my_link, Some("owner password")).await;
+    assert_eq!(status, 200, "{body}");
+    assert_eq!(body["password_set"], true);
+    assert!(verifies(
+        &password_hash_of(&app, owner).await.unwrap(),
+        "owner password"
+    ));
+}
+
+fn from(source: &str) -> reqwest::Client {
+    reqwest::Client::builder()
+        .local_address(source.parse::<std::net::IpAddr>().unwrap())
+        .build()
+        .unwrap()
+}
+
+async fn post_from(app: &TestApp, client: &reqwest::Client, path: &str, key: &str, body: &Value) {
+    let answer = client
+        .post(format!("{}{path}", app.base))
+        .header("idempotency-key", key)
+        .json(body)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(answer.status(), 202);
+}
+
+/// The per-address cap is per client: a stranger who asks for the owner's emails until the cap
+/// is reached uses up only its own share; the owner, from another address, still gets its
+/// reset link. Many clients together meet the total ceiling.
+async fn a_stranger_cannot_use_up_the_owners_emails(url: String, _db: TestDb) {
+    let app = spawn_app_on(
+        &url,
+        &[
+            "--mail-cap-per-address",
+            "2",
+            "--mail-cap-per-address-total",
+            "6",
+            "--mail-cap-per-client",
+            "1000",
+        ],
+    )
+    .await;
+    let owner = "capped-owner@example.com";
+    let (stranger, owner_client) = (from("127.0.0.2"), from("127.0.0.3"));
+    post_from(
+        &app,
+        &owner_client,
+        "/v1/signup",
+        "own",
+        &json!({ "email": owner }),
+    )
+    .await;
+    // The stranger asks for the owner's reset link ten times: 2 pass, 8 are suppressed, and
+    // only the 2 count toward the mailbox's total.
+    for i in 0..10 {
+        let body = json!({ "email": owner });
+        post_from(
+            &app,
+            &stranger,
+            "/v1/password-reset",
+            &format!("x{i}"),
+            &body,
+        )
+        .await;
+    }
+    let suppressed = |pattern: &'static str| {
+        let app = &app;
+        async move {
+            app.count(&format!(
+                "SELECT count(*) FROM oncely_outbox WHERE CAST(payload AS TEXT) LIKE '%suppressed: over%{pattern}%'"
+            ))
+            .await
+        }
+    };
+    assert_eq!(suppressed("to this address\"").await, 8);
+    // The owner, from its own address, still gets a reset link, and it works.
+    post_from(
+        &app,
+        &owner_client,
+        "/v1/password-reset",
+        "mine",
+        &json!({ "email": owner }),
+    )
+    .await;
+    assert_eq!(suppressed("to this address\"").await, 8, "not the owner's");
+    drained(&app).await;
+    // Its link is the live one (it superseded the stranger's): one of the emails opens it.
+    let mut status = 0;
+    for email in app.inbox.messages(Some(owner)).iter().rev() {
+        if email.text.contains("/v1/password-reset/confirm") {
+            status = click(&app, &link_in(email), Some("owner's new password"))
+                .await
+                .0;
+            if status == 200 {
+                break;
+            }
+        }
+    }
+    assert_eq!(status, 200, "the owner's own reset link works");
+    // Total so far: signup, the stranger's 2, the owner's reset = 4 of 6. Two more clients
+    // with 2 each: the last 2 meet the ceiling that protects the mailbox.
+    for (i, source) in ["127.0.0.4", "127.0.0.5"].into_iter().enumerate() {
+        for j in 0..2 {
+            let body = json!({ "email": owner });
+            post_from(
+                &app,
+                &from(source),
+                "/v1/password-reset",
+                &format!("y{i}{j}"),
+                &body,
+            )
+            .await;
+        }
+    }
+    assert_eq!(suppressed("from all clients").await, 2);
+}
+
+/// Waits (at most 10 s) until the outbox has nothing pending.
+async fn drained(app: &TestApp) {
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+    while app
+        .count("SELECT count(*) FROM oncely_outbox WHERE status = 'pending'")
+        .await
+        > 0
+    {
+        assert!(std::time::Instant::now() < deadline, "the outbox drains");
+        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+    }
 }

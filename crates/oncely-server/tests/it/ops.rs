@@ -111,6 +111,43 @@ async fn a_worker_for_an_unknown_kind_refuses_to_start_and_names_the_known_ones(
 }
 
 both_databases!(prune_deletes_expired_keys_old_history_and_counters_but_keeps_pending_work);
+both_databases!(a_database_a_newer_release_migrated_still_lets_this_release_start);
+
+/// Rolling upgrades: after a newer release ran `oncely migrate`, a process of this release must
+/// still (re)start on that database — a crash-restart of an old pod must not fail on
+/// "migration N was previously applied but is missing".
+async fn a_database_a_newer_release_migrated_still_lets_this_release_start(
+    url: String,
+    _db: TestDb,
+) {
+    let (ok, text) = oncely(&["migrate", "--database-url", &url]).await;
+    assert!(ok, "{text}");
+    for table in [
+        "_oncely_server_migrations",
+        "_oncely_outbox_migrations",
+        "_oncely_idempotency_migrations",
+    ] {
+        let newer = if url.starts_with("postgres") {
+            format!(
+                "INSERT INTO {table} (version, description, success, checksum, execution_time)
+                 VALUES (9999, 'from a newer release', true, '\\x00'::bytea, 1)"
+            )
+        } else {
+            format!(
+                "INSERT INTO {table} (version, description, success, checksum, execution_time)
+                 VALUES (9999, 'from a newer release', 1, x'00', 1)"
+            )
+        };
+        crate::support::execute(&url, &newer).await;
+    }
+    let (ok, text) = oncely(&["migrate", "--database-url", &url]).await;
+    assert!(
+        ok,
+        "this release migrates (nothing to do) on a newer database: {text}"
+    );
+    let app = crate::support::spawn_app_on(&url, &[]).await;
+    assert_eq!(app.get("/readyz").await.status(), 200);
+}
 
 async fn prune_deletes_expired_keys_old_history_and_counters_but_keeps_pending_work(
     url: String,

@@ -217,6 +217,16 @@ pub async fn dump(database_url: &str) -> String {
     out
 }
 
+/// An Argon2id PHC string of `password` (as a release that stored it would have).
+pub fn argon2_hash(password: &str) -> String {
+    use argon2::PasswordHasher;
+    let salt = argon2::password_hash::SaltString::encode_b64(&[9; 16]).unwrap();
+    argon2::Argon2::default()
+        .hash_password(password.as_bytes(), &salt)
+        .unwrap()
+        .to_string()
+}
+
 /// The token in a verification email.
 pub fn token_in(message: &Message) -> String {
     oncely_chaos::tokens_in(&message.text)

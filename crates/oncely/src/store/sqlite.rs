@@ -64,6 +64,9 @@ pub fn migrator() -> Migrator {
         false,
     )]);
     migrator.dangerous_set_table_name(MIGRATIONS_TABLE);
+    // Migrations only add: a process of the previous release must still start (and restart)
+    // on a database a newer release already migrated, so versions it does not know are fine.
+    migrator.set_ignore_missing(true);
     migrator
 }
 

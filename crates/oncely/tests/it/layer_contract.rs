@@ -208,6 +208,29 @@ async fn send(
     }
 }
 
+/// The scope of `key` on `POST route` in the default tenant, and the fingerprint of an empty
+/// JSON body there under `secret`: what a test needs to claim a key through the store directly.
+fn direct(
+    secret: &oncely::ServerSecret,
+    route: &str,
+    key: &str,
+) -> (oncely::Scope, oncely::Fingerprint) {
+    let scope = oncely::Scope::new(
+        TenantId::default(),
+        "POST",
+        route,
+        oncely::IdempotencyKey::parse(key).unwrap(),
+    );
+    let fingerprint = oncely::Fingerprint::of_request(
+        secret,
+        &oncely::fingerprint::RequestTarget::route("POST", route),
+        Some("application/json"),
+        b"{}",
+        None,
+    );
+    (scope, fingerprint)
+}
+
 fn quoted(key: &str) -> String {
     format!("\"{key}\"")
 }
@@ -819,24 +842,11 @@ async fn a_dead_owner_is_taken_over_and_its_token_can_no_longer_complete<S: Back
     store: S,
     _db: Db,
 ) {
-    use oncely::fingerprint::RequestTarget;
     use oncely::store::{Claim, ClaimRequest, Completion};
     let effects = Effects::default();
     let app = plain(store.clone(), effects.clone());
     let key = new_key();
-    let scope = oncely::Scope::new(
-        TenantId::default(),
-        "POST",
-        "/slow",
-        oncely::IdempotencyKey::parse(&key).unwrap(),
-    );
-    let fingerprint = oncely::Fingerprint::of_request(
-        &secret(),
-        &RequestTarget::route("POST", "/slow"),
-        Some("application/json"),
-        b"{}",
-        None,
-    );
+    let (scope, fingerprint) = direct(&secret(), "/slow", &key);
     let claim = ClaimRequest {
         scope: &scope,
         fingerprint: &fingerprint,
@@ -1308,24 +1318,11 @@ async fn a_dead_owner_under_a_previous_secret_is_taken_over_with_its_derived_key
     store: S,
     _db: Db,
 ) {
-    use oncely::fingerprint::RequestTarget;
     use oncely::store::{Claim, ClaimRequest};
     let a = secret();
     let b = oncely::ServerSecret::new(b"the-next-secret-the-next-secret-!".to_vec()).unwrap();
     let key = new_key();
-    let scope = oncely::Scope::new(
-        TenantId::default(),
-        "POST",
-        "/payments",
-        oncely::IdempotencyKey::parse(&key).unwrap(),
-    );
-    let fingerprint = oncely::Fingerprint::of_request(
-        &a,
-        &RequestTarget::route("POST", "/payments"),
-        Some("application/json"),
-        b"{}",
-        None,
-    );
+    let (scope, fingerprint) = direct(&a, "/payments", &key);
     let claim = ClaimRequest {
         scope: &scope,
         fingerprint: &fingerprint,

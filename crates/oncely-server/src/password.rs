@@ -5,7 +5,9 @@
 //! many signups arrive at once (the allocator keeps freed memory per thread, so the number of
 //! hashing threads bounds it too; each thread also reuses one working memory). When every thread is busy and the queue is full, [`hash`]
 //! fails at once with [`HashError::Overloaded`]; the route answers 503 with `Retry-After`, the
-//! idempotency key is released, and the client retries.
+//! idempotency key is released, and the client retries. Once the pool is half full, each
+//! client (its rate-limit bucket: the address, an IPv6 /64) may hold at most a quarter of it,
+//! so one client flooding password requests cannot take the pool from everyone else.
 
 use std::collections::HashMap;
 use std::future::Future;
@@ -121,8 +123,11 @@ type Job = Box<dyn FnOnce() + Send>;
 /// A fixed set of threads with a bounded queue in front.
 pub struct HashPool {
     queue: mpsc::SyncSender<Job>,
-    /// Slots (running + queued) one client may hold at once: a quarter of the pool, at least 1.
+    /// Slots (running + queued) one client may hold once the pool is half full: a quarter of
+    /// the pool, at least 1. Below half, a client's burst is served whole.
     per_client: usize,
+    /// Half the pool's slots: from here on, each client is held to its share.
+    contended: usize,
     /// Slots each client holds now; an entry leaves the map when its count drops to 0, so the
     /// map is bounded by the requests in flight.
     held: Arc<Mutex<HashMap<String, usize>>>,
@@ -175,19 +180,22 @@ impl HashPool {
         Ok(Self {
             queue: sender,
             per_client: (capacity / 4).max(1),
+            contended: (capacity / 2).max(1),
             held: Arc::default(),
         })
     }
 
-    /// Takes one of `client`'s slots, or refuses when the client already holds its share: one
-    /// client flooding password requests cannot take the whole pool from everyone else.
+    /// Takes one of `client`'s slots, or refuses when the pool is at least half full and the
+    /// client already holds its share: one client flooding password requests gets at most half
+    /// the pool, and every other client still finds its share free.
     fn share(&self, client: &str) -> Result<Share, HashError> {
         let mut held = self
             .held
             .lock()
             .unwrap_or_else(std::sync::PoisonError::into_inner);
+        let total: usize = held.values().sum();
         let count = held.entry(client.to_owned()).or_insert(0);
-        if *count >= self.per_client {
+        if *count >= self.per_client && total >= self.contended {
             metrics::counter!("oncely_password_hashes_refused_total").increment(1);
             return Err(HashError::Overloaded);
         }
@@ -422,7 +430,7 @@ mod tests {
 
     #[tokio::test]
     async fn one_client_holds_at_most_its_share_and_others_still_get_in() {
-        // 1 thread + 7 queued = 8 slots; a client may hold 2.
+        // 1 thread + 7 queued = 8 slots; from 4 held on, a client may hold 2.
         let pool = HashPool::new(1, 7).unwrap();
         let (release, released) = std::sync::mpsc::channel::<()>();
         let released = Arc::new(Mutex::new(released));
@@ -432,18 +440,27 @@ mod tests {
                 released.lock().unwrap().recv().unwrap();
             })
         };
-        let first = block(&pool, "flooder").unwrap();
-        let second = block(&pool, "flooder").unwrap();
-        assert!(
-            matches!(block(&pool, "flooder"), Err(HashError::Overloaded)),
-            "a third slot for the same client is refused"
+        let mut jobs = Vec::new();
+        while let Ok(job) = block(&pool, "flooder") {
+            jobs.push(job);
+        }
+        assert_eq!(
+            jobs.len(),
+            4,
+            "a burst of one client gets half the pool, no more"
         );
-        let other = block(&pool, "someone else").unwrap();
-        let unknown = block(&pool, "unknown").unwrap();
-        for _ in 0..4 {
+        for _ in 0..2 {
+            jobs.push(block(&pool, "someone else").expect("another client still gets its share"));
+        }
+        assert!(matches!(
+            block(&pool, "someone else"),
+            Err(HashError::Overloaded)
+        ));
+        jobs.push(block(&pool, "a third client").unwrap());
+        for _ in 0..jobs.len() {
             release.send(()).unwrap();
         }
-        for job in [first, second, other, unknown] {
+        for job in jobs {
             job.await.unwrap();
         }
         assert!(

@@ -580,7 +580,9 @@ impl CommonArgs {
         }
         let unspecified = match parsed.host() {
             Some(url::Host::Ipv4(ip)) => ip.is_unspecified(),
-            Some(url::Host::Ipv6(ip)) => ip.is_unspecified(),
+            Some(url::Host::Ipv6(ip)) => {
+                ip.is_unspecified() || ip.to_ipv4_mapped().is_some_and(|v4| v4.is_unspecified())
+            }
             _ => false,
         };
         if unspecified {
@@ -822,6 +824,7 @@ mod tests {
             ("https://u:p@accounts.example.com", "credentials"),
             ("http://0.0.0.0:8080", "names no host"),
             ("http://[::]:8080/", "names no host"),
+            ("http://[::ffff:0.0.0.0]/", "names no host"),
         ] {
             for env in ["development", "production"] {
                 let error = serve(&["--env", env, "--public-url", bad])

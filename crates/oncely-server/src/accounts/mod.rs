@@ -172,14 +172,15 @@ pub trait Accounts: KeyStore {
         hash: &'c [u8],
     ) -> impl Future<Output = anyhow::Result<Option<ConsumedToken>>> + Send + 'c;
 
-    /// Whether a live verification token with this hash exists (in `tenant`, if given) and the
-    /// password hash its signup chose, if any. Read on the pool, before the request's
-    /// transaction, so that checking a password never holds it.
-    fn signup_password(
+    /// Counts one attempt at re-entering the password of the live verification token with this
+    /// hash (in `tenant`, if given) and returns the password hash its signup chose, if any, and
+    /// the attempts so far; `None` if there is no such token. On the pool, before the request's
+    /// transaction: checking a password never holds it, and the count survives a rollback.
+    fn signup_password_attempt(
         &self,
         tenant: Option<&str>,
         hash: &[u8],
-    ) -> impl Future<Output = anyhow::Result<Option<Option<String>>>> + Send;
+    ) -> impl Future<Output = anyhow::Result<Option<(Option<String>, i64)>>> + Send;
 
     /// Marks a pending user's address verified and sets its password to `password_hash` —
     /// `None` clears whatever a pending account held (a release before 0004, or a process of

@@ -34,6 +34,11 @@ pub fn migrator() -> Migrator {
             "signup password on its verification token",
             include_str!("../../migrations/sqlite/0004_signup_password_on_token.sql"),
         ),
+        (
+            5,
+            "signup password attempts",
+            include_str!("../../migrations/sqlite/0005_signup_password_attempts.sql"),
+        ),
     ])
 }
 
@@ -186,23 +191,25 @@ impl Accounts for SqliteKeyStore {
         .transpose()
     }
 
-    async fn signup_password(
+    async fn signup_password_attempt(
         &self,
         tenant: Option<&str>,
         hash: &[u8],
-    ) -> anyhow::Result<Option<Option<String>>> {
-        let row: Option<(Option<String>,)> = sqlx::query_as(
-            "SELECT password_hash FROM oncely_tokens
+    ) -> anyhow::Result<Option<(Option<String>, i64)>> {
+        // Its own statement on the pool: the count survives the request's rollback.
+        let row: Option<(Option<String>, i64)> = sqlx::query_as(
+            "UPDATE oncely_tokens SET password_attempts = password_attempts + 1
               WHERE token_hash = ?1 AND (?2 IS NULL OR tenant = ?2) AND flow = 'verification'
                 AND user_id IS NOT NULL
-                AND consumed_at IS NULL AND superseded_at IS NULL AND expires_at > ?3",
+                AND consumed_at IS NULL AND superseded_at IS NULL AND expires_at > ?3
+             RETURNING password_hash, password_attempts",
         )
         .bind(hash)
         .bind(tenant)
         .bind(now())
         .fetch_optional(self.pool())
         .await?;
-        Ok(row.map(|(password,)| password))
+        Ok(row)
     }
 
     async fn mark_verified(

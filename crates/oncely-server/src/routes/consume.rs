@@ -145,6 +145,9 @@ fn no_password(request: &TokenRequest) -> Result<(), Problem> {
     }
 }
 
+/// How often a verification link's signup password may be re-entered.
+pub const PASSWORD_ATTEMPTS: i64 = 5;
+
 /// `POST /v1/verify`: marks the address verified. A signup that chose a password stored its
 /// hash with this link's token; the account gets that password only if the request re-enters
 /// it — whoever proves the address never adopts a password someone else chose (an attacker who
@@ -163,15 +166,21 @@ pub async fn verify<A: Accounts>(
     let adopted = match request.password {
         None => None,
         Some(presented) => {
-            let stored = state
+            let (stored, attempts) = state
                 .accounts
-                .signup_password(tenant, &token::hash(&request.token))
+                .signup_password_attempt(tenant, &token::hash(&request.token))
                 .await
                 .map_err(unexpected)?
-                .ok_or_else(token_invalid)?
-                .ok_or_else(|| {
-                    super::invalid_request("this signup chose no password; confirm without one")
-                })?;
+                .ok_or_else(token_invalid)?;
+            let stored = stored.ok_or_else(|| {
+                super::invalid_request("this signup chose no password; confirm without one")
+            })?;
+            // Whoever sees the link (a mail scanner, a log) must not guess the password online.
+            if attempts > PASSWORD_ATTEMPTS {
+                return Err(super::invalid_request(
+                    "too many wrong passwords for this link; confirm without a password, then set one with a password reset",
+                ));
+            }
             let matches = match password::verify(
                 client.hash_share().as_deref(),
                 &stored,

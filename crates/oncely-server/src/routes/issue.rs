@@ -157,7 +157,10 @@ pub async fn suppression<A: Accounts>(
         ))
     } else {
         // Only emails a client's own caps let through count toward the mailbox's total: a
-        // client hammering one address past its share cannot use up everyone else's.
+        // client hammering one address past its share cannot use up everyone else's. And a
+        // client's first email to the address in the window always passes the total: however
+        // many clients fill it, the owner (a client that has asked for nothing yet) still gets
+        // its link — a mail bomb gains one email per client address it controls, no more.
         let to_address = A::count_email(
             conn,
             tenant.as_str(),
@@ -165,7 +168,8 @@ pub async fn suppression<A: Accounts>(
             window_start,
         )
         .await?;
-        (to_address > i64::from(limits.per_address_total)).then(|| {
+        let first_from_client = to_address_from_client == 1;
+        (to_address > i64::from(limits.per_address_total) && !first_from_client).then(|| {
             (
                 "address_total",
                 format!(

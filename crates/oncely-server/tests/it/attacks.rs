@@ -26,6 +26,7 @@ both_databases!(
     a_password_an_older_release_left_on_a_pending_account_is_never_adopted,
     a_strangers_resend_does_not_cancel_the_owners_signup_link,
     a_stranger_cannot_use_up_the_owners_emails,
+    whoever_sees_a_link_cannot_guess_the_signup_password_online,
 );
 
 /// The link in an email (`http…?token=…`).
@@ -625,7 +626,8 @@ async fn a_stranger_cannot_use_up_the_owners_emails(url: String, _db: TestDb) {
     }
     assert_eq!(status, 200, "the owner's own reset link works");
     // Total so far: signup, the stranger's 2, the owner's reset = 4 of 6. Two more clients
-    // with 2 each: the last 2 meet the ceiling that protects the mailbox.
+    // with 2 each: .4's two fill it; .5's first still passes (a client's first always does),
+    // its second meets the ceiling that protects the mailbox.
     for (i, source) in ["127.0.0.4", "127.0.0.5"].into_iter().enumerate() {
         for j in 0..2 {
             let body = json!({ "email": owner });
@@ -639,7 +641,31 @@ async fn a_stranger_cannot_use_up_the_owners_emails(url: String, _db: TestDb) {
             .await;
         }
     }
-    assert_eq!(suppressed("from all clients").await, 2);
+    assert_eq!(
+        suppressed("from all clients").await,
+        1,
+        "each client's first email passes the total; the second of the last client is stopped"
+    );
+    // With the total used up by others, the owner — a client that has asked for nothing yet in
+    // this window — still gets its link.
+    let owner_again = from("127.0.0.6");
+    post_from(
+        &app,
+        &owner_again,
+        "/v1/magic-link",
+        "late",
+        &json!({ "email": owner }),
+    )
+    .await;
+    drained(&app).await;
+    let magic = app
+        .inbox
+        .messages(Some(owner))
+        .into_iter()
+        .rev()
+        .find(|m| m.text.contains("/v1/magic-link/consume"))
+        .expect("the owner's magic link arrives");
+    assert_eq!(click(&app, &link_in(&magic), None).await.0, 200);
 }
 
 /// Waits (at most 10 s) until the outbox has nothing pending.
@@ -653,4 +679,32 @@ async fn drained(app: &TestApp) {
         assert!(std::time::Instant::now() < deadline, "the outbox drains");
         tokio::time::sleep(std::time::Duration::from_millis(20)).await;
     }
+}
+
+/// A link can leak (mail scanners, forwarded mail, logs): its holder gets a few tries at the
+/// signup's password, then only "confirm without a password". The count survives the
+/// rollback of every wrong try.
+async fn whoever_sees_a_link_cannot_guess_the_signup_password_online(url: String, _db: TestDb) {
+    let app = spawn_app_on(&url, &[]).await;
+    let owner = "guessed@example.com";
+    let signup = json!({ "email": owner, "password": "owner password" });
+    app.post("/v1/signup", "s", &signup).await;
+    let link = link_in(&app.emails_to(owner, 1).await[0]);
+    for i in 0..5 {
+        let (status, body) = click(&app, &link, Some(&format!("guess number {i}"))).await;
+        assert_eq!((status, problem_type(&body)), (400, "password-mismatch"));
+    }
+    // Even the right password is refused now …
+    let (status, body) = click(&app, &link, Some("owner password")).await;
+    assert_eq!(
+        (status, problem_type(&body)),
+        (400, "invalid-request"),
+        "{body}"
+    );
+    assert!(body["detail"].as_str().unwrap().contains("too many"));
+    // … the address can still be confirmed, without adopting any password.
+    let (status, body) = click(&app, &link, None).await;
+    assert_eq!(status, 200);
+    assert_eq!(body["password_set"], false);
+    assert_eq!(password_hash_of(&app, owner).await, None);
 }

@@ -141,11 +141,22 @@ impl Application {
         } else {
             v1
         };
+        if common.environment == Environment::Production && args.metrics_token.is_none() {
+            tracing::warn!(
+                "GET /metrics answers 404 in production without ONCELY_METRICS_TOKEN (its counters would tell outsiders which addresses have accounts); set one to scrape it"
+            );
+        }
         telemetry::prometheus();
         let mut router = Router::new()
             .route("/healthz", get(|| async { "ok" }))
             .route("/readyz", get(readyz))
-            .route("/metrics", get(metrics))
+            .route(
+                "/metrics",
+                get(metrics).layer(axum::Extension(MetricsAccess {
+                    token: args.metrics_token.clone(),
+                    production: common.environment == Environment::Production,
+                })),
+            )
             .route(
                 "/openapi.json",
                 get(|| async {
@@ -285,9 +296,44 @@ async fn prune_periodically<A: Accounts>(
     }
 }
 
+/// Who may read `/metrics`: the bearer of `ONCELY_METRICS_TOKEN`; without a token, anyone in
+/// development and nobody in production (a peer address proves nothing behind a local proxy).
+#[derive(Clone)]
+struct MetricsAccess {
+    token: Option<secrecy::SecretString>,
+    production: bool,
+}
+
+impl MetricsAccess {
+    fn allows(&self, headers: &axum::http::HeaderMap) -> bool {
+        use secrecy::ExposeSecret;
+        use sha2::{Digest, Sha256};
+        match &self.token {
+            Some(token) => {
+                let presented = headers
+                    .get(axum::http::header::AUTHORIZATION)
+                    .and_then(|v| v.to_str().ok())
+                    .and_then(|v| v.strip_prefix("Bearer "))
+                    .unwrap_or_default();
+                // Digests compared, not the strings: no early exit on the first differing byte.
+                Sha256::digest(presented.as_bytes())
+                    == Sha256::digest(token.expose_secret().as_bytes())
+            }
+            None => !self.production,
+        }
+    }
+}
+
 /// Prometheus text; the outbox backlog is read now.
-async fn metrics(State(database): State<Database>) -> (StatusCode, String) {
+async fn metrics(
+    State(database): State<Database>,
+    axum::Extension(access): axum::Extension<MetricsAccess>,
+    headers: axum::http::HeaderMap,
+) -> (StatusCode, String) {
     use oncely_outbox::JobStore;
+    if !access.allows(&headers) {
+        return (StatusCode::NOT_FOUND, String::new());
+    }
     let backlog = match &database {
         Database::Postgres(store) => store.jobs(true).backlog().await,
         Database::Sqlite(store) => store.jobs(true).backlog().await,

@@ -270,6 +270,12 @@ pub struct ServeArgs {
     #[arg(long, env = "ONCELY_BIND", default_value = "127.0.0.1:8080")]
     pub bind: SocketAddr,
 
+    /// Bearer token that `GET /metrics` requires. Without one, `/metrics` is open in
+    /// development and answers 404 in production: its counters (emails sent or skipped) must
+    /// not tell an outsider which addresses have accounts.
+    #[arg(long, env = "ONCELY_METRICS_TOKEN", hide_env_values = true)]
+    pub metrics_token: Option<SecretString>,
+
     /// How long idempotent results are replayed (`24h`, `90m`, …).
     #[arg(long, env = "ONCELY_KEY_RETENTION", default_value = "24h", value_parser = parse_duration)]
     pub key_retention: Duration,

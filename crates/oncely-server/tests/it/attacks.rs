@@ -29,6 +29,54 @@ both_databases!(
     whoever_sees_a_link_cannot_guess_the_signup_password_online,
 );
 
+/// `/metrics` counts emails sent and skipped by kind: from outside, a before/after scrape
+/// around a reset request would tell a registered address from an unknown one.
+#[tokio::test]
+async fn metrics_are_not_an_enumeration_oracle_in_production() {
+    let (url, _db) = crate::support::sqlite_db().await;
+    let production = [
+        "--env",
+        "production",
+        "--public-url",
+        "https://accounts.example.com",
+    ];
+    let app = spawn_app_on(&url, &production).await;
+    let get_from = |source: &'static str, token: Option<&'static str>| {
+        let base = app.base.clone();
+        async move {
+            let mut req = from(source).get(format!("{base}/metrics"));
+            if let Some(token) = token {
+                req = req.bearer_auth(token);
+            }
+            req.send().await.unwrap().status().as_u16()
+        }
+    };
+    // Without a token: nobody (behind a local proxy every peer is 127.0.0.1).
+    assert_eq!(get_from("127.0.0.2", None).await, 404);
+    assert_eq!(get_from("127.0.0.1", None).await, 404);
+    let token = "metrics-token-0123456789";
+    let mut with_token = production.to_vec();
+    with_token.extend(["--metrics-token", token]);
+    let app = spawn_app_on(&url, &with_token).await;
+    let get = |token: Option<&'static str>| {
+        let base = app.base.clone();
+        async move {
+            let mut req = from("127.0.0.2").get(format!("{base}/metrics"));
+            if let Some(token) = token {
+                req = req.bearer_auth(token);
+            }
+            req.send().await.unwrap().status().as_u16()
+        }
+    };
+    assert_eq!(get(None).await, 404);
+    assert_eq!(get(Some("metrics-token-0123456788")).await, 404);
+    assert_eq!(
+        get(Some(token)).await,
+        200,
+        "the bearer of the token, from anywhere"
+    );
+}
+
 /// The link in an email (`http…?token=…`).
 fn link_in(message: &Message) -> String {
     let text = &message.text;

@@ -41,40 +41,29 @@ async fn metrics_are_not_an_enumeration_oracle_in_production() {
         "https://accounts.example.com",
     ];
     let app = spawn_app_on(&url, &production).await;
-    let get_from = |source: &'static str, token: Option<&'static str>| {
-        let base = app.base.clone();
-        async move {
-            let mut req = from(source).get(format!("{base}/metrics"));
-            if let Some(token) = token {
-                req = req.bearer_auth(token);
-            }
-            req.send().await.unwrap().status().as_u16()
-        }
-    };
     // Without a token: nobody (behind a local proxy every peer is 127.0.0.1).
-    assert_eq!(get_from("127.0.0.2", None).await, 404);
-    assert_eq!(get_from("127.0.0.1", None).await, 404);
+    assert_eq!(metrics_status(&app, "127.0.0.2", None).await, 404);
+    assert_eq!(metrics_status(&app, "127.0.0.1", None).await, 404);
     let token = "metrics-token-0123456789";
     let mut with_token = production.to_vec();
     with_token.extend(["--metrics-token", token]);
     let app = spawn_app_on(&url, &with_token).await;
-    let get = |token: Option<&'static str>| {
-        let base = app.base.clone();
-        async move {
-            let mut req = from("127.0.0.2").get(format!("{base}/metrics"));
-            if let Some(token) = token {
-                req = req.bearer_auth(token);
-            }
-            req.send().await.unwrap().status().as_u16()
-        }
-    };
-    assert_eq!(get(None).await, 404);
-    assert_eq!(get(Some("metrics-token-0123456788")).await, 404);
+    assert_eq!(metrics_status(&app, "127.0.0.2", None).await, 404);
+    let wrong = Some("metrics-token-0123456788");
+    assert_eq!(metrics_status(&app, "127.0.0.2", wrong).await, 404);
     assert_eq!(
-        get(Some(token)).await,
+        metrics_status(&app, "127.0.0.2", Some(token)).await,
         200,
         "the bearer of the token, from anywhere"
     );
+}
+
+async fn metrics_status(app: &TestApp, source: &str, token: Option<&str>) -> u16 {
+    let mut req = from(source).get(format!("{}/metrics", app.base));
+    if let Some(token) = token {
+        req = req.bearer_auth(token);
+    }
+    req.send().await.unwrap().status().as_u16()
 }
 
 /// The link in an email (`http…?token=…`).

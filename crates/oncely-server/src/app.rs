@@ -88,7 +88,7 @@ impl Application {
         let common = &args.common;
         let secret = common.server_secret()?;
         common.mailer_choice()?;
-        common.public_url(Some(args.bind))?;
+        let public_url = common.public_url(Some(args.bind))?;
         let database =
             Database::connect_pool(&common.database.database_url, common.database_pool).await?;
         database.migrate().await?;
@@ -99,7 +99,11 @@ impl Application {
         let (mailer, dev_inbox) = mailer(common).await?;
         let context = Arc::new(MailContext {
             secret: secret.clone(),
-            public_url: common.public_url(Some(addr))?,
+            // Only the development default depends on the port actually bound (`:0` in tests).
+            public_url: match &common.public_url {
+                Some(_) => public_url,
+                None => common.public_url(Some(addr))?,
+            },
             from: common.mail_from.clone(),
             mailer,
         });
@@ -153,7 +157,11 @@ impl Application {
             .route(
                 "/metrics",
                 get(metrics).layer(axum::Extension(MetricsAccess {
-                    token: args.metrics_token.clone(),
+                    token: args.metrics_token.as_ref().map(|token| {
+                        use secrecy::ExposeSecret;
+                        use sha2::Digest;
+                        sha2::Sha256::digest(token.expose_secret().as_bytes()).into()
+                    }),
                     production: common.environment == Environment::Production,
                 })),
             )
@@ -300,24 +308,23 @@ async fn prune_periodically<A: Accounts>(
 /// development and nobody in production (a peer address proves nothing behind a local proxy).
 #[derive(Clone)]
 struct MetricsAccess {
-    token: Option<secrecy::SecretString>,
+    /// SHA-256 of `ONCELY_METRICS_TOKEN`.
+    token: Option<[u8; 32]>,
     production: bool,
 }
 
 impl MetricsAccess {
     fn allows(&self, headers: &axum::http::HeaderMap) -> bool {
-        use secrecy::ExposeSecret;
         use sha2::{Digest, Sha256};
         match &self.token {
-            Some(token) => {
+            Some(digest) => {
                 let presented = headers
                     .get(axum::http::header::AUTHORIZATION)
                     .and_then(|v| v.to_str().ok())
                     .and_then(|v| v.strip_prefix("Bearer "))
                     .unwrap_or_default();
                 // Digests compared, not the strings: no early exit on the first differing byte.
-                Sha256::digest(presented.as_bytes())
-                    == Sha256::digest(token.expose_secret().as_bytes())
+                Sha256::digest(presented.as_bytes()).as_slice() == digest
             }
             None => !self.production,
         }

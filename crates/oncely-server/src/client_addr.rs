@@ -63,7 +63,7 @@ pub fn client_ip(
     trusted: &TrustedProxies,
 ) -> Option<IpAddr> {
     let peer = canonical(peer?);
-    if trusted.is_empty() || !trusted.contains(peer) {
+    if !trusted.contains(peer) {
         return Some(peer);
     }
     // The peer is a trusted proxy: walk what it forwarded, from the right.

@@ -164,9 +164,9 @@ pub struct CanonicalRequest {
     path: String,
     query: Vec<u8>,
     body: Vec<u8>,
-    /// The body as fingerprint v1 saw it (numbers through `f64`/`u64`), for rows stored by the
-    /// previous release: see [`Self::fingerprints`].
-    legacy_body: Vec<u8>,
+    /// The parsed JSON body, kept to write it as fingerprint v1 saw it (numbers through
+    /// `f64`/`u64`) — only when a stored row is not this release's (see [`Fingerprints`]).
+    json: Option<CanonicalJson>,
 }
 
 impl CanonicalRequest {
@@ -178,26 +178,15 @@ impl CanonicalRequest {
         body: &[u8],
         normalize: Option<&JsonNormalizer>,
     ) -> Self {
-        let json = content_type
-            .is_some_and(is_json)
-            .then(|| CanonicalJson::parse(body))
-            .flatten()
-            .map(|mut value| {
-                if let Some(normalize) = normalize {
-                    normalize(&mut value);
-                }
-                value
-            });
+        let json = parse_normalized(content_type, body, normalize);
         // Tagged, so that raw bytes never equal a canonical JSON text.
-        let (body, legacy_body) = match json {
+        let body = match &json {
             Some(value) => {
                 let mut canonical = vec![b'j'];
                 value.write_canonical(&mut canonical);
-                let mut legacy = Vec::new();
-                value.write_legacy_v1(&mut legacy);
-                (canonical, legacy)
+                canonical
             }
-            None => ([b"r", body].concat(), body.to_vec()),
+            None => [b"r", body].concat(),
         };
         Self {
             method: target.method.to_owned(),
@@ -205,7 +194,20 @@ impl CanonicalRequest {
             path: target.path.to_owned(),
             query: canonical_query(target.query.unwrap_or("")),
             body,
-            legacy_body,
+            json,
+        }
+    }
+
+    /// The body as fingerprint v1 hashed it: canonical JSON with serde_json's numbers, or the
+    /// raw bytes.
+    fn legacy_body(&self) -> Vec<u8> {
+        match &self.json {
+            Some(value) => {
+                let mut legacy = Vec::new();
+                value.write_legacy_v1(&mut legacy);
+                legacy
+            }
+            None => self.body[1..].to_vec(),
         }
     }
 
@@ -217,15 +219,12 @@ impl CanonicalRequest {
     /// no v1 value equals (another HMAC domain): v1 only ever matches v1 rows. Remove v1 one
     /// retention period after every process runs this release.
     pub fn fingerprints(&self, secret: &ServerSecret) -> Vec<Fingerprint> {
+        let legacy_body = self.legacy_body();
         let current = secret.all().map(|s| self.fingerprint(s));
         let legacy = secret.all().map(|s| {
             Fingerprint(s.mac(
                 "oncely/fingerprint/v1",
-                &[
-                    self.method.as_bytes(),
-                    self.route.as_bytes(),
-                    &self.legacy_body,
-                ],
+                &[self.method.as_bytes(), self.route.as_bytes(), &legacy_body],
             ))
         });
         current.chain(legacy).collect()
@@ -243,6 +242,66 @@ impl CanonicalRequest {
                 &self.body,
             ],
         ))
+    }
+}
+
+/// The fingerprints a stored row of one request may carry ([`CanonicalRequest::fingerprints`]):
+/// the current secret's v2 fingerprint is computed at once; the others — previous secrets, and
+/// v1 for rows of the previous release — only the first time a stored row carries another one,
+/// so a first request (the common case) costs one HMAC.
+#[derive(Debug)]
+pub struct Fingerprints {
+    request: CanonicalRequest,
+    secret: ServerSecret,
+    current: Fingerprint,
+    all: std::sync::OnceLock<Vec<Fingerprint>>,
+}
+
+impl Fingerprints {
+    /// The candidates of `request` under `secret` and its previous secrets.
+    pub fn new(request: CanonicalRequest, secret: &ServerSecret) -> Self {
+        let current = request.fingerprint(secret);
+        Self {
+            request,
+            secret: secret.clone(),
+            current,
+            all: std::sync::OnceLock::new(),
+        }
+    }
+
+    /// The current secret's fingerprint: what a new claim stores.
+    pub fn current(&self) -> &Fingerprint {
+        &self.current
+    }
+
+    /// Which candidate `stored` is (0: the current one), if any.
+    pub fn position(&self, stored: &Fingerprint) -> Option<usize> {
+        if *stored == self.current {
+            return Some(0);
+        }
+        self.all().iter().position(|f| f == stored)
+    }
+
+    /// Candidate `index`, as [`position`](Self::position) numbers them.
+    pub fn get(&self, index: usize) -> &Fingerprint {
+        match index {
+            0 => &self.current,
+            i => &self.all()[i],
+        }
+    }
+
+    /// The secret that made candidate `index`.
+    pub fn secret(&self, index: usize) -> &ServerSecret {
+        let count = self.secret.all().count();
+        self.secret
+            .all()
+            .nth(index % count)
+            .expect("an index modulo the count is in range")
+    }
+
+    fn all(&self) -> &[Fingerprint] {
+        self.all
+            .get_or_init(|| self.request.fingerprints(&self.secret))
     }
 }
 
@@ -339,6 +398,18 @@ pub fn canonical_body(
     body: &[u8],
     normalize: Option<&JsonNormalizer>,
 ) -> Option<Vec<u8>> {
+    let value = parse_normalized(content_type, body, normalize)?;
+    let mut out = Vec::with_capacity(body.len());
+    value.write_canonical(&mut out);
+    Some(out)
+}
+
+/// A JSON body (by its content type) parsed and normalized; `None` for any other body.
+fn parse_normalized(
+    content_type: Option<&str>,
+    body: &[u8],
+    normalize: Option<&JsonNormalizer>,
+) -> Option<CanonicalJson> {
     if !content_type.is_some_and(is_json) {
         return None;
     }
@@ -346,9 +417,7 @@ pub fn canonical_body(
     if let Some(normalize) = normalize {
         normalize(&mut value);
     }
-    let mut out = Vec::with_capacity(body.len());
-    value.write_canonical(&mut out);
-    Some(out)
+    Some(value)
 }
 
 fn is_json(content_type: &str) -> bool {
@@ -402,7 +471,7 @@ pub enum CanonicalJson {
 impl CanonicalJson {
     /// Parses JSON text; `None` if it is not JSON or nests deeper than [`MAX_JSON_DEPTH`].
     pub fn parse(bytes: &[u8]) -> Option<Self> {
-        // serde_json refuses more than 128 levels itself; that also bounds this recursion.
+        // serde_json reads a RawValue without a depth limit: `from_raw` stops at MAX_JSON_DEPTH.
         let raw: &RawValue = serde_json::from_slice(bytes).ok()?;
         Self::from_raw(raw, 0)
     }

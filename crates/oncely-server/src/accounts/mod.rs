@@ -186,8 +186,9 @@ pub trait Accounts: KeyStore {
     /// `None` clears whatever a pending account held (a release before 0004, or a process of
     /// that release still running beside this one, wrote signup passwords on the account: the
     /// owner's proof of the address must not adopt it). A verified account is left alone: its
-    /// password changes only through a reset. Supersedes the user's other live verification
-    /// tokens (a signup link that carries someone's password must not set it later).
+    /// password changes only through a reset. When it verifies, it supersedes the user's other
+    /// live verification tokens (a signup link that carries someone's password must not set it
+    /// later).
     fn mark_verified<'c>(
         conn: &'c mut <Self::Database as Database>::Connection,
         user_id: Uuid,

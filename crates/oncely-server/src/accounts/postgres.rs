@@ -205,7 +205,7 @@ impl Accounts for PgKeyStore {
         user_id: Uuid,
         password_hash: Option<&str>,
     ) -> anyhow::Result<()> {
-        sqlx::query(
+        let updated = sqlx::query(
             "UPDATE oncely_users SET status = 'verified', verified_at = now(),
                     password_hash = $2
               WHERE id = $1 AND status = 'pending'",
@@ -214,6 +214,10 @@ impl Accounts for PgKeyStore {
         .bind(password_hash)
         .execute(&mut *conn)
         .await?;
+        // An account verified before has no live verification links to end.
+        if updated.rows_affected() == 0 {
+            return Ok(());
+        }
         supersede_verification(conn, user_id).await
     }
 

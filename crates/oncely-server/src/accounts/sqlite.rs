@@ -217,7 +217,7 @@ impl Accounts for SqliteKeyStore {
         user_id: Uuid,
         password_hash: Option<&str>,
     ) -> anyhow::Result<()> {
-        sqlx::query(
+        let updated = sqlx::query(
             "UPDATE oncely_users SET status = 'verified', verified_at = ?2,
                     password_hash = ?3
               WHERE id = ?1 AND status = 'pending'",
@@ -227,6 +227,10 @@ impl Accounts for SqliteKeyStore {
         .bind(password_hash)
         .execute(&mut *conn)
         .await?;
+        // An account verified before has no live verification links to end.
+        if updated.rows_affected() == 0 {
+            return Ok(());
+        }
         supersede_verification(conn, user_id).await
     }
 

@@ -13,7 +13,7 @@ use serde_json::{Value, json};
 use secrecy::SecretString;
 
 use super::issue::ClientAddr;
-use super::signup::{busy, hash_password};
+use super::signup::hash_password;
 use super::tenant::ProvenTenant;
 use super::{AppState, Body, unexpected};
 use crate::accounts::{Accounts, ConsumedToken};
@@ -181,17 +181,9 @@ pub async fn verify<A: Accounts>(
                     "too many wrong passwords for this link; confirm without a password, then set one with a password reset",
                 ));
             }
-            let matches = match password::verify(
-                client.hash_share().as_deref(),
-                &stored,
-                SecretString::from(presented),
-            )
-            .await
-            {
-                Ok(matches) => matches,
-                Err(password::HashError::Overloaded) => return Err(busy()),
-                Err(password::HashError::Failed(error)) => return Err(unexpected(error)),
-            };
+            let client = client.hash_share();
+            let matches =
+                password::verify(client.as_deref(), &stored, SecretString::from(presented)).await?;
             if !matches {
                 return Err(Problem::new(
                     StatusCode::BAD_REQUEST,
@@ -232,7 +224,7 @@ pub async fn reset_confirm<A: Accounts>(
     let mut conn = tx.lock().await?;
     let token = consume::<A>(&mut *conn, &proven, Flow::PasswordReset, &request.token).await?;
     let user = token.user_id.ok_or_else(token_invalid)?;
-    A::mark_verified(&mut conn, user, Some(&password_hash))
+    A::mark_verified(&mut conn, user, None)
         .await
         .map_err(unexpected)?;
     A::set_password(&mut conn, user, &password_hash)

@@ -42,20 +42,26 @@ pub async fn hash_password(
             Err(invalid_request("password must be 8 to 128 characters"))
         }
         Some(password) => {
-            match password::hash_for(client.hash_share().as_deref(), SecretString::from(password))
-                .await
-            {
-                Ok(hash) => Ok(Some(hash)),
-                Err(password::HashError::Overloaded) => Err(busy()),
-                Err(password::HashError::Failed(error)) => Err(unexpected(error)),
-            }
+            let client = client.hash_share();
+            let hashed =
+                password::hash_for(client.as_deref(), SecretString::from(password)).await?;
+            Ok(Some(hashed))
         }
         None => Ok(None),
     }
 }
 
+impl From<password::HashError> for Problem {
+    fn from(error: password::HashError) -> Self {
+        match error {
+            password::HashError::Overloaded => busy(),
+            password::HashError::Failed(error) => unexpected(error),
+        }
+    }
+}
+
 /// 503 while every password hasher is busy: nothing ran, the key is free, retry shortly.
-pub fn busy() -> Problem {
+fn busy() -> Problem {
     Problem::new(
         StatusCode::SERVICE_UNAVAILABLE,
         "busy",

@@ -18,11 +18,11 @@ use tracing::Instrument;
 
 use super::transaction::{ClaimFn, Claimed, HeldScopes, Refusal, TxState};
 use super::{Config, IdempotentTx, Mode, Outcome};
-use crate::fingerprint::{CanonicalRequest, RequestTarget};
+use crate::fingerprint::{CanonicalRequest, Fingerprints, RequestTarget};
 use crate::store::{
     Claim, ClaimRequest, Completion, KeyStore, Record, RecordState, StoreError, StoredResponse,
 };
-use crate::{DerivedKey, Fingerprint, IdempotencyKey, KeyError, Problem, Scope, TenantId};
+use crate::{DerivedKey, IdempotencyKey, KeyError, Problem, Scope, TenantId};
 
 /// The route (scope and metric label) of a request that reached the layer without axum's
 /// `MatchedPath`.
@@ -133,13 +133,14 @@ where
     };
     // One fingerprint per secret (current first): a row a previous secret fingerprinted is
     // still the same request during a rotation's grace period.
-    let fingerprints =
-        CanonicalRequest::new(&target, content_type, &bytes, config.normalizer.as_ref())
-            .fingerprints(&config.secret);
+    let fingerprints = Arc::new(Fingerprints::new(
+        CanonicalRequest::new(&target, content_type, &bytes, config.normalizer.as_ref()),
+        &config.secret,
+    ));
     let req = Request::from_parts(parts, Body::from(bytes));
     let claim = ClaimRequest {
         scope: &scope,
-        fingerprint: &fingerprints[0],
+        fingerprint: fingerprints.current(),
         lease: config.lease,
         retention: config.retention,
     };
@@ -158,7 +159,7 @@ async fn generic<S, K>(
     store: &K,
     config: &Config,
     claim: &ClaimRequest<'_>,
-    fingerprints: &[Fingerprint],
+    fingerprints: &Fingerprints,
     mut req: Request<Body>,
 ) -> (Outcome, Response)
 where
@@ -172,7 +173,7 @@ where
     let mut secret_index = 0;
     let token = loop {
         let attempt = ClaimRequest {
-            fingerprint: &fingerprints[secret_index],
+            fingerprint: fingerprints.get(secret_index),
             ..claim.clone()
         };
         match store.claim(&attempt).await {
@@ -181,7 +182,7 @@ where
                 if let Some(answer) = answer_from_record(&record, fingerprints) {
                     return answer;
                 }
-                let matched = fingerprints.iter().position(|f| *f == record.fingerprint);
+                let matched = fingerprints.position(&record.fingerprint);
                 if let Some(index) = matched.filter(|i| *i != secret_index) {
                     secret_index = index;
                     continue;
@@ -196,13 +197,10 @@ where
     };
     // Downstream calls get the key of the secret that fingerprinted the row: stable for every
     // retry of the scope, across a rotation too.
-    let secret = config
-        .secret
-        .all()
-        .nth(secret_index % config.secret.all().count())
-        .unwrap_or(&config.secret);
-    req.extensions_mut()
-        .insert(DerivedKey::for_scope(secret, claim.scope));
+    req.extensions_mut().insert(DerivedKey::for_scope(
+        fingerprints.secret(secret_index),
+        claim.scope,
+    ));
     // While the handler runs, renew the lease (every lease/3): only a dead owner is taken over.
     let renewing = keep_renewed(store, claim.scope, token, config.lease);
     tokio::pin!(renewing);
@@ -301,7 +299,7 @@ async fn transactional<S, K>(
     store: &K,
     config: &Config,
     claim: &ClaimRequest<'_>,
-    fingerprints: &[Fingerprint],
+    fingerprints: &Arc<Fingerprints>,
     mut req: Request<Body>,
 ) -> (Outcome, Response)
 where
@@ -323,7 +321,7 @@ where
     }
     let owned = OwnedClaim {
         scope: Arc::new(claim.scope.clone()),
-        fingerprints: fingerprints.into(),
+        fingerprints: fingerprints.clone(),
         lease: claim.lease,
         retention: claim.retention,
         wait: config.wait,
@@ -421,8 +419,7 @@ where
 #[derive(Clone)]
 struct OwnedClaim {
     scope: Arc<Scope>,
-    /// Current secret's first.
-    fingerprints: Arc<[Fingerprint]>,
+    fingerprints: Arc<Fingerprints>,
     lease: Duration,
     retention: Duration,
     wait: Duration,
@@ -437,7 +434,7 @@ async fn claim_transaction<K: KeyStore>(
 ) -> Result<Claimed<K::Database>, Refusal> {
     let claim = ClaimRequest {
         scope: &owned.scope,
-        fingerprint: &owned.fingerprints[0],
+        fingerprint: owned.fingerprints.current(),
         lease: owned.lease,
         retention: owned.retention,
     };
@@ -617,11 +614,8 @@ fn completion_for(config: &Config, parts: &http::response::Parts, body: &Collect
 
 /// The answer an existing row gives, or `None` while it is in progress.
 /// `fingerprints`: this request's, under the current and any previous secret.
-fn answer_from_record(
-    record: &Record,
-    fingerprints: &[Fingerprint],
-) -> Option<(Outcome, Response)> {
-    if !fingerprints.contains(&record.fingerprint) {
+fn answer_from_record(record: &Record, fingerprints: &Fingerprints) -> Option<(Outcome, Response)> {
+    if fingerprints.position(&record.fingerprint).is_none() {
         let problem = Problem::new(
             StatusCode::UNPROCESSABLE_ENTITY,
             "idempotency-key-reused",

@@ -1,0 +1,165 @@
+//! The processes under test: three `oncely serve --workers 0` and two `oncely worker`, on
+//! loopback, each restartable after a kill.
+
+use std::net::{SocketAddr, TcpListener};
+use std::path::{Path, PathBuf};
+use std::process::Stdio;
+use std::time::{Duration, Instant};
+
+use anyhow::{Context, bail};
+use tokio::process::{Child, Command};
+
+use crate::Config;
+
+/// The server secret every process shares (links derived by one are valid at all).
+pub(crate) const SECRET: &str = "chaos-secret-chaos-secret-chaos-secret";
+
+#[derive(Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Role {
+    Api,
+    Worker,
+}
+
+/// One `oncely` process, restartable.
+pub(crate) struct Proc {
+    pub(crate) role: Role,
+    args: Vec<String>,
+    log: PathBuf,
+    addr: Option<SocketAddr>,
+    child: Option<Child>,
+}
+
+impl Proc {
+    pub(crate) async fn start(&mut self, oncely: &Path) -> anyhow::Result<()> {
+        let log = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(&self.log)?;
+        let child = Command::new(oncely)
+            .args(&self.args)
+            .env("ONCELY_SECRET", SECRET)
+            .env("RUST_LOG", "info")
+            .stdin(Stdio::null())
+            .stdout(log.try_clone()?)
+            .stderr(log)
+            .kill_on_drop(true)
+            .spawn()
+            .with_context(|| format!("cannot start {}", oncely.display()))?;
+        self.child = Some(child);
+        if let Some(addr) = self.addr {
+            wait_ready(addr).await?;
+        }
+        Ok(())
+    }
+
+    pub(crate) async fn kill(&mut self) {
+        if let Some(mut child) = self.child.take() {
+            let _ = child.kill().await; // SIGKILL
+        }
+    }
+}
+
+/// The running processes and the API endpoints among them.
+pub(crate) struct Fleet {
+    pub(crate) procs: Vec<Proc>,
+    pub(crate) endpoints: Vec<reqwest::Url>,
+}
+
+impl Fleet {
+    /// Kills every process (the end of the run).
+    pub(crate) async fn stop(&mut self) {
+        for proc in &mut self.procs {
+            proc.kill().await;
+        }
+    }
+}
+
+/// Migrates the database, then starts three APIs (no workers of their own) and two worker
+/// processes delivering through `mailer`, logging into `logs`.
+pub(crate) async fn start(config: &Config, mailer: &str, logs: &Path) -> anyhow::Result<Fleet> {
+    let status = Command::new(&config.oncely)
+        .args(["migrate", "--database-url", &config.database_url])
+        .env("ONCELY_SECRET", SECRET)
+        .stdout(Stdio::null())
+        .status()
+        .await?;
+    anyhow::ensure!(status.success(), "oncely migrate failed");
+
+    let common = |extra: &[&str]| -> Vec<String> {
+        let mut args: Vec<String> = extra.iter().map(|s| s.to_string()).collect();
+        args.extend(
+            [
+                "--database-url",
+                &config.database_url,
+                "--mailer",
+                mailer,
+                "--lease",
+                "3s",
+                // 5 processes × 12 stay under PostgreSQL's default 100 connections.
+                "--database-pool",
+                "12",
+            ]
+            .iter()
+            .map(|s| s.to_string()),
+        );
+        args
+    };
+    let mut procs = Vec::new();
+    for i in 0..3 {
+        let addr = free_port()?;
+        let bind = addr.to_string();
+        procs.push(Proc {
+            role: Role::Api,
+            args: common(&[
+                "serve",
+                "--workers",
+                "0",
+                "--bind",
+                &bind,
+                "--mail-cap-per-client",
+                "1000000000",
+                "--mail-cap-per-address",
+                "1000000000",
+            ]),
+            log: logs.join(format!("api-{i}.log")),
+            addr: Some(addr),
+            child: None,
+        });
+    }
+    for i in 0..2 {
+        procs.push(Proc {
+            role: Role::Worker,
+            args: common(&["worker", "--workers", "2"]),
+            log: logs.join(format!("worker-{i}.log")),
+            addr: None,
+            child: None,
+        });
+    }
+    for proc in &mut procs {
+        proc.start(&config.oncely).await?;
+    }
+    let endpoints = procs
+        .iter()
+        .filter_map(|p| p.addr)
+        .map(|a| format!("http://{a}").parse())
+        .collect::<Result<Vec<reqwest::Url>, _>>()?;
+    Ok(Fleet { procs, endpoints })
+}
+
+async fn wait_ready(addr: SocketAddr) -> anyhow::Result<()> {
+    let http = reqwest::Client::new();
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while Instant::now() < deadline {
+        if let Ok(r) = http.get(format!("http://{addr}/readyz")).send().await
+            && r.status().is_success()
+        {
+            return Ok(());
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    bail!("oncely serve on {addr} did not become ready")
+}
+
+fn free_port() -> anyhow::Result<SocketAddr> {
+    Ok(TcpListener::bind("127.0.0.1:0")?.local_addr()?)
+}

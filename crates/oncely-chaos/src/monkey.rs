@@ -1,0 +1,124 @@
+//! The monkey: kills and restarts processes at random moments, restarts PostgreSQL once; and
+//! the fault injector that makes the inbox fail a share of deliveries.
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::time::Duration;
+
+use oncely_inbox::Inbox;
+use rand::Rng;
+use tokio::process::Command;
+use tokio::task::JoinHandle;
+
+use crate::fleet::{Fleet, Role};
+use crate::{Config, Report};
+
+/// What the storm shares with the monkey: whether it is over, how many intents have a final
+/// answer (PostgreSQL is restarted once half of them do).
+#[derive(Clone, Default)]
+pub(crate) struct Progress {
+    pub(crate) storm_over: Arc<AtomicBool>,
+    pub(crate) answered: Arc<AtomicU64>,
+}
+
+/// What the monkey did.
+#[derive(Debug, Default)]
+pub(crate) struct Mischief {
+    api_kills: u64,
+    worker_kills: u64,
+    postgres_restarts: u64,
+}
+
+impl Mischief {
+    pub(crate) fn add_to(&self, report: &mut Report) {
+        report.api_kills += self.api_kills;
+        report.worker_kills += self.worker_kills;
+        report.postgres_restarts += self.postgres_restarts;
+    }
+}
+
+/// Kills a random process every `config.kill_every` and restarts it after up to 300 ms, until
+/// the storm is over; hands the fleet back with what it did.
+pub(crate) fn spawn(
+    config: &Config,
+    mut fleet: Fleet,
+    progress: Progress,
+) -> JoinHandle<anyhow::Result<(Mischief, Fleet)>> {
+    let config = config.clone();
+    tokio::spawn(async move {
+        let mut mischief = Mischief::default();
+        let mut restarted_pg = config.restart_postgres.is_none();
+        let halfway = (config.intents / 2) as u64;
+        let over = || progress.storm_over.load(Ordering::Relaxed);
+        while !over() {
+            let (low, high) = config.kill_every;
+            let pause = rand::rng().random_range(low..=high.max(low));
+            tokio::time::sleep(pause).await;
+            if over() {
+                break;
+            }
+            if !restarted_pg && progress.answered.load(Ordering::Relaxed) >= halfway {
+                restart_postgres(config.restart_postgres.as_deref().unwrap_or_default()).await?;
+                mischief.postgres_restarts += 1;
+                restarted_pg = true;
+                continue;
+            }
+            let victim = rand::rng().random_range(0..fleet.procs.len());
+            let proc = &mut fleet.procs[victim];
+            proc.kill().await;
+            match proc.role {
+                Role::Api => mischief.api_kills += 1,
+                Role::Worker => mischief.worker_kills += 1,
+            }
+            let down = Duration::from_millis(rand::rng().random_range(0..300));
+            tokio::time::sleep(down).await;
+            // After a PostgreSQL restart a process may fail to start for a moment: retry.
+            let mut tries = 0;
+            while let Err(error) = proc.start(&config.oncely).await {
+                tries += 1;
+                if tries > 20 {
+                    return Err(error.context("a process would not restart"));
+                }
+                tokio::time::sleep(Duration::from_millis(250)).await;
+            }
+        }
+        Ok((mischief, fleet))
+    })
+}
+
+async fn restart_postgres(command: &str) -> anyhow::Result<()> {
+    eprintln!("chaos: restarting PostgreSQL: {command}");
+    let ok = Command::new("sh")
+        .args(["-c", command])
+        .status()
+        .await
+        .is_ok_and(|s| s.success());
+    anyhow::ensure!(ok, "restarting PostgreSQL failed: {command}");
+    Ok(())
+}
+
+/// The fault injector, until `drained`: every 50 ms, owes the inbox `rate` of the attempts it
+/// saw since the last tick, alternately as an accept-then-drop and a rejection.
+pub(crate) fn inject_faults(inbox: Inbox, rate: f64, drained: Arc<AtomicBool>) -> JoinHandle<()> {
+    let rate = rate.clamp(0.0, 1.0);
+    tokio::spawn(async move {
+        let (mut seen, mut owed, mut reject) = (0u64, 0.0f64, false);
+        while !drained.load(Ordering::Relaxed) && rate > 0.0 {
+            tokio::time::sleep(Duration::from_millis(50)).await;
+            let attempts = inbox.stats().attempts;
+            owed += rate * attempts.saturating_sub(seen) as f64;
+            seen = attempts;
+            let mut faults = inbox.faults();
+            while owed >= 1.0 {
+                owed -= 1.0;
+                if reject {
+                    faults.reject_next += 1;
+                } else {
+                    faults.drop_after_accept += 1;
+                }
+                reject = !reject;
+            }
+            inbox.set_faults(faults);
+        }
+    })
+}

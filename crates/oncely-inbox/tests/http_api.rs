@@ -10,6 +10,17 @@ async fn start() -> (Inbox, String) {
     (inbox, format!("http://{}", running.http_addr))
 }
 
+/// The JSON answer to a GET.
+async fn get_json<T: serde::de::DeserializeOwned>(url: String) -> T {
+    let response = oncely_testdb::http().get(url).send().await.unwrap();
+    response.json().await.unwrap()
+}
+
+/// The status of a sent request.
+async fn status_of(request: reqwest::RequestBuilder) -> u16 {
+    request.send().await.unwrap().status().as_u16()
+}
+
 fn email(to: &str) -> Value {
     json!({ "from": "a@example.com", "to": [to], "subject": "Hi", "text": "hello" })
 }
@@ -32,61 +43,25 @@ async fn messages_are_listed_filtered_fetched_counted_and_cleared() {
             .unwrap();
         assert_eq!(r.status(), 200);
     }
-    let to_x: Vec<Value> = http
-        .get(format!("{base}/messages?to=X@example.com"))
-        .send()
-        .await
-        .unwrap()
-        .json()
-        .await
-        .unwrap();
+    let to_x: Vec<Value> = get_json(format!("{base}/messages?to=X@example.com")).await;
     assert_eq!(to_x.len(), 2, "every copy is kept");
     let id = to_x[0]["id"].as_str().unwrap();
-    let one: Value = http
-        .get(format!("{base}/messages/{id}"))
-        .send()
-        .await
-        .unwrap()
-        .json()
-        .await
-        .unwrap();
+    let one: Value = get_json(format!("{base}/messages/{id}")).await;
     assert_eq!(one["idempotency_key"], "k1");
     assert_eq!(
-        http.get(format!("{base}/messages/nope"))
-            .send()
-            .await
-            .unwrap()
-            .status(),
+        status_of(http.get(format!("{base}/messages/nope"))).await,
         404
     );
-    let stats: Value = http
-        .get(format!("{base}/stats"))
-        .send()
-        .await
-        .unwrap()
-        .json()
-        .await
-        .unwrap();
+    let stats: Value = get_json(format!("{base}/stats")).await;
     assert_eq!(
         (stats["delivered"].as_u64(), stats["duplicates"].as_u64()),
         (Some(3), Some(1))
     );
     assert_eq!(
-        http.delete(format!("{base}/messages"))
-            .send()
-            .await
-            .unwrap()
-            .status(),
+        status_of(http.delete(format!("{base}/messages"))).await,
         204
     );
-    let all: Vec<Value> = http
-        .get(format!("{base}/messages"))
-        .send()
-        .await
-        .unwrap()
-        .json()
-        .await
-        .unwrap();
+    let all: Vec<Value> = get_json(format!("{base}/messages")).await;
     assert!(all.is_empty());
 }
 
@@ -110,24 +85,16 @@ async fn faults_are_set_over_http_and_delay_and_reject_as_configured() {
         .unwrap();
     assert_eq!(set, faults);
     let started = Instant::now();
-    let rejected = http
-        .post(format!("{base}/emails"))
-        .json(&email("z@example.com"))
-        .send()
-        .await
-        .unwrap();
-    assert_eq!(rejected.status(), 503, "a temporary rejection");
+    let send = || {
+        http.post(format!("{base}/emails"))
+            .json(&email("z@example.com"))
+    };
+    assert_eq!(status_of(send()).await, 503, "a temporary rejection");
     assert!(
         started.elapsed() >= Duration::from_millis(200),
         "the delay is applied"
     );
-    let accepted = http
-        .post(format!("{base}/emails"))
-        .json(&email("z@example.com"))
-        .send()
-        .await
-        .unwrap();
-    assert_eq!(accepted.status(), 200);
+    assert_eq!(status_of(send()).await, 200);
 }
 
 #[tokio::test]

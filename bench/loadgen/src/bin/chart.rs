@@ -18,49 +18,56 @@ struct Bar {
     target: Option<f64>,
 }
 
+/// Each bar: its label, the path of its ratio in the results file, its target.
+const BARS: &[(&str, &[&str], Option<f64>)] = &[
+    (
+        "signup over HTTP / pgbench, same SQL",
+        &["signup", "ratio"],
+        Some(0.8),
+    ),
+    (
+        "replay over HTTP / pgbench, PK lookup",
+        &["replay", "ratio"],
+        Some(0.5),
+    ),
+    (
+        "worker drain / graphile-worker",
+        &["worker", "drain_ratio_vs_graphile_worker"],
+        Some(1.0),
+    ),
+    (
+        "signup with 1 M expired keys + 1 M sent jobs / without",
+        &["scale_1m_expired_keys_1m_sent_jobs", "signup_ratio"],
+        Some(0.9),
+    ),
+    (
+        "worker drain with them / without",
+        &["scale_1m_expired_keys_1m_sent_jobs", "drain_ratio"],
+        Some(0.9),
+    ),
+    (
+        "signup while oncely prune runs / without",
+        &["prune_2m_rows_under_signup_load", "signup_ratio"],
+        None,
+    ),
+    (
+        "generic layer / same handler without it",
+        &["layer_overhead", "ratio"],
+        None,
+    ),
+];
+
 fn bars(results: &Value) -> Vec<Bar> {
-    let ratio = |path: &[&str]| {
-        path.iter()
-            .try_fold(results, |v, k| v.get(k))
-            .and_then(Value::as_f64)
-    };
-    vec![
-        Bar {
-            label: "signup over HTTP / pgbench, same SQL".into(),
-            ratio: ratio(&["signup", "ratio"]),
-            target: Some(0.8),
-        },
-        Bar {
-            label: "replay over HTTP / pgbench, PK lookup".into(),
-            ratio: ratio(&["replay", "ratio"]),
-            target: Some(0.5),
-        },
-        Bar {
-            label: "worker drain / graphile-worker".into(),
-            ratio: ratio(&["worker", "drain_ratio_vs_graphile_worker"]),
-            target: Some(1.0),
-        },
-        Bar {
-            label: "signup with 1 M expired keys + 1 M sent jobs / without".into(),
-            ratio: ratio(&["scale_1m_expired_keys_1m_sent_jobs", "signup_ratio"]),
-            target: Some(0.9),
-        },
-        Bar {
-            label: "worker drain with them / without".into(),
-            ratio: ratio(&["scale_1m_expired_keys_1m_sent_jobs", "drain_ratio"]),
-            target: Some(0.9),
-        },
-        Bar {
-            label: "signup while oncely prune runs / without".into(),
-            ratio: ratio(&["prune_2m_rows_under_signup_load", "signup_ratio"]),
-            target: None,
-        },
-        Bar {
-            label: "generic layer / same handler without it".into(),
-            ratio: ratio(&["layer_overhead", "ratio"]),
-            target: None,
-        },
-    ]
+    BARS.iter()
+        .map(|(label, path, target)| Bar {
+            label: (*label).into(),
+            ratio: path
+                .iter()
+                .try_fold(results, |v, k| v.get(k))
+                .and_then(Value::as_f64),
+            target: *target,
+        })
+        .collect()
 }
 
 fn font() -> anyhow::Result<Vec<u8>> {

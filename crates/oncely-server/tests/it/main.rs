@@ -11,6 +11,7 @@ mod health;
 mod hostile;
 mod ops;
 mod properties;
+mod requests;
 mod security;
 mod signup;
 mod startup;

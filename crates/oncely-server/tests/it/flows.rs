@@ -7,45 +7,28 @@ use std::time::{Duration, Instant};
 use oncely_testdb::TestDb;
 use serde_json::{Value, json};
 
-use crate::support::{TestApp, both_databases, execute, spawn_app_on, token_in};
+use crate::requests::{
+    ACME_MEMBERSHIPS, ACME_VERIFIED_USERS, CAPPED_BY_CLIENT, PENDING_JOBS, USERS,
+    app_with_mail_caps, assert_counts, email, expire_tokens, idempotent_post, nth_token, token,
+    wait_for_count,
+};
+use crate::support::{TestApp, both_databases, token_in};
 
 /// An app whose address cap does not get in the way of the flow being tested.
 async fn app(url: &str) -> TestApp {
-    spawn_app_on(
-        url,
-        &[
-            "--mail-cap-per-address",
-            "100",
-            "--mail-cap-per-client",
-            "1000",
-        ],
-    )
-    .await
+    app_with_mail_caps(url, 100, 1000, &[]).await
 }
 
 /// A verified account (signup, then its link), its inbox emptied.
-async fn verified_user(app: &TestApp, email: &str) {
-    assert_eq!(
-        app.post(
-            "/v1/signup",
-            &format!("signup-{email}"),
-            &json!({ "email": email })
-        )
-        .await
-        .status(),
-        202
-    );
-    let token = token_in(&app.emails_to(email, 1).await[0]);
-    assert_eq!(
-        app.post(
-            "/v1/verify",
-            &format!("verify-{email}"),
-            &json!({ "token": token })
-        )
-        .await
-        .status(),
-        200
-    );
+async fn verified_user(app: &TestApp, address: &str) {
+    let signup_key = format!("signup-{address}");
+    let signup = app.post("/v1/signup", &signup_key, &email(address)).await;
+    assert_eq!(signup.status(), 202);
+    let presented = token(&nth_token(app, address, 1).await);
+    let verify = app
+        .post("/v1/verify", &format!("verify-{address}"), &presented)
+        .await;
+    assert_eq!(verify.status(), 200);
     app.inbox.clear();
 }
 
@@ -78,22 +61,12 @@ both_databases!(
 async fn each_link_flow_sends_exactly_one_email_per_logical_request(url: String, _db: TestDb) {
     let app = app(&url).await;
     // Resend needs an unverified account.
-    app.post(
-        "/v1/signup",
-        "s",
-        &json!({ "email": "pending@example.com" }),
-    )
-    .await;
-    app.emails_to("pending@example.com", 1).await;
+    let pending = "pending@example.com";
+    app.post("/v1/signup", "s", &email(pending)).await;
+    app.emails_to(pending, 1).await;
     app.inbox.clear();
-    retried_and_concurrent(
-        &app,
-        "/v1/verification/resend",
-        &json!({ "email": "pending@example.com" }),
-        20,
-    )
-    .await;
-    let resent = app.emails_to("pending@example.com", 2).await;
+    retried_and_concurrent(&app, "/v1/verification/resend", &email(pending), 20).await;
+    let resent = app.emails_to(pending, 2).await;
     assert_eq!(
         resent.len(),
         2,
@@ -105,7 +78,7 @@ async fn each_link_flow_sends_exactly_one_email_per_logical_request(url: String,
         ("/v1/password-reset", "Reset your password"),
         ("/v1/magic-link", "Your sign-in link"),
     ] {
-        retried_and_concurrent(&app, path, &json!({ "email": "ada@example.com" }), 20).await;
+        retried_and_concurrent(&app, path, &email("ada@example.com"), 20).await;
         let emails = app.emails_to("ada@example.com", 2).await;
         assert_eq!(emails.len(), 2, "{path}: one email per logical request");
         assert!(emails.iter().all(|e| e.subject == subject));
@@ -115,145 +88,70 @@ async fn each_link_flow_sends_exactly_one_email_per_logical_request(url: String,
 
 async fn a_reset_token_sets_the_password_once_and_expires(url: String, _db: TestDb) {
     let app = app(&url).await;
-    verified_user(&app, "reset@example.com").await;
-    app.post(
-        "/v1/password-reset",
-        "r1",
-        &json!({ "email": "reset@example.com" }),
-    )
-    .await;
-    let token = token_in(&app.emails_to("reset@example.com", 1).await[0]);
+    let user = "reset@example.com";
+    verified_user(&app, user).await;
+    app.post("/v1/password-reset", "r1", &email(user)).await;
+    let token = nth_token(&app, user, 1).await;
     let page = app
-        .client
-        .get(format!(
-            "{}/v1/password-reset/confirm?token={token}",
-            app.base
-        ))
-        .send()
-        .await
-        .unwrap();
-    assert_eq!(page.status(), 200, "opening the link consumes nothing");
-    let short = app
-        .post(
-            "/v1/password-reset/confirm",
-            "c0",
-            &json!({ "token": token, "password": "short" }),
-        )
+        .get(&format!("/v1/password-reset/confirm?token={token}"))
         .await;
+    assert_eq!(page.status(), 200, "opening the link consumes nothing");
+    let confirm = "/v1/password-reset/confirm";
+    let short = json!({ "token": token, "password": "short" });
     assert_eq!(
-        short.status(),
+        app.post(confirm, "c0", &short).await.status(),
         400,
         "a bad password is refused before the token is used"
     );
     let body = json!({ "token": token, "password": "a brand new password" });
-    let changed = app.post("/v1/password-reset/confirm", "c1", &body).await;
+    let changed = app.post(confirm, "c1", &body).await;
     assert_eq!(changed.status(), 200);
     assert_eq!(
         changed.json::<Value>().await.unwrap()["status"],
         "password_changed"
     );
-    assert_eq!(
-        app.count("SELECT count(*) FROM oncely_users WHERE password_hash LIKE '$argon2id$%'")
-            .await,
-        1
-    );
-    let replay = app.post("/v1/password-reset/confirm", "c1", &body).await;
+    let argon2id = "SELECT count(*) FROM oncely_users WHERE password_hash LIKE '$argon2id$%'";
+    assert_counts(&app, &[(argon2id, 1)]).await;
+    let replay = app.post(confirm, "c1", &body).await;
     assert_eq!(replay.status(), 200, "a retry with the same key replays");
-    let again = app.post("/v1/password-reset/confirm", "c2", &body).await;
+    let again = app.post(confirm, "c2", &body).await;
     assert_eq!(again.status(), 400, "the token works once");
 
-    app.post(
-        "/v1/password-reset",
-        "r2",
-        &json!({ "email": "reset@example.com" }),
-    )
-    .await;
-    let token = token_in(&app.emails_to("reset@example.com", 2).await[1]);
-    let past = if url.starts_with("postgres") {
-        "now() - interval '1 second'"
-    } else {
-        "0"
-    };
-    execute(
-        &url,
-        &format!("UPDATE oncely_tokens SET expires_at = {past} WHERE flow = 'password_reset'"),
-    )
-    .await;
-    let late = app
-        .post(
-            "/v1/password-reset/confirm",
-            "c3",
-            &json!({ "token": token, "password": "another new one" }),
-        )
-        .await;
+    app.post("/v1/password-reset", "r2", &email(user)).await;
+    let token = nth_token(&app, user, 2).await;
+    expire_tokens(&url, "password_reset").await;
+    let late = json!({ "token": token, "password": "another new one" });
+    let late = app.post(confirm, "c3", &late).await;
     assert_eq!(late.status(), 400, "an expired reset link fails");
 }
 
 async fn a_magic_link_signs_in_once_and_fails_generically_after_expiry(url: String, _db: TestDb) {
     let app = app(&url).await;
-    verified_user(&app, "magic@example.com").await;
-    app.post(
-        "/v1/magic-link",
-        "m1",
-        &json!({ "email": "magic@example.com" }),
-    )
-    .await;
-    let token = token_in(&app.emails_to("magic@example.com", 1).await[0]);
-    let first = app
-        .post("/v1/magic-link/consume", "u1", &json!({ "token": token }))
-        .await;
+    let user = "magic@example.com";
+    verified_user(&app, user).await;
+    let consume = "/v1/magic-link/consume";
+    app.post("/v1/magic-link", "m1", &email(user)).await;
+    let presented = token(&nth_token(&app, user, 1).await);
+    let first = app.post(consume, "u1", &presented).await;
     assert_eq!(first.json::<Value>().await.unwrap()["status"], "signed_in");
-    assert_eq!(
-        app.post("/v1/magic-link/consume", "u2", &json!({ "token": token }))
-            .await
-            .status(),
-        400
-    );
+    assert_eq!(app.post(consume, "u2", &presented).await.status(), 400);
 
-    app.post(
-        "/v1/magic-link",
-        "m2",
-        &json!({ "email": "magic@example.com" }),
-    )
-    .await;
-    let token = token_in(&app.emails_to("magic@example.com", 2).await[1]);
-    let past = if url.starts_with("postgres") {
-        "now() - interval '1 second'"
-    } else {
-        "0"
-    };
-    execute(
-        &url,
-        &format!("UPDATE oncely_tokens SET expires_at = {past} WHERE flow = 'magic_link'"),
-    )
-    .await;
+    app.post("/v1/magic-link", "m2", &email(user)).await;
+    let presented = token(&nth_token(&app, user, 2).await);
+    expire_tokens(&url, "magic_link").await;
     let expired: Value = app
-        .post("/v1/magic-link/consume", "u3", &json!({ "token": token }))
+        .post(consume, "u3", &presented)
         .await
         .json()
         .await
         .unwrap();
-    let unknown: Value = app
-        .post("/v1/magic-link/consume", "u4", &json!({ "token": "nope" }))
-        .await
-        .json()
-        .await
-        .unwrap();
+    let unknown = app.post(consume, "u4", &token("nope")).await;
+    let unknown: Value = unknown.json().await.unwrap();
     assert_eq!(expired, unknown, "expired and unknown links fail alike");
     // A token of one flow is useless in another.
-    app.post(
-        "/v1/magic-link",
-        "m3",
-        &json!({ "email": "magic@example.com" }),
-    )
-    .await;
-    let token = token_in(&app.emails_to("magic@example.com", 3).await[2]);
-    assert_eq!(
-        app.post("/v1/verify", "x", &json!({ "token": token }))
-            .await
-            .status(),
-        400
-    );
+    app.post("/v1/magic-link", "m3", &email(user)).await;
+    let presented = token(&nth_token(&app, user, 3).await);
+    assert_eq!(app.post("/v1/verify", "x", &presented).await.status(), 400);
 }
 
 async fn invites_need_an_api_key_and_accepting_twice_makes_one_membership(
@@ -261,83 +159,51 @@ async fn invites_need_an_api_key_and_accepting_twice_makes_one_membership(
     _db: TestDb,
 ) {
     let app = app(&url).await;
-    let body = json!({ "email": "guest@example.com" });
-    let anonymous = app.post("/v1/invites", "i0", &body).await;
+    let guest = "guest@example.com";
+    let anonymous = app.post("/v1/invites", "i0", &email(guest)).await;
     assert_eq!(anonymous.status(), 401);
     let key = app.create_tenant("acme").await;
     assert!(key.starts_with("onc_"));
-    assert_eq!(
-        app.count("SELECT count(*) FROM oncely_tenants WHERE id = 'acme'")
-            .await,
-        1
-    );
+    let tenants = "SELECT count(*) FROM oncely_tenants WHERE id = 'acme'";
+    assert_counts(&app, &[(tenants, 1)]).await;
     for _ in 0..20 {
-        assert_eq!(
-            app.post_as(&key, "/v1/invites", "i1", &body).await.status(),
-            202
-        );
+        let invited = app.post_as(&key, "/v1/invites", "i1", &email(guest)).await;
+        assert_eq!(invited.status(), 202);
     }
-    let invite = &app.emails_to("guest@example.com", 1).await;
+    let invite = &app.emails_to(guest, 1).await;
     assert_eq!(invite.len(), 1, "one email for twenty retries");
-    let token = token_in(&invite[0]);
-    let accept = json!({ "token": token, "password": "guest password" });
+    let accept = json!({ "token": token_in(&invite[0]), "password": "guest password" });
+    let path = "/v1/invites/accept";
+    assert_eq!(app.post_as(&key, path, "a1", &accept).await.status(), 200);
     assert_eq!(
-        app.post_as(&key, "/v1/invites/accept", "a1", &accept)
-            .await
-            .status(),
-        200
-    );
-    assert_eq!(
-        app.post_as(&key, "/v1/invites/accept", "a2", &accept)
-            .await
-            .status(),
+        app.post_as(&key, path, "a2", &accept).await.status(),
         400,
         "the token works once"
     );
     // A second invite to the same address, accepted: still one account, one membership.
-    app.post_as(&key, "/v1/invites", "i2", &body).await;
-    let token = token_in(&app.emails_to("guest@example.com", 2).await[1]);
-    assert_eq!(
-        app.post_as(&key, "/v1/invites/accept", "a3", &json!({ "token": token }))
-            .await
-            .status(),
-        200
-    );
-    assert_eq!(
-        app.count("SELECT count(*) FROM oncely_memberships WHERE tenant = 'acme'")
-            .await,
-        1
-    );
-    assert_eq!(
-        app.count(
-            "SELECT count(*) FROM oncely_users WHERE tenant = 'acme' AND status = 'verified'"
-        )
-        .await,
-        1
-    );
+    app.post_as(&key, "/v1/invites", "i2", &email(guest)).await;
+    let second = token(&nth_token(&app, guest, 2).await);
+    assert_eq!(app.post_as(&key, path, "a3", &second).await.status(), 200);
+    assert_counts(&app, &[(ACME_MEMBERSHIPS, 1), (ACME_VERIFIED_USERS, 1)]).await;
 }
 
 async fn a_bad_api_key_is_401_and_never_falls_back_to_the_default_tenant(url: String, _db: TestDb) {
     let app = app(&url).await;
+    let body = email("x@example.com");
     for key in ["onc_not-a-real-key", "garbage"] {
-        let response = app
-            .post_as(key, "/v1/signup", "k", &json!({ "email": "x@example.com" }))
-            .await;
+        let response = app.post_as(key, "/v1/signup", "k", &body).await;
         assert_eq!(response.status(), 401, "{key}");
         assert_eq!(response.headers()["www-authenticate"], "Bearer");
     }
-    let basic = app
-        .client
-        .post(format!("{}/v1/signup", app.base))
+    let basic = idempotent_post(&app.client, &app.base, "/v1/signup", "k")
         .header("authorization", "Basic dTpw")
-        .header("idempotency-key", "k")
-        .json(&json!({ "email": "x@example.com" }))
+        .json(&body)
         .send()
         .await
         .unwrap();
     assert_eq!(basic.status(), 401);
     assert_eq!(
-        app.count("SELECT count(*) FROM oncely_users").await,
+        app.count(USERS).await,
         0,
         "nothing ran as the default tenant"
     );
@@ -347,31 +213,19 @@ async fn a_token_of_tenant_a_is_useless_for_tenant_b(url: String, _db: TestDb) {
     let app = app(&url).await;
     let a = app.create_tenant("tenant-a").await;
     let b = app.create_tenant("tenant-b").await;
-    app.post_as(
-        &a,
-        "/v1/signup",
-        "same-key",
-        &json!({ "email": "both@example.com" }),
-    )
-    .await;
-    let token = token_in(&app.emails_to("both@example.com", 1).await[0]);
+    let both = "both@example.com";
+    app.post_as(&a, "/v1/signup", "same-key", &email(both))
+        .await;
+    let presented = token(&nth_token(&app, both, 1).await);
     // The same key in tenant B is another request: not a replay of A's.
     let in_b = app
-        .post_as(
-            &b,
-            "/v1/signup",
-            "same-key",
-            &json!({ "email": "both@example.com" }),
-        )
+        .post_as(&b, "/v1/signup", "same-key", &email(both))
         .await;
     assert!(in_b.headers().get("idempotent-replayed").is_none());
+    let users = "SELECT count(*) FROM oncely_users WHERE email = 'both@example.com'";
+    assert_counts(&app, &[(users, 2)]).await;
     assert_eq!(
-        app.count("SELECT count(*) FROM oncely_users WHERE email = 'both@example.com'")
-            .await,
-        2
-    );
-    assert_eq!(
-        app.post_as(&b, "/v1/verify", "v", &json!({ "token": token }))
+        app.post_as(&b, "/v1/verify", "v", &presented)
             .await
             .status(),
         400
@@ -379,9 +233,7 @@ async fn a_token_of_tenant_a_is_useless_for_tenant_b(url: String, _db: TestDb) {
     // A browser has no API key: the token names its tenant, so the owner's click works
     // (this test used to assert a 400 here — every non-default tenant's links were broken).
     assert_eq!(
-        app.post("/v1/verify", "v0", &json!({ "token": token }))
-            .await
-            .status(),
+        app.post("/v1/verify", "v0", &presented).await.status(),
         200,
         "the owner's click from a browser, without an API key"
     );
@@ -392,7 +244,7 @@ async fn a_token_of_tenant_a_is_useless_for_tenant_b(url: String, _db: TestDb) {
         "verified in its own tenant, not in b"
     );
     assert_eq!(
-        app.post_as(&a, "/v1/verify", "v", &json!({ "token": token }))
+        app.post_as(&a, "/v1/verify", "v", &presented)
             .await
             .status(),
         400,
@@ -429,12 +281,8 @@ async fn existing_and_unknown_addresses_get_identical_answers_and_the_same_datab
 ) {
     let app = app(&url).await;
     verified_user(&app, "known@example.com").await;
-    app.post(
-        "/v1/signup",
-        "p",
-        &json!({ "email": "pending@example.com" }),
-    )
-    .await;
+    app.post("/v1/signup", "p", &email("pending@example.com"))
+        .await;
     // Signup last: it creates the unknown address's account.
     for path in [
         "/v1/verification/resend",
@@ -448,20 +296,12 @@ async fn existing_and_unknown_addresses_get_identical_answers_and_the_same_datab
             "known@example.com"
         };
         let before = row_counts(&app).await;
-        let known = app
-            .post(
-                path,
-                &format!("{path}-known"),
-                &json!({ "email": known_address }),
-            )
-            .await;
+        let known_key = format!("{path}-known");
+        let known = app.post(path, &known_key, &email(known_address)).await;
         let middle = row_counts(&app).await;
+        let unknown_key = format!("{path}-unknown");
         let unknown = app
-            .post(
-                path,
-                &format!("{path}-unknown"),
-                &json!({ "email": "nobody@example.com" }),
-            )
+            .post(path, &unknown_key, &email("nobody@example.com"))
             .await;
         let after = row_counts(&app).await;
         assert_eq!(known.status(), unknown.status(), "{path}");
@@ -498,14 +338,9 @@ async fn existing_and_unknown_addresses_get_identical_answers_and_the_same_datab
             ("known@example.com", &mut known),
             ("nobody-else@example.com", &mut unknown),
         ] {
+            let key = format!("t-{address}-{i}");
             let started = Instant::now();
-            let r = app
-                .post(
-                    "/v1/password-reset",
-                    &format!("t-{address}-{i}"),
-                    &json!({ "email": address }),
-                )
-                .await;
+            let r = app.post("/v1/password-reset", &key, &email(address)).await;
             assert_eq!(r.status(), 202);
             sample.push(started.elapsed());
         }
@@ -568,29 +403,15 @@ fn mann_whitney_tells_shifted_samples_apart() {
 }
 
 async fn per_address_caps_hold_whether_or_not_the_address_exists(url: String, _db: TestDb) {
-    let app = spawn_app_on(
-        &url,
-        &[
-            "--mail-cap-per-address",
-            "2",
-            "--mail-cap-per-client",
-            "1000",
-        ],
-    )
-    .await;
-    app.post("/v1/signup", "s", &json!({ "email": "capped@example.com" }))
+    let app = app_with_mail_caps(&url, 2, 1000, &[]).await;
+    app.post("/v1/signup", "s", &email("capped@example.com"))
         .await; // email 1 of 2
     app.emails_to("capped@example.com", 1).await;
     let mut answers = Vec::new();
     for i in 0..4 {
         for address in ["capped@example.com", "ghost@example.com"] {
-            let r = app
-                .post(
-                    "/v1/password-reset",
-                    &format!("r{i}-{address}"),
-                    &json!({ "email": address }),
-                )
-                .await;
+            let key = format!("r{i}-{address}");
+            let r = app.post("/v1/password-reset", &key, &email(address)).await;
             answers.push((r.status(), r.text().await.unwrap()));
         }
     }
@@ -611,38 +432,13 @@ async fn per_address_caps_hold_whether_or_not_the_address_exists(url: String, _d
 }
 
 async fn per_client_caps_stop_mail_from_one_client(url: String, _db: TestDb) {
-    let app = spawn_app_on(
-        &url,
-        &[
-            "--mail-cap-per-address",
-            "100",
-            "--mail-cap-per-client",
-            "3",
-        ],
-    )
-    .await;
+    let app = app_with_mail_caps(&url, 100, 3, &[]).await;
     for i in 0..5 {
-        let r = app
-            .post(
-                "/v1/signup",
-                &format!("s{i}"),
-                &json!({ "email": format!("user{i}@example.com") }),
-            )
-            .await;
+        let (key, address) = (format!("s{i}"), format!("user{i}@example.com"));
+        let r = app.post("/v1/signup", &key, &email(&address)).await;
         assert_eq!(r.status(), 202);
     }
-    let deadline = Instant::now() + Duration::from_secs(10);
-    while app
-        .count("SELECT count(*) FROM oncely_outbox WHERE status = 'pending'")
-        .await
-        > 0
-        && Instant::now() < deadline
-    {
-        tokio::time::sleep(Duration::from_millis(25)).await;
-    }
+    wait_for_count(&app, PENDING_JOBS, Duration::from_secs(10), |n| n == 0).await;
     assert_eq!(app.inbox.messages(None).len(), 3);
-    let from_client = app
-        .count("SELECT count(*) FROM oncely_outbox_attempts WHERE error LIKE '%from this client'")
-        .await;
-    assert_eq!(from_client, 2);
+    assert_eq!(app.count(CAPPED_BY_CLIENT).await, 2);
 }

@@ -6,8 +6,12 @@ use oncely_inbox::{Faults, Rejection};
 use oncely_testdb::TestDb;
 use serde_json::{Value, json};
 
+use crate::requests::{
+    SENT_JOBS, USERS, VERIFIED_USERS, app_with_faults, expire_tokens, idempotent_post, nth_token,
+    smtp_inbox, token, wait_for_count,
+};
 use crate::support::{
-    both_databases, count, dump, execute, spawn_app_on, spawn_app_with_inbox, spawn_binary,
+    TestApp, both_databases, count, dump, spawn_app_on, spawn_app_with_inbox, spawn_binary,
     start_inbox, token_in,
 };
 
@@ -36,18 +40,13 @@ async fn the_same_signup_retried_twenty_times_makes_one_user_and_one_email(
     let app = spawn_app_on(&url, &[]).await;
     let mut bodies = Vec::new();
     for _ in 0..20 {
-        let response = app
-            .post(
-                "/v1/signup",
-                "\"signup-ada\"",
-                &signup_body("Ada@Example.com"),
-            )
-            .await;
+        let body = signup_body("Ada@Example.com");
+        let response = app.post("/v1/signup", "\"signup-ada\"", &body).await;
         assert_eq!(response.status(), 202);
         bodies.push(response.text().await.unwrap());
     }
     assert!(bodies.iter().all(|b| b == &bodies[0]));
-    assert_eq!(app.count("SELECT count(*) FROM oncely_users").await, 1);
+    assert_eq!(app.count(USERS).await, 1);
     let emails = app.emails_to("ada@example.com", 1).await;
     assert_eq!(emails.len(), 1, "exactly one email");
     assert_eq!(emails[0].subject, "Confirm your email address");
@@ -61,19 +60,11 @@ async fn fifty_concurrent_identical_signups_over_two_servers_and_two_workers_sen
     let a = spawn_app_with_inbox(&url, inbox.clone(), running, &["--workers", "1"]).await;
     let b = spawn_app_with_inbox(&url, inbox.clone(), running, &["--workers", "1"]).await;
     let requests = (0..50).map(|i| {
-        let (client, base) = if i % 2 == 0 {
-            (a.client.clone(), a.base.clone())
-        } else {
-            (b.client.clone(), b.base.clone())
-        };
+        let server = if i % 2 == 0 { &a } else { &b };
+        let request = idempotent_post(&server.client, &server.base, "/v1/signup", "storm-1")
+            .json(&signup_body("storm@example.com"));
         tokio::spawn(async move {
-            let r = client
-                .post(format!("{base}/v1/signup"))
-                .header("idempotency-key", "storm-1")
-                .json(&signup_body("storm@example.com"))
-                .send()
-                .await
-                .unwrap();
+            let r = request.send().await.unwrap();
             (r.status().as_u16(), r.text().await.unwrap())
         })
     });
@@ -83,7 +74,7 @@ async fn fifty_concurrent_identical_signups_over_two_servers_and_two_workers_sen
     }
     assert!(answers.iter().all(|(s, _)| *s == 202), "{answers:?}");
     assert!(answers.iter().all(|(_, b)| b == &answers[0].1));
-    assert_eq!(a.count("SELECT count(*) FROM oncely_users").await, 1);
+    assert_eq!(a.count(USERS).await, 1);
     assert_eq!(a.emails_to("storm@example.com", 1).await.len(), 1);
 }
 
@@ -102,36 +93,26 @@ async fn two_keys_for_the_same_new_address_make_one_account_and_the_same_answer(
         (202.try_into().unwrap(), 202.try_into().unwrap())
     );
     assert_eq!(first.text().await.unwrap(), second.text().await.unwrap());
-    assert_eq!(app.count("SELECT count(*) FROM oncely_users").await, 1);
+    assert_eq!(app.count(USERS).await, 1);
 }
 
 async fn new_pending_and_registered_addresses_get_the_same_answer(url: String, _db: TestDb) {
     let app = spawn_app_on(&url, &[]).await;
-    let new = app
-        .post("/v1/signup", "a1", &signup_body("same@example.com"))
-        .await;
+    let body = signup_body("same@example.com");
+    let new = app.post("/v1/signup", "a1", &body).await;
     app.inbox
         .wait_for("same@example.com", 1, Duration::from_secs(10))
         .await;
-    let pending = app
-        .post("/v1/signup", "a2", &signup_body("same@example.com"))
-        .await;
+    let pending = app.post("/v1/signup", "a2", &body).await;
     // The second signup superseded the first link: only the newest one works.
     let newest = app
         .inbox
         .wait_for("same@example.com", 2, Duration::from_secs(10))
         .await;
     assert_eq!(newest.len(), 2, "a pending address gets a fresh link");
-    let token = token_in(&newest[1]);
-    assert_eq!(
-        app.post("/v1/verify", "v1", &json!({ "token": token }))
-            .await
-            .status(),
-        200
-    );
-    let registered = app
-        .post("/v1/signup", "a3", &signup_body("same@example.com"))
-        .await;
+    let presented = token(&token_in(&newest[1]));
+    assert_eq!(app.post("/v1/verify", "v1", &presented).await.status(), 200);
+    let registered = app.post("/v1/signup", "a3", &body).await;
     let mut answers = Vec::new();
     for r in [new, pending, registered] {
         answers.push((r.status(), r.text().await.unwrap()));
@@ -151,16 +132,12 @@ async fn new_pending_and_registered_addresses_get_the_same_answer(url: String, _
 
 async fn bad_input_is_rejected_and_nothing_is_stored(url: String, _db: TestDb) {
     let app = spawn_app_on(&url, &[]).await;
+    let json = Some("application/json");
     let cases: [(&str, Option<&str>, &str, u16); 5] = [
-        (
-            "bad-1",
-            Some("application/json"),
-            r#"{"email":"not-an-address"}"#,
-            400,
-        ),
+        ("bad-1", json, r#"{"email":"not-an-address"}"#, 400),
         (
             "bad-2",
-            Some("application/json"),
+            json,
             r#"{"email":"a@example.com","password":"short"}"#,
             400,
         ),
@@ -172,13 +149,13 @@ async fn bad_input_is_rejected_and_nothing_is_stored(url: String, _db: TestDb) {
         ),
         (
             "bad-4",
-            Some("application/json"),
+            json,
             r#"{"email":"a@example.com","admin":true}"#,
             400,
         ),
         (
             "bad-5",
-            Some("application/json"),
+            json,
             &format!(
                 r#"{{"email":"a@example.com","source":"{}"}}"#,
                 "x".repeat(20_000)
@@ -187,11 +164,8 @@ async fn bad_input_is_rejected_and_nothing_is_stored(url: String, _db: TestDb) {
         ),
     ];
     for (key, content_type, body, status) in cases {
-        let mut request = app
-            .client
-            .post(format!("{}/v1/signup", app.base))
-            .header("idempotency-key", key)
-            .body(body.to_owned());
+        let mut request =
+            idempotent_post(&app.client, &app.base, "/v1/signup", key).body(body.to_owned());
         if let Some(ct) = content_type {
             request = request.header("content-type", ct);
         }
@@ -203,7 +177,7 @@ async fn bad_input_is_rejected_and_nothing_is_stored(url: String, _db: TestDb) {
             "{key}"
         );
     }
-    assert_eq!(app.count("SELECT count(*) FROM oncely_users").await, 0);
+    assert_eq!(app.count(USERS).await, 0);
     assert_eq!(app.count("SELECT count(*) FROM oncely_outbox").await, 0);
     assert_eq!(
         app.count("SELECT count(*) FROM oncely_idempotency_keys")
@@ -217,31 +191,19 @@ async fn the_server_killed_after_commit_replays_on_retry_and_one_email_arrives(
     url: String,
     _db: TestDb,
 ) {
-    let (inbox, running) = start_inbox(Faults::default()).await;
-    let mailer = format!("smtp://{}", running.smtp_addr);
-    let doomed = spawn_binary(
-        &url,
-        &mailer,
-        &["--workers", "0"],
-        &[("ONCELY_FAILPOINT", "crash-after-commit")],
-    )
-    .await;
+    let (inbox, mailer) = smtp_inbox().await;
+    let crash = [("ONCELY_FAILPOINT", "crash-after-commit")];
+    let doomed = spawn_binary(&url, &mailer, &["--workers", "0"], &crash).await;
     let client = oncely_testdb::http();
-    let lost = client
-        .post(format!("{}/v1/signup", doomed.base))
-        .header("idempotency-key", "crash-1")
-        .json(&signup_body("crash@example.com"))
-        .send()
-        .await;
+    let signup = |base: &str| {
+        idempotent_post(&client, base, "/v1/signup", "crash-1")
+            .json(&signup_body("crash@example.com"))
+            .send()
+    };
+    let lost = signup(&doomed.base).await;
     assert!(lost.is_err(), "the process died before answering");
     let restarted = spawn_binary(&url, &mailer, &["--workers", "1"], &[]).await;
-    let retry = client
-        .post(format!("{}/v1/signup", restarted.base))
-        .header("idempotency-key", "crash-1")
-        .json(&signup_body("crash@example.com"))
-        .send()
-        .await
-        .unwrap();
+    let retry = signup(&restarted.base).await.unwrap();
     assert_eq!(retry.status(), 202);
     assert_eq!(
         retry.headers()["idempotent-replayed"],
@@ -253,47 +215,44 @@ async fn the_server_killed_after_commit_replays_on_retry_and_one_email_arrives(
         .await;
     tokio::time::sleep(Duration::from_millis(300)).await;
     assert_eq!(inbox.messages(Some("crash@example.com")).len(), 1);
-    assert_eq!(count(&url, "SELECT count(*) FROM oncely_users").await, 1);
+    assert_eq!(count(&url, USERS).await, 1);
+}
+
+/// An app whose inbox (otherwise `faults`) drops the connection once, after accepting the
+/// first email: the worker does not know whether it was sent. A signup for `email`, and then
+/// the wait until its job counts as sent.
+async fn a_signup_whose_answer_is_lost(url: &str, faults: Faults, email: &str) -> TestApp {
+    let faults = Faults {
+        drop_after_accept: 1,
+        ..faults
+    };
+    let app = app_with_faults(url, faults).await;
+    app.post("/v1/signup", "k", &signup_body(email)).await;
+    wait_for_count(&app, SENT_JOBS, Duration::from_secs(10), |n| n >= 1).await;
+    app
 }
 
 async fn a_worker_that_loses_the_answer_sends_one_email_to_a_deduplicating_provider(
     url: String,
     _db: TestDb,
 ) {
-    let (inbox, running) = start_inbox(Faults {
-        drop_after_accept: 1,
-        ..Faults::provider()
-    })
-    .await;
-    let app = spawn_app_with_inbox(&url, inbox, running, &[]).await;
-    app.post("/v1/signup", "k", &signup_body("drop@example.com"))
-        .await;
-    wait_until_sent(&app, 1).await;
+    let provider = Faults::provider();
+    let app = a_signup_whose_answer_is_lost(&url, provider, "drop@example.com").await;
     assert_eq!(app.emails_to("drop@example.com", 1).await.len(), 1);
     assert_eq!(
         app.inbox.stats().deduplicated,
         1,
         "the retry reached the provider and was deduplicated"
     );
-    let sent = app
-        .count("SELECT count(*) FROM oncely_outbox WHERE status = 'sent'")
-        .await;
-    assert_eq!(sent, 1);
+    assert_eq!(app.count(SENT_JOBS).await, 1);
 }
 
 async fn a_worker_that_loses_the_answer_over_plain_smtp_records_the_duplicate(
     url: String,
     _db: TestDb,
 ) {
-    let (inbox, running) = start_inbox(Faults {
-        drop_after_accept: 1,
-        ..Faults::default()
-    })
-    .await;
-    let app = spawn_app_with_inbox(&url, inbox, running, &[]).await;
-    app.post("/v1/signup", "k", &signup_body("plain@example.com"))
-        .await;
-    wait_until_sent(&app, 1).await;
+    let plain = Faults::default();
+    let app = a_signup_whose_answer_is_lost(&url, plain, "plain@example.com").await;
     assert_eq!(
         app.emails_to("plain@example.com", 2).await.len(),
         2,
@@ -306,42 +265,22 @@ async fn a_worker_that_loses_the_answer_over_plain_smtp_records_the_duplicate(
     assert_eq!(unknown, 1, "the attempt history shows why");
 }
 
-/// Waits (up to 10 s) until `n` outbox jobs are sent.
-async fn wait_until_sent(app: &crate::support::TestApp, n: i64) {
-    let deadline = std::time::Instant::now() + Duration::from_secs(10);
-    while app
-        .count("SELECT count(*) FROM oncely_outbox WHERE status = 'sent'")
-        .await
-        < n
-        && std::time::Instant::now() < deadline
-    {
-        tokio::time::sleep(Duration::from_millis(25)).await;
-    }
-}
-
 async fn three_rejections_then_delivered_with_four_attempts_and_a_permanent_one_is_dead(
     url: String,
     _db: TestDb,
 ) {
-    let (inbox, running) = start_inbox(Faults {
+    let faults = Faults {
         reject_next: 3,
         ..Faults::default()
-    })
-    .await;
-    let app = spawn_app_with_inbox(&url, inbox, running, &[]).await;
+    };
+    let app = app_with_faults(&url, faults).await;
     app.post("/v1/signup", "k1", &signup_body("retry@example.com"))
         .await;
     assert_eq!(app.emails_to("retry@example.com", 1).await.len(), 1);
-    assert_eq!(
-        app.count("SELECT count(*) FROM oncely_outbox_attempts")
-            .await,
-        4
-    );
-    assert_eq!(
-        app.count("SELECT count(*) FROM oncely_outbox_attempts WHERE result = 'retry'")
-            .await,
-        3
-    );
+    let attempts = app.count("SELECT count(*) FROM oncely_outbox_attempts");
+    assert_eq!(attempts.await, 4);
+    let retried = app.count("SELECT count(*) FROM oncely_outbox_attempts WHERE result = 'retry'");
+    assert_eq!(retried.await, 3);
 
     app.inbox.set_faults(Faults {
         reject_next: 1,
@@ -350,15 +289,8 @@ async fn three_rejections_then_delivered_with_four_attempts_and_a_permanent_one_
     });
     app.post("/v1/signup", "k2", &signup_body("dead@example.com"))
         .await;
-    let deadline = std::time::Instant::now() + Duration::from_secs(10);
-    while app
-        .count("SELECT count(*) FROM oncely_outbox WHERE status = 'dead'")
-        .await
-        == 0
-        && std::time::Instant::now() < deadline
-    {
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
+    let dead = "SELECT count(*) FROM oncely_outbox WHERE status = 'dead'";
+    wait_for_count(&app, dead, Duration::from_secs(10), |n| n > 0).await;
     let reason = app
         .count(
             "SELECT count(*) FROM oncely_outbox WHERE status = 'dead' AND last_error LIKE '%550%'",
@@ -372,13 +304,11 @@ async fn a_verification_link_works_once_and_its_token_is_in_no_log_and_no_column
     url: String,
     _db: TestDb,
 ) {
-    let (inbox, running) = start_inbox(Faults::default()).await;
-    let mut process = spawn_binary(&url, &format!("smtp://{}", running.smtp_addr), &[], &[]).await;
+    let (inbox, mailer) = smtp_inbox().await;
+    let mut process = spawn_binary(&url, &mailer, &[], &[]).await;
     let client = oncely_testdb::http();
     let post = |path: &str, key: &str, body: Value| {
-        client
-            .post(format!("{}{path}", process.base))
-            .header("idempotency-key", key)
+        idempotent_post(&client, &process.base, path, key)
             .json(&body)
             .send()
     };
@@ -397,10 +327,8 @@ async fn a_verification_link_works_once_and_its_token_is_in_no_log_and_no_column
         .await
         .unwrap();
     assert_eq!(page.status(), 200, "opening the link consumes nothing");
-    let first = post("/v1/verify", "v1", json!({ "token": token }))
-        .await
-        .unwrap();
-    assert_eq!(first.status(), 200);
+    let first = post("/v1/verify", "v1", json!({ "token": token }));
+    assert_eq!(first.await.unwrap().status(), 200);
     let again = post("/v1/verify", "v2", json!({ "token": token }))
         .await
         .unwrap();
@@ -409,14 +337,7 @@ async fn a_verification_link_works_once_and_its_token_is_in_no_log_and_no_column
         again.json::<Value>().await.unwrap()["type"],
         "https://oncely.dev/problems/token-invalid"
     );
-    assert_eq!(
-        count(
-            &url,
-            "SELECT count(*) FROM oncely_users WHERE status = 'verified'"
-        )
-        .await,
-        1
-    );
+    assert_eq!(count(&url, VERIFIED_USERS).await, 1);
 
     let database = dump(&url).await;
     assert!(
@@ -445,14 +366,11 @@ async fn a_verification_link_works_once_and_its_token_is_in_no_log_and_no_column
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn an_api_process_and_a_separate_worker_process_deliver_one_email() {
     let (url, _db) = crate::support::postgres_db().await;
-    let (inbox, running) = start_inbox(Faults::default()).await;
-    let mailer = format!("smtp://{}", running.smtp_addr);
+    let (inbox, mailer) = smtp_inbox().await;
     let api = spawn_binary(&url, &mailer, &["--workers", "0"], &[]).await;
     let _worker = crate::support::spawn_worker(&url, &mailer).await;
     let client = oncely_testdb::http();
-    let response = client
-        .post(format!("{}/v1/signup", api.base))
-        .header("idempotency-key", "split-1")
+    let response = idempotent_post(&client, &api.base, "/v1/signup", "split-1")
         .json(&signup_body("split@example.com"))
         .send()
         .await
@@ -471,39 +389,17 @@ async fn an_expired_link_gets_the_same_generic_400_as_a_used_one(url: String, _d
     let app = spawn_app_on(&url, &[]).await;
     app.post("/v1/signup", "s", &signup_body("late@example.com"))
         .await;
-    let token = token_in(&app.emails_to("late@example.com", 1).await[0]);
+    let presented = token(&nth_token(&app, "late@example.com", 1).await);
     // 25 hours later (the link lives 24 h): age the token in place.
-    let past = if url.starts_with("postgres") {
-        "now() - interval '1 hour'"
-    } else {
-        "0"
-    };
-    execute(
-        &url,
-        &format!("UPDATE oncely_tokens SET expires_at = {past}"),
-    )
-    .await;
-    let expired = app
-        .post("/v1/verify", "v1", &json!({ "token": token }))
-        .await;
+    expire_tokens(&url, "verification").await;
+    let expired = app.post("/v1/verify", "v1", &presented).await;
     assert_eq!(expired.status(), 400);
     let expired: Value = expired.json().await.unwrap();
-    let unknown: Value = app
-        .post("/v1/verify", "v2", &json!({ "token": "not-a-token" }))
-        .await
-        .json()
-        .await
-        .unwrap();
+    let unknown = app.post("/v1/verify", "v2", &token("not-a-token")).await;
+    let unknown: Value = unknown.json().await.unwrap();
     assert_eq!(
         expired, unknown,
         "expired and unknown tokens are indistinguishable"
     );
-    assert_eq!(
-        count(
-            &url,
-            "SELECT count(*) FROM oncely_users WHERE status = 'verified'"
-        )
-        .await,
-        0
-    );
+    assert_eq!(count(&url, VERIFIED_USERS).await, 0);
 }

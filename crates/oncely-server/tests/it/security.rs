@@ -5,27 +5,39 @@
 
 use std::time::Duration;
 
-use oncely_inbox::Faults;
 use serde_json::{Value, json};
 
-use crate::support::{count, dump, postgres_db, spawn_binary, start_inbox, token_in};
+use crate::requests::{email, idempotent_post, smtp_inbox, token};
+use crate::support::{count, dump, postgres_db, spawn_binary, token_in};
+
+/// Creates a tenant with `oncely tenant create` and returns the API key it printed.
+async fn create_tenant(database_url: &str, name: &str) -> String {
+    let output = tokio::process::Command::new(env!("CARGO_BIN_EXE_oncely"))
+        .args(["tenant", "create", name, "--database-url", database_url])
+        .output()
+        .await
+        .unwrap();
+    assert!(output.status.success());
+    let stdout = String::from_utf8(output.stdout).unwrap();
+    stdout.lines().last().unwrap().trim().to_owned()
+}
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn no_secret_leaks_into_logs_stored_responses_or_the_database() {
     let (url, _db) = postgres_db().await;
-    let (inbox, running) = start_inbox(Faults::default()).await;
-    let mailer = format!("smtp://{}", running.smtp_addr);
+    let (inbox, mailer) = smtp_inbox().await;
     let mut process = spawn_binary(&url, &mailer, &[], &[]).await;
     let client = oncely_testdb::http();
-    let post = |path: &str, key: &str, body: Value, bearer: Option<&str>| {
-        let mut request = client
-            .post(format!("{}{path}", process.base))
-            .header("idempotency-key", key)
-            .json(&body);
+    let post = |path: &str, key: &str, body: &Value, bearer: Option<&str>| {
+        let mut request = idempotent_post(&client, &process.base, path, key).json(body);
         if let Some(api_key) = bearer {
             request = request.bearer_auth(api_key);
         }
         request.send()
+    };
+    let ok = async |path: &str, key: &str, body: &Value, bearer: Option<&str>, what: &str| {
+        let r = post(path, key, body, bearer).await.unwrap();
+        assert!(r.status().is_success(), "{what}: {}", r.status());
     };
     let mut tokens = Vec::new();
     let mut next_token = async |to: &str, n: usize| {
@@ -36,102 +48,38 @@ async fn no_secret_leaks_into_logs_stored_responses_or_the_database() {
         token
     };
     let user = "sec.user@example.com";
-    let ok = |r: reqwest::Response, what: &str| {
-        assert!(r.status().is_success(), "{what}: {}", r.status());
-    };
+    let signup = json!({"email": user, "password": "first password"});
 
-    ok(
-        post(
-            "/v1/signup",
-            "s1",
-            json!({"email": user, "password": "first password"}),
-            None,
-        )
-        .await
-        .unwrap(),
-        "signup",
-    );
+    ok("/v1/signup", "s1", &signup, None, "signup").await;
     let t = next_token(user, 1).await;
-    ok(
-        post("/v1/verify", "v1", json!({"token": t}), None)
-            .await
-            .unwrap(),
-        "verify",
-    );
-    ok(
-        post("/v1/password-reset", "r1", json!({"email": user}), None)
-            .await
-            .unwrap(),
-        "reset",
-    );
+    ok("/v1/verify", "v1", &token(&t), None, "verify").await;
+    ok("/v1/password-reset", "r1", &email(user), None, "reset").await;
     let t = next_token(user, 2).await;
+    let confirm = json!({"token": t, "password": "second password"});
     ok(
-        post(
-            "/v1/password-reset/confirm",
-            "r2",
-            json!({"token": t, "password": "second password"}),
-            None,
-        )
-        .await
-        .unwrap(),
+        "/v1/password-reset/confirm",
+        "r2",
+        &confirm,
+        None,
         "confirm",
-    );
-    ok(
-        post("/v1/magic-link", "m1", json!({"email": user}), None)
-            .await
-            .unwrap(),
-        "magic link",
-    );
+    )
+    .await;
+    ok("/v1/magic-link", "m1", &email(user), None, "magic link").await;
     let t = next_token(user, 3).await;
-    ok(
-        post("/v1/magic-link/consume", "m2", json!({"token": t}), None)
-            .await
-            .unwrap(),
-        "consume",
-    );
+    ok("/v1/magic-link/consume", "m2", &token(&t), None, "consume").await;
 
-    let output = tokio::process::Command::new(env!("CARGO_BIN_EXE_oncely"))
-        .args(["tenant", "create", "acme", "--database-url", &url])
-        .output()
-        .await
-        .unwrap();
-    assert!(output.status.success());
-    let api_key = String::from_utf8(output.stdout)
-        .unwrap()
-        .lines()
-        .last()
-        .unwrap()
-        .trim()
-        .to_owned();
+    let api_key = create_tenant(&url, "acme").await;
     let guest = "sec.guest@example.com";
-    ok(
-        post("/v1/invites", "i1", json!({"email": guest}), Some(&api_key))
-            .await
-            .unwrap(),
-        "invite",
-    );
+    let acme = Some(api_key.as_str());
+    ok("/v1/invites", "i1", &email(guest), acme, "invite").await;
     let t = next_token(guest, 1).await;
-    ok(
-        post(
-            "/v1/invites/accept",
-            "a1",
-            json!({"token": t, "password": "guest password"}),
-            Some(&api_key),
-        )
-        .await
-        .unwrap(),
-        "accept",
-    );
+    let accept = json!({"token": t, "password": "guest password"});
+    ok("/v1/invites/accept", "a1", &accept, acme, "accept").await;
 
     // The default tenant's key "s1", with the same body, is a new request for tenant acme.
-    let other = post(
-        "/v1/signup",
-        "s1",
-        json!({"email": user, "password": "first password"}),
-        Some(&api_key),
-    )
-    .await
-    .unwrap();
+    let other = post("/v1/signup", "s1", &signup, Some(&api_key))
+        .await
+        .unwrap();
     assert_eq!(other.status(), 202);
     assert!(
         other.headers().get("idempotent-replayed").is_none(),
@@ -145,14 +93,7 @@ async fn no_secret_leaks_into_logs_stored_responses_or_the_database() {
         .await,
         2
     );
-    let replay = post(
-        "/v1/signup",
-        "s1",
-        json!({"email": user, "password": "first password"}),
-        None,
-    )
-    .await
-    .unwrap();
+    let replay = post("/v1/signup", "s1", &signup, None).await.unwrap();
     assert_eq!(
         replay
             .headers()

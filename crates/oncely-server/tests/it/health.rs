@@ -3,7 +3,8 @@
 use oncely_server::app::Application;
 use oncely_testdb::{TestPostgres, TestSqlite};
 
-use crate::support::{serve_args, spawn_app_on};
+use crate::requests::{email, idempotent_post, smtp_inbox};
+use crate::support::{serve_args, spawn_app_on, spawn_binary};
 
 #[tokio::test]
 async fn health_and_readiness_answer_on_sqlite() {
@@ -43,7 +44,7 @@ async fn an_unreachable_database_stops_start_up_with_a_clear_error() {
 async fn metrics_show_request_outcomes_outbox_backlog_and_deliveries() {
     let db = TestSqlite::new();
     let app = spawn_app_on(db.url(), &[]).await;
-    let body = serde_json::json!({ "email": "metrics@example.com" });
+    let body = email("metrics@example.com");
     app.post("/v1/signup", "m1", &body).await;
     app.post("/v1/signup", "m1", &body).await;
     app.emails_to("metrics@example.com", 1).await;
@@ -83,22 +84,16 @@ async fn every_response_carries_a_request_id_and_keeps_the_callers() {
 #[tokio::test]
 async fn production_logs_are_json_lines_with_request_id_route_outcome_and_a_masked_address() {
     let db = TestSqlite::new();
-    let (_inbox, running) = crate::support::start_inbox(oncely_inbox::Faults::default()).await;
-    let mut process = crate::support::spawn_binary(
-        db.url(),
-        &format!("smtp://{}", running.smtp_addr),
-        &[],
-        &[
-            ("ONCELY_ENV", "production"),
-            ("ONCELY_PUBLIC_URL", "https://accounts.example.com"),
-        ],
-    )
-    .await;
-    let response = oncely_testdb::http()
-        .post(format!("{}/v1/signup", process.base))
-        .header("idempotency-key", "json-logs")
+    let (_inbox, mailer) = smtp_inbox().await;
+    let production = [
+        ("ONCELY_ENV", "production"),
+        ("ONCELY_PUBLIC_URL", "https://accounts.example.com"),
+    ];
+    let mut process = spawn_binary(db.url(), &mailer, &[], &production).await;
+    let client = oncely_testdb::http();
+    let response = idempotent_post(&client, &process.base, "/v1/signup", "json-logs")
         .header("x-request-id", "req-42")
-        .json(&serde_json::json!({ "email": "logged@example.com" }))
+        .json(&email("logged@example.com"))
         .send()
         .await
         .unwrap();
@@ -172,10 +167,8 @@ async fn the_dev_inbox_page_shows_the_verification_link_in_a_real_browser() {
     let base = format!("http://{}", app.addr());
     tokio::spawn(app.run_until(std::future::pending()));
     let client = oncely_testdb::http();
-    client
-        .post(format!("{base}/v1/signup"))
-        .header("idempotency-key", "browser")
-        .json(&serde_json::json!({ "email": "browser@example.com" }))
+    idempotent_post(&client, &base, "/v1/signup", "browser")
+        .json(&email("browser@example.com"))
         .send()
         .await
         .unwrap();

@@ -40,12 +40,7 @@ async fn help_shows_no_secret_from_the_environment() {
     for command in [&["serve", "--help"][..], &["worker", "--help"]] {
         let mut command_env = env.to_vec();
         command_env.push(("RUST_LOG", "info"));
-        let mut cmd = tokio::process::Command::new(env!("CARGO_BIN_EXE_oncely"));
-        cmd.args(command);
-        for (k, v) in &command_env {
-            cmd.env(k, v);
-        }
-        let output = cmd.output().await.unwrap();
+        let output = oncely(command, &command_env).await;
         assert!(output.status.success());
         let printed = format!(
             "{}{}",
@@ -75,8 +70,8 @@ async fn help_shows_no_secret_from_the_environment() {
 async fn production_without_a_public_url_does_not_start() {
     let dir = tempfile::tempdir().unwrap();
     let url = format!("sqlite://{}?mode=rwc", dir.path().join("o.db").display());
-    let output = oncely(
-        &[
+    let serve_in_production = async |extra: &[&str]| {
+        let mut args = vec![
             "serve",
             "--bind",
             "127.0.0.1:0",
@@ -84,10 +79,12 @@ async fn production_without_a_public_url_does_not_start() {
             &url,
             "--mailer",
             "smtp://127.0.0.1:9",
-        ],
-        &[("ONCELY_ENV", "production"), ("ONCELY_SECRET", SECRET)],
-    )
-    .await;
+        ];
+        args.extend_from_slice(extra);
+        let env = [("ONCELY_ENV", "production"), ("ONCELY_SECRET", SECRET)];
+        oncely(&args, &env).await
+    };
+    let output = serve_in_production(&[]).await;
     assert!(!output.status.success());
     let stderr = String::from_utf8_lossy(&output.stderr);
     assert!(
@@ -95,21 +92,7 @@ async fn production_without_a_public_url_does_not_start() {
         "{stderr}"
     );
     assert_eq!(stderr.trim().lines().count(), 1, "one clear line: {stderr}");
-    let bad = oncely(
-        &[
-            "serve",
-            "--bind",
-            "127.0.0.1:0",
-            "--database-url",
-            &url,
-            "--mailer",
-            "smtp://127.0.0.1:9",
-            "--public-url",
-            "https://accounts.example.com/?x=1",
-        ],
-        &[("ONCELY_ENV", "production"), ("ONCELY_SECRET", SECRET)],
-    )
-    .await;
+    let bad = serve_in_production(&["--public-url", "https://accounts.example.com/?x=1"]).await;
     assert!(!bad.status.success());
     assert!(
         String::from_utf8_lossy(&bad.stderr).contains("must not have a query"),

@@ -8,11 +8,17 @@
 #[path = "it/support.rs"]
 mod support;
 
+#[allow(dead_code, unused)]
+#[path = "it/requests.rs"]
+mod requests;
+
 use std::sync::{Arc, Mutex, mpsc};
 
 use argon2::{PasswordHash, PasswordVerifier};
 use oncely_server::password;
 use serde_json::json;
+
+use requests::{client_from, idempotent_post};
 
 /// The tests of this binary take the process-wide pool in turn.
 static POOL_IN_USE: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
@@ -99,13 +105,6 @@ async fn a_saturated_hashing_pool_answers_503_busy_with_retry_after_and_frees_th
     );
 }
 
-fn client_from(source: &str) -> reqwest::Client {
-    reqwest::Client::builder()
-        .local_address(source.parse::<std::net::IpAddr>().unwrap())
-        .build()
-        .unwrap()
-}
-
 /// One client holding its share of the pool (here: jobs of 127.0.0.2 that do not end) gets 503
 /// `busy`; another client's password signup still runs.
 #[tokio::test]
@@ -131,13 +130,16 @@ async fn one_client_flooding_password_requests_leaves_room_for_others() {
     let signup = |source: &'static str, email: &'static str| {
         let base = app.base.clone();
         async move {
-            client_from(source)
-                .post(format!("{base}/v1/signup"))
-                .header("idempotency-key", format!("fair-{email}"))
-                .json(&json!({ "email": email, "password": "correct horse battery" }))
-                .send()
-                .await
-                .unwrap()
+            idempotent_post(
+                &client_from(source),
+                &base,
+                "/v1/signup",
+                &format!("fair-{email}"),
+            )
+            .json(&json!({ "email": email, "password": "correct horse battery" }))
+            .send()
+            .await
+            .unwrap()
         }
     };
     let flooder = signup("127.0.0.2", "flooder@example.com").await;

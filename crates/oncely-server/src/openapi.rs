@@ -6,9 +6,9 @@ use utoipa::openapi::path::{Operation, Parameter, ParameterBuilder, ParameterIn}
 use utoipa::openapi::{ContentBuilder, ObjectBuilder, Required, ResponseBuilder, Type};
 use utoipa::{Modify, OpenApi, ToSchema};
 
-use crate::routes::consume::TokenRequest;
-use crate::routes::links::EmailRequest;
+use crate::routes::send_link::EmailRequest;
 use crate::routes::signup::SignupRequest;
+use crate::routes::use_link::TokenRequest;
 
 /// Every problem type the service answers with: (slug, status, meaning). `docs/api.md` lists
 /// the same; a test checks both against the code.

@@ -16,11 +16,11 @@ use serde::de::DeserializeOwned;
 use crate::accounts::Accounts;
 use crate::email::normalize_json_email;
 
-pub mod consume;
-pub mod issue;
-pub mod links;
+pub mod email_caps;
+pub mod send_link;
 pub mod signup;
-pub mod tenant;
+pub mod tenants;
+pub mod use_link;
 
 /// What handlers share.
 pub struct AppState<A: Accounts> {
@@ -31,7 +31,7 @@ pub struct AppState<A: Accounts> {
     /// Derives tokens.
     pub secret: ServerSecret,
     /// Caps on emails.
-    pub limits: issue::MailLimits,
+    pub limits: email_caps::MailLimits,
 }
 
 impl<A: Accounts> Clone for AppState<A> {
@@ -63,7 +63,7 @@ pub fn v1<A: Accounts>(state: AppState<A>, policy: KeyPolicy) -> Router {
         .normalize_json(Arc::new(normalize_json_email));
     // Per method router: the layers run only for a method the route has, so any other method
     // is a plain 405. Outer layers run first: the tenant is known before the key is scoped.
-    let tenant = middleware::from_fn_with_state(state.clone(), tenant::resolve::<A>);
+    let tenant = middleware::from_fn_with_state(state.clone(), tenants::resolve::<A>);
     let wake = middleware::from_fn_with_state(state.clone(), wake_workers::<A>);
     let guarded = |route: MethodRouter<AppState<A>>| {
         route
@@ -75,26 +75,29 @@ pub fn v1<A: Accounts>(state: AppState<A>, policy: KeyPolicy) -> Router {
         .route("/v1/signup", guarded(post(signup::signup::<A>)))
         .route(
             "/v1/verify",
-            guarded(get(consume::verify_page).post(consume::verify::<A>)),
+            guarded(get(use_link::verify_page).post(use_link::verify::<A>)),
         )
-        .route("/v1/verification/resend", guarded(post(links::resend::<A>)))
+        .route(
+            "/v1/verification/resend",
+            guarded(post(send_link::resend::<A>)),
+        )
         .route(
             "/v1/password-reset",
-            guarded(post(links::password_reset::<A>)),
+            guarded(post(send_link::password_reset::<A>)),
         )
         .route(
             "/v1/password-reset/confirm",
-            guarded(get(consume::reset_page).post(consume::reset_confirm::<A>)),
+            guarded(get(use_link::reset_page).post(use_link::reset_confirm::<A>)),
         )
-        .route("/v1/magic-link", guarded(post(links::magic_link::<A>)))
+        .route("/v1/magic-link", guarded(post(send_link::magic_link::<A>)))
         .route(
             "/v1/magic-link/consume",
-            guarded(get(consume::magic_page).post(consume::magic_consume::<A>)),
+            guarded(get(use_link::magic_page).post(use_link::magic_consume::<A>)),
         )
-        .route("/v1/invites", guarded(post(links::invite::<A>)))
+        .route("/v1/invites", guarded(post(send_link::invite::<A>)))
         .route(
             "/v1/invites/accept",
-            guarded(get(consume::invite_page).post(consume::invite_accept::<A>)),
+            guarded(get(use_link::invite_page).post(use_link::invite_accept::<A>)),
         )
         .with_state(state)
 }

@@ -9,8 +9,8 @@ use secrecy::SecretString;
 use serde::Deserialize;
 use serde_json::json;
 
-use super::issue::{ClientAddr, FromSignup, Owner, suppression, token_email};
-use super::tenant::Tenant;
+use super::email_caps::{ClientAddr, FromSignup, Owner, suppression, token_email};
+use super::tenants::Tenant;
 use super::{AppState, Body, accepted, invalid_request, unexpected};
 use crate::accounts::{Accounts, SignupRow};
 use crate::email::EmailAddress;

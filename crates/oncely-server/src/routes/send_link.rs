@@ -1,6 +1,6 @@
 //! The routes that email a link: resend verification, password reset, magic link, invite.
 //! Each answers the same 202 whether or not the address has an account (and does the same
-//! database work: see [`super::issue`]).
+//! database work: see [`super::email_caps`]).
 
 use axum::extract::State;
 use axum::http::StatusCode;
@@ -9,8 +9,8 @@ use oncely::{IdempotentTx, Problem, TenantId};
 use serde::Deserialize;
 use serde_json::Value;
 
-use super::issue::{ClientAddr, Owner, suppression, token_email};
-use super::tenant::{AuthenticatedTenant, Tenant, require};
+use super::email_caps::{ClientAddr, Owner, suppression, token_email};
+use super::tenants::{AuthenticatedTenant, Tenant, require};
 use super::{AppState, Body, accepted, invalid_request, unexpected};
 use crate::accounts::Accounts;
 use crate::email::EmailAddress;

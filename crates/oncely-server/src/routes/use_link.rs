@@ -12,9 +12,9 @@ use serde_json::{Value, json};
 
 use secrecy::SecretString;
 
-use super::issue::ClientAddr;
+use super::email_caps::ClientAddr;
 use super::signup::hash_password;
-use super::tenant::ProvenTenant;
+use super::tenants::ProvenTenant;
 use super::{AppState, Body, unexpected};
 use crate::accounts::{Accounts, ConsumedToken};
 use crate::password;

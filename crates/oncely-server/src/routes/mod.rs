@@ -3,20 +3,21 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use axum::extract::rejection::JsonRejection;
-use axum::extract::{FromRequest, Request, State};
+use axum::extract::{Request, State};
 use axum::http::{Method, StatusCode};
 use axum::middleware::{self, Next};
 use axum::response::Response;
 use axum::routing::{MethodRouter, get, post};
 use axum::{Json, Router};
-use oncely::{IdempotencyLayer, Problem, ServerSecret};
-use serde::de::DeserializeOwned;
+use oncely::{IdempotencyLayer, ServerSecret};
 
 use crate::accounts::Accounts;
 use crate::email::normalize_json_email;
 
 pub mod email_caps;
+pub mod error;
+pub mod json_body;
+pub mod problem;
 pub mod send_link;
 pub mod signup;
 pub mod tenants;
@@ -117,34 +118,6 @@ async fn wake_workers<A: Accounts>(
     response
 }
 
-/// `Json<T>` whose rejections are problem+json: 415 without a JSON content type, 413 for a
-/// body over the limit, 400 for anything unreadable.
-pub struct Body<T>(pub T);
-
-impl<S: Send + Sync, T: DeserializeOwned> FromRequest<S> for Body<T> {
-    type Rejection = Problem;
-
-    async fn from_request(req: Request, state: &S) -> Result<Self, Self::Rejection> {
-        match Json::<T>::from_request(req, state).await {
-            Ok(Json(value)) => Ok(Self(value)),
-            Err(JsonRejection::MissingJsonContentType(_)) => Err(Problem::new(
-                StatusCode::UNSUPPORTED_MEDIA_TYPE,
-                "unsupported-media-type",
-                "Send JSON",
-            )
-            .with_detail("the request needs Content-Type: application/json")),
-            Err(rejection) if rejection.status() == StatusCode::PAYLOAD_TOO_LARGE => {
-                Err(Problem::new(
-                    StatusCode::PAYLOAD_TOO_LARGE,
-                    "request-too-large",
-                    "Request body too large",
-                ))
-            }
-            Err(rejection) => Err(invalid_request(rejection.body_text())),
-        }
-    }
-}
-
 /// The same answer whether or not the address has an account.
 pub fn accepted() -> (StatusCode, Json<serde_json::Value>) {
     (
@@ -154,25 +127,4 @@ pub fn accepted() -> (StatusCode, Json<serde_json::Value>) {
             "detail": "If this address can be used, an email with the next step is on its way to it."
         })),
     )
-}
-
-/// 400 `invalid-request`.
-pub fn invalid_request(detail: impl Into<String>) -> Problem {
-    Problem::new(
-        StatusCode::BAD_REQUEST,
-        "invalid-request",
-        "Invalid request",
-    )
-    .with_detail(detail)
-}
-
-/// 500 for an unexpected failure; the cause goes to the log, not to the client.
-pub fn unexpected(error: anyhow::Error) -> Problem {
-    tracing::error!(error = format!("{error:#}"), "request failed");
-    Problem::new(
-        StatusCode::INTERNAL_SERVER_ERROR,
-        "internal-error",
-        "Internal error",
-    )
-    .with_detail("nothing was changed; retry with the same Idempotency-Key")
 }

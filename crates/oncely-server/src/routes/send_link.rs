@@ -5,13 +5,15 @@
 use axum::extract::State;
 use axum::http::StatusCode;
 use axum::{Extension, Json};
-use oncely::{IdempotentTx, Problem, TenantId};
+use oncely::{IdempotentTx, TenantId};
 use serde::Deserialize;
 use serde_json::Value;
 
 use super::email_caps::{ClientAddr, Owner, suppression, token_email};
+use super::error::ApiError;
+use super::json_body::JsonBody;
 use super::tenants::{AuthenticatedTenant, Tenant, require};
-use super::{AppState, Body, accepted, invalid_request, unexpected};
+use super::{AppState, accepted};
 use crate::accounts::Accounts;
 use crate::email::EmailAddress;
 use crate::token::Flow;
@@ -25,7 +27,7 @@ pub struct EmailRequest {
     email: String,
 }
 
-type Accepted = Result<(StatusCode, Json<Value>), Problem>;
+type Accepted = Result<(StatusCode, Json<Value>), ApiError>;
 
 /// Which account a link goes to, for a flow.
 #[derive(Clone, Copy)]
@@ -47,15 +49,11 @@ async fn send_link<A: Accounts>(
     flow: Flow,
     target: Target,
 ) -> Accepted {
-    let email =
-        EmailAddress::parse(email).map_err(|_| invalid_request("email is not a valid address"))?;
+    let email = EmailAddress::parse(email)
+        .map_err(|_| ApiError::invalid_request("email is not a valid address"))?;
     let mut conn = tx.lock().await?;
-    let user = A::find_user(&mut conn, tenant.as_str(), &email)
-        .await
-        .map_err(unexpected)?;
-    let suppressed = suppression(&mut *conn, state, tenant, &email, client)
-        .await
-        .map_err(unexpected)?;
+    let user = A::find_user(&mut conn, tenant.as_str(), &email).await?;
+    let suppressed = suppression(&mut *conn, state, tenant, &email, client).await?;
     let owner = match (user, target) {
         (user, Target::Address) => Owner {
             user: user.map(|u| u.id),
@@ -71,9 +69,7 @@ async fn send_link<A: Accounts>(
         },
         _ => Owner::NOBODY,
     };
-    token_email(&mut *conn, state, tenant, flow, owner, suppressed, None)
-        .await
-        .map_err(unexpected)?;
+    token_email(&mut *conn, state, tenant, flow, owner, suppressed, None).await?;
     tracing::info!(email = %email.masked(), tenant = %tenant, flow = flow.as_str(), "link requested");
     Ok(accepted())
 }
@@ -85,7 +81,7 @@ pub async fn resend<A: Accounts>(
     Tenant(tenant): Tenant,
     client: ClientAddr,
     tx: IdempotentTx<A::Database>,
-    Body(request): Body<EmailRequest>,
+    JsonBody(request): JsonBody<EmailRequest>,
 ) -> Accepted {
     send_link(
         &state,
@@ -105,7 +101,7 @@ pub async fn password_reset<A: Accounts>(
     Tenant(tenant): Tenant,
     client: ClientAddr,
     tx: IdempotentTx<A::Database>,
-    Body(request): Body<EmailRequest>,
+    JsonBody(request): JsonBody<EmailRequest>,
 ) -> Accepted {
     send_link(
         &state,
@@ -125,7 +121,7 @@ pub async fn magic_link<A: Accounts>(
     Tenant(tenant): Tenant,
     client: ClientAddr,
     tx: IdempotentTx<A::Database>,
-    Body(request): Body<EmailRequest>,
+    JsonBody(request): JsonBody<EmailRequest>,
 ) -> Accepted {
     send_link(
         &state,
@@ -146,7 +142,7 @@ pub async fn invite<A: Accounts>(
     authenticated: Option<Extension<AuthenticatedTenant>>,
     client: ClientAddr,
     tx: IdempotentTx<A::Database>,
-    Body(request): Body<EmailRequest>,
+    JsonBody(request): JsonBody<EmailRequest>,
 ) -> Accepted {
     require(authenticated.as_ref().map(|Extension(a)| a))?;
     send_link(

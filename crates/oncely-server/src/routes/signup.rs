@@ -3,15 +3,17 @@
 use axum::Json;
 use axum::extract::State;
 use axum::http::StatusCode;
-use oncely::{IdempotentTx, Problem};
+use oncely::IdempotentTx;
 use oncely_outbox::NewJob;
 use secrecy::SecretString;
 use serde::Deserialize;
 use serde_json::json;
 
 use super::email_caps::{ClientAddr, FromSignup, Owner, suppression, token_email};
+use super::error::ApiError;
+use super::json_body::JsonBody;
 use super::tenants::Tenant;
-use super::{AppState, Body, accepted, invalid_request, unexpected};
+use super::{AppState, accepted};
 use crate::accounts::{Accounts, SignupRow};
 use crate::email::EmailAddress;
 use crate::mail::SIGNUP_NOTICE;
@@ -36,11 +38,11 @@ pub struct SignupRequest {
 pub async fn hash_password(
     password: Option<String>,
     client: &ClientAddr,
-) -> Result<Option<String>, Problem> {
+) -> Result<Option<String>, ApiError> {
     match password {
-        Some(password) if !password::LENGTH.contains(&password.chars().count()) => {
-            Err(invalid_request("password must be 8 to 128 characters"))
-        }
+        Some(password) if !password::LENGTH.contains(&password.chars().count()) => Err(
+            ApiError::invalid_request("password must be 8 to 128 characters"),
+        ),
         Some(password) => {
             let client = client.hash_share();
             let hashed =
@@ -51,26 +53,6 @@ pub async fn hash_password(
     }
 }
 
-impl From<password::HashError> for Problem {
-    fn from(error: password::HashError) -> Self {
-        match error {
-            password::HashError::Overloaded => busy(),
-            password::HashError::Failed(error) => unexpected(error),
-        }
-    }
-}
-
-/// 503 while every password hasher is busy: nothing ran, the key is free, retry shortly.
-fn busy() -> Problem {
-    Problem::new(
-        StatusCode::SERVICE_UNAVAILABLE,
-        "busy",
-        "Too many passwords being hashed",
-    )
-    .with_detail("nothing was changed; retry with the same Idempotency-Key after Retry-After")
-    .with_retry_after(password::RETRY_AFTER_SECONDS)
-}
-
 /// Creates the account (or finds it), and the email for it — a verification link, or a notice
 /// to an account that exists — in the idempotency layer's transaction: they commit with the
 /// stored response, once.
@@ -79,14 +61,16 @@ pub async fn signup<A: Accounts>(
     Tenant(tenant): Tenant,
     client: ClientAddr,
     tx: IdempotentTx<A::Database>,
-    Body(request): Body<SignupRequest>,
-) -> Result<(StatusCode, Json<serde_json::Value>), Problem> {
+    JsonBody(request): JsonBody<SignupRequest>,
+) -> Result<(StatusCode, Json<serde_json::Value>), ApiError> {
     let email = EmailAddress::parse(&request.email)
-        .map_err(|_| invalid_request("email is not a valid address"))?;
+        .map_err(|_| ApiError::invalid_request("email is not a valid address"))?;
     if let Some(source) = &request.source
         && (source.len() > 64 || source.chars().any(char::is_control))
     {
-        return Err(invalid_request("source is at most 64 printable characters"));
+        return Err(ApiError::invalid_request(
+            "source is at most 64 printable characters",
+        ));
     }
     let password_hash = hash_password(request.password, &client).await?;
 
@@ -97,11 +81,8 @@ pub async fn signup<A: Accounts>(
         &email,
         request.source.as_deref(),
     )
-    .await
-    .map_err(unexpected)?;
-    let suppressed = suppression(&mut *conn, &state, &tenant, &email, &client)
-        .await
-        .map_err(unexpected)?;
+    .await?;
+    let suppressed = suppression(&mut *conn, &state, &tenant, &email, &client).await?;
     match row {
         SignupRow::Created(user) | SignupRow::Pending(user) => {
             let owner = Owner {
@@ -122,8 +103,7 @@ pub async fn signup<A: Accounts>(
                 suppressed,
                 Some(signup),
             )
-            .await
-            .map_err(unexpected)?;
+            .await?;
         }
         SignupRow::Verified(user) => {
             // A decoy token keeps the work the same as for a new address; the email is a notice.
@@ -136,16 +116,13 @@ pub async fn signup<A: Accounts>(
                 Some("decoy".into()),
                 Some(FromSignup::default()),
             )
-            .await
-            .map_err(unexpected)?;
+            .await?;
             let job = NewJob::new(
                 format!("signup-notice:{tenant}:{user}:{}", tx.derived_key()),
                 SIGNUP_NOTICE,
                 json!({ "user_id": user, "suppressed": suppressed }),
             );
-            A::enqueue(&mut conn, &job)
-                .await
-                .map_err(|e| unexpected(e.into()))?;
+            A::enqueue(&mut conn, &job).await?;
         }
     }
     tracing::info!(email = %email.masked(), tenant = %tenant, "signup accepted");

@@ -2,15 +2,16 @@
 //! a bad key is 401 and never falls back to the default.
 
 use axum::extract::{Request, State};
-use axum::http::{HeaderValue, StatusCode, header};
+use axum::http::header;
 use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
 use base64::Engine;
 use base64::engine::general_purpose::URL_SAFE_NO_PAD;
-use oncely::{Problem, TenantId};
+use oncely::TenantId;
 use sha2::{Digest, Sha256};
 
-use super::{AppState, unexpected};
+use super::AppState;
+use super::error::{ApiError, Unauthorized};
 use crate::accounts::Accounts;
 
 /// Marks a request whose tenant was proven by an API key (invites need one).
@@ -73,16 +74,6 @@ pub fn hash_api_key(key: &str) -> Vec<u8> {
     Sha256::digest(key.as_bytes()).to_vec()
 }
 
-fn unauthorized() -> Response {
-    let mut response = Problem::new(StatusCode::UNAUTHORIZED, "unauthorized", "Invalid API key")
-        .with_detail("send Authorization: Bearer <tenant API key>, or no Authorization header for the default tenant")
-        .into_response();
-    response
-        .headers_mut()
-        .insert(header::WWW_AUTHENTICATE, HeaderValue::from_static("Bearer"));
-    response
-}
-
 /// Resolves the tenant of a request before the idempotency layer scopes its key.
 pub async fn resolve<A: Accounts>(
     State(state): State<AppState<A>>,
@@ -98,10 +89,10 @@ pub async fn resolve<A: Accounts>(
         .and_then(|v| v.strip_prefix("Bearer "))
         .map(str::trim)
     else {
-        return unauthorized();
+        return ApiError::Unauthorized(Unauthorized::InvalidKey).into_response();
     };
     if !key.starts_with(KEY_PREFIX) {
-        return unauthorized();
+        return ApiError::Unauthorized(Unauthorized::InvalidKey).into_response();
     }
     match state.accounts.tenant_by_key(&hash_api_key(key)).await {
         Ok(Some(id)) => match TenantId::parse(id) {
@@ -110,17 +101,18 @@ pub async fn resolve<A: Accounts>(
                 req.extensions_mut().insert(AuthenticatedTenant);
                 next.run(req).await
             }
-            Err(_) => unexpected(anyhow::anyhow!("stored tenant id is invalid")).into_response(),
+            Err(_) => {
+                ApiError::from(anyhow::anyhow!("stored tenant id is invalid")).into_response()
+            }
         },
-        Ok(None) => unauthorized(),
-        Err(error) => unexpected(error).into_response(),
+        Ok(None) => ApiError::Unauthorized(Unauthorized::InvalidKey).into_response(),
+        Err(error) => ApiError::from(error).into_response(),
     }
 }
 
 /// 401 for routes that need an API key.
-pub fn require(authenticated: Option<&AuthenticatedTenant>) -> Result<(), Problem> {
-    authenticated.map(|_| ()).ok_or_else(|| {
-        Problem::new(StatusCode::UNAUTHORIZED, "unauthorized", "API key required")
-            .with_detail("this route needs Authorization: Bearer <tenant API key>")
-    })
+pub fn require(authenticated: Option<&AuthenticatedTenant>) -> Result<(), ApiError> {
+    authenticated
+        .map(|_| ())
+        .ok_or(ApiError::Unauthorized(Unauthorized::KeyRequired))
 }

@@ -4,18 +4,19 @@
 
 use axum::Json;
 use axum::extract::{Query, State};
-use axum::http::StatusCode;
 use axum::response::Html;
-use oncely::{IdempotentTx, Problem, TenantId};
+use oncely::{IdempotentTx, TenantId};
 use serde::Deserialize;
 use serde_json::{Value, json};
 
 use secrecy::SecretString;
 
+use super::AppState;
 use super::email_caps::ClientAddr;
+use super::error::ApiError;
+use super::json_body::JsonBody;
 use super::signup::hash_password;
 use super::tenants::ProvenTenant;
-use super::{AppState, Body, unexpected};
 use crate::accounts::{Accounts, ConsumedToken};
 use crate::password;
 use crate::token::{self, Flow};
@@ -106,17 +107,6 @@ pub struct TokenRequest {
     password: Option<String>,
 }
 
-/// 400 for every token that does not work: unknown, used, superseded, expired, of another
-/// flow or another tenant.
-pub fn token_invalid() -> Problem {
-    Problem::new(
-        StatusCode::BAD_REQUEST,
-        "token-invalid",
-        "Invalid or expired link",
-    )
-    .with_detail("the link is invalid, was already used, or has expired; request a new one")
-}
-
 /// Consumes `presented` in `flow`. The token names its tenant; a request that proved a tenant
 /// with an API key (`proven`) can only use that tenant's tokens.
 async fn consume<A: Accounts>(
@@ -124,23 +114,22 @@ async fn consume<A: Accounts>(
     proven: &ProvenTenant,
     flow: Flow,
     presented: &str,
-) -> Result<ConsumedToken, Problem> {
+) -> Result<ConsumedToken, ApiError> {
     A::consume_token(
         conn,
         proven.0.as_ref().map(TenantId::as_str),
         flow.as_str(),
         &token::hash(presented),
     )
-    .await
-    .map_err(unexpected)?
-    .ok_or_else(token_invalid)
+    .await?
+    .ok_or(ApiError::InvalidToken)
 }
 
-type Consumed = Result<Json<Value>, Problem>;
+type Consumed = Result<Json<Value>, ApiError>;
 
-fn no_password(request: &TokenRequest) -> Result<(), Problem> {
+fn no_password(request: &TokenRequest) -> Result<(), ApiError> {
     match request.password {
-        Some(_) => Err(super::invalid_request("this link takes no password")),
+        Some(_) => Err(ApiError::invalid_request("this link takes no password")),
         None => Ok(()),
     }
 }
@@ -158,7 +147,7 @@ pub async fn verify<A: Accounts>(
     proven: ProvenTenant,
     client: ClientAddr,
     tx: IdempotentTx<A::Database>,
-    Body(request): Body<TokenRequest>,
+    JsonBody(request): JsonBody<TokenRequest>,
 ) -> Consumed {
     let tenant = proven.0.as_ref().map(TenantId::as_str);
     // A re-entered password is checked before the transaction opens: Argon2 takes tens of
@@ -169,15 +158,14 @@ pub async fn verify<A: Accounts>(
             let (stored, attempts) = state
                 .accounts
                 .signup_password_attempt(tenant, &token::hash(&request.token))
-                .await
-                .map_err(unexpected)?
-                .ok_or_else(token_invalid)?;
+                .await?
+                .ok_or(ApiError::InvalidToken)?;
             let stored = stored.ok_or_else(|| {
-                super::invalid_request("this signup chose no password; confirm without one")
+                ApiError::invalid_request("this signup chose no password; confirm without one")
             })?;
             // Whoever sees the link (a mail scanner, a log) must not guess the password online.
             if attempts > PASSWORD_ATTEMPTS {
-                return Err(super::invalid_request(
+                return Err(ApiError::invalid_request(
                     "too many wrong passwords for this link; confirm without a password, then set one with a password reset",
                 ));
             }
@@ -185,25 +173,18 @@ pub async fn verify<A: Accounts>(
             let matches =
                 password::verify(client.as_deref(), &stored, SecretString::from(presented)).await?;
             if !matches {
-                return Err(Problem::new(
-                    StatusCode::BAD_REQUEST,
-                    "password-mismatch",
-                    "Not the password chosen at signup",
-                )
-                .with_detail("enter the password you chose when you signed up, or confirm without a password and set one later with a password reset"));
+                return Err(ApiError::PasswordMismatch);
             }
             Some(stored)
         }
     };
     let mut conn = tx.lock().await?;
     let token = consume::<A>(&mut *conn, &proven, Flow::Verification, &request.token).await?;
-    let user = token.user_id.ok_or_else(token_invalid)?;
+    let user = token.user_id.ok_or(ApiError::InvalidToken)?;
     if adopted.is_some() && token.password_hash != adopted {
-        return Err(token_invalid());
+        return Err(ApiError::InvalidToken);
     }
-    A::mark_verified(&mut conn, user, adopted.as_deref())
-        .await
-        .map_err(unexpected)?;
+    A::mark_verified(&mut conn, user, adopted.as_deref()).await?;
     Ok(Json(
         json!({ "status": "verified", "password_set": adopted.is_some() }),
     ))
@@ -216,20 +197,16 @@ pub async fn reset_confirm<A: Accounts>(
     proven: ProvenTenant,
     client: ClientAddr,
     tx: IdempotentTx<A::Database>,
-    Body(request): Body<TokenRequest>,
+    JsonBody(request): JsonBody<TokenRequest>,
 ) -> Consumed {
     let Some(password_hash) = hash_password(request.password, &client).await? else {
-        return Err(super::invalid_request("password is required"));
+        return Err(ApiError::invalid_request("password is required"));
     };
     let mut conn = tx.lock().await?;
     let token = consume::<A>(&mut *conn, &proven, Flow::PasswordReset, &request.token).await?;
-    let user = token.user_id.ok_or_else(token_invalid)?;
-    A::mark_verified(&mut conn, user, None)
-        .await
-        .map_err(unexpected)?;
-    A::set_password(&mut conn, user, &password_hash)
-        .await
-        .map_err(unexpected)?;
+    let user = token.user_id.ok_or(ApiError::InvalidToken)?;
+    A::mark_verified(&mut conn, user, None).await?;
+    A::set_password(&mut conn, user, &password_hash).await?;
     Ok(Json(json!({ "status": "password_changed" })))
 }
 
@@ -239,15 +216,13 @@ pub async fn magic_consume<A: Accounts>(
     State(_): State<AppState<A>>,
     proven: ProvenTenant,
     tx: IdempotentTx<A::Database>,
-    Body(request): Body<TokenRequest>,
+    JsonBody(request): JsonBody<TokenRequest>,
 ) -> Consumed {
     no_password(&request)?;
     let mut conn = tx.lock().await?;
     let token = consume::<A>(&mut *conn, &proven, Flow::MagicLink, &request.token).await?;
-    let user = token.user_id.ok_or_else(token_invalid)?;
-    A::mark_verified(&mut conn, user, None)
-        .await
-        .map_err(unexpected)?;
+    let user = token.user_id.ok_or(ApiError::InvalidToken)?;
+    A::mark_verified(&mut conn, user, None).await?;
     Ok(Json(json!({ "status": "signed_in" })))
 }
 
@@ -258,14 +233,12 @@ pub async fn invite_accept<A: Accounts>(
     proven: ProvenTenant,
     client: ClientAddr,
     tx: IdempotentTx<A::Database>,
-    Body(request): Body<TokenRequest>,
+    JsonBody(request): JsonBody<TokenRequest>,
 ) -> Consumed {
     let password_hash = hash_password(request.password, &client).await?;
     let mut conn = tx.lock().await?;
     let token = consume::<A>(&mut *conn, &proven, Flow::Invite, &request.token).await?;
-    let email = token.email.ok_or_else(token_invalid)?;
-    A::accept_invite(&mut conn, &token.tenant, &email, password_hash.as_deref())
-        .await
-        .map_err(unexpected)?;
+    let email = token.email.ok_or(ApiError::InvalidToken)?;
+    A::accept_invite(&mut conn, &token.tenant, &email, password_hash.as_deref()).await?;
     Ok(Json(json!({ "status": "joined" })))
 }

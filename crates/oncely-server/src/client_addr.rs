@@ -1,6 +1,7 @@
-//! Who the client is, for the per-client email cap: the peer address of the connection, or —
-//! only when that peer is a configured trusted proxy — the address the proxy forwarded in
-//! `X-Forwarded-For` or `Forwarded` (RFC 7239 `for=`).
+//! Who the client is, for the per-client email cap and the password-hashing pool's shares
+//! ([`CallerAddr`]): the peer address of the connection, or — only when that peer is a
+//! configured trusted proxy — the address the proxy forwarded in `X-Forwarded-For` or
+//! `Forwarded` (RFC 7239 `for=`).
 //!
 //! The forwarded chain is walked from the right (the hop nearest to us), skipping trusted
 //! proxies; the right-most untrusted hop is the client. Hops left of it were written by the
@@ -10,7 +11,9 @@ use std::net::{IpAddr, SocketAddr};
 use std::str::FromStr;
 use std::sync::Arc;
 
+use axum::extract::FromRequestParts;
 use axum::http::HeaderMap;
+use axum::http::request::Parts;
 use ipnet::IpNet;
 
 /// The proxies (CIDRs) whose forwarding headers are believed. Empty: none.
@@ -79,6 +82,37 @@ pub fn client_ip(
         }
     }
     Some(client)
+}
+
+/// The caller's address (an axum extractor): the connection's peer, or what a trusted proxy
+/// forwarded ([`client_ip`]). `None` when the server runs without connect info: such a request
+/// is not counted against any client (it is never pooled with others).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct CallerAddr(pub Option<IpAddr>);
+
+impl CallerAddr {
+    /// The caller's key for per-client limits ([`cap_bucket`]): its email-cap counters and its
+    /// share of the password-hashing pool.
+    pub fn bucket(&self) -> Option<String> {
+        self.0.map(cap_bucket)
+    }
+}
+
+impl<S: Send + Sync> FromRequestParts<S> for CallerAddr {
+    type Rejection = std::convert::Infallible;
+
+    async fn from_request_parts(parts: &mut Parts, _: &S) -> Result<Self, Self::Rejection> {
+        let trusted = parts
+            .extensions
+            .get::<TrustedProxies>()
+            .cloned()
+            .unwrap_or_default();
+        Ok(Self(client_ip(
+            peer(&parts.extensions),
+            &parts.headers,
+            &trusted,
+        )))
+    }
 }
 
 /// The hops a proxy forwarded, left (farthest) to right (nearest): `X-Forwarded-For` if the
@@ -194,7 +228,7 @@ pub fn cap_bucket(ip: IpAddr) -> String {
 }
 
 /// The peer of a connection served with connect info, if any.
-pub fn peer(extensions: &axum::http::Extensions) -> Option<IpAddr> {
+fn peer(extensions: &axum::http::Extensions) -> Option<IpAddr> {
     extensions
         .get::<axum::extract::ConnectInfo<SocketAddr>>()
         .map(|c| c.0.ip())

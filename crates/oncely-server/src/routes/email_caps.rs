@@ -3,11 +3,8 @@
 //! address has an account, whether or not the email will be suppressed: responses and their
 //! timing cannot tell those cases apart.
 
-use std::net::IpAddr;
 use std::time::Duration;
 
-use axum::extract::FromRequestParts;
-use axum::http::request::Parts;
 use oncely::TenantId;
 use oncely_outbox::NewJob;
 use serde_json::json;
@@ -16,7 +13,7 @@ use uuid::Uuid;
 
 use super::AppState;
 use crate::accounts::{Accounts, NewToken};
-use crate::client_addr::{self, TrustedProxies};
+use crate::client_addr::CallerAddr;
 use crate::email::EmailAddress;
 use crate::token::{Flow, Token};
 
@@ -32,36 +29,6 @@ pub struct MailLimits {
     pub per_client: u32,
     /// The window.
     pub window: Duration,
-}
-
-/// The client's address, for per-client limits: the connection's peer, or what a trusted proxy
-/// forwarded (see [`crate::client_addr`]). `None` when the server runs without connect info:
-/// such a request is not counted against any client (it is never pooled with others).
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct ClientAddr(pub Option<IpAddr>);
-
-impl ClientAddr {
-    /// The key of this client's share of the password-hashing pool (its rate-limit bucket).
-    pub fn hash_share(&self) -> Option<String> {
-        self.0.map(client_addr::cap_bucket)
-    }
-}
-
-impl<S: Send + Sync> FromRequestParts<S> for ClientAddr {
-    type Rejection = std::convert::Infallible;
-
-    async fn from_request_parts(parts: &mut Parts, _: &S) -> Result<Self, Self::Rejection> {
-        let trusted = parts
-            .extensions
-            .get::<TrustedProxies>()
-            .cloned()
-            .unwrap_or_default();
-        Ok(Self(client_addr::client_ip(
-            client_addr::peer(&parts.extensions),
-            &parts.headers,
-            &trusted,
-        )))
-    }
 }
 
 /// Who a token is for.
@@ -101,7 +68,7 @@ pub async fn suppression<A: Accounts>(
     state: &AppState<A>,
     tenant: &TenantId,
     email: &EmailAddress,
-    client: &ClientAddr,
+    caller: &CallerAddr,
 ) -> anyhow::Result<Option<String>> {
     let limits = state.limits;
     let window = limits.window.as_secs().max(1) as i64;
@@ -117,9 +84,8 @@ pub async fn suppression<A: Accounts>(
             )
         )
     };
-    let (to_address_from_client, from_client) = match client.0 {
-        Some(ip) => {
-            let client = client_addr::cap_bucket(ip);
+    let (to_address_from_client, from_client) = match caller.bucket() {
+        Some(client) => {
             let pair = format!("{}\n{client}", email.as_str());
             let to_address_from_client = A::count_email(
                 conn,

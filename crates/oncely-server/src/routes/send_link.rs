@@ -9,12 +9,13 @@ use oncely::{IdempotentTx, TenantId};
 use serde::Deserialize;
 use serde_json::Value;
 
-use super::email_caps::{ClientAddr, Owner, suppression, token_email};
+use super::email_caps::{Owner, suppression, token_email};
 use super::error::ApiError;
 use super::json_body::JsonBody;
 use super::tenants::{AuthenticatedTenant, Tenant, require};
 use super::{AppState, accepted};
 use crate::accounts::Accounts;
+use crate::client_addr::CallerAddr;
 use crate::email::EmailAddress;
 use crate::token::Flow;
 
@@ -43,7 +44,7 @@ enum Target {
 async fn send_link<A: Accounts>(
     state: &AppState<A>,
     tenant: &TenantId,
-    client: &ClientAddr,
+    caller: &CallerAddr,
     tx: &IdempotentTx<A::Database>,
     email: &str,
     flow: Flow,
@@ -53,7 +54,7 @@ async fn send_link<A: Accounts>(
         .map_err(|_| ApiError::invalid_request("email is not a valid address"))?;
     let mut conn = tx.lock().await?;
     let user = A::find_user(&mut conn, tenant.as_str(), &email).await?;
-    let suppressed = suppression(&mut *conn, state, tenant, &email, client).await?;
+    let suppressed = suppression(&mut *conn, state, tenant, &email, caller).await?;
     let owner = match (user, target) {
         (user, Target::Address) => Owner {
             user: user.map(|u| u.id),
@@ -79,14 +80,14 @@ async fn send_link<A: Accounts>(
 pub async fn resend<A: Accounts>(
     State(state): State<AppState<A>>,
     Tenant(tenant): Tenant,
-    client: ClientAddr,
+    caller: CallerAddr,
     tx: IdempotentTx<A::Database>,
     JsonBody(request): JsonBody<EmailRequest>,
 ) -> Accepted {
     send_link(
         &state,
         &tenant,
-        &client,
+        &caller,
         &tx,
         &request.email,
         Flow::Verification,
@@ -99,14 +100,14 @@ pub async fn resend<A: Accounts>(
 pub async fn password_reset<A: Accounts>(
     State(state): State<AppState<A>>,
     Tenant(tenant): Tenant,
-    client: ClientAddr,
+    caller: CallerAddr,
     tx: IdempotentTx<A::Database>,
     JsonBody(request): JsonBody<EmailRequest>,
 ) -> Accepted {
     send_link(
         &state,
         &tenant,
-        &client,
+        &caller,
         &tx,
         &request.email,
         Flow::PasswordReset,
@@ -119,14 +120,14 @@ pub async fn password_reset<A: Accounts>(
 pub async fn magic_link<A: Accounts>(
     State(state): State<AppState<A>>,
     Tenant(tenant): Tenant,
-    client: ClientAddr,
+    caller: CallerAddr,
     tx: IdempotentTx<A::Database>,
     JsonBody(request): JsonBody<EmailRequest>,
 ) -> Accepted {
     send_link(
         &state,
         &tenant,
-        &client,
+        &caller,
         &tx,
         &request.email,
         Flow::MagicLink,
@@ -140,7 +141,7 @@ pub async fn invite<A: Accounts>(
     State(state): State<AppState<A>>,
     Tenant(tenant): Tenant,
     authenticated: Option<Extension<AuthenticatedTenant>>,
-    client: ClientAddr,
+    caller: CallerAddr,
     tx: IdempotentTx<A::Database>,
     JsonBody(request): JsonBody<EmailRequest>,
 ) -> Accepted {
@@ -148,7 +149,7 @@ pub async fn invite<A: Accounts>(
     send_link(
         &state,
         &tenant,
-        &client,
+        &caller,
         &tx,
         &request.email,
         Flow::Invite,

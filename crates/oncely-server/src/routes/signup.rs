@@ -9,12 +9,13 @@ use secrecy::SecretString;
 use serde::Deserialize;
 use serde_json::json;
 
-use super::email_caps::{ClientAddr, FromSignup, Owner, suppression, token_email};
+use super::email_caps::{FromSignup, Owner, suppression, token_email};
 use super::error::ApiError;
 use super::json_body::JsonBody;
 use super::tenants::Tenant;
 use super::{AppState, accepted};
 use crate::accounts::{Accounts, SignupRow};
+use crate::client_addr::CallerAddr;
 use crate::email::EmailAddress;
 use crate::mail::SIGNUP_NOTICE;
 use crate::password;
@@ -37,16 +38,15 @@ pub struct SignupRequest {
 /// that has one, whatever the address), within the caller's share of the hashing pool.
 pub async fn hash_password(
     password: Option<String>,
-    client: &ClientAddr,
+    caller: &CallerAddr,
 ) -> Result<Option<String>, ApiError> {
     match password {
         Some(password) if !password::LENGTH.contains(&password.chars().count()) => Err(
             ApiError::invalid_request("password must be 8 to 128 characters"),
         ),
         Some(password) => {
-            let client = client.hash_share();
-            let hashed =
-                password::hash_for(client.as_deref(), SecretString::from(password)).await?;
+            let share = caller.bucket();
+            let hashed = password::hash_for(share.as_deref(), SecretString::from(password)).await?;
             Ok(Some(hashed))
         }
         None => Ok(None),
@@ -59,7 +59,7 @@ pub async fn hash_password(
 pub async fn signup<A: Accounts>(
     State(state): State<AppState<A>>,
     Tenant(tenant): Tenant,
-    client: ClientAddr,
+    caller: CallerAddr,
     tx: IdempotentTx<A::Database>,
     JsonBody(request): JsonBody<SignupRequest>,
 ) -> Result<(StatusCode, Json<serde_json::Value>), ApiError> {
@@ -72,7 +72,7 @@ pub async fn signup<A: Accounts>(
             "source is at most 64 printable characters",
         ));
     }
-    let password_hash = hash_password(request.password, &client).await?;
+    let password_hash = hash_password(request.password, &caller).await?;
 
     let mut conn = tx.lock().await?;
     let row = A::signup_user(
@@ -82,7 +82,7 @@ pub async fn signup<A: Accounts>(
         request.source.as_deref(),
     )
     .await?;
-    let suppressed = suppression(&mut *conn, &state, &tenant, &email, &client).await?;
+    let suppressed = suppression(&mut *conn, &state, &tenant, &email, &caller).await?;
     match row {
         SignupRow::Created(user) | SignupRow::Pending(user) => {
             let owner = Owner {

@@ -12,12 +12,12 @@ use serde_json::{Value, json};
 use secrecy::SecretString;
 
 use super::AppState;
-use super::email_caps::ClientAddr;
 use super::error::ApiError;
 use super::json_body::JsonBody;
 use super::signup::hash_password;
 use super::tenants::ProvenTenant;
 use crate::accounts::{Accounts, ConsumedToken};
+use crate::client_addr::CallerAddr;
 use crate::password;
 use crate::token::{self, Flow};
 
@@ -145,7 +145,7 @@ pub const PASSWORD_ATTEMPTS: i64 = 5;
 pub async fn verify<A: Accounts>(
     State(state): State<AppState<A>>,
     proven: ProvenTenant,
-    client: ClientAddr,
+    caller: CallerAddr,
     tx: IdempotentTx<A::Database>,
     JsonBody(request): JsonBody<TokenRequest>,
 ) -> Consumed {
@@ -169,9 +169,9 @@ pub async fn verify<A: Accounts>(
                     "too many wrong passwords for this link; confirm without a password, then set one with a password reset",
                 ));
             }
-            let client = client.hash_share();
+            let share = caller.bucket();
             let matches =
-                password::verify(client.as_deref(), &stored, SecretString::from(presented)).await?;
+                password::verify(share.as_deref(), &stored, SecretString::from(presented)).await?;
             if !matches {
                 return Err(ApiError::PasswordMismatch);
             }
@@ -195,11 +195,11 @@ pub async fn verify<A: Accounts>(
 pub async fn reset_confirm<A: Accounts>(
     State(_): State<AppState<A>>,
     proven: ProvenTenant,
-    client: ClientAddr,
+    caller: CallerAddr,
     tx: IdempotentTx<A::Database>,
     JsonBody(request): JsonBody<TokenRequest>,
 ) -> Consumed {
-    let Some(password_hash) = hash_password(request.password, &client).await? else {
+    let Some(password_hash) = hash_password(request.password, &caller).await? else {
         return Err(ApiError::invalid_request("password is required"));
     };
     let mut conn = tx.lock().await?;
@@ -231,11 +231,11 @@ pub async fn magic_consume<A: Accounts>(
 pub async fn invite_accept<A: Accounts>(
     State(_): State<AppState<A>>,
     proven: ProvenTenant,
-    client: ClientAddr,
+    caller: CallerAddr,
     tx: IdempotentTx<A::Database>,
     JsonBody(request): JsonBody<TokenRequest>,
 ) -> Consumed {
-    let password_hash = hash_password(request.password, &client).await?;
+    let password_hash = hash_password(request.password, &caller).await?;
     let mut conn = tx.lock().await?;
     let token = consume::<A>(&mut *conn, &proven, Flow::Invite, &request.token).await?;
     let email = token.email.ok_or(ApiError::InvalidToken)?;

@@ -3,24 +3,34 @@
 use std::sync::Arc;
 use std::time::Duration;
 
+use axum::Router;
 use axum::extract::{Request, State};
-use axum::http::{Method, StatusCode};
+use axum::http::Method;
 use axum::middleware::{self, Next};
 use axum::response::Response;
-use axum::routing::{MethodRouter, get, post};
-use axum::{Json, Router};
+use axum::routing::{MethodRouter, post};
 use oncely::{IdempotencyLayer, ServerSecret};
 
 use crate::accounts::Accounts;
 use crate::email::normalize_json_email;
+use crate::token::Flow::{Invite, MagicLink, PasswordReset, Verification};
+use use_link::page;
 
-pub mod email_caps;
-pub mod error;
-pub mod json_body;
-pub mod problem;
-pub mod send_link;
+// The flows, one module each: their routes, pages and handlers.
+pub mod invites;
+pub mod magic_link;
+pub mod password_reset;
 pub mod signup;
 pub mod tenants;
+pub mod verification;
+
+// What several flows share.
+pub mod email_caps;
+pub mod error;
+pub mod new_password;
+pub mod post;
+pub mod problem;
+pub mod send_link;
 pub mod use_link;
 
 /// What handlers share.
@@ -72,34 +82,34 @@ pub fn v1<A: Accounts>(state: AppState<A>, policy: KeyPolicy) -> Router {
             .route_layer(wake.clone())
             .route_layer(tenant.clone())
     };
-    Router::new()
-        .route("/v1/signup", guarded(post(signup::signup::<A>)))
-        .route(
+    let routes = [
+        ("/v1/signup", post(signup::signup::<A>)),
+        (
             "/v1/verify",
-            guarded(get(use_link::verify_page).post(use_link::verify::<A>)),
-        )
-        .route(
-            "/v1/verification/resend",
-            guarded(post(send_link::resend::<A>)),
-        )
-        .route(
-            "/v1/password-reset",
-            guarded(post(send_link::password_reset::<A>)),
-        )
-        .route(
+            page(Verification).post(verification::verify::<A>),
+        ),
+        ("/v1/verification/resend", post(verification::resend::<A>)),
+        ("/v1/password-reset", post(password_reset::request::<A>)),
+        (
             "/v1/password-reset/confirm",
-            guarded(get(use_link::reset_page).post(use_link::reset_confirm::<A>)),
-        )
-        .route("/v1/magic-link", guarded(post(send_link::magic_link::<A>)))
-        .route(
+            page(PasswordReset).post(password_reset::confirm::<A>),
+        ),
+        ("/v1/magic-link", post(magic_link::request::<A>)),
+        (
             "/v1/magic-link/consume",
-            guarded(get(use_link::magic_page).post(use_link::magic_consume::<A>)),
-        )
-        .route("/v1/invites", guarded(post(send_link::invite::<A>)))
-        .route(
+            page(MagicLink).post(magic_link::sign_in::<A>),
+        ),
+        ("/v1/invites", post(invites::invite::<A>)),
+        (
             "/v1/invites/accept",
-            guarded(get(use_link::invite_page).post(use_link::invite_accept::<A>)),
-        )
+            page(Invite).post(invites::accept::<A>),
+        ),
+    ];
+    routes
+        .into_iter()
+        .fold(Router::new(), |router, (path, route)| {
+            router.route(path, guarded(route))
+        })
         .with_state(state)
 }
 
@@ -116,15 +126,4 @@ async fn wake_workers<A: Accounts>(
         A::notify_workers(&state.jobs);
     }
     response
-}
-
-/// The same answer whether or not the address has an account.
-pub fn accepted() -> (StatusCode, Json<serde_json::Value>) {
-    (
-        StatusCode::ACCEPTED,
-        Json(serde_json::json!({
-            "status": "accepted",
-            "detail": "If this address can be used, an email with the next step is on its way to it."
-        })),
-    )
 }

@@ -1,24 +1,24 @@
-//! The routes that use a link: each token works once, in its own flow and tenant, before it
-//! expires; every failure is the same generic 400. Opening a link (GET) shows a page and
-//! consumes nothing — link scanners open links; only the page's button POSTs.
+//! Using a link — what the flows that consume a token share (verification, password reset,
+//! magic link, invite). Opening a link (GET) shows its flow's page ([`page`]: templates
+//! beside the flows' modules) and consumes nothing: link scanners open links; only the page's
+//! button POSTs. The POST uses the token once ([`IdempotentPost::use_token`]), in its own flow and
+//! tenant, before it expires; every failure is the same 400 `token-invalid`.
+
+use std::sync::LazyLock;
 
 use axum::Json;
-use axum::extract::{Query, State};
+use axum::extract::Query;
 use axum::response::Html;
-use oncely::{IdempotentTx, TenantId};
+use axum::routing::{MethodRouter, get};
+use minijinja::{Environment, context};
+use oncely::TenantId;
+use oncely::layer::TxGuard;
 use serde::Deserialize;
-use serde_json::{Value, json};
+use serde_json::Value;
 
-use secrecy::SecretString;
-
-use super::AppState;
 use super::error::ApiError;
-use super::json_body::JsonBody;
-use super::signup::hash_password;
-use super::tenants::ProvenTenant;
+use super::post::IdempotentPost;
 use crate::accounts::{Accounts, ConsumedToken};
-use crate::client_addr::CallerAddr;
-use crate::password;
 use crate::token::{self, Flow};
 
 /// `?token=` of a link.
@@ -27,72 +27,56 @@ pub struct PageQuery {
     token: Option<String>,
 }
 
-/// A page whose button POSTs the token (and a password, where the flow takes one) with an
-/// Idempotency-Key, so that a double click is harmless. Reads and writes nothing.
-fn page(title: &str, flow: Flow, password_label: Option<&str>, query: PageQuery) -> Html<String> {
+/// The pages a link opens: each flow's (`<module>.html` beside its module: the words) extends
+/// `link_page.html` (the page). Values are HTML-escaped, `tojson` where they land in script.
+static PAGES: LazyLock<Environment<'static>> = LazyLock::new(|| {
+    let mut pages = Environment::new();
+    let templates = [
+        ("link_page.html", include_str!("link_page.html")),
+        ("verification.html", include_str!("verification.html")),
+        ("password_reset.html", include_str!("password_reset.html")),
+        ("magic_link.html", include_str!("magic_link.html")),
+        ("invites.html", include_str!("invites.html")),
+    ];
+    for (name, source) in templates {
+        pages
+            .add_template(name, source)
+            .unwrap_or_else(|error| panic!("{name} is not a valid template: {error}"));
+    }
+    pages
+});
+
+/// The template of the page `flow`'s link opens.
+fn template(flow: Flow) -> &'static str {
+    match flow {
+        Flow::Verification => "verification.html",
+        Flow::PasswordReset => "password_reset.html",
+        Flow::MagicLink => "magic_link.html",
+        Flow::Invite => "invites.html",
+    }
+}
+
+/// The page `flow`'s link opens for its `?token=` (only the token's base64url characters are
+/// kept): a button that POSTs the token (and a password, where the flow takes one) to
+/// [`Flow::path`] with an Idempotency-Key, so that a double click is harmless. It reads and
+/// writes nothing.
+pub fn render(flow: Flow, query: PageQuery) -> Html<String> {
     let token: String = query
         .token
         .unwrap_or_default()
         .chars()
         .filter(|c| c.is_ascii_alphanumeric() || *c == '-' || *c == '_')
         .collect();
-    let password = password_label.map_or_else(String::new, |label| {
-        format!(r#"<p><label>{label} <input id="password" type="password" minlength="8" maxlength="128"></label></p>"#)
-    });
-    let action = flow.path();
-    Html(format!(
-        r#"<!doctype html><meta charset="utf-8"><title>{title}</title>
-<h1>{title}</h1>{password}
-<button id="confirm">Confirm</button><p id="result"></p>
-<script>
-const key = crypto.randomUUID();
-document.getElementById("confirm").onclick = async () => {{
-  const body = {{token: "{token}"}};
-  const field = document.getElementById("password");
-  if (field && field.value) body.password = field.value;
-  const r = await fetch("{action}", {{method: "POST", headers: {{"content-type": "application/json", "idempotency-key": key}}, body: JSON.stringify(body)}});
-  const problem = r.ok ? null : await r.json().catch(() => null);
-  document.getElementById("result").textContent = r.ok ? "Done."
-    : problem && problem.type && /\/(password-mismatch|invalid-request|busy)$/.test(problem.type) ? problem.detail
-    : "This link is invalid or has expired.";
-}};
-</script>"#
-    ))
+    let context = context! { action => flow.path(), token => token };
+    let page = PAGES
+        .get_template(template(flow))
+        .and_then(|page| page.render(context));
+    Html(page.expect("a link page renders"))
 }
 
-/// `GET /v1/verify`.
-pub async fn verify_page(Query(query): Query<PageQuery>) -> Html<String> {
-    page(
-        "Confirm your email address",
-        Flow::Verification,
-        Some("The password you chose when you signed up (leave empty if you chose none)"),
-        query,
-    )
-}
-
-/// `GET /v1/password-reset/confirm`.
-pub async fn reset_page(Query(query): Query<PageQuery>) -> Html<String> {
-    page(
-        "Choose a new password",
-        Flow::PasswordReset,
-        Some("New password"),
-        query,
-    )
-}
-
-/// `GET /v1/magic-link/consume`.
-pub async fn magic_page(Query(query): Query<PageQuery>) -> Html<String> {
-    page("Sign in", Flow::MagicLink, None, query)
-}
-
-/// `GET /v1/invites/accept`.
-pub async fn invite_page(Query(query): Query<PageQuery>) -> Html<String> {
-    page(
-        "Accept the invitation",
-        Flow::Invite,
-        Some("Password (optional)"),
-        query,
-    )
+/// `GET` of `flow`'s link path: its page.
+pub fn page<S: Clone + Send + Sync + 'static>(flow: Flow) -> MethodRouter<S> {
+    get(move |Query(query): Query<PageQuery>| async move { render(flow, query) })
 }
 
 /// `{ "token": … }` (and a password where the flow takes one).
@@ -100,145 +84,118 @@ pub async fn invite_page(Query(query): Query<PageQuery>) -> Html<String> {
 #[serde(deny_unknown_fields)]
 pub struct TokenRequest {
     /// The token from the link.
-    token: String,
+    pub token: String,
     /// Password reset: the new password (required). Invite: the account's password (optional).
     /// Verification: the password chosen at signup, re-entered to adopt it (optional). Magic
     /// link: none.
-    password: Option<String>,
+    pub password: Option<String>,
 }
 
-/// Consumes `presented` in `flow`. The token names its tenant; a request that proved a tenant
-/// with an API key (`proven`) can only use that tenant's tokens.
-async fn consume<A: Accounts>(
-    conn: &mut <A::Database as sqlx::Database>::Connection,
-    proven: &ProvenTenant,
-    flow: Flow,
-    presented: &str,
-) -> Result<ConsumedToken, ApiError> {
-    A::consume_token(
-        conn,
-        proven.0.as_ref().map(TenantId::as_str),
-        flow.as_str(),
-        &token::hash(presented),
-    )
-    .await?
-    .ok_or(ApiError::InvalidToken)
-}
+/// A request that uses a link's token.
+pub type LinkUse<A> = IdempotentPost<A, TokenRequest>;
 
-type Consumed = Result<Json<Value>, ApiError>;
+/// What a route that uses a link answers: `{"status": …}`, or a problem.
+pub type LinkUsed = Result<Json<Value>, ApiError>;
 
-fn no_password(request: &TokenRequest) -> Result<(), ApiError> {
-    match request.password {
-        Some(_) => Err(ApiError::invalid_request("this link takes no password")),
-        None => Ok(()),
+impl<A: Accounts> LinkUse<A> {
+    /// Opens the transaction (claiming the key) and uses the token once in `flow`. The token
+    /// names its tenant; a request that proved a tenant with an API key can only use that
+    /// tenant's tokens.
+    pub async fn use_token(
+        &self,
+        flow: Flow,
+    ) -> Result<(TxGuard<'_, A::Database>, ConsumedToken), ApiError> {
+        let mut conn = self.tx.lock().await?;
+        let token = A::consume_token(
+            &mut conn,
+            self.tenant.proven().map(TenantId::as_str),
+            flow.as_str(),
+            &token::hash(&self.body.token),
+        )
+        .await?
+        .ok_or(ApiError::InvalidToken)?;
+        Ok((conn, token))
+    }
+
+    /// Uses the token once in `flow`, for the account it names.
+    pub async fn use_account_token(
+        &self,
+        flow: Flow,
+    ) -> Result<(TxGuard<'_, A::Database>, uuid::Uuid, ConsumedToken), ApiError> {
+        let (conn, token) = self.use_token(flow).await?;
+        let user = token.user_id.ok_or(ApiError::InvalidToken)?;
+        Ok((conn, user, token))
     }
 }
 
-/// How often a verification link's signup password may be re-entered.
-pub const PASSWORD_ATTEMPTS: i64 = 5;
+#[cfg(test)]
+mod tests {
+    use super::*;
 
-/// `POST /v1/verify`: marks the address verified. A signup that chose a password stored its
-/// hash with this link's token; the account gets that password only if the request re-enters
-/// it — whoever proves the address never adopts a password someone else chose (an attacker who
-/// pre-registered the address). Without a password the address is verified and the account
-/// keeps no password (set one with a password reset).
-pub async fn verify<A: Accounts>(
-    State(state): State<AppState<A>>,
-    proven: ProvenTenant,
-    caller: CallerAddr,
-    tx: IdempotentTx<A::Database>,
-    JsonBody(request): JsonBody<TokenRequest>,
-) -> Consumed {
-    let tenant = proven.0.as_ref().map(TenantId::as_str);
-    // A re-entered password is checked before the transaction opens: Argon2 takes tens of
-    // milliseconds, and the key's transaction (on SQLite the write lock) is not held meanwhile.
-    let adopted = match request.password {
-        None => None,
-        Some(presented) => {
-            let (stored, attempts) = state
-                .accounts
-                .signup_password_attempt(tenant, &token::hash(&request.token))
-                .await?
-                .ok_or(ApiError::InvalidToken)?;
-            let stored = stored.ok_or_else(|| {
-                ApiError::invalid_request("this signup chose no password; confirm without one")
-            })?;
-            // Whoever sees the link (a mail scanner, a log) must not guess the password online.
-            if attempts > PASSWORD_ATTEMPTS {
-                return Err(ApiError::invalid_request(
-                    "too many wrong passwords for this link; confirm without a password, then set one with a password reset",
-                ));
-            }
-            let share = caller.bucket();
-            let matches =
-                password::verify(share.as_deref(), &stored, SecretString::from(presented)).await?;
-            if !matches {
-                return Err(ApiError::PasswordMismatch);
-            }
-            Some(stored)
+    const FLOWS: [Flow; 4] = [
+        Flow::Verification,
+        Flow::PasswordReset,
+        Flow::MagicLink,
+        Flow::Invite,
+    ];
+
+    fn html(flow: Flow, token: &str) -> String {
+        let query = PageQuery {
+            token: Some(token.to_owned()),
+        };
+        render(flow, query).0
+    }
+
+    #[test]
+    fn every_page_posts_its_token_to_its_flow_and_asks_for_a_password_only_where_it_takes_one() {
+        for flow in FLOWS {
+            let html = html(flow, "abc-_DEF");
+            assert!(html.starts_with("<!doctype html>"), "{html}");
+            assert!(
+                html.contains(&format!("fetch(\"{}\"", flow.path())),
+                "{html}"
+            );
+            assert!(html.contains("{token: \"abc-_DEF\"}"), "{html}");
+            let title = between(&html, "<title>", "</title>");
+            assert!(!title.is_empty() && html.contains(&format!("<h1>{title}</h1>")));
+            assert_eq!(
+                html.contains("id=\"password\""),
+                flow != Flow::MagicLink,
+                "{html}"
+            );
+            assert!(html.ends_with("</script>"), "{html}");
         }
-    };
-    let mut conn = tx.lock().await?;
-    let token = consume::<A>(&mut *conn, &proven, Flow::Verification, &request.token).await?;
-    let user = token.user_id.ok_or(ApiError::InvalidToken)?;
-    if adopted.is_some() && token.password_hash != adopted {
-        return Err(ApiError::InvalidToken);
     }
-    A::mark_verified(&mut conn, user, adopted.as_deref()).await?;
-    Ok(Json(
-        json!({ "status": "verified", "password_set": adopted.is_some() }),
-    ))
-}
 
-/// `POST /v1/password-reset/confirm`: sets the new password (and, since the link proved the
-/// address, marks it verified).
-pub async fn reset_confirm<A: Accounts>(
-    State(_): State<AppState<A>>,
-    proven: ProvenTenant,
-    caller: CallerAddr,
-    tx: IdempotentTx<A::Database>,
-    JsonBody(request): JsonBody<TokenRequest>,
-) -> Consumed {
-    let Some(password_hash) = hash_password(request.password, &caller).await? else {
-        return Err(ApiError::invalid_request("password is required"));
-    };
-    let mut conn = tx.lock().await?;
-    let token = consume::<A>(&mut *conn, &proven, Flow::PasswordReset, &request.token).await?;
-    let user = token.user_id.ok_or(ApiError::InvalidToken)?;
-    A::mark_verified(&mut conn, user, None).await?;
-    A::set_password(&mut conn, user, &password_hash).await?;
-    Ok(Json(json!({ "status": "password_changed" })))
-}
+    fn between<'a>(text: &'a str, start: &str, end: &str) -> &'a str {
+        let from = text.find(start).unwrap() + start.len();
+        &text[from..from + text[from..].find(end).unwrap()]
+    }
 
-/// `POST /v1/magic-link/consume`: signs in (and marks the address verified; a password a signup
-/// left on a verification link is not adopted, and that link stops working).
-pub async fn magic_consume<A: Accounts>(
-    State(_): State<AppState<A>>,
-    proven: ProvenTenant,
-    tx: IdempotentTx<A::Database>,
-    JsonBody(request): JsonBody<TokenRequest>,
-) -> Consumed {
-    no_password(&request)?;
-    let mut conn = tx.lock().await?;
-    let token = consume::<A>(&mut *conn, &proven, Flow::MagicLink, &request.token).await?;
-    let user = token.user_id.ok_or(ApiError::InvalidToken)?;
-    A::mark_verified(&mut conn, user, None).await?;
-    Ok(Json(json!({ "status": "signed_in" })))
-}
-
-/// `POST /v1/invites/accept`: creates the account (verified) or joins the existing one; one
-/// membership per (tenant, user). The tenant is the invite's own.
-pub async fn invite_accept<A: Accounts>(
-    State(_): State<AppState<A>>,
-    proven: ProvenTenant,
-    caller: CallerAddr,
-    tx: IdempotentTx<A::Database>,
-    JsonBody(request): JsonBody<TokenRequest>,
-) -> Consumed {
-    let password_hash = hash_password(request.password, &caller).await?;
-    let mut conn = tx.lock().await?;
-    let token = consume::<A>(&mut *conn, &proven, Flow::Invite, &request.token).await?;
-    let email = token.email.ok_or(ApiError::InvalidToken)?;
-    A::accept_invite(&mut conn, &token.tenant, &email, password_hash.as_deref()).await?;
-    Ok(Json(json!({ "status": "joined" })))
+    #[test]
+    fn nothing_from_the_link_or_the_words_escapes_into_markup_or_script() {
+        let html = html(Flow::MagicLink, "a\"b<c>'d&e</script>");
+        assert!(html.contains("{token: \"abcdescript\"}"), "{html}");
+        // The page escapes whatever it is given.
+        let context = context! {
+            title => "<b>\"&'",
+            password_label => "</label><script>",
+            action => "</script>",
+            token => "'<x>",
+        };
+        let html = PAGES
+            .get_template("link_page.html")
+            .and_then(|page| page.render(context))
+            .unwrap();
+        assert!(
+            !html.contains("<b>") && !html.contains("</label><script>"),
+            "{html}"
+        );
+        assert!(html.contains("&lt;b&gt;&quot;&amp;&#x27;"), "{html}");
+        assert_eq!(html.matches("</script>").count(), 1, "{html}");
+        assert!(
+            html.contains("{token: \"\\u0027\\u003cx\\u003e\"}"),
+            "{html}"
+        );
+    }
 }

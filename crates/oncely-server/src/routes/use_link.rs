@@ -1,8 +1,8 @@
 //! Using a link — what the flows that consume a token share (verification, password reset,
-//! magic link, invite). Opening a link (GET) shows its flow's page ([`page`]: templates
-//! beside the flows' modules) and consumes nothing: link scanners open links; only the page's
-//! button POSTs. The POST uses the token once ([`IdempotentPost::use_token`]), in its own flow and
-//! tenant, before it expires; every failure is the same 400 `token-invalid`.
+//! magic link, invite). Opening a link (GET) shows its flow's page ([`page`]: templates beside
+//! the flows' modules) and consumes nothing: link scanners open links; only the page's button
+//! POSTs. The POST uses the token once ([`LinkUse::use_token`]), in its own flow and tenant,
+//! before it expires; every failure is the same 400 `token-invalid`.
 
 use std::sync::LazyLock;
 
@@ -71,6 +71,7 @@ pub fn render(flow: Flow, query: PageQuery) -> Html<String> {
     let page = PAGES
         .get_template(template(flow))
         .and_then(|page| page.render(context));
+    // The templates are compiled in, and a test renders each page.
     Html(page.expect("a link page renders"))
 }
 

@@ -50,10 +50,11 @@ pub enum BodyError {
     TooLarge,
 }
 
-/// Why a request is not authorized; both are `unauthorized`, their titles differ.
+/// Why a request is not authorized; both are `unauthorized` with `WWW-Authenticate: Bearer`,
+/// their titles differ.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Unauthorized {
-    /// The `Authorization` header is malformed or names no tenant (`WWW-Authenticate: Bearer`).
+    /// The `Authorization` header is malformed or names no tenant.
     InvalidKey,
     /// The route needs a tenant's API key and the request sent none.
     KeyRequired,
@@ -110,7 +111,8 @@ fn layer(problem: LayerProblem) -> Problem {
 
 impl IntoResponse for ApiError {
     fn into_response(self) -> Response {
-        let challenge = matches!(self, Self::Unauthorized(Unauthorized::InvalidKey));
+        // Every 401 names the scheme that would authorize the request (RFC 9110, 15.5.2).
+        let challenge = matches!(self, Self::Unauthorized(_));
         let mut response = self.into_problem().into_response();
         if challenge {
             response
@@ -195,6 +197,20 @@ mod tests {
                 answered.contains(problem.slug()),
                 "{problem:?} is never answered"
             );
+        }
+    }
+
+    /// Regression: a route that needs an API key answered 401 without `WWW-Authenticate`, which
+    /// every 401 must carry (RFC 9110, 15.5.2); only an invalid key's 401 had it.
+    #[test]
+    fn every_401_challenges_for_a_bearer_key() {
+        for error in one_of_each() {
+            let response = error.into_response();
+            let challenge = response.headers().get(header::WWW_AUTHENTICATE);
+            match response.status().as_u16() {
+                401 => assert_eq!(challenge.unwrap(), "Bearer"),
+                _ => assert!(challenge.is_none()),
+            }
         }
     }
 

@@ -21,7 +21,7 @@ use crate::client_addr::TrustedProxies;
 use crate::config::{CommonArgs, Environment, MailerChoice, ServeArgs};
 use crate::database::Database;
 use crate::mail::MailContext;
-use crate::routes::issue::MailLimits;
+use crate::routes::email_caps::MailLimits;
 use crate::routes::{self, AppState, KeyPolicy};
 use crate::telemetry;
 use crate::workers::{self, WorkerHandles, WorkerPlan};

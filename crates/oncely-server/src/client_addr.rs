@@ -1,6 +1,7 @@
-//! Who the client is, for the per-client email cap: the peer address of the connection, or —
-//! only when that peer is a configured trusted proxy — the address the proxy forwarded in
-//! `X-Forwarded-For` or `Forwarded` (RFC 7239 `for=`).
+//! Who the client is, for the per-client email cap and the password-hashing pool's shares
+//! ([`CallerAddr`]): the peer address of the connection, or — only when that peer is a
+//! configured trusted proxy — the address the proxy forwarded in `X-Forwarded-For` or
+//! `Forwarded` (RFC 7239 `for=`).
 //!
 //! The forwarded chain is walked from the right (the hop nearest to us), skipping trusted
 //! proxies; the right-most untrusted hop is the client. Hops left of it were written by the
@@ -10,7 +11,9 @@ use std::net::{IpAddr, SocketAddr};
 use std::str::FromStr;
 use std::sync::Arc;
 
+use axum::extract::FromRequestParts;
 use axum::http::HeaderMap;
+use axum::http::request::Parts;
 use ipnet::IpNet;
 
 /// The proxies (CIDRs) whose forwarding headers are believed. Empty: none.
@@ -79,6 +82,37 @@ pub fn client_ip(
         }
     }
     Some(client)
+}
+
+/// The caller's address (an axum extractor): the connection's peer, or what a trusted proxy
+/// forwarded ([`client_ip`]). `None` when the server runs without connect info: such a request
+/// is not counted against any client (it is never pooled with others).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct CallerAddr(pub Option<IpAddr>);
+
+impl CallerAddr {
+    /// The caller's key for per-client limits ([`cap_bucket`]): its email-cap counters and its
+    /// share of the password-hashing pool.
+    pub fn bucket(&self) -> Option<String> {
+        self.0.map(cap_bucket)
+    }
+}
+
+impl<S: Send + Sync> FromRequestParts<S> for CallerAddr {
+    type Rejection = std::convert::Infallible;
+
+    async fn from_request_parts(parts: &mut Parts, _: &S) -> Result<Self, Self::Rejection> {
+        let trusted = parts
+            .extensions
+            .get::<TrustedProxies>()
+            .cloned()
+            .unwrap_or_default();
+        Ok(Self(client_ip(
+            peer(&parts.extensions),
+            &parts.headers,
+            &trusted,
+        )))
+    }
 }
 
 /// The hops a proxy forwarded, left (farthest) to right (nearest): `X-Forwarded-For` if the
@@ -194,7 +228,7 @@ pub fn cap_bucket(ip: IpAddr) -> String {
 }
 
 /// The peer of a connection served with connect info, if any.
-pub fn peer(extensions: &axum::http::Extensions) -> Option<IpAddr> {
+fn peer(extensions: &axum::http::Extensions) -> Option<IpAddr> {
     extensions
         .get::<axum::extract::ConnectInfo<SocketAddr>>()
         .map(|c| c.0.ip())
@@ -209,6 +243,11 @@ mod tests {
         s.parse().unwrap()
     }
 
+    /// The client of a request from `peer` with `headers`.
+    fn via(peer: &str, headers: &HeaderMap, trusted: &TrustedProxies) -> Option<IpAddr> {
+        client_ip(Some(ip(peer)), headers, trusted)
+    }
+
     #[test]
     fn bytes_that_are_not_utf8_spoil_only_their_own_hop() {
         let trusted = TrustedProxies::new(vec!["127.0.0.9/32".parse().unwrap()]);
@@ -218,7 +257,7 @@ mod tests {
             HeaderValue::from_bytes(b"\xff, 203.0.113.5").unwrap(),
         );
         assert_eq!(
-            client_ip(Some(ip("127.0.0.9")), &map, &trusted),
+            via("127.0.0.9", &map, &trusted),
             Some(ip("203.0.113.5")),
             "the address the proxy appended is the client, not the proxy"
         );
@@ -227,10 +266,7 @@ mod tests {
             "forwarded",
             HeaderValue::from_bytes(b"for=\xff, for=203.0.113.6").unwrap(),
         );
-        assert_eq!(
-            client_ip(Some(ip("127.0.0.9")), &map, &trusted),
-            Some(ip("203.0.113.6"))
-        );
+        assert_eq!(via("127.0.0.9", &map, &trusted), Some(ip("203.0.113.6")));
     }
 
     #[test]
@@ -268,13 +304,10 @@ mod tests {
             ("forwarded", "for=203.0.113.8"),
         ]);
         let none = TrustedProxies::default();
-        assert_eq!(
-            client_ip(Some(ip("198.51.100.1")), &h, &none),
-            Some(ip("198.51.100.1"))
-        );
+        assert_eq!(via("198.51.100.1", &h, &none), Some(ip("198.51.100.1")));
         // A peer that is not one of the trusted proxies is not believed either.
         assert_eq!(
-            client_ip(Some(ip("198.51.100.1")), &h, &trusted("10.0.0.0/8")),
+            via("198.51.100.1", &h, &trusted("10.0.0.0/8")),
             Some(ip("198.51.100.1"))
         );
     }
@@ -292,25 +325,16 @@ mod tests {
         let t = trusted("10.0.0.0/8, 192.168.0.1");
         // The client wrote 1.1.1.1 itself; 203.0.113.7 is what our first proxy saw.
         let h = headers(&[("x-forwarded-for", "1.1.1.1, 203.0.113.7, 10.0.0.5")]);
-        assert_eq!(
-            client_ip(Some(ip("192.168.0.1")), &h, &t),
-            Some(ip("203.0.113.7"))
-        );
+        assert_eq!(via("192.168.0.1", &h, &t), Some(ip("203.0.113.7")));
         // Several headers are one list, in order.
         let h = headers(&[
             ("x-forwarded-for", "1.1.1.1"),
             ("x-forwarded-for", "203.0.113.7:5555, 10.0.0.5"),
         ]);
-        assert_eq!(
-            client_ip(Some(ip("10.1.1.1")), &h, &t),
-            Some(ip("203.0.113.7"))
-        );
+        assert_eq!(via("10.1.1.1", &h, &t), Some(ip("203.0.113.7")));
         // Every hop trusted: the left-most is the client.
         let h = headers(&[("x-forwarded-for", "10.0.0.7, 10.0.0.5")]);
-        assert_eq!(
-            client_ip(Some(ip("10.1.1.1")), &h, &t),
-            Some(ip("10.0.0.7"))
-        );
+        assert_eq!(via("10.1.1.1", &h, &t), Some(ip("10.0.0.7")));
         // No header from a trusted peer: the peer.
         assert_eq!(
             client_ip(Some(ip("10.1.1.1")), &HeaderMap::new(), &t),
@@ -333,12 +357,9 @@ mod tests {
                 Some(ip("::1"))
             ]
         );
-        assert_eq!(
-            client_ip(Some(ip("10.0.0.2")), &h, &t),
-            Some(ip("2001:db8:cafe::17"))
-        );
+        assert_eq!(via("10.0.0.2", &h, &t), Some(ip("2001:db8:cafe::17")));
         let h = headers(&[("forwarded", r#"for="192.0.2.43:47011""#)]);
-        assert_eq!(client_ip(Some(ip("::1")), &h, &t), Some(ip("192.0.2.43")));
+        assert_eq!(via("::1", &h, &t), Some(ip("192.0.2.43")));
         // A quoted comma does not split elements.
         let h = headers(&[("forwarded", r#"proto=https;host="a,b";for=192.0.2.5"#)]);
         assert_eq!(forwarded_chain(&h), vec![Some(ip("192.0.2.5"))]);
@@ -359,23 +380,16 @@ mod tests {
             "1.2.3.4, ",
         ] {
             let h = headers(&[("x-forwarded-for", garbage)]);
-            let client = client_ip(Some(ip("10.0.0.1")), &h, &t);
+            let client = via("10.0.0.1", &h, &t);
             assert_eq!(client, Some(ip("10.0.0.1")), "{garbage:?}");
         }
         // Garbage left of the client does not matter.
         let h = headers(&[("x-forwarded-for", "garbage, 203.0.113.1, 10.0.0.3")]);
-        assert_eq!(
-            client_ip(Some(ip("10.0.0.1")), &h, &t),
-            Some(ip("203.0.113.1"))
-        );
+        assert_eq!(via("10.0.0.1", &h, &t), Some(ip("203.0.113.1")));
         // Forwarded without for=, or with an obfuscated node.
         for value in ["proto=https", "for=_secret", "for=unknown", "for", "=;=,"] {
             let h = headers(&[("forwarded", value)]);
-            assert_eq!(
-                client_ip(Some(ip("10.0.0.1")), &h, &t),
-                Some(ip("10.0.0.1")),
-                "{value}"
-            );
+            assert_eq!(via("10.0.0.1", &h, &t), Some(ip("10.0.0.1")), "{value}");
         }
     }
 
@@ -383,10 +397,7 @@ mod tests {
     fn ipv4_mapped_peers_are_ipv4() {
         let t = trusted("127.0.0.1/32");
         let h = headers(&[("x-forwarded-for", "::ffff:192.0.2.1")]);
-        assert_eq!(
-            client_ip(Some(ip("::ffff:127.0.0.1")), &h, &t),
-            Some(ip("192.0.2.1"))
-        );
+        assert_eq!(via("::ffff:127.0.0.1", &h, &t), Some(ip("192.0.2.1")));
     }
 
     #[test]

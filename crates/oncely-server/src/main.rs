@@ -88,7 +88,7 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
 
 async fn create_tenant(name: &str, database_url: &str) -> anyhow::Result<()> {
     use oncely_server::accounts::Accounts;
-    use oncely_server::routes::tenant::{hash_api_key, new_api_key};
+    use oncely_server::routes::tenants::{hash_api_key, new_api_key};
     let tenant = oncely::TenantId::parse(name).map_err(|e| anyhow::anyhow!("{e}"))?;
     if tenant == oncely::TenantId::default() {
         bail!("`default` is the tenant of requests without an API key; choose another name");

@@ -1,97 +1,20 @@
 //! The OpenAPI 3 description served at `/openapi.json`: request schemas derive from the
 //! request types; each route's answers are declared next to it here; what every `POST` shares
 //! (the `Idempotency-Key` header, the tenant's API key, the idempotency problems) is added once.
+//! The problem types come from [`crate::routes::problem`]: the `type` of the `Problem` schema
+//! enumerates them, and the problems every `POST` may answer are listed by status.
+
+use std::collections::BTreeMap;
 
 use utoipa::openapi::path::{Operation, Parameter, ParameterBuilder, ParameterIn};
-use utoipa::openapi::{ContentBuilder, ObjectBuilder, Required, ResponseBuilder, Type};
+use utoipa::openapi::schema::Schema;
+use utoipa::openapi::{ContentBuilder, ObjectBuilder, RefOr, Required, ResponseBuilder, Type};
 use utoipa::{Modify, OpenApi, ToSchema};
 
-use crate::routes::consume::TokenRequest;
-use crate::routes::links::EmailRequest;
+use crate::routes::problem;
+use crate::routes::send_link::EmailRequest;
 use crate::routes::signup::SignupRequest;
-
-/// Every problem type the service answers with: (slug, status, meaning). `docs/api.md` lists
-/// the same; a test checks both against the code.
-pub const PROBLEM_TYPES: &[(&str, u16, &str)] = &[
-    (
-        "idempotency-key-missing",
-        400,
-        "the route needs an Idempotency-Key header",
-    ),
-    (
-        "idempotency-key-invalid",
-        400,
-        "the key is empty, too long, not visible ASCII, or sent twice",
-    ),
-    (
-        "idempotency-key-reused",
-        422,
-        "the key was used for a different request",
-    ),
-    (
-        "idempotency-key-in-use",
-        409,
-        "a request with the key is still running; retry after Retry-After",
-    ),
-    (
-        "idempotency-key-unreplayable",
-        422,
-        "the request ran but its response was too large to store",
-    ),
-    (
-        "invalid-request",
-        400,
-        "the body is malformed or a field is invalid",
-    ),
-    ("request-too-large", 413, "the body is over the limit"),
-    ("request-body-unreadable", 400, "the body could not be read"),
-    ("unsupported-media-type", 415, "the body is not JSON"),
-    (
-        "token-invalid",
-        400,
-        "the link is unknown, used, superseded, expired, or another tenant's",
-    ),
-    (
-        "password-mismatch",
-        400,
-        "the password is not the one chosen at the signup that sent this link",
-    ),
-    (
-        "unauthorized",
-        401,
-        "the API key is invalid, or the route needs one",
-    ),
-    (
-        "storage-unavailable",
-        503,
-        "the key store failed; nothing ran",
-    ),
-    (
-        "storage-busy",
-        503,
-        "the database was busy (SQLite's write lock); nothing ran",
-    ),
-    (
-        "request-timeout",
-        503,
-        "the request ran past its lease and was rolled back",
-    ),
-    (
-        "commit-failed",
-        503,
-        "the outcome is unknown; retry with the same key",
-    ),
-    (
-        "busy",
-        503,
-        "every password hasher is busy; nothing ran, retry after Retry-After",
-    ),
-    (
-        "internal-error",
-        500,
-        "an unexpected failure; nothing was stored",
-    ),
-];
+use crate::routes::use_link::TokenRequest;
 
 /// `{"status": …, "detail": …}`.
 #[derive(ToSchema)]
@@ -118,7 +41,7 @@ pub struct Done {
 #[derive(ToSchema)]
 #[allow(dead_code)]
 pub struct Problem {
-    /// `https://oncely.dev/problems/<slug>`, one of [`PROBLEM_TYPES`].
+    /// `https://oncely.dev/problems/<slug>`, one of the problem types:
     #[schema(rename = "type")]
     type_uri: String,
     /// A short summary.
@@ -300,6 +223,9 @@ struct Shared;
 
 impl Modify for Shared {
     fn modify(&self, openapi: &mut utoipa::openapi::OpenApi) {
+        if let Some(components) = openapi.components.as_mut() {
+            list_problem_types(&mut components.schemas);
+        }
         for (path, item) in openapi.paths.paths.iter_mut() {
             if let Some(post) = item.post.as_mut() {
                 add_shared(post, path == "/v1/invites");
@@ -400,30 +326,44 @@ fn add_shared(operation: &mut Operation, needs_api_key: bool) {
             )
             .build()
     };
-    let shared = [
-        (
-            "400",
-            "`idempotency-key-missing`, `idempotency-key-invalid`, `invalid-request`, `request-body-unreadable`",
-        ),
-        ("401", "`unauthorized`"),
-        ("409", "`idempotency-key-in-use` (with `Retry-After`)"),
-        ("413", "`request-too-large`"),
-        ("415", "`unsupported-media-type`"),
-        (
-            "422",
-            "`idempotency-key-reused`, `idempotency-key-unreplayable`",
-        ),
-        ("500", "`internal-error`"),
-        (
-            "503",
-            "`storage-unavailable`, `storage-busy`, `request-timeout`, `commit-failed` (with `Retry-After`)",
-        ),
-    ];
-    for (status, description) in shared {
+    // Every problem any `POST` may answer, by status (the layer's and the server's).
+    let mut shared: BTreeMap<u16, Vec<String>> = BTreeMap::new();
+    for listed in problem::all().filter(|p| p.on_every_post) {
+        let slugs = shared.entry(listed.status.as_u16()).or_default();
+        slugs.push(format!("`{}`", listed.slug));
+    }
+    for (status, slugs) in shared {
+        let mut description = slugs.join(", ");
+        if status == 409 || status == 503 {
+            description.push_str(" (with `Retry-After`)");
+        }
         operation
             .responses
             .responses
-            .entry(status.to_owned())
-            .or_insert_with(|| problem(description).into());
+            .entry(status.to_string())
+            .or_insert_with(|| problem(&description).into());
     }
+}
+
+/// The `type` of the `Problem` schema: one of the listed URIs, each described.
+fn list_problem_types(schemas: &mut BTreeMap<String, RefOr<Schema>>) {
+    let Some(RefOr::T(Schema::Object(problem_schema))) = schemas.get_mut("Problem") else {
+        return;
+    };
+    let Some(RefOr::T(Schema::Object(type_uri))) = problem_schema.properties.get_mut("type") else {
+        return;
+    };
+    let mut description = type_uri.description.take().unwrap_or_default();
+    let mut uris = Vec::new();
+    for listed in problem::all() {
+        description.push_str(&format!(
+            "\n- `{}` ({}): {}",
+            listed.slug,
+            listed.status.as_u16(),
+            listed.title
+        ));
+        uris.push(format!("{}{}", oncely::problem::PROBLEM_BASE, listed.slug).into());
+    }
+    type_uri.description = Some(description);
+    type_uri.enum_values = Some(uris);
 }

@@ -3,24 +3,35 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use axum::extract::rejection::JsonRejection;
-use axum::extract::{FromRequest, Request, State};
-use axum::http::{Method, StatusCode};
+use axum::Router;
+use axum::extract::{Request, State};
+use axum::http::Method;
 use axum::middleware::{self, Next};
 use axum::response::Response;
-use axum::routing::{MethodRouter, get, post};
-use axum::{Json, Router};
-use oncely::{IdempotencyLayer, Problem, ServerSecret};
-use serde::de::DeserializeOwned;
+use axum::routing::{MethodRouter, post};
+use oncely::{IdempotencyLayer, ServerSecret};
 
 use crate::accounts::Accounts;
 use crate::email::normalize_json_email;
+use crate::token::Flow::{Invite, MagicLink, PasswordReset, Verification};
+use use_link::page;
 
-pub mod consume;
-pub mod issue;
-pub mod links;
+// The flows, one module each: their routes, pages and handlers.
+pub mod invites;
+pub mod magic_link;
+pub mod password_reset;
 pub mod signup;
-pub mod tenant;
+pub mod tenants;
+pub mod verification;
+
+// What several flows share.
+pub mod email_caps;
+pub mod error;
+pub mod new_password;
+pub mod post;
+pub mod problem;
+pub mod send_link;
+pub mod use_link;
 
 /// What handlers share.
 pub struct AppState<A: Accounts> {
@@ -31,7 +42,7 @@ pub struct AppState<A: Accounts> {
     /// Derives tokens.
     pub secret: ServerSecret,
     /// Caps on emails.
-    pub limits: issue::MailLimits,
+    pub limits: email_caps::MailLimits,
 }
 
 impl<A: Accounts> Clone for AppState<A> {
@@ -63,7 +74,7 @@ pub fn v1<A: Accounts>(state: AppState<A>, policy: KeyPolicy) -> Router {
         .normalize_json(Arc::new(normalize_json_email));
     // Per method router: the layers run only for a method the route has, so any other method
     // is a plain 405. Outer layers run first: the tenant is known before the key is scoped.
-    let tenant = middleware::from_fn_with_state(state.clone(), tenant::resolve::<A>);
+    let tenant = middleware::from_fn_with_state(state.clone(), tenants::resolve::<A>);
     let wake = middleware::from_fn_with_state(state.clone(), wake_workers::<A>);
     let guarded = |route: MethodRouter<AppState<A>>| {
         route
@@ -71,31 +82,34 @@ pub fn v1<A: Accounts>(state: AppState<A>, policy: KeyPolicy) -> Router {
             .route_layer(wake.clone())
             .route_layer(tenant.clone())
     };
-    Router::new()
-        .route("/v1/signup", guarded(post(signup::signup::<A>)))
-        .route(
+    let routes = [
+        ("/v1/signup", post(signup::signup::<A>)),
+        (
             "/v1/verify",
-            guarded(get(consume::verify_page).post(consume::verify::<A>)),
-        )
-        .route("/v1/verification/resend", guarded(post(links::resend::<A>)))
-        .route(
-            "/v1/password-reset",
-            guarded(post(links::password_reset::<A>)),
-        )
-        .route(
+            page(Verification).post(verification::verify::<A>),
+        ),
+        ("/v1/verification/resend", post(verification::resend::<A>)),
+        ("/v1/password-reset", post(password_reset::request::<A>)),
+        (
             "/v1/password-reset/confirm",
-            guarded(get(consume::reset_page).post(consume::reset_confirm::<A>)),
-        )
-        .route("/v1/magic-link", guarded(post(links::magic_link::<A>)))
-        .route(
+            page(PasswordReset).post(password_reset::confirm::<A>),
+        ),
+        ("/v1/magic-link", post(magic_link::request::<A>)),
+        (
             "/v1/magic-link/consume",
-            guarded(get(consume::magic_page).post(consume::magic_consume::<A>)),
-        )
-        .route("/v1/invites", guarded(post(links::invite::<A>)))
-        .route(
+            page(MagicLink).post(magic_link::sign_in::<A>),
+        ),
+        ("/v1/invites", post(invites::invite::<A>)),
+        (
             "/v1/invites/accept",
-            guarded(get(consume::invite_page).post(consume::invite_accept::<A>)),
-        )
+            page(Invite).post(invites::accept::<A>),
+        ),
+    ];
+    routes
+        .into_iter()
+        .fold(Router::new(), |router, (path, route)| {
+            router.route(path, guarded(route))
+        })
         .with_state(state)
 }
 
@@ -112,64 +126,4 @@ async fn wake_workers<A: Accounts>(
         A::notify_workers(&state.jobs);
     }
     response
-}
-
-/// `Json<T>` whose rejections are problem+json: 415 without a JSON content type, 413 for a
-/// body over the limit, 400 for anything unreadable.
-pub struct Body<T>(pub T);
-
-impl<S: Send + Sync, T: DeserializeOwned> FromRequest<S> for Body<T> {
-    type Rejection = Problem;
-
-    async fn from_request(req: Request, state: &S) -> Result<Self, Self::Rejection> {
-        match Json::<T>::from_request(req, state).await {
-            Ok(Json(value)) => Ok(Self(value)),
-            Err(JsonRejection::MissingJsonContentType(_)) => Err(Problem::new(
-                StatusCode::UNSUPPORTED_MEDIA_TYPE,
-                "unsupported-media-type",
-                "Send JSON",
-            )
-            .with_detail("the request needs Content-Type: application/json")),
-            Err(rejection) if rejection.status() == StatusCode::PAYLOAD_TOO_LARGE => {
-                Err(Problem::new(
-                    StatusCode::PAYLOAD_TOO_LARGE,
-                    "request-too-large",
-                    "Request body too large",
-                ))
-            }
-            Err(rejection) => Err(invalid_request(rejection.body_text())),
-        }
-    }
-}
-
-/// The same answer whether or not the address has an account.
-pub fn accepted() -> (StatusCode, Json<serde_json::Value>) {
-    (
-        StatusCode::ACCEPTED,
-        Json(serde_json::json!({
-            "status": "accepted",
-            "detail": "If this address can be used, an email with the next step is on its way to it."
-        })),
-    )
-}
-
-/// 400 `invalid-request`.
-pub fn invalid_request(detail: impl Into<String>) -> Problem {
-    Problem::new(
-        StatusCode::BAD_REQUEST,
-        "invalid-request",
-        "Invalid request",
-    )
-    .with_detail(detail)
-}
-
-/// 500 for an unexpected failure; the cause goes to the log, not to the client.
-pub fn unexpected(error: anyhow::Error) -> Problem {
-    tracing::error!(error = format!("{error:#}"), "request failed");
-    Problem::new(
-        StatusCode::INTERNAL_SERVER_ERROR,
-        "internal-error",
-        "Internal error",
-    )
-    .with_detail("nothing was changed; retry with the same Idempotency-Key")
 }

@@ -1,21 +1,19 @@
-//! `POST /v1/signup`: one account per (tenant, address), one email per request.
+//! `POST /v1/signup`: one account per (tenant, address), one email per request — a
+//! verification link ([`super::verification`] uses it), or a notice to an address that is
+//! already verified.
 
-use axum::Json;
-use axum::extract::State;
-use axum::http::StatusCode;
-use oncely::{IdempotentTx, Problem};
 use oncely_outbox::NewJob;
-use secrecy::SecretString;
 use serde::Deserialize;
 use serde_json::json;
 
-use super::issue::{ClientAddr, FromSignup, Owner, suppression, token_email};
-use super::tenant::Tenant;
-use super::{AppState, Body, accepted, invalid_request, unexpected};
+use super::email_caps::suppression;
+use super::error::ApiError;
+use super::new_password::hash_new_password;
+use super::post::IdempotentPost;
+use super::send_link::{Accepted, FromSignup, Owner, accepted, issue_link};
 use crate::accounts::{Accounts, SignupRow};
 use crate::email::EmailAddress;
 use crate::mail::SIGNUP_NOTICE;
-use crate::password;
 use crate::token::Flow;
 
 /// The signup request.
@@ -31,64 +29,30 @@ pub struct SignupRequest {
     source: Option<String>,
 }
 
-/// Checks a password's length and hashes it (before any database work, for every request
-/// that has one, whatever the address), within the caller's share of the hashing pool.
-pub async fn hash_password(
-    password: Option<String>,
-    client: &ClientAddr,
-) -> Result<Option<String>, Problem> {
-    match password {
-        Some(password) if !password::LENGTH.contains(&password.chars().count()) => {
-            Err(invalid_request("password must be 8 to 128 characters"))
-        }
-        Some(password) => {
-            let client = client.hash_share();
-            let hashed =
-                password::hash_for(client.as_deref(), SecretString::from(password)).await?;
-            Ok(Some(hashed))
-        }
-        None => Ok(None),
-    }
-}
-
-impl From<password::HashError> for Problem {
-    fn from(error: password::HashError) -> Self {
-        match error {
-            password::HashError::Overloaded => busy(),
-            password::HashError::Failed(error) => unexpected(error),
-        }
-    }
-}
-
-/// 503 while every password hasher is busy: nothing ran, the key is free, retry shortly.
-fn busy() -> Problem {
-    Problem::new(
-        StatusCode::SERVICE_UNAVAILABLE,
-        "busy",
-        "Too many passwords being hashed",
-    )
-    .with_detail("nothing was changed; retry with the same Idempotency-Key after Retry-After")
-    .with_retry_after(password::RETRY_AFTER_SECONDS)
-}
-
 /// Creates the account (or finds it), and the email for it — a verification link, or a notice
 /// to an account that exists — in the idempotency layer's transaction: they commit with the
 /// stored response, once.
 pub async fn signup<A: Accounts>(
-    State(state): State<AppState<A>>,
-    Tenant(tenant): Tenant,
-    client: ClientAddr,
-    tx: IdempotentTx<A::Database>,
-    Body(request): Body<SignupRequest>,
-) -> Result<(StatusCode, Json<serde_json::Value>), Problem> {
+    post: IdempotentPost<A, SignupRequest>,
+) -> Result<Accepted, ApiError> {
+    let IdempotentPost {
+        state,
+        tenant,
+        caller,
+        tx,
+        body: request,
+    } = post;
+    let tenant = tenant.id;
     let email = EmailAddress::parse(&request.email)
-        .map_err(|_| invalid_request("email is not a valid address"))?;
+        .map_err(|_| ApiError::invalid_request("email is not a valid address"))?;
     if let Some(source) = &request.source
         && (source.len() > 64 || source.chars().any(char::is_control))
     {
-        return Err(invalid_request("source is at most 64 printable characters"));
+        return Err(ApiError::invalid_request(
+            "source is at most 64 printable characters",
+        ));
     }
-    let password_hash = hash_password(request.password, &client).await?;
+    let password_hash = hash_new_password(request.password, &caller).await?;
 
     let mut conn = tx.lock().await?;
     let row = A::signup_user(
@@ -97,56 +61,39 @@ pub async fn signup<A: Accounts>(
         &email,
         request.source.as_deref(),
     )
-    .await
-    .map_err(unexpected)?;
-    let suppressed = suppression(&mut *conn, &state, &tenant, &email, &client)
-        .await
-        .map_err(unexpected)?;
-    match row {
-        SignupRow::Created(user) | SignupRow::Pending(user) => {
-            let owner = Owner {
-                user: Some(user),
-                email: None,
-            };
-            // The password waits on this signup's own token: the account gets it only when
-            // the address owner verifies with this link and re-enters it.
-            let signup = FromSignup {
-                password_hash: password_hash.as_deref(),
-            };
-            token_email(
-                &mut *conn,
-                &state,
-                &tenant,
-                Flow::Verification,
-                owner,
-                suppressed,
-                Some(signup),
-            )
-            .await
-            .map_err(unexpected)?;
-        }
-        SignupRow::Verified(user) => {
-            // A decoy token keeps the work the same as for a new address; the email is a notice.
-            token_email(
-                &mut *conn,
-                &state,
-                &tenant,
-                Flow::Verification,
-                Owner::NOBODY,
-                Some("decoy".into()),
-                Some(FromSignup::default()),
-            )
-            .await
-            .map_err(unexpected)?;
-            let job = NewJob::new(
-                format!("signup-notice:{tenant}:{user}:{}", tx.derived_key()),
-                SIGNUP_NOTICE,
-                json!({ "user_id": user, "suppressed": suppressed }),
-            );
-            A::enqueue(&mut conn, &job)
-                .await
-                .map_err(|e| unexpected(e.into()))?;
-        }
+    .await?;
+    let suppressed = suppression(&mut *conn, &state, &tenant, &email, &caller).await?;
+    // A pending account's password waits on this signup's own token: the account gets it only
+    // when the address owner verifies with this link and re-enters it. For a verified account a
+    // decoy token keeps the work the same as for a new address; its email is a notice.
+    let (owner, link_suppressed, password_hash, notice) = match row {
+        SignupRow::Created(user) | SignupRow::Pending(user) => (
+            Owner::account(user),
+            suppressed.clone(),
+            password_hash.as_deref(),
+            None,
+        ),
+        SignupRow::Verified(user) => (Owner::NOBODY, Some("decoy".into()), None, Some(user)),
+    };
+    let signup = FromSignup { password_hash };
+    let flow = Flow::Verification;
+    issue_link(
+        &mut *conn,
+        &state,
+        &tenant,
+        flow,
+        owner,
+        link_suppressed,
+        Some(signup),
+    )
+    .await?;
+    if let Some(user) = notice {
+        let job = NewJob::new(
+            format!("signup-notice:{tenant}:{user}:{}", tx.derived_key()),
+            SIGNUP_NOTICE,
+            json!({ "user_id": user, "suppressed": suppressed }),
+        );
+        A::enqueue(&mut conn, &job).await?;
     }
     tracing::info!(email = %email.masked(), tenant = %tenant, "signup accepted");
     Ok(accepted())

@@ -2,7 +2,7 @@
 
 use std::collections::BTreeSet;
 
-use oncely_server::openapi::PROBLEM_TYPES;
+use oncely_server::routes::problem::{self, LayerProblem};
 use serde_json::Value;
 
 use crate::support::spawn_app_on;
@@ -53,37 +53,24 @@ async fn the_description_is_openapi_3_and_every_post_requires_an_idempotency_key
         assert!(schemas.contains_key(name), "dangling reference to {name}");
     }
     // A real answer has what its schema requires.
-    let answer: Value = app
-        .post(
-            "/v1/signup",
-            "api",
-            &serde_json::json!({ "email": "api@example.com" }),
-        )
-        .await
-        .json()
-        .await
-        .unwrap();
-    for field in schemas["Accepted"]["required"].as_array().unwrap() {
-        assert!(
-            answer.get(field.as_str().unwrap()).is_some(),
-            "the 202 lacks {field}"
-        );
-    }
-    let problem: Value = app
-        .post(
-            "/v1/signup",
-            "api-2",
-            &serde_json::json!({ "email": "nope" }),
-        )
-        .await
-        .json()
-        .await
-        .unwrap();
-    for field in schemas["Problem"]["required"].as_array().unwrap() {
-        assert!(
-            problem.get(field.as_str().unwrap()).is_some(),
-            "a problem lacks {field}"
-        );
+    let answers = [
+        ("Accepted", "api", "api@example.com"),
+        ("Problem", "api-2", "nope"),
+    ];
+    for (schema, key, email) in answers {
+        let body = serde_json::json!({ "email": email });
+        let answer: Value = app
+            .post("/v1/signup", key, &body)
+            .await
+            .json()
+            .await
+            .unwrap();
+        for field in schemas[schema]["required"].as_array().unwrap() {
+            assert!(
+                answer.get(field.as_str().unwrap()).is_some(),
+                "the {schema} answer lacks {field}"
+            );
+        }
     }
 }
 
@@ -132,12 +119,14 @@ async fn docs_api_md_documents_every_route_of_the_description_and_no_other() {
     );
 }
 
+fn listed() -> BTreeSet<(String, u16)> {
+    problem::all()
+        .map(|p| (p.slug.to_owned(), p.status.as_u16()))
+        .collect()
+}
+
 #[test]
-fn problem_types_are_the_same_in_the_code_the_description_and_the_docs() {
-    let listed: BTreeSet<(String, u16)> = PROBLEM_TYPES
-        .iter()
-        .map(|(slug, status, _)| ((*slug).to_owned(), *status))
-        .collect();
+fn problem_types_are_the_same_in_the_code_and_the_docs() {
     // docs/api.md's table: | `slug` | status |
     let api_md = workspace("docs/api.md");
     let table = &api_md[api_md.find("## Problem types").unwrap()..];
@@ -150,26 +139,97 @@ fn problem_types_are_the_same_in_the_code_the_description_and_the_docs() {
         })
         .collect();
     assert_eq!(
-        listed, documented,
-        "docs/api.md's problem table and openapi::PROBLEM_TYPES disagree"
+        listed(),
+        documented,
+        "docs/api.md's problem table and routes::problem::all() disagree"
     );
-    // Every slug the code can answer with is listed, and every listed one is used.
-    let mut used = BTreeSet::new();
-    for file in ["crates/oncely/src", "crates/oncely-server/src"]
+    // The server builds every problem from routes::problem (whose own test checks that each of
+    // its types is answered): no slug is spelled out anywhere else in its code.
+    assert_eq!(
+        slugs_given_to_problem_new("crates/oncely-server/src"),
+        BTreeSet::new(),
+        "a server problem built outside routes::problem"
+    );
+    // Every slug the layer's code answers with is listed as the layer's, and every one listed is
+    // used. (Once the layer's list is `oncely::problem::ProblemType`, oncely builds its problems
+    // from it and checks this itself.)
+    let layer: BTreeSet<String> = LayerProblem::ALL
         .iter()
-        .flat_map(|dir| rust_files(dir))
-    {
+        .map(|p| p.slug().to_owned())
+        .collect();
+    assert_eq!(
+        slugs_given_to_problem_new("crates/oncely/src"),
+        layer,
+        "a problem type in the layer's code is missing from the list, or the reverse"
+    );
+}
+
+#[tokio::test]
+async fn the_description_lists_every_problem_type() {
+    let (spec, _app, _db) = spec().await;
+    let type_uri = &spec["components"]["schemas"]["Problem"]["properties"]["type"];
+    let described: BTreeSet<String> = type_uri["enum"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|uri| uri.as_str().unwrap().to_owned())
+        .collect();
+    let listed: BTreeSet<String> = listed()
+        .into_iter()
+        .map(|(slug, _)| format!("https://oncely.dev/problems/{slug}"))
+        .collect();
+    assert_eq!(described, listed);
+    let description = type_uri["description"].as_str().unwrap();
+    for (slug, status) in self::listed() {
+        assert!(
+            description.contains(&format!("`{slug}` ({status})")),
+            "{slug} is not described"
+        );
+    }
+}
+
+/// The slugs written as a string literal in the second argument of `Problem::new(…)` in the
+/// Rust files under `dir`.
+fn slugs_given_to_problem_new(dir: &str) -> BTreeSet<String> {
+    let mut slugs = BTreeSet::new();
+    for file in rust_files(dir) {
         let text = workspace(&file);
-        for piece in text.split("Problem::new(").skip(1) {
-            let quoted = piece.split('"').nth(1).unwrap();
-            used.insert(quoted.to_owned());
+        for call in text.split("Problem::new(").skip(1) {
+            let slug = call_arguments(call).get(1).and_then(|argument| {
+                let literal = argument.strip_prefix('"')?;
+                Some(literal[..literal.find('"')?].to_owned())
+            });
+            slugs.extend(slug);
         }
     }
-    let listed_slugs: BTreeSet<String> = listed.into_iter().map(|(slug, _)| slug).collect();
-    assert_eq!(
-        used, listed_slugs,
-        "a problem type in the code is missing from PROBLEM_TYPES, or the reverse"
-    );
+    slugs
+}
+
+/// The trimmed top-level arguments of a call, given the text after its opening parenthesis.
+fn call_arguments(after_parenthesis: &str) -> Vec<&str> {
+    let (mut depth, mut in_string, mut start) = (0, false, 0);
+    let mut arguments = Vec::new();
+    let mut chars = after_parenthesis.char_indices();
+    while let Some((i, c)) = chars.next() {
+        match c {
+            '\\' if in_string => {
+                chars.next();
+            }
+            '"' => in_string = !in_string,
+            _ if in_string => {}
+            '(' | '[' | '{' => depth += 1,
+            ')' | ']' | '}' if depth > 0 => depth -= 1,
+            ',' | ')' if depth == 0 => {
+                arguments.push(after_parenthesis[start..i].trim());
+                start = i + 1;
+                if c == ')' {
+                    break;
+                }
+            }
+            _ => {}
+        }
+    }
+    arguments
 }
 
 fn rust_files(dir: &str) -> Vec<String> {

@@ -162,6 +162,7 @@ async fn invites_need_an_api_key_and_accepting_twice_makes_one_membership(
     let guest = "guest@example.com";
     let anonymous = app.post("/v1/invites", "i0", &email(guest)).await;
     assert_eq!(anonymous.status(), 401);
+    assert_eq!(anonymous.headers()["www-authenticate"], "Bearer");
     let key = app.create_tenant("acme").await;
     assert!(key.starts_with("onc_"));
     let tenants = "SELECT count(*) FROM oncely_tenants WHERE id = 'acme'";

@@ -1,0 +1,29 @@
+//! Magic links. `POST /v1/magic-link` emails a sign-in link (15 min) if the address has an
+//! account. The link opens `GET /v1/magic-link/consume` (the page `magic_link.html`), whose
+//! button `POST /v1/magic-link/consume`s: that signs in once. oncely issues no session: the
+//! calling application does that on the 200.
+
+use axum::Json;
+use serde_json::json;
+
+use super::error::ApiError;
+use super::send_link::{Accepted, LinkRequest, Target};
+use super::use_link::{LinkUse, LinkUsed};
+use crate::accounts::Accounts;
+use crate::token::Flow;
+
+/// `POST /v1/magic-link`: a sign-in link (15 min) if the address has an account.
+pub async fn request<A: Accounts>(post: LinkRequest<A>) -> Result<Accepted, ApiError> {
+    post.send_link(Flow::MagicLink, Target::Account).await
+}
+
+/// `POST /v1/magic-link/consume`: signs in (and marks the address verified; a password a signup
+/// left on a verification link is not adopted, and that link stops working).
+pub async fn sign_in<A: Accounts>(post: LinkUse<A>) -> LinkUsed {
+    if post.body.password.is_some() {
+        return Err(ApiError::invalid_request("this link takes no password"));
+    }
+    let (mut conn, user, _) = post.use_account_token(Flow::MagicLink).await?;
+    A::mark_verified(&mut conn, user, None).await?;
+    Ok(Json(json!({ "status": "signed_in" })))
+}

@@ -1,0 +1,32 @@
+//! Password reset. `POST /v1/password-reset` emails a reset link (1 h) if the address has an
+//! account. The link opens `GET /v1/password-reset/confirm` (the page `password_reset.html`),
+//! whose button `POST /v1/password-reset/confirm`s: that sets the new password once.
+
+use axum::Json;
+use serde_json::json;
+
+use super::error::ApiError;
+use super::new_password::hash_new_password;
+use super::send_link::{Accepted, LinkRequest, Target};
+use super::use_link::{LinkUse, LinkUsed};
+use crate::accounts::Accounts;
+use crate::token::Flow;
+
+/// `POST /v1/password-reset`: a reset link (1 h; earlier ones stop working) if the address has
+/// an account.
+pub async fn request<A: Accounts>(post: LinkRequest<A>) -> Result<Accepted, ApiError> {
+    post.send_link(Flow::PasswordReset, Target::Account).await
+}
+
+/// `POST /v1/password-reset/confirm`: sets the new password (and, since the link proved the
+/// address, marks it verified).
+pub async fn confirm<A: Accounts>(mut post: LinkUse<A>) -> LinkUsed {
+    let password = post.body.password.take();
+    let Some(password_hash) = hash_new_password(password, &post.caller).await? else {
+        return Err(ApiError::invalid_request("password is required"));
+    };
+    let (mut conn, user, _) = post.use_account_token(Flow::PasswordReset).await?;
+    A::mark_verified(&mut conn, user, None).await?;
+    A::set_password(&mut conn, user, &password_hash).await?;
+    Ok(Json(json!({ "status": "password_changed" })))
+}

@@ -1,0 +1,77 @@
+//! What every `/v1` `POST` handler receives: [`IdempotentPost`] — its tenant, its caller, the
+//! idempotency layer's transaction and its JSON body ([`JsonBody`], whose rejections are
+//! problems).
+
+use axum::Json;
+use axum::extract::rejection::JsonRejection;
+use axum::extract::{FromRequest, FromRequestParts, Request};
+use axum::http::StatusCode;
+use axum::response::{IntoResponse, Response};
+use oncely::IdempotentTx;
+use serde::de::DeserializeOwned;
+
+use super::AppState;
+use super::error::{ApiError, BodyError};
+use super::tenants::Tenant;
+use crate::accounts::Accounts;
+use crate::client_addr::CallerAddr;
+
+/// `Json<T>` whose rejections are problem+json: 415 without a JSON content type, 413 for a
+/// body over the limit, 400 `invalid-request` for anything unreadable (saying what).
+pub struct JsonBody<T>(pub T);
+
+impl<S: Send + Sync, T: DeserializeOwned> FromRequest<S> for JsonBody<T> {
+    type Rejection = ApiError;
+
+    async fn from_request(req: Request, state: &S) -> Result<Self, Self::Rejection> {
+        match Json::<T>::from_request(req, state).await {
+            Ok(Json(value)) => Ok(Self(value)),
+            Err(JsonRejection::MissingJsonContentType(_)) => {
+                Err(ApiError::Body(BodyError::NotJson))
+            }
+            Err(rejection) if rejection.status() == StatusCode::PAYLOAD_TOO_LARGE => {
+                Err(ApiError::Body(BodyError::TooLarge))
+            }
+            Err(rejection) => Err(ApiError::invalid_request(rejection.body_text())),
+        }
+    }
+}
+
+/// A `POST` under `/v1` with a JSON body `T`, behind the transactional idempotency layer (an
+/// extractor). Extracted in this order: state, tenant, caller, transaction, body — only the
+/// last two can refuse (the transaction only when the route is not behind the layer).
+pub struct IdempotentPost<A: Accounts, T> {
+    /// What handlers share.
+    pub state: AppState<A>,
+    /// The request's tenant, and whether an API key proved it.
+    pub tenant: Tenant,
+    /// The caller's address (per-client caps, its share of the hashing pool).
+    pub caller: CallerAddr,
+    /// The layer's transaction: `lock()` claims the key in it.
+    pub tx: IdempotentTx<A::Database>,
+    /// The body.
+    pub body: T,
+}
+
+impl<A: Accounts, T: DeserializeOwned> FromRequest<AppState<A>> for IdempotentPost<A, T> {
+    type Rejection = Response;
+
+    async fn from_request(req: Request, state: &AppState<A>) -> Result<Self, Self::Rejection> {
+        let (mut parts, body) = req.into_parts();
+        let Ok(tenant) = Tenant::from_request_parts(&mut parts, state).await;
+        let Ok(caller) = CallerAddr::from_request_parts(&mut parts, state).await;
+        let tx = IdempotentTx::from_request_parts(&mut parts, state)
+            .await
+            .map_err(IntoResponse::into_response)?;
+        let JsonBody(body) = JsonBody::from_request(Request::from_parts(parts, body), state)
+            .await
+            .map_err(IntoResponse::into_response)?;
+        Ok(Self {
+            state: state.clone(),
+            tenant,
+            caller,
+            tx,
+            body,
+        })
+    }
+}

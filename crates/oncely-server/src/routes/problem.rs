@@ -1,0 +1,247 @@
+//! Every problem type the service answers with, as data: the idempotency layer's (`oncely`'s)
+//! and the server's own ([`ServerProblem`]). Handlers build their problems from these (through
+//! [`super::error::ApiError`]), `/openapi.json` lists them ([`all`]), and a test checks
+//! docs/api.md's table against [`all`].
+
+use axum::http::StatusCode;
+use oncely::Problem;
+
+/// The layer's problem types, joined to the server's in [`all`].
+//
+// MERGE (issue 13): once `oncely::problem::ProblemType` exists, this is the one line to
+// switch — `pub use oncely::problem::ProblemType as LayerProblem;` — and the stand-in module
+// below goes.
+pub use layer_stand_in::LayerProblem;
+
+/// The problem types the server's routes answer with, beyond the layer's.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ServerProblem {
+    /// A field is invalid, or the body is not the JSON the route takes.
+    InvalidRequest,
+    /// The body is not JSON (no `Content-Type: application/json`).
+    UnsupportedMediaType,
+    /// A link's token does not work: unknown, used, superseded, expired, another flow's or
+    /// another tenant's — one answer for all.
+    TokenInvalid,
+    /// The re-entered password is not the one the signup that sent the link chose.
+    PasswordMismatch,
+    /// The API key is invalid, or the route needs one.
+    Unauthorized,
+    /// Every password hasher is busy (or the caller holds its share of them).
+    Busy,
+}
+
+impl ServerProblem {
+    /// Every one, in the order documents list them.
+    pub const ALL: &[Self] = &[
+        Self::InvalidRequest,
+        Self::UnsupportedMediaType,
+        Self::TokenInvalid,
+        Self::PasswordMismatch,
+        Self::Unauthorized,
+        Self::Busy,
+    ];
+
+    /// The last segment of its `type` URI.
+    pub const fn slug(self) -> &'static str {
+        match self {
+            Self::InvalidRequest => "invalid-request",
+            Self::UnsupportedMediaType => "unsupported-media-type",
+            Self::TokenInvalid => "token-invalid",
+            Self::PasswordMismatch => "password-mismatch",
+            Self::Unauthorized => "unauthorized",
+            Self::Busy => "busy",
+        }
+    }
+
+    /// Its HTTP status.
+    pub const fn status(self) -> StatusCode {
+        match self {
+            Self::InvalidRequest | Self::TokenInvalid | Self::PasswordMismatch => {
+                StatusCode::BAD_REQUEST
+            }
+            Self::UnsupportedMediaType => StatusCode::UNSUPPORTED_MEDIA_TYPE,
+            Self::Unauthorized => StatusCode::UNAUTHORIZED,
+            Self::Busy => StatusCode::SERVICE_UNAVAILABLE,
+        }
+    }
+
+    /// Its title.
+    pub const fn title(self) -> &'static str {
+        match self {
+            Self::InvalidRequest => "Invalid request",
+            Self::UnsupportedMediaType => "Send JSON",
+            Self::TokenInvalid => "Invalid or expired link",
+            Self::PasswordMismatch => "Not the password chosen at signup",
+            // A request without the key a route needs is titled "API key required" (see
+            // `ApiError::Unauthorized`).
+            Self::Unauthorized => "Invalid API key",
+            Self::Busy => "Too many passwords being hashed",
+        }
+    }
+
+    /// Whether any `POST` under `/v1` may answer it; the others belong to particular routes
+    /// (those that take a token or a password).
+    pub const fn on_every_post(self) -> bool {
+        matches!(
+            self,
+            Self::InvalidRequest | Self::UnsupportedMediaType | Self::Unauthorized
+        )
+    }
+}
+
+/// A problem type as documents list it: the layer's and the server's alike.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ListedProblem {
+    /// The last segment of its `type` URI.
+    pub slug: &'static str,
+    /// Its HTTP status.
+    pub status: StatusCode,
+    /// Its title.
+    pub title: &'static str,
+    /// Whether any `POST` under `/v1` may answer it (every one of the layer's may).
+    pub on_every_post: bool,
+}
+
+impl ListedProblem {
+    /// A problem of this type, without detail.
+    pub fn problem(self) -> Problem {
+        Problem::new(self.status, self.slug, self.title)
+    }
+}
+
+impl From<LayerProblem> for ListedProblem {
+    fn from(problem: LayerProblem) -> Self {
+        Self {
+            slug: problem.slug(),
+            status: problem.status(),
+            title: problem.title(),
+            on_every_post: true,
+        }
+    }
+}
+
+impl From<ServerProblem> for ListedProblem {
+    fn from(problem: ServerProblem) -> Self {
+        Self {
+            slug: problem.slug(),
+            status: problem.status(),
+            title: problem.title(),
+            on_every_post: problem.on_every_post(),
+        }
+    }
+}
+
+/// Every problem type the service answers with: the layer's, then the server's own.
+pub fn all() -> impl Iterator<Item = ListedProblem> {
+    let layer = LayerProblem::ALL.iter().map(|&p| ListedProblem::from(p));
+    layer.chain(ServerProblem::ALL.iter().map(|&p| ListedProblem::from(p)))
+}
+
+/// A stand-in for `oncely::problem::ProblemType` (same shape: `ALL`, `slug`, `status`,
+/// `title`) until the layer's list lands in `oncely`; it goes then (see [`LayerProblem`]).
+mod layer_stand_in {
+    use axum::http::StatusCode;
+
+    /// The problem types the idempotency layer answers with.
+    #[derive(Debug, Clone, Copy, PartialEq, Eq)]
+    pub enum LayerProblem {
+        /// No `Idempotency-Key` header.
+        IdempotencyKeyMissing,
+        /// The key is empty, too long, not visible ASCII, or sent twice.
+        IdempotencyKeyInvalid,
+        /// The key was used for a different request.
+        IdempotencyKeyReused,
+        /// A request with the key is still running.
+        IdempotencyKeyInUse,
+        /// The request ran but its response was too large to store.
+        IdempotencyKeyUnreplayable,
+        /// The body is over the limit.
+        RequestTooLarge,
+        /// The body could not be read.
+        RequestBodyUnreadable,
+        /// The key store failed; nothing ran.
+        StorageUnavailable,
+        /// The database was busy (SQLite's write lock); nothing ran.
+        StorageBusy,
+        /// The request ran past its lease and was rolled back.
+        RequestTimeout,
+        /// The commit's outcome is unknown.
+        CommitFailed,
+        /// An unexpected failure; nothing was stored.
+        InternalError,
+    }
+
+    impl LayerProblem {
+        /// Every one, in the order documents list them.
+        pub const ALL: &[Self] = &[
+            Self::IdempotencyKeyMissing,
+            Self::IdempotencyKeyInvalid,
+            Self::IdempotencyKeyReused,
+            Self::IdempotencyKeyInUse,
+            Self::IdempotencyKeyUnreplayable,
+            Self::RequestTooLarge,
+            Self::RequestBodyUnreadable,
+            Self::StorageUnavailable,
+            Self::StorageBusy,
+            Self::RequestTimeout,
+            Self::CommitFailed,
+            Self::InternalError,
+        ];
+
+        /// The last segment of its `type` URI.
+        pub const fn slug(self) -> &'static str {
+            match self {
+                Self::IdempotencyKeyMissing => "idempotency-key-missing",
+                Self::IdempotencyKeyInvalid => "idempotency-key-invalid",
+                Self::IdempotencyKeyReused => "idempotency-key-reused",
+                Self::IdempotencyKeyInUse => "idempotency-key-in-use",
+                Self::IdempotencyKeyUnreplayable => "idempotency-key-unreplayable",
+                Self::RequestTooLarge => "request-too-large",
+                Self::RequestBodyUnreadable => "request-body-unreadable",
+                Self::StorageUnavailable => "storage-unavailable",
+                Self::StorageBusy => "storage-busy",
+                Self::RequestTimeout => "request-timeout",
+                Self::CommitFailed => "commit-failed",
+                Self::InternalError => "internal-error",
+            }
+        }
+
+        /// Its HTTP status.
+        pub const fn status(self) -> StatusCode {
+            match self {
+                Self::IdempotencyKeyMissing
+                | Self::IdempotencyKeyInvalid
+                | Self::RequestBodyUnreadable => StatusCode::BAD_REQUEST,
+                Self::IdempotencyKeyReused | Self::IdempotencyKeyUnreplayable => {
+                    StatusCode::UNPROCESSABLE_ENTITY
+                }
+                Self::IdempotencyKeyInUse => StatusCode::CONFLICT,
+                Self::RequestTooLarge => StatusCode::PAYLOAD_TOO_LARGE,
+                Self::StorageUnavailable
+                | Self::StorageBusy
+                | Self::RequestTimeout
+                | Self::CommitFailed => StatusCode::SERVICE_UNAVAILABLE,
+                Self::InternalError => StatusCode::INTERNAL_SERVER_ERROR,
+            }
+        }
+
+        /// Its title.
+        pub const fn title(self) -> &'static str {
+            match self {
+                Self::IdempotencyKeyMissing => "Idempotency-Key required",
+                Self::IdempotencyKeyInvalid => "Idempotency-Key invalid",
+                Self::IdempotencyKeyReused => "Idempotency-Key reused",
+                Self::IdempotencyKeyInUse => "Request in progress",
+                Self::IdempotencyKeyUnreplayable => "The result of this request cannot be replayed",
+                Self::RequestTooLarge => "Request body too large",
+                Self::RequestBodyUnreadable => "Request body unreadable",
+                Self::StorageUnavailable => "Service unavailable",
+                Self::StorageBusy => "Service busy",
+                Self::RequestTimeout => "Request took too long",
+                Self::CommitFailed => "Outcome unknown",
+                Self::InternalError => "Internal error",
+            }
+        }
+    }
+}

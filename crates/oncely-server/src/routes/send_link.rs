@@ -1,0 +1,167 @@
+//! Emailing a link — what every flow that sends one shares (signup, resend, password reset,
+//! magic link, invite): the same 202 whatever the address ([`accepted`]), issuing a token — or a
+//! never-usable decoy when there is no account — and its email job ([`issue_link`]), and the
+//! request for a link by address ([`LinkRequest::send_link`]). The same statements run
+//! whether or not the address has an account and whether or not the email is suppressed
+//! ([`super::email_caps`]): responses and their timing cannot tell those cases apart.
+
+use axum::Json;
+use axum::http::StatusCode;
+use oncely::TenantId;
+use oncely_outbox::NewJob;
+use serde::Deserialize;
+use serde_json::{Value, json};
+use time::OffsetDateTime;
+use uuid::Uuid;
+
+use super::AppState;
+use super::email_caps::suppression;
+use super::error::ApiError;
+use super::post::IdempotentPost;
+use crate::accounts::{Accounts, NewToken};
+use crate::email::EmailAddress;
+use crate::token::{Flow, Token};
+
+/// The answer of every route that emails a link.
+pub type Accepted = (StatusCode, Json<Value>);
+
+/// The same answer whether or not the address has an account.
+pub fn accepted() -> Accepted {
+    (
+        StatusCode::ACCEPTED,
+        Json(json!({
+            "status": "accepted",
+            "detail": "If this address can be used, an email with the next step is on its way to it."
+        })),
+    )
+}
+
+/// `{ "email": … }`.
+#[derive(Deserialize, utoipa::ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct EmailRequest {
+    /// The address the link is for.
+    #[schema(example = "ada@example.com")]
+    email: String,
+}
+
+/// Which account a link goes to, for a flow.
+#[derive(Debug, Clone, Copy)]
+pub enum Target {
+    /// Only an account whose address is not verified yet (resend verification).
+    Pending,
+    /// Any account (reset, magic link).
+    Account,
+    /// The address itself, with its account if it has one (invites).
+    Address,
+}
+
+/// A request for a link by address.
+pub type LinkRequest<A> = IdempotentPost<A, EmailRequest>;
+
+impl<A: Accounts> LinkRequest<A> {
+    /// Emails a link of `flow` to the address if it has the `target` account (else a decoy
+    /// that sends nothing), within the email caps, and answers 202 either way.
+    pub async fn send_link(self, flow: Flow, target: Target) -> Result<Accepted, ApiError> {
+        let Self {
+            state,
+            tenant,
+            caller,
+            tx,
+            body,
+        } = self;
+        let email = EmailAddress::parse(&body.email)
+            .map_err(|_| ApiError::invalid_request("email is not a valid address"))?;
+        let tenant = tenant.id;
+        let mut conn = tx.lock().await?;
+        let user = A::find_user(&mut conn, tenant.as_str(), &email).await?;
+        let suppressed = suppression(&mut *conn, &state, &tenant, &email, &caller).await?;
+        let owner = match (user, target) {
+            (user, Target::Address) => Owner {
+                user: user.map(|u| u.id),
+                email: Some(email.as_str()),
+            },
+            (Some(user), Target::Account) => Owner::account(user.id),
+            (Some(user), Target::Pending) if !user.verified => Owner::account(user.id),
+            _ => Owner::NOBODY,
+        };
+        issue_link(&mut *conn, &state, &tenant, flow, owner, suppressed, None).await?;
+        tracing::info!(email = %email.masked(), tenant = %tenant, flow = flow.as_str(), "link requested");
+        Ok(accepted())
+    }
+}
+
+/// Who a token is for.
+#[derive(Debug, Clone, Copy)]
+pub struct Owner<'a> {
+    /// The account, if there is one.
+    pub user: Option<Uuid>,
+    /// The invited address (invites only).
+    pub email: Option<&'a str>,
+}
+
+impl Owner<'_> {
+    /// Nobody: the decoy written for an address without an account.
+    pub const NOBODY: Self = Self {
+        user: None,
+        email: None,
+    };
+
+    /// The account `user`.
+    pub fn account(user: Uuid) -> Self {
+        Self {
+            user: Some(user),
+            email: None,
+        }
+    }
+}
+
+/// A verification token issued by a signup. It supersedes no other token — each signup's link
+/// stays its own, so a stranger's signup cannot kill the owner's link — and the password it
+/// carries takes effect only if whoever verifies re-enters it.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct FromSignup<'a> {
+    /// The Argon2id hash of the password the signup chose, if any.
+    pub password_hash: Option<&'a str>,
+}
+
+/// Issues a link: stores a token of `flow` for `owner` (a decoy if nobody) and enqueues its
+/// email job, in the request's transaction. A token
+/// that is not from a signup supersedes the owner's live tokens of the flow (unless its email is
+/// suppressed: then the current link must keep working).
+pub async fn issue_link<A: Accounts>(
+    conn: &mut <A::Database as sqlx::Database>::Connection,
+    state: &AppState<A>,
+    tenant: &TenantId,
+    flow: Flow,
+    owner: Owner<'_>,
+    suppressed: Option<String>,
+    signup: Option<FromSignup<'_>>,
+) -> anyhow::Result<()> {
+    let token_id = Uuid::new_v4();
+    let expires_at = OffsetDateTime::now_utc() + flow.lifetime();
+    let hash = Token::derive(&state.secret, flow, token_id).hash();
+    let token = NewToken {
+        id: token_id,
+        tenant: tenant.as_str(),
+        user_id: owner.user,
+        email: owner.email,
+        flow: flow.as_str(),
+        hash: &hash,
+        expires_at,
+        password_hash: signup.and_then(|s| s.password_hash),
+        supersede: suppressed.is_none() && signup.is_none(),
+    };
+    A::insert_token(conn, &token).await?;
+    let user = owner
+        .user
+        .map_or_else(|| "no-account".to_owned(), |u| u.to_string());
+    let job = NewJob::new(
+        format!("{}:{tenant}:{user}:{token_id}", flow.as_str()),
+        flow.job_kind(),
+        json!({ "token_id": token_id, "suppressed": suppressed }),
+    )
+    .not_after(expires_at);
+    A::enqueue(conn, &job).await?;
+    Ok(())
+}

@@ -1,0 +1,202 @@
+//! Using a link — what the flows that consume a token share (verification, password reset,
+//! magic link, invite). Opening a link (GET) shows its flow's page ([`page`]: templates beside
+//! the flows' modules) and consumes nothing: link scanners open links; only the page's button
+//! POSTs. The POST uses the token once ([`LinkUse::use_token`]), in its own flow and tenant,
+//! before it expires; every failure is the same 400 `token-invalid`.
+
+use std::sync::LazyLock;
+
+use axum::Json;
+use axum::extract::Query;
+use axum::response::Html;
+use axum::routing::{MethodRouter, get};
+use minijinja::{Environment, context};
+use oncely::TenantId;
+use oncely::layer::TxGuard;
+use serde::Deserialize;
+use serde_json::Value;
+
+use super::error::ApiError;
+use super::post::IdempotentPost;
+use crate::accounts::{Accounts, ConsumedToken};
+use crate::token::{self, Flow};
+
+/// `?token=` of a link.
+#[derive(Deserialize)]
+pub struct PageQuery {
+    token: Option<String>,
+}
+
+/// The pages a link opens: each flow's (`<module>.html` beside its module: the words) extends
+/// `link_page.html` (the page). Values are HTML-escaped, `tojson` where they land in script.
+static PAGES: LazyLock<Environment<'static>> = LazyLock::new(|| {
+    let mut pages = Environment::new();
+    let templates = [
+        ("link_page.html", include_str!("link_page.html")),
+        ("verification.html", include_str!("verification.html")),
+        ("password_reset.html", include_str!("password_reset.html")),
+        ("magic_link.html", include_str!("magic_link.html")),
+        ("invites.html", include_str!("invites.html")),
+    ];
+    for (name, source) in templates {
+        pages
+            .add_template(name, source)
+            .unwrap_or_else(|error| panic!("{name} is not a valid template: {error}"));
+    }
+    pages
+});
+
+/// The template of the page `flow`'s link opens.
+fn template(flow: Flow) -> &'static str {
+    match flow {
+        Flow::Verification => "verification.html",
+        Flow::PasswordReset => "password_reset.html",
+        Flow::MagicLink => "magic_link.html",
+        Flow::Invite => "invites.html",
+    }
+}
+
+/// The page `flow`'s link opens for its `?token=` (only the token's base64url characters are
+/// kept): a button that POSTs the token (and a password, where the flow takes one) to
+/// [`Flow::path`] with an Idempotency-Key, so that a double click is harmless. It reads and
+/// writes nothing.
+pub fn render(flow: Flow, query: PageQuery) -> Html<String> {
+    let token: String = query
+        .token
+        .unwrap_or_default()
+        .chars()
+        .filter(|c| c.is_ascii_alphanumeric() || *c == '-' || *c == '_')
+        .collect();
+    let context = context! { action => flow.path(), token => token };
+    let page = PAGES
+        .get_template(template(flow))
+        .and_then(|page| page.render(context));
+    // The templates are compiled in, and a test renders each page.
+    Html(page.expect("a link page renders"))
+}
+
+/// `GET` of `flow`'s link path: its page.
+pub fn page<S: Clone + Send + Sync + 'static>(flow: Flow) -> MethodRouter<S> {
+    get(move |Query(query): Query<PageQuery>| async move { render(flow, query) })
+}
+
+/// `{ "token": … }` (and a password where the flow takes one).
+#[derive(Deserialize, utoipa::ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct TokenRequest {
+    /// The token from the link.
+    pub token: String,
+    /// Password reset: the new password (required). Invite: the account's password (optional).
+    /// Verification: the password chosen at signup, re-entered to adopt it (optional). Magic
+    /// link: none.
+    pub password: Option<String>,
+}
+
+/// A request that uses a link's token.
+pub type LinkUse<A> = IdempotentPost<A, TokenRequest>;
+
+/// What a route that uses a link answers: `{"status": …}`, or a problem.
+pub type LinkUsed = Result<Json<Value>, ApiError>;
+
+impl<A: Accounts> LinkUse<A> {
+    /// Opens the transaction (claiming the key) and uses the token once in `flow`. The token
+    /// names its tenant; a request that proved a tenant with an API key can only use that
+    /// tenant's tokens.
+    pub async fn use_token(
+        &self,
+        flow: Flow,
+    ) -> Result<(TxGuard<'_, A::Database>, ConsumedToken), ApiError> {
+        let mut conn = self.tx.lock().await?;
+        let token = A::consume_token(
+            &mut conn,
+            self.tenant.proven().map(TenantId::as_str),
+            flow.as_str(),
+            &token::hash(&self.body.token),
+        )
+        .await?
+        .ok_or(ApiError::InvalidToken)?;
+        Ok((conn, token))
+    }
+
+    /// Uses the token once in `flow`, for the account it names.
+    pub async fn use_account_token(
+        &self,
+        flow: Flow,
+    ) -> Result<(TxGuard<'_, A::Database>, uuid::Uuid, ConsumedToken), ApiError> {
+        let (conn, token) = self.use_token(flow).await?;
+        let user = token.user_id.ok_or(ApiError::InvalidToken)?;
+        Ok((conn, user, token))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const FLOWS: [Flow; 4] = [
+        Flow::Verification,
+        Flow::PasswordReset,
+        Flow::MagicLink,
+        Flow::Invite,
+    ];
+
+    fn html(flow: Flow, token: &str) -> String {
+        let query = PageQuery {
+            token: Some(token.to_owned()),
+        };
+        render(flow, query).0
+    }
+
+    #[test]
+    fn every_page_posts_its_token_to_its_flow_and_asks_for_a_password_only_where_it_takes_one() {
+        for flow in FLOWS {
+            let html = html(flow, "abc-_DEF");
+            assert!(html.starts_with("<!doctype html>"), "{html}");
+            assert!(
+                html.contains(&format!("fetch(\"{}\"", flow.path())),
+                "{html}"
+            );
+            assert!(html.contains("{token: \"abc-_DEF\"}"), "{html}");
+            let title = between(&html, "<title>", "</title>");
+            assert!(!title.is_empty() && html.contains(&format!("<h1>{title}</h1>")));
+            assert_eq!(
+                html.contains("id=\"password\""),
+                flow != Flow::MagicLink,
+                "{html}"
+            );
+            assert!(html.ends_with("</script>"), "{html}");
+        }
+    }
+
+    fn between<'a>(text: &'a str, start: &str, end: &str) -> &'a str {
+        let from = text.find(start).unwrap() + start.len();
+        &text[from..from + text[from..].find(end).unwrap()]
+    }
+
+    #[test]
+    fn nothing_from_the_link_or_the_words_escapes_into_markup_or_script() {
+        let html = html(Flow::MagicLink, "a\"b<c>'d&e</script>");
+        assert!(html.contains("{token: \"abcdescript\"}"), "{html}");
+        // The page escapes whatever it is given.
+        let context = context! {
+            title => "<b>\"&'",
+            password_label => "</label><script>",
+            action => "</script>",
+            token => "'<x>",
+        };
+        let html = PAGES
+            .get_template("link_page.html")
+            .and_then(|page| page.render(context))
+            .unwrap();
+        assert!(
+            !html.contains("<b>") && !html.contains("</label><script>"),
+            "{html}"
+        );
+        assert!(html.contains("&lt;b&gt;&quot;&amp;&#x27;"), "{html}");
+        assert_eq!(html.matches("</script>").count(), 1, "{html}");
+        assert!(
+            html.contains("{token: \"\\u0027\\u003cx\\u003e\"}"),
+            "{html}"
+        );
+    }
+}

@@ -1,0 +1,76 @@
+//! Verification of an address. `POST /v1/signup` sends the first link ([`super::signup`]);
+//! `POST /v1/verification/resend` a new one to an account not verified yet. The link opens
+//! `GET /v1/verify` (the page `verification.html`), whose button `POST /v1/verify`s: that
+//! verifies the address once, adopting the signup's password only if it is re-entered.
+
+use axum::Json;
+use secrecy::SecretString;
+use serde_json::json;
+
+use super::error::ApiError;
+use super::send_link::{Accepted, LinkRequest, Target};
+use super::use_link::{LinkUse, LinkUsed};
+use crate::accounts::Accounts;
+use crate::password;
+use crate::token::{self, Flow};
+
+/// How often a verification link's signup password may be re-entered.
+pub const PASSWORD_ATTEMPTS: i64 = 5;
+
+/// `POST /v1/verification/resend`: a new verification link (superseding the last resent one)
+/// if the address has an unverified account.
+pub async fn resend<A: Accounts>(post: LinkRequest<A>) -> Result<Accepted, ApiError> {
+    post.send_link(Flow::Verification, Target::Pending).await
+}
+
+/// `POST /v1/verify`: marks the address verified. A signup that chose a password stored its
+/// hash with this link's token; the account gets that password only if the request re-enters
+/// it — whoever proves the address never adopts a password someone else chose (an attacker who
+/// pre-registered the address). Without a password the address is verified and the account
+/// keeps no password (set one with a password reset).
+pub async fn verify<A: Accounts>(mut post: LinkUse<A>) -> LinkUsed {
+    // A re-entered password is checked before the transaction opens: Argon2 takes tens of
+    // milliseconds, and the key's transaction (on SQLite the write lock) is not held meanwhile.
+    let adopted = match post.body.password.take() {
+        None => None,
+        Some(presented) => Some(signup_password(&post, presented).await?),
+    };
+    let (mut conn, user, token) = post.use_account_token(Flow::Verification).await?;
+    if adopted.is_some() && token.password_hash != adopted {
+        return Err(ApiError::InvalidToken);
+    }
+    A::mark_verified(&mut conn, user, adopted.as_deref()).await?;
+    Ok(Json(
+        json!({ "status": "verified", "password_set": adopted.is_some() }),
+    ))
+}
+
+/// The hash of the password the link's signup chose, if `presented` is that password (one more
+/// attempt counted, on the pool: the count survives a rollback).
+async fn signup_password<A: Accounts>(
+    post: &LinkUse<A>,
+    presented: String,
+) -> Result<String, ApiError> {
+    let tenant = post.tenant.proven().map(|t| t.as_str());
+    let (stored, attempts) = post
+        .state
+        .accounts
+        .signup_password_attempt(tenant, &token::hash(&post.body.token))
+        .await?
+        .ok_or(ApiError::InvalidToken)?;
+    let stored = stored.ok_or_else(|| {
+        ApiError::invalid_request("this signup chose no password; confirm without one")
+    })?;
+    // Whoever sees the link (a mail scanner, a log) must not guess the password online.
+    if attempts > PASSWORD_ATTEMPTS {
+        return Err(ApiError::invalid_request(
+            "too many wrong passwords for this link; confirm without a password, then set one with a password reset",
+        ));
+    }
+    let share = post.caller.bucket();
+    let presented = SecretString::from(presented);
+    match password::verify(share.as_deref(), &stored, presented).await? {
+        true => Ok(stored),
+        false => Err(ApiError::PasswordMismatch),
+    }
+}

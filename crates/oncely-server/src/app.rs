@@ -17,9 +17,9 @@ use tokio::net::TcpListener;
 use tokio_util::sync::CancellationToken;
 
 use crate::accounts::Accounts;
+use crate::backend::Backend;
 use crate::client_addr::TrustedProxies;
 use crate::config::{CommonArgs, Environment, MailerChoice, ServeArgs};
-use crate::database::Database;
 use crate::mail::MailContext;
 use crate::routes::issue::MailLimits;
 use crate::routes::{self, AppState, KeyPolicy};
@@ -29,11 +29,12 @@ use crate::workers::{self, WorkerHandles, WorkerPlan};
 /// How long one email send may take before its outcome counts as unknown.
 pub const SEND_TIMEOUT: Duration = Duration::from_secs(10);
 
-/// A bound, ready-to-run server. Tests bind port 0 and read [`Application::addr`].
-pub struct Application {
+/// A bound, ready-to-run server on backend `B`. Tests bind port 0 and read
+/// [`Application::addr`].
+pub struct Application<B> {
     listener: TcpListener,
     router: Router,
-    database: Database,
+    backend: B,
     dev_inbox: Option<(Inbox, Running)>,
     shutdown: CancellationToken,
     workers: WorkerHandles,
@@ -81,7 +82,7 @@ pub fn worker_plan(common: &CommonArgs, count: usize, kinds: Vec<String>) -> Wor
     }
 }
 
-impl Application {
+impl<B: Accounts> Application<B> {
     /// Checks the configuration, connects, migrates, binds, starts the workers.
     pub async fn build(args: &ServeArgs) -> anyhow::Result<Self> {
         args.validate()?;
@@ -89,9 +90,8 @@ impl Application {
         let secret = common.server_secret()?;
         common.mailer_choice()?;
         let public_url = common.public_url(Some(args.bind))?;
-        let database =
-            Database::connect_pool(&common.database.database_url, common.database_pool).await?;
-        database.migrate().await?;
+        let backend = B::connect(&common.database.database_url, common.database_pool).await?;
+        backend.migrate().await?;
         let listener = TcpListener::bind(args.bind)
             .await
             .with_context(|| format!("cannot listen on {}", args.bind))?;
@@ -131,10 +131,7 @@ impl Application {
             common,
             shutdown: &shutdown,
         };
-        let (v1, workers) = match &database {
-            Database::Postgres(store) => parts.assemble(store.clone())?,
-            Database::Sqlite(store) => parts.assemble(store.clone())?,
-        };
+        let (v1, workers) = parts.assemble(backend.clone())?;
         let v1 = if common.environment == Environment::Development
             && std::env::var("ONCELY_FAILPOINT").as_deref() == Ok("crash-after-commit")
         {
@@ -153,10 +150,10 @@ impl Application {
         telemetry::prometheus();
         let mut router = Router::new()
             .route("/healthz", get(|| async { "ok" }))
-            .route("/readyz", get(readyz))
+            .route("/readyz", get(readyz::<B>))
             .route(
                 "/metrics",
-                get(metrics).layer(axum::Extension(MetricsAccess {
+                get(metrics::<B>).layer(axum::Extension(MetricsAccess {
                     token: args.metrics_token.as_ref().map(|token| {
                         use secrecy::ExposeSecret;
                         use sha2::Digest;
@@ -171,7 +168,7 @@ impl Application {
                     axum::Json(<crate::openapi::ApiDoc as utoipa::OpenApi>::openapi())
                 }),
             )
-            .with_state(database.clone())
+            .with_state(backend.clone())
             .merge(v1)
             .route_layer(axum::middleware::from_fn(telemetry::record_http));
         if let Some((inbox, _)) = &dev_inbox
@@ -186,7 +183,7 @@ impl Application {
         Ok(Self {
             listener,
             router,
-            database,
+            backend,
             dev_inbox,
             shutdown,
             workers,
@@ -200,9 +197,9 @@ impl Application {
             .expect("a bound listener has an address")
     }
 
-    /// The database in use.
-    pub fn database(&self) -> &Database {
-        &self.database
+    /// The backend in use.
+    pub fn backend(&self) -> &B {
+        &self.backend
     }
 
     /// The built-in inbox, when the mailer is `dev`.
@@ -332,8 +329,8 @@ impl MetricsAccess {
 }
 
 /// Prometheus text; the outbox backlog is read now.
-async fn metrics(
-    State(database): State<Database>,
+async fn metrics<B: Backend>(
+    State(backend): State<B>,
     axum::Extension(access): axum::Extension<MetricsAccess>,
     headers: axum::http::HeaderMap,
 ) -> (StatusCode, String) {
@@ -341,11 +338,7 @@ async fn metrics(
     if !access.allows(&headers) {
         return (StatusCode::NOT_FOUND, String::new());
     }
-    let backlog = match &database {
-        Database::Postgres(store) => store.jobs(true).backlog().await,
-        Database::Sqlite(store) => store.jobs(true).backlog().await,
-    };
-    match backlog {
+    match backend.jobs(true).backlog().await {
         Ok(backlog) => {
             metrics::gauge!("oncely_outbox_pending").set(backlog.pending as f64);
             metrics::gauge!("oncely_outbox_oldest_pending_seconds")
@@ -356,8 +349,8 @@ async fn metrics(
     (StatusCode::OK, telemetry::prometheus().render())
 }
 
-async fn readyz(State(database): State<Database>) -> (StatusCode, String) {
-    match database.ready().await {
+async fn readyz<B: Accounts>(State(backend): State<B>) -> (StatusCode, String) {
+    match backend.ready().await {
         Ok(()) => (StatusCode::OK, "ready".into()),
         Err(error) => {
             tracing::warn!(%error, "not ready");

@@ -51,6 +51,23 @@ pub enum Command {
     Key(KeyCommand),
 }
 
+impl Command {
+    /// The database a command works on; `None` for the commands that need none.
+    pub fn database_url(&self) -> Option<&str> {
+        let database = match self {
+            Self::Serve(args) => &args.common.database,
+            Self::Worker(args) => &args.common.database,
+            Self::Migrate(database) => database,
+            Self::Tenant(TenantCommand::Create { database, .. }) => database,
+            Self::Outbox(command) => command.database(),
+            Self::Prune(args) => &args.database,
+            Self::Key(KeyCommand::Show { database, .. }) => database,
+            Self::Inbox(_) | Self::Demo { .. } => return None,
+        };
+        Some(&database.database_url)
+    }
+}
+
 /// `oncely key …`.
 #[derive(Debug, Subcommand)]
 pub enum KeyCommand {
@@ -121,6 +138,18 @@ pub enum OutboxCommand {
     },
 }
 
+impl OutboxCommand {
+    /// Where the jobs are.
+    pub fn database(&self) -> &DatabaseArgs {
+        match self {
+            Self::List { database, .. }
+            | Self::Dead { database, .. }
+            | Self::Show { database, .. }
+            | Self::Retry { database, .. } => database,
+        }
+    }
+}
+
 /// A job status on the command line.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
 pub enum JobStatusArg {
@@ -161,7 +190,7 @@ pub struct DatabaseArgs {
 impl std::fmt::Debug for DatabaseArgs {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("DatabaseArgs")
-            .field("database_url", &crate::database::redact(&self.database_url))
+            .field("database_url", &crate::backend::redact(&self.database_url))
             .finish()
     }
 }
@@ -247,7 +276,7 @@ impl std::fmt::Debug for CommonArgs {
             .field("public_url", &self.public_url)
             .field(
                 "mailer",
-                &self.mailer.as_deref().map(crate::database::redact),
+                &self.mailer.as_deref().map(crate::backend::redact),
             )
             .field("mailer_api_key", &self.mailer_api_key)
             .field("smtp_password", &self.smtp_password)
@@ -438,7 +467,7 @@ impl std::fmt::Debug for MailerChoice {
             Self::Dev => f.write_str("Dev"),
             Self::Url(url) => f
                 .debug_tuple("Url")
-                .field(&crate::database::redact(url))
+                .field(&crate::backend::redact(url))
                 .finish(),
         }
     }

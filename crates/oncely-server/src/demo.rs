@@ -13,7 +13,9 @@ use clap::Parser;
 use oncely_inbox::{Faults, Inbox};
 use serde_json::json;
 
+use crate::accounts::Accounts;
 use crate::app::Application;
+use crate::backend::Sqlite;
 use crate::config::{Cli, Command};
 
 /// What the storm did and what came out of it.
@@ -73,7 +75,8 @@ impl Report {
     }
 }
 
-/// Runs the storm with `intents` intents on a throwaway SQLite database.
+/// Runs the storm with `intents` intents on a throwaway SQLite database (the embedded default:
+/// nothing to set up).
 pub async fn run(intents: usize) -> anyhow::Result<Report> {
     let dir = tempfile_dir()?;
     let database_url = format!("sqlite://{}", dir.join("demo.db").display());
@@ -100,9 +103,9 @@ pub async fn run(intents: usize) -> anyhow::Result<Report> {
     let Command::Serve(args) = Cli::try_parse_from(argv)?.command else {
         unreachable!("parsed serve")
     };
-    let app = Application::build(&args).await?;
+    let app = Application::<Sqlite>::build(&args).await?;
     let base = format!("http://{}", app.addr());
-    let database = app.database().clone();
+    let backend = app.backend().clone();
     tokio::spawn(app.run_until(std::future::pending()));
 
     let client = oncely_outbox::http::client(Duration::from_secs(10))?;
@@ -154,34 +157,17 @@ pub async fn run(intents: usize) -> anyhow::Result<Report> {
     }
     tokio::time::sleep(Duration::from_millis(300)).await;
     report.emails = inbox.messages(None).len();
-    let (users, attempts, failed) = database_counts(&database).await?;
-    (report.users, report.attempts, report.failed_attempts) = (users, attempts, failed);
+    report.users = backend
+        .scalar("SELECT count(*) FROM oncely_users".into())
+        .await?;
+    report.attempts = backend
+        .scalar("SELECT count(*) FROM oncely_outbox_attempts".into())
+        .await?;
+    report.failed_attempts = backend
+        .scalar("SELECT count(*) FROM oncely_outbox_attempts WHERE result = 'retry'".into())
+        .await?;
     let _ = std::fs::remove_dir_all(&dir);
     Ok(report)
-}
-
-async fn database_counts(database: &crate::database::Database) -> anyhow::Result<(i64, i64, i64)> {
-    const USERS: &str = "SELECT count(*) FROM oncely_users";
-    const ATTEMPTS: &str = "SELECT count(*) FROM oncely_outbox_attempts";
-    const FAILED: &str = "SELECT count(*) FROM oncely_outbox_attempts WHERE result = 'retry'";
-    Ok(match database {
-        crate::database::Database::Sqlite(store) => {
-            let pool = store.pool();
-            (
-                sqlx::query_scalar(USERS).fetch_one(pool).await?,
-                sqlx::query_scalar(ATTEMPTS).fetch_one(pool).await?,
-                sqlx::query_scalar(FAILED).fetch_one(pool).await?,
-            )
-        }
-        crate::database::Database::Postgres(store) => {
-            let pool = store.pool();
-            (
-                sqlx::query_scalar(USERS).fetch_one(pool).await?,
-                sqlx::query_scalar(ATTEMPTS).fetch_one(pool).await?,
-                sqlx::query_scalar(FAILED).fetch_one(pool).await?,
-            )
-        }
-    })
 }
 
 fn tempfile_dir() -> std::io::Result<std::path::PathBuf> {

@@ -2,10 +2,10 @@
 //!
 //! Map:
 //! - [`config`]: command line and environment (`DATABASE_URL`, `ONCELY_*`), the server secret.
-//! - [`database`]: PostgreSQL or SQLite, chosen by URL; migrations; readiness.
+//! - [`backend`]: PostgreSQL or SQLite, chosen once by URL; connection, migrations, readiness.
 //! - [`app`]: assembly: database, mailer, routes, workers; binding (port 0 in tests); shutdown.
 //! - [`routes`]: the HTTP API (`/v1/signup`, `/v1/verify`) behind the idempotency layer.
-//! - [`accounts`]: the SQL of the account flows, once per database dialect.
+//! - [`accounts`]: the account flows' storage: statements per dialect, Rust once.
 //! - [`email`], [`token`], [`password`]: addresses, one-time tokens, Argon2id.
 //! - [`mail`]: the emails and the outbox handlers that send them; [`workers`]: starting them.
 //! - [`openapi`]: the OpenAPI description (`/openapi.json`).
@@ -19,9 +19,9 @@
 
 pub mod accounts;
 pub mod app;
+pub mod backend;
 pub mod client_addr;
 pub mod config;
-pub mod database;
 pub mod demo;
 pub mod email;
 pub mod mail;

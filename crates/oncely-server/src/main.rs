@@ -5,11 +5,12 @@ use std::sync::Arc;
 use anyhow::bail;
 use clap::Parser;
 use oncely_inbox::{Faults, Inbox};
+use oncely_server::accounts::Accounts;
 use oncely_server::app::{self, Application};
+use oncely_server::backend::{self, Backend, COMMAND_POOL, Postgres, Sqlite};
 use oncely_server::config::{
     Cli, Command, Environment, InboxArgs, MailerChoice, PruneArgs, TenantCommand, WorkerArgs,
 };
-use oncely_server::database::Database;
 use oncely_server::mail::MailContext;
 use oncely_server::workers;
 use tokio_util::sync::CancellationToken;
@@ -34,11 +35,44 @@ async fn main() -> std::process::ExitCode {
 }
 
 async fn run(cli: Cli) -> anyhow::Result<()> {
-    match cli.command {
+    let Some(url) = cli.command.database_url() else {
+        return run_without_database(cli.command).await;
+    };
+    // The one place that asks which database: everything below is generic over it.
+    if Postgres::accepts(url) {
+        run_on::<Postgres>(cli.command).await
+    } else if Sqlite::accepts(url) {
+        run_on::<Sqlite>(cli.command).await
+    } else {
+        Err(backend::unsupported(url))
+    }
+}
+
+/// The commands that need no database.
+async fn run_without_database(command: Command) -> anyhow::Result<()> {
+    match command {
+        Command::Inbox(args) => run_inbox(args).await,
+        Command::Demo { intents } => {
+            println!(
+                "oncely demo: {intents} signups, each retried 5 times, sent 5 times at once, and its key reused once with another body; the first 3 deliveries fail"
+            );
+            let report = oncely_server::demo::run(intents).await?;
+            print!("{}", report.table());
+            if !report.one_per_intent() {
+                bail!("an intent did not produce exactly one account and one email");
+            }
+            Ok(())
+        }
+        _ => unreachable!("every other command names its database"),
+    }
+}
+
+async fn run_on<B: Accounts>(command: Command) -> anyhow::Result<()> {
+    match command {
         Command::Serve(args) => {
-            let app = Application::build(&args).await?;
+            let app = Application::<B>::build(&args).await?;
             let addr = app.addr();
-            tracing::info!(%addr, database = app.database().kind(), workers = args.workers, "oncely is serving");
+            tracing::info!(%addr, database = B::NAME, workers = args.workers, "oncely is serving");
             println!("oncely API:   http://{addr}   (health: /healthz)");
             if let Some((_, running)) = app.dev_inbox() {
                 println!(
@@ -52,61 +86,49 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
             );
             app.run_until(shutdown_signal()).await
         }
-        Command::Worker(args) => run_workers(args).await,
+        Command::Worker(args) => run_workers::<B>(args).await,
         Command::Migrate(args) => {
-            let database = Database::connect(&args.database_url).await?;
-            database.migrate().await?;
-            println!("migrations applied ({})", database.kind());
+            let backend = B::connect(&args.database_url, COMMAND_POOL).await?;
+            backend.migrate().await?;
+            println!("migrations applied ({})", B::NAME);
             Ok(())
         }
-        Command::Inbox(args) => run_inbox(args).await,
         Command::Tenant(TenantCommand::Create { name, database }) => {
-            create_tenant(&name, &database.database_url).await
+            create_tenant::<B>(&name, &database.database_url).await
         }
-        Command::Prune(args) => prune(args).await,
-        Command::Demo { intents } => {
-            println!(
-                "oncely demo: {intents} signups, each retried 5 times, sent 5 times at once, and its key reused once with another body; the first 3 deliveries fail"
-            );
-            let report = oncely_server::demo::run(intents).await?;
-            print!("{}", report.table());
-            if !report.one_per_intent() {
-                bail!("an intent did not produce exactly one account and one email");
-            }
-            Ok(())
-        }
+        Command::Prune(args) => prune::<B>(args).await,
         Command::Key(command) => {
-            print!("{}", oncely_server::ops::key_show(command).await?);
+            print!("{}", oncely_server::ops::key_show::<B>(command).await?);
             Ok(())
         }
         Command::Outbox(command) => {
-            print!("{}", oncely_server::ops::outbox(command).await?);
+            print!("{}", oncely_server::ops::outbox::<B>(command).await?);
             Ok(())
+        }
+        Command::Inbox(_) | Command::Demo { .. } => {
+            unreachable!("`run` runs these without a database")
         }
     }
 }
 
-async fn create_tenant(name: &str, database_url: &str) -> anyhow::Result<()> {
-    use oncely_server::accounts::Accounts;
+async fn create_tenant<B: Accounts>(name: &str, database_url: &str) -> anyhow::Result<()> {
     use oncely_server::routes::tenant::{hash_api_key, new_api_key};
     let tenant = oncely::TenantId::parse(name).map_err(|e| anyhow::anyhow!("{e}"))?;
     if tenant == oncely::TenantId::default() {
         bail!("`default` is the tenant of requests without an API key; choose another name");
     }
-    let database = Database::connect(database_url).await?;
-    database.migrate().await?;
+    let backend = B::connect(database_url, COMMAND_POOL).await?;
+    backend.migrate().await?;
     let key = new_api_key();
-    let created = match &database {
-        Database::Postgres(s) => s.create_tenant(tenant.as_str(), &hash_api_key(&key)).await,
-        Database::Sqlite(s) => s.create_tenant(tenant.as_str(), &hash_api_key(&key)).await,
-    };
-    created.map_err(|_| anyhow::anyhow!("tenant {tenant} already exists"))?;
+    backend
+        .create_tenant(tenant.as_str(), &hash_api_key(&key))
+        .await
+        .map_err(|_| anyhow::anyhow!("tenant {tenant} already exists"))?;
     println!("tenant {tenant} created. Its API key (shown once; only a hash is stored):\n{key}");
     Ok(())
 }
 
-async fn run_workers(args: WorkerArgs) -> anyhow::Result<()> {
-    use oncely_server::accounts::Accounts;
+async fn run_workers<B: Accounts>(args: WorkerArgs) -> anyhow::Result<()> {
     let common = &args.common;
     if common.mailer_choice()? == MailerChoice::Dev {
         bail!(
@@ -115,9 +137,8 @@ async fn run_workers(args: WorkerArgs) -> anyhow::Result<()> {
     }
     let secret = common.server_secret()?;
     let public_url = common.public_url(None)?;
-    let database =
-        Database::connect_pool(&common.database.database_url, common.database_pool).await?;
-    database.migrate().await?;
+    let backend = B::connect(&common.database.database_url, common.database_pool).await?;
+    backend.migrate().await?;
     let (mailer, _) = app::mailer(common).await?;
     let context = Arc::new(MailContext {
         secret,
@@ -127,19 +148,9 @@ async fn run_workers(args: WorkerArgs) -> anyhow::Result<()> {
     });
     let plan = app::worker_plan(common, args.workers, args.kinds.clone());
     let shutdown = CancellationToken::new();
-    let handles = match &database {
-        Database::Postgres(s) => {
-            workers::spawn(s, &s.jobs(common.poll_only), &context, &plan, &shutdown)?
-        }
-        Database::Sqlite(s) => {
-            workers::spawn(s, &s.jobs(common.poll_only), &context, &plan, &shutdown)?
-        }
-    };
-    println!(
-        "oncely worker: {} worker(s) on {}",
-        args.workers,
-        database.kind()
-    );
+    let jobs = backend.jobs(common.poll_only);
+    let handles = workers::spawn(&backend, &jobs, &context, &plan, &shutdown)?;
+    println!("oncely worker: {} worker(s) on {}", args.workers, B::NAME);
     shutdown_signal().await;
     shutdown.cancel();
     for handle in handles {
@@ -148,11 +159,10 @@ async fn run_workers(args: WorkerArgs) -> anyhow::Result<()> {
     Ok(())
 }
 
-async fn prune(args: PruneArgs) -> anyhow::Result<()> {
+async fn prune<B: Accounts>(args: PruneArgs) -> anyhow::Result<()> {
     use indicatif::{ProgressBar, ProgressStyle};
-    use oncely_server::accounts::Accounts;
-    let database = Database::connect(&args.database.database_url).await?;
-    database.migrate().await?;
+    let backend = B::connect(&args.database.database_url, COMMAND_POOL).await?;
+    backend.migrate().await?;
     let bar = ProgressBar::new_spinner();
     bar.set_style(
         ProgressStyle::with_template("{spinner} pruning {msg}").expect("a valid template"),
@@ -160,14 +170,8 @@ async fn prune(args: PruneArgs) -> anyhow::Result<()> {
     bar.enable_steady_tick(std::time::Duration::from_millis(120));
     let progress = |table: &str, n: u64| bar.set_message(format!("{table}: {n} rows deleted"));
     let retention = args.retention.retention();
-    let pruned = match &database {
-        Database::Postgres(s) => {
-            oncely_server::prune::prune_all(s, &s.jobs(true), retention, progress).await?
-        }
-        Database::Sqlite(s) => {
-            oncely_server::prune::prune_all(s, &s.jobs(true), retention, progress).await?
-        }
-    };
+    let pruned =
+        oncely_server::prune::prune_all(&backend, &backend.jobs(true), retention, progress).await?;
     bar.finish_and_clear();
     println!(
         "pruned {} rows: {} idempotency keys, {} outbox jobs, {} tokens, {} email-cap counters",

@@ -6,12 +6,11 @@ use anyhow::bail;
 use oncely_outbox::store::JobFilter;
 use oncely_outbox::{JobStatus, JobStore};
 
-use crate::accounts::Accounts;
+use crate::backend::{Backend, COMMAND_POOL};
 use crate::config::{JobStatusArg, OutboxCommand};
-use crate::database::Database;
 
-/// Runs an outbox command and returns what to print.
-pub async fn outbox(command: OutboxCommand) -> anyhow::Result<String> {
+/// Runs an outbox command on backend `B` and returns what to print.
+pub async fn outbox<B: Backend>(command: OutboxCommand) -> anyhow::Result<String> {
     // `dead` is `list --status dead`.
     let command = match command {
         OutboxCommand::Dead {
@@ -26,18 +25,8 @@ pub async fn outbox(command: OutboxCommand) -> anyhow::Result<String> {
         },
         other => other,
     };
-    let database = match &command {
-        OutboxCommand::List { database, .. }
-        | OutboxCommand::Dead { database, .. }
-        | OutboxCommand::Show { database, .. }
-        | OutboxCommand::Retry { database, .. } => {
-            Database::connect(&database.database_url).await?
-        }
-    };
-    match &database {
-        Database::Postgres(store) => run(&store.jobs(true), command).await,
-        Database::Sqlite(store) => run(&store.jobs(true), command).await,
-    }
+    let backend = B::connect(&command.database().database_url, COMMAND_POOL).await?;
+    run(&backend.jobs(true), command).await
 }
 
 async fn run<S: JobStore>(jobs: &S, command: OutboxCommand) -> anyhow::Result<String> {
@@ -119,7 +108,7 @@ async fn run<S: JobStore>(jobs: &S, command: OutboxCommand) -> anyhow::Result<St
 }
 
 /// `oncely key show`: the state of one idempotency key, and the answer it replays.
-pub async fn key_show(command: crate::config::KeyCommand) -> anyhow::Result<String> {
+pub async fn key_show<B: Backend>(command: crate::config::KeyCommand) -> anyhow::Result<String> {
     use oncely::store::{KeyStore, Record, RecordState};
     use oncely::{IdempotencyKey, Scope, TenantId};
     let crate::config::KeyCommand::Show {
@@ -132,10 +121,8 @@ pub async fn key_show(command: crate::config::KeyCommand) -> anyhow::Result<Stri
     let tenant = TenantId::parse(tenant).map_err(|e| anyhow::anyhow!("{e}"))?;
     let key = IdempotencyKey::parse(&key).map_err(|e| anyhow::anyhow!("{e}"))?;
     let scope = Scope::new(tenant, method.to_uppercase(), route, key);
-    let record: Option<Record> = match Database::connect(&database.database_url).await? {
-        Database::Postgres(store) => store.get(&scope).await?,
-        Database::Sqlite(store) => store.get(&scope).await?,
-    };
+    let backend = B::connect(&database.database_url, COMMAND_POOL).await?;
+    let record: Option<Record> = backend.keys().get(&scope).await?;
     let mut out = String::new();
     writeln!(
         out,

@@ -13,6 +13,7 @@
 
 use std::time::Duration;
 
+use oncely::store::KeyStore;
 use oncely_outbox::JobStore;
 use time::OffsetDateTime;
 
@@ -65,9 +66,9 @@ pub async fn prune_all<A: Accounts>(
     for table in ["keys", "jobs", "tokens", "rate_limits"] {
         loop {
             let n = match table {
-                "keys" => accounts.prune(BATCH).await?,
+                "keys" => accounts.keys().prune(BATCH).await?,
                 "jobs" => jobs.prune(retention.outbox, BATCH).await?,
-                "tokens" => accounts.prune_tokens(retention.tokens, BATCH).await?,
+                "tokens" => accounts.prune_tokens(None, retention.tokens, BATCH).await?,
                 _ => accounts.prune_rate_limits(before_window, BATCH).await?,
             };
             let total = match table {

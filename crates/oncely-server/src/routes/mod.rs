@@ -56,7 +56,7 @@ pub struct KeyPolicy {
 
 /// The account routes.
 pub fn v1<A: Accounts>(state: AppState<A>, policy: KeyPolicy) -> Router {
-    let keys = IdempotencyLayer::transactional(state.accounts.clone(), state.secret.clone())
+    let keys = IdempotencyLayer::transactional(state.accounts.keys().clone(), state.secret.clone())
         .lease(policy.lease)
         .retention(policy.retention)
         .max_request_body(16 * 1024)
@@ -164,7 +164,8 @@ pub fn invalid_request(detail: impl Into<String>) -> Problem {
 }
 
 /// 500 for an unexpected failure; the cause goes to the log, not to the client.
-pub fn unexpected(error: anyhow::Error) -> Problem {
+pub fn unexpected(error: impl Into<anyhow::Error>) -> Problem {
+    let error = error.into();
     tracing::error!(error = format!("{error:#}"), "request failed");
     Problem::new(
         StatusCode::INTERNAL_SERVER_ERROR,

@@ -143,9 +143,7 @@ pub async fn signup<A: Accounts>(
                 SIGNUP_NOTICE,
                 json!({ "user_id": user, "suppressed": suppressed }),
             );
-            A::enqueue(&mut conn, &job)
-                .await
-                .map_err(|e| unexpected(e.into()))?;
+            A::enqueue(&mut conn, &job).await.map_err(unexpected)?;
         }
     }
     tracing::info!(email = %email.masked(), tenant = %tenant, "signup accepted");

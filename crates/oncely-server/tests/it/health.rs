@@ -1,6 +1,7 @@
 //! Start-up, health and readiness.
 
 use oncely_server::app::Application;
+use oncely_server::backend::{Postgres, Sqlite};
 use oncely_testdb::{TestPostgres, TestSqlite};
 
 use crate::support::{serve_args, spawn_app_on};
@@ -30,7 +31,7 @@ async fn an_unreachable_database_stops_start_up_with_a_clear_error() {
         "smtp://127.0.0.1:1",
         &[],
     );
-    let error = Application::build(&args).await.err().unwrap();
+    let error = Application::<Postgres>::build(&args).await.err().unwrap();
     let message = format!("{error:#}");
     assert!(
         message.contains("cannot connect to PostgreSQL at postgres://nobody:***@127.0.0.1:1/none"),
@@ -166,7 +167,7 @@ async fn dump_dom(chromium: &str, url: &str) -> String {
 async fn the_dev_inbox_page_shows_the_verification_link_in_a_real_browser() {
     let Some(chromium) = chromium() else { return };
     let db = TestSqlite::new();
-    let app = Application::build(&serve_args(db.url(), "dev", &[]))
+    let app = Application::<Sqlite>::build(&serve_args(db.url(), "dev", &[]))
         .await
         .unwrap();
     let base = format!("http://{}", app.addr());

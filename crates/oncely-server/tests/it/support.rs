@@ -5,7 +5,9 @@ use std::time::Duration;
 
 use clap::Parser;
 use oncely_inbox::{Faults, Inbox, Message, Running};
+use oncely_server::accounts::Accounts;
 use oncely_server::app::Application;
+use oncely_server::backend::{Postgres, Sqlite};
 use oncely_server::config::{Cli, Command, ServeArgs};
 use oncely_testdb::{TestDb, TestPostgres, TestSqlite};
 use serde_json::Value;
@@ -62,17 +64,26 @@ pub async fn spawn_app_with_inbox(
     extra: &[&str],
 ) -> TestApp {
     let mailer = format!("smtp://{}", running.smtp_addr);
-    let app = Application::build(&serve_args(database_url, &mailer, extra))
-        .await
-        .expect("the app starts");
-    let base = format!("http://{}", app.addr());
-    tokio::spawn(app.run_until(std::future::pending()));
+    let args = serve_args(database_url, &mailer, extra);
+    let base = if database_url.starts_with("postgres") {
+        start::<Postgres>(&args).await
+    } else {
+        start::<Sqlite>(&args).await
+    };
     TestApp {
         base,
         client: oncely_testdb::http(),
         inbox,
         database_url: database_url.to_owned(),
     }
+}
+
+/// Starts the app on backend `B` in this process; returns its base URL.
+pub async fn start<B: Accounts>(args: &ServeArgs) -> String {
+    let app = Application::<B>::build(args).await.expect("the app starts");
+    let base = format!("http://{}", app.addr());
+    tokio::spawn(app.run_until(std::future::pending()));
+    base
 }
 
 impl TestApp {

@@ -112,18 +112,10 @@ async fn run_on<B: Accounts>(command: Command) -> anyhow::Result<()> {
 }
 
 async fn create_tenant<B: Accounts>(name: &str, database_url: &str) -> anyhow::Result<()> {
-    use oncely_server::routes::tenant::{hash_api_key, new_api_key};
-    let tenant = oncely::TenantId::parse(name).map_err(|e| anyhow::anyhow!("{e}"))?;
-    if tenant == oncely::TenantId::default() {
-        bail!("`default` is the tenant of requests without an API key; choose another name");
-    }
+    let tenant = oncely_server::ops::tenant_name(name)?;
     let backend = B::connect(database_url, COMMAND_POOL).await?;
     backend.migrate().await?;
-    let key = new_api_key();
-    backend
-        .create_tenant(tenant.as_str(), &hash_api_key(&key))
-        .await
-        .map_err(|_| anyhow::anyhow!("tenant {tenant} already exists"))?;
+    let key = oncely_server::ops::create_tenant(&backend, &tenant).await?;
     println!("tenant {tenant} created. Its API key (shown once; only a hash is stored):\n{key}");
     Ok(())
 }

@@ -6,6 +6,7 @@ use anyhow::bail;
 use oncely_outbox::store::JobFilter;
 use oncely_outbox::{JobStatus, JobStore};
 
+use crate::accounts::{AccountError, Accounts};
 use crate::backend::{Backend, COMMAND_POOL};
 use crate::config::{JobStatusArg, OutboxCommand};
 
@@ -105,6 +106,36 @@ async fn run<S: JobStore>(jobs: &S, command: OutboxCommand) -> anyhow::Result<St
         }
     }
     Ok(out)
+}
+
+/// The name of a new tenant: a valid tenant id other than `default`.
+pub fn tenant_name(name: &str) -> anyhow::Result<oncely::TenantId> {
+    let tenant = oncely::TenantId::parse(name).map_err(|e| anyhow::anyhow!("{e}"))?;
+    if tenant == oncely::TenantId::default() {
+        bail!("`default` is the tenant of requests without an API key; choose another name");
+    }
+    Ok(tenant)
+}
+
+/// `oncely tenant create`: creates `tenant` with a new API key and returns the key (only its
+/// hash is stored). A name that is taken says so; any other failure (the database down, busy)
+/// says what it was.
+pub async fn create_tenant<B: Accounts>(
+    backend: &B,
+    tenant: &oncely::TenantId,
+) -> anyhow::Result<String> {
+    use crate::routes::tenant::{hash_api_key, new_api_key};
+    let key = new_api_key();
+    match backend
+        .create_tenant(tenant.as_str(), &hash_api_key(&key))
+        .await
+    {
+        Ok(()) => Ok(key),
+        Err(AccountError::Conflict(_)) => bail!("tenant {tenant} already exists"),
+        Err(error) => {
+            Err(anyhow::Error::new(error).context(format!("tenant {tenant} was not created")))
+        }
+    }
 }
 
 /// `oncely key show`: the state of one idempotency key, and the answer it replays.

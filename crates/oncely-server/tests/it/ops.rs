@@ -3,6 +3,9 @@
 use std::time::{Duration, Instant};
 
 use oncely_inbox::{Faults, Rejection};
+use oncely_server::accounts::Accounts;
+use oncely_server::backend::{COMMAND_POOL, Postgres, Sqlite};
+use oncely_server::ops;
 use oncely_testdb::TestDb;
 use serde_json::json;
 
@@ -108,6 +111,39 @@ async fn a_worker_for_an_unknown_kind_refuses_to_start_and_names_the_known_ones(
         text.contains("no handler for job kind \"charge\"") && text.contains("email.verification"),
         "{text}"
     );
+}
+
+both_databases!(tenant_create_tells_a_taken_name_from_an_unavailable_database);
+
+/// Regression: `oncely tenant create` said "already exists" for every failure, a database
+/// outage included.
+async fn tenant_create_tells_a_taken_name_from_an_unavailable_database(url: String, _db: TestDb) {
+    let (ok, created) = oncely(&["tenant", "create", "acme", "--database-url", &url]).await;
+    assert!(ok, "{created}");
+    let (ok, again) = oncely(&["tenant", "create", "acme", "--database-url", &url]).await;
+    assert!(
+        !ok && again.contains("tenant acme already exists"),
+        "{again}"
+    );
+    let unavailable = if url.starts_with("postgres") {
+        create_tenant_without_a_database::<Postgres>(&url).await
+    } else {
+        create_tenant_without_a_database::<Sqlite>(&url).await
+    };
+    assert!(
+        unavailable.contains("tenant other was not created: the database is unavailable")
+            && !unavailable.contains("already exists"),
+        "{unavailable}"
+    );
+}
+
+/// What creating a tenant says when the database stopped answering (its pool closed).
+async fn create_tenant_without_a_database<B: Accounts>(url: &str) -> String {
+    let backend = B::connect(url, COMMAND_POOL).await.unwrap();
+    backend.pool().close().await;
+    let tenant = ops::tenant_name("other").unwrap();
+    let error = ops::create_tenant(&backend, &tenant).await.unwrap_err();
+    format!("{error:#}")
 }
 
 both_databases!(prune_deletes_expired_keys_old_history_and_counters_but_keeps_pending_work);

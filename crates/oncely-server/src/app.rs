@@ -12,19 +12,17 @@ use axum::http::StatusCode;
 use axum::routing::get;
 use oncely_inbox::{Inbox, Running};
 use oncely_outbox::mail::{self, Mailer};
-use oncely_outbox::{RetryPolicy, WorkerConfig};
 use tokio::net::TcpListener;
 use tokio_util::sync::CancellationToken;
 
 use crate::accounts::Accounts;
 use crate::backend::Backend;
 use crate::client_addr::TrustedProxies;
-use crate::config::{CommonArgs, Environment, MailerChoice, ServeArgs};
 use crate::mail::MailContext;
-use crate::routes::issue::MailLimits;
-use crate::routes::{self, AppState, KeyPolicy};
+use crate::routes::{self, AppState};
+use crate::settings::{Environment, MailerChoice, MailerSettings, Settings};
 use crate::telemetry;
-use crate::workers::{self, WorkerHandles, WorkerPlan};
+use crate::workers::{self, WorkerHandles};
 
 /// How long one email send may take before its outcome counts as unknown.
 pub const SEND_TIMEOUT: Duration = Duration::from_secs(10);
@@ -40,14 +38,14 @@ pub struct Application<B> {
     workers: WorkerHandles,
 }
 
-/// The mailer a configuration names; in development, `dev` starts the built-in inbox.
+/// The mailer the settings name; `dev` starts the built-in inbox.
 pub async fn mailer(
-    common: &CommonArgs,
+    settings: &MailerSettings,
 ) -> anyhow::Result<(Arc<dyn Mailer>, Option<(Inbox, Running)>)> {
-    match common.mailer_choice()? {
+    match &settings.choice {
         MailerChoice::Url(url) => {
-            let mailer = mail::from_url(&url, common.mailer_api_key.clone(), SEND_TIMEOUT)
-                .with_context(|| {
+            let mailer =
+                mail::from_url(url, settings.api_key.clone(), SEND_TIMEOUT).with_context(|| {
                     format!(
                         "ONCELY_MAILER {:?}",
                         url.split("://").next().unwrap_or_default()
@@ -66,73 +64,48 @@ pub async fn mailer(
     }
 }
 
-/// The workers a configuration asks for.
-pub fn worker_plan(common: &CommonArgs, count: usize, kinds: Vec<String>) -> WorkerPlan {
-    WorkerPlan {
-        count,
-        config: WorkerConfig {
-            lease: common.lease,
-            ..WorkerConfig::default()
-        },
-        policy: RetryPolicy {
-            base: common.retry_base,
-            ..RetryPolicy::DEFAULT
-        },
-        kinds,
-    }
-}
-
 impl<B: Accounts> Application<B> {
-    /// Checks the configuration, connects, migrates, binds, starts the workers.
-    pub async fn build(args: &ServeArgs) -> anyhow::Result<Self> {
-        args.validate()?;
-        let common = &args.common;
-        let secret = common.server_secret()?;
-        common.mailer_choice()?;
-        let public_url = common.public_url(Some(args.bind))?;
-        let backend = B::connect(&common.database.database_url, common.database_pool).await?;
+    /// Connects, migrates, binds, starts the workers and the pruner. `settings` were checked
+    /// when they were resolved ([`Settings::from_args`]).
+    pub async fn build(settings: Settings) -> anyhow::Result<Self> {
+        let backend = B::connect(&settings.database.url, settings.database.pool).await?;
         backend.migrate().await?;
-        let listener = TcpListener::bind(args.bind)
+        let listener = TcpListener::bind(settings.bind)
             .await
-            .with_context(|| format!("cannot listen on {}", args.bind))?;
+            .with_context(|| format!("cannot listen on {}", settings.bind))?;
         let addr = listener.local_addr()?;
-        let (mailer, dev_inbox) = mailer(common).await?;
+        let (mailer, dev_inbox) = mailer(&settings.mailer).await?;
         let context = Arc::new(MailContext {
-            secret: secret.clone(),
-            // Only the development default depends on the port actually bound (`:0` in tests).
-            public_url: match &common.public_url {
-                Some(_) => public_url,
-                None => common.public_url(Some(addr))?,
-            },
-            from: common.mail_from.clone(),
+            secret: settings.secret.clone(),
+            public_url: settings.public_url_at(addr),
+            from: settings.mailer.from.clone(),
             mailer,
         });
         let shutdown = CancellationToken::new();
-        let policy = KeyPolicy {
-            lease: common.lease,
-            retention: args.key_retention,
+        let jobs = backend.jobs(settings.poll_only);
+        let mut workers = workers::spawn(
+            &backend,
+            &jobs,
+            &context,
+            &settings.worker_plan(),
+            &shutdown,
+        )?;
+        workers.push(tokio::spawn(prune_periodically(
+            backend.clone(),
+            jobs.clone(),
+            (settings.prune_interval, settings.retention()),
+            shutdown.clone(),
+        )));
+        let state = AppState {
+            accounts: backend.clone(),
+            jobs,
+            secret: settings.secret.clone(),
+            limits: settings.limits,
         };
-        let limits = MailLimits {
-            per_address: args.mail_cap_per_address,
-            per_address_total: args
-                .mail_cap_per_address_total
-                .unwrap_or_else(|| args.mail_cap_per_address.saturating_mul(4)),
-            per_client: args.mail_cap_per_client,
-            window: args.retention.mail_cap_window,
-        };
-        let pruning = (args.prune_interval, args.retention.retention());
-        let parts = Parts {
-            pruning,
-            secret,
-            policy,
-            limits,
-            context,
-            workers: args.workers,
-            common,
-            shutdown: &shutdown,
-        };
-        let (v1, workers) = parts.assemble(backend.clone())?;
-        let v1 = if common.environment == Environment::Development
+        let v1 = routes::v1(state, settings.key_policy());
+        let development = settings.environment == Environment::Development;
+        let production = settings.environment == Environment::Production;
+        let v1 = if development
             && std::env::var("ONCELY_FAILPOINT").as_deref() == Ok("crash-after-commit")
         {
             tracing::warn!(
@@ -142,7 +115,7 @@ impl<B: Accounts> Application<B> {
         } else {
             v1
         };
-        if common.environment == Environment::Production && args.metrics_token.is_none() {
+        if production && settings.metrics_token.is_none() {
             tracing::warn!(
                 "GET /metrics answers 404 in production without ONCELY_METRICS_TOKEN (its counters would tell outsiders which addresses have accounts); set one to scrape it"
             );
@@ -154,12 +127,12 @@ impl<B: Accounts> Application<B> {
             .route(
                 "/metrics",
                 get(metrics::<B>).layer(axum::Extension(MetricsAccess {
-                    token: args.metrics_token.as_ref().map(|token| {
+                    token: settings.metrics_token.as_ref().map(|token| {
                         use secrecy::ExposeSecret;
                         use sha2::Digest;
                         sha2::Sha256::digest(token.expose_secret().as_bytes()).into()
                     }),
-                    production: common.environment == Environment::Production,
+                    production,
                 })),
             )
             .route(
@@ -172,13 +145,13 @@ impl<B: Accounts> Application<B> {
             .merge(v1)
             .route_layer(axum::middleware::from_fn(telemetry::record_http));
         if let Some((inbox, _)) = &dev_inbox
-            && common.environment == Environment::Development
+            && development
             && addr.ip().is_loopback()
         {
             router = router.nest("/_dev/inbox", oncely_inbox::http::router(inbox.clone()));
         }
         let router = telemetry::layer(router).layer(axum::Extension(TrustedProxies::new(
-            args.trusted_proxies.clone(),
+            settings.trusted_proxies,
         )));
         Ok(Self {
             listener,
@@ -228,39 +201,6 @@ impl<B: Accounts> Application<B> {
             }
         }
         Ok(served?)
-    }
-}
-
-/// What assembling the routes and workers for one database needs.
-struct Parts<'a> {
-    secret: oncely::ServerSecret,
-    pruning: (Duration, crate::prune::Retention),
-    policy: KeyPolicy,
-    limits: MailLimits,
-    context: Arc<MailContext>,
-    workers: usize,
-    common: &'a CommonArgs,
-    shutdown: &'a CancellationToken,
-}
-
-impl Parts<'_> {
-    fn assemble<A: Accounts>(self, accounts: A) -> anyhow::Result<(Router, WorkerHandles)> {
-        let jobs = accounts.jobs(self.common.poll_only);
-        let plan = worker_plan(self.common, self.workers, Vec::new());
-        let mut handles = workers::spawn(&accounts, &jobs, &self.context, &plan, self.shutdown)?;
-        handles.push(tokio::spawn(prune_periodically(
-            accounts.clone(),
-            jobs.clone(),
-            self.pruning,
-            self.shutdown.clone(),
-        )));
-        let state = AppState {
-            accounts,
-            jobs,
-            secret: self.secret,
-            limits: self.limits,
-        };
-        Ok((routes::v1(state, self.policy), handles))
     }
 }
 

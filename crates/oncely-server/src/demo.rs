@@ -9,14 +9,14 @@ use std::collections::BTreeMap;
 use std::fmt::Write;
 use std::time::{Duration, Instant};
 
-use clap::Parser;
+use oncely::ServerSecret;
 use oncely_inbox::{Faults, Inbox};
 use serde_json::json;
 
 use crate::accounts::Accounts;
 use crate::app::Application;
 use crate::backend::Sqlite;
-use crate::config::{Cli, Command};
+use crate::settings::{MailerChoice, Settings};
 
 /// What the storm did and what came out of it.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
@@ -85,25 +85,13 @@ pub async fn run(intents: usize) -> anyhow::Result<Report> {
         ..Faults::default()
     })
     .await?;
-    let mailer = format!("smtp://{}", running.smtp_addr);
-    let argv = [
-        "oncely",
-        "serve",
-        "--bind",
-        "127.0.0.1:0",
-        "--database-url",
-        &database_url,
-        "--mailer",
-        &mailer,
-        "--retry-base",
-        "50ms",
-        "--mail-cap-per-client",
-        "100000",
-    ];
-    let Command::Serve(args) = Cli::try_parse_from(argv)?.command else {
-        unreachable!("parsed serve")
-    };
-    let app = Application::<Sqlite>::build(&args).await?;
+    let secret = ServerSecret::new(hex::encode(rand::random::<[u8; 32]>()).into_bytes())?;
+    let mut settings = Settings::new(database_url, secret);
+    settings.bind = ([127, 0, 0, 1], 0).into();
+    settings.mailer.choice = MailerChoice::Url(format!("smtp://{}", running.smtp_addr));
+    settings.retry_base = Duration::from_millis(50);
+    settings.limits.per_client = 100_000;
+    let app = Application::<Sqlite>::build(settings).await?;
     let base = format!("http://{}", app.addr());
     let backend = app.backend().clone();
     tokio::spawn(app.run_until(std::future::pending()));

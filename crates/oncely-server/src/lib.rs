@@ -1,7 +1,8 @@
 //! The `oncely` service: account flows built on idempotency keys and a transactional outbox.
 //!
 //! Map:
-//! - [`config`]: command line and environment (`DATABASE_URL`, `ONCELY_*`), the server secret.
+//! - [`cli`]: the command line (clap); [`settings`]: what it resolves to, checked once (the
+//!   server secret, mailer, public URL, limits), handed to [`app::Application::build`].
 //! - [`backend`]: PostgreSQL or SQLite, chosen once by URL; connection, migrations, readiness.
 //! - [`app`]: assembly: database, mailer, routes, workers; binding (port 0 in tests); shutdown.
 //! - [`routes`]: the HTTP API (`/v1/signup`, `/v1/verify`) behind the idempotency layer.
@@ -20,8 +21,8 @@
 pub mod accounts;
 pub mod app;
 pub mod backend;
+pub mod cli;
 pub mod client_addr;
-pub mod config;
 pub mod demo;
 pub mod email;
 pub mod mail;
@@ -30,6 +31,7 @@ pub mod ops;
 pub mod password;
 pub mod prune;
 pub mod routes;
+pub mod settings;
 pub mod telemetry;
 pub mod token;
 pub mod workers;

@@ -1,18 +1,22 @@
-//! The `oncely` binary: parses the command line and calls into the library.
+//! The `oncely` binary: parses the command line, resolves it once, and runs it on the
+//! database `DATABASE_URL` names.
 
 use std::sync::Arc;
 
 use anyhow::bail;
 use clap::Parser;
+use oncely::TenantId;
 use oncely_inbox::{Faults, Inbox};
 use oncely_server::accounts::Accounts;
 use oncely_server::app::{self, Application};
 use oncely_server::backend::{self, Backend, COMMAND_POOL, Postgres, Sqlite};
-use oncely_server::config::{
-    Cli, Command, Environment, InboxArgs, MailerChoice, PruneArgs, TenantCommand, WorkerArgs,
+use oncely_server::cli::{
+    Cli, Command, DatabaseArgs, InboxArgs, KeyCommand, OutboxCommand, PruneArgs, TenantCommand,
 };
 use oncely_server::mail::MailContext;
-use oncely_server::workers;
+use oncely_server::prune::Retention;
+use oncely_server::settings::{Environment, Settings, WorkerSettings};
+use oncely_server::{ops, workers};
 use tokio_util::sync::CancellationToken;
 
 #[tokio::main]
@@ -34,115 +38,135 @@ async fn main() -> std::process::ExitCode {
     }
 }
 
+/// A command resolved (its settings checked), ready to run on a database.
+enum Task {
+    Serve(Settings),
+    Worker(WorkerSettings),
+    Migrate(DatabaseArgs),
+    CreateTenant(TenantId, DatabaseArgs),
+    Prune(PruneArgs),
+    Key(KeyCommand),
+    Outbox(OutboxCommand),
+}
+
 async fn run(cli: Cli) -> anyhow::Result<()> {
-    let Some(url) = cli.command.database_url() else {
-        return run_without_database(cli.command).await;
+    let task = match cli.command {
+        Command::Inbox(args) => return run_inbox(args).await,
+        Command::Demo { intents } => return demo(intents).await,
+        Command::Serve(args) => Task::Serve(Settings::from_args(args)?),
+        Command::Worker(args) => Task::Worker(WorkerSettings::from_args(args)?),
+        Command::Migrate(database) => Task::Migrate(database),
+        Command::Tenant(TenantCommand::Create { name, database }) => {
+            Task::CreateTenant(ops::tenant_name(&name)?, database)
+        }
+        Command::Prune(args) => Task::Prune(args),
+        Command::Key(command) => Task::Key(command),
+        Command::Outbox(command) => Task::Outbox(command),
     };
     // The one place that asks which database: everything below is generic over it.
+    let url = task.database_url();
     if Postgres::accepts(url) {
-        run_on::<Postgres>(cli.command).await
+        task.run::<Postgres>().await
     } else if Sqlite::accepts(url) {
-        run_on::<Sqlite>(cli.command).await
+        task.run::<Sqlite>().await
     } else {
         Err(backend::unsupported(url))
     }
 }
 
-/// The commands that need no database.
-async fn run_without_database(command: Command) -> anyhow::Result<()> {
-    match command {
-        Command::Inbox(args) => run_inbox(args).await,
-        Command::Demo { intents } => {
-            println!(
-                "oncely demo: {intents} signups, each retried 5 times, sent 5 times at once, and its key reused once with another body; the first 3 deliveries fail"
-            );
-            let report = oncely_server::demo::run(intents).await?;
-            print!("{}", report.table());
-            if !report.one_per_intent() {
-                bail!("an intent did not produce exactly one account and one email");
-            }
-            Ok(())
+impl Task {
+    fn database_url(&self) -> &str {
+        match self {
+            Self::Serve(settings) => &settings.database.url,
+            Self::Worker(settings) => &settings.database.url,
+            Self::Migrate(database) | Self::CreateTenant(_, database) => &database.database_url,
+            Self::Prune(args) => &args.database.database_url,
+            Self::Key(KeyCommand::Show { database, .. }) => &database.database_url,
+            Self::Outbox(command) => &command.database().database_url,
         }
-        _ => unreachable!("every other command names its database"),
     }
-}
 
-async fn run_on<B: Accounts>(command: Command) -> anyhow::Result<()> {
-    match command {
-        Command::Serve(args) => {
-            let app = Application::<B>::build(&args).await?;
-            let addr = app.addr();
-            tracing::info!(%addr, database = B::NAME, workers = args.workers, "oncely is serving");
-            println!("oncely API:   http://{addr}   (health: /healthz)");
-            if let Some((_, running)) = app.dev_inbox() {
+    async fn run<B: Accounts>(self) -> anyhow::Result<()> {
+        match self {
+            Self::Serve(settings) => serve::<B>(settings).await,
+            Self::Worker(settings) => run_workers::<B>(settings).await,
+            Self::Migrate(database) => {
+                let backend = B::connect(&database.database_url, COMMAND_POOL).await?;
+                backend.migrate().await?;
+                println!("migrations applied ({})", B::NAME);
+                Ok(())
+            }
+            Self::CreateTenant(tenant, database) => {
+                let backend = B::connect(&database.database_url, COMMAND_POOL).await?;
+                backend.migrate().await?;
+                let key = ops::create_tenant(&backend, &tenant).await?;
                 println!(
-                    "dev inbox:    http://{addr}/_dev/inbox   (JSON: /_dev/inbox/messages; SMTP {})",
-                    running.smtp_addr
+                    "tenant {tenant} created. Its API key (shown once; only a hash is stored):\n{key}"
                 );
+                Ok(())
             }
-            println!(
-                "try:          curl -i http://{addr}/v1/signup -H 'Idempotency-Key: \"signup-1\"' \
-                 -H 'content-type: application/json' -d '{{\"email\":\"ada@example.com\"}}'"
-            );
-            app.run_until(shutdown_signal()).await
-        }
-        Command::Worker(args) => run_workers::<B>(args).await,
-        Command::Migrate(args) => {
-            let backend = B::connect(&args.database_url, COMMAND_POOL).await?;
-            backend.migrate().await?;
-            println!("migrations applied ({})", B::NAME);
-            Ok(())
-        }
-        Command::Tenant(TenantCommand::Create { name, database }) => {
-            create_tenant::<B>(&name, &database.database_url).await
-        }
-        Command::Prune(args) => prune::<B>(args).await,
-        Command::Key(command) => {
-            print!("{}", oncely_server::ops::key_show::<B>(command).await?);
-            Ok(())
-        }
-        Command::Outbox(command) => {
-            print!("{}", oncely_server::ops::outbox::<B>(command).await?);
-            Ok(())
-        }
-        Command::Inbox(_) | Command::Demo { .. } => {
-            unreachable!("`run` runs these without a database")
+            Self::Prune(args) => prune::<B>(args).await,
+            Self::Key(command) => {
+                print!("{}", ops::key_show::<B>(command).await?);
+                Ok(())
+            }
+            Self::Outbox(command) => {
+                print!("{}", ops::outbox::<B>(command).await?);
+                Ok(())
+            }
         }
     }
 }
 
-async fn create_tenant<B: Accounts>(name: &str, database_url: &str) -> anyhow::Result<()> {
-    let tenant = oncely_server::ops::tenant_name(name)?;
-    let backend = B::connect(database_url, COMMAND_POOL).await?;
-    backend.migrate().await?;
-    let key = oncely_server::ops::create_tenant(&backend, &tenant).await?;
-    println!("tenant {tenant} created. Its API key (shown once; only a hash is stored):\n{key}");
+async fn serve<B: Accounts>(settings: Settings) -> anyhow::Result<()> {
+    let workers = settings.workers;
+    let app = Application::<B>::build(settings).await?;
+    let addr = app.addr();
+    tracing::info!(%addr, database = B::NAME, workers, "oncely is serving");
+    println!("oncely API:   http://{addr}   (health: /healthz)");
+    if let Some((_, running)) = app.dev_inbox() {
+        println!(
+            "dev inbox:    http://{addr}/_dev/inbox   (JSON: /_dev/inbox/messages; SMTP {})",
+            running.smtp_addr
+        );
+    }
+    println!(
+        "try:          curl -i http://{addr}/v1/signup -H 'Idempotency-Key: \"signup-1\"' \
+         -H 'content-type: application/json' -d '{{\"email\":\"ada@example.com\"}}'"
+    );
+    app.run_until(shutdown_signal()).await
+}
+
+async fn demo(intents: usize) -> anyhow::Result<()> {
+    println!(
+        "oncely demo: {intents} signups, each retried 5 times, sent 5 times at once, and its key reused once with another body; the first 3 deliveries fail"
+    );
+    let report = oncely_server::demo::run(intents).await?;
+    print!("{}", report.table());
+    if !report.one_per_intent() {
+        bail!("an intent did not produce exactly one account and one email");
+    }
     Ok(())
 }
 
-async fn run_workers<B: Accounts>(args: WorkerArgs) -> anyhow::Result<()> {
-    let common = &args.common;
-    if common.mailer_choice()? == MailerChoice::Dev {
-        bail!(
-            "the dev inbox lives inside `oncely serve`; give `oncely worker` an ONCELY_MAILER URL"
-        );
-    }
-    let secret = common.server_secret()?;
-    let public_url = common.public_url(None)?;
-    let backend = B::connect(&common.database.database_url, common.database_pool).await?;
+async fn run_workers<B: Accounts>(settings: WorkerSettings) -> anyhow::Result<()> {
+    let backend = B::connect(&settings.database.url, settings.database.pool).await?;
     backend.migrate().await?;
-    let (mailer, _) = app::mailer(common).await?;
+    let (mailer, _) = app::mailer(&settings.mailer).await?;
     let context = Arc::new(MailContext {
-        secret,
-        public_url,
-        from: common.mail_from.clone(),
+        secret: settings.secret,
+        public_url: settings.public_url,
+        from: settings.mailer.from.clone(),
         mailer,
     });
-    let plan = app::worker_plan(common, args.workers, args.kinds.clone());
     let shutdown = CancellationToken::new();
-    let jobs = backend.jobs(common.poll_only);
-    let handles = workers::spawn(&backend, &jobs, &context, &plan, &shutdown)?;
-    println!("oncely worker: {} worker(s) on {}", args.workers, B::NAME);
+    let jobs = backend.jobs(settings.poll_only);
+    let handles = workers::spawn(&backend, &jobs, &context, &settings.plan, &shutdown)?;
+    println!(
+        "oncely worker: {} worker(s) on {}",
+        settings.plan.count,
+        B::NAME
+    );
     shutdown_signal().await;
     shutdown.cancel();
     for handle in handles {
@@ -161,7 +185,10 @@ async fn prune<B: Accounts>(args: PruneArgs) -> anyhow::Result<()> {
     );
     bar.enable_steady_tick(std::time::Duration::from_millis(120));
     let progress = |table: &str, n: u64| bar.set_message(format!("{table}: {n} rows deleted"));
-    let retention = args.retention.retention();
+    let retention = Retention::new(
+        args.retention.outbox_retention,
+        args.retention.mail_cap_window,
+    );
     let pruned =
         oncely_server::prune::prune_all(&backend, &backend.jobs(true), retention, progress).await?;
     bar.finish_and_clear();

@@ -8,7 +8,7 @@ use oncely_outbox::{JobStatus, JobStore};
 
 use crate::accounts::{AccountError, Accounts};
 use crate::backend::{Backend, COMMAND_POOL};
-use crate::config::{JobStatusArg, OutboxCommand};
+use crate::cli::{JobStatusArg, KeyCommand, OutboxCommand};
 
 /// Runs an outbox command on backend `B` and returns what to print.
 pub async fn outbox<B: Backend>(command: OutboxCommand) -> anyhow::Result<String> {
@@ -139,10 +139,10 @@ pub async fn create_tenant<B: Accounts>(
 }
 
 /// `oncely key show`: the state of one idempotency key, and the answer it replays.
-pub async fn key_show<B: Backend>(command: crate::config::KeyCommand) -> anyhow::Result<String> {
+pub async fn key_show<B: Backend>(command: KeyCommand) -> anyhow::Result<String> {
     use oncely::store::{KeyStore, Record, RecordState};
     use oncely::{IdempotencyKey, Scope, TenantId};
-    let crate::config::KeyCommand::Show {
+    let KeyCommand::Show {
         key,
         route,
         method,

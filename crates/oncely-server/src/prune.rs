@@ -30,6 +30,21 @@ pub struct Retention {
     pub cap_window: Duration,
 }
 
+impl Retention {
+    /// Tokens are kept this long after their expiry (then no link can need them).
+    pub const TOKENS: Duration = Duration::from_secs(7 * 24 * 3600);
+
+    /// Finished outbox jobs kept for `outbox`, tokens for [`Self::TOKENS`], email-cap
+    /// counters of `cap_window`s.
+    pub fn new(outbox: Duration, cap_window: Duration) -> Self {
+        Self {
+            outbox,
+            tokens: Self::TOKENS,
+            cap_window,
+        }
+    }
+}
+
 /// Rows deleted by one pass, per table.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct Pruned {

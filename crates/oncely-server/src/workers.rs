@@ -1,6 +1,7 @@
 //! Outbox workers of the service: which job kinds they run, and how they are started.
 
 use std::sync::Arc;
+use std::time::Duration;
 
 use oncely_outbox::{OutboxError, RetryPolicy, Worker, WorkerConfig};
 use tokio::task::JoinHandle;
@@ -52,6 +53,25 @@ pub struct WorkerPlan {
     pub policy: RetryPolicy,
     /// Only these kinds; empty: all.
     pub kinds: Vec<String>,
+}
+
+impl WorkerPlan {
+    /// `count` workers of `kinds` (empty: all) holding a job for `lease`, first retrying an
+    /// email after `retry_base`.
+    pub fn new(count: usize, lease: Duration, retry_base: Duration, kinds: Vec<String>) -> Self {
+        Self {
+            count,
+            config: WorkerConfig {
+                lease,
+                ..WorkerConfig::default()
+            },
+            policy: RetryPolicy {
+                base: retry_base,
+                ..RetryPolicy::DEFAULT
+            },
+            kinds,
+        }
+    }
 }
 
 /// Starts the planned workers; they run until `shutdown` is cancelled. An unknown kind in the

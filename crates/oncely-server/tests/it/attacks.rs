@@ -8,9 +8,11 @@ use oncely_inbox::Message;
 use oncely_testdb::TestDb;
 use serde_json::{Value, json};
 
+use oncely_server::settings::{Environment, Settings};
+
 use crate::support::{
-    SECRET, TestApp, both_databases, execute, spawn_app_on, spawn_app_with_inbox, start_inbox,
-    token_in,
+    SECRET, TestApp, both_databases, execute, mail_caps, secret, spawn_app_on,
+    spawn_app_with_inbox, start_inbox, token_in,
 };
 
 both_databases!(
@@ -34,20 +36,20 @@ both_databases!(
 #[tokio::test]
 async fn metrics_are_not_an_enumeration_oracle_in_production() {
     let (url, _db) = crate::support::sqlite_db().await;
-    let production = [
-        "--env",
-        "production",
-        "--public-url",
-        "https://accounts.example.com",
-    ];
-    let app = spawn_app_on(&url, &production).await;
+    let production = |settings: &mut Settings| {
+        settings.environment = Environment::Production;
+        settings.public_url = Some("https://accounts.example.com".into());
+    };
+    let app = spawn_app_on(&url, production).await;
     // Without a token: nobody (behind a local proxy every peer is 127.0.0.1).
     assert_eq!(metrics_status(&app, "127.0.0.2", None).await, 404);
     assert_eq!(metrics_status(&app, "127.0.0.1", None).await, 404);
     let token = "metrics-token-0123456789";
-    let mut with_token = production.to_vec();
-    with_token.extend(["--metrics-token", token]);
-    let app = spawn_app_on(&url, &with_token).await;
+    let with_token = |settings: &mut Settings| {
+        production(settings);
+        settings.metrics_token = Some(token.into());
+    };
+    let app = spawn_app_on(&url, with_token).await;
     assert_eq!(metrics_status(&app, "127.0.0.2", None).await, 404);
     let wrong = Some("metrics-token-0123456788");
     assert_eq!(metrics_status(&app, "127.0.0.2", wrong).await, 404);
@@ -152,7 +154,7 @@ fn problem_type(body: &Value) -> &str {
 }
 
 async fn a_pre_registered_password_is_never_adopted_by_the_owner(url: String, _db: TestDb) {
-    let app = spawn_app_on(&url, &[]).await;
+    let app = spawn_app_on(&url, |_| {}).await;
     let victim = "victim@example.com";
     // The attacker signs up with the victim's address and a password of its own.
     let attack = json!({ "email": victim, "password": "attacker password" });
@@ -182,7 +184,7 @@ async fn a_pre_registered_password_is_never_adopted_by_the_owner(url: String, _d
 }
 
 async fn the_signups_own_password_is_adopted_when_re_entered(url: String, _db: TestDb) {
-    let app = spawn_app_on(&url, &[]).await;
+    let app = spawn_app_on(&url, |_| {}).await;
     let owner = "owner@example.com";
     let signup = json!({ "email": owner, "password": "owner password" });
     assert_eq!(app.post("/v1/signup", "s1", &signup).await.status(), 202);
@@ -199,7 +201,7 @@ async fn verifying_by_another_link_ends_signup_links_and_adopts_no_password(
     url: String,
     _db: TestDb,
 ) {
-    let app = spawn_app_on(&url, &[]).await;
+    let app = spawn_app_on(&url, |_| {}).await;
     let victim = "magic-victim@example.com";
     let attack = json!({ "email": victim, "password": "attacker password" });
     app.post("/v1/signup", "attack", &attack).await;
@@ -220,7 +222,7 @@ async fn verifying_by_another_link_ends_signup_links_and_adopts_no_password(
 }
 
 async fn a_strangers_signup_does_not_cancel_the_owners_link(url: String, _db: TestDb) {
-    let app = spawn_app_on(&url, &[]).await;
+    let app = spawn_app_on(&url, |_| {}).await;
     let owner = "raced@example.com";
     let mine = json!({ "email": owner, "password": "owner password" });
     app.post("/v1/signup", "mine", &mine).await;
@@ -243,7 +245,7 @@ async fn an_invite_to_a_pre_registered_address_sets_the_invitees_password(
     url: String,
     _db: TestDb,
 ) {
-    let app = spawn_app_on(&url, &[]).await;
+    let app = spawn_app_on(&url, |_| {}).await;
     let key = app.create_tenant("acme").await;
     let guest = "pre-registered-guest@example.com";
     // The attacker pre-registers the address in the tenant the invitation will come from.
@@ -269,7 +271,7 @@ async fn an_invite_to_a_pre_registered_address_sets_the_invitees_password(
 }
 
 async fn every_link_of_a_non_default_tenant_works_from_a_browser(url: String, _db: TestDb) {
-    let app = spawn_app_on(&url, &[]).await;
+    let app = spawn_app_on(&url, |_| {}).await;
     let key = app.create_tenant("acme").await;
     // The application's backend asks for every kind of email, with its tenant's key.
     let user = "acme-user@example.com";
@@ -328,7 +330,7 @@ async fn every_link_of_a_non_default_tenant_works_from_a_browser(url: String, _d
 }
 
 async fn a_tenants_link_is_useless_with_another_tenants_api_key(url: String, _db: TestDb) {
-    let app = spawn_app_on(&url, &[]).await;
+    let app = spawn_app_on(&url, |_| {}).await;
     let acme = app.create_tenant("acme").await;
     let globex = app.create_tenant("globex").await;
     let user = "shared@example.com";
@@ -394,7 +396,7 @@ async fn a_secret_rotation_keeps_retries_links_and_queued_emails_working(url: St
     const NEXT: &str = "the-next-server-secret-0123456789-abcdef";
     // Before the rotation: an API process without workers, so the email job waits in the outbox.
     let (inbox, running) = start_inbox(oncely_inbox::Faults::default()).await;
-    let before = spawn_app_with_inbox(&url, inbox.clone(), running, &["--workers", "0"]).await;
+    let before = spawn_app_with_inbox(&url, inbox.clone(), running, |s| s.workers = 0).await;
     let owner = "rotated@example.com";
     let signup = json!({ "email": owner, "password": "owner password" });
     let first = before.post("/v1/signup", "rotation", &signup).await;
@@ -402,7 +404,10 @@ async fn a_secret_rotation_keeps_retries_links_and_queued_emails_working(url: St
     let first_body = first.text().await.unwrap();
 
     // After it: ONCELY_SECRET is new, the old one is ONCELY_SECRET_PREVIOUS.
-    let after = spawn_app_on(&url, &["--secret", NEXT, "--secret-previous", SECRET]).await;
+    let after = spawn_app_on(&url, |s| {
+        s.secret = secret(NEXT).with_previous(vec![secret(SECRET)]);
+    })
+    .await;
     let retry = after.post("/v1/signup", "rotation", &signup).await;
     assert_eq!(retry.status(), 202, "a retry across the rotation replays");
     assert_eq!(
@@ -426,13 +431,13 @@ async fn a_secret_rotation_keeps_retries_links_and_queued_emails_working(url: St
     );
 
     // Without the previous secret, the same retry is another request (what the ring prevents).
-    let forgotten = spawn_app_on(&url, &["--secret", NEXT]).await;
+    let forgotten = spawn_app_on(&url, |s| s.secret = secret(NEXT)).await;
     let lost = forgotten.post("/v1/signup", "rotation", &signup).await;
     assert_eq!(lost.status(), 422);
 }
 
 async fn the_same_key_with_another_query_is_refused_not_replayed(url: String, _db: TestDb) {
-    let app = spawn_app_on(&url, &[]).await;
+    let app = spawn_app_on(&url, |_| {}).await;
     let body = json!({ "email": "query@example.com" });
     let post = |path: &'static str| {
         let app = &app;
@@ -462,7 +467,7 @@ async fn a_password_an_older_release_left_on_a_pending_account_is_never_adopted(
     url: String,
     _db: TestDb,
 ) {
-    let app = spawn_app_on(&url, &[]).await;
+    let app = spawn_app_on(&url, |_| {}).await;
     let key = app.create_tenant("acme").await;
     let attacker_hash = crate::support::argon2_hash("attacker password");
     let plant = |email: &str| {
@@ -545,7 +550,7 @@ async fn a_password_an_older_release_left_on_a_pending_account_is_never_adopted(
 }
 
 async fn a_strangers_resend_does_not_cancel_the_owners_signup_link(url: String, _db: TestDb) {
-    let app = spawn_app_on(&url, &[]).await;
+    let app = spawn_app_on(&url, |_| {}).await;
     let owner = "resent@example.com";
     let signup = json!({ "email": owner, "password": "owner password" });
     app.post("/v1/signup", "mine", &signup).await;
@@ -593,17 +598,10 @@ async fn post_from(app: &TestApp, client: &reqwest::Client, path: &str, key: &st
 /// is reached uses up only its own share; the owner, from another address, still gets its
 /// reset link. Many clients together meet the total ceiling.
 async fn a_stranger_cannot_use_up_the_owners_emails(url: String, _db: TestDb) {
-    let app = spawn_app_on(
-        &url,
-        &[
-            "--mail-cap-per-address",
-            "2",
-            "--mail-cap-per-address-total",
-            "6",
-            "--mail-cap-per-client",
-            "1000",
-        ],
-    )
+    let app = spawn_app_on(&url, |s| {
+        mail_caps(s, 2, 1000);
+        s.limits.per_address_total = 6;
+    })
     .await;
     let owner = "capped-owner@example.com";
     let (stranger, owner_client) = (from("127.0.0.2"), from("127.0.0.3"));
@@ -722,7 +720,7 @@ async fn drained(app: &TestApp) {
 /// signup's password, then only "confirm without a password". The count survives the
 /// rollback of every wrong try.
 async fn whoever_sees_a_link_cannot_guess_the_signup_password_online(url: String, _db: TestDb) {
-    let app = spawn_app_on(&url, &[]).await;
+    let app = spawn_app_on(&url, |_| {}).await;
     let owner = "guessed@example.com";
     let signup = json!({ "email": owner, "password": "owner password" });
     app.post("/v1/signup", "s", &signup).await;

@@ -7,7 +7,7 @@ use std::time::{Duration, Instant};
 use oncely_testdb::TestDb;
 use serde_json::json;
 
-use crate::support::{TestApp, both_databases, spawn_app_on};
+use crate::support::{TestApp, both_databases, mail_caps, spawn_app_on};
 
 both_databases!(
     each_client_address_has_its_own_email_cap,
@@ -54,15 +54,12 @@ fn delivered(app: &TestApp, email: &str) -> usize {
     app.inbox.messages(Some(email)).len()
 }
 
-async fn capped_app(url: &str, extra: &[&str]) -> TestApp {
-    let mut args = vec![
-        "--mail-cap-per-address",
-        "100",
-        "--mail-cap-per-client",
-        "2",
-    ];
-    args.extend_from_slice(extra);
-    spawn_app_on(url, &args).await
+async fn capped_app(url: &str, trusted_proxies: &[&str]) -> TestApp {
+    spawn_app_on(url, |s| {
+        mail_caps(s, 100, 2);
+        s.trusted_proxies = trusted_proxies.iter().map(|p| p.parse().unwrap()).collect();
+    })
+    .await
 }
 
 /// Regression: the server ran without connect info, so every request was client "unknown" and
@@ -143,7 +140,7 @@ async fn a_spoofed_forwarded_header_from_an_untrusted_peer_neither_escapes_nor_m
 
 /// Behind a trusted proxy (the peer 127.0.0.1), the address it forwards is the client.
 async fn behind_a_trusted_proxy_the_forwarded_client_is_the_bucket(url: String, _db: TestDb) {
-    let app = capped_app(&url, &["--trusted-proxies", "127.0.0.1/32,10.0.0.0/8"]).await;
+    let app = capped_app(&url, &["127.0.0.1/32", "10.0.0.0/8"]).await;
     let proxy = client_from("127.0.0.1");
     let xff = |v: &'static str| [("x-forwarded-for", v)];
     signup(&app, &proxy, "c0@example.com", &xff("127.0.0.9")).await;

@@ -7,20 +7,11 @@ use std::time::{Duration, Instant};
 use oncely_testdb::TestDb;
 use serde_json::{Value, json};
 
-use crate::support::{TestApp, both_databases, execute, spawn_app_on, token_in};
+use crate::support::{TestApp, both_databases, execute, mail_caps, spawn_app_on, token_in};
 
 /// An app whose address cap does not get in the way of the flow being tested.
 async fn app(url: &str) -> TestApp {
-    spawn_app_on(
-        url,
-        &[
-            "--mail-cap-per-address",
-            "100",
-            "--mail-cap-per-client",
-            "1000",
-        ],
-    )
-    .await
+    spawn_app_on(url, |s| mail_caps(s, 100, 1000)).await
 }
 
 /// A verified account (signup, then its link), its inbox emptied.
@@ -568,16 +559,7 @@ fn mann_whitney_tells_shifted_samples_apart() {
 }
 
 async fn per_address_caps_hold_whether_or_not_the_address_exists(url: String, _db: TestDb) {
-    let app = spawn_app_on(
-        &url,
-        &[
-            "--mail-cap-per-address",
-            "2",
-            "--mail-cap-per-client",
-            "1000",
-        ],
-    )
-    .await;
+    let app = spawn_app_on(&url, |s| mail_caps(s, 2, 1000)).await;
     app.post("/v1/signup", "s", &json!({ "email": "capped@example.com" }))
         .await; // email 1 of 2
     app.emails_to("capped@example.com", 1).await;
@@ -611,16 +593,7 @@ async fn per_address_caps_hold_whether_or_not_the_address_exists(url: String, _d
 }
 
 async fn per_client_caps_stop_mail_from_one_client(url: String, _db: TestDb) {
-    let app = spawn_app_on(
-        &url,
-        &[
-            "--mail-cap-per-address",
-            "100",
-            "--mail-cap-per-client",
-            "3",
-        ],
-    )
-    .await;
+    let app = spawn_app_on(&url, |s| mail_caps(s, 100, 3)).await;
     for i in 0..5 {
         let r = app
             .post(

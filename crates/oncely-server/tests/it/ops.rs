@@ -6,6 +6,7 @@ use oncely_inbox::{Faults, Rejection};
 use oncely_server::accounts::Accounts;
 use oncely_server::backend::{COMMAND_POOL, Postgres, Sqlite};
 use oncely_server::ops;
+use oncely_server::settings::Settings;
 use oncely_testdb::TestDb;
 use serde_json::json;
 
@@ -39,7 +40,7 @@ async fn a_dead_job_is_listed_with_its_reason_shown_with_its_attempts_and_redriv
         ..Faults::default()
     })
     .await;
-    let app = spawn_app_with_inbox(&url, inbox, running, &[]).await;
+    let app = spawn_app_with_inbox(&url, inbox, running, |_| {}).await;
     app.post("/v1/signup", "s", &json!({ "email": "bounce@example.com" }))
         .await;
     let deadline = Instant::now() + Duration::from_secs(10);
@@ -181,7 +182,7 @@ async fn a_database_a_newer_release_migrated_still_lets_this_release_start(
         ok,
         "this release migrates (nothing to do) on a newer database: {text}"
     );
-    let app = crate::support::spawn_app_on(&url, &[]).await;
+    let app = crate::support::spawn_app_on(&url, |_| {}).await;
     assert_eq!(app.get("/readyz").await.status(), 200);
 }
 
@@ -190,8 +191,11 @@ async fn prune_deletes_expired_keys_old_history_and_counters_but_keeps_pending_w
     _db: TestDb,
 ) {
     let (inbox, running) = start_inbox(Faults::default()).await;
-    let short = ["--lease", "300ms", "--key-retention", "1s"];
-    let app = spawn_app_with_inbox(&url, inbox, running, &short).await;
+    let short = |s: &mut Settings| {
+        s.lease = Duration::from_millis(300);
+        s.key_retention = Duration::from_secs(1);
+    };
+    let app = spawn_app_with_inbox(&url, inbox, running, short).await;
     app.post("/v1/signup", "old", &json!({ "email": "old@example.com" }))
         .await;
     assert_eq!(app.emails_to("old@example.com", 1).await.len(), 1);
@@ -248,17 +252,13 @@ async fn prune_deletes_expired_keys_old_history_and_counters_but_keeps_pending_w
 #[tokio::test]
 async fn serve_prunes_in_the_background_and_counts_it() {
     let db = oncely_testdb::TestSqlite::new();
-    let args = [
-        "--lease",
-        "300ms",
-        "--key-retention",
-        "1s",
-        "--prune-interval",
-        "300ms",
-        "--outbox-retention",
-        "1s",
-    ];
-    let app = crate::support::spawn_app_on(db.url(), &args).await;
+    let short = |s: &mut Settings| {
+        s.lease = Duration::from_millis(300);
+        s.key_retention = Duration::from_secs(1);
+        s.prune_interval = Duration::from_millis(300);
+        s.outbox_retention = Duration::from_secs(1);
+    };
+    let app = crate::support::spawn_app_on(db.url(), short).await;
     app.post("/v1/signup", "k", &json!({ "email": "bg@example.com" }))
         .await;
     app.emails_to("bg@example.com", 1).await;
@@ -282,7 +282,7 @@ async fn serve_prunes_in_the_background_and_counts_it() {
 #[tokio::test]
 async fn key_show_tells_support_what_a_key_replays() {
     let db = oncely_testdb::TestSqlite::new();
-    let app = crate::support::spawn_app_on(db.url(), &[]).await;
+    let app = crate::support::spawn_app_on(db.url(), |_| {}).await;
     app.post(
         "/v1/signup",
         "\"support-1\"",

@@ -33,7 +33,7 @@ async fn the_same_signup_retried_twenty_times_makes_one_user_and_one_email(
     url: String,
     _db: TestDb,
 ) {
-    let app = spawn_app_on(&url, &[]).await;
+    let app = spawn_app_on(&url, |_| {}).await;
     let mut bodies = Vec::new();
     for _ in 0..20 {
         let response = app
@@ -58,8 +58,8 @@ async fn fifty_concurrent_identical_signups_over_two_servers_and_two_workers_sen
     _db: TestDb,
 ) {
     let (inbox, running) = start_inbox(Faults::default()).await;
-    let a = spawn_app_with_inbox(&url, inbox.clone(), running, &["--workers", "1"]).await;
-    let b = spawn_app_with_inbox(&url, inbox.clone(), running, &["--workers", "1"]).await;
+    let a = spawn_app_with_inbox(&url, inbox.clone(), running, |s| s.workers = 1).await;
+    let b = spawn_app_with_inbox(&url, inbox.clone(), running, |s| s.workers = 1).await;
     let requests = (0..50).map(|i| {
         let (client, base) = if i % 2 == 0 {
             (a.client.clone(), a.base.clone())
@@ -91,7 +91,7 @@ async fn two_keys_for_the_same_new_address_make_one_account_and_the_same_answer(
     url: String,
     _db: TestDb,
 ) {
-    let app = spawn_app_on(&url, &[]).await;
+    let app = spawn_app_on(&url, |_| {}).await;
     let body = signup_body("twice@example.com");
     let (first, second) = tokio::join!(
         app.post("/v1/signup", "key-one", &body),
@@ -106,7 +106,7 @@ async fn two_keys_for_the_same_new_address_make_one_account_and_the_same_answer(
 }
 
 async fn new_pending_and_registered_addresses_get_the_same_answer(url: String, _db: TestDb) {
-    let app = spawn_app_on(&url, &[]).await;
+    let app = spawn_app_on(&url, |_| {}).await;
     let new = app
         .post("/v1/signup", "a1", &signup_body("same@example.com"))
         .await;
@@ -150,7 +150,7 @@ async fn new_pending_and_registered_addresses_get_the_same_answer(url: String, _
 }
 
 async fn bad_input_is_rejected_and_nothing_is_stored(url: String, _db: TestDb) {
-    let app = spawn_app_on(&url, &[]).await;
+    let app = spawn_app_on(&url, |_| {}).await;
     let cases: [(&str, Option<&str>, &str, u16); 5] = [
         (
             "bad-1",
@@ -265,7 +265,7 @@ async fn a_worker_that_loses_the_answer_sends_one_email_to_a_deduplicating_provi
         ..Faults::provider()
     })
     .await;
-    let app = spawn_app_with_inbox(&url, inbox, running, &[]).await;
+    let app = spawn_app_with_inbox(&url, inbox, running, |_| {}).await;
     app.post("/v1/signup", "k", &signup_body("drop@example.com"))
         .await;
     wait_until_sent(&app, 1).await;
@@ -290,7 +290,7 @@ async fn a_worker_that_loses_the_answer_over_plain_smtp_records_the_duplicate(
         ..Faults::default()
     })
     .await;
-    let app = spawn_app_with_inbox(&url, inbox, running, &[]).await;
+    let app = spawn_app_with_inbox(&url, inbox, running, |_| {}).await;
     app.post("/v1/signup", "k", &signup_body("plain@example.com"))
         .await;
     wait_until_sent(&app, 1).await;
@@ -328,7 +328,7 @@ async fn three_rejections_then_delivered_with_four_attempts_and_a_permanent_one_
         ..Faults::default()
     })
     .await;
-    let app = spawn_app_with_inbox(&url, inbox, running, &[]).await;
+    let app = spawn_app_with_inbox(&url, inbox, running, |_| {}).await;
     app.post("/v1/signup", "k1", &signup_body("retry@example.com"))
         .await;
     assert_eq!(app.emails_to("retry@example.com", 1).await.len(), 1);
@@ -468,7 +468,7 @@ async fn an_api_process_and_a_separate_worker_process_deliver_one_email() {
 }
 
 async fn an_expired_link_gets_the_same_generic_400_as_a_used_one(url: String, _db: TestDb) {
-    let app = spawn_app_on(&url, &[]).await;
+    let app = spawn_app_on(&url, |_| {}).await;
     app.post("/v1/signup", "s", &signup_body("late@example.com"))
         .await;
     let token = token_in(&app.emails_to("late@example.com", 1).await[0]);

@@ -27,10 +27,13 @@ pub async fn outbox<B: Backend>(command: OutboxCommand) -> anyhow::Result<String
         other => other,
     };
     let backend = B::connect(&command.database().database_url, COMMAND_POOL).await?;
-    run(&backend.jobs(true), command).await
+    run_outbox_command(&backend.jobs(true), command).await
 }
 
-async fn run<S: JobStore>(jobs: &S, command: OutboxCommand) -> anyhow::Result<String> {
+async fn run_outbox_command<S: JobStore>(
+    jobs: &S,
+    command: OutboxCommand,
+) -> anyhow::Result<String> {
     let mut out = String::new();
     match command {
         OutboxCommand::Dead { .. } => unreachable!("`outbox` turns it into a list"),

@@ -12,7 +12,7 @@ use crate::mail::{MailContext, SIGNUP_NOTICE, SignupNotice, TokenEmail};
 use crate::token::Flow;
 
 /// A worker for every email kind of the service.
-pub fn worker<A: Accounts>(
+pub fn email_worker<A: Accounts>(
     accounts: &A,
     jobs: A::Jobs,
     context: Arc<MailContext>,
@@ -89,7 +89,7 @@ pub fn spawn<A: Accounts>(
             id: format!("{}-{i}", plan.config.id),
             ..plan.config.clone()
         };
-        let mut worker = worker(accounts, jobs.clone(), context.clone(), config, plan.policy);
+        let mut worker = email_worker(accounts, jobs.clone(), context.clone(), config, plan.policy);
         if !plan.kinds.is_empty() {
             worker = worker.restrict_to(&plan.kinds)?;
         }

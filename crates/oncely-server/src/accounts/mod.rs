@@ -19,7 +19,7 @@ pub use statements::Statements;
 
 /// What a signup found.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum SignupRow {
+pub enum SignupOutcome {
     /// A new account.
     Created(Uuid),
     /// The address has an account that is not verified yet.
@@ -30,7 +30,7 @@ pub enum SignupRow {
 
 /// A user found by address.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, FromRow)]
-pub struct UserRow {
+pub struct User {
     /// The user.
     pub id: Uuid,
     /// Whether the address is verified.
@@ -155,14 +155,14 @@ pub trait Accounts: Backend {
         tenant: &'c str,
         email: &'c EmailAddress,
         source: Option<&'c str>,
-    ) -> impl Future<Output = Result<SignupRow, AccountError>> + Send + 'c;
+    ) -> impl Future<Output = Result<SignupOutcome, AccountError>> + Send + 'c;
 
     /// The user with this address in this tenant.
     fn find_user<'c>(
         conn: &'c mut Connection<Self>,
         tenant: &'c str,
         email: &'c EmailAddress,
-    ) -> impl Future<Output = Result<Option<UserRow>, AccountError>> + Send + 'c;
+    ) -> impl Future<Output = Result<Option<User>, AccountError>> + Send + 'c;
 
     /// Counts one more email for `bucket` in the window starting at `window_start`; returns
     /// the count including this one.
@@ -313,7 +313,7 @@ where
     for<'q> bool: Encode<'q, B::Database> + Type<B::Database>,
     for<'q> i64: Encode<'q, B::Database> + Type<B::Database>,
     for<'q> f64: Encode<'q, B::Database> + Type<B::Database>,
-    for<'r> UserRow: FromRow<'r, <B::Database as sqlx::Database>::Row>,
+    for<'r> User: FromRow<'r, <B::Database as sqlx::Database>::Row>,
     for<'r> ConsumedToken: FromRow<'r, <B::Database as sqlx::Database>::Row>,
     for<'r> TokenForSend: FromRow<'r, <B::Database as sqlx::Database>::Row>,
     for<'r> (Option<String>, i64): FromRow<'r, <B::Database as sqlx::Database>::Row>,
@@ -326,7 +326,7 @@ where
         tenant: &str,
         email: &EmailAddress,
         source: Option<&str>,
-    ) -> Result<SignupRow, AccountError> {
+    ) -> Result<SignupOutcome, AccountError> {
         let new_id = Uuid::new_v4();
         sqlx::query(B::ACCOUNT_SQL.insert_user)
             .bind(new_id)
@@ -341,12 +341,12 @@ where
             .await?
             .ok_or(AccountError::Vanished("user vanished"))?;
         Ok(match user {
-            UserRow { id, .. } if id == new_id => SignupRow::Created(id),
-            UserRow { id, verified: true } => SignupRow::Verified(id),
-            UserRow {
+            User { id, .. } if id == new_id => SignupOutcome::Created(id),
+            User { id, verified: true } => SignupOutcome::Verified(id),
+            User {
                 id,
                 verified: false,
-            } => SignupRow::Pending(id),
+            } => SignupOutcome::Pending(id),
         })
     }
 
@@ -354,7 +354,7 @@ where
         conn: &mut Connection<B>,
         tenant: &str,
         email: &EmailAddress,
-    ) -> Result<Option<UserRow>, AccountError> {
+    ) -> Result<Option<User>, AccountError> {
         sqlx::query_as(B::ACCOUNT_SQL.find_user)
             .bind(tenant)
             .bind(email.as_str())

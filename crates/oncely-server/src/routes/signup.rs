@@ -12,7 +12,7 @@ use serde_json::json;
 use super::issue::{ClientAddr, FromSignup, Owner, suppression, token_email};
 use super::tenant::Tenant;
 use super::{AppState, Body, accepted, invalid_request, unexpected};
-use crate::accounts::{Accounts, SignupRow};
+use crate::accounts::{Accounts, SignupOutcome};
 use crate::email::EmailAddress;
 use crate::mail::SIGNUP_NOTICE;
 use crate::password;
@@ -103,7 +103,7 @@ pub async fn signup<A: Accounts>(
         .await
         .map_err(unexpected)?;
     match row {
-        SignupRow::Created(user) | SignupRow::Pending(user) => {
+        SignupOutcome::Created(user) | SignupOutcome::Pending(user) => {
             let owner = Owner {
                 user: Some(user),
                 email: None,
@@ -125,7 +125,7 @@ pub async fn signup<A: Accounts>(
             .await
             .map_err(unexpected)?;
         }
-        SignupRow::Verified(user) => {
+        SignupOutcome::Verified(user) => {
             // A decoy token keeps the work the same as for a new address; the email is a notice.
             token_email(
                 &mut *conn,

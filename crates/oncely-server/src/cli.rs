@@ -44,6 +44,10 @@ pub enum Command {
         /// How many intents (signups for distinct addresses).
         #[arg(long, default_value_t = 10)]
         intents: usize,
+        /// Show the embedded service's log lines here (otherwise they go to a file, named at
+        /// the start).
+        #[arg(short, long)]
+        verbose: bool,
     },
     /// Look up idempotency keys (for a support case).
     #[command(subcommand)]

@@ -43,6 +43,19 @@ impl Report {
         self.users == self.intents as i64 && self.emails == self.intents
     }
 
+    /// The answers so far, in a line.
+    fn progress(&self) -> String {
+        let answered = |outcome| self.outcomes.get(outcome).copied().unwrap_or(0);
+        format!(
+            "{} requests: {} created, {} replayed, {} in progress, {} key reused",
+            self.requests,
+            answered("created"),
+            answered("replayed"),
+            answered("in_progress"),
+            answered("mismatch")
+        )
+    }
+
     /// The table `oncely demo` prints.
     pub fn table(&self) -> String {
         let mut out = String::new();
@@ -121,6 +134,7 @@ pub async fn run(intents: usize) -> anyhow::Result<Report> {
             })
         }
     };
+    let progress = storm_progress(intents);
     for i in 0..intents {
         let (key, email) = (format!("demo-{i}"), format!("user{i}@example.com"));
         let mut answers = Vec::new();
@@ -137,13 +151,24 @@ pub async fn run(intents: usize) -> anyhow::Result<Report> {
         for answer in answers {
             *report.outcomes.entry(answer).or_default() += 1;
         }
+        progress.inc(1);
+        progress.set_message(report.progress());
     }
 
+    progress.set_prefix("deliveries");
+    progress.set_position(0);
     let deadline = Instant::now() + Duration::from_secs(30);
-    while inbox.messages(None).len() < intents && Instant::now() < deadline {
+    loop {
+        let delivered = inbox.messages(None).len();
+        progress.set_position(delivered as u64);
+        progress.set_message("emails in the inbox");
+        if delivered >= intents || Instant::now() >= deadline {
+            break;
+        }
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
     tokio::time::sleep(Duration::from_millis(300)).await;
+    progress.finish_and_clear();
     report.emails = inbox.messages(None).len();
     report.users = backend
         .scalar("SELECT count(*) FROM oncely_users".into())
@@ -156,6 +181,23 @@ pub async fn run(intents: usize) -> anyhow::Result<Report> {
         .await?;
     let _ = std::fs::remove_dir_all(&dir);
     Ok(report)
+}
+
+/// Where `oncely demo` writes the embedded service's logs (unless `-v`).
+pub fn log_file() -> std::path::PathBuf {
+    std::env::temp_dir().join("oncely-demo.log")
+}
+
+/// One live line on the terminal while the storm runs (nothing when stderr is not one).
+fn storm_progress(intents: usize) -> indicatif::ProgressBar {
+    let bar = indicatif::ProgressBar::new(intents as u64);
+    bar.set_style(
+        indicatif::ProgressStyle::with_template("{spinner} {prefix} {pos}/{len} · {wide_msg}")
+            .expect("a valid template"),
+    );
+    bar.set_prefix("intents");
+    bar.enable_steady_tick(Duration::from_millis(120));
+    bar
 }
 
 fn tempfile_dir() -> std::io::Result<std::path::PathBuf> {

@@ -1,6 +1,7 @@
 //! The `oncely` binary: parses the command line, resolves it once, and runs it on the
 //! database `DATABASE_URL` names.
 
+use std::path::PathBuf;
 use std::sync::Arc;
 
 use anyhow::bail;
@@ -16,7 +17,7 @@ use oncely_server::cli::{
 use oncely_server::mail::MailContext;
 use oncely_server::prune::Retention;
 use oncely_server::settings::{Environment, Settings, WorkerSettings};
-use oncely_server::{ops, workers};
+use oncely_server::{demo, ops, workers};
 use tokio_util::sync::CancellationToken;
 
 #[tokio::main]
@@ -27,8 +28,14 @@ async fn main() -> std::process::ExitCode {
         Command::Worker(a) => a.common.environment == Environment::Production,
         _ => false,
     };
-    oncely_server::telemetry::init_tracing(production);
-    match run(cli).await {
+    // `oncely demo` tells its own story: the embedded service logs to a file unless `-v`.
+    let demo_log = matches!(cli.command, Command::Demo { verbose: false, .. })
+        .then(demo::log_file)
+        .filter(|path| oncely_server::telemetry::init_tracing_to_file(path).is_ok());
+    if demo_log.is_none() {
+        oncely_server::telemetry::init_tracing(production);
+    }
+    match run(cli, demo_log).await {
         Ok(()) => std::process::ExitCode::SUCCESS,
         Err(error) => {
             // One clear line, never a backtrace.
@@ -49,10 +56,10 @@ enum Task {
     Outbox(OutboxCommand),
 }
 
-async fn run(cli: Cli) -> anyhow::Result<()> {
+async fn run(cli: Cli, demo_log: Option<PathBuf>) -> anyhow::Result<()> {
     let task = match cli.command {
         Command::Inbox(args) => return run_inbox(args).await,
-        Command::Demo { intents } => return demo(intents).await,
+        Command::Demo { intents, .. } => return run_demo(intents, demo_log).await,
         Command::Serve(args) => Task::Serve(Settings::from_args(args)?),
         Command::Worker(args) => Task::Worker(WorkerSettings::from_args(args)?),
         Command::Migrate(database) => Task::Migrate(database),
@@ -137,11 +144,17 @@ async fn serve<B: Accounts>(settings: Settings) -> anyhow::Result<()> {
     app.run_until(shutdown_signal()).await
 }
 
-async fn demo(intents: usize) -> anyhow::Result<()> {
+async fn run_demo(intents: usize, log: Option<PathBuf>) -> anyhow::Result<()> {
     println!(
         "oncely demo: {intents} signups, each retried 5 times, sent 5 times at once, and its key reused once with another body; the first 3 deliveries fail"
     );
-    let report = oncely_server::demo::run(intents).await?;
+    if let Some(log) = log {
+        println!(
+            "(the embedded service logs to {}; -v shows them here)",
+            log.display()
+        );
+    }
+    let report = demo::run(intents).await?;
     print!("{}", report.table());
     if !report.one_per_intent() {
         bail!("an intent did not produce exactly one account and one email");

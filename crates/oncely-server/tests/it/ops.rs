@@ -329,6 +329,29 @@ async fn the_demo_storm_shows_one_account_and_one_email_per_intent() {
     );
 }
 
+/// `oncely demo` shows its story: the embedded service's log lines go to a file it names, not
+/// between the lines of the story (they appear with `-v`).
+#[tokio::test]
+async fn the_demo_prints_its_story_and_keeps_the_service_logs_in_a_file() {
+    let output = tokio::process::Command::new(env!("CARGO_BIN_EXE_oncely"))
+        .args(["demo", "--intents", "1"])
+        .env("RUST_LOG", "info")
+        .output()
+        .await
+        .unwrap();
+    let (stdout, stderr) = (
+        String::from_utf8_lossy(&output.stdout),
+        String::from_utf8_lossy(&output.stderr),
+    );
+    assert!(output.status.success(), "{stdout}{stderr}");
+    assert!(
+        stdout.contains("the embedded service logs to")
+            && stdout.contains("one account and one email per intent        yes"),
+        "{stdout}"
+    );
+    assert!(!stderr.contains("INFO"), "{stderr}");
+}
+
 #[tokio::test]
 async fn help_documents_every_setting_and_never_shows_a_secret() {
     let output = tokio::process::Command::new(env!("CARGO_BIN_EXE_oncely"))

@@ -500,13 +500,7 @@ fn development_public_url(bind: SocketAddr) -> String {
 
 /// Where development state (the generated secret) lives: beside the SQLite file, else here.
 pub fn data_dir(database_url: &str) -> PathBuf {
-    database_url
-        .strip_prefix("sqlite://")
-        .or_else(|| database_url.strip_prefix("sqlite:"))
-        .map(|path| path.split('?').next().unwrap_or(path))
-        .and_then(|path| Path::new(path).parent().map(Path::to_path_buf))
-        .filter(|dir| !dir.as_os_str().is_empty())
-        .unwrap_or_else(|| PathBuf::from("."))
+    crate::backend::Sqlite::directory(database_url).unwrap_or_else(|| PathBuf::from("."))
 }
 
 fn dev_secret(path: &Path) -> anyhow::Result<Vec<u8>> {

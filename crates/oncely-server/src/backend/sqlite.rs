@@ -1,6 +1,8 @@
 //! SQLite: the embedded default. One process owns the file, so times come from its clock
 //! (Unix milliseconds).
 
+use std::path::{Path, PathBuf};
+
 use anyhow::Context;
 use oncely::store::sqlite::{SqliteKeyStore, connect_options};
 use oncely_outbox::store::sqlite::SqliteJobStore;
@@ -16,6 +18,18 @@ use crate::accounts::Statements;
 /// The SQLite backend.
 #[derive(Debug, Clone)]
 pub struct Sqlite(Stores<SqliteKeyStore>);
+
+impl Sqlite {
+    /// The folder of the file `url` names, if it names one (not `sqlite::memory:`, not a file
+    /// in the working directory, not another database).
+    pub fn directory(url: &str) -> Option<PathBuf> {
+        url.strip_prefix("sqlite://")
+            .or_else(|| url.strip_prefix("sqlite:"))
+            .map(|path| path.split('?').next().unwrap_or(path))
+            .and_then(|path| Path::new(path).parent().map(Path::to_path_buf))
+            .filter(|dir| !dir.as_os_str().is_empty())
+    }
+}
 
 impl Backend for Sqlite {
     const NAME: &'static str = "sqlite";

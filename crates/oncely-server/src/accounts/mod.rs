@@ -141,7 +141,7 @@ impl AccountError {
 /// statements come from [`Backend::ACCOUNT_SQL`]; the Rust that binds their parameters and reads
 /// their rows is this. (Generic rather than a macro per dialect: the bounds fit in one `where`
 /// clause, and code that only needs account storage asks for `A: Accounts` without repeating
-/// them.)
+/// them.) The readiness check, which reads the migration tables the same way, lives here too.
 pub trait Accounts: Backend {
     /// Inserts the user if the (tenant, address) is new, then reads it back (both statements
     /// run either way: the same work for new and known addresses). A concurrent insert of the

@@ -5,10 +5,12 @@
 //! A backend carries everything that differs between the two databases: how to connect (pool
 //! options), the idempotency key store and outbox job store on that database, the account
 //! statements in its dialect ([`crate::accounts::Statements`]), how it stores an instant, and
-//! which errors mean it is unavailable. Everything else — the account logic
-//! ([`crate::accounts::Accounts`], written once for every backend), migrations, readiness, the
-//! app, the workers, the operator commands — is written once, generic over it. Nothing outside
-//! `backend/postgres.rs` and `backend/sqlite.rs` asks which database it runs on.
+//! which errors mean it is unavailable. Everything else — migrations, the account logic and
+//! readiness ([`crate::accounts::Accounts`], implemented once for every backend), the app, the
+//! workers, the operator commands — is written once, generic over it: code that needs account
+//! storage asks for `B: Accounts` (every backend is), code that needs only the stores for
+//! `B: Backend`. Nothing outside `backend/postgres.rs` and `backend/sqlite.rs` asks which
+//! database it runs on, except `main`, once.
 
 use std::future::Future;
 

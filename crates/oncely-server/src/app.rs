@@ -12,41 +12,40 @@ use axum::http::StatusCode;
 use axum::routing::get;
 use oncely_inbox::{Inbox, Running};
 use oncely_outbox::mail::{self, Mailer};
-use oncely_outbox::{RetryPolicy, WorkerConfig};
 use tokio::net::TcpListener;
 use tokio_util::sync::CancellationToken;
 
 use crate::accounts::Accounts;
+use crate::backend::Backend;
 use crate::client_addr::TrustedProxies;
-use crate::config::{CommonArgs, Environment, MailerChoice, ServeArgs};
-use crate::database::Database;
 use crate::mail::MailContext;
-use crate::routes::email_caps::MailLimits;
-use crate::routes::{self, AppState, KeyPolicy};
+use crate::routes::{self, AppState};
+use crate::settings::{Environment, MailerChoice, MailerSettings, Settings};
 use crate::telemetry;
-use crate::workers::{self, WorkerHandles, WorkerPlan};
+use crate::workers::{self, WorkerHandles};
 
 /// How long one email send may take before its outcome counts as unknown.
 pub const SEND_TIMEOUT: Duration = Duration::from_secs(10);
 
-/// A bound, ready-to-run server. Tests bind port 0 and read [`Application::addr`].
-pub struct Application {
+/// A bound, ready-to-run server on backend `B`. Tests bind port 0 and read
+/// [`Application::addr`].
+pub struct Application<B> {
     listener: TcpListener,
     router: Router,
-    database: Database,
+    backend: B,
     dev_inbox: Option<(Inbox, Running)>,
     shutdown: CancellationToken,
     workers: WorkerHandles,
 }
 
-/// The mailer a configuration names; in development, `dev` starts the built-in inbox.
+/// The mailer the settings name; `dev` starts the built-in inbox.
 pub async fn mailer(
-    common: &CommonArgs,
+    settings: &MailerSettings,
 ) -> anyhow::Result<(Arc<dyn Mailer>, Option<(Inbox, Running)>)> {
-    match common.mailer_choice()? {
+    match &settings.choice {
         MailerChoice::Url(url) => {
-            let mailer = mail::from_url(&url, common.mailer_api_key.clone(), SEND_TIMEOUT)
-                .with_context(|| {
+            let mailer =
+                mail::from_url(url, settings.api_key.clone(), SEND_TIMEOUT).with_context(|| {
                     format!(
                         "ONCELY_MAILER {:?}",
                         url.split("://").next().unwrap_or_default()
@@ -65,77 +64,48 @@ pub async fn mailer(
     }
 }
 
-/// The workers a configuration asks for.
-pub fn worker_plan(common: &CommonArgs, count: usize, kinds: Vec<String>) -> WorkerPlan {
-    WorkerPlan {
-        count,
-        config: WorkerConfig {
-            lease: common.lease,
-            ..WorkerConfig::default()
-        },
-        policy: RetryPolicy {
-            base: common.retry_base,
-            ..RetryPolicy::DEFAULT
-        },
-        kinds,
-    }
-}
-
-impl Application {
-    /// Checks the configuration, connects, migrates, binds, starts the workers.
-    pub async fn build(args: &ServeArgs) -> anyhow::Result<Self> {
-        args.validate()?;
-        let common = &args.common;
-        let secret = common.server_secret()?;
-        common.mailer_choice()?;
-        let public_url = common.public_url(Some(args.bind))?;
-        let database =
-            Database::connect_pool(&common.database.database_url, common.database_pool).await?;
-        database.migrate().await?;
-        let listener = TcpListener::bind(args.bind)
+impl<B: Accounts> Application<B> {
+    /// Connects, migrates, binds, starts the workers and the pruner. `settings` were checked
+    /// when they were resolved ([`Settings::from_args`]).
+    pub async fn build(settings: Settings) -> anyhow::Result<Self> {
+        let backend = B::connect(&settings.database.url, settings.database.pool).await?;
+        backend.migrate().await?;
+        let listener = TcpListener::bind(settings.bind)
             .await
-            .with_context(|| format!("cannot listen on {}", args.bind))?;
+            .with_context(|| format!("cannot listen on {}", settings.bind))?;
         let addr = listener.local_addr()?;
-        let (mailer, dev_inbox) = mailer(common).await?;
+        let (mailer, dev_inbox) = mailer(&settings.mailer).await?;
         let context = Arc::new(MailContext {
-            secret: secret.clone(),
-            // Only the development default depends on the port actually bound (`:0` in tests).
-            public_url: match &common.public_url {
-                Some(_) => public_url,
-                None => common.public_url(Some(addr))?,
-            },
-            from: common.mail_from.clone(),
+            secret: settings.secret.clone(),
+            public_url: settings.public_url_at(addr),
+            from: settings.mailer.from.clone(),
             mailer,
         });
         let shutdown = CancellationToken::new();
-        let policy = KeyPolicy {
-            lease: common.lease,
-            retention: args.key_retention,
+        let jobs = backend.jobs(settings.poll_only);
+        let mut workers = workers::spawn(
+            &backend,
+            &jobs,
+            &context,
+            &settings.worker_plan(),
+            &shutdown,
+        )?;
+        workers.push(tokio::spawn(prune_periodically(
+            backend.clone(),
+            jobs.clone(),
+            (settings.prune_interval, settings.retention()),
+            shutdown.clone(),
+        )));
+        let state = AppState {
+            accounts: backend.clone(),
+            jobs,
+            secret: settings.secret.clone(),
+            limits: settings.limits,
         };
-        let limits = MailLimits {
-            per_address: args.mail_cap_per_address,
-            per_address_total: args
-                .mail_cap_per_address_total
-                .unwrap_or_else(|| args.mail_cap_per_address.saturating_mul(4)),
-            per_client: args.mail_cap_per_client,
-            window: args.retention.mail_cap_window,
-        };
-        let pruning = (args.prune_interval, args.retention.retention());
-        let parts = Parts {
-            pruning,
-            secret,
-            policy,
-            limits,
-            context,
-            workers: args.workers,
-            common,
-            shutdown: &shutdown,
-        };
-        let (v1, workers) = match &database {
-            Database::Postgres(store) => parts.assemble(store.clone())?,
-            Database::Sqlite(store) => parts.assemble(store.clone())?,
-        };
-        let v1 = if common.environment == Environment::Development
+        let v1 = routes::v1(state, settings.key_policy());
+        let development = settings.environment == Environment::Development;
+        let production = settings.environment == Environment::Production;
+        let v1 = if development
             && std::env::var("ONCELY_FAILPOINT").as_deref() == Ok("crash-after-commit")
         {
             tracing::warn!(
@@ -145,7 +115,7 @@ impl Application {
         } else {
             v1
         };
-        if common.environment == Environment::Production && args.metrics_token.is_none() {
+        if production && settings.metrics_token.is_none() {
             tracing::warn!(
                 "GET /metrics answers 404 in production without ONCELY_METRICS_TOKEN (its counters would tell outsiders which addresses have accounts); set one to scrape it"
             );
@@ -153,16 +123,16 @@ impl Application {
         telemetry::prometheus();
         let mut router = Router::new()
             .route("/healthz", get(|| async { "ok" }))
-            .route("/readyz", get(readyz))
+            .route("/readyz", get(readyz::<B>))
             .route(
                 "/metrics",
-                get(metrics).layer(axum::Extension(MetricsAccess {
-                    token: args.metrics_token.as_ref().map(|token| {
+                get(metrics::<B>).layer(axum::Extension(MetricsAccess {
+                    token: settings.metrics_token.as_ref().map(|token| {
                         use secrecy::ExposeSecret;
                         use sha2::Digest;
                         sha2::Sha256::digest(token.expose_secret().as_bytes()).into()
                     }),
-                    production: common.environment == Environment::Production,
+                    production,
                 })),
             )
             .route(
@@ -171,22 +141,22 @@ impl Application {
                     axum::Json(<crate::openapi::ApiDoc as utoipa::OpenApi>::openapi())
                 }),
             )
-            .with_state(database.clone())
+            .with_state(backend.clone())
             .merge(v1)
             .route_layer(axum::middleware::from_fn(telemetry::record_http));
         if let Some((inbox, _)) = &dev_inbox
-            && common.environment == Environment::Development
+            && development
             && addr.ip().is_loopback()
         {
             router = router.nest("/_dev/inbox", oncely_inbox::http::router(inbox.clone()));
         }
         let router = telemetry::layer(router).layer(axum::Extension(TrustedProxies::new(
-            args.trusted_proxies.clone(),
+            settings.trusted_proxies,
         )));
         Ok(Self {
             listener,
             router,
-            database,
+            backend,
             dev_inbox,
             shutdown,
             workers,
@@ -200,9 +170,9 @@ impl Application {
             .expect("a bound listener has an address")
     }
 
-    /// The database in use.
-    pub fn database(&self) -> &Database {
-        &self.database
+    /// The backend in use.
+    pub fn backend(&self) -> &B {
+        &self.backend
     }
 
     /// The built-in inbox, when the mailer is `dev`.
@@ -231,39 +201,6 @@ impl Application {
             }
         }
         Ok(served?)
-    }
-}
-
-/// What assembling the routes and workers for one database needs.
-struct Parts<'a> {
-    secret: oncely::ServerSecret,
-    pruning: (Duration, crate::prune::Retention),
-    policy: KeyPolicy,
-    limits: MailLimits,
-    context: Arc<MailContext>,
-    workers: usize,
-    common: &'a CommonArgs,
-    shutdown: &'a CancellationToken,
-}
-
-impl Parts<'_> {
-    fn assemble<A: Accounts>(self, accounts: A) -> anyhow::Result<(Router, WorkerHandles)> {
-        let jobs = accounts.jobs(self.common.poll_only);
-        let plan = worker_plan(self.common, self.workers, Vec::new());
-        let mut handles = workers::spawn(&accounts, &jobs, &self.context, &plan, self.shutdown)?;
-        handles.push(tokio::spawn(prune_periodically(
-            accounts.clone(),
-            jobs.clone(),
-            self.pruning,
-            self.shutdown.clone(),
-        )));
-        let state = AppState {
-            accounts,
-            jobs,
-            secret: self.secret,
-            limits: self.limits,
-        };
-        Ok((routes::v1(state, self.policy), handles))
     }
 }
 
@@ -332,8 +269,8 @@ impl MetricsAccess {
 }
 
 /// Prometheus text; the outbox backlog is read now.
-async fn metrics(
-    State(database): State<Database>,
+async fn metrics<B: Backend>(
+    State(backend): State<B>,
     axum::Extension(access): axum::Extension<MetricsAccess>,
     headers: axum::http::HeaderMap,
 ) -> (StatusCode, String) {
@@ -341,11 +278,7 @@ async fn metrics(
     if !access.allows(&headers) {
         return (StatusCode::NOT_FOUND, String::new());
     }
-    let backlog = match &database {
-        Database::Postgres(store) => store.jobs(true).backlog().await,
-        Database::Sqlite(store) => store.jobs(true).backlog().await,
-    };
-    match backlog {
+    match backend.jobs(true).backlog().await {
         Ok(backlog) => {
             metrics::gauge!("oncely_outbox_pending").set(backlog.pending as f64);
             metrics::gauge!("oncely_outbox_oldest_pending_seconds")
@@ -356,8 +289,8 @@ async fn metrics(
     (StatusCode::OK, telemetry::prometheus().render())
 }
 
-async fn readyz(State(database): State<Database>) -> (StatusCode, String) {
-    match database.ready().await {
+async fn readyz<B: Accounts>(State(backend): State<B>) -> (StatusCode, String) {
+    match backend.ready().await {
         Ok(()) => (StatusCode::OK, "ready".into()),
         Err(error) => {
             tracing::warn!(%error, "not ready");

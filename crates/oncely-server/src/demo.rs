@@ -9,12 +9,14 @@ use std::collections::BTreeMap;
 use std::fmt::Write;
 use std::time::{Duration, Instant};
 
-use clap::Parser;
+use oncely::ServerSecret;
 use oncely_inbox::{Faults, Inbox};
 use serde_json::json;
 
+use crate::accounts::Accounts;
 use crate::app::Application;
-use crate::config::{Cli, Command};
+use crate::backend::Sqlite;
+use crate::settings::{MailerChoice, Settings};
 
 /// What the storm did and what came out of it.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
@@ -39,6 +41,19 @@ impl Report {
     /// Whether every intent produced exactly one account and one email.
     pub fn one_per_intent(&self) -> bool {
         self.users == self.intents as i64 && self.emails == self.intents
+    }
+
+    /// The answers so far, in a line.
+    fn progress(&self) -> String {
+        let answered = |outcome| self.outcomes.get(outcome).copied().unwrap_or(0);
+        format!(
+            "{} requests: {} created, {} replayed, {} in progress, {} key reused",
+            self.requests,
+            answered("created"),
+            answered("replayed"),
+            answered("in_progress"),
+            answered("mismatch")
+        )
     }
 
     /// The table `oncely demo` prints.
@@ -73,7 +88,8 @@ impl Report {
     }
 }
 
-/// Runs the storm with `intents` intents on a throwaway SQLite database.
+/// Runs the storm with `intents` intents on a throwaway SQLite database (the embedded default:
+/// nothing to set up).
 pub async fn run(intents: usize) -> anyhow::Result<Report> {
     let dir = tempfile_dir()?;
     let database_url = format!("sqlite://{}", dir.join("demo.db").display());
@@ -82,27 +98,15 @@ pub async fn run(intents: usize) -> anyhow::Result<Report> {
         ..Faults::default()
     })
     .await?;
-    let mailer = format!("smtp://{}", running.smtp_addr);
-    let argv = [
-        "oncely",
-        "serve",
-        "--bind",
-        "127.0.0.1:0",
-        "--database-url",
-        &database_url,
-        "--mailer",
-        &mailer,
-        "--retry-base",
-        "50ms",
-        "--mail-cap-per-client",
-        "100000",
-    ];
-    let Command::Serve(args) = Cli::try_parse_from(argv)?.command else {
-        unreachable!("parsed serve")
-    };
-    let app = Application::build(&args).await?;
+    let secret = ServerSecret::new(hex::encode(rand::random::<[u8; 32]>()).into_bytes())?;
+    let mut settings = Settings::new(database_url, secret);
+    settings.bind = ([127, 0, 0, 1], 0).into();
+    settings.mailer.choice = MailerChoice::Url(format!("smtp://{}", running.smtp_addr));
+    settings.retry_base = Duration::from_millis(50);
+    settings.limits.per_client = 100_000;
+    let app = Application::<Sqlite>::build(settings).await?;
     let base = format!("http://{}", app.addr());
-    let database = app.database().clone();
+    let backend = app.backend().clone();
     tokio::spawn(app.run_until(std::future::pending()));
 
     let client = oncely_outbox::http::client(Duration::from_secs(10))?;
@@ -130,6 +134,7 @@ pub async fn run(intents: usize) -> anyhow::Result<Report> {
             })
         }
     };
+    let progress = storm_progress(intents);
     for i in 0..intents {
         let (key, email) = (format!("demo-{i}"), format!("user{i}@example.com"));
         let mut answers = Vec::new();
@@ -146,42 +151,53 @@ pub async fn run(intents: usize) -> anyhow::Result<Report> {
         for answer in answers {
             *report.outcomes.entry(answer).or_default() += 1;
         }
+        progress.inc(1);
+        progress.set_message(report.progress());
     }
 
+    progress.set_prefix("deliveries");
+    progress.set_position(0);
     let deadline = Instant::now() + Duration::from_secs(30);
-    while inbox.messages(None).len() < intents && Instant::now() < deadline {
+    loop {
+        let delivered = inbox.messages(None).len();
+        progress.set_position(delivered as u64);
+        progress.set_message("emails in the inbox");
+        if delivered >= intents || Instant::now() >= deadline {
+            break;
+        }
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
     tokio::time::sleep(Duration::from_millis(300)).await;
+    progress.finish_and_clear();
     report.emails = inbox.messages(None).len();
-    let (users, attempts, failed) = database_counts(&database).await?;
-    (report.users, report.attempts, report.failed_attempts) = (users, attempts, failed);
+    report.users = backend
+        .scalar("SELECT count(*) FROM oncely_users".into())
+        .await?;
+    report.attempts = backend
+        .scalar("SELECT count(*) FROM oncely_outbox_attempts".into())
+        .await?;
+    report.failed_attempts = backend
+        .scalar("SELECT count(*) FROM oncely_outbox_attempts WHERE result = 'retry'".into())
+        .await?;
     let _ = std::fs::remove_dir_all(&dir);
     Ok(report)
 }
 
-async fn database_counts(database: &crate::database::Database) -> anyhow::Result<(i64, i64, i64)> {
-    const USERS: &str = "SELECT count(*) FROM oncely_users";
-    const ATTEMPTS: &str = "SELECT count(*) FROM oncely_outbox_attempts";
-    const FAILED: &str = "SELECT count(*) FROM oncely_outbox_attempts WHERE result = 'retry'";
-    Ok(match database {
-        crate::database::Database::Sqlite(store) => {
-            let pool = store.pool();
-            (
-                sqlx::query_scalar(USERS).fetch_one(pool).await?,
-                sqlx::query_scalar(ATTEMPTS).fetch_one(pool).await?,
-                sqlx::query_scalar(FAILED).fetch_one(pool).await?,
-            )
-        }
-        crate::database::Database::Postgres(store) => {
-            let pool = store.pool();
-            (
-                sqlx::query_scalar(USERS).fetch_one(pool).await?,
-                sqlx::query_scalar(ATTEMPTS).fetch_one(pool).await?,
-                sqlx::query_scalar(FAILED).fetch_one(pool).await?,
-            )
-        }
-    })
+/// Where `oncely demo` writes the embedded service's logs (unless `-v`).
+pub fn log_file() -> std::path::PathBuf {
+    std::env::temp_dir().join("oncely-demo.log")
+}
+
+/// One live line on the terminal while the storm runs (nothing when stderr is not one).
+fn storm_progress(intents: usize) -> indicatif::ProgressBar {
+    let bar = indicatif::ProgressBar::new(intents as u64);
+    bar.set_style(
+        indicatif::ProgressStyle::with_template("{spinner} {prefix} {pos}/{len} · {wide_msg}")
+            .expect("a valid template"),
+    );
+    bar.set_prefix("intents");
+    bar.enable_steady_tick(Duration::from_millis(120));
+    bar
 }
 
 fn tempfile_dir() -> std::io::Result<std::path::PathBuf> {

@@ -1,27 +1,29 @@
 //! The `oncely` service: account flows built on idempotency keys and a transactional outbox.
 //!
 //! Map:
-//! - [`config`]: command line and environment (`DATABASE_URL`, `ONCELY_*`), the server secret.
-//! - [`database`]: PostgreSQL or SQLite, chosen by URL; migrations; readiness.
+//! - [`cli`]: the command line (clap); [`settings`]: what it resolves to, checked once (the
+//!   server secret, mailer, public URL, limits), handed to [`app::Application::build`].
+//! - [`backend`]: the seam — PostgreSQL or SQLite, chosen once by URL; connection, the key and
+//!   job stores, migrations; everything else is generic over a [`backend::Backend`].
 //! - [`app`]: assembly: database, mailer, routes, workers; binding (port 0 in tests); shutdown.
 //! - [`routes`]: the HTTP API (`/v1/signup`, `/v1/verify`) behind the idempotency layer.
-//! - [`accounts`]: the SQL of the account flows, once per database dialect.
+//! - [`accounts`]: the account flows' storage: statements per dialect, Rust once.
 //! - [`email`], [`token`], [`password`]: addresses, one-time tokens, Argon2id.
 //! - [`mail`]: the emails and the outbox handlers that send them; [`workers`]: starting them.
 //! - [`openapi`]: the OpenAPI description (`/openapi.json`).
-//! - [`ops`]: operator commands (`oncely outbox list|show|retry`).
+//! - [`ops`]: operator commands (`oncely outbox list|show|retry`, `key show`, `tenant create`).
 //! - [`telemetry`]: logs, request ids, metrics; [`prune`]: retention; [`demo`]: `oncely demo`.
 //!
-//! `main.rs` only parses the command line and calls into these.
+//! `main.rs` parses and resolves the command line, picks the backend once, and calls into these.
 
 #![deny(unsafe_code)]
 #![warn(missing_docs, unreachable_pub)]
 
 pub mod accounts;
 pub mod app;
+pub mod backend;
+pub mod cli;
 pub mod client_addr;
-pub mod config;
-pub mod database;
 pub mod demo;
 pub mod email;
 pub mod mail;
@@ -30,6 +32,7 @@ pub mod ops;
 pub mod password;
 pub mod prune;
 pub mod routes;
+pub mod settings;
 pub mod telemetry;
 pub mod token;
 pub mod workers;

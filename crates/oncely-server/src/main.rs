@@ -1,17 +1,23 @@
-//! The `oncely` binary: parses the command line and calls into the library.
+//! The `oncely` binary: parses the command line, resolves it once, and runs it on the
+//! database `DATABASE_URL` names.
 
+use std::path::PathBuf;
 use std::sync::Arc;
 
 use anyhow::bail;
 use clap::Parser;
+use oncely::TenantId;
 use oncely_inbox::{Faults, Inbox};
+use oncely_server::accounts::Accounts;
 use oncely_server::app::{self, Application};
-use oncely_server::config::{
-    Cli, Command, Environment, InboxArgs, MailerChoice, PruneArgs, TenantCommand, WorkerArgs,
+use oncely_server::backend::{self, Backend, COMMAND_POOL, Postgres, Sqlite};
+use oncely_server::cli::{
+    Cli, Command, DatabaseArgs, InboxArgs, KeyCommand, OutboxCommand, PruneArgs, TenantCommand,
 };
-use oncely_server::database::Database;
 use oncely_server::mail::MailContext;
-use oncely_server::workers;
+use oncely_server::prune::Retention;
+use oncely_server::settings::{Environment, Settings, WorkerSettings};
+use oncely_server::{demo, ops, workers};
 use tokio_util::sync::CancellationToken;
 
 #[tokio::main]
@@ -22,8 +28,14 @@ async fn main() -> std::process::ExitCode {
         Command::Worker(a) => a.common.environment == Environment::Production,
         _ => false,
     };
-    oncely_server::telemetry::init_tracing(production);
-    match run(cli).await {
+    // `oncely demo` tells its own story: the embedded service logs to a file unless `-v`.
+    let demo_log = matches!(cli.command, Command::Demo { verbose: false, .. })
+        .then(demo::log_file)
+        .filter(|path| oncely_server::telemetry::init_tracing_to_file(path).is_ok());
+    if demo_log.is_none() {
+        oncely_server::telemetry::init_tracing(production);
+    }
+    match run(cli, demo_log).await {
         Ok(()) => std::process::ExitCode::SUCCESS,
         Err(error) => {
             // One clear line, never a backtrace.
@@ -33,112 +45,140 @@ async fn main() -> std::process::ExitCode {
     }
 }
 
-async fn run(cli: Cli) -> anyhow::Result<()> {
-    match cli.command {
-        Command::Serve(args) => {
-            let app = Application::build(&args).await?;
-            let addr = app.addr();
-            tracing::info!(%addr, database = app.database().kind(), workers = args.workers, "oncely is serving");
-            println!("oncely API:   http://{addr}   (health: /healthz)");
-            if let Some((_, running)) = app.dev_inbox() {
-                println!(
-                    "dev inbox:    http://{addr}/_dev/inbox   (JSON: /_dev/inbox/messages; SMTP {})",
-                    running.smtp_addr
-                );
-            }
-            println!(
-                "try:          curl -i http://{addr}/v1/signup -H 'Idempotency-Key: \"signup-1\"' \
-                 -H 'content-type: application/json' -d '{{\"email\":\"ada@example.com\"}}'"
-            );
-            app.run_until(shutdown_signal()).await
-        }
-        Command::Worker(args) => run_workers(args).await,
-        Command::Migrate(args) => {
-            let database = Database::connect(&args.database_url).await?;
-            database.migrate().await?;
-            println!("migrations applied ({})", database.kind());
-            Ok(())
-        }
-        Command::Inbox(args) => run_inbox(args).await,
+/// A command resolved (its settings checked), ready to run on a database.
+enum Task {
+    Serve(Settings),
+    Worker(WorkerSettings),
+    Migrate(DatabaseArgs),
+    CreateTenant(TenantId, DatabaseArgs),
+    Prune(PruneArgs),
+    Key(KeyCommand),
+    Outbox(OutboxCommand),
+}
+
+async fn run(cli: Cli, demo_log: Option<PathBuf>) -> anyhow::Result<()> {
+    let task = match cli.command {
+        Command::Inbox(args) => return run_inbox(args).await,
+        Command::Demo { intents, .. } => return run_demo(intents, demo_log).await,
+        Command::Serve(args) => Task::Serve(Settings::from_args(args)?),
+        Command::Worker(args) => Task::Worker(WorkerSettings::from_args(args)?),
+        Command::Migrate(database) => Task::Migrate(database),
         Command::Tenant(TenantCommand::Create { name, database }) => {
-            create_tenant(&name, &database.database_url).await
+            Task::CreateTenant(ops::tenant_name(&name)?, database)
         }
-        Command::Prune(args) => prune(args).await,
-        Command::Demo { intents } => {
-            println!(
-                "oncely demo: {intents} signups, each retried 5 times, sent 5 times at once, and its key reused once with another body; the first 3 deliveries fail"
-            );
-            let report = oncely_server::demo::run(intents).await?;
-            print!("{}", report.table());
-            if !report.one_per_intent() {
-                bail!("an intent did not produce exactly one account and one email");
+        Command::Prune(args) => Task::Prune(args),
+        Command::Key(command) => Task::Key(command),
+        Command::Outbox(command) => Task::Outbox(command),
+    };
+    // The one place that asks which database: everything below is generic over it.
+    let url = task.database_url();
+    if Postgres::accepts(url) {
+        task.run::<Postgres>().await
+    } else if Sqlite::accepts(url) {
+        task.run::<Sqlite>().await
+    } else {
+        Err(backend::unsupported(url))
+    }
+}
+
+impl Task {
+    fn database_url(&self) -> &str {
+        match self {
+            Self::Serve(settings) => &settings.database.url,
+            Self::Worker(settings) => &settings.database.url,
+            Self::Migrate(database) | Self::CreateTenant(_, database) => &database.database_url,
+            Self::Prune(args) => &args.database.database_url,
+            Self::Key(KeyCommand::Show { database, .. }) => &database.database_url,
+            Self::Outbox(command) => &command.database().database_url,
+        }
+    }
+
+    async fn run<B: Accounts>(self) -> anyhow::Result<()> {
+        match self {
+            Self::Serve(settings) => serve::<B>(settings).await,
+            Self::Worker(settings) => run_workers::<B>(settings).await,
+            Self::Migrate(database) => {
+                let backend = B::connect(&database.database_url, COMMAND_POOL).await?;
+                backend.migrate().await?;
+                println!("migrations applied ({})", B::NAME);
+                Ok(())
             }
-            Ok(())
-        }
-        Command::Key(command) => {
-            print!("{}", oncely_server::ops::key_show(command).await?);
-            Ok(())
-        }
-        Command::Outbox(command) => {
-            print!("{}", oncely_server::ops::outbox(command).await?);
-            Ok(())
+            Self::CreateTenant(tenant, database) => {
+                let backend = B::connect(&database.database_url, COMMAND_POOL).await?;
+                backend.migrate().await?;
+                let key = ops::create_tenant(&backend, &tenant).await?;
+                println!(
+                    "tenant {tenant} created. Its API key (shown once; only a hash is stored):\n{key}"
+                );
+                Ok(())
+            }
+            Self::Prune(args) => prune::<B>(args).await,
+            Self::Key(command) => {
+                print!("{}", ops::key_show::<B>(command).await?);
+                Ok(())
+            }
+            Self::Outbox(command) => {
+                print!("{}", ops::outbox::<B>(command).await?);
+                Ok(())
+            }
         }
     }
 }
 
-async fn create_tenant(name: &str, database_url: &str) -> anyhow::Result<()> {
-    use oncely_server::accounts::Accounts;
-    use oncely_server::routes::tenants::{hash_api_key, new_api_key};
-    let tenant = oncely::TenantId::parse(name).map_err(|e| anyhow::anyhow!("{e}"))?;
-    if tenant == oncely::TenantId::default() {
-        bail!("`default` is the tenant of requests without an API key; choose another name");
+async fn serve<B: Accounts>(settings: Settings) -> anyhow::Result<()> {
+    let workers = settings.workers;
+    let app = Application::<B>::build(settings).await?;
+    let addr = app.addr();
+    tracing::info!(%addr, database = B::NAME, workers, "oncely is serving");
+    println!("oncely API:   http://{addr}   (health: /healthz)");
+    if let Some((_, running)) = app.dev_inbox() {
+        println!(
+            "dev inbox:    http://{addr}/_dev/inbox   (JSON: /_dev/inbox/messages; SMTP {})",
+            running.smtp_addr
+        );
     }
-    let database = Database::connect(database_url).await?;
-    database.migrate().await?;
-    let key = new_api_key();
-    let created = match &database {
-        Database::Postgres(s) => s.create_tenant(tenant.as_str(), &hash_api_key(&key)).await,
-        Database::Sqlite(s) => s.create_tenant(tenant.as_str(), &hash_api_key(&key)).await,
-    };
-    created.map_err(|_| anyhow::anyhow!("tenant {tenant} already exists"))?;
-    println!("tenant {tenant} created. Its API key (shown once; only a hash is stored):\n{key}");
+    println!(
+        "try:          curl -i http://{addr}/v1/signup -H 'Idempotency-Key: \"signup-1\"' \
+         -H 'content-type: application/json' -d '{{\"email\":\"ada@example.com\"}}'"
+    );
+    app.run_until(shutdown_signal()).await
+}
+
+async fn run_demo(intents: usize, log: Option<PathBuf>) -> anyhow::Result<()> {
+    println!(
+        "oncely demo: {intents} signups, each retried 5 times, sent 5 times at once, and its key reused once with another body; the first 3 deliveries fail"
+    );
+    if let Some(log) = log {
+        println!(
+            "(the embedded service logs to {}; -v shows them here)",
+            log.display()
+        );
+    }
+    let report = demo::run(intents).await?;
+    print!("{}", report.table());
+    if !report.one_per_intent() {
+        bail!("an intent did not produce exactly one account and one email");
+    }
     Ok(())
 }
 
-async fn run_workers(args: WorkerArgs) -> anyhow::Result<()> {
-    use oncely_server::accounts::Accounts;
-    let common = &args.common;
-    if common.mailer_choice()? == MailerChoice::Dev {
-        bail!(
-            "the dev inbox lives inside `oncely serve`; give `oncely worker` an ONCELY_MAILER URL"
-        );
-    }
-    let secret = common.server_secret()?;
-    let public_url = common.public_url(None)?;
-    let database =
-        Database::connect_pool(&common.database.database_url, common.database_pool).await?;
-    database.migrate().await?;
-    let (mailer, _) = app::mailer(common).await?;
+async fn run_workers<B: Accounts>(settings: WorkerSettings) -> anyhow::Result<()> {
+    let backend = B::connect(&settings.database.url, settings.database.pool).await?;
+    backend.migrate().await?;
+    let (mailer, _) = app::mailer(&settings.mailer).await?;
     let context = Arc::new(MailContext {
-        secret,
-        public_url,
-        from: common.mail_from.clone(),
+        secret: settings.secret,
+        public_url: settings.public_url,
+        from: settings.mailer.from.clone(),
         mailer,
     });
-    let plan = app::worker_plan(common, args.workers, args.kinds.clone());
     let shutdown = CancellationToken::new();
-    let handles = match &database {
-        Database::Postgres(s) => {
-            workers::spawn(s, &s.jobs(common.poll_only), &context, &plan, &shutdown)?
-        }
-        Database::Sqlite(s) => {
-            workers::spawn(s, &s.jobs(common.poll_only), &context, &plan, &shutdown)?
-        }
-    };
+    let jobs = backend.jobs(settings.poll_only);
+    let handles = workers::spawn(&backend, &jobs, &context, &settings.plan, &shutdown)?;
     println!(
         "oncely worker: {} worker(s) on {}",
-        args.workers,
-        database.kind()
+        settings.plan.count,
+        B::NAME
     );
     shutdown_signal().await;
     shutdown.cancel();
@@ -148,26 +188,22 @@ async fn run_workers(args: WorkerArgs) -> anyhow::Result<()> {
     Ok(())
 }
 
-async fn prune(args: PruneArgs) -> anyhow::Result<()> {
+async fn prune<B: Accounts>(args: PruneArgs) -> anyhow::Result<()> {
     use indicatif::{ProgressBar, ProgressStyle};
-    use oncely_server::accounts::Accounts;
-    let database = Database::connect(&args.database.database_url).await?;
-    database.migrate().await?;
+    let backend = B::connect(&args.database.database_url, COMMAND_POOL).await?;
+    backend.migrate().await?;
     let bar = ProgressBar::new_spinner();
     bar.set_style(
         ProgressStyle::with_template("{spinner} pruning {msg}").expect("a valid template"),
     );
     bar.enable_steady_tick(std::time::Duration::from_millis(120));
     let progress = |table: &str, n: u64| bar.set_message(format!("{table}: {n} rows deleted"));
-    let retention = args.retention.retention();
-    let pruned = match &database {
-        Database::Postgres(s) => {
-            oncely_server::prune::prune_all(s, &s.jobs(true), retention, progress).await?
-        }
-        Database::Sqlite(s) => {
-            oncely_server::prune::prune_all(s, &s.jobs(true), retention, progress).await?
-        }
-    };
+    let retention = Retention::new(
+        args.retention.outbox_retention,
+        args.retention.mail_cap_window,
+    );
+    let pruned =
+        oncely_server::prune::prune_all(&backend, &backend.jobs(true), retention, progress).await?;
     bar.finish_and_clear();
     println!(
         "pruned {} rows: {} idempotency keys, {} outbox jobs, {} tokens, {} email-cap counters",

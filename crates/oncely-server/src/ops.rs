@@ -6,12 +6,12 @@ use anyhow::bail;
 use oncely_outbox::store::JobFilter;
 use oncely_outbox::{JobStatus, JobStore};
 
-use crate::accounts::Accounts;
-use crate::config::{JobStatusArg, OutboxCommand};
-use crate::database::Database;
+use crate::accounts::{AccountError, Accounts};
+use crate::backend::{Backend, COMMAND_POOL};
+use crate::cli::{JobStatusArg, KeyCommand, OutboxCommand};
 
-/// Runs an outbox command and returns what to print.
-pub async fn outbox(command: OutboxCommand) -> anyhow::Result<String> {
+/// Runs an outbox command on backend `B` and returns what to print.
+pub async fn outbox<B: Backend>(command: OutboxCommand) -> anyhow::Result<String> {
     // `dead` is `list --status dead`.
     let command = match command {
         OutboxCommand::Dead {
@@ -26,21 +26,14 @@ pub async fn outbox(command: OutboxCommand) -> anyhow::Result<String> {
         },
         other => other,
     };
-    let database = match &command {
-        OutboxCommand::List { database, .. }
-        | OutboxCommand::Dead { database, .. }
-        | OutboxCommand::Show { database, .. }
-        | OutboxCommand::Retry { database, .. } => {
-            Database::connect(&database.database_url).await?
-        }
-    };
-    match &database {
-        Database::Postgres(store) => run(&store.jobs(true), command).await,
-        Database::Sqlite(store) => run(&store.jobs(true), command).await,
-    }
+    let backend = B::connect(&command.database().database_url, COMMAND_POOL).await?;
+    run_outbox_command(&backend.jobs(true), command).await
 }
 
-async fn run<S: JobStore>(jobs: &S, command: OutboxCommand) -> anyhow::Result<String> {
+async fn run_outbox_command<S: JobStore>(
+    jobs: &S,
+    command: OutboxCommand,
+) -> anyhow::Result<String> {
     let mut out = String::new();
     match command {
         OutboxCommand::Dead { .. } => unreachable!("`outbox` turns it into a list"),
@@ -118,11 +111,41 @@ async fn run<S: JobStore>(jobs: &S, command: OutboxCommand) -> anyhow::Result<St
     Ok(out)
 }
 
+/// The name of a new tenant: a valid tenant id other than `default`.
+pub fn tenant_name(name: &str) -> anyhow::Result<oncely::TenantId> {
+    let tenant = oncely::TenantId::parse(name).map_err(|e| anyhow::anyhow!("{e}"))?;
+    if tenant == oncely::TenantId::default() {
+        bail!("`default` is the tenant of requests without an API key; choose another name");
+    }
+    Ok(tenant)
+}
+
+/// `oncely tenant create`: creates `tenant` with a new API key and returns the key (only its
+/// hash is stored). A name that is taken says so; any other failure (the database down, busy)
+/// says what it was.
+pub async fn create_tenant<B: Accounts>(
+    backend: &B,
+    tenant: &oncely::TenantId,
+) -> anyhow::Result<String> {
+    use crate::routes::tenants::{hash_api_key, new_api_key};
+    let key = new_api_key();
+    match backend
+        .create_tenant(tenant.as_str(), &hash_api_key(&key))
+        .await
+    {
+        Ok(()) => Ok(key),
+        Err(AccountError::Conflict(_)) => bail!("tenant {tenant} already exists"),
+        Err(error) => {
+            Err(anyhow::Error::new(error).context(format!("tenant {tenant} was not created")))
+        }
+    }
+}
+
 /// `oncely key show`: the state of one idempotency key, and the answer it replays.
-pub async fn key_show(command: crate::config::KeyCommand) -> anyhow::Result<String> {
+pub async fn key_show<B: Backend>(command: KeyCommand) -> anyhow::Result<String> {
     use oncely::store::{KeyStore, Record, RecordState};
     use oncely::{IdempotencyKey, Scope, TenantId};
-    let crate::config::KeyCommand::Show {
+    let KeyCommand::Show {
         key,
         route,
         method,
@@ -132,10 +155,8 @@ pub async fn key_show(command: crate::config::KeyCommand) -> anyhow::Result<Stri
     let tenant = TenantId::parse(tenant).map_err(|e| anyhow::anyhow!("{e}"))?;
     let key = IdempotencyKey::parse(&key).map_err(|e| anyhow::anyhow!("{e}"))?;
     let scope = Scope::new(tenant, method.to_uppercase(), route, key);
-    let record: Option<Record> = match Database::connect(&database.database_url).await? {
-        Database::Postgres(store) => store.get(&scope).await?,
-        Database::Sqlite(store) => store.get(&scope).await?,
-    };
+    let backend = B::connect(&database.database_url, COMMAND_POOL).await?;
+    let record: Option<Record> = backend.keys().get(&scope).await?;
     let mut out = String::new();
     writeln!(
         out,

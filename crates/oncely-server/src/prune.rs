@@ -13,6 +13,7 @@
 
 use std::time::Duration;
 
+use oncely::store::KeyStore;
 use oncely_outbox::JobStore;
 use time::OffsetDateTime;
 
@@ -27,6 +28,21 @@ pub struct Retention {
     pub tokens: Duration,
     /// The email-cap window (counters are kept two windows).
     pub cap_window: Duration,
+}
+
+impl Retention {
+    /// Tokens are kept this long after their expiry (then no link can need them).
+    pub const TOKENS: Duration = Duration::from_secs(7 * 24 * 3600);
+
+    /// Finished outbox jobs kept for `outbox`, tokens for [`Self::TOKENS`], email-cap
+    /// counters of `cap_window`s.
+    pub fn new(outbox: Duration, cap_window: Duration) -> Self {
+        Self {
+            outbox,
+            tokens: Self::TOKENS,
+            cap_window,
+        }
+    }
 }
 
 /// Rows deleted by one pass, per table.
@@ -65,9 +81,9 @@ pub async fn prune_all<A: Accounts>(
     for table in ["keys", "jobs", "tokens", "rate_limits"] {
         loop {
             let n = match table {
-                "keys" => accounts.prune(BATCH).await?,
+                "keys" => accounts.keys().prune(BATCH).await?,
                 "jobs" => jobs.prune(retention.outbox, BATCH).await?,
-                "tokens" => accounts.prune_tokens(retention.tokens, BATCH).await?,
+                "tokens" => accounts.prune_tokens(None, retention.tokens, BATCH).await?,
                 _ => accounts.prune_rate_limits(before_window, BATCH).await?,
             };
             let total = match table {

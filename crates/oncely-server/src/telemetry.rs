@@ -24,13 +24,16 @@ use metrics_exporter_prometheus::{PrometheusBuilder, PrometheusHandle};
 use tower_http::request_id::{MakeRequestUuid, PropagateRequestIdLayer, SetRequestIdLayer};
 use tower_http::trace::TraceLayer;
 
-/// Installs the log subscriber: JSON lines in production, readable text otherwise. `RUST_LOG`
-/// filters (default `info`).
-pub fn init_tracing(json: bool) {
+fn filter() -> tracing_subscriber::EnvFilter {
     use tracing_subscriber::EnvFilter;
-    let filter = EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new("info"));
+    EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new("info"))
+}
+
+/// Installs the log subscriber on stderr: JSON lines in production, readable text otherwise.
+/// `RUST_LOG` filters (default `info`).
+pub fn init_tracing(json: bool) {
     let builder = tracing_subscriber::fmt()
-        .with_env_filter(filter)
+        .with_env_filter(filter())
         .with_writer(std::io::stderr);
     if json {
         builder
@@ -41,6 +44,18 @@ pub fn init_tracing(json: bool) {
     } else {
         builder.init();
     }
+}
+
+/// Installs the log subscriber writing readable text to `path` (created, or emptied): for a
+/// command whose own output is the story (`oncely demo`).
+pub fn init_tracing_to_file(path: &std::path::Path) -> std::io::Result<()> {
+    let file = std::fs::File::create(path)?;
+    tracing_subscriber::fmt()
+        .with_env_filter(filter())
+        .with_ansi(false)
+        .with_writer(std::sync::Mutex::new(file))
+        .init();
+    Ok(())
 }
 
 /// The process's Prometheus recorder (installed on first use; later calls share it).

@@ -1,6 +1,7 @@
 //! Outbox workers of the service: which job kinds they run, and how they are started.
 
 use std::sync::Arc;
+use std::time::Duration;
 
 use oncely_outbox::{OutboxError, RetryPolicy, Worker, WorkerConfig};
 use tokio::task::JoinHandle;
@@ -11,7 +12,7 @@ use crate::mail::{MailContext, SIGNUP_NOTICE, SignupNotice, TokenEmail};
 use crate::token::Flow;
 
 /// A worker for every email kind of the service.
-pub fn worker<A: Accounts>(
+pub fn email_worker<A: Accounts>(
     accounts: &A,
     jobs: A::Jobs,
     context: Arc<MailContext>,
@@ -54,6 +55,25 @@ pub struct WorkerPlan {
     pub kinds: Vec<String>,
 }
 
+impl WorkerPlan {
+    /// `count` workers of `kinds` (empty: all) holding a job for `lease`, first retrying an
+    /// email after `retry_base`.
+    pub fn new(count: usize, lease: Duration, retry_base: Duration, kinds: Vec<String>) -> Self {
+        Self {
+            count,
+            config: WorkerConfig {
+                lease,
+                ..WorkerConfig::default()
+            },
+            policy: RetryPolicy {
+                base: retry_base,
+                ..RetryPolicy::DEFAULT
+            },
+            kinds,
+        }
+    }
+}
+
 /// Starts the planned workers; they run until `shutdown` is cancelled. An unknown kind in the
 /// plan is an error before anything starts.
 pub fn spawn<A: Accounts>(
@@ -69,7 +89,7 @@ pub fn spawn<A: Accounts>(
             id: format!("{}-{i}", plan.config.id),
             ..plan.config.clone()
         };
-        let mut worker = worker(accounts, jobs.clone(), context.clone(), config, plan.policy);
+        let mut worker = email_worker(accounts, jobs.clone(), context.clone(), config, plan.policy);
         if !plan.kinds.is_empty() {
             worker = worker.restrict_to(&plan.kinds)?;
         }

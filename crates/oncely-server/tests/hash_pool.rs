@@ -27,7 +27,7 @@ static POOL_IN_USE: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
 async fn a_saturated_hashing_pool_answers_503_busy_with_retry_after_and_frees_the_key() {
     let _pool = POOL_IN_USE.lock().await;
     let (url, _db) = support::postgres_db().await;
-    let app = support::spawn_app_on(&url, &[]).await;
+    let app = support::spawn_app_on(&url, |_| {}).await;
     let body = json!({ "email": "busy@example.com", "password": "correct horse battery" });
 
     // Occupy every hashing thread, then fill the queue.
@@ -111,7 +111,7 @@ async fn a_saturated_hashing_pool_answers_503_busy_with_retry_after_and_frees_th
 async fn one_client_flooding_password_requests_leaves_room_for_others() {
     let _pool = POOL_IN_USE.lock().await;
     let (url, _db) = support::postgres_db().await;
-    let app = support::spawn_app_on(&url, &[]).await;
+    let app = support::spawn_app_on(&url, |_| {}).await;
     let (release, released) = mpsc::channel::<()>();
     let released = Arc::new(Mutex::new(released));
     let mut held = Vec::new();

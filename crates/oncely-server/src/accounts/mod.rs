@@ -1,46 +1,25 @@
-//! Account storage: one trait, written once per database dialect, used inside the
-//! idempotency layer's transaction.
+//! Account storage: the SQL of the account flows, its statements once per dialect
+//! ([`postgres`], [`sqlite`], under the names of [`Statements`]) and its Rust once ([`Accounts`],
+//! for every [`Backend`]). Handlers run it inside the idempotency layer's transaction.
 
 use std::future::Future;
 
-use oncely::store::KeyStore;
-use oncely_outbox::{Enqueued, NewJob, OutboxError};
-use sqlx::Database;
+use sqlx::{AssertSqlSafe, Encode, Executor, FromRow, IntoArguments, Type};
 use time::OffsetDateTime;
 use uuid::Uuid;
 
+use crate::backend::{Backend, Connection, MIGRATION_TABLES};
 use crate::email::EmailAddress;
 
 pub mod postgres;
 pub mod sqlite;
+mod statements;
 
-/// The service's migrations (its own history table, `_oncely_server_migrations`).
-pub(crate) fn migrator_of(steps: &[(i64, &'static str, &'static str)]) -> sqlx::migrate::Migrator {
-    use sqlx::SqlSafeStr;
-    use sqlx::migrate::{Migration, MigrationType, Migrator};
-    let migrations = steps
-        .iter()
-        .map(|(version, description, sql)| {
-            Migration::new(
-                *version,
-                (*description).into(),
-                MigrationType::Simple,
-                sql.into_sql_str(),
-                false,
-            )
-        })
-        .collect();
-    let mut migrator = Migrator::with_migrations(migrations);
-    migrator.dangerous_set_table_name("_oncely_server_migrations");
-    // Migrations only add: a process of the previous release must still start (and restart)
-    // on a database a newer release already migrated, so versions it does not know are fine.
-    migrator.set_ignore_missing(true);
-    migrator
-}
+pub use statements::Statements;
 
 /// What a signup found.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum SignupRow {
+pub enum SignupOutcome {
     /// A new account.
     Created(Uuid),
     /// The address has an account that is not verified yet.
@@ -50,8 +29,8 @@ pub enum SignupRow {
 }
 
 /// A user found by address.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct UserRow {
+#[derive(Debug, Clone, Copy, PartialEq, Eq, FromRow)]
+pub struct User {
     /// The user.
     pub id: Uuid,
     /// Whether the address is verified.
@@ -87,7 +66,7 @@ pub struct NewToken<'a> {
 }
 
 /// A token that was consumed.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq, FromRow)]
 pub struct ConsumedToken {
     /// The tenant the token was issued in (a link names its tenant through its token).
     pub tenant: String,
@@ -100,7 +79,7 @@ pub struct ConsumedToken {
 }
 
 /// What the worker needs to send a token's email.
-#[derive(Debug, Clone)]
+#[derive(Debug, Clone, FromRow)]
 pub struct TokenForSend {
     /// The flow.
     pub flow: String,
@@ -109,22 +88,61 @@ pub struct TokenForSend {
     /// Still usable (not consumed, not superseded, not expired).
     pub live: bool,
     /// SHA-256 of the token: tells which server secret (current or previous) derived it.
+    #[sqlx(rename = "token_hash")]
     pub hash: Vec<u8>,
 }
 
-/// The SQL of the account flows, for one database. Handlers run these inside the idempotency
-/// layer's transaction (`conn`); the worker and the CLI use the pool (`&self`).
-pub trait Accounts: KeyStore {
-    /// The outbox store on the same database.
-    type Jobs: oncely_outbox::JobStore;
+/// Why account storage failed: a row that exists already, a database that cannot serve now, or
+/// anything else.
+#[derive(Debug, thiserror::Error)]
+pub enum AccountError {
+    /// A unique constraint refused the row: what it names exists already (a tenant's name).
+    #[error("it exists already")]
+    Conflict(#[source] sqlx::Error),
+    /// The database cannot serve now: unreachable, shutting down, out of connections, or its
+    /// write lock (SQLite) not free in time. Nothing was changed; try again later.
+    #[error("the database is unavailable")]
+    Unavailable(#[source] sqlx::Error),
+    /// The database refused the statement for another reason.
+    #[error("database error")]
+    Database(#[source] sqlx::Error),
+    /// A row the statement needs is not there (only a concurrent delete could cause it).
+    #[error("{0}")]
+    Vanished(&'static str),
+}
 
-    /// A new outbox store on this database. The app makes one and shares it (workers and the
-    /// post-commit wake-up must use the same one).
-    fn jobs(&self, poll_only: bool) -> Self::Jobs;
+impl AccountError {
+    /// Sorts an error of `B`'s database.
+    pub fn of<B: Backend>(error: sqlx::Error) -> Self {
+        use sqlx::Error as E;
+        let (unique, unavailable) = match &error {
+            E::Database(e) => (e.is_unique_violation(), B::unavailable(e.as_ref())),
+            E::Io(_) | E::Tls(_) | E::PoolTimedOut | E::PoolClosed | E::WorkerCrashed => {
+                (false, true)
+            }
+            _ => (false, false),
+        };
+        if unique {
+            Self::Conflict(error)
+        } else if unavailable {
+            Self::Unavailable(error)
+        } else {
+            Self::Database(error)
+        }
+    }
+}
 
-    /// Applies the service's own migrations.
-    fn migrate_accounts(&self) -> impl Future<Output = anyhow::Result<()>> + Send;
-
+/// The account flows' storage on one [`Backend`]. Handlers run the associated functions
+/// inside the idempotency layer's transaction (`conn`); the worker and the CLI use the pool
+/// (`&self`).
+///
+/// Written once, for every backend whose database sqlx can bind and read these types (the
+/// `where` clause of the one `impl` below: `B: Accounts` holds for PostgreSQL and SQLite). The
+/// statements come from [`Backend::ACCOUNT_SQL`]; the Rust that binds their parameters and reads
+/// their rows is this. (Generic rather than a macro per dialect: the bounds fit in one `where`
+/// clause, and code that only needs account storage asks for `A: Accounts` without repeating
+/// them.) The readiness check, which reads the migration tables the same way, lives here too.
+pub trait Accounts: Backend {
     /// Inserts the user if the (tenant, address) is new, then reads it back (both statements
     /// run either way: the same work for new and known addresses). A concurrent insert of the
     /// same address waits for the other transaction (the unique index).
@@ -133,44 +151,44 @@ pub trait Accounts: KeyStore {
     /// signup's verification token ([`NewToken::password_hash`]) and takes effect only when the
     /// address owner verifies with that token and re-enters it ([`Self::mark_verified`]).
     fn signup_user<'c>(
-        conn: &'c mut <Self::Database as Database>::Connection,
+        conn: &'c mut Connection<Self>,
         tenant: &'c str,
         email: &'c EmailAddress,
         source: Option<&'c str>,
-    ) -> impl Future<Output = anyhow::Result<SignupRow>> + Send + 'c;
+    ) -> impl Future<Output = Result<SignupOutcome, AccountError>> + Send + 'c;
 
     /// The user with this address in this tenant.
     fn find_user<'c>(
-        conn: &'c mut <Self::Database as Database>::Connection,
+        conn: &'c mut Connection<Self>,
         tenant: &'c str,
         email: &'c EmailAddress,
-    ) -> impl Future<Output = anyhow::Result<Option<UserRow>>> + Send + 'c;
+    ) -> impl Future<Output = Result<Option<User>, AccountError>> + Send + 'c;
 
     /// Counts one more email for `bucket` in the window starting at `window_start`; returns
     /// the count including this one.
     fn count_email<'c>(
-        conn: &'c mut <Self::Database as Database>::Connection,
+        conn: &'c mut Connection<Self>,
         tenant: &'c str,
         bucket: &'c str,
         window_start: i64,
-    ) -> impl Future<Output = anyhow::Result<i64>> + Send + 'c;
+    ) -> impl Future<Output = Result<i64, AccountError>> + Send + 'c;
 
     /// Stores a token (its hash), first superseding the user's live tokens of the same flow if
     /// asked (the statement runs either way).
     fn insert_token<'c>(
-        conn: &'c mut <Self::Database as Database>::Connection,
+        conn: &'c mut Connection<Self>,
         token: &'c NewToken<'c>,
-    ) -> impl Future<Output = anyhow::Result<()>> + Send + 'c;
+    ) -> impl Future<Output = Result<(), AccountError>> + Send + 'c;
 
     /// Consumes a live, owned token of `flow`, found by its hash (unique across tenants). The
     /// token names its tenant; `tenant`, when the request proved one with an API key, must be
     /// that tenant (a token of tenant A is useless with tenant B's key).
     fn consume_token<'c>(
-        conn: &'c mut <Self::Database as Database>::Connection,
+        conn: &'c mut Connection<Self>,
         tenant: Option<&'c str>,
         flow: &'c str,
         hash: &'c [u8],
-    ) -> impl Future<Output = anyhow::Result<Option<ConsumedToken>>> + Send + 'c;
+    ) -> impl Future<Output = Result<Option<ConsumedToken>, AccountError>> + Send + 'c;
 
     /// Counts one attempt at re-entering the password of the live verification token with this
     /// hash (in `tenant`, if given) and returns the password hash its signup chose, if any, and
@@ -180,7 +198,7 @@ pub trait Accounts: KeyStore {
         &self,
         tenant: Option<&str>,
         hash: &[u8],
-    ) -> impl Future<Output = anyhow::Result<Option<(Option<String>, i64)>>> + Send;
+    ) -> impl Future<Output = Result<Option<(Option<String>, i64)>, AccountError>> + Send;
 
     /// Marks a pending user's address verified and sets its password to `password_hash` —
     /// `None` clears whatever a pending account held (a release before 0004, or a process of
@@ -190,54 +208,49 @@ pub trait Accounts: KeyStore {
     /// live verification tokens (a signup link that carries someone's password must not set it
     /// later).
     fn mark_verified<'c>(
-        conn: &'c mut <Self::Database as Database>::Connection,
+        conn: &'c mut Connection<Self>,
         user_id: Uuid,
         password_hash: Option<&'c str>,
-    ) -> impl Future<Output = anyhow::Result<()>> + Send + 'c;
+    ) -> impl Future<Output = Result<(), AccountError>> + Send + 'c;
 
     /// Replaces a user's password hash.
     fn set_password<'c>(
-        conn: &'c mut <Self::Database as Database>::Connection,
+        conn: &'c mut Connection<Self>,
         user_id: Uuid,
         password_hash: &'c str,
-    ) -> impl Future<Output = anyhow::Result<()>> + Send + 'c;
+    ) -> impl Future<Output = Result<(), AccountError>> + Send + 'c;
 
     /// Accepts an invite: creates the user (verified: the invite proved the address) or marks
     /// the existing one verified (superseding its live verification tokens; a pending account
     /// gets the invitee's password or none, never the one it held), and adds the tenant
     /// membership once.
     fn accept_invite<'c>(
-        conn: &'c mut <Self::Database as Database>::Connection,
+        conn: &'c mut Connection<Self>,
         tenant: &'c str,
         email: &'c str,
         password_hash: Option<&'c str>,
-    ) -> impl Future<Output = anyhow::Result<Uuid>> + Send + 'c;
-
-    /// Enqueues an outbox job in the transaction.
-    fn enqueue<'c>(
-        conn: &'c mut <Self::Database as Database>::Connection,
-        job: &'c NewJob,
-    ) -> impl Future<Output = Result<Enqueued, OutboxError>> + Send + 'c;
+    ) -> impl Future<Output = Result<Uuid, AccountError>> + Send + 'c;
 
     /// The flow, recipient and liveness of a token (for the worker, outside any transaction).
     fn token_for_send(
         &self,
         token_id: Uuid,
-    ) -> impl Future<Output = anyhow::Result<Option<TokenForSend>>> + Send;
+    ) -> impl Future<Output = Result<Option<TokenForSend>, AccountError>> + Send;
 
     /// The address of a user (for the worker).
     fn user_email(
         &self,
         user_id: Uuid,
-    ) -> impl Future<Output = anyhow::Result<Option<String>>> + Send;
+    ) -> impl Future<Output = Result<Option<String>, AccountError>> + Send;
 
-    /// Deletes up to `limit` tokens that expired more than `expired_for` ago (used, superseded,
-    /// decoys and unused alike); returns how many.
+    /// Deletes up to `limit` tokens that expired more than `expired_for` before `now` (`None`:
+    /// the database's clock) — used, superseded, decoys and unused alike; returns how many.
     fn prune_tokens(
         &self,
+        now: Option<OffsetDateTime>,
         expired_for: std::time::Duration,
         limit: u32,
-    ) -> impl Future<Output = anyhow::Result<u64>> + Send;
+    ) -> impl Future<Output = Result<u64, AccountError>> + Send;
 
     /// Deletes up to `limit` email-cap counters of windows that started before `before_window`
     /// (Unix seconds); returns how many.
@@ -245,22 +258,331 @@ pub trait Accounts: KeyStore {
         &self,
         before_window: i64,
         limit: u32,
-    ) -> impl Future<Output = anyhow::Result<u64>> + Send;
+    ) -> impl Future<Output = Result<u64, AccountError>> + Send;
 
-    /// Creates a tenant with the hash of its API key; fails if the name is taken.
+    /// Creates a tenant with the hash of its API key; [`AccountError::Conflict`] if the name
+    /// (or the key) is taken.
     fn create_tenant(
         &self,
         id: &str,
         api_key_hash: &[u8],
-    ) -> impl Future<Output = anyhow::Result<()>> + Send;
+    ) -> impl Future<Output = Result<(), AccountError>> + Send;
 
     /// The tenant whose API key hashes to `api_key_hash`.
     fn tenant_by_key(
         &self,
         api_key_hash: &[u8],
-    ) -> impl Future<Output = anyhow::Result<Option<String>>> + Send;
+    ) -> impl Future<Output = Result<Option<String>, AccountError>> + Send;
 
-    /// Wakes workers of `jobs` after a commit: a coalesced NOTIFY (PostgreSQL, every process)
-    /// or an in-process signal (SQLite).
-    fn notify_workers(jobs: &Self::Jobs);
+    /// One number: the first column of the first row of `sql` (readiness, the demo's counts).
+    fn scalar(&self, sql: String) -> impl Future<Output = Result<i64, sqlx::Error>> + Send;
+
+    /// Ready to serve: reachable, and every migration this binary knows is applied.
+    fn ready(&self) -> impl Future<Output = anyhow::Result<()>> + Send {
+        async move {
+            for (table, migrator) in MIGRATION_TABLES.into_iter().zip(Self::migrators()) {
+                let latest = migrator.iter().map(|m| m.version).max().unwrap_or(0);
+                let applied = self
+                    .scalar(format!(
+                        "SELECT COALESCE(MAX(version), 0) FROM {table} WHERE success"
+                    ))
+                    .await?;
+                if applied < latest {
+                    anyhow::bail!(
+                        "migrations pending in {table}: database at {applied}, binary expects {latest}"
+                    );
+                }
+            }
+            Ok(())
+        }
+    }
+}
+
+/// The one implementation. The bounds say: sqlx can run statements on a connection and on the
+/// pool of `B`'s database, bind these parameter types, and read these rows.
+impl<B> Accounts for B
+where
+    B: Backend,
+    for<'c> &'c mut Connection<B>: Executor<'c, Database = B::Database>,
+    <B::Database as sqlx::Database>::Arguments: IntoArguments<B::Database>,
+    for<'q> Uuid: Encode<'q, B::Database> + Type<B::Database>,
+    for<'q> Option<Uuid>: Encode<'q, B::Database>,
+    for<'q> &'q str: Encode<'q, B::Database> + Type<B::Database>,
+    for<'q> Option<&'q str>: Encode<'q, B::Database>,
+    for<'q> &'q [u8]: Encode<'q, B::Database> + Type<B::Database>,
+    for<'q> bool: Encode<'q, B::Database> + Type<B::Database>,
+    for<'q> i64: Encode<'q, B::Database> + Type<B::Database>,
+    for<'q> f64: Encode<'q, B::Database> + Type<B::Database>,
+    for<'r> User: FromRow<'r, <B::Database as sqlx::Database>::Row>,
+    for<'r> ConsumedToken: FromRow<'r, <B::Database as sqlx::Database>::Row>,
+    for<'r> TokenForSend: FromRow<'r, <B::Database as sqlx::Database>::Row>,
+    for<'r> (Option<String>, i64): FromRow<'r, <B::Database as sqlx::Database>::Row>,
+    for<'r> (i64,): FromRow<'r, <B::Database as sqlx::Database>::Row>,
+    for<'r> (Uuid,): FromRow<'r, <B::Database as sqlx::Database>::Row>,
+    for<'r> (String,): FromRow<'r, <B::Database as sqlx::Database>::Row>,
+{
+    async fn signup_user(
+        conn: &mut Connection<B>,
+        tenant: &str,
+        email: &EmailAddress,
+        source: Option<&str>,
+    ) -> Result<SignupOutcome, AccountError> {
+        let new_id = Uuid::new_v4();
+        sqlx::query(B::ACCOUNT_SQL.insert_user)
+            .bind(new_id)
+            .bind(tenant)
+            .bind(email.as_str())
+            .bind(source)
+            .bind(B::at(None))
+            .execute(&mut *conn)
+            .await
+            .map_err(AccountError::of::<B>)?;
+        let user = Self::find_user(conn, tenant, email)
+            .await?
+            .ok_or(AccountError::Vanished("user vanished"))?;
+        Ok(match user {
+            User { id, .. } if id == new_id => SignupOutcome::Created(id),
+            User { id, verified: true } => SignupOutcome::Verified(id),
+            User {
+                id,
+                verified: false,
+            } => SignupOutcome::Pending(id),
+        })
+    }
+
+    async fn find_user(
+        conn: &mut Connection<B>,
+        tenant: &str,
+        email: &EmailAddress,
+    ) -> Result<Option<User>, AccountError> {
+        sqlx::query_as(B::ACCOUNT_SQL.find_user)
+            .bind(tenant)
+            .bind(email.as_str())
+            .fetch_optional(conn)
+            .await
+            .map_err(AccountError::of::<B>)
+    }
+
+    async fn count_email(
+        conn: &mut Connection<B>,
+        tenant: &str,
+        bucket: &str,
+        window_start: i64,
+    ) -> Result<i64, AccountError> {
+        sqlx::query_scalar(B::ACCOUNT_SQL.count_email)
+            .bind(tenant)
+            .bind(bucket)
+            .bind(window_start)
+            .fetch_one(conn)
+            .await
+            .map_err(AccountError::of::<B>)
+    }
+
+    async fn insert_token(
+        conn: &mut Connection<B>,
+        token: &NewToken<'_>,
+    ) -> Result<(), AccountError> {
+        let now = || B::at(None);
+        sqlx::query(B::ACCOUNT_SQL.supersede_flow)
+            .bind(token.user_id)
+            .bind(token.flow)
+            .bind(token.supersede)
+            .bind(now())
+            .execute(&mut *conn)
+            .await
+            .map_err(AccountError::of::<B>)?;
+        sqlx::query(B::ACCOUNT_SQL.insert_token)
+            .bind(token.id)
+            .bind(token.tenant)
+            .bind(token.user_id)
+            .bind(token.email)
+            .bind(token.flow)
+            .bind(token.hash)
+            .bind(B::at(Some(token.expires_at)))
+            .bind(now())
+            .bind(token.password_hash)
+            .execute(conn)
+            .await
+            .map_err(AccountError::of::<B>)?;
+        Ok(())
+    }
+
+    async fn consume_token(
+        conn: &mut Connection<B>,
+        tenant: Option<&str>,
+        flow: &str,
+        hash: &[u8],
+    ) -> Result<Option<ConsumedToken>, AccountError> {
+        sqlx::query_as(B::ACCOUNT_SQL.consume_token)
+            .bind(hash)
+            .bind(tenant)
+            .bind(flow)
+            .bind(B::at(None))
+            .fetch_optional(conn)
+            .await
+            .map_err(AccountError::of::<B>)
+    }
+
+    async fn signup_password_attempt(
+        &self,
+        tenant: Option<&str>,
+        hash: &[u8],
+    ) -> Result<Option<(Option<String>, i64)>, AccountError> {
+        // Its own statement on the pool: the count survives the request's rollback.
+        sqlx::query_as(B::ACCOUNT_SQL.signup_password_attempt)
+            .bind(hash)
+            .bind(tenant)
+            .bind(B::at(None))
+            .fetch_optional(self.pool())
+            .await
+            .map_err(AccountError::of::<B>)
+    }
+
+    async fn mark_verified(
+        conn: &mut Connection<B>,
+        user_id: Uuid,
+        password_hash: Option<&str>,
+    ) -> Result<(), AccountError> {
+        let updated = sqlx::query(B::ACCOUNT_SQL.mark_verified)
+            .bind(user_id)
+            .bind(B::at(None))
+            .bind(password_hash)
+            .execute(&mut *conn)
+            .await
+            .map_err(AccountError::of::<B>)?;
+        // An account verified before has no live verification links to end.
+        if B::rows_affected(&updated) == 0 {
+            return Ok(());
+        }
+        supersede_verification::<B>(conn, user_id).await
+    }
+
+    async fn set_password(
+        conn: &mut Connection<B>,
+        user_id: Uuid,
+        password_hash: &str,
+    ) -> Result<(), AccountError> {
+        sqlx::query(B::ACCOUNT_SQL.set_password)
+            .bind(user_id)
+            .bind(password_hash)
+            .execute(conn)
+            .await
+            .map_err(AccountError::of::<B>)?;
+        Ok(())
+    }
+
+    async fn accept_invite(
+        conn: &mut Connection<B>,
+        tenant: &str,
+        email: &str,
+        password_hash: Option<&str>,
+    ) -> Result<Uuid, AccountError> {
+        let now = || B::at(None);
+        let id: Uuid = sqlx::query_scalar(B::ACCOUNT_SQL.accept_invite)
+            .bind(Uuid::new_v4())
+            .bind(tenant)
+            .bind(email)
+            .bind(password_hash)
+            .bind(now())
+            .fetch_one(&mut *conn)
+            .await
+            .map_err(AccountError::of::<B>)?;
+        sqlx::query(B::ACCOUNT_SQL.add_membership)
+            .bind(tenant)
+            .bind(id)
+            .bind(now())
+            .execute(&mut *conn)
+            .await
+            .map_err(AccountError::of::<B>)?;
+        supersede_verification::<B>(conn, id).await?;
+        Ok(id)
+    }
+
+    async fn token_for_send(&self, token_id: Uuid) -> Result<Option<TokenForSend>, AccountError> {
+        sqlx::query_as(B::ACCOUNT_SQL.token_for_send)
+            .bind(token_id)
+            .bind(B::at(None))
+            .fetch_optional(self.pool())
+            .await
+            .map_err(AccountError::of::<B>)
+    }
+
+    async fn user_email(&self, user_id: Uuid) -> Result<Option<String>, AccountError> {
+        sqlx::query_scalar(B::ACCOUNT_SQL.user_email)
+            .bind(user_id)
+            .fetch_optional(self.pool())
+            .await
+            .map_err(AccountError::of::<B>)
+    }
+
+    async fn prune_tokens(
+        &self,
+        now: Option<OffsetDateTime>,
+        expired_for: std::time::Duration,
+        limit: u32,
+    ) -> Result<u64, AccountError> {
+        let done = sqlx::query(B::ACCOUNT_SQL.prune_tokens)
+            .bind(B::at(now))
+            .bind(expired_for.as_secs_f64())
+            .bind(i64::from(limit))
+            .execute(self.pool())
+            .await
+            .map_err(AccountError::of::<B>)?;
+        Ok(B::rows_affected(&done))
+    }
+
+    async fn prune_rate_limits(&self, before_window: i64, limit: u32) -> Result<u64, AccountError> {
+        let done = sqlx::query(B::ACCOUNT_SQL.prune_rate_limits)
+            .bind(before_window)
+            .bind(i64::from(limit))
+            .execute(self.pool())
+            .await
+            .map_err(AccountError::of::<B>)?;
+        Ok(B::rows_affected(&done))
+    }
+
+    async fn create_tenant(&self, id: &str, api_key_hash: &[u8]) -> Result<(), AccountError> {
+        sqlx::query(B::ACCOUNT_SQL.create_tenant)
+            .bind(id)
+            .bind(api_key_hash)
+            .bind(B::at(None))
+            .execute(self.pool())
+            .await
+            .map_err(AccountError::of::<B>)?;
+        Ok(())
+    }
+
+    async fn tenant_by_key(&self, api_key_hash: &[u8]) -> Result<Option<String>, AccountError> {
+        sqlx::query_scalar(B::ACCOUNT_SQL.tenant_by_key)
+            .bind(api_key_hash)
+            .fetch_optional(self.pool())
+            .await
+            .map_err(AccountError::of::<B>)
+    }
+
+    async fn scalar(&self, sql: String) -> Result<i64, sqlx::Error> {
+        sqlx::query_scalar(AssertSqlSafe(sql))
+            .fetch_one(self.pool())
+            .await
+    }
+}
+
+/// Supersedes a user's live verification tokens once the address is proven.
+async fn supersede_verification<B>(
+    conn: &mut Connection<B>,
+    user_id: Uuid,
+) -> Result<(), AccountError>
+where
+    B: Backend,
+    for<'c> &'c mut Connection<B>: Executor<'c, Database = B::Database>,
+    <B::Database as sqlx::Database>::Arguments: IntoArguments<B::Database>,
+    for<'q> Uuid: Encode<'q, B::Database> + Type<B::Database>,
+{
+    sqlx::query(B::ACCOUNT_SQL.supersede_verification)
+        .bind(user_id)
+        .bind(B::at(None))
+        .execute(conn)
+        .await
+        .map_err(AccountError::of::<B>)?;
+    Ok(())
 }

@@ -132,6 +132,14 @@ impl From<password::HashError> for ApiError {
     }
 }
 
+impl From<crate::accounts::AccountError> for ApiError {
+    /// Every account failure, an outage included, is a 500 that says nothing was changed (the
+    /// transaction rolls back; a retry with the same key runs again).
+    fn from(error: crate::accounts::AccountError) -> Self {
+        Self::Unexpected(error.into())
+    }
+}
+
 impl From<oncely_outbox::OutboxError> for ApiError {
     fn from(error: oncely_outbox::OutboxError) -> Self {
         Self::Unexpected(error.into())

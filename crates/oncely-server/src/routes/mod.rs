@@ -67,7 +67,7 @@ pub struct KeyPolicy {
 
 /// The account routes.
 pub fn v1<A: Accounts>(state: AppState<A>, policy: KeyPolicy) -> Router {
-    let keys = IdempotencyLayer::transactional(state.accounts.clone(), state.secret.clone())
+    let keys = IdempotencyLayer::transactional(state.accounts.keys().clone(), state.secret.clone())
         .lease(policy.lease)
         .retention(policy.retention)
         .max_request_body(16 * 1024)

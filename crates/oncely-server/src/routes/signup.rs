@@ -11,7 +11,7 @@ use super::error::ApiError;
 use super::new_password::hash_new_password;
 use super::post::IdempotentPost;
 use super::send_link::{Accepted, FromSignup, Owner, accepted, issue_link};
-use crate::accounts::{Accounts, SignupRow};
+use crate::accounts::{Accounts, SignupOutcome};
 use crate::email::EmailAddress;
 use crate::mail::SIGNUP_NOTICE;
 use crate::token::Flow;
@@ -67,13 +67,13 @@ pub async fn signup<A: Accounts>(
     // when the address owner verifies with this link and re-enters it. For a verified account a
     // decoy token keeps the work the same as for a new address; its email is a notice.
     let (owner, link_suppressed, password_hash, notice) = match row {
-        SignupRow::Created(user) | SignupRow::Pending(user) => (
+        SignupOutcome::Created(user) | SignupOutcome::Pending(user) => (
             Owner::account(user),
             suppressed.clone(),
             password_hash.as_deref(),
             None,
         ),
-        SignupRow::Verified(user) => (Owner::NOBODY, Some("decoy".into()), None, Some(user)),
+        SignupOutcome::Verified(user) => (Owner::NOBODY, Some("decoy".into()), None, Some(user)),
     };
     let signup = FromSignup { password_hash };
     let flow = Flow::Verification;

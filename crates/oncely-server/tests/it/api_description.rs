@@ -14,7 +14,7 @@ fn workspace(path: &str) -> String {
 
 async fn spec() -> (Value, crate::support::TestApp, oncely_testdb::TestSqlite) {
     let db = oncely_testdb::TestSqlite::new();
-    let app = spawn_app_on(db.url(), &[]).await;
+    let app = spawn_app_on(db.url(), |_| {}).await;
     let spec = app.get("/openapi.json").await.json().await.unwrap();
     (spec, app, db)
 }

@@ -6,6 +6,7 @@
 use std::time::Duration;
 
 use argon2::{PasswordHash, PasswordVerifier};
+use oncely_server::settings::{Environment, Settings};
 use oncely_testdb::TestDb;
 use serde_json::{Value, json};
 
@@ -15,7 +16,8 @@ use crate::requests::{
     nth_link, nth_token, problem_type, token,
 };
 use crate::support::{
-    SECRET, TestApp, both_databases, execute, spawn_app_on, spawn_app_with_inbox, start_inbox,
+    SECRET, TestApp, both_databases, execute, secret, spawn_app_on, spawn_app_with_inbox,
+    start_inbox,
 };
 
 both_databases!(
@@ -39,20 +41,20 @@ both_databases!(
 #[tokio::test]
 async fn metrics_are_not_an_enumeration_oracle_in_production() {
     let (url, _db) = crate::support::sqlite_db().await;
-    let production = [
-        "--env",
-        "production",
-        "--public-url",
-        "https://accounts.example.com",
-    ];
-    let app = spawn_app_on(&url, &production).await;
+    let production = |settings: &mut Settings| {
+        settings.environment = Environment::Production;
+        settings.public_url = Some("https://accounts.example.com".into());
+    };
+    let app = spawn_app_on(&url, production).await;
     // Without a token: nobody (behind a local proxy every peer is 127.0.0.1).
     assert_eq!(metrics_status(&app, "127.0.0.2", None).await, 404);
     assert_eq!(metrics_status(&app, "127.0.0.1", None).await, 404);
     let token = "metrics-token-0123456789";
-    let mut with_token = production.to_vec();
-    with_token.extend(["--metrics-token", token]);
-    let app = spawn_app_on(&url, &with_token).await;
+    let with_token = |settings: &mut Settings| {
+        production(settings);
+        settings.metrics_token = Some(token.into());
+    };
+    let app = spawn_app_on(&url, with_token).await;
     assert_eq!(metrics_status(&app, "127.0.0.2", None).await, 404);
     let wrong = Some("metrics-token-0123456788");
     assert_eq!(metrics_status(&app, "127.0.0.2", wrong).await, 404);
@@ -114,7 +116,7 @@ fn signup(email: &str, password: &str) -> Value {
 /// An app on which `owner` signed up (with the Idempotency-Key `key`) and the password
 /// "owner password"; the link in the email that followed.
 async fn owners_signup(url: &str, owner: &str, key: &str) -> (TestApp, String) {
-    let app = spawn_app_on(url, &[]).await;
+    let app = spawn_app_on(url, |_| {}).await;
     app.post("/v1/signup", key, &signup(owner, "owner password"))
         .await;
     let link = nth_link(&app, owner, 1).await;
@@ -122,7 +124,7 @@ async fn owners_signup(url: &str, owner: &str, key: &str) -> (TestApp, String) {
 }
 
 async fn a_pre_registered_password_is_never_adopted_by_the_owner(url: String, _db: TestDb) {
-    let app = spawn_app_on(&url, &[]).await;
+    let app = spawn_app_on(&url, |_| {}).await;
     let victim = "victim@example.com";
     // The attacker signs up with the victim's address and a password of its own.
     let attack = signup(victim, "attacker password");
@@ -148,7 +150,7 @@ async fn a_pre_registered_password_is_never_adopted_by_the_owner(url: String, _d
 }
 
 async fn the_signups_own_password_is_adopted_when_re_entered(url: String, _db: TestDb) {
-    let app = spawn_app_on(&url, &[]).await;
+    let app = spawn_app_on(&url, |_| {}).await;
     let owner = "owner@example.com";
     let body = signup(owner, "owner password");
     assert_eq!(app.post("/v1/signup", "s1", &body).await.status(), 202);
@@ -163,7 +165,7 @@ async fn verifying_by_another_link_ends_signup_links_and_adopts_no_password(
     url: String,
     _db: TestDb,
 ) {
-    let app = spawn_app_on(&url, &[]).await;
+    let app = spawn_app_on(&url, |_| {}).await;
     let victim = "magic-victim@example.com";
     let attack = signup(victim, "attacker password");
     app.post("/v1/signup", "attack", &attack).await;
@@ -201,7 +203,7 @@ async fn an_invite_to_a_pre_registered_address_sets_the_invitees_password(
     url: String,
     _db: TestDb,
 ) {
-    let app = spawn_app_on(&url, &[]).await;
+    let app = spawn_app_on(&url, |_| {}).await;
     let key = app.create_tenant("acme").await;
     let guest = "pre-registered-guest@example.com";
     // The attacker pre-registers the address in the tenant the invitation will come from.
@@ -222,7 +224,7 @@ async fn an_invite_to_a_pre_registered_address_sets_the_invitees_password(
 }
 
 async fn every_link_of_a_non_default_tenant_works_from_a_browser(url: String, _db: TestDb) {
-    let app = spawn_app_on(&url, &[]).await;
+    let app = spawn_app_on(&url, |_| {}).await;
     let key = app.create_tenant("acme").await;
     // The application's backend asks for every kind of email, with its tenant's key.
     let user = "acme-user@example.com";
@@ -257,7 +259,7 @@ async fn every_link_of_a_non_default_tenant_works_from_a_browser(url: String, _d
 }
 
 async fn a_tenants_link_is_useless_with_another_tenants_api_key(url: String, _db: TestDb) {
-    let app = spawn_app_on(&url, &[]).await;
+    let app = spawn_app_on(&url, |_| {}).await;
     let acme = app.create_tenant("acme").await;
     let globex = app.create_tenant("globex").await;
     let user = "shared@example.com";
@@ -292,7 +294,7 @@ async fn a_secret_rotation_keeps_retries_links_and_queued_emails_working(url: St
     const NEXT: &str = "the-next-server-secret-0123456789-abcdef";
     // Before the rotation: an API process without workers, so the email job waits in the outbox.
     let (inbox, running) = start_inbox(oncely_inbox::Faults::default()).await;
-    let before = spawn_app_with_inbox(&url, inbox.clone(), running, &["--workers", "0"]).await;
+    let before = spawn_app_with_inbox(&url, inbox.clone(), running, |s| s.workers = 0).await;
     let owner = "rotated@example.com";
     let body = signup(owner, "owner password");
     let first = before.post("/v1/signup", "rotation", &body).await;
@@ -300,7 +302,10 @@ async fn a_secret_rotation_keeps_retries_links_and_queued_emails_working(url: St
     let first_body = first.text().await.unwrap();
 
     // After it: ONCELY_SECRET is new, the old one is ONCELY_SECRET_PREVIOUS.
-    let after = spawn_app_on(&url, &["--secret", NEXT, "--secret-previous", SECRET]).await;
+    let after = spawn_app_on(&url, |s| {
+        s.secret = secret(NEXT).with_previous(vec![secret(SECRET)]);
+    })
+    .await;
     let retry = after.post("/v1/signup", "rotation", &body).await;
     assert_eq!(retry.status(), 202, "a retry across the rotation replays");
     assert_eq!(
@@ -318,13 +323,13 @@ async fn a_secret_rotation_keeps_retries_links_and_queued_emails_working(url: St
     assert_counts(&after, &[(SENT_JOBS, 1)]).await;
 
     // Without the previous secret, the same retry is another request (what the ring prevents).
-    let forgotten = spawn_app_on(&url, &["--secret", NEXT]).await;
+    let forgotten = spawn_app_on(&url, |s| s.secret = secret(NEXT)).await;
     let lost = forgotten.post("/v1/signup", "rotation", &body).await;
     assert_eq!(lost.status(), 422);
 }
 
 async fn the_same_key_with_another_query_is_refused_not_replayed(url: String, _db: TestDb) {
-    let app = spawn_app_on(&url, &[]).await;
+    let app = spawn_app_on(&url, |_| {}).await;
     let body = email("query@example.com");
     let post = async |path: &str| {
         idempotent_post(&app.client, &app.base, path, "one-key")
@@ -348,7 +353,7 @@ async fn a_password_an_older_release_left_on_a_pending_account_is_never_adopted(
     url: String,
     _db: TestDb,
 ) {
-    let app = spawn_app_on(&url, &[]).await;
+    let app = spawn_app_on(&url, |_| {}).await;
     let key = app.create_tenant("acme").await;
     let attacker_hash = crate::support::argon2_hash("attacker password");
     // Each way of proving a pending address an old release planted a password on: the
@@ -432,8 +437,7 @@ async fn ask_from(app: &TestApp, client: &reqwest::Client, path: &str, key: &str
 /// is reached uses up only its own share; the owner, from another address, still gets its
 /// reset link. Many clients together meet the total ceiling.
 async fn a_stranger_cannot_use_up_the_owners_emails(url: String, _db: TestDb) {
-    let total = ["--mail-cap-per-address-total", "6"];
-    let app = app_with_mail_caps(&url, 2, 1000, &total).await;
+    let app = app_with_mail_caps(&url, 2, 1000, |s| s.limits.per_address_total = 6).await;
     let owner = "capped-owner@example.com";
     let (stranger, owner_client) = (client_from("127.0.0.2"), client_from("127.0.0.3"));
     ask_from(&app, &owner_client, "/v1/signup", "own", owner).await;

@@ -47,7 +47,7 @@ async fn delivered_after(app: &TestApp, signups: &[Signup<'_>]) -> Vec<usize> {
 /// Regression: the server ran without connect info, so every request was client "unknown" and
 /// one client exhausting the cap silenced every email of the tenant.
 async fn each_client_address_has_its_own_email_cap(url: String, _db: TestDb) {
-    let app = app_with_mail_caps(&url, 100, 2, &[]).await;
+    let app = app_with_mail_caps(&url, 100, 2, |_| {}).await;
     let (a, b) = (client_from("127.0.0.2"), client_from("127.0.0.3"));
     let signups = [
         (&a, "a0", None),
@@ -72,7 +72,7 @@ async fn a_spoofed_forwarded_header_from_an_untrusted_peer_neither_escapes_nor_m
     url: String,
     _db: TestDb,
 ) {
-    let app = app_with_mail_caps(&url, 100, 2, &[]).await;
+    let app = app_with_mail_caps(&url, 100, 2, |_| {}).await;
     let (a, b) = (client_from("127.0.0.2"), client_from("127.0.0.3"));
     let signups = [
         (&a, "a0", None),
@@ -90,8 +90,8 @@ async fn a_spoofed_forwarded_header_from_an_untrusted_peer_neither_escapes_nor_m
 
 /// Behind a trusted proxy (the peer 127.0.0.1), the address it forwards is the client.
 async fn behind_a_trusted_proxy_the_forwarded_client_is_the_bucket(url: String, _db: TestDb) {
-    let trusted = ["--trusted-proxies", "127.0.0.1/32,10.0.0.0/8"];
-    let app = app_with_mail_caps(&url, 100, 2, &trusted).await;
+    let trusted = ["127.0.0.1/32", "10.0.0.0/8"].map(|p| p.parse().unwrap());
+    let app = app_with_mail_caps(&url, 100, 2, |s| s.trusted_proxies = trusted.to_vec()).await;
     let (proxy, untrusted) = (client_from("127.0.0.1"), client_from("127.0.0.4"));
     let xff = |v: &'static str| Some(("x-forwarded-for", v));
     let signups = [

@@ -16,7 +16,7 @@ use crate::support::{TestApp, both_databases, token_in};
 
 /// An app whose address cap does not get in the way of the flow being tested.
 async fn app(url: &str) -> TestApp {
-    app_with_mail_caps(url, 100, 1000, &[]).await
+    app_with_mail_caps(url, 100, 1000, |_| {}).await
 }
 
 /// A verified account (signup, then its link), its inbox emptied.
@@ -404,7 +404,7 @@ fn mann_whitney_tells_shifted_samples_apart() {
 }
 
 async fn per_address_caps_hold_whether_or_not_the_address_exists(url: String, _db: TestDb) {
-    let app = app_with_mail_caps(&url, 2, 1000, &[]).await;
+    let app = app_with_mail_caps(&url, 2, 1000, |_| {}).await;
     app.post("/v1/signup", "s", &email("capped@example.com"))
         .await; // email 1 of 2
     app.emails_to("capped@example.com", 1).await;
@@ -433,7 +433,7 @@ async fn per_address_caps_hold_whether_or_not_the_address_exists(url: String, _d
 }
 
 async fn per_client_caps_stop_mail_from_one_client(url: String, _db: TestDb) {
-    let app = app_with_mail_caps(&url, 100, 3, &[]).await;
+    let app = app_with_mail_caps(&url, 100, 3, |_| {}).await;
     for i in 0..5 {
         let (key, address) = (format!("s{i}"), format!("user{i}@example.com"));
         let r = app.post("/v1/signup", &key, &email(&address)).await;

@@ -1,15 +1,16 @@
 //! Start-up, health and readiness.
 
 use oncely_server::app::Application;
+use oncely_server::backend::{Postgres, Sqlite};
 use oncely_testdb::{TestPostgres, TestSqlite};
 
 use crate::requests::{email, idempotent_post, smtp_inbox};
-use crate::support::{serve_args, spawn_app_on, spawn_binary};
+use crate::support::{settings, spawn_app_on, spawn_binary};
 
 #[tokio::test]
 async fn health_and_readiness_answer_on_sqlite() {
     let db = TestSqlite::new();
-    let app = spawn_app_on(db.url(), &[]).await;
+    let app = spawn_app_on(db.url(), |_| {}).await;
     let health = app.get("/healthz").await;
     assert_eq!(health.status(), 200);
     let ready = app.get("/readyz").await;
@@ -19,19 +20,21 @@ async fn health_and_readiness_answer_on_sqlite() {
 #[tokio::test]
 async fn readiness_answers_on_postgres() {
     let db = TestPostgres::new().await;
-    let app = spawn_app_on(db.url(), &[]).await;
+    let app = spawn_app_on(db.url(), |_| {}).await;
     let ready = app.get("/readyz").await;
     assert_eq!(ready.status(), 200, "{}", ready.text().await.unwrap());
 }
 
 #[tokio::test]
 async fn an_unreachable_database_stops_start_up_with_a_clear_error() {
-    let args = serve_args(
+    let settings = settings(
         "postgres://nobody:pw@127.0.0.1:1/none",
         "smtp://127.0.0.1:1",
-        &[],
     );
-    let error = Application::build(&args).await.err().unwrap();
+    let error = Application::<Postgres>::build(settings)
+        .await
+        .err()
+        .unwrap();
     let message = format!("{error:#}");
     assert!(
         message.contains("cannot connect to PostgreSQL at postgres://nobody:***@127.0.0.1:1/none"),
@@ -43,7 +46,7 @@ async fn an_unreachable_database_stops_start_up_with_a_clear_error() {
 #[tokio::test]
 async fn metrics_show_request_outcomes_outbox_backlog_and_deliveries() {
     let db = TestSqlite::new();
-    let app = spawn_app_on(db.url(), &[]).await;
+    let app = spawn_app_on(db.url(), |_| {}).await;
     let body = email("metrics@example.com");
     app.post("/v1/signup", "m1", &body).await;
     app.post("/v1/signup", "m1", &body).await;
@@ -68,7 +71,7 @@ async fn metrics_show_request_outcomes_outbox_backlog_and_deliveries() {
 #[tokio::test]
 async fn every_response_carries_a_request_id_and_keeps_the_callers() {
     let db = TestSqlite::new();
-    let app = spawn_app_on(db.url(), &[]).await;
+    let app = spawn_app_on(db.url(), |_| {}).await;
     let generated = app.get("/healthz").await;
     assert_eq!(generated.headers()["x-request-id"].len(), 36, "a UUID");
     let given = app
@@ -161,7 +164,7 @@ async fn dump_dom(chromium: &str, url: &str) -> String {
 async fn the_dev_inbox_page_shows_the_verification_link_in_a_real_browser() {
     let Some(chromium) = chromium() else { return };
     let db = TestSqlite::new();
-    let app = Application::build(&serve_args(db.url(), "dev", &[]))
+    let app = Application::<Sqlite>::build(settings(db.url(), "dev"))
         .await
         .unwrap();
     let base = format!("http://{}", app.addr());

@@ -14,7 +14,7 @@ const SIGNUP: &str = "/v1/signup";
 
 async fn app() -> (TestApp, TestSqlite) {
     let db = TestSqlite::new();
-    (spawn_app_on(db.url(), &[]).await, db)
+    (spawn_app_on(db.url(), |_| {}).await, db)
 }
 
 /// Sends raw bytes and reads the answer's status line (bounded: a hang fails the test).

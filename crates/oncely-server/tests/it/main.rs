@@ -2,6 +2,7 @@
 
 #![allow(unreachable_pub)]
 
+mod accounts;
 mod api_description;
 mod attacks;
 mod chaos;

@@ -3,6 +3,10 @@
 use std::time::{Duration, Instant};
 
 use oncely_inbox::{Faults, Rejection};
+use oncely_server::accounts::Accounts;
+use oncely_server::backend::{COMMAND_POOL, Postgres, Sqlite};
+use oncely_server::ops;
+use oncely_server::settings::Settings;
 use oncely_testdb::TestDb;
 use serde_json::json;
 
@@ -36,7 +40,7 @@ async fn a_dead_job_is_listed_with_its_reason_shown_with_its_attempts_and_redriv
         ..Faults::default()
     })
     .await;
-    let app = spawn_app_with_inbox(&url, inbox, running, &[]).await;
+    let app = spawn_app_with_inbox(&url, inbox, running, |_| {}).await;
     app.post("/v1/signup", "s", &json!({ "email": "bounce@example.com" }))
         .await;
     let deadline = Instant::now() + Duration::from_secs(10);
@@ -110,6 +114,39 @@ async fn a_worker_for_an_unknown_kind_refuses_to_start_and_names_the_known_ones(
     );
 }
 
+both_databases!(tenant_create_tells_a_taken_name_from_an_unavailable_database);
+
+/// Regression: `oncely tenant create` said "already exists" for every failure, a database
+/// outage included.
+async fn tenant_create_tells_a_taken_name_from_an_unavailable_database(url: String, _db: TestDb) {
+    let (ok, created) = oncely(&["tenant", "create", "acme", "--database-url", &url]).await;
+    assert!(ok, "{created}");
+    let (ok, again) = oncely(&["tenant", "create", "acme", "--database-url", &url]).await;
+    assert!(
+        !ok && again.contains("tenant acme already exists"),
+        "{again}"
+    );
+    let unavailable = if url.starts_with("postgres") {
+        create_tenant_without_a_database::<Postgres>(&url).await
+    } else {
+        create_tenant_without_a_database::<Sqlite>(&url).await
+    };
+    assert!(
+        unavailable.contains("tenant other was not created: the database is unavailable")
+            && !unavailable.contains("already exists"),
+        "{unavailable}"
+    );
+}
+
+/// What creating a tenant says when the database stopped answering (its pool closed).
+async fn create_tenant_without_a_database<B: Accounts>(url: &str) -> String {
+    let backend = B::connect(url, COMMAND_POOL).await.unwrap();
+    backend.pool().close().await;
+    let tenant = ops::tenant_name("other").unwrap();
+    let error = ops::create_tenant(&backend, &tenant).await.unwrap_err();
+    format!("{error:#}")
+}
+
 both_databases!(prune_deletes_expired_keys_old_history_and_counters_but_keeps_pending_work);
 both_databases!(a_database_a_newer_release_migrated_still_lets_this_release_start);
 
@@ -145,7 +182,7 @@ async fn a_database_a_newer_release_migrated_still_lets_this_release_start(
         ok,
         "this release migrates (nothing to do) on a newer database: {text}"
     );
-    let app = crate::support::spawn_app_on(&url, &[]).await;
+    let app = crate::support::spawn_app_on(&url, |_| {}).await;
     assert_eq!(app.get("/readyz").await.status(), 200);
 }
 
@@ -154,8 +191,11 @@ async fn prune_deletes_expired_keys_old_history_and_counters_but_keeps_pending_w
     _db: TestDb,
 ) {
     let (inbox, running) = start_inbox(Faults::default()).await;
-    let short = ["--lease", "300ms", "--key-retention", "1s"];
-    let app = spawn_app_with_inbox(&url, inbox, running, &short).await;
+    let short = |s: &mut Settings| {
+        s.lease = Duration::from_millis(300);
+        s.key_retention = Duration::from_secs(1);
+    };
+    let app = spawn_app_with_inbox(&url, inbox, running, short).await;
     app.post("/v1/signup", "old", &json!({ "email": "old@example.com" }))
         .await;
     assert_eq!(app.emails_to("old@example.com", 1).await.len(), 1);
@@ -212,17 +252,13 @@ async fn prune_deletes_expired_keys_old_history_and_counters_but_keeps_pending_w
 #[tokio::test]
 async fn serve_prunes_in_the_background_and_counts_it() {
     let db = oncely_testdb::TestSqlite::new();
-    let args = [
-        "--lease",
-        "300ms",
-        "--key-retention",
-        "1s",
-        "--prune-interval",
-        "300ms",
-        "--outbox-retention",
-        "1s",
-    ];
-    let app = crate::support::spawn_app_on(db.url(), &args).await;
+    let short = |s: &mut Settings| {
+        s.lease = Duration::from_millis(300);
+        s.key_retention = Duration::from_secs(1);
+        s.prune_interval = Duration::from_millis(300);
+        s.outbox_retention = Duration::from_secs(1);
+    };
+    let app = crate::support::spawn_app_on(db.url(), short).await;
     app.post("/v1/signup", "k", &json!({ "email": "bg@example.com" }))
         .await;
     app.emails_to("bg@example.com", 1).await;
@@ -246,7 +282,7 @@ async fn serve_prunes_in_the_background_and_counts_it() {
 #[tokio::test]
 async fn key_show_tells_support_what_a_key_replays() {
     let db = oncely_testdb::TestSqlite::new();
-    let app = crate::support::spawn_app_on(db.url(), &[]).await;
+    let app = crate::support::spawn_app_on(db.url(), |_| {}).await;
     app.post(
         "/v1/signup",
         "\"support-1\"",
@@ -291,6 +327,29 @@ async fn the_demo_storm_shows_one_account_and_one_email_per_intent() {
         "{}",
         report.table()
     );
+}
+
+/// `oncely demo` shows its story: the embedded service's log lines go to a file it names, not
+/// between the lines of the story (they appear with `-v`).
+#[tokio::test]
+async fn the_demo_prints_its_story_and_keeps_the_service_logs_in_a_file() {
+    let output = tokio::process::Command::new(env!("CARGO_BIN_EXE_oncely"))
+        .args(["demo", "--intents", "1"])
+        .env("RUST_LOG", "info")
+        .output()
+        .await
+        .unwrap();
+    let (stdout, stderr) = (
+        String::from_utf8_lossy(&output.stdout),
+        String::from_utf8_lossy(&output.stderr),
+    );
+    assert!(output.status.success(), "{stdout}{stderr}");
+    assert!(
+        stdout.contains("the embedded service logs to")
+            && stdout.contains("one account and one email per intent        yes"),
+        "{stdout}"
+    );
+    assert!(!stderr.contains("INFO"), "{stderr}");
 }
 
 #[tokio::test]

@@ -10,7 +10,11 @@ use std::time::{Duration, Instant};
 use oncely_inbox::{Faults, Inbox, Message};
 use serde_json::{Value, json};
 
-use crate::support::{TestApp, execute, spawn_app_on, spawn_app_with_inbox, start_inbox, token_in};
+use oncely_server::settings::Settings;
+
+use crate::support::{
+    TestApp, execute, mail_caps, spawn_app_on, spawn_app_with_inbox, start_inbox, token_in,
+};
 
 /// Users of every tenant.
 pub const USERS: &str = "SELECT count(*) FROM oncely_users";
@@ -62,28 +66,25 @@ pub fn client_from(source: &str) -> reqwest::Client {
         .unwrap()
 }
 
-/// The app with these email caps (per address and per client) and `extra` arguments.
+/// The app with these email caps (per address and per client); `configure` changes the rest of
+/// its settings.
 pub async fn app_with_mail_caps(
     url: &str,
     per_address: u32,
     per_client: u32,
-    extra: &[&str],
+    configure: impl FnOnce(&mut Settings),
 ) -> TestApp {
-    let (per_address, per_client) = (per_address.to_string(), per_client.to_string());
-    let mut args = vec![
-        "--mail-cap-per-address",
-        per_address.as_str(),
-        "--mail-cap-per-client",
-        per_client.as_str(),
-    ];
-    args.extend_from_slice(extra);
-    spawn_app_on(url, &args).await
+    spawn_app_on(url, |s| {
+        mail_caps(s, per_address, per_client);
+        configure(s);
+    })
+    .await
 }
 
 /// The app, mailing to a fresh inbox that has `faults`.
 pub async fn app_with_faults(url: &str, faults: Faults) -> TestApp {
     let (inbox, running) = start_inbox(faults).await;
-    spawn_app_with_inbox(url, inbox, running, &[]).await
+    spawn_app_with_inbox(url, inbox, running, |_| {}).await
 }
 
 /// A fresh inbox and the `--mailer` URL that sends to it over SMTP.

@@ -37,7 +37,7 @@ async fn the_same_signup_retried_twenty_times_makes_one_user_and_one_email(
     url: String,
     _db: TestDb,
 ) {
-    let app = spawn_app_on(&url, &[]).await;
+    let app = spawn_app_on(&url, |_| {}).await;
     let mut bodies = Vec::new();
     for _ in 0..20 {
         let body = signup_body("Ada@Example.com");
@@ -57,8 +57,8 @@ async fn fifty_concurrent_identical_signups_over_two_servers_and_two_workers_sen
     _db: TestDb,
 ) {
     let (inbox, running) = start_inbox(Faults::default()).await;
-    let a = spawn_app_with_inbox(&url, inbox.clone(), running, &["--workers", "1"]).await;
-    let b = spawn_app_with_inbox(&url, inbox.clone(), running, &["--workers", "1"]).await;
+    let a = spawn_app_with_inbox(&url, inbox.clone(), running, |s| s.workers = 1).await;
+    let b = spawn_app_with_inbox(&url, inbox.clone(), running, |s| s.workers = 1).await;
     let requests = (0..50).map(|i| {
         let server = if i % 2 == 0 { &a } else { &b };
         let request = idempotent_post(&server.client, &server.base, "/v1/signup", "storm-1")
@@ -82,7 +82,7 @@ async fn two_keys_for_the_same_new_address_make_one_account_and_the_same_answer(
     url: String,
     _db: TestDb,
 ) {
-    let app = spawn_app_on(&url, &[]).await;
+    let app = spawn_app_on(&url, |_| {}).await;
     let body = signup_body("twice@example.com");
     let (first, second) = tokio::join!(
         app.post("/v1/signup", "key-one", &body),
@@ -97,7 +97,7 @@ async fn two_keys_for_the_same_new_address_make_one_account_and_the_same_answer(
 }
 
 async fn new_pending_and_registered_addresses_get_the_same_answer(url: String, _db: TestDb) {
-    let app = spawn_app_on(&url, &[]).await;
+    let app = spawn_app_on(&url, |_| {}).await;
     let body = signup_body("same@example.com");
     let new = app.post("/v1/signup", "a1", &body).await;
     app.inbox
@@ -131,7 +131,7 @@ async fn new_pending_and_registered_addresses_get_the_same_answer(url: String, _
 }
 
 async fn bad_input_is_rejected_and_nothing_is_stored(url: String, _db: TestDb) {
-    let app = spawn_app_on(&url, &[]).await;
+    let app = spawn_app_on(&url, |_| {}).await;
     let json = Some("application/json");
     let cases: [(&str, Option<&str>, &str, u16); 5] = [
         ("bad-1", json, r#"{"email":"not-an-address"}"#, 400),
@@ -386,7 +386,7 @@ async fn an_api_process_and_a_separate_worker_process_deliver_one_email() {
 }
 
 async fn an_expired_link_gets_the_same_generic_400_as_a_used_one(url: String, _db: TestDb) {
-    let app = spawn_app_on(&url, &[]).await;
+    let app = spawn_app_on(&url, |_| {}).await;
     app.post("/v1/signup", "s", &signup_body("late@example.com"))
         .await;
     let presented = token(&nth_token(&app, "late@example.com", 1).await);

@@ -3,10 +3,12 @@
 use std::process::Stdio;
 use std::time::Duration;
 
-use clap::Parser;
+use oncely::ServerSecret;
 use oncely_inbox::{Faults, Inbox, Message, Running};
+use oncely_server::accounts::Accounts;
 use oncely_server::app::Application;
-use oncely_server::config::{Cli, Command, ServeArgs};
+use oncely_server::backend::{Postgres, Sqlite};
+use oncely_server::settings::{MailerChoice, Settings};
 use oncely_testdb::{TestDb, TestPostgres, TestSqlite};
 use serde_json::Value;
 use sqlx::{AssertSqlSafe, Connection};
@@ -14,27 +16,30 @@ use tokio::io::{AsyncBufReadExt, BufReader};
 
 pub const SECRET: &str = "test-secret-0123456789-0123456789-abcdef";
 
-pub fn serve_args(database_url: &str, mailer: &str, extra: &[&str]) -> ServeArgs {
-    let mut argv = vec![
-        "oncely",
-        "serve",
-        "--bind",
-        "127.0.0.1:0",
-        "--database-url",
-        database_url,
-        "--mailer",
-        mailer,
-        "--retry-base",
-        "10ms",
-    ];
-    if !extra.contains(&"--secret") {
-        argv.extend_from_slice(&["--secret", SECRET]);
-    }
-    argv.extend_from_slice(extra);
-    let Command::Serve(args) = Cli::try_parse_from(argv).unwrap().command else {
-        unreachable!()
+/// A server secret.
+pub fn secret(secret: &str) -> ServerSecret {
+    ServerSecret::new(secret.as_bytes().to_vec()).unwrap()
+}
+
+/// The settings of a test app: any free port, `mailer` (a URL or `dev`), retries after 10 ms,
+/// the test secret; otherwise `oncely serve`'s defaults.
+pub fn settings(database_url: &str, mailer: &str) -> Settings {
+    let mut settings = Settings::new(database_url, secret(SECRET));
+    settings.bind = ([127, 0, 0, 1], 0).into();
+    settings.mailer.choice = match mailer {
+        "dev" => MailerChoice::Dev,
+        url => MailerChoice::Url(url.to_owned()),
     };
-    args
+    settings.retry_base = Duration::from_millis(10);
+    settings
+}
+
+/// The email caps as `--mail-cap-per-address` and `--mail-cap-per-client` set them (the total
+/// per address: 4 × per address).
+pub fn mail_caps(settings: &mut Settings, per_address: u32, per_client: u32) {
+    settings.limits.per_address = per_address;
+    settings.limits.per_address_total = per_address * 4;
+    settings.limits.per_client = per_client;
 }
 
 /// A running app and the inbox it mails to.
@@ -49,30 +54,42 @@ pub async fn start_inbox(faults: Faults) -> (Inbox, Running) {
     Inbox::start_local(faults).await.unwrap()
 }
 
-/// The app, in this process, mailing over SMTP to a fresh inbox.
-pub async fn spawn_app_on(database_url: &str, extra: &[&str]) -> TestApp {
+/// The app, in this process, mailing over SMTP to a fresh inbox; `configure` changes its
+/// [`settings`].
+pub async fn spawn_app_on(database_url: &str, configure: impl FnOnce(&mut Settings)) -> TestApp {
     let (inbox, running) = start_inbox(Faults::default()).await;
-    spawn_app_with_inbox(database_url, inbox, running, extra).await
+    spawn_app_with_inbox(database_url, inbox, running, configure).await
 }
 
 pub async fn spawn_app_with_inbox(
     database_url: &str,
     inbox: Inbox,
     running: Running,
-    extra: &[&str],
+    configure: impl FnOnce(&mut Settings),
 ) -> TestApp {
-    let mailer = format!("smtp://{}", running.smtp_addr);
-    let app = Application::build(&serve_args(database_url, &mailer, extra))
-        .await
-        .expect("the app starts");
-    let base = format!("http://{}", app.addr());
-    tokio::spawn(app.run_until(std::future::pending()));
+    let mut settings = settings(database_url, &format!("smtp://{}", running.smtp_addr));
+    configure(&mut settings);
+    let base = if database_url.starts_with("postgres") {
+        start::<Postgres>(settings).await
+    } else {
+        start::<Sqlite>(settings).await
+    };
     TestApp {
         base,
         client: oncely_testdb::http(),
         inbox,
         database_url: database_url.to_owned(),
     }
+}
+
+/// Starts the app on backend `B` in this process; returns its base URL.
+pub async fn start<B: Accounts>(settings: Settings) -> String {
+    let app = Application::<B>::build(settings)
+        .await
+        .expect("the app starts");
+    let base = format!("http://{}", app.addr());
+    tokio::spawn(app.run_until(std::future::pending()));
+    base
 }
 
 impl TestApp {

@@ -1,387 +1,282 @@
-//! Configuration: flags with environment fallbacks. Secrets never print.
+//! Settings: what the command line and the environment resolve to, checked once at start-up
+//! — the server secret and the previous ones, the mailer, the public URL, the key policy, the
+//! email caps, pruning, trusted proxies, the metrics token, the environment. `oncely serve`
+//! hands [`Settings`] to [`crate::app::Application::build`], `oncely worker` runs on
+//! [`WorkerSettings`]; tests build them directly ([`Settings::new`] and its public fields).
 
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use anyhow::{Context, bail};
-use clap::{Args, Parser, Subcommand, ValueEnum};
+use clap::ValueEnum;
 use oncely::ServerSecret;
 use rand::RngCore;
 use secrecy::{ExposeSecret, SecretString};
 
-/// `oncely`: retried requests and re-run jobs become harmless.
-#[derive(Debug, Parser)]
-#[command(name = "oncely", version, about)]
-pub struct Cli {
-    /// What to do.
-    #[command(subcommand)]
-    pub command: Command,
+use crate::cli::{CommonArgs, ServeArgs, WorkerArgs, parse_duration};
+use crate::prune::Retention;
+use crate::routes::KeyPolicy;
+use crate::routes::email_caps::MailLimits;
+use crate::workers::WorkerPlan;
+
+/// The defaults of the command line (and of [`Settings::new`]).
+pub mod defaults {
+    /// `DATABASE_URL`.
+    pub const DATABASE_URL: &str = "sqlite://oncely.db";
+    /// `ONCELY_DATABASE_POOL`.
+    pub const DATABASE_POOL: u32 = 16;
+    /// `ONCELY_BIND`.
+    pub const BIND: &str = "127.0.0.1:8080";
+    /// `ONCELY_MAIL_FROM`.
+    pub const MAIL_FROM: &str = "oncely@localhost";
+    /// `ONCELY_LEASE`.
+    pub const LEASE: &str = "30s";
+    /// `ONCELY_RETRY_BASE`.
+    pub const RETRY_BASE: &str = "2s";
+    /// `ONCELY_KEY_RETENTION`.
+    pub const KEY_RETENTION: &str = "24h";
+    /// `ONCELY_WORKERS`.
+    pub const WORKERS: usize = 1;
+    /// `ONCELY_MAIL_CAP_PER_ADDRESS` (the total per address is 4 times it, unless given).
+    pub const MAIL_CAP_PER_ADDRESS: u32 = 5;
+    /// `ONCELY_MAIL_CAP_PER_CLIENT`.
+    pub const MAIL_CAP_PER_CLIENT: u32 = 30;
+    /// `ONCELY_MAIL_CAP_WINDOW`.
+    pub const MAIL_CAP_WINDOW: &str = "1h";
+    /// `ONCELY_OUTBOX_RETENTION`.
+    pub const OUTBOX_RETENTION: &str = "7d";
+    /// `ONCELY_PRUNE_INTERVAL`.
+    pub const PRUNE_INTERVAL: &str = "10m";
 }
 
-/// The subcommands.
-#[derive(Debug, Subcommand)]
-pub enum Command {
-    /// Run the HTTP API (and, unless `--workers 0`, outbox workers in the same process).
-    Serve(ServeArgs),
-    /// Run outbox workers only.
-    Worker(WorkerArgs),
-    /// Apply the database migrations and exit.
-    Migrate(DatabaseArgs),
-    /// Run the test inbox: SMTP and a Resend-compatible HTTP API that keep every message.
-    Inbox(InboxArgs),
-    /// Manage tenants.
-    #[command(subcommand)]
-    Tenant(TenantCommand),
-    /// Inspect outbox jobs and re-drive dead ones.
-    #[command(subcommand)]
-    Outbox(OutboxCommand),
-    /// Delete expired keys, old outbox history, expired tokens and old email-cap counters, in
-    /// small batches (safe while serving).
-    Prune(PruneArgs),
-    /// Run a storm of retried, concurrent and conflicting signups against an embedded instance,
-    /// and show that every intent made one account and one email.
-    Demo {
-        /// How many intents (signups for distinct addresses).
-        #[arg(long, default_value_t = 10)]
-        intents: usize,
-    },
-    /// Look up idempotency keys (for a support case).
-    #[command(subcommand)]
-    Key(KeyCommand),
+fn default_duration(value: &str) -> Duration {
+    parse_duration(value).expect("the defaults parse")
 }
 
-/// `oncely key …`.
-#[derive(Debug, Subcommand)]
-pub enum KeyCommand {
-    /// Show where a key stands: in progress, completed (with the stored answer) or tombstoned.
-    Show {
-        /// The key, as the client sent it (without sf-string quotes).
-        key: String,
-        /// The route template.
-        #[arg(long, default_value = "/v1/signup")]
-        route: String,
-        /// The method.
-        #[arg(long, default_value = "POST")]
-        method: String,
-        /// The tenant.
-        #[arg(long, default_value = "default")]
-        tenant: String,
-        #[command(flatten)]
-        #[allow(missing_docs)]
-        database: DatabaseArgs,
-    },
+/// What `oncely serve` runs with. Its `Debug` shows no secret.
+#[derive(Debug, Clone)]
+pub struct Settings {
+    /// Development or production.
+    pub environment: Environment,
+    /// Where the data lives.
+    pub database: DatabaseSettings,
+    /// The listen address (port 0: any free port).
+    pub bind: SocketAddr,
+    /// Fingerprints, keyed hashes, tokens; with the previous secrets of a rotation.
+    pub secret: ServerSecret,
+    /// The base of links in emails, without a trailing slash; `None`: `http://` and the address
+    /// actually bound (development).
+    pub public_url: Option<String>,
+    /// Where email goes, and from whom.
+    pub mailer: MailerSettings,
+    /// How long a claimed key or outbox job is held.
+    pub lease: Duration,
+    /// How long idempotent results replay.
+    pub key_retention: Duration,
+    /// The first retry delay of an email.
+    pub retry_base: Duration,
+    /// Outbox workers in the process (0: API only).
+    pub workers: usize,
+    /// Workers poll instead of LISTEN (PostgreSQL behind a transaction-mode pooler).
+    pub poll_only: bool,
+    /// Caps on emails.
+    pub limits: MailLimits,
+    /// How long sent and dead outbox jobs are kept.
+    pub outbox_retention: Duration,
+    /// How often `serve` prunes.
+    pub prune_interval: Duration,
+    /// Proxies whose forwarding headers name the client.
+    pub trusted_proxies: Vec<ipnet::IpNet>,
+    /// The bearer token `GET /metrics` requires.
+    pub metrics_token: Option<SecretString>,
 }
 
-/// `oncely outbox …`.
-#[derive(Debug, Subcommand)]
-pub enum OutboxCommand {
-    /// List jobs, newest first.
-    List {
-        /// Only this kind (`email.verification`, `charge`, …).
-        #[arg(long)]
-        kind: Option<String>,
-        /// Only this status.
-        #[arg(long, value_enum)]
-        status: Option<JobStatusArg>,
-        /// At most this many.
-        #[arg(long, default_value_t = 50)]
-        limit: u32,
-        #[command(flatten)]
-        #[allow(missing_docs)]
-        database: DatabaseArgs,
-    },
-    /// List dead jobs with their reasons (`list --status dead`).
-    Dead {
-        /// Only this kind.
-        #[arg(long)]
-        kind: Option<String>,
-        /// At most this many.
-        #[arg(long, default_value_t = 50)]
-        limit: u32,
-        #[command(flatten)]
-        #[allow(missing_docs)]
-        database: DatabaseArgs,
-    },
-    /// Show a job (by operation key) and every attempt.
-    Show {
-        /// The job's operation key.
-        key: String,
-        #[command(flatten)]
-        #[allow(missing_docs)]
-        database: DatabaseArgs,
-    },
-    /// Re-drive a dead job: due now, fresh attempts, the same delivery key.
-    Retry {
-        /// The job's operation key.
-        key: String,
-        #[command(flatten)]
-        #[allow(missing_docs)]
-        database: DatabaseArgs,
-    },
-}
+impl Settings {
+    /// The defaults of `oncely serve` in development, on `database_url`, with `secret`.
+    pub fn new(database_url: impl Into<String>, secret: ServerSecret) -> Self {
+        Self {
+            environment: Environment::Development,
+            database: DatabaseSettings {
+                url: database_url.into(),
+                pool: defaults::DATABASE_POOL,
+            },
+            bind: defaults::BIND
+                .parse()
+                .expect("the default bind address parses"),
+            secret,
+            public_url: None,
+            mailer: MailerSettings {
+                choice: MailerChoice::Dev,
+                api_key: None,
+                from: defaults::MAIL_FROM.to_owned(),
+            },
+            lease: default_duration(defaults::LEASE),
+            key_retention: default_duration(defaults::KEY_RETENTION),
+            retry_base: default_duration(defaults::RETRY_BASE),
+            workers: defaults::WORKERS,
+            poll_only: false,
+            limits: MailLimits {
+                per_address: defaults::MAIL_CAP_PER_ADDRESS,
+                per_address_total: defaults::MAIL_CAP_PER_ADDRESS.saturating_mul(4),
+                per_client: defaults::MAIL_CAP_PER_CLIENT,
+                window: default_duration(defaults::MAIL_CAP_WINDOW),
+            },
+            outbox_retention: default_duration(defaults::OUTBOX_RETENTION),
+            prune_interval: default_duration(defaults::PRUNE_INTERVAL),
+            trusted_proxies: Vec::new(),
+            metrics_token: None,
+        }
+    }
 
-/// A job status on the command line.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
-pub enum JobStatusArg {
-    /// Waiting or running.
-    Pending,
-    /// Done.
-    Sent,
-    /// Given up or skipped, with a reason.
-    Dead,
-}
+    /// Resolves and checks `oncely serve`'s command line; the first setting that does not
+    /// hold is the error (one line, naming its variable).
+    pub fn from_args(args: ServeArgs) -> anyhow::Result<Self> {
+        args.validate()?;
+        let common = &args.common;
+        let secret = common.server_secret()?;
+        let mailer = MailerSettings::from_args(common)?;
+        let public_url = common.public_url(Some(args.bind))?;
+        Ok(Self {
+            environment: common.environment,
+            database: DatabaseSettings::from_args(common),
+            bind: args.bind,
+            secret,
+            // Only the development default depends on the port actually bound (`:0` in tests).
+            public_url: common.public_url.is_some().then_some(public_url),
+            mailer,
+            lease: common.lease,
+            key_retention: args.key_retention,
+            retry_base: common.retry_base,
+            workers: args.workers,
+            poll_only: common.poll_only,
+            limits: MailLimits {
+                per_address: args.mail_cap_per_address,
+                per_address_total: args
+                    .mail_cap_per_address_total
+                    .unwrap_or_else(|| args.mail_cap_per_address.saturating_mul(4)),
+                per_client: args.mail_cap_per_client,
+                window: args.retention.mail_cap_window,
+            },
+            outbox_retention: args.retention.outbox_retention,
+            prune_interval: args.prune_interval,
+            trusted_proxies: args.trusted_proxies,
+            metrics_token: args.metrics_token,
+        })
+    }
 
-/// `oncely tenant …`.
-#[derive(Debug, Subcommand)]
-pub enum TenantCommand {
-    /// Create a tenant and print its API key (once: only its hash is stored).
-    Create {
-        /// The tenant's id: 1-128 characters of A-Z a-z 0-9 - _ . : (not `default`).
-        name: String,
-        #[command(flatten)]
-        #[allow(missing_docs)]
-        database: DatabaseArgs,
-    },
-}
+    /// The idempotency settings of the `/v1` routes.
+    pub fn key_policy(&self) -> KeyPolicy {
+        KeyPolicy {
+            lease: self.lease,
+            retention: self.key_retention,
+        }
+    }
 
-/// Where the data lives. Prints its URL without the password.
-#[derive(Clone, Args)]
-pub struct DatabaseArgs {
-    /// `postgres://…` or `sqlite://…`.
-    #[arg(
-        long,
-        env = "DATABASE_URL",
-        default_value = "sqlite://oncely.db",
-        hide_env_values = true
-    )]
-    pub database_url: String,
-}
+    /// The in-process workers: every job kind.
+    pub fn worker_plan(&self) -> WorkerPlan {
+        WorkerPlan::new(self.workers, self.lease, self.retry_base, Vec::new())
+    }
 
-impl std::fmt::Debug for DatabaseArgs {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("DatabaseArgs")
-            .field("database_url", &crate::database::redact(&self.database_url))
-            .finish()
+    /// What the pruner keeps, and for how long.
+    pub fn retention(&self) -> Retention {
+        Retention::new(self.outbox_retention, self.limits.window)
+    }
+
+    /// The base of links once the listener is bound at `addr`.
+    pub fn public_url_at(&self, addr: SocketAddr) -> String {
+        self.public_url
+            .clone()
+            .unwrap_or_else(|| development_public_url(addr))
     }
 }
 
-/// Settings shared by `serve` and `worker`. Its `Debug` shows no secret.
-#[derive(Clone, Args)]
-pub struct CommonArgs {
-    #[command(flatten)]
-    #[allow(missing_docs)]
-    pub database: DatabaseArgs,
-
-    /// Most PostgreSQL connections this process opens. Keep the sum over all `serve` and `worker`
-    /// processes under the server's `max_connections` (100 by default).
-    #[arg(long, env = "ONCELY_DATABASE_POOL", default_value_t = 16, value_parser = clap::value_parser!(u32).range(2..=1000))]
-    pub database_pool: u32,
-
-    /// `development` (generated secret, dev inbox) or `production` (everything explicit).
-    #[arg(
-        long = "env",
-        env = "ONCELY_ENV",
-        value_enum,
-        default_value = "development"
-    )]
-    pub environment: Environment,
-
-    /// Server secret (fingerprints, keyed hashes, tokens); at least 32 characters. Generated per
-    /// data directory in development; required in production.
-    #[arg(long, env = "ONCELY_SECRET", hide_env_values = true)]
-    pub secret: Option<SecretString>,
-
-    /// The server secret before a rotation, kept for a grace period (at least the key
-    /// retention and the longest link lifetime, 7 days): retries of requests stored under it
-    /// still replay, and links and emails it derived still work. New work uses ONCELY_SECRET.
-    #[arg(long, env = "ONCELY_SECRET_PREVIOUS", hide_env_values = true)]
-    pub secret_previous: Option<SecretString>,
-
-    /// Base of links in emails: `http(s)://host[:port][/path]`, no query or fragment. Default
-    /// `http://<bind>` in development; required in production.
-    #[arg(long, env = "ONCELY_PUBLIC_URL", hide_env_values = true)]
-    pub public_url: Option<String>,
-
-    /// `dev` (the built-in inbox), `smtp://host:port` (`smtps://` for TLS), or
-    /// `http(s)://host/emails` (Resend-compatible). Default `dev` in development; required in
-    /// production. May hold SMTP credentials (`smtps://user:password@host`): never printed.
-    #[arg(long, env = "ONCELY_MAILER", hide_env_values = true)]
-    pub mailer: Option<String>,
-
-    /// The SMTP password, kept out of `ONCELY_MAILER` (which then names the user:
-    /// `smtps://user@host:465`).
-    #[arg(long, env = "ONCELY_SMTP_PASSWORD", hide_env_values = true)]
-    pub smtp_password: Option<SecretString>,
-
-    /// Bearer token for an HTTP mailer.
-    #[arg(long, env = "ONCELY_MAILER_API_KEY", hide_env_values = true)]
-    pub mailer_api_key: Option<SecretString>,
-
-    /// Sender address of every email.
-    #[arg(long, env = "ONCELY_MAIL_FROM", default_value = "oncely@localhost")]
-    pub mail_from: String,
-
-    /// How long a claimed key or outbox job is held before another process may take it over.
-    #[arg(long, env = "ONCELY_LEASE", default_value = "30s", value_parser = parse_duration)]
-    pub lease: Duration,
-
-    /// First delay before an email is retried (doubling, with jitter, up to 10 minutes).
-    #[arg(long, env = "ONCELY_RETRY_BASE", default_value = "2s", value_parser = parse_duration)]
-    pub retry_base: Duration,
-
-    /// Workers only poll for jobs (for PostgreSQL behind a transaction-mode pooler, where
-    /// LISTEN does not work).
-    #[arg(long, env = "ONCELY_POLL_ONLY")]
+/// What `oncely worker` runs with. Its `Debug` shows no secret.
+#[derive(Debug, Clone)]
+pub struct WorkerSettings {
+    /// Where the jobs are.
+    pub database: DatabaseSettings,
+    /// Derives the links' tokens (with the previous secrets of a rotation).
+    pub secret: ServerSecret,
+    /// The base of links in emails.
+    pub public_url: String,
+    /// Where email goes (never the dev inbox: it lives inside `oncely serve`).
+    pub mailer: MailerSettings,
+    /// How many workers, for which kinds, with which lease and retries.
+    pub plan: WorkerPlan,
+    /// Poll instead of LISTEN.
     pub poll_only: bool,
 }
 
-impl std::fmt::Debug for CommonArgs {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("CommonArgs")
-            .field("database", &self.database)
-            .field("database_pool", &self.database_pool)
-            .field("environment", &self.environment)
-            .field("secret", &self.secret)
-            .field("secret_previous", &self.secret_previous)
-            .field("public_url", &self.public_url)
-            .field(
-                "mailer",
-                &self.mailer.as_deref().map(crate::database::redact),
-            )
-            .field("mailer_api_key", &self.mailer_api_key)
-            .field("smtp_password", &self.smtp_password)
-            .field("mail_from", &self.mail_from)
-            .field("lease", &self.lease)
-            .field("retry_base", &self.retry_base)
-            .field("poll_only", &self.poll_only)
-            .finish()
+impl WorkerSettings {
+    /// Resolves and checks `oncely worker`'s command line.
+    pub fn from_args(args: WorkerArgs) -> anyhow::Result<Self> {
+        let common = &args.common;
+        let mailer = MailerSettings::from_args(common)?;
+        if mailer.choice == MailerChoice::Dev {
+            bail!(
+                "the dev inbox lives inside `oncely serve`; give `oncely worker` an ONCELY_MAILER URL"
+            );
+        }
+        let secret = common.server_secret()?;
+        let public_url = common.public_url(None)?;
+        Ok(Self {
+            database: DatabaseSettings::from_args(common),
+            secret,
+            public_url,
+            mailer,
+            plan: WorkerPlan::new(args.workers, common.lease, common.retry_base, args.kinds),
+            poll_only: common.poll_only,
+        })
     }
 }
 
-/// Settings of `oncely serve`.
-#[derive(Debug, Clone, Args)]
-pub struct ServeArgs {
-    #[command(flatten)]
-    #[allow(missing_docs)]
-    pub common: CommonArgs,
-
-    /// Listen address.
-    #[arg(long, env = "ONCELY_BIND", default_value = "127.0.0.1:8080")]
-    pub bind: SocketAddr,
-
-    /// Bearer token that `GET /metrics` requires. Without one, `/metrics` is open in
-    /// development and answers 404 in production: its counters (emails sent or skipped) must
-    /// not tell an outsider which addresses have accounts.
-    #[arg(long, env = "ONCELY_METRICS_TOKEN", hide_env_values = true)]
-    pub metrics_token: Option<SecretString>,
-
-    /// How long idempotent results are replayed (`24h`, `90m`, …).
-    #[arg(long, env = "ONCELY_KEY_RETENTION", default_value = "24h", value_parser = parse_duration)]
-    pub key_retention: Duration,
-
-    /// Outbox workers inside this process (0: API only).
-    #[arg(long, env = "ONCELY_WORKERS", default_value_t = 1)]
-    pub workers: usize,
-
-    /// Emails per window to one address requested by one client (counted whether or not the
-    /// address has an account); more are not sent, and the answer does not change. Per client,
-    /// so that one client cannot use up the owner's own emails.
-    #[arg(long, env = "ONCELY_MAIL_CAP_PER_ADDRESS", default_value_t = 5)]
-    pub mail_cap_per_address: u32,
-
-    /// Emails per window to one address from all clients together: the ceiling that protects a
-    /// mailbox from many clients at once. Default: 4 × ONCELY_MAIL_CAP_PER_ADDRESS.
-    #[arg(long, env = "ONCELY_MAIL_CAP_PER_ADDRESS_TOTAL")]
-    pub mail_cap_per_address_total: Option<u32>,
-
-    /// Emails per window requested by one client address.
-    #[arg(long, env = "ONCELY_MAIL_CAP_PER_CLIENT", default_value_t = 30)]
-    pub mail_cap_per_client: u32,
-
-    /// Proxies (comma-separated CIDRs or addresses) whose `X-Forwarded-For` / `Forwarded`
-    /// name the client for the per-client cap. Default: none (the headers are ignored and the
-    /// connection's peer is the client).
-    #[arg(
-        long,
-        env = "ONCELY_TRUSTED_PROXIES",
-        value_delimiter = ',',
-        value_parser = crate::client_addr::parse_trusted_proxy
-    )]
-    pub trusted_proxies: Vec<ipnet::IpNet>,
-
-    #[command(flatten)]
-    #[allow(missing_docs)]
-    pub retention: RetentionArgs,
-
-    /// How often `serve` prunes expired rows (see `oncely prune`).
-    #[arg(long, env = "ONCELY_PRUNE_INTERVAL", default_value = "10m", value_parser = parse_duration)]
-    pub prune_interval: Duration,
+/// Where the data lives. Its `Debug` shows the URL without its password.
+#[derive(Clone)]
+pub struct DatabaseSettings {
+    /// `postgres://…` or `sqlite://…`.
+    pub url: String,
+    /// Most connections of the process (PostgreSQL).
+    pub pool: u32,
 }
 
-/// How long rows are kept (used by `serve`'s pruner and by `oncely prune`).
-#[derive(Debug, Clone, Args)]
-pub struct RetentionArgs {
-    /// The window of both email caps (their counters are kept two windows).
-    #[arg(long, env = "ONCELY_MAIL_CAP_WINDOW", default_value = "1h", value_parser = parse_duration)]
-    pub mail_cap_window: Duration,
-
-    /// How long sent and dead outbox jobs (and their attempts) are kept after they finished.
-    #[arg(long, env = "ONCELY_OUTBOX_RETENTION", default_value = "7d", value_parser = parse_duration)]
-    pub outbox_retention: Duration,
-}
-
-impl RetentionArgs {
-    /// As the pruner takes it.
-    pub fn retention(&self) -> crate::prune::Retention {
-        crate::prune::Retention {
-            outbox: self.outbox_retention,
-            tokens: Duration::from_secs(7 * 24 * 3600),
-            cap_window: self.mail_cap_window,
+impl DatabaseSettings {
+    fn from_args(common: &CommonArgs) -> Self {
+        Self {
+            url: common.database.database_url.clone(),
+            pool: common.database_pool,
         }
     }
 }
 
-/// Settings of `oncely prune`.
-#[derive(Debug, Clone, Args)]
-pub struct PruneArgs {
-    #[command(flatten)]
-    #[allow(missing_docs)]
-    pub database: DatabaseArgs,
-    #[command(flatten)]
-    #[allow(missing_docs)]
-    pub retention: RetentionArgs,
+impl std::fmt::Debug for DatabaseSettings {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("DatabaseSettings")
+            .field("url", &crate::backend::redact(&self.url))
+            .field("pool", &self.pool)
+            .finish()
+    }
 }
 
-/// Settings of `oncely worker`.
-#[derive(Debug, Clone, Args)]
-pub struct WorkerArgs {
-    #[command(flatten)]
-    #[allow(missing_docs)]
-    pub common: CommonArgs,
-
-    /// Concurrent workers in this process.
-    #[arg(long, env = "ONCELY_WORKERS", default_value_t = 1)]
-    pub workers: usize,
-
-    /// Run only these job kinds (comma-separated); default: all.
-    #[arg(long, env = "ONCELY_WORKER_KINDS", value_delimiter = ',')]
-    pub kinds: Vec<String>,
+/// Where email goes, and from whom.
+#[derive(Debug, Clone)]
+pub struct MailerSettings {
+    /// The dev inbox or a mailer URL (with `ONCELY_SMTP_PASSWORD` filled in).
+    pub choice: MailerChoice,
+    /// Bearer token of an HTTP mailer.
+    pub api_key: Option<SecretString>,
+    /// Sender address.
+    pub from: String,
 }
 
-/// Settings of `oncely inbox`.
-#[derive(Debug, Clone, Args)]
-pub struct InboxArgs {
-    /// SMTP listen address.
-    #[arg(long, default_value = "127.0.0.1:2525")]
-    pub smtp: SocketAddr,
-    /// HTTP listen address (`POST /emails`, `GET /messages`, `GET /stats`, `PUT /faults`).
-    #[arg(long, default_value = "127.0.0.1:8025")]
-    pub http: SocketAddr,
-    /// Behave like a real provider: a repeat of an idempotency key within 24 h is acknowledged
-    /// but not delivered again.
-    #[arg(long)]
-    pub provider_mode: bool,
+impl MailerSettings {
+    fn from_args(common: &CommonArgs) -> anyhow::Result<Self> {
+        Ok(Self {
+            choice: common.mailer_choice()?,
+            api_key: common.mailer_api_key.clone(),
+            from: common.mail_from.clone(),
+        })
+    }
 }
 
 /// The deployment environment.
@@ -396,17 +291,9 @@ pub enum Environment {
 /// The shortest `ONCELY_SECRET` accepted.
 pub const MIN_SECRET_CHARS: usize = 32;
 
-fn parse_duration(s: &str) -> Result<Duration, String> {
-    let d = humantime::parse_duration(s).map_err(|e| format!("{e} (examples: 30s, 15m, 24h)"))?;
-    if d.is_zero() {
-        return Err("must be longer than zero".into());
-    }
-    Ok(d)
-}
-
 impl ServeArgs {
     /// Checks settings that depend on each other.
-    pub fn validate(&self) -> anyhow::Result<()> {
+    pub(crate) fn validate(&self) -> anyhow::Result<()> {
         if self.common.lease >= self.key_retention {
             bail!(
                 "ONCELY_LEASE ({:?}) must be shorter than ONCELY_KEY_RETENTION ({:?})",
@@ -438,7 +325,7 @@ impl std::fmt::Debug for MailerChoice {
             Self::Dev => f.write_str("Dev"),
             Self::Url(url) => f
                 .debug_tuple("Url")
-                .field(&crate::database::redact(url))
+                .field(&crate::backend::redact(url))
                 .finish(),
         }
     }
@@ -488,7 +375,7 @@ impl CommonArgs {
     /// directory, so that it survives restarts.
     /// With `ONCELY_SECRET_PREVIOUS`, the previous secret verifies what it made (see
     /// [`ServerSecret::with_previous`]).
-    pub fn server_secret(&self) -> anyhow::Result<ServerSecret> {
+    pub(crate) fn server_secret(&self) -> anyhow::Result<ServerSecret> {
         let current = self.current_secret()?;
         let Some(previous) = &self.secret_previous else {
             return Ok(current);
@@ -523,7 +410,7 @@ impl CommonArgs {
     }
 
     /// The mailer to use; an invalid or (in production) missing one is a start-up error.
-    pub fn mailer_choice(&self) -> anyhow::Result<MailerChoice> {
+    pub(crate) fn mailer_choice(&self) -> anyhow::Result<MailerChoice> {
         let production = self.environment == Environment::Production;
         match self.mailer.as_deref() {
             None if production => {
@@ -555,17 +442,13 @@ impl CommonArgs {
 
     /// The base of links, without a trailing slash. Required in production; `http(s)` with a
     /// host and no query or fragment.
-    pub fn public_url(&self, bind: Option<SocketAddr>) -> anyhow::Result<String> {
+    pub(crate) fn public_url(&self, bind: Option<SocketAddr>) -> anyhow::Result<String> {
         let url = match (&self.public_url, bind) {
             (Some(url), _) => url.clone(),
             (None, _) if self.environment == Environment::Production => bail!(
                 "ONCELY_PUBLIC_URL is required in production (the base of links in emails, e.g. https://accounts.example.com)"
             ),
-            // A wildcard bind is no address to click: development links go to loopback.
-            (None, Some(bind)) if bind.ip().is_unspecified() => {
-                format!("http://127.0.0.1:{}", bind.port())
-            }
-            (None, Some(bind)) => format!("http://{bind}"),
+            (None, Some(bind)) => development_public_url(bind),
             (None, None) => "http://127.0.0.1:8080".to_owned(),
         };
         let parsed = url::Url::parse(&url).map_err(|e| {
@@ -605,15 +488,19 @@ impl CommonArgs {
     }
 }
 
+/// `http://` and the address bound; a wildcard bind is no address to click: development
+/// links go to loopback.
+fn development_public_url(bind: SocketAddr) -> String {
+    if bind.ip().is_unspecified() {
+        format!("http://127.0.0.1:{}", bind.port())
+    } else {
+        format!("http://{bind}")
+    }
+}
+
 /// Where development state (the generated secret) lives: beside the SQLite file, else here.
 pub fn data_dir(database_url: &str) -> PathBuf {
-    database_url
-        .strip_prefix("sqlite://")
-        .or_else(|| database_url.strip_prefix("sqlite:"))
-        .map(|path| path.split('?').next().unwrap_or(path))
-        .and_then(|path| Path::new(path).parent().map(Path::to_path_buf))
-        .filter(|dir| !dir.as_os_str().is_empty())
-        .unwrap_or_else(|| PathBuf::from("."))
+    crate::backend::Sqlite::directory(database_url).unwrap_or_else(|| PathBuf::from("."))
 }
 
 fn dev_secret(path: &Path) -> anyhow::Result<Vec<u8>> {
@@ -642,7 +529,10 @@ fn write_private(path: &Path, contents: &str) -> std::io::Result<()> {
 
 #[cfg(test)]
 mod tests {
+    use clap::Parser;
+
     use super::*;
+    use crate::cli::{Cli, Command};
 
     fn serve(args: &[&str]) -> ServeArgs {
         let mut argv = vec!["oncely", "serve"];
@@ -651,6 +541,21 @@ mod tests {
             Command::Serve(args) => args,
             _ => unreachable!(),
         }
+    }
+
+    /// One source of defaults: `oncely serve` without flags resolves to [`Settings::new`].
+    #[test]
+    fn the_command_line_defaults_are_the_settings_defaults() {
+        let secret = "0123456789abcdef0123456789abcdef-defaults";
+        let resolved = Settings::from_args(serve(&[
+            "--database-url",
+            "sqlite://x.db",
+            "--secret",
+            secret,
+        ]))
+        .unwrap();
+        let new = Settings::new("sqlite://x.db", resolved.secret.clone());
+        assert_eq!(format!("{resolved:?}"), format!("{new:?}"));
     }
 
     /// Regression (chaos run): five processes with 32 connections each exceeded PostgreSQL's

@@ -1,0 +1,54 @@
+//! The account statements: one set per dialect ([`super::postgres::STATEMENTS`],
+//! [`super::sqlite::STATEMENTS`]), under these names. Each field says what the Rust binds, in
+//! order ($1, $2, … on PostgreSQL; ?1, ?2, … on SQLite): the binding is written once, in
+//! [`super::Accounts`], so both dialects must take the same parameters in the same order.
+//!
+//! `now` is an instant bound by the caller ([`crate::backend::Backend::at`]): NULL on
+//! PostgreSQL, which then reads its own clock (`COALESCE($n, now())`); on SQLite the process
+//! clock, in Unix milliseconds.
+
+/// The SQL of the account flows in one dialect.
+#[derive(Debug, Clone, Copy)]
+pub struct Statements {
+    /// Binds id, tenant, email, source, now. Inserts the user unless (tenant, email) exists.
+    pub insert_user: &'static str,
+    /// Binds tenant, email. Returns `id`, `verified`.
+    pub find_user: &'static str,
+    /// Binds tenant, bucket, window_start. Counts one more email; returns the count (64-bit).
+    pub count_email: &'static str,
+    /// Binds user_id, flow, supersede (bool), now. Supersedes the user's live tokens of the
+    /// flow that carry no signup password, if `supersede`.
+    pub supersede_flow: &'static str,
+    /// Binds id, tenant, user_id, email, flow, token_hash, expires_at, now, password_hash.
+    pub insert_token: &'static str,
+    /// Binds token_hash, tenant (or NULL: any), flow, now. Consumes a live, owned token;
+    /// returns `tenant`, `user_id`, `email`, `password_hash`.
+    pub consume_token: &'static str,
+    /// Binds token_hash, tenant (or NULL: any), now. Counts an attempt at the signup password
+    /// of a live verification token; returns `password_hash`, `password_attempts` (64-bit).
+    pub signup_password_attempt: &'static str,
+    /// Binds user_id, now, password_hash. Verifies a pending user, setting its password.
+    pub mark_verified: &'static str,
+    /// Binds user_id, now. Supersedes the user's live verification tokens.
+    pub supersede_verification: &'static str,
+    /// Binds user_id, password_hash.
+    pub set_password: &'static str,
+    /// Binds id, tenant, email, password_hash, now. Creates the invited user verified, or
+    /// verifies the existing one; returns its `id`.
+    pub accept_invite: &'static str,
+    /// Binds tenant, user_id, now. Adds the membership once.
+    pub add_membership: &'static str,
+    /// Binds token_id, now. Returns `flow`, `token_hash`, `recipient`, `live`.
+    pub token_for_send: &'static str,
+    /// Binds user_id. Returns `email`.
+    pub user_email: &'static str,
+    /// Binds now, expired_for (seconds, a float), limit. Deletes up to `limit` tokens that
+    /// expired more than `expired_for` before `now`.
+    pub prune_tokens: &'static str,
+    /// Binds before_window, limit. Deletes up to `limit` counters of earlier windows.
+    pub prune_rate_limits: &'static str,
+    /// Binds id, api_key_hash, now.
+    pub create_tenant: &'static str,
+    /// Binds api_key_hash. Returns `id`.
+    pub tenant_by_key: &'static str,
+}

@@ -1,0 +1,243 @@
+//! The backend seam: the database is chosen once, by the scheme of `DATABASE_URL`, in `main`,
+//! which then runs everything generic over one [`Backend`] — PostgreSQL ([`Postgres`]) or
+//! SQLite ([`Sqlite`]).
+//!
+//! A backend carries everything that differs between the two databases: how to connect (pool
+//! options), the idempotency key store and outbox job store on that database, the account
+//! statements in its dialect ([`crate::accounts::Statements`]), how it stores an instant, and
+//! which errors mean it is unavailable. Everything else — migrations, the account logic and
+//! readiness ([`crate::accounts::Accounts`], implemented once for every backend), the app, the
+//! workers, the operator commands — is written once, generic over it: code that needs account
+//! storage asks for `B: Accounts` (every backend is), code that needs only the stores for
+//! `B: Backend`. Nothing outside `backend/postgres.rs` and `backend/sqlite.rs` asks which
+//! database it runs on, except `main`, once.
+
+use std::future::Future;
+
+use anyhow::Context;
+use oncely::store::KeyStore;
+use oncely_outbox::{Enqueued, JobStore, NewJob, OutboxError};
+use sqlx::migrate::{Migrate, Migrator};
+use time::OffsetDateTime;
+
+use crate::accounts::Statements;
+
+mod postgres;
+mod sqlite;
+
+pub use postgres::Postgres;
+pub use sqlite::Sqlite;
+
+/// The connection type of a backend's database (what the idempotency layer's transaction
+/// hands to handlers).
+pub type Connection<B> = <<B as Backend>::Database as sqlx::Database>::Connection;
+
+/// One database the service runs on. Implemented once per database, in `backend/postgres.rs`
+/// and `backend/sqlite.rs`; everything else is generic over it.
+pub trait Backend: Clone + Send + Sync + 'static {
+    /// A name for logs: `postgres` or `sqlite`.
+    const NAME: &'static str;
+
+    /// The sqlx database.
+    type Database: sqlx::Database<Connection: Migrate>;
+
+    /// The idempotency key store on this database.
+    type Keys: KeyStore<Database = Self::Database>;
+
+    /// The outbox job store on this database.
+    type Jobs: JobStore;
+
+    /// An instant as this database's account statements take it (see [`Self::at`]).
+    type Instant: for<'q> sqlx::Encode<'q, Self::Database> + sqlx::Type<Self::Database> + Send;
+
+    /// The account statements in this database's dialect.
+    const ACCOUNT_SQL: Statements;
+
+    /// Whether `url` names this database (by its scheme).
+    fn accepts(url: &str) -> bool;
+
+    /// Connects with at most `max_connections` connections (where the database has a server
+    /// to spare); the error says which database could not be reached (never its password).
+    fn connect(
+        url: &str,
+        max_connections: u32,
+    ) -> impl Future<Output = anyhow::Result<Self>> + Send;
+
+    /// The pool and the key store.
+    fn stores(&self) -> &Stores<Self::Keys>;
+
+    /// A new outbox store on this database. The app makes one and shares it (workers and the
+    /// post-commit wake-up must use the same one). `poll_only`: workers do not LISTEN
+    /// (PostgreSQL behind a transaction-mode pooler).
+    fn jobs(&self, poll_only: bool) -> Self::Jobs;
+
+    /// Enqueues an outbox job in the transaction.
+    fn enqueue<'c>(
+        conn: &'c mut Connection<Self>,
+        job: &'c NewJob,
+    ) -> impl Future<Output = Result<Enqueued, OutboxError>> + Send + 'c;
+
+    /// The migrations of the three histories, in the order of [`MIGRATION_TABLES`]: idempotency
+    /// keys, outbox, accounts.
+    fn migrators() -> [Migrator; 3];
+
+    /// `at` as the account statements bind it; `None` is "now" by this database's clock.
+    fn at(at: Option<OffsetDateTime>) -> Self::Instant;
+
+    /// Rows a statement changed.
+    fn rows_affected(result: &<Self::Database as sqlx::Database>::QueryResult) -> u64;
+
+    /// Whether an error the database returned means it cannot serve now (shutting down, out
+    /// of connections, its write lock not free in time), rather than that the statement failed.
+    fn unavailable(error: &dyn sqlx::error::DatabaseError) -> bool;
+
+    /// The pool.
+    fn pool(&self) -> &sqlx::Pool<Self::Database> {
+        &self.stores().pool
+    }
+
+    /// The idempotency key store.
+    fn keys(&self) -> &Self::Keys {
+        &self.stores().keys
+    }
+
+    /// Wakes workers of `jobs` after a commit: a coalesced NOTIFY (PostgreSQL, every process)
+    /// or an in-process signal (SQLite).
+    fn notify_workers(jobs: &Self::Jobs) {
+        jobs.wake();
+    }
+
+    /// Applies every migration: idempotency keys, outbox, accounts (each library keeps its own
+    /// history table).
+    fn migrate(&self) -> impl Future<Output = anyhow::Result<()>> + Send {
+        async move {
+            self.keys()
+                .migrate()
+                .await
+                .context("idempotency key migrations")?;
+            self.jobs(false)
+                .migrate()
+                .await
+                .context("outbox migrations")?;
+            let [_, _, accounts] = Self::migrators();
+            accounts
+                .run(self.pool())
+                .await
+                .context("account migrations")?;
+            Ok(())
+        }
+    }
+}
+
+/// What a connected backend holds: the pool, and the idempotency key store on it.
+#[derive(Debug)]
+pub struct Stores<K: KeyStore> {
+    pool: sqlx::Pool<K::Database>,
+    keys: K,
+}
+
+impl<K: KeyStore> Clone for Stores<K> {
+    fn clone(&self) -> Self {
+        Self {
+            pool: self.pool.clone(),
+            keys: self.keys.clone(),
+        }
+    }
+}
+
+impl<K: KeyStore> Stores<K> {
+    /// The key store `keys` makes on `pool`, beside it.
+    pub fn new(
+        pool: sqlx::Pool<K::Database>,
+        keys: impl FnOnce(sqlx::Pool<K::Database>) -> K,
+    ) -> Self {
+        Self {
+            keys: keys(pool.clone()),
+            pool,
+        }
+    }
+}
+
+/// The migration history tables: idempotency keys, outbox, accounts (the service's own).
+pub const MIGRATION_TABLES: [&str; 3] = [
+    "_oncely_idempotency_migrations",
+    "_oncely_outbox_migrations",
+    ACCOUNT_MIGRATIONS_TABLE,
+];
+
+/// The migrators of one dialect (the module of each library, the folder of the service's own):
+/// `[idempotency keys, outbox, accounts]`.
+macro_rules! migrators {
+    ($dialect:ident, $accounts:literal) => {
+        [
+            oncely::store::$dialect::migrator(),
+            oncely_outbox::store::$dialect::migrator(),
+            $crate::backend::account_migrator(sqlx::migrate!($accounts)),
+        ]
+    };
+}
+use migrators;
+
+/// The history table of the service's own migrations.
+pub const ACCOUNT_MIGRATIONS_TABLE: &str = "_oncely_server_migrations";
+
+/// The service's migrations (`sqlx::migrate!` of one dialect's folder) with their own history
+/// table.
+pub(crate) fn account_migrator(mut migrator: Migrator) -> Migrator {
+    migrator.dangerous_set_table_name(ACCOUNT_MIGRATIONS_TABLE);
+    // Migrations only add: a process of the previous release must still start (and restart)
+    // on a database a newer release already migrated, so versions it does not know are fine.
+    migrator.set_ignore_missing(true);
+    migrator
+}
+
+/// The pool of one-off commands (`oncely migrate`, `prune`, `outbox …`, `tenant create`).
+pub const COMMAND_POOL: u32 = 4;
+
+/// The error for a `DATABASE_URL` no backend accepts.
+pub fn unsupported(url: &str) -> anyhow::Error {
+    anyhow::anyhow!(
+        "DATABASE_URL must start with postgres:// or sqlite:// (got {})",
+        redact(url)
+    )
+}
+
+/// The URL with any password (in the user info or a `password=` parameter) replaced, for
+/// messages.
+pub fn redact(url: &str) -> String {
+    let mut out = match (url.find("://"), url.rfind('@')) {
+        (Some(scheme), Some(at)) if at > scheme => {
+            let userinfo = &url[scheme + 3..at];
+            match userinfo.split_once(':') {
+                Some((user, _)) => format!("{}{user}:***{}", &url[..scheme + 3], &url[at..]),
+                None => url.to_owned(),
+            }
+        }
+        _ => url.to_owned(),
+    };
+    if let Some(at) = out.find("password=") {
+        let start = at + "password=".len();
+        let end = out[start..].find('&').map_or(out.len(), |e| start + e);
+        out.replace_range(start..end, "***");
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::redact;
+
+    #[test]
+    fn passwords_are_redacted() {
+        assert_eq!(
+            redact("postgres://u:hunter2@h:5432/d"),
+            "postgres://u:***@h:5432/d"
+        );
+        assert_eq!(redact("postgres://u@h/d"), "postgres://u@h/d");
+        assert_eq!(redact("sqlite://x.db"), "sqlite://x.db");
+        assert_eq!(
+            redact("postgres://h/d?sslmode=require&password=hunter2&x=1"),
+            "postgres://h/d?sslmode=require&password=***&x=1"
+        );
+    }
+}

@@ -1,0 +1,93 @@
+//! SQLite: the embedded default. One process owns the file, so times come from its clock
+//! (Unix milliseconds).
+
+use std::path::{Path, PathBuf};
+
+use anyhow::Context;
+use oncely::store::sqlite::{SqliteKeyStore, connect_options};
+use oncely_outbox::store::sqlite::SqliteJobStore;
+use oncely_outbox::{Enqueued, NewJob, OutboxError};
+use sqlx::SqliteConnection;
+use sqlx::migrate::Migrator;
+use sqlx::sqlite::{SqlitePoolOptions, SqliteQueryResult};
+use time::OffsetDateTime;
+
+use super::{Backend, Stores};
+use crate::accounts::Statements;
+
+/// The SQLite backend.
+#[derive(Debug, Clone)]
+pub struct Sqlite(Stores<SqliteKeyStore>);
+
+impl Sqlite {
+    /// The folder of the file `url` names, if it names one (not `sqlite::memory:`, not a file
+    /// in the working directory, not another database).
+    pub fn directory(url: &str) -> Option<PathBuf> {
+        url.strip_prefix("sqlite://")
+            .or_else(|| url.strip_prefix("sqlite:"))
+            .map(|path| path.split('?').next().unwrap_or(path))
+            .and_then(|path| Path::new(path).parent().map(Path::to_path_buf))
+            .filter(|dir| !dir.as_os_str().is_empty())
+    }
+}
+
+impl Backend for Sqlite {
+    const NAME: &'static str = "sqlite";
+    type Database = sqlx::Sqlite;
+    // Unix milliseconds; "now" is read here, from the process clock.
+    type Instant = i64;
+    type Keys = SqliteKeyStore;
+    type Jobs = SqliteJobStore;
+    const ACCOUNT_SQL: Statements = crate::accounts::sqlite::STATEMENTS;
+
+    fn accepts(url: &str) -> bool {
+        url.starts_with("sqlite:")
+    }
+
+    fn migrators() -> [Migrator; 3] {
+        super::migrators!(sqlite, "./migrations/sqlite")
+    }
+
+    /// At most 8 connections: one writer at a time anyway.
+    async fn connect(url: &str, _max_connections: u32) -> anyhow::Result<Self> {
+        let options = connect_options(url)?;
+        let pool = SqlitePoolOptions::new()
+            .max_connections(8)
+            .connect_with(options)
+            .await
+            .with_context(|| format!("cannot open SQLite database {url}"))?;
+        Ok(Self(Stores::new(pool, SqliteKeyStore::new)))
+    }
+
+    fn stores(&self) -> &Stores<SqliteKeyStore> {
+        &self.0
+    }
+
+    /// `poll_only` has no meaning here: in-process workers are signalled, never LISTEN.
+    fn jobs(&self, _poll_only: bool) -> SqliteJobStore {
+        SqliteJobStore::new(self.pool().clone())
+    }
+
+    async fn enqueue(conn: &mut SqliteConnection, job: &NewJob) -> Result<Enqueued, OutboxError> {
+        oncely_outbox::store::sqlite::enqueue(conn, job).await
+    }
+
+    fn at(at: Option<OffsetDateTime>) -> i64 {
+        let at = at.unwrap_or_else(OffsetDateTime::now_utc);
+        i64::try_from(at.unix_timestamp_nanos() / 1_000_000).unwrap_or(i64::MAX)
+    }
+
+    fn rows_affected(result: &SqliteQueryResult) -> u64 {
+        result.rows_affected()
+    }
+
+    fn unavailable(error: &dyn sqlx::error::DatabaseError) -> bool {
+        // SQLITE_BUSY and SQLITE_LOCKED with their extended codes (5, 261, 517, 6, 262, …):
+        // the write lock was not free within the busy timeout.
+        let primary = error
+            .code()
+            .and_then(|code| code.parse::<i32>().ok())
+            .map(|code| code & 0xff);
+        matches!(primary, Some(5 | 6))
+    }
+}

@@ -1,0 +1,397 @@
+//! The command line: flags with environment fallbacks (clap types only). What they resolve to,
+//! checked once, is [`crate::settings`]. Secrets never print.
+
+use std::net::SocketAddr;
+use std::time::Duration;
+
+use clap::{Args, Parser, Subcommand, ValueEnum};
+use secrecy::SecretString;
+
+use crate::settings::{Environment, defaults};
+
+/// `oncely`: retried requests and re-run jobs become harmless.
+#[derive(Debug, Parser)]
+#[command(name = "oncely", version, about)]
+pub struct Cli {
+    /// What to do.
+    #[command(subcommand)]
+    pub command: Command,
+}
+
+/// The subcommands.
+#[derive(Debug, Subcommand)]
+pub enum Command {
+    /// Run the HTTP API (and, unless `--workers 0`, outbox workers in the same process).
+    Serve(ServeArgs),
+    /// Run outbox workers only.
+    Worker(WorkerArgs),
+    /// Apply the database migrations and exit.
+    Migrate(DatabaseArgs),
+    /// Run the test inbox: SMTP and a Resend-compatible HTTP API that keep every message.
+    Inbox(InboxArgs),
+    /// Manage tenants.
+    #[command(subcommand)]
+    Tenant(TenantCommand),
+    /// Inspect outbox jobs and re-drive dead ones.
+    #[command(subcommand)]
+    Outbox(OutboxCommand),
+    /// Delete expired keys, old outbox history, expired tokens and old email-cap counters, in
+    /// small batches (safe while serving).
+    Prune(PruneArgs),
+    /// Run a storm of retried, concurrent and conflicting signups against an embedded instance,
+    /// and show that every intent made one account and one email.
+    Demo {
+        /// How many intents (signups for distinct addresses).
+        #[arg(long, default_value_t = 10)]
+        intents: usize,
+        /// Show the embedded service's log lines here (otherwise they go to a file, named at
+        /// the start).
+        #[arg(short, long)]
+        verbose: bool,
+    },
+    /// Look up idempotency keys (for a support case).
+    #[command(subcommand)]
+    Key(KeyCommand),
+}
+
+/// `oncely key …`.
+#[derive(Debug, Subcommand)]
+pub enum KeyCommand {
+    /// Show where a key stands: in progress, completed (with the stored answer) or tombstoned.
+    Show {
+        /// The key, as the client sent it (without sf-string quotes).
+        key: String,
+        /// The route template.
+        #[arg(long, default_value = "/v1/signup")]
+        route: String,
+        /// The method.
+        #[arg(long, default_value = "POST")]
+        method: String,
+        /// The tenant.
+        #[arg(long, default_value = "default")]
+        tenant: String,
+        #[command(flatten)]
+        #[allow(missing_docs)]
+        database: DatabaseArgs,
+    },
+}
+
+/// `oncely outbox …`.
+#[derive(Debug, Subcommand)]
+pub enum OutboxCommand {
+    /// List jobs, newest first.
+    List {
+        /// Only this kind (`email.verification`, `charge`, …).
+        #[arg(long)]
+        kind: Option<String>,
+        /// Only this status.
+        #[arg(long, value_enum)]
+        status: Option<JobStatusArg>,
+        /// At most this many.
+        #[arg(long, default_value_t = 50)]
+        limit: u32,
+        #[command(flatten)]
+        #[allow(missing_docs)]
+        database: DatabaseArgs,
+    },
+    /// List dead jobs with their reasons (`list --status dead`).
+    Dead {
+        /// Only this kind.
+        #[arg(long)]
+        kind: Option<String>,
+        /// At most this many.
+        #[arg(long, default_value_t = 50)]
+        limit: u32,
+        #[command(flatten)]
+        #[allow(missing_docs)]
+        database: DatabaseArgs,
+    },
+    /// Show a job (by operation key) and every attempt.
+    Show {
+        /// The job's operation key.
+        key: String,
+        #[command(flatten)]
+        #[allow(missing_docs)]
+        database: DatabaseArgs,
+    },
+    /// Re-drive a dead job: due now, fresh attempts, the same delivery key.
+    Retry {
+        /// The job's operation key.
+        key: String,
+        #[command(flatten)]
+        #[allow(missing_docs)]
+        database: DatabaseArgs,
+    },
+}
+
+impl OutboxCommand {
+    /// Where the jobs are.
+    pub fn database(&self) -> &DatabaseArgs {
+        match self {
+            Self::List { database, .. }
+            | Self::Dead { database, .. }
+            | Self::Show { database, .. }
+            | Self::Retry { database, .. } => database,
+        }
+    }
+}
+
+/// A job status on the command line.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum JobStatusArg {
+    /// Waiting or running.
+    Pending,
+    /// Done.
+    Sent,
+    /// Given up or skipped, with a reason.
+    Dead,
+}
+
+/// `oncely tenant …`.
+#[derive(Debug, Subcommand)]
+pub enum TenantCommand {
+    /// Create a tenant and print its API key (once: only its hash is stored).
+    Create {
+        /// The tenant's id: 1-128 characters of A-Z a-z 0-9 - _ . : (not `default`).
+        name: String,
+        #[command(flatten)]
+        #[allow(missing_docs)]
+        database: DatabaseArgs,
+    },
+}
+
+/// Where the data lives. Prints its URL without the password.
+#[derive(Clone, Args)]
+pub struct DatabaseArgs {
+    /// `postgres://…` or `sqlite://…`.
+    #[arg(
+        long,
+        env = "DATABASE_URL",
+        default_value = defaults::DATABASE_URL,
+        hide_env_values = true
+    )]
+    pub database_url: String,
+}
+
+impl std::fmt::Debug for DatabaseArgs {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("DatabaseArgs")
+            .field("database_url", &crate::backend::redact(&self.database_url))
+            .finish()
+    }
+}
+
+/// Settings shared by `serve` and `worker`. Its `Debug` shows no secret.
+#[derive(Clone, Args)]
+pub struct CommonArgs {
+    #[command(flatten)]
+    #[allow(missing_docs)]
+    pub database: DatabaseArgs,
+
+    /// Most PostgreSQL connections this process opens. Keep the sum over all `serve` and `worker`
+    /// processes under the server's `max_connections` (100 by default).
+    #[arg(long, env = "ONCELY_DATABASE_POOL", default_value_t = defaults::DATABASE_POOL, value_parser = clap::value_parser!(u32).range(2..=1000))]
+    pub database_pool: u32,
+
+    /// `development` (generated secret, dev inbox) or `production` (everything explicit).
+    #[arg(
+        long = "env",
+        env = "ONCELY_ENV",
+        value_enum,
+        default_value = "development"
+    )]
+    pub environment: Environment,
+
+    /// Server secret (fingerprints, keyed hashes, tokens); at least 32 characters. Generated per
+    /// data directory in development; required in production.
+    #[arg(long, env = "ONCELY_SECRET", hide_env_values = true)]
+    pub secret: Option<SecretString>,
+
+    /// The server secret before a rotation, kept for a grace period (at least the key
+    /// retention and the longest link lifetime, 7 days): retries of requests stored under it
+    /// still replay, and links and emails it derived still work. New work uses ONCELY_SECRET.
+    #[arg(long, env = "ONCELY_SECRET_PREVIOUS", hide_env_values = true)]
+    pub secret_previous: Option<SecretString>,
+
+    /// Base of links in emails: `http(s)://host[:port][/path]`, no query or fragment. Default
+    /// `http://<bind>` in development; required in production.
+    #[arg(long, env = "ONCELY_PUBLIC_URL", hide_env_values = true)]
+    pub public_url: Option<String>,
+
+    /// `dev` (the built-in inbox), `smtp://host:port` (`smtps://` for TLS), or
+    /// `http(s)://host/emails` (Resend-compatible). Default `dev` in development; required in
+    /// production. May hold SMTP credentials (`smtps://user:password@host`): never printed.
+    #[arg(long, env = "ONCELY_MAILER", hide_env_values = true)]
+    pub mailer: Option<String>,
+
+    /// The SMTP password, kept out of `ONCELY_MAILER` (which then names the user:
+    /// `smtps://user@host:465`).
+    #[arg(long, env = "ONCELY_SMTP_PASSWORD", hide_env_values = true)]
+    pub smtp_password: Option<SecretString>,
+
+    /// Bearer token for an HTTP mailer.
+    #[arg(long, env = "ONCELY_MAILER_API_KEY", hide_env_values = true)]
+    pub mailer_api_key: Option<SecretString>,
+
+    /// Sender address of every email.
+    #[arg(long, env = "ONCELY_MAIL_FROM", default_value = defaults::MAIL_FROM)]
+    pub mail_from: String,
+
+    /// How long a claimed key or outbox job is held before another process may take it over.
+    #[arg(long, env = "ONCELY_LEASE", default_value = defaults::LEASE, value_parser = parse_duration)]
+    pub lease: Duration,
+
+    /// First delay before an email is retried (doubling, with jitter, up to 10 minutes).
+    #[arg(long, env = "ONCELY_RETRY_BASE", default_value = defaults::RETRY_BASE, value_parser = parse_duration)]
+    pub retry_base: Duration,
+
+    /// Workers only poll for jobs (for PostgreSQL behind a transaction-mode pooler, where
+    /// LISTEN does not work).
+    #[arg(long, env = "ONCELY_POLL_ONLY")]
+    pub poll_only: bool,
+}
+
+impl std::fmt::Debug for CommonArgs {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("CommonArgs")
+            .field("database", &self.database)
+            .field("database_pool", &self.database_pool)
+            .field("environment", &self.environment)
+            .field("secret", &self.secret)
+            .field("secret_previous", &self.secret_previous)
+            .field("public_url", &self.public_url)
+            .field(
+                "mailer",
+                &self.mailer.as_deref().map(crate::backend::redact),
+            )
+            .field("mailer_api_key", &self.mailer_api_key)
+            .field("smtp_password", &self.smtp_password)
+            .field("mail_from", &self.mail_from)
+            .field("lease", &self.lease)
+            .field("retry_base", &self.retry_base)
+            .field("poll_only", &self.poll_only)
+            .finish()
+    }
+}
+
+/// Settings of `oncely serve`.
+#[derive(Debug, Clone, Args)]
+pub struct ServeArgs {
+    #[command(flatten)]
+    #[allow(missing_docs)]
+    pub common: CommonArgs,
+
+    /// Listen address.
+    #[arg(long, env = "ONCELY_BIND", default_value = defaults::BIND)]
+    pub bind: SocketAddr,
+
+    /// Bearer token that `GET /metrics` requires. Without one, `/metrics` is open in
+    /// development and answers 404 in production: its counters (emails sent or skipped) must
+    /// not tell an outsider which addresses have accounts.
+    #[arg(long, env = "ONCELY_METRICS_TOKEN", hide_env_values = true)]
+    pub metrics_token: Option<SecretString>,
+
+    /// How long idempotent results are replayed (`24h`, `90m`, …).
+    #[arg(long, env = "ONCELY_KEY_RETENTION", default_value = defaults::KEY_RETENTION, value_parser = parse_duration)]
+    pub key_retention: Duration,
+
+    /// Outbox workers inside this process (0: API only).
+    #[arg(long, env = "ONCELY_WORKERS", default_value_t = defaults::WORKERS)]
+    pub workers: usize,
+
+    /// Emails per window to one address requested by one client (counted whether or not the
+    /// address has an account); more are not sent, and the answer does not change. Per client,
+    /// so that one client cannot use up the owner's own emails.
+    #[arg(long, env = "ONCELY_MAIL_CAP_PER_ADDRESS", default_value_t = defaults::MAIL_CAP_PER_ADDRESS)]
+    pub mail_cap_per_address: u32,
+
+    /// Emails per window to one address from all clients together: the ceiling that protects a
+    /// mailbox from many clients at once. Default: 4 × ONCELY_MAIL_CAP_PER_ADDRESS.
+    #[arg(long, env = "ONCELY_MAIL_CAP_PER_ADDRESS_TOTAL")]
+    pub mail_cap_per_address_total: Option<u32>,
+
+    /// Emails per window requested by one client address.
+    #[arg(long, env = "ONCELY_MAIL_CAP_PER_CLIENT", default_value_t = defaults::MAIL_CAP_PER_CLIENT)]
+    pub mail_cap_per_client: u32,
+
+    /// Proxies (comma-separated CIDRs or addresses) whose `X-Forwarded-For` / `Forwarded`
+    /// name the client for the per-client cap. Default: none (the headers are ignored and the
+    /// connection's peer is the client).
+    #[arg(
+        long,
+        env = "ONCELY_TRUSTED_PROXIES",
+        value_delimiter = ',',
+        value_parser = crate::client_addr::parse_trusted_proxy
+    )]
+    pub trusted_proxies: Vec<ipnet::IpNet>,
+
+    #[command(flatten)]
+    #[allow(missing_docs)]
+    pub retention: RetentionArgs,
+
+    /// How often `serve` prunes expired rows (see `oncely prune`).
+    #[arg(long, env = "ONCELY_PRUNE_INTERVAL", default_value = defaults::PRUNE_INTERVAL, value_parser = parse_duration)]
+    pub prune_interval: Duration,
+}
+
+/// How long rows are kept (used by `serve`'s pruner and by `oncely prune`).
+#[derive(Debug, Clone, Args)]
+pub struct RetentionArgs {
+    /// The window of both email caps (their counters are kept two windows).
+    #[arg(long, env = "ONCELY_MAIL_CAP_WINDOW", default_value = defaults::MAIL_CAP_WINDOW, value_parser = parse_duration)]
+    pub mail_cap_window: Duration,
+
+    /// How long sent and dead outbox jobs (and their attempts) are kept after they finished.
+    #[arg(long, env = "ONCELY_OUTBOX_RETENTION", default_value = defaults::OUTBOX_RETENTION, value_parser = parse_duration)]
+    pub outbox_retention: Duration,
+}
+
+/// Settings of `oncely prune`.
+#[derive(Debug, Clone, Args)]
+pub struct PruneArgs {
+    #[command(flatten)]
+    #[allow(missing_docs)]
+    pub database: DatabaseArgs,
+    #[command(flatten)]
+    #[allow(missing_docs)]
+    pub retention: RetentionArgs,
+}
+
+/// Settings of `oncely worker`.
+#[derive(Debug, Clone, Args)]
+pub struct WorkerArgs {
+    #[command(flatten)]
+    #[allow(missing_docs)]
+    pub common: CommonArgs,
+
+    /// Concurrent workers in this process.
+    #[arg(long, env = "ONCELY_WORKERS", default_value_t = defaults::WORKERS)]
+    pub workers: usize,
+
+    /// Run only these job kinds (comma-separated); default: all.
+    #[arg(long, env = "ONCELY_WORKER_KINDS", value_delimiter = ',')]
+    pub kinds: Vec<String>,
+}
+
+/// Settings of `oncely inbox`.
+#[derive(Debug, Clone, Args)]
+pub struct InboxArgs {
+    /// SMTP listen address.
+    #[arg(long, default_value = "127.0.0.1:2525")]
+    pub smtp: SocketAddr,
+    /// HTTP listen address (`POST /emails`, `GET /messages`, `GET /stats`, `PUT /faults`).
+    #[arg(long, default_value = "127.0.0.1:8025")]
+    pub http: SocketAddr,
+    /// Behave like a real provider: a repeat of an idempotency key within 24 h is acknowledged
+    /// but not delivered again.
+    #[arg(long)]
+    pub provider_mode: bool,
+}
+
+pub(crate) fn parse_duration(s: &str) -> Result<Duration, String> {
+    let d = humantime::parse_duration(s).map_err(|e| format!("{e} (examples: 30s, 15m, 24h)"))?;
+    if d.is_zero() {
+        return Err("must be longer than zero".into());
+    }
+    Ok(d)
+}

@@ -1,0 +1,161 @@
+//! Account storage on both backends, through the library: migrations a previous release
+//! applied, and time-dependent statements with an injected `now` (no sleeping).
+
+use oncely_server::accounts::{Accounts, NewToken};
+use oncely_server::backend::{Backend, COMMAND_POOL, Postgres, Sqlite};
+use oncely_testdb::TestDb;
+use sqlx::SqlSafeStr;
+use sqlx::migrate::{Migration, MigrationType, Migrator};
+use time::{Duration, OffsetDateTime};
+
+use crate::support::both_databases;
+
+/// The account migrations as the previous release built them by hand (before
+/// `sqlx::migrate!`), with their descriptions: what its databases recorded.
+fn previous_release(files: [&'static str; 5]) -> Migrator {
+    let descriptions = [
+        "accounts",
+        "tenants, invites, rate limits",
+        "prune indexes",
+        "signup password on its verification token",
+        "signup password attempts",
+    ];
+    let migrations = (1..)
+        .zip(descriptions.into_iter().zip(files))
+        .map(|(version, (description, sql))| {
+            Migration::new(
+                version,
+                description.into(),
+                MigrationType::Simple,
+                sql.into_sql_str(),
+                false,
+            )
+        })
+        .collect();
+    let mut migrator = Migrator::with_migrations(migrations);
+    migrator.dangerous_set_table_name("_oncely_server_migrations");
+    migrator
+}
+
+macro_rules! account_migrations {
+    ($dialect:literal) => {
+        previous_release([
+            include_str!(concat!("../../migrations/", $dialect, "/0001_accounts.sql")),
+            include_str!(concat!(
+                "../../migrations/",
+                $dialect,
+                "/0002_tenants_invites_limits.sql"
+            )),
+            include_str!(concat!(
+                "../../migrations/",
+                $dialect,
+                "/0003_prune_indexes.sql"
+            )),
+            include_str!(concat!(
+                "../../migrations/",
+                $dialect,
+                "/0004_signup_password_on_token.sql"
+            )),
+            include_str!(concat!(
+                "../../migrations/",
+                $dialect,
+                "/0005_signup_password_attempts.sql"
+            )),
+        ])
+    };
+}
+
+fn versions_and_checksums(migrator: &Migrator) -> Vec<(i64, Vec<u8>)> {
+    migrator
+        .iter()
+        .map(|m| (m.version, m.checksum.to_vec()))
+        .collect()
+}
+
+/// Moving to `sqlx::migrate!` must not change what a migrated database recorded: a changed
+/// checksum would stop every existing deployment at start-up.
+#[test]
+fn sqlx_migrate_keeps_the_checksums_of_the_previous_release() {
+    let [_, _, postgres] = Postgres::migrators();
+    let [_, _, sqlite] = Sqlite::migrators();
+    assert_eq!(
+        versions_and_checksums(&postgres),
+        versions_and_checksums(&account_migrations!("postgres"))
+    );
+    assert_eq!(
+        versions_and_checksums(&sqlite),
+        versions_and_checksums(&account_migrations!("sqlite"))
+    );
+}
+
+both_databases!(
+    a_database_the_previous_release_migrated_migrates_and_is_ready,
+    expired_tokens_are_pruned_by_the_given_clock
+);
+
+async fn a_database_the_previous_release_migrated_migrates_and_is_ready(url: String, _db: TestDb) {
+    if url.starts_with("postgres") {
+        migrated_by_the_previous_release::<Postgres>(&url, account_migrations!("postgres")).await;
+    } else {
+        migrated_by_the_previous_release::<Sqlite>(&url, account_migrations!("sqlite")).await;
+    }
+}
+
+async fn migrated_by_the_previous_release<B: Accounts>(url: &str, previous: Migrator) {
+    let backend = B::connect(url, COMMAND_POOL).await.unwrap();
+    previous.run(backend.pool()).await.unwrap();
+    backend.migrate().await.expect("this release migrates it");
+    backend.ready().await.expect("and is ready on it");
+}
+
+async fn expired_tokens_are_pruned_by_the_given_clock(url: String, _db: TestDb) {
+    if url.starts_with("postgres") {
+        prune_tokens_at::<Postgres>(&url).await;
+    } else {
+        prune_tokens_at::<Sqlite>(&url).await;
+    }
+}
+
+async fn prune_tokens_at<B: Accounts>(url: &str) {
+    let backend = B::connect(url, COMMAND_POOL).await.unwrap();
+    backend.migrate().await.unwrap();
+    let now = OffsetDateTime::now_utc();
+    let token = NewToken {
+        id: uuid::Uuid::new_v4(),
+        tenant: "default",
+        user_id: None,
+        email: None,
+        flow: "verification",
+        hash: &[7; 32],
+        expires_at: now + Duration::hours(1),
+        password_hash: None,
+        supersede: false,
+    };
+    let mut conn = backend.pool().acquire().await.unwrap();
+    B::insert_token(&mut conn, &token).await.unwrap();
+    drop(conn);
+    let kept_for = std::time::Duration::from_secs(7 * 24 * 3600);
+    let week = Duration::days(7);
+    let later = |d: Duration| Some(now + d);
+    assert_eq!(
+        backend.prune_tokens(None, kept_for, 500).await.unwrap(),
+        0,
+        "not expired"
+    );
+    assert_eq!(
+        backend
+            .prune_tokens(later(week), kept_for, 500)
+            .await
+            .unwrap(),
+        0,
+        "expired less than the retention ago"
+    );
+    assert_eq!(
+        backend
+            .prune_tokens(later(week + Duration::hours(2)), kept_for, 500)
+            .await
+            .unwrap(),
+        1,
+        "expired more than the retention ago"
+    );
+}

@@ -19,10 +19,11 @@ use tracing::Instrument;
 use super::transaction::{ClaimFn, Claimed, HeldScopes, Refusal, TxState};
 use super::{Config, IdempotentTx, Mode, Outcome};
 use crate::fingerprint::{CanonicalRequest, Fingerprints, RequestTarget};
+use crate::problem::ProblemType;
 use crate::store::{
     Claim, ClaimRequest, Completion, KeyStore, Record, RecordState, StoreError, StoredResponse,
 };
-use crate::{DerivedKey, IdempotencyKey, KeyError, Problem, Scope, TenantId};
+use crate::{DerivedKey, IdempotencyKey, KeyError, Scope, TenantId};
 
 /// The route (scope and metric label) of a request that reached the layer without axum's
 /// `MatchedPath`.
@@ -400,13 +401,10 @@ where
     if let Err(error) = tx.commit().await {
         tracing::error!(route = %claim.scope.route, %error, "commit of an idempotent request failed");
         // The commit may or may not have happened: a retry with the same key finds out.
-        let problem = Problem::new(
-            StatusCode::SERVICE_UNAVAILABLE,
-            "commit-failed",
-            "Outcome unknown",
-        )
-        .with_detail("the result could not be confirmed; retry with the same Idempotency-Key")
-        .with_retry_after(1);
+        let problem = ProblemType::CommitFailed
+            .problem()
+            .with_detail("the result could not be confirmed; retry with the same Idempotency-Key")
+            .with_retry_after(1);
         return (Outcome::Error, problem.into_response());
     }
     (
@@ -499,7 +497,8 @@ where
             Ok(joined) => joined,
             Err(_) => {
                 abort.abort();
-                let problem = Problem::new(StatusCode::SERVICE_UNAVAILABLE, "request-timeout", "Request took too long")
+                let problem = ProblemType::RequestTimeout
+                    .problem()
                     .with_detail("the request ran longer than its lease and was rolled back; retry with the same Idempotency-Key")
                     .with_retry_after(1);
                 return Err(problem.into_response());
@@ -616,24 +615,18 @@ fn completion_for(config: &Config, parts: &http::response::Parts, body: &Collect
 /// `fingerprints`: this request's, under the current and any previous secret.
 fn answer_from_record(record: &Record, fingerprints: &Fingerprints) -> Option<(Outcome, Response)> {
     if fingerprints.position(&record.fingerprint).is_none() {
-        let problem = Problem::new(
-            StatusCode::UNPROCESSABLE_ENTITY,
-            "idempotency-key-reused",
-            "Idempotency-Key reused",
-        )
-        .with_detail("this key was used for a different request; use a new key for a new request");
+        let problem = ProblemType::KeyReused.problem().with_detail(
+            "this key was used for a different request; use a new key for a new request",
+        );
         return Some((Outcome::Mismatch, problem.into_response()));
     }
     match &record.state {
         RecordState::InProgress { .. } => None,
         RecordState::Completed(stored) => Some((Outcome::Replayed, replay(stored))),
         RecordState::Tombstoned { reason } => {
-            let problem = Problem::new(
-                StatusCode::UNPROCESSABLE_ENTITY,
-                "idempotency-key-unreplayable",
-                "The result of this request cannot be replayed",
-            )
-            .with_detail(format!("the request was processed, but {reason}"));
+            let problem = ProblemType::KeyUnreplayable
+                .problem()
+                .with_detail(format!("the request was processed, but {reason}"));
             Some((Outcome::Replayed, problem.into_response()))
         }
     }
@@ -692,79 +685,61 @@ async fn read_body(body: Body, limit: usize) -> Result<Bytes, Response> {
             std::iter::successors(Some(&error as &dyn std::error::Error), |e| e.source())
                 .any(|e| e.is::<http_body_util::LengthLimitError>());
         if too_large {
-            Problem::new(
-                StatusCode::PAYLOAD_TOO_LARGE,
-                "request-too-large",
-                "Request body too large",
-            )
-            .with_detail(format!("the body is larger than {limit} bytes"))
-            .into_response()
+            ProblemType::RequestTooLarge
+                .problem()
+                .with_detail(format!("the body is larger than {limit} bytes"))
+                .into_response()
         } else {
-            Problem::new(
-                StatusCode::BAD_REQUEST,
-                "request-body-unreadable",
-                "Request body unreadable",
-            )
-            .into_response()
+            ProblemType::RequestBodyUnreadable.problem().into_response()
         }
     })
 }
 
 fn key_problem(error: &KeyError) -> Response {
     let problem = match error {
-        KeyError::Missing => Problem::new(StatusCode::BAD_REQUEST, "idempotency-key-missing", "Idempotency-Key required")
+        KeyError::Missing => ProblemType::KeyMissing.problem()
             .with_detail("send an Idempotency-Key header with a unique value per operation, and reuse it on every retry"),
-        other => Problem::new(StatusCode::BAD_REQUEST, "idempotency-key-invalid", "Idempotency-Key invalid")
+        other => ProblemType::KeyInvalid.problem()
             .with_detail(other.to_string()),
     };
     problem.into_response()
 }
 
 fn in_use() -> (Outcome, Response) {
-    let problem = Problem::new(
-        StatusCode::CONFLICT,
-        "idempotency-key-in-use",
-        "Request in progress",
-    )
-    .with_detail(
-        "a request with this Idempotency-Key is still being processed; retry after a moment",
-    )
-    .with_retry_after(1);
+    let problem = ProblemType::KeyInUse
+        .problem()
+        .with_detail(
+            "a request with this Idempotency-Key is still being processed; retry after a moment",
+        )
+        .with_retry_after(1);
     (Outcome::InProgress, problem.into_response())
 }
 
 fn store_failed(error: &StoreError) -> (Outcome, Response) {
     if matches!(error, StoreError::Busy) {
         tracing::warn!(%error, "idempotency key store busy");
-        let problem = Problem::new(
-            StatusCode::SERVICE_UNAVAILABLE,
-            "storage-busy",
-            "Service busy",
-        )
-        .with_detail("the database was busy and the request was not processed; retry with the same Idempotency-Key")
+        let problem = ProblemType::StorageBusy
+            .problem()
+            .with_detail("the database was busy and the request was not processed; retry with the same Idempotency-Key")
         .with_retry_after(1);
         return (Outcome::Error, problem.into_response());
     }
     tracing::error!(%error, "idempotency key store failed");
-    let problem = Problem::new(
-        StatusCode::SERVICE_UNAVAILABLE,
-        "storage-unavailable",
-        "Service unavailable",
-    )
-    .with_detail("the request was not processed; retry with the same Idempotency-Key")
-    .with_retry_after(1);
+    let problem = ProblemType::StorageUnavailable
+        .problem()
+        .with_detail("the request was not processed; retry with the same Idempotency-Key")
+        .with_retry_after(1);
     (Outcome::Error, problem.into_response())
 }
 
 fn internal_error(detail: &str) -> Response {
     tracing::error!(detail, "idempotent request failed");
-    Problem::new(
-        StatusCode::INTERNAL_SERVER_ERROR,
-        "internal-error",
-        "Internal error",
-    )
-    .with_detail("the request failed and nothing was stored; retry with the same Idempotency-Key")
-    .into_response()
+    ProblemType::InternalError
+        .problem()
+        .with_detail(
+            "the request failed and nothing was stored; retry with the same Idempotency-Key",
+        )
+        .into_response()
 }
 
 async fn release_logged<K: KeyStore>(store: &K, scope: &Scope, token: crate::store::FencingToken) {

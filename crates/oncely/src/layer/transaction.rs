@@ -8,12 +8,12 @@ use std::sync::Arc;
 
 use axum::extract::FromRequestParts;
 use axum::response::{IntoResponse, Response};
-use http::StatusCode;
 use http::request::Parts;
 use sqlx::{Database, Transaction};
 use tokio::sync::{MappedMutexGuard, Mutex, MutexGuard};
 
 use super::Outcome;
+use crate::problem::ProblemType;
 use crate::store::FencingToken;
 use crate::{DerivedKey, Problem, Scope};
 
@@ -144,12 +144,9 @@ pub struct TxAborted;
 /// state instead); it is a 409 in case a handler's answer is used elsewhere.
 impl From<TxAborted> for Problem {
     fn from(_: TxAborted) -> Self {
-        Problem::new(
-            StatusCode::CONFLICT,
-            "idempotency-key-in-use",
-            "Idempotency-Key not acquired",
-        )
-        .with_detail("the key was not acquired; the idempotency layer answers this request from the key's state")
+        ProblemType::KeyInUse
+            .problem()
+            .with_detail("the key was not acquired; the idempotency layer answers this request from the key's state")
         .with_retry_after(1)
     }
 }
@@ -224,12 +221,9 @@ impl<DB: Database, S: Send + Sync> FromRequestParts<S> for IdempotentTx<DB> {
 
     async fn from_request_parts(parts: &mut Parts, _state: &S) -> Result<Self, Self::Rejection> {
         parts.extensions.get::<Self>().cloned().ok_or_else(|| {
-            Problem::new(
-                StatusCode::INTERNAL_SERVER_ERROR,
-                "internal-error",
-                "Server misconfigured",
-            )
-            .with_detail("this route is not behind a transactional IdempotencyLayer")
+            ProblemType::InternalError
+                .problem()
+                .with_detail("this route is not behind a transactional IdempotencyLayer")
         })
     }
 }

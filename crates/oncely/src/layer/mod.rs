@@ -118,7 +118,6 @@ pub(crate) struct Config {
     pub(crate) max_request_body: usize,
     pub(crate) max_stored_body: usize,
     pub(crate) normalizer: Option<JsonNormalizer>,
-    pub(crate) held: transaction::HeldScopes,
 }
 
 /// The Idempotency-Key layer. Build it with [`generic`](Self::generic) or
@@ -153,7 +152,6 @@ impl<K: KeyStore> IdempotencyLayer<K> {
                 max_request_body: 1024 * 1024,
                 max_stored_body: 256 * 1024,
                 normalizer: None,
-                held: Default::default(),
             }),
         }
     }

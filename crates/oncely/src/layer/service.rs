@@ -16,7 +16,7 @@ use tokio::time::Instant;
 use tower::{Service, ServiceExt};
 use tracing::Instrument;
 
-use super::transaction::{ClaimFn, Claimed, HeldScopes, Refusal, TxState};
+use super::transaction::{ClaimFn, Claimed, Refusal, TxState};
 use super::{Config, IdempotentTx, Mode, Outcome};
 use crate::fingerprint::{CanonicalRequest, Fingerprints, RequestTarget};
 use crate::problem::ProblemType;
@@ -326,7 +326,6 @@ where
         lease: claim.lease,
         retention: claim.retention,
         wait: config.wait,
-        held: config.held.clone(),
     };
     let claim_fn: ClaimFn<K::Database> = {
         let (store, owned) = (store.clone(), owned.clone());
@@ -373,11 +372,7 @@ where
     }
     // A handler that never locked wrote nothing: claim now, in a transaction, to store its
     // result (or answer from the row a concurrent request committed meanwhile).
-    let Claimed {
-        token,
-        mut tx,
-        held: _held,
-    } = match claimed {
+    let Claimed { token, mut tx } = match claimed {
         Some(claimed) => claimed,
         None => match claim_transaction(store, &owned).await {
             Ok(claimed) => claimed,
@@ -421,7 +416,6 @@ struct OwnedClaim {
     lease: Duration,
     retention: Duration,
     wait: Duration,
-    held: HeldScopes,
 }
 
 /// Opens a transaction and claims the key in it, waiting a bounded time for a concurrent owner;
@@ -439,22 +433,16 @@ async fn claim_transaction<K: KeyStore>(
     let mut waiter = Waiter::new(owned.wait);
     loop {
         match store.claim_in_transaction(&claim, waiter.remaining()).await {
-            Ok(Claim::Acquired { token, tx }) => {
-                let held = owned.held.hold(&owned.scope);
-                return Ok(Claimed { token, tx, held });
-            }
+            Ok(Claim::Acquired { token, tx }) => return Ok(Claimed { token, tx }),
             Ok(Claim::Existing(record)) => {
                 if let Some(answer) = answer_from_record(&record, &owned.fingerprints) {
                     return Err(answer);
                 }
             }
             Ok(Claim::Busy) => return Err(in_use()),
-            // The database as a whole is busy (SQLite's write lock). 409 only if a request with
-            // this key holds it; the key's committed row answers for itself; else 503.
+            // The database as a whole is busy (SQLite's write lock held by another writer): the
+            // key's committed row answers for itself; else 503.
             Err(StoreError::Busy) => {
-                if owned.held.is_held(&owned.scope) {
-                    return Err(in_use());
-                }
                 return Err(match store.get(&owned.scope).await {
                     Ok(Some(record)) => {
                         answer_from_record(&record, &owned.fingerprints).unwrap_or_else(in_use)

@@ -1,6 +1,5 @@
 //! The transaction a transactional layer hands to its handler.
 
-use std::collections::HashMap;
 use std::future::Future;
 use std::ops::{Deref, DerefMut};
 use std::pin::Pin;
@@ -14,60 +13,13 @@ use tokio::sync::{MappedMutexGuard, Mutex, MutexGuard};
 
 use super::Outcome;
 use crate::problem::ProblemType;
-use crate::store::FencingToken;
-use crate::{DerivedKey, Problem, Scope};
+use crate::store::{FencingToken, KeyTransaction};
+use crate::{DerivedKey, Problem};
 
-/// A claim made in a transaction: its fencing token, the open transaction, and its entry among
-/// the scopes this process holds in open transactions.
+/// A claim made in a transaction: its fencing token and the open transaction.
 pub(crate) struct Claimed<DB: Database> {
     pub(crate) token: FencingToken,
-    pub(crate) tx: Transaction<'static, DB>,
-    pub(crate) held: HeldScope,
-}
-
-/// The scopes this process holds in open transactional claims. SQLite's write lock is one for
-/// the whole database, so a claim that finds it busy cannot tell from the database whether a
-/// request with the same key holds it (409) or any other writer does (503); this process can,
-/// since one process owns a SQLite file.
-#[derive(Clone, Default)]
-pub(crate) struct HeldScopes(Arc<std::sync::Mutex<HashMap<Scope, usize>>>);
-
-impl HeldScopes {
-    pub(crate) fn hold(&self, scope: &Scope) -> HeldScope {
-        *self.lock().entry(scope.clone()).or_default() += 1;
-        HeldScope {
-            scopes: self.clone(),
-            scope: scope.clone(),
-        }
-    }
-
-    pub(crate) fn is_held(&self, scope: &Scope) -> bool {
-        self.lock().contains_key(scope)
-    }
-
-    fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<Scope, usize>> {
-        self.0
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner)
-    }
-}
-
-/// One entry of [`HeldScopes`]; dropped with the transaction (commit or rollback).
-pub(crate) struct HeldScope {
-    scopes: HeldScopes,
-    scope: Scope,
-}
-
-impl Drop for HeldScope {
-    fn drop(&mut self) {
-        let mut map = self.scopes.lock();
-        if let Some(n) = map.get_mut(&self.scope) {
-            *n -= 1;
-            if *n == 0 {
-                map.remove(&self.scope);
-            }
-        }
-    }
+    pub(crate) tx: KeyTransaction<DB>,
 }
 
 /// What the layer answers when the key was not acquired (replay, 422, 409, 503).
@@ -180,7 +132,7 @@ impl<DB: Database> IdempotentTx<DB> {
             };
         }
         MutexGuard::try_map(state, |state| match state {
-            TxState::Held(claimed) => Some(&mut claimed.tx),
+            TxState::Held(claimed) => Some(&mut *claimed.tx),
             _ => None,
         })
         .map(TxGuard)

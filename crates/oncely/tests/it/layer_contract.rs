@@ -1207,7 +1207,7 @@ impl<S: oncely::store::KeyStore> oncely::store::KeyStore for FlakyCompletes<S> {
         req: &oncely::store::ClaimRequest<'_>,
         wait: Duration,
     ) -> Result<
-        oncely::store::Claim<sqlx::Transaction<'static, Self::Database>>,
+        oncely::store::Claim<oncely::store::KeyTransaction<Self::Database>>,
         oncely::store::StoreError,
     > {
         self.inner.claim_in_transaction(req, wait).await

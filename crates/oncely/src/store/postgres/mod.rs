@@ -26,9 +26,7 @@ pub use super::sql::MIGRATIONS_TABLE;
 
 /// This store's migrations, for callers that run them with their own tooling.
 pub fn migrator() -> Migrator {
-    super::sql::migrator(include_str!(
-        "../../../migrations/postgres/0001_idempotency_keys.sql"
-    ))
+    super::sql::with_history_table(sqlx::migrate!("migrations/postgres"))
 }
 
 /// The claim statement's row: whether it inserted, and the key's row.

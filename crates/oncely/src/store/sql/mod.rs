@@ -13,11 +13,9 @@ use std::fmt;
 use std::future::Future;
 use std::time::Duration;
 
-use std::borrow::Cow;
-
-use sqlx::migrate::{Migrate, Migration, MigrationType, Migrator};
+use sqlx::migrate::{Migrate, Migrator};
 use sqlx::query::Query;
-use sqlx::{Database, Encode, Executor, IntoArguments, Pool, SqlSafeStr, Transaction, Type};
+use sqlx::{Database, Encode, Executor, IntoArguments, Pool, Transaction, Type};
 use uuid::Uuid;
 
 use self::rows::CompletionColumns;
@@ -31,15 +29,8 @@ use crate::Scope;
 /// The table that records which of this store's migrations ran (apart from other libraries').
 pub const MIGRATIONS_TABLE: &str = "_oncely_idempotency_migrations";
 
-/// A dialect's migrations, with this store's own history table.
-pub(crate) fn migrator(sql: &'static str) -> Migrator {
-    let mut migrator = Migrator::with_migrations(vec![Migration::new(
-        1,
-        Cow::Borrowed("idempotency keys"),
-        MigrationType::Simple,
-        sql.into_sql_str(),
-        false,
-    )]);
+/// A dialect's migrations (`sqlx::migrate!`), with this store's own history table.
+pub(crate) fn with_history_table(mut migrator: Migrator) -> Migrator {
     migrator.dangerous_set_table_name(MIGRATIONS_TABLE);
     // Migrations only add: a process of the previous release must still start (and restart)
     // on a database a newer release already migrated, so versions it does not know are fine.

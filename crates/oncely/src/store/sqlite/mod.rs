@@ -45,9 +45,7 @@ pub fn connect_options(url: &str) -> Result<SqliteConnectOptions, sqlx::Error> {
 
 /// This store's migrations, for callers that run them with their own tooling.
 pub fn migrator() -> Migrator {
-    super::sql::migrator(include_str!(
-        "../../../migrations/sqlite/0001_idempotency_keys.sql"
-    ))
+    super::sql::with_history_table(sqlx::migrate!("migrations/sqlite"))
 }
 
 fn is_busy(err: &sqlx::Error) -> bool {

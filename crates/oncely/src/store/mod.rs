@@ -28,11 +28,13 @@ use crate::{Fingerprint, Scope};
 mod clock;
 #[cfg(feature = "postgres")]
 pub mod postgres;
+#[cfg(any(feature = "postgres", feature = "sqlite"))]
 mod sql;
 #[cfg(feature = "sqlite")]
 pub mod sqlite;
 
 pub use clock::{Clock, ManualClock};
+#[cfg(any(feature = "postgres", feature = "sqlite"))]
 pub use sql::{Dialect, SqlKeyStore};
 
 /// The response headers a stored result keeps and replays. Everything else (`Set-Cookie`,
@@ -122,20 +124,6 @@ pub struct Record {
     pub state: RecordState,
 }
 
-impl Record {
-    /// Whether a claim with `fingerprint` may take this row over: its retention ended
-    /// (`expired`), or it is in progress with an expired lease and the same request.
-    pub(crate) fn claimable_by(&self, fingerprint: &Fingerprint, expired: bool) -> bool {
-        expired
-            || (matches!(
-                self.state,
-                RecordState::InProgress {
-                    lease_active: false
-                }
-            ) && self.fingerprint == *fingerprint)
-    }
-}
-
 /// The state of a [`Record`].
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum RecordState {
@@ -190,6 +178,7 @@ impl<DB: sqlx::Database> KeyTransaction<DB> {
     }
 
     /// Wraps a transaction and something the store keeps until the transaction ends.
+    #[cfg(any(feature = "postgres", feature = "sqlite"))]
     pub(crate) fn holding(tx: sqlx::Transaction<'static, DB>, hold: impl Send + 'static) -> Self {
         Self {
             tx,
@@ -341,8 +330,4 @@ pub async fn prune_all<S: KeyStore>(store: &S, batch: u32) -> Result<u64, StoreE
         }
         tokio::task::yield_now().await;
     }
-}
-
-pub(crate) fn millis(d: Duration) -> i64 {
-    i64::try_from(d.as_millis()).unwrap_or(i64::MAX)
 }

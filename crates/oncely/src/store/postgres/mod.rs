@@ -14,8 +14,10 @@ use sqlx::postgres::PgQueryResult;
 use sqlx::{AssertSqlSafe, FromRow, PgConnection, PgPool, Postgres, Transaction};
 use time::OffsetDateTime;
 
-use super::sql::{ClaimArgs, Dialect, InsertOrRead, KeyRow, Queries, Statements, statements};
-use super::{Claim, ClaimRequest, Clock, SqlKeyStore, StoreError, millis};
+use super::sql::{
+    ClaimArgs, Dialect, InsertOrRead, KeyRow, Queries, Statements, millis, statements,
+};
+use super::{Claim, ClaimRequest, Clock, SqlKeyStore, StoreError};
 use crate::Scope;
 
 /// A [`KeyStore`](super::KeyStore) on PostgreSQL. Times come from the database's clock

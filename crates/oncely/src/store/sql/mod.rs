@@ -22,9 +22,14 @@ use self::rows::CompletionColumns;
 pub(super) use self::rows::KeyRow;
 use super::{
     Claim, ClaimRequest, Clock, Completion, FencingToken, KeyStore, KeyTransaction, Record,
-    StoreError, millis,
+    StoreError,
 };
 use crate::Scope;
+
+/// A duration as the statements take it: whole milliseconds.
+pub(crate) fn millis(d: Duration) -> i64 {
+    i64::try_from(d.as_millis()).unwrap_or(i64::MAX)
+}
 
 /// The table that records which of this store's migrations ran (apart from other libraries').
 pub const MIGRATIONS_TABLE: &str = "_oncely_idempotency_migrations";
@@ -459,7 +464,7 @@ where
                 InsertOrRead::Raced => continue,
                 InsertOrRead::Found(row) => row.into_found()?,
             };
-            if !found.record.claimable_by(req.fingerprint, found.expired) {
+            if !found.claimable_by(req.fingerprint) {
                 return Ok(Claim::Existing(found.record));
             }
             // The guard is re-checked under the row lock: of two racing takeovers one wins.

@@ -24,6 +24,20 @@ pub(crate) struct Found {
     pub(crate) expired: bool,
 }
 
+impl Found {
+    /// Whether a claim with `fingerprint` may take this row over: its retention ended, or it is
+    /// in progress with an expired lease and the same request.
+    pub(crate) fn claimable_by(&self, fingerprint: &Fingerprint) -> bool {
+        self.expired
+            || (matches!(
+                self.record.state,
+                RecordState::InProgress {
+                    lease_active: false
+                }
+            ) && self.record.fingerprint == *fingerprint)
+    }
+}
+
 impl KeyRow {
     pub(crate) fn into_found(self) -> Result<Found, StoreError> {
         let fingerprint =

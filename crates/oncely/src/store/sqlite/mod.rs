@@ -17,8 +17,8 @@ use sqlx::migrate::Migrator;
 use sqlx::sqlite::{SqliteConnectOptions, SqliteQueryResult};
 use sqlx::{Sqlite, SqliteConnection, SqlitePool, Transaction};
 
-use super::sql::{ClaimArgs, Dialect, InsertOrRead, Queries, Statements, statements};
-use super::{Claim, ClaimRequest, Clock, SqlKeyStore, StoreError, millis};
+use super::sql::{ClaimArgs, Dialect, InsertOrRead, Queries, Statements, millis, statements};
+use super::{Claim, ClaimRequest, Clock, SqlKeyStore, StoreError};
 use crate::Scope;
 
 pub use super::sql::MIGRATIONS_TABLE;

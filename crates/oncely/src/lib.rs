@@ -77,4 +77,4 @@ pub use problem::Problem;
 pub use scope::{Scope, TenantId};
 
 /// The header that marks a replayed response (`Idempotent-Replayed: true`).
-pub use layer::service::IDEMPOTENT_REPLAYED;
+pub use layer::IDEMPOTENT_REPLAYED;

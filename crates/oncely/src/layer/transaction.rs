@@ -11,7 +11,7 @@ use http::request::Parts;
 use sqlx::{Database, Transaction};
 use tokio::sync::{MappedMutexGuard, Mutex, MutexGuard};
 
-use super::Outcome;
+use super::outcome::Answer;
 use crate::problem::ProblemType;
 use crate::store::{FencingToken, KeyTransaction};
 use crate::{DerivedKey, Problem};
@@ -22,10 +22,7 @@ pub(crate) struct Claimed<DB: Database> {
     pub(crate) tx: KeyTransaction<DB>,
 }
 
-/// What the layer answers when the key was not acquired (replay, 422, 409, 503).
-pub(crate) type Refusal = (Outcome, Response);
-
-type ClaimFuture<DB> = Pin<Box<dyn Future<Output = Result<Claimed<DB>, Refusal>> + Send>>;
+type ClaimFuture<DB> = Pin<Box<dyn Future<Output = Result<Claimed<DB>, Answer>> + Send>>;
 
 /// Opens the transaction and claims the key in it (with the bounded wait).
 pub(crate) type ClaimFn<DB> = Box<dyn Fn() -> ClaimFuture<DB> + Send + Sync>;
@@ -36,8 +33,9 @@ pub(crate) enum TxState<DB: Database> {
     Unclaimed,
     /// The key is claimed in this open transaction.
     Held(Claimed<DB>),
-    /// The claim did not acquire the key; this is what the layer answers instead.
-    Refused(Refusal),
+    /// The claim did not acquire the key; this is what the layer answers instead (replay, 422,
+    /// 409, 503).
+    Refused(Answer),
     /// The layer took the state back.
     Taken,
 }

@@ -842,7 +842,9 @@ async fn a_dead_owner_is_taken_over_and_its_token_can_no_longer_complete<S: Back
     store: S,
     _db: Db,
 ) {
-    use oncely::store::{Claim, ClaimRequest, Completion};
+    use oncely::store::{Claim, ClaimRequest, Completion, ManualClock};
+    let clock = ManualClock::starting_now();
+    let store = store.with_clock(clock.clone());
     let effects = Effects::default();
     let app = plain(store.clone(), effects.clone());
     let key = new_key();
@@ -856,7 +858,7 @@ async fn a_dead_owner_is_taken_over_and_its_token_can_no_longer_complete<S: Back
     let Claim::Acquired { token: dead, .. } = store.claim(&claim).await.unwrap() else {
         panic!("the key was free")
     };
-    tokio::time::sleep(Duration::from_millis(200)).await;
+    clock.advance(Duration::from_millis(200));
     let retry = send(&app, "/slow", Some(&key), "{}", &[]).await;
     assert_eq!(retry.outcome, Some(Outcome::Created), "{:?}", retry.json());
     let late = Completion::Tombstone {
@@ -1318,7 +1320,9 @@ async fn a_dead_owner_under_a_previous_secret_is_taken_over_with_its_derived_key
     store: S,
     _db: Db,
 ) {
-    use oncely::store::{Claim, ClaimRequest};
+    use oncely::store::{Claim, ClaimRequest, ManualClock};
+    let clock = ManualClock::starting_now();
+    let store = store.with_clock(clock.clone());
     let a = secret();
     let b = oncely::ServerSecret::new(b"the-next-secret-the-next-secret-!".to_vec()).unwrap();
     let key = new_key();
@@ -1332,7 +1336,7 @@ async fn a_dead_owner_under_a_previous_secret_is_taken_over_with_its_derived_key
     let Claim::Acquired { .. } = store.claim(&claim).await.unwrap() else {
         panic!("the key was free")
     };
-    tokio::time::sleep(Duration::from_millis(200)).await;
+    clock.advance(Duration::from_millis(200));
     let effects = Effects::default();
     let app = Router::new()
         .route("/payments", post(pay))

@@ -5,7 +5,8 @@ use std::time::Duration;
 use bytes::Bytes;
 use oncely::fingerprint::RequestTarget;
 use oncely::store::{
-    Claim, ClaimRequest, Completion, FencingToken, KeyStore, RecordState, StoredResponse, prune_all,
+    Claim, ClaimRequest, Completion, FencingToken, KeyStore, ManualClock, RecordState,
+    StoredResponse, prune_all,
 };
 use oncely::{Fingerprint, IdempotencyKey, Scope, TenantId};
 
@@ -39,6 +40,13 @@ fn response(body: &str) -> Completion {
         &headers,
         Bytes::from(body.to_owned()),
     ))
+}
+
+/// The store on a clock that stands still until the test advances it: a lease or a retention
+/// period passes at once, and never before the test says so.
+fn on_a_manual_clock<S: Backend>(store: S) -> (S, ManualClock) {
+    let clock = ManualClock::starting_now();
+    (store.with_clock(clock.clone()), clock)
 }
 
 fn acquired<T>(claim: Claim<T>) -> FencingToken {
@@ -161,10 +169,11 @@ async fn an_expired_lease_is_taken_over_and_the_old_owner_can_no_longer_complete
     store: S,
     _db: Db,
 ) {
+    let (store, clock) = on_a_manual_clock(store);
     let scope = scope(&new_key());
     let fp = fp("a");
     let old = acquired(store.claim(&req(&scope, &fp, 100)).await.unwrap());
-    tokio::time::sleep(Duration::from_millis(150)).await;
+    clock.advance(Duration::from_millis(150));
     let new = acquired(store.claim(&req(&scope, &fp, 10_000)).await.unwrap());
     assert_ne!(old, new);
     assert!(!store.complete(&scope, old, &response("old")).await.unwrap());
@@ -177,9 +186,10 @@ async fn an_expired_lease_is_taken_over_and_the_old_owner_can_no_longer_complete
 }
 
 async fn an_expired_lease_is_not_taken_over_by_a_different_request<S: Backend>(store: S, _db: Db) {
+    let (store, clock) = on_a_manual_clock(store);
     let scope = scope(&new_key());
     acquired(store.claim(&req(&scope, &fp("a"), 50)).await.unwrap());
-    tokio::time::sleep(Duration::from_millis(100)).await;
+    clock.advance(Duration::from_millis(100));
     match store.claim(&req(&scope, &fp("b"), 10_000)).await.unwrap() {
         Claim::Existing(record) => assert_eq!(record.fingerprint, fp("a")),
         other => panic!(
@@ -190,6 +200,7 @@ async fn an_expired_lease_is_not_taken_over_by_a_different_request<S: Backend>(s
 }
 
 async fn renewal_keeps_a_live_owner_and_is_fenced<S: Backend>(store: S, _db: Db) {
+    let (store, clock) = on_a_manual_clock(store);
     let scope = scope(&new_key());
     let fp = fp("a");
     let token = acquired(store.claim(&req(&scope, &fp, 300)).await.unwrap());
@@ -200,7 +211,7 @@ async fn renewal_keeps_a_live_owner_and_is_fenced<S: Backend>(store: S, _db: Db)
             .await
             .unwrap()
     );
-    tokio::time::sleep(Duration::from_millis(400)).await;
+    clock.advance(Duration::from_millis(400));
     match store.claim(&req(&scope, &fp, 10_000)).await.unwrap() {
         Claim::Existing(record) => {
             assert_eq!(record.state, RecordState::InProgress { lease_active: true });
@@ -233,7 +244,7 @@ async fn renewal_keeps_a_live_owner_and_is_fenced<S: Backend>(store: S, _db: Db)
     // A lapsed, taken-over owner cannot renew its way back.
     let scope = crate::support::scope(&new_key());
     let old = acquired(store.claim(&req(&scope, &fp, 50)).await.unwrap());
-    tokio::time::sleep(Duration::from_millis(100)).await;
+    clock.advance(Duration::from_millis(100));
     let new = acquired(store.claim(&req(&scope, &fp, 10_000)).await.unwrap());
     assert!(
         !store
@@ -260,13 +271,13 @@ async fn release_frees_the_key_only_for_its_owner<S: Backend>(store: S, _db: Db)
 }
 
 async fn lease_and_retention_are_separate<S: Backend>(store: S, _db: Db) {
+    let (store, clock) = on_a_manual_clock(store);
     let scope = scope(&new_key());
     let fp = fp("a");
     let claim = ClaimRequest {
         scope: &scope,
         fingerprint: &fp,
         lease: Duration::from_millis(50),
-        // Wide enough that "within retention" still holds on a loaded machine.
         retention: Duration::from_millis(2000),
     };
     let token = acquired(store.claim(&claim).await.unwrap());
@@ -275,18 +286,19 @@ async fn lease_and_retention_are_separate<S: Backend>(store: S, _db: Db) {
         .await
         .unwrap();
     // Past the lease, within retention: still replayed.
-    tokio::time::sleep(Duration::from_millis(100)).await;
+    clock.advance(Duration::from_millis(100));
     assert!(matches!(
         store.claim(&claim).await.unwrap(),
         Claim::Existing(_)
     ));
     // Past retention: gone from lookups, and a new request may use the key afresh.
-    tokio::time::sleep(Duration::from_millis(2000)).await;
+    clock.advance(Duration::from_millis(2000));
     assert!(store.get(&scope).await.unwrap().is_none());
     acquired(store.claim(&claim).await.unwrap());
 }
 
 async fn prune_deletes_only_expired_rows_in_bounded_batches<S: Backend>(store: S, _db: Db) {
+    let (store, clock) = on_a_manual_clock(store);
     let fp = fp("a");
     let mut keep = Vec::new();
     for i in 0..30 {
@@ -320,7 +332,7 @@ async fn prune_deletes_only_expired_rows_in_bounded_batches<S: Backend>(store: S
         retention: Duration::from_millis(1),
     };
     acquired(store.claim(&claim).await.unwrap());
-    tokio::time::sleep(Duration::from_millis(20)).await;
+    clock.advance(Duration::from_millis(20));
     assert_eq!(store.prune(10).await.unwrap(), 10);
     assert_eq!(store.prune(10).await.unwrap(), 10);
     assert_eq!(prune_all(&store, 10).await.unwrap(), 5);

@@ -161,6 +161,17 @@ impl Statements {
     }
 }
 
+/// What an owner of a key writes to its row, fenced by its token.
+#[derive(Clone, Copy)]
+pub enum FencedWrite<'a> {
+    /// Store the outcome (COMPLETE).
+    Complete(&'a Completion),
+    /// Extend the lease (RENEW).
+    Renew(Duration),
+    /// Free the key (RELEASE).
+    Release,
+}
+
 /// What the claim statement found.
 pub enum InsertOrRead {
     /// The key was free: this claim's row is in.
@@ -277,8 +288,9 @@ impl<DB: Dialect + Queries> KeyStore for SqlKeyStore<DB> {
         token: FencingToken,
         completion: &Completion,
     ) -> Result<bool, StoreError> {
+        let write = FencedWrite::Complete(completion);
         let mut conn = self.pool.acquire().await?;
-        DB::complete_on(&mut conn, scope, token, completion, &self.clock).await
+        DB::fenced_write(&mut conn, scope, token, write, &self.clock).await
     }
 
     async fn renew(
@@ -287,13 +299,14 @@ impl<DB: Dialect + Queries> KeyStore for SqlKeyStore<DB> {
         token: FencingToken,
         lease: Duration,
     ) -> Result<bool, StoreError> {
+        let write = FencedWrite::Renew(lease);
         let mut conn = self.pool.acquire().await?;
-        DB::renew_on(&mut conn, scope, token, lease, &self.clock).await
+        DB::fenced_write(&mut conn, scope, token, write, &self.clock).await
     }
 
     async fn release(&self, scope: &Scope, token: FencingToken) -> Result<bool, StoreError> {
         let mut conn = self.pool.acquire().await?;
-        DB::release_on(&mut conn, scope, token).await
+        DB::fenced_write(&mut conn, scope, token, FencedWrite::Release, &self.clock).await
     }
 
     async fn get(&self, scope: &Scope) -> Result<Option<Record>, StoreError> {
@@ -336,7 +349,8 @@ impl<DB: Dialect + Queries> KeyStore for SqlKeyStore<DB> {
         token: FencingToken,
         completion: &Completion,
     ) -> Result<bool, StoreError> {
-        DB::complete_on(tx, scope, token, completion, &self.clock).await
+        let write = FencedWrite::Complete(completion);
+        DB::fenced_write(tx, scope, token, write, &self.clock).await
     }
 }
 
@@ -375,29 +389,14 @@ pub trait Queries: Dialect {
         now: Self::Now,
     ) -> impl Future<Output = Result<Option<KeyRow>, StoreError>> + Send;
 
-    /// Stores the outcome of the claim `token` (COMPLETE).
-    fn complete_on(
+    /// A write to the key's row by the claim `token` (COMPLETE, RENEW or RELEASE); whether the
+    /// claim still owned the key.
+    fn fenced_write(
         conn: &mut Self::Connection,
         scope: &Scope,
         token: FencingToken,
-        completion: &Completion,
+        write: FencedWrite<'_>,
         clock: &Clock,
-    ) -> impl Future<Output = Result<bool, StoreError>> + Send;
-
-    /// Extends the lease of the claim `token` (RENEW).
-    fn renew_on(
-        conn: &mut Self::Connection,
-        scope: &Scope,
-        token: FencingToken,
-        lease: Duration,
-        clock: &Clock,
-    ) -> impl Future<Output = Result<bool, StoreError>> + Send;
-
-    /// Frees the key of the claim `token` (RELEASE).
-    fn release_on(
-        conn: &mut Self::Connection,
-        scope: &Scope,
-        token: FencingToken,
     ) -> impl Future<Output = Result<bool, StoreError>> + Send;
 
     /// Deletes up to `limit` expired rows (PRUNE).
@@ -512,53 +511,34 @@ where
         Ok(row)
     }
 
-    async fn complete_on(
+    async fn fenced_write(
         conn: &mut DB::Connection,
         scope: &Scope,
         token: FencingToken,
-        completion: &Completion,
+        write: FencedWrite<'_>,
         clock: &Clock,
     ) -> Result<bool, StoreError> {
-        let c = CompletionColumns::from(completion);
-        let done = scoped(DB::STATEMENTS.complete, scope)
-            .bind(token.0)
-            .bind(c.state)
-            .bind(c.status)
-            .bind(c.headers)
-            .bind(c.body)
-            .bind(c.reason)
-            .bind(DB::now(clock))
-            .execute(conn)
-            .await?;
+        let statements = &DB::STATEMENTS;
+        let query = match write {
+            FencedWrite::Complete(completion) => {
+                let c = CompletionColumns::from(completion);
+                scoped(statements.complete, scope)
+                    .bind(token.0)
+                    .bind(c.state)
+                    .bind(c.status)
+                    .bind(c.headers)
+                    .bind(c.body)
+                    .bind(c.reason)
+                    .bind(DB::now(clock))
+            }
+            FencedWrite::Renew(lease) => scoped(statements.renew, scope)
+                .bind(token.0)
+                .bind(millis(lease))
+                .bind(DB::now(clock)),
+            FencedWrite::Release => scoped(statements.release, scope).bind(token.0),
+        };
+        let done = query.execute(conn).await?;
         Ok(DB::rows_affected(&done) == 1)
-    }
-
-    async fn renew_on(
-        conn: &mut DB::Connection,
-        scope: &Scope,
-        token: FencingToken,
-        lease: Duration,
-        clock: &Clock,
-    ) -> Result<bool, StoreError> {
-        let done = scoped(DB::STATEMENTS.renew, scope)
-            .bind(token.0)
-            .bind(millis(lease))
-            .bind(DB::now(clock))
-            .execute(conn)
-            .await?;
-        Ok(DB::rows_affected(&done) == 1)
-    }
-
-    fn release_on(
-        conn: &mut DB::Connection,
-        scope: &Scope,
-        token: FencingToken,
-    ) -> impl Future<Output = Result<bool, StoreError>> + Send {
-        let query = scoped(DB::STATEMENTS.release, scope).bind(token.0);
-        async move {
-            let done = query.execute(conn).await?;
-            Ok(DB::rows_affected(&done) == 1)
-        }
     }
 
     async fn prune_on(

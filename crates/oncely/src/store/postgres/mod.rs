@@ -91,7 +91,7 @@ impl Dialect for Postgres {
         conn: &mut PgConnection,
         args: &ClaimArgs<'_, Self>,
     ) -> Result<InsertOrRead, StoreError> {
-        let row = Self::claim_query(Self::STATEMENTS.claim(), args)
+        let row = Self::claim_query(Self::STATEMENTS.claim, args)
             .try_map(|row| ClaimRow::from_row(&row))
             .fetch_optional(conn)
             .await?;

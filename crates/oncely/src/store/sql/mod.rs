@@ -114,52 +114,31 @@ impl<DB: Dialect> fmt::Debug for SqlKeyStore<DB> {
 /// The scope is (tenant, method, route, key), bound by one helper.
 #[derive(Debug)]
 pub struct Statements {
-    claim: &'static str,
-    takeover: &'static str,
-    select: &'static str,
-    complete: &'static str,
-    renew: &'static str,
-    release: &'static str,
-    prune: &'static str,
+    pub(in crate::store) claim: &'static str,
+    pub(in crate::store) takeover: &'static str,
+    pub(in crate::store) select: &'static str,
+    pub(in crate::store) complete: &'static str,
+    pub(in crate::store) renew: &'static str,
+    pub(in crate::store) release: &'static str,
+    pub(in crate::store) prune: &'static str,
 }
 
-/// A dialect's [`Statements`], from the constants of its `sql` module.
+/// A dialect's [`Statements`], from the constants of its `sql` module (each dialect names them
+/// the same).
 macro_rules! statements {
     ($sql:ident) => {
-        $crate::store::sql::Statements::new([
-            $sql::CLAIM,
-            $sql::TAKEOVER,
-            $sql::SELECT,
-            $sql::COMPLETE,
-            $sql::RENEW,
-            $sql::RELEASE,
-            $sql::PRUNE,
-        ])
+        $crate::store::sql::Statements {
+            claim: $sql::CLAIM,
+            takeover: $sql::TAKEOVER,
+            select: $sql::SELECT,
+            complete: $sql::COMPLETE,
+            renew: $sql::RENEW,
+            release: $sql::RELEASE,
+            prune: $sql::PRUNE,
+        }
     };
 }
 pub(crate) use statements;
-
-impl Statements {
-    /// CLAIM, TAKEOVER, SELECT, COMPLETE, RENEW, RELEASE, PRUNE.
-    pub const fn new(
-        [claim, takeover, select, complete, renew, release, prune]: [&'static str; 7],
-    ) -> Self {
-        Self {
-            claim,
-            takeover,
-            select,
-            complete,
-            renew,
-            release,
-            prune,
-        }
-    }
-
-    /// The claim statement (the dialect's [`Dialect::insert_or_read`] runs it).
-    pub fn claim(&self) -> &'static str {
-        self.claim
-    }
-}
 
 /// What an owner of a key writes to its row, fenced by its token.
 #[derive(Clone, Copy)]

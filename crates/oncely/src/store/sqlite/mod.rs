@@ -151,7 +151,7 @@ impl Dialect for Sqlite {
         conn: &mut SqliteConnection,
         args: &ClaimArgs<'_, Self>,
     ) -> Result<InsertOrRead, StoreError> {
-        if Self::execute_claim(conn, Self::STATEMENTS.claim(), args).await? {
+        if Self::execute_claim(conn, Self::STATEMENTS.claim, args).await? {
             return Ok(InsertOrRead::Inserted);
         }
         let row = Self::select(conn, args.scope(), args.now()).await?;

@@ -55,10 +55,12 @@
 //! - [`scope`]: who a key belongs to ([`TenantId`], [`Scope`]).
 //! - [`fingerprint`]: request fingerprints, exact canonical JSON ([`CanonicalJson`]), the server
 //!   secret and its rotation, keys derived for downstream calls.
-//! - [`store`]: the [`KeyStore`](store::KeyStore) trait and its PostgreSQL and SQLite
-//!   implementations, each with its own migrations.
+//! - [`store`]: the [`KeyStore`](store::KeyStore) trait, and its implementation on PostgreSQL
+//!   and SQLite (features `postgres` and `sqlite`, both default), each dialect with its own
+//!   statements and migrations; the store's clock.
 //! - [`layer`]: the tower layer, in *generic* and *transactional* mode, and the outcomes it logs.
-//! - [`problem`]: RFC 9457 problem responses.
+//! - [`problem`]: RFC 9457 problem responses, and every problem type the layer answers with
+//!   ([`ProblemType`](problem::ProblemType)).
 
 #![deny(unsafe_code)]
 #![warn(missing_docs, unreachable_pub)]
@@ -77,4 +79,4 @@ pub use problem::Problem;
 pub use scope::{Scope, TenantId};
 
 /// The header that marks a replayed response (`Idempotent-Replayed: true`).
-pub use layer::service::IDEMPOTENT_REPLAYED;
+pub use layer::IDEMPOTENT_REPLAYED;

@@ -13,7 +13,7 @@ use crate::IdempotencyKey;
 /// assert_eq!(TenantId::parse("acme").unwrap().as_str(), "acme");
 /// assert!(TenantId::parse("a b").is_err());
 /// ```
-#[derive(Clone, PartialEq, Eq, Hash)]
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
 pub struct TenantId(String);
 
 /// A tenant name that [`TenantId::parse`] refused.
@@ -51,12 +51,6 @@ impl Default for TenantId {
 impl fmt::Display for TenantId {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.write_str(&self.0)
-    }
-}
-
-impl fmt::Debug for TenantId {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "TenantId({:?})", self.0)
     }
 }
 

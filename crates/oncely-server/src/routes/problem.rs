@@ -7,11 +7,7 @@ use axum::http::StatusCode;
 use oncely::Problem;
 
 /// The layer's problem types, joined to the server's in [`all`].
-//
-// MERGE (issue 13): once `oncely::problem::ProblemType` exists, this is the one line to
-// switch — `pub use oncely::problem::ProblemType as LayerProblem;` — and the stand-in module
-// below goes.
-pub use layer_stand_in::LayerProblem;
+pub use oncely::problem::ProblemType as LayerProblem;
 
 /// The problem types the server's routes answer with, beyond the layer's.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -136,112 +132,4 @@ impl From<ServerProblem> for ListedProblem {
 pub fn all() -> impl Iterator<Item = ListedProblem> {
     let layer = LayerProblem::ALL.iter().map(|&p| ListedProblem::from(p));
     layer.chain(ServerProblem::ALL.iter().map(|&p| ListedProblem::from(p)))
-}
-
-/// A stand-in for `oncely::problem::ProblemType` (same shape: `ALL`, `slug`, `status`,
-/// `title`) until the layer's list lands in `oncely`; it goes then (see [`LayerProblem`]).
-mod layer_stand_in {
-    use axum::http::StatusCode;
-
-    /// The problem types the idempotency layer answers with.
-    #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-    pub enum LayerProblem {
-        /// No `Idempotency-Key` header.
-        IdempotencyKeyMissing,
-        /// The key is empty, too long, not visible ASCII, or sent twice.
-        IdempotencyKeyInvalid,
-        /// The key was used for a different request.
-        IdempotencyKeyReused,
-        /// A request with the key is still running.
-        IdempotencyKeyInUse,
-        /// The request ran but its response was too large to store.
-        IdempotencyKeyUnreplayable,
-        /// The body is over the limit.
-        RequestTooLarge,
-        /// The body could not be read.
-        RequestBodyUnreadable,
-        /// The key store failed; nothing ran.
-        StorageUnavailable,
-        /// The database was busy (SQLite's write lock); nothing ran.
-        StorageBusy,
-        /// The request ran past its lease and was rolled back.
-        RequestTimeout,
-        /// The commit's outcome is unknown.
-        CommitFailed,
-        /// An unexpected failure; nothing was stored.
-        InternalError,
-    }
-
-    impl LayerProblem {
-        /// Every one, in the order documents list them.
-        pub const ALL: &[Self] = &[
-            Self::IdempotencyKeyMissing,
-            Self::IdempotencyKeyInvalid,
-            Self::IdempotencyKeyReused,
-            Self::IdempotencyKeyInUse,
-            Self::IdempotencyKeyUnreplayable,
-            Self::RequestTooLarge,
-            Self::RequestBodyUnreadable,
-            Self::StorageUnavailable,
-            Self::StorageBusy,
-            Self::RequestTimeout,
-            Self::CommitFailed,
-            Self::InternalError,
-        ];
-
-        /// The last segment of its `type` URI.
-        pub const fn slug(self) -> &'static str {
-            match self {
-                Self::IdempotencyKeyMissing => "idempotency-key-missing",
-                Self::IdempotencyKeyInvalid => "idempotency-key-invalid",
-                Self::IdempotencyKeyReused => "idempotency-key-reused",
-                Self::IdempotencyKeyInUse => "idempotency-key-in-use",
-                Self::IdempotencyKeyUnreplayable => "idempotency-key-unreplayable",
-                Self::RequestTooLarge => "request-too-large",
-                Self::RequestBodyUnreadable => "request-body-unreadable",
-                Self::StorageUnavailable => "storage-unavailable",
-                Self::StorageBusy => "storage-busy",
-                Self::RequestTimeout => "request-timeout",
-                Self::CommitFailed => "commit-failed",
-                Self::InternalError => "internal-error",
-            }
-        }
-
-        /// Its HTTP status.
-        pub const fn status(self) -> StatusCode {
-            match self {
-                Self::IdempotencyKeyMissing
-                | Self::IdempotencyKeyInvalid
-                | Self::RequestBodyUnreadable => StatusCode::BAD_REQUEST,
-                Self::IdempotencyKeyReused | Self::IdempotencyKeyUnreplayable => {
-                    StatusCode::UNPROCESSABLE_ENTITY
-                }
-                Self::IdempotencyKeyInUse => StatusCode::CONFLICT,
-                Self::RequestTooLarge => StatusCode::PAYLOAD_TOO_LARGE,
-                Self::StorageUnavailable
-                | Self::StorageBusy
-                | Self::RequestTimeout
-                | Self::CommitFailed => StatusCode::SERVICE_UNAVAILABLE,
-                Self::InternalError => StatusCode::INTERNAL_SERVER_ERROR,
-            }
-        }
-
-        /// Its title.
-        pub const fn title(self) -> &'static str {
-            match self {
-                Self::IdempotencyKeyMissing => "Idempotency-Key required",
-                Self::IdempotencyKeyInvalid => "Idempotency-Key invalid",
-                Self::IdempotencyKeyReused => "Idempotency-Key reused",
-                Self::IdempotencyKeyInUse => "Request in progress",
-                Self::IdempotencyKeyUnreplayable => "The result of this request cannot be replayed",
-                Self::RequestTooLarge => "Request body too large",
-                Self::RequestBodyUnreadable => "Request body unreadable",
-                Self::StorageUnavailable => "Service unavailable",
-                Self::StorageBusy => "Service busy",
-                Self::RequestTimeout => "Request took too long",
-                Self::CommitFailed => "Outcome unknown",
-                Self::InternalError => "Internal error",
-            }
-        }
-    }
 }

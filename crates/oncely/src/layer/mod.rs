@@ -40,16 +40,21 @@
 //! The work after the key is claimed runs in its own task: a client that disconnects cannot
 //! cancel a request half-way between its effect and the stored result.
 
-pub(crate) mod service;
+mod contract;
+mod handler;
+mod outcome;
+mod problems;
+mod service;
 mod transaction;
 
-use std::fmt;
 use std::sync::Arc;
 use std::time::Duration;
 
 use tower::Layer;
 
-pub use service::{IdempotencyService, UNMATCHED_ROUTE};
+pub use contract::{IDEMPOTENT_REPLAYED, UNMATCHED_ROUTE};
+pub use outcome::Outcome;
+pub use service::{IdempotencyService, ResponseFuture};
 pub use transaction::{IdempotentTx, TxAborted, TxGuard};
 
 use crate::ServerSecret;
@@ -65,47 +70,6 @@ pub enum Mode {
     Transactional,
 }
 
-/// What happened to one request, as logged and counted.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-pub enum Outcome {
-    /// First request: the handler ran and its result was stored.
-    Created,
-    /// A stored result was returned; the handler did not run.
-    Replayed,
-    /// Another request with this key was still running: 409.
-    InProgress,
-    /// Same key, different request: 422.
-    Mismatch,
-    /// Missing or malformed key, or an unreadable or oversized request body: 400/413.
-    Invalid,
-    /// The handler ran but failed (5xx) or rejected the request before any effect
-    /// (400/401/403/408/409/413/415/429): nothing stored, the key is free again.
-    Released,
-    /// The key store failed: 503, nothing stored.
-    Error,
-}
-
-impl Outcome {
-    /// The label used in logs and metrics.
-    pub fn as_str(self) -> &'static str {
-        match self {
-            Self::Created => "created",
-            Self::Replayed => "replayed",
-            Self::InProgress => "in_progress",
-            Self::Mismatch => "mismatch",
-            Self::Invalid => "invalid",
-            Self::Released => "released",
-            Self::Error => "error",
-        }
-    }
-}
-
-impl fmt::Display for Outcome {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(self.as_str())
-    }
-}
-
 /// The layer's settings; see the builder methods of [`IdempotencyLayer`] for each default.
 #[derive(Clone)]
 pub(crate) struct Config {
@@ -118,7 +82,6 @@ pub(crate) struct Config {
     pub(crate) max_request_body: usize,
     pub(crate) max_stored_body: usize,
     pub(crate) normalizer: Option<JsonNormalizer>,
-    pub(crate) held: transaction::HeldScopes,
 }
 
 /// The Idempotency-Key layer. Build it with [`generic`](Self::generic) or
@@ -153,7 +116,6 @@ impl<K: KeyStore> IdempotencyLayer<K> {
                 max_request_body: 1024 * 1024,
                 max_stored_body: 256 * 1024,
                 normalizer: None,
-                held: Default::default(),
             }),
         }
     }

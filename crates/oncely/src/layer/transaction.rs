@@ -1,6 +1,5 @@
 //! The transaction a transactional layer hands to its handler.
 
-use std::collections::HashMap;
 use std::future::Future;
 use std::ops::{Deref, DerefMut};
 use std::pin::Pin;
@@ -8,72 +7,22 @@ use std::sync::Arc;
 
 use axum::extract::FromRequestParts;
 use axum::response::{IntoResponse, Response};
-use http::StatusCode;
 use http::request::Parts;
 use sqlx::{Database, Transaction};
 use tokio::sync::{MappedMutexGuard, Mutex, MutexGuard};
 
-use super::Outcome;
-use crate::store::FencingToken;
-use crate::{DerivedKey, Problem, Scope};
+use super::outcome::Answer;
+use crate::problem::ProblemType;
+use crate::store::{FencingToken, KeyTransaction};
+use crate::{DerivedKey, Problem};
 
-/// A claim made in a transaction: its fencing token, the open transaction, and its entry among
-/// the scopes this process holds in open transactions.
+/// A claim made in a transaction: its fencing token and the open transaction.
 pub(crate) struct Claimed<DB: Database> {
     pub(crate) token: FencingToken,
-    pub(crate) tx: Transaction<'static, DB>,
-    pub(crate) held: HeldScope,
+    pub(crate) tx: KeyTransaction<DB>,
 }
 
-/// The scopes this process holds in open transactional claims. SQLite's write lock is one for
-/// the whole database, so a claim that finds it busy cannot tell from the database whether a
-/// request with the same key holds it (409) or any other writer does (503); this process can,
-/// since one process owns a SQLite file.
-#[derive(Clone, Default)]
-pub(crate) struct HeldScopes(Arc<std::sync::Mutex<HashMap<Scope, usize>>>);
-
-impl HeldScopes {
-    pub(crate) fn hold(&self, scope: &Scope) -> HeldScope {
-        *self.lock().entry(scope.clone()).or_default() += 1;
-        HeldScope {
-            scopes: self.clone(),
-            scope: scope.clone(),
-        }
-    }
-
-    pub(crate) fn is_held(&self, scope: &Scope) -> bool {
-        self.lock().contains_key(scope)
-    }
-
-    fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<Scope, usize>> {
-        self.0
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner)
-    }
-}
-
-/// One entry of [`HeldScopes`]; dropped with the transaction (commit or rollback).
-pub(crate) struct HeldScope {
-    scopes: HeldScopes,
-    scope: Scope,
-}
-
-impl Drop for HeldScope {
-    fn drop(&mut self) {
-        let mut map = self.scopes.lock();
-        if let Some(n) = map.get_mut(&self.scope) {
-            *n -= 1;
-            if *n == 0 {
-                map.remove(&self.scope);
-            }
-        }
-    }
-}
-
-/// What the layer answers when the key was not acquired (replay, 422, 409, 503).
-pub(crate) type Refusal = (Outcome, Response);
-
-type ClaimFuture<DB> = Pin<Box<dyn Future<Output = Result<Claimed<DB>, Refusal>> + Send>>;
+type ClaimFuture<DB> = Pin<Box<dyn Future<Output = Result<Claimed<DB>, Answer>> + Send>>;
 
 /// Opens the transaction and claims the key in it (with the bounded wait).
 pub(crate) type ClaimFn<DB> = Box<dyn Fn() -> ClaimFuture<DB> + Send + Sync>;
@@ -84,8 +33,9 @@ pub(crate) enum TxState<DB: Database> {
     Unclaimed,
     /// The key is claimed in this open transaction.
     Held(Claimed<DB>),
-    /// The claim did not acquire the key; this is what the layer answers instead.
-    Refused(Refusal),
+    /// The claim did not acquire the key; this is what the layer answers instead (replay, 422,
+    /// 409, 503).
+    Refused(Answer),
     /// The layer took the state back.
     Taken,
 }
@@ -144,12 +94,9 @@ pub struct TxAborted;
 /// state instead); it is a 409 in case a handler's answer is used elsewhere.
 impl From<TxAborted> for Problem {
     fn from(_: TxAborted) -> Self {
-        Problem::new(
-            StatusCode::CONFLICT,
-            "idempotency-key-in-use",
-            "Idempotency-Key not acquired",
-        )
-        .with_detail("the key was not acquired; the idempotency layer answers this request from the key's state")
+        ProblemType::KeyInUse
+            .problem()
+            .with_detail("the key was not acquired; the idempotency layer answers this request from the key's state")
         .with_retry_after(1)
     }
 }
@@ -183,7 +130,7 @@ impl<DB: Database> IdempotentTx<DB> {
             };
         }
         MutexGuard::try_map(state, |state| match state {
-            TxState::Held(claimed) => Some(&mut claimed.tx),
+            TxState::Held(claimed) => Some(&mut *claimed.tx),
             _ => None,
         })
         .map(TxGuard)
@@ -224,12 +171,9 @@ impl<DB: Database, S: Send + Sync> FromRequestParts<S> for IdempotentTx<DB> {
 
     async fn from_request_parts(parts: &mut Parts, _state: &S) -> Result<Self, Self::Rejection> {
         parts.extensions.get::<Self>().cloned().ok_or_else(|| {
-            Problem::new(
-                StatusCode::INTERNAL_SERVER_ERROR,
-                "internal-error",
-                "Server misconfigured",
-            )
-            .with_detail("this route is not behind a transactional IdempotencyLayer")
+            ProblemType::InternalError
+                .problem()
+                .with_detail("this route is not behind a transactional IdempotencyLayer")
         })
     }
 }

@@ -1,8 +1,11 @@
-//! Durable key stores: one trait, a PostgreSQL and a SQLite implementation.
+//! Durable key stores: one trait, one implementation on SQL databases, two dialects.
 //!
-//! The trait speaks in scopes, fingerprints and stored responses; HTTP lives in
-//! [`crate::layer`]. Both implementations pass the same conformance suite
-//! (`tests/it/store_conformance.rs`).
+//! The trait ([`KeyStore`]) speaks in scopes, fingerprints and stored responses; HTTP lives in
+//! [`crate::layer`]. `SqlKeyStore<DB>` implements it once, for PostgreSQL (`postgres::PgKeyStore`,
+//! feature `postgres`) and SQLite (`sqlite::SqliteKeyStore`, feature `sqlite`); each dialect
+//! keeps its own statements (`store/<dialect>/sql.rs`) and migrations. Both pass the same
+//! conformance suite (`tests/it/store_conformance.rs`). Times come from the store's [`Clock`]:
+//! the real one by default, a [`ManualClock`] in tests.
 //!
 //! A key row moves through these states:
 //!
@@ -15,7 +18,9 @@
 //!      └───────────────┘       complete(token, too large) ─► tombstoned ─► pruned
 //! ```
 
+use std::fmt;
 use std::future::Future;
+use std::ops::{Deref, DerefMut};
 use std::time::Duration;
 
 use bytes::Bytes;
@@ -23,8 +28,17 @@ use uuid::Uuid;
 
 use crate::{Fingerprint, Scope};
 
+mod clock;
+#[cfg(feature = "postgres")]
 pub mod postgres;
+#[cfg(any(feature = "postgres", feature = "sqlite"))]
+mod sql;
+#[cfg(feature = "sqlite")]
 pub mod sqlite;
+
+pub use clock::{Clock, ManualClock};
+#[cfg(any(feature = "postgres", feature = "sqlite"))]
+pub use sql::{Dialect, SqlKeyStore};
 
 /// The response headers a stored result keeps and replays. Everything else (`Set-Cookie`,
 /// `Authorization`, anything secret) is dropped before storage.
@@ -89,23 +103,6 @@ impl StoredResponse {
             body,
         }
     }
-
-    pub(crate) fn headers_json(&self) -> String {
-        serde_json::to_string(&self.headers).expect("headers always serialize")
-    }
-
-    pub(crate) fn from_columns(
-        status: i64,
-        headers: &str,
-        body: Vec<u8>,
-    ) -> Result<Self, StoreError> {
-        Ok(Self {
-            status: u16::try_from(status).map_err(|_| StoreError::Corrupt("response status"))?,
-            headers: serde_json::from_str(headers)
-                .map_err(|_| StoreError::Corrupt("response headers"))?,
-            body: Bytes::from(body),
-        })
-    }
 }
 
 /// How a claimed key ends when its request has run.
@@ -128,20 +125,6 @@ pub struct Record {
     pub fingerprint: Fingerprint,
     /// Where it stands.
     pub state: RecordState,
-}
-
-impl Record {
-    /// Whether a claim with `fingerprint` may take this row over: its retention ended
-    /// (`expired`), or it is in progress with an expired lease and the same request.
-    pub(crate) fn claimable_by(&self, fingerprint: &Fingerprint, expired: bool) -> bool {
-        expired
-            || (matches!(
-                self.state,
-                RecordState::InProgress {
-                    lease_active: false
-                }
-            ) && self.fingerprint == *fingerprint)
-    }
 }
 
 /// The state of a [`Record`].
@@ -174,9 +157,73 @@ pub enum Claim<T = ()> {
     /// Someone else's row: in progress, completed or tombstoned; the caller compares fingerprints.
     Existing(Record),
     /// Transactional claims only: the bounded wait for a concurrent owner *of this key* ran out
-    /// (PostgreSQL: the key's row stayed locked). A database that is busy as a whole (SQLite's
-    /// write lock) is [`StoreError::Busy`] instead.
+    /// (PostgreSQL: the key's row stayed locked; SQLite: the write lock stayed busy while a
+    /// transaction of this store held the key). A database that is busy as a whole (SQLite's
+    /// write lock, held by another writer) is [`StoreError::Busy`] instead.
     Busy,
+}
+
+/// The open transaction of a transactional claim: write the business rows through it (it
+/// dereferences to [`sqlx::Transaction`], and so to the connection), store the outcome in it
+/// with [`KeyStore::complete_in_transaction`], then [`commit`](Self::commit). Dropping it rolls
+/// back, which frees the key.
+pub struct KeyTransaction<DB: sqlx::Database> {
+    tx: sqlx::Transaction<'static, DB>,
+    /// Ends with the transaction: what the store remembers of it while it is open (SQLite: the
+    /// key's scope, see [`Claim::Busy`]).
+    hold: Option<Box<dyn Send>>,
+}
+
+impl<DB: sqlx::Database> KeyTransaction<DB> {
+    /// Wraps a transaction in which a key was claimed.
+    pub fn new(tx: sqlx::Transaction<'static, DB>) -> Self {
+        Self { tx, hold: None }
+    }
+
+    /// Wraps a transaction and something the store keeps until the transaction ends.
+    #[cfg(any(feature = "postgres", feature = "sqlite"))]
+    pub(crate) fn holding(tx: sqlx::Transaction<'static, DB>, hold: impl Send + 'static) -> Self {
+        Self {
+            tx,
+            hold: Some(Box::new(hold)),
+        }
+    }
+
+    /// Commits the business rows and the stored outcome together.
+    pub async fn commit(self) -> Result<(), sqlx::Error> {
+        let Self { tx, hold } = self;
+        let committed = tx.commit().await;
+        drop(hold);
+        committed
+    }
+
+    /// Rolls back: nothing is stored, and the key is free again.
+    pub async fn rollback(self) -> Result<(), sqlx::Error> {
+        let Self { tx, hold } = self;
+        let rolled_back = tx.rollback().await;
+        drop(hold);
+        rolled_back
+    }
+}
+
+impl<DB: sqlx::Database> Deref for KeyTransaction<DB> {
+    type Target = sqlx::Transaction<'static, DB>;
+
+    fn deref(&self) -> &Self::Target {
+        &self.tx
+    }
+}
+
+impl<DB: sqlx::Database> DerefMut for KeyTransaction<DB> {
+    fn deref_mut(&mut self) -> &mut Self::Target {
+        &mut self.tx
+    }
+}
+
+impl<DB: sqlx::Database> fmt::Debug for KeyTransaction<DB> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("KeyTransaction").finish_non_exhaustive()
+    }
 }
 
 /// A store failure.
@@ -229,8 +276,8 @@ pub trait KeyStore: Clone + Send + Sync + 'static {
         completion: &Completion,
     ) -> impl Future<Output = Result<bool, StoreError>> + Send;
 
-    /// Extends the lease of the claim `token` to `lease` from now (the database's clock on
-    /// PostgreSQL). Fenced: `false` unless the key is still in progress under that token, so an
+    /// Extends the lease of the claim `token` to `lease` from now (the store's [`Clock`]).
+    /// Fenced: `false` unless the key is still in progress under that token, so an
     /// owner that was taken over learns it has lost the key. A live owner renews periodically,
     /// so only a dead owner's key is ever taken over.
     fn renew(
@@ -263,7 +310,7 @@ pub trait KeyStore: Clone + Send + Sync + 'static {
         &self,
         req: &ClaimRequest<'_>,
         wait: Duration,
-    ) -> impl Future<Output = Result<Claim<sqlx::Transaction<'static, Self::Database>>, StoreError>> + Send;
+    ) -> impl Future<Output = Result<Claim<KeyTransaction<Self::Database>>, StoreError>> + Send;
 
     /// Stores the outcome inside the claiming transaction; the caller commits.
     fn complete_in_transaction(
@@ -286,64 +333,4 @@ pub async fn prune_all<S: KeyStore>(store: &S, batch: u32) -> Result<u64, StoreE
         }
         tokio::task::yield_now().await;
     }
-}
-
-pub(crate) fn millis(d: Duration) -> i64 {
-    i64::try_from(d.as_millis()).unwrap_or(i64::MAX)
-}
-
-/// A [`Completion`] as the columns both stores write.
-pub(crate) struct CompletionColumns<'a> {
-    pub(crate) state: &'static str,
-    pub(crate) status: Option<i64>,
-    pub(crate) headers: Option<String>,
-    pub(crate) body: Option<Vec<u8>>,
-    pub(crate) reason: Option<&'a str>,
-}
-
-impl Completion {
-    pub(crate) fn columns(&self) -> CompletionColumns<'_> {
-        match self {
-            Completion::Response(r) => CompletionColumns {
-                state: "completed",
-                status: Some(i64::from(r.status)),
-                headers: Some(r.headers_json()),
-                body: Some(r.body.to_vec()),
-                reason: None,
-            },
-            Completion::Tombstone { reason } => CompletionColumns {
-                state: "tombstoned",
-                status: None,
-                headers: None,
-                body: None,
-                reason: Some(reason.as_str()),
-            },
-        }
-    }
-}
-
-pub(crate) fn record_from_columns(
-    fingerprint: &[u8],
-    state: &str,
-    lease_active: bool,
-    status: Option<i64>,
-    headers: Option<String>,
-    body: Option<Vec<u8>>,
-    reason: Option<String>,
-) -> Result<Record, StoreError> {
-    let fingerprint =
-        Fingerprint::from_bytes(fingerprint).ok_or(StoreError::Corrupt("fingerprint"))?;
-    let state = match state {
-        "in_progress" => RecordState::InProgress { lease_active },
-        "completed" => RecordState::Completed(StoredResponse::from_columns(
-            status.ok_or(StoreError::Corrupt("response status"))?,
-            headers.as_deref().unwrap_or("[]"),
-            body.unwrap_or_default(),
-        )?),
-        "tombstoned" => RecordState::Tombstoned {
-            reason: reason.unwrap_or_default(),
-        },
-        _ => return Err(StoreError::Corrupt("state")),
-    };
-    Ok(Record { fingerprint, state })
 }

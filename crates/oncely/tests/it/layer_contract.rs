@@ -152,6 +152,12 @@ fn plain<S: Backend>(store: S, effects: Effects) -> Router {
     app(store, effects, |l| l)
 }
 
+/// The app with the default layers, and the count of its handlers' effects.
+fn counted<S: Backend>(store: S) -> (Router, Effects) {
+    let effects = Effects::default();
+    (plain(store, effects.clone()), effects)
+}
+
 struct Answer {
     status: StatusCode,
     headers: HeaderMap,
@@ -169,6 +175,16 @@ impl Answer {
         self.headers
             .get("idempotent-replayed")
             .is_some_and(|v| v == "true")
+    }
+    /// Asserts that the answer is a problem with this status and type
+    /// (`https://oncely.dev/problems/<slug>`).
+    #[track_caller]
+    fn assert_problem(&self, status: StatusCode, slug: &str) {
+        assert_eq!(self.status, status, "{:?}", self.json());
+        assert_eq!(
+            self.problem_type(),
+            format!("https://oncely.dev/problems/{slug}")
+        );
     }
     fn problem_type(&self) -> String {
         assert_eq!(
@@ -277,8 +293,7 @@ async fn fifty_concurrent_identical_requests_run_the_generic_handler_once<S: Bac
     store: S,
     _db: Db,
 ) {
-    let effects = Effects::default();
-    let app = plain(store, effects.clone());
+    let (app, effects) = counted(store);
     let key = quoted(&new_key());
     let answers = futures_join(50, |_| {
         let (app, key) = (app.clone(), key.clone());
@@ -318,8 +333,7 @@ async fn fifty_concurrent_identical_requests_commit_one_transaction<S: Backend>(
 }
 
 async fn a_retry_replays_status_body_and_allow_listed_headers_only<S: Backend>(store: S, _db: Db) {
-    let effects = Effects::default();
-    let app = plain(store, effects.clone());
+    let (app, effects) = counted(store);
     let key = new_key();
     let first = send(&app, "/payments", Some(&key), r#"{"amount":10}"#, &[]).await;
     assert_eq!(first.outcome, Some(Outcome::Created));
@@ -347,26 +361,20 @@ async fn a_retry_replays_status_body_and_allow_listed_headers_only<S: Backend>(s
 }
 
 async fn same_key_with_a_different_body_is_422_and_runs_nothing<S: Backend>(store: S, _db: Db) {
-    let effects = Effects::default();
-    let app = plain(store.clone(), effects.clone());
+    let (app, effects) = counted(store.clone());
     for path in ["/payments", "/tx/payments"] {
         let key = new_key();
         send(&app, path, Some(&key), r#"{"amount":10}"#, &[]).await;
         let other = send(&app, path, Some(&key), r#"{"amount":11}"#, &[]).await;
-        assert_eq!(other.status, StatusCode::UNPROCESSABLE_ENTITY);
+        other.assert_problem(StatusCode::UNPROCESSABLE_ENTITY, "idempotency-key-reused");
         assert_eq!(other.outcome, Some(Outcome::Mismatch));
-        assert_eq!(
-            other.problem_type(),
-            "https://oncely.dev/problems/idempotency-key-reused"
-        );
     }
     assert_eq!(effects.count(), 1);
     assert_eq!(store.count_effects().await, 1);
 }
 
 async fn same_key_with_reordered_json_keys_replays<S: Backend>(store: S, _db: Db) {
-    let effects = Effects::default();
-    let app = plain(store, effects.clone());
+    let (app, effects) = counted(store);
     let key = new_key();
     send(
         &app,
@@ -389,32 +397,22 @@ async fn same_key_with_reordered_json_keys_replays<S: Backend>(store: S, _db: Db
 }
 
 async fn a_missing_key_is_400_and_runs_nothing<S: Backend>(store: S, _db: Db) {
-    let effects = Effects::default();
-    let app = plain(store.clone(), effects.clone());
+    let (app, effects) = counted(store.clone());
     for path in ["/payments", "/tx/payments"] {
         let a = send(&app, path, None, "{}", &[]).await;
-        assert_eq!(a.status, StatusCode::BAD_REQUEST);
+        a.assert_problem(StatusCode::BAD_REQUEST, "idempotency-key-missing");
         assert_eq!(a.outcome, Some(Outcome::Invalid));
-        assert_eq!(
-            a.problem_type(),
-            "https://oncely.dev/problems/idempotency-key-missing"
-        );
     }
     assert_eq!(effects.count(), 0);
     assert_eq!(store.count_effects().await, 0);
 }
 
 async fn malformed_keys_are_400_and_run_nothing<S: Backend>(store: S, _db: Db) {
-    let effects = Effects::default();
-    let app = plain(store, effects.clone());
+    let (app, effects) = counted(store);
     let long = "k".repeat(256);
     for key in ["", "\"\"", long.as_str(), "a b", "\"unterminated", "a,b"] {
         let a = send(&app, "/payments", Some(key), "{}", &[]).await;
-        assert_eq!(a.status, StatusCode::BAD_REQUEST, "key {key:?}");
-        assert_eq!(
-            a.problem_type(),
-            "https://oncely.dev/problems/idempotency-key-invalid"
-        );
+        a.assert_problem(StatusCode::BAD_REQUEST, "idempotency-key-invalid");
     }
     let req = Request::post("/payments")
         .header("idempotency-key", "one")
@@ -427,8 +425,7 @@ async fn malformed_keys_are_400_and_run_nothing<S: Backend>(store: S, _db: Db) {
 }
 
 async fn tenant_a_key_never_replays_for_tenant_b<S: Backend>(store: S, _db: Db) {
-    let effects = Effects::default();
-    let app = plain(store, effects.clone());
+    let (app, effects) = counted(store);
     let key = new_key();
     let a = send(&app, "/payments", Some(&key), "{}", &[("x-tenant", "a")]).await;
     let b = send(&app, "/payments", Some(&key), "{}", &[("x-tenant", "b")]).await;
@@ -440,8 +437,7 @@ async fn tenant_a_key_never_replays_for_tenant_b<S: Backend>(store: S, _db: Db) 
 }
 
 async fn the_same_key_on_another_route_is_another_scope<S: Backend>(store: S, _db: Db) {
-    let effects = Effects::default();
-    let app = plain(store, effects.clone());
+    let (app, effects) = counted(store);
     let key = new_key();
     send(&app, "/payments", Some(&key), "{}", &[]).await;
     let other = send(&app, "/payments/1/refund", Some(&key), "{}", &[]).await;
@@ -449,18 +445,13 @@ async fn the_same_key_on_another_route_is_another_scope<S: Backend>(store: S, _d
     // The route template is the scope, but the concrete path is in the fingerprint: payment 1's
     // key on payment 2 is a reused key, never refund 1's answer.
     let same_template = send(&app, "/payments/2/refund", Some(&key), "{}", &[]).await;
-    assert_eq!(same_template.status, StatusCode::UNPROCESSABLE_ENTITY);
+    same_template.assert_problem(StatusCode::UNPROCESSABLE_ENTITY, "idempotency-key-reused");
     assert_eq!(same_template.outcome, Some(Outcome::Mismatch));
-    assert_eq!(
-        same_template.problem_type(),
-        "https://oncely.dev/problems/idempotency-key-reused"
-    );
     assert_eq!(effects.count(), 2);
 }
 
 async fn the_query_is_part_of_the_request<S: Backend>(store: S, _db: Db) {
-    let effects = Effects::default();
-    let app = plain(store, effects.clone());
+    let (app, effects) = counted(store);
     let key = new_key();
     let first = send(&app, "/payments?a=1&b=x%20y", Some(&key), "{}", &[]).await;
     assert_eq!(first.outcome, Some(Outcome::Created));
@@ -477,8 +468,7 @@ async fn numbers_that_differ_past_f64_precision_are_different_requests<S: Backen
     store: S,
     _db: Db,
 ) {
-    let effects = Effects::default();
-    let app = plain(store, effects.clone());
+    let (app, effects) = counted(store);
     let key = new_key();
     send(&app, "/payments", Some(&key), r#"{"amount":0.1}"#, &[]).await;
     let other = send(
@@ -514,8 +504,7 @@ async fn numbers_that_differ_past_f64_precision_are_different_requests<S: Backen
 }
 
 async fn a_5xx_releases_the_key_and_a_retry_runs_again<S: Backend>(store: S, _db: Db) {
-    let effects = Effects::default();
-    let app = plain(store, effects.clone());
+    let (app, effects) = counted(store);
     let key = new_key();
     let first = send(&app, "/fail", Some(&key), "{}", &[]).await;
     assert_eq!(first.status, StatusCode::SERVICE_UNAVAILABLE);
@@ -545,8 +534,7 @@ async fn a_rolled_back_transaction_releases_the_key<S: Backend>(store: S, _db: D
 }
 
 async fn a_validation_rejection_is_not_stored<S: Backend>(store: S, _db: Db) {
-    let effects = Effects::default();
-    let app = plain(store, effects.clone());
+    let (app, effects) = counted(store);
     let key = new_key();
     assert_eq!(
         send(&app, "/reject", Some(&key), "{}", &[]).await.status,
@@ -558,22 +546,16 @@ async fn a_validation_rejection_is_not_stored<S: Backend>(store: S, _db: Db) {
 }
 
 async fn a_panicking_handler_releases_the_key<S: Backend>(store: S, _db: Db) {
-    let effects = Effects::default();
-    let app = plain(store, effects.clone());
+    let (app, effects) = counted(store);
     let key = new_key();
     let first = send(&app, "/panic", Some(&key), "{}", &[]).await;
-    assert_eq!(first.status, StatusCode::INTERNAL_SERVER_ERROR);
-    assert_eq!(
-        first.problem_type(),
-        "https://oncely.dev/problems/internal-error"
-    );
+    first.assert_problem(StatusCode::INTERNAL_SERVER_ERROR, "internal-error");
     send(&app, "/panic", Some(&key), "{}", &[]).await;
     assert_eq!(effects.count(), 2, "the key was released, so the retry ran");
 }
 
 async fn an_oversized_response_tombstones_the_key<S: Backend>(store: S, _db: Db) {
-    let effects = Effects::default();
-    let app = plain(store, effects.clone());
+    let (app, effects) = counted(store);
     let key = new_key();
     let first = send(&app, "/big", Some(&key), "{}", &[]).await;
     assert_eq!(first.status, StatusCode::OK);
@@ -583,10 +565,9 @@ async fn an_oversized_response_tombstones_the_key<S: Backend>(store: S, _db: Db)
         "the first caller gets the whole body"
     );
     let retry = send(&app, "/big", Some(&key), "{}", &[]).await;
-    assert_eq!(retry.status, StatusCode::UNPROCESSABLE_ENTITY);
-    assert_eq!(
-        retry.problem_type(),
-        "https://oncely.dev/problems/idempotency-key-unreplayable"
+    retry.assert_problem(
+        StatusCode::UNPROCESSABLE_ENTITY,
+        "idempotency-key-unreplayable",
     );
     assert_eq!(effects.count(), 1, "a tombstoned key never runs again");
 }
@@ -700,10 +681,9 @@ async fn a_streamed_oversized_response_reaches_the_client_and_tombstones_the_key
         );
         assert!(first.body.iter().all(|b| *b == b'x'));
         let retry = send(&app, path, Some(&key), "{}", &[]).await;
-        assert_eq!(retry.status, StatusCode::UNPROCESSABLE_ENTITY, "{path}");
-        assert_eq!(
-            retry.problem_type(),
-            "https://oncely.dev/problems/idempotency-key-unreplayable"
+        retry.assert_problem(
+            StatusCode::UNPROCESSABLE_ENTITY,
+            "idempotency-key-unreplayable",
         );
     }
     assert_eq!(effects.count(), 1);
@@ -753,11 +733,7 @@ async fn an_oversized_request_is_413_and_not_stored<S: Backend>(store: S, _db: D
     let key = new_key();
     let big = format!(r#"{{"pad":"{}"}}"#, "x".repeat(200));
     let a = send(&app, "/payments", Some(&key), &big, &[]).await;
-    assert_eq!(a.status, StatusCode::PAYLOAD_TOO_LARGE);
-    assert_eq!(
-        a.problem_type(),
-        "https://oncely.dev/problems/request-too-large"
-    );
+    a.assert_problem(StatusCode::PAYLOAD_TOO_LARGE, "request-too-large");
     let small = send(&app, "/payments", Some(&key), "{}", &[]).await;
     assert_eq!(small.outcome, Some(Outcome::Created), "the key stayed free");
     assert_eq!(effects.count(), 1);
@@ -784,13 +760,9 @@ async fn a_request_still_running_after_the_wait_gets_409_with_retry_after<S: Bac
             // timeout), which the first holds until it commits, and then replays.
             assert!(second.replayed(), "{path}: {:?}", second.json());
         } else {
-            assert_eq!(second.status, StatusCode::CONFLICT, "{path}");
+            second.assert_problem(StatusCode::CONFLICT, "idempotency-key-in-use");
             assert_eq!(second.outcome, Some(Outcome::InProgress));
             assert_eq!(second.headers[header::RETRY_AFTER], "1");
-            assert_eq!(
-                second.problem_type(),
-                "https://oncely.dev/problems/idempotency-key-in-use"
-            );
         }
         assert_eq!(first.await.unwrap().status, StatusCode::OK);
     }
@@ -798,8 +770,7 @@ async fn a_request_still_running_after_the_wait_gets_409_with_retry_after<S: Bac
 }
 
 async fn a_concurrent_retry_within_the_wait_gets_the_replay<S: Backend>(store: S, _db: Db) {
-    let effects = Effects::default();
-    let app = plain(store, effects.clone());
+    let (app, effects) = counted(store);
     let key = new_key();
     let first = tokio::spawn({
         let (app, key) = (app.clone(), key.clone());
@@ -842,9 +813,10 @@ async fn a_dead_owner_is_taken_over_and_its_token_can_no_longer_complete<S: Back
     store: S,
     _db: Db,
 ) {
-    use oncely::store::{Claim, ClaimRequest, Completion};
-    let effects = Effects::default();
-    let app = plain(store.clone(), effects.clone());
+    use oncely::store::{Claim, ClaimRequest, Completion, ManualClock};
+    let clock = ManualClock::starting_now();
+    let store = store.with_clock(clock.clone());
+    let (app, effects) = counted(store.clone());
     let key = new_key();
     let (scope, fingerprint) = direct(&secret(), "/slow", &key);
     let claim = ClaimRequest {
@@ -856,7 +828,7 @@ async fn a_dead_owner_is_taken_over_and_its_token_can_no_longer_complete<S: Back
     let Claim::Acquired { token: dead, .. } = store.claim(&claim).await.unwrap() else {
         panic!("the key was free")
     };
-    tokio::time::sleep(Duration::from_millis(200)).await;
+    clock.advance(Duration::from_millis(200));
     let retry = send(&app, "/slow", Some(&key), "{}", &[]).await;
     assert_eq!(retry.outcome, Some(Outcome::Created), "{:?}", retry.json());
     let late = Completion::Tombstone {
@@ -875,11 +847,7 @@ async fn a_transactional_handler_past_its_lease_is_rolled_back<S: Backend>(store
     });
     let key = new_key();
     let a = send(&app, "/tx/hang", Some(&key), "{}", &[]).await;
-    assert_eq!(a.status, StatusCode::SERVICE_UNAVAILABLE);
-    assert_eq!(
-        a.problem_type(),
-        "https://oncely.dev/problems/request-timeout"
-    );
+    a.assert_problem(StatusCode::SERVICE_UNAVAILABLE, "request-timeout");
     assert_eq!(store.count_effects().await, 0);
     assert_eq!(a.outcome, Some(Outcome::Released));
 }
@@ -1109,16 +1077,7 @@ async fn sqlite_busy_write_lock_is_503_for_a_new_key_and_409_for_a_held_one() {
         .unwrap();
     let key = new_key();
     let busy = send(&app, "/tx/payments", Some(&key), "{}", &[]).await;
-    assert_eq!(
-        busy.status,
-        StatusCode::SERVICE_UNAVAILABLE,
-        "{:?}",
-        busy.json()
-    );
-    assert_eq!(
-        busy.problem_type(),
-        "https://oncely.dev/problems/storage-busy"
-    );
+    busy.assert_problem(StatusCode::SERVICE_UNAVAILABLE, "storage-busy");
     assert_eq!(busy.headers[header::RETRY_AFTER], "1");
     assert_eq!(busy.outcome, Some(Outcome::Error));
     sqlx::query("ROLLBACK").execute(&mut *other).await.unwrap();
@@ -1134,11 +1093,7 @@ async fn sqlite_busy_write_lock_is_503_for_a_new_key_and_409_for_a_held_one() {
     });
     tokio::time::sleep(Duration::from_millis(100)).await;
     let second = send(&app, "/tx/slow", Some(&key), "{}", &[]).await;
-    assert_eq!(second.status, StatusCode::CONFLICT, "{:?}", second.json());
-    assert_eq!(
-        second.problem_type(),
-        "https://oncely.dev/problems/idempotency-key-in-use"
-    );
+    second.assert_problem(StatusCode::CONFLICT, "idempotency-key-in-use");
     assert_eq!(first.await.unwrap().status, StatusCode::OK);
 }
 
@@ -1207,7 +1162,7 @@ impl<S: oncely::store::KeyStore> oncely::store::KeyStore for FlakyCompletes<S> {
         req: &oncely::store::ClaimRequest<'_>,
         wait: Duration,
     ) -> Result<
-        oncely::store::Claim<sqlx::Transaction<'static, Self::Database>>,
+        oncely::store::Claim<oncely::store::KeyTransaction<Self::Database>>,
         oncely::store::StoreError,
     > {
         self.inner.claim_in_transaction(req, wait).await
@@ -1318,7 +1273,9 @@ async fn a_dead_owner_under_a_previous_secret_is_taken_over_with_its_derived_key
     store: S,
     _db: Db,
 ) {
-    use oncely::store::{Claim, ClaimRequest};
+    use oncely::store::{Claim, ClaimRequest, ManualClock};
+    let clock = ManualClock::starting_now();
+    let store = store.with_clock(clock.clone());
     let a = secret();
     let b = oncely::ServerSecret::new(b"the-next-secret-the-next-secret-!".to_vec()).unwrap();
     let key = new_key();
@@ -1332,7 +1289,7 @@ async fn a_dead_owner_under_a_previous_secret_is_taken_over_with_its_derived_key
     let Claim::Acquired { .. } = store.claim(&claim).await.unwrap() else {
         panic!("the key was free")
     };
-    tokio::time::sleep(Duration::from_millis(200)).await;
+    clock.advance(Duration::from_millis(200));
     let effects = Effects::default();
     let app = Router::new()
         .route("/payments", post(pay))
@@ -1598,8 +1555,7 @@ async fn a_row_the_previous_release_stored_still_replays_after_the_upgrade<S: Ba
             .await
             .unwrap()
     );
-    let effects = Effects::default();
-    let app = plain(store, effects.clone());
+    let (app, effects) = counted(store);
     let retry = send(
         &app,
         "/payments",

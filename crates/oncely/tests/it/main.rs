@@ -3,6 +3,7 @@
 #![allow(unreachable_pub)]
 
 mod layer_contract;
+mod migrations;
 mod properties;
 mod store_conformance;
 mod support;

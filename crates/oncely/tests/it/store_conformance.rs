@@ -5,7 +5,8 @@ use std::time::Duration;
 use bytes::Bytes;
 use oncely::fingerprint::RequestTarget;
 use oncely::store::{
-    Claim, ClaimRequest, Completion, FencingToken, KeyStore, RecordState, StoredResponse, prune_all,
+    Claim, ClaimRequest, Completion, FencingToken, KeyStore, KeyTransaction, ManualClock,
+    RecordState, StoreError, StoredResponse, prune_all,
 };
 use oncely::{Fingerprint, IdempotencyKey, Scope, TenantId};
 
@@ -22,11 +23,21 @@ fn fp(body: &str) -> Fingerprint {
 }
 
 fn req<'a>(scope: &'a Scope, fingerprint: &'a Fingerprint, lease_ms: u64) -> ClaimRequest<'a> {
+    lasting(scope, fingerprint, lease_ms, 3_600_000)
+}
+
+/// A claim with a lease of `lease_ms` and a retention of `retention_ms`.
+fn lasting<'a>(
+    scope: &'a Scope,
+    fingerprint: &'a Fingerprint,
+    lease_ms: u64,
+    retention_ms: u64,
+) -> ClaimRequest<'a> {
     ClaimRequest {
         scope,
         fingerprint,
         lease: Duration::from_millis(lease_ms),
-        retention: Duration::from_secs(3600),
+        retention: Duration::from_millis(retention_ms),
     }
 }
 
@@ -41,9 +52,81 @@ fn response(body: &str) -> Completion {
     ))
 }
 
+/// The store's calls as this suite makes them, unwrapped: every call is expected to reach the
+/// database.
+trait Calls: KeyStore {
+    /// Claims `scope` for the request `fp` with a lease of `lease_ms` (retention: an hour).
+    async fn claim_for(&self, scope: &Scope, fp: &Fingerprint, lease_ms: u64) -> Claim {
+        self.claim(&req(scope, fp, lease_ms)).await.unwrap()
+    }
+    /// Completes with a 201 whose body is `body`; whether `token` still owned the key.
+    async fn completes(&self, scope: &Scope, token: FencingToken, body: &str) -> bool {
+        self.complete(scope, token, &response(body)).await.unwrap()
+    }
+    /// Renews for a minute; whether `token` still owned the key.
+    async fn renews(&self, scope: &Scope, token: FencingToken) -> bool {
+        self.renew(scope, token, Duration::from_secs(60))
+            .await
+            .unwrap()
+    }
+    /// Releases; whether `token` still owned the key.
+    async fn releases(&self, scope: &Scope, token: FencingToken) -> bool {
+        self.release(scope, token).await.unwrap()
+    }
+    /// Claims in a transaction, waiting at most `wait` for a concurrent owner.
+    async fn claim_in_tx_for(
+        &self,
+        scope: &Scope,
+        fp: &Fingerprint,
+        lease_ms: u64,
+        wait: Duration,
+    ) -> Claim<KeyTransaction<Self::Database>> {
+        self.claim_in_transaction(&req(scope, fp, lease_ms), wait)
+            .await
+            .unwrap()
+    }
+    /// Claims in a transaction (waiting at most a second), which must acquire the key.
+    async fn acquire_in_tx(
+        &self,
+        scope: &Scope,
+        fp: &Fingerprint,
+        lease_ms: u64,
+    ) -> (FencingToken, KeyTransaction<Self::Database>) {
+        acquired_in_tx(
+            self.claim_in_tx_for(scope, fp, lease_ms, Duration::from_secs(1))
+                .await,
+        )
+    }
+    /// Completes with a 201 whose body is `body` in the claiming transaction.
+    async fn completes_in(
+        &self,
+        tx: &mut KeyTransaction<Self::Database>,
+        scope: &Scope,
+        token: FencingToken,
+        body: &str,
+    ) -> Result<bool, StoreError> {
+        self.complete_in_transaction(tx, scope, token, &response(body))
+            .await
+    }
+}
+
+impl<S: KeyStore> Calls for S {}
+
+/// The store on a clock that stands still until the test advances it: a lease or a retention
+/// period passes at once, and never before the test says so.
+fn on_a_manual_clock<S: Backend>(store: S) -> (S, ManualClock) {
+    let clock = ManualClock::starting_now();
+    (store.with_clock(clock.clone()), clock)
+}
+
 fn acquired<T>(claim: Claim<T>) -> FencingToken {
+    acquired_in_tx(claim).0
+}
+
+/// The token and the transaction of a claim that acquired the key.
+fn acquired_in_tx<T>(claim: Claim<T>) -> (FencingToken, T) {
     match claim {
-        Claim::Acquired { token, .. } => token,
+        Claim::Acquired { token, tx } => (token, tx),
         other => panic!(
             "expected the key to be acquired, got {:?}",
             other_kind(&other)
@@ -80,8 +163,8 @@ both_stores!(
 async fn a_new_key_is_acquired_and_then_seen_in_progress<S: Backend>(store: S, _db: Db) {
     let scope = scope(&new_key());
     let fp = fp("a");
-    acquired(store.claim(&req(&scope, &fp, 10_000)).await.unwrap());
-    match store.claim(&req(&scope, &fp, 10_000)).await.unwrap() {
+    acquired(store.claim_for(&scope, &fp, 10_000).await);
+    match store.claim_for(&scope, &fp, 10_000).await {
         Claim::Existing(record) => {
             assert_eq!(record.fingerprint, fp);
             assert_eq!(record.state, RecordState::InProgress { lease_active: true });
@@ -97,7 +180,7 @@ async fn fifty_concurrent_claims_acquire_the_key_exactly_once<S: Backend>(store:
         let key = key.clone();
         tokio::spawn(async move {
             let (scope, fp) = (scope(&key), fp("a"));
-            store.claim(&req(&scope, &fp, 10_000)).await.unwrap()
+            store.claim_for(&scope, &fp, 10_000).await
         })
     });
     let mut won = 0;
@@ -112,26 +195,11 @@ async fn fifty_concurrent_claims_acquire_the_key_exactly_once<S: Backend>(store:
 async fn completion_needs_the_current_fencing_token<S: Backend>(store: S, _db: Db) {
     let scope = scope(&new_key());
     let fp = fp("a");
-    let token = acquired(store.claim(&req(&scope, &fp, 10_000)).await.unwrap());
-    assert!(
-        !store
-            .complete(&scope, FencingToken::new(), &response("x"))
-            .await
-            .unwrap()
-    );
-    assert!(
-        store
-            .complete(&scope, token, &response("ok"))
-            .await
-            .unwrap()
-    );
+    let token = acquired(store.claim_for(&scope, &fp, 10_000).await);
+    assert!(!store.completes(&scope, FencingToken::new(), "x").await);
+    assert!(store.completes(&scope, token, "ok").await);
     // A completed key cannot be completed again, not even by its owner.
-    assert!(
-        !store
-            .complete(&scope, token, &response("again"))
-            .await
-            .unwrap()
-    );
+    assert!(!store.completes(&scope, token, "again").await);
 }
 
 async fn completed_keys_return_their_response_without_unlisted_headers<S: Backend>(
@@ -140,18 +208,15 @@ async fn completed_keys_return_their_response_without_unlisted_headers<S: Backen
 ) {
     let scope = scope(&new_key());
     let fp = fp("a");
-    let token = acquired(store.claim(&req(&scope, &fp, 10_000)).await.unwrap());
-    store
-        .complete(&scope, token, &response(r#"{"id":1}"#))
-        .await
-        .unwrap();
+    let token = acquired(store.claim_for(&scope, &fp, 10_000).await);
+    store.completes(&scope, token, r#"{"id":1}"#).await;
     let expected = RecordState::Completed(StoredResponse {
         status: 201,
         headers: vec![("content-type".into(), "application/json".into())],
         body: Bytes::from_static(br#"{"id":1}"#),
     });
     assert_eq!(store.get(&scope).await.unwrap().unwrap().state, expected);
-    match store.claim(&req(&scope, &fp, 10_000)).await.unwrap() {
+    match store.claim_for(&scope, &fp, 10_000).await {
         Claim::Existing(record) => assert_eq!(record.state, expected),
         other => panic!("claim after completion: {}", other_kind(&other)),
     }
@@ -161,15 +226,16 @@ async fn an_expired_lease_is_taken_over_and_the_old_owner_can_no_longer_complete
     store: S,
     _db: Db,
 ) {
+    let (store, clock) = on_a_manual_clock(store);
     let scope = scope(&new_key());
     let fp = fp("a");
-    let old = acquired(store.claim(&req(&scope, &fp, 100)).await.unwrap());
-    tokio::time::sleep(Duration::from_millis(150)).await;
-    let new = acquired(store.claim(&req(&scope, &fp, 10_000)).await.unwrap());
+    let old = acquired(store.claim_for(&scope, &fp, 100).await);
+    clock.advance(Duration::from_millis(150));
+    let new = acquired(store.claim_for(&scope, &fp, 10_000).await);
     assert_ne!(old, new);
-    assert!(!store.complete(&scope, old, &response("old")).await.unwrap());
-    assert!(!store.release(&scope, old).await.unwrap());
-    assert!(store.complete(&scope, new, &response("new")).await.unwrap());
+    assert!(!store.completes(&scope, old, "old").await);
+    assert!(!store.releases(&scope, old).await);
+    assert!(store.completes(&scope, new, "new").await);
     let Some(record) = store.get(&scope).await.unwrap() else {
         panic!("row gone")
     };
@@ -177,10 +243,11 @@ async fn an_expired_lease_is_taken_over_and_the_old_owner_can_no_longer_complete
 }
 
 async fn an_expired_lease_is_not_taken_over_by_a_different_request<S: Backend>(store: S, _db: Db) {
+    let (store, clock) = on_a_manual_clock(store);
     let scope = scope(&new_key());
-    acquired(store.claim(&req(&scope, &fp("a"), 50)).await.unwrap());
-    tokio::time::sleep(Duration::from_millis(100)).await;
-    match store.claim(&req(&scope, &fp("b"), 10_000)).await.unwrap() {
+    acquired(store.claim_for(&scope, &fp("a"), 50).await);
+    clock.advance(Duration::from_millis(100));
+    match store.claim_for(&scope, &fp("b"), 10_000).await {
         Claim::Existing(record) => assert_eq!(record.fingerprint, fp("a")),
         other => panic!(
             "a different request took the key over: {}",
@@ -190,137 +257,84 @@ async fn an_expired_lease_is_not_taken_over_by_a_different_request<S: Backend>(s
 }
 
 async fn renewal_keeps_a_live_owner_and_is_fenced<S: Backend>(store: S, _db: Db) {
+    let (store, clock) = on_a_manual_clock(store);
     let scope = scope(&new_key());
     let fp = fp("a");
-    let token = acquired(store.claim(&req(&scope, &fp, 300)).await.unwrap());
+    let token = acquired(store.claim_for(&scope, &fp, 300).await);
     // Renewed well past the first lease: never taken over while renewals keep coming.
-    assert!(
-        store
-            .renew(&scope, token, Duration::from_secs(60))
-            .await
-            .unwrap()
-    );
-    tokio::time::sleep(Duration::from_millis(400)).await;
-    match store.claim(&req(&scope, &fp, 10_000)).await.unwrap() {
+    assert!(store.renews(&scope, token).await);
+    clock.advance(Duration::from_millis(400));
+    match store.claim_for(&scope, &fp, 10_000).await {
         Claim::Existing(record) => {
             assert_eq!(record.state, RecordState::InProgress { lease_active: true });
         }
         other => panic!("a renewed claim was taken over: {}", other_kind(&other)),
     }
     // Another token cannot renew, and neither can the owner once the key is completed.
-    assert!(
-        !store
-            .renew(&scope, FencingToken::new(), Duration::from_secs(60))
-            .await
-            .unwrap()
-    );
-    assert!(
-        store
-            .complete(&scope, token, &response("done"))
-            .await
-            .unwrap()
-    );
-    assert!(
-        !store
-            .renew(&scope, token, Duration::from_secs(60))
-            .await
-            .unwrap()
-    );
+    assert!(!store.renews(&scope, FencingToken::new()).await);
+    assert!(store.completes(&scope, token, "done").await);
+    assert!(!store.renews(&scope, token).await);
     assert!(matches!(
         store.get(&scope).await.unwrap().unwrap().state,
         RecordState::Completed(_)
     ));
     // A lapsed, taken-over owner cannot renew its way back.
     let scope = crate::support::scope(&new_key());
-    let old = acquired(store.claim(&req(&scope, &fp, 50)).await.unwrap());
-    tokio::time::sleep(Duration::from_millis(100)).await;
-    let new = acquired(store.claim(&req(&scope, &fp, 10_000)).await.unwrap());
-    assert!(
-        !store
-            .renew(&scope, old, Duration::from_secs(60))
-            .await
-            .unwrap()
-    );
-    assert!(
-        store
-            .renew(&scope, new, Duration::from_secs(60))
-            .await
-            .unwrap()
-    );
+    let old = acquired(store.claim_for(&scope, &fp, 50).await);
+    clock.advance(Duration::from_millis(100));
+    let new = acquired(store.claim_for(&scope, &fp, 10_000).await);
+    assert!(!store.renews(&scope, old).await);
+    assert!(store.renews(&scope, new).await);
 }
 
 async fn release_frees_the_key_only_for_its_owner<S: Backend>(store: S, _db: Db) {
     let scope = scope(&new_key());
     let fp = fp("a");
-    let token = acquired(store.claim(&req(&scope, &fp, 10_000)).await.unwrap());
-    assert!(!store.release(&scope, FencingToken::new()).await.unwrap());
-    assert!(store.release(&scope, token).await.unwrap());
+    let token = acquired(store.claim_for(&scope, &fp, 10_000).await);
+    assert!(!store.releases(&scope, FencingToken::new()).await);
+    assert!(store.releases(&scope, token).await);
     assert!(store.get(&scope).await.unwrap().is_none());
-    acquired(store.claim(&req(&scope, &fp, 10_000)).await.unwrap());
+    acquired(store.claim_for(&scope, &fp, 10_000).await);
 }
 
 async fn lease_and_retention_are_separate<S: Backend>(store: S, _db: Db) {
+    let (store, clock) = on_a_manual_clock(store);
     let scope = scope(&new_key());
     let fp = fp("a");
-    let claim = ClaimRequest {
-        scope: &scope,
-        fingerprint: &fp,
-        lease: Duration::from_millis(50),
-        // Wide enough that "within retention" still holds on a loaded machine.
-        retention: Duration::from_millis(2000),
-    };
+    let claim = lasting(&scope, &fp, 50, 2000);
     let token = acquired(store.claim(&claim).await.unwrap());
-    store
-        .complete(&scope, token, &response("ok"))
-        .await
-        .unwrap();
+    store.completes(&scope, token, "ok").await;
     // Past the lease, within retention: still replayed.
-    tokio::time::sleep(Duration::from_millis(100)).await;
+    clock.advance(Duration::from_millis(100));
     assert!(matches!(
         store.claim(&claim).await.unwrap(),
         Claim::Existing(_)
     ));
     // Past retention: gone from lookups, and a new request may use the key afresh.
-    tokio::time::sleep(Duration::from_millis(2000)).await;
+    clock.advance(Duration::from_millis(2000));
     assert!(store.get(&scope).await.unwrap().is_none());
     acquired(store.claim(&claim).await.unwrap());
 }
 
 async fn prune_deletes_only_expired_rows_in_bounded_batches<S: Backend>(store: S, _db: Db) {
+    let (store, clock) = on_a_manual_clock(store);
     let fp = fp("a");
     let mut keep = Vec::new();
     for i in 0..30 {
         let scope = scope(&format!("k{i}"));
-        let retention = if i < 25 {
-            Duration::from_millis(1)
-        } else {
-            Duration::from_secs(3600)
-        };
-        let claim = ClaimRequest {
-            scope: &scope,
-            fingerprint: &fp,
-            lease: Duration::from_millis(1),
-            retention,
-        };
+        let retention_ms = if i < 25 { 1 } else { 3_600_000 };
+        let claim = lasting(&scope, &fp, 1, retention_ms);
         let token = acquired(store.claim(&claim).await.unwrap());
-        store
-            .complete(&scope, token, &response("ok"))
-            .await
-            .unwrap();
+        store.completes(&scope, token, "ok").await;
         if i >= 25 {
             keep.push(scope);
         }
     }
     // An in-progress row with a running lease is never pruned, even past its retention.
     let live = scope("live");
-    let claim = ClaimRequest {
-        scope: &live,
-        fingerprint: &fp,
-        lease: Duration::from_secs(60),
-        retention: Duration::from_millis(1),
-    };
+    let claim = lasting(&live, &fp, 60_000, 1);
     acquired(store.claim(&claim).await.unwrap());
-    tokio::time::sleep(Duration::from_millis(20)).await;
+    clock.advance(Duration::from_millis(20));
     assert_eq!(store.prune(10).await.unwrap(), 10);
     assert_eq!(store.prune(10).await.unwrap(), 10);
     assert_eq!(prune_all(&store, 10).await.unwrap(), 5);
@@ -344,12 +358,12 @@ async fn prune_deletes_only_expired_rows_in_bounded_batches<S: Backend>(store: S
 async fn a_tombstone_is_kept_and_returned<S: Backend>(store: S, _db: Db) {
     let scope = scope(&new_key());
     let fp = fp("a");
-    let token = acquired(store.claim(&req(&scope, &fp, 10_000)).await.unwrap());
+    let token = acquired(store.claim_for(&scope, &fp, 10_000).await);
     let tombstone = Completion::Tombstone {
         reason: "too large".into(),
     };
     assert!(store.complete(&scope, token, &tombstone).await.unwrap());
-    match store.claim(&req(&scope, &fp, 10_000)).await.unwrap() {
+    match store.claim_for(&scope, &fp, 10_000).await {
         Claim::Existing(record) => {
             assert_eq!(
                 record.state,
@@ -385,29 +399,20 @@ async fn keys_of_different_tenants_and_routes_are_independent<S: Backend>(store:
     );
     let other_method = Scope::new(TenantId::parse("a").unwrap(), "PUT", "/payments", key);
     for scope in [&a, &b, &other_route, &other_method] {
-        let token = acquired(store.claim(&req(scope, &fp, 10_000)).await.unwrap());
-        store
-            .complete(scope, token, &response(&scope.route))
-            .await
-            .unwrap();
+        let token = acquired(store.claim_for(scope, &fp, 10_000).await);
+        store.completes(scope, token, &scope.route).await;
     }
 }
 
 async fn a_transactional_claim_commits_with_the_business_change<S: Backend>(store: S, _db: Db) {
     let scope = scope(&new_key());
     let fp = fp("a");
-    let Claim::Acquired { token, mut tx } = store
-        .claim_in_transaction(&req(&scope, &fp, 10_000), Duration::from_secs(1))
-        .await
-        .unwrap()
-    else {
-        panic!("not acquired")
-    };
+    let (token, mut tx) = store.acquire_in_tx(&scope, &fp, 10_000).await;
     // Not visible outside the transaction until it commits.
     S::insert_effect(&mut tx, "pay").await;
     assert!(
         store
-            .complete_in_transaction(&mut tx, &scope, token, &response("ok"))
+            .completes_in(&mut tx, &scope, token, "ok")
             .await
             .unwrap()
     );
@@ -423,18 +428,12 @@ async fn a_transactional_claim_commits_with_the_business_change<S: Backend>(stor
 async fn a_rolled_back_transactional_claim_leaves_the_key_free<S: Backend>(store: S, _db: Db) {
     let scope = scope(&new_key());
     let fp = fp("a");
-    let Claim::Acquired { mut tx, .. } = store
-        .claim_in_transaction(&req(&scope, &fp, 10_000), Duration::from_secs(1))
-        .await
-        .unwrap()
-    else {
-        panic!("not acquired")
-    };
+    let (_, mut tx) = store.acquire_in_tx(&scope, &fp, 10_000).await;
     S::insert_effect(&mut tx, "pay").await;
     tx.rollback().await.unwrap();
     assert_eq!(store.count_effects().await, 0);
     assert!(store.get(&scope).await.unwrap().is_none());
-    acquired(store.claim(&req(&scope, &fp, 10_000)).await.unwrap());
+    acquired(store.claim_for(&scope, &fp, 10_000).await);
 }
 
 async fn a_transactional_claim_waits_for_a_concurrent_owner_and_sees_its_result<S: Backend>(
@@ -444,21 +443,14 @@ async fn a_transactional_claim_waits_for_a_concurrent_owner_and_sees_its_result<
     let key = new_key();
     let scope_ = scope(&key);
     let fp_ = fp("a");
-    let Claim::Acquired { token, mut tx } = store
-        .claim_in_transaction(&req(&scope_, &fp_, 10_000), Duration::from_secs(1))
-        .await
-        .unwrap()
-    else {
-        panic!("not acquired")
-    };
+    let (token, mut tx) = store.acquire_in_tx(&scope_, &fp_, 10_000).await;
     let waiter = {
         let store = store.clone();
         tokio::spawn(async move {
             let (scope, fp) = (scope(&key), fp("a"));
             match store
-                .claim_in_transaction(&req(&scope, &fp, 10_000), Duration::from_secs(5))
+                .claim_in_tx_for(&scope, &fp, 10_000, Duration::from_secs(5))
                 .await
-                .unwrap()
             {
                 Claim::Existing(record) => record.state,
                 other => panic!("waiter: {}", other_kind(&other)),
@@ -468,7 +460,7 @@ async fn a_transactional_claim_waits_for_a_concurrent_owner_and_sees_its_result<
     tokio::time::sleep(Duration::from_millis(100)).await;
     S::insert_effect(&mut tx, "pay").await;
     store
-        .complete_in_transaction(&mut tx, &scope_, token, &response("ok"))
+        .completes_in(&mut tx, &scope_, token, "ok")
         .await
         .unwrap();
     tx.commit().await.unwrap();
@@ -479,6 +471,8 @@ mod postgres_only {
     //! PostgreSQL bounds a transactional owner with its own timeouts; SQLite has one writer and
     //! is bounded by the layer's handler deadline instead (tested in `layer_contract`).
 
+    use oncely::store::postgres::PgKeyStore;
+
     use super::*;
     use crate::support::postgres;
 
@@ -487,18 +481,11 @@ mod postgres_only {
         let (store, _db) = postgres().await;
         let scope = scope(&new_key());
         let fp = fp("a");
-        let Claim::Acquired { tx: _held, .. } = store
-            .claim_in_transaction(&req(&scope, &fp, 10_000), Duration::from_secs(1))
-            .await
-            .unwrap()
-        else {
-            panic!("not acquired")
-        };
+        let (_, _held) = store.acquire_in_tx(&scope, &fp, 10_000).await;
         let started = std::time::Instant::now();
         let second = store
-            .claim_in_transaction(&req(&scope, &fp, 10_000), Duration::from_millis(100))
-            .await
-            .unwrap();
+            .claim_in_tx_for(&scope, &fp, 10_000, Duration::from_millis(100))
+            .await;
         assert!(matches!(second, Claim::Busy), "got {}", other_kind(&second));
         assert!(started.elapsed() < Duration::from_secs(5));
     }
@@ -508,33 +495,24 @@ mod postgres_only {
         let (store, _db) = postgres().await;
         let scope = scope(&new_key());
         let fp = fp("a");
-        let Claim::Acquired { token, mut tx } = store
-            .claim_in_transaction(&req(&scope, &fp, 200), Duration::from_secs(1))
-            .await
-            .unwrap()
-        else {
-            panic!("not acquired")
-        };
-        PgKeyStoreExt::effect(&mut tx).await;
+        let (token, mut tx) = store.acquire_in_tx(&scope, &fp, 200).await;
+        PgKeyStore::insert_effect(&mut tx, "hung").await;
         // Idle in its transaction past the lease: the server ends that session.
         tokio::time::sleep(Duration::from_millis(500)).await;
         let Claim::Acquired {
             token: new,
             tx: mut tx2,
         } = store
-            .claim_in_transaction(&req(&scope, &fp, 10_000), Duration::from_secs(1))
+            .claim_in_tx_for(&scope, &fp, 10_000, Duration::from_secs(1))
             .await
-            .unwrap()
         else {
             panic!("the key was not taken over")
         };
         assert_ne!(token, new);
-        let old_completed = store
-            .complete_in_transaction(&mut tx, &scope, token, &response("old"))
-            .await;
+        let old_completed = store.completes_in(&mut tx, &scope, token, "old").await;
         assert!(old_completed.is_err() || tx.commit().await.is_err());
         store
-            .complete_in_transaction(&mut tx2, &scope, new, &response("new"))
+            .completes_in(&mut tx2, &scope, new, "new")
             .await
             .unwrap();
         tx2.commit().await.unwrap();
@@ -543,12 +521,5 @@ mod postgres_only {
             0,
             "the hung owner's effect must not commit"
         );
-    }
-
-    struct PgKeyStoreExt;
-    impl PgKeyStoreExt {
-        async fn effect(tx: &mut sqlx::Transaction<'static, sqlx::Postgres>) {
-            <oncely::store::postgres::PgKeyStore as Backend>::insert_effect(tx, "hung").await;
-        }
     }
 }

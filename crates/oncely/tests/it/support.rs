@@ -2,14 +2,14 @@
 
 use std::future::Future;
 
-use oncely::store::KeyStore;
 use oncely::store::postgres::PgKeyStore;
 use oncely::store::sqlite::SqliteKeyStore;
+use oncely::store::{Clock, Dialect, KeyStore, SqlKeyStore};
 use oncely::{IdempotencyKey, Scope, ServerSecret, TenantId};
 use oncely_testdb::{TestPostgres, TestSqlite};
-use sqlx::{Database, Postgres, Sqlite};
+use sqlx::{Database, Encode, Executor, FromRow, IntoArguments, Type};
 
-/// A key store the tests can also write business rows through.
+/// A key store the tests can also write business rows through, and put on another clock.
 pub trait Backend: KeyStore {
     /// Writes one business row (`effects`) on `conn`.
     fn insert_effect(
@@ -18,6 +18,8 @@ pub trait Backend: KeyStore {
     ) -> impl Future<Output = ()> + Send;
     /// How many business rows committed.
     fn count_effects(&self) -> impl Future<Output = i64> + Send;
+    /// The same store on `clock`.
+    fn with_clock(self, clock: impl Into<Clock>) -> Self;
 }
 
 pub use oncely_testdb::TestDb as Db;
@@ -45,8 +47,17 @@ pub async fn sqlite() -> (SqliteKeyStore, Db) {
     (store, Db::Sqlite(db))
 }
 
-impl Backend for PgKeyStore {
-    async fn insert_effect(conn: &mut sqlx::PgConnection, label: &str) {
+// `$1` is a parameter in both dialects.
+impl<DB> Backend for SqlKeyStore<DB>
+where
+    DB: Dialect,
+    Self: KeyStore<Database = DB>,
+    DB::Arguments: IntoArguments<DB>,
+    for<'c> &'c mut DB::Connection: Executor<'c, Database = DB>,
+    for<'a> &'a str: Encode<'a, DB> + Type<DB>,
+    for<'r> (i64,): FromRow<'r, DB::Row>,
+{
+    async fn insert_effect(conn: &mut DB::Connection, label: &str) {
         sqlx::query("INSERT INTO effects (label) VALUES ($1)")
             .bind(label)
             .execute(conn)
@@ -54,26 +65,14 @@ impl Backend for PgKeyStore {
             .unwrap();
     }
     async fn count_effects(&self) -> i64 {
-        sqlx::query_scalar::<Postgres, i64>("SELECT count(*) FROM effects")
-            .fetch_one(self.pool())
+        let mut conn = self.pool().acquire().await.unwrap();
+        sqlx::query_scalar::<DB, i64>("SELECT count(*) FROM effects")
+            .fetch_one(&mut *conn)
             .await
             .unwrap()
     }
-}
-
-impl Backend for SqliteKeyStore {
-    async fn insert_effect(conn: &mut sqlx::SqliteConnection, label: &str) {
-        sqlx::query("INSERT INTO effects (label) VALUES (?1)")
-            .bind(label)
-            .execute(conn)
-            .await
-            .unwrap();
-    }
-    async fn count_effects(&self) -> i64 {
-        sqlx::query_scalar::<Sqlite, i64>("SELECT count(*) FROM effects")
-            .fetch_one(self.pool())
-            .await
-            .unwrap()
+    fn with_clock(self, clock: impl Into<Clock>) -> Self {
+        SqlKeyStore::with_clock(self, clock)
     }
 }
 

@@ -101,12 +101,62 @@ pub enum JobStatus {
 }
 
 impl JobStatus {
+    /// The stored text: `pending`, `sent`, `dead`.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Pending => "pending",
+            Self::Sent => "sent",
+            Self::Dead => "dead",
+        }
+    }
+
     pub(crate) fn parse(s: &str) -> Self {
         match s {
             "sent" => Self::Sent,
             "dead" => Self::Dead,
             _ => Self::Pending,
         }
+    }
+}
+
+/// How a worker's attempt ended, as recorded in `oncely_outbox_attempts.result` (the column keeps
+/// these texts). The store itself writes one more, `abandoned`, when it claims a job whose
+/// earlier attempt never finished.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum AttemptResult {
+    /// The effect happened.
+    Sent,
+    /// It did not happen: retried after a delay (or dead, when the policy gave up).
+    Retry,
+    /// It may have happened: retried with the same delivery key (or dead, when the policy gave
+    /// up).
+    Unknown,
+    /// Rejected for good.
+    Dead,
+    /// Claimed after its deadline ([`NewJob::not_after`]): never run.
+    Expired,
+    /// The handler chose not to run it ([`Delivery::Skipped`]).
+    Skipped,
+}
+
+impl AttemptResult {
+    /// The stored text.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Sent => "sent",
+            Self::Retry => "retry",
+            Self::Unknown => "unknown",
+            Self::Dead => "dead",
+            Self::Expired => "expired",
+            Self::Skipped => "skipped",
+        }
+    }
+}
+
+impl std::fmt::Display for AttemptResult {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.as_str())
     }
 }
 
@@ -140,8 +190,9 @@ pub struct AttemptRecord {
     pub attempt: i32,
     /// The worker that made it.
     pub worker: String,
-    /// `sent`, `retry`, `unknown`, `dead`, `expired`, `skipped`, `abandoned` (the worker's lease
-    /// ran out first), `released` (handed back at shutdown), or `None` while running.
+    /// An [`AttemptResult`] as stored (`sent`, `retry`, …; `abandoned`: the worker's lease ran
+    /// out first), or `None` while running. Kept as text: a newer release may write a result
+    /// this one does not know.
     pub result: Option<String>,
     /// The provider's id, if sent.
     pub provider_message_id: Option<String>,

@@ -19,8 +19,8 @@
 //! deduplicate (an email API's `Idempotency-Key`, SMTP `Message-ID`). An *unknown* outcome
 //! (timeout after the request was handed over) is retried with the same key.
 //!
-//! Map: [`job`] (jobs, outcomes), [`http`] (calling an API with the job's key), [`policy`] (retry policy), [`store`] (the [`JobStore`] trait,
-//! PostgreSQL and SQLite), [`worker`] (the worker loop, wake-ups, shutdown), [`mail`] (email
+//! Map: [`job`] (jobs, outcomes), [`http`] (calling an API with the job's key), [`policy`] (the retry policy and its decision), [`store`] (the [`JobStore`] trait,
+//! PostgreSQL and SQLite), [`worker`] (producer, executor, completer; shutdown), [`mail`] (email
 //! messages and the SMTP and HTTP mailers).
 
 #![deny(unsafe_code)]
@@ -33,7 +33,7 @@ pub mod policy;
 pub mod store;
 pub mod worker;
 
-pub use job::{Delivery, Enqueued, Job, JobRecord, JobStatus, NewJob};
+pub use job::{AttemptResult, Delivery, Enqueued, Job, JobRecord, JobStatus, NewJob};
 pub use policy::RetryPolicy;
 pub use store::{JobStore, OutboxError};
 pub use worker::{Handler, KindOptions, Worker, WorkerConfig};

@@ -8,7 +8,7 @@ use std::time::Duration;
 use sqlx::postgres::PgListener;
 use tokio::sync::Notify;
 
-use crate::job::{AttemptRecord, Job, JobRecord, JobStatus};
+use crate::job::{AttemptRecord, AttemptResult, Job, JobRecord, JobStatus};
 
 pub mod postgres;
 pub mod sqlite;
@@ -63,14 +63,49 @@ pub enum OutboxError {
 pub struct Finish {
     /// The job's new status.
     pub status: JobStatus,
-    /// The attempt's result label (`sent`, `retry`, `unknown`, `dead`, `expired`).
-    pub result: &'static str,
+    /// The attempt's result.
+    pub result: AttemptResult,
     /// For a retry: when the job is due again.
     pub retry_in: Duration,
     /// The provider's id of a delivery.
     pub provider_message_id: Option<String>,
     /// What went wrong (or why it is dead).
     pub error: Option<String>,
+}
+
+impl Finish {
+    /// The effect happened: the job is sent.
+    pub fn sent(provider_message_id: Option<String>) -> Self {
+        Self {
+            status: JobStatus::Sent,
+            result: AttemptResult::Sent,
+            retry_in: Duration::ZERO,
+            provider_message_id,
+            error: None,
+        }
+    }
+
+    /// The job is dead after an attempt that ended `result`, for `error`.
+    pub fn dead(result: AttemptResult, error: String) -> Self {
+        Self {
+            status: JobStatus::Dead,
+            result,
+            retry_in: Duration::ZERO,
+            provider_message_id: None,
+            error: Some(error),
+        }
+    }
+
+    /// The job stays pending and is due again in `retry_in`.
+    pub fn retry(result: AttemptResult, retry_in: Duration, error: String) -> Self {
+        Self {
+            status: JobStatus::Pending,
+            result,
+            retry_in,
+            provider_message_id: None,
+            error: Some(error),
+        }
+    }
 }
 
 /// How an idle worker learns of new jobs.
@@ -224,14 +259,6 @@ impl JobFilter {
     }
 
     pub(crate) fn status(&self) -> Option<&'static str> {
-        self.status.map(status_str)
-    }
-}
-
-fn status_str(status: JobStatus) -> &'static str {
-    match status {
-        JobStatus::Pending => "pending",
-        JobStatus::Sent => "sent",
-        JobStatus::Dead => "dead",
+        self.status.map(JobStatus::as_str)
     }
 }

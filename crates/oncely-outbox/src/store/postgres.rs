@@ -9,7 +9,7 @@ use sqlx::{AssertSqlSafe, Connection, PgConnection, PgPool, Row};
 use tokio::sync::mpsc;
 use uuid::Uuid;
 
-use super::{Backlog, CHANNEL, Finish, JobFilter, JobStore, OutboxError, Wakeup, status_str};
+use super::{Backlog, CHANNEL, Finish, JobFilter, JobStore, OutboxError, Wakeup};
 use crate::job::{AttemptRecord, Enqueued, Job, JobRecord, JobStatus, NewJob};
 
 /// The table that records which of the outbox's migrations ran.
@@ -288,13 +288,13 @@ impl JobStore for PgJobStore {
                     .map(|(job, _)| job.lease_token)
                     .collect::<Vec<_>>(),
             )
-            .bind(column(&|_, f| Some(status_str(f.status).to_owned())))
+            .bind(column(&|_, f| Some(f.status.as_str().to_owned())))
             .bind(
                 done.iter()
                     .map(|(_, f)| f.retry_in.as_secs_f64())
                     .collect::<Vec<_>>(),
             )
-            .bind(column(&|_, f| Some(f.result.to_owned())))
+            .bind(column(&|_, f| Some(f.result.as_str().to_owned())))
             .bind(column(&|_, f| f.provider_message_id.clone()))
             .bind(column(&|_, f| f.error.clone()))
             .fetch_all(&self.pool)

@@ -11,7 +11,7 @@ use time::OffsetDateTime;
 use tokio::sync::Notify;
 use uuid::Uuid;
 
-use super::{Backlog, Finish, JobFilter, JobStore, OutboxError, Wakeup, status_str};
+use super::{Backlog, Finish, JobFilter, JobStore, OutboxError, Wakeup};
 use crate::job::{AttemptRecord, Enqueued, Job, JobRecord, JobStatus, NewJob};
 
 /// The table that records which of the outbox's migrations ran.
@@ -218,7 +218,7 @@ impl JobStore for SqliteJobStore {
         // One write transaction for the whole batch.
         let mut tx = self.pool.begin_with("BEGIN IMMEDIATE").await?;
         for (job, finish) in done {
-            let status = status_str(finish.status);
+            let status = finish.status.as_str();
             let updated = sqlx::query(
                 "UPDATE oncely_outbox
                 SET status = ?3, lease_token = NULL, last_error = ?7,
@@ -232,7 +232,7 @@ impl JobStore for SqliteJobStore {
             .bind(job.lease_token)
             .bind(status)
             .bind(ms(finish.retry_in))
-            .bind(finish.result)
+            .bind(finish.result.as_str())
             .bind(finish.provider_message_id.as_deref())
             .bind(finish.error.as_deref())
             .bind(now)
@@ -248,7 +248,7 @@ impl JobStore for SqliteJobStore {
                 .bind(job.id)
                 .bind(job.lease_token)
                 .bind(now)
-                .bind(finish.result)
+                .bind(finish.result.as_str())
                 .bind(finish.provider_message_id.as_deref())
                 .bind(finish.error.as_deref())
                 .execute(&mut *tx)

@@ -4,7 +4,7 @@ use std::collections::HashSet;
 use std::time::Duration;
 
 use oncely_outbox::store::{Finish, JobFilter};
-use oncely_outbox::{Enqueued, JobStatus, NewJob};
+use oncely_outbox::{AttemptResult, Enqueued, JobStatus, NewJob};
 use oncely_testdb::TestDb;
 use serde_json::json;
 
@@ -17,7 +17,7 @@ fn job(key: &str) -> NewJob {
 fn sent() -> Finish {
     Finish {
         status: JobStatus::Sent,
-        result: "sent",
+        result: AttemptResult::Sent,
         retry_in: Duration::ZERO,
         provider_message_id: Some("p-1".into()),
         error: None,
@@ -198,7 +198,7 @@ async fn a_retry_waits_for_its_delay<S: Backend>(store: S, _db: TestDb) {
         .remove(0);
     let retry = Finish {
         status: JobStatus::Pending,
-        result: "retry",
+        result: AttemptResult::Retry,
         retry_in: Duration::from_millis(300),
         provider_message_id: None,
         error: Some("451 try later".into()),
@@ -286,7 +286,7 @@ async fn dead_jobs_are_listed_with_their_reason_and_redriven_with_the_same_key<S
         .remove(0);
     let dead = Finish {
         status: JobStatus::Dead,
-        result: "dead",
+        result: AttemptResult::Dead,
         retry_in: Duration::ZERO,
         provider_message_id: None,
         error: Some("card declined".into()),
@@ -405,14 +405,14 @@ async fn one_batch_finish_records_each_result_and_fences_each_job<S: Backend>(
         .remove(0);
     let retry = Finish {
         status: JobStatus::Pending,
-        result: "retry",
+        result: AttemptResult::Retry,
         retry_in: Duration::from_secs(60),
         provider_message_id: None,
         error: Some("451 try later".into()),
     };
     let dead = Finish {
         status: JobStatus::Dead,
-        result: "dead",
+        result: AttemptResult::Dead,
         retry_in: Duration::ZERO,
         provider_message_id: None,
         error: Some("550 no such user".into()),
@@ -437,7 +437,7 @@ async fn one_batch_finish_records_each_result_and_fences_each_job<S: Backend>(
         assert_eq!(record.status, outcome.status);
         assert_eq!(record.last_error, outcome.error);
         assert_eq!(attempts.len(), 1);
-        assert_eq!(attempts[0].result.as_deref(), Some(outcome.result));
+        assert_eq!(attempts[0].result.as_deref(), Some(outcome.result.as_str()));
         assert_eq!(attempts[0].error, outcome.error);
     }
     assert!(store.finish_all(&[]).await.unwrap().is_empty());

@@ -109,9 +109,12 @@ impl JobStatus {
             Self::Dead => "dead",
         }
     }
+}
 
-    pub(crate) fn parse(s: &str) -> Self {
-        match s {
+/// Reads the stored text (anything unknown is pending, as the worker treats it).
+impl From<String> for JobStatus {
+    fn from(s: String) -> Self {
+        match s.as_str() {
             "sent" => Self::Sent,
             "dead" => Self::Dead,
             _ => Self::Pending,
@@ -161,7 +164,7 @@ impl std::fmt::Display for AttemptResult {
 }
 
 /// A job as stored, for operators and tests.
-#[derive(Debug, Clone, Serialize)]
+#[derive(Debug, Clone, Serialize, sqlx::FromRow)]
 pub struct JobRecord {
     /// Row id.
     pub id: i64,
@@ -170,6 +173,7 @@ pub struct JobRecord {
     /// Handler kind.
     pub kind: String,
     /// Status.
+    #[sqlx(try_from = "String")]
     pub status: JobStatus,
     /// Attempts started so far.
     pub attempts: i32,
@@ -178,13 +182,14 @@ pub struct JobRecord {
     /// The provider's id of the delivery.
     pub provider_message_id: Option<String>,
     /// The payload.
+    #[sqlx(json)]
     pub payload: Value,
     /// The delivery key.
     pub delivery_key: Uuid,
 }
 
 /// One attempt as recorded: the history an incident review needs.
-#[derive(Debug, Clone, Serialize)]
+#[derive(Debug, Clone, Serialize, sqlx::FromRow)]
 pub struct AttemptRecord {
     /// Attempt number, from 1.
     pub attempt: i32,

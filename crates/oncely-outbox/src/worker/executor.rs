@@ -5,7 +5,6 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use futures::FutureExt;
-use time::OffsetDateTime;
 use tokio::task::JoinHandle;
 use tracing::Instrument;
 
@@ -44,7 +43,7 @@ async fn attempt<S: JobStore>(
         }
         return Ran { job, finish: None };
     };
-    let now = OffsetDateTime::now_utc();
+    let now = store.now();
     let finish = if job.not_after.is_some_and(|deadline| deadline <= now) {
         let why = "not run: its deadline passed before delivery".to_owned();
         Finish::dead(AttemptResult::Expired, why)

@@ -4,7 +4,6 @@
 use std::future::Future;
 
 use oncely::store::KeyStore;
-use oncely_outbox::{Enqueued, NewJob, OutboxError};
 use sqlx::Database;
 use time::OffsetDateTime;
 use uuid::Uuid;
@@ -115,11 +114,11 @@ pub struct TokenForSend {
 /// The SQL of the account flows, for one database. Handlers run these inside the idempotency
 /// layer's transaction (`conn`); the worker and the CLI use the pool (`&self`).
 pub trait Accounts: KeyStore {
-    /// The outbox store on the same database.
-    type Jobs: oncely_outbox::JobStore;
+    /// The outbox store on the same database; handlers enqueue with it in their transaction.
+    type Jobs: oncely_outbox::JobStore<Database = Self::Database>;
 
-    /// A new outbox store on this database. The app makes one and shares it (workers and the
-    /// post-commit wake-up must use the same one).
+    /// A new outbox store on this database. The app makes one and shares it (on SQLite an
+    /// enqueue wakes the workers of the store it went through).
     fn jobs(&self, poll_only: bool) -> Self::Jobs;
 
     /// Applies the service's own migrations.
@@ -213,12 +212,6 @@ pub trait Accounts: KeyStore {
         password_hash: Option<&'c str>,
     ) -> impl Future<Output = anyhow::Result<Uuid>> + Send + 'c;
 
-    /// Enqueues an outbox job in the transaction.
-    fn enqueue<'c>(
-        conn: &'c mut <Self::Database as Database>::Connection,
-        job: &'c NewJob,
-    ) -> impl Future<Output = Result<Enqueued, OutboxError>> + Send + 'c;
-
     /// The flow, recipient and liveness of a token (for the worker, outside any transaction).
     fn token_for_send(
         &self,
@@ -259,8 +252,4 @@ pub trait Accounts: KeyStore {
         &self,
         api_key_hash: &[u8],
     ) -> impl Future<Output = anyhow::Result<Option<String>>> + Send;
-
-    /// Wakes workers of `jobs` after a commit: a coalesced NOTIFY (PostgreSQL, every process)
-    /// or an in-process signal (SQLite).
-    fn notify_workers(jobs: &Self::Jobs);
 }

@@ -2,7 +2,6 @@
 
 use oncely::store::postgres::PgKeyStore;
 use oncely_outbox::store::postgres::PgJobStore;
-use oncely_outbox::{Enqueued, NewJob, OutboxError};
 use sqlx::migrate::Migrator;
 use sqlx::{PgConnection, Row};
 use uuid::Uuid;
@@ -264,10 +263,6 @@ impl Accounts for PgKeyStore {
         Ok(id)
     }
 
-    async fn enqueue(conn: &mut PgConnection, job: &NewJob) -> Result<Enqueued, OutboxError> {
-        oncely_outbox::store::postgres::enqueue(conn, job).await
-    }
-
     async fn token_for_send(&self, token_id: Uuid) -> anyhow::Result<Option<TokenForSend>> {
         let row = sqlx::query(
             "SELECT t.flow, t.token_hash, COALESCE(u.email, t.email) AS recipient,
@@ -345,10 +340,6 @@ impl Accounts for PgKeyStore {
                 .fetch_optional(self.pool())
                 .await?,
         )
-    }
-
-    fn notify_workers(jobs: &PgJobStore) {
-        jobs.wake();
     }
 }
 

@@ -2,7 +2,6 @@
 
 use oncely::store::sqlite::SqliteKeyStore;
 use oncely_outbox::store::sqlite::SqliteJobStore;
-use oncely_outbox::{Enqueued, NewJob, OutboxError};
 use sqlx::migrate::Migrator;
 use sqlx::{Row, SqliteConnection};
 use time::OffsetDateTime;
@@ -280,10 +279,6 @@ impl Accounts for SqliteKeyStore {
         Ok(id)
     }
 
-    async fn enqueue(conn: &mut SqliteConnection, job: &NewJob) -> Result<Enqueued, OutboxError> {
-        oncely_outbox::store::sqlite::enqueue(conn, job).await
-    }
-
     async fn token_for_send(&self, token_id: Uuid) -> anyhow::Result<Option<TokenForSend>> {
         let row = sqlx::query(
             "SELECT t.flow, t.token_hash, COALESCE(u.email, t.email) AS recipient,
@@ -364,10 +359,6 @@ impl Accounts for SqliteKeyStore {
                 .fetch_optional(self.pool())
                 .await?,
         )
-    }
-
-    fn notify_workers(jobs: &SqliteJobStore) {
-        jobs.notify();
     }
 }
 

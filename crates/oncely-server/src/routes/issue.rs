@@ -9,7 +9,7 @@ use std::time::Duration;
 use axum::extract::FromRequestParts;
 use axum::http::request::Parts;
 use oncely::TenantId;
-use oncely_outbox::NewJob;
+use oncely_outbox::{JobStore, NewJob};
 use serde_json::json;
 use time::OffsetDateTime;
 use uuid::Uuid;
@@ -221,6 +221,6 @@ pub async fn token_email<A: Accounts>(
         json!({ "token_id": token_id, "suppressed": suppressed }),
     )
     .not_after(expires_at);
-    A::enqueue(conn, &job).await?;
+    state.jobs.enqueue(conn, &job).await?;
     Ok(())
 }

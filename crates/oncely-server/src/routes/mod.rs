@@ -4,10 +4,9 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use axum::extract::rejection::JsonRejection;
-use axum::extract::{FromRequest, Request, State};
-use axum::http::{Method, StatusCode};
-use axum::middleware::{self, Next};
-use axum::response::Response;
+use axum::extract::{FromRequest, Request};
+use axum::http::StatusCode;
+use axum::middleware;
 use axum::routing::{MethodRouter, get, post};
 use axum::{Json, Router};
 use oncely::{IdempotencyLayer, Problem, ServerSecret};
@@ -26,7 +25,8 @@ pub mod tenant;
 pub struct AppState<A: Accounts> {
     /// Account SQL and the key store.
     pub accounts: A,
-    /// The outbox store the in-process workers use (woken after commits).
+    /// The outbox store handlers enqueue with (the in-process workers' own: an enqueue on
+    /// SQLite wakes them).
     pub jobs: A::Jobs,
     /// Derives tokens.
     pub secret: ServerSecret,
@@ -64,11 +64,9 @@ pub fn v1<A: Accounts>(state: AppState<A>, policy: KeyPolicy) -> Router {
     // Per method router: the layers run only for a method the route has, so any other method
     // is a plain 405. Outer layers run first: the tenant is known before the key is scoped.
     let tenant = middleware::from_fn_with_state(state.clone(), tenant::resolve::<A>);
-    let wake = middleware::from_fn_with_state(state.clone(), wake_workers::<A>);
     let guarded = |route: MethodRouter<AppState<A>>| {
         route
             .route_layer(keys.clone())
-            .route_layer(wake.clone())
             .route_layer(tenant.clone())
     };
     Router::new()
@@ -97,21 +95,6 @@ pub fn v1<A: Accounts>(state: AppState<A>, policy: KeyPolicy) -> Router {
             guarded(get(consume::invite_page).post(consume::invite_accept::<A>)),
         )
         .with_state(state)
-}
-
-/// After a mutating request committed, wake idle workers: on PostgreSQL a coalesced NOTIFY
-/// sent outside the request's transaction (workers in every process), on SQLite this process's.
-async fn wake_workers<A: Accounts>(
-    State(state): State<AppState<A>>,
-    req: Request,
-    next: Next,
-) -> Response {
-    let mutating = req.method() == Method::POST;
-    let response = next.run(req).await;
-    if mutating && response.status().is_success() {
-        A::notify_workers(&state.jobs);
-    }
-    response
 }
 
 /// `Json<T>` whose rejections are problem+json: 415 without a JSON content type, 413 for a

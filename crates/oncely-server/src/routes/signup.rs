@@ -4,7 +4,7 @@ use axum::Json;
 use axum::extract::State;
 use axum::http::StatusCode;
 use oncely::{IdempotentTx, Problem};
-use oncely_outbox::NewJob;
+use oncely_outbox::{JobStore, NewJob};
 use secrecy::SecretString;
 use serde::Deserialize;
 use serde_json::json;
@@ -143,7 +143,9 @@ pub async fn signup<A: Accounts>(
                 SIGNUP_NOTICE,
                 json!({ "user_id": user, "suppressed": suppressed }),
             );
-            A::enqueue(&mut conn, &job)
+            state
+                .jobs
+                .enqueue(&mut conn, &job)
                 .await
                 .map_err(|e| unexpected(e.into()))?;
         }

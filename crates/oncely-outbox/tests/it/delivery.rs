@@ -10,7 +10,7 @@ use oncely_testdb::TestDb;
 use time::OffsetDateTime;
 use tokio_util::sync::CancellationToken;
 
-use crate::support::{Backend, both_stores};
+use crate::support::{Backend, Spy, both_stores, idle};
 
 const FAST: RetryPolicy = RetryPolicy {
     base: Duration::from_millis(10),
@@ -63,7 +63,8 @@ fn email_job(key: &str, to: &str) -> NewJob {
     NewJob::new(key, "email", serde_json::to_value(email).unwrap())
 }
 
-/// Runs the worker until the job leaves `pending` (retries wait for their delay), or 10 s.
+/// Runs the worker until the job leaves `pending`, or 10 s; between rounds the store's clock
+/// moves past the longest retry delay, so each retry is due at once.
 async fn run_until_settled<S: Backend>(
     worker: &Worker<S>,
     store: &S,
@@ -76,7 +77,7 @@ async fn run_until_settled<S: Backend>(
         if record.status != JobStatus::Pending || Instant::now() > deadline {
             return record;
         }
-        tokio::time::sleep(Duration::from_millis(15)).await;
+        store.clock().advance(FAST.max_delay);
     }
 }
 
@@ -296,14 +297,16 @@ async fn an_idle_worker_wakes_when_a_job_commits_and_stops_on_shutdown<S: Backen
         poll_interval: Duration::from_secs(60),
         ..WorkerConfig::default()
     };
-    let worker = Worker::new(store.clone(), config).handle_with_policy(
+    let (spy, mut claims) = Spy::watching(store.clone());
+    let worker = Worker::new(spy, config).handle_with_policy(
         "email",
         EmailHandler::new(smtp(&running)),
         FAST,
     );
     let shutdown = CancellationToken::new();
     let running_worker = tokio::spawn(worker.run(shutdown.clone()));
-    tokio::time::sleep(Duration::from_millis(300)).await;
+    // Its first claim found nothing: it is idle now.
+    idle(&mut claims).await;
     store
         .enqueue_with_business_row(email_job("k", "i@example.com"), true)
         .await

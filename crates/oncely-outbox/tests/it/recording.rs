@@ -72,7 +72,7 @@ async fn a_failed_recording_is_retried_and_nothing_is_sent_twice<S: Backend>(
         "three failures, then success"
     );
     // Past the lease: with the result lost, the jobs would be claimed and sent again now.
-    tokio::time::sleep(lease + Duration::from_millis(200)).await;
+    store.clock().advance(lease + Duration::from_millis(200));
     assert_eq!(worker.drain().await.unwrap(), 0, "nothing left to run");
     for key in &keys {
         let record = store.job(key).await.unwrap().unwrap();

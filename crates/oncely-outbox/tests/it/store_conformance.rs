@@ -133,7 +133,7 @@ async fn an_expired_lease_lets_another_worker_take_the_job_and_fences_out_the_fi
         .await
         .unwrap()
         .remove(0);
-    tokio::time::sleep(Duration::from_millis(200)).await;
+    store.clock().advance(Duration::from_millis(200));
     let second = store
         .claim("b", &kinds(&["email"]), 1, LEASE)
         .await
@@ -211,7 +211,7 @@ async fn a_retry_waits_for_its_delay<S: Backend>(store: S, _db: TestDb) {
             .unwrap()
             .is_empty()
     );
-    tokio::time::sleep(Duration::from_millis(400)).await;
+    store.clock().advance(Duration::from_millis(400));
     let again = store
         .claim("a", &kinds(&["email"]), 1, LEASE)
         .await
@@ -366,7 +366,7 @@ async fn pruning_removes_only_finished_jobs_past_their_retention_in_batches<S: B
         0,
         "within retention: kept"
     );
-    tokio::time::sleep(Duration::from_millis(30)).await;
+    store.clock().advance(Duration::from_millis(30));
     assert_eq!(
         store.prune(Duration::from_millis(10), 2).await.unwrap(),
         2,
@@ -396,7 +396,7 @@ async fn one_batch_finish_records_each_result_and_fences_each_job<S: Backend>(
         .await
         .unwrap();
     assert_eq!(first.len(), 3);
-    tokio::time::sleep(Duration::from_millis(200)).await;
+    store.clock().advance(Duration::from_millis(200));
     // Another worker takes "c" over after w1's lease ended; w1 still records all three.
     let taken = store
         .claim("w2", &kinds(&["email"]), 1, LEASE)

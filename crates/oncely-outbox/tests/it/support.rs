@@ -1,5 +1,5 @@
-//! Stores per backend, a business table to enqueue next to, and a store that lets a test fail
-//! or watch the one it wraps.
+//! Stores per backend on a manual clock, a business table to enqueue next to, and a store that
+//! lets a test fail or watch the one it wraps.
 
 use std::future::Future;
 use std::sync::atomic::{AtomicU32, Ordering};
@@ -9,14 +9,15 @@ use std::time::Duration;
 use oncely_outbox::job::AttemptRecord;
 use oncely_outbox::store::postgres::PgJobStore;
 use oncely_outbox::store::sqlite::SqliteJobStore;
-use oncely_outbox::store::{Backlog, Dialect, Finish, JobFilter, SqlJobStore, Wakeup};
+use oncely_outbox::store::{Backlog, Clock, Dialect, Finish, JobFilter, SqlJobStore, Wakeup};
 use oncely_outbox::{Enqueued, Job, JobRecord, JobStore, NewJob, OutboxError};
 use oncely_testdb::{TestDb, TestPostgres, TestSqlite};
 use sqlx::{Encode, Executor, IntoArguments, Pool, Type};
 use time::OffsetDateTime;
 use tokio::sync::mpsc;
 
-/// A job store the tests can also enqueue into (in a transaction of their own).
+/// A job store the tests can also enqueue into (in a transaction of their own) and move the
+/// time of.
 pub trait Backend: JobStore {
     /// Begins a transaction, writes a business row and enqueues `job`; commits if `commit`.
     /// Nothing else: the store wakes its workers by itself.
@@ -27,13 +28,15 @@ pub trait Backend: JobStore {
     ) -> impl Future<Output = Result<Enqueued, OutboxError>> + Send;
     /// How many business rows committed.
     fn business_rows(&self) -> impl Future<Output = i64> + Send;
+    /// The store's (manual) clock.
+    fn clock(&self) -> &Clock;
 }
 
 const BUSINESS: &str = "CREATE TABLE business (note TEXT NOT NULL)";
 
 pub async fn postgres() -> (PgJobStore, TestDb) {
     let db = TestPostgres::new().await;
-    let store = PgJobStore::new(db.pool(20).await);
+    let store = PgJobStore::new(db.pool(20).await).with_clock(manual_clock());
     store.migrate().await.unwrap();
     sqlx::query(BUSINESS).execute(store.pool()).await.unwrap();
     (store, TestDb::Postgres(Box::new(db)))
@@ -41,10 +44,15 @@ pub async fn postgres() -> (PgJobStore, TestDb) {
 
 pub async fn sqlite() -> (SqliteJobStore, TestDb) {
     let db = TestSqlite::new();
-    let store = SqliteJobStore::new(db.pool(8).await);
+    let store = SqliteJobStore::new(db.pool(8).await).with_clock(manual_clock());
     store.migrate().await.unwrap();
     sqlx::query(BUSINESS).execute(store.pool()).await.unwrap();
     (store, TestDb::Sqlite(db))
+}
+
+/// Time stands still in the tests until one moves it.
+fn manual_clock() -> Clock {
+    Clock::manual(OffsetDateTime::now_utc())
 }
 
 impl<D: Dialect> Backend for SqlJobStore<D>
@@ -81,6 +89,10 @@ where
             .fetch_one(self.pool())
             .await
             .unwrap()
+    }
+
+    fn clock(&self) -> &Clock {
+        SqlJobStore::clock(self)
     }
 }
 
@@ -158,6 +170,9 @@ impl<S: Backend> Backend for Spy<S> {
     }
     async fn business_rows(&self) -> i64 {
         self.inner.business_rows().await
+    }
+    fn clock(&self) -> &Clock {
+        self.inner.clock()
     }
 }
 

@@ -160,21 +160,20 @@ impl PgWaker {
 }
 
 /// Sends the NOTIFYs that come due, on a connection of its own, at most one per
-/// [`NOTIFY_INTERVAL`]. Ends when the store is gone (no more kicks can come).
+/// [`NOTIFY_INTERVAL`]. When the store is gone (no more kicks can come) it sends what it still
+/// owes, then ends.
 async fn notifier(pool: PgPool, due: Arc<Mutex<Due>>, mut kicks: mpsc::Receiver<()>) {
     let mut conn: Option<PgConnection> = None;
+    let mut store_gone = false;
     loop {
         let next = due.lock().unwrap_or_else(|p| p.into_inner()).next();
         match next {
-            None => {
-                if kicks.recv().await.is_none() {
-                    return;
-                }
-            }
+            None if store_gone => return,
+            None => store_gone = kicks.recv().await.is_none(),
             Some(at) if at > Instant::now() => {
                 tokio::select! {
                     () = tokio::time::sleep_until(at) => {}
-                    kick = kicks.recv() => if kick.is_none() { return },
+                    kick = kicks.recv(), if !store_gone => store_gone = kick.is_none(),
                 }
             }
             Some(_) => {

@@ -9,9 +9,11 @@ use std::time::Duration;
 
 use oncely_outbox::store::CHANNEL;
 use oncely_outbox::store::postgres::PgJobStore;
+use oncely_outbox::store::sqlite::SqliteJobStore;
 use oncely_outbox::{Delivery, Handler, Job, JobStore, NewJob, Worker, WorkerConfig};
 use oncely_testdb::{TestDb, TestPostgres};
-use sqlx::postgres::{PgListener, PgNotification};
+use sqlx::postgres::PgListener;
+use sqlx::{Sqlite, Transaction};
 use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
 
@@ -35,11 +37,13 @@ async fn listen(db: &TestPostgres) -> PgListener {
     listener
 }
 
-async fn next(listener: &mut PgListener) -> PgNotification {
-    tokio::time::timeout(Duration::from_secs(10), listener.recv())
+/// The next notification's payload.
+async fn next(listener: &mut PgListener) -> String {
+    let notification = tokio::time::timeout(Duration::from_secs(10), listener.recv())
         .await
         .expect("a notification arrives")
-        .unwrap()
+        .unwrap();
+    notification.payload().to_owned()
 }
 
 async fn marker(store: &PgJobStore) {
@@ -50,28 +54,32 @@ async fn marker(store: &PgJobStore) {
         .unwrap();
 }
 
-/// Regression (issue 12): `enqueue` ran `pg_notify` in every caller's transaction, so every
-/// committing enqueuer queued behind PostgreSQL's global notify lock. Now only the first of a
-/// burst notifies in its transaction. Notifications arrive in commit order: after the first
-/// enqueue's, the next one a listener sees is the marker sent after the last commit.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_burst_of_enqueues_notifies_inside_one_transaction_only() {
+/// Listens, commits an enqueue of each of `keys` through a store with `window`, then sends a
+/// marker NOTIFY. The store goes when this returns: what it owes is sent all the same.
+async fn enqueues_then_marker(window: Duration, keys: &[&str]) -> (PgListener, TestPostgres) {
     let (store, db) = postgres().await;
-    let store = store.notify_window(Duration::from_secs(3600));
-    let mut listener = listen(&db).await;
-    for key in ["burst-1", "burst-2", "burst-3"] {
+    let store = store.notify_window(window);
+    let listener = listen(&db).await;
+    for key in keys {
         store
             .enqueue_with_business_row(ping(key), true)
             .await
             .unwrap();
     }
     marker(&store).await;
-    assert_eq!(
-        next(&mut listener).await.payload(),
-        "",
-        "the first enqueue's"
-    );
-    assert_eq!(next(&mut listener).await.payload(), "marker");
+    (listener, db)
+}
+
+/// Regression (issue 12): `enqueue` ran `pg_notify` in every caller's transaction, so every
+/// committing enqueuer queued behind PostgreSQL's global notify lock. Now only the first of a
+/// burst notifies in its transaction. Notifications arrive in commit order: after the first
+/// enqueue's, the next one a listener sees is the marker sent after the last commit.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_burst_of_enqueues_notifies_inside_one_transaction_only() {
+    let keys = ["burst-1", "burst-2", "burst-3"];
+    let (mut listener, _db) = enqueues_then_marker(Duration::from_secs(3600), &keys).await;
+    assert_eq!(next(&mut listener).await, "", "the first enqueue's");
+    assert_eq!(next(&mut listener).await, "marker");
 }
 
 /// A NOTIFY inside a transaction that rolls back is never delivered.
@@ -84,34 +92,18 @@ async fn a_rolled_back_enqueue_notifies_nothing() {
         .await
         .unwrap();
     marker(&store).await;
-    assert_eq!(next(&mut listener).await.payload(), "marker");
+    assert_eq!(next(&mut listener).await, "marker");
 }
 
 /// An enqueue inside the window skips its own NOTIFY; the trailing one comes a window later,
 /// from outside any transaction (so after the marker sent right after its commit).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_enqueue_inside_the_window_gets_a_trailing_notify() {
-    let (store, db) = postgres().await;
-    let store = store.notify_window(Duration::from_secs(2));
-    let mut listener = listen(&db).await;
-    for key in ["first", "inside-the-window"] {
-        store
-            .enqueue_with_business_row(ping(key), true)
-            .await
-            .unwrap();
-    }
-    marker(&store).await;
-    assert_eq!(
-        next(&mut listener).await.payload(),
-        "",
-        "the first enqueue's"
-    );
-    assert_eq!(next(&mut listener).await.payload(), "marker");
-    assert_eq!(
-        next(&mut listener).await.payload(),
-        "",
-        "the trailing NOTIFY"
-    );
+    let keys = ["first", "inside-the-window"];
+    let (mut listener, _db) = enqueues_then_marker(Duration::from_secs(2), &keys).await;
+    assert_eq!(next(&mut listener).await, "", "the first enqueue's");
+    assert_eq!(next(&mut listener).await, "marker");
+    assert_eq!(next(&mut listener).await, "", "the trailing NOTIFY");
 }
 
 /// Tells the test which job ran.
@@ -208,23 +200,34 @@ async fn wake_reaches_workers_for_jobs_inserted_by_other_means() {
     worker.stop().await;
 }
 
-/// SQLite: the enqueue signals the worker inside the transaction; its claim waits for the
-/// transaction's write lock, so it runs the job right after the commit — never before.
-#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-async fn sqlite_wakes_the_worker_inside_the_transaction_and_its_claim_waits_for_the_commit() {
-    let (store, _db) = crate::support::sqlite().await;
+/// SQLite: an idle worker, and an open transaction that wrote a business row and enqueued
+/// `key`, which woke the worker at once: its claim has begun (and waits for the transaction's
+/// write lock).
+async fn sqlite_woken_inside_a_transaction(
+    key: &str,
+) -> (SqliteJobStore, TestDb, Hourly, Transaction<'static, Sqlite>) {
+    let (store, db) = crate::support::sqlite().await;
     let mut worker = Hourly::start(store.clone()).await;
     let mut tx = store.pool().begin().await.unwrap();
-    sqlx::query("INSERT INTO business (note) VALUES ('signal')")
+    sqlx::query("INSERT INTO business (note) VALUES ($1)")
+        .bind(key)
         .execute(&mut *tx)
         .await
         .unwrap();
-    store.enqueue(&mut tx, &ping("signal")).await.unwrap();
+    store.enqueue(&mut tx, &ping(key)).await.unwrap();
     assert_eq!(
         worker.claims.recv().await,
         Some(Claim::Started),
         "woken at once"
     );
+    (store, db, worker, tx)
+}
+
+/// SQLite: the enqueue signals the worker inside the transaction; its claim waits for the
+/// transaction's write lock, so it runs the job right after the commit — never before.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn sqlite_wakes_the_worker_inside_the_transaction_and_its_claim_waits_for_the_commit() {
+    let (_store, _db, mut worker, tx) = sqlite_woken_inside_a_transaction("signal").await;
     assert!(
         worker.ran.try_recv().is_err(),
         "nothing runs before the commit"
@@ -237,15 +240,7 @@ async fn sqlite_wakes_the_worker_inside_the_transaction_and_its_claim_waits_for_
 /// SQLite: after a rollback the woken worker's claim finds nothing.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn sqlite_a_rolled_back_enqueue_costs_the_woken_worker_an_empty_claim() {
-    let (store, _db) = crate::support::sqlite().await;
-    let mut worker = Hourly::start(store.clone()).await;
-    let mut tx = store.pool().begin().await.unwrap();
-    store.enqueue(&mut tx, &ping("never")).await.unwrap();
-    assert_eq!(
-        worker.claims.recv().await,
-        Some(Claim::Started),
-        "woken at once"
-    );
+    let (store, _db, mut worker, tx) = sqlite_woken_inside_a_transaction("never").await;
     tx.rollback().await.unwrap();
     assert_eq!(worker.claims.recv().await, Some(Claim::Returned(0)));
     assert!(worker.ran.try_recv().is_err());

@@ -69,6 +69,10 @@ pub struct Job {
     pub lease_token: Uuid,
 }
 
+/// What a handler or a mailer returns: the attempt, boxed (its traits stay object-safe).
+pub type DeliveryFuture<'a> =
+    std::pin::Pin<Box<dyn std::future::Future<Output = Delivery> + Send + 'a>>;
+
 /// What one attempt reports.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Delivery {

@@ -35,7 +35,9 @@ pub mod policy;
 pub mod store;
 pub mod worker;
 
-pub use job::{AttemptResult, Delivery, Enqueued, Job, JobRecord, JobStatus, NewJob};
+pub use job::{
+    AttemptResult, Delivery, DeliveryFuture, Enqueued, Job, JobRecord, JobStatus, NewJob,
+};
 pub use policy::RetryPolicy;
 pub use store::{JobStore, OutboxError};
 pub use worker::{Handler, KindOptions, Worker, WorkerConfig};

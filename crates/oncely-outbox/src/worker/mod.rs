@@ -4,12 +4,10 @@
 //! results in batches. This module holds what ties them: handlers, settings, the [`Worker`].
 
 use std::collections::HashMap;
-use std::future::Future;
-use std::pin::Pin;
 use std::sync::Arc;
 use std::time::Duration;
 
-use crate::job::{Delivery, Job};
+use crate::job::{DeliveryFuture, Job};
 use crate::policy::RetryPolicy;
 use crate::store::{JobStore, OutboxError};
 
@@ -21,7 +19,7 @@ mod producer;
 pub trait Handler: Send + Sync + 'static {
     /// Performs the job's effect once, forwarding [`Job::delivery_key`] to anything downstream
     /// that deduplicates, and reports what happened.
-    fn run<'a>(&'a self, job: &'a Job) -> Pin<Box<dyn Future<Output = Delivery> + Send + 'a>>;
+    fn run<'a>(&'a self, job: &'a Job) -> DeliveryFuture<'a>;
 }
 
 /// Worker settings.

@@ -1,7 +1,8 @@
-//! The worker, in river's three parts: the [`producer`] claims due jobs and keeps every slot
-//! busy (wake-ups, polling, concurrency per kind), the [`executor`] runs one attempt outside any
-//! transaction and asks the kind's [`RetryPolicy`] what it means, the [`completer`] records the
-//! results in batches. This module holds what ties them: handlers, settings, the [`Worker`].
+//! The worker, in river's three parts: the producer (`producer.rs`) claims due jobs and keeps
+//! every slot busy (wake-ups, polling, concurrency per kind), the executor (`executor.rs`) runs
+//! one attempt outside any transaction and asks the kind's [`RetryPolicy`] what it means, the
+//! completer (`completer.rs`) records the results in batches. This module holds what ties them:
+//! handlers, settings, the [`Worker`].
 
 use std::collections::HashMap;
 use std::sync::Arc;

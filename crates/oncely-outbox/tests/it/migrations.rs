@@ -2,11 +2,13 @@
 //! the same versions and checksums in the same history table, so a database an earlier release
 //! migrated keeps migrating.
 
+use futures::future::join_all;
 use oncely_outbox::JobStore;
 use oncely_outbox::store::{Dialect, MIGRATIONS_TABLE, SqlJobStore};
 use oncely_outbox::store::{postgres, sqlite};
 use oncely_testdb::{TestPostgres, TestSqlite};
 use sqlx::migrate::{Migrate, Migration, MigrationType, Migrator};
+use sqlx::postgres::PgPoolOptions;
 use sqlx::{AssertSqlSafe, Executor, IntoArguments, Pool, SqlSafeStr};
 
 /// What the hand-built migrator recorded: version, description, SHA-384 of the SQL.
@@ -103,7 +105,7 @@ where
     D::Arguments: IntoArguments<D>,
     for<'r> (i64,): sqlx::FromRow<'r, D::Row>,
 {
-    for (version, pool) in (1..=4).zip(pools) {
+    join_all((1..=4).zip(pools).map(|(version, pool)| async move {
         previous_release(&D::migrator(), version)
             .run(&pool)
             .await
@@ -120,37 +122,60 @@ where
         assert_eq!(store.pending().await.unwrap(), 0);
         sqlx::query(
             "INSERT INTO _oncely_outbox_migrations
-                    (version, description, success, checksum, execution_time)
-             SELECT 9999, 'from a newer release', success, checksum, execution_time
-               FROM _oncely_outbox_migrations WHERE version = 1",
+                        (version, description, success, checksum, execution_time)
+                 SELECT 9999, 'from a newer release', success, checksum, execution_time
+                   FROM _oncely_outbox_migrations WHERE version = 1",
         )
         .execute(&pool)
         .await
         .unwrap();
         store.migrate().await.unwrap();
-    }
+    }))
+    .await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn postgres_an_earlier_release_s_database_keeps_migrating() {
-    let mut dbs = Vec::new();
+    // One database, a schema per starting version (creating databases is slow).
+    let db = TestPostgres::new().await;
     let mut pools = Vec::new();
-    for _ in 1..=4 {
-        let db = TestPostgres::new().await;
-        pools.push(db.pool(2).await);
-        dbs.push(db);
+    for version in 1..=4 {
+        let schema = format!("from_version_{version}");
+        sqlx::query(AssertSqlSafe(format!("CREATE SCHEMA {schema}")))
+            .execute(&db.pool(1).await)
+            .await
+            .unwrap();
+        let pool = PgPoolOptions::new()
+            .max_connections(2)
+            .after_connect(move |conn, _| {
+                let set = format!("SET search_path TO {schema}");
+                Box::pin(async move {
+                    sqlx::query(AssertSqlSafe(set)).execute(conn).await?;
+                    Ok(())
+                })
+            })
+            .connect(db.url())
+            .await
+            .unwrap();
+        pools.push(pool);
     }
     an_earlier_release_s_database_keeps_migrating(pools).await;
+    for version in 1..=4 {
+        let sql = format!("SELECT count(*) FROM from_version_{version}._oncely_outbox_migrations");
+        let rows: i64 = sqlx::query_scalar(AssertSqlSafe(sql))
+            .fetch_one(&db.pool(1).await)
+            .await
+            .unwrap();
+        assert_eq!(
+            rows, 5,
+            "each schema has its own history (and the newer version)"
+        );
+    }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn sqlite_an_earlier_release_s_database_keeps_migrating() {
-    let mut dbs = Vec::new();
-    let mut pools = Vec::new();
-    for _ in 1..=4 {
-        let db = TestSqlite::new();
-        pools.push(db.pool(2).await);
-        dbs.push(db);
-    }
+    let dbs: Vec<_> = (1..=4).map(|_| TestSqlite::new()).collect();
+    let pools = join_all(dbs.iter().map(|db| db.pool(2))).await;
     an_earlier_release_s_database_keeps_migrating(pools).await;
 }

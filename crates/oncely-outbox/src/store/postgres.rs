@@ -8,13 +8,15 @@
 //! - an enqueue notifies inside its transaction when no enqueue of this store did within the
 //!   last [`PgJobStore::notify_window`] ([`NOTIFY_WINDOW`], 25 ms): at most one notifying commit
 //!   per window, however many commit;
-//! - an enqueue inside the window skips it and arms a trailing NOTIFY instead, sent by a
-//!   background task on a connection of its own (outside any transaction) one window after the
-//!   last such enqueue: by then its transaction has normally committed, and the claim the
-//!   NOTIFY starts finds every job committed so far.
+//! - an enqueue inside the window skips it and arms trailing NOTIFYs instead, sent by a
+//!   background task on a connection of its own (outside any transaction): one when the window
+//!   ends (the claim it starts finds every job committed by then: most are), and one a window
+//!   after the last enqueue that skipped (by then its transaction has normally committed, even
+//!   a slower one).
 //!
 //! A job whose transaction commits later than a window after its enqueue, at the end of a burst,
-//! is found at the workers' next poll ([`crate::WorkerConfig::poll_interval`]). Call
+//! is found at the workers' next poll ([`crate::WorkerConfig::poll_interval`]). Per window that
+//! is at most one notifying commit and two NOTIFYs of the background task. Call
 //! [`JobStore::wake`](super::JobStore::wake) after committing jobs inserted by other means, or
 //! after a transaction you hold open for long: one coalesced NOTIFY from the background task,
 //! at most one per [`NOTIFY_INTERVAL`].
@@ -89,22 +91,41 @@ struct Due {
     in_transaction: Option<Instant>,
     /// A NOTIFY as soon as the interval allows (a wake after a commit).
     soon: bool,
-    /// A NOTIFY at this moment (a window after the last enqueue that skipped its own).
+    /// A NOTIFY when the window of an enqueue that skipped its own ends.
+    window_end: Option<Instant>,
+    /// A NOTIFY a window after the last enqueue that skipped its own.
     trailing: Option<Instant>,
 }
 
 impl Due {
     fn next(&self) -> Option<Instant> {
-        if self.soon {
-            Some(Instant::now())
-        } else {
-            self.trailing
-        }
+        let soon = self.soon.then(Instant::now);
+        [soon, self.window_end, self.trailing]
+            .into_iter()
+            .flatten()
+            .min()
     }
 
     fn sent(&mut self, at: Instant) {
         self.soon = false;
+        self.window_end = self.window_end.filter(|end| *end > at);
         self.trailing = self.trailing.filter(|trailing| *trailing > at);
+    }
+
+    /// An enqueue at `now`: `true` if it notifies inside its transaction (no enqueue did within
+    /// `window`); otherwise it arms the trailing NOTIFYs.
+    fn enqueued(&mut self, now: Instant, window: Duration) -> bool {
+        let window_end = match self.in_transaction {
+            Some(last) if now < last + window => last + window,
+            _ => {
+                self.in_transaction = Some(now);
+                return true;
+            }
+        };
+        self.window_end = Some(window_end);
+        let at = now + window;
+        self.trailing = Some(self.trailing.map_or(at, |trailing| trailing.max(at)));
+        false
     }
 }
 
@@ -125,23 +146,14 @@ impl PgWaker {
             .unwrap_or_else(|poisoned| poisoned.into_inner())
     }
 
-    /// Whether this enqueue notifies inside its transaction; if not, the trailing NOTIFY is
+    /// Whether this enqueue notifies inside its transaction; if not, the trailing NOTIFYs are
     /// armed.
     fn notify_in_transaction(&self) -> bool {
-        let now = Instant::now();
-        let mut due = self.due();
-        if due
-            .in_transaction
-            .is_none_or(|last| now >= last + self.window)
-        {
-            due.in_transaction = Some(now);
-            return true;
+        let here = self.due().enqueued(Instant::now(), self.window);
+        if !here {
+            self.kick();
         }
-        let at = now + self.window;
-        due.trailing = Some(due.trailing.map_or(at, |trailing| trailing.max(at)));
-        drop(due);
-        self.kick();
-        false
+        here
     }
 
     /// Tells the background task to look at what is due (starting it first). Outside a Tokio
@@ -239,5 +251,51 @@ impl Dialect for Postgres {
         let mut listener = PgListener::connect_with(pool).await?;
         listener.listen(CHANNEL).await?;
         Ok(Wakeup::Listen(Box::new(listener)))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const WINDOW: Duration = Duration::from_millis(25);
+
+    #[test]
+    fn one_enqueue_per_window_notifies_in_its_transaction_the_others_arm_two_trailing_notifies() {
+        let t0 = Instant::now();
+        let ms = |n| t0 + Duration::from_millis(n);
+        let mut due = Due::default();
+        assert!(
+            due.enqueued(ms(0), WINDOW),
+            "the first notifies at its commit"
+        );
+        assert_eq!(due.next(), None);
+        assert!(!due.enqueued(ms(10), WINDOW));
+        assert!(!due.enqueued(ms(20), WINDOW));
+        assert_eq!(due.window_end, Some(ms(25)), "when the window ends");
+        assert_eq!(
+            due.trailing,
+            Some(ms(45)),
+            "a window after the last that skipped"
+        );
+        assert_eq!(due.next(), Some(ms(25)));
+        due.sent(ms(25));
+        assert_eq!(due.next(), Some(ms(45)));
+        assert!(due.enqueued(ms(30), WINDOW), "a new window");
+        due.sent(ms(45));
+        assert_eq!(due.next(), None);
+    }
+
+    #[test]
+    fn a_wake_is_due_at_once_and_leaves_later_trailing_notifies_armed() {
+        let t0 = Instant::now();
+        let mut due = Due::default();
+        assert!(due.enqueued(t0, WINDOW));
+        assert!(!due.enqueued(t0 + Duration::from_millis(5), WINDOW));
+        due.soon = true;
+        assert!(due.next().is_some_and(|at| at < t0 + WINDOW));
+        due.sent(t0 + Duration::from_millis(6));
+        assert!(!due.soon);
+        assert_eq!(due.next(), Some(t0 + WINDOW));
     }
 }

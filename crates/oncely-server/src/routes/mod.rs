@@ -65,9 +65,7 @@ pub fn v1<A: Accounts>(state: AppState<A>, policy: KeyPolicy) -> Router {
     // is a plain 405. Outer layers run first: the tenant is known before the key is scoped.
     let tenant = middleware::from_fn_with_state(state.clone(), tenant::resolve::<A>);
     let guarded = |route: MethodRouter<AppState<A>>| {
-        route
-            .route_layer(keys.clone())
-            .route_layer(tenant.clone())
+        route.route_layer(keys.clone()).route_layer(tenant.clone())
     };
     Router::new()
         .route("/v1/signup", guarded(post(signup::signup::<A>)))

@@ -69,6 +69,10 @@ pub struct Job {
     pub lease_token: Uuid,
 }
 
+/// What a handler or a mailer returns: the attempt, boxed (its traits stay object-safe).
+pub type DeliveryFuture<'a> =
+    std::pin::Pin<Box<dyn std::future::Future<Output = Delivery> + Send + 'a>>;
+
 /// What one attempt reports.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Delivery {
@@ -101,8 +105,20 @@ pub enum JobStatus {
 }
 
 impl JobStatus {
-    pub(crate) fn parse(s: &str) -> Self {
-        match s {
+    /// The stored text: `pending`, `sent`, `dead`.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Pending => "pending",
+            Self::Sent => "sent",
+            Self::Dead => "dead",
+        }
+    }
+}
+
+/// Reads the stored text (anything unknown is pending, as the worker treats it).
+impl From<String> for JobStatus {
+    fn from(s: String) -> Self {
+        match s.as_str() {
             "sent" => Self::Sent,
             "dead" => Self::Dead,
             _ => Self::Pending,
@@ -110,8 +126,49 @@ impl JobStatus {
     }
 }
 
+/// How a worker's attempt ended, as recorded in `oncely_outbox_attempts.result` (the column keeps
+/// these texts). The store itself writes one more, `abandoned`, when it claims a job whose
+/// earlier attempt never finished.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum AttemptResult {
+    /// The effect happened.
+    Sent,
+    /// It did not happen: retried after a delay (or dead, when the policy gave up).
+    Retry,
+    /// It may have happened: retried with the same delivery key (or dead, when the policy gave
+    /// up).
+    Unknown,
+    /// Rejected for good.
+    Dead,
+    /// Claimed after its deadline ([`NewJob::not_after`]): never run.
+    Expired,
+    /// The handler chose not to run it ([`Delivery::Skipped`]).
+    Skipped,
+}
+
+impl AttemptResult {
+    /// The stored text.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Sent => "sent",
+            Self::Retry => "retry",
+            Self::Unknown => "unknown",
+            Self::Dead => "dead",
+            Self::Expired => "expired",
+            Self::Skipped => "skipped",
+        }
+    }
+}
+
+impl std::fmt::Display for AttemptResult {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
 /// A job as stored, for operators and tests.
-#[derive(Debug, Clone, Serialize)]
+#[derive(Debug, Clone, Serialize, sqlx::FromRow)]
 pub struct JobRecord {
     /// Row id.
     pub id: i64,
@@ -120,6 +177,7 @@ pub struct JobRecord {
     /// Handler kind.
     pub kind: String,
     /// Status.
+    #[sqlx(try_from = "String")]
     pub status: JobStatus,
     /// Attempts started so far.
     pub attempts: i32,
@@ -128,20 +186,22 @@ pub struct JobRecord {
     /// The provider's id of the delivery.
     pub provider_message_id: Option<String>,
     /// The payload.
+    #[sqlx(json)]
     pub payload: Value,
     /// The delivery key.
     pub delivery_key: Uuid,
 }
 
 /// One attempt as recorded: the history an incident review needs.
-#[derive(Debug, Clone, Serialize)]
+#[derive(Debug, Clone, Serialize, sqlx::FromRow)]
 pub struct AttemptRecord {
     /// Attempt number, from 1.
     pub attempt: i32,
     /// The worker that made it.
     pub worker: String,
-    /// `sent`, `retry`, `unknown`, `dead`, `expired`, `skipped`, `abandoned` (the worker's lease
-    /// ran out first), `released` (handed back at shutdown), or `None` while running.
+    /// An [`AttemptResult`] as stored (`sent`, `retry`, …; `abandoned`: the worker's lease ran
+    /// out first), or `None` while running. Kept as text: a newer release may write a result
+    /// this one does not know.
     pub result: Option<String>,
     /// The provider's id, if sent.
     pub provider_message_id: Option<String>,

@@ -2,8 +2,6 @@
 //! API (reqwest). Both forward the job's delivery key, so a provider that deduplicates turns a
 //! retried unknown outcome into one email.
 
-use std::future::Future;
-use std::pin::Pin;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -13,7 +11,7 @@ use secrecy::SecretString;
 use serde::{Deserialize, Serialize};
 use serde_json::json;
 
-use crate::job::Delivery;
+use crate::job::{Delivery, DeliveryFuture};
 
 /// An email to send.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -31,11 +29,7 @@ pub struct Email {
 /// Delivers email. The `delivery_key` is stable for one logical message across every attempt.
 pub trait Mailer: Send + Sync + 'static {
     /// Sends once and reports what happened.
-    fn send<'a>(
-        &'a self,
-        email: &'a Email,
-        delivery_key: &'a str,
-    ) -> Pin<Box<dyn Future<Output = Delivery> + Send + 'a>>;
+    fn send<'a>(&'a self, email: &'a Email, delivery_key: &'a str) -> DeliveryFuture<'a>;
 }
 
 /// A mailer URL that cannot be used.
@@ -138,11 +132,7 @@ fn build_message(
 }
 
 impl Mailer for SmtpMailer {
-    fn send<'a>(
-        &'a self,
-        email: &'a Email,
-        delivery_key: &'a str,
-    ) -> Pin<Box<dyn Future<Output = Delivery> + Send + 'a>> {
+    fn send<'a>(&'a self, email: &'a Email, delivery_key: &'a str) -> DeliveryFuture<'a> {
         Box::pin(self.deliver(email, delivery_key))
     }
 }
@@ -189,11 +179,7 @@ impl HttpMailer {
 }
 
 impl Mailer for HttpMailer {
-    fn send<'a>(
-        &'a self,
-        email: &'a Email,
-        delivery_key: &'a str,
-    ) -> Pin<Box<dyn Future<Output = Delivery> + Send + 'a>> {
+    fn send<'a>(&'a self, email: &'a Email, delivery_key: &'a str) -> DeliveryFuture<'a> {
         Box::pin(self.deliver(email, delivery_key))
     }
 }
@@ -217,10 +203,7 @@ impl EmailHandler {
 }
 
 impl crate::Handler for EmailHandler {
-    fn run<'a>(
-        &'a self,
-        job: &'a crate::Job,
-    ) -> Pin<Box<dyn Future<Output = Delivery> + Send + 'a>> {
+    fn run<'a>(&'a self, job: &'a crate::Job) -> DeliveryFuture<'a> {
         Box::pin(async move {
             let email: Email = match serde_json::from_value(job.payload.clone()) {
                 Ok(email) => email,

@@ -1,6 +1,12 @@
-//! The retry policy: a value, with a const default.
+//! The retry policy: a value, with a const default, and the decision it makes about an
+//! attempt's outcome (retry when, or give up).
 
 use std::time::Duration;
+
+use time::OffsetDateTime;
+
+use crate::job::{AttemptResult, Delivery, Job};
+use crate::store::Finish;
 
 /// When to try again, and when to give up.
 ///
@@ -46,6 +52,36 @@ impl RetryPolicy {
         let half = full / 2;
         half + half.mul_f64(rand::random::<f64>())
     }
+
+    /// What to record of `job`'s attempt that reported `delivery`, at `now`: sent; dead at once
+    /// (permanent, skipped); or, for a retry or an unknown outcome, due again after
+    /// [`RetryPolicy::delay`] — unless that was the last attempt, or the next try would fall
+    /// after the horizon: then dead, keeping the attempt's result.
+    pub fn decide(&self, job: &Job, delivery: Delivery, now: OffsetDateTime) -> Finish {
+        let (result, error) = match delivery {
+            Delivery::Sent {
+                provider_message_id,
+            } => return Finish::sent(provider_message_id),
+            Delivery::Permanent(error) => return Finish::dead(AttemptResult::Dead, error),
+            Delivery::Skipped(reason) => return Finish::dead(AttemptResult::Skipped, reason),
+            Delivery::Retry(error) => (AttemptResult::Retry, error),
+            Delivery::Unknown(error) => (AttemptResult::Unknown, error),
+        };
+        let retry_in = self.delay(job.attempt);
+        let age = (now - job.created_at).try_into().unwrap_or(Duration::ZERO);
+        if job.attempt >= self.max_attempts {
+            let why = format!("gave up after {} attempts: {error}", job.attempt);
+            return Finish::dead(result, why);
+        }
+        if age + retry_in > self.horizon {
+            let why = format!(
+                "gave up: the next try would fall after the {:?} retry horizon: {error}",
+                self.horizon
+            );
+            return Finish::dead(result, why);
+        }
+        Finish::retry(result, retry_in, error)
+    }
 }
 
 impl Default for RetryPolicy {
@@ -57,6 +93,7 @@ impl Default for RetryPolicy {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::job::JobStatus;
 
     #[test]
     fn delays_grow_exponentially_within_their_jitter_band() {
@@ -76,6 +113,63 @@ mod tests {
                 );
             }
         }
+    }
+
+    fn job(attempt: i32, age: Duration) -> Job {
+        let now = OffsetDateTime::now_utc();
+        Job {
+            id: 1,
+            operation_key: "k".into(),
+            kind: "email".into(),
+            payload: serde_json::Value::Null,
+            delivery_key: uuid::Uuid::nil(),
+            attempt,
+            created_at: now - age,
+            not_after: None,
+            lease_token: uuid::Uuid::nil(),
+        }
+    }
+
+    #[test]
+    fn a_failed_attempt_is_retried_within_the_budget_then_dead_with_its_result() {
+        let p = RetryPolicy::DEFAULT;
+        let now = OffsetDateTime::now_utc();
+        let retry = p.decide(
+            &job(1, Duration::ZERO),
+            Delivery::Unknown("timeout".into()),
+            now,
+        );
+        assert_eq!(retry.status, JobStatus::Pending);
+        assert_eq!(retry.result, AttemptResult::Unknown);
+        assert!(retry.retry_in >= p.base / 2 && retry.retry_in <= p.base);
+        let last = p.decide(&job(12, Duration::ZERO), Delivery::Retry("451".into()), now);
+        assert_eq!(
+            (last.status, last.result),
+            (JobStatus::Dead, AttemptResult::Retry)
+        );
+        assert_eq!(
+            last.error.as_deref(),
+            Some("gave up after 12 attempts: 451")
+        );
+        let late = p.decide(&job(2, p.horizon), Delivery::Retry("451".into()), now);
+        assert_eq!(late.status, JobStatus::Dead);
+        assert!(late.error.unwrap().contains("retry horizon: 451"));
+    }
+
+    #[test]
+    fn sent_permanent_and_skipped_are_final() {
+        let p = RetryPolicy::DEFAULT;
+        let now = OffsetDateTime::now_utc();
+        let decide = |d| p.decide(&job(1, Duration::ZERO), d, now);
+        let sent = decide(Delivery::Sent {
+            provider_message_id: Some("p".into()),
+        });
+        assert_eq!(sent, Finish::sent(Some("p".into())));
+        let dead = decide(Delivery::Permanent("550".into()));
+        assert_eq!(dead, Finish::dead(AttemptResult::Dead, "550".into()));
+        let skipped = decide(Delivery::Skipped("no recipient".into()));
+        assert_eq!(skipped.result, AttemptResult::Skipped);
+        assert_eq!(skipped.status, JobStatus::Dead);
     }
 
     #[test]

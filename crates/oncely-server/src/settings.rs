@@ -78,6 +78,9 @@ pub struct Settings {
     pub retry_base: Duration,
     /// Outbox workers in the process (0: API only).
     pub workers: usize,
+    /// How often an idle worker looks for due jobs when nothing woke it (the outbox wakes its
+    /// workers when a job is enqueued; polling finds scheduled retries). No flag: 1 s.
+    pub poll_interval: Duration,
     /// Workers poll instead of LISTEN (PostgreSQL behind a transaction-mode pooler).
     pub poll_only: bool,
     /// Caps on emails.
@@ -115,6 +118,7 @@ impl Settings {
             key_retention: default_duration(defaults::KEY_RETENTION),
             retry_base: default_duration(defaults::RETRY_BASE),
             workers: defaults::WORKERS,
+            poll_interval: oncely_outbox::WorkerConfig::default().poll_interval,
             poll_only: false,
             limits: MailLimits {
                 per_address: defaults::MAIL_CAP_PER_ADDRESS,
@@ -149,6 +153,7 @@ impl Settings {
             key_retention: args.key_retention,
             retry_base: common.retry_base,
             workers: args.workers,
+            poll_interval: oncely_outbox::WorkerConfig::default().poll_interval,
             poll_only: common.poll_only,
             limits: MailLimits {
                 per_address: args.mail_cap_per_address,
@@ -175,7 +180,9 @@ impl Settings {
 
     /// The in-process workers: every job kind.
     pub fn worker_plan(&self) -> WorkerPlan {
-        WorkerPlan::new(self.workers, self.lease, self.retry_base, Vec::new())
+        let mut plan = WorkerPlan::new(self.workers, self.lease, self.retry_base, Vec::new());
+        plan.config.poll_interval = self.poll_interval;
+        plan
     }
 
     /// What the pruner keeps, and for how long.

@@ -14,16 +14,15 @@ use std::sync::atomic::{AtomicU32, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use axum::extract::{Request, State};
+use axum::extract::State;
 use axum::http::{HeaderMap, StatusCode, header};
-use axum::middleware::{self, Next};
 use axum::response::{IntoResponse, Response};
 use axum::routing::post;
 use axum::{Json, Router};
 use oncely::store::KeyStore;
 use oncely::store::sqlite::SqliteKeyStore;
 use oncely::{IdempotencyLayer, IdempotentTx, Problem, ServerSecret};
-use oncely_outbox::store::sqlite::{SqliteJobStore, enqueue};
+use oncely_outbox::store::sqlite::SqliteJobStore;
 use oncely_outbox::{Delivery, Handler, Job, JobStore, NewJob};
 use serde::Deserialize;
 use serde_json::{Value, json};
@@ -47,21 +46,13 @@ pub async fn migrate(keys: &SqliteKeyStore, jobs: &SqliteJobStore) -> anyhow::Re
     Ok(())
 }
 
-/// `POST /v1/subscriptions` behind the transactional idempotency layer.
+/// `POST /v1/subscriptions` behind the transactional idempotency layer. `jobs` is the store the
+/// worker runs on: an enqueue through it wakes the worker.
 pub fn app(keys: SqliteKeyStore, jobs: SqliteJobStore, secret: ServerSecret) -> Router {
     Router::new()
         .route("/v1/subscriptions", post(create))
         .route_layer(IdempotencyLayer::transactional(keys, secret))
-        .layer(middleware::from_fn_with_state(jobs, wake_worker))
-}
-
-/// SQLite has no NOTIFY: after a commit, wake the in-process worker.
-async fn wake_worker(State(jobs): State<SqliteJobStore>, req: Request, next: Next) -> Response {
-    let response = next.run(req).await;
-    if response.status().is_success() {
-        jobs.notify();
-    }
-    response
+        .with_state(jobs)
 }
 
 #[derive(Deserialize)]
@@ -84,6 +75,7 @@ fn invalid(detail: &str) -> Problem {
 /// The subscription row and its charge job, in the layer's transaction: both commit with the
 /// stored response, once, however often the request is retried.
 async fn create(
+    State(jobs): State<SqliteJobStore>,
     tx: IdempotentTx<Sqlite>,
     Json(request): Json<NewSubscription>,
 ) -> Result<Response, Problem> {
@@ -118,7 +110,9 @@ async fn create(
         CHARGE,
         json!({ "subscription_id": id, "customer": request.customer, "amount_cents": request.amount_cents }),
     );
-    enqueue(&mut conn, &job).await.map_err(|e| failed(&e))?;
+    jobs.enqueue(&mut conn, &job)
+        .await
+        .map_err(|e| failed(&e))?;
     let body = Json(json!({ "id": id, "status": "pending_charge" }));
     Ok((
         StatusCode::CREATED,

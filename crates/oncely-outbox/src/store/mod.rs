@@ -1,47 +1,36 @@
-//! Where jobs live: one trait, a PostgreSQL and a SQLite implementation, one conformance suite
-//! (`tests/it/store_conformance.rs`).
+//! Where jobs live: the [`JobStore`] trait, and its one implementation, [`SqlJobStore`],
+//! written once over a [`Dialect`] — PostgreSQL ([`postgres::PgJobStore`], feature `postgres`)
+//! or SQLite ([`sqlite::SqliteJobStore`], feature `sqlite`). Each dialect brings its statements
+//! (`sql/postgres.rs`, `sql/sqlite.rs`, under the same names), how it stores a moment, and how
+//! it wakes idle workers. One conformance suite runs on both (`tests/it/store_conformance.rs`).
 
 use std::future::Future;
-use std::sync::Arc;
 use std::time::Duration;
 
-use sqlx::postgres::PgListener;
-use tokio::sync::Notify;
+use time::OffsetDateTime;
+use tokio::sync::watch;
 
-use crate::job::{AttemptRecord, Job, JobRecord, JobStatus};
+use crate::job::{AttemptRecord, AttemptResult, Enqueued, Job, JobRecord, JobStatus, NewJob};
 
+mod clock;
+mod dialect;
+mod rows;
+mod sql;
+
+#[cfg(feature = "postgres")]
 pub mod postgres;
+#[cfg(feature = "sqlite")]
 pub mod sqlite;
 
-/// A migrator of `(version, description, sql)` steps with its own history table, so that the
-/// outbox's migrations never mix with the application's.
-pub(crate) fn migrator_of(
-    steps: &[(i64, &'static str, &'static str)],
-    table: &'static str,
-) -> sqlx::migrate::Migrator {
-    use sqlx::SqlSafeStr;
-    use sqlx::migrate::{Migration, MigrationType, Migrator};
-    let migrations = steps
-        .iter()
-        .map(|(version, description, sql)| {
-            Migration::new(
-                *version,
-                (*description).into(),
-                MigrationType::Simple,
-                sql.into_sql_str(),
-                false,
-            )
-        })
-        .collect();
-    let mut migrator = Migrator::with_migrations(migrations);
-    migrator.dangerous_set_table_name(table);
-    // Migrations only add: a process of the previous release must still start (and restart)
-    // on a database a newer release already migrated, so versions it does not know are fine.
-    migrator.set_ignore_missing(true);
-    migrator
-}
+pub use clock::Clock;
+pub use dialect::{Dialect, SqlJobStore};
 
-/// The PostgreSQL channel [`postgres::PgJobStore::wake`] notifies and idle workers listen on.
+/// The table that records which of the outbox's migrations ran (its own, so that they never
+/// mix with the application's).
+pub const MIGRATIONS_TABLE: &str = "_oncely_outbox_migrations";
+
+/// The PostgreSQL channel enqueues and [`JobStore::wake`] notify and idle workers listen on.
+#[cfg(feature = "postgres")]
 pub const CHANNEL: &str = "oncely_outbox";
 
 /// An outbox failure.
@@ -53,8 +42,8 @@ pub enum OutboxError {
     /// The schema could not be migrated.
     #[error("migration error: {0}")]
     Migrate(#[from] sqlx::migrate::MigrateError),
-    /// A stored payload is not valid JSON.
-    #[error("stored payload is not JSON: {0}")]
+    /// A payload is not valid JSON.
+    #[error("payload is not JSON: {0}")]
     Payload(#[from] serde_json::Error),
 }
 
@@ -63,8 +52,8 @@ pub enum OutboxError {
 pub struct Finish {
     /// The job's new status.
     pub status: JobStatus,
-    /// The attempt's result label (`sent`, `retry`, `unknown`, `dead`, `expired`).
-    pub result: &'static str,
+    /// The attempt's result.
+    pub result: AttemptResult,
     /// For a retry: when the job is due again.
     pub retry_in: Duration,
     /// The provider's id of a delivery.
@@ -73,15 +62,52 @@ pub struct Finish {
     pub error: Option<String>,
 }
 
+impl Finish {
+    /// The effect happened: the job is sent.
+    pub fn sent(provider_message_id: Option<String>) -> Self {
+        Self {
+            status: JobStatus::Sent,
+            result: AttemptResult::Sent,
+            retry_in: Duration::ZERO,
+            provider_message_id,
+            error: None,
+        }
+    }
+
+    /// The job is dead after an attempt that ended `result`, for `error`.
+    pub fn dead(result: AttemptResult, error: String) -> Self {
+        Self {
+            status: JobStatus::Dead,
+            result,
+            retry_in: Duration::ZERO,
+            provider_message_id: None,
+            error: Some(error),
+        }
+    }
+
+    /// The job stays pending and is due again in `retry_in`.
+    pub fn retry(result: AttemptResult, retry_in: Duration, error: String) -> Self {
+        Self {
+            status: JobStatus::Pending,
+            result,
+            retry_in,
+            provider_message_id: None,
+            error: Some(error),
+        }
+    }
+}
+
 /// How an idle worker learns of new jobs.
 pub enum Wakeup {
     /// Only by polling.
     Poll,
-    /// PostgreSQL LISTEN (woken by [`JobStore::wake`] after commits); polling stays as the
-    /// fallback.
-    Listen(Box<PgListener>),
-    /// An in-process signal (SQLite: [`sqlite::SqliteJobStore::notify`]).
-    Signal(Arc<Notify>),
+    /// PostgreSQL LISTEN: woken by NOTIFYs that enqueues send at commit (see
+    /// [`postgres::PgJobStore`]) and by [`JobStore::wake`]; polling stays as the fallback.
+    #[cfg(feature = "postgres")]
+    Listen(Box<sqlx::postgres::PgListener>),
+    /// An in-process signal (SQLite): a counter every enqueue and [`JobStore::wake`] bumps. It
+    /// remembers: a bump while the worker was claiming wakes its next wait at once.
+    Signal(watch::Receiver<u64>),
 }
 
 impl Wakeup {
@@ -89,6 +115,7 @@ impl Wakeup {
     pub async fn wait(&mut self, max: Duration) {
         match self {
             Self::Poll => tokio::time::sleep(max).await,
+            #[cfg(feature = "postgres")]
             Self::Listen(listener) => {
                 match tokio::time::timeout(max, listener.recv()).await {
                     Ok(Ok(_)) | Err(_) => {}
@@ -99,8 +126,11 @@ impl Wakeup {
                     }
                 }
             }
-            Self::Signal(notify) => {
-                let _ = tokio::time::timeout(max, notify.notified()).await;
+            Self::Signal(signal) => {
+                if let Ok(Err(_)) = tokio::time::timeout(max, signal.changed()).await {
+                    // The store is gone: nobody signals any more; poll.
+                    tokio::time::sleep(max).await;
+                }
             }
         }
     }
@@ -108,8 +138,23 @@ impl Wakeup {
 
 /// Where jobs live.
 pub trait JobStore: Clone + Send + Sync + 'static {
+    /// The database whose transactions [`JobStore::enqueue`] joins.
+    type Database: sqlx::Database;
+
     /// Creates or updates the outbox tables (its own migration history table).
     fn migrate(&self) -> impl Future<Output = Result<(), OutboxError>> + Send;
+
+    /// Enqueues `job` on `conn` — inside the caller's transaction, so the job commits with the
+    /// business change, or not at all — and sees to it that idle workers learn of the job once
+    /// it commits, with no call after the commit: on SQLite this process's workers are signalled
+    /// at once (their claim waits for this transaction's write lock); on PostgreSQL a NOTIFY
+    /// reaches workers in every process at commit (see [`postgres::PgJobStore`] for how it is
+    /// rate-limited). A job whose operation key exists is not added ([`Enqueued::AlreadyExists`]).
+    fn enqueue(
+        &self,
+        conn: &mut <Self::Database as sqlx::Database>::Connection,
+        job: &NewJob,
+    ) -> impl Future<Output = Result<Enqueued, OutboxError>> + Send;
 
     /// Claims up to `limit` due jobs of `kinds` for `worker` under a lease of `lease`, and opens
     /// an attempt row for each. A job whose earlier attempt never finished (its worker died) has
@@ -122,9 +167,8 @@ pub trait JobStore: Clone + Send + Sync + 'static {
         lease: Duration,
     ) -> impl Future<Output = Result<Vec<Job>, OutboxError>> + Send;
 
-    /// Ends the attempts of claimed jobs, all in one statement where the database allows. For
-    /// each, `false` if its claim's lease token no longer owns the job (its lease expired and
-    /// another worker took it).
+    /// Ends the attempts of claimed jobs, all in one write. For each, `false` if its claim's
+    /// lease token no longer owns the job (its lease expired and another worker took it).
     fn finish_all(
         &self,
         done: &[(&Job, &Finish)],
@@ -139,17 +183,24 @@ pub trait JobStore: Clone + Send + Sync + 'static {
         async move { Ok(self.finish_all(&[(job, finish)]).await?[0]) }
     }
 
-    /// Hands a claimed job back unstarted (shutdown): due now, the attempt not counted.
+    /// Hands a claimed job back unstarted: due now, the attempt not counted.
     fn release(&self, job: &Job) -> impl Future<Output = Result<bool, OutboxError>> + Send;
 
-    /// Wakes idle workers after a transaction that enqueued has committed (call it after the
-    /// commit, never inside the transaction). PostgreSQL: a coalesced NOTIFY from a background
-    /// task, reaching workers in every process; SQLite: this process's workers. Without it,
-    /// workers find new jobs at their next poll ([`crate::WorkerConfig::poll_interval`]).
+    /// Wakes idle workers for jobs that came by other means than [`JobStore::enqueue`] (an
+    /// `INSERT` of your own, a re-drive): call it after they committed. PostgreSQL: a coalesced
+    /// NOTIFY from a background task, reaching workers in every process; SQLite: this process's
+    /// workers. Without it, workers find such jobs at their next poll
+    /// ([`crate::WorkerConfig::poll_interval`]).
     fn wake(&self);
 
     /// How this store wakes idle workers.
     fn wakeup(&self) -> impl Future<Output = Result<Wakeup, OutboxError>> + Send;
+
+    /// The store's time ([`Clock`]): what the worker compares deadlines and the retry horizon
+    /// with.
+    fn now(&self) -> OffsetDateTime {
+        OffsetDateTime::now_utc()
+    }
 
     /// A job by its operation key.
     fn job(
@@ -195,7 +246,7 @@ pub trait JobStore: Clone + Send + Sync + 'static {
 }
 
 /// The outbox's backlog.
-#[derive(Debug, Clone, Copy, Default, PartialEq)]
+#[derive(Debug, Clone, Copy, Default, PartialEq, sqlx::FromRow)]
 pub struct Backlog {
     /// Pending jobs (due or waiting for a retry).
     pub pending: i64,
@@ -224,14 +275,16 @@ impl JobFilter {
     }
 
     pub(crate) fn status(&self) -> Option<&'static str> {
-        self.status.map(status_str)
+        self.status.map(JobStatus::as_str)
     }
 }
 
-fn status_str(status: JobStatus) -> &'static str {
-    match status {
-        JobStatus::Pending => "pending",
-        JobStatus::Sent => "sent",
-        JobStatus::Dead => "dead",
-    }
+/// Applies what both dialects' migrators share: the outbox's own history table, and tolerance
+/// for versions this release does not know.
+fn migrator(mut migrator: sqlx::migrate::Migrator) -> sqlx::migrate::Migrator {
+    migrator.dangerous_set_table_name(MIGRATIONS_TABLE);
+    // Migrations only add: a process of the previous release must still start (and restart)
+    // on a database a newer release already migrated, so versions it does not know are fine.
+    migrator.set_ignore_missing(true);
+    migrator
 }

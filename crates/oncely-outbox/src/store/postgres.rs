@@ -1,430 +1,301 @@
-//! The outbox on PostgreSQL.
+//! The outbox on PostgreSQL: [`PgJobStore`], and how its workers learn of new jobs.
+//!
+//! An uncommitted job is invisible to other connections, so a wake-up must arrive at commit.
+//! `pg_notify` inside the enqueuing transaction is delivered exactly then (and never on
+//! rollback), but every transaction that notifies takes a cluster-wide lock at commit: one per
+//! enqueue would serialise every committing enqueuer behind it. So the store rate-limits it:
+//!
+//! - an enqueue notifies inside its transaction when no enqueue of this store did within the
+//!   last [`PgJobStore::notify_window`] ([`NOTIFY_WINDOW`], 25 ms): at most one notifying commit
+//!   per window, however many commit;
+//! - an enqueue inside the window skips it and arms trailing NOTIFYs instead, sent by a
+//!   background task on a connection of its own (outside any transaction): one when the window
+//!   ends (the claim it starts finds every job committed by then: most are), and one a window
+//!   after the last enqueue that skipped (by then its transaction has normally committed, even
+//!   a slower one).
+//!
+//! A job whose transaction commits later than a window after its enqueue, at the end of a burst,
+//! is found at the workers' next poll ([`crate::WorkerConfig::poll_interval`]). Per window that
+//! is at most one notifying commit and two NOTIFYs of the background task. Call
+//! [`JobStore::wake`](super::JobStore::wake) after committing jobs inserted by other means, or
+//! after a transaction you hold open for long: one coalesced NOTIFY from the background task,
+//! at most one per [`NOTIFY_INTERVAL`].
 
-use std::sync::{Arc, OnceLock};
+use std::sync::{Arc, Mutex, OnceLock};
 use std::time::Duration;
 
 use sqlx::migrate::Migrator;
-use sqlx::postgres::{PgListener, PgRow};
-use sqlx::{AssertSqlSafe, Connection, PgConnection, PgPool, Row};
+use sqlx::postgres::PgListener;
+use sqlx::{Connection, PgConnection, PgPool, Postgres};
+use time::OffsetDateTime;
 use tokio::sync::mpsc;
-use uuid::Uuid;
+use tokio::time::Instant;
 
-use super::{Backlog, CHANNEL, Finish, JobFilter, JobStore, OutboxError, Wakeup, status_str};
-use crate::job::{AttemptRecord, Enqueued, Job, JobRecord, JobStatus, NewJob};
+use super::sql::NOTIFY;
+use super::{CHANNEL, Clock, Dialect, OutboxError, SqlJobStore, Wakeup};
 
-/// The table that records which of the outbox's migrations ran.
-pub const MIGRATIONS_TABLE: &str = "_oncely_outbox_migrations";
+pub use super::MIGRATIONS_TABLE;
 
-/// The outbox's migrations.
+/// A job store on PostgreSQL.
+pub type PgJobStore = SqlJobStore<Postgres>;
+
+/// The outbox's migrations (in [`MIGRATIONS_TABLE`]).
 pub fn migrator() -> Migrator {
-    super::migrator_of(
-        &[
-            (
-                1,
-                "outbox",
-                include_str!("../../migrations/postgres/0001_outbox.sql"),
-            ),
-            (
-                2,
-                "skipped attempts",
-                include_str!("../../migrations/postgres/0002_skipped.sql"),
-            ),
-            (
-                3,
-                "prune index",
-                include_str!("../../migrations/postgres/0003_prune_index.sql"),
-            ),
-            (
-                4,
-                "due index by kind",
-                include_str!("../../migrations/postgres/0004_due_by_kind.sql"),
-            ),
-        ],
-        MIGRATIONS_TABLE,
-    )
+    super::migrator(sqlx::migrate!("migrations/postgres"))
 }
 
-/// Enqueues `job` on `conn` — inside the caller's transaction, so the job commits with the
-/// business change, or not at all.
-///
-/// It does not NOTIFY: a `pg_notify` in the transaction would take PostgreSQL's global notify
-/// lock at commit and serialise every committing enqueuer. After the transaction commits, call
-/// [`PgJobStore::wake`] (or [`JobStore::wake`]): one background task sends at most one NOTIFY
-/// per [`NOTIFY_INTERVAL`], on its own connection, for any number of wakes. Without a wake,
-/// workers still find the job at their next poll.
-///
-/// Index: the unique index on `operation_key`.
-pub async fn enqueue(conn: &mut PgConnection, job: &NewJob) -> Result<Enqueued, OutboxError> {
-    let id: Option<i64> = sqlx::query_scalar(
-        "INSERT INTO oncely_outbox (operation_key, kind, payload, delivery_key, not_after)
-         VALUES ($1, $2, $3::text::jsonb, $4, $5)
-         ON CONFLICT (operation_key) DO NOTHING
-         RETURNING id",
-    )
-    .bind(&job.operation_key)
-    .bind(&job.kind)
-    .bind(job.payload.to_string())
-    .bind(Uuid::new_v4())
-    .bind(job.not_after)
-    .fetch_optional(conn)
-    .await?;
-    Ok(id.map_or(Enqueued::AlreadyExists, Enqueued::Inserted))
-}
+/// At most one enqueue per this window notifies inside its transaction (see the module docs).
+pub const NOTIFY_WINDOW: Duration = Duration::from_millis(25);
 
-/// At most one NOTIFY per this interval, however many commits wake the workers.
+/// At most one NOTIFY from the background task per this interval, however many wakes.
 pub const NOTIFY_INTERVAL: Duration = Duration::from_millis(10);
 
-/// A [`JobStore`] on PostgreSQL.
-#[derive(Debug, Clone)]
-pub struct PgJobStore {
-    pool: PgPool,
-    poll_only: bool,
-    waker: Arc<Waker>,
-}
-
-/// The sender of wake-ups to the notifier task (started by the first wake). When the last
-/// clone of the store goes, the task ends.
-#[derive(Debug, Default)]
-struct Waker(OnceLock<mpsc::Sender<()>>);
-
 impl PgJobStore {
-    /// A store on `pool`; idle workers LISTEN for new jobs.
-    pub fn new(pool: PgPool) -> Self {
-        Self {
-            pool,
-            poll_only: false,
-            waker: Arc::default(),
-        }
-    }
-
-    /// Workers only poll: for connection poolers in transaction mode, where LISTEN does not work.
+    /// Workers only poll: for connection poolers in transaction mode, where LISTEN does not
+    /// work. (Enqueues still notify: harmless without listeners.) Configure before cloning.
     pub fn poll_only(mut self) -> Self {
-        self.poll_only = true;
+        self.waker = Arc::new(PgWaker {
+            poll_only: true,
+            ..PgWaker::new(self.pool(), self.waker.window)
+        });
         self
     }
 
-    /// The pool.
-    pub fn pool(&self) -> &PgPool {
-        &self.pool
-    }
-
-    /// Wakes idle workers in every process: call it after a transaction that enqueued
-    /// committed. Never blocks: wakes arriving together become one NOTIFY (at most one per
-    /// [`NOTIFY_INTERVAL`]), sent by a background task on a connection of its own. Outside a
-    /// Tokio runtime it does nothing (workers poll).
-    pub fn wake(&self) {
-        let sender = self.waker.0.get_or_init(|| {
-            let (sender, receiver) = mpsc::channel(1);
-            if let Ok(runtime) = tokio::runtime::Handle::try_current() {
-                runtime.spawn(notifier(self.pool.clone(), receiver));
-            }
-            sender
+    /// At most one enqueue per `window` notifies inside its transaction; the others get the
+    /// trailing NOTIFY one window later (default [`NOTIFY_WINDOW`]). Configure before cloning.
+    pub fn notify_window(mut self, window: Duration) -> Self {
+        self.waker = Arc::new(PgWaker {
+            poll_only: self.waker.poll_only,
+            ..PgWaker::new(self.pool(), window)
         });
-        // Full: a NOTIFY is already due, and it covers this commit too.
-        let _ = sender.try_send(());
+        self
     }
 }
 
-/// Sends one NOTIFY per batch of wakes, then rests [`NOTIFY_INTERVAL`] (wakes meanwhile wait,
-/// coalesced, for the next one).
-async fn notifier(pool: PgPool, mut wakes: mpsc::Receiver<()>) {
+/// How a [`PgJobStore`] wakes workers: the rate limit of in-transaction NOTIFYs, and the
+/// background task that sends trailing and requested ones (started by the first it needs; it
+/// ends when the last clone of the store goes).
+#[derive(Debug)]
+pub struct PgWaker {
+    pool: PgPool,
+    poll_only: bool,
+    window: Duration,
+    due: Arc<Mutex<Due>>,
+    kick: OnceLock<mpsc::Sender<()>>,
+}
+
+/// The NOTIFYs the store owes.
+#[derive(Debug, Default)]
+struct Due {
+    /// When an enqueue last notified inside its transaction.
+    in_transaction: Option<Instant>,
+    /// A NOTIFY as soon as the interval allows (a wake after a commit).
+    soon: bool,
+    /// A NOTIFY when the window of an enqueue that skipped its own ends.
+    window_end: Option<Instant>,
+    /// A NOTIFY a window after the last enqueue that skipped its own.
+    trailing: Option<Instant>,
+}
+
+impl Due {
+    fn next(&self) -> Option<Instant> {
+        let soon = self.soon.then(Instant::now);
+        [soon, self.window_end, self.trailing]
+            .into_iter()
+            .flatten()
+            .min()
+    }
+
+    fn sent(&mut self, at: Instant) {
+        self.soon = false;
+        self.window_end = self.window_end.filter(|end| *end > at);
+        self.trailing = self.trailing.filter(|trailing| *trailing > at);
+    }
+
+    /// An enqueue at `now`: `true` if it notifies inside its transaction (no enqueue did within
+    /// `window`); otherwise it arms the trailing NOTIFYs.
+    fn enqueued(&mut self, now: Instant, window: Duration) -> bool {
+        let window_end = match self.in_transaction {
+            Some(last) if now < last + window => last + window,
+            _ => {
+                self.in_transaction = Some(now);
+                return true;
+            }
+        };
+        self.window_end = Some(window_end);
+        let at = now + window;
+        self.trailing = Some(self.trailing.map_or(at, |trailing| trailing.max(at)));
+        false
+    }
+}
+
+impl PgWaker {
+    fn new(pool: &PgPool, window: Duration) -> Self {
+        Self {
+            pool: pool.clone(),
+            poll_only: false,
+            window,
+            due: Arc::default(),
+            kick: OnceLock::new(),
+        }
+    }
+
+    fn due(&self) -> std::sync::MutexGuard<'_, Due> {
+        self.due
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
+    }
+
+    /// Whether this enqueue notifies inside its transaction; if not, the trailing NOTIFYs are
+    /// armed.
+    fn notify_in_transaction(&self) -> bool {
+        let here = self.due().enqueued(Instant::now(), self.window);
+        if !here {
+            self.kick();
+        }
+        here
+    }
+
+    /// Tells the background task to look at what is due (starting it first). Outside a Tokio
+    /// runtime it does nothing: workers poll.
+    fn kick(&self) {
+        let kick = self.kick.get_or_init(|| {
+            let (kick, kicks) = mpsc::channel(1);
+            if let Ok(runtime) = tokio::runtime::Handle::try_current() {
+                runtime.spawn(notifier(self.pool.clone(), self.due.clone(), kicks));
+            }
+            kick
+        });
+        // Full: the task has a kick to read, and it reads `due` afresh.
+        let _ = kick.try_send(());
+    }
+}
+
+/// Sends the NOTIFYs that come due, on a connection of its own, at most one per
+/// [`NOTIFY_INTERVAL`]. When the store is gone (no more kicks can come) it sends what it still
+/// owes, then ends.
+async fn notifier(pool: PgPool, due: Arc<Mutex<Due>>, mut kicks: mpsc::Receiver<()>) {
     let mut conn: Option<PgConnection> = None;
-    while wakes.recv().await.is_some() {
-        if conn.is_none() {
-            match PgConnection::connect_with(&pool.connect_options()).await {
-                Ok(c) => conn = Some(c),
-                Err(error) => {
-                    tracing::warn!(%error, "outbox notifier cannot connect; workers poll")
+    let mut store_gone = false;
+    loop {
+        let next = due.lock().unwrap_or_else(|p| p.into_inner()).next();
+        match next {
+            None if store_gone => return,
+            None => store_gone = kicks.recv().await.is_none(),
+            Some(at) if at > Instant::now() => {
+                tokio::select! {
+                    () = tokio::time::sleep_until(at) => {}
+                    kick = kicks.recv(), if !store_gone => store_gone = kick.is_none(),
                 }
             }
+            Some(_) => {
+                due.lock()
+                    .unwrap_or_else(|p| p.into_inner())
+                    .sent(Instant::now());
+                notify(&pool, &mut conn).await;
+                tokio::time::sleep(NOTIFY_INTERVAL).await;
+            }
         }
-        if let Some(c) = conn.as_mut()
-            && let Err(error) = sqlx::query("SELECT pg_notify($1, '')")
-                .bind(CHANNEL)
-                .execute(&mut *c)
-                .await
-        {
-            tracing::warn!(%error, "outbox NOTIFY failed; workers poll until it works again");
-            conn = None;
-        }
-        tokio::time::sleep(NOTIFY_INTERVAL).await;
     }
 }
 
-// Index: oncely_outbox_due_by_kind (partial, pending only), walked once per kind, oldest due
-// first; at most `limit` rows per kind are locked and the oldest `limit` of them claimed (the
-// rest unlock when the statement commits). SKIP LOCKED: workers never wait for each other. Claiming pushes run_after to the lease's end, so a dead worker's job is due again then.
-const CLAIM: &str = "
-    WITH due AS (
-        SELECT d.id FROM unnest($4::text[]) AS k(kind)
-        CROSS JOIN LATERAL (
-            SELECT id, run_after FROM oncely_outbox
-             WHERE status = 'pending' AND kind = k.kind AND run_after <= now()
-             ORDER BY run_after, id
-             LIMIT $1
-               FOR UPDATE SKIP LOCKED
-        ) d
-        ORDER BY d.run_after, d.id
-        LIMIT $1
-    ), claimed AS (
-        UPDATE oncely_outbox o
-           SET run_after = now() + make_interval(secs => $2), lease_token = $3,
-               attempts = o.attempts + 1
-          FROM due WHERE o.id = due.id
-        RETURNING o.id, o.operation_key, o.kind, o.payload::text AS payload, o.delivery_key,
-                  o.attempts, o.created_at, o.not_after
-    ), abandoned AS (
-        UPDATE oncely_outbox_attempts SET finished_at = now(), result = 'abandoned',
-               error = 'the worker''s lease ended before the attempt finished'
-         WHERE job_id IN (SELECT id FROM claimed) AND finished_at IS NULL
-    ), opened AS (
-        INSERT INTO oncely_outbox_attempts (job_id, attempt, worker, lease_token)
-        SELECT id, attempts, $5, $3 FROM claimed
-    )
-    SELECT * FROM claimed ORDER BY id";
-
-// One statement for a whole batch of results: the jobs (by primary key, guarded by the lease
-// token) and their open attempt rows (oncely_outbox_attempts_job).
-const FINISH: &str = "
-    WITH done AS (
-        SELECT * FROM unnest($1::int8[], $2::uuid[], $3::text[], $4::float8[], $5::text[],
-                             $6::text[], $7::text[])
-                   AS d(id, lease_token, status, retry_secs, result, provider_message_id, error)
-    ), job AS (
-        UPDATE oncely_outbox o
-           SET status = d.status, lease_token = NULL, last_error = d.error,
-               run_after = CASE WHEN d.status = 'pending'
-                                THEN now() + make_interval(secs => d.retry_secs) ELSE o.run_after END,
-               sent_at = CASE WHEN d.status = 'sent' THEN now() END,
-               dead_at = CASE WHEN d.status = 'dead' THEN now() END,
-               provider_message_id = COALESCE(d.provider_message_id, o.provider_message_id)
-          FROM done d
-         WHERE o.id = d.id AND o.lease_token = d.lease_token AND o.status = 'pending'
-        RETURNING o.id, d.lease_token, d.result, d.provider_message_id, d.error
-    ), attempt AS (
-        UPDATE oncely_outbox_attempts a
-           SET finished_at = now(), result = j.result, provider_message_id = j.provider_message_id,
-               error = j.error
-          FROM job j
-         WHERE a.job_id = j.id AND a.lease_token = j.lease_token AND a.finished_at IS NULL
-    )
-    SELECT id FROM job";
-
-const RELEASE: &str = "
-    WITH job AS (
-        UPDATE oncely_outbox SET run_after = now(), lease_token = NULL, attempts = attempts - 1
-         WHERE id = $1 AND lease_token = $2 AND status = 'pending'
-        RETURNING id
-    ), attempt AS (
-        DELETE FROM oncely_outbox_attempts
-         WHERE job_id IN (SELECT id FROM job) AND lease_token = $2 AND finished_at IS NULL
-    )
-    SELECT count(*) FROM job";
-
-fn job_from(row: &PgRow, lease_token: Uuid) -> Result<Job, OutboxError> {
-    Ok(Job {
-        id: row.try_get("id")?,
-        operation_key: row.try_get("operation_key")?,
-        kind: row.try_get("kind")?,
-        payload: serde_json::from_str(row.try_get("payload")?)?,
-        delivery_key: row.try_get("delivery_key")?,
-        attempt: row.try_get("attempts")?,
-        created_at: row.try_get("created_at")?,
-        not_after: row.try_get("not_after")?,
-        lease_token,
-    })
+async fn notify(pool: &PgPool, conn: &mut Option<PgConnection>) {
+    if conn.is_none() {
+        match PgConnection::connect_with(&pool.connect_options()).await {
+            Ok(c) => *conn = Some(c),
+            Err(error) => tracing::warn!(%error, "outbox notifier cannot connect; workers poll"),
+        }
+    }
+    if let Some(c) = conn.as_mut()
+        && let Err(error) = sqlx::query(NOTIFY).bind(CHANNEL).execute(&mut *c).await
+    {
+        tracing::warn!(%error, "outbox NOTIFY failed; workers poll until it works again");
+        *conn = None;
+    }
 }
 
-const RECORD_COLUMNS: &str = "id, operation_key, kind, status, attempts, last_error, provider_message_id, payload::text AS payload, delivery_key";
+impl Dialect for Postgres {
+    type Moment = OffsetDateTime;
+    type Waker = PgWaker;
 
-fn record_from(row: &sqlx::postgres::PgRow) -> Result<JobRecord, OutboxError> {
-    Ok(JobRecord {
-        id: row.try_get("id")?,
-        operation_key: row.try_get("operation_key")?,
-        kind: row.try_get("kind")?,
-        status: JobStatus::parse(row.try_get("status")?),
-        attempts: row.try_get("attempts")?,
-        last_error: row.try_get("last_error")?,
-        provider_message_id: row.try_get("provider_message_id")?,
-        payload: serde_json::from_str(row.try_get("payload")?)?,
-        delivery_key: row.try_get("delivery_key")?,
-    })
-}
+    const WRITE_TRANSACTION: Option<&'static str> = None;
 
-impl JobStore for PgJobStore {
-    async fn migrate(&self) -> Result<(), OutboxError> {
-        migrator().run(&self.pool).await?;
+    fn migrator() -> Migrator {
+        migrator()
+    }
+
+    fn waker(pool: &PgPool) -> PgWaker {
+        PgWaker::new(pool, NOTIFY_WINDOW)
+    }
+
+    fn now(clock: &Clock) -> Option<OffsetDateTime> {
+        clock.manual_now()
+    }
+
+    async fn enqueued(waker: &PgWaker, conn: &mut PgConnection) -> Result<(), OutboxError> {
+        if waker.notify_in_transaction() {
+            sqlx::query(NOTIFY).bind(CHANNEL).execute(conn).await?;
+        }
         Ok(())
     }
 
-    async fn claim(
-        &self,
-        worker: &str,
-        kinds: &[String],
-        limit: u32,
-        lease: Duration,
-    ) -> Result<Vec<Job>, OutboxError> {
-        let token = Uuid::new_v4();
-        let rows = sqlx::query(CLAIM)
-            .bind(i64::from(limit))
-            .bind(lease.as_secs_f64())
-            .bind(token)
-            .bind(kinds)
-            .bind(worker)
-            .fetch_all(&self.pool)
-            .await?;
-        rows.iter().map(|row| job_from(row, token)).collect()
+    fn wake(waker: &PgWaker) {
+        waker.due().soon = true;
+        waker.kick();
     }
 
-    async fn finish_all(&self, done: &[(&Job, &Finish)]) -> Result<Vec<bool>, OutboxError> {
-        let column = |f: &dyn Fn(&Job, &Finish) -> Option<String>| -> Vec<Option<String>> {
-            done.iter().map(|(job, finish)| f(job, finish)).collect()
-        };
-        let ids: Vec<i64> = done.iter().map(|(job, _)| job.id).collect();
-        let finished: Vec<i64> = sqlx::query_scalar(FINISH)
-            .bind(&ids)
-            .bind(
-                done.iter()
-                    .map(|(job, _)| job.lease_token)
-                    .collect::<Vec<_>>(),
-            )
-            .bind(column(&|_, f| Some(status_str(f.status).to_owned())))
-            .bind(
-                done.iter()
-                    .map(|(_, f)| f.retry_in.as_secs_f64())
-                    .collect::<Vec<_>>(),
-            )
-            .bind(column(&|_, f| Some(f.result.to_owned())))
-            .bind(column(&|_, f| f.provider_message_id.clone()))
-            .bind(column(&|_, f| f.error.clone()))
-            .fetch_all(&self.pool)
-            .await?;
-        Ok(ids.iter().map(|id| finished.contains(id)).collect())
-    }
-
-    async fn release(&self, job: &Job) -> Result<bool, OutboxError> {
-        let n: i64 = sqlx::query_scalar(RELEASE)
-            .bind(job.id)
-            .bind(job.lease_token)
-            .fetch_one(&self.pool)
-            .await?;
-        Ok(n == 1)
-    }
-
-    fn wake(&self) {
-        PgJobStore::wake(self);
-    }
-
-    async fn wakeup(&self) -> Result<Wakeup, OutboxError> {
-        if self.poll_only {
+    async fn wakeup(waker: &PgWaker, pool: &PgPool) -> Result<Wakeup, OutboxError> {
+        if waker.poll_only {
             return Ok(Wakeup::Poll);
         }
-        let mut listener = PgListener::connect_with(&self.pool).await?;
+        let mut listener = PgListener::connect_with(pool).await?;
         listener.listen(CHANNEL).await?;
         Ok(Wakeup::Listen(Box::new(listener)))
     }
+}
 
-    async fn job(&self, operation_key: &str) -> Result<Option<JobRecord>, OutboxError> {
-        let sql = AssertSqlSafe(format!(
-            "SELECT {RECORD_COLUMNS} FROM oncely_outbox WHERE operation_key = $1"
-        ));
-        let row = sqlx::query(sql)
-            .bind(operation_key)
-            .fetch_optional(&self.pool)
-            .await?;
-        row.as_ref().map(record_from).transpose()
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const WINDOW: Duration = Duration::from_millis(25);
+
+    #[test]
+    fn one_enqueue_per_window_notifies_in_its_transaction_the_others_arm_two_trailing_notifies() {
+        let t0 = Instant::now();
+        let ms = |n| t0 + Duration::from_millis(n);
+        let mut due = Due::default();
+        assert!(
+            due.enqueued(ms(0), WINDOW),
+            "the first notifies at its commit"
+        );
+        assert_eq!(due.next(), None);
+        assert!(!due.enqueued(ms(10), WINDOW));
+        assert!(!due.enqueued(ms(20), WINDOW));
+        assert_eq!(due.window_end, Some(ms(25)), "when the window ends");
+        assert_eq!(
+            due.trailing,
+            Some(ms(45)),
+            "a window after the last that skipped"
+        );
+        assert_eq!(due.next(), Some(ms(25)));
+        due.sent(ms(25));
+        assert_eq!(due.next(), Some(ms(45)));
+        assert!(due.enqueued(ms(30), WINDOW), "a new window");
+        due.sent(ms(45));
+        assert_eq!(due.next(), None);
     }
 
-    async fn attempts(&self, job_id: i64) -> Result<Vec<AttemptRecord>, OutboxError> {
-        let rows = sqlx::query(
-            "SELECT attempt, worker, result, provider_message_id, error, finished_at IS NOT NULL AS finished
-               FROM oncely_outbox_attempts WHERE job_id = $1 ORDER BY id",
-        )
-        .bind(job_id)
-        .fetch_all(&self.pool)
-        .await?;
-        rows.iter()
-            .map(|row| {
-                Ok(AttemptRecord {
-                    attempt: row.try_get("attempt")?,
-                    worker: row.try_get("worker")?,
-                    result: row.try_get("result")?,
-                    provider_message_id: row.try_get("provider_message_id")?,
-                    error: row.try_get("error")?,
-                    finished: row.try_get("finished")?,
-                })
-            })
-            .collect()
-    }
-
-    async fn backlog(&self) -> Result<Backlog, OutboxError> {
-        let row = sqlx::query(
-            "SELECT count(*) AS pending,
-                    COALESCE(EXTRACT(EPOCH FROM now() - min(created_at))::float8, 0) AS oldest
-               FROM oncely_outbox WHERE status = 'pending'",
-        )
-        .fetch_one(&self.pool)
-        .await?;
-        Ok(Backlog {
-            pending: row.try_get("pending")?,
-            oldest_pending_seconds: row.try_get("oldest")?,
-        })
-    }
-
-    async fn prune(&self, older_than: Duration, limit: u32) -> Result<u64, OutboxError> {
-        // Index: oncely_outbox_finished. SKIP LOCKED: never waits for a worker.
-        let done = sqlx::query(
-            "DELETE FROM oncely_outbox WHERE id = ANY (ARRAY(
-                 SELECT id FROM oncely_outbox
-                  WHERE status <> 'pending'
-                    AND COALESCE(sent_at, dead_at) < now() - make_interval(secs => $1)
-                  ORDER BY COALESCE(sent_at, dead_at)
-                  LIMIT $2
-                    FOR UPDATE SKIP LOCKED))",
-        )
-        .bind(older_than.as_secs_f64())
-        .bind(i64::from(limit))
-        .execute(&self.pool)
-        .await?;
-        Ok(done.rows_affected())
-    }
-
-    async fn list(&self, filter: &JobFilter) -> Result<Vec<JobRecord>, OutboxError> {
-        let sql = AssertSqlSafe(format!(
-            "SELECT {RECORD_COLUMNS} FROM oncely_outbox
-              WHERE ($1 IS NULL OR kind = $1) AND ($2 IS NULL OR status = $2)
-              ORDER BY id DESC LIMIT $3"
-        ));
-        let rows = sqlx::query(sql)
-            .bind(filter.kind.as_deref())
-            .bind(filter.status())
-            .bind(filter.limit())
-            .fetch_all(&self.pool)
-            .await?;
-        rows.iter().map(record_from).collect()
-    }
-
-    async fn redrive(&self, operation_key: &str) -> Result<bool, OutboxError> {
-        let done = sqlx::query(
-            "UPDATE oncely_outbox
-                SET status = 'pending', run_after = now(), attempts = 0, dead_at = NULL,
-                    lease_token = NULL, last_error = NULL
-              WHERE operation_key = $1 AND status = 'dead'",
-        )
-        .bind(operation_key)
-        .execute(&self.pool)
-        .await?;
-        if done.rows_affected() == 1 {
-            self.wake();
-        }
-        Ok(done.rows_affected() == 1)
-    }
-
-    async fn pending(&self) -> Result<i64, OutboxError> {
-        Ok(
-            sqlx::query_scalar("SELECT count(*) FROM oncely_outbox WHERE status = 'pending'")
-                .fetch_one(&self.pool)
-                .await?,
-        )
+    #[test]
+    fn a_wake_is_due_at_once_and_leaves_later_trailing_notifies_armed() {
+        let t0 = Instant::now();
+        let mut due = Due::default();
+        assert!(due.enqueued(t0, WINDOW));
+        assert!(!due.enqueued(t0 + Duration::from_millis(5), WINDOW));
+        due.soon = true;
+        assert!(due.next().is_some_and(|at| at < t0 + WINDOW));
+        due.sent(t0 + Duration::from_millis(6));
+        assert!(!due.soon);
+        assert_eq!(due.next(), Some(t0 + WINDOW));
     }
 }

@@ -10,7 +10,7 @@ use oncely_testdb::TestDb;
 use time::OffsetDateTime;
 use tokio_util::sync::CancellationToken;
 
-use crate::support::{Backend, both_stores};
+use crate::support::{Backend, Spy, both_stores, idle};
 
 const FAST: RetryPolicy = RetryPolicy {
     base: Duration::from_millis(10),
@@ -63,7 +63,8 @@ fn email_job(key: &str, to: &str) -> NewJob {
     NewJob::new(key, "email", serde_json::to_value(email).unwrap())
 }
 
-/// Runs the worker until the job leaves `pending` (retries wait for their delay), or 10 s.
+/// Runs the worker until the job leaves `pending`, or 10 s; between rounds the store's clock
+/// moves past the longest retry delay, so each retry is due at once.
 async fn run_until_settled<S: Backend>(
     worker: &Worker<S>,
     store: &S,
@@ -76,8 +77,89 @@ async fn run_until_settled<S: Backend>(
         if record.status != JobStatus::Pending || Instant::now() > deadline {
             return record;
         }
-        tokio::time::sleep(Duration::from_millis(15)).await;
+        store.clock().advance(FAST.max_delay);
     }
+}
+
+/// How the worker sends.
+enum Via {
+    Smtp,
+    /// The inbox's HTTP API, with this timeout.
+    Http(Duration),
+}
+
+/// The inbox rejects the next `n` attempts with `rejection`.
+fn rejecting(n: u32, rejection: Rejection) -> Faults {
+    Faults {
+        reject_next: n,
+        rejection,
+        ..Faults::default()
+    }
+}
+
+/// `faults`, and the first accepted message's answer is lost (the outcome is unknown).
+fn losing_the_first_answer(faults: Faults) -> Faults {
+    Faults {
+        drop_after_accept: 1,
+        ..faults
+    }
+}
+
+/// Starts an inbox with `faults`, enqueues `job` (key `k`) and runs a worker sending it over
+/// SMTP under [`FAST`] until the job settles.
+async fn settle<S: Backend>(
+    store: &S,
+    faults: Faults,
+    job: NewJob,
+) -> (Inbox, oncely_outbox::JobRecord) {
+    settle_with(store, faults, job, Via::Smtp, FAST).await
+}
+
+/// [`settle`], sending `via` and under `policy`.
+async fn settle_with<S: Backend>(
+    store: &S,
+    faults: Faults,
+    job: NewJob,
+    via: Via,
+    policy: RetryPolicy,
+) -> (Inbox, oncely_outbox::JobRecord) {
+    let (inbox, running) = inbox(faults).await;
+    store.enqueue_with_business_row(job, true).await.unwrap();
+    let mailer = match via {
+        Via::Smtp => smtp(&running),
+        Via::Http(timeout) => http(&running, timeout),
+    };
+    let record = run_until_settled(&worker(store, mailer, policy), store, "k").await;
+    (inbox, record)
+}
+
+/// Enqueues (and commits) `job`.
+async fn enqueue<S: Backend>(store: &S, job: NewJob) {
+    store.enqueue_with_business_row(job, true).await.unwrap();
+}
+
+/// A job of `kind` with an empty payload.
+fn plain(key: impl Into<String>, kind: &str) -> NewJob {
+    NewJob::new(key, kind, serde_json::json!({}))
+}
+
+/// How many emails reached `to` once one did (at most 5 s).
+async fn first_emails_to(inbox: &Inbox, to: &str) -> usize {
+    inbox.wait_for(to, 1, Duration::from_secs(5)).await.len()
+}
+
+/// Cancels `shutdown` and expects `worker` to return cleanly within 5 s (`why` if not).
+async fn stop(
+    shutdown: &CancellationToken,
+    worker: tokio::task::JoinHandle<Result<(), oncely_outbox::OutboxError>>,
+    why: &str,
+) {
+    shutdown.cancel();
+    tokio::time::timeout(Duration::from_secs(5), worker)
+        .await
+        .expect(why)
+        .unwrap()
+        .unwrap();
 }
 
 async fn results<S: Backend>(store: &S, id: i64) -> Vec<String> {
@@ -108,12 +190,8 @@ async fn a_job_is_delivered_once_over_smtp_with_its_delivery_key<S: Backend>(
     store: S,
     _db: TestDb,
 ) {
-    let (inbox, running) = inbox(Faults::default()).await;
-    store
-        .enqueue_with_business_row(email_job("k", "ada@example.com"), true)
-        .await
-        .unwrap();
-    let record = run_until_settled(&worker(&store, smtp(&running), FAST), &store, "k").await;
+    let (inbox, record) =
+        settle(&store, Faults::default(), email_job("k", "ada@example.com")).await;
     assert_eq!(record.status, JobStatus::Sent);
     let messages = inbox.messages(Some("ada@example.com"));
     assert_eq!(messages.len(), 1);
@@ -138,16 +216,8 @@ async fn three_temporary_rejections_then_delivered_on_the_fourth_attempt<S: Back
     store: S,
     _db: TestDb,
 ) {
-    let (inbox, running) = inbox(Faults {
-        reject_next: 3,
-        ..Faults::default()
-    })
-    .await;
-    store
-        .enqueue_with_business_row(email_job("k", "bob@example.com"), true)
-        .await
-        .unwrap();
-    let record = run_until_settled(&worker(&store, smtp(&running), FAST), &store, "k").await;
+    let faults = rejecting(3, Rejection::Temporary);
+    let (inbox, record) = settle(&store, faults, email_job("k", "bob@example.com")).await;
     assert_eq!(record.status, JobStatus::Sent);
     assert_eq!(record.attempts, 4);
     assert_eq!(
@@ -158,17 +228,8 @@ async fn three_temporary_rejections_then_delivered_on_the_fourth_attempt<S: Back
 }
 
 async fn a_permanent_rejection_is_dead_at_once_with_its_reason<S: Backend>(store: S, _db: TestDb) {
-    let faults = Faults {
-        reject_next: 1,
-        rejection: Rejection::Permanent,
-        ..Faults::default()
-    };
-    let (inbox, running) = inbox(faults).await;
-    store
-        .enqueue_with_business_row(email_job("k", "c@example.com"), true)
-        .await
-        .unwrap();
-    let record = run_until_settled(&worker(&store, smtp(&running), FAST), &store, "k").await;
+    let faults = rejecting(1, Rejection::Permanent);
+    let (inbox, record) = settle(&store, faults, email_job("k", "c@example.com")).await;
     assert_eq!(record.status, JobStatus::Dead);
     assert_eq!(record.attempts, 1);
     assert!(
@@ -179,20 +240,13 @@ async fn a_permanent_rejection_is_dead_at_once_with_its_reason<S: Backend>(store
 }
 
 async fn attempts_stop_at_the_maximum_and_the_job_is_dead<S: Backend>(store: S, _db: TestDb) {
-    let (_inbox, running) = inbox(Faults {
-        reject_next: 100,
-        ..Faults::default()
-    })
-    .await;
-    store
-        .enqueue_with_business_row(email_job("k", "d@example.com"), true)
-        .await
-        .unwrap();
+    let faults = rejecting(100, Rejection::Temporary);
     let policy = RetryPolicy {
         max_attempts: 3,
         ..FAST
     };
-    let record = run_until_settled(&worker(&store, smtp(&running), policy), &store, "k").await;
+    let job = email_job("k", "d@example.com");
+    let (_inbox, record) = settle_with(&store, faults, job, Via::Smtp, policy).await;
     assert_eq!(record.status, JobStatus::Dead);
     assert_eq!(record.attempts, 3);
     assert!(
@@ -207,16 +261,8 @@ async fn accept_then_drop_with_a_deduplicating_provider_delivers_exactly_one_ema
     store: S,
     _db: TestDb,
 ) {
-    let (inbox, running) = inbox(Faults {
-        drop_after_accept: 1,
-        ..Faults::provider()
-    })
-    .await;
-    store
-        .enqueue_with_business_row(email_job("k", "e@example.com"), true)
-        .await
-        .unwrap();
-    let record = run_until_settled(&worker(&store, smtp(&running), FAST), &store, "k").await;
+    let faults = losing_the_first_answer(Faults::provider());
+    let (inbox, record) = settle(&store, faults, email_job("k", "e@example.com")).await;
     assert_eq!(record.status, JobStatus::Sent);
     assert_eq!(results(&store, record.id).await, ["unknown", "sent"]);
     assert_eq!(
@@ -228,16 +274,8 @@ async fn accept_then_drop_with_a_deduplicating_provider_delivers_exactly_one_ema
 }
 
 async fn accept_then_drop_over_plain_smtp_records_the_duplicate<S: Backend>(store: S, _db: TestDb) {
-    let (inbox, running) = inbox(Faults {
-        drop_after_accept: 1,
-        ..Faults::default()
-    })
-    .await;
-    store
-        .enqueue_with_business_row(email_job("k", "f@example.com"), true)
-        .await
-        .unwrap();
-    let record = run_until_settled(&worker(&store, smtp(&running), FAST), &store, "k").await;
+    let faults = losing_the_first_answer(Faults::default());
+    let (inbox, record) = settle(&store, faults, email_job("k", "f@example.com")).await;
     assert_eq!(record.status, JobStatus::Sent);
     // Plain SMTP cannot deduplicate: the unknown outcome costs a second copy, and it shows.
     assert_eq!(inbox.messages(Some("f@example.com")).len(), 2);
@@ -248,18 +286,13 @@ async fn the_http_provider_gets_the_same_idempotency_key_on_every_retry<S: Backe
     store: S,
     _db: TestDb,
 ) {
-    let faults = Faults {
+    let faults = losing_the_first_answer(Faults {
         reject_next: 1,
-        drop_after_accept: 1,
         ..Faults::provider()
-    };
-    let (inbox, running) = inbox(faults).await;
-    store
-        .enqueue_with_business_row(email_job("k", "g@example.com"), true)
-        .await
-        .unwrap();
-    let mailer = http(&running, Duration::from_millis(500));
-    let record = run_until_settled(&worker(&store, mailer, FAST), &store, "k").await;
+    });
+    let job = email_job("k", "g@example.com");
+    let via = Via::Http(Duration::from_millis(500));
+    let (inbox, record) = settle_with(&store, faults, job, via, FAST).await;
     assert_eq!(record.status, JobStatus::Sent);
     assert_eq!(
         results(&store, record.id).await,
@@ -275,11 +308,9 @@ async fn the_http_provider_gets_the_same_idempotency_key_on_every_retry<S: Backe
 }
 
 async fn a_job_past_its_deadline_is_not_sent<S: Backend>(store: S, _db: TestDb) {
-    let (inbox, running) = inbox(Faults::default()).await;
     let job = email_job("k", "h@example.com")
         .not_after(OffsetDateTime::now_utc() - time::Duration::seconds(1));
-    store.enqueue_with_business_row(job, true).await.unwrap();
-    let record = run_until_settled(&worker(&store, smtp(&running), FAST), &store, "k").await;
+    let (inbox, record) = settle(&store, Faults::default(), job).await;
     assert_eq!(record.status, JobStatus::Dead);
     assert_eq!(results(&store, record.id).await, ["expired"]);
     assert!(inbox.messages(None).is_empty());
@@ -296,43 +327,29 @@ async fn an_idle_worker_wakes_when_a_job_commits_and_stops_on_shutdown<S: Backen
         poll_interval: Duration::from_secs(60),
         ..WorkerConfig::default()
     };
-    let worker = Worker::new(store.clone(), config).handle_with_policy(
+    let (spy, mut claims) = Spy::watching(store.clone());
+    let worker = Worker::new(spy, config).handle_with_policy(
         "email",
         EmailHandler::new(smtp(&running)),
         FAST,
     );
     let shutdown = CancellationToken::new();
     let running_worker = tokio::spawn(worker.run(shutdown.clone()));
-    tokio::time::sleep(Duration::from_millis(300)).await;
-    store
-        .enqueue_with_business_row(email_job("k", "i@example.com"), true)
-        .await
-        .unwrap();
-    assert_eq!(
-        inbox
-            .wait_for("i@example.com", 1, Duration::from_secs(5))
-            .await
-            .len(),
-        1
-    );
-    shutdown.cancel();
-    tokio::time::timeout(Duration::from_secs(5), running_worker)
-        .await
-        .expect("stops promptly")
-        .unwrap()
-        .unwrap();
+    // Its first claim found nothing: it is idle now.
+    idle(&mut claims).await;
+    enqueue(&store, email_job("k", "i@example.com")).await;
+    assert_eq!(first_emails_to(&inbox, "i@example.com").await, 1);
+    stop(&shutdown, running_worker, "stops promptly").await;
 }
 
 async fn four_workers_deliver_a_hundred_jobs_exactly_once<S: Backend>(store: S, _db: TestDb) {
     let (inbox, running) = inbox(Faults::default()).await;
     for i in 0..100 {
-        store
-            .enqueue_with_business_row(
-                email_job(&format!("k{i}"), &format!("u{i}@example.com")),
-                true,
-            )
-            .await
-            .unwrap();
+        enqueue(
+            &store,
+            email_job(&format!("k{i}"), &format!("u{i}@example.com")),
+        )
+        .await;
     }
     let shutdown = CancellationToken::new();
     let workers: Vec<_> = (0..4)
@@ -374,17 +391,8 @@ async fn a_poll_only_worker_still_delivers() {
         Worker::new(store.clone(), config).handle("email", EmailHandler::new(smtp(&running)));
     let shutdown = CancellationToken::new();
     let handle = tokio::spawn(worker.run(shutdown.clone()));
-    store
-        .enqueue_with_business_row(email_job("k", "p@example.com"), true)
-        .await
-        .unwrap();
-    assert_eq!(
-        inbox
-            .wait_for("p@example.com", 1, Duration::from_secs(5))
-            .await
-            .len(),
-        1
-    );
+    enqueue(&store, email_job("k", "p@example.com")).await;
+    assert_eq!(first_emails_to(&inbox, "p@example.com").await, 1);
     shutdown.cancel();
     handle.await.unwrap().unwrap();
 }
@@ -429,20 +437,8 @@ async fn a_limited_kind_runs_at_most_its_concurrency_while_others_run_in_full_ba
     use oncely_outbox::KindOptions;
     let (store, _db) = crate::support::sqlite().await;
     for i in 0..12 {
-        store
-            .enqueue_with_business_row(
-                NewJob::new(format!("charge:{i}"), "charge", serde_json::json!({})),
-                true,
-            )
-            .await
-            .unwrap();
-        store
-            .enqueue_with_business_row(
-                NewJob::new(format!("usage:{i}"), "usage", serde_json::json!({})),
-                true,
-            )
-            .await
-            .unwrap();
+        enqueue(&store, plain(format!("charge:{i}"), "charge")).await;
+        enqueue(&store, plain(format!("usage:{i}"), "usage")).await;
     }
     let (charges, usage) = (gauge(), gauge());
     let worker = Worker::new(
@@ -477,14 +473,8 @@ async fn a_limited_kind_runs_at_most_its_concurrency_while_others_run_in_full_ba
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_worker_restricted_to_some_kinds_leaves_the_others() {
     let (store, _db) = crate::support::sqlite().await;
-    store
-        .enqueue_with_business_row(NewJob::new("a:1", "a", serde_json::json!({})), true)
-        .await
-        .unwrap();
-    store
-        .enqueue_with_business_row(NewJob::new("b:1", "b", serde_json::json!({})), true)
-        .await
-        .unwrap();
+    enqueue(&store, plain("a:1", "a")).await;
+    enqueue(&store, plain("b:1", "b")).await;
     let worker = || {
         Worker::new(store.clone(), WorkerConfig::default())
             .handle("a", gauge())
@@ -535,18 +525,9 @@ async fn a_stuck_job_holds_its_own_slot_and_never_the_next_claim<S: Backend>(
     }
     let release = Arc::new(tokio::sync::Notify::new());
     let sent = Arc::new(std::sync::Mutex::new(Vec::new()));
-    store
-        .enqueue_with_business_row(NewJob::new("stuck", "gate", serde_json::json!({})), true)
-        .await
-        .unwrap();
+    enqueue(&store, plain("stuck", "gate")).await;
     for i in 0..20 {
-        store
-            .enqueue_with_business_row(
-                NewJob::new(format!("fast-{i}"), "gate", serde_json::json!({})),
-                true,
-            )
-            .await
-            .unwrap();
+        enqueue(&store, plain(format!("fast-{i}"), "gate")).await;
     }
     let config = WorkerConfig {
         batch: 4,
@@ -576,12 +557,7 @@ async fn a_stuck_job_holds_its_own_slot_and_never_the_next_claim<S: Backend>(
     );
     assert!(!so_far.contains(&"stuck".to_string()));
     release.notify_one();
-    shutdown.cancel();
-    tokio::time::timeout(Duration::from_secs(5), handle)
-        .await
-        .expect("stops once the stuck job ends")
-        .unwrap()
-        .unwrap();
+    stop(&shutdown, handle, "stops once the stuck job ends").await;
     assert_eq!(
         sent.lock().unwrap().len(),
         21,

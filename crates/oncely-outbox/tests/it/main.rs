@@ -3,6 +3,7 @@
 #![allow(unreachable_pub)]
 
 mod delivery;
+mod migrations;
 mod recording;
 mod store_conformance;
 mod support;

@@ -4,7 +4,7 @@ use std::collections::HashSet;
 use std::time::Duration;
 
 use oncely_outbox::store::{Finish, JobFilter};
-use oncely_outbox::{Enqueued, JobStatus, NewJob};
+use oncely_outbox::{AttemptResult, Enqueued, Job, JobStatus, NewJob};
 use oncely_testdb::TestDb;
 use serde_json::json;
 
@@ -15,13 +15,31 @@ fn job(key: &str) -> NewJob {
 }
 
 fn sent() -> Finish {
-    Finish {
-        status: JobStatus::Sent,
-        result: "sent",
-        retry_in: Duration::ZERO,
-        provider_message_id: Some("p-1".into()),
-        error: None,
-    }
+    Finish::sent(Some("p-1".into()))
+}
+
+/// Enqueues (and commits) `job`.
+async fn enqueue<S: Backend>(store: &S, job: NewJob) -> Enqueued {
+    store.enqueue_with_business_row(job, true).await.unwrap()
+}
+
+/// Claims up to `limit` jobs of `kind` for `worker`.
+async fn claim<S: Backend>(
+    store: &S,
+    worker: &str,
+    kind: &str,
+    limit: u32,
+    lease: Duration,
+) -> Vec<Job> {
+    store
+        .claim(worker, &kinds(&[kind]), limit, lease)
+        .await
+        .unwrap()
+}
+
+/// Claims the one due email job for `worker` under the usual lease.
+async fn claim_one<S: Backend>(store: &S, worker: &str) -> Job {
+    claim(store, worker, "email", 1, LEASE).await.remove(0)
 }
 
 both_stores!(
@@ -43,15 +61,9 @@ async fn enqueueing_the_same_intent_twice_is_a_no_op_that_says_so<S: Backend>(
     store: S,
     _db: TestDb,
 ) {
-    let first = store
-        .enqueue_with_business_row(job("signup:1"), true)
-        .await
-        .unwrap();
+    let first = enqueue(&store, job("signup:1")).await;
     assert!(matches!(first, Enqueued::Inserted(_)));
-    let again = store
-        .enqueue_with_business_row(job("signup:1"), true)
-        .await
-        .unwrap();
+    let again = enqueue(&store, job("signup:1")).await;
     assert_eq!(again, Enqueued::AlreadyExists);
     assert_eq!(store.pending().await.unwrap(), 1);
 }
@@ -67,10 +79,7 @@ async fn a_rolled_back_business_transaction_enqueues_nothing<S: Backend>(store: 
 
 async fn concurrent_workers_claim_every_job_exactly_once<S: Backend>(store: S, _db: TestDb) {
     for i in 0..60 {
-        store
-            .enqueue_with_business_row(job(&format!("k{i}")), true)
-            .await
-            .unwrap();
+        enqueue(&store, job(&format!("k{i}"))).await;
     }
     let workers = (0..4).map(|w| {
         let store = store.clone();
@@ -101,44 +110,23 @@ async fn concurrent_workers_claim_every_job_exactly_once<S: Backend>(store: S, _
 }
 
 async fn a_leased_job_is_not_claimed_again_until_its_lease_ends<S: Backend>(store: S, _db: TestDb) {
-    store
-        .enqueue_with_business_row(job("k"), true)
-        .await
-        .unwrap();
-    let claimed = store
-        .claim("a", &kinds(&["email"]), 10, LEASE)
-        .await
-        .unwrap();
+    enqueue(&store, job("k")).await;
+    let claimed = claim(&store, "a", "email", 10, LEASE).await;
     assert_eq!(claimed.len(), 1);
     assert_eq!(claimed[0].attempt, 1);
-    assert!(
-        store
-            .claim("b", &kinds(&["email"]), 10, LEASE)
-            .await
-            .unwrap()
-            .is_empty()
-    );
+    assert!(claim(&store, "b", "email", 10, LEASE).await.is_empty());
 }
 
 async fn an_expired_lease_lets_another_worker_take_the_job_and_fences_out_the_first<S: Backend>(
     store: S,
     _db: TestDb,
 ) {
-    store
-        .enqueue_with_business_row(job("k"), true)
+    enqueue(&store, job("k")).await;
+    let first = claim(&store, "a", "email", 1, Duration::from_millis(100))
         .await
-        .unwrap();
-    let first = store
-        .claim("a", &kinds(&["email"]), 1, Duration::from_millis(100))
-        .await
-        .unwrap()
         .remove(0);
-    tokio::time::sleep(Duration::from_millis(200)).await;
-    let second = store
-        .claim("b", &kinds(&["email"]), 1, LEASE)
-        .await
-        .unwrap()
-        .remove(0);
+    store.clock().advance(Duration::from_millis(200));
+    let second = claim_one(&store, "b").await;
     assert_eq!(second.id, first.id);
     assert_eq!(second.attempt, 2);
     assert_eq!(
@@ -160,21 +148,10 @@ async fn an_expired_lease_lets_another_worker_take_the_job_and_fences_out_the_fi
 }
 
 async fn release_hands_a_job_back_without_counting_the_attempt<S: Backend>(store: S, _db: TestDb) {
-    store
-        .enqueue_with_business_row(job("k"), true)
-        .await
-        .unwrap();
-    let claimed = store
-        .claim("a", &kinds(&["email"]), 1, LEASE)
-        .await
-        .unwrap()
-        .remove(0);
+    enqueue(&store, job("k")).await;
+    let claimed = claim_one(&store, "a").await;
     assert!(store.release(&claimed).await.unwrap());
-    let again = store
-        .claim("b", &kinds(&["email"]), 1, LEASE)
-        .await
-        .unwrap()
-        .remove(0);
+    let again = claim_one(&store, "b").await;
     assert_eq!(again.attempt, 1);
     assert!(
         store
@@ -187,53 +164,26 @@ async fn release_hands_a_job_back_without_counting_the_attempt<S: Backend>(store
 }
 
 async fn a_retry_waits_for_its_delay<S: Backend>(store: S, _db: TestDb) {
-    store
-        .enqueue_with_business_row(job("k"), true)
-        .await
-        .unwrap();
-    let claimed = store
-        .claim("a", &kinds(&["email"]), 1, LEASE)
-        .await
-        .unwrap()
-        .remove(0);
-    let retry = Finish {
-        status: JobStatus::Pending,
-        result: "retry",
-        retry_in: Duration::from_millis(300),
-        provider_message_id: None,
-        error: Some("451 try later".into()),
-    };
-    assert!(store.finish(&claimed, &retry).await.unwrap());
-    assert!(
-        store
-            .claim("a", &kinds(&["email"]), 1, LEASE)
-            .await
-            .unwrap()
-            .is_empty()
+    enqueue(&store, job("k")).await;
+    let claimed = claim_one(&store, "a").await;
+    let retry = Finish::retry(
+        AttemptResult::Retry,
+        Duration::from_millis(300),
+        "451 try later".into(),
     );
-    tokio::time::sleep(Duration::from_millis(400)).await;
-    let again = store
-        .claim("a", &kinds(&["email"]), 1, LEASE)
-        .await
-        .unwrap();
+    assert!(store.finish(&claimed, &retry).await.unwrap());
+    assert!(claim(&store, "a", "email", 1, LEASE).await.is_empty());
+    store.clock().advance(Duration::from_millis(400));
+    let again = claim(&store, "a", "email", 1, LEASE).await;
     assert_eq!(again[0].attempt, 2);
     let record = store.job("k").await.unwrap().unwrap();
     assert_eq!(record.last_error.as_deref(), Some("451 try later"));
 }
 
 async fn only_the_requested_kinds_are_claimed<S: Backend>(store: S, _db: TestDb) {
-    store
-        .enqueue_with_business_row(NewJob::new("a", "charge", json!({})), true)
-        .await
-        .unwrap();
-    store
-        .enqueue_with_business_row(NewJob::new("b", "email", json!({})), true)
-        .await
-        .unwrap();
-    let claimed = store
-        .claim("w", &kinds(&["charge"]), 10, LEASE)
-        .await
-        .unwrap();
+    enqueue(&store, NewJob::new("a", "charge", json!({}))).await;
+    enqueue(&store, NewJob::new("b", "email", json!({}))).await;
+    let claimed = claim(&store, "w", "charge", 10, LEASE).await;
     assert_eq!(
         claimed.iter().map(|j| j.kind.as_str()).collect::<Vec<_>>(),
         ["charge"]
@@ -241,26 +191,13 @@ async fn only_the_requested_kinds_are_claimed<S: Backend>(store: S, _db: TestDb)
 }
 
 async fn sent_jobs_keep_their_attempt_history<S: Backend>(store: S, _db: TestDb) {
-    store
-        .enqueue_with_business_row(job("k"), true)
-        .await
-        .unwrap();
-    let claimed = store
-        .claim("a", &kinds(&["email"]), 1, LEASE)
-        .await
-        .unwrap()
-        .remove(0);
+    enqueue(&store, job("k")).await;
+    let claimed = claim_one(&store, "a").await;
     store.finish(&claimed, &sent()).await.unwrap();
     let record = store.job("k").await.unwrap().unwrap();
     assert_eq!(record.status, JobStatus::Sent);
     assert_eq!(record.provider_message_id.as_deref(), Some("p-1"));
-    assert!(
-        store
-            .claim("a", &kinds(&["email"]), 1, LEASE)
-            .await
-            .unwrap()
-            .is_empty()
-    );
+    assert!(claim(&store, "a", "email", 1, LEASE).await.is_empty());
     assert_eq!(store.pending().await.unwrap(), 0);
 }
 
@@ -268,29 +205,14 @@ async fn dead_jobs_are_listed_with_their_reason_and_redriven_with_the_same_key<S
     store: S,
     _db: TestDb,
 ) {
-    store
-        .enqueue_with_business_row(
-            NewJob::new("invoice:1:finalize", "invoice", json!({})),
-            true,
-        )
-        .await
-        .unwrap();
-    store
-        .enqueue_with_business_row(job("mail:1"), true)
-        .await
-        .unwrap();
-    let claimed = store
-        .claim("w", &kinds(&["invoice"]), 1, LEASE)
-        .await
-        .unwrap()
-        .remove(0);
-    let dead = Finish {
-        status: JobStatus::Dead,
-        result: "dead",
-        retry_in: Duration::ZERO,
-        provider_message_id: None,
-        error: Some("card declined".into()),
-    };
+    enqueue(
+        &store,
+        NewJob::new("invoice:1:finalize", "invoice", json!({})),
+    )
+    .await;
+    enqueue(&store, job("mail:1")).await;
+    let claimed = claim(&store, "w", "invoice", 1, LEASE).await.remove(0);
+    let dead = Finish::dead(AttemptResult::Dead, "card declined".into());
     store.finish(&claimed, &dead).await.unwrap();
 
     let dead_jobs = store
@@ -323,11 +245,7 @@ async fn dead_jobs_are_listed_with_their_reason_and_redriven_with_the_same_key<S
         "only dead jobs are re-driven"
     );
     assert!(store.redrive("invoice:1:finalize").await.unwrap());
-    let again = store
-        .claim("w", &kinds(&["invoice"]), 1, LEASE)
-        .await
-        .unwrap()
-        .remove(0);
+    let again = claim(&store, "w", "invoice", 1, LEASE).await.remove(0);
     assert_eq!(
         again.delivery_key, claimed.delivery_key,
         "the same key goes downstream again"
@@ -345,28 +263,18 @@ async fn pruning_removes_only_finished_jobs_past_their_retention_in_batches<S: B
     _db: TestDb,
 ) {
     for i in 0..5 {
-        store
-            .enqueue_with_business_row(job(&format!("done:{i}")), true)
-            .await
-            .unwrap();
+        enqueue(&store, job(&format!("done:{i}"))).await;
     }
-    for claimed in store
-        .claim("w", &kinds(&["email"]), 5, LEASE)
-        .await
-        .unwrap()
-    {
+    for claimed in claim(&store, "w", "email", 5, LEASE).await {
         store.finish(&claimed, &sent()).await.unwrap();
     }
-    store
-        .enqueue_with_business_row(job("waiting"), true)
-        .await
-        .unwrap();
+    enqueue(&store, job("waiting")).await;
     assert_eq!(
         store.prune(Duration::from_secs(3600), 10).await.unwrap(),
         0,
         "within retention: kept"
     );
-    tokio::time::sleep(Duration::from_millis(30)).await;
+    store.clock().advance(Duration::from_millis(30));
     assert_eq!(
         store.prune(Duration::from_millis(10), 2).await.unwrap(),
         2,
@@ -386,37 +294,19 @@ async fn one_batch_finish_records_each_result_and_fences_each_job<S: Backend>(
     _db: TestDb,
 ) {
     for key in ["a", "b", "c"] {
-        store
-            .enqueue_with_business_row(job(key), true)
-            .await
-            .unwrap();
+        enqueue(&store, job(key)).await;
     }
-    let first = store
-        .claim("w1", &kinds(&["email"]), 3, Duration::from_millis(100))
-        .await
-        .unwrap();
+    let first = claim(&store, "w1", "email", 3, Duration::from_millis(100)).await;
     assert_eq!(first.len(), 3);
-    tokio::time::sleep(Duration::from_millis(200)).await;
+    store.clock().advance(Duration::from_millis(200));
     // Another worker takes "c" over after w1's lease ended; w1 still records all three.
-    let taken = store
-        .claim("w2", &kinds(&["email"]), 1, LEASE)
-        .await
-        .unwrap()
-        .remove(0);
-    let retry = Finish {
-        status: JobStatus::Pending,
-        result: "retry",
-        retry_in: Duration::from_secs(60),
-        provider_message_id: None,
-        error: Some("451 try later".into()),
-    };
-    let dead = Finish {
-        status: JobStatus::Dead,
-        result: "dead",
-        retry_in: Duration::ZERO,
-        provider_message_id: None,
-        error: Some("550 no such user".into()),
-    };
+    let taken = claim_one(&store, "w2").await;
+    let retry = Finish::retry(
+        AttemptResult::Retry,
+        Duration::from_secs(60),
+        "451 try later".into(),
+    );
+    let dead = Finish::dead(AttemptResult::Dead, "550 no such user".into());
     let outcomes = [sent(), retry, dead];
     let done: Vec<_> = first.iter().zip(&outcomes).collect();
     let owned = store.finish_all(&done).await.unwrap();
@@ -437,7 +327,7 @@ async fn one_batch_finish_records_each_result_and_fences_each_job<S: Backend>(
         assert_eq!(record.status, outcome.status);
         assert_eq!(record.last_error, outcome.error);
         assert_eq!(attempts.len(), 1);
-        assert_eq!(attempts[0].result.as_deref(), Some(outcome.result));
+        assert_eq!(attempts[0].result.as_deref(), Some(outcome.result.as_str()));
         assert_eq!(attempts[0].error, outcome.error);
     }
     assert!(store.finish_all(&[]).await.unwrap().is_empty());

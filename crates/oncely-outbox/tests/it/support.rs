@@ -1,16 +1,26 @@
-//! Stores per backend, and a business table to enqueue next to.
+//! Stores per backend on a manual clock, a business table to enqueue next to, and a store that
+//! lets a test fail or watch the one it wraps.
 
 use std::future::Future;
+use std::sync::atomic::{AtomicU32, Ordering};
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
+use oncely_outbox::job::AttemptRecord;
 use oncely_outbox::store::postgres::PgJobStore;
 use oncely_outbox::store::sqlite::SqliteJobStore;
-use oncely_outbox::{Enqueued, JobStore, NewJob, OutboxError};
+use oncely_outbox::store::{Backlog, Clock, Dialect, Finish, JobFilter, SqlJobStore, Wakeup};
+use oncely_outbox::{Enqueued, Job, JobRecord, JobStore, NewJob, OutboxError};
 use oncely_testdb::{TestDb, TestPostgres, TestSqlite};
+use sqlx::{Encode, Executor, IntoArguments, Pool, Type};
+use time::OffsetDateTime;
+use tokio::sync::mpsc;
 
-/// A job store the tests can also enqueue into (in a transaction of their own).
+/// A job store the tests can also enqueue into (in a transaction of their own) and move the
+/// time of.
 pub trait Backend: JobStore {
     /// Begins a transaction, writes a business row and enqueues `job`; commits if `commit`.
+    /// Nothing else: the store wakes its workers by itself.
     fn enqueue_with_business_row(
         &self,
         job: NewJob,
@@ -18,13 +28,15 @@ pub trait Backend: JobStore {
     ) -> impl Future<Output = Result<Enqueued, OutboxError>> + Send;
     /// How many business rows committed.
     fn business_rows(&self) -> impl Future<Output = i64> + Send;
+    /// The store's (manual) clock.
+    fn clock(&self) -> &Clock;
 }
 
 const BUSINESS: &str = "CREATE TABLE business (note TEXT NOT NULL)";
 
 pub async fn postgres() -> (PgJobStore, TestDb) {
     let db = TestPostgres::new().await;
-    let store = PgJobStore::new(db.pool(20).await);
+    let store = PgJobStore::new(db.pool(20).await).with_clock(manual_clock());
     store.migrate().await.unwrap();
     sqlx::query(BUSINESS).execute(store.pool()).await.unwrap();
     (store, TestDb::Postgres(Box::new(db)))
@@ -32,65 +44,55 @@ pub async fn postgres() -> (PgJobStore, TestDb) {
 
 pub async fn sqlite() -> (SqliteJobStore, TestDb) {
     let db = TestSqlite::new();
-    let store = SqliteJobStore::new(db.pool(8).await);
+    let store = SqliteJobStore::new(db.pool(8).await).with_clock(manual_clock());
     store.migrate().await.unwrap();
     sqlx::query(BUSINESS).execute(store.pool()).await.unwrap();
     (store, TestDb::Sqlite(db))
 }
 
-impl Backend for PgJobStore {
-    async fn enqueue_with_business_row(
-        &self,
-        job: NewJob,
-        commit: bool,
-    ) -> Result<Enqueued, OutboxError> {
-        let mut tx = self.pool().begin().await?;
-        sqlx::query("INSERT INTO business (note) VALUES ($1)")
-            .bind(&job.operation_key)
-            .execute(&mut *tx)
-            .await?;
-        let enqueued = oncely_outbox::store::postgres::enqueue(&mut tx, &job).await?;
-        if commit {
-            tx.commit().await?;
-            self.wake();
-        } else {
-            tx.rollback().await?
-        }
-        Ok(enqueued)
-    }
-    async fn business_rows(&self) -> i64 {
-        sqlx::query_scalar("SELECT count(*) FROM business")
-            .fetch_one(self.pool())
-            .await
-            .unwrap()
-    }
+/// Time stands still in the tests until one moves it.
+fn manual_clock() -> Clock {
+    Clock::manual(OffsetDateTime::now_utc())
 }
 
-impl Backend for SqliteJobStore {
+impl<D: Dialect> Backend for SqlJobStore<D>
+where
+    SqlJobStore<D>: JobStore<Database = D>,
+    for<'c> &'c mut D::Connection: Executor<'c, Database = D>,
+    for<'c> &'c Pool<D>: Executor<'c, Database = D>,
+    D::Arguments: IntoArguments<D>,
+    for<'q> &'q str: Encode<'q, D> + Type<D>,
+    for<'r> (i64,): sqlx::FromRow<'r, D::Row>,
+{
     async fn enqueue_with_business_row(
         &self,
         job: NewJob,
         commit: bool,
     ) -> Result<Enqueued, OutboxError> {
-        let mut tx = self.pool().begin_with("BEGIN IMMEDIATE").await?;
-        sqlx::query("INSERT INTO business (note) VALUES (?1)")
-            .bind(&job.operation_key)
+        let begin = D::WRITE_TRANSACTION.unwrap_or("BEGIN");
+        let mut tx = self.pool().begin_with(begin).await?;
+        sqlx::query("INSERT INTO business (note) VALUES ($1)")
+            .bind(job.operation_key.as_str())
             .execute(&mut *tx)
             .await?;
-        let enqueued = oncely_outbox::store::sqlite::enqueue(&mut tx, &job).await?;
+        let enqueued = self.enqueue(&mut tx, &job).await?;
         if commit {
             tx.commit().await?;
-            self.notify();
         } else {
             tx.rollback().await?;
         }
         Ok(enqueued)
     }
+
     async fn business_rows(&self) -> i64 {
         sqlx::query_scalar("SELECT count(*) FROM business")
             .fetch_one(self.pool())
             .await
             .unwrap()
+    }
+
+    fn clock(&self) -> &Clock {
+        SqlJobStore::clock(self)
     }
 }
 
@@ -106,3 +108,161 @@ macro_rules! both_stores {
     };
 }
 pub(crate) use both_stores;
+
+/// What a [`Spy`] saw of a claim.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Claim {
+    /// A claim began.
+    Started,
+    /// A claim returned this many jobs.
+    Returned(usize),
+}
+
+/// A store that delegates to `inner`, and can fail its `finish_all`, report its claims, and
+/// enqueue a job right after a claim returned (before the worker waits again).
+#[derive(Clone)]
+pub struct Spy<S> {
+    pub inner: S,
+    /// `finish_all` fails this many more times, as a dropped connection would.
+    pub finish_failures: Arc<AtomicU32>,
+    /// `finish_all` calls so far.
+    pub finish_calls: Arc<AtomicU32>,
+    /// Enqueued (and committed) right after the next claim, before it returns.
+    pub enqueue_after_claim: Arc<Mutex<Option<NewJob>>>,
+    claims: Option<mpsc::UnboundedSender<Claim>>,
+}
+
+impl<S: Backend> Spy<S> {
+    pub fn new(inner: S) -> Self {
+        Self {
+            inner,
+            finish_failures: Arc::default(),
+            finish_calls: Arc::default(),
+            enqueue_after_claim: Arc::default(),
+            claims: None,
+        }
+    }
+
+    /// A spy that reports its claims.
+    pub fn watching(inner: S) -> (Self, mpsc::UnboundedReceiver<Claim>) {
+        let (claims, watched) = mpsc::unbounded_channel();
+        let spy = Self {
+            claims: Some(claims),
+            ..Self::new(inner)
+        };
+        (spy, watched)
+    }
+
+    fn saw(&self, claim: Claim) {
+        if let Some(claims) = &self.claims {
+            let _ = claims.send(claim);
+        }
+    }
+}
+
+impl<S: Backend> Backend for Spy<S> {
+    async fn enqueue_with_business_row(
+        &self,
+        job: NewJob,
+        commit: bool,
+    ) -> Result<Enqueued, OutboxError> {
+        self.inner.enqueue_with_business_row(job, commit).await
+    }
+    async fn business_rows(&self) -> i64 {
+        self.inner.business_rows().await
+    }
+    fn clock(&self) -> &Clock {
+        self.inner.clock()
+    }
+}
+
+impl<S: Backend> JobStore for Spy<S> {
+    type Database = S::Database;
+
+    async fn migrate(&self) -> Result<(), OutboxError> {
+        self.inner.migrate().await
+    }
+    async fn enqueue(
+        &self,
+        conn: &mut <S::Database as sqlx::Database>::Connection,
+        job: &NewJob,
+    ) -> Result<Enqueued, OutboxError> {
+        self.inner.enqueue(conn, job).await
+    }
+    async fn claim(
+        &self,
+        worker: &str,
+        kinds: &[String],
+        limit: u32,
+        lease: Duration,
+    ) -> Result<Vec<Job>, OutboxError> {
+        self.saw(Claim::Started);
+        let jobs = self.inner.claim(worker, kinds, limit, lease).await?;
+        let after = self.enqueue_after_claim.lock().unwrap().take();
+        if let Some(job) = after {
+            self.inner.enqueue_with_business_row(job, true).await?;
+        }
+        self.saw(Claim::Returned(jobs.len()));
+        Ok(jobs)
+    }
+    async fn finish_all(&self, done: &[(&Job, &Finish)]) -> Result<Vec<bool>, OutboxError> {
+        self.finish_calls.fetch_add(1, Ordering::SeqCst);
+        let failing = self
+            .finish_failures
+            .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |n| n.checked_sub(1))
+            .is_ok();
+        if failing {
+            return Err(OutboxError::Database(sqlx::Error::PoolTimedOut));
+        }
+        self.inner.finish_all(done).await
+    }
+    async fn release(&self, job: &Job) -> Result<bool, OutboxError> {
+        self.inner.release(job).await
+    }
+    fn wake(&self) {
+        self.inner.wake();
+    }
+    async fn wakeup(&self) -> Result<Wakeup, OutboxError> {
+        self.inner.wakeup().await
+    }
+    fn now(&self) -> OffsetDateTime {
+        self.inner.now()
+    }
+    async fn job(&self, operation_key: &str) -> Result<Option<JobRecord>, OutboxError> {
+        self.inner.job(operation_key).await
+    }
+    async fn attempts(&self, job_id: i64) -> Result<Vec<AttemptRecord>, OutboxError> {
+        self.inner.attempts(job_id).await
+    }
+    async fn pending(&self) -> Result<i64, OutboxError> {
+        self.inner.pending().await
+    }
+    async fn prune(&self, older_than: Duration, limit: u32) -> Result<u64, OutboxError> {
+        self.inner.prune(older_than, limit).await
+    }
+    async fn backlog(&self) -> Result<Backlog, OutboxError> {
+        self.inner.backlog().await
+    }
+    async fn list(&self, filter: &JobFilter) -> Result<Vec<JobRecord>, OutboxError> {
+        self.inner.list(filter).await
+    }
+    async fn redrive(&self, operation_key: &str) -> Result<bool, OutboxError> {
+        self.inner.redrive(operation_key).await
+    }
+}
+
+/// Waits until a watched worker's claim returned nothing: it waits for a wake-up (or its poll)
+/// now.
+pub async fn idle(claims: &mut mpsc::UnboundedReceiver<Claim>) {
+    let empty = async {
+        while let Some(claim) = claims.recv().await {
+            if claim == Claim::Returned(0) {
+                return;
+            }
+        }
+        panic!("the worker stopped");
+    };
+    tokio::time::timeout(Duration::from_secs(10), empty)
+        .await
+        .expect("the worker claims at start");
+}

@@ -16,7 +16,7 @@ use std::future::Future;
 
 use anyhow::Context;
 use oncely::store::KeyStore;
-use oncely_outbox::{Enqueued, JobStore, NewJob, OutboxError};
+use oncely_outbox::JobStore;
 use sqlx::migrate::{Migrate, Migrator};
 use time::OffsetDateTime;
 
@@ -45,7 +45,7 @@ pub trait Backend: Clone + Send + Sync + 'static {
     type Keys: KeyStore<Database = Self::Database>;
 
     /// The outbox job store on this database.
-    type Jobs: JobStore;
+    type Jobs: JobStore<Database = Self::Database>;
 
     /// An instant as this database's account statements take it (see [`Self::at`]).
     type Instant: for<'q> sqlx::Encode<'q, Self::Database> + sqlx::Type<Self::Database> + Send;
@@ -71,12 +71,6 @@ pub trait Backend: Clone + Send + Sync + 'static {
     /// (PostgreSQL behind a transaction-mode pooler).
     fn jobs(&self, poll_only: bool) -> Self::Jobs;
 
-    /// Enqueues an outbox job in the transaction.
-    fn enqueue<'c>(
-        conn: &'c mut Connection<Self>,
-        job: &'c NewJob,
-    ) -> impl Future<Output = Result<Enqueued, OutboxError>> + Send + 'c;
-
     /// The migrations of the three histories, in the order of [`MIGRATION_TABLES`]: idempotency
     /// keys, outbox, accounts.
     fn migrators() -> [Migrator; 3];
@@ -99,12 +93,6 @@ pub trait Backend: Clone + Send + Sync + 'static {
     /// The idempotency key store.
     fn keys(&self) -> &Self::Keys {
         &self.stores().keys
-    }
-
-    /// Wakes workers of `jobs` after a commit: a coalesced NOTIFY (PostgreSQL, every process)
-    /// or an in-process signal (SQLite).
-    fn notify_workers(jobs: &Self::Jobs) {
-        jobs.wake();
     }
 
     /// Applies every migration: idempotency keys, outbox, accounts (each library keeps its own

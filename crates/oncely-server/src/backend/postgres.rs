@@ -6,8 +6,6 @@ use std::time::Duration;
 use anyhow::Context;
 use oncely::store::postgres::PgKeyStore;
 use oncely_outbox::store::postgres::PgJobStore;
-use oncely_outbox::{Enqueued, NewJob, OutboxError};
-use sqlx::PgConnection;
 use sqlx::migrate::Migrator;
 use sqlx::postgres::{PgPoolOptions, PgQueryResult};
 use time::OffsetDateTime;
@@ -66,10 +64,6 @@ impl Backend for Postgres {
     fn jobs(&self, poll_only: bool) -> PgJobStore {
         let jobs = PgJobStore::new(self.pool().clone());
         if poll_only { jobs.poll_only() } else { jobs }
-    }
-
-    async fn enqueue(conn: &mut PgConnection, job: &NewJob) -> Result<Enqueued, OutboxError> {
-        oncely_outbox::store::postgres::enqueue(conn, job).await
     }
 
     fn at(at: Option<OffsetDateTime>) -> Option<OffsetDateTime> {

@@ -6,8 +6,6 @@ use std::path::{Path, PathBuf};
 use anyhow::Context;
 use oncely::store::sqlite::{SqliteKeyStore, connect_options};
 use oncely_outbox::store::sqlite::SqliteJobStore;
-use oncely_outbox::{Enqueued, NewJob, OutboxError};
-use sqlx::SqliteConnection;
 use sqlx::migrate::Migrator;
 use sqlx::sqlite::{SqlitePoolOptions, SqliteQueryResult};
 use time::OffsetDateTime;
@@ -66,10 +64,6 @@ impl Backend for Sqlite {
     /// `poll_only` has no meaning here: in-process workers are signalled, never LISTEN.
     fn jobs(&self, _poll_only: bool) -> SqliteJobStore {
         SqliteJobStore::new(self.pool().clone())
-    }
-
-    async fn enqueue(conn: &mut SqliteConnection, job: &NewJob) -> Result<Enqueued, OutboxError> {
-        oncely_outbox::store::sqlite::enqueue(conn, job).await
     }
 
     fn at(at: Option<OffsetDateTime>) -> i64 {

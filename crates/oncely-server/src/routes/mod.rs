@@ -4,10 +4,9 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use axum::Router;
-use axum::extract::{Request, State};
-use axum::http::Method;
-use axum::middleware::{self, Next};
-use axum::response::Response;
+
+use axum::middleware;
+
 use axum::routing::{MethodRouter, post};
 use oncely::{IdempotencyLayer, ServerSecret};
 
@@ -37,7 +36,8 @@ pub mod use_link;
 pub struct AppState<A: Accounts> {
     /// Account SQL and the key store.
     pub accounts: A,
-    /// The outbox store the in-process workers use (woken after commits).
+    /// The outbox store handlers enqueue with (the in-process workers' own: an enqueue on
+    /// SQLite wakes them).
     pub jobs: A::Jobs,
     /// Derives tokens.
     pub secret: ServerSecret,
@@ -75,12 +75,8 @@ pub fn v1<A: Accounts>(state: AppState<A>, policy: KeyPolicy) -> Router {
     // Per method router: the layers run only for a method the route has, so any other method
     // is a plain 405. Outer layers run first: the tenant is known before the key is scoped.
     let tenant = middleware::from_fn_with_state(state.clone(), tenants::resolve::<A>);
-    let wake = middleware::from_fn_with_state(state.clone(), wake_workers::<A>);
     let guarded = |route: MethodRouter<AppState<A>>| {
-        route
-            .route_layer(keys.clone())
-            .route_layer(wake.clone())
-            .route_layer(tenant.clone())
+        route.route_layer(keys.clone()).route_layer(tenant.clone())
     };
     let routes = [
         ("/v1/signup", post(signup::signup::<A>)),
@@ -111,19 +107,4 @@ pub fn v1<A: Accounts>(state: AppState<A>, policy: KeyPolicy) -> Router {
             router.route(path, guarded(route))
         })
         .with_state(state)
-}
-
-/// After a mutating request committed, wake idle workers: on PostgreSQL a coalesced NOTIFY
-/// sent outside the request's transaction (workers in every process), on SQLite this process's.
-async fn wake_workers<A: Accounts>(
-    State(state): State<AppState<A>>,
-    req: Request,
-    next: Next,
-) -> Response {
-    let mutating = req.method() == Method::POST;
-    let response = next.run(req).await;
-    if mutating && response.status().is_success() {
-        A::notify_workers(&state.jobs);
-    }
-    response
 }

@@ -8,7 +8,7 @@
 use axum::Json;
 use axum::http::StatusCode;
 use oncely::TenantId;
-use oncely_outbox::NewJob;
+use oncely_outbox::{JobStore, NewJob};
 use serde::Deserialize;
 use serde_json::{Value, json};
 use time::OffsetDateTime;
@@ -162,6 +162,6 @@ pub async fn issue_link<A: Accounts>(
         json!({ "token_id": token_id, "suppressed": suppressed }),
     )
     .not_after(expires_at);
-    A::enqueue(conn, &job).await?;
+    state.jobs.enqueue(conn, &job).await?;
     Ok(())
 }

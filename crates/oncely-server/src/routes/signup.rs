@@ -2,7 +2,7 @@
 //! verification link ([`super::verification`] uses it), or a notice to an address that is
 //! already verified.
 
-use oncely_outbox::NewJob;
+use oncely_outbox::{JobStore, NewJob};
 use serde::Deserialize;
 use serde_json::json;
 
@@ -93,7 +93,7 @@ pub async fn signup<A: Accounts>(
             SIGNUP_NOTICE,
             json!({ "user_id": user, "suppressed": suppressed }),
         );
-        A::enqueue(&mut conn, &job).await?;
+        state.jobs.enqueue(&mut conn, &job).await?;
     }
     tracing::info!(email = %email.masked(), tenant = %tenant, "signup accepted");
     Ok(accepted())

@@ -31,7 +31,25 @@ both_databases!(
     three_rejections_then_delivered_with_four_attempts_and_a_permanent_one_is_dead,
     a_verification_link_works_once_and_its_token_is_in_no_log_and_no_column,
     an_expired_link_gets_the_same_generic_400_as_a_used_one,
+    a_signup_wakes_the_workers_with_no_poll_to_fall_back_on,
 );
+
+/// The outbox wakes its workers when a signup's job commits: with an hour between polls, the
+/// email still arrives (the wake-up once was server middleware, and a refactor dropped it
+/// unnoticed while workers kept finding jobs at their 1 s poll).
+async fn a_signup_wakes_the_workers_with_no_poll_to_fall_back_on(url: String, _db: TestDb) {
+    let app = spawn_app_on(&url, |s| s.poll_interval = Duration::from_secs(3600)).await;
+    // The first claim of the idle workers happens at start; these signups come after it.
+    for (key, address) in [
+        ("\"woken-1\"", "woken@example.com"),
+        ("\"woken-2\"", "woken-2@example.com"),
+    ] {
+        let response = app.post("/v1/signup", key, &signup_body(address)).await;
+        assert_eq!(response.status(), 202);
+        let emails = app.emails_to(address, 1).await;
+        assert_eq!(emails.len(), 1, "woken for {address}");
+    }
+}
 
 async fn the_same_signup_retried_twenty_times_makes_one_user_and_one_email(
     url: String,

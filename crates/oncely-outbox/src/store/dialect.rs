@@ -1,0 +1,350 @@
+//! The job store, written once: [`SqlJobStore`] runs the statements of its [`Dialect`] — what a
+//! database brings (river calls it the driver): its SQL under shared names, how it stores a
+//! moment, whether a write needs a transaction of its own, and how idle workers learn of jobs.
+
+use std::fmt;
+use std::future::Future;
+use std::ops::{Deref, DerefMut};
+use std::sync::Arc;
+use std::time::Duration;
+
+use sqlx::migrate::{Migrate, Migrator};
+use sqlx::pool::PoolConnection;
+use sqlx::types::Json;
+use sqlx::{Database, Decode, Encode, Executor, IntoArguments, Pool, Transaction, Type};
+use time::OffsetDateTime;
+use uuid::Uuid;
+
+use super::rows::{Done, JobRow, Moment, millis};
+use super::sql::Statements;
+use super::{Backlog, Clock, Finish, JobFilter, JobStore, OutboxError, Wakeup};
+use crate::job::{AttemptRecord, Enqueued, Job, JobRecord, NewJob};
+
+/// A database the outbox runs on: `sqlx::Postgres` (feature `postgres`) or `sqlx::Sqlite`
+/// (feature `sqlite`). Sealed: its statements live in this crate.
+pub trait Dialect: Database + Statements {
+    /// A moment as a column: `timestamptz` on PostgreSQL, Unix milliseconds on SQLite.
+    type Moment: Moment
+        + for<'q> Encode<'q, Self>
+        + for<'r> Decode<'r, Self>
+        + Type<Self>
+        + Send
+        + Unpin
+        + 'static;
+
+    /// A store's wake-up machinery (shared by its clones).
+    type Waker: fmt::Debug + Send + Sync + 'static;
+
+    /// How a write of several statements begins (`BEGIN IMMEDIATE` on SQLite: it waits for the
+    /// one writer lock up front instead of failing on upgrade); `None` where every write is one
+    /// statement (PostgreSQL: CTEs), which needs no transaction of its own.
+    const WRITE_TRANSACTION: Option<&'static str>;
+
+    /// The outbox's migrations.
+    fn migrator() -> Migrator;
+
+    /// A new store's waker.
+    fn waker(pool: &Pool<Self>) -> Self::Waker;
+
+    /// The `now` every time-dependent statement binds: on PostgreSQL `None` unless the clock is
+    /// manual (the statements say `COALESCE($n, now())`: the database's clock), on SQLite the
+    /// clock's time.
+    fn now(clock: &Clock) -> Option<Self::Moment>;
+
+    /// Sees that workers learn of a job `enqueue` inserted on `conn` (in the caller's
+    /// transaction) once it commits.
+    fn enqueued(
+        waker: &Self::Waker,
+        conn: &mut Self::Connection,
+    ) -> impl Future<Output = Result<(), OutboxError>> + Send;
+
+    /// Wakes idle workers for jobs that are committed already.
+    fn wake(waker: &Self::Waker);
+
+    /// How an idle worker of this store waits for jobs.
+    fn wakeup(
+        waker: &Self::Waker,
+        pool: &Pool<Self>,
+    ) -> impl Future<Output = Result<Wakeup, OutboxError>> + Send;
+}
+
+/// A [`JobStore`] on a database pool: [`PgJobStore`](super::postgres::PgJobStore) or
+/// [`SqliteJobStore`](super::sqlite::SqliteJobStore).
+pub struct SqlJobStore<D: Dialect> {
+    pool: Pool<D>,
+    clock: Clock,
+    pub(super) waker: Arc<D::Waker>,
+}
+
+impl<D: Dialect> SqlJobStore<D> {
+    /// A store on `pool`, on the system clock.
+    pub fn new(pool: Pool<D>) -> Self {
+        Self {
+            waker: Arc::new(D::waker(&pool)),
+            pool,
+            clock: Clock::system(),
+        }
+    }
+
+    /// Reads the time from `clock` (tests: [`Clock::manual`]).
+    pub fn with_clock(mut self, clock: Clock) -> Self {
+        self.clock = clock;
+        self
+    }
+
+    /// The pool.
+    pub fn pool(&self) -> &Pool<D> {
+        &self.pool
+    }
+
+    /// The clock it reads.
+    pub fn clock(&self) -> &Clock {
+        &self.clock
+    }
+
+    fn now_param(&self) -> Option<D::Moment> {
+        D::now(&self.clock)
+    }
+
+    /// A connection for one write; see [`Dialect::WRITE_TRANSACTION`].
+    async fn write(&self) -> Result<Write<D>, sqlx::Error> {
+        Ok(match D::WRITE_TRANSACTION {
+            Some(begin) => Write::Transaction(self.pool.begin_with(begin).await?),
+            None => Write::Single(self.pool.acquire().await?),
+        })
+    }
+}
+
+impl<D: Dialect> Clone for SqlJobStore<D> {
+    fn clone(&self) -> Self {
+        Self {
+            pool: self.pool.clone(),
+            clock: self.clock.clone(),
+            waker: self.waker.clone(),
+        }
+    }
+}
+
+impl<D: Dialect> fmt::Debug for SqlJobStore<D> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("SqlJobStore")
+            .field("database", &D::NAME)
+            .field("clock", &self.clock)
+            .field("waker", &self.waker)
+            .finish_non_exhaustive()
+    }
+}
+
+/// The connection of one write.
+enum Write<D: Database> {
+    /// A connection for a single statement.
+    Single(PoolConnection<D>),
+    /// A transaction for several.
+    Transaction(Transaction<'static, D>),
+}
+
+impl<D: Database> Write<D> {
+    async fn commit(self) -> Result<(), sqlx::Error> {
+        match self {
+            Self::Single(_) => Ok(()),
+            Self::Transaction(tx) => tx.commit().await,
+        }
+    }
+}
+
+impl<D: Database> Deref for Write<D> {
+    type Target = D::Connection;
+
+    fn deref(&self) -> &D::Connection {
+        match self {
+            Self::Single(conn) => conn,
+            Self::Transaction(tx) => tx,
+        }
+    }
+}
+
+impl<D: Database> DerefMut for Write<D> {
+    fn deref_mut(&mut self) -> &mut D::Connection {
+        match self {
+            Self::Single(conn) => conn,
+            Self::Transaction(tx) => tx,
+        }
+    }
+}
+
+impl<D: Dialect> JobStore for SqlJobStore<D>
+where
+    for<'c> &'c mut D::Connection: Executor<'c, Database = D>,
+    for<'c> &'c Pool<D>: Executor<'c, Database = D>,
+    D::Arguments: IntoArguments<D>,
+    D::Connection: Migrate,
+    for<'q> i64: Encode<'q, D> + Type<D>,
+    for<'q> &'q str: Encode<'q, D> + Type<D>,
+    for<'q> Option<&'q str>: Encode<'q, D> + Type<D>,
+    for<'q> Option<D::Moment>: Encode<'q, D> + Type<D>,
+    for<'q> Uuid: Encode<'q, D> + Type<D>,
+    for<'q, 'j> Json<&'j serde_json::Value>: Encode<'q, D> + Type<D>,
+    for<'q, 'j> Json<&'j [String]>: Encode<'q, D> + Type<D>,
+    for<'q, 'j> Json<&'j [Done<'j>]>: Encode<'q, D> + Type<D>,
+    for<'r> (i64,): sqlx::FromRow<'r, D::Row>,
+    for<'r> JobRow<D::Moment>: sqlx::FromRow<'r, D::Row>,
+    for<'r> JobRecord: sqlx::FromRow<'r, D::Row>,
+    for<'r> AttemptRecord: sqlx::FromRow<'r, D::Row>,
+    for<'r> Backlog: sqlx::FromRow<'r, D::Row>,
+{
+    type Database = D;
+
+    async fn migrate(&self) -> Result<(), OutboxError> {
+        D::migrator().run(&self.pool).await?;
+        Ok(())
+    }
+
+    async fn enqueue(
+        &self,
+        conn: &mut D::Connection,
+        job: &NewJob,
+    ) -> Result<Enqueued, OutboxError> {
+        let id: Option<i64> = sqlx::query_scalar(D::ENQUEUE)
+            .bind(job.operation_key.as_str())
+            .bind(job.kind.as_str())
+            .bind(Json(&job.payload))
+            .bind(Uuid::new_v4())
+            .bind(job.not_after.map(D::Moment::from_time))
+            .bind(self.now_param())
+            .fetch_optional(&mut *conn)
+            .await?;
+        let Some(id) = id else {
+            return Ok(Enqueued::AlreadyExists);
+        };
+        D::enqueued(&self.waker, conn).await?;
+        Ok(Enqueued::Inserted(id))
+    }
+
+    async fn claim(
+        &self,
+        worker: &str,
+        kinds: &[String],
+        limit: u32,
+        lease: Duration,
+    ) -> Result<Vec<Job>, OutboxError> {
+        let token = Uuid::new_v4();
+        let mut write = self.write().await?;
+        let rows: Vec<JobRow<D::Moment>> = sqlx::query_as(D::CLAIM)
+            .bind(self.now_param())
+            .bind(millis(lease))
+            .bind(token)
+            .bind(Json(kinds))
+            .bind(i64::from(limit))
+            .bind(worker)
+            .fetch_all(&mut *write)
+            .await?;
+        write.commit().await?;
+        let mut jobs: Vec<Job> = rows.into_iter().map(|row| row.into_job(token)).collect();
+        jobs.sort_by_key(|job| job.id);
+        Ok(jobs)
+    }
+
+    async fn finish_all(&self, done: &[(&Job, &Finish)]) -> Result<Vec<bool>, OutboxError> {
+        if done.is_empty() {
+            return Ok(Vec::new());
+        }
+        let batch: Vec<Done<'_>> = done.iter().map(|(job, f)| Done::new(job, f)).collect();
+        let mut write = self.write().await?;
+        let finished: Vec<i64> = sqlx::query_scalar(D::FINISH)
+            .bind(Json(batch.as_slice()))
+            .bind(self.now_param())
+            .fetch_all(&mut *write)
+            .await?;
+        write.commit().await?;
+        Ok(done
+            .iter()
+            .map(|(job, _)| finished.contains(&job.id))
+            .collect())
+    }
+
+    async fn release(&self, job: &Job) -> Result<bool, OutboxError> {
+        let mut write = self.write().await?;
+        let released: Vec<i64> = sqlx::query_scalar(D::RELEASE)
+            .bind(job.id)
+            .bind(job.lease_token)
+            .bind(self.now_param())
+            .fetch_all(&mut *write)
+            .await?;
+        write.commit().await?;
+        if released.is_empty() {
+            return Ok(false);
+        }
+        // Due now: a worker that runs its kind may be idle.
+        self.wake();
+        Ok(true)
+    }
+
+    fn wake(&self) {
+        D::wake(&self.waker);
+    }
+
+    async fn wakeup(&self) -> Result<Wakeup, OutboxError> {
+        D::wakeup(&self.waker, &self.pool).await
+    }
+
+    fn now(&self) -> OffsetDateTime {
+        self.clock.now()
+    }
+
+    async fn job(&self, operation_key: &str) -> Result<Option<JobRecord>, OutboxError> {
+        Ok(sqlx::query_as(D::JOB)
+            .bind(operation_key)
+            .fetch_optional(&self.pool)
+            .await?)
+    }
+
+    async fn attempts(&self, job_id: i64) -> Result<Vec<AttemptRecord>, OutboxError> {
+        Ok(sqlx::query_as(D::ATTEMPTS)
+            .bind(job_id)
+            .fetch_all(&self.pool)
+            .await?)
+    }
+
+    async fn pending(&self) -> Result<i64, OutboxError> {
+        Ok(sqlx::query_scalar(D::PENDING).fetch_one(&self.pool).await?)
+    }
+
+    async fn prune(&self, older_than: Duration, limit: u32) -> Result<u64, OutboxError> {
+        let pruned: Vec<i64> = sqlx::query_scalar(D::PRUNE)
+            .bind(millis(older_than))
+            .bind(i64::from(limit))
+            .bind(self.now_param())
+            .fetch_all(&self.pool)
+            .await?;
+        Ok(pruned.len() as u64)
+    }
+
+    async fn backlog(&self) -> Result<Backlog, OutboxError> {
+        Ok(sqlx::query_as(D::BACKLOG)
+            .bind(self.now_param())
+            .fetch_one(&self.pool)
+            .await?)
+    }
+
+    async fn list(&self, filter: &JobFilter) -> Result<Vec<JobRecord>, OutboxError> {
+        Ok(sqlx::query_as(D::LIST)
+            .bind(filter.kind.as_deref())
+            .bind(filter.status())
+            .bind(filter.limit())
+            .fetch_all(&self.pool)
+            .await?)
+    }
+
+    async fn redrive(&self, operation_key: &str) -> Result<bool, OutboxError> {
+        let redriven: Option<i64> = sqlx::query_scalar(D::REDRIVE)
+            .bind(operation_key)
+            .bind(self.now_param())
+            .fetch_optional(&self.pool)
+            .await?;
+        let redriven = redriven.is_some();
+        if redriven {
+            self.wake();
+        }
+        Ok(redriven)
+    }
+}

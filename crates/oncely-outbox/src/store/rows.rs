@@ -1,0 +1,105 @@
+//! Rows as both dialects read and write them. [`JobRecord`](crate::JobRecord),
+//! [`AttemptRecord`](crate::job::AttemptRecord) and [`Backlog`](super::Backlog) derive
+//! `FromRow` themselves; a claimed job comes through [`JobRow`], whose moments are in the
+//! dialect's [`Moment`] type.
+
+use serde::Serialize;
+use serde_json::Value;
+use time::OffsetDateTime;
+use uuid::Uuid;
+
+use super::Finish;
+use crate::job::Job;
+
+/// How a dialect stores a moment: PostgreSQL as `timestamptz` ([`OffsetDateTime`]), SQLite as
+/// Unix milliseconds (`i64`).
+pub trait Moment: Sized {
+    /// The column value of `t`.
+    fn from_time(t: OffsetDateTime) -> Self;
+    /// The moment a column value stands for.
+    fn into_time(self) -> OffsetDateTime;
+}
+
+impl Moment for OffsetDateTime {
+    fn from_time(t: OffsetDateTime) -> Self {
+        t
+    }
+
+    fn into_time(self) -> OffsetDateTime {
+        self
+    }
+}
+
+impl Moment for i64 {
+    fn from_time(t: OffsetDateTime) -> Self {
+        i64::try_from(t.unix_timestamp_nanos() / 1_000_000).unwrap_or(i64::MAX)
+    }
+
+    fn into_time(self) -> OffsetDateTime {
+        OffsetDateTime::from_unix_timestamp_nanos(i128::from(self) * 1_000_000)
+            .unwrap_or(OffsetDateTime::UNIX_EPOCH)
+    }
+}
+
+/// Milliseconds, as both dialects take durations.
+pub(crate) fn millis(d: std::time::Duration) -> i64 {
+    i64::try_from(d.as_millis()).unwrap_or(i64::MAX)
+}
+
+/// A job as a claim returns it.
+#[derive(sqlx::FromRow)]
+pub(crate) struct JobRow<T> {
+    id: i64,
+    operation_key: String,
+    kind: String,
+    #[sqlx(json)]
+    payload: Value,
+    delivery_key: Uuid,
+    attempts: i32,
+    created_at: T,
+    not_after: Option<T>,
+}
+
+impl<T: Moment> JobRow<T> {
+    /// The job, claimed under `lease_token`.
+    pub(crate) fn into_job(self, lease_token: Uuid) -> Job {
+        Job {
+            id: self.id,
+            operation_key: self.operation_key,
+            kind: self.kind,
+            payload: self.payload,
+            delivery_key: self.delivery_key,
+            attempt: self.attempts,
+            created_at: self.created_at.into_time(),
+            not_after: self.not_after.map(Moment::into_time),
+            lease_token,
+        }
+    }
+}
+
+/// One finished attempt in the JSON batch `FINISH` reads (`jsonb_to_recordset` on PostgreSQL,
+/// `json_each` on SQLite): one parameter for any number of results.
+#[derive(Serialize)]
+pub(crate) struct Done<'a> {
+    id: i64,
+    lease_token: Uuid,
+    status: &'static str,
+    retry_ms: i64,
+    result: &'static str,
+    provider_message_id: Option<&'a str>,
+    error: Option<&'a str>,
+}
+
+impl<'a> Done<'a> {
+    pub(crate) fn new(job: &Job, finish: &'a Finish) -> Self {
+        Self {
+            id: job.id,
+            lease_token: job.lease_token,
+            status: finish.status.as_str(),
+            retry_ms: millis(finish.retry_in),
+            result: finish.result.as_str(),
+            provider_message_id: finish.provider_message_id.as_deref(),
+            error: finish.error.as_deref(),
+        }
+    }
+}

@@ -1,0 +1,80 @@
+//! The outbox's statements: one module per dialect ([`postgres`](self::postgres),
+//! [`sqlite`](self::sqlite)), each implementing [`Statements`] under the same names. The
+//! store's Rust binds the same parameters, in the same order, for either; each statement's
+//! contract is documented here once. Where the dialects' SQL differs, a comment there says why.
+//! The defaults are the statements both dialects run word for word (sqlx binds `$n` on SQLite
+//! too).
+//!
+//! Times: `now` is a moment of the dialect ([`Dialect::Moment`](super::Dialect::Moment)):
+//! PostgreSQL binds `NULL` unless the store's clock is manual (`COALESCE($n, now())`), SQLite
+//! always the clock's time. Durations are milliseconds.
+
+#[cfg(feature = "postgres")]
+mod postgres;
+#[cfg(feature = "sqlite")]
+mod sqlite;
+
+#[cfg(feature = "postgres")]
+pub(crate) use postgres::NOTIFY;
+
+/// The statements of one dialect.
+pub trait Statements {
+    /// Inserts a job unless its operation key exists. Binds: 1 operation key, 2 kind, 3 payload
+    /// (JSON), 4 delivery key, 5 not after (nullable), 6 now. Returns its `id` (no row if the key
+    /// exists). Index: the unique index on `operation_key`.
+    const ENQUEUE: &'static str;
+
+    /// Claims due jobs: pushes `run_after` to the lease's end (a dead worker's job is due again
+    /// then), sets the lease token, counts the attempt, closes an unfinished earlier attempt as
+    /// `abandoned` and opens one for this claim. Binds: 1 now, 2 lease (ms), 3 lease token,
+    /// 4 kinds (JSON array), 5 limit, 6 worker. Returns the claimed jobs' rows. Index:
+    /// `oncely_outbox_due_by_kind` (partial, pending only), once per kind.
+    const CLAIM: &'static str;
+
+    /// Ends a batch of attempts: each job by primary key, guarded by its lease token and
+    /// `pending`, and its open attempt row (`oncely_outbox_attempts_job`). Binds: 1 the batch
+    /// (a JSON array of `{id, lease_token, status, retry_ms, result, provider_message_id,
+    /// error}`), 2 now. Returns the ids of the jobs it finished (the others' leases were lost).
+    const FINISH: &'static str;
+
+    /// Hands a claimed job back unstarted: due now, the attempt uncounted and its row deleted.
+    /// Binds: 1 id, 2 lease token, 3 now. Returns the id if the claim still owned the job.
+    const RELEASE: &'static str;
+
+    /// A job's record by operation key. Binds: 1 operation key.
+    const JOB: &'static str = "
+        SELECT id, operation_key, kind, status, attempts, last_error, provider_message_id,
+               payload, delivery_key
+          FROM oncely_outbox WHERE operation_key = $1";
+
+    /// Records for operators, newest first. Binds: 1 kind (nullable), 2 status (nullable),
+    /// 3 limit.
+    const LIST: &'static str = "
+        SELECT id, operation_key, kind, status, attempts, last_error, provider_message_id,
+               payload, delivery_key
+          FROM oncely_outbox
+         WHERE ($1 IS NULL OR kind = $1) AND ($2 IS NULL OR status = $2)
+         ORDER BY id DESC LIMIT $3";
+
+    /// A job's attempts in order. Binds: 1 job id. Index: `oncely_outbox_attempts_job`.
+    const ATTEMPTS: &'static str = "
+        SELECT attempt, worker, result, provider_message_id, error,
+               finished_at IS NOT NULL AS finished
+          FROM oncely_outbox_attempts WHERE job_id = $1 ORDER BY id";
+
+    /// How many jobs are pending.
+    const PENDING: &'static str = "SELECT count(*) FROM oncely_outbox WHERE status = 'pending'";
+
+    /// Pending jobs and the age of the oldest in seconds (`pending`, `oldest_pending_seconds`).
+    /// Binds: 1 now.
+    const BACKLOG: &'static str;
+
+    /// Deletes a batch of jobs that finished (sent or dead) before a retention (their attempts
+    /// cascade). Binds: 1 retention (ms), 2 limit, 3 now. Returns the deleted ids. Index:
+    /// `oncely_outbox_finished`.
+    const PRUNE: &'static str;
+
+    /// Re-drives a dead job: pending and due now, a fresh attempt budget, the same delivery key.
+    /// Binds: 1 operation key, 2 now. Returns its id if it was dead.
+    const REDRIVE: &'static str;
+}

@@ -1,0 +1,123 @@
+//! The outbox's statements on PostgreSQL. Every write is one statement (data-modifying CTEs),
+//! so it needs no transaction of its own; claims lock with `FOR UPDATE SKIP LOCKED`, so workers
+//! never wait for each other. Times are `timestamptz`, `now` is `COALESCE($n, now())`: the
+//! database's clock unless a test's clock is bound.
+
+use sqlx::Postgres;
+
+/// Wakes listening workers: inside an enqueuing transaction it is delivered at commit, never
+/// on rollback. Binds: 1 channel.
+pub(crate) const NOTIFY: &str = "SELECT pg_notify($1, '')";
+
+impl super::Statements for Postgres {
+    // Differs: `run_after` and `created_at` come from `now()` (the transaction's start), not
+    // from the process clock.
+    const ENQUEUE: &'static str = "
+        INSERT INTO oncely_outbox
+               (operation_key, kind, payload, delivery_key, not_after, run_after, created_at)
+        VALUES ($1, $2, $3, $4, $5, COALESCE($6, now()), COALESCE($6, now()))
+        ON CONFLICT (operation_key) DO NOTHING
+        RETURNING id";
+
+    // Differs: one statement. Walks the due index once per kind, oldest due first; at most
+    // `limit` rows per kind are locked and the oldest `limit` of them claimed (the rest unlock
+    // when the statement ends). SKIP LOCKED: concurrent claims take other rows instead of
+    // waiting.
+    const CLAIM: &'static str = "
+        WITH due AS (
+            SELECT d.id FROM jsonb_array_elements_text($4) AS k(kind)
+            CROSS JOIN LATERAL (
+                SELECT id, run_after FROM oncely_outbox
+                 WHERE status = 'pending' AND kind = k.kind
+                   AND run_after <= COALESCE($1, now())
+                 ORDER BY run_after, id
+                 LIMIT $5
+                   FOR UPDATE SKIP LOCKED
+            ) d
+            ORDER BY d.run_after, d.id
+            LIMIT $5
+        ), claimed AS (
+            UPDATE oncely_outbox o
+               SET run_after = COALESCE($1, now()) + $2 * interval '1 millisecond',
+                   lease_token = $3, attempts = o.attempts + 1
+              FROM due WHERE o.id = due.id
+            RETURNING o.id, o.operation_key, o.kind, o.payload, o.delivery_key, o.attempts,
+                      o.created_at, o.not_after
+        ), abandoned AS (
+            UPDATE oncely_outbox_attempts
+               SET finished_at = COALESCE($1, now()), result = 'abandoned',
+                   error = 'the worker''s lease ended before the attempt finished'
+             WHERE job_id IN (SELECT id FROM claimed) AND finished_at IS NULL
+        ), opened AS (
+            INSERT INTO oncely_outbox_attempts (job_id, attempt, worker, lease_token, started_at)
+            SELECT id, attempts, $6, $3, COALESCE($1, now()) FROM claimed
+        )
+        SELECT * FROM claimed ORDER BY id";
+
+    // Differs: one statement; the attempt rows are closed only for the jobs the job update
+    // returned (the ones whose lease the batch still held).
+    const FINISH: &'static str = "
+        WITH done AS (
+            SELECT * FROM jsonb_to_recordset($1)
+                       AS d(id int8, lease_token uuid, status text, retry_ms int8, result text,
+                            provider_message_id text, error text)
+        ), job AS (
+            UPDATE oncely_outbox o
+               SET status = d.status, lease_token = NULL, last_error = d.error,
+                   run_after = CASE WHEN d.status = 'pending'
+                                    THEN COALESCE($2, now()) + d.retry_ms * interval '1 millisecond'
+                                    ELSE o.run_after END,
+                   sent_at = CASE WHEN d.status = 'sent' THEN COALESCE($2, now()) END,
+                   dead_at = CASE WHEN d.status = 'dead' THEN COALESCE($2, now()) END,
+                   provider_message_id = COALESCE(d.provider_message_id, o.provider_message_id)
+              FROM done d
+             WHERE o.id = d.id AND o.lease_token = d.lease_token AND o.status = 'pending'
+            RETURNING o.id, d.lease_token, d.result, d.provider_message_id, d.error
+        ), attempt AS (
+            UPDATE oncely_outbox_attempts a
+               SET finished_at = COALESCE($2, now()), result = j.result,
+                   provider_message_id = j.provider_message_id, error = j.error
+              FROM job j
+             WHERE a.job_id = j.id AND a.lease_token = j.lease_token AND a.finished_at IS NULL
+        )
+        SELECT id FROM job";
+
+    // Differs: one statement (the attempt row goes only if the job update matched).
+    const RELEASE: &'static str = "
+        WITH job AS (
+            UPDATE oncely_outbox
+               SET run_after = COALESCE($3, now()), lease_token = NULL, attempts = attempts - 1
+             WHERE id = $1 AND lease_token = $2 AND status = 'pending'
+            RETURNING id
+        ), attempt AS (
+            DELETE FROM oncely_outbox_attempts
+             WHERE job_id IN (SELECT id FROM job) AND lease_token = $2 AND finished_at IS NULL
+        )
+        SELECT id FROM job";
+
+    // Differs: the age is an interval, computed by the database.
+    const BACKLOG: &'static str = "
+        SELECT count(*) AS pending,
+               COALESCE(EXTRACT(EPOCH FROM COALESCE($1, now()) - min(created_at))::float8, 0)
+                   AS oldest_pending_seconds
+          FROM oncely_outbox WHERE status = 'pending'";
+
+    // Differs: SKIP LOCKED, so pruning never waits for a worker holding a row.
+    const PRUNE: &'static str = "
+        DELETE FROM oncely_outbox WHERE id = ANY (ARRAY(
+            SELECT id FROM oncely_outbox
+             WHERE status <> 'pending'
+               AND COALESCE(sent_at, dead_at)
+                   < COALESCE($3, now()) - $1 * interval '1 millisecond'
+             ORDER BY COALESCE(sent_at, dead_at)
+             LIMIT $2
+               FOR UPDATE SKIP LOCKED))
+        RETURNING id";
+
+    const REDRIVE: &'static str = "
+        UPDATE oncely_outbox
+           SET status = 'pending', run_after = COALESCE($2, now()), attempts = 0, dead_at = NULL,
+               lease_token = NULL, last_error = NULL
+         WHERE operation_key = $1 AND status = 'dead'
+        RETURNING id";
+}

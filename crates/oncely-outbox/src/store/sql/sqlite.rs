@@ -1,0 +1,126 @@
+//! The outbox's statements on SQLite. One writer at a time: writes of several statements run
+//! in `BEGIN IMMEDIATE` (the store's write transaction) instead of `SKIP LOCKED`, and SQLite has
+//! no data-modifying CTEs, so they are several statements in one query (sqlx runs them in
+//! order, binding each `?n` by number). Times are Unix milliseconds; `now` is the clock's time.
+
+use sqlx::Sqlite;
+
+/// The claimed jobs, found again by index after the claim: the claim just set `run_after` to
+/// `now + lease` and the lease token, which no other row has.
+macro_rules! claimed {
+    () => {
+        "SELECT id FROM oncely_outbox
+          WHERE status = 'pending' AND kind IN (SELECT value FROM json_each(?4))
+            AND run_after = ?1 + ?2 AND lease_token = ?3"
+    };
+}
+
+/// The finished batch, one row per attempt, from the JSON array bound as `?1` (lease tokens
+/// are stored as 16 bytes).
+macro_rules! done {
+    () => {
+        "WITH done AS (
+             SELECT value ->> 'id' AS id, unhex(value ->> 'lease_token', '-') AS lease_token,
+                    value ->> 'status' AS status, value ->> 'retry_ms' AS retry_ms,
+                    value ->> 'result' AS result,
+                    value ->> 'provider_message_id' AS provider_message_id,
+                    value ->> 'error' AS error
+               FROM json_each(?1))"
+    };
+}
+
+impl super::Statements for Sqlite {
+    // Differs: no `now()` in milliseconds: `run_after` and `created_at` are bound.
+    const ENQUEUE: &'static str = "
+        INSERT INTO oncely_outbox
+               (operation_key, kind, payload, delivery_key, not_after, run_after, created_at)
+        VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?6)
+        ON CONFLICT (operation_key) DO NOTHING
+        RETURNING id";
+
+    // Differs: three statements in the write transaction (no row locks to skip: the
+    // transaction holds the only write lock). The attempts are closed and opened for the rows
+    // the first statement claimed.
+    const CLAIM: &'static str = concat!(
+        "
+        UPDATE oncely_outbox
+           SET run_after = ?1 + ?2, lease_token = ?3, attempts = attempts + 1
+         WHERE id IN (
+            SELECT id FROM oncely_outbox
+             WHERE status = 'pending' AND run_after <= ?1
+               AND kind IN (SELECT value FROM json_each(?4))
+             ORDER BY run_after, id
+             LIMIT ?5)
+        RETURNING id, operation_key, kind, payload, delivery_key, attempts, created_at, not_after;
+        UPDATE oncely_outbox_attempts
+           SET finished_at = ?1, result = 'abandoned',
+               error = 'the worker''s lease ended before the attempt finished'
+         WHERE finished_at IS NULL AND job_id IN (",
+        claimed!(),
+        ");
+        INSERT INTO oncely_outbox_attempts (job_id, attempt, worker, lease_token, started_at)
+        SELECT id, attempts, ?6, ?3, ?1 FROM oncely_outbox WHERE id IN (",
+        claimed!(),
+        ") ORDER BY id"
+    );
+
+    // Differs: two statements in the write transaction. The attempt rows first, while the
+    // jobs' lease tokens still say which claims own them; then the jobs.
+    const FINISH: &'static str = concat!(
+        done!(),
+        "
+        UPDATE oncely_outbox_attempts AS a
+           SET finished_at = ?2, result = d.result, provider_message_id = d.provider_message_id,
+               error = d.error
+          FROM done AS d
+          JOIN oncely_outbox AS o
+            ON o.id = d.id AND o.lease_token = d.lease_token AND o.status = 'pending'
+         WHERE a.job_id = d.id AND a.lease_token = d.lease_token AND a.finished_at IS NULL;
+        ",
+        done!(),
+        "
+        UPDATE oncely_outbox AS o
+           SET status = d.status, lease_token = NULL, last_error = d.error,
+               run_after = CASE WHEN d.status = 'pending' THEN ?2 + d.retry_ms
+                                ELSE o.run_after END,
+               sent_at = CASE WHEN d.status = 'sent' THEN ?2 END,
+               dead_at = CASE WHEN d.status = 'dead' THEN ?2 END,
+               provider_message_id = COALESCE(d.provider_message_id, o.provider_message_id)
+          FROM done AS d
+         WHERE o.id = d.id AND o.lease_token = d.lease_token AND o.status = 'pending'
+        RETURNING id"
+    );
+
+    // Differs: two statements in the write transaction; the attempt row goes first, if the
+    // claim still owns the job.
+    const RELEASE: &'static str = "
+        DELETE FROM oncely_outbox_attempts
+         WHERE job_id = ?1 AND lease_token = ?2 AND finished_at IS NULL
+           AND EXISTS (SELECT 1 FROM oncely_outbox
+                        WHERE id = ?1 AND lease_token = ?2 AND status = 'pending');
+        UPDATE oncely_outbox SET run_after = ?3, lease_token = NULL, attempts = attempts - 1
+         WHERE id = ?1 AND lease_token = ?2 AND status = 'pending'
+        RETURNING id";
+
+    // Differs: milliseconds to seconds by hand; never negative.
+    const BACKLOG: &'static str = "
+        SELECT count(*) AS pending,
+               COALESCE(max(?1 - min(created_at), 0) / 1000.0, 0.0) AS oldest_pending_seconds
+          FROM oncely_outbox WHERE status = 'pending'";
+
+    // Differs: no SKIP LOCKED (nor any need: the delete waits for the one writer lock).
+    const PRUNE: &'static str = "
+        DELETE FROM oncely_outbox WHERE id IN (
+            SELECT id FROM oncely_outbox
+             WHERE status <> 'pending' AND COALESCE(sent_at, dead_at) < ?3 - ?1
+             ORDER BY COALESCE(sent_at, dead_at)
+             LIMIT ?2)
+        RETURNING id";
+
+    const REDRIVE: &'static str = "
+        UPDATE oncely_outbox
+           SET status = 'pending', run_after = ?2, attempts = 0, dead_at = NULL,
+               lease_token = NULL, last_error = NULL
+         WHERE operation_key = ?1 AND status = 'dead'
+        RETURNING id";
+}

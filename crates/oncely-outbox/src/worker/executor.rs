@@ -1,0 +1,82 @@
+//! Running one attempt: the job's handler in a task of its own, outside any transaction, bounded
+//! by the lease; its outcome turned into what to record by the kind's retry policy.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use futures::FutureExt;
+use tokio::task::JoinHandle;
+use tracing::Instrument;
+
+use super::{Registered, Worker};
+use crate::job::{AttemptResult, Delivery, Job, JobStatus};
+use crate::store::{Finish, JobStore};
+
+/// A job whose attempt ended, and what to record of it (`None`: handed back unstarted).
+pub(super) struct Ran {
+    pub(super) job: Job,
+    pub(super) finish: Option<Finish>,
+}
+
+impl<S: JobStore> Worker<S> {
+    /// Starts one job's attempt in a task of its own.
+    pub(super) fn spawn(&self, job: Job) -> JoinHandle<Ran> {
+        let registered = self.handlers.get(&job.kind).cloned();
+        let store = self.store.clone();
+        let limit = self.config.lease.mul_f64(0.9);
+        tokio::spawn(attempt(registered, store, limit, job).in_current_span())
+    }
+}
+
+/// Runs one job. A job past its deadline is not run (`expired`); a handler that panics or
+/// outlives `limit` is an unknown outcome, retried with the same delivery key.
+async fn attempt<S: JobStore>(
+    registered: Option<Registered>,
+    store: S,
+    limit: Duration,
+    job: Job,
+) -> Ran {
+    let Some(Registered { handler, options }) = registered else {
+        // Claims only ask for registered kinds; keep the job for a worker that has it.
+        if let Err(error) = store.release(&job).await {
+            tracing::warn!(job = job.id, %error, "could not hand a job back; it is due again when its lease ends");
+        }
+        return Ran { job, finish: None };
+    };
+    let now = store.now();
+    let finish = if job.not_after.is_some_and(|deadline| deadline <= now) {
+        let why = "not run: its deadline passed before delivery".to_owned();
+        Finish::dead(AttemptResult::Expired, why)
+    } else {
+        let delivery = run(handler, &job, limit).await;
+        options.policy.decide(&job, delivery, now)
+    };
+    report(&job, &finish);
+    Ran {
+        job,
+        finish: Some(finish),
+    }
+}
+
+/// The handler's outcome; a panic or running past `limit` is unknown.
+async fn run(handler: Arc<dyn super::Handler>, job: &Job, limit: Duration) -> Delivery {
+    let run = std::panic::AssertUnwindSafe(handler.run(job)).catch_unwind();
+    match tokio::time::timeout(limit, run).await {
+        Ok(Ok(delivery)) => delivery,
+        Ok(Err(_)) => Delivery::Unknown("the handler panicked".into()),
+        Err(_) => Delivery::Unknown(format!("the handler took longer than {limit:?}")),
+    }
+}
+
+/// Counts the attempt and logs it (a warning when the job died of it).
+fn report(job: &Job, finish: &Finish) {
+    let result = finish.result.as_str();
+    metrics::counter!("oncely_outbox_attempts_total", "kind" => job.kind.clone(), "result" => result)
+        .increment(1);
+    let error = finish.error.as_deref();
+    if finish.status != JobStatus::Dead || finish.result == AttemptResult::Skipped {
+        tracing::info!(job = job.id, kind = %job.kind, attempt = job.attempt, result, error, "outbox attempt");
+    } else {
+        tracing::warn!(job = job.id, kind = %job.kind, attempt = job.attempt, result, error, "outbox job is dead");
+    }
+}

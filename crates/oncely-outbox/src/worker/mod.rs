@@ -1,0 +1,194 @@
+//! The worker, in river's three parts: the producer (`producer.rs`) claims due jobs and keeps
+//! every slot busy (wake-ups, polling, concurrency per kind), the executor (`executor.rs`) runs
+//! one attempt outside any transaction and asks the kind's [`RetryPolicy`] what it means, the
+//! completer (`completer.rs`) records the results in batches. This module holds what ties them:
+//! handlers, settings, the [`Worker`].
+
+use std::collections::HashMap;
+use std::sync::Arc;
+use std::time::Duration;
+
+use crate::job::{DeliveryFuture, Job};
+use crate::policy::RetryPolicy;
+use crate::store::{JobStore, OutboxError};
+
+mod completer;
+mod executor;
+mod producer;
+
+/// Runs the jobs of one kind.
+pub trait Handler: Send + Sync + 'static {
+    /// Performs the job's effect once, forwarding [`Job::delivery_key`] to anything downstream
+    /// that deduplicates, and reports what happened.
+    fn run<'a>(&'a self, job: &'a Job) -> DeliveryFuture<'a>;
+}
+
+/// Worker settings.
+#[derive(Debug, Clone)]
+pub struct WorkerConfig {
+    /// Names this worker in attempt rows (host, process, random suffix by default).
+    pub id: String,
+    /// Jobs claimed at once (and run concurrently).
+    pub batch: u32,
+    /// How long a claim holds its jobs. A handler is stopped at 90 % of it (outcome unknown),
+    /// so that no other worker takes the job while it still runs.
+    pub lease: Duration,
+    /// How often an idle worker looks for due jobs without a wake-up (retries come due this way).
+    pub poll_interval: Duration,
+}
+
+impl Default for WorkerConfig {
+    fn default() -> Self {
+        let host = std::env::var("HOSTNAME").unwrap_or_else(|_| "worker".into());
+        Self {
+            id: format!(
+                "{host}-{}-{:04x}",
+                std::process::id(),
+                rand::random::<u16>()
+            ),
+            batch: 16,
+            lease: Duration::from_secs(30),
+            poll_interval: Duration::from_secs(1),
+        }
+    }
+}
+
+/// How one kind of job runs.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct KindOptions {
+    /// Its retry policy.
+    pub policy: RetryPolicy,
+    /// At most this many of its jobs at once in one worker (`None`: up to the batch size). A
+    /// worker claims a limited kind on its own, at most this many at a time.
+    pub concurrency: Option<u32>,
+}
+
+impl Default for KindOptions {
+    fn default() -> Self {
+        Self {
+            policy: RetryPolicy::DEFAULT,
+            concurrency: None,
+        }
+    }
+}
+
+/// A kind's handler and options.
+#[derive(Clone)]
+struct Registered {
+    handler: Arc<dyn Handler>,
+    options: KindOptions,
+}
+
+/// `restrict_to` named a kind this worker has no handler for.
+#[derive(Debug, thiserror::Error)]
+#[error("no handler for job kind {0:?} (known: {1})")]
+pub struct UnknownKind(pub String, pub String);
+
+/// Runs registered kinds of jobs from a [`JobStore`]. Any number of workers, in any number of
+/// processes, coordinate only through the database.
+pub struct Worker<S> {
+    store: S,
+    config: WorkerConfig,
+    handlers: HashMap<String, Registered>,
+}
+
+impl<S: JobStore> Worker<S> {
+    /// A worker with no handlers yet.
+    pub fn new(store: S, config: WorkerConfig) -> Self {
+        Self {
+            store,
+            config,
+            handlers: HashMap::new(),
+        }
+    }
+
+    /// Runs jobs of `kind` with `handler`, the default retry policy and no concurrency limit.
+    pub fn handle(self, kind: &str, handler: impl Handler) -> Self {
+        self.handle_with(kind, handler, KindOptions::default())
+    }
+
+    /// Runs jobs of `kind` with `handler` and `policy`.
+    pub fn handle_with_policy(
+        self,
+        kind: &str,
+        handler: impl Handler,
+        policy: RetryPolicy,
+    ) -> Self {
+        self.handle_with(
+            kind,
+            handler,
+            KindOptions {
+                policy,
+                concurrency: None,
+            },
+        )
+    }
+
+    /// Runs jobs of `kind` with `handler` and `options`.
+    pub fn handle_with(mut self, kind: &str, handler: impl Handler, options: KindOptions) -> Self {
+        self.handlers.insert(
+            kind.to_owned(),
+            Registered {
+                handler: Arc::new(handler),
+                options,
+            },
+        );
+        self
+    }
+
+    /// Keeps only the handlers of `kinds` (`oncely worker --kinds …`): this worker leaves every
+    /// other kind to other workers.
+    pub fn restrict_to(mut self, kinds: &[String]) -> Result<Self, UnknownKind> {
+        if let Some(unknown) = kinds.iter().find(|k| !self.handlers.contains_key(*k)) {
+            return Err(UnknownKind(unknown.clone(), self.kinds().join(", ")));
+        }
+        self.handlers.retain(|kind, _| kinds.contains(kind));
+        Ok(self)
+    }
+
+    /// The kinds this worker runs.
+    pub fn kinds(&self) -> Vec<String> {
+        let mut kinds: Vec<_> = self.handlers.keys().cloned().collect();
+        kinds.sort();
+        kinds
+    }
+
+    /// The worker's settings.
+    pub fn config(&self) -> &WorkerConfig {
+        &self.config
+    }
+
+    /// Claims one batch of due jobs and runs it; returns how many jobs it ran.
+    pub async fn run_once(&self) -> Result<usize, OutboxError> {
+        let mut flight = producer::InFlight::default();
+        for (group, (kinds, limit)) in self.claim_groups().iter().enumerate() {
+            let jobs = self
+                .store
+                .claim(&self.config.id, kinds, *limit, self.config.lease)
+                .await?;
+            for job in jobs {
+                flight.push(group, self.spawn(job));
+            }
+        }
+        let ran = flight.len();
+        let mut failure = None;
+        while !flight.is_empty() {
+            if let Err(error) = self.record_next(&mut flight).await {
+                failure.get_or_insert(error);
+            }
+        }
+        failure.map_or(Ok(ran), Err)
+    }
+
+    /// Runs batches until nothing is due now (jobs waiting for a retry delay stay pending).
+    pub async fn drain(&self) -> Result<usize, OutboxError> {
+        let mut total = 0;
+        loop {
+            let n = self.run_once().await?;
+            if n == 0 {
+                return Ok(total);
+            }
+            total += n;
+        }
+    }
+}

@@ -1,0 +1,187 @@
+//! The producer: claims due jobs whenever a claim group has free slots, and sleeps until a
+//! wake-up, a retry it scheduled comes due, or the poll interval.
+
+use std::collections::HashMap;
+use std::future::Future;
+use std::pin::Pin;
+
+use futures::StreamExt;
+use futures::stream::FuturesUnordered;
+use tokio::task::JoinHandle;
+use tokio::time::Instant;
+use tokio_util::sync::CancellationToken;
+
+use super::Worker;
+use super::executor::Ran;
+use crate::store::{JobStore, OutboxError};
+
+/// The claims one round makes, as `(kinds, limit)`: every unlimited kind together (up to the
+/// batch size), each limited kind on its own (up to its concurrency). A claim's index is its
+/// group in [`InFlight`].
+pub(super) type ClaimGroups = Vec<(Vec<String>, u32)>;
+
+impl<S: JobStore> Worker<S> {
+    /// See [`ClaimGroups`].
+    pub(super) fn claim_groups(&self) -> ClaimGroups {
+        let mut unlimited = Vec::new();
+        let mut groups = Vec::new();
+        for (kind, registered) in &self.handlers {
+            match registered.options.concurrency {
+                Some(limit) => {
+                    groups.push((vec![kind.clone()], limit.min(self.config.batch).max(1)))
+                }
+                None => unlimited.push(kind.clone()),
+            }
+        }
+        if !unlimited.is_empty() {
+            groups.push((unlimited, self.config.batch));
+        }
+        groups
+    }
+
+    /// Runs until `shutdown` is cancelled: then it stops claiming, lets the jobs in hand finish
+    /// (each handler is bounded by the lease), and returns.
+    ///
+    /// Jobs run continuously: whenever a claim group (the unlimited kinds, or a limited kind)
+    /// has free slots, the worker claims that many more; a slow job holds its own slot only,
+    /// never the next claim.
+    pub async fn run(self, shutdown: CancellationToken) -> Result<(), OutboxError> {
+        let mut wakeup = self.store.wakeup().await?;
+        tracing::info!(worker = %self.config.id, kinds = ?self.kinds(), "outbox worker started");
+        let groups = self.claim_groups();
+        let mut flight = InFlight::default();
+        // A retry this worker scheduled is due before the next poll: wake for it, not later.
+        let mut retry_at: Option<Instant> = None;
+        loop {
+            let (free_slots, claim_failed) = if shutdown.is_cancelled() {
+                (false, false)
+            } else {
+                self.claim_free_slots(&groups, &mut flight).await
+            };
+            if flight.is_empty() && shutdown.is_cancelled() {
+                break;
+            }
+            let now = Instant::now();
+            retry_at = retry_at.filter(|at| *at > now);
+            let wait = match (claim_failed, retry_at) {
+                (true, _) | (false, None) => self.config.poll_interval,
+                (false, Some(at)) => (at - now).min(self.config.poll_interval),
+            };
+            let recorded = if flight.is_empty() {
+                // Idle: until new work is announced, a retry comes due, or the poll interval.
+                tokio::select! {
+                    () = shutdown.cancelled() => {}
+                    () = wakeup.wait(wait), if !claim_failed => {}
+                    () = tokio::time::sleep(wait), if claim_failed => {}
+                }
+                Ok(None)
+            } else if free_slots && !shutdown.is_cancelled() {
+                // Busy with room to spare: a finished job, or new work, whichever comes first.
+                // (Only the wait for a finished job is cancelled here, never its recording.)
+                let finished = tokio::select! {
+                    biased;
+                    finished = flight.next() => finished,
+                    () = shutdown.cancelled() => None,
+                    () = wakeup.wait(wait) => None,
+                };
+                match finished {
+                    Some(first) => self.record_with(first, &mut flight).await,
+                    None => Ok(None),
+                }
+            } else {
+                self.record_next(&mut flight).await
+            };
+            match recorded {
+                Ok(Some(delay)) => {
+                    let at = Instant::now() + delay;
+                    retry_at = Some(retry_at.map_or(at, |r| r.min(at)));
+                }
+                Ok(None) => {}
+                Err(error) => tracing::error!(
+                    %error,
+                    "outbox attempts not recorded; they run again when their lease ends"
+                ),
+            }
+        }
+        tracing::info!(worker = %self.config.id, "outbox worker stopped");
+        Ok(())
+    }
+
+    /// Claims as many jobs as each group has free slots and starts them. Returns whether some
+    /// group kept free slots (it found fewer jobs than it asked for), and whether a claim
+    /// failed.
+    async fn claim_free_slots(&self, groups: &ClaimGroups, flight: &mut InFlight) -> (bool, bool) {
+        let (mut free_slots, mut claim_failed) = (false, false);
+        for (group, (kinds, limit)) in groups.iter().enumerate() {
+            let free = limit.saturating_sub(flight.running(group));
+            if free == 0 {
+                continue;
+            }
+            match self
+                .store
+                .claim(&self.config.id, kinds, free, self.config.lease)
+                .await
+            {
+                Ok(jobs) => {
+                    free_slots |= (jobs.len() as u32) < free;
+                    for job in jobs {
+                        flight.push(group, self.spawn(job));
+                    }
+                }
+                Err(error) => {
+                    tracing::error!(%error, "outbox worker could not claim; retrying");
+                    free_slots = true;
+                    claim_failed = true;
+                }
+            }
+        }
+        (free_slots, claim_failed)
+    }
+}
+
+/// The jobs a worker is running, each in its own task, with a count per claim group.
+#[derive(Default)]
+pub(super) struct InFlight {
+    tasks: FuturesUnordered<Tagged>,
+    per_group: HashMap<usize, u32>,
+}
+
+/// A running job's task and its claim group.
+type Tagged = Pin<Box<dyn Future<Output = (usize, Option<Ran>)> + Send>>;
+
+impl InFlight {
+    pub(super) fn push(&mut self, group: usize, task: JoinHandle<Ran>) {
+        *self.per_group.entry(group).or_default() += 1;
+        self.tasks
+            .push(Box::pin(async move { (group, task.await.ok()) }));
+    }
+
+    fn running(&self, group: usize) -> u32 {
+        self.per_group.get(&group).copied().unwrap_or(0)
+    }
+
+    pub(super) fn len(&self) -> usize {
+        self.tasks.len()
+    }
+
+    pub(super) fn is_empty(&self) -> bool {
+        self.tasks.is_empty()
+    }
+
+    /// The next finished job (`None` once nothing runs). A task that failed outright (it cannot:
+    /// the executor catches panics) leaves its job to run again when its lease ends.
+    pub(super) async fn next(&mut self) -> Option<Ran> {
+        loop {
+            let (group, result) = self.tasks.next().await?;
+            if let Some(count) = self.per_group.get_mut(&group) {
+                *count -= 1;
+            }
+            match result {
+                Some(ran) => return Some(ran),
+                None => tracing::error!(
+                    "an outbox job's task failed; it runs again when its lease ends"
+                ),
+            }
+        }
+    }
+}

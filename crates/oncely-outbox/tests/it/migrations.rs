@@ -1,0 +1,181 @@
+//! The migrators (`sqlx::migrate!`) keep what the hand-built ones of earlier releases recorded:
+//! the same versions and checksums in the same history table, so a database an earlier release
+//! migrated keeps migrating.
+
+use futures::future::join_all;
+use oncely_outbox::JobStore;
+use oncely_outbox::store::{Dialect, MIGRATIONS_TABLE, SqlJobStore};
+use oncely_outbox::store::{postgres, sqlite};
+use oncely_testdb::{TestPostgres, TestSqlite};
+use sqlx::migrate::{Migrate, Migration, MigrationType, Migrator};
+use sqlx::postgres::PgPoolOptions;
+use sqlx::{AssertSqlSafe, Executor, IntoArguments, Pool, SqlSafeStr};
+
+/// What the hand-built migrator recorded: version, description, SHA-384 of the SQL.
+const RECORDED: [(i64, &str, &str, &str); 4] = [
+    (
+        1,
+        "outbox",
+        "5014ec46cb2a822a830d0c9999bc69a61578557631226ac3fe5fd6bd69d8a5fbaf01f0dfd1c6b9474860e2689610a65f",
+        "395b6c769553c969f6e7d6ccbfd443f335f69d9cfb00a6c38890f0a0d6ae2f4201f452a60980503f1d17428f5f2e4263",
+    ),
+    (
+        2,
+        "skipped attempts",
+        "c29da3fd74b8e00557514965755892fd73dc948e136effe47d5137a82fa456d5c4afa81adb2bf96fd66a202180defd76",
+        "7ff47ac884c1a544f7b1c9b69e5d5cf4c13bf8224ed2774e86f5d9bfd7768a636a4a189c7c084b660a7ff4be3f4f2430",
+    ),
+    (
+        3,
+        "prune index",
+        "a8e342e161ad150eda5b250bdfd391026eda9cde1abfe587e3fe1d71d9544284b921f64452fee54064c41055de916f1d",
+        "a3415776d58185319b0037f35e66b75144fb31608af26a610012e178f583ead961b93c9be3d0ec63c849431907733d03",
+    ),
+    (
+        4,
+        "due index by kind",
+        "f12c8cf5d8a611870cbe73952de2d0416b76ba78b12ee0845b70c92004972982214cb46ea006c2d306eb5ee47c7272ab",
+        "f23c6159fc88f5921d34d1852f4006d7e7ae11bc35e9b526a41d097c19d0feed33ee981c1713445b09152c17b5c73377",
+    ),
+];
+
+fn recorded(migrator: &Migrator) -> Vec<(i64, String, String)> {
+    migrator
+        .iter()
+        .map(|m| {
+            let hex = m.checksum.iter().map(|b| format!("{b:02x}")).collect();
+            (m.version, m.description.to_string(), hex)
+        })
+        .collect()
+}
+
+#[test]
+fn the_migrators_keep_the_versions_descriptions_and_checksums_of_the_hand_built_ones() {
+    let expected = |dialect: usize| -> Vec<(i64, String, String)> {
+        RECORDED
+            .iter()
+            .map(|r| {
+                let checksum = if dialect == 0 { r.2 } else { r.3 };
+                (r.0, r.1.to_owned(), checksum.to_owned())
+            })
+            .collect()
+    };
+    assert_eq!(recorded(&postgres::migrator()), expected(0));
+    assert_eq!(recorded(&sqlite::migrator()), expected(1));
+    for migrator in [postgres::migrator(), sqlite::migrator()] {
+        assert_eq!(migrator.table_name, MIGRATIONS_TABLE);
+        assert!(
+            migrator.ignore_missing,
+            "a newer release's versions are fine"
+        );
+        assert!(migrator.iter().all(|m| !m.no_tx));
+    }
+}
+
+/// The migrator of the release before `sqlx::migrate!`, as it was built, up to `version`.
+fn previous_release(current: &Migrator, version: i64) -> Migrator {
+    let migrations = current
+        .iter()
+        .filter(|m| m.version <= version)
+        .map(|m| {
+            let description = RECORDED[usize::try_from(m.version - 1).unwrap()].1;
+            let sql = AssertSqlSafe(m.sql.as_str().to_owned()).into_sql_str();
+            Migration::new(
+                m.version,
+                description.into(),
+                MigrationType::Simple,
+                sql,
+                false,
+            )
+        })
+        .collect();
+    let mut migrator = Migrator::with_migrations(migrations);
+    migrator.dangerous_set_table_name(MIGRATIONS_TABLE);
+    migrator.set_ignore_missing(true);
+    migrator
+}
+
+/// A database migrated by an earlier release (up to each version) migrates with this one, and
+/// ends with every version applied once; a version from a newer release does not stop it.
+async fn an_earlier_release_s_database_keeps_migrating<D: Dialect>(pools: Vec<Pool<D>>)
+where
+    SqlJobStore<D>: JobStore<Database = D>,
+    D::Connection: Migrate,
+    for<'c> &'c Pool<D>: Executor<'c, Database = D>,
+    D::Arguments: IntoArguments<D>,
+    for<'r> (i64,): sqlx::FromRow<'r, D::Row>,
+{
+    join_all((1..=4).zip(pools).map(|(version, pool)| async move {
+        previous_release(&D::migrator(), version)
+            .run(&pool)
+            .await
+            .unwrap();
+        let store = SqlJobStore::new(pool.clone());
+        store.migrate().await.unwrap();
+        store.migrate().await.unwrap();
+        let applied: i64 =
+            sqlx::query_scalar("SELECT count(*) FROM _oncely_outbox_migrations WHERE success")
+                .fetch_one(&pool)
+                .await
+                .unwrap();
+        assert_eq!(applied, 4, "migrated from version {version}");
+        assert_eq!(store.pending().await.unwrap(), 0);
+        sqlx::query(
+            "INSERT INTO _oncely_outbox_migrations
+                        (version, description, success, checksum, execution_time)
+                 SELECT 9999, 'from a newer release', success, checksum, execution_time
+                   FROM _oncely_outbox_migrations WHERE version = 1",
+        )
+        .execute(&pool)
+        .await
+        .unwrap();
+        store.migrate().await.unwrap();
+    }))
+    .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn postgres_an_earlier_release_s_database_keeps_migrating() {
+    // One database, a schema per starting version (creating databases is slow).
+    let db = TestPostgres::new().await;
+    let mut pools = Vec::new();
+    for version in 1..=4 {
+        let schema = format!("from_version_{version}");
+        sqlx::query(AssertSqlSafe(format!("CREATE SCHEMA {schema}")))
+            .execute(&db.pool(1).await)
+            .await
+            .unwrap();
+        let pool = PgPoolOptions::new()
+            .max_connections(2)
+            .after_connect(move |conn, _| {
+                let set = format!("SET search_path TO {schema}");
+                Box::pin(async move {
+                    sqlx::query(AssertSqlSafe(set)).execute(conn).await?;
+                    Ok(())
+                })
+            })
+            .connect(db.url())
+            .await
+            .unwrap();
+        pools.push(pool);
+    }
+    an_earlier_release_s_database_keeps_migrating(pools).await;
+    for version in 1..=4 {
+        let sql = format!("SELECT count(*) FROM from_version_{version}._oncely_outbox_migrations");
+        let rows: i64 = sqlx::query_scalar(AssertSqlSafe(sql))
+            .fetch_one(&db.pool(1).await)
+            .await
+            .unwrap();
+        assert_eq!(
+            rows, 5,
+            "each schema has its own history (and the newer version)"
+        );
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sqlite_an_earlier_release_s_database_keeps_migrating() {
+    let dbs: Vec<_> = (1..=4).map(|_| TestSqlite::new()).collect();
+    let pools = join_all(dbs.iter().map(|db| db.pool(2))).await;
+    an_earlier_release_s_database_keeps_migrating(pools).await;
+}

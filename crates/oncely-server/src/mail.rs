@@ -42,7 +42,12 @@ pub struct MailContext {
     pub mailer: Arc<dyn Mailer>,
 }
 
-fn uuid_field(job: &Job, field: &str) -> Result<Uuid, Delivery> {
+/// The id in the payload's `field`, unless the request suppressed the job's email or the payload
+/// has no such id: then the outcome to record.
+fn subject(job: &Job, field: &str) -> Result<Uuid, Delivery> {
+    if let Some(skip) = suppressed(job) {
+        return Err(skip);
+    }
     job.payload[field]
         .as_str()
         .and_then(|s| s.parse().ok())
@@ -98,10 +103,7 @@ pub struct TokenEmail<A> {
 
 impl<A: Accounts> TokenEmail<A> {
     async fn send(&self, job: &Job) -> Delivery {
-        if let Some(skip) = suppressed(job) {
-            return skip;
-        }
-        let token_id = match uuid_field(job, "token_id") {
+        let token_id = match subject(job, "token_id") {
             Ok(id) => id,
             Err(delivery) => return delivery,
         };
@@ -171,10 +173,7 @@ pub struct SignupNotice<A> {
 
 impl<A: Accounts> SignupNotice<A> {
     async fn send(&self, job: &Job) -> Delivery {
-        if let Some(skip) = suppressed(job) {
-            return skip;
-        }
-        let user_id = match uuid_field(job, "user_id") {
+        let user_id = match subject(job, "user_id") {
             Ok(id) => id,
             Err(delivery) => return delivery,
         };

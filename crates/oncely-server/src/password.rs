@@ -320,21 +320,23 @@ mod tests {
             .is_ok()
     }
 
+    /// The hash of the password the tests use.
+    async fn hashed() -> String {
+        super::hash("correct horse battery".to_owned().into())
+            .await
+            .unwrap()
+    }
+
     #[tokio::test]
     async fn verify_checks_our_hashes_in_thread_memory_and_others_too() {
-        let ours = super::hash("correct horse battery".to_owned().into())
-            .await
-            .unwrap();
-        assert!(
-            verify(None, &ours, "correct horse battery".to_owned().into())
+        let ours = hashed().await;
+        let checks = async |hash: &str, password: &str| {
+            verify(None, hash, password.to_owned().into())
                 .await
                 .unwrap()
-        );
-        assert!(
-            !verify(None, &ours, "correct horse batterY".to_owned().into())
-                .await
-                .unwrap()
-        );
+        };
+        assert!(checks(&ours, "correct horse battery").await);
+        assert!(!checks(&ours, "correct horse batterY").await);
         // A hash with other parameters (an older deployment's) still verifies.
         use argon2::PasswordHasher;
         let salt = SaltString::encode_b64(&[7; 16]).unwrap();
@@ -346,16 +348,8 @@ mod tests {
         .hash_password(b"another one", &salt)
         .unwrap()
         .to_string();
-        assert!(
-            verify(None, &other, "another one".to_owned().into())
-                .await
-                .unwrap()
-        );
-        assert!(
-            !verify(None, &other, "not it".to_owned().into())
-                .await
-                .unwrap()
-        );
+        assert!(checks(&other, "another one").await);
+        assert!(!checks(&other, "not it").await);
         assert!(
             verify(None, "not a phc string", "x".to_owned().into())
                 .await
@@ -365,9 +359,7 @@ mod tests {
 
     #[tokio::test]
     async fn hashes_are_argon2id_with_owasp_parameters_and_verify() {
-        let phc = super::hash("correct horse battery".to_owned().into())
-            .await
-            .unwrap();
+        let phc = hashed().await;
         assert!(phc.starts_with("$argon2id$v=19$m=19456,t=2,p=1$"), "{phc}");
         assert!(verifies(&phc, "correct horse battery"));
         assert!(!verifies(&phc, "wrong"));

@@ -269,27 +269,46 @@ pub struct Process {
     pub stderr: tokio::task::JoinHandle<String>,
 }
 
+/// `oncely <subcommand>` on this database and mailer, with the test secret and retries after
+/// 10 ms.
+fn oncely_command(subcommand: &str, database_url: &str, mailer: &str) -> tokio::process::Command {
+    let mut command = tokio::process::Command::new(env!("CARGO_BIN_EXE_oncely"));
+    command.args([
+        subcommand,
+        "--database-url",
+        database_url,
+        "--mailer",
+        mailer,
+        "--secret",
+        SECRET,
+        "--retry-base",
+        "10ms",
+    ]);
+    command
+}
+
+/// The first line the child prints (within 30 s); the rest of its output is drained in the
+/// background.
+async fn first_line(child: &mut tokio::process::Child) -> String {
+    let mut stdout = BufReader::new(child.stdout.take().unwrap()).lines();
+    let first = tokio::time::timeout(Duration::from_secs(30), stdout.next_line())
+        .await
+        .unwrap()
+        .unwrap()
+        .unwrap();
+    tokio::spawn(async move { while let Ok(Some(_)) = stdout.next_line().await {} });
+    first
+}
+
 pub async fn spawn_binary(
     database_url: &str,
     mailer: &str,
     extra: &[&str],
     env: &[(&str, &str)],
 ) -> Process {
-    let mut command = tokio::process::Command::new(env!("CARGO_BIN_EXE_oncely"));
+    let mut command = oncely_command("serve", database_url, mailer);
     command
-        .args([
-            "serve",
-            "--bind",
-            "127.0.0.1:0",
-            "--database-url",
-            database_url,
-            "--mailer",
-            mailer,
-            "--secret",
-            SECRET,
-            "--retry-base",
-            "10ms",
-        ])
+        .args(["--bind", "127.0.0.1:0"])
         .args(extra)
         .env("RUST_LOG", "debug")
         .stdout(Stdio::piped())
@@ -299,12 +318,7 @@ pub async fn spawn_binary(
         command.env(k, v);
     }
     let mut child = command.spawn().expect("the oncely binary starts");
-    let mut stdout = BufReader::new(child.stdout.take().unwrap()).lines();
-    let first = tokio::time::timeout(Duration::from_secs(30), stdout.next_line())
-        .await
-        .unwrap()
-        .unwrap()
-        .unwrap();
+    let first = first_line(&mut child).await;
     let base = first
         .split_whitespace()
         .find(|w| w.starts_with("http://"))
@@ -320,7 +334,6 @@ pub async fn spawn_binary(
         }
         all
     });
-    tokio::spawn(async move { while let Ok(Some(_)) = stdout.next_line().await {} });
     Process {
         child,
         base,
@@ -337,30 +350,13 @@ pub(crate) use both_databases;
 
 /// `oncely worker` as a child process; returns once it reports that it runs.
 pub async fn spawn_worker(database_url: &str, mailer: &str) -> tokio::process::Child {
-    let mut child = tokio::process::Command::new(env!("CARGO_BIN_EXE_oncely"))
-        .args([
-            "worker",
-            "--database-url",
-            database_url,
-            "--mailer",
-            mailer,
-            "--secret",
-            SECRET,
-            "--retry-base",
-            "10ms",
-        ])
+    let mut child = oncely_command("worker", database_url, mailer)
         .stdout(Stdio::piped())
         .stderr(Stdio::null())
         .kill_on_drop(true)
         .spawn()
         .expect("the oncely binary starts");
-    let mut stdout = BufReader::new(child.stdout.take().unwrap()).lines();
-    let first = tokio::time::timeout(Duration::from_secs(30), stdout.next_line())
-        .await
-        .unwrap()
-        .unwrap()
-        .unwrap();
+    let first = first_line(&mut child).await;
     assert!(first.starts_with("oncely worker:"), "{first}");
-    tokio::spawn(async move { while let Ok(Some(_)) = stdout.next_line().await {} });
     child
 }

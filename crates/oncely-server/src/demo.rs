@@ -183,9 +183,15 @@ pub async fn run(intents: usize) -> anyhow::Result<Report> {
     Ok(report)
 }
 
-/// Where `oncely demo` writes the embedded service's logs (unless `-v`).
-pub fn log_file() -> std::path::PathBuf {
-    std::env::temp_dir().join("oncely-demo.log")
+/// A new file for the embedded service's logs (unless `-v`): a fresh random name in the
+/// temporary directory, created exclusively and readable by its owner only — never an existing
+/// file, nor a link someone planted at a name they could guess, and never another demo's log.
+pub fn log_file() -> std::io::Result<(std::fs::File, std::path::PathBuf)> {
+    let file = tempfile::Builder::new()
+        .prefix("oncely-demo-")
+        .suffix(".log")
+        .tempfile()?;
+    file.keep().map_err(|e| e.error)
 }
 
 /// One live line on the terminal while the storm runs (nothing when stderr is not one).
@@ -200,8 +206,36 @@ fn storm_progress(intents: usize) -> indicatif::ProgressBar {
     bar
 }
 
+/// A new directory of the demo's own (random name, owner only); removed when the demo ends.
 fn tempfile_dir() -> std::io::Result<std::path::PathBuf> {
-    let dir = std::env::temp_dir().join(format!("oncely-demo-{}", uuid::Uuid::new_v4().simple()));
-    std::fs::create_dir_all(&dir)?;
-    Ok(dir)
+    Ok(tempfile::Builder::new()
+        .prefix("oncely-demo-")
+        .tempdir()?
+        .keep())
+}
+
+#[cfg(test)]
+mod tests {
+    use std::io::Write;
+
+    /// Found by the review of issue 13: the log was `/tmp/oncely-demo.log`, opened with
+    /// `File::create`, so a link planted there made the demo overwrite its target, and two demos
+    /// wrote over each other.
+    #[test]
+    fn each_demo_logs_to_a_new_private_file() {
+        let (mut first, first_path) = super::log_file().unwrap();
+        let (_, second_path) = super::log_file().unwrap();
+        assert_ne!(first_path, second_path);
+        first.write_all(b"line").unwrap();
+        assert_eq!(std::fs::read(&first_path).unwrap(), b"line");
+        #[cfg(unix)]
+        {
+            use std::os::unix::fs::PermissionsExt;
+            let mode = std::fs::metadata(&first_path).unwrap().permissions().mode();
+            assert_eq!(mode & 0o777, 0o600, "readable by its owner only");
+        }
+        for path in [first_path, second_path] {
+            std::fs::remove_file(path).unwrap();
+        }
+    }
 }

@@ -29,9 +29,18 @@ async fn main() -> std::process::ExitCode {
         _ => false,
     };
     // `oncely demo` tells its own story: the embedded service logs to a file unless `-v`.
-    let demo_log = matches!(cli.command, Command::Demo { verbose: false, .. })
-        .then(demo::log_file)
-        .filter(|path| oncely_server::telemetry::init_tracing_to_file(path).is_ok());
+    let demo_log =
+        match matches!(cli.command, Command::Demo { verbose: false, .. }).then(demo::log_file) {
+            Some(Ok((file, path))) => {
+                oncely_server::telemetry::init_tracing_to_file(file);
+                Some(path)
+            }
+            Some(Err(error)) => {
+                eprintln!("oncely demo: cannot create a log file ({error}); the service logs here");
+                None
+            }
+            None => None,
+        };
     if demo_log.is_none() {
         oncely_server::telemetry::init_tracing(production);
     }

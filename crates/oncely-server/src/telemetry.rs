@@ -46,16 +46,14 @@ pub fn init_tracing(json: bool) {
     }
 }
 
-/// Installs the log subscriber writing readable text to `path` (created, or emptied): for a
-/// command whose own output is the story (`oncely demo`).
-pub fn init_tracing_to_file(path: &std::path::Path) -> std::io::Result<()> {
-    let file = std::fs::File::create(path)?;
+/// Installs the log subscriber writing readable text to `file`: for a command whose own output
+/// is the story (`oncely demo`).
+pub fn init_tracing_to_file(file: std::fs::File) {
     tracing_subscriber::fmt()
         .with_env_filter(filter())
         .with_ansi(false)
         .with_writer(std::sync::Mutex::new(file))
         .init();
-    Ok(())
 }
 
 /// The process's Prometheus recorder (installed on first use; later calls share it).

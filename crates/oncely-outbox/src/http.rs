@@ -1,6 +1,6 @@
 //! Calling an HTTP API from a job with the job's key as `Idempotency-Key`, and reading the
-//! outcome the way every such API needs: 2xx done; 408/409/429/5xx and connection failures
-//! retried; other 4xx permanent; a timeout or a broken connection after sending *unknown*
+//! outcome the way every such API needs: 2xx done; 3xx (never followed), 408/409/429/5xx and
+//! connection failures retried; other 4xx permanent; a timeout or a broken connection after sending *unknown*
 //! (retried with the same key, which a deduplicating API turns into one effect).
 
 use secrecy::{ExposeSecret, SecretString};
@@ -43,11 +43,15 @@ pub async fn post_json(
     })
 }
 
-/// A client with `timeout` on connecting and on the whole request (TLS via rustls and ring).
+/// A client with `timeout` on connecting and on the whole request (TLS via rustls and ring)
+/// that never follows a redirect: a followed 301/302 turns the POST into a GET elsewhere, a
+/// followed 307/308 sends the job a second time to an address nobody configured. A redirect is
+/// answered as what it is — the API's URL is wrong — and retried (never sent on).
 pub fn client(timeout: std::time::Duration) -> Result<reqwest::Client, reqwest::Error> {
     crate::mail::install_crypto_provider();
     reqwest::Client::builder()
         .timeout(timeout)
         .connect_timeout(timeout)
+        .redirect(reqwest::redirect::Policy::none())
         .build()
 }

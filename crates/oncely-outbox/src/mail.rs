@@ -111,10 +111,21 @@ impl SmtpMailer {
             },
             Ok(Err(error)) if error.is_permanent() => Delivery::Permanent(format!("SMTP: {error}")),
             Ok(Err(error)) if error.is_transient() => Delivery::Retry(format!("SMTP: {error}")),
+            Ok(Err(error)) if never_connected(&error) => {
+                Delivery::Retry(format!("SMTP (nothing sent): {error}"))
+            }
             // Connection lost or timed out mid-conversation: the server may have the message.
             Ok(Err(error)) => Delivery::Unknown(format!("SMTP: {error}")),
         }
     }
+}
+
+/// Whether the send failed before the SMTP conversation began — the name lookup, the TCP
+/// connection or the TLS handshake (lettre's connection kind, which it offers no predicate for
+/// but names in its message; `tests/it/classification.rs` pins that), or the certificate check:
+/// nothing reached the server, so the retry is a plain one, not an unknown outcome.
+fn never_connected(error: &lettre::transport::smtp::Error) -> bool {
+    error.is_tls() || error.to_string().starts_with("Connection error")
 }
 
 fn build_message(

@@ -2,6 +2,7 @@
 
 #![allow(unreachable_pub)]
 
+mod classification;
 mod delivery;
 mod migrations;
 mod recording;

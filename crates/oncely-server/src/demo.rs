@@ -91,8 +91,10 @@ impl Report {
 /// Runs the storm with `intents` intents on a throwaway SQLite database (the embedded default:
 /// nothing to set up).
 pub async fn run(intents: usize) -> anyhow::Result<Report> {
-    let dir = tempfile_dir()?;
-    let database_url = format!("sqlite://{}", dir.join("demo.db").display());
+    // The demo's own directory (random name, owner only), removed when the demo ends — on an
+    // error too.
+    let dir = tempfile::Builder::new().prefix("oncely-demo-").tempdir()?;
+    let database_url = format!("sqlite://{}", dir.path().join("demo.db").display());
     let (inbox, running) = Inbox::start_local(Faults {
         reject_next: 3,
         ..Faults::default()
@@ -179,7 +181,6 @@ pub async fn run(intents: usize) -> anyhow::Result<Report> {
     report.failed_attempts = backend
         .scalar("SELECT count(*) FROM oncely_outbox_attempts WHERE result = 'retry'".into())
         .await?;
-    let _ = std::fs::remove_dir_all(&dir);
     Ok(report)
 }
 
@@ -204,14 +205,6 @@ fn storm_progress(intents: usize) -> indicatif::ProgressBar {
     bar.set_prefix("intents");
     bar.enable_steady_tick(Duration::from_millis(120));
     bar
-}
-
-/// A new directory of the demo's own (random name, owner only); removed when the demo ends.
-fn tempfile_dir() -> std::io::Result<std::path::PathBuf> {
-    Ok(tempfile::Builder::new()
-        .prefix("oncely-demo-")
-        .tempdir()?
-        .keep())
 }
 
 #[cfg(test)]

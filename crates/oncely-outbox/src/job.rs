@@ -59,14 +59,30 @@ pub struct Job {
     pub payload: Value,
     /// Stable for this job across every attempt: forward it downstream.
     pub delivery_key: Uuid,
-    /// This attempt's number, from 1.
+    /// This attempt's number, from 1 (since the job was enqueued or last re-driven): every
+    /// attempt has its own, throttled and paused ones included.
     pub attempt: i32,
-    /// When the job was enqueued (the retry horizon counts from here).
+    /// How many attempts before this one spent none of the attempt budget (throttled or paused:
+    /// [`Delivery::Throttled`], [`Delivery::Refused`]). The budget spent so far is
+    /// `attempt - 1 - free_attempts`.
+    pub free_attempts: i32,
+    /// When the job was enqueued.
     pub created_at: OffsetDateTime,
+    /// When an operator last re-drove it ([`JobStore::redrive`](crate::JobStore::redrive)), if
+    /// ever: its retry horizon counts from here then ([`Job::horizon_from`]).
+    pub redriven_at: Option<OffsetDateTime>,
     /// See [`NewJob::not_after`].
     pub not_after: Option<OffsetDateTime>,
     /// The claim's lease token: finishing requires it.
     pub lease_token: Uuid,
+}
+
+impl Job {
+    /// Where the retry horizon counts from: the last re-drive, or else the enqueue. A re-driven
+    /// job gets a fresh horizon (its `created_at` is kept for history).
+    pub fn horizon_from(&self) -> OffsetDateTime {
+        self.redriven_at.unwrap_or(self.created_at)
+    }
 }
 
 /// What a handler or a mailer returns: the attempt, boxed (its traits stay object-safe).
@@ -81,8 +97,24 @@ pub enum Delivery {
         /// The provider's id for it, if any.
         provider_message_id: Option<String>,
     },
-    /// It did not happen; try again later.
+    /// It did not happen; try again later (after the policy's backoff, spending an attempt).
     Retry(String),
+    /// It did not happen because the other side is throttling (HTTP 429, a 503 with
+    /// `Retry-After`, SMTP 421/450/451): try again after the later of the policy's backoff and
+    /// `after`. Spends no attempt of the budget (the horizon still applies); recorded as
+    /// `throttled`. A worker that sees an `after` holds the kind's claims until then.
+    Throttled {
+        /// What the other side said.
+        reason: String,
+        /// How long it asked us to wait (`Retry-After`), if it said.
+        after: Option<std::time::Duration>,
+    },
+    /// It did not happen because the other side refused our credentials or configuration
+    /// (HTTP 401/403/407, SMTP 530/534/535/538): nothing is wrong with the job. It stays
+    /// pending, spends no attempt, is recorded as `paused`, and the worker pauses the kind: one
+    /// probe job per [`KindOptions::probe_interval`](crate::KindOptions::probe_interval) until
+    /// one is not refused.
+    Refused(String),
     /// It may or may not have happened (timeout after handing over): retry with the same key.
     Unknown(String),
     /// It can never happen (rejected as invalid): dead now.
@@ -145,6 +177,11 @@ pub enum AttemptResult {
     Expired,
     /// The handler chose not to run it ([`Delivery::Skipped`]).
     Skipped,
+    /// The other side throttled ([`Delivery::Throttled`]): retried, no attempt spent.
+    Throttled,
+    /// The other side refused the credentials or configuration ([`Delivery::Refused`]): the
+    /// job waits for its kind to resume, no attempt spent.
+    Paused,
 }
 
 impl AttemptResult {
@@ -157,6 +194,8 @@ impl AttemptResult {
             Self::Dead => "dead",
             Self::Expired => "expired",
             Self::Skipped => "skipped",
+            Self::Throttled => "throttled",
+            Self::Paused => "paused",
         }
     }
 }
@@ -179,8 +218,10 @@ pub struct JobRecord {
     /// Status.
     #[sqlx(try_from = "String")]
     pub status: JobStatus,
-    /// Attempts started so far.
+    /// Attempts started so far (since it was enqueued or last re-driven).
     pub attempts: i32,
+    /// How many of them spent none of the attempt budget (throttled, paused).
+    pub free_attempts: i32,
     /// The last error, or the reason it is dead.
     pub last_error: Option<String>,
     /// The provider's id of the delivery.

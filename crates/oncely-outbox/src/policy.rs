@@ -12,9 +12,28 @@ use crate::store::Finish;
 ///
 /// The delay before attempt `n + 1` is `base * 2^(n-1)`, capped at `max_delay`, with equal
 /// jitter (a random point in its upper half), so that many jobs failing together do not retry
-/// together. A job is dead after `max_attempts`, or when its next try would fall after
-/// `horizon` from its creation: keep the horizon inside the provider's idempotency window
-/// (24 h for common email APIs), so that a retry is still deduplicated.
+/// together. Every attempt counts in `n`, throttled ones too, so a provider that keeps
+/// throttling is asked less and less often.
+///
+/// Two limits end the retries; then the job is dead, with its reason:
+/// - the **attempt budget**: `max_attempts` attempts that failed ([`Delivery::Retry`],
+///   [`Delivery::Unknown`]). Throttled and paused attempts ([`Delivery::Throttled`],
+///   [`Delivery::Refused`]) spend none of it: a provider's rate limit or a wrong API key says
+///   nothing about the job.
+/// - the **horizon**: the next try would fall more than `horizon` after the job was enqueued or
+///   last re-driven ([`Job::horizon_from`]). Keep it inside the provider's idempotency window
+///   (24 h for common email APIs), so that a retry is still deduplicated. It applies to every
+///   outcome that is retried, throttled and paused ones included.
+///
+/// A throttled attempt waits the later of the backoff and the `Retry-After` the provider sent;
+/// a `Retry-After` longer than `max_delay` is cut to `max_delay` (the job asks again then, which
+/// costs nothing but one request) rather than trusted blindly. A paused attempt is due again at
+/// once: the worker's breaker for its kind decides when it runs (one probe per
+/// [`KindOptions::probe_interval`](crate::KindOptions::probe_interval)).
+///
+/// The default budget reaches the horizon: even if every delay fell on the shortest point of
+/// its jitter, the job would hit the 23 h horizon before its 60th attempt (56 attempts fit),
+/// so a provider outage of hours does not kill an email before the horizon does.
 ///
 /// ```
 /// use oncely_outbox::RetryPolicy;
@@ -26,53 +45,86 @@ use crate::store::Finish;
 pub struct RetryPolicy {
     /// The first delay.
     pub base: Duration,
-    /// The longest delay.
+    /// The longest delay (and the longest `Retry-After` honoured).
     pub max_delay: Duration,
-    /// Give up after this many attempts.
+    /// Give up after this many failed attempts (throttled and paused ones do not count).
     pub max_attempts: i32,
-    /// Give up when the next try would fall after this long since the job was created.
+    /// Give up when the next try would fall after this long since the job was enqueued or last
+    /// re-driven.
     pub horizon: Duration,
 }
 
 impl RetryPolicy {
-    /// 2 s doubling to 10 min, 12 attempts, a 23 h horizon.
+    /// 2 s doubling to 1 h, 60 attempts, a 23 h horizon: the horizon, not the budget, ends a
+    /// job that keeps failing (see the type's docs).
     pub const DEFAULT: Self = Self {
         base: Duration::from_secs(2),
-        max_delay: Duration::from_secs(600),
-        max_attempts: 12,
+        max_delay: Duration::from_secs(3600),
+        max_attempts: 60,
         horizon: Duration::from_secs(23 * 3600),
     };
 
-    /// The delay after attempt `attempt` (from 1) failed, jitter included.
+    /// The delay after attempt `attempt` (from 1) failed, jitter included: a random point in
+    /// the upper half of the full delay.
     pub fn delay(&self, attempt: i32) -> Duration {
-        let exponent = u32::try_from(attempt.saturating_sub(1))
-            .unwrap_or(0)
-            .min(30);
-        let full = self.base.saturating_mul(1 << exponent).min(self.max_delay);
-        let half = full / 2;
+        let half = self.full_delay(attempt) / 2;
         half + half.mul_f64(rand::random::<f64>())
     }
 
-    /// What to record of `job`'s attempt that reported `delivery`, at `now`: sent; dead at once
-    /// (permanent, skipped); or, for a retry or an unknown outcome, due again after
-    /// [`RetryPolicy::delay`] — unless that was the last attempt, or the next try would fall
-    /// after the horizon: then dead, keeping the attempt's result.
+    /// The delay after `attempt` before jitter: `base * 2^(attempt-1)`, capped at `max_delay`.
+    fn full_delay(&self, attempt: i32) -> Duration {
+        let exponent = u32::try_from(attempt.saturating_sub(1))
+            .unwrap_or(0)
+            .min(30);
+        self.base.saturating_mul(1 << exponent).min(self.max_delay)
+    }
+
+    /// What to record of `job`'s attempt that reported `delivery`, at `now`:
+    /// - sent; dead at once (permanent, skipped);
+    /// - a retry or an unknown outcome: due again after [`RetryPolicy::delay`], spending an
+    ///   attempt — unless that was the last attempt of the budget;
+    /// - throttled: due again after the later of the delay and its `after` (cut to
+    ///   `max_delay`), spending no attempt;
+    /// - refused (paused): due again at once, spending no attempt (the worker's breaker holds
+    ///   the kind);
+    ///
+    /// and in every retried case dead, keeping the attempt's result, if the next try would fall
+    /// after the horizon.
     pub fn decide(&self, job: &Job, delivery: Delivery, now: OffsetDateTime) -> Finish {
-        let (result, error) = match delivery {
+        let (result, error, retry_in, free) = match delivery {
             Delivery::Sent {
                 provider_message_id,
             } => return Finish::sent(provider_message_id),
             Delivery::Permanent(error) => return Finish::dead(AttemptResult::Dead, error),
             Delivery::Skipped(reason) => return Finish::dead(AttemptResult::Skipped, reason),
-            Delivery::Retry(error) => (AttemptResult::Retry, error),
-            Delivery::Unknown(error) => (AttemptResult::Unknown, error),
+            Delivery::Retry(error) => (AttemptResult::Retry, error, self.delay(job.attempt), false),
+            Delivery::Unknown(error) => (
+                AttemptResult::Unknown,
+                error,
+                self.delay(job.attempt),
+                false,
+            ),
+            Delivery::Throttled { reason, after } => {
+                let after = after.unwrap_or_default().min(self.max_delay);
+                let retry_in = self.delay(job.attempt).max(after);
+                (AttemptResult::Throttled, reason, retry_in, true)
+            }
+            Delivery::Refused(reason) => (AttemptResult::Paused, reason, Duration::ZERO, true),
         };
-        let retry_in = self.delay(job.attempt);
-        let age = (now - job.created_at).try_into().unwrap_or(Duration::ZERO);
-        if job.attempt >= self.max_attempts {
-            let why = format!("gave up after {} attempts: {error}", job.attempt);
+        // The budget spent, this attempt included if it counts.
+        let spent = job.attempt - job.free_attempts - i32::from(free);
+        if !free && spent >= self.max_attempts {
+            let why = match job.free_attempts {
+                0 => format!("gave up after {spent} attempts: {error}"),
+                n => {
+                    format!("gave up after {spent} attempts (and {n} throttled or paused): {error}")
+                }
+            };
             return Finish::dead(result, why);
         }
+        let age = (now - job.horizon_from())
+            .try_into()
+            .unwrap_or(Duration::ZERO);
         if age + retry_in > self.horizon {
             let why = format!(
                 "gave up: the next try would fall after the {:?} retry horizon: {error}",
@@ -80,7 +132,11 @@ impl RetryPolicy {
             );
             return Finish::dead(result, why);
         }
-        Finish::retry(result, retry_in, error)
+        if free {
+            Finish::retry_free(result, retry_in, error)
+        } else {
+            Finish::retry(result, retry_in, error)
+        }
     }
 }
 
@@ -124,7 +180,9 @@ mod tests {
             payload: serde_json::Value::Null,
             delivery_key: uuid::Uuid::nil(),
             attempt,
+            free_attempts: 0,
             created_at: now - age,
+            redriven_at: None,
             not_after: None,
             lease_token: uuid::Uuid::nil(),
         }
@@ -142,14 +200,18 @@ mod tests {
         assert_eq!(retry.status, JobStatus::Pending);
         assert_eq!(retry.result, AttemptResult::Unknown);
         assert!(retry.retry_in >= p.base / 2 && retry.retry_in <= p.base);
-        let last = p.decide(&job(12, Duration::ZERO), Delivery::Retry("451".into()), now);
+        let last = p.decide(
+            &job(p.max_attempts, Duration::ZERO),
+            Delivery::Retry("451".into()),
+            now,
+        );
         assert_eq!(
             (last.status, last.result),
             (JobStatus::Dead, AttemptResult::Retry)
         );
         assert_eq!(
             last.error.as_deref(),
-            Some("gave up after 12 attempts: 451")
+            Some("gave up after 60 attempts: 451")
         );
         let late = p.decide(&job(2, p.horizon), Delivery::Retry("451".into()), now);
         assert_eq!(late.status, JobStatus::Dead);
@@ -177,5 +239,127 @@ mod tests {
         let p = RetryPolicy::DEFAULT;
         let delays: std::collections::HashSet<_> = (0..20).map(|_| p.delay(5)).collect();
         assert!(delays.len() > 10);
+    }
+
+    /// Issue 14, item 1: the default policy gave up after 12 attempts, 19–37 minutes in, long
+    /// before its 23 h horizon. Worst case: every delay on the shortest point of its jitter (the
+    /// most attempts in the least time). Every attempt whose next try cannot cross the horizon
+    /// must be retried, and the budget must outlast the horizon.
+    #[test]
+    fn the_default_budget_outlasts_the_horizon_even_with_the_shortest_jitter() {
+        let p = RetryPolicy::DEFAULT;
+        let now = OffsetDateTime::now_utc();
+        let mut age = Duration::ZERO;
+        let mut attempt = 1;
+        // Attempts whose longest next delay still lands inside the horizon: retried for sure.
+        while age + p.full_delay(attempt) <= p.horizon {
+            let finish = p.decide(&job(attempt, age), Delivery::Retry("503".into()), now);
+            assert_eq!(
+                finish.status,
+                JobStatus::Pending,
+                "attempt {attempt}, {age:?} in: {:?}",
+                finish.error
+            );
+            age += p.full_delay(attempt) / 2; // the shortest delay
+            attempt += 1;
+        }
+        // And until even the shortest next delay crosses the horizon, the budget holds.
+        while age + p.full_delay(attempt) / 2 <= p.horizon {
+            attempt += 1;
+            age += p.full_delay(attempt - 1) / 2;
+        }
+        assert!(
+            attempt < p.max_attempts,
+            "{attempt} attempts fit in the horizon, the budget is {}",
+            p.max_attempts
+        );
+    }
+
+    #[test]
+    fn a_throttled_attempt_waits_for_retry_after_and_spends_no_attempt() {
+        let p = RetryPolicy {
+            max_attempts: 3,
+            ..RetryPolicy::DEFAULT
+        };
+        let now = OffsetDateTime::now_utc();
+        let throttled = |after| Delivery::Throttled {
+            reason: "429".into(),
+            after,
+        };
+        // The third attempt is the budget's last: a plain retry is dead, a throttle is not.
+        let dead = p.decide(&job(3, Duration::ZERO), Delivery::Retry("503".into()), now);
+        assert_eq!(dead.status, JobStatus::Dead);
+        let after = Duration::from_secs(120);
+        let waits = p.decide(&job(3, Duration::ZERO), throttled(Some(after)), now);
+        assert_eq!(
+            (waits.status, waits.result, waits.free_attempt),
+            (JobStatus::Pending, AttemptResult::Throttled, true)
+        );
+        assert_eq!(waits.retry_in, after, "Retry-After beats the 4-8 s backoff");
+        // Without Retry-After: the backoff, which grows with every attempt, throttled or not.
+        let backoff = p.decide(&job(3, Duration::ZERO), throttled(None), now);
+        assert!(backoff.retry_in >= p.base * 2 && backoff.retry_in <= p.base * 4);
+        // Free attempts do not count: attempt 5 after two throttles has spent two.
+        let mut after_throttles = job(5, Duration::ZERO);
+        after_throttles.free_attempts = 2;
+        let retried = p.decide(&after_throttles, Delivery::Retry("503".into()), now);
+        assert_eq!(retried.status, JobStatus::Dead, "2 + this one = 3");
+        after_throttles.free_attempts = 3;
+        let retried = p.decide(&after_throttles, Delivery::Retry("503".into()), now);
+        assert_eq!(retried.status, JobStatus::Pending, "1 + this one = 2");
+        assert!(!retried.free_attempt);
+    }
+
+    #[test]
+    fn an_absurd_retry_after_is_cut_to_the_longest_delay_and_the_horizon_still_applies() {
+        let p = RetryPolicy::DEFAULT;
+        let now = OffsetDateTime::now_utc();
+        let year = Some(Duration::from_secs(365 * 24 * 3600));
+        let throttled = Delivery::Throttled {
+            reason: "429".into(),
+            after: year,
+        };
+        let cut = p.decide(&job(1, Duration::ZERO), throttled.clone(), now);
+        assert_eq!(cut.status, JobStatus::Pending);
+        assert_eq!(cut.retry_in, p.max_delay);
+        let late = p.decide(&job(4, p.horizon - p.max_delay / 2), throttled, now);
+        assert_eq!(
+            (late.status, late.result),
+            (JobStatus::Dead, AttemptResult::Throttled)
+        );
+        assert!(late.error.unwrap().contains("retry horizon: 429"));
+    }
+
+    #[test]
+    fn a_refusal_pauses_the_job_without_spending_an_attempt_until_the_horizon() {
+        let p = RetryPolicy {
+            max_attempts: 1,
+            ..RetryPolicy::DEFAULT
+        };
+        let now = OffsetDateTime::now_utc();
+        let refused = || Delivery::Refused("HTTP 401".into());
+        let paused = p.decide(&job(1, Duration::ZERO), refused(), now);
+        assert_eq!(
+            paused,
+            Finish::retry_free(AttemptResult::Paused, Duration::ZERO, "HTTP 401".into())
+        );
+        let late = p.decide(&job(7, p.horizon + Duration::from_secs(1)), refused(), now);
+        assert_eq!(
+            (late.status, late.result),
+            (JobStatus::Dead, AttemptResult::Paused)
+        );
+    }
+
+    /// Issue 14, item 8: a re-driven job's horizon counts from its re-drive.
+    #[test]
+    fn a_re_driven_job_gets_a_fresh_horizon() {
+        let p = RetryPolicy::DEFAULT;
+        let now = OffsetDateTime::now_utc();
+        let mut redriven = job(1, Duration::from_secs(30 * 3600));
+        let before = p.decide(&redriven, Delivery::Retry("503".into()), now);
+        assert_eq!(before.status, JobStatus::Dead, "30 h old: past its horizon");
+        redriven.redriven_at = Some(now);
+        let after = p.decide(&redriven, Delivery::Retry("503".into()), now);
+        assert_eq!(after.status, JobStatus::Pending);
     }
 }

@@ -17,7 +17,9 @@ use uuid::Uuid;
 
 use super::rows::{Done, JobRow, Moment, millis};
 use super::sql::Statements;
-use super::{Backlog, Clock, Finish, JobFilter, JobStore, OutboxError, Wakeup};
+use super::{
+    Backlog, Clock, DeadFilter, DeadJob, DeadJobs, Finish, JobFilter, JobStore, OutboxError, Wakeup,
+};
 use crate::job::{AttemptRecord, Enqueued, Job, JobRecord, NewJob};
 
 /// A database the outbox runs on: `sqlx::Postgres` (feature `postgres`) or `sqlx::Sqlite`
@@ -187,6 +189,8 @@ where
     for<'q, 'j> Json<&'j [String]>: Encode<'q, D> + Type<D>,
     for<'q, 'j> Json<&'j [Done<'j>]>: Encode<'q, D> + Type<D>,
     for<'r> (i64,): sqlx::FromRow<'r, D::Row>,
+    for<'r> (i64, i64): sqlx::FromRow<'r, D::Row>,
+    for<'r> DeadJob: sqlx::FromRow<'r, D::Row>,
     for<'r> JobRow<D::Moment>: sqlx::FromRow<'r, D::Row>,
     for<'r> JobRecord: sqlx::FromRow<'r, D::Row>,
     for<'r> AttemptRecord: sqlx::FromRow<'r, D::Row>,
@@ -346,5 +350,49 @@ where
             self.wake();
         }
         Ok(redriven)
+    }
+
+    async fn dead_jobs(
+        &self,
+        filter: &DeadFilter,
+        sample: u32,
+        window: Duration,
+    ) -> Result<DeadJobs, OutboxError> {
+        let since = filter.since.map(D::Moment::from_time);
+        let (matching, unknown_past_window): (i64, i64) = sqlx::query_as(D::DEAD_COUNT)
+            .bind(filter.kind.as_deref())
+            .bind(since)
+            .bind(filter.reason_contains.as_deref())
+            .bind(self.now_param())
+            .bind(millis(window))
+            .fetch_one(&self.pool)
+            .await?;
+        let since = filter.since.map(D::Moment::from_time);
+        let sample = sqlx::query_as(D::DEAD_SAMPLE)
+            .bind(filter.kind.as_deref())
+            .bind(since)
+            .bind(filter.reason_contains.as_deref())
+            .bind(i64::from(sample))
+            .fetch_all(&self.pool)
+            .await?;
+        Ok(DeadJobs {
+            matching,
+            unknown_past_window,
+            sample,
+        })
+    }
+
+    async fn redrive_dead(&self, filter: &DeadFilter) -> Result<u64, OutboxError> {
+        let redriven: Vec<i64> = sqlx::query_scalar(D::REDRIVE_DEAD)
+            .bind(filter.kind.as_deref())
+            .bind(filter.since.map(D::Moment::from_time))
+            .bind(filter.reason_contains.as_deref())
+            .bind(self.now_param())
+            .fetch_all(&self.pool)
+            .await?;
+        if !redriven.is_empty() {
+            self.wake();
+        }
+        Ok(redriven.len() as u64)
     }
 }

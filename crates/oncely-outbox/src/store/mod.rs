@@ -60,6 +60,9 @@ pub struct Finish {
     pub provider_message_id: Option<String>,
     /// What went wrong (or why it is dead).
     pub error: Option<String>,
+    /// The attempt spent none of the attempt budget (throttled, paused): the store counts it in
+    /// the job's `free_attempts`.
+    pub free_attempt: bool,
 }
 
 impl Finish {
@@ -71,6 +74,7 @@ impl Finish {
             retry_in: Duration::ZERO,
             provider_message_id,
             error: None,
+            free_attempt: false,
         }
     }
 
@@ -82,10 +86,12 @@ impl Finish {
             retry_in: Duration::ZERO,
             provider_message_id: None,
             error: Some(error),
+            free_attempt: false,
         }
     }
 
-    /// The job stays pending and is due again in `retry_in`.
+    /// The job stays pending and is due again in `retry_in`; the attempt spent one of its
+    /// budget.
     pub fn retry(result: AttemptResult, retry_in: Duration, error: String) -> Self {
         Self {
             status: JobStatus::Pending,
@@ -93,6 +99,16 @@ impl Finish {
             retry_in,
             provider_message_id: None,
             error: Some(error),
+            free_attempt: false,
+        }
+    }
+
+    /// The job stays pending and is due again in `retry_in`; the attempt spent nothing of its
+    /// budget (throttled, paused).
+    pub fn retry_free(result: AttemptResult, retry_in: Duration, error: String) -> Self {
+        Self {
+            free_attempt: true,
+            ..Self::retry(result, retry_in, error)
         }
     }
 }
@@ -236,14 +252,75 @@ pub trait JobStore: Clone + Send + Sync + 'static {
         filter: &JobFilter,
     ) -> impl Future<Output = Result<Vec<JobRecord>, OutboxError>> + Send;
 
-    /// Re-drives a dead job: pending and due now, with a fresh attempt budget and the *same*
-    /// delivery key (a provider that saw an earlier attempt still deduplicates). Its attempt
-    /// history is kept. `false` if no dead job has this key.
+    /// Re-drives a dead job: pending and due now, with a fresh attempt budget, a fresh retry
+    /// horizon (counted from now: [`Job::horizon_from`]; its `created_at` is kept) and the
+    /// *same* delivery key. Its attempt history is kept. `false` if no dead job has this key.
+    ///
+    /// The same key deduplicates only inside the provider's window (about 24 h for common email
+    /// APIs, from the key's first use): a job whose earlier attempt had an unknown outcome
+    /// (`unknown`, `abandoned`) may have been delivered, and re-driving it after that window
+    /// may deliver a second copy. [`JobStore::dead_jobs`] counts such jobs.
     fn redrive(
         &self,
         operation_key: &str,
     ) -> impl Future<Output = Result<bool, OutboxError>> + Send;
+
+    /// The dead jobs `filter` matches (an inspection tool, not a hot path): how many, a sample
+    /// of up to `sample` of them (most recently dead first) and how many of them had an attempt
+    /// with an unknown outcome (`unknown` or `abandoned`) that ended more than `window` ago —
+    /// past the provider's deduplication window, a re-drive of those may deliver a second copy.
+    fn dead_jobs(
+        &self,
+        filter: &DeadFilter,
+        sample: u32,
+        window: Duration,
+    ) -> impl Future<Output = Result<DeadJobs, OutboxError>> + Send;
+
+    /// Re-drives every dead job `filter` matches, in one statement, as [`JobStore::redrive`]
+    /// does one (each keeps its delivery key), and wakes idle workers; returns how many.
+    fn redrive_dead(
+        &self,
+        filter: &DeadFilter,
+    ) -> impl Future<Output = Result<u64, OutboxError>> + Send;
 }
+
+/// Which dead jobs [`JobStore::dead_jobs`] and [`JobStore::redrive_dead`] take: every filter
+/// given must match (none: every dead job).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct DeadFilter {
+    /// Only this kind.
+    pub kind: Option<String>,
+    /// Only jobs that died at or after this moment.
+    pub since: Option<OffsetDateTime>,
+    /// Only jobs whose last error contains this text, ignoring case (a plain substring: `%`
+    /// and `_` are no wildcards; on SQLite only ASCII letters fold case).
+    pub reason_contains: Option<String>,
+}
+
+/// What [`JobStore::dead_jobs`] found.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct DeadJobs {
+    /// How many dead jobs match.
+    pub matching: i64,
+    /// How many of them had an attempt with an unknown outcome that ended longer ago than the
+    /// window asked about.
+    pub unknown_past_window: i64,
+    /// Some of them, most recently dead first.
+    pub sample: Vec<DeadJob>,
+}
+
+/// One dead job of a [`DeadJobs`] sample.
+#[derive(Debug, Clone, PartialEq, Eq, sqlx::FromRow)]
+pub struct DeadJob {
+    /// Its operation key.
+    pub operation_key: String,
+    /// Why it is dead.
+    pub last_error: Option<String>,
+}
+
+/// How long common providers remember an idempotency key (Resend, Stripe, most email and
+/// payment APIs: 24 h): a retry with the same key inside it is deduplicated, after it not.
+pub const PROVIDER_DEDUPE_WINDOW: Duration = Duration::from_secs(24 * 3600);
 
 /// The outbox's backlog.
 #[derive(Debug, Clone, Copy, Default, PartialEq, sqlx::FromRow)]

@@ -56,7 +56,9 @@ pub(crate) struct JobRow<T> {
     payload: Value,
     delivery_key: Uuid,
     attempts: i32,
+    free_attempts: i32,
     created_at: T,
+    redriven_at: Option<T>,
     not_after: Option<T>,
 }
 
@@ -70,7 +72,9 @@ impl<T: Moment> JobRow<T> {
             payload: self.payload,
             delivery_key: self.delivery_key,
             attempt: self.attempts,
+            free_attempts: self.free_attempts,
             created_at: self.created_at.into_time(),
+            redriven_at: self.redriven_at.map(Moment::into_time),
             not_after: self.not_after.map(Moment::into_time),
             lease_token,
         }
@@ -88,6 +92,8 @@ pub(crate) struct Done<'a> {
     result: &'static str,
     provider_message_id: Option<&'a str>,
     error: Option<&'a str>,
+    /// Counts in the job's `free_attempts` (throttled, paused).
+    free: bool,
 }
 
 impl<'a> Done<'a> {
@@ -100,6 +106,7 @@ impl<'a> Done<'a> {
             result: finish.result.as_str(),
             provider_message_id: finish.provider_message_id.as_deref(),
             error: finish.error.as_deref(),
+            free: finish.free_attempt,
         }
     }
 }

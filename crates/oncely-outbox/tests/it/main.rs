@@ -6,6 +6,7 @@ mod classification;
 mod delivery;
 mod migrations;
 mod recording;
+mod redrive;
 mod store_conformance;
 mod support;
 mod wakeups;

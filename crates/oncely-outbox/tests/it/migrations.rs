@@ -60,8 +60,12 @@ fn the_migrators_keep_the_versions_descriptions_and_checksums_of_the_hand_built_
             })
             .collect()
     };
-    assert_eq!(recorded(&postgres::migrator()), expected(0));
-    assert_eq!(recorded(&sqlite::migrator()), expected(1));
+    // Later migrations come from `sqlx::migrate!` alone; the hand-built ones stay as recorded.
+    assert_eq!(
+        recorded(&postgres::migrator())[..RECORDED.len()],
+        expected(0)
+    );
+    assert_eq!(recorded(&sqlite::migrator())[..RECORDED.len()], expected(1));
     for migrator in [postgres::migrator(), sqlite::migrator()] {
         assert_eq!(migrator.table_name, MIGRATIONS_TABLE);
         assert!(
@@ -118,7 +122,8 @@ where
                 .fetch_one(&pool)
                 .await
                 .unwrap();
-        assert_eq!(applied, 4, "migrated from version {version}");
+        let all = i64::try_from(D::migrator().iter().count()).unwrap();
+        assert_eq!(applied, all, "migrated from version {version}");
         assert_eq!(store.pending().await.unwrap(), 0);
         sqlx::query(
             "INSERT INTO _oncely_outbox_migrations
@@ -166,8 +171,10 @@ async fn postgres_an_earlier_release_s_database_keeps_migrating() {
             .fetch_one(&db.pool(1).await)
             .await
             .unwrap();
+        let all = i64::try_from(postgres::migrator().iter().count()).unwrap();
         assert_eq!(
-            rows, 5,
+            rows,
+            all + 1,
             "each schema has its own history (and the newer version)"
         );
     }

@@ -9,7 +9,9 @@ use std::time::Duration;
 use oncely_outbox::job::AttemptRecord;
 use oncely_outbox::store::postgres::PgJobStore;
 use oncely_outbox::store::sqlite::SqliteJobStore;
-use oncely_outbox::store::{Backlog, Clock, Dialect, Finish, JobFilter, SqlJobStore, Wakeup};
+use oncely_outbox::store::{
+    Backlog, Clock, DeadFilter, DeadJobs, Dialect, Finish, JobFilter, SqlJobStore, Wakeup,
+};
 use oncely_outbox::{Enqueued, Job, JobRecord, JobStore, NewJob, OutboxError};
 use oncely_testdb::{TestDb, TestPostgres, TestSqlite};
 use sqlx::{Encode, Executor, IntoArguments, Pool, Type};
@@ -248,6 +250,17 @@ impl<S: Backend> JobStore for Spy<S> {
     }
     async fn redrive(&self, operation_key: &str) -> Result<bool, OutboxError> {
         self.inner.redrive(operation_key).await
+    }
+    async fn dead_jobs(
+        &self,
+        filter: &DeadFilter,
+        sample: u32,
+        window: Duration,
+    ) -> Result<DeadJobs, OutboxError> {
+        self.inner.dead_jobs(filter, sample, window).await
+    }
+    async fn redrive_dead(&self, filter: &DeadFilter) -> Result<u64, OutboxError> {
+        self.inner.redrive_dead(filter).await
     }
 }
 

@@ -25,7 +25,8 @@ pub trait Statements {
     const ENQUEUE: &'static str;
 
     /// Claims due jobs: pushes `run_after` to the lease's end (a dead worker's job is due again
-    /// then), sets the lease token, counts the attempt, closes an unfinished earlier attempt as
+    /// then), sets the lease token, counts the attempt (returned with `free_attempts` and
+    /// `redriven_at` for the policy), closes an unfinished earlier attempt as
     /// `abandoned` and opens one for this claim. Binds: 1 now, 2 lease (ms), 3 lease token,
     /// 4 kinds (JSON array), 5 limit, 6 worker. Returns the claimed jobs' rows. Index:
     /// `oncely_outbox_due_by_kind` (partial, pending only), once per kind.
@@ -34,7 +35,8 @@ pub trait Statements {
     /// Ends a batch of attempts: each job by primary key, guarded by its lease token and
     /// `pending`, and its open attempt row (`oncely_outbox_attempts_job`). Binds: 1 the batch
     /// (a JSON array of `{id, lease_token, status, retry_ms, result, provider_message_id,
-    /// error}`), 2 now. Returns the ids of the jobs it finished (the others' leases were lost).
+    /// error, free}`; `free` adds one to the job's `free_attempts`), 2 now. Returns the ids of
+    /// the jobs it finished (the others' leases were lost).
     const FINISH: &'static str;
 
     /// Hands a claimed job back unstarted: due now, the attempt uncounted and its row deleted.
@@ -43,15 +45,15 @@ pub trait Statements {
 
     /// A job's record by operation key. Binds: 1 operation key.
     const JOB: &'static str = "
-        SELECT id, operation_key, kind, status, attempts, last_error, provider_message_id,
-               payload, delivery_key
+        SELECT id, operation_key, kind, status, attempts, free_attempts, last_error,
+               provider_message_id, payload, delivery_key
           FROM oncely_outbox WHERE operation_key = $1";
 
     /// Records for operators, newest first. Binds: 1 kind (nullable), 2 status (nullable),
     /// 3 limit.
     const LIST: &'static str = "
-        SELECT id, operation_key, kind, status, attempts, last_error, provider_message_id,
-               payload, delivery_key
+        SELECT id, operation_key, kind, status, attempts, free_attempts, last_error,
+               provider_message_id, payload, delivery_key
           FROM oncely_outbox
          WHERE ($1 IS NULL OR kind = $1) AND ($2 IS NULL OR status = $2)
          ORDER BY id DESC LIMIT $3";
@@ -74,7 +76,23 @@ pub trait Statements {
     /// `oncely_outbox_finished`.
     const PRUNE: &'static str;
 
-    /// Re-drives a dead job: pending and due now, a fresh attempt budget, the same delivery key.
+    /// Re-drives a dead job: pending and due now, a fresh attempt budget (`attempts` and
+    /// `free_attempts` back to 0), a fresh horizon (`redriven_at` now), the same delivery key.
     /// Binds: 1 operation key, 2 now. Returns its id if it was dead.
     const REDRIVE: &'static str;
+
+    /// The dead jobs a filter matches (`matching`), and how many of them had an attempt with an
+    /// unknown outcome (`unknown`, `abandoned`) that ended before a window
+    /// (`unknown_past_window`). The filter's binds, each nullable: 1 kind, 2 dead at or after
+    /// (a moment), 3 a substring of `last_error`, ignoring case; then 4 now, 5 the window (ms).
+    /// A scan of the table (an operator's tool); the attempts by `oncely_outbox_attempts_job`.
+    const DEAD_COUNT: &'static str;
+
+    /// A sample of the dead jobs a filter matches (`operation_key`, `last_error`), the most
+    /// recently dead first. Binds: 1–3 the filter (see [`Statements::DEAD_COUNT`]), 4 limit.
+    const DEAD_SAMPLE: &'static str;
+
+    /// Re-drives every dead job a filter matches, as [`Statements::REDRIVE`] does one. Binds:
+    /// 1–3 the filter (see [`Statements::DEAD_COUNT`]), 4 now. Returns their ids.
+    const REDRIVE_DEAD: &'static str;
 }

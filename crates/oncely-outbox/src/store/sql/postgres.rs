@@ -9,6 +9,17 @@ use sqlx::Postgres;
 /// on rollback. Binds: 1 channel.
 pub(crate) const NOTIFY: &str = "SELECT pg_notify($1, '')";
 
+/// The dead jobs a filter matches: 1 kind, 2 dead at or after, 3 a substring of the last
+/// error, ignoring case (each `NULL`: any).
+macro_rules! dead {
+    () => {
+        "
+         WHERE o.status = 'dead' AND ($1::text IS NULL OR o.kind = $1)
+           AND ($2::timestamptz IS NULL OR o.dead_at >= $2)
+           AND ($3::text IS NULL OR strpos(lower(o.last_error), lower($3)) > 0)"
+    };
+}
+
 impl super::Statements for Postgres {
     // Differs: `run_after` and `created_at` come from `now()` (the transaction's start), not
     // from the process clock.
@@ -42,7 +53,7 @@ impl super::Statements for Postgres {
                    lease_token = $3, attempts = o.attempts + 1
               FROM due WHERE o.id = due.id
             RETURNING o.id, o.operation_key, o.kind, o.payload, o.delivery_key, o.attempts,
-                      o.created_at, o.not_after
+                      o.free_attempts, o.created_at, o.redriven_at, o.not_after
         ), abandoned AS (
             UPDATE oncely_outbox_attempts
                SET finished_at = COALESCE($1, now()), result = 'abandoned',
@@ -60,13 +71,14 @@ impl super::Statements for Postgres {
         WITH done AS (
             SELECT * FROM jsonb_to_recordset($1)
                        AS d(id int8, lease_token uuid, status text, retry_ms int8, result text,
-                            provider_message_id text, error text)
+                            provider_message_id text, error text, free bool)
         ), job AS (
             UPDATE oncely_outbox o
                SET status = d.status, lease_token = NULL, last_error = d.error,
                    run_after = CASE WHEN d.status = 'pending'
                                     THEN COALESCE($2, now()) + d.retry_ms * interval '1 millisecond'
                                     ELSE o.run_after END,
+                   free_attempts = o.free_attempts + CASE WHEN d.free THEN 1 ELSE 0 END,
                    sent_at = CASE WHEN d.status = 'sent' THEN COALESCE($2, now()) END,
                    dead_at = CASE WHEN d.status = 'dead' THEN COALESCE($2, now()) END,
                    provider_message_id = COALESCE(d.provider_message_id, o.provider_message_id)
@@ -116,8 +128,42 @@ impl super::Statements for Postgres {
 
     const REDRIVE: &'static str = "
         UPDATE oncely_outbox
-           SET status = 'pending', run_after = COALESCE($2, now()), attempts = 0, dead_at = NULL,
+           SET status = 'pending', run_after = COALESCE($2, now()), attempts = 0,
+               free_attempts = 0, redriven_at = COALESCE($2, now()), dead_at = NULL,
                lease_token = NULL, last_error = NULL
          WHERE operation_key = $1 AND status = 'dead'
         RETURNING id";
+
+    // Differs: `count(*) FILTER`, `strpos` (SQLite: `instr`), an interval; `lower` folds every
+    // letter's case (SQLite's only ASCII).
+    const DEAD_COUNT: &'static str = concat!(
+        "
+        SELECT count(*) AS matching,
+               count(*) FILTER (WHERE EXISTS (
+                   SELECT 1 FROM oncely_outbox_attempts a
+                    WHERE a.job_id = o.id AND a.result IN ('unknown', 'abandoned')
+                      AND a.finished_at < COALESCE($4, now()) - $5 * interval '1 millisecond'
+               )) AS unknown_past_window
+          FROM oncely_outbox o",
+        dead!()
+    );
+
+    const DEAD_SAMPLE: &'static str = concat!(
+        "
+        SELECT o.operation_key, o.last_error FROM oncely_outbox o",
+        dead!(),
+        "
+         ORDER BY o.dead_at DESC, o.id DESC LIMIT $4"
+    );
+
+    const REDRIVE_DEAD: &'static str = concat!(
+        "
+        UPDATE oncely_outbox o
+           SET status = 'pending', run_after = COALESCE($4, now()), attempts = 0,
+               free_attempts = 0, redriven_at = COALESCE($4, now()), dead_at = NULL,
+               lease_token = NULL, last_error = NULL",
+        dead!(),
+        "
+        RETURNING o.id"
+    );
 }

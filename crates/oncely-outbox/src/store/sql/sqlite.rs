@@ -24,8 +24,19 @@ macro_rules! done {
                     value ->> 'status' AS status, value ->> 'retry_ms' AS retry_ms,
                     value ->> 'result' AS result,
                     value ->> 'provider_message_id' AS provider_message_id,
-                    value ->> 'error' AS error
+                    value ->> 'error' AS error, value ->> 'free' AS free
                FROM json_each(?1))"
+    };
+}
+
+/// The dead jobs a filter matches: 1 kind, 2 dead at or after, 3 a substring of the last
+/// error, ignoring (ASCII) case (each `NULL`: any).
+macro_rules! dead {
+    () => {
+        "
+         WHERE o.status = 'dead' AND (?1 IS NULL OR o.kind = ?1)
+           AND (?2 IS NULL OR o.dead_at >= ?2)
+           AND (?3 IS NULL OR instr(lower(o.last_error), lower(?3)) > 0)"
     };
 }
 
@@ -51,7 +62,8 @@ impl super::Statements for Sqlite {
                AND kind IN (SELECT value FROM json_each(?4))
              ORDER BY run_after, id
              LIMIT ?5)
-        RETURNING id, operation_key, kind, payload, delivery_key, attempts, created_at, not_after;
+        RETURNING id, operation_key, kind, payload, delivery_key, attempts, free_attempts,
+                  created_at, redriven_at, not_after;
         UPDATE oncely_outbox_attempts
            SET finished_at = ?1, result = 'abandoned',
                error = 'the worker''s lease ended before the attempt finished'
@@ -83,6 +95,7 @@ impl super::Statements for Sqlite {
            SET status = d.status, lease_token = NULL, last_error = d.error,
                run_after = CASE WHEN d.status = 'pending' THEN ?2 + d.retry_ms
                                 ELSE o.run_after END,
+               free_attempts = o.free_attempts + CASE WHEN d.free THEN 1 ELSE 0 END,
                sent_at = CASE WHEN d.status = 'sent' THEN ?2 END,
                dead_at = CASE WHEN d.status = 'dead' THEN ?2 END,
                provider_message_id = COALESCE(d.provider_message_id, o.provider_message_id)
@@ -119,8 +132,40 @@ impl super::Statements for Sqlite {
 
     const REDRIVE: &'static str = "
         UPDATE oncely_outbox
-           SET status = 'pending', run_after = ?2, attempts = 0, dead_at = NULL,
-               lease_token = NULL, last_error = NULL
+           SET status = 'pending', run_after = ?2, attempts = 0, free_attempts = 0,
+               redriven_at = ?2, dead_at = NULL, lease_token = NULL, last_error = NULL
          WHERE operation_key = ?1 AND status = 'dead'
         RETURNING id";
+
+    // Differs: no `FILTER` needed (`count` of a CASE), `instr` (PostgreSQL: `strpos`),
+    // milliseconds; `lower` folds only ASCII letters.
+    const DEAD_COUNT: &'static str = concat!(
+        "
+        SELECT count(*) AS matching,
+               count(CASE WHEN EXISTS (
+                   SELECT 1 FROM oncely_outbox_attempts a
+                    WHERE a.job_id = o.id AND a.result IN ('unknown', 'abandoned')
+                      AND a.finished_at < ?4 - ?5
+               ) THEN 1 END) AS unknown_past_window
+          FROM oncely_outbox o",
+        dead!()
+    );
+
+    const DEAD_SAMPLE: &'static str = concat!(
+        "
+        SELECT o.operation_key, o.last_error FROM oncely_outbox o",
+        dead!(),
+        "
+         ORDER BY o.dead_at DESC, o.id DESC LIMIT ?4"
+    );
+
+    const REDRIVE_DEAD: &'static str = concat!(
+        "
+        UPDATE oncely_outbox AS o
+           SET status = 'pending', run_after = ?4, attempts = 0, free_attempts = 0,
+               redriven_at = ?4, dead_at = NULL, lease_token = NULL, last_error = NULL",
+        dead!(),
+        "
+        RETURNING id"
+    );
 }

@@ -1,15 +1,27 @@
 //! Calling an HTTP API from a job with the job's key as `Idempotency-Key`, and reading the
-//! outcome the way every such API needs: 2xx done; 3xx (never followed), 408/409/429/5xx and
-//! connection failures retried; other 4xx permanent; a timeout or a broken connection after sending *unknown*
-//! (retried with the same key, which a deduplicating API turns into one effect).
+//! outcome the way every such API needs:
+//!
+//! | answer | outcome |
+//! |---|---|
+//! | 2xx | done |
+//! | 429; 503 with `Retry-After` | [`Delivery::Throttled`], with the `Retry-After` (seconds or an HTTP date) |
+//! | 401, 403, 407 | [`Delivery::Refused`]: our credentials or configuration are wrong, not the job |
+//! | 3xx (never followed), 408, 409, other 5xx, connection failures | [`Delivery::Retry`] |
+//! | other 4xx | [`Delivery::Permanent`] |
+//! | a timeout or a broken connection after sending | [`Delivery::Unknown`] (retried with the same key, which a deduplicating API turns into one effect) |
 
+use std::time::{Duration, SystemTime};
+
+use reqwest::header::{HeaderMap, RETRY_AFTER};
 use secrecy::{ExposeSecret, SecretString};
 use serde_json::Value;
 
 use crate::job::Delivery;
 
 /// POSTs `body` to `url` with `Idempotency-Key: key` (and a bearer token if given). `Ok` holds
-/// the JSON answer of a 2xx (`Null` if it was not JSON); `Err` the outcome to report.
+/// the JSON answer of a 2xx (`Null` if it was not JSON); `Err` the outcome to report (see the
+/// module's table). The answer's text in an error is cut to 200 characters, and the bearer
+/// token, should the other side echo it, is blanked out.
 pub async fn post_json(
     client: &reqwest::Client,
     url: &str,
@@ -31,16 +43,44 @@ pub async fn post_json(
     if status.is_success() {
         return Ok(response.json::<Value>().await.unwrap_or(Value::Null));
     }
+    let after = retry_after(response.headers(), SystemTime::now());
     let text = response.text().await.unwrap_or_default();
-    let error = format!(
-        "HTTP {status}: {}",
-        text.chars().take(200).collect::<String>()
-    );
+    let mut text: String = text.chars().take(200).collect();
+    if let Some(token) = bearer.map(ExposeSecret::expose_secret)
+        && !token.is_empty()
+    {
+        text = text.replace(token, "[redacted]");
+    }
+    let error = format!("HTTP {status}: {text}");
     Err(match status.as_u16() {
-        408 | 409 | 429 => Delivery::Retry(error),
+        429 => Delivery::Throttled {
+            reason: error,
+            after,
+        },
+        // Maintenance, or an overloaded provider that says when to come back.
+        503 if after.is_some() => Delivery::Throttled {
+            reason: error,
+            after,
+        },
+        401 | 403 | 407 => Delivery::Refused(error),
+        408 | 409 => Delivery::Retry(error),
         400..=499 => Delivery::Permanent(error),
         _ => Delivery::Retry(error),
     })
+}
+
+/// The wait a `Retry-After` header asks for, read at `now`: delta-seconds (`120`) or an HTTP
+/// date (`Wed, 21 Oct 2015 07:28:00 GMT`, and the two obsolete forms RFC 9110 accepts).
+/// `None` without the header, for a date in the past, and for anything unreadable. Not capped:
+/// the retry policy cuts a long one to its `max_delay`.
+pub fn retry_after(headers: &HeaderMap, now: SystemTime) -> Option<Duration> {
+    let value = headers.get(RETRY_AFTER)?.to_str().ok()?.trim();
+    if !value.is_empty() && value.bytes().all(|b| b.is_ascii_digit()) {
+        // Absurdly many digits saturate; the policy cuts the wait anyway.
+        return Some(Duration::from_secs(value.parse().unwrap_or(u64::MAX)));
+    }
+    let at = httpdate::parse_http_date(value).ok()?;
+    at.duration_since(now).ok().filter(|wait| !wait.is_zero())
 }
 
 /// A client with `timeout` on connecting and on the whole request (TLS via rustls and ring)
@@ -54,4 +94,48 @@ pub fn client(timeout: std::time::Duration) -> Result<reqwest::Client, reqwest::
         .connect_timeout(timeout)
         .redirect(reqwest::redirect::Policy::none())
         .build()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn with(value: &str) -> HeaderMap {
+        let mut headers = HeaderMap::new();
+        headers.insert(RETRY_AFTER, value.parse().unwrap());
+        headers
+    }
+
+    #[test]
+    fn retry_after_reads_seconds_and_http_dates_and_ignores_the_rest() {
+        // 1994-11-06T08:49:37Z, the date RFC 9110 uses, in its three forms.
+        let at = SystemTime::UNIX_EPOCH + Duration::from_secs(784_111_777);
+        let now = at - Duration::from_secs(90);
+        let read = |value: &str| retry_after(&with(value), now);
+        assert_eq!(read("120"), Some(Duration::from_secs(120)));
+        assert_eq!(read(" 0 "), Some(Duration::ZERO));
+        assert_eq!(
+            read("Sun, 06 Nov 1994 08:49:37 GMT"),
+            Some(Duration::from_secs(90))
+        );
+        assert_eq!(
+            read("Sunday, 06-Nov-94 08:49:37 GMT"),
+            Some(Duration::from_secs(90))
+        );
+        assert_eq!(
+            read("Sun Nov  6 08:49:37 1994"),
+            Some(Duration::from_secs(90))
+        );
+        assert_eq!(read("Sun, 06 Nov 1994 08:47:07 GMT"), None, "in the past");
+        assert_eq!(read("Sun, 06 Nov 1994 08:48:07 GMT"), None, "now");
+        assert_eq!(read("soon"), None);
+        assert_eq!(read("-5"), None);
+        assert_eq!(read("1.5"), None);
+        assert_eq!(
+            read("99999999999999999999999"),
+            Some(Duration::from_secs(u64::MAX)),
+            "saturates; the policy cuts it"
+        );
+        assert_eq!(retry_after(&HeaderMap::new(), now), None);
+    }
 }

@@ -109,6 +109,11 @@ impl SmtpMailer {
             Ok(Ok(response)) => Delivery::Sent {
                 provider_message_id: response.message().next().map(|line| line.trim().to_owned()),
             },
+            Ok(Err(error)) if refused(&error) => Delivery::Refused(format!("SMTP: {error}")),
+            Ok(Err(error)) if throttled(&error) => Delivery::Throttled {
+                reason: format!("SMTP: {error}"),
+                after: None, // SMTP has no Retry-After: the policy's backoff applies
+            },
             Ok(Err(error)) if error.is_permanent() => Delivery::Permanent(format!("SMTP: {error}")),
             Ok(Err(error)) if error.is_transient() => Delivery::Retry(format!("SMTP: {error}")),
             Ok(Err(error)) if never_connected(&error) => {
@@ -118,6 +123,34 @@ impl SmtpMailer {
             Ok(Err(error)) => Delivery::Unknown(format!("SMTP: {error}")),
         }
     }
+}
+
+/// The reply code of an SMTP error, if the server answered one.
+fn reply_code(error: &lettre::transport::smtp::Error) -> Option<u16> {
+    error.status().map(u16::from)
+}
+
+/// Whether the server refused our credentials or configuration, not the message: `530`
+/// (authentication required), `534` (mechanism too weak), `535` (credentials invalid), `538`
+/// (encryption required for the mechanism); or lettre found no authentication mechanism the
+/// server offers, or the STARTTLS the URL requires. Every message would fail the same way
+/// until an operator fixes it: the kind pauses ([`Delivery::Refused`]).
+fn refused(error: &lettre::transport::smtp::Error) -> bool {
+    if let Some(code) = reply_code(error) {
+        return matches!(code, 530 | 534 | 535 | 538);
+    }
+    let text = error.to_string();
+    error.is_client()
+        && (text.contains("No compatible authentication mechanism")
+            || text.contains("STARTTLS is not supported"))
+}
+
+/// Whether the server is throttling: `421` (service not available, closing: busy or rate
+/// limited), `450` (mailbox busy or unavailable, greylisting), `451` (local error, the usual
+/// answer of a rate limit). Decided per code: `452` (insufficient storage, too many
+/// recipients) and other 4xx are plain retries, spending an attempt.
+fn throttled(error: &lettre::transport::smtp::Error) -> bool {
+    matches!(reply_code(error), Some(421 | 450 | 451))
 }
 
 /// Whether the send failed before the SMTP conversation began — the name lookup, the TCP

@@ -90,3 +90,163 @@ async fn an_http_mailer_does_not_follow_a_redirect() {
         "the redirect was not followed"
     );
 }
+
+/// Issue 14, items 1 and 2: what an HTTP provider's answer means. A throttle (429; 503 with
+/// `Retry-After`) waits and spends no attempt; a refusal of our credentials (401, 403, 407)
+/// pauses the kind; neither is the job's fault. Before, 429 was a plain retry and 401/403/407
+/// permanent (dead at once).
+#[tokio::test]
+async fn an_http_provider_s_throttling_and_refusals_are_told_apart_from_failures() {
+    use crate::provider::FakeApi;
+    let answer = |status: u16, headers: &[&str]| {
+        let headers: Vec<String> = headers.iter().map(|h| (*h).to_owned()).collect();
+        move |_| (status, headers.clone(), r#"{"message":"no"}"#.to_owned())
+    };
+    let secs = Some(Duration::from_secs(120));
+    let cases: Vec<(u16, Vec<&str>, Delivery)> = vec![
+        (429, vec!["Retry-After: 120"], throttled(secs)),
+        (429, vec![], throttled(None)),
+        (429, vec!["Retry-After: whenever"], throttled(None)),
+        (503, vec!["Retry-After: 120"], throttled(secs)),
+        (503, vec![], Delivery::Retry(String::new())),
+        (401, vec![], Delivery::Refused(String::new())),
+        (403, vec![], Delivery::Refused(String::new())),
+        (407, vec![], Delivery::Refused(String::new())),
+        (408, vec![], Delivery::Retry(String::new())),
+        (422, vec![], Delivery::Permanent(String::new())),
+        (500, vec![], Delivery::Retry(String::new())),
+    ];
+    for (status, headers, expected) in cases {
+        let api = FakeApi::start(answer(status, &headers)).await;
+        let outcome = send(&api.url).await;
+        assert_eq!(
+            blank(&outcome),
+            expected,
+            "{status} {headers:?}: {outcome:?}"
+        );
+        let reason = match &outcome {
+            Delivery::Throttled { reason, .. }
+            | Delivery::Refused(reason)
+            | Delivery::Retry(reason)
+            | Delivery::Permanent(reason) => reason,
+            other => panic!("{other:?}"),
+        };
+        assert!(reason.starts_with(&format!("HTTP {status}")), "{reason}");
+    }
+}
+
+/// `Retry-After` as an HTTP date: the wait until then.
+#[tokio::test]
+async fn a_retry_after_date_is_the_wait_until_then() {
+    use crate::provider::FakeApi;
+    let at = std::time::SystemTime::now() + Duration::from_secs(600);
+    let header = format!("Retry-After: {}", httpdate::fmt_http_date(at));
+    let api = FakeApi::start(move |_| (429, vec![header.clone()], String::new())).await;
+    let Delivery::Throttled {
+        after: Some(after), ..
+    } = send(&api.url).await
+    else {
+        panic!("not throttled with a wait")
+    };
+    // The date has whole seconds; the request took a moment.
+    assert!(
+        after > Duration::from_secs(590) && after <= Duration::from_secs(600),
+        "{after:?}"
+    );
+}
+
+/// A provider that echoes our API key in its refusal does not get it into the job's error.
+#[tokio::test]
+async fn a_refusal_that_echoes_the_api_key_is_recorded_without_it() {
+    use crate::provider::FakeApi;
+    let key = "re_live_0123456789abcdef";
+    let api = FakeApi::start(move |_| {
+        let body = format!(r#"{{"message":"API key {key} is invalid"}}"#);
+        (401, vec![], body)
+    })
+    .await;
+    let mailer = from_url(
+        &api.url,
+        Some(key.to_owned().into()),
+        Duration::from_secs(5),
+    )
+    .unwrap();
+    let outcome = mailer.send(&email(), "key-1").await;
+    let Delivery::Refused(reason) = outcome else {
+        panic!("{outcome:?}")
+    };
+    assert!(
+        !reason.contains(key) && reason.contains("[redacted]"),
+        "{reason}"
+    );
+}
+
+/// Issue 14, items 1 and 2, over SMTP: 421/450/451 are throttling (no Retry-After: the
+/// backoff applies), 452 a plain retry; 530/535 a refusal of our credentials. Before, the 4xx
+/// were all plain retries and 530/535 permanent.
+#[tokio::test]
+async fn an_smtp_server_s_throttling_and_refusals_are_told_apart_from_failures() {
+    use crate::provider::smtp_answering;
+    let cases: [(&str, &str, Delivery); 8] = [
+        (
+            "MAIL",
+            "421 4.7.0 Try again later, closing connection",
+            throttled(None),
+        ),
+        (
+            "MAIL",
+            "450 4.2.1 Mailbox busy, greylisted",
+            throttled(None),
+        ),
+        ("RCPT", "451 4.7.1 Rate limited", throttled(None)),
+        (
+            "RCPT",
+            "452 4.3.1 Insufficient system storage",
+            Delivery::Retry(String::new()),
+        ),
+        (
+            "MAIL",
+            "530 5.7.0 Authentication required",
+            Delivery::Refused(String::new()),
+        ),
+        (
+            "AUTH",
+            "535 5.7.8 Username and Password not accepted",
+            Delivery::Refused(String::new()),
+        ),
+        (
+            "RCPT",
+            "550 5.1.1 No such user",
+            Delivery::Permanent(String::new()),
+        ),
+        (
+            "DATA",
+            "554 5.6.0 Message rejected",
+            Delivery::Permanent(String::new()),
+        ),
+    ];
+    for (verb, reply, expected) in cases {
+        let addr = smtp_answering(verb, reply).await;
+        let outcome = send(&format!("smtp://user:secret@{addr}")).await;
+        assert_eq!(blank(&outcome), expected, "{reply}: {outcome:?}");
+    }
+}
+
+fn throttled(after: Option<Duration>) -> Delivery {
+    Delivery::Throttled {
+        reason: String::new(),
+        after,
+    }
+}
+
+/// `outcome` without its reason text, to compare kinds (and a throttle's wait).
+fn blank(outcome: &Delivery) -> Delivery {
+    match outcome {
+        Delivery::Throttled { after, .. } => throttled(*after),
+        Delivery::Refused(_) => Delivery::Refused(String::new()),
+        Delivery::Retry(_) => Delivery::Retry(String::new()),
+        Delivery::Permanent(_) => Delivery::Permanent(String::new()),
+        Delivery::Unknown(_) => Delivery::Unknown(String::new()),
+        other => other.clone(),
+    }
+}

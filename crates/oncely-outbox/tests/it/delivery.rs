@@ -220,10 +220,13 @@ async fn three_temporary_rejections_then_delivered_on_the_fourth_attempt<S: Back
     let (inbox, record) = settle(&store, faults, email_job("k", "bob@example.com")).await;
     assert_eq!(record.status, JobStatus::Sent);
     assert_eq!(record.attempts, 4);
+    // The inbox's temporary rejection is SMTP 451: throttling, retried without spending the
+    // attempt budget (issue 14, item 1).
     assert_eq!(
         results(&store, record.id).await,
-        ["retry", "retry", "retry", "sent"]
+        ["throttled", "throttled", "throttled", "sent"]
     );
+    assert_eq!(record.free_attempts, 3);
     assert_eq!(inbox.messages(None).len(), 1);
 }
 
@@ -240,13 +243,16 @@ async fn a_permanent_rejection_is_dead_at_once_with_its_reason<S: Backend>(store
 }
 
 async fn attempts_stop_at_the_maximum_and_the_job_is_dead<S: Backend>(store: S, _db: TestDb) {
+    // Over HTTP the inbox's temporary rejection is a 503 without `Retry-After`: a plain retry
+    // (over SMTP it is a 451, throttling, which spends no attempt).
     let faults = rejecting(100, Rejection::Temporary);
     let policy = RetryPolicy {
         max_attempts: 3,
         ..FAST
     };
     let job = email_job("k", "d@example.com");
-    let (_inbox, record) = settle_with(&store, faults, job, Via::Smtp, policy).await;
+    let via = Via::Http(Duration::from_secs(2));
+    let (_inbox, record) = settle_with(&store, faults, job, via, policy).await;
     assert_eq!(record.status, JobStatus::Dead);
     assert_eq!(record.attempts, 3);
     assert!(

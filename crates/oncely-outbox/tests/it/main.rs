@@ -5,6 +5,7 @@
 mod classification;
 mod delivery;
 mod migrations;
+mod provider;
 mod recording;
 mod redrive;
 mod store_conformance;

@@ -5,9 +5,9 @@ use std::time::Duration;
 
 use futures::FutureExt;
 
-use super::Worker;
 use super::executor::Ran;
 use super::producer::InFlight;
+use super::{KindOptions, Worker};
 use crate::job::{Job, JobStatus};
 use crate::store::{Finish, JobStore, OutboxError};
 
@@ -39,6 +39,7 @@ impl<S: JobStore> Worker<S> {
         while let Some(Some(more)) = flight.next().now_or_never() {
             done.push(more);
         }
+        self.observe(&done);
         let finished: Vec<(&Job, &Finish)> = done
             .iter()
             .filter_map(|ran| Some((&ran.job, ran.finish.as_ref()?)))
@@ -83,6 +84,22 @@ impl<S: JobStore> Worker<S> {
                 }
                 Err(error) => return Err(error),
             }
+        }
+    }
+
+    /// Tells the holds what the finished attempts said about the other side (a refusal pauses
+    /// their kind, any other answer resumes it; a throttle's wait holds it).
+    fn observe(&self, done: &[Ran]) {
+        let now = self.store.now();
+        let mut holds = self.holds();
+        for ran in done {
+            let interval = self
+                .handlers
+                .get(&ran.job.kind)
+                .map_or(KindOptions::DEFAULT_PROBE_INTERVAL, |r| {
+                    r.options.probe_interval
+                });
+            holds.observe(&ran.job.kind, ran.verdict.as_ref(), now, interval);
         }
     }
 }

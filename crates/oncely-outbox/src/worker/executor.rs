@@ -8,6 +8,7 @@ use futures::FutureExt;
 use tokio::task::JoinHandle;
 use tracing::Instrument;
 
+use super::holds::Verdict;
 use super::{Registered, Worker};
 use crate::job::{AttemptResult, Delivery, Job, JobStatus};
 use crate::store::{Finish, JobStore};
@@ -16,6 +17,9 @@ use crate::store::{Finish, JobStore};
 pub(super) struct Ran {
     pub(super) job: Job,
     pub(super) finish: Option<Finish>,
+    /// What the attempt said about the other side (`None`: its handler did not run), for the
+    /// worker's holds.
+    pub(super) verdict: Option<Verdict>,
 }
 
 impl<S: JobStore> Worker<S> {
@@ -41,20 +45,26 @@ async fn attempt<S: JobStore>(
         if let Err(error) = store.release(&job).await {
             tracing::warn!(job = job.id, %error, "could not hand a job back; it is due again when its lease ends");
         }
-        return Ran { job, finish: None };
+        return Ran {
+            job,
+            finish: None,
+            verdict: None,
+        };
     };
     let now = store.now();
-    let finish = if job.not_after.is_some_and(|deadline| deadline <= now) {
+    let (finish, verdict) = if job.not_after.is_some_and(|deadline| deadline <= now) {
         let why = "not run: its deadline passed before delivery".to_owned();
-        Finish::dead(AttemptResult::Expired, why)
+        (Finish::dead(AttemptResult::Expired, why), None)
     } else {
         let delivery = run(handler, &job, limit).await;
-        options.policy.decide(&job, delivery, now)
+        let verdict = Verdict::of(&delivery, &options.policy);
+        (options.policy.decide(&job, delivery, now), Some(verdict))
     };
     report(&job, &finish);
     Ran {
         job,
         finish: Some(finish),
+        verdict,
     }
 }
 

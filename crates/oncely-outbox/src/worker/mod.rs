@@ -1,11 +1,13 @@
 //! The worker, in river's three parts: the producer (`producer.rs`) claims due jobs and keeps
 //! every slot busy (wake-ups, polling, concurrency per kind), the executor (`executor.rs`) runs
 //! one attempt outside any transaction and asks the kind's [`RetryPolicy`] what it means, the
-//! completer (`completer.rs`) records the results in batches. This module holds what ties them:
+//! completer (`completer.rs`) records the results in batches; `holds.rs` keeps what the worker
+//! holds back per kind (a throttled kind until its `Retry-After`, a paused kind — its
+//! credentials refused — but for one probe per interval). This module holds what ties them:
 //! handlers, settings, the [`Worker`].
 
 use std::collections::HashMap;
-use std::sync::Arc;
+use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use std::time::Duration;
 
 use crate::job::{DeliveryFuture, Job};
@@ -14,6 +16,7 @@ use crate::store::{JobStore, OutboxError};
 
 mod completer;
 mod executor;
+mod holds;
 mod producer;
 
 /// Runs the jobs of one kind.
@@ -61,6 +64,16 @@ pub struct KindOptions {
     /// At most this many of its jobs at once in one worker (`None`: up to the batch size). A
     /// worker claims a limited kind on its own, at most this many at a time.
     pub concurrency: Option<u32>,
+    /// While the kind is paused — an attempt reported [`Delivery::Refused`](crate::Delivery):
+    /// the provider refused our credentials or configuration — the worker claims one probe job
+    /// of it per this interval and no other; the first outcome that is not a refusal resumes
+    /// the kind. 30 s by default.
+    pub probe_interval: Duration,
+}
+
+impl KindOptions {
+    /// The default [`KindOptions::probe_interval`].
+    pub const DEFAULT_PROBE_INTERVAL: Duration = Duration::from_secs(30);
 }
 
 impl Default for KindOptions {
@@ -68,6 +81,7 @@ impl Default for KindOptions {
         Self {
             policy: RetryPolicy::DEFAULT,
             concurrency: None,
+            probe_interval: Self::DEFAULT_PROBE_INTERVAL,
         }
     }
 }
@@ -90,6 +104,8 @@ pub struct Worker<S> {
     store: S,
     config: WorkerConfig,
     handlers: HashMap<String, Registered>,
+    /// Kinds held back: throttled, or paused (see `holds.rs`).
+    holds: Mutex<holds::Holds>,
 }
 
 impl<S: JobStore> Worker<S> {
@@ -99,6 +115,7 @@ impl<S: JobStore> Worker<S> {
             store,
             config,
             handlers: HashMap::new(),
+            holds: Mutex::default(),
         }
     }
 
@@ -119,7 +136,7 @@ impl<S: JobStore> Worker<S> {
             handler,
             KindOptions {
                 policy,
-                concurrency: None,
+                ..KindOptions::default()
             },
         )
     }
@@ -158,20 +175,28 @@ impl<S: JobStore> Worker<S> {
         &self.config
     }
 
-    /// Claims one batch of due jobs and runs it; returns how many jobs it ran.
+    /// The kinds held back (a poisoned lock still holds valid holds: each change is one
+    /// statement).
+    fn holds(&self) -> MutexGuard<'_, holds::Holds> {
+        self.holds.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// Claims one batch of due jobs and runs it; returns how many jobs it ran. Kinds this
+    /// worker holds back are not claimed (a paused kind's probe is, when due).
     pub async fn run_once(&self) -> Result<usize, OutboxError> {
         let mut flight = producer::InFlight::default();
+        let mut failure = None;
         for (group, (kinds, limit)) in self.claim_groups().iter().enumerate() {
-            let jobs = self
-                .store
-                .claim(&self.config.id, kinds, *limit, self.config.lease)
-                .await?;
+            let (jobs, claimed) = self.claim_kinds(kinds, *limit).await;
             for job in jobs {
                 flight.push(group, self.spawn(job));
             }
+            if let Err(error) = claimed {
+                failure = Some(error);
+                break;
+            }
         }
         let ran = flight.len();
-        let mut failure = None;
         while !flight.is_empty() {
             if let Err(error) = self.record_next(&mut flight).await {
                 failure.get_or_insert(error);

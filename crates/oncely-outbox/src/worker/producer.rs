@@ -13,6 +13,7 @@ use tokio_util::sync::CancellationToken;
 
 use super::Worker;
 use super::executor::Ran;
+use crate::job::Job;
 use crate::store::{JobStore, OutboxError};
 
 /// The claims one round makes, as `(kinds, limit)`: every unlimited kind together (up to the
@@ -117,25 +118,67 @@ impl<S: JobStore> Worker<S> {
             if free == 0 {
                 continue;
             }
-            match self
-                .store
-                .claim(&self.config.id, kinds, free, self.config.lease)
-                .await
-            {
-                Ok(jobs) => {
-                    free_slots |= (jobs.len() as u32) < free;
-                    for job in jobs {
-                        flight.push(group, self.spawn(job));
-                    }
-                }
-                Err(error) => {
-                    tracing::error!(%error, "outbox worker could not claim; retrying");
-                    free_slots = true;
-                    claim_failed = true;
-                }
+            let (jobs, claimed) = self.claim_kinds(kinds, free).await;
+            free_slots |= (jobs.len() as u32) < free;
+            for job in jobs {
+                flight.push(group, self.spawn(job));
+            }
+            if let Err(error) = claimed {
+                tracing::error!(%error, "outbox worker could not claim; retrying");
+                free_slots = true;
+                claim_failed = true;
             }
         }
         (free_slots, claim_failed)
+    }
+
+    /// Claims up to `free` due jobs of `kinds`, leaving out the kinds this worker holds back
+    /// (`holds.rs`): a throttled kind until its wait ends, a paused kind but for one probe job
+    /// when its probe is due. Returns the jobs claimed even when a later claim failed (they
+    /// must run), and the failure.
+    pub(super) async fn claim_kinds(
+        &self,
+        kinds: &[String],
+        mut free: u32,
+    ) -> (Vec<Job>, Result<(), OutboxError>) {
+        let claimable = self.holds().claimable(kinds, self.store.now());
+        let mut jobs = Vec::new();
+        let mut claimed = Ok(());
+        if !claimable.free.is_empty() {
+            match self
+                .store
+                .claim(&self.config.id, &claimable.free, free, self.config.lease)
+                .await
+            {
+                Ok(found) => {
+                    free = free.saturating_sub(found.len() as u32);
+                    jobs = found;
+                }
+                Err(error) => claimed = Err(error),
+            }
+        }
+        for kind in claimable.probes {
+            let probe = if free == 0 || claimed.is_err() {
+                Ok(Vec::new())
+            } else {
+                let kind = std::slice::from_ref(&kind);
+                self.store
+                    .claim(&self.config.id, kind, 1, self.config.lease)
+                    .await
+            };
+            match probe {
+                Ok(found) if !found.is_empty() => {
+                    free -= 1;
+                    jobs.extend(found);
+                }
+                Ok(_) => self.holds().no_probe(&kind),
+                Err(error) => {
+                    self.holds().no_probe(&kind);
+                    claimed = Err(error);
+                }
+            }
+        }
+        (jobs, claimed)
     }
 }
 

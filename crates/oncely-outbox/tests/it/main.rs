@@ -5,9 +5,11 @@
 mod classification;
 mod delivery;
 mod migrations;
+mod pausing;
 mod provider;
 mod recording;
 mod redrive;
 mod store_conformance;
 mod support;
+mod throttling;
 mod wakeups;

@@ -4,8 +4,9 @@
 use std::net::SocketAddr;
 use std::time::Duration;
 
-use clap::{Args, Parser, Subcommand, ValueEnum};
+use clap::{ArgGroup, Args, Parser, Subcommand, ValueEnum};
 use secrecy::SecretString;
+use time::OffsetDateTime;
 
 use crate::settings::{Environment, defaults};
 
@@ -114,10 +115,39 @@ pub enum OutboxCommand {
         #[allow(missing_docs)]
         database: DatabaseArgs,
     },
-    /// Re-drive a dead job: due now, fresh attempts, the same delivery key.
+    /// Re-drive dead jobs: one by its operation key (at once), or every dead job that matches
+    /// all of --kind, --since and --reason-like given (a dry run unless --yes). A re-driven job
+    /// is due now, with a fresh attempt budget and retry horizon and its same delivery key.
+    ///
+    /// The provider deduplicates that key only inside its window (about 24 h from the key's
+    /// first use): a job whose earlier attempt had an unknown outcome may have been delivered,
+    /// and re-driving it after that window may deliver a second copy. The dry run counts them.
+    #[command(group(
+        ArgGroup::new("which")
+            .required(true)
+            .multiple(true)
+            .args(["key", "kind", "since", "reason_like"])
+    ))]
     Retry {
-        /// The job's operation key.
-        key: String,
+        /// The job's operation key: re-drives that one job at once. Without it, the filters
+        /// choose (at least one).
+        #[arg(conflicts_with_all = ["kind", "since", "reason_like"])]
+        key: Option<String>,
+        /// Only dead jobs of this kind.
+        #[arg(long)]
+        kind: Option<String>,
+        /// Only jobs that died at or after this moment: an RFC 3339 time
+        /// (`2025-01-31T08:00:00Z`) or a duration ago (`2h`, `30m`, `1d`).
+        #[arg(long, value_parser = parse_since)]
+        since: Option<OffsetDateTime>,
+        /// Only jobs whose last error contains this text, ignoring case: a plain substring
+        /// (`401`, `invalid api key`), not a pattern (`%` and `_` are themselves).
+        #[arg(long)]
+        reason_like: Option<String>,
+        /// Re-drive the matching jobs. Without it: a dry run that prints how many match and a
+        /// sample of them, and changes nothing.
+        #[arg(long)]
+        yes: bool,
         #[command(flatten)]
         #[allow(missing_docs)]
         database: DatabaseArgs,
@@ -241,7 +271,8 @@ pub struct CommonArgs {
     #[arg(long, env = "ONCELY_LEASE", default_value = defaults::LEASE, value_parser = parse_duration)]
     pub lease: Duration,
 
-    /// First delay before an email is retried (doubling, with jitter, up to 10 minutes).
+    /// First delay before an email is retried (doubling, with jitter, up to an hour; up to 60
+    /// failed attempts within a 23 h horizon; throttled attempts spend none).
     #[arg(long, env = "ONCELY_RETRY_BASE", default_value = defaults::RETRY_BASE, value_parser = parse_duration)]
     pub retry_base: Duration,
 
@@ -394,4 +425,19 @@ pub(crate) fn parse_duration(s: &str) -> Result<Duration, String> {
         return Err("must be longer than zero".into());
     }
     Ok(d)
+}
+
+/// `--since`: an RFC 3339 time, or a duration before now (`2h`).
+pub(crate) fn parse_since(s: &str) -> Result<OffsetDateTime, String> {
+    use time::format_description::well_known::Rfc3339;
+    if let Ok(at) = OffsetDateTime::parse(s, &Rfc3339) {
+        return Ok(at);
+    }
+    let ago = humantime::parse_duration(s).map_err(|_| {
+        format!("{s:?} is neither an RFC 3339 time (2025-01-31T08:00:00Z) nor a duration ago (2h, 30m, 1d)")
+    })?;
+    time::Duration::try_from(ago)
+        .ok()
+        .and_then(|ago| OffsetDateTime::now_utc().checked_sub(ago))
+        .ok_or_else(|| format!("{s:?} is too long ago"))
 }

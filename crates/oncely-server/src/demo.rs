@@ -179,7 +179,10 @@ pub async fn run(intents: usize) -> anyhow::Result<Report> {
         .scalar("SELECT count(*) FROM oncely_outbox_attempts".into())
         .await?;
     report.failed_attempts = backend
-        .scalar("SELECT count(*) FROM oncely_outbox_attempts WHERE result = 'retry'".into())
+        .scalar(
+            "SELECT count(*) FROM oncely_outbox_attempts WHERE result IN ('retry', 'throttled')"
+                .into(),
+        )
         .await?;
     Ok(report)
 }

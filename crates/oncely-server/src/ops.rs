@@ -3,7 +3,7 @@
 use std::fmt::Write;
 
 use anyhow::bail;
-use oncely_outbox::store::JobFilter;
+use oncely_outbox::store::{DeadFilter, JobFilter, PROVIDER_DEDUPE_WINDOW};
 use oncely_outbox::{JobStatus, JobStore};
 
 use crate::accounts::{AccountError, Accounts};
@@ -98,17 +98,109 @@ async fn run_outbox_command<S: JobStore>(
                 )?;
             }
         }
-        OutboxCommand::Retry { key, .. } => {
+        OutboxCommand::Retry { key: Some(key), .. } => {
             if !jobs.redrive(&key).await? {
                 bail!("no dead job with operation key {key:?} (only dead jobs can be re-driven)");
             }
             writeln!(
                 out,
-                "re-driven: {key} is due now, with the same delivery key"
+                "re-driven: {key} is due now, with a fresh attempt budget and horizon and the \
+                 same delivery key"
             )?;
+        }
+        OutboxCommand::Retry {
+            key: None,
+            kind,
+            since,
+            reason_like,
+            yes,
+            ..
+        } => {
+            let filter = DeadFilter {
+                kind,
+                since,
+                reason_contains: reason_like,
+            };
+            redrive_dead(jobs, &filter, yes, &mut out).await?;
         }
     }
     Ok(out)
+}
+
+/// How many dead jobs a bulk re-drive's dry run shows.
+const DRY_RUN_SAMPLE: u32 = 10;
+
+/// `oncely outbox retry --kind … --since … --reason-like …`: without `yes` a dry run (how many
+/// match, a sample, how many the provider may no longer deduplicate), with it the re-drive.
+async fn redrive_dead<S: JobStore>(
+    jobs: &S,
+    filter: &DeadFilter,
+    yes: bool,
+    out: &mut String,
+) -> anyhow::Result<()> {
+    let which = describe(filter);
+    if yes {
+        let redriven = jobs.redrive_dead(filter).await?;
+        writeln!(
+            out,
+            "re-driven: {redriven} dead jobs ({which}) are due now, each with a fresh attempt \
+             budget and horizon and its own delivery key"
+        )?;
+        return Ok(());
+    }
+    let found = jobs
+        .dead_jobs(filter, DRY_RUN_SAMPLE, PROVIDER_DEDUPE_WINDOW)
+        .await?;
+    writeln!(
+        out,
+        "dry run: {} dead jobs match ({which}); nothing was changed",
+        found.matching
+    )?;
+    for job in &found.sample {
+        writeln!(
+            out,
+            "  {:<50}  {}",
+            job.operation_key,
+            job.last_error.as_deref().unwrap_or_default()
+        )?;
+    }
+    let more = found.matching - found.sample.len() as i64;
+    if more > 0 {
+        writeln!(out, "  … and {more} more")?;
+    }
+    let hours = PROVIDER_DEDUPE_WINDOW.as_secs() / 3600;
+    writeln!(
+        out,
+        "{} of them had an attempt with an unknown outcome (unknown, abandoned) more than {hours} h \
+         ago: it may have been delivered, and the provider no longer deduplicates its key, so \
+         re-driving it may deliver a second copy",
+        found.unknown_past_window
+    )?;
+    if found.matching > 0 {
+        writeln!(out, "to re-drive them, run the same command with --yes")?;
+    }
+    Ok(())
+}
+
+/// The filters of a bulk re-drive, in words.
+fn describe(filter: &DeadFilter) -> String {
+    let mut parts = Vec::new();
+    if let Some(kind) = &filter.kind {
+        parts.push(format!("kind {kind}"));
+    }
+    if let Some(since) = filter.since {
+        let since = since
+            .format(&time::format_description::well_known::Rfc3339)
+            .unwrap_or_else(|_| since.to_string());
+        parts.push(format!("dead since {since}"));
+    }
+    if let Some(reason) = &filter.reason_contains {
+        parts.push(format!("last error containing {reason:?}"));
+    }
+    if parts.is_empty() {
+        parts.push("every dead job".into());
+    }
+    parts.join(", ")
 }
 
 /// The name of a new tenant: a valid tenant id other than `default`.

@@ -9,7 +9,10 @@
 //!   - `oncely_idempotency_requests_total{route, outcome}` (created, replayed, in_progress,
 //!     mismatch, invalid, released, error);
 //!   - `oncely_outbox_pending`, `oncely_outbox_oldest_pending_seconds` (read at scrape time);
-//!   - `oncely_outbox_attempts_total{kind, result}` (sent, retry, unknown, dead, expired, skipped);
+//!   - `oncely_outbox_attempts_total{kind, result}` (sent, retry, unknown, dead, expired, skipped,
+//!     throttled, paused);
+//!   - `oncely_outbox_kind_paused{kind}` (1 while a worker holds the kind paused: the provider
+//!     refused our credentials), `oncely_outbox_refusals_total{kind}`;
 //!   - `oncely_emails_suppressed_total{limit}`;
 //!   - `oncely_pruned_rows_total{table}`.
 

@@ -10,7 +10,7 @@ use oncely_server::settings::Settings;
 use oncely_testdb::TestDb;
 use serde_json::json;
 
-use crate::support::{SECRET, both_databases, spawn_app_with_inbox, start_inbox};
+use crate::support::{SECRET, both_databases, execute, spawn_app_with_inbox, start_inbox};
 
 async fn oncely(args: &[&str]) -> (bool, String) {
     let output = tokio::process::Command::new(env!("CARGO_BIN_EXE_oncely"))
@@ -90,6 +90,136 @@ async fn a_dead_job_is_listed_with_its_reason_shown_with_its_attempts_and_redriv
     assert!(!ok && again.contains("only dead jobs"), "{again}");
     // The in-process worker finds the re-driven job at its next poll and delivers it.
     assert_eq!(app.emails_to("bounce@example.com", 1).await.len(), 1);
+}
+
+both_databases!(dead_jobs_are_redriven_in_bulk_after_a_dry_run_each_with_its_delivery_key);
+
+/// The delivery key `oncely outbox show` prints for `key`.
+async fn delivery_key(url: &str, key: &str) -> String {
+    let (ok, shown) = oncely(&["outbox", "show", key, "--database-url", url]).await;
+    assert!(ok, "{shown}");
+    let record: serde_json::Value = serde_json::from_str(shown.split("attempts:").next().unwrap())
+        .unwrap_or_else(|e| panic!("{e}: {shown}"));
+    record["delivery_key"].as_str().unwrap().to_owned()
+}
+
+/// Issue 14, items 2 and 8: `oncely outbox retry --kind --since --reason-like` counts first
+/// (changing nothing) and warns about keys the provider no longer deduplicates; with `--yes`
+/// it re-drives exactly the matching dead jobs, each with its delivery key.
+async fn dead_jobs_are_redriven_in_bulk_after_a_dry_run_each_with_its_delivery_key(
+    url: String,
+    _db: TestDb,
+) {
+    let (inbox, running) = start_inbox(Faults {
+        reject_next: 3,
+        rejection: Rejection::Permanent,
+        ..Faults::default()
+    })
+    .await;
+    let app = spawn_app_with_inbox(&url, inbox, running, |_| {}).await;
+    for i in 0..3 {
+        let email = format!("bulk{i}@example.com");
+        app.post("/v1/signup", &format!("s{i}"), &json!({ "email": email }))
+            .await;
+    }
+    let dead = "SELECT count(*) FROM oncely_outbox WHERE status = 'dead'";
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while app.count(dead).await < 3 && Instant::now() < deadline {
+        tokio::time::sleep(Duration::from_millis(25)).await;
+    }
+    assert_eq!(app.count(dead).await, 3);
+    let (ok, listed) = oncely(&["outbox", "dead", "--database-url", &url]).await;
+    assert!(ok, "{listed}");
+    let keys: Vec<String> = listed
+        .lines()
+        .skip(1)
+        .map(|line| line.split_whitespace().nth(4).unwrap().to_owned())
+        .collect();
+    assert_eq!(keys.len(), 3, "{listed}");
+    let mut delivery_keys = Vec::new();
+    for key in &keys {
+        delivery_keys.push(delivery_key(&url, key).await);
+    }
+    // One of them had lost an answer more than a day ago: the provider forgot its key.
+    let ago = if url.starts_with("postgres") {
+        "now() - interval '25 hours'"
+    } else {
+        "(CAST(strftime('%s', 'now') AS INTEGER) - 25 * 3600) * 1000"
+    };
+    execute(
+        &url,
+        &format!(
+            "UPDATE oncely_outbox_attempts SET result = 'unknown', finished_at = {ago}
+              WHERE job_id = (SELECT id FROM oncely_outbox WHERE operation_key = '{}')",
+            keys[0]
+        ),
+    )
+    .await;
+
+    let (ok, none) = oncely(&["outbox", "retry", "--database-url", &url]).await;
+    assert!(
+        !ok && none.contains("--kind"),
+        "a filter is required: {none}"
+    );
+    let filters = [
+        "--kind",
+        "email.verification",
+        "--since",
+        "1h",
+        "--reason-like",
+        "REJECTED",
+    ];
+    let retry = |extra: &[&str]| {
+        let mut args = vec!["outbox", "retry", "--database-url", url.as_str()];
+        args.extend_from_slice(extra);
+        args.into_iter().map(str::to_owned).collect::<Vec<_>>()
+    };
+    let run = |args: Vec<String>| async move {
+        let args: Vec<&str> = args.iter().map(String::as_str).collect();
+        oncely(&args).await
+    };
+    let (ok, dry) = run(retry(&filters)).await;
+    assert!(ok, "{dry}");
+    assert!(dry.contains("dry run: 3 dead jobs match"), "{dry}");
+    assert!(
+        keys.iter().all(|key| dry.contains(key.as_str())),
+        "a sample: {dry}"
+    );
+    assert!(dry.contains("550"), "with their reasons: {dry}");
+    assert!(
+        dry.contains("1 of them had an attempt with an unknown outcome"),
+        "{dry}"
+    );
+    assert!(dry.contains("--yes"), "{dry}");
+    assert_eq!(app.count(dead).await, 3, "a dry run changes nothing");
+    let (ok, other) = run(retry(&["--reason-like", "401"])).await;
+    assert!(
+        ok && other.contains("dry run: 0 dead jobs match"),
+        "{other}"
+    );
+    let (ok, later) = run(retry(&["--since", "2999-01-01T00:00:00Z"])).await;
+    assert!(
+        ok && later.contains("dry run: 0 dead jobs match"),
+        "{later}"
+    );
+    let (ok, bad) = run(retry(&["--since", "last tuesday"])).await;
+    assert!(!ok && bad.contains("RFC 3339"), "{bad}");
+
+    let mut with_yes = filters.to_vec();
+    with_yes.push("--yes");
+    let (ok, done) = run(retry(&with_yes)).await;
+    assert!(ok && done.contains("re-driven: 3 dead jobs"), "{done}");
+    for i in 0..3 {
+        let email = format!("bulk{i}@example.com");
+        assert_eq!(app.emails_to(&email, 1).await.len(), 1, "{email}");
+    }
+    for (key, before) in keys.iter().zip(&delivery_keys) {
+        assert_eq!(
+            &delivery_key(&url, key).await,
+            before,
+            "{key} keeps its key"
+        );
+    }
 }
 
 #[tokio::test]

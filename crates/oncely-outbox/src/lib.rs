@@ -12,8 +12,11 @@
 //!    lease, runs the [`Handler`] of each job's kind *outside* any transaction, and records the
 //!    attempt. `sent_at` is set only after the handler reports the effect happened.
 //! 3. Failures retry with exponential backoff and jitter ([`RetryPolicy`]) up to a maximum
-//!    number of attempts and a horizon; then the job is dead, with its reason. A crashed
-//!    worker's jobs come back when their lease ends.
+//!    number of attempts and a horizon; then the job is dead, with its reason. A throttling
+//!    provider ([`Delivery::Throttled`]) is waited for without spending an attempt, and the
+//!    worker holds the kind until its `Retry-After`; a provider that refuses our credentials
+//!    ([`Delivery::Refused`]) pauses the kind, with one probe job per interval, until it
+//!    accepts again. A crashed worker's jobs come back when their lease ends.
 //!
 //! Handlers get [`Job::delivery_key`]: stable for the job, to forward to providers that
 //! deduplicate (an email API's `Idempotency-Key`, SMTP `Message-ID`). An *unknown* outcome

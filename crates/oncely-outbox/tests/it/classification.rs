@@ -182,15 +182,21 @@ async fn a_refusal_that_echoes_the_api_key_is_recorded_without_it() {
 }
 
 /// Issue 14, items 1 and 2, over SMTP: 421/450/451 are throttling (no Retry-After: the
-/// backoff applies), 452 a plain retry; 530/535 a refusal of our credentials. Before, the 4xx
-/// were all plain retries and 530/535 permanent.
+/// backoff applies), 452 a plain retry; 530/534/535/538, and no authentication mechanism in
+/// common, a refusal of our credentials or configuration. Before, the 4xx were all plain
+/// retries and the 5xx permanent.
 #[tokio::test]
 async fn an_smtp_server_s_throttling_and_refusals_are_told_apart_from_failures() {
     use crate::provider::smtp_answering;
-    let cases: [(&str, &str, Delivery); 8] = [
+    let (retry, refused) = (
+        Delivery::Retry(String::new()),
+        Delivery::Refused(String::new()),
+    );
+    let permanent = Delivery::Permanent(String::new());
+    let cases = [
         (
             "MAIL",
-            "421 4.7.0 Try again later, closing connection",
+            "421 4.7.0 Try later, closing connection",
             throttled(None),
         ),
         (
@@ -199,31 +205,15 @@ async fn an_smtp_server_s_throttling_and_refusals_are_told_apart_from_failures()
             throttled(None),
         ),
         ("RCPT", "451 4.7.1 Rate limited", throttled(None)),
-        (
-            "RCPT",
-            "452 4.3.1 Insufficient system storage",
-            Delivery::Retry(String::new()),
-        ),
-        (
-            "MAIL",
-            "530 5.7.0 Authentication required",
-            Delivery::Refused(String::new()),
-        ),
-        (
-            "AUTH",
-            "535 5.7.8 Username and Password not accepted",
-            Delivery::Refused(String::new()),
-        ),
-        (
-            "RCPT",
-            "550 5.1.1 No such user",
-            Delivery::Permanent(String::new()),
-        ),
-        (
-            "DATA",
-            "554 5.6.0 Message rejected",
-            Delivery::Permanent(String::new()),
-        ),
+        ("RCPT", "452 4.3.1 Insufficient system storage", retry),
+        ("MAIL", "530 5.7.0 Authentication required", refused.clone()),
+        ("AUTH", "534 5.7.9 Mechanism too weak", refused.clone()),
+        ("AUTH", "535 5.7.8 Credentials invalid", refused.clone()),
+        ("AUTH", "538 5.7.11 Encryption required", refused.clone()),
+        // The server offers no AUTH: lettre finds no mechanism for our credentials.
+        ("EHLO", "250 fake", refused),
+        ("RCPT", "550 5.1.1 No such user", permanent.clone()),
+        ("DATA", "554 5.6.0 Message rejected", permanent),
     ];
     for (verb, reply, expected) in cases {
         let addr = smtp_answering(verb, reply).await;

@@ -1,7 +1,9 @@
 //! Calling an HTTP API from a job with the job's key as `Idempotency-Key`, and reading the
 //! outcome the way every such API needs: 2xx done; 3xx (never followed), 408/409/429/5xx and
-//! connection failures retried; other 4xx permanent; a timeout or a broken connection after sending *unknown*
-//! (retried with the same key, which a deduplicating API turns into one effect).
+//! connection failures retried, except a 409 that says the key was used with another payload
+//! (Resend's `invalid_idempotent_request`: it can never succeed under this key); other 4xx
+//! permanent; a timeout or a broken connection after sending *unknown* (retried with the same
+//! key, which a deduplicating API turns into one effect).
 
 use secrecy::{ExposeSecret, SecretString};
 use serde_json::Value;
@@ -17,7 +19,19 @@ pub async fn post_json(
     body: &Value,
     bearer: Option<&SecretString>,
 ) -> Result<Value, Delivery> {
-    let mut request = client.post(url).header("Idempotency-Key", key).json(body);
+    post_json_keyed(client, url, "Idempotency-Key", key, body, bearer).await
+}
+
+/// [`post_json`] with the key in the header `header` (an API that reads another name).
+pub async fn post_json_keyed(
+    client: &reqwest::Client,
+    url: &str,
+    header: &str,
+    key: &str,
+    body: &Value,
+    bearer: Option<&SecretString>,
+) -> Result<Value, Delivery> {
+    let mut request = client.post(url).header(header, key).json(body);
     if let Some(token) = bearer {
         request = request.bearer_auth(token.expose_secret());
     }
@@ -37,10 +51,22 @@ pub async fn post_json(
         text.chars().take(200).collect::<String>()
     );
     Err(match status.as_u16() {
+        409 if key_used_with_another_payload(&text) => Delivery::Permanent(format!(
+            "the provider refuses this key with another payload, so no retry under it can \
+             succeed: {error}"
+        )),
         408 | 409 | 429 => Delivery::Retry(error),
         400..=499 => Delivery::Permanent(error),
         _ => Delivery::Retry(error),
     })
+}
+
+/// Whether a 409's body says the key was used before with another payload — Resend's
+/// `{"name": "invalid_idempotent_request"}` — rather than that a request with the key is still
+/// running (`concurrent_idempotent_requests`, or any other conflict: worth a retry).
+fn key_used_with_another_payload(body: &str) -> bool {
+    serde_json::from_str::<Value>(body)
+        .is_ok_and(|answer| answer["name"] == "invalid_idempotent_request")
 }
 
 /// A client with `timeout` on connecting and on the whole request (TLS via rustls and ring)

@@ -127,6 +127,7 @@ mod tests {
             created_at: now - age,
             not_after: None,
             lease_token: uuid::Uuid::nil(),
+            frozen: None,
         }
     }
 

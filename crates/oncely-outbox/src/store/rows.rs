@@ -58,6 +58,8 @@ pub(crate) struct JobRow<T> {
     attempts: i32,
     created_at: T,
     not_after: Option<T>,
+    #[sqlx(json(nullable))]
+    frozen: Option<Value>,
 }
 
 impl<T: Moment> JobRow<T> {
@@ -73,6 +75,7 @@ impl<T: Moment> JobRow<T> {
             created_at: self.created_at.into_time(),
             not_after: self.not_after.map(Moment::into_time),
             lease_token,
+            frozen: self.frozen,
         }
     }
 }

@@ -51,7 +51,8 @@ impl super::Statements for Sqlite {
                AND kind IN (SELECT value FROM json_each(?4))
              ORDER BY run_after, id
              LIMIT ?5)
-        RETURNING id, operation_key, kind, payload, delivery_key, attempts, created_at, not_after;
+        RETURNING id, operation_key, kind, payload, delivery_key, attempts, created_at, not_after,
+                  frozen;
         UPDATE oncely_outbox_attempts
            SET finished_at = ?1, result = 'abandoned',
                error = 'the worker''s lease ended before the attempt finished'

@@ -78,6 +78,11 @@ pub(crate) async fn audit(
         ("rejected".into(), stats.rejected),
         ("dropped_after_accept".into(), stats.dropped),
         ("deduplicated".into(), stats.deduplicated),
+        // Another payload under a seen key (409 invalid_idempotent_request): must stay 0.
+        ("mismatched".into(), stats.mismatched),
+        ("concurrent".into(), stats.concurrent),
+        ("throttled".into(), stats.throttled),
+        ("unauthorized".into(), stats.unauthorized),
     ]);
 
     // Leaks: addresses and tokens in log lines; tokens anywhere in the database; addresses in

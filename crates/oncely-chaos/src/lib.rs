@@ -138,8 +138,8 @@ pub struct Report {
 }
 
 impl Report {
-    /// Whether the run kept the promise: nothing lost, nothing unanswered, no leaks; and in
-    /// provider mode no duplicates.
+    /// Whether the run kept the promise: nothing lost, nothing unanswered, no leaks, never
+    /// another payload under a key; and in provider mode no duplicates.
     pub fn passed(&self) -> bool {
         self.lost == 0
             && self.users_missing == 0
@@ -151,6 +151,8 @@ impl Report {
             && self.tokens_in_database == 0
             && self.addresses_in_key_table == 0
             && (self.delivery != Some(Delivery::Provider) || self.duplicates == 0)
+            // One key, one payload: the provider never saw another payload under a key.
+            && self.inbox.get("mismatched").copied().unwrap_or(0) == 0
     }
 }
 

@@ -1,7 +1,8 @@
 //! The HTTP side: a Resend-compatible intake and the read/fault API.
 
+use axum::body::Bytes;
 use axum::extract::{Path, Query, State};
-use axum::http::{HeaderMap, StatusCode};
+use axum::http::{HeaderMap, StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use axum::{Json, Router};
@@ -17,8 +18,8 @@ pub fn router(inbox: Inbox) -> Router {
         .route("/", get(crate::page::list))
         .route("/view/{id}", get(crate::page::view))
         .route("/emails", post(send_email))
-        .route("/messages", get(list).delete(clear))
-        .route("/messages/{id}", get(one))
+        .route("/messages", get(list).delete(delete))
+        .route("/messages/{id}", get(one).delete(delete_one))
         .route("/stats", get(stats))
         .route("/faults", get(faults).put(set_faults))
         .with_state(inbox)
@@ -45,13 +46,20 @@ enum OneOrMany {
     Many(Vec<String>),
 }
 
+/// A Resend-style error answer: `{"statusCode", "name", "message"}`.
+fn error(status: StatusCode, name: &str, message: &str) -> Response {
+    let body = json!({ "statusCode": status.as_u16(), "name": name, "message": message });
+    (status, Json(body)).into_response()
+}
+
 async fn send_email(
     State(inbox): State<Inbox>,
     headers: HeaderMap,
     Json(body): Json<SendEmail>,
 ) -> Response {
+    // Only the header this intake is configured to read (Resend's API: `Idempotency-Key`).
     let key = headers
-        .get("idempotency-key")
+        .get(inbox.idempotency_header(Intake::Http).to_ascii_lowercase())
         .and_then(|v| v.to_str().ok())
         .map(str::to_owned);
     let message = Message {
@@ -69,8 +77,7 @@ async fn send_email(
         message_id: body.headers.get("Message-ID").cloned(),
         idempotency_key: key,
     };
-    tokio::time::sleep(inbox.delay()).await;
-    match inbox.receive(message) {
+    match inbox.attempt(message).await {
         Verdict::Accepted(id) => Json(json!({ "id": id })).into_response(),
         Verdict::AcceptedThenDrop(_) => {
             // Kept, but the client gets no answer: stall until it gives up (its timeout), the
@@ -78,16 +85,35 @@ async fn send_email(
             tokio::time::sleep(std::time::Duration::from_secs(3600)).await;
             StatusCode::GATEWAY_TIMEOUT.into_response()
         }
-        Verdict::Rejected(Rejection::Temporary) => (
+        Verdict::Rejected(Rejection::Temporary) => error(
             StatusCode::SERVICE_UNAVAILABLE,
-            Json(json!({ "name": "injected_temporary_failure" })),
-        )
-            .into_response(),
-        Verdict::Rejected(Rejection::Permanent) => (
+            "injected_temporary_failure",
+            "Temporary failure (injected).",
+        ),
+        Verdict::Rejected(Rejection::Permanent) => error(
             StatusCode::UNPROCESSABLE_ENTITY,
-            Json(json!({ "name": "injected_permanent_failure" })),
-        )
-            .into_response(),
+            "injected_permanent_failure",
+            "Rejected (injected).",
+        ),
+        Verdict::Throttled(seconds) => {
+            let mut answer = error(
+                StatusCode::TOO_MANY_REQUESTS,
+                "rate_limit_exceeded",
+                "Too many requests (injected).",
+            );
+            answer
+                .headers_mut()
+                .insert(header::RETRY_AFTER, seconds.into());
+            answer
+        }
+        Verdict::Unauthorized => error(
+            StatusCode::UNAUTHORIZED,
+            "invalid_api_key",
+            "API key is invalid (injected).",
+        ),
+        Verdict::Conflict(conflict) => {
+            error(StatusCode::CONFLICT, conflict.name(), conflict.message())
+        }
     }
 }
 
@@ -107,9 +133,42 @@ async fn one(State(inbox): State<Inbox>, Path(id): Path<String>) -> Response {
     }
 }
 
-async fn clear(State(inbox): State<Inbox>) -> StatusCode {
-    inbox.clear();
-    StatusCode::NO_CONTENT
+/// `DELETE /messages`'s body, as Mailpit takes it.
+#[derive(Debug, Deserialize)]
+struct DeleteIds {
+    #[serde(rename = "IDs", default)]
+    ids: Vec<String>,
+}
+
+/// `DELETE /messages`: without a body (or with no IDs) everything, counters and seen keys
+/// included; with `{"IDs": [...]}` those messages only (unknown ids are ignored).
+async fn delete(State(inbox): State<Inbox>, body: Bytes) -> Response {
+    let ids = if body.iter().all(u8::is_ascii_whitespace) {
+        Vec::new()
+    } else {
+        match serde_json::from_slice::<DeleteIds>(&body) {
+            Ok(body) => body.ids,
+            Err(e) => {
+                let why = format!("expected {{\"IDs\": [\"<id>\", ...]}}: {e}");
+                return (StatusCode::BAD_REQUEST, why).into_response();
+            }
+        }
+    };
+    if ids.is_empty() {
+        inbox.clear();
+    } else {
+        inbox.delete(&ids);
+    }
+    StatusCode::NO_CONTENT.into_response()
+}
+
+/// `DELETE /messages/{id}`: 204, or 404 if there is no such message.
+async fn delete_one(State(inbox): State<Inbox>, Path(id): Path<String>) -> StatusCode {
+    if inbox.delete(&[id]) == 1 {
+        StatusCode::NO_CONTENT
+    } else {
+        StatusCode::NOT_FOUND
+    }
 }
 
 async fn stats(State(inbox): State<Inbox>) -> Json<crate::Stats> {

@@ -1,16 +1,26 @@
 //! A test inbox that plays the outside world: an SMTP server and a Resend-compatible HTTP API
-//! that keep every message they receive, and fail on demand.
+//! that keep the messages they receive, and fail on demand.
 //!
-//! - [`Inbox`]: the shared store of received messages, the [`Faults`] to inject, the [`Stats`].
+//! - [`Inbox`]: the shared store of received messages (bounded: [`Retention`]), the [`Faults`]
+//!   to inject, the [`Stats`], its [`Config`] and [`Clock`].
 //! - [`smtp`]: the SMTP intake (enough of RFC 5321 for real clients such as lettre).
-//! - [`http`]: `POST /emails` (Resend-compatible, honours `Idempotency-Key`), and the read API:
-//!   `GET /messages?to=`, `GET /messages/{id}`, `DELETE /messages`, `GET /stats`, `PUT /faults`.
+//! - [`http`]: `POST /emails` (Resend-compatible), and the read API: `GET /messages?to=`,
+//!   `GET /messages/{id}`, `DELETE /messages` (all, or `{"IDs": [...]}` as Mailpit takes
+//!   them), `DELETE /messages/{id}`, `GET /stats`, `GET`/`PUT /faults`.
 //! - [`page`]: the same as pages for a person (`GET /`, `GET /view/{id}`), links clickable.
 //!
 //! Every copy is kept: a message delivered twice shows twice, and [`Stats::duplicates`] counts
-//! it. In *provider mode* ([`Faults::dedupe_window`]) the inbox behaves like a real provider
-//! instead: a second message with the same idempotency key inside the window is acknowledged
-//! but not delivered again ([`Stats::deduplicated`]).
+//! it. In *provider mode* ([`Faults::dedupe_window_ms`]) the inbox behaves like a real provider
+//! (Resend) instead, keyed by the one idempotency header the intake reads
+//! ([`Config::http_idempotency_header`], [`Config::smtp_idempotency_header`]): a repeat of a key
+//! inside the window with the same message is acknowledged but not delivered again
+//! ([`Stats::deduplicated`]); with another message it is refused (409
+//! `invalid_idempotent_request`), and so is a request whose key is still being answered in
+//! another one (409 `concurrent_idempotent_requests`); see [`Conflict`].
+//!
+//! Messages are indexed by id, recipient and key; the oldest go when there are more than
+//! [`Retention::max_messages`] or they are older than [`Retention::max_age`], and provider
+//! mode forgets a key when its window ends.
 //!
 //! ```no_run
 //! # async fn demo() -> std::io::Result<()> {
@@ -23,17 +33,31 @@
 #![deny(unsafe_code)]
 #![warn(missing_docs, unreachable_pub)]
 
+mod clock;
+mod faults;
 pub mod http;
+mod messages;
 pub mod page;
 pub mod smtp;
 
-use std::collections::HashMap;
+use std::collections::HashSet;
 use std::net::SocketAddr;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use serde::{Deserialize, Serialize};
 use time::OffsetDateTime;
+
+pub use clock::Clock;
+pub use faults::{Conflict, Faults, Rejection};
+pub use messages::Retention;
+use messages::{Messages, SeenKeys, fingerprint};
+
+/// The idempotency header the HTTP intake reads by default (Resend's API, and most APIs).
+pub const HTTP_IDEMPOTENCY_HEADER: &str = "Idempotency-Key";
+
+/// The idempotency header the SMTP intake reads by default (Resend's SMTP service).
+pub const SMTP_IDEMPOTENCY_HEADER: &str = "Resend-Idempotency-Key";
 
 /// How a message reached the inbox.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
@@ -67,68 +91,62 @@ pub struct Message {
     pub html: Option<String>,
     /// `Message-ID`, if any.
     pub message_id: Option<String>,
-    /// The sender's idempotency key (`Idempotency-Key` header, HTTP or SMTP), if any.
+    /// The sender's idempotency key: the value of the one header its intake reads
+    /// ([`Config`]), if it was sent.
     pub idempotency_key: Option<String>,
 }
 
-/// What a rejected attempt looks like.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
-#[serde(rename_all = "lowercase")]
-pub enum Rejection {
-    /// SMTP 451, HTTP 503: try again later.
-    #[default]
-    Temporary,
-    /// SMTP 550, HTTP 422: never.
-    Permanent,
+/// How an inbox is set up.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Config {
+    /// How much it keeps.
+    pub retention: Retention,
+    /// The header the HTTP intake reads the idempotency key from ([`HTTP_IDEMPOTENCY_HEADER`]).
+    pub http_idempotency_header: String,
+    /// The header the SMTP intake reads the idempotency key from ([`SMTP_IDEMPOTENCY_HEADER`]).
+    /// Only this one: a sender that sends another (or none) is not deduplicated.
+    pub smtp_idempotency_header: String,
 }
 
-/// Faults to inject. Counters are consumed by the attempts that meet them.
-#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(default)]
-pub struct Faults {
-    /// Reject this many of the next attempts.
-    pub reject_next: u32,
-    /// How to reject them.
-    pub rejection: Rejection,
-    /// Wait this long (milliseconds) before answering each attempt.
-    pub delay_ms: u64,
-    /// For this many of the next accepted messages: keep the message, then drop the connection
-    /// before answering (the sender cannot know it was accepted).
-    pub drop_after_accept: u32,
-    /// Provider mode: acknowledge, but do not deliver again, a message whose idempotency key was
-    /// seen within this many milliseconds.
-    pub dedupe_window_ms: Option<u64>,
-}
-
-impl Faults {
-    /// Provider mode with a 24-hour window, like real email APIs.
-    pub fn provider() -> Self {
+impl Default for Config {
+    fn default() -> Self {
         Self {
-            dedupe_window_ms: Some(24 * 60 * 60 * 1000),
-            ..Self::default()
+            retention: Retention::default(),
+            http_idempotency_header: HTTP_IDEMPOTENCY_HEADER.to_owned(),
+            smtp_idempotency_header: SMTP_IDEMPOTENCY_HEADER.to_owned(),
         }
     }
-
-    fn dedupe_window(&self) -> Option<Duration> {
-        self.dedupe_window_ms.map(Duration::from_millis)
-    }
 }
 
-/// Counters since start (or the last `DELETE /messages`).
+/// Counters since start (or the last `DELETE /messages` of everything).
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Stats {
     /// Delivery attempts that reached the end of a message.
     pub attempts: u64,
-    /// Copies kept (what `GET /messages` lists).
+    /// Copies delivered (kept when they came; retention and deletes may remove them since).
     pub delivered: u64,
-    /// Kept copies whose idempotency key (or Message-ID) an earlier kept copy already had.
+    /// Copies kept now (what `GET /messages` lists).
+    pub kept: u64,
+    /// Delivered copies whose idempotency key (or Message-ID) a kept copy already had.
     pub duplicates: u64,
     /// Provider mode: attempts acknowledged without a new copy.
     pub deduplicated: u64,
+    /// Provider mode: attempts refused because their key came with another message (409
+    /// `invalid_idempotent_request`).
+    pub mismatched: u64,
+    /// Provider mode: attempts refused because another request with their key was still being
+    /// answered (409 `concurrent_idempotent_requests`).
+    pub concurrent: u64,
     /// Attempts rejected by an injected fault.
     pub rejected: u64,
+    /// Attempts throttled by an injected fault.
+    pub throttled: u64,
+    /// Attempts whose credentials an injected fault refused.
+    pub unauthorized: u64,
     /// Accepted messages whose connection was dropped before the answer.
     pub dropped: u64,
+    /// Copies removed by the retention bound (count or age).
+    pub evicted: u64,
 }
 
 /// The answer the inbox gives one delivery attempt.
@@ -140,21 +158,98 @@ pub enum Verdict {
     AcceptedThenDrop(String),
     /// Rejected by an injected fault.
     Rejected(Rejection),
+    /// Throttled by an injected fault: try again after this many seconds.
+    Throttled(u64),
+    /// The credentials refused by an injected fault.
+    Unauthorized,
+    /// Provider mode refused the key.
+    Conflict(Conflict),
 }
 
-#[derive(Default)]
 struct State {
-    messages: Vec<Message>,
+    config: Config,
+    clock: Clock,
+    messages: Messages,
     faults: Faults,
+    /// When refused credentials end ([`Faults::unauthorized_for_ms`]).
+    unauthorized_until: Option<OffsetDateTime>,
+    /// Attempts that met [`Faults::throttle_every`].
+    throttle_count: u64,
     stats: Stats,
-    /// Idempotency key → (first message id, when), for provider mode.
-    seen: HashMap<String, (String, Instant)>,
+    /// Provider mode: the keys seen within the window.
+    seen: SeenKeys,
+    /// Provider mode: the keys of requests being answered now.
+    in_flight: HashSet<String>,
+}
+
+impl State {
+    fn new(config: Config) -> Self {
+        Self {
+            config,
+            clock: Clock::system(),
+            messages: Messages::default(),
+            faults: Faults::default(),
+            unauthorized_until: None,
+            throttle_count: 0,
+            stats: Stats::default(),
+            seen: SeenKeys::default(),
+            in_flight: HashSet::new(),
+        }
+    }
+
+    /// Applies the retention bound and forgets keys whose window ended.
+    fn expire(&mut self, now: OffsetDateTime) {
+        self.stats.evicted += self.messages.evict(&self.config.retention, now);
+        if let Some(window) = self.faults.dedupe_window() {
+            self.seen.expire(window, now);
+        }
+    }
+
+    /// The injected fault this attempt meets before its message is looked at, if any.
+    fn refusal(&mut self, now: OffsetDateTime) -> Option<Verdict> {
+        let faults = &mut self.faults;
+        if faults.unauthorized_next > 0 {
+            faults.unauthorized_next -= 1;
+            self.stats.unauthorized += 1;
+            return Some(Verdict::Unauthorized);
+        }
+        if self.unauthorized_until.is_some_and(|end| now < end) {
+            self.stats.unauthorized += 1;
+            return Some(Verdict::Unauthorized);
+        }
+        let throttled = if faults.throttle_next > 0 {
+            faults.throttle_next -= 1;
+            true
+        } else if faults.throttle_every > 0 {
+            self.throttle_count += 1;
+            self.throttle_count
+                .is_multiple_of(u64::from(faults.throttle_every))
+        } else {
+            false
+        };
+        if throttled {
+            self.stats.throttled += 1;
+            return Some(Verdict::Throttled(faults.retry_after_s));
+        }
+        if faults.reject_next > 0 {
+            faults.reject_next -= 1;
+            self.stats.rejected += 1;
+            return Some(Verdict::Rejected(faults.rejection));
+        }
+        None
+    }
 }
 
 /// The inbox: cheap to clone, shared by its SMTP and HTTP intakes and by tests.
-#[derive(Clone, Default)]
+#[derive(Clone)]
 pub struct Inbox {
     state: Arc<Mutex<State>>,
+}
+
+impl Default for Inbox {
+    fn default() -> Self {
+        Self::with_config(Config::default())
+    }
 }
 
 /// A started inbox: where it listens.
@@ -166,10 +261,35 @@ pub struct Running {
     pub http_addr: SocketAddr,
 }
 
+/// A request being answered in provider mode: its key counts as in flight until it is dropped.
+struct InFlight {
+    inbox: Inbox,
+    key: String,
+}
+
+impl Drop for InFlight {
+    fn drop(&mut self) {
+        self.inbox.lock().in_flight.remove(&self.key);
+    }
+}
+
 impl Inbox {
-    /// An empty inbox with no faults.
+    /// An empty inbox with no faults and the default [`Config`].
     pub fn new() -> Self {
         Self::default()
+    }
+
+    /// An empty inbox with no faults, set up as `config` says.
+    pub fn with_config(config: Config) -> Self {
+        Self {
+            state: Arc::new(Mutex::new(State::new(config))),
+        }
+    }
+
+    /// Reads the time from `clock` (tests: [`Clock::manual`]) instead of the system's.
+    pub fn with_clock(self, clock: Clock) -> Self {
+        self.lock().clock = clock;
+        self
     }
 
     /// Starts the SMTP and HTTP listeners (port 0 picks free ports); they run until the runtime
@@ -193,21 +313,57 @@ impl Inbox {
 
     /// An inbox with `faults`, listening on free loopback ports (tests, the dev inbox, demos).
     pub async fn start_local(faults: Faults) -> std::io::Result<(Self, Running)> {
-        let inbox = Self::new();
-        inbox.set_faults(faults);
+        Self::with_config(Config::default())
+            .start_local_with(faults)
+            .await
+    }
+
+    /// This inbox with `faults`, listening on free loopback ports.
+    pub async fn start_local_with(self, faults: Faults) -> std::io::Result<(Self, Running)> {
+        self.set_faults(faults);
         let loopback = SocketAddr::from(([127, 0, 0, 1], 0));
-        let running = inbox.start(loopback, loopback).await?;
-        Ok((inbox, running))
+        let running = self.start(loopback, loopback).await?;
+        Ok((self, running))
     }
 
-    /// Replaces the faults.
+    /// How it is set up.
+    pub fn config(&self) -> Config {
+        self.lock().config.clone()
+    }
+
+    /// The header `intake` reads the idempotency key from.
+    pub fn idempotency_header(&self, intake: Intake) -> String {
+        let state = self.lock();
+        match intake {
+            Intake::Http => state.config.http_idempotency_header.clone(),
+            Intake::Smtp => state.config.smtp_idempotency_header.clone(),
+        }
+    }
+
+    /// Replaces the faults. A period of refused credentials starts now.
     pub fn set_faults(&self, faults: Faults) {
-        self.lock().faults = faults;
+        let mut state = self.lock();
+        let now = state.clock.now();
+        state.unauthorized_until = (faults.unauthorized_for_ms > 0)
+            .then(|| now + Duration::from_millis(faults.unauthorized_for_ms));
+        if faults.dedupe_window_ms.is_none() {
+            state.seen.clear();
+        }
+        state.faults = faults;
     }
 
-    /// The faults now in force.
+    /// The faults now in force (counters as consumed so far; what remains of a period of
+    /// refused credentials, rounded up to the millisecond).
     pub fn faults(&self) -> Faults {
-        self.lock().faults.clone()
+        let state = self.lock();
+        let now = state.clock.now();
+        let remaining = state.unauthorized_until.map_or(0, |end| {
+            u64::try_from((end - now).whole_microseconds()).unwrap_or(0)
+        });
+        Faults {
+            unauthorized_for_ms: remaining.div_ceil(1000),
+            ..state.faults.clone()
+        }
     }
 
     /// The delay to apply before answering an attempt.
@@ -215,20 +371,29 @@ impl Inbox {
         Duration::from_millis(self.lock().faults.delay_ms)
     }
 
-    /// Every kept copy, oldest first; only those to `to` if given (case-insensitive).
+    /// Every kept copy, oldest first; only those to `to` if given (case-insensitive; by index).
     pub fn messages(&self, to: Option<&str>) -> Vec<Message> {
         let to = to.map(str::to_lowercase);
-        self.lock()
-            .messages
-            .iter()
-            .filter(|m| to.as_ref().is_none_or(|to| m.to.contains(to)))
-            .cloned()
-            .collect()
+        let mut state = self.lock();
+        let now = state.clock.now();
+        state.expire(now);
+        state.messages.list(to.as_deref())
     }
 
-    /// One copy by id.
+    /// One copy by id (by index).
     pub fn message(&self, id: &str) -> Option<Message> {
-        self.lock().messages.iter().find(|m| m.id == id).cloned()
+        let mut state = self.lock();
+        let now = state.clock.now();
+        state.expire(now);
+        state.messages.get(id).cloned()
+    }
+
+    /// Deletes the copies with these ids (unknown ones are ignored); returns how many went.
+    /// Counters and provider mode's keys stay: a provider remembers a key whatever becomes of
+    /// the mailbox.
+    pub fn delete(&self, ids: &[String]) -> usize {
+        let mut state = self.lock();
+        ids.iter().filter(|id| state.messages.remove(id)).count()
     }
 
     /// Forgets every message, counter and seen key (faults stay).
@@ -241,7 +406,13 @@ impl Inbox {
 
     /// The counters.
     pub fn stats(&self) -> Stats {
-        self.lock().stats
+        let mut state = self.lock();
+        let now = state.clock.now();
+        state.expire(now);
+        Stats {
+            kept: state.messages.len() as u64,
+            ..state.stats
+        }
     }
 
     /// Waits until `n` copies to `to` are kept, or `timeout` passes; returns what is there.
@@ -256,43 +427,75 @@ impl Inbox {
         }
     }
 
+    /// Answers one delivery attempt as both intakes do: in provider mode, a key already in
+    /// flight in another request is refused ([`Conflict::ConcurrentIdempotentRequests`]);
+    /// otherwise the key is in flight while the configured delay passes, then
+    /// [`Inbox::receive`] decides.
+    pub async fn attempt(&self, message: Message) -> Verdict {
+        let in_flight = match self.begin(message.idempotency_key.as_deref()) {
+            Ok(in_flight) => in_flight,
+            Err(verdict) => return verdict,
+        };
+        let delay = self.delay();
+        if !delay.is_zero() {
+            tokio::time::sleep(delay).await;
+        }
+        let verdict = self.receive(message);
+        drop(in_flight);
+        verdict
+    }
+
+    /// Marks `key` in flight (provider mode), or refuses it if it is already.
+    fn begin(&self, key: Option<&str>) -> Result<Option<InFlight>, Verdict> {
+        let mut state = self.lock();
+        let (Some(key), Some(_)) = (key, state.faults.dedupe_window()) else {
+            return Ok(None);
+        };
+        if !state.in_flight.insert(key.to_owned()) {
+            state.stats.attempts += 1;
+            state.stats.concurrent += 1;
+            return Err(Verdict::Conflict(Conflict::ConcurrentIdempotentRequests));
+        }
+        Ok(Some(InFlight {
+            inbox: self.clone(),
+            key: key.to_owned(),
+        }))
+    }
+
     /// Decides one delivery attempt of `message` (its `id` and `received_at` are set here) and
-    /// keeps it if accepted. Both intakes call this, after the configured delay.
+    /// keeps it if accepted. [`Inbox::attempt`] calls this after the configured delay.
     pub fn receive(&self, mut message: Message) -> Verdict {
         let mut state = self.lock();
+        let now = state.clock.now();
+        state.expire(now);
         state.stats.attempts += 1;
-        if state.faults.reject_next > 0 {
-            state.faults.reject_next -= 1;
-            state.stats.rejected += 1;
-            return Verdict::Rejected(state.faults.rejection);
+        if let Some(refused) = state.refusal(now) {
+            return refused;
         }
-        let dedupe_key = message
-            .idempotency_key
-            .clone()
-            .or_else(|| message.message_id.clone());
-        let window = state.faults.dedupe_window();
-        let seen = dedupe_key.as_ref().and_then(|key| state.seen.get(key));
-        if let (Some(window), Some((id, at))) = (window, seen)
-            && at.elapsed() < window
-        {
-            let id = id.clone();
+        message.to = message.to.iter().map(|t| t.to_lowercase()).collect();
+        let fingerprint = fingerprint(&message);
+        let provider = state.faults.dedupe_window().is_some();
+        let key = message.idempotency_key.clone().filter(|_| provider);
+        if let Some(seen) = key.as_deref().and_then(|key| state.seen.get(key)) {
+            if seen.fingerprint != fingerprint {
+                state.stats.mismatched += 1;
+                return Verdict::Conflict(Conflict::InvalidIdempotentRequest);
+            }
+            let id = seen.id.clone();
             state.stats.deduplicated += 1;
             return Verdict::Accepted(id);
         }
         message.id = uuid::Uuid::new_v4().to_string();
-        message.received_at = OffsetDateTime::now_utc();
-        message.to = message.to.iter().map(|t| t.to_lowercase()).collect();
-        if let Some(key) = &dedupe_key {
-            if state.seen.contains_key(key) {
-                state.stats.duplicates += 1;
-            }
-            state
-                .seen
-                .insert(key.clone(), (message.id.clone(), Instant::now()));
-        }
+        message.received_at = now;
         let id = message.id.clone();
-        state.messages.push(message);
+        if let Some(key) = key {
+            state.seen.insert(key, id.clone(), fingerprint, now);
+        }
+        if state.messages.insert(message) {
+            state.stats.duplicates += 1;
+        }
         state.stats.delivered += 1;
+        state.expire(now);
         if state.faults.drop_after_accept > 0 {
             state.faults.drop_after_accept -= 1;
             state.stats.dropped += 1;
@@ -315,17 +518,52 @@ mod tests {
     use super::*;
 
     fn message(key: Option<&str>) -> Message {
+        to(key, "B@X.io")
+    }
+
+    fn to(key: Option<&str>, to: &str) -> Message {
         Message {
             id: String::new(),
             intake: Intake::Http,
             received_at: OffsetDateTime::UNIX_EPOCH,
             from: "a@x.io".into(),
-            to: vec!["B@X.io".into()],
+            to: vec![to.into()],
             subject: "s".into(),
             text: "t".into(),
             html: None,
             message_id: None,
             idempotency_key: key.map(Into::into),
+        }
+    }
+
+    /// An inbox on a manual clock, keeping at most `max_messages` for `max_age`.
+    fn bounded(max_messages: usize, max_age: Duration) -> (Inbox, Clock) {
+        let clock = Clock::manual(OffsetDateTime::now_utc());
+        let config = Config {
+            retention: Retention {
+                max_messages,
+                max_age,
+            },
+            ..Config::default()
+        };
+        (Inbox::with_config(config).with_clock(clock.clone()), clock)
+    }
+
+    fn accepted(verdict: Verdict) -> String {
+        match verdict {
+            Verdict::Accepted(id) => id,
+            other => panic!("not accepted: {other:?}"),
+        }
+    }
+
+    fn subjects(messages: &[Message]) -> Vec<&str> {
+        messages.iter().map(|m| m.subject.as_str()).collect()
+    }
+
+    fn numbered(n: usize, recipient: &str) -> Message {
+        Message {
+            subject: format!("m{n}"),
+            ..to(Some(&format!("k{n}")), recipient)
         }
     }
 
@@ -343,12 +581,174 @@ mod tests {
     fn provider_mode_acknowledges_a_repeat_without_delivering_it() {
         let inbox = Inbox::new();
         inbox.set_faults(Faults::provider());
-        let Verdict::Accepted(first) = inbox.receive(message(Some("k"))) else {
-            panic!()
-        };
+        let first = accepted(inbox.receive(message(Some("k"))));
         assert_eq!(inbox.receive(message(Some("k"))), Verdict::Accepted(first));
         assert_eq!(inbox.messages(None).len(), 1);
         assert_eq!(inbox.stats().deduplicated, 1);
+    }
+
+    #[test]
+    fn provider_mode_refuses_a_known_key_with_another_message() {
+        let inbox = Inbox::new();
+        inbox.set_faults(Faults::provider());
+        accepted(inbox.receive(message(Some("k"))));
+        for other in [
+            to(Some("k"), "someone-else@x.io"),
+            Message {
+                text: "another link".into(),
+                ..message(Some("k"))
+            },
+            Message {
+                from: "another-sender@x.io".into(),
+                ..message(Some("k"))
+            },
+        ] {
+            assert_eq!(
+                inbox.receive(other),
+                Verdict::Conflict(Conflict::InvalidIdempotentRequest)
+            );
+        }
+        // The recipient's case is not a difference: addresses are kept in lower case.
+        assert!(matches!(
+            inbox.receive(to(Some("k"), "b@x.IO")),
+            Verdict::Accepted(_)
+        ));
+        let stats = inbox.stats();
+        assert_eq!(
+            (stats.mismatched, stats.deduplicated, stats.delivered),
+            (3, 1, 1)
+        );
+        assert_eq!(inbox.messages(None).len(), 1);
+    }
+
+    #[tokio::test]
+    async fn provider_mode_refuses_a_key_still_in_flight_in_another_request() {
+        let inbox = Inbox::new();
+        inbox.set_faults(Faults {
+            delay_ms: 300,
+            ..Faults::provider()
+        });
+        let first = tokio::spawn({
+            let inbox = inbox.clone();
+            async move { inbox.attempt(message(Some("k"))).await }
+        });
+        // The first request holds its key through its delay.
+        while inbox.lock().in_flight.is_empty() {
+            tokio::task::yield_now().await;
+        }
+        let (second, other_key) = tokio::join!(
+            inbox.attempt(message(Some("k"))),
+            inbox.attempt(message(Some("other")))
+        );
+        assert_eq!(
+            second,
+            Verdict::Conflict(Conflict::ConcurrentIdempotentRequests)
+        );
+        assert!(matches!(other_key, Verdict::Accepted(_)), "other keys pass");
+        let first = accepted(first.await.unwrap());
+        assert_eq!(
+            inbox.attempt(message(Some("k"))).await,
+            Verdict::Accepted(first),
+            "once answered, a repeat is deduplicated"
+        );
+        assert_eq!(inbox.stats().concurrent, 1);
+        assert!(inbox.lock().in_flight.is_empty());
+    }
+
+    #[tokio::test]
+    async fn outside_provider_mode_concurrent_copies_are_all_kept() {
+        let inbox = Inbox::new();
+        inbox.set_faults(Faults {
+            delay_ms: 100,
+            ..Faults::default()
+        });
+        let (a, b) = tokio::join!(
+            inbox.attempt(message(Some("k"))),
+            inbox.attempt(message(Some("k")))
+        );
+        assert!(matches!(
+            (a, b),
+            (Verdict::Accepted(_), Verdict::Accepted(_))
+        ));
+        assert_eq!(inbox.stats().duplicates, 1);
+    }
+
+    #[test]
+    fn the_oldest_messages_go_beyond_the_count_and_their_indexes_with_them() {
+        let (inbox, _clock) = bounded(3, Duration::from_secs(3600));
+        let ids: Vec<String> = (0..5)
+            .map(|n| {
+                accepted(inbox.receive(numbered(
+                    n,
+                    if n % 2 == 0 { "even@x.io" } else { "odd@x.io" },
+                )))
+            })
+            .collect();
+        assert_eq!(subjects(&inbox.messages(None)), ["m2", "m3", "m4"]);
+        assert_eq!(subjects(&inbox.messages(Some("even@x.io"))), ["m2", "m4"]);
+        assert_eq!(subjects(&inbox.messages(Some("ODD@x.io"))), ["m3"]);
+        assert!(inbox.message(&ids[0]).is_none());
+        assert_eq!(inbox.message(&ids[4]).unwrap().subject, "m4");
+        assert_eq!(inbox.stats().evicted, 2);
+        assert_eq!(inbox.lock().messages.index_sizes(), (2, 3, 3));
+        // An evicted copy's key no longer makes a new copy a duplicate.
+        inbox.receive(numbered(0, "even@x.io"));
+        assert_eq!(inbox.stats().duplicates, 0);
+    }
+
+    #[test]
+    fn messages_older_than_the_retention_go_first() {
+        let (inbox, clock) = bounded(100, Duration::from_secs(60));
+        inbox.receive(numbered(0, "a@x.io"));
+        clock.advance(Duration::from_secs(30));
+        let young = accepted(inbox.receive(numbered(1, "a@x.io")));
+        clock.advance(Duration::from_secs(30));
+        assert_eq!(subjects(&inbox.messages(Some("a@x.io"))), ["m1"]);
+        clock.advance(Duration::from_secs(29));
+        assert_eq!(inbox.message(&young).unwrap().subject, "m1");
+        clock.advance(Duration::from_secs(1));
+        assert!(inbox.message(&young).is_none());
+        assert!(inbox.messages(None).is_empty());
+        assert_eq!(inbox.stats().evicted, 2);
+        assert_eq!(inbox.lock().messages.index_sizes(), (0, 0, 0));
+    }
+
+    #[test]
+    fn deleting_by_id_updates_every_index() {
+        let inbox = Inbox::new();
+        let a = accepted(inbox.receive(to(Some("k"), "a@x.io")));
+        let b = accepted(inbox.receive(to(Some("k"), "a@x.io")));
+        let c = accepted(inbox.receive(to(None, "c@x.io")));
+        assert_eq!(inbox.delete(&[a.clone(), "unknown".into()]), 1);
+        assert!(inbox.message(&a).is_none());
+        assert_eq!(inbox.messages(Some("a@x.io"))[0].id, b);
+        assert_eq!(inbox.delete(&[b, c]), 2);
+        assert!(inbox.messages(Some("a@x.io")).is_empty());
+        assert_eq!(inbox.lock().messages.index_sizes(), (0, 0, 0));
+        assert_eq!(inbox.stats().delivered, 3, "counters stay");
+    }
+
+    #[test]
+    fn provider_mode_forgets_a_key_when_its_window_ends() {
+        let (inbox, clock) = bounded(100, Duration::from_secs(3600));
+        inbox.set_faults(Faults {
+            dedupe_window_ms: Some(1000),
+            ..Faults::default()
+        });
+        let first = accepted(inbox.receive(message(Some("k"))));
+        clock.advance(Duration::from_millis(999));
+        assert_eq!(
+            inbox.receive(message(Some("k"))),
+            Verdict::Accepted(first.clone())
+        );
+        assert_eq!(inbox.lock().seen.len(), 1);
+        clock.advance(Duration::from_millis(1));
+        assert_eq!(inbox.lock().seen.len(), 1, "forgotten when next looked at");
+        assert_eq!(inbox.stats().deduplicated, 1);
+        assert_eq!(inbox.lock().seen.len(), 0);
+        let again = accepted(inbox.receive(message(Some("k"))));
+        assert_ne!(again, first, "after the window the key delivers again");
+        assert_eq!(inbox.messages(None).len(), 2);
     }
 
     #[test]
@@ -382,5 +782,55 @@ mod tests {
             ),
             (4, 2, 2, 1)
         );
+    }
+
+    #[test]
+    fn throttling_answers_the_next_attempts_and_then_every_nth() {
+        let inbox = Inbox::new();
+        inbox.set_faults(Faults {
+            throttle_next: 2,
+            retry_after_s: 120,
+            ..Faults::default()
+        });
+        let verdicts: Vec<_> = (0..3).map(|_| inbox.receive(message(None))).collect();
+        assert_eq!(
+            verdicts[..2],
+            [Verdict::Throttled(120), Verdict::Throttled(120)]
+        );
+        assert!(matches!(verdicts[2], Verdict::Accepted(_)));
+        inbox.set_faults(Faults {
+            throttle_every: 3,
+            ..Faults::default()
+        });
+        let throttled: Vec<bool> = (0..6)
+            .map(|_| matches!(inbox.receive(message(None)), Verdict::Throttled(1)))
+            .collect();
+        assert_eq!(throttled, [false, false, true, false, false, true]);
+        assert_eq!(inbox.stats().throttled, 4);
+        assert_eq!(inbox.messages(None).len(), 5);
+    }
+
+    #[test]
+    fn credentials_are_refused_for_the_next_attempts_or_for_a_period() {
+        let (inbox, clock) = bounded(100, Duration::from_secs(3600));
+        inbox.set_faults(Faults {
+            unauthorized_next: 1,
+            ..Faults::default()
+        });
+        assert_eq!(inbox.receive(message(None)), Verdict::Unauthorized);
+        assert!(matches!(inbox.receive(message(None)), Verdict::Accepted(_)));
+        inbox.set_faults(Faults {
+            unauthorized_for_ms: 5000,
+            ..Faults::default()
+        });
+        clock.advance(Duration::from_millis(4000));
+        assert_eq!(inbox.receive(message(None)), Verdict::Unauthorized);
+        assert_eq!(inbox.faults().unauthorized_for_ms, 1000, "what remains");
+        // Setting what was read back keeps the period's end (the chaos run's read-modify-write).
+        inbox.set_faults(inbox.faults());
+        clock.advance(Duration::from_millis(1000));
+        assert!(matches!(inbox.receive(message(None)), Verdict::Accepted(_)));
+        assert_eq!(inbox.faults().unauthorized_for_ms, 0);
+        assert_eq!(inbox.stats().unauthorized, 2);
     }
 }

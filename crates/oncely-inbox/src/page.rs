@@ -62,12 +62,32 @@ pub async fn list(State(inbox): State<Inbox>, OriginalUri(uri): OriginalUri) -> 
         ));
     }
     let stats = inbox.stats();
+    let retention = inbox.config().retention;
     Html(format!(
         "<!doctype html><meta charset=\"utf-8\"><title>Dev inbox</title>{STYLE}<h1>Dev inbox</h1>\
-         <p>{} messages kept, {} duplicates, {} deduplicated, {} rejected by faults.</p>\
+         <p>{} messages kept of {} delivered ({} duplicates), {} deduplicated, {} rejected by faults. \
+         The newest {} messages of the last {} are kept.</p>\
          <table><tr><th>received</th><th>to</th><th>subject</th><th>via</th></tr>{rows}</table>",
-        stats.delivered, stats.duplicates, stats.deduplicated, stats.rejected
+        stats.kept,
+        stats.delivered,
+        stats.duplicates,
+        stats.deduplicated,
+        stats.rejected + stats.throttled + stats.unauthorized,
+        retention.max_messages,
+        humanize(retention.max_age),
     ))
+}
+
+/// A retention as a person reads it: `24 h`, `90 min`, `45 s`.
+fn humanize(d: std::time::Duration) -> String {
+    let s = d.as_secs();
+    if s >= 3600 && s.is_multiple_of(3600) {
+        format!("{} h", s / 3600)
+    } else if s >= 60 && s.is_multiple_of(60) {
+        format!("{} min", s / 60)
+    } else {
+        format!("{s} s")
+    }
 }
 
 /// `GET /view/{id}`: one message, links clickable.

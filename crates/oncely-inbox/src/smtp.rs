@@ -8,7 +8,7 @@ use time::OffsetDateTime;
 use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader};
 use tokio::net::{TcpListener, TcpStream};
 
-use crate::{Inbox, Intake, Message, Rejection, Verdict};
+use crate::{Conflict, Inbox, Intake, Message, Rejection, Verdict};
 
 /// The largest message accepted (bytes).
 pub const MAX_MESSAGE: usize = 10 * 1024 * 1024;
@@ -71,25 +71,15 @@ async fn session(stream: TcpStream, inbox: Inbox) -> std::io::Result<()> {
                         .write_all(b"354 End data with <CR><LF>.<CR><LF>\r\n")
                         .await?;
                     let data = read_data(&mut lines).await?;
-                    tokio::time::sleep(inbox.delay()).await;
-                    let verdict = inbox.receive(parse(&data, &from, &to));
+                    let header = inbox.idempotency_header(Intake::Smtp);
+                    let verdict = inbox.attempt(parse(&data, &from, &to, &header)).await;
                     to.clear();
-                    match verdict {
-                        Verdict::Accepted(id) => {
-                            write
-                                .write_all(format!("250 2.0.0 Ok: queued as {id}\r\n").as_bytes())
-                                .await?;
-                            continue;
-                        }
-                        // Kept, but the sender never hears so: the unknown outcome.
-                        Verdict::AcceptedThenDrop(_) => return Ok(()),
-                        Verdict::Rejected(Rejection::Temporary) => {
-                            b"451 4.3.0 Temporary failure (injected)\r\n"
-                        }
-                        Verdict::Rejected(Rejection::Permanent) => {
-                            b"550 5.7.1 Message rejected (injected)\r\n"
-                        }
-                    }
+                    // Kept but dropped: the sender never hears so (the unknown outcome).
+                    let Some(reply) = reply(&verdict) else {
+                        return Ok(());
+                    };
+                    write.write_all(reply.as_bytes()).await?;
+                    continue;
                 }
             }
             "RSET" => {
@@ -106,6 +96,36 @@ async fn session(stream: TcpStream, inbox: Inbox) -> std::io::Result<()> {
         };
         write.write_all(reply).await?;
     }
+}
+
+/// The reply to the end of DATA (`None`: drop the connection instead). A throttled attempt
+/// hears 450 with the delay in its text (SMTP has no `Retry-After`); refused credentials 535
+/// (at the end of DATA: the inbox has no AUTH, so this is where it can refuse); provider mode's
+/// conflicts the closest codes to Resend's 409s: a key used with another message can never
+/// succeed (554 5.7.0), a key in flight in another session is worth another try (451 4.7.0).
+fn reply(verdict: &Verdict) -> Option<String> {
+    Some(match verdict {
+        Verdict::Accepted(id) => format!("250 2.0.0 Ok: queued as {id}\r\n"),
+        Verdict::AcceptedThenDrop(_) => return None,
+        Verdict::Rejected(Rejection::Temporary) => {
+            "451 4.3.0 Temporary failure (injected)\r\n".into()
+        }
+        Verdict::Rejected(Rejection::Permanent) => {
+            "550 5.7.1 Message rejected (injected)\r\n".into()
+        }
+        Verdict::Throttled(seconds) => {
+            format!("450 4.7.0 Rate limit exceeded, try again in {seconds} seconds (injected)\r\n")
+        }
+        Verdict::Unauthorized => {
+            "535 5.7.8 Authentication credentials invalid (injected)\r\n".into()
+        }
+        Verdict::Conflict(conflict @ Conflict::InvalidIdempotentRequest) => {
+            format!("554 5.7.0 {}: {}\r\n", conflict.name(), conflict.message())
+        }
+        Verdict::Conflict(conflict @ Conflict::ConcurrentIdempotentRequests) => {
+            format!("451 4.7.0 {}: {}\r\n", conflict.name(), conflict.message())
+        }
+    })
 }
 
 /// Reads the message up to the lone `.` line, undoing dot-stuffing.
@@ -141,7 +161,13 @@ fn address_of(command: &str) -> String {
     command[start..end].to_owned()
 }
 
-fn parse(data: &[u8], envelope_from: &str, envelope_to: &[String]) -> Message {
+/// The message of a DATA section; its idempotency key is the value of `idempotency_header`.
+fn parse(
+    data: &[u8],
+    envelope_from: &str,
+    envelope_to: &[String],
+    idempotency_header: &str,
+) -> Message {
     let parsed = MessageParser::default().parse(data);
     let header = |name: &str| {
         parsed
@@ -178,7 +204,7 @@ fn parse(data: &[u8], envelope_from: &str, envelope_to: &[String]) -> Message {
             .as_ref()
             .and_then(|m| m.message_id())
             .map(str::to_owned),
-        idempotency_key: header("Idempotency-Key"),
+        idempotency_key: header(idempotency_header),
     }
 }
 
@@ -193,18 +219,49 @@ mod tests {
     }
 
     #[test]
-    fn quoted_printable_bodies_and_custom_headers_are_decoded() {
+    fn quoted_printable_bodies_and_the_configured_idempotency_header_are_decoded() {
         let raw = b"From: a@b.io\r\nTo: c@d.io\r\nSubject: Hi\r\nMessage-ID: <k1@oncely>\r\n\
-Idempotency-Key: k1\r\nContent-Type: text/plain; charset=utf-8\r\n\
+Idempotency-Key: other\r\nresend-idempotency-key: k1\r\n\
+Content-Type: text/plain; charset=utf-8\r\n\
 Content-Transfer-Encoding: quoted-printable\r\n\r\nhttp://x/verify?token=3Dabc=\r\ndef\r\n";
-        let m = parse(raw, "a@b.io", &["c@d.io".into()]);
+        let m = parse(
+            raw,
+            "a@b.io",
+            &["c@d.io".into()],
+            crate::SMTP_IDEMPOTENCY_HEADER,
+        );
         assert_eq!(m.subject, "Hi");
         assert_eq!(m.message_id.as_deref(), Some("k1@oncely"));
-        assert_eq!(m.idempotency_key.as_deref(), Some("k1"));
+        assert_eq!(
+            m.idempotency_key.as_deref(),
+            Some("k1"),
+            "the configured header only, in any case"
+        );
         assert!(
             m.text.contains("http://x/verify?token=abcdef"),
             "{}",
             m.text
+        );
+        let other = parse(raw, "a@b.io", &["c@d.io".into()], "X-Not-Sent");
+        assert_eq!(other.idempotency_key, None, "no fallback to another header");
+    }
+
+    #[test]
+    fn every_verdict_has_its_reply_code() {
+        let code = |verdict: Verdict| reply(&verdict).map(|r| r[..3].to_owned());
+        assert_eq!(code(Verdict::Accepted("i".into())).as_deref(), Some("250"));
+        assert_eq!(code(Verdict::AcceptedThenDrop("i".into())), None);
+        assert_eq!(code(Verdict::Throttled(7)).as_deref(), Some("450"));
+        assert!(reply(&Verdict::Throttled(7)).unwrap().contains("7 seconds"));
+        assert_eq!(code(Verdict::Unauthorized).as_deref(), Some("535"));
+        let conflict = |c| code(Verdict::Conflict(c));
+        assert_eq!(
+            conflict(Conflict::InvalidIdempotentRequest).as_deref(),
+            Some("554")
+        );
+        assert_eq!(
+            conflict(Conflict::ConcurrentIdempotentRequests).as_deref(),
+            Some("451")
         );
     }
 }

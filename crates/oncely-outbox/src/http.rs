@@ -6,7 +6,8 @@
 //! | 2xx | done |
 //! | 429; 503 with `Retry-After` | [`Delivery::Throttled`], with the `Retry-After` (seconds or an HTTP date) |
 //! | 401, 403, 407 | [`Delivery::Refused`]: our credentials or configuration are wrong, not the job |
-//! | 3xx (never followed), 408, 409, other 5xx, connection failures | [`Delivery::Retry`] |
+//! | 409 saying the key was used with another payload (Resend's `invalid_idempotent_request`) | [`Delivery::Permanent`]: no retry under this key can succeed |
+//! | 3xx (never followed), 408, other 409, other 5xx, connection failures | [`Delivery::Retry`] |
 //! | other 4xx | [`Delivery::Permanent`] |
 //! | a timeout or a broken connection after sending | [`Delivery::Unknown`] (retried with the same key, which a deduplicating API turns into one effect) |
 
@@ -29,7 +30,19 @@ pub async fn post_json(
     body: &Value,
     bearer: Option<&SecretString>,
 ) -> Result<Value, Delivery> {
-    let mut request = client.post(url).header("Idempotency-Key", key).json(body);
+    post_json_keyed(client, url, "Idempotency-Key", key, body, bearer).await
+}
+
+/// [`post_json`] with the key in the header `header` (an API that reads another name).
+pub async fn post_json_keyed(
+    client: &reqwest::Client,
+    url: &str,
+    header: &str,
+    key: &str,
+    body: &Value,
+    bearer: Option<&SecretString>,
+) -> Result<Value, Delivery> {
+    let mut request = client.post(url).header(header, key).json(body);
     if let Some(token) = bearer {
         request = request.bearer_auth(token.expose_secret());
     }
@@ -44,8 +57,8 @@ pub async fn post_json(
         return Ok(response.json::<Value>().await.unwrap_or(Value::Null));
     }
     let after = retry_after(response.headers(), SystemTime::now());
-    let text = response.text().await.unwrap_or_default();
-    let mut text: String = text.chars().take(200).collect();
+    let body = response.text().await.unwrap_or_default();
+    let mut text: String = body.chars().take(200).collect();
     if let Some(token) = bearer.map(ExposeSecret::expose_secret)
         && !token.is_empty()
     {
@@ -63,6 +76,10 @@ pub async fn post_json(
             after,
         },
         401 | 403 | 407 => Delivery::Refused(error),
+        409 if key_used_with_another_payload(&body) => Delivery::Permanent(format!(
+            "the provider refuses this key with another payload, so no retry under it can \
+             succeed: {error}"
+        )),
         408 | 409 => Delivery::Retry(error),
         400..=499 => Delivery::Permanent(error),
         _ => Delivery::Retry(error),
@@ -81,6 +98,14 @@ pub fn retry_after(headers: &HeaderMap, now: SystemTime) -> Option<Duration> {
     }
     let at = httpdate::parse_http_date(value).ok()?;
     at.duration_since(now).ok().filter(|wait| !wait.is_zero())
+}
+
+/// Whether a 409's body says the key was used before with another payload — Resend's
+/// `{"name": "invalid_idempotent_request"}` — rather than that a request with the key is still
+/// running (`concurrent_idempotent_requests`, or any other conflict: worth a retry).
+fn key_used_with_another_payload(body: &str) -> bool {
+    serde_json::from_str::<Value>(body)
+        .is_ok_and(|answer| answer["name"] == "invalid_idempotent_request")
 }
 
 /// A client with `timeout` on connecting and on the whole request (TLS via rustls and ring)

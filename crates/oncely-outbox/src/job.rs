@@ -75,6 +75,11 @@ pub struct Job {
     pub not_after: Option<OffsetDateTime>,
     /// The claim's lease token: finishing requires it.
     pub lease_token: Uuid,
+    /// What the job's first attempt froze ([`Handler::freeze`](crate::Handler::freeze)): the
+    /// same on every attempt of the job, so that every retry under its delivery key carries
+    /// the same payload. `None` until an attempt froze something (and always for handlers that
+    /// freeze nothing).
+    pub frozen: Option<Value>,
 }
 
 impl Job {
@@ -88,6 +93,13 @@ impl Job {
 /// What a handler or a mailer returns: the attempt, boxed (its traits stay object-safe).
 pub type DeliveryFuture<'a> =
     std::pin::Pin<Box<dyn std::future::Future<Output = Delivery> + Send + 'a>>;
+
+/// What [`Handler::freeze`](crate::Handler::freeze) returns, boxed: `Ok(Some(value))` to freeze
+/// `value`, `Ok(None)` when there is nothing to freeze, `Err(outcome)` to end the attempt with
+/// `outcome` without running it.
+pub type FreezeFuture<'a> = std::pin::Pin<
+    Box<dyn std::future::Future<Output = Result<Option<Value>, Delivery>> + Send + 'a>,
+>;
 
 /// What one attempt reports.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -231,6 +243,9 @@ pub struct JobRecord {
     pub payload: Value,
     /// The delivery key.
     pub delivery_key: Uuid,
+    /// What its first attempt froze ([`Job::frozen`]).
+    #[sqlx(json(nullable))]
+    pub frozen: Option<Value>,
 }
 
 /// One attempt as recorded: the history an incident review needs.

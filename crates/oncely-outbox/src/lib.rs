@@ -20,7 +20,9 @@
 //!
 //! Handlers get [`Job::delivery_key`]: stable for the job, to forward to providers that
 //! deduplicate (an email API's `Idempotency-Key`, SMTP `Message-ID`). An *unknown* outcome
-//! (timeout after the request was handed over) is retried with the same key.
+//! (timeout after the request was handed over) is retried with the same key — and, for a
+//! handler that freezes its payload at the first attempt ([`Handler::freeze`],
+//! [`Job::frozen`]), with the same payload, as a deduplicating provider requires.
 //!
 //! Map: [`job`] (jobs, outcomes, attempt results), [`http`] (calling an API with the job's key),
 //! [`policy`] (the retry policy and its decision), [`store`] (the [`JobStore`] trait, written
@@ -39,7 +41,8 @@ pub mod store;
 pub mod worker;
 
 pub use job::{
-    AttemptResult, Delivery, DeliveryFuture, Enqueued, Job, JobRecord, JobStatus, NewJob,
+    AttemptResult, Delivery, DeliveryFuture, Enqueued, FreezeFuture, Job, JobRecord, JobStatus,
+    NewJob,
 };
 pub use policy::RetryPolicy;
 pub use store::{JobStore, OutboxError};

@@ -1,11 +1,12 @@
 //! Email messages and the mailers that deliver them: SMTP (lettre) and a Resend-compatible HTTP
-//! API (reqwest). Both forward the job's delivery key, so a provider that deduplicates turns a
-//! retried unknown outcome into one email.
+//! API (reqwest). Both forward the job's delivery key in the header their provider reads
+//! ([`IdempotencyHeader`]), so a provider that deduplicates turns a retried unknown outcome into
+//! one email.
 
 use std::sync::Arc;
 use std::time::Duration;
 
-use lettre::message::header::{ContentType, Header, HeaderName, HeaderValue};
+use lettre::message::header::{ContentType, HeaderName, HeaderValue};
 use lettre::{AsyncSmtpTransport, AsyncTransport, Tokio1Executor};
 use secrecy::SecretString;
 use serde::{Deserialize, Serialize};
@@ -44,20 +45,130 @@ pub enum MailerError {
     /// reqwest could not build a client.
     #[error("cannot build the HTTP client: {0}")]
     Http(#[from] reqwest::Error),
+    /// The idempotency header's name cannot be used.
+    #[error("invalid idempotency header name {0:?}: {1}")]
+    IdempotencyHeader(String, &'static str),
+}
+
+/// The header that carries a job's delivery key to the provider. Which one a provider reads
+/// depends on the provider and the transport:
+///
+/// | provider | transport | header |
+/// |---|---|---|
+/// | Resend | HTTP API | `Idempotency-Key` ([`IdempotencyHeader::HTTP_DEFAULT`]) |
+/// | Resend | SMTP | `Resend-Idempotency-Key` ([`IdempotencyHeader::SMTP_DEFAULT`]) |
+/// | most HTTP APIs (Stripe-style) | HTTP | `Idempotency-Key` |
+///
+/// Plain SMTP relays and most other SMTP services read no such header: over them delivery stays
+/// at-least-once (a lost answer can mean a second copy), whatever the header is called.
+/// `Message-ID: <key@oncely>` is sent over both transports besides.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct IdempotencyHeader(String);
+
+impl IdempotencyHeader {
+    /// What an HTTP mailer sends unless told otherwise: Resend's API and most APIs read it.
+    pub const HTTP_DEFAULT: &str = "Idempotency-Key";
+    /// What an SMTP mailer sends unless told otherwise: Resend's SMTP service reads it.
+    pub const SMTP_DEFAULT: &str = "Resend-Idempotency-Key";
+
+    /// Headers the mailers write themselves, or that carry meaning of their own: never the
+    /// idempotency header.
+    const RESERVED: [&str; 17] = [
+        "authorization",
+        "bcc",
+        "cc",
+        "connection",
+        "content-length",
+        "content-transfer-encoding",
+        "content-type",
+        "date",
+        "from",
+        "host",
+        "message-id",
+        "mime-version",
+        "reply-to",
+        "sender",
+        "subject",
+        "to",
+        "transfer-encoding",
+    ];
+
+    /// A header name: a token of RFC 9110 (letters, digits and ``!#$%&'*+-.^_`|~``), at most 76
+    /// characters (an email header line's budget), and none of the headers the mailer writes
+    /// itself (`From`, `Message-ID`, `Content-Type`, `Authorization`, …).
+    pub fn new(name: &str) -> Result<Self, MailerError> {
+        let invalid = |why| Err(MailerError::IdempotencyHeader(name.to_owned(), why));
+        if name.is_empty() {
+            return invalid("empty");
+        }
+        if name.len() > 76 {
+            return invalid("longer than 76 characters");
+        }
+        if reqwest::header::HeaderName::from_bytes(name.as_bytes()).is_err() {
+            return invalid(
+                "a header name is letters, digits and !#$%&'*+-.^_`|~ only (no spaces or colons)",
+            );
+        }
+        if Self::RESERVED.contains(&name.to_ascii_lowercase().as_str()) {
+            return invalid("the mailer writes this header itself");
+        }
+        Ok(Self(name.to_owned()))
+    }
+
+    /// The default for a mailer URL's transport: SMTP for `smtp://` and `smtps://`, HTTP
+    /// otherwise.
+    pub fn default_for(url: &str) -> Self {
+        let smtp = url.starts_with("smtp://") || url.starts_with("smtps://");
+        Self(
+            if smtp {
+                Self::SMTP_DEFAULT
+            } else {
+                Self::HTTP_DEFAULT
+            }
+            .to_owned(),
+        )
+    }
+
+    /// The name.
+    pub fn as_str(&self) -> &str {
+        &self.0
+    }
+}
+
+impl std::str::FromStr for IdempotencyHeader {
+    type Err = MailerError;
+
+    fn from_str(name: &str) -> Result<Self, MailerError> {
+        Self::new(name)
+    }
+}
+
+impl std::fmt::Display for IdempotencyHeader {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.0)
+    }
 }
 
 /// Builds the mailer a URL names: `smtp://host:port` (plain; `?tls=required` for STARTTLS),
 /// `smtps://host:port` (TLS), or `http(s)://host/emails` (Resend-compatible API, `api_key` as
-/// bearer token). Every send is bounded by `timeout`.
+/// bearer token). Every send is bounded by `timeout`. The delivery key goes in
+/// `idempotency_header`, by default the one the transport's provider reads
+/// ([`IdempotencyHeader::default_for`]).
 pub fn from_url(
     url: &str,
     api_key: Option<SecretString>,
     timeout: Duration,
+    idempotency_header: Option<IdempotencyHeader>,
 ) -> Result<Arc<dyn Mailer>, MailerError> {
+    let header = idempotency_header.unwrap_or_else(|| IdempotencyHeader::default_for(url));
     if url.starts_with("smtp://") || url.starts_with("smtps://") {
-        Ok(Arc::new(SmtpMailer::new(url, timeout)?))
+        Ok(Arc::new(
+            SmtpMailer::new(url, timeout)?.with_idempotency_header(header),
+        ))
     } else if url.starts_with("http://") || url.starts_with("https://") {
-        Ok(Arc::new(HttpMailer::new(url, api_key, timeout)?))
+        Ok(Arc::new(
+            HttpMailer::new(url, api_key, timeout)?.with_idempotency_header(header),
+        ))
     } else {
         Err(MailerError::Scheme(
             url.split("://").next().unwrap_or(url).to_owned(),
@@ -65,28 +176,12 @@ pub fn from_url(
     }
 }
 
-/// The header that carries the delivery key over SMTP.
-#[derive(Debug, Clone)]
-struct IdempotencyKeyHeader(String);
-
-impl Header for IdempotencyKeyHeader {
-    fn name() -> HeaderName {
-        HeaderName::new_from_ascii_str("Idempotency-Key")
-    }
-
-    fn parse(s: &str) -> Result<Self, Box<dyn std::error::Error + Send + Sync>> {
-        Ok(Self(s.to_owned()))
-    }
-
-    fn display(&self) -> HeaderValue {
-        HeaderValue::new(Self::name(), self.0.clone())
-    }
-}
-
-/// SMTP with lettre: `Message-ID: <delivery_key@oncely>` and `Idempotency-Key: delivery_key`.
+/// SMTP with lettre: `Message-ID: <delivery_key@oncely>` and the delivery key in the
+/// idempotency header (`Resend-Idempotency-Key` unless told otherwise).
 pub struct SmtpMailer {
     transport: AsyncSmtpTransport<Tokio1Executor>,
     timeout: Duration,
+    idempotency_header: IdempotencyHeader,
 }
 
 impl SmtpMailer {
@@ -96,11 +191,21 @@ impl SmtpMailer {
         let transport = AsyncSmtpTransport::<Tokio1Executor>::from_url(url)?
             .timeout(Some(timeout))
             .build();
-        Ok(Self { transport, timeout })
+        Ok(Self {
+            transport,
+            timeout,
+            idempotency_header: IdempotencyHeader(IdempotencyHeader::SMTP_DEFAULT.to_owned()),
+        })
+    }
+
+    /// Sends the delivery key in `header` instead.
+    pub fn with_idempotency_header(mut self, header: IdempotencyHeader) -> Self {
+        self.idempotency_header = header;
+        self
     }
 
     async fn deliver(&self, email: &Email, key: &str) -> Delivery {
-        let message = match build_message(email, key) {
+        let message = match build_message(email, key, &self.idempotency_header) {
             Ok(message) => message,
             Err(error) => return Delivery::Permanent(format!("cannot build the message: {error}")),
         };
@@ -164,13 +269,15 @@ fn never_connected(error: &lettre::transport::smtp::Error) -> bool {
 fn build_message(
     email: &Email,
     key: &str,
+    header: &IdempotencyHeader,
 ) -> Result<lettre::Message, Box<dyn std::error::Error + Send + Sync>> {
+    let name = HeaderName::new_from_ascii(header.as_str().to_owned())?;
     Ok(lettre::Message::builder()
         .from(email.from.parse()?)
         .to(email.to.parse()?)
         .subject(email.subject.clone())
         .message_id(Some(format!("<{key}@oncely>")))
-        .header(IdempotencyKeyHeader(key.to_owned()))
+        .raw_header(HeaderValue::new(name, key.to_owned()))
         .header(ContentType::TEXT_PLAIN)
         .body(email.text.clone())?)
 }
@@ -181,11 +288,14 @@ impl Mailer for SmtpMailer {
     }
 }
 
-/// A Resend-compatible HTTP API: `POST {url}` with `Idempotency-Key: delivery_key`.
+/// A Resend-compatible HTTP API: `POST {url}` with the delivery key in the idempotency header
+/// (`Idempotency-Key` unless told otherwise). A 409 `invalid_idempotent_request` (the key was
+/// used with another payload) is permanent; see [`crate::http::post_json`].
 pub struct HttpMailer {
     client: reqwest::Client,
     url: String,
     api_key: Option<SecretString>,
+    idempotency_header: IdempotencyHeader,
 }
 
 impl HttpMailer {
@@ -200,7 +310,14 @@ impl HttpMailer {
             client,
             url: url.to_owned(),
             api_key,
+            idempotency_header: IdempotencyHeader(IdempotencyHeader::HTTP_DEFAULT.to_owned()),
         })
+    }
+
+    /// Sends the delivery key in `header` instead.
+    pub fn with_idempotency_header(mut self, header: IdempotencyHeader) -> Self {
+        self.idempotency_header = header;
+        self
     }
 
     async fn deliver(&self, email: &Email, key: &str) -> Delivery {
@@ -211,7 +328,9 @@ impl HttpMailer {
             "text": email.text,
             "headers": { "Message-ID": format!("<{key}@oncely>") },
         });
-        match crate::http::post_json(&self.client, &self.url, key, &body, self.api_key.as_ref())
+        let header = self.idempotency_header.as_str();
+        let api_key = self.api_key.as_ref();
+        match crate::http::post_json_keyed(&self.client, &self.url, header, key, &body, api_key)
             .await
         {
             Ok(answer) => Delivery::Sent {
@@ -259,5 +378,56 @@ impl crate::Handler for EmailHandler {
                 .send(&email, &job.delivery_key.to_string())
                 .await
         })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn an_idempotency_header_is_a_header_name_the_mailer_does_not_write_itself() {
+        for good in ["Idempotency-Key", "Resend-Idempotency-Key", "X-Key_1.v2"] {
+            assert_eq!(IdempotencyHeader::new(good).unwrap().as_str(), good);
+        }
+        for (bad, why) in [
+            ("", "empty"),
+            ("Idempotency Key", "no spaces"),
+            ("Idempotency-Key:", "no spaces or colons"),
+            ("Clé", "letters, digits"),
+            ("message-ID", "writes this header itself"),
+            ("Authorization", "writes this header itself"),
+            (&"X".repeat(77), "76"),
+        ] {
+            let error = IdempotencyHeader::new(bad).unwrap_err().to_string();
+            assert!(error.contains(why), "{bad:?}: {error}");
+        }
+    }
+
+    #[test]
+    fn each_transport_defaults_to_its_provider_s_header() {
+        let default = |url| IdempotencyHeader::default_for(url).to_string();
+        assert_eq!(default("smtp://127.0.0.1:25"), "Resend-Idempotency-Key");
+        assert_eq!(
+            default("smtps://smtp.resend.com:465"),
+            "Resend-Idempotency-Key"
+        );
+        assert_eq!(default("https://api.resend.com/emails"), "Idempotency-Key");
+    }
+
+    #[test]
+    fn the_smtp_message_carries_the_key_in_the_configured_header_and_the_message_id() {
+        let email = Email {
+            from: "a@example.com".into(),
+            to: "b@example.com".into(),
+            subject: "s".into(),
+            text: "t".into(),
+        };
+        let header = IdempotencyHeader::new("X-Provider-Key").unwrap();
+        let raw =
+            String::from_utf8(build_message(&email, "k-1", &header).unwrap().formatted()).unwrap();
+        assert!(raw.contains("X-Provider-Key: k-1\r\n"), "{raw}");
+        assert!(raw.contains("Message-ID: <k-1@oncely>\r\n"), "{raw}");
+        assert!(!raw.contains("Idempotency-Key"), "{raw}");
     }
 }

@@ -185,6 +185,7 @@ mod tests {
             redriven_at: None,
             not_after: None,
             lease_token: uuid::Uuid::nil(),
+            frozen: None,
         }
     }
 

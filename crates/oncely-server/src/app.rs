@@ -11,7 +11,7 @@ use axum::extract::State;
 use axum::http::StatusCode;
 use axum::routing::get;
 use oncely_inbox::{Inbox, Running};
-use oncely_outbox::mail::{self, Mailer};
+use oncely_outbox::mail::{self, IdempotencyHeader, Mailer};
 use tokio::net::TcpListener;
 use tokio_util::sync::CancellationToken;
 
@@ -44,8 +44,9 @@ pub async fn mailer(
 ) -> anyhow::Result<(Arc<dyn Mailer>, Option<(Inbox, Running)>)> {
     match &settings.choice {
         MailerChoice::Url(url) => {
-            let mailer =
-                mail::from_url(url, settings.api_key.clone(), SEND_TIMEOUT).with_context(|| {
+            let header = settings.idempotency_header.clone();
+            let mailer = mail::from_url(url, settings.api_key.clone(), SEND_TIMEOUT, header)
+                .with_context(|| {
                     format!(
                         "ONCELY_MAILER {:?}",
                         url.split("://").next().unwrap_or_default()
@@ -54,11 +55,21 @@ pub async fn mailer(
             Ok((mailer, None))
         }
         MailerChoice::Dev => {
-            let (inbox, running) = Inbox::start_local(oncely_inbox::Faults::default())
+            // The dev inbox reads the header the mailer sends.
+            let header = settings
+                .idempotency_header
+                .clone()
+                .unwrap_or_else(|| IdempotencyHeader::default_for("smtp://"));
+            let config = oncely_inbox::Config {
+                smtp_idempotency_header: header.to_string(),
+                ..oncely_inbox::Config::default()
+            };
+            let (inbox, running) = Inbox::with_config(config)
+                .start_local_with(oncely_inbox::Faults::default())
                 .await
                 .context("starting the dev inbox")?;
-            let mailer =
-                mail::from_url(&format!("smtp://{}", running.smtp_addr), None, SEND_TIMEOUT)?;
+            let url = format!("smtp://{}", running.smtp_addr);
+            let mailer = mail::from_url(&url, None, SEND_TIMEOUT, Some(header))?;
             Ok((mailer, Some((inbox, running))))
         }
     }

@@ -5,6 +5,7 @@ use std::net::SocketAddr;
 use std::time::Duration;
 
 use clap::{ArgGroup, Args, Parser, Subcommand, ValueEnum};
+use oncely_outbox::mail::IdempotencyHeader;
 use secrecy::SecretString;
 use time::OffsetDateTime;
 
@@ -267,6 +268,13 @@ pub struct CommonArgs {
     #[arg(long, env = "ONCELY_MAIL_FROM", default_value = defaults::MAIL_FROM)]
     pub mail_from: String,
 
+    /// The header that carries each email's delivery key to the provider, which deduplicates
+    /// retries by it. Default per transport: `Idempotency-Key` over HTTP (Resend's API, most
+    /// APIs), `Resend-Idempotency-Key` over SMTP (Resend's SMTP). Plain SMTP relays read none:
+    /// there a retry after a lost answer can be a second email.
+    #[arg(long, env = "ONCELY_MAILER_IDEMPOTENCY_HEADER", value_parser = parse_idempotency_header)]
+    pub mailer_idempotency_header: Option<IdempotencyHeader>,
+
     /// How long a claimed key or outbox job is held before another process may take it over.
     #[arg(long, env = "ONCELY_LEASE", default_value = defaults::LEASE, value_parser = parse_duration)]
     pub lease: Duration,
@@ -298,6 +306,7 @@ impl std::fmt::Debug for CommonArgs {
             .field("mailer_api_key", &self.mailer_api_key)
             .field("smtp_password", &self.smtp_password)
             .field("mail_from", &self.mail_from)
+            .field("mailer_idempotency_header", &self.mailer_idempotency_header)
             .field("lease", &self.lease)
             .field("retry_base", &self.retry_base)
             .field("poll_only", &self.poll_only)
@@ -413,10 +422,53 @@ pub struct InboxArgs {
     /// HTTP listen address (`POST /emails`, `GET /messages`, `GET /stats`, `PUT /faults`).
     #[arg(long, default_value = "127.0.0.1:8025")]
     pub http: SocketAddr,
-    /// Behave like a real provider: a repeat of an idempotency key within 24 h is acknowledged
-    /// but not delivered again.
+    /// Behave like a real provider (Resend): a repeat of an idempotency key within 24 h is
+    /// acknowledged but not delivered again; the key with another message, or while a request
+    /// with it is still being answered, is refused (409).
     #[arg(long)]
     pub provider_mode: bool,
+    /// The one header both intakes read the idempotency key from. Default per intake, as the
+    /// mailers send: HTTP `Idempotency-Key`, SMTP `Resend-Idempotency-Key`.
+    #[arg(long, value_parser = parse_idempotency_header)]
+    pub idempotency_header: Option<IdempotencyHeader>,
+    /// The most messages kept (the oldest go first).
+    #[arg(long, default_value_t = oncely_inbox::Retention::default().max_messages, value_parser = parse_max_messages)]
+    pub max_messages: usize,
+    /// How long a message is kept (`24h`, `90m`, …).
+    #[arg(long, default_value = "24h", value_parser = parse_duration)]
+    pub max_age: Duration,
+}
+
+impl InboxArgs {
+    /// The inbox these settings describe.
+    pub fn config(&self) -> oncely_inbox::Config {
+        let defaults = oncely_inbox::Config::default();
+        let header = |default: String| {
+            self.idempotency_header
+                .as_ref()
+                .map_or(default, ToString::to_string)
+        };
+        oncely_inbox::Config {
+            retention: oncely_inbox::Retention {
+                max_messages: self.max_messages,
+                max_age: self.max_age,
+            },
+            http_idempotency_header: header(defaults.http_idempotency_header),
+            smtp_idempotency_header: header(defaults.smtp_idempotency_header),
+        }
+    }
+}
+
+fn parse_idempotency_header(s: &str) -> Result<IdempotencyHeader, String> {
+    IdempotencyHeader::new(s).map_err(|e| e.to_string())
+}
+
+fn parse_max_messages(s: &str) -> Result<usize, String> {
+    match s.parse::<usize>() {
+        Ok(0) => Err("must be at least 1".into()),
+        Ok(n) => Ok(n),
+        Err(e) => Err(e.to_string()),
+    }
 }
 
 pub(crate) fn parse_duration(s: &str) -> Result<Duration, String> {

@@ -4,6 +4,14 @@
 //! and the token record's id (see [`crate::token`]), checks the record is still live, and only
 //! then sends the link. A job written for an unknown address (a decoy: no recipient) or one
 //! whose send was suppressed by a rate limit ends `skipped`, with the reason, and sends nothing.
+//!
+//! One key, one payload: the first attempt of a job freezes the email as rendered then
+//! ([`FrozenEmail`], through [`Handler::freeze`]) — recipient, sender, subject, text, and the
+//! link's base; never the token — and every attempt sends exactly that, under the same delivery
+//! key, even if the address, `ONCELY_PUBLIC_URL`, `ONCELY_MAIL_FROM` or the template changed
+//! since (a provider refuses another payload under a key it has seen). The checks that decide
+//! *whether* to send (the link was used or superseded, the account is gone, the send was
+//! suppressed) run again on every attempt.
 
 use std::future::Future;
 use std::pin::Pin;
@@ -11,7 +19,8 @@ use std::sync::Arc;
 
 use oncely::ServerSecret;
 use oncely_outbox::mail::{Email, Mailer};
-use oncely_outbox::{Delivery, Handler, Job};
+use oncely_outbox::{Delivery, FreezeFuture, Handler, Job};
+use serde::{Deserialize, Serialize};
 use uuid::Uuid;
 
 use crate::accounts::Accounts;
@@ -93,6 +102,81 @@ fn render(flow: Flow, link: &str) -> (&'static str, String) {
     }
 }
 
+/// Where the link goes in a frozen text: the link's base ([`FrozenEmail::link`]) followed by
+/// the token, derived again at each send.
+const LINK: &str = "{{link}}";
+
+/// An email as its job's first attempt rendered it, stored on the job ([`Job::frozen`]) and
+/// sent as it is by every attempt. A token email's link is frozen without its token: `text`
+/// holds `{{link}}` where the link goes, and `link` the link up to the token (the public URL, the
+/// flow's path, `?token=`).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct FrozenEmail {
+    /// Sender.
+    pub from: String,
+    /// Recipient.
+    pub to: String,
+    /// Subject line.
+    pub subject: String,
+    /// Body, with `{{link}}` where a token email's link goes.
+    pub text: String,
+    /// A token email's link before its token.
+    pub link: Option<String>,
+}
+
+impl FrozenEmail {
+    /// The email of a token record of `flow`, to `to`, as the context renders it now.
+    fn token_email(context: &MailContext, flow: Flow, to: String) -> Self {
+        let (subject, text) = render(flow, LINK);
+        Self {
+            from: context.from.clone(),
+            to,
+            subject: subject.into(),
+            text,
+            link: Some(format!("{}{}?token=", context.public_url, flow.path())),
+        }
+    }
+
+    /// The email that is sent: the link completed with `token`.
+    fn email(self, token: Option<&Token>) -> Result<Email, Delivery> {
+        let text = match (&self.link, token) {
+            (Some(link), Some(token)) if self.text.contains(LINK) => self
+                .text
+                .replace(LINK, &format!("{link}{}", token.expose())),
+            (None, None) => self.text,
+            _ => {
+                return Err(Delivery::Permanent(
+                    "the frozen email's link does not fit".into(),
+                ));
+            }
+        };
+        Ok(Email {
+            from: self.from,
+            to: self.to,
+            subject: self.subject,
+            text,
+        })
+    }
+
+    /// The email a job's first attempt froze, if any.
+    fn of(job: &Job) -> Result<Option<Self>, Delivery> {
+        job.frozen
+            .clone()
+            .map(serde_json::from_value)
+            .transpose()
+            .map_err(|error| {
+                Delivery::Permanent(format!("the frozen email is unreadable: {error}"))
+            })
+    }
+
+    /// As the job's frozen value.
+    fn freeze(&self) -> Result<Option<serde_json::Value>, Delivery> {
+        serde_json::to_value(self)
+            .map(Some)
+            .map_err(|error| Delivery::Permanent(format!("cannot freeze the email: {error}")))
+    }
+}
+
 /// Sends the email of a token record, whichever its flow.
 pub struct TokenEmail<A> {
     /// Reads the token record and its recipient.
@@ -101,27 +185,45 @@ pub struct TokenEmail<A> {
     pub context: Arc<MailContext>,
 }
 
+/// What a token email is made of now: whom it goes to, its flow, its token.
+struct Current {
+    to: String,
+    flow: Flow,
+    token: Token,
+}
+
 impl<A: Accounts> TokenEmail<A> {
-    async fn send(&self, job: &Job) -> Delivery {
-        let token_id = match subject(job, "token_id") {
-            Ok(id) => id,
-            Err(delivery) => return delivery,
-        };
+    /// Whether to send, and what from: checked on every attempt.
+    async fn current(&self, job: &Job) -> Result<Current, Delivery> {
+        let token_id = subject(job, "token_id")?;
         let record = match self.accounts.token_for_send(token_id).await {
             Ok(Some(record)) => record,
-            Ok(None) => return Delivery::Permanent("the token record no longer exists".into()),
-            Err(error) => return Delivery::Retry(format!("reading the token record: {error:#}")),
+            Ok(None) => {
+                return Err(Delivery::Permanent(
+                    "the token record no longer exists".into(),
+                ));
+            }
+            Err(error) => {
+                return Err(Delivery::Retry(format!(
+                    "reading the token record: {error:#}"
+                )));
+            }
         };
         let Some(to) = record.recipient else {
-            return Delivery::Skipped("no account for this address: nothing to send".into());
+            return Err(Delivery::Skipped(
+                "no account for this address: nothing to send".into(),
+            ));
         };
         if !record.live {
-            return Delivery::Skipped(
+            return Err(Delivery::Skipped(
                 "the link was superseded or used before delivery: not sent".into(),
-            );
+            ));
         }
         let Some(flow) = Flow::parse(&record.flow) else {
-            return Delivery::Permanent(format!("unknown token flow {:?}", record.flow));
+            return Err(Delivery::Permanent(format!(
+                "unknown token flow {:?}",
+                record.flow
+            )));
         };
         // The secret that derived the stored hash: the current one, or a previous one when the
         // job was written before a rotation (the link must be the one whose hash is stored).
@@ -132,23 +234,33 @@ impl<A: Accounts> TokenEmail<A> {
             .map(|secret| Token::derive(secret, flow, token_id))
             .find(|token| token.hash() == record.hash)
         else {
-            return Delivery::Permanent(
+            return Err(Delivery::Permanent(
                 "no configured server secret derives this link (rotated out of ONCELY_SECRET_PREVIOUS?): not sent"
                     .into(),
-            );
+            ));
         };
-        let link = format!(
-            "{}{}?token={}",
-            self.context.public_url,
-            flow.path(),
-            token.expose()
-        );
-        let (subject, text) = render(flow, &link);
-        let email = Email {
-            from: self.context.from.clone(),
-            to,
-            subject: subject.into(),
-            text,
+        Ok(Current { to, flow, token })
+    }
+
+    async fn freeze(&self, job: &Job) -> Result<Option<serde_json::Value>, Delivery> {
+        let Current { to, flow, .. } = self.current(job).await?;
+        FrozenEmail::token_email(&self.context, flow, to).freeze()
+    }
+
+    async fn send(&self, job: &Job) -> Delivery {
+        let Current { to, flow, token } = match self.current(job).await {
+            Ok(current) => current,
+            Err(delivery) => return delivery,
+        };
+        let frozen = match FrozenEmail::of(job) {
+            Ok(frozen) => {
+                frozen.unwrap_or_else(|| FrozenEmail::token_email(&self.context, flow, to))
+            }
+            Err(delivery) => return delivery,
+        };
+        let email = match frozen.email(Some(&token)) {
+            Ok(email) => email,
+            Err(delivery) => return delivery,
         };
         self.context
             .mailer
@@ -158,6 +270,10 @@ impl<A: Accounts> TokenEmail<A> {
 }
 
 impl<A: Accounts> Handler for TokenEmail<A> {
+    fn freeze<'a>(&'a self, job: &'a Job) -> FreezeFuture<'a> {
+        Box::pin(self.freeze(job))
+    }
+
     fn run<'a>(&'a self, job: &'a Job) -> Pin<Box<dyn Future<Output = Delivery> + Send + 'a>> {
         Box::pin(self.send(job))
     }
@@ -172,17 +288,18 @@ pub struct SignupNotice<A> {
 }
 
 impl<A: Accounts> SignupNotice<A> {
-    async fn send(&self, job: &Job) -> Delivery {
-        let user_id = match subject(job, "user_id") {
-            Ok(id) => id,
-            Err(delivery) => return delivery,
-        };
-        let to = match self.accounts.user_email(user_id).await {
-            Ok(Some(to)) => to,
-            Ok(None) => return Delivery::Permanent("the user no longer exists".into()),
-            Err(error) => return Delivery::Retry(format!("reading the user: {error:#}")),
-        };
-        let email = Email {
+    /// The user's address, if the notice is still to be sent: checked on every attempt.
+    async fn recipient(&self, job: &Job) -> Result<String, Delivery> {
+        let user_id = subject(job, "user_id")?;
+        match self.accounts.user_email(user_id).await {
+            Ok(Some(to)) => Ok(to),
+            Ok(None) => Err(Delivery::Permanent("the user no longer exists".into())),
+            Err(error) => Err(Delivery::Retry(format!("reading the user: {error:#}"))),
+        }
+    }
+
+    fn render(&self, to: String) -> FrozenEmail {
+        FrozenEmail {
             from: self.context.from.clone(),
             to,
             subject: "Someone tried to sign up with your address".into(),
@@ -192,16 +309,98 @@ impl<A: Accounts> SignupNotice<A> {
                  If it was not you, you can ignore this message.\n",
                 self.context.public_url
             ),
+            link: None,
+        }
+    }
+
+    async fn freeze(&self, job: &Job) -> Result<Option<serde_json::Value>, Delivery> {
+        let to = self.recipient(job).await?;
+        self.render(to).freeze()
+    }
+
+    async fn send(&self, job: &Job) -> Delivery {
+        let to = match self.recipient(job).await {
+            Ok(to) => to,
+            Err(delivery) => return delivery,
         };
-        self.context
-            .mailer
-            .send(&email, &job.delivery_key.to_string())
-            .await
+        let email = match FrozenEmail::of(job) {
+            Ok(frozen) => frozen.unwrap_or_else(|| self.render(to)).email(None),
+            Err(delivery) => Err(delivery),
+        };
+        match email {
+            Ok(email) => {
+                self.context
+                    .mailer
+                    .send(&email, &job.delivery_key.to_string())
+                    .await
+            }
+            Err(delivery) => delivery,
+        }
     }
 }
 
 impl<A: Accounts> Handler for SignupNotice<A> {
+    fn freeze<'a>(&'a self, job: &'a Job) -> FreezeFuture<'a> {
+        Box::pin(self.freeze(job))
+    }
+
     fn run<'a>(&'a self, job: &'a Job) -> Pin<Box<dyn Future<Output = Delivery> + Send + 'a>> {
         Box::pin(self.send(job))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn context() -> MailContext {
+        MailContext {
+            secret: ServerSecret::new(vec![7; 32]).unwrap(),
+            public_url: "https://first.example".into(),
+            from: "first@example.com".into(),
+            mailer: oncely_outbox::mail::from_url(
+                "smtp://127.0.0.1:1",
+                None,
+                Default::default(),
+                None,
+            )
+            .unwrap(),
+        }
+    }
+
+    #[test]
+    fn a_frozen_token_email_holds_its_link_without_the_token_and_sends_it_with_the_token() {
+        let context = context();
+        let token = Token::derive(&context.secret, Flow::Verification, Uuid::new_v4());
+        let frozen =
+            FrozenEmail::token_email(&context, Flow::Verification, "ada@example.com".into());
+        let stored = frozen.freeze().unwrap().unwrap().to_string();
+        assert!(
+            !stored.contains(token.expose()),
+            "no token in the outbox: {stored}"
+        );
+        assert!(
+            stored.contains("https://first.example/v1/verify?token="),
+            "{stored}"
+        );
+        let email = frozen.clone().email(Some(&token)).unwrap();
+        let link = format!("https://first.example/v1/verify?token={}", token.expose());
+        assert!(email.text.contains(&link), "{}", email.text);
+        assert!(!email.text.contains(LINK));
+        assert_eq!(
+            (
+                email.to.as_str(),
+                email.from.as_str(),
+                email.subject.as_str()
+            ),
+            (
+                "ada@example.com",
+                "first@example.com",
+                "Confirm your email address"
+            )
+        );
+        // Exactly the email a job rendered without freezing would have sent.
+        assert_eq!(email.text, render(Flow::Verification, &link).1);
+        assert!(matches!(frozen.email(None), Err(Delivery::Permanent(_))));
     }
 }

@@ -226,7 +226,7 @@ async fn prune<B: Accounts>(args: PruneArgs) -> anyhow::Result<()> {
 }
 
 async fn run_inbox(args: InboxArgs) -> anyhow::Result<()> {
-    let inbox = Inbox::new();
+    let inbox = Inbox::with_config(args.config());
     if args.provider_mode {
         inbox.set_faults(Faults::provider());
     }
@@ -234,6 +234,19 @@ async fn run_inbox(args: InboxArgs) -> anyhow::Result<()> {
     println!(
         "oncely inbox: SMTP {}  HTTP http://{}  (GET /messages, GET /stats, PUT /faults)",
         running.smtp_addr, running.http_addr
+    );
+    let config = inbox.config();
+    println!(
+        "idempotency keys read from {} (HTTP) and {} (SMTP){}; keeps the newest {} messages of the last {}",
+        config.http_idempotency_header,
+        config.smtp_idempotency_header,
+        if args.provider_mode {
+            ", deduplicated within 24 h"
+        } else {
+            ", duplicates counted"
+        },
+        config.retention.max_messages,
+        humantime::format_duration(config.retention.max_age),
     );
     shutdown_signal().await;
     Ok(())

@@ -81,7 +81,13 @@ async fn run_outbox_command<S: JobStore>(
             let Some(job) = jobs.job(&key).await? else {
                 bail!("no job with operation key {key:?}")
             };
-            writeln!(out, "{}", serde_json::to_string_pretty(&job)?)?;
+            // What the first attempt froze holds the recipient's address and the email's text:
+            // shown by field names only, as the rest of the operator's output shows no address.
+            let mut shown = serde_json::to_value(&job)?;
+            if let Some(frozen) = job.frozen.as_ref().and_then(|f| f.as_object()) {
+                shown["frozen"] = frozen.keys().cloned().collect();
+            }
+            writeln!(out, "{}", serde_json::to_string_pretty(&shown)?)?;
             writeln!(out, "attempts:")?;
             for attempt in jobs.attempts(job.id).await? {
                 writeln!(

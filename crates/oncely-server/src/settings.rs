@@ -11,6 +11,7 @@ use std::time::Duration;
 use anyhow::{Context, bail};
 use clap::ValueEnum;
 use oncely::ServerSecret;
+use oncely_outbox::mail::IdempotencyHeader;
 use rand::RngCore;
 use secrecy::{ExposeSecret, SecretString};
 
@@ -113,6 +114,7 @@ impl Settings {
                 choice: MailerChoice::Dev,
                 api_key: None,
                 from: defaults::MAIL_FROM.to_owned(),
+                idempotency_header: None,
             },
             lease: default_duration(defaults::LEASE),
             key_retention: default_duration(defaults::KEY_RETENTION),
@@ -274,6 +276,9 @@ pub struct MailerSettings {
     pub api_key: Option<SecretString>,
     /// Sender address.
     pub from: String,
+    /// The header that carries the delivery key (`ONCELY_MAILER_IDEMPOTENCY_HEADER`); `None`:
+    /// the transport's default (HTTP `Idempotency-Key`, SMTP `Resend-Idempotency-Key`).
+    pub idempotency_header: Option<IdempotencyHeader>,
 }
 
 impl MailerSettings {
@@ -282,6 +287,7 @@ impl MailerSettings {
             choice: common.mailer_choice()?,
             api_key: common.mailer_api_key.clone(),
             from: common.mail_from.clone(),
+            idempotency_header: common.mailer_idempotency_header.clone(),
         })
     }
 }
@@ -606,6 +612,94 @@ mod tests {
             printed.contains("postgres://app:***@db:5432/oncely") || printed.contains("db:5432"),
             "{printed}"
         );
+    }
+
+    /// Issue 14, item 4: the header that carries the delivery key is a mailer setting of
+    /// `serve` and `worker`, checked at start.
+    #[test]
+    fn the_mailer_idempotency_header_is_a_checked_setting_of_serve_and_worker() {
+        let secret = ["--secret", "0123456789abcdef0123456789abcdef-header"];
+        let header = |args: ServeArgs| Settings::from_args(args).unwrap().mailer.idempotency_header;
+        assert_eq!(header(serve(&secret)), None, "the transport's default");
+        let given = [
+            &secret[..],
+            &["--mailer-idempotency-header", "X-Provider-Key"],
+        ]
+        .concat();
+        assert_eq!(header(serve(&given)).unwrap().as_str(), "X-Provider-Key");
+        let worker = Cli::try_parse_from([
+            "oncely",
+            "worker",
+            "--mailer",
+            "smtp://127.0.0.1:2525",
+            "--mailer-idempotency-header",
+            "Idempotency-Key",
+            "--secret",
+            secret[1],
+        ])
+        .unwrap();
+        let Command::Worker(args) = worker.command else {
+            unreachable!()
+        };
+        let settings = WorkerSettings::from_args(args).unwrap();
+        assert_eq!(
+            settings.mailer.idempotency_header.unwrap().as_str(),
+            "Idempotency-Key"
+        );
+        for bad in ["Idempotency Key", "Message-ID", ""] {
+            let error =
+                Cli::try_parse_from(["oncely", "serve", "--mailer-idempotency-header", bad])
+                    .unwrap_err()
+                    .to_string();
+            assert!(
+                error.contains("invalid idempotency header name"),
+                "{bad:?}: {error}"
+            );
+        }
+    }
+
+    #[test]
+    fn the_inbox_reads_the_mailers_default_headers_unless_told_one_and_is_bounded() {
+        let inbox = |args: &[&str]| {
+            let argv = [&["oncely", "inbox"][..], args].concat();
+            match Cli::try_parse_from(argv) {
+                Ok(Cli {
+                    command: Command::Inbox(args),
+                }) => Ok(args.config()),
+                Ok(_) => unreachable!(),
+                Err(error) => Err(error.to_string()),
+            }
+        };
+        assert_eq!(inbox(&[]).unwrap(), oncely_inbox::Config::default());
+        let one = inbox(&[
+            "--idempotency-header",
+            "X-Key",
+            "--max-messages",
+            "5",
+            "--max-age",
+            "1h",
+        ])
+        .unwrap();
+        assert_eq!(
+            (
+                one.http_idempotency_header.as_str(),
+                one.smtp_idempotency_header.as_str()
+            ),
+            ("X-Key", "X-Key")
+        );
+        assert_eq!(
+            one.retention,
+            oncely_inbox::Retention {
+                max_messages: 5,
+                max_age: Duration::from_secs(3600)
+            }
+        );
+        assert!(
+            inbox(&["--max-messages", "0"])
+                .unwrap_err()
+                .contains("at least 1")
+        );
+        assert!(inbox(&["--idempotency-header", "a:b"]).is_err());
     }
 
     #[test]

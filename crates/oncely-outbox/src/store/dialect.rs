@@ -191,6 +191,7 @@ where
     for<'r> (i64,): sqlx::FromRow<'r, D::Row>,
     for<'r> (i64, i64): sqlx::FromRow<'r, D::Row>,
     for<'r> DeadJob: sqlx::FromRow<'r, D::Row>,
+    for<'r> (Json<serde_json::Value>,): sqlx::FromRow<'r, D::Row>,
     for<'r> JobRow<D::Moment>: sqlx::FromRow<'r, D::Row>,
     for<'r> JobRecord: sqlx::FromRow<'r, D::Row>,
     for<'r> AttemptRecord: sqlx::FromRow<'r, D::Row>,
@@ -264,6 +265,20 @@ where
             .iter()
             .map(|(job, _)| finished.contains(&job.id))
             .collect())
+    }
+
+    async fn freeze(
+        &self,
+        job: &Job,
+        frozen: &serde_json::Value,
+    ) -> Result<Option<serde_json::Value>, OutboxError> {
+        let stored: Option<Json<serde_json::Value>> = sqlx::query_scalar(D::FREEZE)
+            .bind(job.id)
+            .bind(job.lease_token)
+            .bind(Json(frozen))
+            .fetch_optional(&self.pool)
+            .await?;
+        Ok(stored.map(|Json(value)| value))
     }
 
     async fn release(&self, job: &Job) -> Result<bool, OutboxError> {

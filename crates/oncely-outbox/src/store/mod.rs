@@ -199,6 +199,17 @@ pub trait JobStore: Clone + Send + Sync + 'static {
         async move { Ok(self.finish_all(&[(job, finish)]).await?[0]) }
     }
 
+    /// Stores `frozen` as what a claimed job's attempts send ([`crate::Handler::freeze`],
+    /// [`Job::frozen`]) — once: a job that holds a frozen value keeps it (the first writer
+    /// wins), and only while `job`'s claim owns it (its lease token). Returns the value the job
+    /// holds now (`frozen`, or what an earlier attempt stored), or `None` if the claim no longer
+    /// owns the job: then nothing may be sent under it.
+    fn freeze(
+        &self,
+        job: &Job,
+        frozen: &serde_json::Value,
+    ) -> impl Future<Output = Result<Option<serde_json::Value>, OutboxError>> + Send;
+
     /// Hands a claimed job back unstarted: due now, the attempt not counted.
     fn release(&self, job: &Job) -> impl Future<Output = Result<bool, OutboxError>> + Send;
 
@@ -254,7 +265,8 @@ pub trait JobStore: Clone + Send + Sync + 'static {
 
     /// Re-drives a dead job: pending and due now, with a fresh attempt budget, a fresh retry
     /// horizon (counted from now: [`Job::horizon_from`]; its `created_at` is kept) and the
-    /// *same* delivery key. Its attempt history is kept. `false` if no dead job has this key.
+    /// *same* delivery key and frozen payload ([`Job::frozen`]: another payload under the same
+    /// key would be refused). Its attempt history is kept. `false` if no dead job has this key.
     ///
     /// The same key deduplicates only inside the provider's window (about 24 h for common email
     /// APIs, from the key's first use): a job whose earlier attempt had an unknown outcome

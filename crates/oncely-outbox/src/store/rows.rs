@@ -60,6 +60,8 @@ pub(crate) struct JobRow<T> {
     created_at: T,
     redriven_at: Option<T>,
     not_after: Option<T>,
+    #[sqlx(json(nullable))]
+    frozen: Option<Value>,
 }
 
 impl<T: Moment> JobRow<T> {
@@ -77,6 +79,7 @@ impl<T: Moment> JobRow<T> {
             redriven_at: self.redriven_at.map(Moment::into_time),
             not_after: self.not_after.map(Moment::into_time),
             lease_token,
+            frozen: self.frozen,
         }
     }
 }

@@ -56,7 +56,7 @@ async fn attempt<S: JobStore>(
         let why = "not run: its deadline passed before delivery".to_owned();
         (Finish::dead(AttemptResult::Expired, why), None)
     } else {
-        let delivery = run(handler, &job, limit).await;
+        let delivery = run(handler, &store, job.clone(), limit).await;
         let verdict = Verdict::of(&delivery, &options.policy);
         (options.policy.decide(&job, delivery, now), Some(verdict))
     };
@@ -68,13 +68,54 @@ async fn attempt<S: JobStore>(
     }
 }
 
-/// The handler's outcome; a panic or running past `limit` is unknown.
-async fn run(handler: Arc<dyn super::Handler>, job: &Job, limit: Duration) -> Delivery {
-    let run = std::panic::AssertUnwindSafe(handler.run(job)).catch_unwind();
+/// The handler's outcome, on the job as frozen ([`frozen`]); a panic or running past `limit`
+/// is unknown.
+async fn run<S: JobStore>(
+    handler: Arc<dyn super::Handler>,
+    store: &S,
+    job: Job,
+    limit: Duration,
+) -> Delivery {
+    let attempt = async move {
+        match frozen(&*handler, store, job).await {
+            Ok(job) => handler.run(&job).await,
+            Err(outcome) => outcome,
+        }
+    };
+    let run = std::panic::AssertUnwindSafe(attempt).catch_unwind();
     match tokio::time::timeout(limit, run).await {
         Ok(Ok(delivery)) => delivery,
         Ok(Err(_)) => Delivery::Unknown("the handler panicked".into()),
         Err(_) => Delivery::Unknown(format!("the handler took longer than {limit:?}")),
+    }
+}
+
+/// The job with what its attempts send: frozen by an earlier attempt (it came with the claim),
+/// or asked of the handler now and stored before anything is sent. `Err`: the outcome to report
+/// instead of running (the handler's, or a retry when the value could not be stored: nothing
+/// was sent).
+async fn frozen<S: JobStore>(
+    handler: &dyn super::Handler,
+    store: &S,
+    mut job: Job,
+) -> Result<Job, Delivery> {
+    if job.frozen.is_some() {
+        return Ok(job);
+    }
+    let Some(value) = handler.freeze(&job).await? else {
+        return Ok(job);
+    };
+    match store.freeze(&job, &value).await {
+        Ok(Some(stored)) => {
+            job.frozen = Some(stored);
+            Ok(job)
+        }
+        Ok(None) => Err(Delivery::Retry(
+            "not sent: the claim's lease ended before the payload was frozen".into(),
+        )),
+        Err(error) => Err(Delivery::Retry(format!(
+            "not sent: the payload could not be frozen: {error}"
+        ))),
     }
 }
 

@@ -10,7 +10,7 @@ use std::collections::HashMap;
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use std::time::Duration;
 
-use crate::job::{DeliveryFuture, Job};
+use crate::job::{DeliveryFuture, FreezeFuture, Job};
 use crate::policy::RetryPolicy;
 use crate::store::{JobStore, OutboxError};
 
@@ -22,8 +22,31 @@ mod producer;
 /// Runs the jobs of one kind.
 pub trait Handler: Send + Sync + 'static {
     /// Performs the job's effect once, forwarding [`Job::delivery_key`] to anything downstream
-    /// that deduplicates, and reports what happened.
+    /// that deduplicates, and reports what happened. What it sends should be what
+    /// [`Job::frozen`] says, when the handler freezes ([`Handler::freeze`]).
     fn run<'a>(&'a self, job: &'a Job) -> DeliveryFuture<'a>;
+
+    /// What this job would send if it ran now, read from current state: the parts of the
+    /// payload that must not change between attempts under the job's delivery key — a
+    /// recipient, a sender, a link's base, a rendered template — because a provider that
+    /// deduplicates by key refuses another payload under a key it has seen (Resend: 409
+    /// `invalid_idempotent_request`, until the job is dead) or drops it silently.
+    ///
+    /// The worker asks before an attempt whose job has no frozen value yet, stores the answer
+    /// on the job *before* [`Handler::run`] (once: the first answer stored wins; and only while
+    /// the attempt's claim owns the job), and hands it to this and every later attempt as
+    /// [`Job::frozen`]: a retry after an unknown outcome sends exactly what the first attempt
+    /// may have sent, whatever changed since. Checks that decide *whether* to send (the link
+    /// was used, the account is gone) belong in `run`, which runs them on every attempt.
+    ///
+    /// `Ok(None)` (the default): nothing to freeze, `run` gets `frozen: None`. `Err(outcome)`:
+    /// the attempt ends with `outcome` (`Skipped`, `Permanent`, `Retry`…) without running. The
+    /// value is stored in plaintext in the outbox table: freeze what renders a secret (a token's
+    /// id and the link's base), never the secret itself.
+    fn freeze<'a>(&'a self, job: &'a Job) -> FreezeFuture<'a> {
+        let _ = job;
+        Box::pin(std::future::ready(Ok(None)))
+    }
 }
 
 /// Worker settings.

@@ -1,11 +1,14 @@
 //! What a failed send means: nothing sent (a plain retry) or perhaps sent (unknown). Issue 14,
 //! item 5: a refused connection or a failed TLS handshake sent nothing; an HTTP mailer never
-//! follows a redirect (a POST would become a GET elsewhere).
+//! follows a redirect (a POST would become a GET elsewhere). Item 3: a provider that refuses a
+//! key used with another payload can never accept it (permanent); one whose first request with
+//! the key still runs is worth a retry.
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
+use oncely_inbox::{Faults, Inbox};
 use oncely_outbox::Delivery;
 use oncely_outbox::mail::{Email, from_url};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
@@ -21,7 +24,7 @@ fn email() -> Email {
 }
 
 async fn send(url: &str) -> Delivery {
-    let mailer = from_url(url, None, Duration::from_secs(5)).unwrap();
+    let mailer = from_url(url, None, Duration::from_secs(5), None).unwrap();
     mailer.send(&email(), "key-1").await
 }
 
@@ -169,6 +172,7 @@ async fn a_refusal_that_echoes_the_api_key_is_recorded_without_it() {
         &api.url,
         Some(key.to_owned().into()),
         Duration::from_secs(5),
+        None,
     )
     .unwrap();
     let outcome = mailer.send(&email(), "key-1").await;
@@ -239,4 +243,67 @@ fn blank(outcome: &Delivery) -> Delivery {
         Delivery::Unknown(_) => Delivery::Unknown(String::new()),
         other => other.clone(),
     }
+}
+
+/// Sends `email` with `key` over `url`'s transport.
+async fn send_with_key(url: &str, email: &Email, key: &str) -> Delivery {
+    let mailer = from_url(url, None, Duration::from_secs(5), None).unwrap();
+    mailer.send(email, key).await
+}
+
+/// The provider-mode inbox's 409s (HTTP) and their SMTP replies, read by each mailer.
+#[tokio::test]
+async fn a_key_used_with_another_payload_is_permanent_and_a_key_in_flight_a_plain_retry() {
+    let (inbox, running) = Inbox::start_local(Faults::provider()).await.unwrap();
+    let http = format!("http://{}/emails", running.http_addr);
+    let smtp = format!("smtp://{}", running.smtp_addr);
+    for (url, key) in [(&http, "http-key"), (&smtp, "smtp-key")] {
+        let first = send_with_key(url, &email(), key).await;
+        assert!(matches!(first, Delivery::Sent { .. }), "{first:?}");
+        let moved = Email {
+            to: "moved@example.com".into(),
+            ..email()
+        };
+        let outcome = send_with_key(url, &moved, key).await;
+        let Delivery::Permanent(reason) = outcome else {
+            panic!("{url}: {outcome:?}")
+        };
+        assert!(reason.contains("invalid_idempotent_request"), "{reason}");
+    }
+
+    inbox.set_faults(Faults {
+        delay_ms: 500,
+        ..Faults::provider()
+    });
+    // Over HTTP a 409 `concurrent_idempotent_requests` is a plain retry; over SMTP the inbox
+    // answers 451 4.7.0, which the mailer reads as throttling (no attempt spent).
+    for (url, key, smtp) in [(&http, "http-slow", false), (&smtp, "smtp-slow", true)] {
+        let same = email();
+        let (a, b) = tokio::join!(
+            send_with_key(url, &same, key),
+            send_with_key(url, &same, key)
+        );
+        let outcomes = [&a, &b];
+        assert_eq!(
+            outcomes
+                .iter()
+                .filter(|o| matches!(o, Delivery::Sent { .. }))
+                .count(),
+            1,
+            "{url}: {outcomes:?}"
+        );
+        let retry = outcomes
+            .iter()
+            .find_map(|o| match o {
+                Delivery::Retry(reason) if !smtp => Some(reason),
+                Delivery::Throttled {
+                    reason,
+                    after: None,
+                } if smtp => Some(reason),
+                _ => None,
+            })
+            .unwrap_or_else(|| panic!("{url}: {outcomes:?}"));
+        assert!(retry.contains("concurrent_idempotent_requests"), "{retry}");
+    }
+    assert_eq!(inbox.messages(None).len(), 4);
 }

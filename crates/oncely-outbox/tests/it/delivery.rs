@@ -4,7 +4,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use oncely_inbox::{Faults, Inbox, Rejection, Running};
-use oncely_outbox::mail::{Email, EmailHandler, Mailer, from_url};
+use oncely_outbox::mail::{Email, EmailHandler, IdempotencyHeader, Mailer, from_url};
 use oncely_outbox::{JobStatus, JobStore, NewJob, RetryPolicy, Worker, WorkerConfig};
 use oncely_testdb::TestDb;
 use time::OffsetDateTime;
@@ -24,10 +24,16 @@ async fn inbox(faults: Faults) -> (Inbox, Running) {
 }
 
 fn smtp(running: &Running) -> Arc<dyn Mailer> {
+    smtp_with_header(running, None)
+}
+
+/// An SMTP mailer sending the delivery key in `header` (`None`: the default).
+fn smtp_with_header(running: &Running, header: Option<&str>) -> Arc<dyn Mailer> {
     from_url(
         &format!("smtp://{}", running.smtp_addr),
         None,
         Duration::from_secs(2),
+        header.map(|h| IdempotencyHeader::new(h).unwrap()),
     )
     .unwrap()
 }
@@ -37,6 +43,7 @@ fn http(running: &Running, timeout: Duration) -> Arc<dyn Mailer> {
         &format!("http://{}/emails", running.http_addr),
         None,
         timeout,
+        None,
     )
     .unwrap()
 }
@@ -178,6 +185,7 @@ both_stores!(
     a_permanent_rejection_is_dead_at_once_with_its_reason,
     attempts_stop_at_the_maximum_and_the_job_is_dead,
     accept_then_drop_with_a_deduplicating_provider_delivers_exactly_one_email,
+    a_provider_that_does_not_read_the_mailer_s_header_delivers_the_resend_again,
     accept_then_drop_over_plain_smtp_records_the_duplicate,
     the_http_provider_gets_the_same_idempotency_key_on_every_retry,
     a_job_past_its_deadline_is_not_sent,
@@ -277,6 +285,27 @@ async fn accept_then_drop_with_a_deduplicating_provider_delivers_exactly_one_ema
         "exactly one email"
     );
     assert_eq!(inbox.stats().deduplicated, 1);
+}
+
+/// Issue 14, item 4: the inbox (like Resend's SMTP) reads only `Resend-Idempotency-Key`; a
+/// mailer that sends the key under another name (`Idempotency-Key`, as every SMTP send did
+/// before) is not deduplicated. The test above, with the default mailer, gets one email.
+async fn a_provider_that_does_not_read_the_mailer_s_header_delivers_the_resend_again<S: Backend>(
+    store: S,
+    _db: TestDb,
+) {
+    let (inbox, running) = inbox(losing_the_first_answer(Faults::provider())).await;
+    enqueue(&store, email_job("k", "w@example.com")).await;
+    let mailer = smtp_with_header(&running, Some("Idempotency-Key"));
+    let record = run_until_settled(&worker(&store, mailer, FAST), &store, "k").await;
+    assert_eq!(record.status, JobStatus::Sent);
+    assert_eq!(results(&store, record.id).await, ["unknown", "sent"]);
+    assert_eq!(
+        inbox.messages(Some("w@example.com")).len(),
+        2,
+        "the provider saw no key it reads: the resend is a second email"
+    );
+    assert_eq!(inbox.stats().deduplicated, 0);
 }
 
 async fn accept_then_drop_over_plain_smtp_records_the_duplicate<S: Backend>(store: S, _db: TestDb) {

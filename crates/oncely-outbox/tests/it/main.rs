@@ -4,6 +4,7 @@
 
 mod classification;
 mod delivery;
+mod frozen;
 mod migrations;
 mod pausing;
 mod provider;

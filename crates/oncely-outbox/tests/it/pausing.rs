@@ -52,7 +52,7 @@ async fn a_refused_kind_pauses_is_probed_once_per_interval_and_resumes_by_itself
         })
         .await
     };
-    let mailer = from_url(&api.url, None, Duration::from_secs(5)).unwrap();
+    let mailer = from_url(&api.url, None, Duration::from_secs(5), None).unwrap();
     let worker = Worker::new(store.clone(), WorkerConfig::default())
         .handle("email", EmailHandler::new(mailer));
     for key in ["a", "b", "c"] {

@@ -55,6 +55,7 @@ both_stores!(
     sent_jobs_keep_their_attempt_history,
     dead_jobs_are_listed_with_their_reason_and_redriven_with_the_same_key,
     pruning_removes_only_finished_jobs_past_their_retention_in_batches,
+    a_frozen_payload_is_written_once_under_the_claim_s_lease_and_comes_with_every_later_claim,
 );
 
 async fn enqueueing_the_same_intent_twice_is_a_no_op_that_says_so<S: Backend>(
@@ -332,4 +333,71 @@ async fn one_batch_finish_records_each_result_and_fences_each_job<S: Backend>(
     }
     assert!(store.finish_all(&[]).await.unwrap().is_empty());
     assert!(store.finish(&taken, &sent()).await.unwrap());
+}
+
+/// Issue 14, item 3: what the first attempt froze is written once (the first writer wins),
+/// only by the claim that owns the job, and every later claim of the job carries it.
+async fn a_frozen_payload_is_written_once_under_the_claim_s_lease_and_comes_with_every_later_claim<
+    S: Backend,
+>(
+    store: S,
+    _db: TestDb,
+) {
+    let first_payload = json!({ "to": "old@example.com", "link_base": "https://a.example" });
+    enqueue(&store, job("k")).await;
+    let first = claim(&store, "a", "email", 1, Duration::from_millis(100))
+        .await
+        .remove(0);
+    assert_eq!(
+        first.frozen, None,
+        "nothing frozen before the first attempt"
+    );
+    assert_eq!(
+        store.freeze(&first, &first_payload).await.unwrap(),
+        Some(first_payload.clone())
+    );
+    let other = json!({ "to": "new@example.com" });
+    assert_eq!(
+        store.freeze(&first, &other).await.unwrap(),
+        Some(first_payload.clone()),
+        "written once: a second write returns the first value"
+    );
+
+    // The lease ends and another worker takes the job: it gets the frozen value, cannot
+    // replace it, and the first claim can no longer write at all.
+    store.clock().advance(Duration::from_millis(200));
+    let second = claim_one(&store, "b").await;
+    assert_eq!(second.frozen, Some(first_payload.clone()));
+    assert_eq!(
+        store.freeze(&second, &other).await.unwrap(),
+        Some(first_payload.clone())
+    );
+    assert_eq!(
+        store.freeze(&first, &other).await.unwrap(),
+        None,
+        "fenced: the first claim's lease token no longer owns the job"
+    );
+    let unknown = Finish::retry(AttemptResult::Unknown, Duration::ZERO, "timeout".into());
+    assert!(store.finish(&second, &unknown).await.unwrap());
+    let third = claim_one(&store, "c").await;
+    assert_eq!(third.frozen, Some(first_payload.clone()));
+    store.finish(&third, &sent()).await.unwrap();
+    assert_eq!(
+        store.freeze(&third, &other).await.unwrap(),
+        None,
+        "a finished job is never frozen again"
+    );
+    let record = store.job("k").await.unwrap().unwrap();
+    assert_eq!(record.frozen, Some(first_payload));
+
+    // A claim whose lease ended before anything was frozen cannot freeze the first value.
+    enqueue(&store, job("k2")).await;
+    let stale = claim(&store, "a", "email", 1, Duration::from_millis(100))
+        .await
+        .remove(0);
+    store.clock().advance(Duration::from_millis(200));
+    let owner = claim_one(&store, "b").await;
+    assert_eq!(store.freeze(&stale, &other).await.unwrap(), None);
+    assert_eq!(owner.frozen, None);
+    assert_eq!(store.job("k2").await.unwrap().unwrap().frozen, None);
 }

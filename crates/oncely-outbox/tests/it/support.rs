@@ -218,6 +218,13 @@ impl<S: Backend> JobStore for Spy<S> {
         }
         self.inner.finish_all(done).await
     }
+    async fn freeze(
+        &self,
+        job: &Job,
+        frozen: &serde_json::Value,
+    ) -> Result<Option<serde_json::Value>, OutboxError> {
+        self.inner.freeze(job, frozen).await
+    }
     async fn release(&self, job: &Job) -> Result<bool, OutboxError> {
         self.inner.release(job).await
     }

@@ -73,7 +73,7 @@ async fn a_429_with_retry_after_is_waited_for_holds_the_kind_and_spends_no_attem
         }
     })
     .await;
-    let mailer = from_url(&api.url, None, Duration::from_secs(5)).unwrap();
+    let mailer = from_url(&api.url, None, Duration::from_secs(5), None).unwrap();
     let worker = Worker::new(store.clone(), WorkerConfig::default())
         .handle_with_policy("email", EmailHandler::new(mailer), TWO_ATTEMPTS)
         .handle("other", Done);
@@ -131,7 +131,13 @@ async fn smtp_throttling_backs_off_without_spending_the_budget<S: Backend>(store
         ..TWO_ATTEMPTS
     };
     let addr = smtp_answering_first("RCPT", "451 4.7.1 Rate limited, try later", 4).await;
-    let mailer = from_url(&format!("smtp://{addr}"), None, Duration::from_secs(5)).unwrap();
+    let mailer = from_url(
+        &format!("smtp://{addr}"),
+        None,
+        Duration::from_secs(5),
+        None,
+    )
+    .unwrap();
     let worker = Worker::new(store.clone(), WorkerConfig::default()).handle_with_policy(
         "email",
         EmailHandler::new(mailer),

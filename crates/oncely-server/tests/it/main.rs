@@ -10,6 +10,7 @@ mod client_caps;
 mod flows;
 mod health;
 mod hostile;
+mod one_payload;
 mod ops;
 mod properties;
 mod requests;

@@ -39,6 +39,15 @@ pub trait Statements {
     /// the jobs it finished (the others' leases were lost).
     const FINISH: &'static str;
 
+    /// Stores what a claimed job's first attempt froze, unless the job holds a frozen value
+    /// already (the first writer wins), guarded by the lease token and `pending`. Binds: 1 id,
+    /// 2 lease token, 3 the value (JSON). Returns the job's frozen value (this one or the
+    /// earlier), no row if the claim no longer owns the job. Index: the primary key.
+    const FREEZE: &'static str = "
+        UPDATE oncely_outbox SET frozen = COALESCE(frozen, $3)
+         WHERE id = $1 AND lease_token = $2 AND status = 'pending'
+        RETURNING frozen";
+
     /// Hands a claimed job back unstarted: due now, the attempt uncounted and its row deleted.
     /// Binds: 1 id, 2 lease token, 3 now. Returns the id if the claim still owned the job.
     const RELEASE: &'static str;
@@ -46,14 +55,14 @@ pub trait Statements {
     /// A job's record by operation key. Binds: 1 operation key.
     const JOB: &'static str = "
         SELECT id, operation_key, kind, status, attempts, free_attempts, last_error,
-               provider_message_id, payload, delivery_key
+               provider_message_id, payload, delivery_key, frozen
           FROM oncely_outbox WHERE operation_key = $1";
 
     /// Records for operators, newest first. Binds: 1 kind (nullable), 2 status (nullable),
     /// 3 limit.
     const LIST: &'static str = "
         SELECT id, operation_key, kind, status, attempts, free_attempts, last_error,
-               provider_message_id, payload, delivery_key
+               provider_message_id, payload, delivery_key, frozen
           FROM oncely_outbox
          WHERE ($1 IS NULL OR kind = $1) AND ($2 IS NULL OR status = $2)
          ORDER BY id DESC LIMIT $3";

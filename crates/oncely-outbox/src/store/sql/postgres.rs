@@ -53,7 +53,7 @@ impl super::Statements for Postgres {
                    lease_token = $3, attempts = o.attempts + 1
               FROM due WHERE o.id = due.id
             RETURNING o.id, o.operation_key, o.kind, o.payload, o.delivery_key, o.attempts,
-                      o.free_attempts, o.created_at, o.redriven_at, o.not_after
+                      o.free_attempts, o.created_at, o.redriven_at, o.not_after, o.frozen
         ), abandoned AS (
             UPDATE oncely_outbox_attempts
                SET finished_at = COALESCE($1, now()), result = 'abandoned',

@@ -63,7 +63,7 @@ impl super::Statements for Sqlite {
              ORDER BY run_after, id
              LIMIT ?5)
         RETURNING id, operation_key, kind, payload, delivery_key, attempts, free_attempts,
-                  created_at, redriven_at, not_after;
+                  created_at, redriven_at, not_after, frozen;
         UPDATE oncely_outbox_attempts
            SET finished_at = ?1, result = 'abandoned',
                error = 'the worker''s lease ended before the attempt finished'

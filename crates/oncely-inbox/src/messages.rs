@@ -1,0 +1,244 @@
+//! What the inbox keeps: the messages in arrival order with their indexes (by id, by recipient,
+//! by key), bounded by count and age; and, in provider mode, the idempotency keys seen within
+//! the window. No request scans every message.
+
+use std::collections::{BTreeMap, BTreeSet, HashMap, VecDeque};
+use std::hash::{Hash, Hasher};
+use std::time::Duration;
+
+use serde::{Deserialize, Serialize};
+use time::OffsetDateTime;
+
+use crate::Message;
+
+/// How much the inbox keeps: the oldest messages go first, when there are more than
+/// `max_messages` or when they are older than `max_age`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Retention {
+    /// The most messages kept.
+    pub max_messages: usize,
+    /// How long a message is kept.
+    pub max_age: Duration,
+}
+
+impl Default for Retention {
+    /// 10,000 messages, 24 hours.
+    fn default() -> Self {
+        Self {
+            max_messages: 10_000,
+            max_age: Duration::from_secs(24 * 60 * 60),
+        }
+    }
+}
+
+/// The kept messages and their indexes.
+#[derive(Default)]
+pub(crate) struct Messages {
+    /// Arrival number of the next message.
+    next: u64,
+    /// Every kept message by arrival number: oldest first.
+    by_arrival: BTreeMap<u64, Message>,
+    by_id: HashMap<String, u64>,
+    /// Recipient (lower case) → arrivals.
+    by_to: HashMap<String, BTreeSet<u64>>,
+    /// Duplicate key (idempotency key, else `Message-ID`) → arrivals.
+    by_key: HashMap<String, BTreeSet<u64>>,
+}
+
+/// What counts two copies as the same message in normal mode: the idempotency key the intake
+/// reads, else the `Message-ID`.
+fn duplicate_key(message: &Message) -> Option<&str> {
+    message
+        .idempotency_key
+        .as_deref()
+        .or(message.message_id.as_deref())
+}
+
+impl Messages {
+    /// Keeps `message`; `true` if a kept copy already had its duplicate key.
+    pub(crate) fn insert(&mut self, message: Message) -> bool {
+        let arrival = self.next;
+        self.next += 1;
+        let mut duplicate = false;
+        if let Some(key) = duplicate_key(&message) {
+            let copies = self.by_key.entry(key.to_owned()).or_default();
+            duplicate = !copies.is_empty();
+            copies.insert(arrival);
+        }
+        for to in &message.to {
+            self.by_to.entry(to.clone()).or_default().insert(arrival);
+        }
+        self.by_id.insert(message.id.clone(), arrival);
+        self.by_arrival.insert(arrival, message);
+        duplicate
+    }
+
+    /// One message by id.
+    pub(crate) fn get(&self, id: &str) -> Option<&Message> {
+        self.by_id.get(id).and_then(|a| self.by_arrival.get(a))
+    }
+
+    /// Every message, oldest first; only those to `to` (lower case) if given.
+    pub(crate) fn list(&self, to: Option<&str>) -> Vec<Message> {
+        match to {
+            None => self.by_arrival.values().cloned().collect(),
+            Some(to) => self.by_to.get(to).map_or_else(Vec::new, |arrivals| {
+                arrivals
+                    .iter()
+                    .filter_map(|a| self.by_arrival.get(a))
+                    .cloned()
+                    .collect()
+            }),
+        }
+    }
+
+    /// How many are kept.
+    pub(crate) fn len(&self) -> usize {
+        self.by_arrival.len()
+    }
+
+    /// Deletes one message by id; `false` if there is none.
+    pub(crate) fn remove(&mut self, id: &str) -> bool {
+        match self.by_id.get(id) {
+            Some(&arrival) => {
+                self.remove_arrival(arrival);
+                true
+            }
+            None => false,
+        }
+    }
+
+    /// Drops the oldest messages beyond `retention` at `now`; returns how many.
+    pub(crate) fn evict(&mut self, retention: &Retention, now: OffsetDateTime) -> u64 {
+        let mut evicted = 0;
+        while let Some((&arrival, oldest)) = self.by_arrival.first_key_value() {
+            let too_many = self.by_arrival.len() > retention.max_messages;
+            if !too_many && oldest.received_at + retention.max_age > now {
+                break;
+            }
+            self.remove_arrival(arrival);
+            evicted += 1;
+        }
+        evicted
+    }
+
+    /// Forgets everything.
+    pub(crate) fn clear(&mut self) {
+        *self = Self {
+            next: self.next,
+            ..Self::default()
+        };
+    }
+
+    fn remove_arrival(&mut self, arrival: u64) {
+        let Some(message) = self.by_arrival.remove(&arrival) else {
+            return;
+        };
+        self.by_id.remove(&message.id);
+        for to in &message.to {
+            unindex(&mut self.by_to, to, arrival);
+        }
+        if let Some(key) = duplicate_key(&message) {
+            unindex(&mut self.by_key, key, arrival);
+        }
+    }
+
+    /// Index sizes (recipients, keys, ids), for tests of their upkeep.
+    #[cfg(test)]
+    pub(crate) fn index_sizes(&self) -> (usize, usize, usize) {
+        (self.by_to.len(), self.by_key.len(), self.by_id.len())
+    }
+}
+
+fn unindex(index: &mut HashMap<String, BTreeSet<u64>>, key: &str, arrival: u64) {
+    if let Some(arrivals) = index.get_mut(key) {
+        arrivals.remove(&arrival);
+        if arrivals.is_empty() {
+            index.remove(key);
+        }
+    }
+}
+
+/// What a provider compares a repeat with: the message as sent (sender, recipients, subject,
+/// bodies), not the envelope of the attempt.
+pub(crate) fn fingerprint(message: &Message) -> u64 {
+    let mut hasher = std::hash::DefaultHasher::new();
+    (
+        &message.from,
+        &message.to,
+        &message.subject,
+        &message.text,
+        &message.html,
+    )
+        .hash(&mut hasher);
+    hasher.finish()
+}
+
+/// A key seen in provider mode.
+pub(crate) struct SeenKey {
+    /// The id of the copy it delivered.
+    pub(crate) id: String,
+    /// [`fingerprint`] of that copy.
+    pub(crate) fingerprint: u64,
+    at: OffsetDateTime,
+}
+
+/// Provider mode's memory: the keys seen within the window, forgotten when it ends.
+#[derive(Default)]
+pub(crate) struct SeenKeys {
+    keys: HashMap<String, SeenKey>,
+    /// Keys in the order they were seen, to forget the oldest first.
+    order: VecDeque<(OffsetDateTime, String)>,
+}
+
+impl SeenKeys {
+    /// Forgets the keys seen `window` or longer before `now`, oldest first.
+    pub(crate) fn expire(&mut self, window: Duration, now: OffsetDateTime) {
+        while let Some((at, _)) = self.order.front() {
+            if *at + window > now {
+                break;
+            }
+            let (at, oldest) = self.order.pop_front().expect("a front entry");
+            // A key seen again later has a newer entry: only its last sighting forgets it.
+            if self.keys.get(&oldest).is_some_and(|seen| seen.at == at) {
+                self.keys.remove(&oldest);
+            }
+        }
+    }
+
+    /// The key, if remembered.
+    pub(crate) fn get(&self, key: &str) -> Option<&SeenKey> {
+        self.keys.get(key)
+    }
+
+    /// Remembers `key` as delivered by the copy `id` at `now`.
+    pub(crate) fn insert(
+        &mut self,
+        key: String,
+        id: String,
+        fingerprint: u64,
+        now: OffsetDateTime,
+    ) {
+        self.order.push_back((now, key.clone()));
+        self.keys.insert(
+            key,
+            SeenKey {
+                id,
+                fingerprint,
+                at: now,
+            },
+        );
+    }
+
+    /// How many keys are remembered.
+    #[cfg(test)]
+    pub(crate) fn len(&self) -> usize {
+        self.keys.len()
+    }
+
+    /// Forgets every key.
+    pub(crate) fn clear(&mut self) {
+        self.keys.clear();
+        self.order.clear();
+    }
+}

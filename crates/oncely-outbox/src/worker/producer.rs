@@ -46,7 +46,7 @@ impl<S: JobStore> Worker<S> {
     /// has free slots, the worker claims that many more; a slow job holds its own slot only,
     /// never the next claim.
     pub async fn run(self, shutdown: CancellationToken) -> Result<(), OutboxError> {
-        let mut wakeup = self.store.wakeup().await?;
+        let mut wakeup = self.store.wakeup(&self.kinds());
         tracing::info!(worker = %self.config.id, kinds = ?self.kinds(), "outbox worker started");
         let groups = self.claim_groups();
         let mut flight = InFlight::default();

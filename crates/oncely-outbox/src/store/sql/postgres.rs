@@ -6,8 +6,9 @@
 use sqlx::Postgres;
 
 /// Wakes listening workers: inside an enqueuing transaction it is delivered at commit, never
-/// on rollback. Binds: 1 channel.
-pub(crate) const NOTIFY: &str = "SELECT pg_notify($1, '')";
+/// on rollback. Binds: 1 channel, 2 payload (the kinds it announces as a JSON array; empty:
+/// every kind).
+pub(crate) const NOTIFY: &str = "SELECT pg_notify($1, $2)";
 
 impl super::Statements for Postgres {
     // Differs: `run_after` and `created_at` come from `now()` (the transaction's start), not

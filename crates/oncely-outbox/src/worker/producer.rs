@@ -117,6 +117,7 @@ impl<S: JobStore> Worker<S> {
             if free == 0 {
                 continue;
             }
+            let deadline = self.deadline();
             match self
                 .store
                 .claim(&self.config.id, kinds, free, self.config.lease)
@@ -125,7 +126,7 @@ impl<S: JobStore> Worker<S> {
                 Ok(jobs) => {
                     free_slots |= (jobs.len() as u32) < free;
                     for job in jobs {
-                        flight.push(group, self.spawn(job));
+                        flight.push(group, self.spawn(job, deadline));
                     }
                 }
                 Err(error) => {

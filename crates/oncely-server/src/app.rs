@@ -196,8 +196,8 @@ impl<B: Accounts> Application<B> {
         .await;
         self.shutdown.cancel();
         for worker in self.workers {
-            if let Ok(Err(error)) = worker.await {
-                tracing::error!(%error, "outbox worker failed");
+            if let Err(error) = worker.await {
+                tracing::error!(%error, "outbox worker supervisor failed");
             }
         }
         Ok(served?)
@@ -224,10 +224,10 @@ async fn prune_periodically<A: Accounts>(
     jobs: A::Jobs,
     (interval, retention): (Duration, crate::prune::Retention),
     shutdown: CancellationToken,
-) -> Result<(), oncely_outbox::OutboxError> {
+) {
     loop {
         tokio::select! {
-            () = shutdown.cancelled() => return Ok(()),
+            () = shutdown.cancelled() => return,
             () = tokio::time::sleep(interval) => {}
         }
         match crate::prune::prune_all(&accounts, &jobs, retention, |_, _| {}).await {

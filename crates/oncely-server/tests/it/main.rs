@@ -17,3 +17,4 @@ mod security;
 mod signup;
 mod startup;
 mod support;
+mod workers;

@@ -53,7 +53,7 @@ impl Dialect for Sqlite {
         _conn: &mut SqliteConnection,
         kind: &str,
     ) -> Result<(), OutboxError> {
-        waker.0.wake_kind(kind);
+        waker.0.wake_kinds(&[kind]);
         Ok(())
     }
 

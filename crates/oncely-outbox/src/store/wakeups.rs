@@ -66,9 +66,9 @@ impl Hub {
         }
     }
 
-    /// Wakes the workers that run `kind`.
-    pub(crate) fn wake_kind(&self, kind: &str) {
-        self.wake(|kinds| kinds.iter().any(|k| k == kind));
+    /// Wakes the workers that run one of `named`.
+    pub(crate) fn wake_kinds<K: AsRef<str>>(&self, named: &[K]) {
+        self.wake(|kinds| kinds.iter().any(|k| named.iter().any(|n| n.as_ref() == k)));
     }
 
     /// Wakes every worker.
@@ -82,7 +82,7 @@ impl Hub {
     #[cfg(feature = "postgres")]
     pub(crate) fn wake_payload(&self, payload: &str) {
         match serde_json::from_str::<Vec<String>>(payload) {
-            Ok(named) => self.wake(|kinds| kinds.iter().any(|k| named.contains(k))),
+            Ok(named) => self.wake_kinds(&named),
             Err(_) => self.wake_all(),
         }
     }
@@ -143,11 +143,11 @@ mod tests {
         let hub = Hub::default();
         let a = hub.subscribe(&kinds(&["a"]));
         let ab = hub.subscribe(&kinds(&["a", "b"]));
-        hub.wake_kind("b");
+        hub.wake_kinds(&["b"]);
         assert!(!pending(&a), "a worker of a is not woken for b");
         assert!(pending(&ab));
         for _ in 0..1000 {
-            hub.wake_kind("a");
+            hub.wake_kinds(&["a"]);
         }
         assert!(pending(&a), "woken");
         assert!(!pending(&a), "once, however many wake-ups came");

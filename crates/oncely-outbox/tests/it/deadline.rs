@@ -108,10 +108,10 @@ impl Lock {
     async fn release(self) {
         match self {
             Self::Sqlite(mut conn) => {
-                drop(sqlx::raw_sql("COMMIT").execute(&mut conn).await.unwrap())
+                sqlx::raw_sql("COMMIT").execute(&mut conn).await.unwrap();
             }
             Self::Postgres(mut conn) => {
-                drop(sqlx::raw_sql("COMMIT").execute(&mut conn).await.unwrap())
+                sqlx::raw_sql("COMMIT").execute(&mut conn).await.unwrap();
             }
         }
     }

@@ -6,11 +6,13 @@
 //!    the same intent twice is a no-op that says so. Idle workers learn of the job when it
 //!    commits, with nothing to call afterwards: on SQLite the store signals this process's
 //!    workers (their claim waits for the commit); on PostgreSQL a NOTIFY, rate-limited to one
-//!    notifying commit per short window, reaches workers in every process
-//!    ([`store::postgres`]). Polling stays as the fallback.
+//!    notifying commit per short window, reaches workers in every process through one listener
+//!    per process on a connection of its own ([`store::postgres`]). A worker is woken only for
+//!    the kinds it runs, once however many jobs arrived while it was busy ([`store::Wakeup`]).
+//!    Polling stays as the fallback.
 //! 2. A [`Worker`] claims due jobs in batches (`FOR UPDATE SKIP LOCKED` on PostgreSQL) under a
-//!    lease, runs the [`Handler`] of each job's kind *outside* any transaction, and records the
-//!    attempt. `sent_at` is set only after the handler reports the effect happened.
+//!    lease, runs the [`Handler`] of each job's kind *outside* any transaction (stopped at 90 %
+//!    of the lease counted from before the claim), and records the attempt. `sent_at` is set only after the handler reports the effect happened.
 //! 3. Failures retry with exponential backoff and jitter ([`RetryPolicy`]) up to a maximum
 //!    number of attempts and a horizon; then the job is dead, with its reason. A throttling
 //!    provider ([`Delivery::Throttled`]) is waited for without spending an attempt, and the

@@ -191,24 +191,32 @@ impl<B: Accounts> Application<B> {
         self.dev_inbox.as_ref()
     }
 
-    /// Serves until `shutdown` completes; then finishes in-flight requests, stops the workers
-    /// (each finishes the jobs in hand) and returns.
+    /// Serves until `shutdown` completes. Then, at once, the workers stop claiming (each
+    /// finishes the jobs in hand) and the server stops accepting connections; it returns once
+    /// the in-flight requests are answered and the workers are done.
     pub async fn run_until(
         self,
         shutdown: impl Future<Output = ()> + Send + 'static,
     ) -> anyhow::Result<()> {
+        let stop_workers = self.shutdown.clone();
+        let signal = async move {
+            shutdown.await;
+            // Not after the HTTP drain, which can take long: no job is claimed from now on.
+            stop_workers.cancel();
+            tracing::info!("shutting down: workers stop claiming, in-flight requests finish");
+        };
         // With the peer address: the per-client email cap keys on it.
         let served = axum::serve(
             self.listener,
             self.router
                 .into_make_service_with_connect_info::<SocketAddr>(),
         )
-        .with_graceful_shutdown(shutdown)
+        .with_graceful_shutdown(signal)
         .await;
         self.shutdown.cancel();
         for worker in self.workers {
-            if let Ok(Err(error)) = worker.await {
-                tracing::error!(%error, "outbox worker failed");
+            if let Err(error) = worker.await {
+                tracing::error!(%error, "outbox worker supervisor failed");
             }
         }
         Ok(served?)
@@ -235,10 +243,10 @@ async fn prune_periodically<A: Accounts>(
     jobs: A::Jobs,
     (interval, retention): (Duration, crate::prune::Retention),
     shutdown: CancellationToken,
-) -> Result<(), oncely_outbox::OutboxError> {
+) {
     loop {
         tokio::select! {
-            () = shutdown.cancelled() => return Ok(()),
+            () = shutdown.cancelled() => return,
             () = tokio::time::sleep(interval) => {}
         }
         match crate::prune::prune_all(&accounts, &jobs, retention, |_, _| {}).await {

@@ -192,7 +192,7 @@ async fn run_workers<B: Accounts>(settings: WorkerSettings) -> anyhow::Result<()
     shutdown_signal().await;
     shutdown.cancel();
     for handle in handles {
-        handle.await??;
+        handle.await?;
     }
     Ok(())
 }

@@ -53,21 +53,19 @@ pub trait Dialect: Database + Statements {
     /// clock's time.
     fn now(clock: &Clock) -> Option<Self::Moment>;
 
-    /// Sees that workers learn of a job `enqueue` inserted on `conn` (in the caller's
+    /// Sees that workers of `kind` learn of a job `enqueue` inserted on `conn` (in the caller's
     /// transaction) once it commits.
     fn enqueued(
         waker: &Self::Waker,
         conn: &mut Self::Connection,
+        kind: &str,
     ) -> impl Future<Output = Result<(), OutboxError>> + Send;
 
-    /// Wakes idle workers for jobs that are committed already.
+    /// Wakes idle workers of every kind for jobs that are committed already.
     fn wake(waker: &Self::Waker);
 
-    /// How an idle worker of this store waits for jobs.
-    fn wakeup(
-        waker: &Self::Waker,
-        pool: &Pool<Self>,
-    ) -> impl Future<Output = Result<Wakeup, OutboxError>> + Send;
+    /// How an idle worker of `kinds` waits for jobs (see [`JobStore::wakeup`]).
+    fn wakeup(waker: &Self::Waker, kinds: &[String]) -> Wakeup;
 }
 
 /// A [`JobStore`] on a database pool: [`PgJobStore`](super::postgres::PgJobStore) or
@@ -221,7 +219,7 @@ where
         let Some(id) = id else {
             return Ok(Enqueued::AlreadyExists);
         };
-        D::enqueued(&self.waker, conn).await?;
+        D::enqueued(&self.waker, conn, &job.kind).await?;
         Ok(Enqueued::Inserted(id))
     }
 
@@ -302,8 +300,8 @@ where
         D::wake(&self.waker);
     }
 
-    async fn wakeup(&self) -> Result<Wakeup, OutboxError> {
-        D::wakeup(&self.waker, &self.pool).await
+    fn wakeup(&self, kinds: &[String]) -> Wakeup {
+        D::wakeup(&self.waker, kinds)
     }
 
     fn now(&self) -> OffsetDateTime {

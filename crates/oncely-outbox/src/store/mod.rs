@@ -8,7 +8,6 @@ use std::future::Future;
 use std::time::Duration;
 
 use time::OffsetDateTime;
-use tokio::sync::watch;
 
 use crate::job::{AttemptRecord, AttemptResult, Enqueued, Job, JobRecord, JobStatus, NewJob};
 
@@ -16,6 +15,7 @@ mod clock;
 mod dialect;
 mod rows;
 mod sql;
+mod wakeups;
 
 #[cfg(feature = "postgres")]
 pub mod postgres;
@@ -24,6 +24,7 @@ pub mod sqlite;
 
 pub use clock::Clock;
 pub use dialect::{Dialect, SqlJobStore};
+pub use wakeups::Wakeup;
 
 /// The table that records which of the outbox's migrations ran (its own, so that they never
 /// mix with the application's).
@@ -113,45 +114,6 @@ impl Finish {
     }
 }
 
-/// How an idle worker learns of new jobs.
-pub enum Wakeup {
-    /// Only by polling.
-    Poll,
-    /// PostgreSQL LISTEN: woken by NOTIFYs that enqueues send at commit (see
-    /// [`postgres::PgJobStore`]) and by [`JobStore::wake`]; polling stays as the fallback.
-    #[cfg(feature = "postgres")]
-    Listen(Box<sqlx::postgres::PgListener>),
-    /// An in-process signal (SQLite): a counter every enqueue and [`JobStore::wake`] bumps. It
-    /// remembers: a bump while the worker was claiming wakes its next wait at once.
-    Signal(watch::Receiver<u64>),
-}
-
-impl Wakeup {
-    /// Waits for a wake-up, at most `max` (the polling interval).
-    pub async fn wait(&mut self, max: Duration) {
-        match self {
-            Self::Poll => tokio::time::sleep(max).await,
-            #[cfg(feature = "postgres")]
-            Self::Listen(listener) => {
-                match tokio::time::timeout(max, listener.recv()).await {
-                    Ok(Ok(_)) | Err(_) => {}
-                    // The listener reconnects by itself; meanwhile, behave like polling.
-                    Ok(Err(error)) => {
-                        tracing::warn!(%error, "outbox LISTEN failed; polling");
-                        tokio::time::sleep(max).await;
-                    }
-                }
-            }
-            Self::Signal(signal) => {
-                if let Ok(Err(_)) = tokio::time::timeout(max, signal.changed()).await {
-                    // The store is gone: nobody signals any more; poll.
-                    tokio::time::sleep(max).await;
-                }
-            }
-        }
-    }
-}
-
 /// Where jobs live.
 pub trait JobStore: Clone + Send + Sync + 'static {
     /// The database whose transactions [`JobStore::enqueue`] joins.
@@ -213,15 +175,21 @@ pub trait JobStore: Clone + Send + Sync + 'static {
     /// Hands a claimed job back unstarted: due now, the attempt not counted.
     fn release(&self, job: &Job) -> impl Future<Output = Result<bool, OutboxError>> + Send;
 
-    /// Wakes idle workers for jobs that came by other means than [`JobStore::enqueue`] (an
-    /// `INSERT` of your own, a re-drive): call it after they committed. PostgreSQL: a coalesced
-    /// NOTIFY from a background task, reaching workers in every process; SQLite: this process's
-    /// workers. Without it, workers find such jobs at their next poll
-    /// ([`crate::WorkerConfig::poll_interval`]).
+    /// Wakes idle workers of every kind for jobs that came by other means than
+    /// [`JobStore::enqueue`] (an `INSERT` of your own, a re-drive): call it after they
+    /// committed. PostgreSQL: a coalesced NOTIFY from a background task, reaching workers in
+    /// every process; SQLite: this process's workers. Without it, workers find such jobs at
+    /// their next poll ([`crate::WorkerConfig::poll_interval`]).
     fn wake(&self);
 
-    /// How this store wakes idle workers.
-    fn wakeup(&self) -> impl Future<Output = Result<Wakeup, OutboxError>> + Send;
+    /// A wake-up for an idle worker of `kinds`: it is woken for jobs of those kinds only, and
+    /// the wake-ups that arrive while it is busy collapse into one. Every worker of a store (and
+    /// of its clones) shares one source: on SQLite the store's enqueues, on PostgreSQL one
+    /// listener per store on a connection of its own (never one of the pool's), started by the
+    /// first worker that asks and read continuously whatever the workers do. If the listener
+    /// cannot connect or breaks, it logs, reconnects with backoff, and the workers poll
+    /// meanwhile ([`crate::WorkerConfig::poll_interval`]).
+    fn wakeup(&self, kinds: &[String]) -> Wakeup;
 
     /// The store's time ([`Clock`]): what the worker compares deadlines and the retry horizon
     /// with.

@@ -20,18 +20,37 @@
 //! [`JobStore::wake`](super::JobStore::wake) after committing jobs inserted by other means, or
 //! after a transaction you hold open for long: one coalesced NOTIFY from the background task,
 //! at most one per [`NOTIFY_INTERVAL`].
+//!
+//! A NOTIFY names the kinds of its jobs (its payload is a JSON array of them; an empty payload,
+//! as [`JobStore::wake`](super::JobStore::wake) sends, means every kind), so that a worker is
+//! woken only for the kinds it runs.
+//!
+//! **Listening**: one listener per store (and its clones), on a connection of its own — not one
+//! of the pool's, which the API and the claims need ([`LISTENER_APPLICATION_NAME`] in
+//! `pg_stat_activity`). The first worker that asks for a wake-up starts it; it reads every
+//! NOTIFY as it arrives, whatever the workers are doing (an unread listener would pin
+//! PostgreSQL's notification queue, and a full queue fails every notifying commit), and fans
+//! them out to the workers of the kinds they name: any number while a worker is busy are one
+//! wake-up. If it cannot connect, or its connection breaks, it logs, retries with backoff
+//! ([`LISTEN_RETRY_FIRST`] doubling to [`LISTEN_RETRY_MAX`]) and the workers poll meanwhile;
+//! once it listens again it wakes every worker (what was announced in between is lost). The
+//! gauge `oncely_outbox_listening` is 1 while it listens. It ends when the last clone of the
+//! store goes.
 
+use std::collections::BTreeSet;
 use std::sync::{Arc, Mutex, OnceLock};
 use std::time::Duration;
 
 use sqlx::migrate::Migrator;
-use sqlx::postgres::PgListener;
+use sqlx::postgres::{PgConnectOptions, PgListener, PgPoolOptions};
 use sqlx::{Connection, PgConnection, PgPool, Postgres};
 use time::OffsetDateTime;
 use tokio::sync::mpsc;
 use tokio::time::Instant;
+use tokio_util::sync::{CancellationToken, DropGuard};
 
 use super::sql::NOTIFY;
+use super::wakeups::{Hub, payload};
 use super::{CHANNEL, Clock, Dialect, OutboxError, SqlJobStore, Wakeup};
 
 pub use super::MIGRATIONS_TABLE;
@@ -49,6 +68,19 @@ pub const NOTIFY_WINDOW: Duration = Duration::from_millis(25);
 
 /// At most one NOTIFY from the background task per this interval, however many wakes.
 pub const NOTIFY_INTERVAL: Duration = Duration::from_millis(10);
+
+/// The `application_name` of the listener's connection.
+pub const LISTENER_APPLICATION_NAME: &str = "oncely-outbox-listener";
+
+/// The listener's first pause before it tries to connect again.
+pub const LISTEN_RETRY_FIRST: Duration = Duration::from_millis(250);
+
+/// The listener's longest pause before it tries to connect again.
+pub const LISTEN_RETRY_MAX: Duration = Duration::from_secs(30);
+
+/// How long one attempt of the listener to connect may take (a refused connection is retried
+/// within it) before it counts as failed.
+pub const LISTEN_CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
 
 impl PgJobStore {
     /// Workers only poll: for connection poolers in transaction mode, where LISTEN does not
@@ -72,9 +104,10 @@ impl PgJobStore {
     }
 }
 
-/// How a [`PgJobStore`] wakes workers: the rate limit of in-transaction NOTIFYs, and the
-/// background task that sends trailing and requested ones (started by the first it needs; it
-/// ends when the last clone of the store goes).
+/// How a [`PgJobStore`] wakes workers: the rate limit of in-transaction NOTIFYs, the background
+/// task that sends trailing and requested ones (started by the first it needs), and the listener
+/// that fans NOTIFYs out to this store's workers (started by the first worker). Both end when the
+/// last clone of the store goes.
 #[derive(Debug)]
 pub struct PgWaker {
     pool: PgPool,
@@ -82,6 +115,9 @@ pub struct PgWaker {
     window: Duration,
     due: Arc<Mutex<Due>>,
     kick: OnceLock<mpsc::Sender<()>>,
+    hub: Arc<Hub>,
+    /// Stops the listener when the store goes.
+    listening: OnceLock<DropGuard>,
 }
 
 /// The NOTIFYs the store owes.
@@ -89,12 +125,16 @@ pub struct PgWaker {
 struct Due {
     /// When an enqueue last notified inside its transaction.
     in_transaction: Option<Instant>,
-    /// A NOTIFY as soon as the interval allows (a wake after a commit).
+    /// A NOTIFY for every kind as soon as the interval allows (a wake after a commit).
     soon: bool,
     /// A NOTIFY when the window of an enqueue that skipped its own ends.
     window_end: Option<Instant>,
+    /// The kinds of the enqueues that skipped their NOTIFY since the last one at a window end.
+    window_kinds: BTreeSet<String>,
     /// A NOTIFY a window after the last enqueue that skipped its own.
     trailing: Option<Instant>,
+    /// The kinds of the enqueues that skipped their NOTIFY since the last trailing one.
+    trailing_kinds: BTreeSet<String>,
 }
 
 impl Due {
@@ -106,15 +146,26 @@ impl Due {
             .min()
     }
 
-    fn sent(&mut self, at: Instant) {
-        self.soon = false;
-        self.window_end = self.window_end.filter(|end| *end > at);
-        self.trailing = self.trailing.filter(|trailing| *trailing > at);
+    /// The payload of the NOTIFY sent at `at`, for everything due by then (which it clears).
+    fn take(&mut self, at: Instant) -> String {
+        let mut kinds = BTreeSet::new();
+        if self.window_end.is_some_and(|end| end <= at) {
+            self.window_end = None;
+            kinds.append(&mut self.window_kinds);
+        }
+        if self.trailing.is_some_and(|trailing| trailing <= at) {
+            self.trailing = None;
+            kinds.append(&mut self.trailing_kinds);
+        }
+        if std::mem::take(&mut self.soon) {
+            return String::new();
+        }
+        payload(kinds.iter().map(String::as_str))
     }
 
-    /// An enqueue at `now`: `true` if it notifies inside its transaction (no enqueue did within
-    /// `window`); otherwise it arms the trailing NOTIFYs.
-    fn enqueued(&mut self, now: Instant, window: Duration) -> bool {
+    /// An enqueue of `kind` at `now`: `true` if it notifies inside its transaction (no enqueue
+    /// did within `window`); otherwise it arms the trailing NOTIFYs for its kind.
+    fn enqueued(&mut self, now: Instant, window: Duration, kind: &str) -> bool {
         let window_end = match self.in_transaction {
             Some(last) if now < last + window => last + window,
             _ => {
@@ -123,8 +174,10 @@ impl Due {
             }
         };
         self.window_end = Some(window_end);
+        self.window_kinds.insert(kind.to_owned());
         let at = now + window;
         self.trailing = Some(self.trailing.map_or(at, |trailing| trailing.max(at)));
+        self.trailing_kinds.insert(kind.to_owned());
         false
     }
 }
@@ -137,6 +190,8 @@ impl PgWaker {
             window,
             due: Arc::default(),
             kick: OnceLock::new(),
+            hub: Arc::default(),
+            listening: OnceLock::new(),
         }
     }
 
@@ -146,10 +201,10 @@ impl PgWaker {
             .unwrap_or_else(|poisoned| poisoned.into_inner())
     }
 
-    /// Whether this enqueue notifies inside its transaction; if not, the trailing NOTIFYs are
-    /// armed.
-    fn notify_in_transaction(&self) -> bool {
-        let here = self.due().enqueued(Instant::now(), self.window);
+    /// Whether this enqueue of `kind` notifies inside its transaction; if not, the trailing
+    /// NOTIFYs are armed.
+    fn notify_in_transaction(&self, kind: &str) -> bool {
+        let here = self.due().enqueued(Instant::now(), self.window, kind);
         if !here {
             self.kick();
         }
@@ -168,6 +223,17 @@ impl PgWaker {
         });
         // Full: the task has a kick to read, and it reads `due` afresh.
         let _ = kick.try_send(());
+    }
+
+    /// Starts the listener, once. Outside a Tokio runtime it does nothing: workers poll.
+    fn listen(&self) {
+        self.listening.get_or_init(|| {
+            let stop = CancellationToken::new();
+            if let Ok(runtime) = tokio::runtime::Handle::try_current() {
+                runtime.spawn(listener(self.pool.clone(), self.hub.clone(), stop.clone()));
+            }
+            stop.drop_guard()
+        });
     }
 }
 
@@ -189,17 +255,18 @@ async fn notifier(pool: PgPool, due: Arc<Mutex<Due>>, mut kicks: mpsc::Receiver<
                 }
             }
             Some(_) => {
-                due.lock()
+                let payload = due
+                    .lock()
                     .unwrap_or_else(|p| p.into_inner())
-                    .sent(Instant::now());
-                notify(&pool, &mut conn).await;
+                    .take(Instant::now());
+                notify(&pool, &mut conn, &payload).await;
                 tokio::time::sleep(NOTIFY_INTERVAL).await;
             }
         }
     }
 }
 
-async fn notify(pool: &PgPool, conn: &mut Option<PgConnection>) {
+async fn notify(pool: &PgPool, conn: &mut Option<PgConnection>, payload: &str) {
     if conn.is_none() {
         match PgConnection::connect_with(&pool.connect_options()).await {
             Ok(c) => *conn = Some(c),
@@ -207,11 +274,83 @@ async fn notify(pool: &PgPool, conn: &mut Option<PgConnection>) {
         }
     }
     if let Some(c) = conn.as_mut()
-        && let Err(error) = sqlx::query(NOTIFY).bind(CHANNEL).execute(&mut *c).await
+        && let Err(error) = sqlx::query(NOTIFY)
+            .bind(CHANNEL)
+            .bind(payload)
+            .execute(&mut *c)
+            .await
     {
         tracing::warn!(%error, "outbox NOTIFY failed; workers poll until it works again");
         *conn = None;
     }
+}
+
+/// Listens on [`CHANNEL`] on a connection of its own (the pool's options, read at each attempt,
+/// as [`LISTENER_APPLICATION_NAME`]) and wakes the workers of the kinds each NOTIFY names, until
+/// `stop`. Reconnects with backoff; wakes every worker whenever it (re)starts listening.
+async fn listener(pool: PgPool, hub: Arc<Hub>, stop: CancellationToken) {
+    let mut retry_in = LISTEN_RETRY_FIRST;
+    loop {
+        let options = (*pool.connect_options())
+            .clone()
+            .application_name(LISTENER_APPLICATION_NAME);
+        let connected = tokio::select! {
+            () = stop.cancelled() => return,
+            connected = connect_listener(options) => connected,
+        };
+        match connected {
+            Ok(mut listener) => {
+                tracing::info!("outbox listener listening");
+                metrics::gauge!("oncely_outbox_listening").set(1.0);
+                retry_in = LISTEN_RETRY_FIRST;
+                // Jobs announced while nobody listened.
+                hub.wake_all();
+                let error = loop {
+                    let received = tokio::select! {
+                        () = stop.cancelled() => {
+                            metrics::gauge!("oncely_outbox_listening").set(0.0);
+                            return;
+                        }
+                        received = listener.try_recv() => received,
+                    };
+                    match received {
+                        Ok(Some(notification)) => hub.wake_payload(notification.payload()),
+                        // The connection broke and the listener connected again: what was
+                        // announced in between is lost.
+                        Ok(None) => {
+                            tracing::warn!("outbox listener reconnected; waking every worker");
+                            hub.wake_all();
+                        }
+                        Err(error) => break error,
+                    }
+                };
+                metrics::gauge!("oncely_outbox_listening").set(0.0);
+                tracing::warn!(%error, retry_in = ?retry_in, "outbox listener failed; workers poll until it listens again");
+            }
+            Err(error) => {
+                tracing::warn!(%error, retry_in = ?retry_in, "outbox listener cannot connect; workers poll until it listens");
+            }
+        }
+        tokio::select! {
+            () = stop.cancelled() => return,
+            () = tokio::time::sleep(retry_in) => {}
+        }
+        retry_in = (retry_in * 2).min(LISTEN_RETRY_MAX);
+    }
+}
+
+/// A listener on a pool of one connection of its own, listening on [`CHANNEL`].
+async fn connect_listener(options: PgConnectOptions) -> Result<PgListener, sqlx::Error> {
+    let own = PgPoolOptions::new()
+        .max_connections(1)
+        .acquire_timeout(LISTEN_CONNECT_TIMEOUT)
+        .max_lifetime(None)
+        .idle_timeout(None)
+        .connect_lazy_with(options);
+    let mut listener = PgListener::connect_with(&own).await?;
+    listener.ignore_pool_close_event(true);
+    listener.listen(CHANNEL).await?;
+    Ok(listener)
 }
 
 impl Dialect for Postgres {
@@ -232,9 +371,17 @@ impl Dialect for Postgres {
         clock.manual_now()
     }
 
-    async fn enqueued(waker: &PgWaker, conn: &mut PgConnection) -> Result<(), OutboxError> {
-        if waker.notify_in_transaction() {
-            sqlx::query(NOTIFY).bind(CHANNEL).execute(conn).await?;
+    async fn enqueued(
+        waker: &PgWaker,
+        conn: &mut PgConnection,
+        kind: &str,
+    ) -> Result<(), OutboxError> {
+        if waker.notify_in_transaction(kind) {
+            sqlx::query(NOTIFY)
+                .bind(CHANNEL)
+                .bind(payload([kind]))
+                .execute(conn)
+                .await?;
         }
         Ok(())
     }
@@ -244,13 +391,13 @@ impl Dialect for Postgres {
         waker.kick();
     }
 
-    async fn wakeup(waker: &PgWaker, pool: &PgPool) -> Result<Wakeup, OutboxError> {
+    fn wakeup(waker: &PgWaker, kinds: &[String]) -> Wakeup {
         if waker.poll_only {
-            return Ok(Wakeup::Poll);
+            return Wakeup::poll();
         }
-        let mut listener = PgListener::connect_with(pool).await?;
-        listener.listen(CHANNEL).await?;
-        Ok(Wakeup::Listen(Box::new(listener)))
+        let wakeup = waker.hub.subscribe(kinds);
+        waker.listen();
+        wakeup
     }
 }
 
@@ -266,12 +413,12 @@ mod tests {
         let ms = |n| t0 + Duration::from_millis(n);
         let mut due = Due::default();
         assert!(
-            due.enqueued(ms(0), WINDOW),
+            due.enqueued(ms(0), WINDOW, "a"),
             "the first notifies at its commit"
         );
         assert_eq!(due.next(), None);
-        assert!(!due.enqueued(ms(10), WINDOW));
-        assert!(!due.enqueued(ms(20), WINDOW));
+        assert!(!due.enqueued(ms(10), WINDOW, "b"));
+        assert!(!due.enqueued(ms(20), WINDOW, "c"));
         assert_eq!(due.window_end, Some(ms(25)), "when the window ends");
         assert_eq!(
             due.trailing,
@@ -279,23 +426,28 @@ mod tests {
             "a window after the last that skipped"
         );
         assert_eq!(due.next(), Some(ms(25)));
-        due.sent(ms(25));
+        assert_eq!(due.take(ms(25)), r#"["b","c"]"#, "the kinds that skipped");
         assert_eq!(due.next(), Some(ms(45)));
-        assert!(due.enqueued(ms(30), WINDOW), "a new window");
-        due.sent(ms(45));
+        assert!(due.enqueued(ms(30), WINDOW, "a"), "a new window");
+        assert_eq!(due.take(ms(45)), r#"["b","c"]"#);
+        assert!(!due.enqueued(ms(50), WINDOW, "d"));
+        assert_eq!(due.next(), Some(ms(55)));
+        assert_eq!(due.take(ms(55)), r#"["d"]"#, "its window's end");
+        assert_eq!(due.take(ms(75)), r#"["d"]"#, "a window after it");
         assert_eq!(due.next(), None);
     }
 
     #[test]
-    fn a_wake_is_due_at_once_and_leaves_later_trailing_notifies_armed() {
+    fn a_wake_is_due_at_once_for_every_kind_and_leaves_later_trailing_notifies_armed() {
         let t0 = Instant::now();
         let mut due = Due::default();
-        assert!(due.enqueued(t0, WINDOW));
-        assert!(!due.enqueued(t0 + Duration::from_millis(5), WINDOW));
+        assert!(due.enqueued(t0, WINDOW, "a"));
+        assert!(!due.enqueued(t0 + Duration::from_millis(5), WINDOW, "b"));
         due.soon = true;
         assert!(due.next().is_some_and(|at| at < t0 + WINDOW));
-        due.sent(t0 + Duration::from_millis(6));
+        assert_eq!(due.take(t0 + Duration::from_millis(6)), "", "every kind");
         assert!(!due.soon);
         assert_eq!(due.next(), Some(t0 + WINDOW));
+        assert_eq!(due.take(t0 + WINDOW), r#"["b"]"#);
     }
 }

@@ -1,16 +1,17 @@
 //! The outbox on SQLite, the embedded default: [`SqliteJobStore`].
 //!
-//! Workers run in the process that owns the file, so an enqueue wakes them with an in-process
-//! signal, sent at once — inside the enqueuing transaction. That is safe because SQLite has one
-//! writer: the transaction holds the write lock from its first write until it ends, and a
-//! worker's claim begins with `BEGIN IMMEDIATE`, so a woken worker's claim waits for the commit
-//! and then finds the job (after a rollback it finds nothing: a harmless empty claim). A library
-//! user gets prompt pickup without knowing about it.
+//! Workers run in the process that owns the file, so an enqueue wakes the workers of its job's
+//! kind with an in-process signal (the store's wake-up hub, shared with PostgreSQL), sent at
+//! once — inside the enqueuing transaction. That is safe because SQLite has one writer: the
+//! transaction holds the write lock from its first write until it ends, and a worker's claim
+//! begins with `BEGIN IMMEDIATE`, so a woken worker's claim waits for the commit and then finds
+//! the job (after a rollback it finds nothing: a harmless empty claim). A library user gets
+//! prompt pickup without knowing about it.
 
 use sqlx::migrate::Migrator;
 use sqlx::{Sqlite, SqliteConnection, SqlitePool};
-use tokio::sync::watch;
 
+use super::wakeups::Hub;
 use super::{Clock, Dialect, OutboxError, SqlJobStore, Wakeup};
 
 pub use super::MIGRATIONS_TABLE;
@@ -23,16 +24,10 @@ pub fn migrator() -> Migrator {
     super::migrator(sqlx::migrate!("migrations/sqlite"))
 }
 
-/// How a [`SqliteJobStore`] wakes its process's workers: a counter each enqueue and wake bumps.
-/// A worker that was busy claiming when it moved sees the change at its next wait.
-#[derive(Debug)]
-pub struct SqliteWaker(watch::Sender<u64>);
-
-impl SqliteWaker {
-    fn signal(&self) {
-        self.0.send_modify(|n| *n = n.wrapping_add(1));
-    }
-}
+/// How a [`SqliteJobStore`] wakes its process's workers: the hub every enqueue signals with its
+/// job's kind. A worker that was busy when it was signalled sees it at its next wait.
+#[derive(Debug, Default)]
+pub struct SqliteWaker(Hub);
 
 impl Dialect for Sqlite {
     /// Unix milliseconds.
@@ -46,7 +41,7 @@ impl Dialect for Sqlite {
     }
 
     fn waker(_pool: &SqlitePool) -> SqliteWaker {
-        SqliteWaker(watch::Sender::new(0))
+        SqliteWaker::default()
     }
 
     fn now(clock: &Clock) -> Option<i64> {
@@ -56,16 +51,17 @@ impl Dialect for Sqlite {
     async fn enqueued(
         waker: &SqliteWaker,
         _conn: &mut SqliteConnection,
+        kind: &str,
     ) -> Result<(), OutboxError> {
-        waker.signal();
+        waker.0.wake_kinds(&[kind]);
         Ok(())
     }
 
     fn wake(waker: &SqliteWaker) {
-        waker.signal();
+        waker.0.wake_all();
     }
 
-    async fn wakeup(waker: &SqliteWaker, _pool: &SqlitePool) -> Result<Wakeup, OutboxError> {
-        Ok(Wakeup::Signal(waker.0.subscribe()))
+    fn wakeup(waker: &SqliteWaker, kinds: &[String]) -> Wakeup {
+        waker.0.subscribe(kinds)
     }
 }

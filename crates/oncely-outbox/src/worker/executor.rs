@@ -2,10 +2,10 @@
 //! by the lease; its outcome turned into what to record by the kind's retry policy.
 
 use std::sync::Arc;
-use std::time::Duration;
 
 use futures::FutureExt;
 use tokio::task::JoinHandle;
+use tokio::time::Instant;
 use tracing::Instrument;
 
 use super::holds::Verdict;
@@ -22,22 +22,33 @@ pub(super) struct Ran {
     pub(super) verdict: Option<Verdict>,
 }
 
+/// The share of the lease a handler may run, counted from before the claim.
+const SEND_SHARE: f64 = 0.9;
+
 impl<S: JobStore> Worker<S> {
-    /// Starts one job's attempt in a task of its own.
-    pub(super) fn spawn(&self, job: Job) -> JoinHandle<Ran> {
+    /// When the handlers of jobs a claim sent now returns must stop: 90 % of the lease from
+    /// now. Taken *before* the claim: the lease starts when the database runs it, which may be
+    /// long before it returns (a lock wait, a busy database), and the handler must stop before
+    /// the lease ends.
+    pub(super) fn deadline(&self) -> Instant {
+        Instant::now() + self.config.lease.mul_f64(SEND_SHARE)
+    }
+
+    /// Starts one job's attempt in a task of its own; its handler is stopped at `deadline`
+    /// ([`Worker::deadline`], taken before the claim).
+    pub(super) fn spawn(&self, job: Job, deadline: Instant) -> JoinHandle<Ran> {
         let registered = self.handlers.get(&job.kind).cloned();
         let store = self.store.clone();
-        let limit = self.config.lease.mul_f64(0.9);
-        tokio::spawn(attempt(registered, store, limit, job).in_current_span())
+        tokio::spawn(attempt(registered, store, deadline, job).in_current_span())
     }
 }
 
-/// Runs one job. A job past its deadline is not run (`expired`); a handler that panics or
-/// outlives `limit` is an unknown outcome, retried with the same delivery key.
+/// Runs one job. A job past its deadline is not run (`expired`); a handler that panics or runs
+/// past `deadline` is an unknown outcome, retried with the same delivery key.
 async fn attempt<S: JobStore>(
     registered: Option<Registered>,
     store: S,
-    limit: Duration,
+    deadline: Instant,
     job: Job,
 ) -> Ran {
     let Some(Registered { handler, options }) = registered else {
@@ -56,7 +67,7 @@ async fn attempt<S: JobStore>(
         let why = "not run: its deadline passed before delivery".to_owned();
         (Finish::dead(AttemptResult::Expired, why), None)
     } else {
-        let delivery = run(handler, &store, job.clone(), limit).await;
+        let delivery = run(handler, &store, job.clone(), deadline).await;
         let verdict = Verdict::of(&delivery, &options.policy);
         (options.policy.decide(&job, delivery, now), Some(verdict))
     };
@@ -68,14 +79,15 @@ async fn attempt<S: JobStore>(
     }
 }
 
-/// The handler's outcome, on the job as frozen ([`frozen`]); a panic or running past `limit`
-/// is unknown.
+/// The handler's outcome, on the job as frozen ([`frozen`]); a panic or running past
+/// `deadline` is unknown.
 async fn run<S: JobStore>(
     handler: Arc<dyn super::Handler>,
     store: &S,
     job: Job,
-    limit: Duration,
+    deadline: Instant,
 ) -> Delivery {
+    let limit = deadline.saturating_duration_since(Instant::now());
     let attempt = async move {
         match frozen(&*handler, store, job).await {
             Ok(job) => handler.run(&job).await,
@@ -83,10 +95,12 @@ async fn run<S: JobStore>(
         }
     };
     let run = std::panic::AssertUnwindSafe(attempt).catch_unwind();
-    match tokio::time::timeout(limit, run).await {
+    match tokio::time::timeout_at(deadline, run).await {
         Ok(Ok(delivery)) => delivery,
         Ok(Err(_)) => Delivery::Unknown("the handler panicked".into()),
-        Err(_) => Delivery::Unknown(format!("the handler took longer than {limit:?}")),
+        Err(_) => Delivery::Unknown(format!(
+            "the handler did not finish within {limit:.1?} (90 % of the lease, counted from the claim)"
+        )),
     }
 }
 

@@ -56,8 +56,11 @@ pub struct WorkerConfig {
     pub id: String,
     /// Jobs claimed at once (and run concurrently).
     pub batch: u32,
-    /// How long a claim holds its jobs. A handler is stopped at 90 % of it (outcome unknown),
-    /// so that no other worker takes the job while it still runs.
+    /// How long a claim holds its jobs. The lease starts when the database runs the claim,
+    /// and a handler is stopped (outcome unknown) at 90 % of it counted from *before* the claim
+    /// was sent: a claim that waited (for a lock, a busy database, the network) shortens the
+    /// time its jobs get, never lets their lease run out while they still run, so no other
+    /// worker takes a job while it runs here.
     pub lease: Duration,
     /// How often an idle worker looks for due jobs without a wake-up (retries come due this way).
     pub poll_interval: Duration,
@@ -210,9 +213,10 @@ impl<S: JobStore> Worker<S> {
         let mut flight = producer::InFlight::default();
         let mut failure = None;
         for (group, (kinds, limit)) in self.claim_groups().iter().enumerate() {
+            let deadline = self.deadline();
             let (jobs, claimed) = self.claim_kinds(kinds, *limit).await;
             for job in jobs {
-                flight.push(group, self.spawn(job));
+                flight.push(group, self.spawn(job, deadline));
             }
             if let Err(error) = claimed {
                 failure = Some(error);

@@ -47,7 +47,7 @@ impl<S: JobStore> Worker<S> {
     /// has free slots, the worker claims that many more; a slow job holds its own slot only,
     /// never the next claim.
     pub async fn run(self, shutdown: CancellationToken) -> Result<(), OutboxError> {
-        let mut wakeup = self.store.wakeup().await?;
+        let mut wakeup = self.store.wakeup(&self.kinds());
         tracing::info!(worker = %self.config.id, kinds = ?self.kinds(), "outbox worker started");
         let groups = self.claim_groups();
         let mut flight = InFlight::default();
@@ -118,10 +118,11 @@ impl<S: JobStore> Worker<S> {
             if free == 0 {
                 continue;
             }
+            let deadline = self.deadline();
             let (jobs, claimed) = self.claim_kinds(kinds, free).await;
             free_slots |= (jobs.len() as u32) < free;
             for job in jobs {
-                flight.push(group, self.spawn(job));
+                flight.push(group, self.spawn(job, deadline));
             }
             if let Err(error) = claimed {
                 tracing::error!(%error, "outbox worker could not claim; retrying");

@@ -3,6 +3,7 @@
 #![allow(unreachable_pub)]
 
 mod classification;
+mod deadline;
 mod delivery;
 mod frozen;
 mod migrations;

@@ -231,8 +231,8 @@ impl<S: Backend> JobStore for Spy<S> {
     fn wake(&self) {
         self.inner.wake();
     }
-    async fn wakeup(&self) -> Result<Wakeup, OutboxError> {
-        self.inner.wakeup().await
+    fn wakeup(&self, kinds: &[String]) -> Wakeup {
+        self.inner.wakeup(kinds)
     }
     fn now(&self) -> OffsetDateTime {
         self.inner.now()
@@ -285,4 +285,25 @@ pub async fn idle(claims: &mut mpsc::UnboundedReceiver<Claim>) {
     tokio::time::timeout(Duration::from_secs(10), empty)
         .await
         .expect("the worker claims at start");
+}
+
+/// A store of its own on a test's database, as another process would have: a pool of
+/// `connections`, the system clock (leases and deadlines pass in real time).
+pub trait Fresh: Backend + Sized {
+    fn fresh(db: &TestDb, connections: u32) -> impl Future<Output = Self> + Send;
+}
+
+impl Fresh for PgJobStore {
+    async fn fresh(db: &TestDb, connections: u32) -> Self {
+        PgJobStore::new(db.postgres().pool(connections).await)
+    }
+}
+
+impl Fresh for SqliteJobStore {
+    async fn fresh(db: &TestDb, connections: u32) -> Self {
+        let TestDb::Sqlite(db) = db else {
+            panic!("not a SQLite test database")
+        };
+        SqliteJobStore::new(db.pool(connections).await)
+    }
 }

@@ -18,3 +18,4 @@ mod security;
 mod signup;
 mod startup;
 mod support;
+mod workers;

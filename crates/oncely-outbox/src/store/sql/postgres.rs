@@ -6,8 +6,9 @@
 use sqlx::Postgres;
 
 /// Wakes listening workers: inside an enqueuing transaction it is delivered at commit, never
-/// on rollback. Binds: 1 channel.
-pub(crate) const NOTIFY: &str = "SELECT pg_notify($1, '')";
+/// on rollback. Binds: 1 channel, 2 payload (the kinds it announces as a JSON array; empty:
+/// every kind).
+pub(crate) const NOTIFY: &str = "SELECT pg_notify($1, $2)";
 
 /// The dead jobs a filter matches: 1 kind, 2 dead at or after, 3 a substring of the last
 /// error, ignoring case (each `NULL`: any).

@@ -284,6 +284,12 @@ pub struct CommonArgs {
     #[arg(long, env = "ONCELY_RETRY_BASE", default_value = defaults::RETRY_BASE, value_parser = parse_duration)]
     pub retry_base: Duration,
 
+    /// How often a worker sends one probe job of an email kind it paused because the provider
+    /// refused our credentials or configuration (HTTP 401/403, SMTP 530/535); the kind resumes
+    /// by itself once a probe is accepted.
+    #[arg(long, env = "ONCELY_PAUSE_PROBE", default_value = defaults::PAUSE_PROBE, value_parser = parse_duration)]
+    pub pause_probe: Duration,
+
     /// Workers only poll for jobs (for PostgreSQL behind a transaction-mode pooler, where
     /// LISTEN does not work).
     #[arg(long, env = "ONCELY_POLL_ONLY")]
@@ -309,6 +315,7 @@ impl std::fmt::Debug for CommonArgs {
             .field("mailer_idempotency_header", &self.mailer_idempotency_header)
             .field("lease", &self.lease)
             .field("retry_base", &self.retry_base)
+            .field("pause_probe", &self.pause_probe)
             .field("poll_only", &self.poll_only)
             .finish()
     }

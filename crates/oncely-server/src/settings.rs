@@ -35,6 +35,8 @@ pub mod defaults {
     pub const LEASE: &str = "30s";
     /// `ONCELY_RETRY_BASE`.
     pub const RETRY_BASE: &str = "2s";
+    /// `ONCELY_PAUSE_PROBE`.
+    pub const PAUSE_PROBE: &str = "30s";
     /// `ONCELY_KEY_RETENTION`.
     pub const KEY_RETENTION: &str = "24h";
     /// `ONCELY_WORKERS`.
@@ -77,6 +79,9 @@ pub struct Settings {
     pub key_retention: Duration,
     /// The first retry delay of an email.
     pub retry_base: Duration,
+    /// How often a worker probes an email kind it paused because the provider refused our
+    /// credentials.
+    pub pause_probe: Duration,
     /// Outbox workers in the process (0: API only).
     pub workers: usize,
     /// How often an idle worker looks for due jobs when nothing woke it (the outbox wakes its
@@ -119,6 +124,7 @@ impl Settings {
             lease: default_duration(defaults::LEASE),
             key_retention: default_duration(defaults::KEY_RETENTION),
             retry_base: default_duration(defaults::RETRY_BASE),
+            pause_probe: default_duration(defaults::PAUSE_PROBE),
             workers: defaults::WORKERS,
             poll_interval: oncely_outbox::WorkerConfig::default().poll_interval,
             poll_only: false,
@@ -154,6 +160,7 @@ impl Settings {
             lease: common.lease,
             key_retention: args.key_retention,
             retry_base: common.retry_base,
+            pause_probe: common.pause_probe,
             workers: args.workers,
             poll_interval: oncely_outbox::WorkerConfig::default().poll_interval,
             poll_only: common.poll_only,
@@ -182,7 +189,12 @@ impl Settings {
 
     /// The in-process workers: every job kind.
     pub fn worker_plan(&self) -> WorkerPlan {
-        let mut plan = WorkerPlan::new(self.workers, self.lease, self.retry_base, Vec::new());
+        let mut plan = WorkerPlan::new(
+            self.workers,
+            self.lease,
+            (self.retry_base, self.pause_probe),
+            Vec::new(),
+        );
         plan.config.poll_interval = self.poll_interval;
         plan
     }
@@ -234,7 +246,12 @@ impl WorkerSettings {
             secret,
             public_url,
             mailer,
-            plan: WorkerPlan::new(args.workers, common.lease, common.retry_base, args.kinds),
+            plan: WorkerPlan::new(
+                args.workers,
+                common.lease,
+                (common.retry_base, common.pause_probe),
+                args.kinds,
+            ),
             poll_only: common.poll_only,
         })
     }
@@ -957,6 +974,20 @@ mod tests {
                 .is_err()
         );
         assert!(Cli::try_parse_from(["oncely", "serve", "--lease", "soon"]).is_err());
+    }
+
+    #[test]
+    fn the_pause_probe_interval_reaches_every_email_kind_of_the_worker_plan() {
+        let settings = Settings::from_args(serve(&["--pause-probe", "5s", "--workers", "2"]))
+            .expect("valid settings");
+        let plan = settings.worker_plan();
+        assert_eq!(plan.options.probe_interval, Duration::from_secs(5));
+        let default = Settings::from_args(serve(&[])).expect("valid settings");
+        assert_eq!(
+            default.worker_plan().options.probe_interval,
+            Duration::from_secs(30)
+        );
+        assert!(Cli::try_parse_from(["oncely", "serve", "--pause-probe", "0s"]).is_err());
     }
 
     #[test]

@@ -5,7 +5,7 @@ use std::future::Future;
 use std::sync::Arc;
 use std::time::Duration;
 
-use oncely_outbox::{OutboxError, RetryPolicy, Worker, WorkerConfig};
+use oncely_outbox::{KindOptions, OutboxError, RetryPolicy, Worker, WorkerConfig};
 use tokio::task::JoinHandle;
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
@@ -20,7 +20,7 @@ pub fn email_worker<A: Accounts>(
     jobs: A::Jobs,
     context: Arc<MailContext>,
     config: WorkerConfig,
-    policy: RetryPolicy,
+    options: KindOptions,
 ) -> Worker<A::Jobs> {
     let mut worker = Worker::new(jobs, config);
     for flow in [
@@ -33,13 +33,13 @@ pub fn email_worker<A: Accounts>(
             accounts: accounts.clone(),
             context: context.clone(),
         };
-        worker = worker.handle_with_policy(flow.job_kind(), handler, policy);
+        worker = worker.handle_with(flow.job_kind(), handler, options);
     }
     let notice = SignupNotice {
         accounts: accounts.clone(),
         context,
     };
-    worker.handle_with_policy(SIGNUP_NOTICE, notice, policy)
+    worker.handle_with(SIGNUP_NOTICE, notice, options)
 }
 
 /// The running workers of a process: each a supervisor that runs one worker and restarts it
@@ -118,25 +118,35 @@ pub struct WorkerPlan {
     pub count: usize,
     /// Their settings (each gets `-<n>` appended to its id).
     pub config: WorkerConfig,
-    /// The retry policy of every email kind.
-    pub policy: RetryPolicy,
+    /// How every email kind runs: its retry policy, and how often a paused kind (the provider
+    /// refused our credentials) is probed.
+    pub options: KindOptions,
     /// Only these kinds; empty: all.
     pub kinds: Vec<String>,
 }
 
 impl WorkerPlan {
     /// `count` workers of `kinds` (empty: all) holding a job for `lease`, first retrying an
-    /// email after `retry_base`.
-    pub fn new(count: usize, lease: Duration, retry_base: Duration, kinds: Vec<String>) -> Self {
+    /// email after `retry_base`, probing a paused kind every `probe_interval`.
+    pub fn new(
+        count: usize,
+        lease: Duration,
+        (retry_base, probe_interval): (Duration, Duration),
+        kinds: Vec<String>,
+    ) -> Self {
         Self {
             count,
             config: WorkerConfig {
                 lease,
                 ..WorkerConfig::default()
             },
-            policy: RetryPolicy {
-                base: retry_base,
-                ..RetryPolicy::DEFAULT
+            options: KindOptions {
+                policy: RetryPolicy {
+                    base: retry_base,
+                    ..RetryPolicy::DEFAULT
+                },
+                concurrency: None,
+                probe_interval,
             },
             kinds,
         }
@@ -166,14 +176,14 @@ pub fn spawn<A: Accounts>(
                 context.clone(),
                 plan.kinds.clone(),
             );
-            let (config, policy) = (config.clone(), plan.policy);
+            let (config, options) = (config.clone(), plan.options);
             move || {
                 let worker = email_worker(
                     &accounts,
                     jobs.clone(),
                     context.clone(),
                     config.clone(),
-                    policy,
+                    options,
                 );
                 if kinds.is_empty() {
                     Ok(worker)

@@ -35,6 +35,17 @@ pub(crate) async fn audit(
             .insert(row.try_get("status")?, row.try_get::<i64, _>("n")? as u64);
     }
     for row in sqlx::query(
+        "SELECT coalesce(result, 'running') AS result, count(*) AS n FROM oncely_outbox_attempts
+          GROUP BY 1",
+    )
+    .fetch_all(pool)
+    .await?
+    {
+        report
+            .attempts_by_result
+            .insert(row.try_get("result")?, row.try_get::<i64, _>("n")? as u64);
+    }
+    for row in sqlx::query(
         "SELECT coalesce(last_error, '?') AS reason, count(*) AS n FROM oncely_outbox
           WHERE status = 'dead' GROUP BY 1",
     )

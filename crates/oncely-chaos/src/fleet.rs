@@ -85,6 +85,8 @@ pub(crate) async fn start(config: &Config, mailer: &str, logs: &Path) -> anyhow:
         .await?;
     anyhow::ensure!(status.success(), "oncely migrate failed");
 
+    let pause_probe = format!("{}ms", config.pause_probe.as_millis());
+    let retry_base = format!("{}ms", config.retry_base.as_millis());
     let common = |extra: &[&str]| -> Vec<String> {
         let mut args: Vec<String> = extra.iter().map(|s| s.to_string()).collect();
         args.extend(
@@ -95,6 +97,10 @@ pub(crate) async fn start(config: &Config, mailer: &str, logs: &Path) -> anyhow:
                 mailer,
                 "--lease",
                 "3s",
+                "--pause-probe",
+                &pause_probe,
+                "--retry-base",
+                &retry_base,
                 // 5 processes × 12 stay under PostgreSQL's default 100 connections.
                 "--database-pool",
                 "12",

@@ -60,6 +60,20 @@ pub struct Config {
     pub fault_rate: f64,
     /// How the workers deliver.
     pub delivery: Delivery,
+    /// The provider throttles every this-many-th delivery attempt (HTTP 429 / SMTP 450, with
+    /// `Retry-After: retry_after_s`), from the start to the end of the drain; 0: never.
+    pub throttle_every: u32,
+    /// The `Retry-After` of a throttled attempt, in seconds.
+    pub retry_after_s: u64,
+    /// Once a third of the storm is answered, the provider refuses our credentials (HTTP 401 /
+    /// SMTP 535) on every attempt for this long — an API key rotated at the provider before the
+    /// service got the new one; `None`: never.
+    pub credentials_outage: Option<Duration>,
+    /// The workers' first retry delay (`--retry-base`; doubling, jittered).
+    pub retry_base: Duration,
+    /// How often a worker probes a kind it paused because the provider refused our credentials
+    /// (`--pause-probe` of the workers).
+    pub pause_probe: Duration,
     /// The storm and the drain after it must end within this.
     pub time_limit: Duration,
     /// Keep the process logs here (otherwise a temporary directory, removed at the end).
@@ -78,6 +92,12 @@ impl Config {
             restart_postgres: None,
             fault_rate: 0.1,
             delivery: Delivery::Provider,
+            throttle_every: 10,
+            retry_after_s: 1,
+            credentials_outage: Some(Duration::from_secs(2)),
+            pause_probe: Duration::from_secs(1),
+            // Short: the drain does not wait out long backoffs of unlucky jobs.
+            retry_base: Duration::from_millis(250),
             time_limit: Duration::from_secs(120),
             logs: None,
         }
@@ -115,6 +135,10 @@ pub struct Report {
     pub duplicates_per_million: f64,
     /// Outbox rows by status.
     pub jobs: BTreeMap<String, u64>,
+    /// Attempts by result (`sent`, `retry`, `unknown`, `throttled`, `paused`, …).
+    pub attempts_by_result: BTreeMap<String, u64>,
+    /// How long the provider refused our credentials (milliseconds; 0: not at all).
+    pub credentials_outage_ms: u64,
     /// Dead outbox rows by reason.
     pub dead_reasons: BTreeMap<String, u64>,
     /// API processes killed.
@@ -168,14 +192,26 @@ pub async fn run(config: &Config) -> anyhow::Result<Report> {
         }
         None => tmp.path().to_path_buf(),
     };
-    let faults = |reject: u32, drop: u32| Faults {
+    let faults = |reject: u32, drop: u32, throttle_every: u32| Faults {
         reject_next: reject,
         rejection: Rejection::Temporary,
         drop_after_accept: drop,
         dedupe_window_ms: (config.delivery == Delivery::Provider).then_some(24 * 3600 * 1000),
+        throttle_every,
+        retry_after_s: config.retry_after_s,
         ..Faults::default()
     };
-    let (inbox, running) = Inbox::start_local(faults(0, 0)).await?;
+    // Every copy is kept for the audit, however long the run.
+    let inbox = Inbox::with_config(oncely_inbox::Config {
+        retention: oncely_inbox::Retention {
+            max_messages: usize::MAX,
+            max_age: Duration::from_secs(7 * 24 * 3600),
+        },
+        ..oncely_inbox::Config::default()
+    });
+    let (inbox, running) = inbox
+        .start_local_with(faults(0, 0, config.throttle_every))
+        .await?;
     let mailer = match config.delivery {
         Delivery::Provider => format!("http://{}/emails", running.http_addr),
         Delivery::Smtp => format!("smtp://{}", running.smtp_addr),
@@ -193,10 +229,18 @@ pub async fn run(config: &Config) -> anyhow::Result<Report> {
     let progress = monkey::Progress::default();
     let monkey = monkey::spawn(config, fleet, progress.clone());
     let drained = Arc::new(AtomicBool::new(false));
-    let injector = monkey::inject_faults(inbox.clone(), config.fault_rate, drained.clone());
+    let outage = config.credentials_outage.map(|outage| monkey::Outage {
+        after_answers: (config.intents / 3) as u64,
+        lasting: outage,
+        progress: progress.clone(),
+    });
+    let injector = monkey::inject_faults(inbox.clone(), config.fault_rate, outage, drained.clone());
 
     let mut report = Report {
         delivery: Some(config.delivery),
+        credentials_outage_ms: config
+            .credentials_outage
+            .map_or(0, |outage| outage.as_millis() as u64),
         ..Report::default()
     };
     let stormed = storm::run(
@@ -221,7 +265,7 @@ pub async fn run(config: &Config) -> anyhow::Result<Report> {
     storm::drain(&pool, deadline).await;
     drained.store(true, Ordering::Relaxed);
     injector.await?;
-    inbox.set_faults(faults(0, 0));
+    inbox.set_faults(faults(0, 0, 0));
     report.seconds = started.elapsed().as_secs_f64();
     fleet.stop().await;
 

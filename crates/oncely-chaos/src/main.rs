@@ -45,6 +45,22 @@ struct Args {
     /// How the workers deliver.
     #[arg(long, value_enum, default_value = "provider")]
     delivery: Mode,
+    /// The provider throttles every this-many-th delivery attempt (429 / SMTP 450); 0: never.
+    #[arg(long, default_value_t = 10)]
+    throttle_every: u32,
+    /// The Retry-After of a throttled attempt, in seconds.
+    #[arg(long, default_value_t = 1)]
+    retry_after: u64,
+    /// Once a third of the storm is answered, the provider refuses our credentials (401 /
+    /// SMTP 535) for this many milliseconds; 0: never.
+    #[arg(long, default_value_t = 10_000)]
+    credentials_outage_ms: u64,
+    /// The workers' first retry delay, in milliseconds (the service's default: 2 s).
+    #[arg(long, default_value_t = 2_000)]
+    retry_base_ms: u64,
+    /// How often the workers probe a kind paused by refused credentials, in milliseconds.
+    #[arg(long, default_value_t = 2_000)]
+    pause_probe_ms: u64,
     /// Upper bound on the whole run, in seconds.
     #[arg(long, default_value_t = 1800)]
     time_limit: u64,
@@ -71,6 +87,12 @@ async fn main() -> anyhow::Result<()> {
             Mode::Provider => Delivery::Provider,
             Mode::Smtp => Delivery::Smtp,
         },
+        throttle_every: args.throttle_every,
+        retry_after_s: args.retry_after,
+        credentials_outage: (args.credentials_outage_ms > 0)
+            .then(|| Duration::from_millis(args.credentials_outage_ms)),
+        pause_probe: Duration::from_millis(args.pause_probe_ms),
+        retry_base: Duration::from_millis(args.retry_base_ms),
         time_limit: Duration::from_secs(args.time_limit),
         logs: args.logs,
     };

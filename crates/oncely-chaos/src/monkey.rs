@@ -97,18 +97,43 @@ async fn restart_postgres(command: &str) -> anyhow::Result<()> {
     Ok(())
 }
 
+/// A period during which the provider refuses our credentials: it starts once the storm has
+/// `after_answers` final answers.
+pub(crate) struct Outage {
+    pub(crate) after_answers: u64,
+    pub(crate) lasting: Duration,
+    pub(crate) progress: Progress,
+}
+
 /// The fault injector, until `drained`: every 50 ms, owes the inbox `rate` of the attempts it
-/// saw since the last tick, alternately as an accept-then-drop and a rejection.
-pub(crate) fn inject_faults(inbox: Inbox, rate: f64, drained: Arc<AtomicBool>) -> JoinHandle<()> {
+/// saw since the last tick, alternately as an accept-then-drop and a rejection; and starts the
+/// `outage` once (every change to the inbox's faults is made here, read-modify-write, so none
+/// overwrites another).
+pub(crate) fn inject_faults(
+    inbox: Inbox,
+    rate: f64,
+    mut outage: Option<Outage>,
+    drained: Arc<AtomicBool>,
+) -> JoinHandle<()> {
     let rate = rate.clamp(0.0, 1.0);
     tokio::spawn(async move {
         let (mut seen, mut owed, mut reject) = (0u64, 0.0f64, false);
-        while !drained.load(Ordering::Relaxed) && rate > 0.0 {
+        while !drained.load(Ordering::Relaxed) && (rate > 0.0 || outage.is_some()) {
             tokio::time::sleep(Duration::from_millis(50)).await;
             let attempts = inbox.stats().attempts;
             owed += rate * attempts.saturating_sub(seen) as f64;
             seen = attempts;
             let mut faults = inbox.faults();
+            let due = outage
+                .as_ref()
+                .is_some_and(|o| o.progress.answered.load(Ordering::Relaxed) >= o.after_answers);
+            if due && let Some(o) = outage.take() {
+                eprintln!(
+                    "chaos: the provider refuses our credentials for {:?}",
+                    o.lasting
+                );
+                faults.unauthorized_for_ms = o.lasting.as_millis() as u64;
+            }
             while owed >= 1.0 {
                 owed -= 1.0;
                 if reject {

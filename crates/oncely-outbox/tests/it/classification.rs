@@ -4,8 +4,6 @@
 //! key used with another payload can never accept it (permanent); one whose first request with
 //! the key still runs is worth a retry.
 
-use std::sync::Arc;
-use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
 use oncely_inbox::{Faults, Inbox};
@@ -58,40 +56,16 @@ async fn a_failed_tls_handshake_is_a_plain_retry() {
 
 #[tokio::test]
 async fn an_http_mailer_does_not_follow_a_redirect() {
-    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let addr = listener.local_addr().unwrap();
-    let requests = Arc::new(AtomicUsize::new(0));
-    let seen = requests.clone();
-    tokio::spawn(async move {
-        while let Ok((mut stream, _)) = listener.accept().await {
-            let seen = seen.clone();
-            tokio::spawn(async move {
-                let mut buf = vec![0; 64 * 1024];
-                // One request per connection; its head and small body arrive in one read or two.
-                while let Ok(n) = stream.read(&mut buf).await {
-                    if n == 0 {
-                        return;
-                    }
-                    if buf[..n].windows(4).any(|w| w == b"\r\n\r\n") {
-                        break;
-                    }
-                }
-                seen.fetch_add(1, Ordering::SeqCst);
-                let answer = format!(
-                    "HTTP/1.1 307 Temporary Redirect\r\nLocation: http://{addr}/elsewhere\r\n\
-                     Content-Length: 0\r\nConnection: close\r\n\r\n"
-                );
-                let _ = stream.write_all(answer.as_bytes()).await;
-            });
-        }
-    });
-    let outcome = send(&format!("http://{addr}/emails")).await;
+    use crate::provider::FakeApi;
+    let api = FakeApi::start(|_| {
+        // Where it points does not matter: a followed redirect is a second request.
+        let location = "Location: /elsewhere".to_owned();
+        (307, vec![location], String::new())
+    })
+    .await;
+    let outcome = send(&api.url).await;
     assert!(matches!(outcome, Delivery::Retry(_)), "{outcome:?}");
-    assert_eq!(
-        requests.load(Ordering::SeqCst),
-        1,
-        "the redirect was not followed"
-    );
+    assert_eq!(api.requests(), 1, "the redirect was not followed");
 }
 
 /// Issue 14, items 1 and 2: what an HTTP provider's answer means. A throttle (429; 503 with

@@ -88,7 +88,8 @@ impl<S: JobStore> Worker<S> {
     }
 
     /// Tells the holds what the finished attempts said about the other side (a refusal pauses
-    /// their kind, any other answer resumes it; a throttle's wait holds it).
+    /// their kind, an acceptance or a throttle resumes it; a throttle's wait holds it; see
+    /// `holds.rs`).
     fn observe(&self, done: &[Ran]) {
         let now = self.store.now();
         let mut holds = self.holds();

@@ -11,6 +11,13 @@
 //!   itself; a refusal keeps it open for another interval. Jobs in flight when it opens finish
 //!   normally.
 //!
+//! Only an answer that shows the provider took our credentials closes a pause: a send it
+//! accepted, or a throttle. A job skipped before any send (a decoy with no recipient, a link
+//! used meanwhile) says nothing about the provider: its probe slot is free again at once. Any
+//! other outcome (a plain retry, an unknown outcome, a permanent error: the handler's own or the
+//! provider's, which cannot be told apart) keeps the kind paused until the next interval, so a
+//! paused kind costs at most one call to the provider per interval, whatever its jobs are.
+//!
 //! The holds are this worker's own (each worker learns from its own attempts) and read the
 //! store's clock, so tests move a manual clock past an interval instead of sleeping. Paused
 //! kinds show in the gauge `oncely_outbox_kind_paused{kind}` (1 while paused; with several
@@ -32,10 +39,15 @@ pub(super) enum Verdict {
     /// It refused our credentials or configuration ([`Delivery::Refused`]).
     Refused(String),
     /// It throttled, asking for this wait (if it said; already cut to the policy's
-    /// `max_delay`).
+    /// `max_delay`): an answer past our credentials.
     Throttled(Option<Duration>),
-    /// Anything else: it answered, and not with a refusal.
-    Other,
+    /// It accepted the send.
+    Accepted,
+    /// The handler chose not to send ([`Delivery::Skipped`]): the provider was not asked.
+    NotAsked,
+    /// Anything else (a plain retry, an unknown outcome, a permanent error): maybe the
+    /// provider's answer, maybe the handler's; not proof that our credentials work.
+    Inconclusive,
 }
 
 impl Verdict {
@@ -46,7 +58,11 @@ impl Verdict {
             Delivery::Throttled { after, .. } => {
                 Self::Throttled(after.map(|after| after.min(policy.max_delay)))
             }
-            _ => Self::Other,
+            Delivery::Sent { .. } => Self::Accepted,
+            Delivery::Skipped(_) => Self::NotAsked,
+            Delivery::Retry(_) | Delivery::Unknown(_) | Delivery::Permanent(_) => {
+                Self::Inconclusive
+            }
         }
     }
 }
@@ -118,8 +134,9 @@ impl Holds {
 
     /// Learns from an attempt of `kind` that ended at `now`: `verdict` is what it said, `None`
     /// if its handler did not run (expired, handed back). A refusal opens the breaker (or keeps
-    /// it open for another `probe_interval`), anything else closes it; a throttle with a wait
-    /// holds the kind until then.
+    /// it open for another `probe_interval`); an acceptance or a throttle closes it; an attempt
+    /// that did not ask the provider frees the probe slot; an inconclusive one keeps the breaker
+    /// open until the next interval. A throttle with a wait holds the kind until then.
     pub(super) fn observe(
         &mut self,
         kind: &str,
@@ -127,9 +144,25 @@ impl Holds {
         now: OffsetDateTime,
         probe_interval: Duration,
     ) {
-        let Some(verdict) = verdict else {
-            self.no_probe(kind);
-            return;
+        let verdict = match verdict {
+            None | Some(Verdict::NotAsked) => {
+                self.no_probe(kind);
+                return;
+            }
+            Some(Verdict::Inconclusive) => {
+                if let Some(Hold::Paused {
+                    next_probe,
+                    probing,
+                    ..
+                }) = self.kinds.get_mut(kind)
+                    && *probing
+                {
+                    *next_probe = now + probe_interval;
+                    *probing = false;
+                }
+                return;
+            }
+            Some(verdict) => verdict,
         };
         if let Verdict::Refused(reason) = verdict {
             metrics::counter!("oncely_outbox_refusals_total", "kind" => kind.to_owned())
@@ -239,8 +272,71 @@ mod tests {
         holds.observe("email", None, t1 + INTERVAL, INTERVAL);
         assert_eq!(holds.claimable(&all, t1 + INTERVAL), probe);
         // Accepted: closed.
-        holds.observe("email", Some(&Verdict::Other), t1 + INTERVAL, INTERVAL);
+        holds.observe("email", Some(&Verdict::Accepted), t1 + INTERVAL, INTERVAL);
         assert_eq!(holds.claimable(&all, t1 + INTERVAL).free, all);
+    }
+
+    /// Review of issue 14: a skipped decoy closed the breaker (any outcome but a refusal did),
+    /// and the next claim sent a whole batch with the refused key.
+    #[test]
+    fn only_an_answer_past_our_credentials_closes_a_pause() {
+        let mut holds = Holds::default();
+        let t0 = OffsetDateTime::now_utc();
+        let email = kinds(&["email"]);
+        let paused = Claimable::default();
+        let probe = Claimable {
+            free: vec![],
+            probes: email.clone(),
+        };
+        holds.observe("email", Some(&Verdict::Refused("401".into())), t0, INTERVAL);
+        let t1 = t0 + INTERVAL;
+        assert_eq!(holds.claimable(&email, t1), probe);
+        // The probe was a decoy, skipped before any send: still paused, and it may probe again
+        // at once (the provider was not asked).
+        holds.observe("email", Some(&Verdict::NotAsked), t1, INTERVAL);
+        assert_eq!(holds.claimable(&email, t1), probe);
+        // A plain retry, an unknown outcome or a permanent error proves nothing: still paused,
+        // the next probe an interval later.
+        holds.observe("email", Some(&Verdict::Inconclusive), t1, INTERVAL);
+        assert_eq!(holds.claimable(&email, t1), paused);
+        assert_eq!(holds.claimable(&email, t1 + INTERVAL / 2), paused);
+        assert_eq!(holds.claimable(&email, t1 + INTERVAL), probe);
+        // A throttle is an answer past our credentials: resumed (and not held without a wait).
+        holds.observe(
+            "email",
+            Some(&Verdict::Throttled(None)),
+            t1 + INTERVAL,
+            INTERVAL,
+        );
+        assert_eq!(holds.claimable(&email, t1 + INTERVAL).free, email);
+        // An inconclusive outcome of a kind that is not paused changes nothing.
+        holds.observe(
+            "email",
+            Some(&Verdict::Inconclusive),
+            t1 + INTERVAL,
+            INTERVAL,
+        );
+        assert_eq!(holds.claimable(&email, t1 + INTERVAL).free, email);
+    }
+
+    #[test]
+    fn what_each_outcome_says_about_the_provider() {
+        let policy = RetryPolicy::DEFAULT;
+        let of = |d: Delivery| Verdict::of(&d, &policy);
+        assert_eq!(
+            of(Delivery::Sent {
+                provider_message_id: None
+            }),
+            Verdict::Accepted
+        );
+        assert_eq!(of(Delivery::Skipped("decoy".into())), Verdict::NotAsked);
+        for inconclusive in [
+            Delivery::Retry("500".into()),
+            Delivery::Unknown("timeout".into()),
+            Delivery::Permanent("422".into()),
+        ] {
+            assert_eq!(of(inconclusive), Verdict::Inconclusive);
+        }
     }
 
     #[test]
@@ -263,7 +359,7 @@ mod tests {
         assert_eq!(holds.claimable(&email, t0).free, email, "no wait: no hold");
         let wait = Duration::from_secs(120);
         holds.observe("email", Some(&Verdict::Throttled(Some(wait))), t0, INTERVAL);
-        holds.observe("email", Some(&Verdict::Other), t0, INTERVAL);
+        holds.observe("email", Some(&Verdict::Accepted), t0, INTERVAL);
         assert_eq!(holds.claimable(&email, t0 + wait / 2), Claimable::default());
         assert_eq!(holds.claimable(&email, t0 + wait).free, email);
     }
@@ -315,7 +411,7 @@ mod tests {
             holds.observe("email", Some(&refused), t0, INTERVAL);
             holds.observe("email", Some(&refused), t0, INTERVAL);
             assert_eq!(look(), (Some(1.0), 2.0), "paused once, refused twice");
-            holds.observe("email", Some(&Verdict::Other), t0, INTERVAL);
+            holds.observe("email", Some(&Verdict::Accepted), t0, INTERVAL);
             assert_eq!(look(), (Some(-1.0), 0.0), "resumed");
             holds.observe("email", Some(&refused), t0, INTERVAL);
             assert_eq!(look(), (Some(1.0), 1.0));

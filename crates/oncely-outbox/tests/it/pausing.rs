@@ -116,3 +116,71 @@ async fn a_refused_kind_pauses_is_probed_once_per_interval_and_resumes_by_itself
     }
     assert_eq!(store.pending().await.unwrap(), 0);
 }
+
+/// Sends emails, but skips a job whose payload says `"decoy": true` without asking the provider
+/// (like the service's jobs for unknown addresses).
+struct DecoysSkipped(EmailHandler);
+
+impl oncely_outbox::Handler for DecoysSkipped {
+    fn run<'a>(&'a self, job: &'a oncely_outbox::Job) -> oncely_outbox::DeliveryFuture<'a> {
+        if job.payload["decoy"] == true {
+            return Box::pin(async { oncely_outbox::Delivery::Skipped("a decoy".into()) });
+        }
+        self.0.run(job)
+    }
+}
+
+both_stores!(skipped_decoys_neither_resume_a_paused_kind_nor_let_its_jobs_through);
+
+/// Review of issue 14: a probe that picked a decoy (skipped, the provider never asked) closed the
+/// breaker, and the next claim sent every waiting job with the refused key — anyone could turn
+/// one probe into a batch of refused calls by asking for resets of unknown addresses.
+async fn skipped_decoys_neither_resume_a_paused_kind_nor_let_its_jobs_through<S: Backend>(
+    store: S,
+    _db: TestDb,
+) {
+    let api = FakeApi::start(|_| (401, vec![], r#"{"message":"bad key"}"#.into())).await;
+    let mailer = from_url(&api.url, None, Duration::from_secs(5), None).unwrap();
+    let worker = Worker::new(store.clone(), WorkerConfig::default())
+        .handle("email", DecoysSkipped(EmailHandler::new(mailer)));
+    store
+        .enqueue_with_business_row(email_job("first"), true)
+        .await
+        .unwrap();
+    assert_eq!(worker.drain().await.unwrap(), 1);
+    assert_eq!(api.requests(), 1, "refused: the kind pauses");
+    // Decoys first in line, then real jobs.
+    for i in 0..4 {
+        let decoy = NewJob::new(
+            format!("decoy-{i}"),
+            "email",
+            serde_json::json!({"decoy": true}),
+        );
+        store.enqueue_with_business_row(decoy, true).await.unwrap();
+    }
+    for i in 0..4 {
+        store
+            .enqueue_with_business_row(email_job(&format!("real-{i}")), true)
+            .await
+            .unwrap();
+    }
+    for interval in 1..=3 {
+        store.clock().advance(INTERVAL);
+        worker.drain().await.unwrap();
+        assert!(
+            api.requests() <= 1 + interval,
+            "interval {interval}: {} calls with the refused key",
+            api.requests()
+        );
+    }
+    for i in 0..4 {
+        let key = format!("decoy-{i}");
+        let job = store.job(&key).await.unwrap().unwrap();
+        assert_eq!(job.status, JobStatus::Dead, "{key}: skipped");
+    }
+    assert_eq!(
+        api.requests(),
+        4,
+        "one probe per interval, whatever the decoys"
+    );
+}

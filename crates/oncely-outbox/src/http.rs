@@ -10,6 +10,11 @@
 //! | 3xx (never followed), 408, other 409, other 5xx, connection failures | [`Delivery::Retry`] |
 //! | other 4xx | [`Delivery::Permanent`] |
 //! | a timeout or a broken connection after sending | [`Delivery::Unknown`] (retried with the same key, which a deduplicating API turns into one effect) |
+//!
+//! An API whose URL is fixed by configuration rather than by the job (an email provider's
+//! `/emails`: [`crate::mail::HttpMailer`]) reads three more answers as configuration errors,
+//! [`Delivery::Refused`] (the kind pauses until it is fixed) rather than the job's fault: a
+//! redirect, 404 and 405 — the URL is wrong for every job alike.
 
 use std::time::{Duration, SystemTime};
 
@@ -42,6 +47,37 @@ pub async fn post_json_keyed(
     body: &Value,
     bearer: Option<&SecretString>,
 ) -> Result<Value, Delivery> {
+    post(client, (url, Url::OfTheJob), (header, key), body, bearer).await
+}
+
+/// [`post_json_keyed`] to an API whose URL configuration fixes for every job (an email
+/// provider's): a redirect, 404 and 405 mean that URL is wrong, a [`Delivery::Refused`].
+pub(crate) async fn post_json_to_endpoint(
+    client: &reqwest::Client,
+    url: &str,
+    (header, key): (&str, &str),
+    body: &Value,
+    bearer: Option<&SecretString>,
+) -> Result<Value, Delivery> {
+    post(client, (url, Url::Configured), (header, key), body, bearer).await
+}
+
+/// Where a URL comes from, which decides what a redirect, 404 or 405 means.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Url {
+    /// The job's (a resource it names): the answer is about the job.
+    OfTheJob,
+    /// Configuration's, the same for every job: the answer is about the configuration.
+    Configured,
+}
+
+async fn post(
+    client: &reqwest::Client,
+    (url, origin): (&str, Url),
+    (header, key): (&str, &str),
+    body: &Value,
+    bearer: Option<&SecretString>,
+) -> Result<Value, Delivery> {
     let mut request = client.post(url).header(header, key).json(body);
     if let Some(token) = bearer {
         request = request.bearer_auth(token.expose_secret());
@@ -57,14 +93,20 @@ pub async fn post_json_keyed(
         return Ok(response.json::<Value>().await.unwrap_or(Value::Null));
     }
     let after = retry_after(response.headers(), SystemTime::now());
-    let body = response.text().await.unwrap_or_default();
-    let mut text: String = body.chars().take(200).collect();
+    let mut body = response.text().await.unwrap_or_default();
+    // Blanked out before the cut: a key that straddled the cut would leave a piece behind.
     if let Some(token) = bearer.map(ExposeSecret::expose_secret)
         && !token.is_empty()
     {
-        text = text.replace(token, "[redacted]");
+        body = body.replace(token, "[redacted]");
     }
+    let text: String = body.chars().take(200).collect();
     let error = format!("HTTP {status}: {text}");
+    if origin == Url::Configured && matches!(status.as_u16(), 300..=399 | 404 | 405) {
+        return Err(Delivery::Refused(format!(
+            "the configured URL is wrong (every job would get this answer): {error}"
+        )));
+    }
     Err(match status.as_u16() {
         429 => Delivery::Throttled {
             reason: error,

@@ -73,29 +73,55 @@ impl IdempotencyHeader {
 
     /// Headers the mailers write themselves, or that carry meaning of their own: never the
     /// idempotency header.
-    const RESERVED: [&str; 17] = [
+    const RESERVED: [&str; 38] = [
+        // Written by the mailer, or HTTP's framing and connection (hop-by-hop) headers, whose
+        // values change how the request is sent or read.
         "authorization",
+        "connection",
+        "content-encoding",
+        "content-length",
+        "content-type",
+        "cookie",
+        "expect",
+        "host",
+        "keep-alive",
+        "proxy-authorization",
+        "proxy-connection",
+        "te",
+        "trailer",
+        "transfer-encoding",
+        "upgrade",
+        // Email headers that address, route, authenticate or trace the message.
         "bcc",
         "cc",
-        "connection",
-        "content-length",
+        "content-disposition",
         "content-transfer-encoding",
-        "content-type",
         "date",
+        "disposition-notification-to",
+        "dkim-signature",
         "from",
-        "host",
+        "in-reply-to",
         "message-id",
         "mime-version",
+        "received",
+        "references",
         "reply-to",
+        "resent-bcc",
+        "resent-cc",
+        "resent-date",
+        "resent-from",
+        "resent-to",
+        "return-path",
         "sender",
         "subject",
         "to",
-        "transfer-encoding",
     ];
 
     /// A header name: a token of RFC 9110 (letters, digits and ``!#$%&'*+-.^_`|~``), at most 76
     /// characters (an email header line's budget), and none of the headers the mailer writes
-    /// itself (`From`, `Message-ID`, `Content-Type`, `Authorization`, …).
+    /// itself (`From`, `Message-ID`, `Content-Type`, `Authorization`, …), nor one that changes
+    /// how the request is sent or read (`Expect`, `Content-Encoding`, `Upgrade`, …) or how the
+    /// message is addressed, routed or authenticated (`Return-Path`, `DKIM-Signature`, …).
     pub fn new(name: &str) -> Result<Self, MailerError> {
         let invalid = |why| Err(MailerError::IdempotencyHeader(name.to_owned(), why));
         if name.is_empty() {
@@ -110,7 +136,9 @@ impl IdempotencyHeader {
             );
         }
         if Self::RESERVED.contains(&name.to_ascii_lowercase().as_str()) {
-            return invalid("the mailer writes this header itself");
+            return invalid(
+                "the mailer writes this header itself, or it changes how the message is sent or handled",
+            );
         }
         Ok(Self(name.to_owned()))
     }
@@ -330,8 +358,14 @@ impl HttpMailer {
         });
         let header = self.idempotency_header.as_str();
         let api_key = self.api_key.as_ref();
-        match crate::http::post_json_keyed(&self.client, &self.url, header, key, &body, api_key)
-            .await
+        match crate::http::post_json_to_endpoint(
+            &self.client,
+            &self.url,
+            (header, key),
+            &body,
+            api_key,
+        )
+        .await
         {
             Ok(answer) => Delivery::Sent {
                 provider_message_id: answer["id"].as_str().map(str::to_owned),
@@ -397,6 +431,16 @@ mod tests {
             ("Clé", "letters, digits"),
             ("message-ID", "writes this header itself"),
             ("Authorization", "writes this header itself"),
+            // Review of issue 14: headers that change how the request or the message is sent
+            // or handled were accepted.
+            ("Expect", "how the message is sent"),
+            ("content-encoding", "how the message is sent"),
+            ("Upgrade", "how the message is sent"),
+            ("TE", "how the message is sent"),
+            ("Return-Path", "how the message is sent"),
+            ("DKIM-Signature", "how the message is sent"),
+            ("Resent-To", "how the message is sent"),
+            ("To", "how the message is sent"),
             (&"X".repeat(77), "76"),
         ] {
             let error = IdempotencyHeader::new(bad).unwrap_err().to_string();

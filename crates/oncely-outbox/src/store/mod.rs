@@ -64,6 +64,11 @@ pub struct Finish {
     /// The attempt spent none of the attempt budget (throttled, paused): the store counts it in
     /// the job's `free_attempts`.
     pub free_attempt: bool,
+    /// Forget the job's frozen payload ([`Job::frozen`](crate::Job::frozen)): this attempt froze
+    /// it and the provider surely stored nothing under the key (it throttled or refused the
+    /// request), so the next attempt freezes what current state says — a sender fixed after a
+    /// refusal reaches the job.
+    pub thaw: bool,
 }
 
 impl Finish {
@@ -76,6 +81,7 @@ impl Finish {
             provider_message_id,
             error: None,
             free_attempt: false,
+            thaw: false,
         }
     }
 
@@ -88,6 +94,7 @@ impl Finish {
             provider_message_id: None,
             error: Some(error),
             free_attempt: false,
+            thaw: false,
         }
     }
 
@@ -101,6 +108,7 @@ impl Finish {
             provider_message_id: None,
             error: Some(error),
             free_attempt: false,
+            thaw: false,
         }
     }
 

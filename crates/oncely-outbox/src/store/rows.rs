@@ -97,6 +97,8 @@ pub(crate) struct Done<'a> {
     error: Option<&'a str>,
     /// Counts in the job's `free_attempts` (throttled, paused).
     free: bool,
+    /// Forgets the job's frozen payload.
+    thaw: bool,
 }
 
 impl<'a> Done<'a> {
@@ -110,6 +112,7 @@ impl<'a> Done<'a> {
             provider_message_id: finish.provider_message_id.as_deref(),
             error: finish.error.as_deref(),
             free: finish.free_attempt,
+            thaw: finish.thaw,
         }
     }
 }

@@ -43,8 +43,9 @@ impl<S: JobStore> Worker<S> {
     }
 }
 
-/// Runs one job. A job past its deadline is not run (`expired`); a handler that panics or runs
-/// past `deadline` is an unknown outcome, retried with the same delivery key.
+/// Runs one job. A job past its deadline is not run (`expired`), nor a retry claimed after its
+/// retry horizon (`dead`); a handler that panics or runs past `deadline` is an unknown outcome,
+/// retried with the same delivery key.
 async fn attempt<S: JobStore>(
     registered: Option<Registered>,
     store: S,
@@ -63,13 +64,33 @@ async fn attempt<S: JobStore>(
         };
     };
     let now = store.now();
+    let horizon = options.policy.horizon;
     let (finish, verdict) = if job.not_after.is_some_and(|deadline| deadline <= now) {
         let why = "not run: its deadline passed before delivery".to_owned();
         (Finish::dead(AttemptResult::Expired, why), None)
+    } else if job.attempt > 1 && now - job.horizon_from() > horizon {
+        // A retry claimed late (its kind was paused or held, the workers were down): an
+        // earlier attempt may have reached a provider whose deduplication window has passed.
+        let why = format!(
+            "not run: claimed after its {horizon:?} retry horizon, so a provider may no longer \
+             deduplicate an earlier attempt; re-drive it to send (oncely outbox retry)"
+        );
+        (Finish::dead(AttemptResult::Dead, why), None)
     } else {
+        let frozen_at_claim = job.frozen.is_some();
         let delivery = run(handler, &store, job.clone(), deadline).await;
         let verdict = Verdict::of(&delivery, &options.policy);
-        (options.policy.decide(&job, delivery, now), Some(verdict))
+        let mut finish = options.policy.decide(&job, delivery, now);
+        // What this attempt froze went nowhere if the provider throttled or refused it: the
+        // next attempt freezes anew (a sender fixed after a refusal reaches this job). What an
+        // earlier attempt froze stays: that attempt may have reached the provider.
+        finish.thaw = !frozen_at_claim
+            && finish.status == JobStatus::Pending
+            && matches!(
+                finish.result,
+                AttemptResult::Throttled | AttemptResult::Paused
+            );
+        (finish, Some(verdict))
     };
     report(&job, &finish);
     Ran {

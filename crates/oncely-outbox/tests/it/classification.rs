@@ -64,7 +64,8 @@ async fn an_http_mailer_does_not_follow_a_redirect() {
     })
     .await;
     let outcome = send(&api.url).await;
-    assert!(matches!(outcome, Delivery::Retry(_)), "{outcome:?}");
+    // The mailer's URL is wrong for every email: the kind pauses until it is fixed.
+    assert!(matches!(outcome, Delivery::Refused(_)), "{outcome:?}");
     assert_eq!(api.requests(), 1, "the redirect was not followed");
 }
 
@@ -157,6 +158,71 @@ async fn a_refusal_that_echoes_the_api_key_is_recorded_without_it() {
         !reason.contains(key) && reason.contains("[redacted]"),
         "{reason}"
     );
+}
+
+/// Review of issue 14: the answer was cut to 200 characters before the key was blanked out, so
+/// a key that straddled the cut left its first characters in the job's error and the log.
+#[tokio::test]
+async fn an_echoed_api_key_that_straddles_the_cut_leaves_no_piece_behind() {
+    use crate::provider::FakeApi;
+    let key = "re_SuperSecretApiKey0123456789";
+    let api = FakeApi::start(move |_| {
+        let body = format!("{}{key} is invalid", "x".repeat(190));
+        (401, vec![], body)
+    })
+    .await;
+    let mailer = from_url(
+        &api.url,
+        Some(key.to_owned().into()),
+        Duration::from_secs(5),
+        None,
+    )
+    .unwrap();
+    let outcome = mailer.send(&email(), "key-1").await;
+    let Delivery::Refused(reason) = outcome else {
+        panic!("{outcome:?}")
+    };
+    assert!(!reason.contains(&key[..6]), "{reason}");
+}
+
+/// Review of issue 14: an email provider's URL is configuration, the same for every job: a
+/// wrong path (404, 405) or a redirect pauses the kind until it is fixed, instead of killing
+/// every email at once (404 was permanent) or spending their budget (a redirect was a retry).
+/// A URL of the job's own (`http::post_json`) keeps reading them as the job's answer.
+#[tokio::test]
+async fn a_wrong_mailer_url_is_a_configuration_refusal_not_the_email_s_fault() {
+    use crate::provider::FakeApi;
+    for (status, headers) in [
+        (404, vec![]),
+        (405, vec![]),
+        (308, vec!["Location: /v2/emails".to_owned()]),
+    ] {
+        let api = FakeApi::start(move |_| (status, headers.clone(), String::new())).await;
+        let outcome = send(&api.url).await;
+        assert!(
+            matches!(outcome, Delivery::Refused(_)),
+            "{status}: {outcome:?}"
+        );
+        let client = oncely_outbox::http::client(Duration::from_secs(5)).unwrap();
+        let job_s_own = oncely_outbox::http::post_json(
+            &client,
+            &api.url,
+            "key-1",
+            &serde_json::json!({}),
+            None,
+        )
+        .await;
+        let expected_permanent = status != 308;
+        assert!(
+            match &job_s_own {
+                Err(Delivery::Permanent(_)) => expected_permanent,
+                Err(Delivery::Retry(_)) => !expected_permanent,
+                _ => false,
+            },
+            "{status}: {job_s_own:?}"
+        );
+        assert_eq!(api.requests(), 2, "no redirect followed");
+    }
 }
 
 /// Issue 14, items 1 and 2, over SMTP: 421/450/451 are throttling (no Retry-After: the

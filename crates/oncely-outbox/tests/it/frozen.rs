@@ -74,6 +74,15 @@ async fn setup<S: Backend>(store: &S, refuse: Option<Delivery>) -> (Inbox, Worke
         drop_after_accept: 1,
         ..Faults::provider()
     };
+    setup_with(store, refuse, faults).await
+}
+
+/// [`setup`] with the provider's `faults`.
+async fn setup_with<S: Backend>(
+    store: &S,
+    refuse: Option<Delivery>,
+    faults: Faults,
+) -> (Inbox, Worker<S>, Arc<Notify>) {
     let (inbox, running) = Inbox::start_local(faults).await.unwrap();
     let url = format!("http://{}/emails", running.http_addr);
     let handler = Arc::new(Notify {
@@ -113,7 +122,87 @@ async fn results<S: Backend>(store: &S, id: i64) -> Vec<String> {
 both_stores!(
     a_retry_sends_the_payload_frozen_at_the_first_attempt_whatever_changed_since,
     a_handler_can_end_an_attempt_from_freeze_without_running_it,
+    a_payload_the_provider_refused_or_throttled_is_frozen_anew_at_the_next_attempt,
+    a_payload_an_earlier_attempt_may_have_delivered_stays_frozen_through_a_throttle,
 );
+
+/// `KindOptions::probe_interval`'s default: a paused kind's next probe.
+const PROBE: Duration = Duration::from_secs(30);
+
+/// Review of issue 14: a payload the provider refused (401/403: a sender domain not verified) or
+/// throttled stayed frozen, so fixing the sender never reached the job — it was refused until
+/// its horizon, and a re-drive kept the refused payload. A refused or throttled request stored
+/// nothing under the key at the provider: the next attempt freezes what current state says.
+async fn a_payload_the_provider_refused_or_throttled_is_frozen_anew_at_the_next_attempt<
+    S: Backend,
+>(
+    store: S,
+    _db: TestDb,
+) {
+    let faults = Faults {
+        unauthorized_next: 1,
+        throttle_next: 1,
+        retry_after_s: 1,
+        ..Faults::provider()
+    };
+    let (inbox, worker, handler) = setup_with(&store, None, faults).await;
+    worker.drain().await.unwrap(); // refused: the kind pauses
+    let record = store.job("notify:1").await.unwrap().unwrap();
+    assert_eq!(results(&store, record.id).await, ["paused"]);
+    assert_eq!(record.frozen, None, "nothing reached the provider");
+    *handler.current.lock().unwrap() = "fixed@example.com".into();
+    store.clock().advance(PROBE);
+    worker.drain().await.unwrap(); // the probe: throttled
+    let record = store.job("notify:1").await.unwrap().unwrap();
+    assert_eq!(results(&store, record.id).await, ["paused", "throttled"]);
+    assert_eq!(record.frozen, None);
+    *handler.current.lock().unwrap() = "final@example.com".into();
+    store
+        .clock()
+        .advance(FAST.max_delay.max(Duration::from_secs(1)));
+    worker.drain().await.unwrap();
+    let record = store.job("notify:1").await.unwrap().unwrap();
+    assert_eq!(record.status, JobStatus::Sent, "{:?}", record.last_error);
+    assert_eq!(record.frozen, Some(json!({ "to": "final@example.com" })));
+    assert_eq!(inbox.messages(Some("final@example.com")).len(), 1);
+    assert_eq!(inbox.messages(None).len(), 1);
+    assert_eq!(handler.freezes.load(Ordering::SeqCst), 3);
+}
+
+/// What an attempt with an unknown outcome froze stays frozen through a later throttle: that
+/// attempt may have reached the provider, which now holds the key with that payload.
+async fn a_payload_an_earlier_attempt_may_have_delivered_stays_frozen_through_a_throttle<
+    S: Backend,
+>(
+    store: S,
+    _db: TestDb,
+) {
+    let faults = Faults {
+        drop_after_accept: 1,
+        ..Faults::provider()
+    };
+    let (inbox, worker, handler) = setup_with(&store, None, faults).await;
+    worker.drain().await.unwrap(); // accepted, answer lost: unknown
+    *handler.current.lock().unwrap() = "new@example.com".into();
+    inbox.set_faults(Faults {
+        throttle_next: 1,
+        retry_after_s: 1,
+        ..Faults::provider()
+    });
+    store.clock().advance(FAST.max_delay);
+    worker.drain().await.unwrap(); // throttled
+    store.clock().advance(Duration::from_secs(1));
+    worker.drain().await.unwrap(); // deduplicated: the first payload
+    let record = store.job("notify:1").await.unwrap().unwrap();
+    assert_eq!(
+        results(&store, record.id).await,
+        ["unknown", "throttled", "sent"]
+    );
+    assert_eq!(record.frozen, Some(json!({ "to": "old@example.com" })));
+    assert_eq!(inbox.messages(None).len(), 1);
+    assert_eq!(inbox.stats().mismatched, 0);
+    assert_eq!(handler.freezes.load(Ordering::SeqCst), 1);
+}
 
 async fn a_retry_sends_the_payload_frozen_at_the_first_attempt_whatever_changed_since<
     S: Backend,

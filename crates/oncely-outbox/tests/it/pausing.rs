@@ -184,3 +184,66 @@ async fn skipped_decoys_neither_resume_a_paused_kind_nor_let_its_jobs_through<S:
         "one probe per interval, whatever the decoys"
     );
 }
+
+both_stores!(a_retry_claimed_after_its_horizon_is_not_sent);
+
+/// Review of issue 14: the horizon was checked only after a send, and a paused kind's jobs wait
+/// for probes, so a backlog could be sent long after the provider forgot their keys (a job whose
+/// earlier attempt had an unknown outcome would then be a second email). A retry claimed after
+/// its horizon is dead without running; a re-drive sends it with a fresh horizon.
+async fn a_retry_claimed_after_its_horizon_is_not_sent<S: Backend>(store: S, _db: TestDb) {
+    let accepting = Arc::new(AtomicBool::new(false));
+    let api = {
+        let accepting = accepting.clone();
+        FakeApi::start(move |n| {
+            if accepting.load(Ordering::SeqCst) {
+                accepted(n)
+            } else {
+                (401, vec![], r#"{"message":"bad key"}"#.into())
+            }
+        })
+        .await
+    };
+    let hour = Duration::from_secs(3600);
+    let options = oncely_outbox::KindOptions {
+        policy: oncely_outbox::RetryPolicy {
+            horizon: hour,
+            ..oncely_outbox::RetryPolicy::DEFAULT
+        },
+        concurrency: None,
+        probe_interval: INTERVAL,
+    };
+    let mailer = from_url(&api.url, None, Duration::from_secs(5), None).unwrap();
+    let worker = Worker::new(store.clone(), WorkerConfig::default()).handle_with(
+        "email",
+        EmailHandler::new(mailer),
+        options,
+    );
+    store
+        .enqueue_with_business_row(email_job("late"), true)
+        .await
+        .unwrap();
+    assert_eq!(worker.drain().await.unwrap(), 1);
+    assert_eq!(results(&store, "late").await, ["paused"]);
+    // The provider accepts again only after the horizon has passed.
+    accepting.store(true, Ordering::SeqCst);
+    store.clock().advance(hour + Duration::from_secs(1));
+    worker.drain().await.unwrap();
+    let job = store.job("late").await.unwrap().unwrap();
+    assert_eq!(job.status, JobStatus::Dead, "{:?}", job.last_error);
+    assert!(
+        job.last_error
+            .as_deref()
+            .unwrap_or_default()
+            .contains("retry horizon"),
+        "{:?}",
+        job.last_error
+    );
+    assert_eq!(api.requests(), 1, "not sent after its horizon");
+    // A re-drive starts a fresh horizon: sent.
+    assert!(store.redrive("late").await.unwrap());
+    worker.drain().await.unwrap();
+    let job = store.job("late").await.unwrap().unwrap();
+    assert_eq!(job.status, JobStatus::Sent, "{:?}", job.last_error);
+    assert_eq!(api.requests(), 2);
+}

@@ -35,8 +35,8 @@ pub trait Statements {
     /// Ends a batch of attempts: each job by primary key, guarded by its lease token and
     /// `pending`, and its open attempt row (`oncely_outbox_attempts_job`). Binds: 1 the batch
     /// (a JSON array of `{id, lease_token, status, retry_ms, result, provider_message_id,
-    /// error, free}`; `free` adds one to the job's `free_attempts`), 2 now. Returns the ids of
-    /// the jobs it finished (the others' leases were lost).
+    /// error, free, thaw}`; `free` adds one to the job's `free_attempts`, `thaw` empties its
+    /// `frozen`), 2 now. Returns the ids of the jobs it finished (the others' leases were lost).
     const FINISH: &'static str;
 
     /// Stores what a claimed job's first attempt froze, unless the job holds a frozen value

@@ -72,7 +72,8 @@ impl super::Statements for Postgres {
         WITH done AS (
             SELECT * FROM jsonb_to_recordset($1)
                        AS d(id int8, lease_token uuid, status text, retry_ms int8, result text,
-                            provider_message_id text, error text, free bool)
+                            provider_message_id text, error text, free bool,
+                            thaw bool)
         ), job AS (
             UPDATE oncely_outbox o
                SET status = d.status, lease_token = NULL, last_error = d.error,
@@ -80,6 +81,7 @@ impl super::Statements for Postgres {
                                     THEN COALESCE($2, now()) + d.retry_ms * interval '1 millisecond'
                                     ELSE o.run_after END,
                    free_attempts = o.free_attempts + CASE WHEN d.free THEN 1 ELSE 0 END,
+                   frozen = CASE WHEN d.thaw THEN NULL ELSE o.frozen END,
                    sent_at = CASE WHEN d.status = 'sent' THEN COALESCE($2, now()) END,
                    dead_at = CASE WHEN d.status = 'dead' THEN COALESCE($2, now()) END,
                    provider_message_id = COALESCE(d.provider_message_id, o.provider_message_id)

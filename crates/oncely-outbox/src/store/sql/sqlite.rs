@@ -24,7 +24,8 @@ macro_rules! done {
                     value ->> 'status' AS status, value ->> 'retry_ms' AS retry_ms,
                     value ->> 'result' AS result,
                     value ->> 'provider_message_id' AS provider_message_id,
-                    value ->> 'error' AS error, value ->> 'free' AS free
+                    value ->> 'error' AS error, value ->> 'free' AS free,
+                    value ->> 'thaw' AS thaw
                FROM json_each(?1))"
     };
 }
@@ -96,6 +97,7 @@ impl super::Statements for Sqlite {
                run_after = CASE WHEN d.status = 'pending' THEN ?2 + d.retry_ms
                                 ELSE o.run_after END,
                free_attempts = o.free_attempts + CASE WHEN d.free THEN 1 ELSE 0 END,
+               frozen = CASE WHEN d.thaw THEN NULL ELSE o.frozen END,
                sent_at = CASE WHEN d.status = 'sent' THEN ?2 END,
                dead_at = CASE WHEN d.status = 'dead' THEN ?2 END,
                provider_message_id = COALESCE(d.provider_message_id, o.provider_message_id)

@@ -441,12 +441,14 @@ pub struct InboxArgs {
     /// SMTP listen address.
     #[arg(long, default_value = "127.0.0.1:2525")]
     pub smtp: SocketAddr,
-    /// HTTP listen address (`POST /emails`, `GET /messages`, `GET /stats`, `PUT /faults`).
+    /// HTTP listen address (`POST /emails`, `GET /messages`, `DELETE /messages`, `GET /stats`,
+    /// `PUT /faults`: changes the fields it names, `POST /reset`).
     #[arg(long, default_value = "127.0.0.1:8025")]
     pub http: SocketAddr,
     /// Behave like a real provider (Resend): a repeat of an idempotency key within 24 h is
     /// acknowledged but not delivered again; the key with another message, or while a request
-    /// with it is still being answered, is refused (409).
+    /// with it is still being answered, is refused (409). Keys stay known when messages are
+    /// deleted or other faults are set; `PUT /faults {"dedupe_window_ms": null}` turns it off.
     #[arg(long)]
     pub provider_mode: bool,
     /// The one header both intakes read the idempotency key from. Default per intake, as the

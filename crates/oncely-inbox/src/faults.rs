@@ -15,12 +15,13 @@ pub enum Rejection {
     Permanent,
 }
 
-/// Faults to inject, set with [`crate::Inbox::set_faults`] or `PUT /faults` (every field
-/// optional there). Counters are consumed by the attempts that meet them. Every fault is
+/// Faults to inject, set with [`crate::Inbox::set_faults`] (all of them) or `PUT /faults`
+/// ([`crate::Inbox::merge_faults`]: only the fields the body names; an unknown field is
+/// refused). Counters are consumed by the attempts that meet them. Every fault is
 /// deterministic, so that a test can count what it caused. They are checked in this order:
 /// refused credentials, throttling, rejection; then provider mode's key check; then the drop.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(default)]
+#[serde(default, deny_unknown_fields)]
 pub struct Faults {
     /// Reject this many of the next attempts.
     pub reject_next: u32,
@@ -34,7 +35,9 @@ pub struct Faults {
     /// Provider mode: acknowledge, but do not deliver again, a message whose idempotency key was
     /// seen within this many milliseconds; answer 409 `invalid_idempotent_request` when the
     /// key comes with another message, and 409 `concurrent_idempotent_requests` while another
-    /// request with the key is still being answered (see [`crate::Conflict`]).
+    /// request with the key is still being answered (see [`crate::Conflict`]). `None` (`null`
+    /// in `PUT /faults`): off. Keys seen stay known until their window ends, whatever the
+    /// faults become or the messages deleted.
     pub dedupe_window_ms: Option<u64>,
     /// Throttle this many of the next attempts: HTTP 429 with `Retry-After`, SMTP 450.
     pub throttle_next: u32,
@@ -46,7 +49,8 @@ pub struct Faults {
     /// Refuse the credentials of this many of the next attempts: HTTP 401, SMTP 535.
     pub unauthorized_next: u32,
     /// Refuse the credentials of every attempt for this long (milliseconds), counted from when
-    /// the faults are set; reading the faults back gives what remains of the period.
+    /// it is set ([`crate::Inbox::set_faults`], or a `PUT /faults` that names it; a `PUT` of
+    /// other fields lets it run on); reading the faults back gives what remains of the period.
     pub unauthorized_for_ms: u64,
 }
 

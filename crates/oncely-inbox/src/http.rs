@@ -22,6 +22,7 @@ pub fn router(inbox: Inbox) -> Router {
         .route("/messages/{id}", get(one).delete(delete_one))
         .route("/stats", get(stats))
         .route("/faults", get(faults).put(set_faults))
+        .route("/reset", post(reset))
         .with_state(inbox)
 }
 
@@ -133,15 +134,29 @@ async fn one(State(inbox): State<Inbox>, Path(id): Path<String>) -> Response {
     }
 }
 
-/// `DELETE /messages`'s body, as Mailpit takes it.
+/// `DELETE /messages`'s body, as Mailpit takes it: `IDs` in any case (Go's JSON decoder matches
+/// field names so), and nothing else.
 #[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
 struct DeleteIds {
-    #[serde(rename = "IDs", default)]
+    #[serde(
+        rename = "IDs",
+        alias = "ids",
+        alias = "idS",
+        alias = "iDs",
+        alias = "iDS",
+        alias = "Ids",
+        alias = "IdS",
+        alias = "IDS",
+        default
+    )]
     ids: Vec<String>,
 }
 
-/// `DELETE /messages`: without a body (or with no IDs) everything, counters and seen keys
-/// included; with `{"IDs": [...]}` those messages only (unknown ids are ignored).
+/// `DELETE /messages`: without a body, or with no ids (`{}`, `{"IDs": []}`), every message; with
+/// `{"IDs": [...]}` those (unknown ids are ignored). Messages only: the counters and provider
+/// mode's keys stay (`POST /reset` forgets them). A body with another field, or not of this
+/// shape, is refused (400) and deletes nothing.
 async fn delete(State(inbox): State<Inbox>, body: Bytes) -> Response {
     let ids = if body.iter().all(u8::is_ascii_whitespace) {
         Vec::new()
@@ -155,11 +170,18 @@ async fn delete(State(inbox): State<Inbox>, body: Bytes) -> Response {
         }
     };
     if ids.is_empty() {
-        inbox.clear();
+        inbox.delete_all();
     } else {
         inbox.delete(&ids);
     }
     StatusCode::NO_CONTENT.into_response()
+}
+
+/// `POST /reset`: a fresh inbox for the next test ([`Inbox::clear`]): every message, counter and
+/// provider mode's key forgotten; the faults stay.
+async fn reset(State(inbox): State<Inbox>) -> StatusCode {
+    inbox.clear();
+    StatusCode::NO_CONTENT
 }
 
 /// `DELETE /messages/{id}`: 204, or 404 if there is no such message.
@@ -179,7 +201,17 @@ async fn faults(State(inbox): State<Inbox>) -> Json<Faults> {
     Json(inbox.faults())
 }
 
-async fn set_faults(State(inbox): State<Inbox>, Json(faults): Json<Faults>) -> Json<Faults> {
-    inbox.set_faults(faults);
-    Json(inbox.faults())
+/// `PUT /faults`: changes the fields the body (a JSON object) names and answers the faults now
+/// in force ([`Inbox::merge_faults`]); `{"dedupe_window_ms": null}` turns provider mode off. A
+/// body that is not an object of known fields and values is refused (400) and changes nothing.
+async fn set_faults(State(inbox): State<Inbox>, body: Bytes) -> Response {
+    let merged = serde_json::from_slice::<serde_json::Map<String, serde_json::Value>>(&body)
+        .and_then(|patch| inbox.merge_faults(&patch));
+    match merged {
+        Ok(faults) => Json(faults).into_response(),
+        Err(e) => {
+            let why = format!("expected a JSON object of the faults to change: {e}");
+            (StatusCode::BAD_REQUEST, why).into_response()
+        }
+    }
 }

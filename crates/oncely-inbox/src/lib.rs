@@ -5,8 +5,10 @@
 //!   to inject, the [`Stats`], its [`Config`] and [`Clock`].
 //! - [`smtp`]: the SMTP intake (enough of RFC 5321 for real clients such as lettre).
 //! - [`http`]: `POST /emails` (Resend-compatible), and the read API: `GET /messages?to=`,
-//!   `GET /messages/{id}`, `DELETE /messages` (all, or `{"IDs": [...]}` as Mailpit takes
-//!   them), `DELETE /messages/{id}`, `GET /stats`, `GET`/`PUT /faults`.
+//!   `GET /messages/{id}`, `DELETE /messages` (every message, or `{"IDs": [...]}` as Mailpit
+//!   takes them; messages only: counters and provider mode's keys stay), `DELETE
+//!   /messages/{id}`, `GET /stats`, `GET /faults`, `PUT /faults` (changes the fields it
+//!   names), `POST /reset` (a fresh inbox for the next test: [`Inbox::clear`]).
 //! - [`page`]: the same as pages for a person (`GET /`, `GET /view/{id}`), links clickable.
 //!
 //! Every copy is kept: a message delivered twice shows twice, and [`Stats::duplicates`] counts
@@ -118,7 +120,9 @@ impl Default for Config {
     }
 }
 
-/// Counters since start (or the last `DELETE /messages` of everything).
+/// Counters since start, or the last full reset ([`Inbox::clear`], `POST /reset`): deleting
+/// messages does not change them (except `kept`), as they count what happened, not what the
+/// mailbox holds.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Stats {
     /// Delivery attempts that reached the end of a message.
@@ -194,6 +198,17 @@ impl State {
             stats: Stats::default(),
             seen: SeenKeys::default(),
             in_flight: HashSet::new(),
+        }
+    }
+
+    /// The faults in force at `now` (see [`Inbox::faults`]).
+    fn faults_at(&self, now: OffsetDateTime) -> Faults {
+        let remaining = self.unauthorized_until.map_or(0, |end| {
+            u64::try_from((end - now).whole_microseconds()).unwrap_or(0)
+        });
+        Faults {
+            unauthorized_for_ms: remaining.div_ceil(1000),
+            ..self.faults.clone()
         }
     }
 
@@ -340,16 +355,43 @@ impl Inbox {
         }
     }
 
-    /// Replaces the faults. A period of refused credentials starts now.
+    /// Replaces every fault (`PUT /faults` changes only the fields it names:
+    /// [`Inbox::merge_faults`]). A period of refused credentials starts now. Provider mode's
+    /// seen keys stay whatever the faults become: a key is forgotten when its window ends (a
+    /// mode switched off stops deduplicating; switched on again, it knows the keys of its
+    /// window), or by a full reset ([`Inbox::clear`]).
     pub fn set_faults(&self, faults: Faults) {
         let mut state = self.lock();
         let now = state.clock.now();
         state.unauthorized_until = (faults.unauthorized_for_ms > 0)
             .then(|| now + Duration::from_millis(faults.unauthorized_for_ms));
-        if faults.dedupe_window_ms.is_none() {
-            state.seen.clear();
+        state.faults = faults;
+    }
+
+    /// Changes the faults `patch` names (a JSON object of [`Faults`] fields, as `PUT /faults`
+    /// takes it) and leaves the others as they are: `{"throttle_next": 1}` throttles one
+    /// attempt and keeps provider mode, `{"dedupe_window_ms": null}` turns provider mode off. A
+    /// period of refused credentials starts now if `patch` names `unauthorized_for_ms`, and
+    /// otherwise runs on. Seen keys stay, as with [`Inbox::set_faults`]. An unknown field or a
+    /// value of the wrong type changes nothing and is the error. Returns the faults now in
+    /// force.
+    pub fn merge_faults(
+        &self,
+        patch: &serde_json::Map<String, serde_json::Value>,
+    ) -> Result<Faults, serde_json::Error> {
+        let mut state = self.lock();
+        let now = state.clock.now();
+        let mut merged = serde_json::to_value(state.faults_at(now))?;
+        if let Some(fields) = merged.as_object_mut() {
+            fields.extend(patch.clone());
+        }
+        let faults: Faults = serde_json::from_value(merged)?;
+        if patch.contains_key("unauthorized_for_ms") {
+            state.unauthorized_until = (faults.unauthorized_for_ms > 0)
+                .then(|| now + Duration::from_millis(faults.unauthorized_for_ms));
         }
         state.faults = faults;
+        Ok(state.faults_at(now))
     }
 
     /// The faults now in force (counters as consumed so far; what remains of a period of
@@ -357,13 +399,7 @@ impl Inbox {
     pub fn faults(&self) -> Faults {
         let state = self.lock();
         let now = state.clock.now();
-        let remaining = state.unauthorized_until.map_or(0, |end| {
-            u64::try_from((end - now).whole_microseconds()).unwrap_or(0)
-        });
-        Faults {
-            unauthorized_for_ms: remaining.div_ceil(1000),
-            ..state.faults.clone()
-        }
+        state.faults_at(now)
     }
 
     /// The delay to apply before answering an attempt.
@@ -396,7 +432,20 @@ impl Inbox {
         ids.iter().filter(|id| state.messages.remove(id)).count()
     }
 
-    /// Forgets every message, counter and seen key (faults stay).
+    /// Deletes every copy (`DELETE /messages`); returns how many went. Like
+    /// [`Inbox::delete`], it deletes messages only: the counters and provider mode's keys stay
+    /// (a repeat of a known key is still deduplicated, or refused with another message).
+    pub fn delete_all(&self) -> usize {
+        let mut state = self.lock();
+        let deleted = state.messages.len();
+        state.messages.clear();
+        deleted
+    }
+
+    /// A full reset, for a test that wants a fresh inbox (`POST /reset`): forgets every
+    /// message, counter and provider mode's seen key. The faults and the config stay. A real
+    /// provider never forgets a key early; [`Inbox::delete_all`] is what a mailbox cleanup
+    /// does.
     pub fn clear(&self) {
         let mut state = self.lock();
         state.messages.clear();
@@ -749,6 +798,34 @@ mod tests {
         let again = accepted(inbox.receive(message(Some("k"))));
         assert_ne!(again, first, "after the window the key delivers again");
         assert_eq!(inbox.messages(None).len(), 2);
+    }
+
+    /// Review of issue 14, B: setting faults without a window forgot every seen key.
+    #[test]
+    fn no_change_of_faults_forgets_a_seen_key() {
+        let inbox = Inbox::new();
+        inbox.set_faults(Faults::provider());
+        let first = accepted(inbox.receive(message(Some("k"))));
+        inbox.set_faults(Faults::default());
+        assert!(
+            matches!(inbox.receive(to(Some("k"), "other@x.io")), Verdict::Accepted(id) if id != first),
+            "provider mode off: no deduplication"
+        );
+        inbox.set_faults(Faults::provider());
+        assert_eq!(
+            inbox.receive(to(Some("k"), "other@x.io")),
+            Verdict::Conflict(Conflict::InvalidIdempotentRequest),
+            "on again, the key is known with its first message"
+        );
+        assert_eq!(inbox.receive(message(Some("k"))), Verdict::Accepted(first));
+        inbox.clear();
+        assert!(
+            matches!(
+                inbox.receive(to(Some("k"), "other@x.io")),
+                Verdict::Accepted(_)
+            ),
+            "a full reset forgets it"
+        );
     }
 
     #[test]

@@ -2,8 +2,9 @@
 
 use std::time::{Duration, Instant};
 
-use oncely_inbox::{Faults, Inbox};
+use oncely_inbox::{Clock, Faults, Inbox};
 use serde_json::{Value, json};
+use time::OffsetDateTime;
 
 async fn start() -> (Inbox, String) {
     let (inbox, running) = Inbox::start_local(Faults::default()).await.unwrap();
@@ -253,5 +254,184 @@ async fn delete_takes_every_message_or_the_ids_given_like_mailpit_or_one_by_its_
     let all: Vec<Value> = get_json(format!("{base}/messages")).await;
     assert!(all.is_empty());
     let stats: Value = get_json(format!("{base}/stats")).await;
-    assert_eq!(stats["delivered"], 0, "deleting everything resets them");
+    assert_eq!(
+        (stats["delivered"].as_u64(), stats["kept"].as_u64()),
+        (Some(4), Some(0)),
+        "deleting everything deletes messages, not what the counters counted"
+    );
+    assert_eq!(status_of(http.post(format!("{base}/reset"))).await, 204);
+    let stats: Value = get_json(format!("{base}/stats")).await;
+    assert_eq!(stats["delivered"], 0, "a reset starts the counters afresh");
+}
+
+/// The ids of every kept message, oldest first.
+async fn ids(base: &str) -> Vec<String> {
+    let all: Vec<Value> = get_json(format!("{base}/messages")).await;
+    all.iter()
+        .map(|m| m["id"].as_str().unwrap().to_owned())
+        .collect()
+}
+
+/// Review of issue 14, B: `DELETE /messages` with `{"ids": ["x"]}` deleted every message (the
+/// lower-case field was ignored, so the body named no ids). Mailpit's field is read in any
+/// case, as Go's JSON decoder reads it; a body with any other field is refused.
+#[tokio::test]
+async fn delete_reads_mailpits_ids_in_any_case_and_refuses_a_body_it_does_not_understand() {
+    let (_inbox, base) = start().await;
+    let http = oncely_testdb::http();
+    for n in 0..5 {
+        post_email(&base, &format!("k{n}"), &email("c@example.com")).await;
+    }
+    let all = ids(&base).await;
+    for (n, field) in ["ids", "Ids", "IDS", "iDs"].into_iter().enumerate() {
+        let body = json!({ field: [all[n]] });
+        let delete = http.delete(format!("{base}/messages")).json(&body);
+        assert_eq!(status_of(delete).await, 204, "{body}");
+        assert_eq!(
+            ids(&base).await,
+            all[n + 1..],
+            "{body} deletes that one only"
+        );
+    }
+    for body in [
+        json!({ "id": [all[4]] }),
+        json!({ "IDs": [all[4]], "tag": "x" }),
+        json!({ "messages": [] }),
+    ] {
+        let delete = http.delete(format!("{base}/messages")).json(&body);
+        assert_eq!(status_of(delete).await, 400, "{body}");
+    }
+    assert_eq!(ids(&base).await, all[4..], "a refused body deletes nothing");
+}
+
+/// Sends `{"subject": subject}` under idempotency key `key`; the status and the id answered.
+async fn send_keyed(base: &str, key: &str, subject: &str) -> (u16, Option<String>) {
+    let body = json!({ "from": "a@example.com", "to": ["k@example.com"], "subject": subject });
+    let (status, _, answer) = post_email(base, key, &body).await;
+    (status, answer["id"].as_str().map(str::to_owned))
+}
+
+/// Review of issue 14, B: deleting every message over HTTP also forgot provider mode's keys,
+/// so the same key with another message was accepted as a new copy. A provider remembers a
+/// key whatever becomes of the mailbox: `DELETE /messages` deletes messages only; `POST
+/// /reset` (like `Inbox::clear`) is the full reset for a test that wants a fresh inbox.
+#[tokio::test]
+async fn deleting_every_message_keeps_provider_mode_keys_and_a_reset_forgets_them() {
+    let (_inbox, running) = Inbox::start_local(Faults::provider()).await.unwrap();
+    let base = format!("http://{}", running.http_addr);
+    let http = oncely_testdb::http();
+    let (status, first) = send_keyed(&base, "kk", "first").await;
+    assert_eq!(status, 200);
+    assert_eq!(
+        status_of(http.delete(format!("{base}/messages"))).await,
+        204
+    );
+    assert!(ids(&base).await.is_empty());
+    assert_eq!(
+        send_keyed(&base, "kk", "another").await,
+        (409, None),
+        "the key is still known, with its first message"
+    );
+    assert_eq!(
+        send_keyed(&base, "kk", "first").await,
+        (200, first),
+        "a repeat is still answered with the first id"
+    );
+    assert!(ids(&base).await.is_empty(), "and not delivered again");
+
+    assert_eq!(status_of(http.post(format!("{base}/reset"))).await, 204);
+    let stats: Value = get_json(format!("{base}/stats")).await;
+    assert_eq!(
+        (stats["delivered"].as_u64(), stats["mismatched"].as_u64()),
+        (Some(0), Some(0))
+    );
+    let faults: Faults = get_json(format!("{base}/faults")).await;
+    assert_eq!(faults, Faults::provider(), "a reset keeps the faults");
+    assert_eq!(send_keyed(&base, "kk", "another").await.0, 200, "forgotten");
+}
+
+/// `PUT /faults` with `body`: the status and the faults it answers.
+async fn put_faults(base: &str, body: Value) -> (u16, Option<Faults>) {
+    let response = oncely_testdb::http()
+        .put(format!("{base}/faults"))
+        .json(&body)
+        .send()
+        .await
+        .unwrap();
+    let status = response.status().as_u16();
+    (status, response.json().await.ok())
+}
+
+/// Review of issue 14, B: `PUT /faults {"throttle_next": 1}` on an inbox in provider mode
+/// turned provider mode off (the fields it omitted took their defaults) and forgot every seen
+/// key. `PUT /faults` changes only the fields it names; `{"dedupe_window_ms": null}` turns
+/// provider mode off explicitly; no change of faults forgets a key (keys end with their window).
+#[tokio::test]
+async fn put_faults_changes_only_the_fields_it_names_and_never_forgets_a_key() {
+    let clock = Clock::manual(OffsetDateTime::now_utc());
+    let (_inbox, running) = Inbox::new()
+        .with_clock(clock.clone())
+        .start_local_with(Faults::provider())
+        .await
+        .unwrap();
+    let base = format!("http://{}", running.http_addr);
+    let (status, first) = send_keyed(&base, "kk", "first").await;
+    assert_eq!(status, 200);
+
+    let (status, set) = put_faults(&base, json!({ "throttle_next": 1 })).await;
+    assert_eq!(status, 200);
+    assert_eq!(
+        set.unwrap(),
+        Faults {
+            throttle_next: 1,
+            ..Faults::provider()
+        },
+        "provider mode stays on"
+    );
+    assert_eq!(send_keyed(&base, "other", "x").await.0, 429);
+    assert_eq!(
+        send_keyed(&base, "kk", "another").await.0,
+        409,
+        "the key is kept"
+    );
+
+    let (status, set) = put_faults(&base, json!({ "dedupe_window_ms": null })).await;
+    assert_eq!((status, set.unwrap()), (200, Faults::default()));
+    assert_eq!(
+        send_keyed(&base, "kk", "another").await.0,
+        200,
+        "provider mode off: a new copy"
+    );
+    let (status, _) = put_faults(&base, json!({ "dedupe_window_ms": 86_400_000 })).await;
+    assert_eq!(status, 200);
+    assert_eq!(
+        send_keyed(&base, "kk", "third").await.0,
+        409,
+        "turned on again, it still knows the key from before"
+    );
+    assert_eq!(send_keyed(&base, "kk", "first").await, (200, first));
+
+    // A period of refused credentials runs from when it is named, and no later change of
+    // other faults restarts or ends it.
+    let (_, set) = put_faults(&base, json!({ "unauthorized_for_ms": 5000 })).await;
+    assert_eq!(set.unwrap().unauthorized_for_ms, 5000);
+    clock.advance(Duration::from_millis(1000));
+    let (_, set) = put_faults(&base, json!({ "delay_ms": 0 })).await;
+    assert_eq!(set.unwrap().unauthorized_for_ms, 4000);
+
+    for (body, why) in [
+        (json!({ "throttle_nxt": 1 }), "an unknown field"),
+        (json!({ "throttle_next": -1 }), "a bad value"),
+        (json!({ "throttle_next": null }), "null for a count"),
+        (json!([1]), "not an object"),
+    ] {
+        let (status, _) = put_faults(&base, body).await;
+        assert_eq!(status, 400, "{why}");
+    }
+    let faults: Faults = get_json(format!("{base}/faults")).await;
+    assert_eq!(
+        (faults.throttle_next, faults.dedupe_window_ms),
+        (0, Some(86_400_000)),
+        "a refused body changes nothing"
+    );
 }

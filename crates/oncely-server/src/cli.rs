@@ -117,22 +117,29 @@ pub enum OutboxCommand {
         database: DatabaseArgs,
     },
     /// Re-drive dead jobs: one by its operation key (at once), or every dead job that matches
-    /// all of --kind, --since and --reason-like given (a dry run unless --yes). A re-driven job
-    /// is due now, with a fresh attempt budget and retry horizon and its same delivery key.
+    /// all of --kind, --since, --until and --reason-like given (a dry run unless --yes). A
+    /// re-driven job is due now, with a fresh attempt budget and retry horizon and its same
+    /// delivery key.
+    ///
+    /// The dry run prints how many dead jobs match, a sample of their keys and last errors,
+    /// how many of them had an attempt with an unknown outcome more than 24 h ago, and the
+    /// command that re-drives exactly those: with absolute times (--since as given,
+    /// --until the dry run's moment) and --expect the count, so that a job that dies after the
+    /// dry run is never re-driven and any other change makes it refuse.
     ///
     /// The provider deduplicates that key only inside its window (about 24 h from the key's
     /// first use): a job whose earlier attempt had an unknown outcome may have been delivered,
-    /// and re-driving it after that window may deliver a second copy. The dry run counts them.
+    /// and re-driving it after that window may deliver a second copy.
     #[command(group(
         ArgGroup::new("which")
             .required(true)
             .multiple(true)
-            .args(["key", "kind", "since", "reason_like"])
+            .args(["key", "kind", "since", "until", "reason_like"])
     ))]
     Retry {
         /// The job's operation key: re-drives that one job at once. Without it, the filters
         /// choose (at least one).
-        #[arg(conflicts_with_all = ["kind", "since", "reason_like"])]
+        #[arg(conflicts_with_all = ["kind", "since", "until", "reason_like", "expect"])]
         key: Option<String>,
         /// Only dead jobs of this kind.
         #[arg(long)]
@@ -141,12 +148,20 @@ pub enum OutboxCommand {
         /// (`2025-01-31T08:00:00Z`) or a duration ago (`2h`, `30m`, `1d`).
         #[arg(long, value_parser = parse_since)]
         since: Option<OffsetDateTime>,
+        /// Only jobs that died at or before this moment, in the same forms as --since. The dry
+        /// run prints its own moment here, so that jobs that die after it are left out.
+        #[arg(long, value_parser = parse_since)]
+        until: Option<OffsetDateTime>,
         /// Only jobs whose last error contains this text, ignoring case: a plain substring
         /// (`401`, `invalid api key`), not a pattern (`%` and `_` are themselves).
         #[arg(long)]
         reason_like: Option<String>,
-        /// Re-drive the matching jobs. Without it: a dry run that prints how many match and a
-        /// sample of them, and changes nothing.
+        /// With --yes: re-drive only if exactly this many dead jobs match at that moment;
+        /// otherwise change nothing and fail. The count and the re-drive are one transaction.
+        #[arg(long, requires = "yes")]
+        expect: Option<u64>,
+        /// Re-drive the matching jobs. Without it: a dry run that changes nothing and prints
+        /// the count, a sample and the exact command to run.
         #[arg(long)]
         yes: bool,
         #[command(flatten)]
@@ -426,12 +441,14 @@ pub struct InboxArgs {
     /// SMTP listen address.
     #[arg(long, default_value = "127.0.0.1:2525")]
     pub smtp: SocketAddr,
-    /// HTTP listen address (`POST /emails`, `GET /messages`, `GET /stats`, `PUT /faults`).
+    /// HTTP listen address (`POST /emails`, `GET /messages`, `DELETE /messages`, `GET /stats`,
+    /// `PUT /faults`: changes the fields it names, `POST /reset`).
     #[arg(long, default_value = "127.0.0.1:8025")]
     pub http: SocketAddr,
     /// Behave like a real provider (Resend): a repeat of an idempotency key within 24 h is
     /// acknowledged but not delivered again; the key with another message, or while a request
-    /// with it is still being answered, is refused (409).
+    /// with it is still being answered, is refused (409). Keys stay known when messages are
+    /// deleted or other faults are set; `PUT /faults {"dedupe_window_ms": null}` turns it off.
     #[arg(long)]
     pub provider_mode: bool,
     /// The one header both intakes read the idempotency key from. Default per intake, as the
@@ -495,8 +512,11 @@ pub(crate) fn parse_since(s: &str) -> Result<OffsetDateTime, String> {
     let ago = humantime::parse_duration(s).map_err(|_| {
         format!("{s:?} is neither an RFC 3339 time (2025-01-31T08:00:00Z) nor a duration ago (2h, 30m, 1d)")
     })?;
+    // To the whole second: a dry run prints it back, and a window a fraction of a second
+    // wider changes nothing.
     time::Duration::try_from(ago)
         .ok()
         .and_then(|ago| OffsetDateTime::now_utc().checked_sub(ago))
+        .and_then(|at| at.replace_nanosecond(0).ok())
         .ok_or_else(|| format!("{s:?} is too long ago"))
 }

@@ -232,7 +232,8 @@ async fn run_inbox(args: InboxArgs) -> anyhow::Result<()> {
     }
     let running = inbox.start(args.smtp, args.http).await?;
     println!(
-        "oncely inbox: SMTP {}  HTTP http://{}  (GET /messages, GET /stats, PUT /faults)",
+        "oncely inbox: SMTP {}  HTTP http://{}  (GET /messages, DELETE /messages, GET /stats, \
+         PUT /faults with the fields to change, POST /reset)",
         running.smtp_addr, running.http_addr
     );
     let config = inbox.config();

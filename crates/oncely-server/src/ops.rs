@@ -3,8 +3,9 @@
 use std::fmt::Write;
 
 use anyhow::bail;
-use oncely_outbox::store::{DeadFilter, JobFilter, PROVIDER_DEDUPE_WINDOW};
+use oncely_outbox::store::{BulkRedrive, DeadFilter, JobFilter, PROVIDER_DEDUPE_WINDOW};
 use oncely_outbox::{JobStatus, JobStore};
+use time::OffsetDateTime;
 
 use crate::accounts::{AccountError, Accounts};
 use crate::backend::{Backend, COMMAND_POOL};
@@ -118,16 +119,32 @@ async fn run_outbox_command<S: JobStore>(
             key: None,
             kind,
             since,
+            until,
             reason_like,
+            expect,
             yes,
             ..
         } => {
+            if let (Some(since), Some(until)) = (since, until)
+                && until < since
+            {
+                bail!(
+                    "--until ({}) is before --since ({})",
+                    rfc3339(until),
+                    rfc3339(since)
+                );
+            }
             let filter = DeadFilter {
                 kind,
                 since,
+                until,
                 reason_contains: reason_like,
             };
-            redrive_dead(jobs, &filter, yes, &mut out).await?;
+            if yes {
+                redrive_dead(jobs, &filter, expect, &mut out).await?;
+            } else {
+                dry_run(jobs, &filter, &mut out).await?;
+            }
         }
     }
     Ok(out)
@@ -136,24 +153,40 @@ async fn run_outbox_command<S: JobStore>(
 /// How many dead jobs a bulk re-drive's dry run shows.
 const DRY_RUN_SAMPLE: u32 = 10;
 
-/// `oncely outbox retry --kind … --since … --reason-like …`: without `yes` a dry run (how many
-/// match, a sample, how many the provider may no longer deduplicate), with it the re-drive.
+/// `oncely outbox retry --kind … --since … --reason-like … --yes [--expect N]`: re-drives the
+/// matching dead jobs, or with `expect` refuses (changing nothing) unless exactly that many
+/// match.
 async fn redrive_dead<S: JobStore>(
     jobs: &S,
     filter: &DeadFilter,
-    yes: bool,
+    expect: Option<u64>,
     out: &mut String,
 ) -> anyhow::Result<()> {
     let which = describe(filter);
-    if yes {
-        let redriven = jobs.redrive_dead(filter).await?;
-        writeln!(
+    match jobs.redrive_dead(filter, expect).await? {
+        BulkRedrive::Redriven(redriven) => writeln!(
             out,
             "re-driven: {redriven} dead jobs ({which}) are due now, each with a fresh attempt \
              budget and horizon and its own delivery key"
-        )?;
-        return Ok(());
+        )?,
+        BulkRedrive::CountDiffers { matching } => bail!(
+            "refused: {matching} dead jobs match ({which}), not the {} that --expect says; \
+             nothing was changed. Run the dry run again (without --yes) to see them",
+            expect.unwrap_or_default()
+        ),
     }
+    Ok(())
+}
+
+/// `oncely outbox retry --kind … --since … --reason-like …` without `--yes`: how many dead jobs
+/// match, a sample, how many the provider may no longer deduplicate, and the command that
+/// re-drives exactly those.
+async fn dry_run<S: JobStore>(
+    jobs: &S,
+    filter: &DeadFilter,
+    out: &mut String,
+) -> anyhow::Result<()> {
+    let which = describe(filter);
     let found = jobs
         .dead_jobs(filter, DRY_RUN_SAMPLE, PROVIDER_DEDUPE_WINDOW)
         .await?;
@@ -183,9 +216,53 @@ async fn redrive_dead<S: JobStore>(
         found.unknown_past_window
     )?;
     if found.matching > 0 {
-        writeln!(out, "to re-drive them, run the same command with --yes")?;
+        let until = filter.until.unwrap_or(found.as_of);
+        let exact = DeadFilter {
+            until: Some(until),
+            ..filter.clone()
+        };
+        writeln!(
+            out,
+            "to re-drive exactly these {} jobs (a job that dies after this dry run is left out; \
+             if the count has changed by then, nothing is re-driven), run against the same \
+             database:",
+            found.matching
+        )?;
+        writeln!(out, "  {}", redrive_command(&exact, found.matching))?;
     }
     Ok(())
+}
+
+/// The command that re-drives what `filter` matches if exactly `expect` jobs match.
+fn redrive_command(filter: &DeadFilter, expect: i64) -> String {
+    let mut words = vec!["oncely".to_owned(), "outbox".into(), "retry".into()];
+    let mut option = |name: &str, value: String| {
+        words.push(name.to_owned());
+        // A value from the command line holds no NUL, the one thing a shell cannot quote.
+        words.push(shlex::try_quote(&value).map_or_else(|_| format!("{value:?}"), Into::into));
+    };
+    if let Some(kind) = &filter.kind {
+        option("--kind", kind.clone());
+    }
+    if let Some(since) = filter.since {
+        option("--since", rfc3339(since));
+    }
+    if let Some(until) = filter.until {
+        option("--until", rfc3339(until));
+    }
+    if let Some(reason) = &filter.reason_contains {
+        option("--reason-like", reason.clone());
+    }
+    option("--expect", expect.to_string());
+    words.push("--yes".into());
+    words.join(" ")
+}
+
+/// A moment as the command line takes it back, exactly (RFC 3339, UTC).
+fn rfc3339(at: OffsetDateTime) -> String {
+    at.to_offset(time::UtcOffset::UTC)
+        .format(&time::format_description::well_known::Rfc3339)
+        .unwrap_or_else(|_| at.to_string())
 }
 
 /// The filters of a bulk re-drive, in words.
@@ -195,10 +272,10 @@ fn describe(filter: &DeadFilter) -> String {
         parts.push(format!("kind {kind}"));
     }
     if let Some(since) = filter.since {
-        let since = since
-            .format(&time::format_description::well_known::Rfc3339)
-            .unwrap_or_else(|_| since.to_string());
-        parts.push(format!("dead since {since}"));
+        parts.push(format!("dead since {}", rfc3339(since)));
+    }
+    if let Some(until) = filter.until {
+        parts.push(format!("dead by {}", rfc3339(until)));
     }
     if let Some(reason) = &filter.reason_contains {
         parts.push(format!("last error containing {reason:?}"));

@@ -18,9 +18,22 @@ use uuid::Uuid;
 use super::rows::{Done, JobRow, Moment, millis};
 use super::sql::Statements;
 use super::{
-    Backlog, Clock, DeadFilter, DeadJob, DeadJobs, Finish, JobFilter, JobStore, OutboxError, Wakeup,
+    Backlog, BulkRedrive, Clock, DeadFilter, DeadJob, DeadJobs, Finish, JobFilter, JobStore,
+    OutboxError, Wakeup,
 };
 use crate::job::{AttemptRecord, Enqueued, Job, JobRecord, NewJob};
+
+/// Binds a [`DeadFilter`] as the statements take it: 1 kind, 2 since, 3 reason, 4 until.
+macro_rules! bind_filter {
+    ($query:expr, $filter:expr) => {{
+        let filter: &DeadFilter = $filter;
+        $query
+            .bind(filter.kind.as_deref())
+            .bind(filter.since.map(D::Moment::from_time))
+            .bind(filter.reason_contains.as_deref())
+            .bind(filter.until.map(D::Moment::from_time))
+    }};
+}
 
 /// A database the outbox runs on: `sqlx::Postgres` (feature `postgres`) or `sqlx::Sqlite`
 /// (feature `sqlite`). Sealed: its statements live in this crate.
@@ -185,9 +198,10 @@ where
     for<'q> Uuid: Encode<'q, D> + Type<D>,
     for<'q, 'j> Json<&'j serde_json::Value>: Encode<'q, D> + Type<D>,
     for<'q, 'j> Json<&'j [String]>: Encode<'q, D> + Type<D>,
+    for<'q, 'j> Json<&'j [i64]>: Encode<'q, D> + Type<D>,
     for<'q, 'j> Json<&'j [Done<'j>]>: Encode<'q, D> + Type<D>,
     for<'r> (i64,): sqlx::FromRow<'r, D::Row>,
-    for<'r> (i64, i64): sqlx::FromRow<'r, D::Row>,
+    for<'r> (i64, i64, D::Moment): sqlx::FromRow<'r, D::Row>,
     for<'r> DeadJob: sqlx::FromRow<'r, D::Row>,
     for<'r> (Json<serde_json::Value>,): sqlx::FromRow<'r, D::Row>,
     for<'r> JobRow<D::Moment>: sqlx::FromRow<'r, D::Row>,
@@ -371,41 +385,51 @@ where
         sample: u32,
         window: Duration,
     ) -> Result<DeadJobs, OutboxError> {
-        let since = filter.since.map(D::Moment::from_time);
-        let (matching, unknown_past_window): (i64, i64) = sqlx::query_as(D::DEAD_COUNT)
-            .bind(filter.kind.as_deref())
-            .bind(since)
-            .bind(filter.reason_contains.as_deref())
-            .bind(self.now_param())
-            .bind(millis(window))
-            .fetch_one(&self.pool)
-            .await?;
-        let since = filter.since.map(D::Moment::from_time);
-        let sample = sqlx::query_as(D::DEAD_SAMPLE)
-            .bind(filter.kind.as_deref())
-            .bind(since)
-            .bind(filter.reason_contains.as_deref())
+        let (matching, unknown_past_window, as_of): (i64, i64, D::Moment) =
+            bind_filter!(sqlx::query_as(D::DEAD_COUNT), filter)
+                .bind(self.now_param())
+                .bind(millis(window))
+                .fetch_one(&self.pool)
+                .await?;
+        let sample = bind_filter!(sqlx::query_as(D::DEAD_SAMPLE), filter)
             .bind(i64::from(sample))
             .fetch_all(&self.pool)
             .await?;
         Ok(DeadJobs {
+            as_of: as_of.into_time(),
             matching,
             unknown_past_window,
             sample,
         })
     }
 
-    async fn redrive_dead(&self, filter: &DeadFilter) -> Result<u64, OutboxError> {
-        let redriven: Vec<i64> = sqlx::query_scalar(D::REDRIVE_DEAD)
-            .bind(filter.kind.as_deref())
-            .bind(filter.since.map(D::Moment::from_time))
-            .bind(filter.reason_contains.as_deref())
-            .bind(self.now_param())
-            .fetch_all(&self.pool)
+    async fn redrive_dead(
+        &self,
+        filter: &DeadFilter,
+        expect: Option<u64>,
+    ) -> Result<BulkRedrive, OutboxError> {
+        // One transaction for the count and the re-drive; see `Statements::DEAD_IDS`.
+        let begin = D::WRITE_TRANSACTION.unwrap_or("BEGIN");
+        let mut tx = self.pool.begin_with(begin).await?;
+        let ids: Vec<i64> = bind_filter!(sqlx::query_scalar(D::DEAD_IDS), filter)
+            .fetch_all(&mut *tx)
             .await?;
-        if !redriven.is_empty() {
-            self.wake();
+        let matching = ids.len() as u64;
+        if expect.is_some_and(|expected| expected != matching) {
+            tx.rollback().await?;
+            return Ok(BulkRedrive::CountDiffers { matching });
         }
-        Ok(redriven.len() as u64)
+        if ids.is_empty() {
+            tx.rollback().await?;
+            return Ok(BulkRedrive::Redriven(0));
+        }
+        let redriven: Vec<i64> = sqlx::query_scalar(D::REDRIVE_IDS)
+            .bind(Json(ids.as_slice()))
+            .bind(self.now_param())
+            .fetch_all(&mut *tx)
+            .await?;
+        tx.commit().await?;
+        self.wake();
+        Ok(BulkRedrive::Redriven(redriven.len() as u64))
     }
 }

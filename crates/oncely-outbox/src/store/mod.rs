@@ -264,12 +264,33 @@ pub trait JobStore: Clone + Send + Sync + 'static {
         window: Duration,
     ) -> impl Future<Output = Result<DeadJobs, OutboxError>> + Send;
 
-    /// Re-drives every dead job `filter` matches, in one statement, as [`JobStore::redrive`]
-    /// does one (each keeps its delivery key), and wakes idle workers; returns how many.
+    /// Re-drives every dead job `filter` matches, as [`JobStore::redrive`] does one (each
+    /// keeps its delivery key and frozen payload), and wakes idle workers.
+    ///
+    /// With `expect`, only if exactly that many match: otherwise nothing changes and the answer
+    /// is [`BulkRedrive::CountDiffers`]. The count and the re-drive are one transaction that no
+    /// concurrent change can slip into: on PostgreSQL the matching rows are locked
+    /// (`FOR UPDATE`) and re-driven by id, so a job that dies meanwhile is neither counted nor
+    /// re-driven; on SQLite the transaction holds the write lock from its start
+    /// (`BEGIN IMMEDIATE`).
     fn redrive_dead(
         &self,
         filter: &DeadFilter,
-    ) -> impl Future<Output = Result<u64, OutboxError>> + Send;
+        expect: Option<u64>,
+    ) -> impl Future<Output = Result<BulkRedrive, OutboxError>> + Send;
+}
+
+/// What [`JobStore::redrive_dead`] did.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum BulkRedrive {
+    /// It re-drove this many dead jobs: every one the filter matched.
+    Redriven(u64),
+    /// It changed nothing: the caller expected another number of matching jobs than the
+    /// `matching` it found.
+    CountDiffers {
+        /// How many dead jobs matched.
+        matching: u64,
+    },
 }
 
 /// Which dead jobs [`JobStore::dead_jobs`] and [`JobStore::redrive_dead`] take: every filter
@@ -280,14 +301,21 @@ pub struct DeadFilter {
     pub kind: Option<String>,
     /// Only jobs that died at or after this moment.
     pub since: Option<OffsetDateTime>,
+    /// Only jobs that died at or before this moment (a dry run's [`DeadJobs::as_of`]: jobs that
+    /// die after it are left out).
+    pub until: Option<OffsetDateTime>,
     /// Only jobs whose last error contains this text, ignoring case (a plain substring: `%`
     /// and `_` are no wildcards; on SQLite only ASCII letters fold case).
     pub reason_contains: Option<String>,
 }
 
 /// What [`JobStore::dead_jobs`] found.
-#[derive(Debug, Clone, Default, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub struct DeadJobs {
+    /// The moment it counted at, by the store's time (on PostgreSQL the database's clock): a
+    /// job that dies later is not among `matching`, so `until: Some(as_of)` leaves it out of a
+    /// later count or re-drive too.
+    pub as_of: OffsetDateTime,
     /// How many dead jobs match.
     pub matching: i64,
     /// How many of them had an attempt with an unknown outcome that ended longer ago than the

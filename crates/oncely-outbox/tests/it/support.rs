@@ -10,7 +10,8 @@ use oncely_outbox::job::AttemptRecord;
 use oncely_outbox::store::postgres::PgJobStore;
 use oncely_outbox::store::sqlite::SqliteJobStore;
 use oncely_outbox::store::{
-    Backlog, Clock, DeadFilter, DeadJobs, Dialect, Finish, JobFilter, SqlJobStore, Wakeup,
+    Backlog, BulkRedrive, Clock, DeadFilter, DeadJobs, Dialect, Finish, JobFilter, SqlJobStore,
+    Wakeup,
 };
 use oncely_outbox::{Enqueued, Job, JobRecord, JobStore, NewJob, OutboxError};
 use oncely_testdb::{TestDb, TestPostgres, TestSqlite};
@@ -266,8 +267,12 @@ impl<S: Backend> JobStore for Spy<S> {
     ) -> Result<DeadJobs, OutboxError> {
         self.inner.dead_jobs(filter, sample, window).await
     }
-    async fn redrive_dead(&self, filter: &DeadFilter) -> Result<u64, OutboxError> {
-        self.inner.redrive_dead(filter).await
+    async fn redrive_dead(
+        &self,
+        filter: &DeadFilter,
+        expect: Option<u64>,
+    ) -> Result<BulkRedrive, OutboxError> {
+        self.inner.redrive_dead(filter, expect).await
     }
 }
 

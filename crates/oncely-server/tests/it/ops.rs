@@ -223,6 +223,142 @@ async fn dead_jobs_are_redriven_in_bulk_after_a_dry_run_each_with_its_delivery_k
     }
 }
 
+both_databases!(a_job_that_dies_after_the_dry_run_is_not_redriven_by_the_command_it_printed);
+
+/// Signs up `address` while the inbox rejects it for good, and waits until `dead` jobs are.
+async fn signup_that_dies(app: &crate::support::TestApp, address: &str, dead: i64) {
+    app.inbox.set_faults(Faults {
+        reject_next: 1,
+        rejection: Rejection::Permanent,
+        ..Faults::default()
+    });
+    app.post("/v1/signup", address, &json!({ "email": address }))
+        .await;
+    let query = "SELECT count(*) FROM oncely_outbox WHERE status = 'dead'";
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while app.count(query).await < dead && Instant::now() < deadline {
+        tokio::time::sleep(Duration::from_millis(25)).await;
+    }
+    assert_eq!(app.count(query).await, dead, "{address}'s job died");
+}
+
+/// Runs `oncely` with `args` against `url`.
+async fn oncely_on(url: &str, args: &[&str]) -> (bool, String) {
+    let mut args = args.to_vec();
+    args.extend(["--database-url", url]);
+    oncely(&args).await
+}
+
+/// Review of issue 14, A: `retry --reason-like injected` counted 4 dead jobs, two more died,
+/// and the same command with `--yes` re-drove 6 (and a relative `--since` moved in between).
+/// The dry run prints the exact command: absolute `--since`, `--until` its own moment and
+/// `--expect` its count. Run later, that command leaves out the job that died after the dry
+/// run; the filters alone with a stale `--expect` refuse and change nothing; `--until` bounds
+/// a dry run too.
+async fn a_job_that_dies_after_the_dry_run_is_not_redriven_by_the_command_it_printed(
+    url: String,
+    _db: TestDb,
+) {
+    let (inbox, running) = start_inbox(Faults::default()).await;
+    let app = spawn_app_with_inbox(&url, inbox, running, |_| {}).await;
+    signup_that_dies(&app, "early1@example.com", 1).await;
+    signup_that_dies(&app, "early2@example.com", 2).await;
+    let filters = [
+        "outbox",
+        "retry",
+        "--since",
+        "1h",
+        "--reason-like",
+        "rejected",
+    ];
+    let (ok, dry) = oncely_on(&url, &filters).await;
+    assert!(ok && dry.contains("dry run: 2 dead jobs match"), "{dry}");
+    let printed = dry
+        .lines()
+        .find_map(|line| line.trim().strip_prefix("oncely "))
+        .unwrap_or_else(|| panic!("no command to run: {dry}"));
+    let command = shlex::split(printed).unwrap();
+    let value = |name: &str| {
+        let at = command.iter().position(|word| word == name);
+        at.map(|at| command[at + 1].clone())
+            .unwrap_or_else(|| panic!("{name} missing: {printed}"))
+    };
+    for moment in ["--since", "--until"] {
+        let at = value(moment);
+        assert!(
+            time::OffsetDateTime::parse(&at, &time::format_description::well_known::Rfc3339)
+                .is_ok(),
+            "{moment} is an absolute time: {printed}"
+        );
+    }
+    assert_eq!(value("--reason-like"), "rejected");
+    assert_eq!(value("--expect"), "2");
+    assert!(command.ends_with(&["--yes".to_owned()]), "{printed}");
+    let until = value("--until");
+
+    // A third job dies after the dry run.
+    signup_that_dies(&app, "late@example.com", 3).await;
+    let (ok, now) = oncely_on(&url, &filters).await;
+    assert!(ok && now.contains("dry run: 3 dead jobs match"), "{now}");
+    let mut bounded = filters.to_vec();
+    bounded.extend(["--until", until.as_str()]);
+    let (ok, then) = oncely_on(&url, &bounded).await;
+    assert!(
+        ok && then.contains("dry run: 2 dead jobs match"),
+        "--until bounds it: {then}"
+    );
+    assert!(!then.contains("late@"), "{then}");
+    let (ok, none) = oncely_on(
+        &url,
+        &["outbox", "retry", "--until", "2000-01-01T00:00:00Z"],
+    )
+    .await;
+    assert!(ok && none.contains("dry run: 0 dead jobs match"), "{none}");
+    let (ok, backwards) = oncely_on(
+        &url,
+        &[
+            "outbox",
+            "retry",
+            "--since",
+            "1h",
+            "--until",
+            "2000-01-01T00:00:00Z",
+        ],
+    )
+    .await;
+    assert!(
+        !ok && backwards.contains("is before --since"),
+        "{backwards}"
+    );
+    let (ok, no_yes) = oncely_on(&url, &["outbox", "retry", "--kind", "x", "--expect", "2"]).await;
+    assert!(
+        !ok && no_yes.contains("--yes"),
+        "--expect needs --yes: {no_yes}"
+    );
+
+    // The filters with the dry run's count, but without its --until: 3 match now, not 2.
+    let mut stale = filters.to_vec();
+    stale.extend(["--expect", "2", "--yes"]);
+    let (ok, refused) = oncely_on(&url, &stale).await;
+    assert!(!ok, "a count that differs fails: {refused}");
+    assert!(
+        refused.contains("refused: 3 dead jobs match") && refused.contains("nothing was changed"),
+        "{refused}"
+    );
+    let dead = "SELECT count(*) FROM oncely_outbox WHERE status = 'dead'";
+    assert_eq!(app.count(dead).await, 3, "nothing was re-driven");
+
+    // The printed command re-drives exactly the two the dry run counted.
+    let args: Vec<&str> = command.iter().map(String::as_str).collect();
+    let (ok, done) = oncely_on(&url, &args).await;
+    assert!(ok && done.contains("re-driven: 2 dead jobs"), "{done}");
+    for address in ["early1@example.com", "early2@example.com"] {
+        assert_eq!(app.emails_to(address, 1).await.len(), 1, "{address}");
+    }
+    assert_eq!(app.count(dead).await, 1, "the late job stays dead");
+    assert!(app.inbox.messages(Some("late@example.com")).is_empty());
+}
+
 #[tokio::test]
 async fn a_worker_for_an_unknown_kind_refuses_to_start_and_names_the_known_ones() {
     let db = oncely_testdb::TestSqlite::new();

@@ -90,18 +90,25 @@ pub trait Statements {
     /// Binds: 1 operation key, 2 now. Returns its id if it was dead.
     const REDRIVE: &'static str;
 
-    /// The dead jobs a filter matches (`matching`), and how many of them had an attempt with an
+    /// The dead jobs a filter matches (`matching`), how many of them had an attempt with an
     /// unknown outcome (`unknown`, `abandoned`) that ended before a window
-    /// (`unknown_past_window`). The filter's binds, each nullable: 1 kind, 2 dead at or after
-    /// (a moment), 3 a substring of `last_error`, ignoring case; then 4 now, 5 the window (ms).
-    /// A scan of the table (an operator's tool); the attempts by `oncely_outbox_attempts_job`.
+    /// (`unknown_past_window`), and the moment counted at (`as_of`: now). The filter's binds,
+    /// each nullable: 1 kind, 2 dead at or after (a moment), 3 a substring of `last_error`,
+    /// ignoring case, 4 dead at or before (a moment); then 5 now, 6 the window (ms). A scan of
+    /// the table (an operator's tool); the attempts by `oncely_outbox_attempts_job`.
     const DEAD_COUNT: &'static str;
 
     /// A sample of the dead jobs a filter matches (`operation_key`, `last_error`), the most
-    /// recently dead first. Binds: 1–3 the filter (see [`Statements::DEAD_COUNT`]), 4 limit.
+    /// recently dead first. Binds: 1–4 the filter (see [`Statements::DEAD_COUNT`]), 5 limit.
     const DEAD_SAMPLE: &'static str;
 
-    /// Re-drives every dead job a filter matches, as [`Statements::REDRIVE`] does one. Binds:
-    /// 1–3 the filter (see [`Statements::DEAD_COUNT`]), 4 now. Returns their ids.
-    const REDRIVE_DEAD: &'static str;
+    /// The ids of the dead jobs a filter matches, in id order, for a bulk re-drive in the same
+    /// transaction: on PostgreSQL locked `FOR UPDATE`, so that none changes before the
+    /// transaction ends (SQLite's transaction holds the write lock already). Binds: 1–4 the
+    /// filter (see [`Statements::DEAD_COUNT`]).
+    const DEAD_IDS: &'static str;
+
+    /// Re-drives dead jobs by id, as [`Statements::REDRIVE`] does one. Binds: 1 the ids (a JSON
+    /// array), 2 now. Returns their ids. Index: the primary key.
+    const REDRIVE_IDS: &'static str;
 }

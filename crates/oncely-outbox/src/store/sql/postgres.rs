@@ -17,7 +17,8 @@ macro_rules! dead {
         "
          WHERE o.status = 'dead' AND ($1::text IS NULL OR o.kind = $1)
            AND ($2::timestamptz IS NULL OR o.dead_at >= $2)
-           AND ($3::text IS NULL OR strpos(lower(o.last_error), lower($3)) > 0)"
+           AND ($3::text IS NULL OR strpos(lower(o.last_error), lower($3)) > 0)
+           AND ($4::timestamptz IS NULL OR o.dead_at <= $4)"
     };
 }
 
@@ -145,8 +146,9 @@ impl super::Statements for Postgres {
                count(*) FILTER (WHERE EXISTS (
                    SELECT 1 FROM oncely_outbox_attempts a
                     WHERE a.job_id = o.id AND a.result IN ('unknown', 'abandoned')
-                      AND a.finished_at < COALESCE($4, now()) - $5 * interval '1 millisecond'
-               )) AS unknown_past_window
+                      AND a.finished_at < COALESCE($5, now()) - $6 * interval '1 millisecond'
+               )) AS unknown_past_window,
+               COALESCE($5, now()) AS as_of
           FROM oncely_outbox o",
         dead!()
     );
@@ -156,17 +158,27 @@ impl super::Statements for Postgres {
         SELECT o.operation_key, o.last_error FROM oncely_outbox o",
         dead!(),
         "
-         ORDER BY o.dead_at DESC, o.id DESC LIMIT $4"
+         ORDER BY o.dead_at DESC, o.id DESC LIMIT $5"
     );
 
-    const REDRIVE_DEAD: &'static str = concat!(
+    // Differs: the rows are locked until the re-drive's transaction ends (in id order, as any
+    // other bulk re-drive locks them). A job that dies after this statement began is not among
+    // them: it was not dead in the statement's snapshot.
+    const DEAD_IDS: &'static str = concat!(
         "
-        UPDATE oncely_outbox o
-           SET status = 'pending', run_after = COALESCE($4, now()), attempts = 0,
-               free_attempts = 0, redriven_at = COALESCE($4, now()), dead_at = NULL,
-               lease_token = NULL, last_error = NULL",
+        SELECT o.id FROM oncely_outbox o",
         dead!(),
         "
-        RETURNING o.id"
+         ORDER BY o.id
+           FOR UPDATE"
     );
+
+    const REDRIVE_IDS: &'static str = "
+        UPDATE oncely_outbox
+           SET status = 'pending', run_after = COALESCE($2, now()), attempts = 0,
+               free_attempts = 0, redriven_at = COALESCE($2, now()), dead_at = NULL,
+               lease_token = NULL, last_error = NULL
+         WHERE id IN (SELECT value::int8 FROM jsonb_array_elements_text($1))
+           AND status = 'dead'
+        RETURNING id";
 }

@@ -31,13 +31,14 @@ macro_rules! done {
 }
 
 /// The dead jobs a filter matches: 1 kind, 2 dead at or after, 3 a substring of the last
-/// error, ignoring (ASCII) case (each `NULL`: any).
+/// error, ignoring (ASCII) case, 4 dead at or before (each `NULL`: any).
 macro_rules! dead {
     () => {
         "
          WHERE o.status = 'dead' AND (?1 IS NULL OR o.kind = ?1)
            AND (?2 IS NULL OR o.dead_at >= ?2)
-           AND (?3 IS NULL OR instr(lower(o.last_error), lower(?3)) > 0)"
+           AND (?3 IS NULL OR instr(lower(o.last_error), lower(?3)) > 0)
+           AND (?4 IS NULL OR o.dead_at <= ?4)"
     };
 }
 
@@ -147,8 +148,9 @@ impl super::Statements for Sqlite {
                count(CASE WHEN EXISTS (
                    SELECT 1 FROM oncely_outbox_attempts a
                     WHERE a.job_id = o.id AND a.result IN ('unknown', 'abandoned')
-                      AND a.finished_at < ?4 - ?5
-               ) THEN 1 END) AS unknown_past_window
+                      AND a.finished_at < ?5 - ?6
+               ) THEN 1 END) AS unknown_past_window,
+               ?5 AS as_of
           FROM oncely_outbox o",
         dead!()
     );
@@ -158,16 +160,23 @@ impl super::Statements for Sqlite {
         SELECT o.operation_key, o.last_error FROM oncely_outbox o",
         dead!(),
         "
-         ORDER BY o.dead_at DESC, o.id DESC LIMIT ?4"
+         ORDER BY o.dead_at DESC, o.id DESC LIMIT ?5"
     );
 
-    const REDRIVE_DEAD: &'static str = concat!(
+    // Differs: no row locks; the re-drive's transaction (`BEGIN IMMEDIATE`) holds the one write
+    // lock from its start, so no job dies between this count and the re-drive.
+    const DEAD_IDS: &'static str = concat!(
         "
-        UPDATE oncely_outbox AS o
-           SET status = 'pending', run_after = ?4, attempts = 0, free_attempts = 0,
-               redriven_at = ?4, dead_at = NULL, lease_token = NULL, last_error = NULL",
+        SELECT o.id FROM oncely_outbox o",
         dead!(),
         "
-        RETURNING id"
+         ORDER BY o.id"
     );
+
+    const REDRIVE_IDS: &'static str = "
+        UPDATE oncely_outbox
+           SET status = 'pending', run_after = ?2, attempts = 0, free_attempts = 0,
+               redriven_at = ?2, dead_at = NULL, lease_token = NULL, last_error = NULL
+         WHERE id IN (SELECT value FROM json_each(?1)) AND status = 'dead'
+        RETURNING id";
 }

@@ -12,8 +12,10 @@ use crate::store::Finish;
 ///
 /// The delay before attempt `n + 1` is `base * 2^(n-1)`, capped at `max_delay`, with equal
 /// jitter (a random point in its upper half), so that many jobs failing together do not retry
-/// together. Every attempt counts in `n`, throttled ones too, so a provider that keeps
-/// throttling is asked less and less often.
+/// together. After a throttle every attempt counts in `n`, throttled ones too, so a provider
+/// that keeps throttling is asked less and less often; after a failure (a plain retry, an
+/// unknown outcome) only the attempts that spent the budget count, so that throttles earlier in
+/// a job's life do not stretch the wait after its first real failure.
 ///
 /// Two limits end the retries; then the job is dead, with its reason:
 /// - the **attempt budget**: `max_attempts` attempts that failed ([`Delivery::Retry`],
@@ -91,19 +93,17 @@ impl RetryPolicy {
     /// and in every retried case dead, keeping the attempt's result, if the next try would fall
     /// after the horizon.
     pub fn decide(&self, job: &Job, delivery: Delivery, now: OffsetDateTime) -> Finish {
+        // The attempts that failed so far, this one included (throttled and paused ones are not
+        // failures).
+        let failed = job.attempt - job.free_attempts;
         let (result, error, retry_in, free) = match delivery {
             Delivery::Sent {
                 provider_message_id,
             } => return Finish::sent(provider_message_id),
             Delivery::Permanent(error) => return Finish::dead(AttemptResult::Dead, error),
             Delivery::Skipped(reason) => return Finish::dead(AttemptResult::Skipped, reason),
-            Delivery::Retry(error) => (AttemptResult::Retry, error, self.delay(job.attempt), false),
-            Delivery::Unknown(error) => (
-                AttemptResult::Unknown,
-                error,
-                self.delay(job.attempt),
-                false,
-            ),
+            Delivery::Retry(error) => (AttemptResult::Retry, error, self.delay(failed), false),
+            Delivery::Unknown(error) => (AttemptResult::Unknown, error, self.delay(failed), false),
             Delivery::Throttled { reason, after } => {
                 let after = after.unwrap_or_default().min(self.max_delay);
                 let retry_in = self.delay(job.attempt).max(after);
@@ -169,6 +169,34 @@ mod tests {
                 );
             }
         }
+    }
+
+    /// Found by the chaos run of issue 14: a job throttled five times then refused once waited
+    /// 64–128 s, as if it had failed seven times.
+    #[test]
+    fn throttles_do_not_stretch_the_wait_after_a_failure_but_stretch_the_next_throttle() {
+        let p = RetryPolicy::DEFAULT;
+        let now = OffsetDateTime::now_utc();
+        let throttled_five_times = Job {
+            free_attempts: 5,
+            ..job(7, Duration::ZERO)
+        };
+        let retry = p.decide(&throttled_five_times, Delivery::Retry("503".into()), now);
+        assert!(
+            retry.retry_in >= p.full_delay(2) / 2 && retry.retry_in <= p.full_delay(2),
+            "{:?}",
+            retry.retry_in
+        );
+        let throttle = Delivery::Throttled {
+            reason: "450".into(),
+            after: None,
+        };
+        let throttled = p.decide(&throttled_five_times, throttle, now);
+        assert!(
+            throttled.retry_in >= p.full_delay(7) / 2,
+            "{:?}",
+            throttled.retry_in
+        );
     }
 
     fn job(attempt: i32, age: Duration) -> Job {

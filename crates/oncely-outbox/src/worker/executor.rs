@@ -68,9 +68,11 @@ async fn attempt<S: JobStore>(
     let (finish, verdict) = if job.not_after.is_some_and(|deadline| deadline <= now) {
         let why = "not run: its deadline passed before delivery".to_owned();
         (Finish::dead(AttemptResult::Expired, why), None)
-    } else if job.attempt > 1 && now - job.horizon_from() > horizon {
-        // A retry claimed late (its kind was paused or held, the workers were down): an
-        // earlier attempt may have reached a provider whose deduplication window has passed.
+    } else if job.attempt - job.free_attempts > 1 && now - job.horizon_from() > horizon {
+        // A retry claimed late (its kind was paused or held, the workers were down) after an
+        // attempt that may have reached the provider (a plain retry, an unknown outcome: not a
+        // throttle or a refusal, which store nothing there), whose deduplication window has
+        // passed.
         let why = format!(
             "not run: claimed after its {horizon:?} retry horizon, so a provider may no longer \
              deduplicate an earlier attempt; re-drive it to send (oncely outbox retry)"
@@ -82,10 +84,10 @@ async fn attempt<S: JobStore>(
         let verdict = Verdict::of(&delivery, &options.policy);
         let mut finish = options.policy.decide(&job, delivery, now);
         // What this attempt froze went nowhere if the provider throttled or refused it: the
-        // next attempt freezes anew (a sender fixed after a refusal reaches this job). What an
-        // earlier attempt froze stays: that attempt may have reached the provider.
+        // next attempt (a re-drive's too, if the job died of it) freezes anew, so a sender fixed
+        // after a refusal reaches this job. What an earlier attempt froze stays: that attempt may
+        // have reached the provider.
         finish.thaw = !frozen_at_claim
-            && finish.status == JobStatus::Pending
             && matches!(
                 finish.result,
                 AttemptResult::Throttled | AttemptResult::Paused

@@ -124,7 +124,33 @@ both_stores!(
     a_handler_can_end_an_attempt_from_freeze_without_running_it,
     a_payload_the_provider_refused_or_throttled_is_frozen_anew_at_the_next_attempt,
     a_payload_an_earlier_attempt_may_have_delivered_stays_frozen_through_a_throttle,
+    a_refusal_that_kills_the_job_leaves_nothing_frozen_for_its_re_drive,
 );
+
+/// Second review of issue 14: a refusal that ended the job (it came after the horizon) left the
+/// refused payload frozen, so the re-drive after the fix sent it again and was refused again.
+async fn a_refusal_that_kills_the_job_leaves_nothing_frozen_for_its_re_drive<S: Backend>(
+    store: S,
+    _db: TestDb,
+) {
+    let faults = Faults {
+        unauthorized_next: 1,
+        ..Faults::provider()
+    };
+    let (inbox, worker, handler) = setup_with(&store, None, faults).await;
+    store.clock().advance(FAST.horizon + Duration::from_secs(1));
+    worker.drain().await.unwrap(); // the first attempt, late: refused, and past the horizon
+    let record = store.job("notify:1").await.unwrap().unwrap();
+    assert_eq!(record.status, JobStatus::Dead, "{:?}", record.last_error);
+    assert_eq!(record.frozen, None, "the provider stored nothing");
+    *handler.current.lock().unwrap() = "fixed@example.com".into();
+    assert!(store.redrive("notify:1").await.unwrap());
+    store.clock().advance(PROBE); // the refusal paused the kind in this worker
+    worker.drain().await.unwrap();
+    let record = store.job("notify:1").await.unwrap().unwrap();
+    assert_eq!(record.status, JobStatus::Sent, "{:?}", record.last_error);
+    assert_eq!(inbox.messages(Some("fixed@example.com")).len(), 1);
+}
 
 /// `KindOptions::probe_interval`'s default: a paused kind's next probe.
 const PROBE: Duration = Duration::from_secs(30);

@@ -185,13 +185,84 @@ async fn skipped_decoys_neither_resume_a_paused_kind_nor_let_its_jobs_through<S:
     );
 }
 
-both_stores!(a_retry_claimed_after_its_horizon_is_not_sent);
+both_stores!(
+    a_retry_claimed_after_its_horizon_is_not_sent,
+    a_job_only_ever_refused_is_sent_however_late,
+);
+
+/// A worker for kind `email` over `api`, with a one-hour horizon.
+fn hourly_worker<S: Backend>(store: &S, api: &FakeApi) -> Worker<S> {
+    let options = oncely_outbox::KindOptions {
+        policy: oncely_outbox::RetryPolicy {
+            horizon: HOUR,
+            ..oncely_outbox::RetryPolicy::DEFAULT
+        },
+        concurrency: None,
+        probe_interval: INTERVAL,
+    };
+    let mailer = from_url(&api.url, None, Duration::from_secs(5), None).unwrap();
+    Worker::new(store.clone(), WorkerConfig::default()).handle_with(
+        "email",
+        EmailHandler::new(mailer),
+        options,
+    )
+}
+
+const HOUR: Duration = Duration::from_secs(3600);
 
 /// Review of issue 14: the horizon was checked only after a send, and a paused kind's jobs wait
 /// for probes, so a backlog could be sent long after the provider forgot their keys (a job whose
-/// earlier attempt had an unknown outcome would then be a second email). A retry claimed after
-/// its horizon is dead without running; a re-drive sends it with a fresh horizon.
+/// earlier attempt had an unknown outcome or a 5xx would then be a second email). A retry
+/// claimed after its horizon, after an attempt that may have reached the provider, is dead
+/// without running; a re-drive sends it with a fresh horizon.
 async fn a_retry_claimed_after_its_horizon_is_not_sent<S: Backend>(store: S, _db: TestDb) {
+    // A 500 (it may have reached the provider), then refusals, then accepted.
+    let accepting = Arc::new(AtomicBool::new(false));
+    let api = {
+        let accepting = accepting.clone();
+        FakeApi::start(move |n| match n {
+            0 => (500, vec![], r#"{"message":"oops"}"#.into()),
+            _ if accepting.load(Ordering::SeqCst) => accepted(n),
+            _ => (401, vec![], r#"{"message":"bad key"}"#.into()),
+        })
+        .await
+    };
+    let worker = hourly_worker(&store, &api);
+    store
+        .enqueue_with_business_row(email_job("late"), true)
+        .await
+        .unwrap();
+    worker.drain().await.unwrap();
+    store.clock().advance(Duration::from_secs(5));
+    worker.drain().await.unwrap();
+    assert_eq!(results(&store, "late").await, ["retry", "paused"]);
+    // The provider accepts again only after the horizon has passed.
+    accepting.store(true, Ordering::SeqCst);
+    store.clock().advance(HOUR);
+    worker.drain().await.unwrap();
+    let job = store.job("late").await.unwrap().unwrap();
+    assert_eq!(job.status, JobStatus::Dead, "{:?}", job.last_error);
+    assert!(
+        job.last_error
+            .as_deref()
+            .unwrap_or_default()
+            .contains("retry horizon"),
+        "{:?}",
+        job.last_error
+    );
+    assert_eq!(api.requests(), 2, "not sent after its horizon");
+    // A re-drive starts a fresh horizon: sent.
+    assert!(store.redrive("late").await.unwrap());
+    worker.drain().await.unwrap();
+    let job = store.job("late").await.unwrap().unwrap();
+    assert_eq!(job.status, JobStatus::Sent, "{:?}", job.last_error);
+    assert_eq!(api.requests(), 3);
+}
+
+/// Second review of issue 14: a job that was only ever refused (nothing stored at the provider)
+/// was killed as "claimed after its horizon" once an outage outlasted the horizon — exactly the
+/// jobs the outage held back were lost. It is sent.
+async fn a_job_only_ever_refused_is_sent_however_late<S: Backend>(store: S, _db: TestDb) {
     let accepting = Arc::new(AtomicBool::new(false));
     let api = {
         let accepting = accepting.clone();
@@ -204,46 +275,19 @@ async fn a_retry_claimed_after_its_horizon_is_not_sent<S: Backend>(store: S, _db
         })
         .await
     };
-    let hour = Duration::from_secs(3600);
-    let options = oncely_outbox::KindOptions {
-        policy: oncely_outbox::RetryPolicy {
-            horizon: hour,
-            ..oncely_outbox::RetryPolicy::DEFAULT
-        },
-        concurrency: None,
-        probe_interval: INTERVAL,
-    };
-    let mailer = from_url(&api.url, None, Duration::from_secs(5), None).unwrap();
-    let worker = Worker::new(store.clone(), WorkerConfig::default()).handle_with(
-        "email",
-        EmailHandler::new(mailer),
-        options,
-    );
+    let worker = hourly_worker(&store, &api);
     store
-        .enqueue_with_business_row(email_job("late"), true)
+        .enqueue_with_business_row(email_job("held"), true)
         .await
         .unwrap();
-    assert_eq!(worker.drain().await.unwrap(), 1);
-    assert_eq!(results(&store, "late").await, ["paused"]);
-    // The provider accepts again only after the horizon has passed.
+    worker.drain().await.unwrap();
+    store.clock().advance(INTERVAL);
+    worker.drain().await.unwrap();
+    assert_eq!(results(&store, "held").await, ["paused", "paused"]);
     accepting.store(true, Ordering::SeqCst);
-    store.clock().advance(hour + Duration::from_secs(1));
+    store.clock().advance(HOUR);
     worker.drain().await.unwrap();
-    let job = store.job("late").await.unwrap().unwrap();
-    assert_eq!(job.status, JobStatus::Dead, "{:?}", job.last_error);
-    assert!(
-        job.last_error
-            .as_deref()
-            .unwrap_or_default()
-            .contains("retry horizon"),
-        "{:?}",
-        job.last_error
-    );
-    assert_eq!(api.requests(), 1, "not sent after its horizon");
-    // A re-drive starts a fresh horizon: sent.
-    assert!(store.redrive("late").await.unwrap());
-    worker.drain().await.unwrap();
-    let job = store.job("late").await.unwrap().unwrap();
+    let job = store.job("held").await.unwrap().unwrap();
     assert_eq!(job.status, JobStatus::Sent, "{:?}", job.last_error);
-    assert_eq!(api.requests(), 2);
+    assert_eq!(api.requests(), 3);
 }

@@ -7,14 +7,16 @@
 //! | 429; 503 with `Retry-After` | [`Delivery::Throttled`], with the `Retry-After` (seconds or an HTTP date) |
 //! | 401, 403, 407 | [`Delivery::Refused`]: our credentials or configuration are wrong, not the job |
 //! | 409 saying the key was used with another payload (Resend's `invalid_idempotent_request`) | [`Delivery::Permanent`]: no retry under this key can succeed |
-//! | 3xx (never followed), 408, other 409, other 5xx, connection failures | [`Delivery::Retry`] |
+//! | 303 See Other (the request was processed; the answer is elsewhere) | [`Delivery::Unknown`] |
+//! | other 3xx (never followed), 408, other 409, other 5xx, connection failures | [`Delivery::Retry`] |
 //! | other 4xx | [`Delivery::Permanent`] |
 //! | a timeout or a broken connection after sending | [`Delivery::Unknown`] (retried with the same key, which a deduplicating API turns into one effect) |
 //!
 //! An API whose URL is fixed by configuration rather than by the job (an email provider's
 //! `/emails`: [`crate::mail::HttpMailer`]) reads three more answers as configuration errors,
 //! [`Delivery::Refused`] (the kind pauses until it is fixed) rather than the job's fault: a
-//! redirect, 404 and 405 — the URL is wrong for every job alike.
+//! redirect (but 303), 404 and 405 — the URL is wrong for every job alike; the reason carries a
+//! redirect's `Location`.
 
 use std::time::{Duration, SystemTime};
 
@@ -92,7 +94,8 @@ async fn post(
     if status.is_success() {
         return Ok(response.json::<Value>().await.unwrap_or(Value::Null));
     }
-    let after = retry_after(response.headers(), SystemTime::now());
+    let headers = response.headers().clone();
+    let after = retry_after(&headers, SystemTime::now());
     let mut body = response.text().await.unwrap_or_default();
     // Blanked out before the cut: a key that straddled the cut would leave a piece behind.
     if let Some(token) = bearer.map(ExposeSecret::expose_secret)
@@ -102,9 +105,20 @@ async fn post(
     }
     let text: String = body.chars().take(200).collect();
     let error = format!("HTTP {status}: {text}");
-    if origin == Url::Configured && matches!(status.as_u16(), 300..=399 | 404 | 405) {
+    if origin == Url::Configured && matches!(status.as_u16(), 300..=302 | 304..=399 | 404 | 405) {
+        let location = headers
+            .get(reqwest::header::LOCATION)
+            .and_then(|l| l.to_str().ok())
+            .map(|l| format!(" (Location: {l})"))
+            .unwrap_or_default();
         return Err(Delivery::Refused(format!(
-            "the configured URL is wrong (every job would get this answer): {error}"
+            "the configured URL is wrong (every job would get this answer): {error}{location}"
+        )));
+    }
+    if status.as_u16() == 303 {
+        // See Other after a POST: the request was processed, the answer is elsewhere.
+        return Err(Delivery::Unknown(format!(
+            "{error} (303 See Other: the request may have been processed)"
         )));
     }
     Err(match status.as_u16() {

@@ -73,7 +73,7 @@ impl IdempotencyHeader {
 
     /// Headers the mailers write themselves, or that carry meaning of their own: never the
     /// idempotency header.
-    const RESERVED: [&str; 38] = [
+    const RESERVED: [&str; 60] = [
         // Written by the mailer, or HTTP's framing and connection (hop-by-hop) headers, whose
         // values change how the request is sent or read.
         "authorization",
@@ -91,12 +91,32 @@ impl IdempotencyHeader {
         "trailer",
         "transfer-encoding",
         "upgrade",
+        // Request routing, method and conditions (a proxy or the provider may act on them).
+        "forwarded",
+        "if-match",
+        "if-modified-since",
+        "if-none-match",
+        "if-range",
+        "if-unmodified-since",
+        "range",
+        "via",
+        "x-forwarded-for",
+        "x-forwarded-host",
+        "x-forwarded-proto",
+        "x-http-method",
+        "x-http-method-override",
+        "x-method-override",
         // Email headers that address, route, authenticate or trace the message.
         "bcc",
         "cc",
         "content-disposition",
         "content-transfer-encoding",
+        "arc-authentication-results",
+        "arc-message-signature",
+        "arc-seal",
+        "authentication-results",
         "date",
+        "delivered-to",
         "disposition-notification-to",
         "dkim-signature",
         "from",
@@ -110,8 +130,11 @@ impl IdempotencyHeader {
         "resent-cc",
         "resent-date",
         "resent-from",
+        "resent-message-id",
+        "resent-sender",
         "resent-to",
         "return-path",
+        "return-receipt-to",
         "sender",
         "subject",
         "to",
@@ -441,6 +464,11 @@ mod tests {
             ("DKIM-Signature", "how the message is sent"),
             ("Resent-To", "how the message is sent"),
             ("To", "how the message is sent"),
+            ("X-HTTP-Method-Override", "how the message is sent"),
+            ("Forwarded", "how the message is sent"),
+            ("If-Match", "how the message is sent"),
+            ("Delivered-To", "how the message is sent"),
+            ("Authentication-Results", "how the message is sent"),
             (&"X".repeat(77), "76"),
         ] {
             let error = IdempotencyHeader::new(bad).unwrap_err().to_string();

@@ -12,10 +12,11 @@ use crate::store::Finish;
 ///
 /// The delay before attempt `n + 1` is `base * 2^(n-1)`, capped at `max_delay`, with equal
 /// jitter (a random point in its upper half), so that many jobs failing together do not retry
-/// together. After a throttle every attempt counts in `n`, throttled ones too, so a provider
-/// that keeps throttling is asked less and less often; after a failure (a plain retry, an
-/// unknown outcome) only the attempts that spent the budget count, so that throttles earlier in
-/// a job's life do not stretch the wait after its first real failure.
+/// together. After a failure (a plain retry, an unknown outcome) only the attempts that spent
+/// the budget count in `n`, so that throttles or refusals earlier in a job's life do not stretch
+/// the wait after its first real failure. A throttle waits the `Retry-After` the provider gave
+/// (if longer than that backoff); one without a `Retry-After` counts every attempt in `n`, so a
+/// provider that keeps throttling is asked less and less often.
 ///
 /// Two limits end the retries; then the job is dead, with its reason:
 /// - the **attempt budget**: `max_attempts` attempts that failed ([`Delivery::Retry`],
@@ -105,8 +106,13 @@ impl RetryPolicy {
             Delivery::Retry(error) => (AttemptResult::Retry, error, self.delay(failed), false),
             Delivery::Unknown(error) => (AttemptResult::Unknown, error, self.delay(failed), false),
             Delivery::Throttled { reason, after } => {
-                let after = after.unwrap_or_default().min(self.max_delay);
-                let retry_in = self.delay(job.attempt).max(after);
+                // The provider said when: that, or the failures' backoff if longer. It did not:
+                // back off over every attempt, so a provider that keeps throttling is asked less
+                // and less often.
+                let retry_in = match after {
+                    Some(after) => self.delay(failed).max(after.min(self.max_delay)),
+                    None => self.delay(job.attempt),
+                };
                 (AttemptResult::Throttled, reason, retry_in, true)
             }
             Delivery::Refused(reason) => (AttemptResult::Paused, reason, Duration::ZERO, true),

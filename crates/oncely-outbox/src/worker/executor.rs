@@ -1,14 +1,15 @@
 //! Running one attempt: the job's handler in a task of its own, outside any transaction, bounded
 //! by the lease; its outcome turned into what to record by the kind's retry policy.
 
-use std::sync::Arc;
+use std::sync::{Arc, Mutex, PoisonError};
 
 use futures::FutureExt;
+use time::OffsetDateTime;
 use tokio::task::JoinHandle;
 use tokio::time::Instant;
 use tracing::Instrument;
 
-use super::holds::Verdict;
+use super::holds::{Holds, Verdict};
 use super::{Registered, Worker};
 use crate::job::{AttemptResult, Delivery, Job, JobStatus};
 use crate::store::{Finish, JobStore};
@@ -39,7 +40,8 @@ impl<S: JobStore> Worker<S> {
     pub(super) fn spawn(&self, job: Job, deadline: Instant) -> JoinHandle<Ran> {
         let registered = self.handlers.get(&job.kind).cloned();
         let store = self.store.clone();
-        tokio::spawn(attempt(registered, store, deadline, job).in_current_span())
+        let holds = self.holds.clone();
+        tokio::spawn(attempt(registered, (store, holds), deadline, job).in_current_span())
     }
 }
 
@@ -48,7 +50,7 @@ impl<S: JobStore> Worker<S> {
 /// retried with the same delivery key.
 async fn attempt<S: JobStore>(
     registered: Option<Registered>,
-    store: S,
+    (store, holds): (S, Arc<Mutex<Holds>>),
     deadline: Instant,
     job: Job,
 ) -> Ran {
@@ -81,6 +83,8 @@ async fn attempt<S: JobStore>(
     } else {
         let frozen_at_claim = job.frozen.is_some();
         let delivery = run(handler, &store, job.clone(), deadline).await;
+        let refused = matches!(delivery, Delivery::Refused(_));
+        let delivery = judge(&holds, &job.kind, now, delivery, store.now());
         let verdict = Verdict::of(&delivery, &options.policy);
         let mut finish = options.policy.decide(&job, delivery, now);
         // What this attempt froze went nowhere if the provider throttled or refused it: the
@@ -88,10 +92,11 @@ async fn attempt<S: JobStore>(
         // after a refusal reaches this job. What an earlier attempt froze stays: that attempt may
         // have reached the provider.
         finish.thaw = !frozen_at_claim
-            && matches!(
-                finish.result,
-                AttemptResult::Throttled | AttemptResult::Paused
-            );
+            && (refused
+                || matches!(
+                    finish.result,
+                    AttemptResult::Throttled | AttemptResult::Paused
+                ));
         (finish, Some(verdict))
     };
     report(&job, &finish);
@@ -99,6 +104,35 @@ async fn attempt<S: JobStore>(
         job,
         finish: Some(finish),
         verdict,
+    }
+}
+
+/// What an attempt of `kind` that started at `started` and ended at `ended` says, in the light
+/// of the kind's other attempts: a refusal while the provider accepted other jobs of the kind
+/// after this one started is about this job (a payload the provider will not take from us, such
+/// as a sender it refuses), not about our credentials — it is this job's failure, a plain retry
+/// that spends its budget, and the kind is not paused (one such job would otherwise pause it
+/// every interval until its horizon). An acceptance is noted for that judgement.
+fn judge(
+    holds: &Mutex<Holds>,
+    kind: &str,
+    started: OffsetDateTime,
+    delivery: Delivery,
+    ended: OffsetDateTime,
+) -> Delivery {
+    let mut holds = holds.lock().unwrap_or_else(PoisonError::into_inner);
+    match delivery {
+        Delivery::Sent { .. } => {
+            holds.accepted(kind, ended);
+            delivery
+        }
+        Delivery::Refused(reason) if holds.accepted_since(kind, started) => {
+            Delivery::Retry(format!(
+                "refused for this job alone (the provider accepted other jobs of its kind meanwhile): \
+             {reason}"
+            ))
+        }
+        other => other,
     }
 }
 

@@ -94,9 +94,23 @@ pub(super) struct Claimable {
 #[derive(Debug, Default)]
 pub(super) struct Holds {
     kinds: HashMap<String, Hold>,
+    /// When the provider last accepted a job of each kind (for telling a refusal of one job
+    /// from a refusal of our credentials: `executor.rs`, `judge`).
+    accepted: HashMap<String, OffsetDateTime>,
 }
 
 impl Holds {
+    /// The provider accepted a job of `kind` at `at`.
+    pub(super) fn accepted(&mut self, kind: &str, at: OffsetDateTime) {
+        let last = self.accepted.entry(kind.to_owned()).or_insert(at);
+        *last = (*last).max(at);
+    }
+
+    /// Whether the provider accepted a job of `kind` at or after `since`.
+    pub(super) fn accepted_since(&self, kind: &str, since: OffsetDateTime) -> bool {
+        self.accepted.get(kind).is_some_and(|at| *at >= since)
+    }
+
     /// Splits `kinds` at `now` into those to claim freely and those due for a probe; the
     /// others are held. A throttle that has run out is dropped.
     pub(super) fn claimable(&mut self, kinds: &[String], now: OffsetDateTime) -> Claimable {

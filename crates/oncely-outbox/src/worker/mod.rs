@@ -130,8 +130,9 @@ pub struct Worker<S> {
     store: S,
     config: WorkerConfig,
     handlers: HashMap<String, Registered>,
-    /// Kinds held back: throttled, or paused (see `holds.rs`).
-    holds: Mutex<holds::Holds>,
+    /// Kinds held back: throttled, or paused (see `holds.rs`); shared with the attempts' tasks,
+    /// which note acceptances as they happen.
+    holds: Arc<Mutex<holds::Holds>>,
 }
 
 impl<S: JobStore> Worker<S> {
@@ -141,7 +142,7 @@ impl<S: JobStore> Worker<S> {
             store,
             config,
             handlers: HashMap::new(),
-            holds: Mutex::default(),
+            holds: Arc::default(),
         }
     }
 

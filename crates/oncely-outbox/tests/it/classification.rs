@@ -347,3 +347,21 @@ async fn a_key_used_with_another_payload_is_permanent_and_a_key_in_flight_a_plai
     }
     assert_eq!(inbox.messages(None).len(), 4);
 }
+
+/// Second review of issue 14: a 303 See Other after a POST means the request was processed; read
+/// as a wrong URL it would pause the kind forever while every probe was delivered. It is an
+/// unknown outcome (retried with the same key, which a deduplicating provider absorbs).
+#[tokio::test]
+async fn a_see_other_after_the_post_is_an_unknown_outcome() {
+    use crate::provider::FakeApi;
+    let api =
+        FakeApi::start(|_| (303, vec!["Location: /emails/42".to_owned()], String::new())).await;
+    let outcome = send(&api.url).await;
+    assert!(matches!(outcome, Delivery::Unknown(_)), "{outcome:?}");
+    let api =
+        FakeApi::start(|_| (308, vec!["Location: /v2/emails".to_owned()], String::new())).await;
+    let Delivery::Refused(reason) = send(&api.url).await else {
+        panic!("not refused")
+    };
+    assert!(reason.contains("Location: /v2/emails"), "{reason}");
+}

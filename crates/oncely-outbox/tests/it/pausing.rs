@@ -291,3 +291,71 @@ async fn a_job_only_ever_refused_is_sent_however_late<S: Backend>(store: S, _db:
     assert_eq!(job.status, JobStatus::Sent, "{:?}", job.last_error);
     assert_eq!(api.requests(), 3);
 }
+
+/// Refuses the job whose key is `poison` (after the others: a slower answer), accepts the rest.
+struct RefusesOnePayload;
+
+impl oncely_outbox::Handler for RefusesOnePayload {
+    fn run<'a>(&'a self, job: &'a oncely_outbox::Job) -> oncely_outbox::DeliveryFuture<'a> {
+        Box::pin(async move {
+            if job.operation_key == "poison" {
+                tokio::time::sleep(Duration::from_millis(100)).await;
+                oncely_outbox::Delivery::Refused(
+                    "HTTP 403: the sender's domain is not verified".into(),
+                )
+            } else {
+                oncely_outbox::Delivery::Sent {
+                    provider_message_id: None,
+                }
+            }
+        })
+    }
+}
+
+both_stores!(a_payload_the_provider_refuses_while_it_accepts_the_rest_does_not_pause_the_kind);
+
+/// Second review of issue 14: a job whose frozen payload the provider refuses for good (a sender
+/// it no longer takes) paused its kind again every time it was claimed, for 23 h, and every new
+/// email waited up to an interval. A refusal while the provider accepts the kind's other jobs is
+/// that job's failure: a plain retry spending its budget; the kind runs on.
+async fn a_payload_the_provider_refuses_while_it_accepts_the_rest_does_not_pause_the_kind<
+    S: Backend,
+>(
+    store: S,
+    _db: TestDb,
+) {
+    let worker =
+        Worker::new(store.clone(), WorkerConfig::default()).handle("email", RefusesOnePayload);
+    for key in ["poison", "a", "b"] {
+        store
+            .enqueue_with_business_row(email_job(key), true)
+            .await
+            .unwrap();
+    }
+    assert_eq!(worker.drain().await.unwrap(), 3);
+    assert_eq!(results(&store, "poison").await, ["retry"]);
+    let poison = store.job("poison").await.unwrap().unwrap();
+    assert_eq!(
+        (poison.status, poison.free_attempts),
+        (JobStatus::Pending, 0)
+    );
+    assert!(
+        poison
+            .last_error
+            .as_deref()
+            .unwrap_or_default()
+            .contains("this job alone"),
+        "{:?}",
+        poison.last_error
+    );
+    // Not paused: a new email goes out at once, without waiting for a probe.
+    store
+        .enqueue_with_business_row(email_job("c"), true)
+        .await
+        .unwrap();
+    assert_eq!(worker.drain().await.unwrap(), 1);
+    assert_eq!(
+        store.job("c").await.unwrap().unwrap().status,
+        JobStatus::Sent
+    );
+}

@@ -161,7 +161,15 @@ async fn delete(State(inbox): State<Inbox>, body: Bytes) -> Response {
     let ids = if body.iter().all(u8::is_ascii_whitespace) {
         Vec::new()
     } else {
-        match serde_json::from_slice::<DeleteIds>(&body) {
+        // An object only: serde would also read a struct from an array (`[]`: every message).
+        let parsed = serde_json::from_slice::<serde_json::Value>(&body).and_then(|value| {
+            if value.is_object() {
+                serde_json::from_value::<DeleteIds>(value)
+            } else {
+                Err(serde::de::Error::custom("not a JSON object"))
+            }
+        });
+        match parsed {
             Ok(body) => body.ids,
             Err(e) => {
                 let why = format!("expected {{\"IDs\": [\"<id>\", ...]}}: {e}");
@@ -177,9 +185,22 @@ async fn delete(State(inbox): State<Inbox>, body: Bytes) -> Response {
     StatusCode::NO_CONTENT.into_response()
 }
 
-/// `POST /reset`: a fresh inbox for the next test ([`Inbox::clear`]): every message, counter and
-/// provider mode's key forgotten; the faults stay.
-async fn reset(State(inbox): State<Inbox>) -> StatusCode {
+/// `POST /reset` with a JSON body (`{}`): a fresh inbox for the next test ([`Inbox::clear`]):
+/// every message, counter and provider mode's key forgotten; the faults stay. Another content
+/// type is refused (415): a web page can post a form to a developer's loopback inbox, but not
+/// JSON without the browser asking first.
+async fn reset(State(inbox): State<Inbox>, headers: HeaderMap) -> StatusCode {
+    let json = headers
+        .get(axum::http::header::CONTENT_TYPE)
+        .and_then(|v| v.to_str().ok())
+        .is_some_and(|v| {
+            v.trim_start()
+                .to_ascii_lowercase()
+                .starts_with("application/json")
+        });
+    if !json {
+        return StatusCode::UNSUPPORTED_MEDIA_TYPE;
+    }
     inbox.clear();
     StatusCode::NO_CONTENT
 }

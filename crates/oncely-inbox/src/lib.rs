@@ -215,9 +215,7 @@ impl State {
     /// Applies the retention bound and forgets keys whose window ended.
     fn expire(&mut self, now: OffsetDateTime) {
         self.stats.evicted += self.messages.evict(&self.config.retention, now);
-        if let Some(window) = self.faults.dedupe_window() {
-            self.seen.expire(window, now);
-        }
+        self.seen.expire(now);
     }
 
     /// The injected fault this attempt meets before its message is looked at, if any.
@@ -523,9 +521,9 @@ impl Inbox {
         }
         message.to = message.to.iter().map(|t| t.to_lowercase()).collect();
         let fingerprint = fingerprint(&message);
-        let provider = state.faults.dedupe_window().is_some();
-        let key = message.idempotency_key.clone().filter(|_| provider);
-        if let Some(seen) = key.as_deref().and_then(|key| state.seen.get(key)) {
+        let window = state.faults.dedupe_window();
+        let key = message.idempotency_key.clone().filter(|_| window.is_some());
+        if let Some(seen) = key.as_deref().and_then(|key| state.seen.get(key, now)) {
             if seen.fingerprint != fingerprint {
                 state.stats.mismatched += 1;
                 return Verdict::Conflict(Conflict::InvalidIdempotentRequest);
@@ -537,8 +535,10 @@ impl Inbox {
         message.id = uuid::Uuid::new_v4().to_string();
         message.received_at = now;
         let id = message.id.clone();
-        if let Some(key) = key {
-            state.seen.insert(key, id.clone(), fingerprint, now);
+        if let (Some(key), Some(window)) = (key, window) {
+            state
+                .seen
+                .insert(key, id.clone(), fingerprint, now + window);
         }
         if state.messages.insert(message) {
             state.stats.duplicates += 1;
@@ -826,6 +826,34 @@ mod tests {
             ),
             "a full reset forgets it"
         );
+    }
+
+    /// Second review of issue 14: a key was measured against the window in force when it was
+    /// looked at, so shortening the window (even for a moment) forgot keys a provider had
+    /// promised to remember, and the key then took another payload.
+    #[test]
+    fn a_key_is_remembered_for_the_window_in_force_when_it_was_seen() {
+        let clock = Clock::manual(OffsetDateTime::UNIX_EPOCH + Duration::from_secs(1_000_000));
+        let inbox = Inbox::new().with_clock(clock.clone());
+        inbox.set_faults(Faults::provider());
+        accepted(inbox.receive(message(Some("k1"))));
+        inbox.set_faults(Faults {
+            dedupe_window_ms: Some(1),
+            ..Faults::default()
+        });
+        clock.advance(Duration::from_millis(10));
+        assert_eq!(
+            inbox.receive(to(Some("k1"), "two@x.io")),
+            Verdict::Conflict(Conflict::InvalidIdempotentRequest),
+            "still within the 24 h it was seen under"
+        );
+        // A key seen under the short window is forgotten after it.
+        accepted(inbox.receive(message(Some("k2"))));
+        clock.advance(Duration::from_millis(10));
+        assert!(matches!(
+            inbox.receive(to(Some("k2"), "two@x.io")),
+            Verdict::Accepted(_)
+        ));
     }
 
     #[test]

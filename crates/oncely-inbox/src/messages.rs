@@ -180,52 +180,60 @@ pub(crate) struct SeenKey {
     pub(crate) id: String,
     /// [`fingerprint`] of that copy.
     pub(crate) fingerprint: u64,
-    at: OffsetDateTime,
+    /// When it is forgotten: its sighting plus the window in force then (a later change of the
+    /// window does not shorten what a provider already promised to remember).
+    until: OffsetDateTime,
 }
 
 /// Provider mode's memory: the keys seen within the window, forgotten when it ends.
 #[derive(Default)]
 pub(crate) struct SeenKeys {
     keys: HashMap<String, SeenKey>,
-    /// Keys in the order they were seen, to forget the oldest first.
+    /// Keys in the order they were seen, with when each is forgotten, to forget the oldest
+    /// first. (After the window shrank an entry may end before the ones ahead of it: `get` does
+    /// not return a key whose time is up, whatever is still queued.)
     order: VecDeque<(OffsetDateTime, String)>,
 }
 
 impl SeenKeys {
-    /// Forgets the keys seen `window` or longer before `now`, oldest first.
-    pub(crate) fn expire(&mut self, window: Duration, now: OffsetDateTime) {
-        while let Some((at, _)) = self.order.front() {
-            if *at + window > now {
+    /// Forgets the keys whose time is up at `now`, oldest first.
+    pub(crate) fn expire(&mut self, now: OffsetDateTime) {
+        while let Some((until, _)) = self.order.front() {
+            if *until > now {
                 break;
             }
-            let (at, oldest) = self.order.pop_front().expect("a front entry");
+            let (until, oldest) = self.order.pop_front().expect("a front entry");
             // A key seen again later has a newer entry: only its last sighting forgets it.
-            if self.keys.get(&oldest).is_some_and(|seen| seen.at == at) {
+            if self
+                .keys
+                .get(&oldest)
+                .is_some_and(|seen| seen.until == until)
+            {
                 self.keys.remove(&oldest);
             }
         }
     }
 
-    /// The key, if remembered.
-    pub(crate) fn get(&self, key: &str) -> Option<&SeenKey> {
-        self.keys.get(key)
+    /// The key, if remembered at `now`.
+    pub(crate) fn get(&self, key: &str, now: OffsetDateTime) -> Option<&SeenKey> {
+        self.keys.get(key).filter(|seen| seen.until > now)
     }
 
-    /// Remembers `key` as delivered by the copy `id` at `now`.
+    /// Remembers `key` as delivered by the copy `id`, until `until`.
     pub(crate) fn insert(
         &mut self,
         key: String,
         id: String,
         fingerprint: u64,
-        now: OffsetDateTime,
+        until: OffsetDateTime,
     ) {
-        self.order.push_back((now, key.clone()));
+        self.order.push_back((until, key.clone()));
         self.keys.insert(
             key,
             SeenKey {
                 id,
                 fingerprint,
-                at: now,
+                until,
             },
         );
     }

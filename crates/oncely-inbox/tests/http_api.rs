@@ -259,7 +259,10 @@ async fn delete_takes_every_message_or_the_ids_given_like_mailpit_or_one_by_its_
         (Some(4), Some(0)),
         "deleting everything deletes messages, not what the counters counted"
     );
-    assert_eq!(status_of(http.post(format!("{base}/reset"))).await, 204);
+    // Not a form a web page could post to a developer's loopback inbox: JSON only.
+    assert_eq!(status_of(http.post(format!("{base}/reset"))).await, 415);
+    let reset = http.post(format!("{base}/reset")).json(&json!({}));
+    assert_eq!(status_of(reset).await, 204);
     let stats: Value = get_json(format!("{base}/stats")).await;
     assert_eq!(stats["delivered"], 0, "a reset starts the counters afresh");
 }
@@ -297,6 +300,10 @@ async fn delete_reads_mailpits_ids_in_any_case_and_refuses_a_body_it_does_not_un
         json!({ "id": [all[4]] }),
         json!({ "IDs": [all[4]], "tag": "x" }),
         json!({ "messages": [] }),
+        // Second review of issue 14: an array was read as the struct's fields, empty: all.
+        json!([]),
+        json!([all[4]]),
+        json!("IDs"),
     ] {
         let delete = http.delete(format!("{base}/messages")).json(&body);
         assert_eq!(status_of(delete).await, 400, "{body}");
@@ -339,7 +346,10 @@ async fn deleting_every_message_keeps_provider_mode_keys_and_a_reset_forgets_the
     );
     assert!(ids(&base).await.is_empty(), "and not delivered again");
 
-    assert_eq!(status_of(http.post(format!("{base}/reset"))).await, 204);
+    // Not a form a web page could post to a developer's loopback inbox: JSON only.
+    assert_eq!(status_of(http.post(format!("{base}/reset"))).await, 415);
+    let reset = http.post(format!("{base}/reset")).json(&json!({}));
+    assert_eq!(status_of(reset).await, 204);
     let stats: Value = get_json(format!("{base}/stats")).await;
     assert_eq!(
         (stats["delivered"].as_u64(), stats["mismatched"].as_u64()),

@@ -300,8 +300,8 @@ pub struct CommonArgs {
     pub retry_base: Duration,
 
     /// How often a worker sends one probe job of an email kind it paused because the provider
-    /// refused our credentials or configuration (HTTP 401/403, SMTP 530/535); the kind resumes
-    /// by itself once a probe is accepted.
+    /// refused our credentials or configuration (HTTP 401/403, SMTP 530/535, the HTTP mailer's URL
+    /// answering 404/405 or a redirect); the kind resumes by itself once a probe is accepted.
     #[arg(long, env = "ONCELY_PAUSE_PROBE", default_value = defaults::PAUSE_PROBE, value_parser = parse_duration)]
     pub pause_probe: Duration,
 
@@ -442,7 +442,7 @@ pub struct InboxArgs {
     #[arg(long, default_value = "127.0.0.1:2525")]
     pub smtp: SocketAddr,
     /// HTTP listen address (`POST /emails`, `GET /messages`, `DELETE /messages`, `GET /stats`,
-    /// `PUT /faults`: changes the fields it names, `POST /reset`).
+    /// `PUT /faults`: changes the fields it names, `POST /reset` with `{}`).
     #[arg(long, default_value = "127.0.0.1:8025")]
     pub http: SocketAddr,
     /// Behave like a real provider (Resend): a repeat of an idempotency key within 24 h is

@@ -233,7 +233,7 @@ async fn run_inbox(args: InboxArgs) -> anyhow::Result<()> {
     let running = inbox.start(args.smtp, args.http).await?;
     println!(
         "oncely inbox: SMTP {}  HTTP http://{}  (GET /messages, DELETE /messages, GET /stats, \
-         PUT /faults with the fields to change, POST /reset)",
+         PUT /faults with the fields to change, POST /reset with {{}})",
         running.smtp_addr, running.http_addr
     );
     let config = inbox.config();

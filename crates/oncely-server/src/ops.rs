@@ -237,9 +237,10 @@ async fn dry_run<S: JobStore>(
 fn redrive_command(filter: &DeadFilter, expect: i64) -> String {
     let mut words = vec!["oncely".to_owned(), "outbox".into(), "retry".into()];
     let mut option = |name: &str, value: String| {
-        words.push(name.to_owned());
-        // A value from the command line holds no NUL, the one thing a shell cannot quote.
-        words.push(shlex::try_quote(&value).map_or_else(|_| format!("{value:?}"), Into::into));
+        // `--name=value`: a value that starts with `-` is not read as another option. A value
+        // from the command line holds no NUL, the one thing a shell cannot quote.
+        let word = format!("{name}={value}");
+        words.push(shlex::try_quote(&word).map_or_else(|_| format!("{word:?}"), Into::into));
     };
     if let Some(kind) = &filter.kind {
         option("--kind", kind.clone());
@@ -372,4 +373,35 @@ pub async fn key_show<B: Backend>(command: KeyCommand) -> anyhow::Result<String>
         }
     }
     Ok(out)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use clap::Parser;
+
+    /// Second review of issue 14: `--reason-like -recipient` was printed as two words, and clap
+    /// then read the value as an unknown option: the printed command could not be pasted.
+    #[test]
+    fn the_printed_redrive_command_parses_back_whatever_its_values() {
+        let filter = DeadFilter {
+            kind: Some("email.verification".into()),
+            reason_contains: Some("-recipient 'quoted' $HOME".into()),
+            ..DeadFilter::default()
+        };
+        let printed = redrive_command(&filter, 2);
+        let words = shlex::split(&printed).expect("a shell can split it");
+        let cli =
+            crate::cli::Cli::try_parse_from(&words).unwrap_or_else(|e| panic!("{printed}: {e}"));
+        let crate::cli::Command::Outbox(OutboxCommand::Retry {
+            reason_like,
+            expect,
+            ..
+        }) = cli.command
+        else {
+            panic!("not a retry: {printed}")
+        };
+        assert_eq!(reason_like.as_deref(), Some("-recipient 'quoted' $HOME"));
+        assert_eq!(expect, Some(2));
+    }
 }

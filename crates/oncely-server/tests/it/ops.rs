@@ -278,9 +278,12 @@ async fn a_job_that_dies_after_the_dry_run_is_not_redriven_by_the_command_it_pri
         .find_map(|line| line.trim().strip_prefix("oncely "))
         .unwrap_or_else(|| panic!("no command to run: {dry}"));
     let command = shlex::split(printed).unwrap();
+    // `--name=value`, so that a value starting with `-` stays a value.
     let value = |name: &str| {
-        let at = command.iter().position(|word| word == name);
-        at.map(|at| command[at + 1].clone())
+        command
+            .iter()
+            .find_map(|word| word.strip_prefix(&format!("{name}=")))
+            .map(str::to_owned)
             .unwrap_or_else(|| panic!("{name} missing: {printed}"))
     };
     for moment in ["--since", "--until"] {

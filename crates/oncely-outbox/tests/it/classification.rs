@@ -133,16 +133,10 @@ async fn a_retry_after_date_is_the_wait_until_then() {
     );
 }
 
-/// A provider that echoes our API key in its refusal does not get it into the job's error.
-#[tokio::test]
-async fn a_refusal_that_echoes_the_api_key_is_recorded_without_it() {
+/// The reason an HTTP mailer with API key `key` records for a 401 whose body is `body`.
+async fn refusal_echoing(key: &str, body: String) -> String {
     use crate::provider::FakeApi;
-    let key = "re_live_0123456789abcdef";
-    let api = FakeApi::start(move |_| {
-        let body = format!(r#"{{"message":"API key {key} is invalid"}}"#);
-        (401, vec![], body)
-    })
-    .await;
+    let api = FakeApi::start(move |_| (401, vec![], body.clone())).await;
     let mailer = from_url(
         &api.url,
         Some(key.to_owned().into()),
@@ -150,10 +144,17 @@ async fn a_refusal_that_echoes_the_api_key_is_recorded_without_it() {
         None,
     )
     .unwrap();
-    let outcome = mailer.send(&email(), "key-1").await;
-    let Delivery::Refused(reason) = outcome else {
-        panic!("{outcome:?}")
-    };
+    match mailer.send(&email(), "key-1").await {
+        Delivery::Refused(reason) => reason,
+        outcome => panic!("{outcome:?}"),
+    }
+}
+
+/// A provider that echoes our API key in its refusal does not get it into the job's error.
+#[tokio::test]
+async fn a_refusal_that_echoes_the_api_key_is_recorded_without_it() {
+    let key = "re_live_0123456789abcdef";
+    let reason = refusal_echoing(key, format!(r#"{{"message":"API key {key} is invalid"}}"#)).await;
     assert!(
         !reason.contains(key) && reason.contains("[redacted]"),
         "{reason}"
@@ -164,24 +165,8 @@ async fn a_refusal_that_echoes_the_api_key_is_recorded_without_it() {
 /// a key that straddled the cut left its first characters in the job's error and the log.
 #[tokio::test]
 async fn an_echoed_api_key_that_straddles_the_cut_leaves_no_piece_behind() {
-    use crate::provider::FakeApi;
     let key = "re_SuperSecretApiKey0123456789";
-    let api = FakeApi::start(move |_| {
-        let body = format!("{}{key} is invalid", "x".repeat(190));
-        (401, vec![], body)
-    })
-    .await;
-    let mailer = from_url(
-        &api.url,
-        Some(key.to_owned().into()),
-        Duration::from_secs(5),
-        None,
-    )
-    .unwrap();
-    let outcome = mailer.send(&email(), "key-1").await;
-    let Delivery::Refused(reason) = outcome else {
-        panic!("{outcome:?}")
-    };
+    let reason = refusal_echoing(key, format!("{}{key} is invalid", "x".repeat(190))).await;
     assert!(!reason.contains(&key[..6]), "{reason}");
 }
 

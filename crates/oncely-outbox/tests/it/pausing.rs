@@ -27,6 +27,24 @@ fn email_job(key: &str) -> NewJob {
     NewJob::new(key, "email", serde_json::to_value(email).unwrap())
 }
 
+/// A provider that refuses our API key (401) until the flag it returns is set, then accepts;
+/// with `first_fails`, its first answer is a 500 instead.
+async fn refusing_until_told(first_fails: bool) -> (FakeApi, Arc<AtomicBool>) {
+    let accepting = Arc::new(AtomicBool::new(false));
+    let told = accepting.clone();
+    let api = FakeApi::start(move |n| match n {
+        0 if first_fails => (500, vec![], r#"{"message":"oops"}"#.into()),
+        _ if told.load(Ordering::SeqCst) => accepted(n),
+        _ => (
+            401,
+            vec![],
+            r#"{"statusCode":401,"message":"API key is invalid"}"#.into(),
+        ),
+    })
+    .await;
+    (api, accepting)
+}
+
 async fn results<S: Backend>(store: &S, key: &str) -> Vec<String> {
     let id = store.job(key).await.unwrap().unwrap().id;
     let attempts = store.attempts(id).await.unwrap();
@@ -39,19 +57,7 @@ async fn a_refused_kind_pauses_is_probed_once_per_interval_and_resumes_by_itself
     store: S,
     _db: TestDb,
 ) {
-    let accepting = Arc::new(AtomicBool::new(false));
-    let api = {
-        let accepting = accepting.clone();
-        FakeApi::start(move |n| {
-            if accepting.load(Ordering::SeqCst) {
-                accepted(n)
-            } else {
-                let body = r#"{"statusCode":401,"message":"API key is invalid"}"#;
-                (401, vec![], body.into())
-            }
-        })
-        .await
-    };
+    let (api, accepting) = refusing_until_told(false).await;
     let mailer = from_url(&api.url, None, Duration::from_secs(5), None).unwrap();
     let worker = Worker::new(store.clone(), WorkerConfig::default())
         .handle("email", EmailHandler::new(mailer));
@@ -217,16 +223,7 @@ const HOUR: Duration = Duration::from_secs(3600);
 /// without running; a re-drive sends it with a fresh horizon.
 async fn a_retry_claimed_after_its_horizon_is_not_sent<S: Backend>(store: S, _db: TestDb) {
     // A 500 (it may have reached the provider), then refusals, then accepted.
-    let accepting = Arc::new(AtomicBool::new(false));
-    let api = {
-        let accepting = accepting.clone();
-        FakeApi::start(move |n| match n {
-            0 => (500, vec![], r#"{"message":"oops"}"#.into()),
-            _ if accepting.load(Ordering::SeqCst) => accepted(n),
-            _ => (401, vec![], r#"{"message":"bad key"}"#.into()),
-        })
-        .await
-    };
+    let (api, accepting) = refusing_until_told(true).await;
     let worker = hourly_worker(&store, &api);
     store
         .enqueue_with_business_row(email_job("late"), true)
@@ -263,18 +260,7 @@ async fn a_retry_claimed_after_its_horizon_is_not_sent<S: Backend>(store: S, _db
 /// was killed as "claimed after its horizon" once an outage outlasted the horizon — exactly the
 /// jobs the outage held back were lost. It is sent.
 async fn a_job_only_ever_refused_is_sent_however_late<S: Backend>(store: S, _db: TestDb) {
-    let accepting = Arc::new(AtomicBool::new(false));
-    let api = {
-        let accepting = accepting.clone();
-        FakeApi::start(move |n| {
-            if accepting.load(Ordering::SeqCst) {
-                accepted(n)
-            } else {
-                (401, vec![], r#"{"message":"bad key"}"#.into())
-            }
-        })
-        .await
-    };
+    let (api, accepting) = refusing_until_told(false).await;
     let worker = hourly_worker(&store, &api);
     store
         .enqueue_with_business_row(email_job("held"), true)

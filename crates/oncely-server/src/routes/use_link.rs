@@ -7,8 +7,9 @@
 use std::sync::LazyLock;
 
 use axum::Json;
-use axum::extract::Query;
-use axum::response::Html;
+use axum::extract::RawQuery;
+use axum::http::header;
+use axum::response::{Html, IntoResponse, Response};
 use axum::routing::{MethodRouter, get};
 use minijinja::{Environment, context};
 use oncely::TenantId;
@@ -21,10 +22,25 @@ use super::post::IdempotentPost;
 use crate::accounts::{Accounts, ConsumedToken};
 use crate::token::{self, Flow};
 
-/// `?token=` of a link.
-#[derive(Deserialize)]
+/// `?token=` of a link: the one `token` parameter of the query (none if it is missing or given
+/// more than once: the page then shows, and its button answers that the link is invalid).
 pub struct PageQuery {
     token: Option<String>,
+}
+
+impl PageQuery {
+    /// Reads `token` from a raw query string; any other parameter is ignored, a query that is
+    /// not `application/x-www-form-urlencoded` has no token.
+    pub fn parse(query: Option<&str>) -> Self {
+        let pairs: Vec<(String, String)> =
+            serde_urlencoded::from_str(query.unwrap_or_default()).unwrap_or_default();
+        let mut tokens = pairs.into_iter().filter(|(name, _)| name == "token");
+        let token = match (tokens.next(), tokens.next()) {
+            (Some((_, token)), None) => Some(token),
+            _ => None,
+        };
+        Self { token }
+    }
 }
 
 /// The pages a link opens: each flow's (`<module>.html` beside its module: the words) extends
@@ -60,24 +76,47 @@ fn template(flow: Flow) -> &'static str {
 /// kept): a button that POSTs the token (and a password, where the flow takes one) to
 /// [`Flow::path`] with an Idempotency-Key, so that a double click is harmless. It reads and
 /// writes nothing.
-pub fn render(flow: Flow, query: PageQuery) -> Html<String> {
+pub fn render(flow: Flow, query: PageQuery) -> Response {
+    let nonce = uuid::Uuid::new_v4().simple().to_string();
+    let page = html(flow, query, &nonce);
+    // The page holds a live token: never cached, never sent on as a Referer, and its one
+    // script (by nonce) may only talk to this origin.
+    let policy = format!(
+        "default-src 'none'; script-src 'nonce-{nonce}'; connect-src 'self'; \
+         base-uri 'none'; form-action 'none'; frame-ancestors 'none'"
+    );
+    (
+        [
+            (header::CACHE_CONTROL, "no-store".to_owned()),
+            (header::REFERRER_POLICY, "no-referrer".to_owned()),
+            (header::CONTENT_SECURITY_POLICY, policy),
+        ],
+        Html(page),
+    )
+        .into_response()
+}
+
+/// The HTML of `flow`'s page for `query`, its script marked with `nonce`.
+fn html(flow: Flow, query: PageQuery, nonce: &str) -> String {
     let token: String = query
         .token
         .unwrap_or_default()
         .chars()
         .filter(|c| c.is_ascii_alphanumeric() || *c == '-' || *c == '_')
         .collect();
-    let context = context! { action => flow.path(), token => token };
+    let context = context! { action => flow.path(), token => token, nonce => nonce };
     let page = PAGES
         .get_template(template(flow))
         .and_then(|page| page.render(context));
     // The templates are compiled in, and a test renders each page.
-    Html(page.expect("a link page renders"))
+    page.expect("a link page renders")
 }
 
 /// `GET` of `flow`'s link path: its page.
 pub fn page<S: Clone + Send + Sync + 'static>(flow: Flow) -> MethodRouter<S> {
-    get(move |Query(query): Query<PageQuery>| async move { render(flow, query) })
+    get(
+        move |RawQuery(query): RawQuery| async move { render(flow, PageQuery::parse(query.as_deref())) },
+    )
 }
 
 /// `{ "token": … }` (and a password where the flow takes one).
@@ -140,17 +179,46 @@ mod tests {
         Flow::Invite,
     ];
 
-    fn html(flow: Flow, token: &str) -> String {
+    fn page(flow: Flow, token: &str) -> String {
         let query = PageQuery {
             token: Some(token.to_owned()),
         };
-        render(flow, query).0
+        html(flow, query, "n0nce")
+    }
+
+    /// Issue 15, item 6: `?token=a&token=b` got a text/plain 400 instead of the page; the page
+    /// takes the one `token` parameter, and none when it is given twice.
+    #[test]
+    fn the_page_reads_one_token_parameter_and_none_when_it_is_repeated() {
+        let token = |query: &str| PageQuery::parse(Some(query)).token;
+        assert_eq!(token("token=abc&utm=x"), Some("abc".into()));
+        assert_eq!(token("token=a&token=b"), None);
+        assert_eq!(token("utm=x"), None);
+        assert_eq!(
+            token("%zz=&token"),
+            Some(String::new()),
+            "empty: an invalid link"
+        );
+        assert_eq!(PageQuery::parse(None).token, None);
+    }
+
+    /// Issue 15, item 6: the page's key came from `crypto.randomUUID()`, which browsers offer
+    /// only on HTTPS and localhost (the button did nothing over plain HTTP elsewhere); a 503 read
+    /// as "invalid or expired". Its script carries the response's nonce.
+    #[test]
+    fn the_page_works_over_plain_http_and_tells_an_outage_from_a_bad_link() {
+        let html = page(Flow::Verification, "abc");
+        assert!(!html.contains("randomUUID()"), "{html}");
+        assert!(html.contains("crypto.getRandomValues"), "{html}");
+        assert!(html.contains("<script nonce=\"n0nce\">"), "{html}");
+        assert!(html.contains("r.status >= 500"), "{html}");
+        assert!(html.contains("try again"), "{html}");
     }
 
     #[test]
     fn every_page_posts_its_token_to_its_flow_and_asks_for_a_password_only_where_it_takes_one() {
         for flow in FLOWS {
-            let html = html(flow, "abc-_DEF");
+            let html = page(flow, "abc-_DEF");
             assert!(html.starts_with("<!doctype html>"), "{html}");
             assert!(
                 html.contains(&format!("fetch(\"{}\"", flow.path())),
@@ -175,7 +243,7 @@ mod tests {
 
     #[test]
     fn nothing_from_the_link_or_the_words_escapes_into_markup_or_script() {
-        let html = html(Flow::MagicLink, "a\"b<c>'d&e</script>");
+        let html = page(Flow::MagicLink, "a\"b<c>'d&e</script>");
         assert!(html.contains("{token: \"abcdescript\"}"), "{html}");
         // The page escapes whatever it is given.
         let context = context! {

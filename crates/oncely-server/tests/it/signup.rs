@@ -346,6 +346,38 @@ async fn a_verification_link_works_once_and_its_token_is_in_no_log_and_no_column
         .await
         .unwrap();
     assert_eq!(page.status(), 200, "opening the link consumes nothing");
+    // The page holds a live token: not cached, not sent on as a Referer, its one script allowed
+    // by the response's nonce (issue 15, item 6).
+    let header = |name: &str| {
+        page.headers()
+            .get(name)
+            .and_then(|v| v.to_str().ok())
+            .unwrap_or_default()
+            .to_owned()
+    };
+    assert_eq!(header("cache-control"), "no-store");
+    assert_eq!(header("referrer-policy"), "no-referrer");
+    let policy = header("content-security-policy");
+    let nonce = policy
+        .split("'nonce-")
+        .nth(1)
+        .and_then(|rest| rest.split('\'').next())
+        .unwrap_or_else(|| panic!("no nonce: {policy}"))
+        .to_owned();
+    assert!(policy.contains("default-src 'none'"), "{policy}");
+    let html = page.text().await.unwrap();
+    assert!(
+        html.contains(&format!("<script nonce=\"{nonce}\">")),
+        "{html}"
+    );
+    // A repeated token parameter gets the page too (it was a text/plain 400).
+    let twice = client
+        .get(format!("{}/v1/verify?token={token}&token=x", process.base))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(twice.status(), 200);
+    assert!(twice.text().await.unwrap().contains("{token: \"\"}"));
     let first = post("/v1/verify", "v1", json!({ "token": token }));
     assert_eq!(first.await.unwrap().status(), 200);
     let again = post("/v1/verify", "v2", json!({ "token": token }))

@@ -307,7 +307,7 @@ pub struct CommonArgs {
 
     /// Workers only poll for jobs (for PostgreSQL behind a transaction-mode pooler, where
     /// LISTEN does not work).
-    #[arg(long, env = "ONCELY_POLL_ONLY")]
+    #[arg(long, env = "ONCELY_POLL_ONLY", value_parser = clap::builder::BoolishValueParser::new())]
     pub poll_only: bool,
 }
 

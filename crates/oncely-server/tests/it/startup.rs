@@ -100,3 +100,38 @@ async fn production_without_a_public_url_does_not_start() {
         String::from_utf8_lossy(&bad.stderr)
     );
 }
+
+/// Issue 15, item 1: `ONCELY_POLL_ONLY=1`, as docs/operations.md writes it, was refused
+/// (`possible values: true, false`): a boolean variable takes 1/0, true/false, yes/no, on/off.
+#[tokio::test]
+async fn a_boolean_variable_takes_the_usual_spellings() {
+    let dir = tempfile::tempdir().unwrap();
+    let url = format!("sqlite://{}?mode=rwc", dir.path().join("o.db").display());
+    // Production without a public URL: refused after the command line was read, so reaching
+    // that refusal proves the variable was taken.
+    let args = [
+        "serve",
+        "--bind",
+        "127.0.0.1:0",
+        "--database-url",
+        &url,
+        "--mailer",
+        "smtp://127.0.0.1:9",
+    ];
+    for value in ["1", "0", "yes", "no", "on", "off", "true", "false"] {
+        let env = [
+            ("ONCELY_ENV", "production"),
+            ("ONCELY_SECRET", SECRET),
+            ("ONCELY_POLL_ONLY", value),
+        ];
+        let output = oncely(&args, &env).await;
+        let stderr = String::from_utf8_lossy(&output.stderr);
+        assert!(
+            stderr.contains("ONCELY_PUBLIC_URL is required"),
+            "ONCELY_POLL_ONLY={value}: {stderr}"
+        );
+    }
+    let env = [("ONCELY_POLL_ONLY", "maybe")];
+    let output = oncely(&args, &env).await;
+    assert_eq!(output.status.code(), Some(2));
+}

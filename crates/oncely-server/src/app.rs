@@ -161,6 +161,12 @@ impl<B: Accounts> Application<B> {
         {
             router = router.nest("/_dev/inbox", oncely_inbox::http::router(inbox.clone()));
         }
+        // Every error is problem+json, a path or method the service does not have too.
+        let router = router
+            .fallback(|| async { crate::routes::error::ApiError::NotFound })
+            .method_not_allowed_fallback(|| async {
+                crate::routes::error::ApiError::MethodNotAllowed
+            });
         let router = telemetry::layer(router).layer(axum::Extension(TrustedProxies::new(
             settings.trusted_proxies,
         )));

@@ -36,6 +36,12 @@ pub enum ApiError {
     /// 503 `busy` with `Retry-After`: every password hasher is busy; nothing ran.
     #[error("password hashers busy")]
     Unavailable,
+    /// 404 `not-found`: no route at this path.
+    #[error("no such path")]
+    NotFound,
+    /// 405 `method-not-allowed`: the path takes other methods (the router adds `Allow`).
+    #[error("method not allowed")]
+    MethodNotAllowed,
     /// 500 `internal-error`: logged with its chain; the client learns nothing of it.
     #[error(transparent)]
     Unexpected(#[from] anyhow::Error),
@@ -92,6 +98,10 @@ impl ApiError {
                     "nothing was changed; retry with the same Idempotency-Key after Retry-After",
                 )
                 .with_retry_after(password::RETRY_AFTER_SECONDS),
+            Self::NotFound => server(ServerProblem::NotFound)
+                .with_detail("see GET /openapi.json for the paths this service answers"),
+            Self::MethodNotAllowed => server(ServerProblem::MethodNotAllowed)
+                .with_detail("the Allow header lists the methods this path takes"),
             Self::Unexpected(error) => {
                 tracing::error!(error = format!("{error:#}"), "request failed");
                 layer(LayerProblem::InternalError)
@@ -165,6 +175,8 @@ mod tests {
             ApiError::Unauthorized(Unauthorized::KeyRequired),
             ApiError::Conflict(TxAborted),
             ApiError::Unavailable,
+            ApiError::NotFound,
+            ApiError::MethodNotAllowed,
             ApiError::Unexpected(anyhow::anyhow!("x")),
         ];
         for error in &all {
@@ -176,6 +188,8 @@ mod tests {
                 | ApiError::Unauthorized(Unauthorized::InvalidKey | Unauthorized::KeyRequired)
                 | ApiError::Conflict(_)
                 | ApiError::Unavailable
+                | ApiError::NotFound
+                | ApiError::MethodNotAllowed
                 | ApiError::Unexpected(_) => {}
             }
         }

@@ -25,6 +25,10 @@ pub enum ServerProblem {
     Unauthorized,
     /// Every password hasher is busy (or the caller holds its share of them).
     Busy,
+    /// No route at this path.
+    NotFound,
+    /// The path exists, but not for this method (`Allow` lists the ones it takes).
+    MethodNotAllowed,
 }
 
 impl ServerProblem {
@@ -36,6 +40,8 @@ impl ServerProblem {
         Self::PasswordMismatch,
         Self::Unauthorized,
         Self::Busy,
+        Self::NotFound,
+        Self::MethodNotAllowed,
     ];
 
     /// The last segment of its `type` URI.
@@ -47,6 +53,8 @@ impl ServerProblem {
             Self::PasswordMismatch => "password-mismatch",
             Self::Unauthorized => "unauthorized",
             Self::Busy => "busy",
+            Self::NotFound => "not-found",
+            Self::MethodNotAllowed => "method-not-allowed",
         }
     }
 
@@ -59,6 +67,8 @@ impl ServerProblem {
             Self::UnsupportedMediaType => StatusCode::UNSUPPORTED_MEDIA_TYPE,
             Self::Unauthorized => StatusCode::UNAUTHORIZED,
             Self::Busy => StatusCode::SERVICE_UNAVAILABLE,
+            Self::NotFound => StatusCode::NOT_FOUND,
+            Self::MethodNotAllowed => StatusCode::METHOD_NOT_ALLOWED,
         }
     }
 
@@ -73,6 +83,8 @@ impl ServerProblem {
             // `ApiError::Unauthorized`).
             Self::Unauthorized => "Invalid API key",
             Self::Busy => "Too many passwords being hashed",
+            Self::NotFound => "No such path",
+            Self::MethodNotAllowed => "Method not allowed here",
         }
     }
 

@@ -290,5 +290,30 @@ async fn undeclared_methods_are_405_before_any_other_check() {
             .await
             .unwrap();
         assert_eq!(response.status(), 405, "{method}");
+        // Issue 15, item 6: problem+json like every other error (it was an empty body), and
+        // `Allow` says what the path takes.
+        assert_eq!(response.headers()["allow"], "POST", "{method}");
+        assert_eq!(
+            response.headers()["content-type"],
+            "application/problem+json"
+        );
+        let problem: serde_json::Value = response.json().await.unwrap();
+        assert_eq!(
+            problem["type"],
+            "https://oncely.dev/problems/method-not-allowed"
+        );
     }
+    let missing = app
+        .client
+        .get(format!("{}/v1/no-such-path", app.base))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(missing.status(), 404);
+    assert_eq!(
+        missing.headers()["content-type"],
+        "application/problem+json"
+    );
+    let problem: serde_json::Value = missing.json().await.unwrap();
+    assert_eq!(problem["type"], "https://oncely.dev/problems/not-found");
 }

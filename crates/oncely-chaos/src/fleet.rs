@@ -101,9 +101,10 @@ pub(crate) async fn start(config: &Config, mailer: &str, logs: &Path) -> anyhow:
                 &pause_probe,
                 "--retry-base",
                 &retry_base,
-                // 5 processes × 12 stay under PostgreSQL's default 100 connections.
+                // 5 processes × (10 + the outbox's listener and notifier) = 60 stay well under
+                // PostgreSQL's default 100 connections, shared with the audit and other tests.
                 "--database-pool",
-                "12",
+                "10",
             ]
             .iter()
             .map(|s| s.to_string()),

@@ -1,17 +1,26 @@
 //! The short form of `scripts/chaos`: real `oncely` processes killed and restarted under a
-//! retrying storm with inbox faults, then the audit (see `docs/reliability.md`).
+//! retrying storm with inbox faults — rejections, accepted-then-dropped answers, throttling
+//! (every 10th attempt, `Retry-After: 1`) and a 2 s period of refused credentials — then the
+//! audit (see `docs/reliability.md`). The two runs take turns: each starts five processes with
+//! their pools, listeners and notifiers, and together they would crowd PostgreSQL's 100
+//! connections that the rest of the suite shares.
 
 use std::path::PathBuf;
 
-use oncely_chaos::{Config, Delivery, run};
+use oncely_chaos::{Config, Delivery, Report, run};
 use oncely_testdb::TestPostgres;
+use tokio::sync::Mutex;
+
+/// One chaos run at a time (see the module docs).
+static ONE_AT_A_TIME: Mutex<()> = Mutex::const_new(());
 
 fn oncely() -> PathBuf {
     PathBuf::from(env!("CARGO_BIN_EXE_oncely"))
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn killed_processes_and_failing_deliveries_lose_nothing_and_duplicate_nothing() {
+async fn under_kills_and_provider_faults_nothing_is_lost_dead_or_duplicated() {
+    let _turn = ONE_AT_A_TIME.lock().await;
     let db = TestPostgres::new().await;
     let config = Config::short(oncely(), db.url().to_owned());
     let report = run(&config).await.unwrap();
@@ -24,9 +33,11 @@ async fn killed_processes_and_failing_deliveries_lose_nothing_and_duplicate_noth
         report.inbox["rejected"] + report.inbox["dropped_after_accept"] > 0,
         "no fault met: {shown}"
     );
+    assert_met_throttling_and_refusals(&report, &shown);
     assert_eq!(report.acknowledged, report.intents, "{shown}");
     assert_eq!(report.users, report.intents, "{shown}");
     assert_eq!(report.lost, 0, "{shown}");
+    assert_eq!(report.jobs.get("dead"), None, "{shown}");
     assert_eq!(report.duplicates, 0, "{shown}");
     assert_eq!(report.emails, report.intents, "{shown}");
     assert!(report.passed(), "{shown}");
@@ -34,6 +45,7 @@ async fn killed_processes_and_failing_deliveries_lose_nothing_and_duplicate_noth
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn over_plain_smtp_a_dropped_answer_is_a_counted_duplicate_and_nothing_is_lost() {
+    let _turn = ONE_AT_A_TIME.lock().await;
     let db = TestPostgres::new().await;
     let config = Config {
         intents: 80,
@@ -43,7 +55,9 @@ async fn over_plain_smtp_a_dropped_answer_is_a_counted_duplicate_and_nothing_is_
     };
     let report = run(&config).await.unwrap();
     let shown = serde_json::to_string_pretty(&report).unwrap();
+    assert_met_throttling_and_refusals(&report, &shown);
     assert_eq!(report.lost, 0, "{shown}");
+    assert_eq!(report.jobs.get("dead"), None, "{shown}");
     assert_eq!(report.unanswered, 0, "{shown}");
     // Every accept-then-drop was sent again (SMTP cannot deduplicate), and so may be a send
     // whose worker was killed before it recorded it.
@@ -56,4 +70,20 @@ async fn over_plain_smtp_a_dropped_answer_is_a_counted_duplicate_and_nothing_is_
         "no drop met: {shown}"
     );
     assert!(report.passed(), "{shown}");
+}
+
+/// The provider throttled and refused our credentials, and the workers recorded both as such
+/// (attempts that spent no budget): the run cannot pass by not meeting them.
+fn assert_met_throttling_and_refusals(report: &Report, shown: &str) {
+    assert!(report.inbox["throttled"] > 0, "no throttle met: {shown}");
+    assert!(report.inbox["unauthorized"] > 0, "no refusal met: {shown}");
+    let recorded = |result: &str| report.attempts_by_result.get(result).copied().unwrap_or(0);
+    assert!(
+        recorded("throttled") > 0,
+        "no attempt recorded throttled: {shown}"
+    );
+    assert!(
+        recorded("paused") > 0,
+        "no attempt recorded paused: {shown}"
+    );
 }

@@ -20,6 +20,23 @@ async fn oncely(args: &[&str], env: &[(&str, &str)]) -> Output {
         .unwrap()
 }
 
+/// `serve` on a SQLite file in `dir`, loopback, an unreachable SMTP mailer: every setting a
+/// start-up check reads comes from `env` and the extra arguments.
+fn serve_args(dir: &tempfile::TempDir) -> Vec<String> {
+    let url = format!("sqlite://{}?mode=rwc", dir.path().join("o.db").display());
+    [
+        "serve",
+        "--bind",
+        "127.0.0.1:0",
+        "--database-url",
+        &url,
+        "--mailer",
+        "smtp://127.0.0.1:9",
+    ]
+    .map(str::to_owned)
+    .to_vec()
+}
+
 /// Regression: clap showed `[env: ONCELY_MAILER=smtps://user:password@…]` in `--help`.
 #[tokio::test]
 async fn help_shows_no_secret_from_the_environment() {
@@ -69,17 +86,9 @@ async fn help_shows_no_secret_from_the_environment() {
 #[tokio::test]
 async fn production_without_a_public_url_does_not_start() {
     let dir = tempfile::tempdir().unwrap();
-    let url = format!("sqlite://{}?mode=rwc", dir.path().join("o.db").display());
+    let serve = serve_args(&dir);
     let serve_in_production = async |extra: &[&str]| {
-        let mut args = vec![
-            "serve",
-            "--bind",
-            "127.0.0.1:0",
-            "--database-url",
-            &url,
-            "--mailer",
-            "smtp://127.0.0.1:9",
-        ];
+        let mut args: Vec<&str> = serve.iter().map(String::as_str).collect();
         args.extend_from_slice(extra);
         let env = [("ONCELY_ENV", "production"), ("ONCELY_SECRET", SECRET)];
         oncely(&args, &env).await
@@ -106,18 +115,10 @@ async fn production_without_a_public_url_does_not_start() {
 #[tokio::test]
 async fn a_boolean_variable_takes_the_usual_spellings() {
     let dir = tempfile::tempdir().unwrap();
-    let url = format!("sqlite://{}?mode=rwc", dir.path().join("o.db").display());
+    let serve = serve_args(&dir);
     // Production without a public URL: refused after the command line was read, so reaching
     // that refusal proves the variable was taken.
-    let args = [
-        "serve",
-        "--bind",
-        "127.0.0.1:0",
-        "--database-url",
-        &url,
-        "--mailer",
-        "smtp://127.0.0.1:9",
-    ];
+    let args: Vec<&str> = serve.iter().map(String::as_str).collect();
     for value in ["1", "0", "yes", "no", "on", "off", "true", "false"] {
         let env = [
             ("ONCELY_ENV", "production"),

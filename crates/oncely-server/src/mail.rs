@@ -70,9 +70,14 @@ fn suppressed(job: &Job) -> Option<Delivery> {
         .map(|reason| Delivery::Skipped(reason.to_owned()))
 }
 
-/// Subject and body of a flow's email, around its link.
-fn render(flow: Flow, link: &str) -> (&'static str, String) {
-    match flow {
+/// Subject and body of a flow's email, around its link. `site` is the public URL the links
+/// start with; `tenant` the token's (an invitation names what one is invited to join).
+fn render(flow: Flow, link: &str, site: &str, tenant: &str) -> (String, String) {
+    let host = site
+        .split_once("://")
+        .map_or(site, |(_, rest)| rest)
+        .trim_end_matches('/');
+    let (subject, text): (&str, String) = match flow {
         Flow::Verification => (
             "Confirm your email address",
             format!(
@@ -93,13 +98,23 @@ fn render(flow: Flow, link: &str) -> (&'static str, String) {
                 "Open this link to sign in:\n\n{link}\n\nIt works once and expires in 15 minutes.\n"
             ),
         ),
-        Flow::Invite => (
-            "You are invited",
-            format!(
-                "You have been invited to join. Accept the invitation here:\n\n{link}\n\nIt expires in 7 days.\n"
-            ),
-        ),
-    }
+        Flow::Invite => {
+            // The default tenant is the service itself; any other is a team on it.
+            let what = if tenant == oncely::TenantId::default().as_str() {
+                host.to_owned()
+            } else {
+                format!("{tenant} on {host}")
+            };
+            return (
+                format!("You are invited to join {what}"),
+                format!(
+                    "You have been invited to join {what}. Accept the invitation here:\n\n{link}\n\n\
+                     It expires in 7 days. If you do not know {what}, ignore this message.\n"
+                ),
+            );
+        }
+    };
+    (subject.to_owned(), text)
 }
 
 /// Where the link goes in a frozen text: the link's base ([`FrozenEmail::link`]) followed by
@@ -126,12 +141,12 @@ pub struct FrozenEmail {
 
 impl FrozenEmail {
     /// The email of a token record of `flow`, to `to`, as the context renders it now.
-    fn token_email(context: &MailContext, flow: Flow, to: String) -> Self {
-        let (subject, text) = render(flow, LINK);
+    fn token_email(context: &MailContext, flow: Flow, tenant: &str, to: String) -> Self {
+        let (subject, text) = render(flow, LINK, &context.public_url, tenant);
         Self {
             from: context.from.clone(),
             to,
-            subject: subject.into(),
+            subject,
             text,
             link: Some(format!("{}{}?token=", context.public_url, flow.path())),
         }
@@ -189,6 +204,7 @@ pub struct TokenEmail<A> {
 struct Current {
     to: String,
     flow: Flow,
+    tenant: String,
     token: Token,
 }
 
@@ -239,22 +255,34 @@ impl<A: Accounts> TokenEmail<A> {
                     .into(),
             ));
         };
-        Ok(Current { to, flow, token })
+        Ok(Current {
+            to,
+            flow,
+            tenant: record.tenant,
+            token,
+        })
     }
 
     async fn freeze(&self, job: &Job) -> Result<Option<serde_json::Value>, Delivery> {
-        let Current { to, flow, .. } = self.current(job).await?;
-        FrozenEmail::token_email(&self.context, flow, to).freeze()
+        let Current {
+            to, flow, tenant, ..
+        } = self.current(job).await?;
+        FrozenEmail::token_email(&self.context, flow, &tenant, to).freeze()
     }
 
     async fn send(&self, job: &Job) -> Delivery {
-        let Current { to, flow, token } = match self.current(job).await {
+        let Current {
+            to,
+            flow,
+            tenant,
+            token,
+        } = match self.current(job).await {
             Ok(current) => current,
             Err(delivery) => return delivery,
         };
         let frozen = match FrozenEmail::of(job) {
             Ok(frozen) => {
-                frozen.unwrap_or_else(|| FrozenEmail::token_email(&self.context, flow, to))
+                frozen.unwrap_or_else(|| FrozenEmail::token_email(&self.context, flow, &tenant, to))
             }
             Err(delivery) => return delivery,
         };
@@ -372,8 +400,12 @@ mod tests {
     fn a_frozen_token_email_holds_its_link_without_the_token_and_sends_it_with_the_token() {
         let context = context();
         let token = Token::derive(&context.secret, Flow::Verification, Uuid::new_v4());
-        let frozen =
-            FrozenEmail::token_email(&context, Flow::Verification, "ada@example.com".into());
+        let frozen = FrozenEmail::token_email(
+            &context,
+            Flow::Verification,
+            "default",
+            "ada@example.com".into(),
+        );
         let stored = frozen.freeze().unwrap().unwrap().to_string();
         assert!(
             !stored.contains(token.expose()),
@@ -400,7 +432,16 @@ mod tests {
             )
         );
         // Exactly the email a job rendered without freezing would have sent.
-        assert_eq!(email.text, render(Flow::Verification, &link).1);
+        assert_eq!(
+            email.text,
+            render(
+                Flow::Verification,
+                &link,
+                "https://first.example",
+                "default"
+            )
+            .1
+        );
         assert!(matches!(frozen.email(None), Err(Delivery::Permanent(_))));
     }
 }

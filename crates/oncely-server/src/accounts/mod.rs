@@ -83,6 +83,8 @@ pub struct ConsumedToken {
 pub struct TokenForSend {
     /// The flow.
     pub flow: String,
+    /// The tenant the token belongs to (an invitation's is the one to join).
+    pub tenant: String,
     /// The recipient: the user's address, or the invited one; `None` for a decoy.
     pub recipient: Option<String>,
     /// Still usable (not consumed, not superseded, not expired).

@@ -55,7 +55,7 @@ pub const STATEMENTS: Statements = Statements {
                     RETURNING id",
     add_membership: "INSERT INTO oncely_memberships (tenant, user_id, created_at)
                      VALUES ($1, $2, COALESCE($3, now())) ON CONFLICT DO NOTHING",
-    token_for_send: "SELECT t.flow, t.token_hash, COALESCE(u.email, t.email) AS recipient,
+    token_for_send: "SELECT t.flow, t.tenant, t.token_hash, COALESCE(u.email, t.email) AS recipient,
                             (t.consumed_at IS NULL AND t.superseded_at IS NULL
                              AND t.expires_at > COALESCE($2, now())) AS live
                        FROM oncely_tokens t LEFT JOIN oncely_users u ON u.id = t.user_id

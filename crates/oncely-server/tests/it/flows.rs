@@ -173,6 +173,11 @@ async fn invites_need_an_api_key_and_accepting_twice_makes_one_membership(
     }
     let invite = &app.emails_to(guest, 1).await;
     assert_eq!(invite.len(), 1, "one email for twenty retries");
+    // It says what one is invited to join: the tenant, on this service.
+    let host = app.base.trim_start_matches("http://");
+    let what = format!("join acme on {host}");
+    assert_eq!(invite[0].subject, format!("You are invited to {what}"));
+    assert!(invite[0].text.contains(&what), "{}", invite[0].text);
     let accept = json!({ "token": token_in(&invite[0]), "password": "guest password" });
     let path = "/v1/invites/accept";
     assert_eq!(app.post_as(&key, path, "a1", &accept).await.status(), 200);

@@ -1,4 +1,4 @@
-//! The attacker's side of every account flow (DESIGN.md, threat model), walked the way real
+//! The attacker's side of every account flow (docs/security.md, the threat model), walked the way real
 //! callers walk them: the application's backend with its tenant's API key, and the address
 //! owner's browser — the GET page from the email, then the POST its button sends, with no API
 //! key — on a tenant other than the default.

@@ -7,6 +7,7 @@ mod api_description;
 mod attacks;
 mod chaos;
 mod client_caps;
+mod docs_cli;
 mod flows;
 mod health;
 mod hostile;

@@ -149,6 +149,10 @@ pub enum JobStatus {
 }
 
 impl JobStatus {
+    /// Every status (`oncely outbox list --status` offers these): a new status is listed here
+    /// too, beside its arm in [`JobStatus::as_str`].
+    pub const ALL: [JobStatus; 3] = [Self::Pending, Self::Sent, Self::Dead];
+
     /// The stored text: `pending`, `sent`, `dead`.
     pub fn as_str(self) -> &'static str {
         match self {
@@ -156,6 +160,11 @@ impl JobStatus {
             Self::Sent => "sent",
             Self::Dead => "dead",
         }
+    }
+
+    /// The status whose stored text is `s`, if any.
+    pub fn parse(s: &str) -> Option<Self> {
+        Self::ALL.into_iter().find(|status| status.as_str() == s)
     }
 }
 
@@ -219,7 +228,7 @@ impl std::fmt::Display for AttemptResult {
 }
 
 /// A job as stored, for operators and tests.
-#[derive(Debug, Clone, Serialize, sqlx::FromRow)]
+#[derive(Debug, Clone, Serialize)]
 pub struct JobRecord {
     /// Row id.
     pub id: i64,
@@ -228,10 +237,11 @@ pub struct JobRecord {
     /// Handler kind.
     pub kind: String,
     /// Status.
-    #[sqlx(try_from = "String")]
     pub status: JobStatus,
-    /// Attempts started so far (since it was enqueued or last re-driven).
+    /// Attempts started so far (since it was enqueued or last re-driven): the budget's count.
     pub attempts: i32,
+    /// Attempts over the job's whole life, every re-drive included (its attempt rows).
+    pub all_attempts: i64,
     /// How many of them spent none of the attempt budget (throttled, paused).
     pub free_attempts: i32,
     /// The last error, or the reason it is dead.
@@ -239,19 +249,34 @@ pub struct JobRecord {
     /// The provider's id of the delivery.
     pub provider_message_id: Option<String>,
     /// The payload.
-    #[sqlx(json)]
     pub payload: Value,
     /// The delivery key.
     pub delivery_key: Uuid,
     /// What its first attempt froze ([`Job::frozen`]).
-    #[sqlx(json(nullable))]
     pub frozen: Option<Value>,
+    /// When it was enqueued.
+    #[serde(with = "time::serde::rfc3339")]
+    pub created_at: OffsetDateTime,
+    /// When it is due next (pending; while an attempt runs, when that attempt's lease ends).
+    /// Kept as it was when the job finished.
+    #[serde(with = "time::serde::rfc3339")]
+    pub run_after: OffsetDateTime,
+    /// When it was sent.
+    #[serde(with = "time::serde::rfc3339::option")]
+    pub sent_at: Option<OffsetDateTime>,
+    /// When it died.
+    #[serde(with = "time::serde::rfc3339::option")]
+    pub dead_at: Option<OffsetDateTime>,
+    /// When an operator last re-drove it ([`Job::redriven_at`]).
+    #[serde(with = "time::serde::rfc3339::option")]
+    pub redriven_at: Option<OffsetDateTime>,
 }
 
 /// One attempt as recorded: the history an incident review needs.
-#[derive(Debug, Clone, Serialize, sqlx::FromRow)]
+#[derive(Debug, Clone, Serialize)]
 pub struct AttemptRecord {
-    /// Attempt number, from 1.
+    /// Attempt number, from 1 since the job was enqueued or last re-driven (a re-drive starts
+    /// again at 1, so a 1 after the first attempt marks one).
     pub attempt: i32,
     /// The worker that made it.
     pub worker: String,
@@ -265,4 +290,10 @@ pub struct AttemptRecord {
     pub error: Option<String>,
     /// Whether it has finished.
     pub finished: bool,
+    /// When it started.
+    #[serde(with = "time::serde::rfc3339")]
+    pub started_at: OffsetDateTime,
+    /// When it ended (`None` while running).
+    #[serde(with = "time::serde::rfc3339::option")]
+    pub finished_at: Option<OffsetDateTime>,
 }

@@ -5,6 +5,7 @@ use std::net::SocketAddr;
 use std::time::Duration;
 
 use clap::{ArgGroup, Args, Parser, Subcommand, ValueEnum};
+use oncely_outbox::JobStatus;
 use oncely_outbox::mail::IdempotencyHeader;
 use secrecy::SecretString;
 use time::OffsetDateTime;
@@ -28,7 +29,7 @@ pub enum Command {
     /// Run outbox workers only.
     Worker(WorkerArgs),
     /// Apply the database migrations and exit.
-    Migrate(DatabaseArgs),
+    Migrate(MigrateArgs),
     /// Run the test inbox: SMTP and a Resend-compatible HTTP API that keep every message.
     Inbox(InboxArgs),
     /// Manage tenants.
@@ -56,6 +57,42 @@ pub enum Command {
     Key(KeyCommand),
 }
 
+impl Command {
+    /// Whether the command was asked for JSON (`--json`): then its output is one JSON document
+    /// on stdout, and a failure one JSON line on stderr.
+    pub fn json(&self) -> bool {
+        match self {
+            Self::Migrate(args) => args.output.json,
+            Self::Tenant(command) => command.output().json,
+            Self::Outbox(command) => command.output().json,
+            Self::Prune(args) => args.output.json,
+            Self::Key(KeyCommand::Show { output, .. }) => output.json,
+            Self::Serve(_) | Self::Worker(_) | Self::Inbox(_) | Self::Demo { .. } => false,
+        }
+    }
+}
+
+/// How an operator command prints.
+#[derive(Debug, Clone, Copy, Default, Args)]
+pub struct OutputArgs {
+    /// Print exactly one JSON document on stdout, for scripts (an array for lists); a failure
+    /// prints one JSON object on stderr instead. Field names and exit codes:
+    /// docs/operations.md.
+    #[arg(long)]
+    pub json: bool,
+}
+
+/// Settings of `oncely migrate`.
+#[derive(Debug, Clone, Args)]
+pub struct MigrateArgs {
+    #[command(flatten)]
+    #[allow(missing_docs)]
+    pub database: DatabaseArgs,
+    #[command(flatten)]
+    #[allow(missing_docs)]
+    pub output: OutputArgs,
+}
+
 /// `oncely key …`.
 #[derive(Debug, Subcommand)]
 pub enum KeyCommand {
@@ -75,6 +112,9 @@ pub enum KeyCommand {
         #[command(flatten)]
         #[allow(missing_docs)]
         database: DatabaseArgs,
+        #[command(flatten)]
+        #[allow(missing_docs)]
+        output: OutputArgs,
     },
 }
 
@@ -87,14 +127,17 @@ pub enum OutboxCommand {
         #[arg(long)]
         kind: Option<String>,
         /// Only this status.
-        #[arg(long, value_enum)]
-        status: Option<JobStatusArg>,
+        #[arg(long, value_parser = job_status())]
+        status: Option<JobStatus>,
         /// At most this many.
         #[arg(long, default_value_t = 50)]
         limit: u32,
         #[command(flatten)]
         #[allow(missing_docs)]
         database: DatabaseArgs,
+        #[command(flatten)]
+        #[allow(missing_docs)]
+        output: OutputArgs,
     },
     /// List dead jobs with their reasons (`list --status dead`).
     Dead {
@@ -107,14 +150,24 @@ pub enum OutboxCommand {
         #[command(flatten)]
         #[allow(missing_docs)]
         database: DatabaseArgs,
+        #[command(flatten)]
+        #[allow(missing_docs)]
+        output: OutputArgs,
     },
-    /// Show a job (by operation key) and every attempt.
+    /// Show a job and every attempt of its life: when each started and ended, numbered across
+    /// re-drives, and where a re-drive happened.
     Show {
-        /// The job's operation key.
-        key: String,
+        /// The job: its operation key, or its id (what `list` prints first).
+        job: String,
+        /// Read JOB only as this (when a number is both an operation key and another job's id).
+        #[arg(long, value_enum)]
+        by: Option<JobRefKind>,
         #[command(flatten)]
         #[allow(missing_docs)]
         database: DatabaseArgs,
+        #[command(flatten)]
+        #[allow(missing_docs)]
+        output: OutputArgs,
     },
     /// Re-drive dead jobs: one by its operation key (at once), or every dead job that matches
     /// all of --kind, --since, --until and --reason-like given (a dry run unless --yes). A
@@ -137,10 +190,16 @@ pub enum OutboxCommand {
             .args(["key", "kind", "since", "until", "reason_like"])
     ))]
     Retry {
-        /// The job's operation key: re-drives that one job at once. Without it, the filters
-        /// choose (at least one).
-        #[arg(conflicts_with_all = ["kind", "since", "until", "reason_like", "expect"])]
+        /// The job (its operation key, or its id): re-drives that one job at once, if it is
+        /// dead. Without it, the filters choose (at least one).
+        #[arg(
+            value_name = "JOB",
+            conflicts_with_all = ["kind", "since", "until", "reason_like", "expect"]
+        )]
         key: Option<String>,
+        /// Read JOB only as this (when a number is both an operation key and another job's id).
+        #[arg(long, value_enum, requires = "key")]
+        by: Option<JobRefKind>,
         /// Only dead jobs of this kind.
         #[arg(long)]
         kind: Option<String>,
@@ -167,6 +226,9 @@ pub enum OutboxCommand {
         #[command(flatten)]
         #[allow(missing_docs)]
         database: DatabaseArgs,
+        #[command(flatten)]
+        #[allow(missing_docs)]
+        output: OutputArgs,
     },
 }
 
@@ -180,17 +242,32 @@ impl OutboxCommand {
             | Self::Retry { database, .. } => database,
         }
     }
+
+    /// How it prints.
+    pub fn output(&self) -> OutputArgs {
+        match self {
+            Self::List { output, .. }
+            | Self::Dead { output, .. }
+            | Self::Show { output, .. }
+            | Self::Retry { output, .. } => *output,
+        }
+    }
 }
 
-/// A job status on the command line.
+/// `--status`: every [`JobStatus`] the outbox knows, by its stored name.
+fn job_status() -> impl clap::builder::TypedValueParser<Value = JobStatus> {
+    use clap::builder::{PossibleValuesParser, TypedValueParser};
+    PossibleValuesParser::new(JobStatus::ALL.map(JobStatus::as_str))
+        .map(|s: String| JobStatus::parse(&s).expect("the parser offers only the statuses' names"))
+}
+
+/// How `outbox show` and `outbox retry` read their JOB.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
-pub enum JobStatusArg {
-    /// Waiting or running.
-    Pending,
-    /// Done.
-    Sent,
-    /// Given up or skipped, with a reason.
-    Dead,
+pub enum JobRefKind {
+    /// An operation key.
+    Key,
+    /// A job id.
+    Id,
 }
 
 /// `oncely tenant …`.
@@ -203,7 +280,67 @@ pub enum TenantCommand {
         #[command(flatten)]
         #[allow(missing_docs)]
         database: DatabaseArgs,
+        #[command(flatten)]
+        #[allow(missing_docs)]
+        output: OutputArgs,
     },
+    /// List tenants: name, created, and the fingerprint of each valid key (never a key).
+    List {
+        #[command(flatten)]
+        #[allow(missing_docs)]
+        database: DatabaseArgs,
+        #[command(flatten)]
+        #[allow(missing_docs)]
+        output: OutputArgs,
+    },
+    /// Give a tenant a new API key and print it (once). The old key stops working at once, or
+    /// with --grace when that period ends (one previous key at a time: a rotation within a
+    /// grace period ends the older key's).
+    RotateKey {
+        /// The tenant's id.
+        name: String,
+        /// Keep the old key working this long (`1h`, `30m`, at most `30d`), while clients move
+        /// to the new one. Default: it stops at once.
+        #[arg(long, value_parser = parse_grace)]
+        grace: Option<Duration>,
+        #[command(flatten)]
+        #[allow(missing_docs)]
+        database: DatabaseArgs,
+        #[command(flatten)]
+        #[allow(missing_docs)]
+        output: OutputArgs,
+    },
+}
+
+impl TenantCommand {
+    /// Where the tenants are.
+    pub fn database(&self) -> &DatabaseArgs {
+        match self {
+            Self::Create { database, .. }
+            | Self::List { database, .. }
+            | Self::RotateKey { database, .. } => database,
+        }
+    }
+
+    /// How it prints.
+    pub fn output(&self) -> OutputArgs {
+        match self {
+            Self::Create { output, .. }
+            | Self::List { output, .. }
+            | Self::RotateKey { output, .. } => *output,
+        }
+    }
+}
+
+/// The longest `--grace` of a key rotation: a rotation is for a key that leaked or is lost.
+pub const MAX_GRACE: Duration = Duration::from_secs(30 * 24 * 3600);
+
+fn parse_grace(s: &str) -> Result<Duration, String> {
+    let grace = parse_duration(s)?;
+    if grace > MAX_GRACE {
+        return Err("at most 30d: the old key must stop working soon".into());
+    }
+    Ok(grace)
 }
 
 /// Where the data lives. Prints its URL without the password.
@@ -417,6 +554,9 @@ pub struct PruneArgs {
     #[command(flatten)]
     #[allow(missing_docs)]
     pub retention: RetentionArgs,
+    #[command(flatten)]
+    #[allow(missing_docs)]
+    pub output: OutputArgs,
 }
 
 /// Settings of `oncely worker`.

@@ -6,16 +6,14 @@ use std::sync::Arc;
 
 use anyhow::bail;
 use clap::Parser;
-use oncely::TenantId;
 use oncely_inbox::{Faults, Inbox};
 use oncely_server::accounts::Accounts;
 use oncely_server::app::{self, Application};
 use oncely_server::backend::{self, Backend, COMMAND_POOL, Postgres, Sqlite};
 use oncely_server::cli::{
-    Cli, Command, DatabaseArgs, InboxArgs, KeyCommand, OutboxCommand, PruneArgs, TenantCommand,
+    Cli, Command, InboxArgs, KeyCommand, MigrateArgs, OutboxCommand, PruneArgs, TenantCommand,
 };
 use oncely_server::mail::MailContext;
-use oncely_server::prune::Retention;
 use oncely_server::settings::{Environment, Settings, WorkerSettings};
 use oncely_server::{demo, ops, workers};
 use tokio_util::sync::CancellationToken;
@@ -23,6 +21,7 @@ use tokio_util::sync::CancellationToken;
 #[tokio::main]
 async fn main() -> std::process::ExitCode {
     let cli = Cli::parse();
+    let json = cli.command.json();
     let production = match &cli.command {
         Command::Serve(a) => a.common.environment == Environment::Production,
         Command::Worker(a) => a.common.environment == Environment::Production,
@@ -46,11 +45,8 @@ async fn main() -> std::process::ExitCode {
     }
     match run(cli, demo_log).await {
         Ok(()) => std::process::ExitCode::SUCCESS,
-        Err(error) => {
-            // One clear line, never a backtrace.
-            eprintln!("oncely: {error:#}");
-            std::process::ExitCode::FAILURE
-        }
+        // One clear line (with --json, one JSON object), never a backtrace.
+        Err(error) => ops::failed(&error, json),
     }
 }
 
@@ -58,8 +54,8 @@ async fn main() -> std::process::ExitCode {
 enum Task {
     Serve(Settings),
     Worker(WorkerSettings),
-    Migrate(DatabaseArgs),
-    CreateTenant(TenantId, DatabaseArgs),
+    Migrate(MigrateArgs),
+    Tenant(TenantCommand),
     Prune(PruneArgs),
     Key(KeyCommand),
     Outbox(OutboxCommand),
@@ -71,10 +67,8 @@ async fn run(cli: Cli, demo_log: Option<PathBuf>) -> anyhow::Result<()> {
         Command::Demo { intents, .. } => return run_demo(intents, demo_log).await,
         Command::Serve(args) => Task::Serve(Settings::from_args(args)?),
         Command::Worker(args) => Task::Worker(WorkerSettings::from_args(args)?),
-        Command::Migrate(database) => Task::Migrate(database),
-        Command::Tenant(TenantCommand::Create { name, database }) => {
-            Task::CreateTenant(ops::tenant_name(&name)?, database)
-        }
+        Command::Migrate(args) => Task::Migrate(args),
+        Command::Tenant(command) => Task::Tenant(command),
         Command::Prune(args) => Task::Prune(args),
         Command::Key(command) => Task::Key(command),
         Command::Outbox(command) => Task::Outbox(command),
@@ -95,7 +89,8 @@ impl Task {
         match self {
             Self::Serve(settings) => &settings.database.url,
             Self::Worker(settings) => &settings.database.url,
-            Self::Migrate(database) | Self::CreateTenant(_, database) => &database.database_url,
+            Self::Migrate(args) => &args.database.database_url,
+            Self::Tenant(command) => &command.database().database_url,
             Self::Prune(args) => &args.database.database_url,
             Self::Key(KeyCommand::Show { database, .. }) => &database.database_url,
             Self::Outbox(command) => &command.database().database_url,
@@ -106,22 +101,20 @@ impl Task {
         match self {
             Self::Serve(settings) => serve::<B>(settings).await,
             Self::Worker(settings) => run_workers::<B>(settings).await,
-            Self::Migrate(database) => {
-                let backend = B::connect(&database.database_url, COMMAND_POOL).await?;
+            Self::Migrate(args) => {
+                let backend = B::connect(&args.database.database_url, COMMAND_POOL).await?;
                 backend.migrate().await?;
-                println!("migrations applied ({})", B::NAME);
+                print!("{}", ops::migrated(&backend, args.output).await?);
                 Ok(())
             }
-            Self::CreateTenant(tenant, database) => {
-                let backend = B::connect(&database.database_url, COMMAND_POOL).await?;
-                backend.migrate().await?;
-                let key = ops::create_tenant(&backend, &tenant).await?;
-                println!(
-                    "tenant {tenant} created. Its API key (shown once; only a hash is stored):\n{key}"
-                );
+            Self::Tenant(command) => {
+                print!("{}", ops::tenant::<B>(command).await?);
                 Ok(())
             }
-            Self::Prune(args) => prune::<B>(args).await,
+            Self::Prune(args) => {
+                print!("{}", ops::prune::<B>(args).await?);
+                Ok(())
+            }
             Self::Key(command) => {
                 print!("{}", ops::key_show::<B>(command).await?);
                 Ok(())
@@ -194,34 +187,6 @@ async fn run_workers<B: Accounts>(settings: WorkerSettings) -> anyhow::Result<()
     for handle in handles {
         handle.await?;
     }
-    Ok(())
-}
-
-async fn prune<B: Accounts>(args: PruneArgs) -> anyhow::Result<()> {
-    use indicatif::{ProgressBar, ProgressStyle};
-    let backend = B::connect(&args.database.database_url, COMMAND_POOL).await?;
-    backend.migrate().await?;
-    let bar = ProgressBar::new_spinner();
-    bar.set_style(
-        ProgressStyle::with_template("{spinner} pruning {msg}").expect("a valid template"),
-    );
-    bar.enable_steady_tick(std::time::Duration::from_millis(120));
-    let progress = |table: &str, n: u64| bar.set_message(format!("{table}: {n} rows deleted"));
-    let retention = Retention::new(
-        args.retention.outbox_retention,
-        args.retention.mail_cap_window,
-    );
-    let pruned =
-        oncely_server::prune::prune_all(&backend, &backend.jobs(true), retention, progress).await?;
-    bar.finish_and_clear();
-    println!(
-        "pruned {} rows: {} idempotency keys, {} outbox jobs, {} tokens, {} email-cap counters",
-        pruned.total(),
-        pruned.keys,
-        pruned.jobs,
-        pruned.tokens,
-        pruned.rate_limits
-    );
     Ok(())
 }
 

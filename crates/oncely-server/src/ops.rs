@@ -1,15 +1,331 @@
-//! Operator commands: `oncely outbox list|show|retry`, `oncely key show`.
+//! Operator commands: `oncely outbox list|dead|show|retry`, `oncely key show`,
+//! `oncely tenant create|list|rotate-key`, `oncely prune`, and what `oncely migrate` reports.
+//!
+//! Each prints for people (tables whose columns fit their content, times as
+//! `2025-01-31 08:00:00 UTC`, control characters escaped), or with `--json` exactly one JSON
+//! document for scripts (an array for lists, an object otherwise; times RFC 3339): the views
+//! below ([`JobView`], [`ShowView`], …) are that contract, documented field by field in
+//! docs/operations.md. A failure is an error; [`failed`] prints it (one line on stderr, or one
+//! JSON object there with `--json`) and picks the exit code: 3 not found, 4 refused
+//! ([`Failure`]), 1 anything else (clap's usage errors: 2).
 
 use std::fmt::Write;
+use std::process::ExitCode;
 
 use anyhow::bail;
+use oncely_outbox::job::AttemptRecord;
 use oncely_outbox::store::{BulkRedrive, DeadFilter, JobFilter, PROVIDER_DEDUPE_WINDOW};
-use oncely_outbox::{JobStatus, JobStore};
+use oncely_outbox::{JobRecord, JobStatus, JobStore};
+use serde::Serialize;
+use serde_json::json;
 use time::OffsetDateTime;
+use unicode_width::UnicodeWidthStr;
+use uuid::Uuid;
 
-use crate::accounts::{AccountError, Accounts};
-use crate::backend::{Backend, COMMAND_POOL};
-use crate::cli::{JobStatusArg, KeyCommand, OutboxCommand};
+use crate::accounts::{AccountError, Accounts, TenantRecord, from_millis};
+use crate::backend::{Backend, COMMAND_POOL, MIGRATION_TABLES};
+use crate::cli::{JobRefKind, KeyCommand, OutboxCommand, OutputArgs, PruneArgs, TenantCommand};
+
+// ---------------------------------------------------------------------------------------------
+// Failures and output
+
+/// Why an operator command refused or found nothing: its exit code and its JSON `error`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Failure {
+    /// No such job, key or tenant (exit 3).
+    NotFound,
+    /// `outbox retry` of a job that was sent (exit 4).
+    AlreadySent,
+    /// `outbox retry` of a job that is still pending (exit 4).
+    StillPending,
+    /// `outbox retry --expect N --yes` found another number of dead jobs (exit 4).
+    CountDiffers,
+    /// `tenant create` of a name that is taken (exit 4).
+    TenantExists,
+    /// A JOB that is both an operation key and another job's id (exit 4).
+    Ambiguous,
+}
+
+impl Failure {
+    /// The process's exit code.
+    pub fn exit_code(self) -> u8 {
+        match self {
+            Self::NotFound => 3,
+            _ => 4,
+        }
+    }
+
+    fn name(self) -> &'static str {
+        match self {
+            Self::NotFound => "not_found",
+            Self::AlreadySent => "already_sent",
+            Self::StillPending => "still_pending",
+            Self::CountDiffers => "count_differs",
+            Self::TenantExists => "tenant_exists",
+            Self::Ambiguous => "ambiguous",
+        }
+    }
+}
+
+/// An operator command that found nothing or refused: [`Failure`] says which, the message says
+/// what to do.
+#[derive(Debug, thiserror::Error)]
+#[error("{message}")]
+pub struct CommandError {
+    /// Which failure.
+    pub failure: Failure,
+    /// One line for people.
+    pub message: String,
+}
+
+fn refuse(failure: Failure, message: impl Into<String>) -> anyhow::Error {
+    CommandError {
+        failure,
+        message: message.into(),
+    }
+    .into()
+}
+
+/// Prints why a command failed on stderr — `oncely: <message>`, or with `json` one JSON object
+/// `{"error": "<not_found|already_sent|…|failed>", "message": "…"}` — and returns its exit
+/// code: a [`Failure`]'s, else 1.
+pub fn failed(error: &anyhow::Error, json: bool) -> ExitCode {
+    let failure = error.downcast_ref::<CommandError>().map(|e| e.failure);
+    // One line, never a backtrace.
+    let message = format!("{error:#}").replace('\n', " ");
+    if json {
+        let code = failure.map_or("failed", Failure::name);
+        eprintln!("{}", json!({ "error": code, "message": message }));
+    } else {
+        eprintln!("oncely: {message}");
+    }
+    ExitCode::from(failure.map_or(1, Failure::exit_code))
+}
+
+/// `value` as one JSON document (with `--json`), else what `human` writes.
+fn render<T: Serialize>(
+    output: OutputArgs,
+    value: &T,
+    human: impl FnOnce(&mut String) -> anyhow::Result<()>,
+) -> anyhow::Result<String> {
+    let mut out = String::new();
+    if output.json {
+        out = serde_json::to_string_pretty(value)?;
+        out.push('\n');
+    } else {
+        human(&mut out)?;
+    }
+    Ok(out)
+}
+
+/// A moment for people: `2025-01-31 08:00:00 UTC`.
+fn when(at: OffsetDateTime) -> String {
+    let at = at.to_offset(time::UtcOffset::UTC);
+    format!(
+        "{}-{:02}-{:02} {:02}:{:02}:{:02} UTC",
+        at.year(),
+        u8::from(at.month()),
+        at.day(),
+        at.hour(),
+        at.minute(),
+        at.second()
+    )
+}
+
+/// An optional moment for people (`-` when there is none).
+fn when_or_dash(at: Option<OffsetDateTime>) -> String {
+    at.map_or_else(|| "-".into(), when)
+}
+
+/// Text from the database or a provider, safe on a terminal and on one line: control
+/// characters (newlines, escape sequences) are shown escaped.
+fn clean(text: &str) -> String {
+    text.chars()
+        .flat_map(|c| {
+            let escaped: Vec<char> = if c.is_control() {
+                c.escape_default().collect()
+            } else {
+                vec![c]
+            };
+            escaped
+        })
+        .collect()
+}
+
+/// Lines of a table: the header and then each row, every column as wide as its widest cell
+/// (the last column unpadded), two spaces between columns.
+fn table(header: &[&str], rows: &[Vec<String>]) -> Vec<String> {
+    let mut widths: Vec<usize> = header.iter().map(|h| h.width()).collect();
+    for row in rows {
+        for (width, cell) in widths.iter_mut().zip(row) {
+            *width = (*width).max(cell.width());
+        }
+    }
+    let line = |cells: Vec<&str>| {
+        let mut line = String::new();
+        let last = cells.len().saturating_sub(1);
+        for (i, (cell, width)) in cells.into_iter().zip(&widths).enumerate() {
+            line.push_str(cell);
+            if i < last {
+                line.push_str(&" ".repeat(width - cell.width() + 2));
+            }
+        }
+        line.trim_end().to_owned()
+    };
+    std::iter::once(line(header.to_vec()))
+        .chain(
+            rows.iter()
+                .map(|row| line(row.iter().map(String::as_str).collect())),
+        )
+        .collect()
+}
+
+// ---------------------------------------------------------------------------------------------
+// oncely outbox …
+
+/// A job in `outbox list --json` (and the top of `outbox show --json`).
+#[derive(Debug, Serialize)]
+pub struct JobView {
+    /// Row id: `outbox show ID` finds it.
+    pub id: i64,
+    /// The business intent.
+    pub operation_key: String,
+    /// The handler kind.
+    pub kind: String,
+    /// `pending`, `sent`, `dead`.
+    pub status: &'static str,
+    /// Attempts over the job's whole life, every re-drive included.
+    pub attempts: i64,
+    /// Attempts since it was enqueued or last re-driven (what the retry budget counts).
+    pub attempts_since_redrive: i32,
+    /// How many of those spent no budget (throttled, paused).
+    pub free_attempts: i32,
+    /// When it was enqueued.
+    #[serde(with = "time::serde::rfc3339")]
+    pub created_at: OffsetDateTime,
+    /// Pending jobs: when they run next (while an attempt runs, when its lease ends).
+    #[serde(with = "time::serde::rfc3339::option")]
+    pub next_run_at: Option<OffsetDateTime>,
+    /// When it was sent.
+    #[serde(with = "time::serde::rfc3339::option")]
+    pub sent_at: Option<OffsetDateTime>,
+    /// When it died.
+    #[serde(with = "time::serde::rfc3339::option")]
+    pub dead_at: Option<OffsetDateTime>,
+    /// When it was last re-driven.
+    #[serde(with = "time::serde::rfc3339::option")]
+    pub redriven_at: Option<OffsetDateTime>,
+    /// The last error, or why it is dead.
+    pub last_error: Option<String>,
+    /// The provider's id of the delivery.
+    pub provider_message_id: Option<String>,
+    /// The key forwarded to the provider on every attempt.
+    pub delivery_key: Uuid,
+}
+
+impl From<&JobRecord> for JobView {
+    fn from(job: &JobRecord) -> Self {
+        Self {
+            id: job.id,
+            operation_key: job.operation_key.clone(),
+            kind: job.kind.clone(),
+            status: job.status.as_str(),
+            attempts: job.all_attempts,
+            attempts_since_redrive: job.attempts,
+            free_attempts: job.free_attempts,
+            created_at: job.created_at,
+            next_run_at: (job.status == JobStatus::Pending).then_some(job.run_after),
+            sent_at: job.sent_at,
+            dead_at: job.dead_at,
+            redriven_at: job.redriven_at,
+            last_error: job.last_error.clone(),
+            provider_message_id: job.provider_message_id.clone(),
+            delivery_key: job.delivery_key,
+        }
+    }
+}
+
+/// `outbox show --json`: the job, its payload, and every attempt of its life.
+#[derive(Debug, Serialize)]
+pub struct ShowView {
+    /// The job.
+    #[serde(flatten)]
+    pub job: JobView,
+    /// How many times an operator re-drove it.
+    pub redrives: usize,
+    /// The handler's input (ids, never addresses).
+    pub payload: serde_json::Value,
+    /// The field names of what its first attempt froze (the values hold the recipient's
+    /// address and the email's text); `null` if nothing is frozen.
+    pub frozen: Option<Vec<String>>,
+    /// Every attempt, oldest first.
+    pub history: Vec<AttemptView>,
+}
+
+/// One attempt in `outbox show --json`.
+#[derive(Debug, Serialize)]
+pub struct AttemptView {
+    /// 1, 2, … over the job's whole life (a re-drive does not start again at 1).
+    pub number: usize,
+    /// The first attempt after a re-drive.
+    pub after_redrive: bool,
+    /// The worker that made it.
+    pub worker: String,
+    /// When it started.
+    #[serde(with = "time::serde::rfc3339")]
+    pub started_at: OffsetDateTime,
+    /// When it ended; `null` while it runs.
+    #[serde(with = "time::serde::rfc3339::option")]
+    pub finished_at: Option<OffsetDateTime>,
+    /// `sent`, `retry`, `unknown`, `dead`, `expired`, `skipped`, `throttled`, `paused`,
+    /// `abandoned`; `null` while it runs.
+    pub result: Option<String>,
+    /// The provider's id, if it sent.
+    pub provider_message_id: Option<String>,
+    /// What went wrong.
+    pub error: Option<String>,
+}
+
+impl ShowView {
+    fn new(job: &JobRecord, attempts: Vec<AttemptRecord>) -> Self {
+        let mut history: Vec<AttemptView> = Vec::with_capacity(attempts.len());
+        let mut previous: Option<i32> = None;
+        for (i, attempt) in attempts.into_iter().enumerate() {
+            // Each re-drive numbers its attempts from 1 again.
+            let after_redrive = previous.is_some_and(|p| attempt.attempt <= p);
+            previous = Some(attempt.attempt);
+            history.push(AttemptView {
+                number: i + 1,
+                after_redrive,
+                worker: attempt.worker,
+                started_at: attempt.started_at,
+                finished_at: attempt.finished_at,
+                result: attempt.result,
+                provider_message_id: attempt.provider_message_id,
+                error: attempt.error,
+            });
+        }
+        let redrives = history.iter().filter(|a| a.after_redrive).count()
+            + usize::from(redriven_since(job.redriven_at, &history));
+        Self {
+            job: JobView::from(job),
+            redrives,
+            payload: job.payload.clone(),
+            frozen: job.frozen.as_ref().map(|f| {
+                f.as_object()
+                    .map(|o| o.keys().cloned().collect())
+                    .unwrap_or_default()
+            }),
+            history,
+        }
+    }
+}
+
+/// Whether a job re-driven at `redriven_at` was re-driven after its last attempt started (or
+/// has none): not attempted since.
+fn redriven_since(redriven_at: Option<OffsetDateTime>, history: &[AttemptView]) -> bool {
+    redriven_at.is_some_and(|at| history.last().is_none_or(|last| last.started_at < at))
+}
 
 /// Runs an outbox command on backend `B` and returns what to print.
 pub async fn outbox<B: Backend>(command: OutboxCommand) -> anyhow::Result<String> {
@@ -19,11 +335,13 @@ pub async fn outbox<B: Backend>(command: OutboxCommand) -> anyhow::Result<String
             kind,
             limit,
             database,
+            output,
         } => OutboxCommand::List {
             kind,
-            status: Some(JobStatusArg::Dead),
+            status: Some(JobStatus::Dead),
             limit,
             database,
+            output,
         },
         other => other,
     };
@@ -35,86 +353,38 @@ async fn run_outbox_command<S: JobStore>(
     jobs: &S,
     command: OutboxCommand,
 ) -> anyhow::Result<String> {
-    let mut out = String::new();
     match command {
         OutboxCommand::Dead { .. } => unreachable!("`outbox` turns it into a list"),
         OutboxCommand::List {
             kind,
             status,
             limit,
+            output,
             ..
         } => {
-            let status = status.map(|s| match s {
-                JobStatusArg::Pending => JobStatus::Pending,
-                JobStatusArg::Sent => JobStatus::Sent,
-                JobStatusArg::Dead => JobStatus::Dead,
-            });
-            let jobs = jobs
+            let found = jobs
                 .list(&JobFilter {
                     kind,
                     status,
                     limit,
                 })
                 .await?;
-            writeln!(
-                out,
-                "{:>8}  {:<22} {:<8} {:>8}  {:<50}  last error",
-                "id", "kind", "status", "attempts", "operation key"
-            )?;
-            for job in jobs {
-                let status = serde_json::to_value(job.status)?
-                    .as_str()
-                    .unwrap_or_default()
-                    .to_owned();
-                writeln!(
-                    out,
-                    "{:>8}  {:<22} {:<8} {:>8}  {:<50}  {}",
-                    job.id,
-                    job.kind,
-                    status,
-                    job.attempts,
-                    job.operation_key,
-                    job.last_error.unwrap_or_default()
-                )?;
-            }
+            let views: Vec<JobView> = found.iter().map(JobView::from).collect();
+            render(output, &views, |out| list_table(&views, out))
         }
-        OutboxCommand::Show { key, .. } => {
-            let Some(job) = jobs.job(&key).await? else {
-                bail!("no job with operation key {key:?}")
-            };
-            // What the first attempt froze holds the recipient's address and the email's text:
-            // shown by field names only, as the rest of the operator's output shows no address.
-            let mut shown = serde_json::to_value(&job)?;
-            if let Some(frozen) = job.frozen.as_ref().and_then(|f| f.as_object()) {
-                shown["frozen"] = frozen.keys().cloned().collect();
-            }
-            writeln!(out, "{}", serde_json::to_string_pretty(&shown)?)?;
-            writeln!(out, "attempts:")?;
-            for attempt in jobs.attempts(job.id).await? {
-                writeln!(
-                    out,
-                    "  #{} by {}: {} {}{}",
-                    attempt.attempt,
-                    attempt.worker,
-                    attempt.result.as_deref().unwrap_or("running"),
-                    attempt
-                        .provider_message_id
-                        .map(|id| format!("(provider id {id}) "))
-                        .unwrap_or_default(),
-                    attempt.error.unwrap_or_default()
-                )?;
-            }
+        OutboxCommand::Show {
+            job, by, output, ..
+        } => {
+            let job = find_job(jobs, &job, by).await?;
+            let view = ShowView::new(&job, jobs.attempts(job.id).await?);
+            render(output, &view, |out| show(&view, out))
         }
-        OutboxCommand::Retry { key: Some(key), .. } => {
-            if !jobs.redrive(&key).await? {
-                bail!("no dead job with operation key {key:?} (only dead jobs can be re-driven)");
-            }
-            writeln!(
-                out,
-                "re-driven: {key} is due now, with a fresh attempt budget and horizon and the \
-                 same delivery key"
-            )?;
-        }
+        OutboxCommand::Retry {
+            key: Some(key),
+            by,
+            output,
+            ..
+        } => redrive_one(jobs, &key, by, output).await,
         OutboxCommand::Retry {
             key: None,
             kind,
@@ -123,6 +393,7 @@ async fn run_outbox_command<S: JobStore>(
             reason_like,
             expect,
             yes,
+            output,
             ..
         } => {
             if let (Some(since), Some(until)) = (since, until)
@@ -141,13 +412,231 @@ async fn run_outbox_command<S: JobStore>(
                 reason_contains: reason_like,
             };
             if yes {
-                redrive_dead(jobs, &filter, expect, &mut out).await?;
+                redrive_dead(jobs, &filter, expect, output).await
             } else {
-                dry_run(jobs, &filter, &mut out).await?;
+                dry_run(jobs, &filter, output).await
             }
         }
     }
-    Ok(out)
+}
+
+/// The human `outbox list`: one row per job.
+fn list_table(jobs: &[JobView], out: &mut String) -> anyhow::Result<()> {
+    if jobs.is_empty() {
+        writeln!(out, "no jobs")?;
+        return Ok(());
+    }
+    let rows: Vec<Vec<String>> = jobs
+        .iter()
+        .map(|job| {
+            // When it runs next, or when it finished.
+            let at = job.next_run_at.or(job.sent_at).or(job.dead_at);
+            vec![
+                job.id.to_string(),
+                clean(&job.kind),
+                job.status.to_owned(),
+                job.attempts.to_string(),
+                clean(&job.operation_key),
+                when(job.created_at),
+                when_or_dash(at),
+                clean(job.last_error.as_deref().unwrap_or_default()),
+            ]
+        })
+        .collect();
+    let header = [
+        "id",
+        "kind",
+        "status",
+        "attempts",
+        "operation key",
+        "created",
+        "next run / ended",
+        "last error",
+    ];
+    for line in table(&header, &rows) {
+        writeln!(out, "{line}")?;
+    }
+    Ok(())
+}
+
+/// The human `outbox show`.
+fn show(view: &ShowView, out: &mut String) -> anyhow::Result<()> {
+    let job = &view.job;
+    writeln!(
+        out,
+        "job {} · {} · {}",
+        job.id,
+        clean(&job.kind),
+        clean(&job.operation_key)
+    )?;
+    let status = match (job.sent_at, job.dead_at) {
+        (Some(at), _) if job.status == "sent" => format!("sent at {}", when(at)),
+        (_, Some(at)) if job.status == "dead" => format!("dead since {}", when(at)),
+        _ => job.status.to_owned(),
+    };
+    let mut fields = vec![("status", status), ("created", when(job.created_at))];
+    if let Some(at) = job.next_run_at {
+        fields.push(("next run", when(at)));
+    }
+    if let Some(error) = &job.last_error {
+        fields.push(("last error", clean(error)));
+    }
+    if let Some(at) = job.redriven_at {
+        let times = match view.redrives {
+            1 => "once".to_owned(),
+            n => format!("{n} times"),
+        };
+        fields.push(("re-driven", format!("{times}, last at {}", when(at))));
+    }
+    fields.push(("delivery key", job.delivery_key.to_string()));
+    if let Some(id) = &job.provider_message_id {
+        fields.push(("provider id", clean(id)));
+    }
+    fields.push(("payload", clean(&view.payload.to_string())));
+    if let Some(frozen) = &view.frozen {
+        fields.push((
+            "frozen",
+            format!("{} (field names only)", clean(&frozen.join(", "))),
+        ));
+    }
+    let width = fields.iter().map(|(name, _)| name.len()).max().unwrap_or(0);
+    for (name, value) in &fields {
+        writeln!(out, "{name:<width$}  {value}")?;
+    }
+    writeln!(out, "attempts: {}", view.history.len())?;
+    let rows: Vec<Vec<String>> = view
+        .history
+        .iter()
+        .map(|a| {
+            vec![
+                a.number.to_string(),
+                when(a.started_at),
+                when_or_dash(a.finished_at),
+                clean(&a.worker),
+                a.result.as_deref().unwrap_or("running").to_owned(),
+                clean(a.provider_message_id.as_deref().unwrap_or_default()),
+                clean(a.error.as_deref().unwrap_or_default()),
+            ]
+        })
+        .collect();
+    let header = [
+        "#",
+        "started",
+        "ended",
+        "worker",
+        "result",
+        "provider id",
+        "error",
+    ];
+    let lines = table(&header, &rows);
+    for (i, line) in lines.iter().enumerate() {
+        // Row i is attempt i (the header is line 0).
+        if i > 0 && view.history[i - 1].after_redrive {
+            writeln!(out, "  -- re-driven --")?;
+        }
+        writeln!(out, "  {line}")?;
+    }
+    if redriven_since(job.redriven_at, &view.history) {
+        writeln!(
+            out,
+            "  -- re-driven at {} --",
+            when_or_dash(view.job.redriven_at)
+        )?;
+    }
+    Ok(())
+}
+
+/// The job `job` names: its operation key, or its id (a number as `list` prints it); `by`
+/// reads it only as one of them. A number that is both one job's operation key and another's
+/// id is refused, naming both.
+async fn find_job<S: JobStore>(
+    jobs: &S,
+    job: &str,
+    by: Option<JobRefKind>,
+) -> anyhow::Result<JobRecord> {
+    // Only a number exactly as `list` prints it (no sign, no leading zeros) is an id.
+    let id = job.parse::<i64>().ok().filter(|id| id.to_string() == job);
+    if by == Some(JobRefKind::Id) && id.is_none() {
+        bail!("--by id: {job:?} is not a job id (the number `oncely outbox list` prints first)");
+    }
+    let by_key = match by {
+        Some(JobRefKind::Id) => None,
+        _ => jobs.job(job).await?,
+    };
+    let by_id = match (by, id) {
+        (Some(JobRefKind::Key), _) | (_, None) => None,
+        (_, Some(id)) => jobs.job_by_id(id).await?,
+    };
+    match (by_key, by_id) {
+        (Some(keyed), Some(numbered)) if keyed.id != numbered.id => Err(refuse(
+            Failure::Ambiguous,
+            format!(
+                "{job} is the operation key of job {} and the id of job {}: add --by key or --by id",
+                keyed.id, numbered.id
+            ),
+        )),
+        (Some(found), _) | (None, Some(found)) => Ok(found),
+        (None, None) => Err(refuse(
+            Failure::NotFound,
+            match (by, id) {
+                (Some(JobRefKind::Id), _) => format!("no job with id {job}"),
+                (None, Some(_)) => format!("no job with operation key or id {job:?}"),
+                _ => format!("no job with operation key {job:?}"),
+            },
+        )),
+    }
+}
+
+/// `oncely outbox retry JOB`: re-drives one dead job; a sent or pending job, or none, is a
+/// failure that says which.
+async fn redrive_one<S: JobStore>(
+    jobs: &S,
+    job: &str,
+    by: Option<JobRefKind>,
+    output: OutputArgs,
+) -> anyhow::Result<String> {
+    let found = find_job(jobs, job, by).await?;
+    let key = &found.operation_key;
+    if jobs.redrive(key).await? {
+        let value = json!({ "id": found.id, "operation_key": key, "redriven": true });
+        return render(output, &value, |out| {
+            writeln!(
+                out,
+                "re-driven: {} (job {}) is due now, with a fresh attempt budget and horizon and \
+                 the same delivery key",
+                clean(key),
+                found.id
+            )?;
+            Ok(())
+        });
+    }
+    // It was not dead: say what it is now.
+    let now = jobs.job(key).await?;
+    let named = format!("job {} ({})", found.id, clean(key));
+    match now {
+        None => Err(refuse(
+            Failure::NotFound,
+            format!("{named} is gone (pruned meanwhile)"),
+        )),
+        Some(job) if job.status == JobStatus::Sent => Err(refuse(
+            Failure::AlreadySent,
+            format!(
+                "{named} was already sent, at {}: only dead jobs can be re-driven",
+                when_or_dash(job.sent_at)
+            ),
+        )),
+        Some(job) if job.status == JobStatus::Pending => Err(refuse(
+            Failure::StillPending,
+            format!(
+                "{named} is still pending (next run at {}): only dead jobs can be re-driven",
+                when(job.run_after)
+            ),
+        )),
+        Some(job) => bail!(
+            "{named} is {} but was not re-driven (it changed meanwhile): try again",
+            job.status.as_str()
+        ),
+    }
 }
 
 /// How many dead jobs a bulk re-drive's dry run shows.
@@ -160,22 +649,50 @@ async fn redrive_dead<S: JobStore>(
     jobs: &S,
     filter: &DeadFilter,
     expect: Option<u64>,
-    out: &mut String,
-) -> anyhow::Result<()> {
+    output: OutputArgs,
+) -> anyhow::Result<String> {
     let which = describe(filter);
     match jobs.redrive_dead(filter, expect).await? {
-        BulkRedrive::Redriven(redriven) => writeln!(
-            out,
-            "re-driven: {redriven} dead jobs ({which}) are due now, each with a fresh attempt \
-             budget and horizon and its own delivery key"
-        )?,
-        BulkRedrive::CountDiffers { matching } => bail!(
-            "refused: {matching} dead jobs match ({which}), not the {} that --expect says; \
-             nothing was changed. Run the dry run again (without --yes) to see them",
-            expect.unwrap_or_default()
-        ),
+        BulkRedrive::Redriven(redriven) => {
+            render(output, &json!({ "redriven": redriven }), |out| {
+                writeln!(
+                    out,
+                    "re-driven: {redriven} dead jobs ({which}) are due now, each with a fresh \
+                     attempt budget and horizon and its own delivery key"
+                )?;
+                Ok(())
+            })
+        }
+        BulkRedrive::CountDiffers { matching } => Err(refuse(
+            Failure::CountDiffers,
+            format!(
+                "refused: {matching} dead jobs match ({which}), not the {} that --expect says; \
+                 nothing was changed. Run the dry run again (without --yes) to see them",
+                expect.unwrap_or_default()
+            ),
+        )),
     }
-    Ok(())
+}
+
+/// `outbox retry --kind … --json` without `--yes`.
+#[derive(Debug, Serialize)]
+struct DryRunView {
+    dry_run: bool,
+    matching: i64,
+    #[serde(with = "time::serde::rfc3339")]
+    as_of: OffsetDateTime,
+    unknown_past_window: i64,
+    sample: Vec<SampleView>,
+    /// The command that re-drives exactly these, for a shell; `null` when none match.
+    command: Option<String>,
+    /// The same command's arguments after `oncely`, one string each.
+    args: Option<Vec<String>>,
+}
+
+#[derive(Debug, Serialize)]
+struct SampleView {
+    operation_key: String,
+    last_error: Option<String>,
 }
 
 /// `oncely outbox retry --kind … --since … --reason-like …` without `--yes`: how many dead jobs
@@ -184,64 +701,89 @@ async fn redrive_dead<S: JobStore>(
 async fn dry_run<S: JobStore>(
     jobs: &S,
     filter: &DeadFilter,
-    out: &mut String,
-) -> anyhow::Result<()> {
+    output: OutputArgs,
+) -> anyhow::Result<String> {
     let which = describe(filter);
     let found = jobs
         .dead_jobs(filter, DRY_RUN_SAMPLE, PROVIDER_DEDUPE_WINDOW)
         .await?;
-    writeln!(
-        out,
-        "dry run: {} dead jobs match ({which}); nothing was changed",
-        found.matching
-    )?;
-    for job in &found.sample {
-        writeln!(
-            out,
-            "  {:<50}  {}",
-            job.operation_key,
-            job.last_error.as_deref().unwrap_or_default()
-        )?;
-    }
-    let more = found.matching - found.sample.len() as i64;
-    if more > 0 {
-        writeln!(out, "  … and {more} more")?;
-    }
-    let hours = PROVIDER_DEDUPE_WINDOW.as_secs() / 3600;
-    writeln!(
-        out,
-        "{} of them had an attempt with an unknown outcome (unknown, abandoned) more than {hours} h \
-         ago: it may have been delivered, and the provider no longer deduplicates its key, so \
-         re-driving it may deliver a second copy",
-        found.unknown_past_window
-    )?;
-    if found.matching > 0 {
+    let args = (found.matching > 0).then(|| {
         let until = filter.until.unwrap_or(found.as_of);
         let exact = DeadFilter {
             until: Some(until),
             ..filter.clone()
         };
+        redrive_args(&exact, found.matching)
+    });
+    let view = DryRunView {
+        dry_run: true,
+        matching: found.matching,
+        as_of: found.as_of,
+        unknown_past_window: found.unknown_past_window,
+        sample: found
+            .sample
+            .iter()
+            .map(|job| SampleView {
+                operation_key: job.operation_key.clone(),
+                last_error: job.last_error.clone(),
+            })
+            .collect(),
+        command: args.as_deref().map(shell_command),
+        args,
+    };
+    render(output, &view, |out| {
         writeln!(
             out,
-            "to re-drive exactly these {} jobs (a job that dies after this dry run is left out; \
-             if the count has changed by then, nothing is re-driven), run against the same \
-             database:",
+            "dry run: {} dead jobs match ({which}); nothing was changed",
             found.matching
         )?;
-        writeln!(out, "  {}", redrive_command(&exact, found.matching))?;
-    }
-    Ok(())
+        let rows: Vec<Vec<String>> = view
+            .sample
+            .iter()
+            .map(|job| {
+                vec![
+                    clean(&job.operation_key),
+                    clean(job.last_error.as_deref().unwrap_or_default()),
+                ]
+            })
+            .collect();
+        if !rows.is_empty() {
+            for line in table(&["operation key", "last error"], &rows) {
+                writeln!(out, "  {line}")?;
+            }
+        }
+        let more = found.matching - found.sample.len() as i64;
+        if more > 0 {
+            writeln!(out, "  … and {more} more")?;
+        }
+        let hours = PROVIDER_DEDUPE_WINDOW.as_secs() / 3600;
+        writeln!(
+            out,
+            "{} of them had an attempt with an unknown outcome (unknown, abandoned) more than \
+             {hours} h ago: it may have been delivered, and the provider no longer deduplicates \
+             its key, so re-driving it may deliver a second copy",
+            found.unknown_past_window
+        )?;
+        if let Some(command) = &view.command {
+            writeln!(
+                out,
+                "to re-drive exactly these {} jobs (a job that dies after this dry run is left \
+                 out; if the count has changed by then, nothing is re-driven), run against the \
+                 same database:",
+                found.matching
+            )?;
+            writeln!(out, "  {command}")?;
+        }
+        Ok(())
+    })
 }
 
-/// The command that re-drives what `filter` matches if exactly `expect` jobs match.
-fn redrive_command(filter: &DeadFilter, expect: i64) -> String {
-    let mut words = vec!["oncely".to_owned(), "outbox".into(), "retry".into()];
-    let mut option = |name: &str, value: String| {
-        // `--name=value`: a value that starts with `-` is not read as another option. A value
-        // from the command line holds no NUL, the one thing a shell cannot quote.
-        let word = format!("{name}={value}");
-        words.push(shlex::try_quote(&word).map_or_else(|_| format!("{word:?}"), Into::into));
-    };
+/// The arguments (after `oncely`) that re-drive what `filter` matches if exactly `expect` jobs
+/// match.
+fn redrive_args(filter: &DeadFilter, expect: i64) -> Vec<String> {
+    let mut words = vec!["outbox".to_owned(), "retry".into()];
+    // `--name=value`: a value that starts with `-` is not read as another option.
+    let mut option = |name: &str, value: String| words.push(format!("{name}={value}"));
     if let Some(kind) = &filter.kind {
         option("--kind", kind.clone());
     }
@@ -256,7 +798,20 @@ fn redrive_command(filter: &DeadFilter, expect: i64) -> String {
     }
     option("--expect", expect.to_string());
     words.push("--yes".into());
-    words.join(" ")
+    words
+}
+
+/// `oncely` and `args` as one shell line. A value from the command line holds no NUL, the one
+/// thing a shell cannot quote.
+fn shell_command(args: &[String]) -> String {
+    std::iter::once("oncely".to_owned())
+        .chain(
+            args.iter().map(|word| {
+                shlex::try_quote(word).map_or_else(|_| format!("{word:?}"), Into::into)
+            }),
+        )
+        .collect::<Vec<_>>()
+        .join(" ")
 }
 
 /// A moment as the command line takes it back, exactly (RFC 3339, UTC).
@@ -270,7 +825,7 @@ fn rfc3339(at: OffsetDateTime) -> String {
 fn describe(filter: &DeadFilter) -> String {
     let mut parts = Vec::new();
     if let Some(kind) = &filter.kind {
-        parts.push(format!("kind {kind}"));
+        parts.push(format!("kind {}", clean(kind)));
     }
     if let Some(since) = filter.since {
         parts.push(format!("dead since {}", rfc3339(since)));
@@ -287,6 +842,9 @@ fn describe(filter: &DeadFilter) -> String {
     parts.join(", ")
 }
 
+// ---------------------------------------------------------------------------------------------
+// oncely tenant …
+
 /// The name of a new tenant: a valid tenant id other than `default`.
 pub fn tenant_name(name: &str) -> anyhow::Result<oncely::TenantId> {
     let tenant = oncely::TenantId::parse(name).map_err(|e| anyhow::anyhow!("{e}"))?;
@@ -294,6 +852,14 @@ pub fn tenant_name(name: &str) -> anyhow::Result<oncely::TenantId> {
         bail!("`default` is the tenant of requests without an API key; choose another name");
     }
     Ok(tenant)
+}
+
+/// What identifies an API key without revealing it: the first 12 hex digits of its SHA-256
+/// (the stored hash): `printf %s "$KEY" | sha256sum | cut -c1-12` gives the same.
+pub fn key_fingerprint(api_key_hash: &[u8]) -> String {
+    let mut hex = hex::encode(api_key_hash);
+    hex.truncate(12);
+    hex
 }
 
 /// `oncely tenant create`: creates `tenant` with a new API key and returns the key (only its
@@ -310,16 +876,197 @@ pub async fn create_tenant<B: Accounts>(
         .await
     {
         Ok(()) => Ok(key),
-        Err(AccountError::Conflict(_)) => bail!("tenant {tenant} already exists"),
+        Err(AccountError::Conflict(_)) => Err(refuse(
+            Failure::TenantExists,
+            format!(
+                "tenant {tenant} already exists (`oncely tenant rotate-key {tenant}` gives it a new key)"
+            ),
+        )),
         Err(error) => {
             Err(anyhow::Error::new(error).context(format!("tenant {tenant} was not created")))
         }
     }
 }
 
-/// `oncely key show`: the state of one idempotency key, and the answer it replays.
+/// A tenant in `tenant list --json`.
+#[derive(Debug, Serialize)]
+pub struct TenantView {
+    /// The tenant's id.
+    pub tenant: String,
+    /// When it was created.
+    #[serde(with = "time::serde::rfc3339")]
+    pub created_at: OffsetDateTime,
+    /// Its API key's fingerprint ([`key_fingerprint`]).
+    pub key_fingerprint: String,
+    /// The previous key's fingerprint, while that key still works (after a rotation with
+    /// `--grace`).
+    pub previous_key_fingerprint: Option<String>,
+    /// Until when the previous key works.
+    #[serde(with = "time::serde::rfc3339::option")]
+    pub previous_key_valid_until: Option<OffsetDateTime>,
+}
+
+impl From<TenantRecord> for TenantView {
+    fn from(tenant: TenantRecord) -> Self {
+        Self {
+            tenant: tenant.id,
+            created_at: from_millis(tenant.created_at_ms),
+            key_fingerprint: key_fingerprint(&tenant.api_key_hash),
+            previous_key_fingerprint: tenant.previous_key_hash.as_deref().map(key_fingerprint),
+            previous_key_valid_until: tenant.previous_key_expires_at_ms.map(from_millis),
+        }
+    }
+}
+
+/// `oncely tenant create|list|rotate-key` on backend `B`: what to print.
+pub async fn tenant<B: Accounts>(command: TenantCommand) -> anyhow::Result<String> {
+    use crate::routes::tenants::{hash_api_key, new_api_key};
+    let output = command.output();
+    // Checked before anything connects.
+    let named = match &command {
+        TenantCommand::Create { name, .. } | TenantCommand::RotateKey { name, .. } => {
+            Some(tenant_name(name)?)
+        }
+        TenantCommand::List { .. } => None,
+    };
+    let backend = B::connect(&command.database().database_url, COMMAND_POOL).await?;
+    backend.migrate().await?;
+    match (command, named) {
+        (TenantCommand::Create { .. }, Some(tenant)) => {
+            let key = create_tenant(&backend, &tenant).await?;
+            let value = json!({
+                "tenant": tenant.as_str(),
+                "api_key": key,
+                "key_fingerprint": key_fingerprint(&hash_api_key(&key)),
+            });
+            render(output, &value, |out| {
+                writeln!(
+                    out,
+                    "tenant {tenant} created. Its API key (shown once; only a hash is stored):\n{key}"
+                )?;
+                Ok(())
+            })
+        }
+        (TenantCommand::RotateKey { grace, .. }, Some(tenant)) => {
+            let key = new_api_key();
+            let grace = grace.unwrap_or_default();
+            let Some(rotated) = backend
+                .rotate_tenant_key(tenant.as_str(), &hash_api_key(&key), grace)
+                .await?
+            else {
+                return Err(refuse(
+                    Failure::NotFound,
+                    format!("no tenant {tenant} (`oncely tenant list` shows them)"),
+                ));
+            };
+            let until = rotated.previous_valid_until;
+            let value = json!({
+                "tenant": tenant.as_str(),
+                "api_key": key,
+                "key_fingerprint": key_fingerprint(&hash_api_key(&key)),
+                "previous_key_valid_until": until.map(rfc3339),
+            });
+            render(output, &value, |out| {
+                let old = match until {
+                    Some(at) => format!("keeps working until {}", when(at)),
+                    None => "no longer works".to_owned(),
+                };
+                writeln!(
+                    out,
+                    "tenant {tenant} has a new API key; the old key {old}. The new key (shown \
+                     once; only a hash is stored):\n{key}"
+                )?;
+                Ok(())
+            })
+        }
+        (TenantCommand::List { .. }, _) => {
+            let tenants: Vec<TenantView> = backend
+                .tenants()
+                .await?
+                .into_iter()
+                .map(TenantView::from)
+                .collect();
+            render(output, &tenants, |out| {
+                if tenants.is_empty() {
+                    writeln!(
+                        out,
+                        "no tenants (requests without an API key act for `default`)"
+                    )?;
+                    return Ok(());
+                }
+                let rows: Vec<Vec<String>> = tenants
+                    .iter()
+                    .map(|t| {
+                        vec![
+                            t.tenant.clone(),
+                            when(t.created_at),
+                            t.key_fingerprint.clone(),
+                            match (&t.previous_key_fingerprint, t.previous_key_valid_until) {
+                                (Some(previous), Some(until)) => {
+                                    format!("{previous} until {}", when(until))
+                                }
+                                _ => "-".into(),
+                            },
+                        ]
+                    })
+                    .collect();
+                let header = ["tenant", "created", "key (sha256)", "previous key"];
+                for line in table(&header, &rows) {
+                    writeln!(out, "{line}")?;
+                }
+                Ok(())
+            })
+        }
+        (TenantCommand::Create { .. } | TenantCommand::RotateKey { .. }, None) => {
+            unreachable!("named above")
+        }
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// oncely key show
+
+/// `oncely key show --json`.
+#[derive(Debug, Serialize)]
+pub struct KeyView {
+    /// The tenant.
+    pub tenant: String,
+    /// The method.
+    pub method: String,
+    /// The route template.
+    pub route: String,
+    /// The key.
+    pub key: String,
+    /// `in_progress`, `completed` or `tombstoned`.
+    pub state: &'static str,
+    /// For `in_progress`: whether its lease still runs (else the next retry takes it over).
+    pub lease_active: Option<bool>,
+    /// The request's fingerprint (HMAC-SHA256), 64 hex digits.
+    pub fingerprint: String,
+    /// When its retention ends: then the key is free again.
+    #[serde(with = "time::serde::rfc3339::option")]
+    pub expires_at: Option<OffsetDateTime>,
+    /// For `completed`: what it replays.
+    pub response: Option<ResponseView>,
+    /// For `tombstoned`: why.
+    pub tombstone_reason: Option<String>,
+}
+
+/// The answer a completed key replays.
+#[derive(Debug, Serialize)]
+pub struct ResponseView {
+    /// The status.
+    pub status: u16,
+    /// The replayed headers, `[name, value]` pairs.
+    pub headers: Vec<(String, String)>,
+    /// The body, as text (invalid UTF-8 replaced).
+    pub body: String,
+}
+
+/// `oncely key show`: the state of one idempotency key, and the answer it replays. A key that
+/// is not there (never used, or past its retention) is [`Failure::NotFound`].
 pub async fn key_show<B: Backend>(command: KeyCommand) -> anyhow::Result<String> {
-    use oncely::store::{KeyStore, Record, RecordState};
+    use oncely::store::{KeyStore, RecordState};
     use oncely::{IdempotencyKey, Scope, TenantId};
     let KeyCommand::Show {
         key,
@@ -327,52 +1074,156 @@ pub async fn key_show<B: Backend>(command: KeyCommand) -> anyhow::Result<String>
         method,
         tenant,
         database,
+        output,
     } = command;
     let tenant = TenantId::parse(tenant).map_err(|e| anyhow::anyhow!("{e}"))?;
     let key = IdempotencyKey::parse(&key).map_err(|e| anyhow::anyhow!("{e}"))?;
     let scope = Scope::new(tenant, method.to_uppercase(), route, key);
     let backend = B::connect(&database.database_url, COMMAND_POOL).await?;
-    let record: Option<Record> = backend.keys().get(&scope).await?;
-    let mut out = String::new();
-    writeln!(
-        out,
+    let title = format!(
         "tenant {} · {} {} · key {:?}",
         scope.tenant,
-        scope.method,
-        scope.route,
+        clean(&scope.method),
+        clean(&scope.route),
         scope.key.as_str()
-    )?;
-    match record {
-        None => writeln!(
-            out,
-            "not found: never used, or its retention has passed (a request with it runs afresh)"
-        )?,
-        Some(record) => {
-            writeln!(out, "fingerprint: {:?}", record.fingerprint)?;
-            match record.state {
-                RecordState::InProgress { lease_active: true } => {
-                    writeln!(out, "state: in progress (lease running)")?
-                }
-                RecordState::InProgress {
-                    lease_active: false,
-                } => writeln!(
-                    out,
-                    "state: in progress, lease expired (the next retry takes it over)"
-                )?,
-                RecordState::Completed(response) => {
-                    writeln!(out, "state: completed; replays status {}", response.status)?;
-                    for (name, value) in &response.headers {
-                        writeln!(out, "  {name}: {value}")?;
-                    }
-                    writeln!(out, "  body: {}", String::from_utf8_lossy(&response.body))?;
-                }
-                RecordState::Tombstoned { reason } => {
-                    writeln!(out, "state: tombstoned ({reason})")?
-                }
+    );
+    let Some(record) = backend.keys().get(&scope).await? else {
+        return Err(refuse(
+            Failure::NotFound,
+            format!(
+                "{title}: not found: never used, or its retention has passed (a request with it \
+                 runs afresh)"
+            ),
+        ));
+    };
+    let (state, lease_active, response, tombstone_reason) = match record.state {
+        RecordState::InProgress { lease_active } => ("in_progress", Some(lease_active), None, None),
+        RecordState::Completed(response) => (
+            "completed",
+            None,
+            Some(ResponseView {
+                status: response.status,
+                headers: response.headers,
+                body: String::from_utf8_lossy(&response.body).into_owned(),
+            }),
+            None,
+        ),
+        RecordState::Tombstoned { reason } => ("tombstoned", None, None, Some(reason)),
+    };
+    let view = KeyView {
+        tenant: scope.tenant.to_string(),
+        method: scope.method.clone(),
+        route: scope.route.clone(),
+        key: scope.key.as_str().to_owned(),
+        state,
+        lease_active,
+        fingerprint: hex::encode(record.fingerprint.as_bytes()),
+        expires_at: record.expires_at.map(OffsetDateTime::from),
+        response,
+        tombstone_reason,
+    };
+    render(output, &view, |out| {
+        writeln!(out, "{title}")?;
+        match (&view.response, view.lease_active, &view.tombstone_reason) {
+            (Some(response), _, _) => {
+                writeln!(out, "state: completed; replays status {}", response.status)?;
             }
+            (_, Some(true), _) => writeln!(out, "state: in progress (lease running)")?,
+            (_, Some(false), _) => writeln!(
+                out,
+                "state: in progress, lease expired (the next retry takes it over)"
+            )?,
+            (_, _, reason) => writeln!(
+                out,
+                "state: tombstoned ({})",
+                clean(reason.as_deref().unwrap_or_default())
+            )?,
         }
+        writeln!(out, "fingerprint: {}", view.fingerprint)?;
+        writeln!(
+            out,
+            "expires: {} (then the key is free again)",
+            when_or_dash(view.expires_at)
+        )?;
+        if let Some(response) = &view.response {
+            for (name, value) in &response.headers {
+                writeln!(out, "  {}: {}", clean(name), clean(value))?;
+            }
+            writeln!(out, "  body: {}", clean(&response.body))?;
+        }
+        Ok(())
+    })
+}
+
+// ---------------------------------------------------------------------------------------------
+// oncely prune, oncely migrate
+
+/// `oncely prune`: a full pass (with a progress spinner on a terminal's stderr, none with
+/// `--json`), and what it deleted.
+pub async fn prune<B: Accounts>(args: PruneArgs) -> anyhow::Result<String> {
+    use indicatif::{ProgressBar, ProgressStyle};
+    let backend = B::connect(&args.database.database_url, COMMAND_POOL).await?;
+    backend.migrate().await?;
+    let bar = if args.output.json {
+        ProgressBar::hidden()
+    } else {
+        let bar = ProgressBar::new_spinner();
+        bar.set_style(
+            ProgressStyle::with_template("{spinner} pruning {msg}").expect("a valid template"),
+        );
+        bar.enable_steady_tick(std::time::Duration::from_millis(120));
+        bar
+    };
+    let progress = |table: &str, n: u64| bar.set_message(format!("{table}: {n} rows deleted"));
+    let retention = crate::prune::Retention::new(
+        args.retention.outbox_retention,
+        args.retention.mail_cap_window,
+    );
+    let pruned =
+        crate::prune::prune_all(&backend, &backend.jobs(true), retention, progress).await?;
+    bar.finish_and_clear();
+    let value = json!({
+        "keys": pruned.keys,
+        "jobs": pruned.jobs,
+        "tokens": pruned.tokens,
+        "rate_limits": pruned.rate_limits,
+        "total": pruned.total(),
+    });
+    render(args.output, &value, |out| {
+        writeln!(
+            out,
+            "pruned {} rows: {} idempotency keys, {} outbox jobs, {} tokens, {} email-cap counters",
+            pruned.total(),
+            pruned.keys,
+            pruned.jobs,
+            pruned.tokens,
+            pruned.rate_limits
+        )?;
+        Ok(())
+    })
+}
+
+/// What `oncely migrate` prints once `backend` is migrated: a line, or with `--json`
+/// `{"database": "postgres", "versions": {"idempotency": n, "outbox": n, "accounts": n}}`, the
+/// latest migration applied in each history.
+pub async fn migrated<B: Accounts>(backend: &B, output: OutputArgs) -> anyhow::Result<String> {
+    let mut versions = serde_json::Map::new();
+    for (name, table) in ["idempotency", "outbox", "accounts"]
+        .into_iter()
+        .zip(MIGRATION_TABLES)
+    {
+        let version = backend
+            .scalar(format!(
+                "SELECT COALESCE(MAX(version), 0) FROM {table} WHERE success"
+            ))
+            .await?;
+        versions.insert(name.into(), version.into());
     }
-    Ok(out)
+    let value = json!({ "database": B::NAME, "versions": versions });
+    render(output, &value, |out| {
+        writeln!(out, "migrations applied ({})", B::NAME)?;
+        Ok(())
+    })
 }
 
 #[cfg(test)]
@@ -389,8 +1240,10 @@ mod tests {
             reason_contains: Some("-recipient 'quoted' $HOME".into()),
             ..DeadFilter::default()
         };
-        let printed = redrive_command(&filter, 2);
+        let args = redrive_args(&filter, 2);
+        let printed = shell_command(&args);
         let words = shlex::split(&printed).expect("a shell can split it");
+        assert_eq!(words[1..], args, "the shell line and the arguments agree");
         let cli =
             crate::cli::Cli::try_parse_from(&words).unwrap_or_else(|e| panic!("{printed}: {e}"));
         let crate::cli::Command::Outbox(OutboxCommand::Retry {
@@ -403,5 +1256,33 @@ mod tests {
         };
         assert_eq!(reason_like.as_deref(), Some("-recipient 'quoted' $HOME"));
         assert_eq!(expect, Some(2));
+    }
+
+    /// Issue 15, item 5: fixed widths cut long keys and misaligned the rest.
+    #[test]
+    fn table_columns_fit_their_widest_cell() {
+        let long = "verification:default:0123456789abcdef0123456789abcdef0123456789";
+        let lines = table(
+            &["id", "operation key", "error"],
+            &[
+                vec!["7".into(), long.into(), "boom".into()],
+                vec!["12345".into(), "k".into(), String::new()],
+            ],
+        );
+        assert_eq!(
+            lines[0],
+            format!("id     operation key{}  error", " ".repeat(long.len() - 13))
+        );
+        assert_eq!(lines[1], format!("7      {long}  boom"));
+        assert_eq!(lines[2], "12345  k", "no trailing spaces");
+    }
+
+    /// A provider's error text reaches the operator's terminal: no escape sequences, one line.
+    #[test]
+    fn control_characters_are_shown_escaped() {
+        assert_eq!(
+            clean("550 no\r\n\u{1b}[31mred"),
+            "550 no\\r\\n\\u{1b}[31mred"
+        );
     }
 }

@@ -15,7 +15,7 @@ use sqlx::{Database, Decode, Encode, Executor, IntoArguments, Pool, Transaction,
 use time::OffsetDateTime;
 use uuid::Uuid;
 
-use super::rows::{Done, JobRow, Moment, millis};
+use super::rows::{AttemptRow, Done, JobRow, Moment, RecordRow, millis};
 use super::sql::Statements;
 use super::{
     Backlog, BulkRedrive, Clock, DeadFilter, DeadJob, DeadJobs, Finish, JobFilter, JobStore,
@@ -205,8 +205,8 @@ where
     for<'r> DeadJob: sqlx::FromRow<'r, D::Row>,
     for<'r> (Json<serde_json::Value>,): sqlx::FromRow<'r, D::Row>,
     for<'r> JobRow<D::Moment>: sqlx::FromRow<'r, D::Row>,
-    for<'r> JobRecord: sqlx::FromRow<'r, D::Row>,
-    for<'r> AttemptRecord: sqlx::FromRow<'r, D::Row>,
+    for<'r> RecordRow<D::Moment>: sqlx::FromRow<'r, D::Row>,
+    for<'r> AttemptRow<D::Moment>: sqlx::FromRow<'r, D::Row>,
     for<'r> Backlog: sqlx::FromRow<'r, D::Row>,
 {
     type Database = D;
@@ -323,17 +323,27 @@ where
     }
 
     async fn job(&self, operation_key: &str) -> Result<Option<JobRecord>, OutboxError> {
-        Ok(sqlx::query_as(D::JOB)
+        let row: Option<RecordRow<D::Moment>> = sqlx::query_as(D::JOB)
             .bind(operation_key)
             .fetch_optional(&self.pool)
-            .await?)
+            .await?;
+        Ok(row.map(JobRecord::from))
+    }
+
+    async fn job_by_id(&self, id: i64) -> Result<Option<JobRecord>, OutboxError> {
+        let row: Option<RecordRow<D::Moment>> = sqlx::query_as(D::JOB_BY_ID)
+            .bind(id)
+            .fetch_optional(&self.pool)
+            .await?;
+        Ok(row.map(JobRecord::from))
     }
 
     async fn attempts(&self, job_id: i64) -> Result<Vec<AttemptRecord>, OutboxError> {
-        Ok(sqlx::query_as(D::ATTEMPTS)
+        let rows: Vec<AttemptRow<D::Moment>> = sqlx::query_as(D::ATTEMPTS)
             .bind(job_id)
             .fetch_all(&self.pool)
-            .await?)
+            .await?;
+        Ok(rows.into_iter().map(AttemptRecord::from).collect())
     }
 
     async fn pending(&self) -> Result<i64, OutboxError> {
@@ -358,12 +368,13 @@ where
     }
 
     async fn list(&self, filter: &JobFilter) -> Result<Vec<JobRecord>, OutboxError> {
-        Ok(sqlx::query_as(D::LIST)
+        let rows: Vec<RecordRow<D::Moment>> = sqlx::query_as(D::LIST)
             .bind(filter.kind.as_deref())
             .bind(filter.status())
             .bind(filter.limit())
             .fetch_all(&self.pool)
-            .await?)
+            .await?;
+        Ok(rows.into_iter().map(JobRecord::from).collect())
     }
 
     async fn redrive(&self, operation_key: &str) -> Result<bool, OutboxError> {

@@ -211,7 +211,14 @@ pub trait JobStore: Clone + Send + Sync + 'static {
         operation_key: &str,
     ) -> impl Future<Output = Result<Option<JobRecord>, OutboxError>> + Send;
 
-    /// The attempts of a job, in order.
+    /// A job by its id (what [`JobStore::list`] shows as [`JobRecord::id`]).
+    fn job_by_id(
+        &self,
+        id: i64,
+    ) -> impl Future<Output = Result<Option<JobRecord>, OutboxError>> + Send;
+
+    /// The attempts of a job, in order: over its whole life, every re-drive included (each
+    /// re-drive numbers its attempts from 1 again: [`AttemptRecord::attempt`]).
     fn attempts(
         &self,
         job_id: i64,

@@ -1,7 +1,6 @@
-//! Rows as both dialects read and write them. [`JobRecord`](crate::JobRecord),
-//! [`AttemptRecord`](crate::job::AttemptRecord) and [`Backlog`](super::Backlog) derive
-//! `FromRow` themselves; a claimed job comes through [`JobRow`], whose moments are in the
-//! dialect's [`Moment`] type.
+//! Rows as both dialects read and write them. [`Backlog`](super::Backlog) derives `FromRow`
+//! itself; a claimed job comes through [`JobRow`], a job for operators through [`RecordRow`]
+//! and its attempts through [`AttemptRow`], whose moments are in the dialect's [`Moment`] type.
 
 use serde::Serialize;
 use serde_json::Value;
@@ -9,7 +8,7 @@ use time::OffsetDateTime;
 use uuid::Uuid;
 
 use super::Finish;
-use crate::job::Job;
+use crate::job::{AttemptRecord, Job, JobRecord, JobStatus};
 
 /// How a dialect stores a moment: PostgreSQL as `timestamptz` ([`OffsetDateTime`]), SQLite as
 /// Unix milliseconds (`i64`).
@@ -80,6 +79,81 @@ impl<T: Moment> JobRow<T> {
             not_after: self.not_after.map(Moment::into_time),
             lease_token,
             frozen: self.frozen,
+        }
+    }
+}
+
+/// A job as operators read it ([`Statements::JOB`](super::sql::Statements::JOB), `LIST`).
+#[derive(sqlx::FromRow)]
+pub(crate) struct RecordRow<T> {
+    id: i64,
+    operation_key: String,
+    kind: String,
+    status: String,
+    attempts: i32,
+    all_attempts: i64,
+    free_attempts: i32,
+    last_error: Option<String>,
+    provider_message_id: Option<String>,
+    #[sqlx(json)]
+    payload: Value,
+    delivery_key: Uuid,
+    #[sqlx(json(nullable))]
+    frozen: Option<Value>,
+    created_at: T,
+    run_after: T,
+    sent_at: Option<T>,
+    dead_at: Option<T>,
+    redriven_at: Option<T>,
+}
+
+impl<T: Moment> From<RecordRow<T>> for JobRecord {
+    fn from(row: RecordRow<T>) -> Self {
+        Self {
+            id: row.id,
+            operation_key: row.operation_key,
+            kind: row.kind,
+            status: JobStatus::from(row.status),
+            attempts: row.attempts,
+            all_attempts: row.all_attempts,
+            free_attempts: row.free_attempts,
+            last_error: row.last_error,
+            provider_message_id: row.provider_message_id,
+            payload: row.payload,
+            delivery_key: row.delivery_key,
+            frozen: row.frozen,
+            created_at: row.created_at.into_time(),
+            run_after: row.run_after.into_time(),
+            sent_at: row.sent_at.map(Moment::into_time),
+            dead_at: row.dead_at.map(Moment::into_time),
+            redriven_at: row.redriven_at.map(Moment::into_time),
+        }
+    }
+}
+
+/// An attempt as operators read it ([`Statements::ATTEMPTS`](super::sql::Statements::ATTEMPTS)).
+#[derive(sqlx::FromRow)]
+pub(crate) struct AttemptRow<T> {
+    attempt: i32,
+    worker: String,
+    result: Option<String>,
+    provider_message_id: Option<String>,
+    error: Option<String>,
+    started_at: T,
+    finished_at: Option<T>,
+}
+
+impl<T: Moment> From<AttemptRow<T>> for AttemptRecord {
+    fn from(row: AttemptRow<T>) -> Self {
+        Self {
+            attempt: row.attempt,
+            worker: row.worker,
+            result: row.result,
+            provider_message_id: row.provider_message_id,
+            error: row.error,
+            finished: row.finished_at.is_some(),
+            started_at: row.started_at.into_time(),
+            finished_at: row.finished_at.map(Moment::into_time),
         }
     }
 }

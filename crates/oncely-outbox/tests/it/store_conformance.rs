@@ -56,6 +56,7 @@ both_stores!(
     dead_jobs_are_listed_with_their_reason_and_redriven_with_the_same_key,
     pruning_removes_only_finished_jobs_past_their_retention_in_batches,
     a_frozen_payload_is_written_once_under_the_claim_s_lease_and_comes_with_every_later_claim,
+    a_record_carries_its_times_and_its_whole_history_across_re_drives,
 );
 
 async fn enqueueing_the_same_intent_twice_is_a_no_op_that_says_so<S: Backend>(
@@ -400,4 +401,76 @@ async fn a_frozen_payload_is_written_once_under_the_claim_s_lease_and_comes_with
     assert_eq!(store.freeze(&stale, &other).await.unwrap(), None);
     assert_eq!(owner.frozen, None);
     assert_eq!(store.job("k2").await.unwrap().unwrap().frozen, None);
+}
+
+/// A moment to the millisecond (SQLite keeps milliseconds, PostgreSQL microseconds).
+fn ms(at: time::OffsetDateTime) -> i128 {
+    at.unix_timestamp_nanos() / 1_000_000
+}
+
+/// Issue 15, item 5: operators see when a job was enqueued, is due, died, was re-driven and
+/// sent, when each attempt started and ended, and every attempt of its life (a re-drive
+/// numbers them from 1 again, but keeps them); a job is found by its id too.
+async fn a_record_carries_its_times_and_its_whole_history_across_re_drives<S: Backend>(
+    store: S,
+    _db: TestDb,
+) {
+    let enqueued_at = store.clock().now();
+    enqueue(&store, NewJob::new("invoice:7", "invoice", json!({}))).await;
+    let record = store.job("invoice:7").await.unwrap().unwrap();
+    assert_eq!(ms(record.created_at), ms(enqueued_at));
+    assert_eq!(ms(record.run_after), ms(enqueued_at), "due at once");
+    assert_eq!(
+        (record.sent_at, record.dead_at, record.redriven_at),
+        (None, None, None)
+    );
+    assert_eq!(record.all_attempts, 0);
+
+    let first = claim(&store, "w", "invoice", 1, LEASE).await.remove(0);
+    store.clock().advance(Duration::from_millis(200));
+    let died_at = store.clock().now();
+    store
+        .finish(
+            &first,
+            &Finish::dead(AttemptResult::Dead, "declined".into()),
+        )
+        .await
+        .unwrap();
+    let dead = store.job_by_id(first.id).await.unwrap().unwrap();
+    assert_eq!(dead.operation_key, "invoice:7", "found by its id");
+    assert_eq!(dead.status, JobStatus::Dead);
+    assert_eq!(dead.dead_at.map(ms), Some(ms(died_at)));
+    assert!(store.job_by_id(first.id + 1000).await.unwrap().is_none());
+
+    store.clock().advance(Duration::from_millis(300));
+    let redriven_at = store.clock().now();
+    assert!(store.redrive("invoice:7").await.unwrap());
+    let redriven = store.job("invoice:7").await.unwrap().unwrap();
+    assert_eq!(redriven.redriven_at.map(ms), Some(ms(redriven_at)));
+    assert_eq!(ms(redriven.run_after), ms(redriven_at), "due now");
+    assert_eq!(redriven.dead_at, None);
+    assert_eq!((redriven.attempts, redriven.all_attempts), (0, 1));
+
+    let second = claim(&store, "w2", "invoice", 1, LEASE).await.remove(0);
+    store.clock().advance(Duration::from_millis(100));
+    let sent_at = store.clock().now();
+    store.finish(&second, &sent()).await.unwrap();
+    let done = store.job("invoice:7").await.unwrap().unwrap();
+    assert_eq!(done.sent_at.map(ms), Some(ms(sent_at)));
+    assert_eq!((done.attempts, done.all_attempts), (1, 2));
+    let listed = store.list(&JobFilter::default()).await.unwrap();
+    assert_eq!(listed[0].all_attempts, 2);
+
+    let attempts = store.attempts(first.id).await.unwrap();
+    let numbers: Vec<i32> = attempts.iter().map(|a| a.attempt).collect();
+    assert_eq!(
+        numbers,
+        [1, 1],
+        "a re-drive numbers from 1 again, and keeps the history"
+    );
+    assert_eq!(ms(attempts[0].started_at), ms(enqueued_at));
+    assert_eq!(attempts[0].finished_at.map(ms), Some(ms(died_at)));
+    assert_eq!(ms(attempts[1].started_at), ms(redriven_at));
+    assert_eq!(attempts[1].finished_at.map(ms), Some(ms(sent_at)));
+    assert_eq!(attempts[1].worker, "w2");
 }

@@ -241,6 +241,9 @@ impl<S: Backend> JobStore for Spy<S> {
     async fn job(&self, operation_key: &str) -> Result<Option<JobRecord>, OutboxError> {
         self.inner.job(operation_key).await
     }
+    async fn job_by_id(&self, id: i64) -> Result<Option<JobRecord>, OutboxError> {
+        self.inner.job_by_id(id).await
+    }
     async fn attempts(&self, job_id: i64) -> Result<Vec<AttemptRecord>, OutboxError> {
         self.inner.attempts(job_id).await
     }

@@ -94,6 +94,34 @@ pub struct TokenForSend {
     pub hash: Vec<u8>,
 }
 
+/// A tenant as operators see it (`oncely tenant list`): never its key, only hashes.
+#[derive(Debug, Clone, PartialEq, Eq, FromRow)]
+pub struct TenantRecord {
+    /// The tenant's id.
+    pub id: String,
+    /// SHA-256 of its API key.
+    pub api_key_hash: Vec<u8>,
+    /// When it was created, in Unix milliseconds.
+    pub created_at_ms: i64,
+    /// SHA-256 of its previous API key, while that key is still valid.
+    pub previous_key_hash: Option<Vec<u8>>,
+    /// Until when the previous key is valid (Unix milliseconds).
+    pub previous_key_expires_at_ms: Option<i64>,
+}
+
+/// What a key rotation did.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct KeyRotation {
+    /// Until when the replaced key keeps working (`None`: it stopped at once).
+    pub previous_valid_until: Option<OffsetDateTime>,
+}
+
+/// A moment read as Unix milliseconds.
+pub fn from_millis(ms: i64) -> OffsetDateTime {
+    OffsetDateTime::from_unix_timestamp_nanos(i128::from(ms) * 1_000_000)
+        .unwrap_or(OffsetDateTime::UNIX_EPOCH)
+}
+
 /// Why account storage failed: a row that exists already, a database that cannot serve now, or
 /// anything else.
 #[derive(Debug, thiserror::Error)]
@@ -270,11 +298,26 @@ pub trait Accounts: Backend {
         api_key_hash: &[u8],
     ) -> impl Future<Output = Result<(), AccountError>> + Send;
 
-    /// The tenant whose API key hashes to `api_key_hash`.
+    /// The tenant whose API key hashes to `api_key_hash`: its current key, or its previous
+    /// one until that key's grace period ends.
     fn tenant_by_key(
         &self,
         api_key_hash: &[u8],
     ) -> impl Future<Output = Result<Option<String>, AccountError>> + Send;
+
+    /// Replaces tenant `id`'s API key by the one hashing to `api_key_hash`. With a `grace`
+    /// above zero the replaced key keeps working until now + `grace` (a previous key it kept
+    /// from an earlier rotation stops); else it stops at once. `None` if there is no such
+    /// tenant.
+    fn rotate_tenant_key(
+        &self,
+        id: &str,
+        api_key_hash: &[u8],
+        grace: std::time::Duration,
+    ) -> impl Future<Output = Result<Option<KeyRotation>, AccountError>> + Send;
+
+    /// Every tenant (but `default`, which has no row), by id.
+    fn tenants(&self) -> impl Future<Output = Result<Vec<TenantRecord>, AccountError>> + Send;
 
     /// One number: the first column of the first row of `sql` (readiness, the demo's counts).
     fn scalar(&self, sql: String) -> impl Future<Output = Result<i64, sqlx::Error>> + Send;
@@ -322,6 +365,8 @@ where
     for<'r> (i64,): FromRow<'r, <B::Database as sqlx::Database>::Row>,
     for<'r> (Uuid,): FromRow<'r, <B::Database as sqlx::Database>::Row>,
     for<'r> (String,): FromRow<'r, <B::Database as sqlx::Database>::Row>,
+    for<'r> (Option<i64>,): FromRow<'r, <B::Database as sqlx::Database>::Row>,
+    for<'r> TenantRecord: FromRow<'r, <B::Database as sqlx::Database>::Row>,
 {
     async fn signup_user(
         conn: &mut Connection<B>,
@@ -557,7 +602,35 @@ where
     async fn tenant_by_key(&self, api_key_hash: &[u8]) -> Result<Option<String>, AccountError> {
         sqlx::query_scalar(B::ACCOUNT_SQL.tenant_by_key)
             .bind(api_key_hash)
+            .bind(B::at(None))
             .fetch_optional(self.pool())
+            .await
+            .map_err(AccountError::of::<B>)
+    }
+
+    async fn rotate_tenant_key(
+        &self,
+        id: &str,
+        api_key_hash: &[u8],
+        grace: std::time::Duration,
+    ) -> Result<Option<KeyRotation>, AccountError> {
+        let rotated: Option<(Option<i64>,)> = sqlx::query_as(B::ACCOUNT_SQL.rotate_tenant_key)
+            .bind(id)
+            .bind(api_key_hash)
+            .bind(grace.as_secs_f64())
+            .bind(B::at(None))
+            .fetch_optional(self.pool())
+            .await
+            .map_err(AccountError::of::<B>)?;
+        Ok(rotated.map(|(until,)| KeyRotation {
+            previous_valid_until: until.map(from_millis),
+        }))
+    }
+
+    async fn tenants(&self) -> Result<Vec<TenantRecord>, AccountError> {
+        sqlx::query_as(B::ACCOUNT_SQL.tenants)
+            .bind(B::at(None))
+            .fetch_all(self.pool())
             .await
             .map_err(AccountError::of::<B>)
     }

@@ -72,5 +72,25 @@ pub const STATEMENTS: Statements = Statements {
                              LIMIT $2 FOR UPDATE SKIP LOCKED))",
     create_tenant: "INSERT INTO oncely_tenants (id, api_key_hash, created_at)
                     VALUES ($1, $2, COALESCE($3, now()))",
-    tenant_by_key: "SELECT id FROM oncely_tenants WHERE api_key_hash = $1",
+    // Index: api_key_hash unique, or oncely_tenants_previous_key (a bitmap OR of the two).
+    tenant_by_key: "SELECT id FROM oncely_tenants
+                     WHERE api_key_hash = $1
+                        OR (previous_key_hash = $1 AND previous_key_expires_at > COALESCE($2, now()))",
+    // Every right-hand side reads the row as it was: the replaced key becomes the previous one.
+    rotate_tenant_key: "UPDATE oncely_tenants
+                           SET api_key_hash = $2,
+                               previous_key_hash = CASE WHEN $3 > 0 THEN api_key_hash END,
+                               previous_key_expires_at = CASE WHEN $3 > 0
+                                   THEN COALESCE($4, now()) + make_interval(secs => $3) END
+                         WHERE id = $1
+                     RETURNING floor(extract(epoch FROM previous_key_expires_at) * 1000)::int8
+                               AS previous_key_expires_at_ms",
+    tenants: "SELECT id, api_key_hash,
+                     floor(extract(epoch FROM created_at) * 1000)::int8 AS created_at_ms,
+                     CASE WHEN previous_key_expires_at > COALESCE($1, now())
+                          THEN previous_key_hash END AS previous_key_hash,
+                     CASE WHEN previous_key_expires_at > COALESCE($1, now())
+                          THEN floor(extract(epoch FROM previous_key_expires_at) * 1000)::int8
+                     END AS previous_key_expires_at_ms
+                FROM oncely_tenants ORDER BY id",
 };

@@ -66,5 +66,22 @@ pub const STATEMENTS: Statements = Statements {
     prune_rate_limits: "DELETE FROM oncely_rate_limits WHERE rowid IN (
                             SELECT rowid FROM oncely_rate_limits WHERE window_start < ?1 LIMIT ?2)",
     create_tenant: "INSERT INTO oncely_tenants (id, api_key_hash, created_at) VALUES (?1, ?2, ?3)",
-    tenant_by_key: "SELECT id FROM oncely_tenants WHERE api_key_hash = ?1",
+    // Index: api_key_hash unique, or oncely_tenants_previous_key (SQLite's OR optimization).
+    tenant_by_key: "SELECT id FROM oncely_tenants
+                     WHERE api_key_hash = ?1
+                        OR (previous_key_hash = ?1 AND previous_key_expires_at > ?2)",
+    // Milliseconds: the grace is seconds × 1000.
+    rotate_tenant_key: "UPDATE oncely_tenants
+                           SET api_key_hash = ?2,
+                               previous_key_hash = CASE WHEN ?3 > 0 THEN api_key_hash END,
+                               previous_key_expires_at = CASE WHEN ?3 > 0
+                                   THEN ?4 + CAST(?3 * 1000 AS INTEGER) END
+                         WHERE id = ?1
+                     RETURNING previous_key_expires_at AS previous_key_expires_at_ms",
+    tenants: "SELECT id, api_key_hash, created_at AS created_at_ms,
+                     CASE WHEN previous_key_expires_at > ?1 THEN previous_key_hash END
+                         AS previous_key_hash,
+                     CASE WHEN previous_key_expires_at > ?1 THEN previous_key_expires_at END
+                         AS previous_key_expires_at_ms
+                FROM oncely_tenants ORDER BY id",
 };

@@ -49,6 +49,15 @@ pub struct Statements {
     pub prune_rate_limits: &'static str,
     /// Binds id, api_key_hash, now.
     pub create_tenant: &'static str,
-    /// Binds api_key_hash. Returns `id`.
+    /// Binds api_key_hash, now. Returns the `id` of the tenant whose current key, or whose
+    /// previous key before its expiry, has this hash.
     pub tenant_by_key: &'static str,
+    /// Binds id, new api_key_hash, grace (seconds, a float), now. Replaces the tenant's key;
+    /// with a grace above 0 the replaced key stays valid until now + grace (the previous key
+    /// it held before is forgotten), else no previous key remains. Returns
+    /// `previous_key_expires_at_ms` (Unix milliseconds or NULL); no row if no such tenant.
+    pub rotate_tenant_key: &'static str,
+    /// Binds now. Every tenant by id: `id`, `api_key_hash`, `created_at_ms`, and while it is
+    /// valid `previous_key_hash` and `previous_key_expires_at_ms` (else NULL).
+    pub tenants: &'static str,
 }

@@ -1,5 +1,7 @@
 //! Tenants: `Authorization: Bearer <api key>` selects one; no header means the default tenant;
-//! a bad key is 401 and never falls back to the default.
+//! a bad key is 401 and never falls back to the default. A key replaced by
+//! `oncely tenant rotate-key --grace` still selects its tenant until the grace ends, then it is
+//! a bad key ([`Accounts::tenant_by_key`] compares with the database's clock).
 
 use axum::extract::{FromRequestParts, Request, State};
 use axum::http::request::Parts;
@@ -92,7 +94,7 @@ pub async fn resolve<A: Accounts>(
 }
 
 /// The tenant the request's `Authorization: Bearer <api key>` proves; `None` without the header;
-/// 401 for a malformed or unknown key.
+/// 401 for a malformed or unknown key, or a previous key past its grace.
 async fn proven_tenant<A: Accounts>(
     state: &AppState<A>,
     headers: &HeaderMap,

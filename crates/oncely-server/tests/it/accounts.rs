@@ -73,19 +73,19 @@ fn versions_and_checksums(migrator: &Migrator) -> Vec<(i64, Vec<u8>)> {
 }
 
 /// Moving to `sqlx::migrate!` must not change what a migrated database recorded: a changed
-/// checksum would stop every existing deployment at start-up.
+/// checksum would stop every existing deployment at start-up. Later migrations only follow
+/// them.
 #[test]
 fn sqlx_migrate_keeps_the_checksums_of_the_previous_release() {
     let [_, _, postgres] = Postgres::migrators();
     let [_, _, sqlite] = Sqlite::migrators();
+    let previous = versions_and_checksums(&account_migrations!("postgres"));
     assert_eq!(
-        versions_and_checksums(&postgres),
-        versions_and_checksums(&account_migrations!("postgres"))
+        versions_and_checksums(&postgres)[..previous.len()],
+        previous
     );
-    assert_eq!(
-        versions_and_checksums(&sqlite),
-        versions_and_checksums(&account_migrations!("sqlite"))
-    );
+    let previous = versions_and_checksums(&account_migrations!("sqlite"));
+    assert_eq!(versions_and_checksums(&sqlite)[..previous.len()], previous);
 }
 
 both_databases!(

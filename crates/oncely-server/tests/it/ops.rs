@@ -8,7 +8,7 @@ use oncely_server::backend::{COMMAND_POOL, Postgres, Sqlite};
 use oncely_server::ops;
 use oncely_server::settings::Settings;
 use oncely_testdb::TestDb;
-use serde_json::json;
+use serde_json::{Value, json};
 
 use crate::support::{SECRET, both_databases, execute, spawn_app_with_inbox, start_inbox};
 
@@ -76,14 +76,32 @@ async fn a_dead_job_is_listed_with_its_reason_shown_with_its_attempts_and_redriv
     let (ok, shown) = oncely(&["outbox", "show", &key, "--database-url", &url]).await;
     assert!(ok, "{shown}");
     assert!(
-        shown.contains("attempts:") && shown.contains("#1 by") && shown.contains("dead"),
+        shown.contains("attempts: 1") && shown.contains("dead since"),
         "{shown}"
+    );
+    let attempt = shown
+        .lines()
+        .find(|line| line.trim_start().starts_with("1 "))
+        .unwrap_or_else(|| panic!("no attempt 1: {shown}"));
+    assert!(
+        attempt.contains(" dead ") && attempt.contains("550"),
+        "{attempt}"
     );
     assert!(
         !shown.contains("bounce@example.com"),
         "job payloads carry ids, not addresses; the frozen email shows its field names only"
     );
-    assert!(shown.contains("\"frozen\": ["), "{shown}");
+    assert!(shown.contains("(field names only)"), "{shown}");
+    let (_, shown, _) = oncely_json(&url, &["outbox", "show", &key]).await;
+    assert!(
+        shown["frozen"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .all(Value::is_string),
+        "{shown}"
+    );
+    assert!(!shown.to_string().contains("bounce@example.com"), "{shown}");
 
     let (ok, retried) = oncely(&["outbox", "retry", &key, "--database-url", &url]).await;
     assert!(ok && retried.contains("re-driven"), "{retried}");
@@ -97,11 +115,9 @@ both_databases!(dead_jobs_are_redriven_in_bulk_after_a_dry_run_each_with_its_del
 
 /// The delivery key `oncely outbox show` prints for `key`.
 async fn delivery_key(url: &str, key: &str) -> String {
-    let (ok, shown) = oncely(&["outbox", "show", key, "--database-url", url]).await;
-    assert!(ok, "{shown}");
-    let record: serde_json::Value = serde_json::from_str(shown.split("attempts:").next().unwrap())
-        .unwrap_or_else(|e| panic!("{e}: {shown}"));
-    record["delivery_key"].as_str().unwrap().to_owned()
+    let (code, shown, error) = oncely_json(url, &["outbox", "show", key]).await;
+    assert_eq!(code, 0, "{error}");
+    shown["delivery_key"].as_str().unwrap().to_owned()
 }
 
 /// Issue 14, items 2 and 8: `oncely outbox retry --kind --since --reason-like` counts first
@@ -297,6 +313,24 @@ async fn a_job_that_dies_after_the_dry_run_is_not_redriven_by_the_command_it_pri
     assert_eq!(value("--reason-like"), "rejected");
     assert_eq!(value("--expect"), "2");
     assert!(command.ends_with(&["--yes".to_owned()]), "{printed}");
+    // For scripts: the same count, sample and command, the command's arguments as an array.
+    let (code, dry_json, _) = oncely_json(&url, &filters).await;
+    assert_eq!((code, &dry_json["matching"]), (0, &json!(2)), "{dry_json}");
+    assert_eq!(dry_json["sample"].as_array().unwrap().len(), 2);
+    let args: Vec<&str> = dry_json["args"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|a| a.as_str().unwrap())
+        .collect();
+    assert!(
+        args.starts_with(&["outbox", "retry"]) && args.contains(&"--expect=2"),
+        "{dry_json}"
+    );
+    assert_eq!(
+        shlex::split(dry_json["command"].as_str().unwrap()).unwrap()[1..],
+        args
+    );
     let until = value("--until");
 
     // A third job dies after the dry run.
@@ -347,6 +381,12 @@ async fn a_job_that_dies_after_the_dry_run_is_not_redriven_by_the_command_it_pri
     assert!(
         refused.contains("refused: 3 dead jobs match") && refused.contains("nothing was changed"),
         "{refused}"
+    );
+    let (code, _, error) = oncely_json(&url, &stale).await;
+    assert_eq!(
+        (code, &error["error"]),
+        (4, &json!("count_differs")),
+        "{error}"
     );
     let dead = "SELECT count(*) FROM oncely_outbox WHERE status = 'dead'";
     assert_eq!(app.count(dead).await, 3, "nothing was re-driven");
@@ -427,8 +467,20 @@ async fn a_database_a_newer_release_migrated_still_lets_this_release_start(
     url: String,
     _db: TestDb,
 ) {
-    let (ok, text) = oncely(&["migrate", "--database-url", &url]).await;
-    assert!(ok, "{text}");
+    let (code, migrated, _) = oncely_json(&url, &["migrate"]).await;
+    assert_eq!(code, 0);
+    assert!(
+        migrated["versions"]["accounts"].as_i64() >= Some(6)
+            && migrated["versions"]["outbox"].as_i64() >= Some(6)
+            && migrated["versions"]["idempotency"].as_i64() >= Some(1),
+        "{migrated}"
+    );
+    let database = if url.starts_with("postgres") {
+        "postgres"
+    } else {
+        "sqlite"
+    };
+    assert_eq!(migrated["database"], database);
     for table in [
         "_oncely_server_migrations",
         "_oncely_outbox_migrations",
@@ -451,6 +503,12 @@ async fn a_database_a_newer_release_migrated_still_lets_this_release_start(
     assert!(
         ok,
         "this release migrates (nothing to do) on a newer database: {text}"
+    );
+    let (_, migrated, _) = oncely_json(&url, &["migrate"]).await;
+    assert_eq!(
+        migrated["versions"],
+        json!({ "idempotency": 9999, "outbox": 9999, "accounts": 9999 }),
+        "the latest version in each history"
     );
     let app = crate::support::spawn_app_on(&url, |_| {}).await;
     assert_eq!(app.get("/readyz").await.status(), 200);
@@ -490,6 +548,23 @@ async fn prune_deletes_expired_keys_old_history_and_counters_but_keeps_pending_w
     .await;
     assert!(ok, "{out}");
     assert!(out.contains("1 idempotency keys, 1 outbox jobs"), "{out}");
+    let (code, pruned, _) = oncely_json(
+        &url,
+        &[
+            "prune",
+            "--outbox-retention",
+            "1s",
+            "--mail-cap-window",
+            "1s",
+        ],
+    )
+    .await;
+    assert_eq!(code, 0, "no progress bar or text around the document");
+    assert_eq!(
+        pruned,
+        json!({ "keys": 0, "jobs": 0, "tokens": 0, "rate_limits": 0, "total": 0 }),
+        "nothing left to prune"
+    );
     assert_eq!(
         app.count("SELECT count(*) FROM oncely_idempotency_keys")
             .await,
@@ -570,8 +645,34 @@ async fn key_show_tells_support_what_a_key_replays() {
         !out.contains("help@example.com"),
         "a stored answer holds no address"
     );
+    let (code, shown, _) = oncely_json(db.url(), &["key", "show", "support-1"]).await;
+    assert_eq!(code, 0);
+    assert_eq!(
+        (&shown["state"], &shown["response"]["status"]),
+        (&json!("completed"), &json!(202))
+    );
+    let fingerprint = shown["fingerprint"].as_str().unwrap();
+    assert!(
+        fingerprint.len() == 64 && fingerprint.chars().all(|c| c.is_ascii_hexdigit()),
+        "{shown}"
+    );
+    assert!(
+        out.contains(&format!("fingerprint: {fingerprint}")),
+        "hex for people too: {out}"
+    );
+    let expires = time_in(&shown["expires_at"]);
+    let retention = time::Duration::hours(24);
+    let now = time::OffsetDateTime::now_utc();
+    assert!(
+        expires > now + retention - time::Duration::minutes(5) && expires <= now + retention,
+        "ONCELY_KEY_RETENTION (24 h) from the request: {shown}"
+    );
+    assert!(out.contains("expires: ") && out.contains(" UTC"), "{out}");
+    // Issue 15, item 5: a key that is not there is an exit code, not a success that says so.
     let (ok, out) = oncely(&["key", "show", "never-used", "--database-url", db.url()]).await;
-    assert!(ok && out.contains("not found"), "{out}");
+    assert!(!ok && out.contains("not found"), "{out}");
+    let (code, _, error) = oncely_json(db.url(), &["key", "show", "never-used"]).await;
+    assert_eq!((code, &error["error"]), (3, &json!("not_found")), "{error}");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
@@ -653,4 +754,310 @@ async fn help_documents_every_setting_and_never_shows_a_secret() {
     for secret in ["super-secret-value", "re_secret_api_key", "db-password"] {
         assert!(!help.contains(secret), "{secret} leaked into --help");
     }
+}
+
+/// `oncely ARGS…` with `--json`: its exit code, its stdout (parsed when it succeeded: exactly
+/// one JSON document) and its stderr (one JSON object when it failed).
+async fn oncely_json(url: &str, args: &[&str]) -> (i32, Value, Value) {
+    let output = tokio::process::Command::new(env!("CARGO_BIN_EXE_oncely"))
+        .args(args)
+        .args(["--json", "--database-url", url])
+        .output()
+        .await
+        .unwrap();
+    let code = output.status.code().unwrap();
+    let (stdout, stderr) = (
+        String::from_utf8(output.stdout).unwrap(),
+        String::from_utf8(output.stderr).unwrap(),
+    );
+    let parse = |text: &str| {
+        serde_json::from_str::<Value>(text)
+            .unwrap_or_else(|e| panic!("{args:?}: not one JSON document ({e}): {text:?}"))
+    };
+    if code == 0 {
+        (code, parse(&stdout), Value::Null)
+    } else if code == 2 {
+        // A usage error: clap's own message.
+        (code, Value::Null, Value::String(stderr))
+    } else {
+        assert!(
+            stdout.is_empty(),
+            "{args:?}: a failure prints nothing on stdout: {stdout}"
+        );
+        let last = stderr.lines().last().unwrap_or_default();
+        (code, Value::Null, parse(last))
+    }
+}
+
+/// An RFC 3339 time in a JSON document.
+fn time_in(value: &Value) -> time::OffsetDateTime {
+    let text = value
+        .as_str()
+        .unwrap_or_else(|| panic!("not a time: {value}"));
+    time::OffsetDateTime::parse(text, &time::format_description::well_known::Rfc3339).unwrap()
+}
+
+both_databases!(outbox_commands_answer_scripts_in_json_and_number_attempts_across_re_drives);
+
+/// Issue 15, item 5: `outbox list|dead|show|retry --json` print one JSON document each; `show`
+/// finds a job by the id `list` prints, shows its times and numbers its attempts over its
+/// whole life, marking the re-drive; `retry` tells "already sent", "still pending" and "no such
+/// job" apart by exit code and error.
+async fn outbox_commands_answer_scripts_in_json_and_number_attempts_across_re_drives(
+    url: String,
+    _db: TestDb,
+) {
+    let (inbox, running) = start_inbox(Faults::default()).await;
+    let app = spawn_app_with_inbox(&url, inbox, running, |_| {}).await;
+    signup_that_dies(&app, "twice@example.com", 1).await;
+
+    let (code, listed, _) = oncely_json(&url, &["outbox", "list"]).await;
+    assert_eq!(code, 0);
+    let jobs = listed.as_array().unwrap();
+    assert_eq!(jobs.len(), 1, "{listed}");
+    let job = &jobs[0];
+    let (id, key) = (
+        job["id"].as_i64().unwrap(),
+        job["operation_key"].as_str().unwrap(),
+    );
+    assert_eq!(
+        (job["status"].as_str(), job["attempts"].as_i64()),
+        (Some("dead"), Some(1))
+    );
+    assert!(
+        job["next_run_at"].is_null(),
+        "a dead job does not run: {job}"
+    );
+    assert!(time_in(&job["created_at"]) <= time_in(&job["dead_at"]));
+    let (code, dead, _) = oncely_json(&url, &["outbox", "dead"]).await;
+    assert_eq!((code, dead[0]["id"].as_i64()), (0, Some(id)));
+
+    let (code, by_id, _) = oncely_json(&url, &["outbox", "show", &id.to_string()]).await;
+    assert_eq!(code, 0);
+    assert_eq!(by_id["operation_key"], key, "found by the id list prints");
+    let (_, by_key, _) = oncely_json(&url, &["outbox", "show", key]).await;
+    assert_eq!(by_key["id"], id);
+    assert_eq!(by_key["history"].as_array().unwrap().len(), 1);
+
+    let (code, redriven, _) = oncely_json(&url, &["outbox", "retry", &id.to_string()]).await;
+    assert_eq!(
+        (code, &redriven["redriven"]),
+        (0, &json!(true)),
+        "{redriven}"
+    );
+    assert_eq!(app.emails_to("twice@example.com", 1).await.len(), 1);
+    let (_, shown, _) = oncely_json(&url, &["outbox", "show", key]).await;
+    assert_eq!(shown["status"], "sent", "{shown}");
+    assert_eq!(
+        (shown["attempts"].as_i64(), shown["redrives"].as_i64()),
+        (Some(2), Some(1))
+    );
+    let history = shown["history"].as_array().unwrap();
+    let numbers: Vec<_> = history
+        .iter()
+        .map(|a| a["number"].as_i64().unwrap())
+        .collect();
+    assert_eq!(numbers, [1, 2], "numbered over the job's life: {shown}");
+    let marks: Vec<_> = history
+        .iter()
+        .map(|a| a["after_redrive"].as_bool().unwrap())
+        .collect();
+    assert_eq!(marks, [false, true]);
+    assert_eq!(
+        history
+            .iter()
+            .map(|a| a["result"].as_str().unwrap())
+            .collect::<Vec<_>>(),
+        ["dead", "sent"]
+    );
+    let first_ended = time_in(&history[0]["finished_at"]);
+    assert!(time_in(&history[0]["started_at"]) <= first_ended);
+    assert!(first_ended <= time_in(&shown["redriven_at"]));
+    assert!(time_in(&shown["redriven_at"]) <= time_in(&history[1]["started_at"]));
+    assert!(time_in(&history[1]["finished_at"]) <= time_in(&shown["sent_at"]));
+    let (ok, human) = oncely_on(&url, &["outbox", "show", key]).await;
+    assert!(ok, "{human}");
+    assert!(
+        human.contains("-- re-driven --") && human.contains("sent at "),
+        "{human}"
+    );
+    assert!(human.contains(" UTC"), "readable times: {human}");
+
+    let (code, _, error) = oncely_json(&url, &["outbox", "retry", key]).await;
+    assert_eq!(
+        (code, &error["error"]),
+        (4, &json!("already_sent")),
+        "{error}"
+    );
+    let (code, _, error) = oncely_json(&url, &["outbox", "retry", "no-such-job"]).await;
+    assert_eq!((code, &error["error"]), (3, &json!("not_found")), "{error}");
+    let (code, _, error) = oncely_json(&url, &["outbox", "show", "999999"]).await;
+    assert_eq!((code, &error["error"]), (3, &json!("not_found")), "{error}");
+    let (ok, text) = oncely_on(&url, &["outbox", "retry", "no-such-job"]).await;
+    assert!(
+        !ok && text.starts_with("oncely: no job with operation key"),
+        "{text}"
+    );
+
+    // A job that keeps failing stays pending: not re-driven, and said so.
+    app.inbox.set_faults(Faults {
+        reject_next: 1000,
+        ..Faults::default()
+    });
+    app.post(
+        "/v1/signup",
+        "pending",
+        &json!({ "email": "later@example.com" }),
+    )
+    .await;
+    let (_, pending, _) = oncely_json(&url, &["outbox", "list", "--status", "pending"]).await;
+    let pending_key = pending[0]["operation_key"].as_str().unwrap().to_owned();
+    let other = pending[0]["id"].as_i64().unwrap();
+    assert!(time_in(&pending[0]["next_run_at"]) >= time_in(&pending[0]["created_at"]));
+    let (code, _, error) = oncely_json(&url, &["outbox", "retry", &pending_key]).await;
+    assert_eq!(
+        (code, &error["error"]),
+        (4, &json!("still_pending")),
+        "{error}"
+    );
+
+    // A number that is one job's operation key and another's id: refused, unless --by says.
+    execute(
+        &url,
+        &format!("UPDATE oncely_outbox SET operation_key = '{other}' WHERE id = {id}"),
+    )
+    .await;
+    let (code, _, error) = oncely_json(&url, &["outbox", "show", &other.to_string()]).await;
+    assert_eq!((code, &error["error"]), (4, &json!("ambiguous")), "{error}");
+    let (_, by_key, _) =
+        oncely_json(&url, &["outbox", "show", &other.to_string(), "--by", "key"]).await;
+    assert_eq!(by_key["id"], id);
+    let (_, by_id, _) =
+        oncely_json(&url, &["outbox", "show", &other.to_string(), "--by", "id"]).await;
+    assert_eq!(by_id["id"], other);
+
+    let (code, _, _) = oncely_json(&url, &["outbox", "list", "--status", "bogus"]).await;
+    assert_eq!(code, 2, "a usage error");
+}
+
+both_databases!(a_tenant_s_key_is_rotated_at_once_or_after_a_grace_and_never_listed);
+
+/// Issue 15, item 5: a lost or leaked API key is replaced with `oncely tenant rotate-key`; the
+/// old key stops at once, or with `--grace` when that ends; `tenant list` shows each valid
+/// key's fingerprint, never a key. Over HTTP, on a non-default tenant.
+async fn a_tenant_s_key_is_rotated_at_once_or_after_a_grace_and_never_listed(
+    url: String,
+    _db: TestDb,
+) {
+    let app = crate::support::spawn_app_on(&url, |_| {}).await;
+    let signup = |key: String, idempotency_key: &'static str| {
+        let app = &app;
+        async move {
+            let body = json!({ "email": format!("{idempotency_key}@example.com") });
+            app.post_as(&key, "/v1/signup", idempotency_key, &body)
+                .await
+        }
+    };
+    let (code, created, _) = oncely_json(&url, &["tenant", "create", "acme"]).await;
+    assert_eq!(code, 0);
+    let first = created["api_key"].as_str().unwrap().to_owned();
+    let sha = |key: &str| hex::encode(<sha2::Sha256 as sha2::Digest>::digest(key.as_bytes()));
+    assert_eq!(
+        created["key_fingerprint"].as_str().unwrap(),
+        &sha(&first)[..12]
+    );
+    let answered = signup(first.clone(), "one").await;
+    assert_eq!(answered.status(), 202);
+
+    // At once: the old key is refused, the new one acts for the same tenant (its stored
+    // answers replay).
+    let (code, rotated, _) = oncely_json(&url, &["tenant", "rotate-key", "acme"]).await;
+    assert_eq!(code, 0);
+    assert!(rotated["previous_key_valid_until"].is_null(), "{rotated}");
+    let second = rotated["api_key"].as_str().unwrap().to_owned();
+    assert_ne!(second, first);
+    assert_eq!(signup(first.clone(), "two").await.status(), 401);
+    let again = signup(second.clone(), "one").await;
+    assert_eq!(again.status(), 202);
+    assert_eq!(
+        again
+            .headers()
+            .get("idempotent-replayed")
+            .map(|v| v.to_str().unwrap()),
+        Some("true"),
+        "the same tenant"
+    );
+
+    // With a grace: both keys work until it ends.
+    let (code, rotated, _) =
+        oncely_json(&url, &["tenant", "rotate-key", "acme", "--grace", "1h"]).await;
+    assert_eq!(code, 0);
+    let third = rotated["api_key"].as_str().unwrap().to_owned();
+    let until = time_in(&rotated["previous_key_valid_until"]);
+    let now = time::OffsetDateTime::now_utc();
+    assert!(until > now + time::Duration::minutes(55) && until <= now + time::Duration::hours(1));
+    assert_eq!(signup(second.clone(), "three").await.status(), 202);
+    assert_eq!(signup(third.clone(), "four").await.status(), 202);
+    assert_eq!(signup(first.clone(), "five").await.status(), 401);
+
+    let (code, listed, _) = oncely_json(&url, &["tenant", "list"]).await;
+    assert_eq!(code, 0);
+    let acme = &listed.as_array().unwrap()[0];
+    assert_eq!(acme["tenant"], "acme");
+    assert_eq!(
+        acme["key_fingerprint"].as_str().unwrap(),
+        &sha(&third)[..12]
+    );
+    assert_eq!(
+        acme["previous_key_fingerprint"].as_str().unwrap(),
+        &sha(&second)[..12]
+    );
+    assert_eq!(
+        time_in(&acme["previous_key_valid_until"]).unix_timestamp(),
+        until.unix_timestamp()
+    );
+    let (ok, human) = oncely_on(&url, &["tenant", "list"]).await;
+    assert!(ok && human.contains(&sha(&third)[..12]), "{human}");
+    for key in [&first, &second, &third] {
+        assert!(!listed.to_string().contains(key.as_str()) && !human.contains(key.as_str()));
+    }
+
+    // The grace ends: the previous key is refused, and no longer listed.
+    let past = if url.starts_with("postgres") {
+        "now() - interval '1 second'"
+    } else {
+        "(CAST(strftime('%s', 'now') AS INTEGER) - 1) * 1000"
+    };
+    execute(
+        &url,
+        &format!("UPDATE oncely_tenants SET previous_key_expires_at = {past}"),
+    )
+    .await;
+    assert_eq!(signup(second.clone(), "six").await.status(), 401);
+    assert_eq!(signup(third.clone(), "seven").await.status(), 202);
+    let (_, listed, _) = oncely_json(&url, &["tenant", "list"]).await;
+    assert!(listed[0]["previous_key_fingerprint"].is_null(), "{listed}");
+
+    // Refusals: no such tenant, `default` (it has no key), a grace that is none or too long.
+    let (code, _, error) = oncely_json(&url, &["tenant", "rotate-key", "globex"]).await;
+    assert_eq!((code, &error["error"]), (3, &json!("not_found")), "{error}");
+    let (code, _, error) = oncely_json(&url, &["tenant", "rotate-key", "default"]).await;
+    assert_eq!((code, &error["error"]), (1, &json!("failed")), "{error}");
+    for grace in ["0s", "31d", "soon"] {
+        let (code, _, error) =
+            oncely_json(&url, &["tenant", "rotate-key", "acme", "--grace", grace]).await;
+        assert_eq!(code, 2, "--grace {grace}: {error}");
+        assert!(error.as_str().unwrap().contains("--grace"), "{error}");
+    }
+    let (code, _, error) = oncely_json(&url, &["tenant", "create", "acme"]).await;
+    assert_eq!(
+        (code, &error["error"]),
+        (4, &json!("tenant_exists")),
+        "{error}"
+    );
+    assert_eq!(
+        signup(third, "eight").await.status(),
+        202,
+        "refusals changed nothing"
+    );
 }

@@ -125,6 +125,9 @@ pub struct Record {
     pub fingerprint: Fingerprint,
     /// Where it stands.
     pub state: RecordState,
+    /// When its retention ends (then the key is free again): always set by
+    /// [`KeyStore::get`]; a claim's [`Claim::Existing`] may leave it out.
+    pub expires_at: Option<std::time::SystemTime>,
 }
 
 /// The state of a [`Record`].

@@ -302,8 +302,17 @@ async fn lease_and_retention_are_separate<S: Backend>(store: S, _db: Db) {
     let scope = scope(&new_key());
     let fp = fp("a");
     let claim = lasting(&scope, &fp, 50, 2000);
+    let claimed_at = clock.now();
     let token = acquired(store.claim(&claim).await.unwrap());
     store.completes(&scope, token, "ok").await;
+    // A lookup says when the retention ends (to the millisecond: SQLite keeps no finer).
+    let expires_at = store.get(&scope).await.unwrap().unwrap().expires_at;
+    let ms =
+        |t: std::time::SystemTime| t.duration_since(std::time::UNIX_EPOCH).unwrap().as_millis();
+    assert_eq!(
+        expires_at.map(ms),
+        Some(ms(claimed_at + Duration::from_millis(2000)))
+    );
     // Past the lease, within retention: still replayed.
     clock.advance(Duration::from_millis(100));
     assert!(matches!(

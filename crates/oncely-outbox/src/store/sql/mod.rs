@@ -17,6 +17,20 @@ mod sqlite;
 #[cfg(feature = "postgres")]
 pub(crate) use postgres::NOTIFY;
 
+/// A job's record for operators, with `all_attempts`: its attempt rows over its whole life
+/// (re-drives included). Both dialects, word for word.
+macro_rules! record {
+    () => {
+        "
+        SELECT o.id, o.operation_key, o.kind, o.status, o.attempts, o.free_attempts,
+               (SELECT count(*) FROM oncely_outbox_attempts a WHERE a.job_id = o.id)
+                   AS all_attempts,
+               o.last_error, o.provider_message_id, o.payload, o.delivery_key, o.frozen,
+               o.created_at, o.run_after, o.sent_at, o.dead_at, o.redriven_at
+          FROM oncely_outbox o"
+    };
+}
+
 /// The statements of one dialect.
 pub trait Statements {
     /// Inserts a job unless its operation key exists. Binds: 1 operation key, 2 kind, 3 payload
@@ -52,25 +66,26 @@ pub trait Statements {
     /// Binds: 1 id, 2 lease token, 3 now. Returns the id if the claim still owned the job.
     const RELEASE: &'static str;
 
-    /// A job's record by operation key. Binds: 1 operation key.
-    const JOB: &'static str = "
-        SELECT id, operation_key, kind, status, attempts, free_attempts, last_error,
-               provider_message_id, payload, delivery_key, frozen
-          FROM oncely_outbox WHERE operation_key = $1";
+    /// A job's record by operation key. Binds: 1 operation key. Index: the unique index on
+    /// `operation_key`; its attempts counted by `oncely_outbox_attempts_job`.
+    const JOB: &'static str = concat!(record!(), " WHERE o.operation_key = $1");
+
+    /// A job's record by id. Binds: 1 id. Index: the primary key.
+    const JOB_BY_ID: &'static str = concat!(record!(), " WHERE o.id = $1");
 
     /// Records for operators, newest first. Binds: 1 kind (nullable), 2 status (nullable),
     /// 3 limit.
-    const LIST: &'static str = "
-        SELECT id, operation_key, kind, status, attempts, free_attempts, last_error,
-               provider_message_id, payload, delivery_key, frozen
-          FROM oncely_outbox
-         WHERE ($1 IS NULL OR kind = $1) AND ($2 IS NULL OR status = $2)
-         ORDER BY id DESC LIMIT $3";
+    const LIST: &'static str = concat!(
+        record!(),
+        "
+         WHERE ($1 IS NULL OR o.kind = $1) AND ($2 IS NULL OR o.status = $2)
+         ORDER BY o.id DESC LIMIT $3"
+    );
 
-    /// A job's attempts in order. Binds: 1 job id. Index: `oncely_outbox_attempts_job`.
+    /// A job's attempts in order (`started_at`, `finished_at` in the dialect's moments). Binds:
+    /// 1 job id. Index: `oncely_outbox_attempts_job`.
     const ATTEMPTS: &'static str = "
-        SELECT attempt, worker, result, provider_message_id, error,
-               finished_at IS NOT NULL AS finished
+        SELECT attempt, worker, result, provider_message_id, error, started_at, finished_at
           FROM oncely_outbox_attempts WHERE job_id = $1 ORDER BY id";
 
     /// How many jobs are pending.

@@ -61,7 +61,8 @@ pub(super) const TAKEOVER: &str = "
 pub(super) const SELECT: &str = "
     SELECT fingerprint, state, COALESCE(lease_until > COALESCE($5, now()), false) AS lease_active,
            expires_at <= COALESCE($5, now()) AS expired, response_status::int8 AS response_status,
-           response_headers::text AS response_headers, response_body, tombstone_reason
+           response_headers::text AS response_headers, response_body, tombstone_reason,
+           floor(extract(epoch FROM expires_at) * 1000)::int8 AS expires_at_ms
       FROM oncely_idempotency_keys
      WHERE tenant = $1 AND method = $2 AND route = $3 AND idem_key = $4";
 

@@ -16,6 +16,10 @@ pub struct KeyRow {
     response_headers: Option<String>,
     response_body: Option<Vec<u8>>,
     tombstone_reason: Option<String>,
+    /// When its retention ends, in Unix milliseconds: read by SELECT only (the claims' rows
+    /// leave it out).
+    #[sqlx(default)]
+    expires_at_ms: Option<i64>,
 }
 
 /// A key row that exists: its record and whether its retention has passed.
@@ -61,7 +65,14 @@ impl KeyRow {
             _ => return Err(StoreError::Corrupt("state")),
         };
         Ok(Found {
-            record: Record { fingerprint, state },
+            record: Record {
+                fingerprint,
+                state,
+                expires_at: self
+                    .expires_at_ms
+                    .and_then(|ms| u64::try_from(ms).ok())
+                    .map(|ms| std::time::UNIX_EPOCH + std::time::Duration::from_millis(ms)),
+            },
             expired: self.expired,
         })
     }

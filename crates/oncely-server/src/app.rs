@@ -21,8 +21,8 @@ use crate::client_addr::TrustedProxies;
 use crate::mail::MailContext;
 use crate::routes::{self, AppState};
 use crate::settings::{Environment, MailerChoice, MailerSettings, Settings};
-use crate::telemetry;
 use crate::workers::{self, WorkerHandles};
+use crate::{startup, telemetry};
 
 /// How long one email send may take before its outcome counts as unknown.
 pub const SEND_TIMEOUT: Duration = Duration::from_secs(10);
@@ -76,14 +76,23 @@ pub async fn mailer(
 }
 
 impl<B: Accounts> Application<B> {
-    /// Connects, migrates, binds, starts the workers and the pruner. `settings` were checked
-    /// when they were resolved ([`Settings::from_args`]).
-    pub async fn build(settings: Settings) -> anyhow::Result<Self> {
-        let backend = B::connect(&settings.database.url, settings.database.pool).await?;
-        backend.migrate().await?;
+    /// Connects; migrates in development, checks the schema in production
+    /// ([`startup::open_to_serve`]); binds; starts the workers and the pruner. `settings` were
+    /// checked when they were resolved ([`Settings::from_args`]).
+    pub async fn build(mut settings: Settings) -> anyhow::Result<Self> {
+        let backend: B = startup::open_to_serve(
+            &settings.database.url,
+            settings.database.pool,
+            settings.environment,
+        )
+        .await?;
+        if let Some(generated) = &settings.generated_secret {
+            settings.secret =
+                startup::development_secret(&backend, generated, &settings.secret).await?;
+        }
         let listener = TcpListener::bind(settings.bind)
             .await
-            .with_context(|| format!("cannot listen on {}", settings.bind))?;
+            .with_context(|| format!("cannot listen on {} (ONCELY_BIND)", settings.bind))?;
         let addr = listener.local_addr()?;
         let (mailer, dev_inbox) = mailer(&settings.mailer).await?;
         let context = Arc::new(MailContext {

@@ -5,7 +5,6 @@ use std::path::PathBuf;
 use std::sync::Arc;
 
 use anyhow::bail;
-use clap::Parser;
 use oncely::TenantId;
 use oncely_inbox::{Faults, Inbox};
 use oncely_server::accounts::Accounts;
@@ -17,12 +16,12 @@ use oncely_server::cli::{
 use oncely_server::mail::MailContext;
 use oncely_server::prune::Retention;
 use oncely_server::settings::{Environment, Settings, WorkerSettings};
-use oncely_server::{demo, ops, workers};
+use oncely_server::{demo, ops, startup, workers};
 use tokio_util::sync::CancellationToken;
 
 #[tokio::main]
 async fn main() -> std::process::ExitCode {
-    let cli = Cli::parse();
+    let cli = startup::parse_command_line();
     let production = match &cli.command {
         Command::Serve(a) => a.common.environment == Environment::Production,
         Command::Worker(a) => a.common.environment == Environment::Production,
@@ -47,8 +46,8 @@ async fn main() -> std::process::ExitCode {
     match run(cli, demo_log).await {
         Ok(()) => std::process::ExitCode::SUCCESS,
         Err(error) => {
-            // One clear line, never a backtrace.
-            eprintln!("oncely: {error:#}");
+            // One clear line, each cause once, never a backtrace.
+            eprintln!("oncely: {}", startup::one_line(&error));
             std::process::ExitCode::FAILURE
         }
     }
@@ -108,13 +107,12 @@ impl Task {
             Self::Worker(settings) => run_workers::<B>(settings).await,
             Self::Migrate(database) => {
                 let backend = B::connect(&database.database_url, COMMAND_POOL).await?;
-                backend.migrate().await?;
-                println!("migrations applied ({})", B::NAME);
+                print!("{}", startup::migrate(&backend).await?);
                 Ok(())
             }
             Self::CreateTenant(tenant, database) => {
-                let backend = B::connect(&database.database_url, COMMAND_POOL).await?;
-                backend.migrate().await?;
+                let backend: B =
+                    startup::open_existing(&database.database_url, COMMAND_POOL).await?;
                 let key = ops::create_tenant(&backend, &tenant).await?;
                 println!(
                     "tenant {tenant} created. Its API key (shown once; only a hash is stored):\n{key}"
@@ -122,11 +120,15 @@ impl Task {
                 Ok(())
             }
             Self::Prune(args) => prune::<B>(args).await,
+            // Read the schema first: a missing or unmigrated database is refused, not created.
             Self::Key(command) => {
+                let KeyCommand::Show { database, .. } = &command;
+                startup::open_existing::<B>(&database.database_url, COMMAND_POOL).await?;
                 print!("{}", ops::key_show::<B>(command).await?);
                 Ok(())
             }
             Self::Outbox(command) => {
+                startup::open_existing::<B>(&command.database().database_url, COMMAND_POOL).await?;
                 print!("{}", ops::outbox::<B>(command).await?);
                 Ok(())
             }
@@ -172,11 +174,21 @@ async fn run_demo(intents: usize, log: Option<PathBuf>) -> anyhow::Result<()> {
 }
 
 async fn run_workers<B: Accounts>(settings: WorkerSettings) -> anyhow::Result<()> {
-    let backend = B::connect(&settings.database.url, settings.database.pool).await?;
-    backend.migrate().await?;
+    let backend: B = startup::open_to_serve(
+        &settings.database.url,
+        settings.database.pool,
+        settings.environment,
+    )
+    .await?;
+    let secret = match &settings.generated_secret {
+        Some(generated) => {
+            startup::development_secret(&backend, generated, &settings.secret).await?
+        }
+        None => settings.secret,
+    };
     let (mailer, _) = app::mailer(&settings.mailer).await?;
     let context = Arc::new(MailContext {
-        secret: settings.secret,
+        secret,
         public_url: settings.public_url,
         from: settings.mailer.from.clone(),
         mailer,
@@ -199,8 +211,7 @@ async fn run_workers<B: Accounts>(settings: WorkerSettings) -> anyhow::Result<()
 
 async fn prune<B: Accounts>(args: PruneArgs) -> anyhow::Result<()> {
     use indicatif::{ProgressBar, ProgressStyle};
-    let backend = B::connect(&args.database.database_url, COMMAND_POOL).await?;
-    backend.migrate().await?;
+    let backend: B = startup::open_existing(&args.database.database_url, COMMAND_POOL).await?;
     let bar = ProgressBar::new_spinner();
     bar.set_style(
         ProgressStyle::with_template("{spinner} pruning {msg}").expect("a valid template"),

@@ -274,6 +274,14 @@ pub trait Accounts: Backend {
         api_key_hash: &[u8],
     ) -> impl Future<Output = Result<Option<String>, AccountError>> + Send;
 
+    /// The development secret of this database: `candidate`, stored now, unless a process
+    /// stored one before (then that one). Every `serve` and `worker` of a development database
+    /// signs with it, wherever it was started.
+    fn development_secret(
+        &self,
+        candidate: &str,
+    ) -> impl Future<Output = Result<String, AccountError>> + Send;
+
     /// One number: the first column of the first row of `sql` (readiness, the demo's counts).
     fn scalar(&self, sql: String) -> impl Future<Output = Result<i64, sqlx::Error>> + Send;
 
@@ -556,6 +564,14 @@ where
         sqlx::query_scalar(B::ACCOUNT_SQL.tenant_by_key)
             .bind(api_key_hash)
             .fetch_optional(self.pool())
+            .await
+            .map_err(AccountError::of::<B>)
+    }
+
+    async fn development_secret(&self, candidate: &str) -> Result<String, AccountError> {
+        sqlx::query_scalar(B::ACCOUNT_SQL.development_secret)
+            .bind(candidate)
+            .fetch_one(self.pool())
             .await
             .map_err(AccountError::of::<B>)
     }

@@ -73,4 +73,8 @@ pub const STATEMENTS: Statements = Statements {
     create_tenant: "INSERT INTO oncely_tenants (id, api_key_hash, created_at)
                     VALUES ($1, $2, COALESCE($3, now()))",
     tenant_by_key: "SELECT id FROM oncely_tenants WHERE api_key_hash = $1",
+    // The no-op update makes RETURNING give the stored row when it exists.
+    development_secret: "INSERT INTO oncely_development_secret (id, secret) VALUES (1, $1)
+                         ON CONFLICT (id) DO UPDATE SET secret = oncely_development_secret.secret
+                         RETURNING secret",
 };

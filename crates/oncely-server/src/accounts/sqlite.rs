@@ -67,4 +67,8 @@ pub const STATEMENTS: Statements = Statements {
                             SELECT rowid FROM oncely_rate_limits WHERE window_start < ?1 LIMIT ?2)",
     create_tenant: "INSERT INTO oncely_tenants (id, api_key_hash, created_at) VALUES (?1, ?2, ?3)",
     tenant_by_key: "SELECT id FROM oncely_tenants WHERE api_key_hash = ?1",
+    // See PostgreSQL's.
+    development_secret: "INSERT INTO oncely_development_secret (id, secret) VALUES (1, ?1)
+                         ON CONFLICT (id) DO UPDATE SET secret = oncely_development_secret.secret
+                         RETURNING secret",
 };

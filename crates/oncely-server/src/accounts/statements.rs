@@ -51,4 +51,7 @@ pub struct Statements {
     pub create_tenant: &'static str,
     /// Binds api_key_hash. Returns `id`.
     pub tenant_by_key: &'static str,
+    /// Binds secret. Stores the development secret of the database unless one is stored;
+    /// returns the stored one.
+    pub development_secret: &'static str,
 }

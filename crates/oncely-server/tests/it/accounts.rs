@@ -73,17 +73,19 @@ fn versions_and_checksums(migrator: &Migrator) -> Vec<(i64, Vec<u8>)> {
 }
 
 /// Moving to `sqlx::migrate!` must not change what a migrated database recorded: a changed
-/// checksum would stop every existing deployment at start-up.
+/// checksum would stop every existing deployment at start-up. (Later migrations, 0006 on,
+/// came with `sqlx::migrate!`.)
 #[test]
 fn sqlx_migrate_keeps_the_checksums_of_the_previous_release() {
     let [_, _, postgres] = Postgres::migrators();
     let [_, _, sqlite] = Sqlite::migrators();
+    let previous = |migrator: &Migrator| versions_and_checksums(migrator)[..5].to_vec();
     assert_eq!(
-        versions_and_checksums(&postgres),
+        previous(&postgres),
         versions_and_checksums(&account_migrations!("postgres"))
     );
     assert_eq!(
-        versions_and_checksums(&sqlite),
+        previous(&sqlite),
         versions_and_checksums(&account_migrations!("sqlite"))
     );
 }

@@ -142,12 +142,7 @@ async fn serve<B: Accounts>(settings: Settings) -> anyhow::Result<()> {
     let addr = app.addr();
     tracing::info!(%addr, database = B::NAME, workers, "oncely is serving");
     println!("oncely API:   http://{addr}   (health: /healthz)");
-    if let Some((_, running)) = app.dev_inbox() {
-        println!(
-            "dev inbox:    http://{addr}/_dev/inbox   (JSON: /_dev/inbox/messages; SMTP {})",
-            running.smtp_addr
-        );
-    }
+    println!("dev inbox:    {}", app.dev_inbox_status());
     println!(
         "try:          curl -i http://{addr}/v1/signup -H 'Idempotency-Key: \"signup-1\"' \
          -H 'content-type: application/json' -d '{{\"email\":\"ada@example.com\"}}'"

@@ -248,7 +248,12 @@ impl WorkerSettings {
         let mailer = MailerSettings::from_args(common)?;
         if mailer.choice == MailerChoice::Dev {
             bail!(
-                "the dev inbox lives inside `oncely serve`; give `oncely worker` an ONCELY_MAILER URL"
+                "ONCELY_MAILER{}: `oncely worker` would mail into an inbox of its own that nobody sees (the dev inbox is served by `oncely serve`, whose own workers send to it); set ONCELY_MAILER to a mailer (`oncely inbox`: smtp://127.0.0.1:2525), or run the workers in `oncely serve`",
+                if common.mailer.is_some() {
+                    "=dev"
+                } else {
+                    " is unset (dev)"
+                }
             );
         }
         let (secret, generated_secret) = common.server_secret()?;

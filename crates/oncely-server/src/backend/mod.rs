@@ -82,6 +82,15 @@ pub trait Backend: Clone + Send + Sync + 'static {
     /// create their tables in), else 0.
     fn has_table(table: &str) -> String;
 
+    /// Holds the dev inbox of this database for this process while the returned hold lives,
+    /// unless another process holds it: then what that process wrote as `description`. A
+    /// crashed holder holds nothing (SQLite: a lock on a file beside the database; PostgreSQL:
+    /// an advisory lock of a session of its own).
+    fn hold_dev_inbox(
+        &self,
+        description: &str,
+    ) -> impl Future<Output = anyhow::Result<DevInboxHold>> + Send;
+
     /// The pool and the key store.
     fn stores(&self) -> &Stores<Self::Keys>;
 
@@ -143,6 +152,23 @@ pub enum Create {
     IfMissing,
     /// A missing file is an error that says to check `DATABASE_URL` and run `oncely migrate`.
     Never,
+}
+
+/// Who serves the dev inbox of a database (see [`Backend::hold_dev_inbox`]).
+pub enum DevInboxHold {
+    /// This process, while this value lives.
+    Held(Box<dyn Send + Sync>),
+    /// Another process, which described itself so.
+    Elsewhere(String),
+}
+
+impl std::fmt::Debug for DevInboxHold {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Self::Held(_) => f.write_str("Held"),
+            Self::Elsewhere(by) => f.debug_tuple("Elsewhere").field(by).finish(),
+        }
+    }
 }
 
 /// What a connected backend holds: the pool, and the idempotency key store on it.

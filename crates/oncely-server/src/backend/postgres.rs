@@ -12,7 +12,7 @@ use sqlx::migrate::Migrator;
 use sqlx::postgres::{PgConnectOptions, PgConnection, PgPoolOptions, PgQueryResult};
 use time::OffsetDateTime;
 
-use super::{Backend, Create, Stores, redact};
+use super::{Backend, Create, DevInboxHold, Stores, redact};
 use crate::accounts::Statements;
 
 /// The PostgreSQL backend.
@@ -81,6 +81,44 @@ impl Backend for Postgres {
         format!("SELECT CASE WHEN to_regclass('{table}') IS NULL THEN 0 ELSE 1 END::int8")
     }
 
+    async fn hold_dev_inbox(&self, description: &str) -> anyhow::Result<DevInboxHold> {
+        // A session of its own holds the lock: PostgreSQL releases it when the session ends,
+        // a crash included. Its application_name tells the next process who serves the inbox.
+        let options = self
+            .pool()
+            .connect_options()
+            .as_ref()
+            .clone()
+            .application_name(&format!("{DEV_INBOX_APPLICATION} {description}"));
+        let mut conn = PgConnection::connect_with(&options).await?;
+        let held: bool = sqlx::query_scalar("SELECT pg_try_advisory_lock($1, $2)")
+            .bind(DEV_INBOX_LOCK.0)
+            .bind(DEV_INBOX_LOCK.1)
+            .fetch_one(&mut conn)
+            .await?;
+        if held {
+            return Ok(DevInboxHold::Held(Box::new(tokio::sync::Mutex::new(conn))));
+        }
+        let holder: Option<String> = sqlx::query_scalar(
+            "SELECT a.application_name FROM pg_locks l JOIN pg_stat_activity a ON a.pid = l.pid
+             WHERE l.locktype = 'advisory' AND l.granted AND l.objsubid = 2
+               AND l.classid::int8 = $1 AND l.objid::int8 = $2
+               AND l.database = (SELECT oid FROM pg_database WHERE datname = current_database())
+             LIMIT 1",
+        )
+        .bind(i64::from(DEV_INBOX_LOCK.0))
+        .bind(i64::from(DEV_INBOX_LOCK.1))
+        .fetch_optional(&mut conn)
+        .await?;
+        let _ = conn.close().await;
+        Ok(DevInboxHold::Elsewhere(
+            holder
+                .as_deref()
+                .and_then(|name| name.strip_prefix(DEV_INBOX_APPLICATION))
+                .map_or_else(|| "another process".to_owned(), |d| d.trim().to_owned()),
+        ))
+    }
+
     fn stores(&self) -> &Stores<PgKeyStore> {
         &self.0
     }
@@ -109,6 +147,12 @@ impl Backend for Postgres {
 
 /// How long connecting (and, once serving, waiting for a free connection) may take.
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
+
+/// The advisory lock (two `int4` keys: "once", "devi") whose session serves the dev inbox.
+const DEV_INBOX_LOCK: (i32, i32) = (0x6f6e_6365, 0x6465_7669);
+
+/// The start of the application_name of the session that holds [`DEV_INBOX_LOCK`].
+const DEV_INBOX_APPLICATION: &str = "oncely-dev-inbox";
 
 /// `host:port` (or the socket directory) the options name.
 fn server(options: &PgConnectOptions) -> String {

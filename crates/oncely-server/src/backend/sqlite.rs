@@ -3,14 +3,14 @@
 
 use std::path::{Path, PathBuf};
 
-use anyhow::bail;
+use anyhow::{Context, bail};
 use oncely::store::sqlite::{SqliteKeyStore, connect_options};
 use oncely_outbox::store::sqlite::SqliteJobStore;
 use sqlx::migrate::Migrator;
 use sqlx::sqlite::{SqliteConnectOptions, SqlitePoolOptions, SqliteQueryResult};
 use time::OffsetDateTime;
 
-use super::{Backend, Create, Stores};
+use super::{Backend, Create, DevInboxHold, Stores};
 use crate::accounts::Statements;
 
 /// The SQLite backend.
@@ -82,6 +82,46 @@ impl Backend for Sqlite {
 
     fn has_table(table: &str) -> String {
         format!("SELECT COUNT(*) FROM sqlite_master WHERE type = 'table' AND name = '{table}'")
+    }
+
+    async fn hold_dev_inbox(&self, description: &str) -> anyhow::Result<DevInboxHold> {
+        let options = self.pool().connect_options();
+        let file = options.get_filename();
+        if file.starts_with("file:sqlx-in-memory") || !file.exists() {
+            // An in-memory database is this process's alone.
+            return Ok(DevInboxHold::Held(Box::new(())));
+        }
+        // A lock on a file beside the database: the system releases it when the process
+        // ends, however it ends; the file keeps the last holder's description.
+        let mut path = file.as_os_str().to_owned();
+        path.push(".dev-inbox");
+        let path = PathBuf::from(path);
+        let mut lock = std::fs::OpenOptions::new()
+            .read(true)
+            .write(true)
+            .create(true)
+            .truncate(false)
+            .open(&path)
+            .with_context(|| format!("opening {}", path.display()))?;
+        match lock.try_lock() {
+            Ok(()) => {
+                use std::io::Write;
+                lock.set_len(0)?;
+                lock.write_all(description.as_bytes())?;
+                Ok(DevInboxHold::Held(Box::new(lock)))
+            }
+            Err(std::fs::TryLockError::WouldBlock) => {
+                let holder = std::fs::read_to_string(&path).unwrap_or_default();
+                Ok(DevInboxHold::Elsewhere(if holder.trim().is_empty() {
+                    "another process".to_owned()
+                } else {
+                    holder.trim().to_owned()
+                }))
+            }
+            Err(std::fs::TryLockError::Error(error)) => {
+                Err(anyhow::Error::new(error).context(format!("locking {}", path.display())))
+            }
+        }
     }
 
     fn stores(&self) -> &Stores<SqliteKeyStore> {

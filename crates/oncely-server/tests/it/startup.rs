@@ -290,6 +290,127 @@ async fn connection_and_listening_errors_say_what_and_where_in_one_line() {
     );
 }
 
+/// Issue 15, item 3: `oncely worker` in development without a mailer mailed into an inbox of
+/// its own that nobody saw.
+#[tokio::test]
+async fn a_worker_with_the_dev_mailer_is_refused_and_told_what_to_do() {
+    let dir = tempfile::tempdir().unwrap();
+    let url = format!("sqlite://{}", dir.path().join("o.db").display());
+    for env in [&[][..], &[("ONCELY_MAILER", "dev")]] {
+        let line = refusal(&oncely(&["worker", "--database-url", &url], env).await);
+        assert!(
+            line.starts_with("ONCELY_MAILER")
+                && line.contains("nobody sees")
+                && line.contains("oncely inbox"),
+            "{line}"
+        );
+    }
+}
+
+crate::support::both_databases!(one_database_has_one_dev_inbox_and_the_banner_says_who_serves_it);
+
+/// Issue 15, item 3: two `serve` processes of one database each ran a dev inbox of their own,
+/// and the emails split between them; the banner promised an inbox whatever the bind or
+/// `--workers` said. Now the process whose workers mail into it holds it, another one with
+/// workers is refused (naming the first), one with `--workers 0` points to the first, and a
+/// crashed holder blocks nobody.
+async fn one_database_has_one_dev_inbox_and_the_banner_says_who_serves_it(
+    url: String,
+    _db: oncely_testdb::TestDb,
+) {
+    use crate::support::spawn_binary;
+    let mut first = spawn_binary(&url, "dev", &[], &[]).await;
+    let page = format!("{}/_dev/inbox", first.base);
+    assert!(
+        first.banner[1].starts_with(&format!(
+            "dev inbox:    {page}   (JSON: /_dev/inbox/messages; SMTP 127.0.0.1:"
+        )),
+        "{:?}",
+        first.banner
+    );
+    let client = oncely_testdb::http();
+    let served = client.get(format!("{page}/messages")).send().await.unwrap();
+    assert_eq!(served.status(), 200);
+
+    let second = [
+        "serve",
+        "--bind",
+        "127.0.0.1:0",
+        "--database-url",
+        &url,
+        "--mailer",
+        "dev",
+        "--secret",
+        SECRET,
+    ];
+    let line = refusal(&oncely(&second, &[]).await);
+    let pid = first.child.id().unwrap();
+    assert_eq!(
+        line,
+        format!(
+            "the dev inbox of this database is served by another `oncely serve` ({page} (pid {pid})), whose workers send the emails: start this one with --workers 0 (ONCELY_WORKERS), or stop that one"
+        )
+    );
+    let api_only = spawn_binary(&url, "dev", &["--workers", "0"], &[]).await;
+    assert_eq!(
+        api_only.banner[1],
+        format!(
+            "dev inbox:    served by another `oncely serve` of this database: {page} (pid {pid}) (this one has --workers 0)"
+        )
+    );
+    let page_here = client
+        .get(format!("{}/_dev/inbox/messages", api_only.base))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(page_here.status(), 404, "not served where it is not");
+
+    // A crash (SIGKILL) releases it: the next `serve` with workers holds it.
+    first.child.kill().await.unwrap();
+    first.child.wait().await.unwrap();
+    let next = spawn_binary(&url, "dev", &[], &[]).await;
+    assert!(
+        next.banner[1].starts_with(&format!("dev inbox:    {}/_dev/inbox ", next.base)),
+        "{:?}",
+        next.banner
+    );
+}
+
+/// Issue 15, item 3: the banner printed the dev inbox whenever the mailer was `dev`; it is
+/// served only on a loopback bind and only by a process whose workers mail into it.
+#[tokio::test]
+async fn the_banner_says_why_the_dev_inbox_is_off() {
+    use crate::support::spawn_binary;
+    for (mailer, extra, says) in [
+        (
+            "dev",
+            &["--workers", "0"][..],
+            "dev inbox:    off (--workers 0: this process sends no email; emails wait for `oncely worker` or a `serve` with workers)",
+        ),
+        (
+            "smtp://127.0.0.1:9",
+            &[],
+            "dev inbox:    off (ONCELY_MAILER is set: emails go to that mailer)",
+        ),
+        (
+            "dev",
+            &["--bind", "0.0.0.0:0"],
+            "dev inbox:    off (bind 0.0.0.0 is not loopback: the dev inbox is served on loopback only, and emails sent here are kept where nobody reads them; bind 127.0.0.1, or set ONCELY_MAILER)",
+        ),
+    ] {
+        let db = oncely_testdb::TestSqlite::new();
+        let process = spawn_binary(db.url(), mailer, extra, &[]).await;
+        assert_eq!(process.banner[1], says);
+        let base = process.base.replace("0.0.0.0", "127.0.0.1");
+        let page = oncely_testdb::http()
+            .get(format!("{base}/_dev/inbox/messages"))
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(page.status(), 404, "{says}");
+    }
+}
+
 /// Issue 15, item 1: on PostgreSQL in development, `serve` and `worker` started from two
 /// directories each wrote a `.oncely-secret` of their own, and every emailed link was
 /// `token-invalid`. The generated secret lives in the database now: every process of it signs
@@ -314,14 +435,17 @@ async fn serve_and_worker_started_from_two_directories_share_the_development_sec
             .kill_on_drop(true);
         command.spawn().unwrap()
     };
+    // The first line; the rest is drained (a closed pipe would end the process).
     let first_line = async |child: &mut tokio::process::Child| {
         let stdout = child.stdout.take().unwrap();
         let mut lines = tokio::io::BufReader::new(stdout).lines();
-        tokio::time::timeout(std::time::Duration::from_secs(30), lines.next_line())
+        let first = tokio::time::timeout(std::time::Duration::from_secs(30), lines.next_line())
             .await
             .unwrap()
             .unwrap()
-            .unwrap()
+            .unwrap();
+        tokio::spawn(async move { while let Ok(Some(_)) = lines.next_line().await {} });
+        first
     };
     let mut api = start(
         &api_dir,

@@ -87,7 +87,7 @@ impl Backend for Sqlite {
     async fn hold_dev_inbox(&self, description: &str) -> anyhow::Result<DevInboxHold> {
         let options = self.pool().connect_options();
         let file = options.get_filename();
-        if file.starts_with("file:sqlx-in-memory") || !file.exists() {
+        if file.to_string_lossy().starts_with("file:sqlx-in-memory") || !file.exists() {
             // An in-memory database is this process's alone.
             return Ok(DevInboxHold::Held(Box::new(())));
         }

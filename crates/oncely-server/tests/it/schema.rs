@@ -266,6 +266,10 @@ async fn a_least_privilege_role_serves_a_migrated_database_in_production() {
     .execute(&mut conn)
     .await
     .unwrap();
+    let _dropped_at_the_end = TestRole {
+        name: role.clone(),
+        databases: vec![migrated.url().to_owned(), empty.url().to_owned()],
+    };
     let grant = format!(
         "GRANT USAGE ON SCHEMA public TO {role};
          GRANT SELECT, INSERT, UPDATE, DELETE ON ALL TABLES IN SCHEMA public TO {role};
@@ -331,16 +335,40 @@ async fn a_least_privilege_role_serves_a_migrated_database_in_production() {
             && line.matches("permission denied").count() == 1,
         "{line}"
     );
+}
 
-    for db in [&migrated, &empty] {
-        let mut conn = sqlx::PgConnection::connect(db.url()).await.unwrap();
-        sqlx::raw_sql(AssertSqlSafe(format!("DROP OWNED BY {role}")))
-            .execute(&mut conn)
-            .await
-            .unwrap();
+/// A login role, dropped (with its privileges in `databases`) when the test ends, pass or fail.
+struct TestRole {
+    name: String,
+    databases: Vec<String>,
+}
+
+impl Drop for TestRole {
+    fn drop(&mut self) {
+        let (name, databases) = (self.name.clone(), self.databases.clone());
+        // Drop runs inside the test's runtime: a thread with a runtime of its own.
+        let _ = std::thread::spawn(move || {
+            let runtime = tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()
+                .ok()?;
+            runtime.block_on(async {
+                for url in &databases {
+                    let mut conn = sqlx::PgConnection::connect(url).await.ok()?;
+                    sqlx::raw_sql(AssertSqlSafe(format!("DROP OWNED BY {name}")))
+                        .execute(&mut conn)
+                        .await
+                        .ok()?;
+                }
+                let mut conn = sqlx::PgConnection::connect(&oncely_testdb::server_url())
+                    .await
+                    .ok()?;
+                sqlx::raw_sql(AssertSqlSafe(format!("DROP ROLE IF EXISTS {name}")))
+                    .execute(&mut conn)
+                    .await
+                    .ok()
+            })
+        })
+        .join();
     }
-    sqlx::raw_sql(AssertSqlSafe(format!("DROP ROLE {role}")))
-        .execute(&mut conn)
-        .await
-        .unwrap();
 }

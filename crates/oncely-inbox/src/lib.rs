@@ -308,8 +308,14 @@ impl Inbox {
     /// Starts the SMTP and HTTP listeners (port 0 picks free ports); they run until the runtime
     /// ends.
     pub async fn start(&self, smtp: SocketAddr, http: SocketAddr) -> std::io::Result<Running> {
-        let smtp_listener = tokio::net::TcpListener::bind(smtp).await?;
-        let http_listener = tokio::net::TcpListener::bind(http).await?;
+        // The error names the address: "Address already in use" alone does not say which.
+        let bind = async |what: &str, addr: SocketAddr| {
+            tokio::net::TcpListener::bind(addr).await.map_err(|e| {
+                std::io::Error::new(e.kind(), format!("cannot listen on {addr} ({what}): {e}"))
+            })
+        };
+        let smtp_listener = bind("SMTP", smtp).await?;
+        let http_listener = bind("HTTP", http).await?;
         let running = Running {
             smtp_addr: smtp_listener.local_addr()?,
             http_addr: http_listener.local_addr()?,

@@ -5,7 +5,7 @@ use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;
 
-use anyhow::Context;
+use anyhow::{Context, bail};
 use axum::Router;
 use axum::extract::State;
 use axum::http::StatusCode;
@@ -16,13 +16,13 @@ use tokio::net::TcpListener;
 use tokio_util::sync::CancellationToken;
 
 use crate::accounts::Accounts;
-use crate::backend::Backend;
+use crate::backend::{Backend, DevInboxHold};
 use crate::client_addr::TrustedProxies;
 use crate::mail::MailContext;
 use crate::routes::{self, AppState};
 use crate::settings::{Environment, MailerChoice, MailerSettings, Settings};
-use crate::telemetry;
 use crate::workers::{self, WorkerHandles};
+use crate::{startup, telemetry};
 
 /// How long one email send may take before its outcome counts as unknown.
 pub const SEND_TIMEOUT: Duration = Duration::from_secs(10);
@@ -34,8 +34,42 @@ pub struct Application<B> {
     router: Router,
     backend: B,
     dev_inbox: Option<(Inbox, Running)>,
+    dev_inbox_status: DevInbox,
+    /// Holds the dev inbox of the database for this process (see [`Backend::hold_dev_inbox`]).
+    _dev_inbox_hold: Option<DevInboxHold>,
     shutdown: CancellationToken,
     workers: WorkerHandles,
+}
+
+/// Where this process's emails can be read: what `serve` prints on its `dev inbox:` line.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum DevInbox {
+    /// This process serves it: its page, and its SMTP intake.
+    Served {
+        /// `http://…/_dev/inbox`.
+        page: String,
+        /// The intake the workers send to.
+        smtp: SocketAddr,
+    },
+    /// Another `serve` of this database serves it (this one runs no workers).
+    Elsewhere(String),
+    /// Not served, and why.
+    Off(String),
+}
+
+impl std::fmt::Display for DevInbox {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Self::Served { page, smtp } => {
+                write!(f, "{page}   (JSON: /_dev/inbox/messages; SMTP {smtp})")
+            }
+            Self::Elsewhere(by) => write!(
+                f,
+                "served by another `oncely serve` of this database: {by} (this one has --workers 0)"
+            ),
+            Self::Off(why) => write!(f, "off ({why})"),
+        }
+    }
 }
 
 /// The mailer the settings name; `dev` starts the built-in inbox.
@@ -76,16 +110,69 @@ pub async fn mailer(
 }
 
 impl<B: Accounts> Application<B> {
-    /// Connects, migrates, binds, starts the workers and the pruner. `settings` were checked
-    /// when they were resolved ([`Settings::from_args`]).
-    pub async fn build(settings: Settings) -> anyhow::Result<Self> {
-        let backend = B::connect(&settings.database.url, settings.database.pool).await?;
-        backend.migrate().await?;
+    /// Connects; migrates in development, checks the schema in production
+    /// ([`startup::open_to_serve`]); binds; starts the workers and the pruner. `settings` were
+    /// checked when they were resolved ([`Settings::from_args`]).
+    pub async fn build(mut settings: Settings) -> anyhow::Result<Self> {
+        let backend: B = startup::open_to_serve(
+            &settings.database.url,
+            settings.database.pool,
+            settings.environment,
+        )
+        .await?;
+        if let Some(generated) = &settings.generated_secret {
+            settings.secret =
+                startup::development_secret(&backend, generated, &settings.secret).await?;
+        }
         let listener = TcpListener::bind(settings.bind)
             .await
-            .with_context(|| format!("cannot listen on {}", settings.bind))?;
+            .with_context(|| format!("cannot listen on {} (ONCELY_BIND)", settings.bind))?;
         let addr = listener.local_addr()?;
+        let development = settings.environment == Environment::Development;
+        // Workers that mail into the dev inbox deliver into this process's inbox: one process
+        // of a database may, or the emails split between inboxes.
+        let page = format!("http://{addr}/_dev/inbox");
+        // `None`: this process serves it.
+        let (not_served, dev_inbox_hold) = match &settings.mailer.choice {
+            MailerChoice::Url(_) => (
+                Some(DevInbox::Off(
+                    "ONCELY_MAILER is set: emails go to that mailer".into(),
+                )),
+                None,
+            ),
+            MailerChoice::Dev => {
+                let me = format!("{page} (pid {})", std::process::id());
+                match backend.hold_dev_inbox(&me).await? {
+                    DevInboxHold::Elsewhere(by) if settings.workers > 0 => bail!(
+                        "the dev inbox of this database is served by another `oncely serve` ({by}), whose workers send the emails: start this one with --workers 0 (ONCELY_WORKERS), or stop that one"
+                    ),
+                    DevInboxHold::Elsewhere(by) => (Some(DevInbox::Elsewhere(by)), None),
+                    DevInboxHold::Held(_) if settings.workers == 0 => (
+                        Some(DevInbox::Off(
+                            "--workers 0: this process sends no email; emails wait for `oncely worker` or a `serve` with workers".into(),
+                        )),
+                        None,
+                    ),
+                    held if !addr.ip().is_loopback() => (
+                        Some(DevInbox::Off(format!(
+                            "bind {} is not loopback: the dev inbox is served on loopback only, and emails sent here are kept where nobody reads them; bind 127.0.0.1, or set ONCELY_MAILER",
+                            settings.bind.ip()
+                        ))),
+                        Some(held),
+                    ),
+                    held => (None, Some(held)),
+                }
+            }
+        };
         let (mailer, dev_inbox) = mailer(&settings.mailer).await?;
+        let dev_inbox_status = match (not_served, &dev_inbox) {
+            (Some(status), _) => status,
+            (None, Some((_, running))) => DevInbox::Served {
+                page,
+                smtp: running.smtp_addr,
+            },
+            (None, None) => DevInbox::Off("no dev inbox started".into()),
+        };
         let context = Arc::new(MailContext {
             secret: settings.secret.clone(),
             public_url: settings.public_url_at(addr),
@@ -114,7 +201,6 @@ impl<B: Accounts> Application<B> {
             limits: settings.limits,
         };
         let v1 = routes::v1(state, settings.key_policy());
-        let development = settings.environment == Environment::Development;
         let production = settings.environment == Environment::Production;
         let v1 = if development
             && std::env::var("ONCELY_FAILPOINT").as_deref() == Ok("crash-after-commit")
@@ -155,9 +241,11 @@ impl<B: Accounts> Application<B> {
             .with_state(backend.clone())
             .merge(v1)
             .route_layer(axum::middleware::from_fn(telemetry::record_http));
+        // Served only when this process's workers mail into it, on a loopback bind, in
+        // development (the dev mailer exists only there): exactly what the banner says.
         if let Some((inbox, _)) = &dev_inbox
+            && matches!(dev_inbox_status, DevInbox::Served { .. })
             && development
-            && addr.ip().is_loopback()
         {
             router = router.nest("/_dev/inbox", oncely_inbox::http::router(inbox.clone()));
         }
@@ -175,6 +263,8 @@ impl<B: Accounts> Application<B> {
             router,
             backend,
             dev_inbox,
+            dev_inbox_status,
+            _dev_inbox_hold: dev_inbox_hold,
             shutdown,
             workers,
         })
@@ -195,6 +285,11 @@ impl<B: Accounts> Application<B> {
     /// The built-in inbox, when the mailer is `dev`.
     pub fn dev_inbox(&self) -> Option<&(Inbox, Running)> {
         self.dev_inbox.as_ref()
+    }
+
+    /// Whether this process serves the dev inbox, and if not, why (the `dev inbox:` line).
+    pub fn dev_inbox_status(&self) -> &DevInbox {
+        &self.dev_inbox_status
     }
 
     /// Serves until `shutdown` completes. Then, at once, the workers stop claiming (each

@@ -3,6 +3,9 @@
 //! Map:
 //! - [`cli`]: the command line (clap); [`settings`]: what it resolves to, checked once (the
 //!   server secret, mailer, public URL, limits), handed to [`app::Application::build`].
+//! - [`startup`]: reading the command line, opening the database as a command needs it
+//!   (migrating on purpose, or checking the schema), the shared development secret, one-line
+//!   errors.
 //! - [`backend`]: the seam — PostgreSQL or SQLite, chosen once by URL; connection, the key and
 //!   job stores, migrations; everything else is generic over a [`backend::Backend`].
 //! - [`app`]: assembly: database, mailer, routes, workers; binding (port 0 in tests); shutdown.
@@ -33,6 +36,7 @@ pub mod password;
 pub mod prune;
 pub mod routes;
 pub mod settings;
+pub mod startup;
 pub mod telemetry;
 pub mod token;
 pub mod workers;

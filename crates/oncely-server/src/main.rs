@@ -5,7 +5,6 @@ use std::path::PathBuf;
 use std::sync::Arc;
 
 use anyhow::bail;
-use clap::Parser;
 use oncely_inbox::{Faults, Inbox};
 use oncely_server::accounts::Accounts;
 use oncely_server::app::{self, Application};
@@ -15,12 +14,12 @@ use oncely_server::cli::{
 };
 use oncely_server::mail::MailContext;
 use oncely_server::settings::{Environment, Settings, WorkerSettings};
-use oncely_server::{demo, ops, workers};
+use oncely_server::{demo, ops, startup, workers};
 use tokio_util::sync::CancellationToken;
 
 #[tokio::main]
 async fn main() -> std::process::ExitCode {
-    let cli = Cli::parse();
+    let cli = startup::parse_command_line();
     let json = cli.command.json();
     let production = match &cli.command {
         Command::Serve(a) => a.common.environment == Environment::Production,
@@ -103,8 +102,8 @@ impl Task {
             Self::Worker(settings) => run_workers::<B>(settings).await,
             Self::Migrate(args) => {
                 let backend = B::connect(&args.database.database_url, COMMAND_POOL).await?;
-                backend.migrate().await?;
-                print!("{}", ops::migrated(&backend, args.output).await?);
+                let migrated = startup::migrate(&backend).await?;
+                print!("{}", ops::migrated::<B>(&migrated, args.output)?);
                 Ok(())
             }
             Self::Tenant(command) => {
@@ -133,12 +132,7 @@ async fn serve<B: Accounts>(settings: Settings) -> anyhow::Result<()> {
     let addr = app.addr();
     tracing::info!(%addr, database = B::NAME, workers, "oncely is serving");
     println!("oncely API:   http://{addr}   (health: /healthz)");
-    if let Some((_, running)) = app.dev_inbox() {
-        println!(
-            "dev inbox:    http://{addr}/_dev/inbox   (JSON: /_dev/inbox/messages; SMTP {})",
-            running.smtp_addr
-        );
-    }
+    println!("dev inbox:    {}", app.dev_inbox_status());
     println!(
         "try:          curl -i http://{addr}/v1/signup -H 'Idempotency-Key: \"signup-1\"' \
          -H 'content-type: application/json' -d '{{\"email\":\"ada@example.com\"}}'"
@@ -165,11 +159,21 @@ async fn run_demo(intents: usize, log: Option<PathBuf>) -> anyhow::Result<()> {
 }
 
 async fn run_workers<B: Accounts>(settings: WorkerSettings) -> anyhow::Result<()> {
-    let backend = B::connect(&settings.database.url, settings.database.pool).await?;
-    backend.migrate().await?;
+    let backend: B = startup::open_to_serve(
+        &settings.database.url,
+        settings.database.pool,
+        settings.environment,
+    )
+    .await?;
+    let secret = match &settings.generated_secret {
+        Some(generated) => {
+            startup::development_secret(&backend, generated, &settings.secret).await?
+        }
+        None => settings.secret,
+    };
     let (mailer, _) = app::mailer(&settings.mailer).await?;
     let context = Arc::new(MailContext {
-        secret: settings.secret,
+        secret,
         public_url: settings.public_url,
         from: settings.mailer.from.clone(),
         mailer,

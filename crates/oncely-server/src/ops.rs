@@ -17,13 +17,13 @@ use oncely_outbox::job::AttemptRecord;
 use oncely_outbox::store::{BulkRedrive, DeadFilter, JobFilter, PROVIDER_DEDUPE_WINDOW};
 use oncely_outbox::{JobRecord, JobStatus, JobStore};
 use serde::Serialize;
-use serde_json::json;
+use serde_json::{Value, json};
 use time::OffsetDateTime;
 use unicode_width::UnicodeWidthStr;
 use uuid::Uuid;
 
 use crate::accounts::{AccountError, Accounts, TenantRecord, from_millis};
-use crate::backend::{Backend, COMMAND_POOL, MIGRATION_TABLES};
+use crate::backend::{Backend, COMMAND_POOL};
 use crate::cli::{JobRefKind, KeyCommand, OutboxCommand, OutputArgs, PruneArgs, TenantCommand};
 
 // ---------------------------------------------------------------------------------------------
@@ -328,7 +328,7 @@ fn redriven_since(redriven_at: Option<OffsetDateTime>, history: &[AttemptView]) 
 }
 
 /// Runs an outbox command on backend `B` and returns what to print.
-pub async fn outbox<B: Backend>(command: OutboxCommand) -> anyhow::Result<String> {
+pub async fn outbox<B: Accounts>(command: OutboxCommand) -> anyhow::Result<String> {
     // `dead` is `list --status dead`.
     let command = match command {
         OutboxCommand::Dead {
@@ -345,7 +345,7 @@ pub async fn outbox<B: Backend>(command: OutboxCommand) -> anyhow::Result<String
         },
         other => other,
     };
-    let backend = B::connect(&command.database().database_url, COMMAND_POOL).await?;
+    let backend: B = crate::startup::open_existing(&command.database().database_url, COMMAND_POOL).await?;
     run_outbox_command(&backend.jobs(true), command).await
 }
 
@@ -929,7 +929,7 @@ pub async fn tenant<B: Accounts>(command: TenantCommand) -> anyhow::Result<Strin
         }
         TenantCommand::List { .. } => None,
     };
-    let backend = B::connect(&command.database().database_url, COMMAND_POOL).await?;
+    let backend: B = crate::startup::open_existing(&command.database().database_url, COMMAND_POOL).await?;
     backend.migrate().await?;
     match (command, named) {
         (TenantCommand::Create { .. }, Some(tenant)) => {
@@ -1065,7 +1065,7 @@ pub struct ResponseView {
 
 /// `oncely key show`: the state of one idempotency key, and the answer it replays. A key that
 /// is not there (never used, or past its retention) is [`Failure::NotFound`].
-pub async fn key_show<B: Backend>(command: KeyCommand) -> anyhow::Result<String> {
+pub async fn key_show<B: Accounts>(command: KeyCommand) -> anyhow::Result<String> {
     use oncely::store::{KeyStore, RecordState};
     use oncely::{IdempotencyKey, Scope, TenantId};
     let KeyCommand::Show {
@@ -1079,7 +1079,7 @@ pub async fn key_show<B: Backend>(command: KeyCommand) -> anyhow::Result<String>
     let tenant = TenantId::parse(tenant).map_err(|e| anyhow::anyhow!("{e}"))?;
     let key = IdempotencyKey::parse(&key).map_err(|e| anyhow::anyhow!("{e}"))?;
     let scope = Scope::new(tenant, method.to_uppercase(), route, key);
-    let backend = B::connect(&database.database_url, COMMAND_POOL).await?;
+    let backend: B = crate::startup::open_existing(&database.database_url, COMMAND_POOL).await?;
     let title = format!(
         "tenant {} · {} {} · key {:?}",
         scope.tenant,
@@ -1162,7 +1162,7 @@ pub async fn key_show<B: Backend>(command: KeyCommand) -> anyhow::Result<String>
 /// `--json`), and what it deleted.
 pub async fn prune<B: Accounts>(args: PruneArgs) -> anyhow::Result<String> {
     use indicatif::{ProgressBar, ProgressStyle};
-    let backend = B::connect(&args.database.database_url, COMMAND_POOL).await?;
+    let backend: B = crate::startup::open_existing(&args.database.database_url, COMMAND_POOL).await?;
     backend.migrate().await?;
     let bar = if args.output.json {
         ProgressBar::hidden()
@@ -1203,25 +1203,35 @@ pub async fn prune<B: Accounts>(args: PruneArgs) -> anyhow::Result<String> {
     })
 }
 
-/// What `oncely migrate` prints once `backend` is migrated: a line, or with `--json`
-/// `{"database": "postgres", "versions": {"idempotency": n, "outbox": n, "accounts": n}}`, the
-/// latest migration applied in each history.
-pub async fn migrated<B: Accounts>(backend: &B, output: OutputArgs) -> anyhow::Result<String> {
-    let mut versions = serde_json::Map::new();
-    for (name, table) in ["idempotency", "outbox", "accounts"]
-        .into_iter()
-        .zip(MIGRATION_TABLES)
-    {
-        let version = backend
-            .scalar(format!(
-                "SELECT COALESCE(MAX(version), 0) FROM {table} WHERE success"
-            ))
-            .await?;
-        versions.insert(name.into(), version.into());
-    }
-    let value = json!({ "database": B::NAME, "versions": versions });
+/// What `oncely migrate` prints: per library what it applied (`outbox 1 applied, schema at
+/// 0007`), or with `--json` `{"database": "postgres", "applied": n, "libraries":
+/// [{"library": "outbox", "applied": 1, "schema": "0007", "unknown": 0}, …]}` (`unknown`:
+/// migrations a newer release applied that this binary does not know).
+pub fn migrated<B: Backend>(
+    migrated: &crate::startup::Migrated,
+    output: OutputArgs,
+) -> anyhow::Result<String> {
+    let libraries: Vec<Value> = migrated
+        .before
+        .0
+        .iter()
+        .zip(&migrated.after.0)
+        .map(|(before, after)| {
+            json!({
+                "library": after.library,
+                "applied": after.applied.saturating_sub(before.applied),
+                "schema": format!("{:04}", after.at),
+                "unknown": after.unknown,
+            })
+        })
+        .collect();
+    let value = json!({
+        "database": B::NAME,
+        "applied": migrated.applied(),
+        "libraries": libraries,
+    });
     render(output, &value, |out| {
-        writeln!(out, "migrations applied ({})", B::NAME)?;
+        write!(out, "{migrated}")?;
         Ok(())
     })
 }

@@ -8,7 +8,7 @@ use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
-use anyhow::{Context, bail};
+use anyhow::bail;
 use clap::ValueEnum;
 use oncely::ServerSecret;
 use oncely_outbox::mail::IdempotencyHeader;
@@ -68,6 +68,10 @@ pub struct Settings {
     pub bind: SocketAddr,
     /// Fingerprints, keyed hashes, tokens; with the previous secrets of a rotation.
     pub secret: ServerSecret,
+    /// Development without `ONCELY_SECRET`: the secret this process generated. At start the
+    /// database's development secret replaces [`Self::secret`] (the first process of the
+    /// database stores its own), so that every process of the database signs alike.
+    pub generated_secret: Option<SecretString>,
     /// The base of links in emails, without a trailing slash; `None`: `http://` and the address
     /// actually bound (development).
     pub public_url: Option<String>,
@@ -114,6 +118,7 @@ impl Settings {
                 .parse()
                 .expect("the default bind address parses"),
             secret,
+            generated_secret: None,
             public_url: None,
             mailer: MailerSettings {
                 choice: MailerChoice::Dev,
@@ -146,14 +151,16 @@ impl Settings {
     pub fn from_args(args: ServeArgs) -> anyhow::Result<Self> {
         args.validate()?;
         let common = &args.common;
-        let secret = common.server_secret()?;
+        let database = DatabaseSettings::from_args(common)?;
+        let (secret, generated_secret) = common.server_secret()?;
         let mailer = MailerSettings::from_args(common)?;
         let public_url = common.public_url(Some(args.bind))?;
         Ok(Self {
             environment: common.environment,
-            database: DatabaseSettings::from_args(common),
+            database,
             bind: args.bind,
             secret,
+            generated_secret,
             // Only the development default depends on the port actually bound (`:0` in tests).
             public_url: common.public_url.is_some().then_some(public_url),
             mailer,
@@ -219,6 +226,10 @@ pub struct WorkerSettings {
     pub database: DatabaseSettings,
     /// Derives the links' tokens (with the previous secrets of a rotation).
     pub secret: ServerSecret,
+    /// As [`Settings::generated_secret`].
+    pub generated_secret: Option<SecretString>,
+    /// Development or production.
+    pub environment: Environment,
     /// The base of links in emails.
     pub public_url: String,
     /// Where email goes (never the dev inbox: it lives inside `oncely serve`).
@@ -233,17 +244,25 @@ impl WorkerSettings {
     /// Resolves and checks `oncely worker`'s command line.
     pub fn from_args(args: WorkerArgs) -> anyhow::Result<Self> {
         let common = &args.common;
+        let database = DatabaseSettings::from_args(common)?;
         let mailer = MailerSettings::from_args(common)?;
         if mailer.choice == MailerChoice::Dev {
             bail!(
-                "the dev inbox lives inside `oncely serve`; give `oncely worker` an ONCELY_MAILER URL"
+                "ONCELY_MAILER{}: `oncely worker` would mail into an inbox of its own that nobody sees (the dev inbox is served by `oncely serve`, whose own workers send to it); set ONCELY_MAILER to a mailer (`oncely inbox`: smtp://127.0.0.1:2525), or run the workers in `oncely serve`",
+                if common.mailer.is_some() {
+                    "=dev"
+                } else {
+                    " is unset (dev)"
+                }
             );
         }
-        let secret = common.server_secret()?;
+        let (secret, generated_secret) = common.server_secret()?;
         let public_url = common.public_url(None)?;
         Ok(Self {
-            database: DatabaseSettings::from_args(common),
+            database,
             secret,
+            generated_secret,
+            environment: common.environment,
             public_url,
             mailer,
             plan: WorkerPlan::new(
@@ -267,11 +286,39 @@ pub struct DatabaseSettings {
 }
 
 impl DatabaseSettings {
-    fn from_args(common: &CommonArgs) -> Self {
-        Self {
-            url: common.database.database_url.clone(),
-            pool: common.database_pool,
+    /// Refuses, in production, a SQLite database that lives in the working directory or in
+    /// memory (the development default among them).
+    fn from_args(common: &CommonArgs) -> anyhow::Result<Self> {
+        let url = &common.database.database_url;
+        if common.environment == Environment::Production
+            && let Some(what) = not_for_production(url)
+        {
+            bail!(
+                "DATABASE_URL={url} is {what}: production needs postgres://… (or a SQLite file by absolute path, sqlite:///var/lib/oncely/oncely.db, on one machine)"
+            );
         }
+        Ok(Self {
+            url: url.clone(),
+            pool: common.database_pool,
+        })
+    }
+}
+
+/// Why a SQLite `url` is no production database, if it is not: in memory, or relative to the
+/// working directory (the development default is).
+fn not_for_production(url: &str) -> Option<&'static str> {
+    let path = url
+        .strip_prefix("sqlite://")
+        .or_else(|| url.strip_prefix("sqlite:"))?;
+    let path = path.split('?').next().unwrap_or(path);
+    if path == ":memory:" || path.is_empty() || url.contains("mode=memory") {
+        Some("in memory (lost at exit)")
+    } else if url == defaults::DATABASE_URL {
+        Some("the development default, a file in the working directory")
+    } else if !Path::new(path).is_absolute() {
+        Some("a file relative to the working directory")
+    } else {
+        None
     }
 }
 
@@ -320,6 +367,11 @@ pub enum Environment {
 
 /// The shortest `ONCELY_SECRET` accepted.
 pub const MIN_SECRET_CHARS: usize = 32;
+
+/// The fewest different characters an `ONCELY_SECRET` has: 32 spaces or one repeated
+/// character is a placeholder. (Not asked of `ONCELY_SECRET_PREVIOUS`: rotating away from a
+/// weak secret must stay possible.)
+pub const MIN_SECRET_DISTINCT_CHARS: usize = 8;
 
 impl ServeArgs {
     /// Checks settings that depend on each other.
@@ -405,10 +457,11 @@ impl CommonArgs {
     /// directory, so that it survives restarts.
     /// With `ONCELY_SECRET_PREVIOUS`, the previous secret verifies what it made (see
     /// [`ServerSecret::with_previous`]).
-    pub(crate) fn server_secret(&self) -> anyhow::Result<ServerSecret> {
-        let current = self.current_secret()?;
+    /// The second value is the generated secret, when none was given (development).
+    pub(crate) fn server_secret(&self) -> anyhow::Result<(ServerSecret, Option<SecretString>)> {
+        let (current, generated) = self.current_secret()?;
         let Some(previous) = &self.secret_previous else {
-            return Ok(current);
+            return Ok((current, generated));
         };
         let previous = previous.expose_secret();
         if previous.len() < MIN_SECRET_CHARS {
@@ -419,24 +472,36 @@ impl CommonArgs {
                 "ONCELY_SECRET_PREVIOUS is the same as ONCELY_SECRET; set it to the secret before the rotation"
             );
         }
-        Ok(current.with_previous(vec![ServerSecret::new(previous.as_bytes().to_vec())?]))
+        let ring = current.with_previous(vec![ServerSecret::new(previous.as_bytes().to_vec())?]);
+        Ok((ring, generated))
     }
 
-    fn current_secret(&self) -> anyhow::Result<ServerSecret> {
+    fn current_secret(&self) -> anyhow::Result<(ServerSecret, Option<SecretString>)> {
         if let Some(secret) = &self.secret {
             let secret = secret.expose_secret();
             if secret.len() < MIN_SECRET_CHARS {
                 bail!("ONCELY_SECRET must be at least {MIN_SECRET_CHARS} characters");
             }
-            return Ok(ServerSecret::new(secret.as_bytes().to_vec())?);
+            let distinct = secret
+                .chars()
+                .collect::<std::collections::HashSet<_>>()
+                .len();
+            if distinct < MIN_SECRET_DISTINCT_CHARS {
+                bail!(
+                    "ONCELY_SECRET is a placeholder, not a secret (only {distinct} different character{}): use at least {MIN_SECRET_CHARS} random characters, e.g. `openssl rand -hex 32`",
+                    if distinct == 1 { "" } else { "s" }
+                );
+            }
+            return Ok((ServerSecret::new(secret.as_bytes().to_vec())?, None));
         }
         if self.environment == Environment::Production {
             bail!(
                 "ONCELY_SECRET is required in production (at least {MIN_SECRET_CHARS} random characters)"
             );
         }
-        let path = data_dir(&self.database.database_url).join(".oncely-secret");
-        Ok(ServerSecret::new(dev_secret(&path)?)?)
+        let generated = generated_secret(&data_dir(&self.database.database_url));
+        let secret = ServerSecret::new(generated.as_bytes().to_vec())?;
+        Ok((secret, Some(generated.into())))
     }
 
     /// The mailer to use; an invalid or (in production) missing one is a start-up error.
@@ -455,6 +520,17 @@ impl CommonArgs {
                     .iter()
                     .any(|s| url.starts_with(s)) =>
             {
+                let scheme = url.split("://").next().unwrap_or_default();
+                let host = match url::Url::parse(url) {
+                    Ok(parsed) => parsed.host_str().is_some_and(|host| !host.is_empty()),
+                    Err(url::ParseError::EmptyHost) => false,
+                    Err(e) => bail!("ONCELY_MAILER ({scheme}://…) is not a URL: {e}"),
+                };
+                if !host {
+                    bail!(
+                        "ONCELY_MAILER={scheme}:// names no host: e.g. smtps://smtp.example.com:465 or https://api.resend.com/emails"
+                    );
+                }
                 match &self.smtp_password {
                     Some(password) => Ok(MailerChoice::Url(with_smtp_password(
                         url,
@@ -533,28 +609,20 @@ pub fn data_dir(database_url: &str) -> PathBuf {
     crate::backend::Sqlite::directory(database_url).unwrap_or_else(|| PathBuf::from("."))
 }
 
-fn dev_secret(path: &Path) -> anyhow::Result<Vec<u8>> {
-    if let Ok(existing) = std::fs::read_to_string(path) {
+/// A development secret for a process given none: the `.oncely-secret` an earlier release
+/// generated into `data_dir`, if there is one (its database's links keep working), else 32
+/// random bytes in hex. The database keeps the first one a process stored
+/// ([`crate::startup::development_secret`]); nothing is written here.
+fn generated_secret(data_dir: &Path) -> String {
+    if let Ok(existing) = std::fs::read_to_string(data_dir.join(".oncely-secret")) {
         let existing = existing.trim();
         if existing.len() >= MIN_SECRET_CHARS {
-            return Ok(existing.as_bytes().to_vec());
+            return existing.to_owned();
         }
     }
     let mut bytes = [0u8; 32];
     rand::rng().fill_bytes(&mut bytes);
-    let secret = hex::encode(bytes);
-    write_private(path, &secret)
-        .with_context(|| format!("writing the development secret to {}", path.display()))?;
-    Ok(secret.into_bytes())
-}
-
-fn write_private(path: &Path, contents: &str) -> std::io::Result<()> {
-    use std::io::Write;
-    let mut options = std::fs::OpenOptions::new();
-    options.write(true).create(true).truncate(true);
-    #[cfg(unix)]
-    std::os::unix::fs::OpenOptionsExt::mode(&mut options, 0o600);
-    options.open(path)?.write_all(contents.as_bytes())
+    hex::encode(bytes)
 }
 
 #[cfg(test)]
@@ -895,19 +963,148 @@ mod tests {
         );
     }
 
+    /// Issue 15, item 1: the development secret is no longer a file per working directory
+    /// (`serve` and `worker` started from two directories signed differently); the database
+    /// keeps it. A file an earlier release generated is the candidate, so that its links keep
+    /// working.
     #[test]
-    fn the_development_secret_is_generated_once_per_data_directory() {
+    fn a_development_secret_is_generated_and_an_earlier_releases_file_is_adopted() {
         let dir = tempfile::tempdir().unwrap();
         let url = format!("sqlite://{}", dir.path().join("x.db").display());
         let args = serve(&["--database-url", &url]);
-        args.common.server_secret().unwrap();
-        let first = std::fs::read_to_string(dir.path().join(".oncely-secret")).unwrap();
-        args.common.server_secret().unwrap();
-        assert_eq!(
-            first,
-            std::fs::read_to_string(dir.path().join(".oncely-secret")).unwrap()
+        let (_, first) = args.common.server_secret().unwrap();
+        let (_, second) = args.common.server_secret().unwrap();
+        let (first, second) = (first.unwrap(), second.unwrap());
+        assert_eq!(first.expose_secret().len(), 64);
+        assert_ne!(first.expose_secret(), second.expose_secret(), "random");
+        assert!(
+            !dir.path().join(".oncely-secret").exists(),
+            "nothing written"
         );
-        assert_eq!(first.len(), 64);
+        let earlier = "0123456789abcdef0123456789abcdef-from-a-file";
+        std::fs::write(dir.path().join(".oncely-secret"), format!("{earlier}\n")).unwrap();
+        let (_, adopted) = args.common.server_secret().unwrap();
+        assert_eq!(adopted.unwrap().expose_secret(), earlier);
+        let given = serve(&["--database-url", &url, "--secret", earlier]);
+        assert!(given.common.server_secret().unwrap().1.is_none());
+    }
+
+    /// Issue 15, item 1: 32 spaces, or one character repeated, passed the length check.
+    #[test]
+    fn a_placeholder_secret_is_refused_naming_its_variable() {
+        for placeholder in [" ".repeat(32), "x".repeat(40), "abcabcabc".repeat(4)] {
+            let error = serve(&["--secret", &placeholder])
+                .common
+                .server_secret()
+                .unwrap_err()
+                .to_string();
+            assert!(
+                error.starts_with("ONCELY_SECRET is a placeholder") && !error.contains('\n'),
+                "{placeholder:?}: {error}"
+            );
+            assert!(!error.contains(&placeholder), "{error}");
+        }
+        // A weak previous secret is what a rotation moves away from: accepted.
+        let (ring, _) = serve(&[
+            "--secret",
+            "0123456789abcdef0123456789abcdef-new",
+            "--secret-previous",
+            &"x".repeat(40),
+        ])
+        .common
+        .server_secret()
+        .unwrap();
+        assert_eq!(ring.previous().len(), 1);
+    }
+
+    /// Issue 15, item 1: `ONCELY_MAILER=https://` started, and every email failed later.
+    #[test]
+    fn a_mailer_url_without_a_host_is_refused() {
+        for bad in ["https://", "http://", "smtp://", "smtps://", "smtp://:25"] {
+            let error = serve(&["--mailer", bad])
+                .common
+                .mailer_choice()
+                .unwrap_err()
+                .to_string();
+            let scheme = bad.split("://").next().unwrap();
+            assert!(
+                error.starts_with(&format!("ONCELY_MAILER={scheme}:// names no host"))
+                    || bad == "smtp://:25" && error.contains("is not a URL"),
+                "{bad}: {error}"
+            );
+        }
+        let error = serve(&["--mailer", "smtps://user:hunter2@:465"])
+            .common
+            .mailer_choice()
+            .unwrap_err()
+            .to_string();
+        assert!(!error.contains("hunter2"), "{error}");
+    }
+
+    /// Issue 15, item 1: production on the development default (a file in the working
+    /// directory) started; docs/operations.md says production needs PostgreSQL.
+    #[test]
+    fn production_refuses_a_sqlite_file_in_the_working_directory_or_in_memory() {
+        let secret = "0123456789abcdef0123456789abcdef-production";
+        let production = |url: &str| {
+            let worker = Cli::try_parse_from([
+                "oncely",
+                "worker",
+                "--env",
+                "production",
+                "--database-url",
+                url,
+                "--secret",
+                secret,
+                "--mailer",
+                "smtp://127.0.0.1:2525",
+                "--public-url",
+                "https://accounts.example.com",
+            ])
+            .unwrap();
+            let Command::Worker(worker) = worker.command else {
+                unreachable!()
+            };
+            let serve = serve(&[
+                "--env",
+                "production",
+                "--database-url",
+                url,
+                "--secret",
+                secret,
+                "--mailer",
+                "smtp://127.0.0.1:2525",
+                "--public-url",
+                "https://accounts.example.com",
+            ]);
+            let serve = Settings::from_args(serve).map(|_| ());
+            let worker = WorkerSettings::from_args(worker).map(|_| ());
+            assert_eq!(
+                serve.as_ref().map_err(ToString::to_string),
+                worker.as_ref().map_err(ToString::to_string),
+                "serve and worker agree"
+            );
+            serve.map_err(|e| e.to_string())
+        };
+        for (url, why) in [
+            ("sqlite://oncely.db", "the development default"),
+            (
+                "sqlite://data/o.db",
+                "a file relative to the working directory",
+            ),
+            ("sqlite::memory:", "in memory"),
+        ] {
+            let error = production(url).unwrap_err();
+            assert!(
+                error.starts_with(&format!("DATABASE_URL={url} is {why}"))
+                    && error.contains("postgres://"),
+                "{url}: {error}"
+            );
+        }
+        production("sqlite:///var/lib/oncely/oncely.db").unwrap();
+        production("postgres://db.internal/oncely").unwrap();
+        // Development keeps its default.
+        Settings::from_args(serve(&["--secret", secret])).unwrap();
     }
 
     #[test]
@@ -926,7 +1123,7 @@ mod tests {
     #[test]
     fn a_previous_secret_joins_the_ring_and_must_differ_and_be_long() {
         let current = "0123456789abcdef0123456789abcdef-current";
-        let ring = serve(&[
+        let (ring, _) = serve(&[
             "--secret",
             current,
             "--secret-previous",

@@ -319,6 +319,14 @@ pub trait Accounts: Backend {
     /// Every tenant (but `default`, which has no row), by id.
     fn tenants(&self) -> impl Future<Output = Result<Vec<TenantRecord>, AccountError>> + Send;
 
+    /// The development secret of this database: `candidate`, stored now, unless a process
+    /// stored one before (then that one). Every `serve` and `worker` of a development database
+    /// signs with it, wherever it was started.
+    fn development_secret(
+        &self,
+        candidate: &str,
+    ) -> impl Future<Output = Result<String, AccountError>> + Send;
+
     /// One number: the first column of the first row of `sql` (readiness, the demo's counts).
     fn scalar(&self, sql: String) -> impl Future<Output = Result<i64, sqlx::Error>> + Send;
 
@@ -631,6 +639,14 @@ where
         sqlx::query_as(B::ACCOUNT_SQL.tenants)
             .bind(B::at(None))
             .fetch_all(self.pool())
+            .await
+            .map_err(AccountError::of::<B>)
+    }
+
+    async fn development_secret(&self, candidate: &str) -> Result<String, AccountError> {
+        sqlx::query_scalar(B::ACCOUNT_SQL.development_secret)
+            .bind(candidate)
+            .fetch_one(self.pool())
             .await
             .map_err(AccountError::of::<B>)
     }

@@ -93,4 +93,8 @@ pub const STATEMENTS: Statements = Statements {
                           THEN floor(extract(epoch FROM previous_key_expires_at) * 1000)::int8
                      END AS previous_key_expires_at_ms
                 FROM oncely_tenants ORDER BY id",
+    // The no-op update makes RETURNING give the stored row when it exists.
+    development_secret: "INSERT INTO oncely_development_secret (id, secret) VALUES (1, $1)
+                         ON CONFLICT (id) DO UPDATE SET secret = oncely_development_secret.secret
+                         RETURNING secret",
 };

@@ -84,4 +84,8 @@ pub const STATEMENTS: Statements = Statements {
                      CASE WHEN previous_key_expires_at > ?1 THEN previous_key_expires_at END
                          AS previous_key_expires_at_ms
                 FROM oncely_tenants ORDER BY id",
+    // See PostgreSQL's.
+    development_secret: "INSERT INTO oncely_development_secret (id, secret) VALUES (1, ?1)
+                         ON CONFLICT (id) DO UPDATE SET secret = oncely_development_secret.secret
+                         RETURNING secret",
 };

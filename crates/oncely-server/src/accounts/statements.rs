@@ -60,4 +60,7 @@ pub struct Statements {
     /// Binds now. Every tenant by id: `id`, `api_key_hash`, `created_at_ms`, and while it is
     /// valid `previous_key_hash` and `previous_key_expires_at_ms` (else NULL).
     pub tenants: &'static str,
+    /// Binds secret. Stores the development secret of the database unless one is stored;
+    /// returns the stored one.
+    pub development_secret: &'static str,
 }

@@ -53,15 +53,43 @@ pub trait Backend: Clone + Send + Sync + 'static {
     /// The account statements in this database's dialect.
     const ACCOUNT_SQL: Statements;
 
+    /// What production on this database should know, logged when it starts there.
+    const PRODUCTION_WARNING: Option<&'static str>;
+
     /// Whether `url` names this database (by its scheme).
     fn accepts(url: &str) -> bool;
 
     /// Connects with at most `max_connections` connections (where the database has a server
-    /// to spare); the error says which database could not be reached (never its password).
+    /// to spare), creating a SQLite file that does not exist yet; the error is one line that
+    /// names `DATABASE_URL` (never its password) and says what was wrong.
     fn connect(
         url: &str,
         max_connections: u32,
+    ) -> impl Future<Output = anyhow::Result<Self>> + Send {
+        Self::open(url, max_connections, Create::IfMissing)
+    }
+
+    /// [`connect`](Self::connect), with `create` saying whether a missing SQLite file is made
+    /// (`oncely migrate`, development) or is an error (every other command: a mistyped
+    /// `DATABASE_URL` must not leave an empty database behind).
+    fn open(
+        url: &str,
+        max_connections: u32,
+        create: Create,
     ) -> impl Future<Output = anyhow::Result<Self>> + Send;
+
+    /// A statement whose one number is 1 if `table` exists (in the schema the migrations
+    /// create their tables in), else 0.
+    fn has_table(table: &str) -> String;
+
+    /// Holds the dev inbox of this database for this process while the returned hold lives,
+    /// unless another process holds it: then what that process wrote as `description`. A
+    /// crashed holder holds nothing (SQLite: a lock on a file beside the database; PostgreSQL:
+    /// an advisory lock of a session of its own).
+    fn hold_dev_inbox(
+        &self,
+        description: &str,
+    ) -> impl Future<Output = anyhow::Result<DevInboxHold>> + Send;
 
     /// The pool and the key store.
     fn stores(&self) -> &Stores<Self::Keys>;
@@ -117,6 +145,32 @@ pub trait Backend: Clone + Send + Sync + 'static {
     }
 }
 
+/// Whether opening a SQLite database creates its file.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Create {
+    /// Create it (`oncely migrate`; `serve` and `worker` in development; tests).
+    IfMissing,
+    /// A missing file is an error that says to check `DATABASE_URL` and run `oncely migrate`.
+    Never,
+}
+
+/// Who serves the dev inbox of a database (see [`Backend::hold_dev_inbox`]).
+pub enum DevInboxHold {
+    /// This process, while this value lives.
+    Held(Box<dyn Send + Sync>),
+    /// Another process, which described itself so.
+    Elsewhere(String),
+}
+
+impl std::fmt::Debug for DevInboxHold {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Self::Held(_) => f.write_str("Held"),
+            Self::Elsewhere(by) => f.debug_tuple("Elsewhere").field(by).finish(),
+        }
+    }
+}
+
 /// What a connected backend holds: the pool, and the idempotency key store on it.
 #[derive(Debug)]
 pub struct Stores<K: KeyStore> {
@@ -145,6 +199,9 @@ impl<K: KeyStore> Stores<K> {
         }
     }
 }
+
+/// What each history holds, for people: in the order of [`MIGRATION_TABLES`].
+pub const MIGRATION_LIBRARIES: [&str; 3] = ["idempotency keys", "outbox", "accounts"];
 
 /// The migration history tables: idempotency keys, outbox, accounts (the service's own).
 pub const MIGRATION_TABLES: [&str; 3] = [

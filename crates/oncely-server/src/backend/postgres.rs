@@ -1,16 +1,18 @@
 //! PostgreSQL: production. Times come from the database clock (`now()`), so that many API and
 //! worker processes on many machines agree on when a token expires.
 
+use std::str::FromStr;
 use std::time::Duration;
 
-use anyhow::Context;
+use anyhow::bail;
 use oncely::store::postgres::PgKeyStore;
 use oncely_outbox::store::postgres::PgJobStore;
+use sqlx::Connection;
 use sqlx::migrate::Migrator;
-use sqlx::postgres::{PgPoolOptions, PgQueryResult};
+use sqlx::postgres::{PgConnectOptions, PgConnection, PgPoolOptions, PgQueryResult};
 use time::OffsetDateTime;
 
-use super::{Backend, Stores, redact};
+use super::{Backend, Create, DevInboxHold, Stores, redact};
 use crate::accounts::Statements;
 
 /// The PostgreSQL backend.
@@ -25,6 +27,7 @@ impl Backend for Postgres {
     type Keys = PgKeyStore;
     type Jobs = PgJobStore;
     const ACCOUNT_SQL: Statements = crate::accounts::postgres::STATEMENTS;
+    const PRODUCTION_WARNING: Option<&'static str> = None;
 
     fn accepts(url: &str) -> bool {
         url.starts_with("postgres://") || url.starts_with("postgresql://")
@@ -34,11 +37,30 @@ impl Backend for Postgres {
         super::migrators!(postgres, "./migrations/postgres")
     }
 
-    async fn connect(url: &str, max_connections: u32) -> anyhow::Result<Self> {
+    async fn open(url: &str, max_connections: u32, _create: Create) -> anyhow::Result<Self> {
+        let options = PgConnectOptions::from_str(url)
+            .map_err(|e| anyhow::anyhow!("DATABASE_URL={}: {e}", redact(url)))?
+            // PostgreSQL's NOTICEs ("relation … already exists, skipping" when a migration
+            // re-checks what exists) are no news to anyone: warnings and errors only.
+            .options([("client_min_messages", "warning")]);
+        // One connection first, for its error: the pool retries a refused connection until
+        // its timeout and then says only "pool timed out".
+        match tokio::time::timeout(CONNECT_TIMEOUT, PgConnection::connect_with(&options)).await {
+            Ok(Ok(conn)) => {
+                let _ = conn.close().await;
+            }
+            Ok(Err(error)) => return Err(connect_error(url, &options, &error)),
+            Err(_) => bail!(
+                "DATABASE_URL={}: no answer from {} within {} s",
+                redact(url),
+                server(&options),
+                CONNECT_TIMEOUT.as_secs()
+            ),
+        }
         let pool = PgPoolOptions::new()
             .max_connections(max_connections)
-            // Start-up against an unreachable server fails in seconds, not half a minute.
-            .acquire_timeout(Duration::from_secs(5))
+            // A database that stops answering fails a request in seconds, not half a minute.
+            .acquire_timeout(CONNECT_TIMEOUT)
             // A ping before every acquire is a round trip per request; ping only connections
             // that sat idle. A connection that died under load fails its request (503, retried
             // with the same key) and is discarded.
@@ -51,10 +73,50 @@ impl Backend for Postgres {
                     Ok(true)
                 })
             })
-            .connect(url)
-            .await
-            .with_context(|| format!("cannot connect to PostgreSQL at {}", redact(url)))?;
+            .connect_lazy_with(options);
         Ok(Self(Stores::new(pool, PgKeyStore::new)))
+    }
+
+    fn has_table(table: &str) -> String {
+        format!("SELECT CASE WHEN to_regclass('{table}') IS NULL THEN 0 ELSE 1 END::int8")
+    }
+
+    async fn hold_dev_inbox(&self, description: &str) -> anyhow::Result<DevInboxHold> {
+        // A session of its own holds the lock: PostgreSQL releases it when the session ends,
+        // a crash included. Its application_name tells the next process who serves the inbox.
+        let options = self
+            .pool()
+            .connect_options()
+            .as_ref()
+            .clone()
+            .application_name(&format!("{DEV_INBOX_APPLICATION} {description}"));
+        let mut conn = PgConnection::connect_with(&options).await?;
+        let held: bool = sqlx::query_scalar("SELECT pg_try_advisory_lock($1, $2)")
+            .bind(DEV_INBOX_LOCK.0)
+            .bind(DEV_INBOX_LOCK.1)
+            .fetch_one(&mut conn)
+            .await?;
+        if held {
+            return Ok(DevInboxHold::Held(Box::new(tokio::sync::Mutex::new(conn))));
+        }
+        let holder: Option<String> = sqlx::query_scalar(
+            "SELECT a.application_name FROM pg_locks l JOIN pg_stat_activity a ON a.pid = l.pid
+             WHERE l.locktype = 'advisory' AND l.granted AND l.objsubid = 2
+               AND l.classid::int8 = $1 AND l.objid::int8 = $2
+               AND l.database = (SELECT oid FROM pg_database WHERE datname = current_database())
+             LIMIT 1",
+        )
+        .bind(i64::from(DEV_INBOX_LOCK.0))
+        .bind(i64::from(DEV_INBOX_LOCK.1))
+        .fetch_optional(&mut conn)
+        .await?;
+        let _ = conn.close().await;
+        Ok(DevInboxHold::Elsewhere(
+            holder
+                .as_deref()
+                .and_then(|name| name.strip_prefix(DEV_INBOX_APPLICATION))
+                .map_or_else(|| "another process".to_owned(), |d| d.trim().to_owned()),
+        ))
     }
 
     fn stores(&self) -> &Stores<PgKeyStore> {
@@ -81,4 +143,45 @@ impl Backend for Postgres {
             .code()
             .is_some_and(|code| ["08", "53", "57P"].iter().any(|c| code.starts_with(c)))
     }
+}
+
+/// How long connecting (and, once serving, waiting for a free connection) may take.
+const CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
+
+/// The advisory lock (two `int4` keys: "once", "devi") whose session serves the dev inbox.
+const DEV_INBOX_LOCK: (i32, i32) = (0x6f6e_6365, 0x6465_7669);
+
+/// The start of the application_name of the session that holds [`DEV_INBOX_LOCK`].
+const DEV_INBOX_APPLICATION: &str = "oncely-dev-inbox";
+
+/// `host:port` (or the socket directory) the options name.
+fn server(options: &PgConnectOptions) -> String {
+    match options.get_socket() {
+        Some(socket) => format!("{}", socket.display()),
+        None => format!("{}:{}", options.get_host(), options.get_port()),
+    }
+}
+
+/// One line for a failed first connection: what the server (or the network) said, where.
+fn connect_error(url: &str, options: &PgConnectOptions, error: &sqlx::Error) -> anyhow::Error {
+    let at = server(options);
+    let why = match error {
+        sqlx::Error::Io(e) if e.kind() == std::io::ErrorKind::ConnectionRefused => {
+            format!("connection refused to {at} (is PostgreSQL running there?)")
+        }
+        sqlx::Error::Io(e) => format!("cannot reach {at}: {e}"),
+        sqlx::Error::Tls(e) => format!("TLS with {at} failed: {e}"),
+        sqlx::Error::Database(e) => match e.code().as_deref() {
+            // invalid_password, invalid_authorization_specification
+            Some("28P01" | "28000") => format!("{at} refused the login: {}", e.message()),
+            // invalid_catalog_name: the database does not exist
+            Some("3D000") => format!(
+                "{} on {at} (create it, e.g. `createdb`, or fix the name)",
+                e.message()
+            ),
+            _ => format!("{at}: {}", e.message()),
+        },
+        other => format!("{at}: {other}"),
+    };
+    anyhow::anyhow!("DATABASE_URL={}: {why}", redact(url))
 }

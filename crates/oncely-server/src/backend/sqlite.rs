@@ -3,14 +3,14 @@
 
 use std::path::{Path, PathBuf};
 
-use anyhow::Context;
+use anyhow::{Context, bail};
 use oncely::store::sqlite::{SqliteKeyStore, connect_options};
 use oncely_outbox::store::sqlite::SqliteJobStore;
 use sqlx::migrate::Migrator;
-use sqlx::sqlite::{SqlitePoolOptions, SqliteQueryResult};
+use sqlx::sqlite::{SqliteConnectOptions, SqlitePoolOptions, SqliteQueryResult};
 use time::OffsetDateTime;
 
-use super::{Backend, Stores};
+use super::{Backend, Create, DevInboxHold, Stores};
 use crate::accounts::Statements;
 
 /// The SQLite backend.
@@ -37,6 +37,9 @@ impl Backend for Sqlite {
     type Keys = SqliteKeyStore;
     type Jobs = SqliteJobStore;
     const ACCOUNT_SQL: Statements = crate::accounts::sqlite::STATEMENTS;
+    const PRODUCTION_WARNING: Option<&'static str> = Some(
+        "production on SQLite: every serve and worker must run on this machine, on this one file; more machines need PostgreSQL",
+    );
 
     fn accepts(url: &str) -> bool {
         url.starts_with("sqlite:")
@@ -47,14 +50,78 @@ impl Backend for Sqlite {
     }
 
     /// At most 8 connections: one writer at a time anyway.
-    async fn connect(url: &str, _max_connections: u32) -> anyhow::Result<Self> {
-        let options = connect_options(url)?;
+    async fn open(url: &str, _max_connections: u32, create: Create) -> anyhow::Result<Self> {
+        let options = connect_options(url)
+            .map_err(|e| anyhow::anyhow!("DATABASE_URL={url}: {e}"))?
+            .create_if_missing(create == Create::IfMissing);
+        if let Some(file) = file_of(url, &options) {
+            let directory = match file.parent() {
+                Some(dir) if !dir.as_os_str().is_empty() => dir,
+                _ => Path::new("."),
+            };
+            if !directory.is_dir() {
+                bail!(
+                    "DATABASE_URL={url}: the directory {} does not exist (create it, or fix DATABASE_URL)",
+                    directory.display()
+                );
+            }
+            if create == Create::Never && !file.exists() {
+                bail!(
+                    "DATABASE_URL={url}: there is no database file {}: is DATABASE_URL right? run `oncely migrate`",
+                    file.display()
+                );
+            }
+        }
         let pool = SqlitePoolOptions::new()
             .max_connections(8)
             .connect_with(options)
             .await
-            .with_context(|| format!("cannot open SQLite database {url}"))?;
+            .map_err(|e| anyhow::anyhow!("DATABASE_URL={url}: cannot open the database: {e}"))?;
         Ok(Self(Stores::new(pool, SqliteKeyStore::new)))
+    }
+
+    fn has_table(table: &str) -> String {
+        format!("SELECT COUNT(*) FROM sqlite_master WHERE type = 'table' AND name = '{table}'")
+    }
+
+    async fn hold_dev_inbox(&self, description: &str) -> anyhow::Result<DevInboxHold> {
+        let options = self.pool().connect_options();
+        let file = options.get_filename();
+        if file.to_string_lossy().starts_with("file:sqlx-in-memory") || !file.exists() {
+            // An in-memory database is this process's alone.
+            return Ok(DevInboxHold::Held(Box::new(())));
+        }
+        // A lock on a file beside the database: the system releases it when the process
+        // ends, however it ends; the file keeps the last holder's description.
+        let mut path = file.as_os_str().to_owned();
+        path.push(".dev-inbox");
+        let path = PathBuf::from(path);
+        let mut lock = std::fs::OpenOptions::new()
+            .read(true)
+            .write(true)
+            .create(true)
+            .truncate(false)
+            .open(&path)
+            .with_context(|| format!("opening {}", path.display()))?;
+        match lock.try_lock() {
+            Ok(()) => {
+                use std::io::Write;
+                lock.set_len(0)?;
+                lock.write_all(description.as_bytes())?;
+                Ok(DevInboxHold::Held(Box::new(lock)))
+            }
+            Err(std::fs::TryLockError::WouldBlock) => {
+                let holder = std::fs::read_to_string(&path).unwrap_or_default();
+                Ok(DevInboxHold::Elsewhere(if holder.trim().is_empty() {
+                    "another process".to_owned()
+                } else {
+                    holder.trim().to_owned()
+                }))
+            }
+            Err(std::fs::TryLockError::Error(error)) => {
+                Err(anyhow::Error::new(error).context(format!("locking {}", path.display())))
+            }
+        }
     }
 
     fn stores(&self) -> &Stores<SqliteKeyStore> {
@@ -84,4 +151,10 @@ impl Backend for Sqlite {
             .map(|code| code & 0xff);
         matches!(primary, Some(5 | 6))
     }
+}
+
+/// The file a SQLite URL names, unless it is an in-memory database.
+fn file_of(url: &str, options: &SqliteConnectOptions) -> Option<PathBuf> {
+    let memory = url.contains(":memory:") || url.contains("mode=memory");
+    (!memory).then(|| options.get_filename().to_path_buf())
 }

@@ -41,6 +41,8 @@ both_databases!(
 #[tokio::test]
 async fn metrics_are_not_an_enumeration_oracle_in_production() {
     let (url, _db) = crate::support::sqlite_db().await;
+    // Production runs on a migrated database only.
+    crate::support::migrate(&url).await;
     let production = |settings: &mut Settings| {
         settings.environment = Environment::Production;
         settings.public_url = Some("https://accounts.example.com".into());

@@ -15,6 +15,7 @@ mod one_payload;
 mod ops;
 mod properties;
 mod requests;
+mod schema;
 mod security;
 mod signup;
 mod startup;

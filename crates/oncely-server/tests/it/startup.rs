@@ -4,7 +4,7 @@ use std::process::Output;
 
 use crate::support::SECRET;
 
-async fn oncely(args: &[&str], env: &[(&str, &str)]) -> Output {
+pub(crate) async fn oncely(args: &[&str], env: &[(&str, &str)]) -> Output {
     let mut command = tokio::process::Command::new(env!("CARGO_BIN_EXE_oncely"));
     command
         .args(args)
@@ -135,4 +135,354 @@ async fn a_boolean_variable_takes_the_usual_spellings() {
     let env = [("ONCELY_POLL_ONLY", "maybe")];
     let output = oncely(&args, &env).await;
     assert_eq!(output.status.code(), Some(2));
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(
+        stderr.starts_with("oncely: ONCELY_POLL_ONLY=maybe: ")
+            && stderr.contains("yes")
+            && stderr.trim().lines().count() == 1,
+        "the variable that was set is named, in one line: {stderr}"
+    );
+}
+
+/// stderr of a refused command: one line, which it returns (without the `oncely: ` prefix).
+pub(crate) fn refusal(output: &Output) -> String {
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(!output.status.success(), "refused: {stderr}");
+    assert_eq!(stderr.trim().lines().count(), 1, "one line: {stderr}");
+    stderr
+        .trim()
+        .strip_prefix("oncely: ")
+        .unwrap_or_else(|| panic!("starts with `oncely: `: {stderr}"))
+        .to_owned()
+}
+
+/// Issue 15, item 1: clap named the flag (`--env <ENVIRONMENT>`) of a value that came from a
+/// variable the user set; now the variable is named, with its value (unless hidden).
+#[tokio::test]
+async fn a_bad_value_from_the_environment_names_its_variable() {
+    for (variable, value, says) in [
+        (
+            "ONCELY_ENV",
+            "prod",
+            "invalid value (possible values: development, production)",
+        ),
+        ("ONCELY_DATABASE_POOL", "1", "1 is not in 2..=1000"),
+        ("ONCELY_BIND", "localhost", "invalid socket address syntax"),
+        ("ONCELY_LEASE", "soon", "(examples: 30s, 15m, 24h)"),
+    ] {
+        let output = oncely(&["serve"], &[(variable, value)]).await;
+        assert_eq!(output.status.code(), Some(2), "clap's status");
+        let line = refusal(&output);
+        assert!(
+            line.starts_with(&format!("{variable}={value}: ")) && line.contains(says),
+            "{line}"
+        );
+    }
+    // Typed on the command line, the flag is what was wrong: clap says so, as before.
+    let output = oncely(&["serve", "--env", "prod"], &[("ONCELY_ENV", "production")]).await;
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(
+        stderr.contains("'--env <ENVIRONMENT>'") && !stderr.contains("ONCELY_ENV="),
+        "{stderr}"
+    );
+}
+
+/// Issue 15, item 1: each of these started (and failed later, or silently): docs/operations.md
+/// says start-up refuses them in one line.
+#[tokio::test]
+async fn production_refuses_placeholders_a_mailer_without_host_and_the_default_database() {
+    let dir = tempfile::tempdir().unwrap();
+    let url = format!("sqlite://{}", dir.path().join("o.db").display());
+    let production = async |extra: &[&str], secret: &str| {
+        let mut args = vec![
+            "serve",
+            "--bind",
+            "127.0.0.1:0",
+            "--public-url",
+            "https://accounts.example.com",
+        ];
+        args.extend_from_slice(extra);
+        let env = [("ONCELY_ENV", "production"), ("ONCELY_SECRET", secret)];
+        let mut command = tokio::process::Command::new(env!("CARGO_BIN_EXE_oncely"));
+        command
+            .args(&args)
+            .env_remove("DATABASE_URL")
+            .envs(env)
+            .current_dir(dir.path())
+            .kill_on_drop(true);
+        tokio::time::timeout(std::time::Duration::from_secs(60), command.output())
+            .await
+            .expect("refused, not serving")
+            .unwrap()
+    };
+    let mailer = ["--mailer", "smtp://127.0.0.1:9"];
+    let on_file = [&["--database-url", url.as_str()][..], &mailer].concat();
+    let spaces = " ".repeat(32);
+    for placeholder in [spaces.as_str(), "zzzzzzzzzzzzzzzzzzzzzzzzzzzzzzzzzzzz"] {
+        let line = refusal(&production(&on_file, placeholder).await);
+        assert!(line.starts_with("ONCELY_SECRET is a placeholder"), "{line}");
+    }
+    let no_host = ["--database-url", url.as_str(), "--mailer", "https://"];
+    let line = refusal(&production(&no_host, SECRET).await);
+    assert!(
+        line.starts_with("ONCELY_MAILER=https:// names no host"),
+        "{line}"
+    );
+    let line = refusal(&production(&mailer, SECRET).await);
+    assert!(
+        line.starts_with("DATABASE_URL=sqlite://oncely.db is the development default"),
+        "{line}"
+    );
+    assert!(!dir.path().join("oncely.db").exists(), "nothing created");
+}
+
+/// Issue 15, item 1: a refused connection said "pool timed out" after 5 s; a missing database
+/// or SQLite directory said it in driver words, and `oncely inbox` on a busy port did not say
+/// which.
+#[tokio::test]
+async fn connection_and_listening_errors_say_what_and_where_in_one_line() {
+    let closed = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let port = closed.local_addr().unwrap().port();
+    drop(closed);
+    let url = format!("postgres://postgres:hunter2@127.0.0.1:{port}/oncely");
+    for command in [&["outbox", "list"][..], &["serve", "--bind", "127.0.0.1:0"]] {
+        let args = [command, &["--database-url", &url]].concat();
+        let line = refusal(&oncely(&args, &[]).await);
+        assert_eq!(
+            line,
+            format!(
+                "DATABASE_URL=postgres://postgres:***@127.0.0.1:{port}/oncely: connection refused to 127.0.0.1:{port} (is PostgreSQL running there?)"
+            )
+        );
+    }
+    let server = oncely_testdb::server_url();
+    let (base, _) = server.rsplit_once('/').unwrap();
+    let missing = format!("{base}/oncely_no_such_database");
+    let line = refusal(&oncely(&["migrate", "--database-url", &missing], &[]).await);
+    assert!(
+        line.contains("database \"oncely_no_such_database\" does not exist on ")
+            && line.contains("createdb"),
+        "{line}"
+    );
+
+    let dir = tempfile::tempdir().unwrap();
+    let nowhere = dir.path().join("missing");
+    let sqlite = format!("sqlite://{}", nowhere.join("o.db").display());
+    for command in [&["migrate"][..], &["serve", "--bind", "127.0.0.1:0"]] {
+        let args = [command, &["--database-url", &sqlite]].concat();
+        let line = refusal(&oncely(&args, &[]).await);
+        assert_eq!(
+            line,
+            format!(
+                "DATABASE_URL={sqlite}: the directory {} does not exist (create it, or fix DATABASE_URL)",
+                nowhere.display()
+            )
+        );
+    }
+    assert!(!nowhere.exists());
+
+    let busy = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let busy = busy.local_addr().unwrap().to_string();
+    let line = refusal(&oncely(&["inbox", "--smtp", &busy, "--http", "127.0.0.1:0"], &[]).await);
+    assert!(
+        line.starts_with(&format!("cannot listen on {busy} (SMTP): ")),
+        "{line}"
+    );
+}
+
+/// Issue 15, item 3: `oncely worker` in development without a mailer mailed into an inbox of
+/// its own that nobody saw.
+#[tokio::test]
+async fn a_worker_with_the_dev_mailer_is_refused_and_told_what_to_do() {
+    let dir = tempfile::tempdir().unwrap();
+    let url = format!("sqlite://{}", dir.path().join("o.db").display());
+    for env in [&[][..], &[("ONCELY_MAILER", "dev")]] {
+        let line = refusal(&oncely(&["worker", "--database-url", &url], env).await);
+        assert!(
+            line.starts_with("ONCELY_MAILER")
+                && line.contains("nobody sees")
+                && line.contains("oncely inbox"),
+            "{line}"
+        );
+    }
+}
+
+crate::support::both_databases!(one_database_has_one_dev_inbox_and_the_banner_says_who_serves_it);
+
+/// Issue 15, item 3: two `serve` processes of one database each ran a dev inbox of their own,
+/// and the emails split between them; the banner promised an inbox whatever the bind or
+/// `--workers` said. Now the process whose workers mail into it holds it, another one with
+/// workers is refused (naming the first), one with `--workers 0` points to the first, and a
+/// crashed holder blocks nobody.
+async fn one_database_has_one_dev_inbox_and_the_banner_says_who_serves_it(
+    url: String,
+    _db: oncely_testdb::TestDb,
+) {
+    use crate::support::spawn_binary;
+    let mut first = spawn_binary(&url, "dev", &[], &[]).await;
+    let page = format!("{}/_dev/inbox", first.base);
+    assert!(
+        first.banner[1].starts_with(&format!(
+            "dev inbox:    {page}   (JSON: /_dev/inbox/messages; SMTP 127.0.0.1:"
+        )),
+        "{:?}",
+        first.banner
+    );
+    let client = oncely_testdb::http();
+    let served = client.get(format!("{page}/messages")).send().await.unwrap();
+    assert_eq!(served.status(), 200);
+
+    let second = [
+        "serve",
+        "--bind",
+        "127.0.0.1:0",
+        "--database-url",
+        &url,
+        "--mailer",
+        "dev",
+        "--secret",
+        SECRET,
+    ];
+    let line = refusal(&oncely(&second, &[]).await);
+    let pid = first.child.id().unwrap();
+    assert_eq!(
+        line,
+        format!(
+            "the dev inbox of this database is served by another `oncely serve` ({page} (pid {pid})), whose workers send the emails: start this one with --workers 0 (ONCELY_WORKERS), or stop that one"
+        )
+    );
+    let api_only = spawn_binary(&url, "dev", &["--workers", "0"], &[]).await;
+    assert_eq!(
+        api_only.banner[1],
+        format!(
+            "dev inbox:    served by another `oncely serve` of this database: {page} (pid {pid}) (this one has --workers 0)"
+        )
+    );
+    let page_here = client
+        .get(format!("{}/_dev/inbox/messages", api_only.base))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(page_here.status(), 404, "not served where it is not");
+
+    // A crash (SIGKILL) releases it: the next `serve` with workers holds it.
+    first.child.kill().await.unwrap();
+    first.child.wait().await.unwrap();
+    let next = spawn_binary(&url, "dev", &[], &[]).await;
+    assert!(
+        next.banner[1].starts_with(&format!("dev inbox:    {}/_dev/inbox ", next.base)),
+        "{:?}",
+        next.banner
+    );
+}
+
+/// Issue 15, item 3: the banner printed the dev inbox whenever the mailer was `dev`; it is
+/// served only on a loopback bind and only by a process whose workers mail into it.
+#[tokio::test]
+async fn the_banner_says_why_the_dev_inbox_is_off() {
+    use crate::support::spawn_binary;
+    for (mailer, extra, says) in [
+        (
+            "dev",
+            &["--workers", "0"][..],
+            "dev inbox:    off (--workers 0: this process sends no email; emails wait for `oncely worker` or a `serve` with workers)",
+        ),
+        (
+            "smtp://127.0.0.1:9",
+            &[],
+            "dev inbox:    off (ONCELY_MAILER is set: emails go to that mailer)",
+        ),
+        (
+            "dev",
+            &["--bind", "0.0.0.0:0"],
+            "dev inbox:    off (bind 0.0.0.0 is not loopback: the dev inbox is served on loopback only, and emails sent here are kept where nobody reads them; bind 127.0.0.1, or set ONCELY_MAILER)",
+        ),
+    ] {
+        let db = oncely_testdb::TestSqlite::new();
+        let process = spawn_binary(db.url(), mailer, extra, &[]).await;
+        assert_eq!(process.banner[1], says);
+        let base = process.base.replace("0.0.0.0", "127.0.0.1");
+        let page = oncely_testdb::http()
+            .get(format!("{base}/_dev/inbox/messages"))
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(page.status(), 404, "{says}");
+    }
+}
+
+/// Issue 15, item 1: on PostgreSQL in development, `serve` and `worker` started from two
+/// directories each wrote a `.oncely-secret` of their own, and every emailed link was
+/// `token-invalid`. The generated secret lives in the database now: every process of it signs
+/// alike, wherever it runs.
+#[tokio::test]
+async fn serve_and_worker_started_from_two_directories_share_the_development_secret() {
+    use tokio::io::AsyncBufReadExt;
+    let db = oncely_testdb::TestPostgres::new().await;
+    let (inbox, running) = crate::support::start_inbox(oncely_inbox::Faults::default()).await;
+    let mailer = format!("smtp://{}", running.smtp_addr);
+    let (api_dir, worker_dir) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
+    let start = |dir: &tempfile::TempDir, args: &[&str]| {
+        let mut command = tokio::process::Command::new(env!("CARGO_BIN_EXE_oncely"));
+        command
+            .args(args)
+            .args(["--database-url", db.url(), "--mailer", &mailer])
+            .env_remove("ONCELY_SECRET")
+            .env_remove("DATABASE_URL")
+            .current_dir(dir.path())
+            .stdout(std::process::Stdio::piped())
+            .stderr(std::process::Stdio::null())
+            .kill_on_drop(true);
+        command.spawn().unwrap()
+    };
+    // The first line; the rest is drained (a closed pipe would end the process).
+    let first_line = async |child: &mut tokio::process::Child| {
+        let stdout = child.stdout.take().unwrap();
+        let mut lines = tokio::io::BufReader::new(stdout).lines();
+        let first = tokio::time::timeout(std::time::Duration::from_secs(30), lines.next_line())
+            .await
+            .unwrap()
+            .unwrap()
+            .unwrap();
+        tokio::spawn(async move { while let Ok(Some(_)) = lines.next_line().await {} });
+        first
+    };
+    let mut api = start(
+        &api_dir,
+        &["serve", "--bind", "127.0.0.1:0", "--workers", "0"],
+    );
+    let banner = first_line(&mut api).await;
+    let base = banner
+        .split_whitespace()
+        .find(|w| w.starts_with("http://"))
+        .unwrap()
+        .to_owned();
+    let mut worker = start(&worker_dir, &["worker"]);
+    assert!(first_line(&mut worker).await.starts_with("oncely worker:"));
+
+    let client = oncely_testdb::http();
+    let signup = client
+        .post(format!("{base}/v1/signup"))
+        .header("idempotency-key", "two-directories")
+        .json(&serde_json::json!({ "email": "ada@example.com" }))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(signup.status(), 202);
+    let email = inbox
+        .wait_for("ada@example.com", 1, std::time::Duration::from_secs(10))
+        .await;
+    let token = crate::support::token_in(email.first().expect("the worker mailed"));
+    let verified = client
+        .post(format!("{base}/v1/verify"))
+        .header("idempotency-key", "verify-two-directories")
+        .json(&serde_json::json!({ "token": token }))
+        .send()
+        .await
+        .unwrap();
+    let status = verified.status();
+    assert_eq!(status, 200, "{}", verified.text().await.unwrap());
+    for dir in [&api_dir, &worker_dir] {
+        assert!(!dir.path().join(".oncely-secret").exists());
+    }
 }

@@ -82,6 +82,20 @@ pub async fn spawn_app_with_inbox(
     }
 }
 
+/// Runs `oncely migrate` on the database (production processes do not migrate).
+pub async fn migrate(database_url: &str) {
+    let output = tokio::process::Command::new(env!("CARGO_BIN_EXE_oncely"))
+        .args(["migrate", "--database-url", database_url])
+        .output()
+        .await
+        .unwrap();
+    assert!(
+        output.status.success(),
+        "{}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+}
+
 /// Starts the app on backend `B` in this process; returns its base URL.
 pub async fn start<B: Accounts>(settings: Settings) -> String {
     let app = Application::<B>::build(settings)
@@ -267,6 +281,8 @@ pub struct Process {
     pub child: tokio::process::Child,
     pub base: String,
     pub stderr: tokio::task::JoinHandle<String>,
+    /// What `serve` printed before serving: the API, the dev inbox, a `curl` to try.
+    pub banner: Vec<String>,
 }
 
 /// `oncely <subcommand>` on this database and mailer, with the test secret and retries after
@@ -290,14 +306,31 @@ fn oncely_command(subcommand: &str, database_url: &str, mailer: &str) -> tokio::
 /// The first line the child prints (within 30 s); the rest of its output is drained in the
 /// background.
 async fn first_line(child: &mut tokio::process::Child) -> String {
+    lines_until(child, |_| true).await.remove(0)
+}
+
+/// The lines the child prints up to the first that `last` accepts (each within 30 s); the rest
+/// of its output is drained in the background.
+async fn lines_until(
+    child: &mut tokio::process::Child,
+    last: impl Fn(&str) -> bool,
+) -> Vec<String> {
     let mut stdout = BufReader::new(child.stdout.take().unwrap()).lines();
-    let first = tokio::time::timeout(Duration::from_secs(30), stdout.next_line())
-        .await
-        .unwrap()
-        .unwrap()
-        .unwrap();
+    let mut lines = Vec::new();
+    loop {
+        let line = tokio::time::timeout(Duration::from_secs(30), stdout.next_line())
+            .await
+            .unwrap()
+            .unwrap()
+            .expect("the process printed a line before it ended");
+        let done = last(&line);
+        lines.push(line);
+        if done {
+            break;
+        }
+    }
     tokio::spawn(async move { while let Ok(Some(_)) = stdout.next_line().await {} });
-    first
+    lines
 }
 
 pub async fn spawn_binary(
@@ -307,8 +340,10 @@ pub async fn spawn_binary(
     env: &[(&str, &str)],
 ) -> Process {
     let mut command = oncely_command("serve", database_url, mailer);
+    if !extra.contains(&"--bind") {
+        command.args(["--bind", "127.0.0.1:0"]);
+    }
     command
-        .args(["--bind", "127.0.0.1:0"])
         .args(extra)
         .env("RUST_LOG", "debug")
         .stdout(Stdio::piped())
@@ -318,8 +353,9 @@ pub async fn spawn_binary(
         command.env(k, v);
     }
     let mut child = command.spawn().expect("the oncely binary starts");
-    let first = first_line(&mut child).await;
-    let base = first
+    // The banner ends with a `curl` to try.
+    let banner = lines_until(&mut child, |line| line.starts_with("try:")).await;
+    let base = banner[0]
         .split_whitespace()
         .find(|w| w.starts_with("http://"))
         .expect("the API address")
@@ -338,6 +374,7 @@ pub async fn spawn_binary(
         child,
         base,
         stderr,
+        banner,
     }
 }
 

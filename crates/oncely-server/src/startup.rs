@@ -1,0 +1,464 @@
+//! Start-up: reading the command line (an error names the environment variable that was set),
+//! opening the database as each command needs it (migrating it on purpose, or checking that its
+//! schema is this binary's), the development secret every process of a database shares, and
+//! the one line an error prints.
+//!
+//! Who migrates: `oncely migrate`, and `serve` and `worker` in development. Everything else —
+//! `serve` and `worker` in production, the operator commands — only reads the migration
+//! histories and refuses, in one line, a database that is not migrated or is behind this
+//! binary (one a newer release migrated runs, with a warning: migrations only add); so a role
+//! that may only read and write rows runs them.
+
+use std::fmt;
+
+use anyhow::bail;
+use clap::Parser;
+use clap::error::{ContextKind, ContextValue, ErrorKind};
+use oncely::ServerSecret;
+use secrecy::{ExposeSecret, SecretString};
+use sqlx::migrate::MigrateError;
+
+use crate::accounts::Accounts;
+use crate::backend::{Create, MIGRATION_LIBRARIES, MIGRATION_TABLES, redact};
+use crate::cli::Cli;
+use crate::settings::Environment;
+
+/// The command line, or the process exits with clap's status: help and version print as
+/// usual; an invalid value that came from an environment variable is one line naming that
+/// variable (`oncely: ONCELY_POLL_ONLY=maybe: …`), not only the flag nobody typed.
+pub fn parse_command_line() -> Cli {
+    match Cli::try_parse() {
+        Ok(cli) => cli,
+        Err(error) => match from_environment(&error, std::env::args_os().skip(1)) {
+            Some(line) => {
+                eprintln!("oncely: {line}");
+                std::process::exit(error.exit_code());
+            }
+            None => error.exit(),
+        },
+    }
+}
+
+/// The line for a clap `error` about an argument whose value came from its environment
+/// variable (set, and the flag not in `args`); `None` for any other error.
+pub fn from_environment(
+    error: &clap::Error,
+    args: impl IntoIterator<Item = std::ffi::OsString>,
+) -> Option<String> {
+    if !matches!(
+        error.kind(),
+        ErrorKind::InvalidValue | ErrorKind::ValueValidation
+    ) {
+        return None;
+    }
+    let Some(ContextValue::String(arg)) = error.get(ContextKind::InvalidArg) else {
+        return None;
+    };
+    // "--poll-only <POLL_ONLY>"
+    let long = arg.split_whitespace().next()?.strip_prefix("--")?;
+    let command = <Cli as clap::CommandFactory>::command();
+    let arg = find_arg(&command, long)?;
+    let variable = arg.get_env()?.to_str()?.to_owned();
+    let value = std::env::var_os(&variable)?;
+    let flag = format!("--{long}");
+    let given_as_flag = args.into_iter().any(|a| {
+        let a = a.to_string_lossy();
+        a == flag || a.starts_with(&format!("{flag}="))
+    });
+    if given_as_flag {
+        return None;
+    }
+    let problem = match error.get(ContextKind::ValidValue) {
+        Some(ContextValue::Strings(valid)) => {
+            format!("invalid value (possible values: {})", valid.join(", "))
+        }
+        _ => {
+            let problem = std::error::Error::source(error)
+                .map_or_else(|| "invalid value".to_owned(), |e| e.to_string());
+            // A boolean's accepted spellings are hidden from --help; say them here.
+            let accepted: Vec<String> = arg
+                .get_possible_values()
+                .iter()
+                .map(|v| v.get_name().to_owned())
+                .collect();
+            if accepted.is_empty() {
+                problem
+            } else {
+                format!("{problem} (accepted: {})", accepted.join(", "))
+            }
+        }
+    };
+    Some(if arg.is_hide_env_values_set() {
+        format!("{variable}: {problem}")
+    } else {
+        format!("{variable}={}: {problem}", value.to_string_lossy())
+    })
+}
+
+fn find_arg<'c>(command: &'c clap::Command, long: &str) -> Option<&'c clap::Arg> {
+    command
+        .get_arguments()
+        .find(|a| a.get_long() == Some(long) && a.get_env().is_some())
+        .or_else(|| {
+            command
+                .get_subcommands()
+                .find_map(|sub| find_arg(sub, long))
+        })
+}
+
+/// An error as one line: each cause once (a cause whose text an outer message already holds
+/// is not repeated), without the driver's framing ("error returned from database: ").
+pub fn one_line(error: &anyhow::Error) -> String {
+    let mut line = String::new();
+    for cause in error.chain() {
+        let mut text = cause.to_string();
+        for noise in [
+            "while executing migrations: ",
+            "error returned from database: ",
+            "error communicating with database: ",
+        ] {
+            text = text.replace(noise, "");
+        }
+        let text = text.trim();
+        if text.is_empty() || line.contains(text) {
+            continue;
+        }
+        if !line.is_empty() {
+            line.push_str(": ");
+        }
+        line.push_str(text);
+    }
+    line.replace(['\n', '\r'], " ")
+}
+
+/// Where one library's migration history stands.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct History {
+    /// What the history holds ("outbox").
+    pub library: &'static str,
+    /// Whether its table exists.
+    pub exists: bool,
+    /// How many of the migrations this binary knows are applied.
+    pub applied: u64,
+    /// How many migrations this binary knows.
+    pub known: u64,
+    /// Applied migrations this binary does not know (a newer release ran them).
+    pub unknown: u64,
+    /// The newest applied version (0: none).
+    pub at: i64,
+    /// The newest version this binary knows.
+    pub latest: i64,
+}
+
+impl History {
+    fn behind(&self) -> bool {
+        self.applied < self.known
+    }
+}
+
+/// The three migration histories of a database: idempotency keys, outbox, accounts.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Schema(pub Vec<History>);
+
+/// Where a database's schema stands against this binary.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum SchemaState {
+    /// No oncely table at all.
+    Empty,
+    /// A migration this binary knows is missing.
+    Behind,
+    /// Every migration this binary knows is applied, and some it does not know too.
+    Ahead,
+    /// Exactly this binary's migrations.
+    Current,
+}
+
+impl Schema {
+    /// Reads the histories (nothing is created).
+    pub async fn read<B: Accounts>(backend: &B) -> anyhow::Result<Self> {
+        let mut histories = Vec::new();
+        for ((library, table), migrator) in MIGRATION_LIBRARIES
+            .into_iter()
+            .zip(MIGRATION_TABLES)
+            .zip(B::migrators())
+        {
+            let versions: Vec<i64> = migrator.iter().map(|m| m.version).collect();
+            let latest = versions.iter().copied().max().unwrap_or(0);
+            let list = versions
+                .iter()
+                .map(ToString::to_string)
+                .collect::<Vec<_>>()
+                .join(", ");
+            let mut history = History {
+                library,
+                exists: backend.scalar(B::has_table(table)).await? > 0,
+                applied: 0,
+                known: versions.len() as u64,
+                unknown: 0,
+                at: 0,
+                latest,
+            };
+            if history.exists {
+                let count = |filter: String| {
+                    backend.scalar(format!(
+                        "SELECT COUNT(*) FROM {table} WHERE success AND {filter}"
+                    ))
+                };
+                history.applied = count(format!("version IN ({list})")).await?.unsigned_abs();
+                history.unknown = count(format!("version NOT IN ({list})"))
+                    .await?
+                    .unsigned_abs();
+                history.at = backend
+                    .scalar(format!(
+                        "SELECT COALESCE(MAX(version), 0) FROM {table} WHERE success"
+                    ))
+                    .await?;
+            }
+            histories.push(history);
+        }
+        Ok(Self(histories))
+    }
+
+    /// Where it stands.
+    pub fn state(&self) -> SchemaState {
+        if self.0.iter().all(|h| !h.exists) {
+            SchemaState::Empty
+        } else if self.0.iter().any(History::behind) {
+            SchemaState::Behind
+        } else if self.0.iter().any(|h| h.unknown > 0) {
+            SchemaState::Ahead
+        } else {
+            SchemaState::Current
+        }
+    }
+
+    /// What differs, for messages: "outbox at 0006, this binary needs 0007".
+    fn differences(&self, state: SchemaState) -> String {
+        self.0
+            .iter()
+            .filter(|h| match state {
+                SchemaState::Behind => h.behind(),
+                _ => h.unknown > 0,
+            })
+            .map(|h| {
+                let (verb, version) = match state {
+                    SchemaState::Behind => ("needs", h.latest),
+                    _ => ("knows up to", h.latest),
+                };
+                format!(
+                    "{} at {}, this binary {verb} {}",
+                    h.library,
+                    version_name(h.at),
+                    version_name(version)
+                )
+            })
+            .collect::<Vec<_>>()
+            .join("; ")
+    }
+
+    /// `Ok` if this binary may run on the schema; else the one line that says why not and
+    /// what to do. A schema a newer release migrated is accepted, with a warning: migrations
+    /// only add, and an old process restarted during a rolling upgrade must start.
+    pub fn check(&self, url: &str) -> anyhow::Result<()> {
+        match self.state() {
+            SchemaState::Current => Ok(()),
+            SchemaState::Empty => bail!(
+                "DATABASE_URL={} holds no oncely tables: is DATABASE_URL right? run `oncely migrate`",
+                redact(url)
+            ),
+            SchemaState::Behind => bail!(
+                "the database is not migrated to this binary ({}): run `oncely migrate`",
+                self.differences(SchemaState::Behind)
+            ),
+            SchemaState::Ahead => {
+                tracing::warn!(
+                    "the database has migrations this binary does not know ({}): a newer release migrated it",
+                    self.differences(SchemaState::Ahead)
+                );
+                Ok(())
+            }
+        }
+    }
+}
+
+/// `0007`.
+fn version_name(version: i64) -> String {
+    format!("{version:04}")
+}
+
+/// What `oncely migrate` did, per library.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Migrated {
+    /// Before.
+    pub before: Schema,
+    /// After.
+    pub after: Schema,
+}
+
+impl Migrated {
+    /// How many migrations this run applied, over every library.
+    pub fn applied(&self) -> u64 {
+        self.before
+            .0
+            .iter()
+            .zip(&self.after.0)
+            .map(|(before, after)| after.applied.saturating_sub(before.applied))
+            .sum()
+    }
+}
+
+impl fmt::Display for Migrated {
+    /// One line per library: `outbox: 1 applied, schema at 0007` or `outbox: up to date
+    /// (schema at 0006)`; then a line with the total.
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        for (before, after) in self.before.0.iter().zip(&self.after.0) {
+            let applied = after.applied.saturating_sub(before.applied);
+            let at = version_name(after.at);
+            if applied == 0 {
+                write!(f, "{:<17} up to date (schema at {at})", after.library)?;
+            } else {
+                write!(f, "{:<17} {applied} applied, schema at {at}", after.library)?;
+            }
+            if after.unknown > 0 {
+                write!(
+                    f,
+                    "; {} newer migration(s) this binary does not know",
+                    after.unknown
+                )?;
+            }
+            writeln!(f)?;
+        }
+        match self.applied() {
+            0 => writeln!(f, "migrations: up to date"),
+            total => writeln!(f, "migrations: {total} applied"),
+        }
+    }
+}
+
+/// Applies every migration this binary knows (`oncely migrate`; `serve` and `worker` in
+/// development), and says what changed.
+pub async fn migrate<B: Accounts>(backend: &B) -> anyhow::Result<Migrated> {
+    let before = Schema::read(backend).await?;
+    for (library, migrator) in MIGRATION_LIBRARIES.into_iter().zip(B::migrators()) {
+        migrator
+            .run(backend.pool())
+            .await
+            .map_err(|error| migration_error(library, &error))?;
+    }
+    let after = Schema::read(backend).await?;
+    Ok(Migrated { before, after })
+}
+
+/// One line for a failed migration: the database's own message, and what to do about the
+/// usual cause.
+fn migration_error(library: &str, error: &MigrateError) -> anyhow::Error {
+    let database = match error {
+        MigrateError::Execute(sqlx::Error::Database(e))
+        | MigrateError::ExecuteMigration(sqlx::Error::Database(e), _) => Some(e),
+        _ => None,
+    };
+    match database {
+        // insufficient_privilege
+        Some(e) if e.code().as_deref() == Some("42501") => anyhow::anyhow!(
+            "the {library} migrations need a role that may create tables ({}): run `oncely migrate` as the schema's owner; serving needs only SELECT, INSERT, UPDATE, DELETE",
+            e.message()
+        ),
+        Some(e) => anyhow::anyhow!("the {library} migrations failed: {}", e.message()),
+        None => anyhow::anyhow!("the {library} migrations failed: {error}"),
+    }
+}
+
+/// Opens the database for `serve` or `worker`: in development it is created and migrated
+/// (a schema a newer release migrated is accepted, with a warning); in production nothing is
+/// created or migrated, and a schema behind this binary's is refused (a newer release's is
+/// served with a warning: migrations only add, and a rolling upgrade restarts old processes).
+pub async fn open_to_serve<B: Accounts>(
+    url: &str,
+    pool: u32,
+    environment: Environment,
+) -> anyhow::Result<B> {
+    match environment {
+        Environment::Development => {
+            let backend = B::open(url, pool, Create::IfMissing).await?;
+            let migrated = migrate(&backend).await?;
+            for (before, after) in migrated.before.0.iter().zip(&migrated.after.0) {
+                let applied = after.applied.saturating_sub(before.applied);
+                if applied > 0 {
+                    tracing::info!(
+                        library = after.library,
+                        applied,
+                        schema = version_name(after.at),
+                        "migrated (development; production runs `oncely migrate`)"
+                    );
+                }
+            }
+            migrated.after.check(url)?;
+            Ok(backend)
+        }
+        Environment::Production => {
+            let backend = B::open(url, pool, Create::Never).await?;
+            // A newer release's schema is served (with a warning): during a rolling upgrade an
+            // old process that restarts after `oncely migrate` must still start.
+            Schema::read(&backend).await?.check(url)?;
+            if let Some(warning) = B::PRODUCTION_WARNING {
+                tracing::warn!("{warning}");
+            }
+            Ok(backend)
+        }
+    }
+}
+
+/// Opens the database for an operator command (`outbox …`, `key show`, `tenant create`,
+/// `prune`): nothing is created or migrated; a database without oncely's tables, or behind
+/// this binary, is refused in one line.
+pub async fn open_existing<B: Accounts>(url: &str, pool: u32) -> anyhow::Result<B> {
+    let backend = B::open(url, pool, Create::Never).await?;
+    Schema::read(&backend).await?.check(url)?;
+    Ok(backend)
+}
+
+/// The server secret of a development process that was given none: the one stored in the
+/// database (the first process stored the one it `generated`), with the previous secrets of
+/// `secret` (the process's secret until now). Every process of the database then signs alike,
+/// wherever it was started.
+pub async fn development_secret<A: Accounts>(
+    accounts: &A,
+    generated: &SecretString,
+    secret: &ServerSecret,
+) -> anyhow::Result<ServerSecret> {
+    let stored = accounts
+        .development_secret(generated.expose_secret())
+        .await
+        .map_err(|e| anyhow::anyhow!("reading the development secret: {e}"))?;
+    Ok(ServerSecret::new(stored.into_bytes())?.with_previous(secret.previous().to_vec()))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::one_line;
+
+    #[derive(Debug, thiserror::Error)]
+    #[error("error returned from database: (code: 1) no such table: oncely_outbox")]
+    struct Driver;
+
+    /// A library error that prints its source and also returns it as `source()`.
+    #[derive(Debug, thiserror::Error)]
+    #[error("database error: {0}")]
+    struct Library(#[source] Driver);
+
+    /// Regression: `oncely outbox list` on an unmigrated database printed "no such table"
+    /// three times, framed by the driver each time.
+    #[test]
+    fn each_cause_appears_once_without_the_drivers_framing() {
+        let error = anyhow::Error::new(Library(Driver)).context("listing jobs");
+        assert_eq!(
+            one_line(&error),
+            "listing jobs: database error: (code: 1) no such table: oncely_outbox"
+        );
+        let io = std::io::Error::other("line one\nline two");
+        assert_eq!(
+            one_line(&anyhow::Error::new(io).context("reading")),
+            "reading: line one line two"
+        );
+    }
+}

@@ -1,0 +1,377 @@
+//! Issue 15, item 2: migrations on purpose. `oncely migrate` applies and says what; `serve` and
+//! `worker` migrate only in development; production and the operator commands check the schema
+//! and refuse, in one line, one that is missing or behind — so a role that
+//! may only read and write rows runs them.
+
+use oncely_server::backend::{Backend, MIGRATION_TABLES, Postgres, Sqlite};
+use oncely_testdb::{TestDb, TestPostgres};
+use serde_json::json;
+use sqlx::AssertSqlSafe;
+use sqlx::Connection;
+
+use crate::startup::{oncely, refusal};
+use crate::support::{SECRET, both_databases, execute, spawn_binary};
+
+/// The versions of the three histories' migrations, as this binary has them, ascending.
+fn versions(url: &str) -> Vec<Vec<i64>> {
+    let migrators = if url.starts_with("postgres") {
+        Postgres::migrators()
+    } else {
+        Sqlite::migrators()
+    };
+    migrators
+        .iter()
+        .map(|m| {
+            let mut versions: Vec<i64> = m.iter().map(|m| m.version).collect();
+            versions.sort_unstable();
+            versions
+        })
+        .collect()
+}
+
+/// `[(migrations known, latest version)]` of the three histories.
+fn known(url: &str) -> Vec<(usize, i64)> {
+    versions(url)
+        .iter()
+        .map(|v| (v.len(), *v.last().unwrap()))
+        .collect()
+}
+
+fn stdout(output: &std::process::Output) -> String {
+    String::from_utf8_lossy(&output.stdout).into_owned()
+}
+
+/// What `serve` needs beyond a database and a mailer to run in production.
+const PRODUCTION: [&str; 4] = [
+    "--env",
+    "production",
+    "--public-url",
+    "https://accounts.example.com",
+];
+
+/// The arguments of `serve` in production on `url` (a mailer that is never reached).
+fn production(url: &str) -> Vec<&str> {
+    let mut args = vec![
+        "serve",
+        "--bind",
+        "127.0.0.1:0",
+        "--database-url",
+        url,
+        "--mailer",
+        "smtp://127.0.0.1:9",
+    ];
+    args.extend(PRODUCTION);
+    args
+}
+
+both_databases!(
+    migrate_says_what_it_applied_and_then_that_it_is_up_to_date,
+    production_serves_only_the_schema_it_was_built_for
+);
+
+async fn migrate_says_what_it_applied_and_then_that_it_is_up_to_date(url: String, _db: TestDb) {
+    let known = known(&url);
+    let first = oncely(
+        &["migrate", "--database-url", &url],
+        &[("RUST_LOG", "info")],
+    )
+    .await;
+    assert!(first.status.success(), "{first:?}");
+    let text = stdout(&first);
+    let total: usize = known.iter().map(|(n, _)| n).sum();
+    assert!(
+        text.ends_with(&format!("migrations: {total} applied\n")),
+        "{text}"
+    );
+    for ((library, (n, latest)), line) in ["idempotency keys", "outbox", "accounts"]
+        .into_iter()
+        .zip(&known)
+        .zip(text.lines())
+    {
+        assert!(
+            line.starts_with(library)
+                && line.ends_with(&format!(" {n} applied, schema at {latest:04}")),
+            "{line}"
+        );
+    }
+    let again = oncely(
+        &["migrate", "--database-url", &url],
+        &[("RUST_LOG", "info")],
+    )
+    .await;
+    assert!(again.status.success(), "{again:?}");
+    let text = stdout(&again);
+    assert!(text.ends_with("migrations: up to date\n"), "{text}");
+    for ((_, latest), line) in known.iter().zip(text.lines()) {
+        assert!(
+            line.ends_with(&format!(" up to date (schema at {latest:04})")),
+            "{line}"
+        );
+    }
+    // PostgreSQL's NOTICEs ("relation \"_oncely_…_migrations\" already exists, skipping") are
+    // not news.
+    for output in [&first, &again] {
+        let stderr = String::from_utf8_lossy(&output.stderr);
+        assert!(
+            !stderr.contains("already exists") && !stderr.to_lowercase().contains("notice"),
+            "{stderr}"
+        );
+    }
+}
+
+/// Every command migrated at start; production now checks, and refuses a database that is not
+/// migrated or is behind the binary (one a newer release migrated is served); development
+/// still migrates by itself.
+async fn production_serves_only_the_schema_it_was_built_for(url: String, _db: TestDb) {
+    let env = [("ONCELY_SECRET", SECRET)];
+    // No SQLite file; an empty PostgreSQL database.
+    let line = refusal(&oncely(&production(&url), &env).await);
+    assert!(
+        line.ends_with(": is DATABASE_URL right? run `oncely migrate`"),
+        "{line}"
+    );
+    if let Some(file) = url.strip_prefix("sqlite://") {
+        assert!(!std::path::Path::new(file).exists(), "no file created");
+    }
+    assert!(
+        oncely(&["migrate", "--database-url", &url], &[])
+            .await
+            .status
+            .success()
+    );
+
+    // Behind: the newest outbox migration is not applied (as after deploying the release that
+    // added it, before `oncely migrate`).
+    let [_, outbox, _] = MIGRATION_TABLES;
+    let outbox_versions = &versions(&url)[1];
+    let [.., previous, latest] = outbox_versions[..] else {
+        unreachable!("the outbox has several migrations")
+    };
+    let applied =
+        |yes: bool| format!("UPDATE {outbox} SET success = {yes} WHERE version = {latest}");
+    execute(&url, &applied(false)).await;
+    let line = refusal(&oncely(&production(&url), &env).await);
+    assert_eq!(
+        line,
+        format!(
+            "the database is not migrated to this binary (outbox at {previous:04}, this binary needs {latest:04}): run `oncely migrate`"
+        )
+    );
+    execute(&url, &applied(true)).await;
+    let started = spawn_binary(&url, "smtp://127.0.0.1:9", &PRODUCTION, &env).await;
+    assert!(
+        started.banner[0].starts_with("oncely API:"),
+        "{:?}",
+        started.banner
+    );
+    drop(started);
+
+    // Ahead: a newer release migrated it.
+    let newer = if url.starts_with("postgres") {
+        format!(
+            "INSERT INTO {outbox} (version, description, success, checksum, execution_time) VALUES (9999, 'newer', true, '\\x00'::bytea, 1)"
+        )
+    } else {
+        format!(
+            "INSERT INTO {outbox} (version, description, success, checksum, execution_time) VALUES (9999, 'newer', 1, x'00', 1)"
+        )
+    };
+    execute(&url, &newer).await;
+    // Served, with a warning: migrations only add, and during a rolling upgrade an old process
+    // that restarts after `oncely migrate` must start.
+    let started = spawn_binary(&url, "smtp://127.0.0.1:9", &PRODUCTION, &env).await;
+    assert!(
+        started.banner[0].starts_with("oncely API:"),
+        "{:?}",
+        started.banner
+    );
+    drop(started);
+    // Development starts on it (and says so).
+    let development = spawn_binary(&url, "smtp://127.0.0.1:9", &[], &[]).await;
+    drop(development);
+}
+
+/// Issue 15, item 1: `outbox list` (and every other operator command) on a mistyped
+/// `DATABASE_URL` created an empty SQLite file, migrated it, and listed nothing.
+#[tokio::test]
+async fn operator_commands_never_create_or_migrate_a_database() {
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("typo.db");
+    let url = format!("sqlite://{}", file.display());
+    let commands: [&[&str]; 7] = [
+        &["outbox", "list"],
+        &["outbox", "dead"],
+        &["outbox", "show", "signup-verification:x"],
+        &["outbox", "retry", "--kind", "email.verification"],
+        &["key", "show", "k"],
+        &["tenant", "create", "acme"],
+        &["prune"],
+    ];
+    for command in commands {
+        let args = [command, &["--database-url", &url]].concat();
+        let line = refusal(&oncely(&args, &[]).await);
+        assert_eq!(
+            line,
+            format!(
+                "DATABASE_URL={url}: there is no database file {}: is DATABASE_URL right? run `oncely migrate`",
+                file.display()
+            ),
+            "{command:?}"
+        );
+        assert!(!file.exists(), "{command:?} created {}", file.display());
+    }
+    // An empty database (an SQLite file of nobody's, a fresh PostgreSQL database): not migrated
+    // behind the user's back either.
+    std::fs::write(&file, b"").unwrap();
+    let postgres = TestPostgres::new().await;
+    for url in [url.as_str(), postgres.url()] {
+        for command in commands {
+            let args = [command, &["--database-url", url]].concat();
+            let line = refusal(&oncely(&args, &[]).await);
+            assert!(
+                line.ends_with(
+                    "holds no oncely tables: is DATABASE_URL right? run `oncely migrate`"
+                ),
+                "{command:?}: {line}"
+            );
+        }
+    }
+    let tables = crate::support::count(&url, "SELECT COUNT(*) FROM sqlite_master").await;
+    assert_eq!(tables, 0, "nothing migrated");
+    let tables = crate::support::count(
+        postgres.url(),
+        "SELECT COUNT(*) FROM pg_tables WHERE schemaname = 'public'",
+    )
+    .await;
+    assert_eq!(tables, 0, "nothing migrated");
+}
+
+/// A role that may only SELECT, INSERT, UPDATE and DELETE (and use sequences) could run no
+/// command: every one migrated at start. Now production `serve` runs with it on a migrated
+/// database, and on an unmigrated one it is told what to do.
+#[tokio::test]
+async fn a_least_privilege_role_serves_a_migrated_database_in_production() {
+    let migrated = TestPostgres::new().await;
+    let empty = TestPostgres::new().await;
+    assert!(
+        oncely(&["migrate", "--database-url", migrated.url()], &[])
+            .await
+            .status
+            .success()
+    );
+    let role = format!("oncely_app_{}", uuid::Uuid::new_v4().simple());
+    let password = "app-password-0123";
+    let admin = oncely_testdb::server_url();
+    let mut conn = sqlx::PgConnection::connect(&admin).await.unwrap();
+    sqlx::raw_sql(AssertSqlSafe(format!(
+        "CREATE ROLE {role} LOGIN PASSWORD '{password}'"
+    )))
+    .execute(&mut conn)
+    .await
+    .unwrap();
+    let _dropped_at_the_end = TestRole {
+        name: role.clone(),
+        databases: vec![migrated.url().to_owned(), empty.url().to_owned()],
+    };
+    let grant = format!(
+        "GRANT USAGE ON SCHEMA public TO {role};
+         GRANT SELECT, INSERT, UPDATE, DELETE ON ALL TABLES IN SCHEMA public TO {role};
+         GRANT USAGE ON ALL SEQUENCES IN SCHEMA public TO {role};"
+    );
+    for db in [&migrated, &empty] {
+        let mut conn = sqlx::PgConnection::connect(db.url()).await.unwrap();
+        sqlx::raw_sql(AssertSqlSafe(grant.clone()))
+            .execute(&mut conn)
+            .await
+            .unwrap();
+    }
+    let as_role = |url: &str| {
+        use sqlx::ConnectOptions;
+        url.parse::<sqlx::postgres::PgConnectOptions>()
+            .unwrap()
+            .username(&role)
+            .password(password)
+            .to_url_lossy()
+            .to_string()
+    };
+    let (migrated_url, empty_url) = (as_role(migrated.url()), as_role(empty.url()));
+
+    let (inbox, running) = crate::support::start_inbox(oncely_inbox::Faults::default()).await;
+    let mailer = format!("smtp://{}", running.smtp_addr);
+    let env = [("ONCELY_SECRET", SECRET)];
+    let mut serving = spawn_binary(&migrated_url, &mailer, &PRODUCTION, &env).await;
+    let client = oncely_testdb::http();
+    let ready = client
+        .get(format!("{}/readyz", serving.base))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(ready.status(), 200);
+    let signup = client
+        .post(format!("{}/v1/signup", serving.base))
+        .header("idempotency-key", "least-privilege")
+        .json(&json!({ "email": "ada@example.com" }))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(signup.status(), 202);
+    inbox
+        .wait_for("ada@example.com", 1, std::time::Duration::from_secs(10))
+        .await;
+    assert_eq!(
+        inbox.messages(Some("ada@example.com")).len(),
+        1,
+        "its worker mailed"
+    );
+    serving.child.kill().await.unwrap();
+    let logs = serving.stderr.await.unwrap();
+    assert!(!logs.contains("permission denied"), "{logs}");
+
+    let line = refusal(&oncely(&production(&empty_url), &env).await);
+    assert!(
+        line.ends_with("holds no oncely tables: is DATABASE_URL right? run `oncely migrate`"),
+        "{line}"
+    );
+    let line = refusal(&oncely(&["migrate", "--database-url", &empty_url], &[]).await);
+    assert!(
+        line.starts_with("the idempotency keys migrations need a role that may create tables (permission denied for schema public)")
+            && line.matches("permission denied").count() == 1,
+        "{line}"
+    );
+}
+
+/// A login role, dropped (with its privileges in `databases`) when the test ends, pass or fail.
+struct TestRole {
+    name: String,
+    databases: Vec<String>,
+}
+
+impl Drop for TestRole {
+    fn drop(&mut self) {
+        let (name, databases) = (self.name.clone(), self.databases.clone());
+        // Drop runs inside the test's runtime: a thread with a runtime of its own.
+        let _ = std::thread::spawn(move || {
+            let runtime = tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()
+                .ok()?;
+            runtime.block_on(async {
+                for url in &databases {
+                    let mut conn = sqlx::PgConnection::connect(url).await.ok()?;
+                    sqlx::raw_sql(AssertSqlSafe(format!("DROP OWNED BY {name}")))
+                        .execute(&mut conn)
+                        .await
+                        .ok()?;
+                }
+                let mut conn = sqlx::PgConnection::connect(&oncely_testdb::server_url())
+                    .await
+                    .ok()?;
+                sqlx::raw_sql(AssertSqlSafe(format!("DROP ROLE IF EXISTS {name}")))
+                    .execute(&mut conn)
+                    .await
+                    .ok()
+            })
+        })
+        .join();
+    }
+}

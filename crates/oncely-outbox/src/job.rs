@@ -131,8 +131,9 @@ pub enum Delivery {
     Unknown(String),
     /// It can never happen (rejected as invalid): dead now.
     Permanent(String),
-    /// Deliberately not run (nobody to send to, rate-limited): dead now, the attempt recorded
-    /// as `skipped` with this reason. Not a failure.
+    /// Deliberately not run (nobody to send to, rate-limited): the job ends `skipped` now
+    /// ([`JobStatus::Skipped`]), its attempt recorded as `skipped` with this reason. Not a
+    /// failure: never dead, never re-driven.
     Skipped(String),
 }
 
@@ -144,17 +145,21 @@ pub enum JobStatus {
     Pending,
     /// Done.
     Sent,
-    /// Given up, with a reason.
+    /// Given up after a failure, with a reason: an operator may re-drive it.
     Dead,
+    /// Deliberately not run ([`Delivery::Skipped`]: nobody to send to, rate-limited), with the
+    /// reason. Not a failure: never re-driven.
+    Skipped,
 }
 
 impl JobStatus {
-    /// The stored text: `pending`, `sent`, `dead`.
+    /// The stored text: `pending`, `sent`, `dead`, `skipped`.
     pub fn as_str(self) -> &'static str {
         match self {
             Self::Pending => "pending",
             Self::Sent => "sent",
             Self::Dead => "dead",
+            Self::Skipped => "skipped",
         }
     }
 }
@@ -165,6 +170,7 @@ impl From<String> for JobStatus {
         match s.as_str() {
             "sent" => Self::Sent,
             "dead" => Self::Dead,
+            "skipped" => Self::Skipped,
             _ => Self::Pending,
         }
     }

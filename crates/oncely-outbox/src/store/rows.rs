@@ -8,7 +8,7 @@ use serde_json::Value;
 use time::OffsetDateTime;
 use uuid::Uuid;
 
-use super::Finish;
+use super::{Finish, SkippedJob};
 use crate::job::Job;
 
 /// How a dialect stores a moment: PostgreSQL as `timestamptz` ([`OffsetDateTime`]), SQLite as
@@ -80,6 +80,29 @@ impl<T: Moment> JobRow<T> {
             not_after: self.not_after.map(Moment::into_time),
             lease_token,
             frozen: self.frozen,
+        }
+    }
+}
+
+/// A skipped job as [`Statements::SKIPPED`](super::sql::Statements::SKIPPED) returns it.
+#[derive(sqlx::FromRow)]
+pub(crate) struct SkippedRow<T> {
+    operation_key: String,
+    kind: String,
+    last_error: Option<String>,
+    #[sqlx(json)]
+    payload: Value,
+    skipped_at: T,
+}
+
+impl<T: Moment> SkippedRow<T> {
+    pub(crate) fn into_job(self) -> SkippedJob {
+        SkippedJob {
+            operation_key: self.operation_key,
+            kind: self.kind,
+            reason: self.last_error,
+            payload: self.payload,
+            skipped_at: self.skipped_at.into_time(),
         }
     }
 }

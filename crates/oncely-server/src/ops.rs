@@ -48,6 +48,7 @@ async fn run_outbox_command<S: JobStore>(
                 JobStatusArg::Pending => JobStatus::Pending,
                 JobStatusArg::Sent => JobStatus::Sent,
                 JobStatusArg::Dead => JobStatus::Dead,
+                JobStatusArg::Skipped => JobStatus::Skipped,
             });
             let jobs = jobs
                 .list(&JobFilter {

@@ -84,10 +84,14 @@ async fn run_outbox_command<S: JobStore>(
                 bail!("no job with operation key {key:?}")
             };
             // What the first attempt froze holds the recipient's address and the email's text:
-            // shown by field names only, as the rest of the operator's output shows no address.
+            // shown by field names only, as the rest of the operator's output shows no address
+            // (the recipient a development payload names is masked).
             let mut shown = serde_json::to_value(&job)?;
             if let Some(frozen) = job.frozen.as_ref().and_then(|f| f.as_object()) {
                 shown["frozen"] = frozen.keys().cloned().collect();
+            }
+            if let Some(to) = job.payload.get("recipient").and_then(|to| to.as_str()) {
+                shown["payload"]["recipient"] = crate::email::masked(to).into();
             }
             writeln!(out, "{}", serde_json::to_string_pretty(&shown)?)?;
             writeln!(out, "attempts:")?;

@@ -282,13 +282,13 @@ impl Browser {
         }
     }
 
-    /// Clicks the middle of the first element `selector` matches with the mouse, as a person
-    /// would (it must be visible: it is scrolled into view first).
+    /// Clicks the first element `selector` matches with the mouse, as a person would: in the
+    /// middle of its first box (a link's first line), scrolled into view first.
     pub async fn click(&mut self, selector: &str) {
         let found = self
             .wait_for(&format!(
                 "(() => {{ const e = document.querySelector({selector:?}); if (!e) return null; \
-                 e.scrollIntoView({{block: 'center'}}); const r = e.getBoundingClientRect(); \
+                 e.scrollIntoView({{block: 'center'}}); const r = e.getClientRects()[0]; if (!r) return null; \
                  return r.width > 0 && r.height > 0 ? [r.x + r.width / 2, r.y + r.height / 2] : null; }})()"
             ))
             .await;
@@ -300,6 +300,48 @@ impl Browser {
             )
             .await;
         }
+    }
+
+    /// The text the page shows (`document.body.innerText`).
+    pub async fn text(&mut self) -> String {
+        let text = self
+            .eval("document.body ? document.body.innerText : ''")
+            .await;
+        text.as_str().unwrap_or_default().to_owned()
+    }
+
+    /// Replaces what the first field `selector` matches holds with `text`, typed as a person
+    /// would: the field is clicked, its text selected (the select-all command) and `text` typed
+    /// over it (or, when empty, the selection deleted with Backspace).
+    pub async fn fill(&mut self, selector: &str, text: &str) {
+        self.click(selector).await;
+        self.command(
+            "Input.dispatchKeyEvent",
+            json!({ "type": "rawKeyDown", "commands": ["selectAll"] }),
+        )
+        .await;
+        if text.is_empty() {
+            for kind in ["rawKeyDown", "keyUp"] {
+                self.command(
+                    "Input.dispatchKeyEvent",
+                    json!({ "type": kind, "key": "Backspace", "code": "Backspace",
+                            "windowsVirtualKeyCode": 8 }),
+                )
+                .await;
+            }
+        } else {
+            self.command("Input.insertText", json!({ "text": text }))
+                .await;
+        }
+    }
+
+    /// Shows times as if the browser were in `zone` (an IANA name: `Asia/Tokyo`).
+    pub async fn time_zone(&mut self, zone: &str) {
+        self.command(
+            "Emulation.setTimezoneOverride",
+            json!({ "timezoneId": zone }),
+        )
+        .await;
     }
 
     /// Saves a PNG of the whole page as `target/tmp/screenshots/<name>.png` and prints where.

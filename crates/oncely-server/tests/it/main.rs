@@ -8,6 +8,7 @@ mod attacks;
 mod browser;
 mod chaos;
 mod client_caps;
+mod dev_inbox;
 mod flows;
 mod health;
 mod hostile;

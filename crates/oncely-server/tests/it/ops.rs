@@ -13,7 +13,7 @@ use serde_json::json;
 use crate::requests::{app_with_mail_caps, assert_drained};
 use crate::support::{SECRET, both_databases, execute, spawn_app_with_inbox, start_inbox};
 
-async fn oncely(args: &[&str]) -> (bool, String) {
+pub async fn oncely(args: &[&str]) -> (bool, String) {
     let output = tokio::process::Command::new(env!("CARGO_BIN_EXE_oncely"))
         .args(args)
         .output()

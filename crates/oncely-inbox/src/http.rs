@@ -1,29 +1,83 @@
-//! The HTTP side: a Resend-compatible intake and the read/fault API.
+//! The HTTP side: a Resend-compatible intake, the read/fault API, and the pages.
+
+use std::sync::Arc;
 
 use axum::body::Bytes;
-use axum::extract::{Path, Query, State};
-use axum::http::{HeaderMap, StatusCode, header};
+use axum::extract::{Path, Query, Request, State};
+use axum::http::{HeaderMap, Method, StatusCode, header};
+use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
-use axum::{Json, Router};
+use axum::{Extension, Json, Router};
 use serde::Deserialize;
 use serde_json::json;
 use time::OffsetDateTime;
 
+use crate::page::{self, Options};
 use crate::{Faults, Inbox, Intake, Message, Rejection, Verdict};
 
-/// The routes, on an [`Inbox`]. The server mounts the read API under `/_dev/inbox` in development.
+/// The routes, on an [`Inbox`], with the pages' default [`Options`]: `oncely inbox` serves
+/// them at `/`; the server mounts them under `/_dev/inbox` in development
+/// ([`router_with`] a feed of suppressed emails).
+///
+/// A request that would change something (any method but `GET` and `HEAD`) is refused (403)
+/// when a browser says it comes from another origin — its `Origin` names another host than the
+/// one it was sent to, or `Sec-Fetch-Site` says `cross-site` or `same-site` — so that no other
+/// site a developer visits can delete messages, set faults or send mail through the inbox.
+/// Clients that are not browsers send neither header and are served as before.
 pub fn router(inbox: Inbox) -> Router {
+    router_with(inbox, Options::default())
+}
+
+/// [`router`], with the pages' `options`.
+pub fn router_with(inbox: Inbox, options: Options) -> Router {
     Router::new()
-        .route("/", get(crate::page::list))
-        .route("/view/{id}", get(crate::page::view))
+        .route("/", get(page::list))
+        .route("/view/{id}", get(page::view))
+        .route("/assets/inbox.js", get(page::script))
+        .route("/assets/inbox.css", get(page::style))
         .route("/emails", post(send_email))
         .route("/messages", get(list).delete(delete))
         .route("/messages/{id}", get(one).delete(delete_one))
+        .route("/messages/{id}/raw", get(page::raw))
         .route("/stats", get(stats))
         .route("/faults", get(faults).put(set_faults))
         .route("/reset", post(reset))
+        .layer(Extension(Arc::new(options)))
+        .layer(axum::middleware::from_fn(same_origin))
         .with_state(inbox)
+}
+
+/// Refuses a browser's cross-origin request that would change something (see [`router`]).
+async fn same_origin(request: Request, next: Next) -> Response {
+    let safe = matches!(*request.method(), Method::GET | Method::HEAD);
+    if !safe && cross_origin(request.headers()) {
+        return (
+            StatusCode::FORBIDDEN,
+            "refused: a request from another origin cannot change the inbox (use its own page, or a client that is not a browser)",
+        )
+            .into_response();
+    }
+    next.run(request).await
+}
+
+/// Whether a browser says the request comes from another origin than the one it was sent to.
+fn cross_origin(headers: &HeaderMap) -> bool {
+    let text = |name| headers.get(name).and_then(|v| v.to_str().ok());
+    if matches!(text("sec-fetch-site"), Some("cross-site" | "same-site")) {
+        return true;
+    }
+    let Some(origin) = text(header::ORIGIN.as_str()) else {
+        return false;
+    };
+    let authority = origin
+        .strip_prefix("http://")
+        .or_else(|| origin.strip_prefix("https://"));
+    match (authority, text(header::HOST.as_str())) {
+        (Some(authority), Some(host)) => !authority.eq_ignore_ascii_case(host),
+        // `Origin: null` (a sandboxed frame, a file), or no Host to compare with.
+        _ => true,
+    }
 }
 
 /// A Resend `POST /emails` body (the fields the inbox uses).
@@ -53,16 +107,37 @@ fn error(status: StatusCode, name: &str, message: &str) -> Response {
     (status, Json(body)).into_response()
 }
 
-async fn send_email(
-    State(inbox): State<Inbox>,
-    headers: HeaderMap,
-    Json(body): Json<SendEmail>,
-) -> Response {
+/// Whether a request says its body is JSON (`application/json`, or `…+json`).
+fn says_json(headers: &HeaderMap) -> bool {
+    headers
+        .get(header::CONTENT_TYPE)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.split(';').next())
+        .map(|v| v.trim().to_ascii_lowercase())
+        .is_some_and(|v| {
+            v == "application/json" || (v.starts_with("application/") && v.ends_with("+json"))
+        })
+}
+
+async fn send_email(State(inbox): State<Inbox>, headers: HeaderMap, bytes: Bytes) -> Response {
+    if !says_json(&headers) {
+        return (
+            StatusCode::UNSUPPORTED_MEDIA_TYPE,
+            "Expected request with `Content-Type: application/json`",
+        )
+            .into_response();
+    }
+    let body = match Json::<SendEmail>::from_bytes(&bytes) {
+        Ok(Json(body)) => body,
+        Err(rejection) => return rejection.into_response(),
+    };
     // Only the header this intake is configured to read (Resend's API: `Idempotency-Key`).
+    let key_header = inbox.idempotency_header(Intake::Http);
     let key = headers
-        .get(inbox.idempotency_header(Intake::Http).to_ascii_lowercase())
+        .get(key_header.to_ascii_lowercase())
         .and_then(|v| v.to_str().ok())
         .map(str::to_owned);
+    let raw = raw_request(&headers, &key_header, &bytes);
     let message = Message {
         id: String::new(),
         intake: Intake::Http,
@@ -77,6 +152,7 @@ async fn send_email(
         html: body.html,
         message_id: body.headers.get("Message-ID").cloned(),
         idempotency_key: key,
+        raw,
     };
     match inbox.attempt(message).await {
         Verdict::Accepted(id) => Json(json!({ "id": id })).into_response(),
@@ -116,6 +192,26 @@ async fn send_email(
             error(StatusCode::CONFLICT, conflict.name(), conflict.message())
         }
     }
+}
+
+/// A `POST /emails` as it came in: the headers the intake reads, then the JSON body
+/// (indented, when it parses).
+fn raw_request(headers: &HeaderMap, key_header: &str, body: &[u8]) -> String {
+    let mut raw = String::from("POST /emails\n");
+    for name in [header::CONTENT_TYPE.as_str(), key_header] {
+        if let Some(value) = headers.get(name.to_ascii_lowercase()) {
+            raw.push_str(&format!(
+                "{name}: {}\n",
+                String::from_utf8_lossy(value.as_bytes())
+            ));
+        }
+    }
+    raw.push('\n');
+    match serde_json::from_slice::<serde_json::Value>(body) {
+        Ok(json) => raw.push_str(&serde_json::to_string_pretty(&json).unwrap_or_default()),
+        Err(_) => raw.push_str(&String::from_utf8_lossy(body)),
+    }
+    raw
 }
 
 #[derive(Debug, Deserialize)]

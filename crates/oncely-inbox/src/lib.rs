@@ -7,9 +7,14 @@
 //! - [`http`]: `POST /emails` (Resend-compatible), and the read API: `GET /messages?to=`,
 //!   `GET /messages/{id}`, `DELETE /messages` (every message, or `{"IDs": [...]}` as Mailpit
 //!   takes them; messages only: counters and provider mode's keys stay), `DELETE
-//!   /messages/{id}`, `GET /stats`, `GET /faults`, `PUT /faults` (changes the fields it
-//!   names), `POST /reset` (a fresh inbox for the next test: [`Inbox::clear`]).
-//! - [`page`]: the same as pages for a person (`GET /`, `GET /view/{id}`), links clickable.
+//!   /messages/{id}`, `GET /messages/{id}/raw` (the message as it came in), `GET /stats`,
+//!   `GET /faults`, `PUT /faults` (changes the fields it names), `POST /reset` (a fresh inbox
+//!   for the next test: [`Inbox::clear`]). A browser's cross-origin request that would change
+//!   something is refused ([`http::router`]).
+//! - [`page`]: the same as pages for a person who keeps them open (`GET /`, `GET /view/{id}`):
+//!   live, searchable, times in the reader's zone, headers and raw source, deletes and faults
+//!   from the page, and the emails the sender chose not to send when given a feed of them
+//!   ([`page::Options`]).
 //!
 //! Every copy is kept: a message delivered twice shows twice, and [`Stats::duplicates`] counts
 //! it. In *provider mode* ([`Faults::dedupe_window_ms`]) the inbox behaves like a real provider
@@ -96,6 +101,21 @@ pub struct Message {
     /// The sender's idempotency key: the value of the one header its intake reads
     /// ([`Config`]), if it was sent.
     pub idempotency_key: Option<String>,
+    /// The message as it came in: over SMTP the DATA section (headers and body, dot-stuffing
+    /// undone), over HTTP the headers the intake read and the JSON body. Not in the JSON of
+    /// `GET /messages`: `GET /messages/{id}/raw` serves it.
+    #[serde(skip)]
+    pub raw: String,
+}
+
+/// What [`Inbox::search`] found.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Found {
+    /// The newest matching copies, newest first, each with how many kept copies share its
+    /// idempotency key (else its `Message-ID`): more than 1 for a duplicate.
+    pub messages: Vec<(Message, usize)>,
+    /// How many copies match in all.
+    pub matching: usize,
 }
 
 /// How an inbox is set up.
@@ -420,6 +440,23 @@ impl Inbox {
         state.messages.list(to.as_deref())
     }
 
+    /// The newest kept copies whose sender, a recipient or subject contains `query` (ignoring
+    /// case; empty: every copy), at most `limit`, newest first ([`Found`]).
+    pub fn search(&self, query: &str, limit: usize) -> Found {
+        let query = query.trim().to_lowercase();
+        let mut state = self.lock();
+        let now = state.clock.now();
+        state.expire(now);
+        let (messages, matching) = state.messages.search(&query, limit);
+        Found { messages, matching }
+    }
+
+    /// How many kept copies share `message`'s idempotency key (else its `Message-ID`): 1 when
+    /// no other does.
+    pub fn copies(&self, message: &Message) -> usize {
+        self.lock().messages.copies(message)
+    }
+
     /// One copy by id (by index).
     pub fn message(&self, id: &str) -> Option<Message> {
         let mut state = self.lock();
@@ -588,6 +625,7 @@ mod tests {
             html: None,
             message_id: None,
             idempotency_key: key.map(Into::into),
+            raw: String::new(),
         }
     }
 
@@ -766,6 +804,44 @@ mod tests {
         assert!(inbox.messages(None).is_empty());
         assert_eq!(inbox.stats().evicted, 2);
         assert_eq!(inbox.lock().messages.index_sizes(), (0, 0, 0));
+    }
+
+    /// Issue 15, item 7: the page's search, newest first, bounded, with each copy's count.
+    #[test]
+    fn a_search_matches_sender_recipient_or_subject_newest_first_and_counts_copies() {
+        let inbox = Inbox::new();
+        for n in 0..5 {
+            inbox.receive(numbered(n, if n < 3 { "Ada@x.io" } else { "bob@x.io" }));
+        }
+        inbox.receive(Message {
+            subject: "m1 again".into(),
+            ..to(Some("k1"), "carol@x.io")
+        });
+        let subjects = |found: &Found| -> Vec<(String, usize)> {
+            found
+                .messages
+                .iter()
+                .map(|(m, copies)| (m.subject.clone(), *copies))
+                .collect()
+        };
+        let ada = inbox.search(" ADA@", 2);
+        assert_eq!(ada.matching, 3);
+        assert_eq!(
+            subjects(&ada),
+            [("m2".to_owned(), 1), ("m1".to_owned(), 2)],
+            "newest first, at most 2; m1 has a copy under its key"
+        );
+        let by_subject = inbox.search("AGAIN", 10);
+        assert_eq!(subjects(&by_subject), [("m1 again".to_owned(), 2)]);
+        assert_eq!(inbox.search("a@x.io", 10).matching, 6, "the sender");
+        assert_eq!(inbox.search("", 10).matching, 6);
+        assert_eq!(
+            inbox.search("nobody", 10),
+            Found {
+                messages: vec![],
+                matching: 0
+            }
+        );
     }
 
     #[test]

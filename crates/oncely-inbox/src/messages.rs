@@ -92,6 +92,36 @@ impl Messages {
         }
     }
 
+    /// The newest messages that `query` matches, at most `limit`, newest first, each with how
+    /// many kept copies share its duplicate key (1: no other); and how many match in all. The
+    /// query (lower case) matches a substring of the sender, a recipient or the subject,
+    /// ignoring case; empty, every message. (It scans the kept messages, cloning only those
+    /// shown: a page for a person, not a hot path.)
+    pub(crate) fn search(&self, query: &str, limit: usize) -> (Vec<(Message, usize)>, usize) {
+        let matches = |m: &Message| {
+            query.is_empty()
+                || m.subject.to_lowercase().contains(query)
+                || m.from.to_lowercase().contains(query)
+                || m.to.iter().any(|to| to.contains(query))
+        };
+        let mut shown = Vec::new();
+        let mut matching = 0;
+        for message in self.by_arrival.values().rev().filter(|m| matches(m)) {
+            matching += 1;
+            if shown.len() < limit {
+                shown.push((message.clone(), self.copies(message)));
+            }
+        }
+        (shown, matching)
+    }
+
+    /// How many kept copies share `message`'s duplicate key (1 if it has none).
+    pub(crate) fn copies(&self, message: &Message) -> usize {
+        duplicate_key(message)
+            .and_then(|key| self.by_key.get(key))
+            .map_or(1, BTreeSet::len)
+    }
+
     /// How many are kept.
     pub(crate) fn len(&self) -> usize {
         self.by_arrival.len()

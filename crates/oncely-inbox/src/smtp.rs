@@ -205,6 +205,7 @@ fn parse(
             .and_then(|m| m.message_id())
             .map(str::to_owned),
         idempotency_key: header(idempotency_header),
+        raw: String::from_utf8_lossy(data).into_owned(),
     }
 }
 

@@ -445,3 +445,222 @@ async fn put_faults_changes_only_the_fields_it_names_and_never_forgets_a_key() {
         "a refused body changes nothing"
     );
 }
+
+/// Issue 15, item 7: a browser's request from another origin (a page on another site, or on
+/// another port: same site) that would change the inbox is refused; the inbox's own page and
+/// clients that are no browser are served as before.
+#[tokio::test]
+async fn a_browsers_cross_origin_request_cannot_change_the_inbox() {
+    let (inbox, base) = start().await;
+    let http = oncely_testdb::http();
+    let host = base.trim_start_matches("http://").to_owned();
+    let send = |extra: Option<(&'static str, String)>| {
+        let mut request = http
+            .post(format!("{base}/emails"))
+            .json(&email("victim@example.com"));
+        if let Some((name, value)) = extra {
+            request = request.header(name, value);
+        }
+        request
+    };
+    assert_eq!(status_of(send(None)).await, 200);
+    let id = inbox.messages(None)[0].id.clone();
+    let foreign = [
+        ("origin", "http://evil.example".to_owned()),
+        ("origin", "null".to_owned()),
+        ("origin", format!("http://{host}.evil.example")),
+        ("origin", "http://127.0.0.1:1".to_owned()),
+        ("sec-fetch-site", "cross-site".to_owned()),
+        ("sec-fetch-site", "same-site".to_owned()),
+    ];
+    for (name, value) in &foreign {
+        let requests = [
+            http.delete(format!("{base}/messages")),
+            http.delete(format!("{base}/messages/{id}")),
+            http.put(format!("{base}/faults"))
+                .json(&json!({ "reject_next": 5 })),
+            http.post(format!("{base}/reset")).json(&json!({})),
+            send(None),
+        ];
+        for request in requests {
+            let response = request.header(*name, value).send().await.unwrap();
+            assert_eq!(response.status(), 403, "{name}: {value}");
+            assert!(
+                response
+                    .text()
+                    .await
+                    .unwrap()
+                    .starts_with("refused: a request from another origin")
+            );
+        }
+        // Reading is not refused here: the browser keeps a cross-origin answer from the page.
+        let read = http.get(format!("{base}/messages")).header(*name, value);
+        assert_eq!(status_of(read).await, 200);
+    }
+    assert_eq!(inbox.messages(None).len(), 1);
+    assert_eq!(inbox.faults(), Faults::default());
+    assert_eq!(inbox.stats().delivered, 1);
+    // The page's own requests (same origin, as a browser marks them) are served.
+    let own = http
+        .delete(format!("{base}/messages/{id}"))
+        .header("origin", format!("http://{}", host.to_uppercase()))
+        .header("sec-fetch-site", "same-origin");
+    assert_eq!(status_of(own).await, 204);
+    assert!(inbox.messages(None).is_empty());
+}
+
+/// Issue 15, item 7: the raw source of a message, over each intake; not in the JSON list.
+#[tokio::test]
+async fn a_message_s_raw_source_is_served_as_text_and_left_out_of_the_json() {
+    let (inbox, base) = start().await;
+    let http = oncely_testdb::http();
+    let sent = http
+        .post(format!("{base}/emails"))
+        .header("idempotency-key", "raw-1")
+        .json(
+            &json!({ "from": "a@example.com", "to": "r@example.com", "subject": "<b>Raw</b>",
+                       "text": "hello" }),
+        )
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(sent.status(), 200);
+    let listed: Vec<Value> = get_json(format!("{base}/messages")).await;
+    assert!(listed[0].get("raw").is_none(), "{listed:?}");
+    let id = listed[0]["id"].as_str().unwrap();
+    let raw = http
+        .get(format!("{base}/messages/{id}/raw"))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(raw.headers()["content-type"], "text/plain; charset=utf-8");
+    assert_eq!(raw.headers()["x-content-type-options"], "nosniff");
+    assert!(
+        raw.headers()["content-security-policy"]
+            .to_str()
+            .unwrap()
+            .starts_with("sandbox")
+    );
+    let raw = raw.text().await.unwrap();
+    assert!(raw.starts_with("POST /emails\n"), "{raw}");
+    assert!(raw.contains("Idempotency-Key: raw-1\n"), "{raw}");
+    assert!(raw.contains("\"subject\": \"<b>Raw</b>\""), "{raw}");
+    assert_eq!(
+        status_of(http.get(format!("{base}/messages/nope/raw"))).await,
+        404
+    );
+
+    // Over SMTP: the DATA section as sent.
+    let smtp = inbox.start(
+        "127.0.0.1:0".parse().unwrap(),
+        "127.0.0.1:0".parse().unwrap(),
+    );
+    let running = smtp.await.unwrap();
+    let data = "From: a@example.com\r\nTo: s@example.com\r\nSubject: Over SMTP\r\n\
+                Message-ID: <m1@x>\r\n\r\nBody line\r\n..dot-stuffed\r\n";
+    smtp_send(running.smtp_addr, "s@example.com", data).await;
+    let message = inbox
+        .wait_for("s@example.com", 1, Duration::from_secs(5))
+        .await;
+    assert_eq!(
+        message[0].raw,
+        "From: a@example.com\r\nTo: s@example.com\r\nSubject: Over SMTP\r\nMessage-ID: <m1@x>\r\n\r\nBody line\r\n.dot-stuffed\r\n"
+    );
+}
+
+/// One SMTP transaction of `data` to `to`.
+async fn smtp_send(addr: std::net::SocketAddr, to: &str, data: &str) {
+    use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader};
+    let stream = tokio::net::TcpStream::connect(addr).await.unwrap();
+    let (read, mut write) = stream.into_split();
+    let mut lines = BufReader::new(read).lines();
+    lines.next_line().await.unwrap();
+    for command in [
+        "HELO test".to_owned(),
+        "MAIL FROM:<a@example.com>".to_owned(),
+        format!("RCPT TO:<{to}>"),
+        "DATA".to_owned(),
+    ] {
+        write
+            .write_all(format!("{command}\r\n").as_bytes())
+            .await
+            .unwrap();
+        let reply = lines.next_line().await.unwrap().unwrap();
+        assert!(reply.starts_with('2') || reply.starts_with('3'), "{reply}");
+        // EHLO-free: HELO answers one line.
+    }
+    write
+        .write_all(format!("{data}.\r\n").as_bytes())
+        .await
+        .unwrap();
+    let reply = lines.next_line().await.unwrap().unwrap();
+    assert!(reply.starts_with("250"), "{reply}");
+    write.write_all(b"QUIT\r\n").await.unwrap();
+}
+
+/// Issue 15, item 7: the page searches by address or subject (on the server: it works without
+/// script too), escapes what it shows, and allows no inline script.
+#[tokio::test]
+async fn the_page_searches_escapes_and_allows_no_inline_script() {
+    let (_inbox, base) = start().await;
+    let http = oncely_testdb::http();
+    for (to, subject) in [
+        ("ada@example.com", "Welcome <script>alert(1)</script>"),
+        ("bob@example.com", "Reset your password"),
+    ] {
+        let sent = http
+            .post(format!("{base}/emails"))
+            .json(&json!({ "from": "app@example.com", "to": to, "subject": subject, "text": "x" }))
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(sent.status(), 200);
+    }
+    let page = |q: &str| {
+        let http = http.clone();
+        let url = format!("{base}/?q={q}");
+        async move {
+            let response = http.get(url).send().await.unwrap();
+            let csp = response.headers()["content-security-policy"]
+                .to_str()
+                .unwrap()
+                .to_owned();
+            assert!(
+                csp.contains("script-src 'self'") && !csp.contains("unsafe"),
+                "{csp}"
+            );
+            response.text().await.unwrap()
+        }
+    };
+    let all = page("").await;
+    assert!(all.contains("ada@example.com") && all.contains("bob@example.com"));
+    assert!(all.contains("Welcome &lt;script&gt;alert(1)&lt;/script&gt;"));
+    assert_eq!(
+        all.matches("<script").count(),
+        1,
+        "only the page's own, by src"
+    );
+    assert!(all.contains("<script src=\"/assets/inbox.js\" defer></script>"));
+    let by_address = page("BOB%40example").await;
+    assert!(by_address.contains("bob@example.com") && !by_address.contains("ada@example.com"));
+    let by_subject = page("welcome").await;
+    assert!(by_subject.contains("ada@example.com") && !by_subject.contains("bob@example.com"));
+    let none = page("%22%3E%3Cscript%3E").await;
+    assert!(
+        none.contains("No message to, from or about “&quot;&gt;&lt;script&gt;”"),
+        "{none}"
+    );
+    assert!(
+        none.contains("value=\"&quot;&gt;&lt;script&gt;\""),
+        "the query is escaped"
+    );
+    let script = http
+        .get(format!("{base}/assets/inbox.js"))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(
+        script.headers()["content-type"],
+        "text/javascript; charset=utf-8"
+    );
+}

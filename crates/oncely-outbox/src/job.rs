@@ -131,8 +131,9 @@ pub enum Delivery {
     Unknown(String),
     /// It can never happen (rejected as invalid): dead now.
     Permanent(String),
-    /// Deliberately not run (nobody to send to, rate-limited): dead now, the attempt recorded
-    /// as `skipped` with this reason. Not a failure.
+    /// Deliberately not run (nobody to send to, rate-limited): the job ends `skipped` now
+    /// ([`JobStatus::Skipped`]), its attempt recorded as `skipped` with this reason. Not a
+    /// failure: never dead, never re-driven.
     Skipped(String),
 }
 
@@ -144,21 +145,25 @@ pub enum JobStatus {
     Pending,
     /// Done.
     Sent,
-    /// Given up, with a reason.
+    /// Given up after a failure, with a reason: an operator may re-drive it.
     Dead,
+    /// Deliberately not run ([`Delivery::Skipped`]: nobody to send to, rate-limited), with the
+    /// reason. Not a failure: never re-driven.
+    Skipped,
 }
 
 impl JobStatus {
     /// Every status (`oncely outbox list --status` offers these): a new status is listed here
     /// too, beside its arm in [`JobStatus::as_str`].
-    pub const ALL: [JobStatus; 3] = [Self::Pending, Self::Sent, Self::Dead];
+    pub const ALL: [JobStatus; 4] = [Self::Pending, Self::Sent, Self::Dead, Self::Skipped];
 
-    /// The stored text: `pending`, `sent`, `dead`.
+    /// The stored text: `pending`, `sent`, `dead`, `skipped`.
     pub fn as_str(self) -> &'static str {
         match self {
             Self::Pending => "pending",
             Self::Sent => "sent",
             Self::Dead => "dead",
+            Self::Skipped => "skipped",
         }
     }
 
@@ -174,6 +179,7 @@ impl From<String> for JobStatus {
         match s.as_str() {
             "sent" => Self::Sent,
             "dead" => Self::Dead,
+            "skipped" => Self::Skipped,
             _ => Self::Pending,
         }
     }
@@ -267,6 +273,9 @@ pub struct JobRecord {
     /// When it died.
     #[serde(with = "time::serde::rfc3339::option")]
     pub dead_at: Option<OffsetDateTime>,
+    /// When its handler skipped it ([`JobStatus::Skipped`]).
+    #[serde(with = "time::serde::rfc3339::option")]
+    pub skipped_at: Option<OffsetDateTime>,
     /// When an operator last re-drove it ([`Job::redriven_at`]).
     #[serde(with = "time::serde::rfc3339::option")]
     pub redriven_at: Option<OffsetDateTime>,

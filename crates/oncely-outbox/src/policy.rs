@@ -83,7 +83,7 @@ impl RetryPolicy {
     }
 
     /// What to record of `job`'s attempt that reported `delivery`, at `now`:
-    /// - sent; dead at once (permanent, skipped);
+    /// - sent; dead at once (permanent); skipped (the handler chose not to run it);
     /// - a retry or an unknown outcome: due again after [`RetryPolicy::delay`], spending an
     ///   attempt — unless that was the last attempt of the budget;
     /// - throttled: due again after the later of the delay and its `after` (cut to
@@ -102,7 +102,7 @@ impl RetryPolicy {
                 provider_message_id,
             } => return Finish::sent(provider_message_id),
             Delivery::Permanent(error) => return Finish::dead(AttemptResult::Dead, error),
-            Delivery::Skipped(reason) => return Finish::dead(AttemptResult::Skipped, reason),
+            Delivery::Skipped(reason) => return Finish::skipped(reason),
             Delivery::Retry(error) => (AttemptResult::Retry, error, self.delay(failed), false),
             Delivery::Unknown(error) => (AttemptResult::Unknown, error, self.delay(failed), false),
             Delivery::Throttled { reason, after } => {
@@ -264,9 +264,11 @@ mod tests {
         assert_eq!(sent, Finish::sent(Some("p".into())));
         let dead = decide(Delivery::Permanent("550".into()));
         assert_eq!(dead, Finish::dead(AttemptResult::Dead, "550".into()));
+        // Issue 15, item 4: skipped is not dead (it was `Dead`, listed with real failures).
         let skipped = decide(Delivery::Skipped("no recipient".into()));
         assert_eq!(skipped.result, AttemptResult::Skipped);
-        assert_eq!(skipped.status, JobStatus::Dead);
+        assert_eq!(skipped.status, JobStatus::Skipped);
+        assert_eq!(skipped.error.as_deref(), Some("no recipient"));
     }
 
     #[test]

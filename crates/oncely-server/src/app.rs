@@ -194,14 +194,25 @@ impl<B: Accounts> Application<B> {
             (settings.prune_interval, settings.retention()),
             shutdown.clone(),
         )));
+        let production = settings.environment == Environment::Production;
+        // The dev inbox's pages: development, the dev mailer, a loopback address only, and
+        // this process's workers mailing into it (what the banner says).
+        let dev_inbox_page = dev_inbox
+            .as_ref()
+            .filter(|_| {
+                development
+                    && addr.ip().is_loopback()
+                    && matches!(dev_inbox_status, DevInbox::Served { .. })
+            })
+            .map(|(inbox, _)| inbox.clone());
         let state = AppState {
             accounts: backend.clone(),
-            jobs,
+            jobs: jobs.clone(),
             secret: settings.secret.clone(),
             limits: settings.limits,
+            recipient_in_payload: dev_inbox_page.is_some(),
         };
         let v1 = routes::v1(state, settings.key_policy());
-        let production = settings.environment == Environment::Production;
         let v1 = if development
             && std::env::var("ONCELY_FAILPOINT").as_deref() == Ok("crash-after-commit")
         {
@@ -243,11 +254,8 @@ impl<B: Accounts> Application<B> {
             .route_layer(axum::middleware::from_fn(telemetry::record_http));
         // Served only when this process's workers mail into it, on a loopback bind, in
         // development (the dev mailer exists only there): exactly what the banner says.
-        if let Some((inbox, _)) = &dev_inbox
-            && matches!(dev_inbox_status, DevInbox::Served { .. })
-            && development
-        {
-            router = router.nest("/_dev/inbox", oncely_inbox::http::router(inbox.clone()));
+        if let Some(inbox) = dev_inbox_page {
+            router = router.nest("/_dev/inbox", dev_inbox_routes(inbox, jobs));
         }
         // Every error is problem+json, a path or method the service does not have too.
         let router = router
@@ -321,6 +329,54 @@ impl<B: Accounts> Application<B> {
             }
         }
         Ok(served?)
+    }
+}
+
+/// Where the dev inbox's page reads the emails the service chose not to send.
+pub const SUPPRESSED_FEED: &str = "/_dev/inbox/suppressed";
+
+/// How many of the latest suppressed emails the dev inbox shows.
+const SUPPRESSED_SHOWN: u32 = 200;
+
+/// The dev inbox (mounted at `/_dev/inbox`): its pages and API, and `GET /suppressed`, the
+/// emails the service chose not to send, which its page shows.
+fn dev_inbox_routes<S: oncely_outbox::JobStore>(inbox: Inbox, jobs: S) -> Router {
+    let options = oncely_inbox::page::Options {
+        suppressed_feed: Some(SUPPRESSED_FEED.to_owned()),
+    };
+    oncely_inbox::http::router_with(inbox, options)
+        .route("/suppressed", get(suppressed::<S>).with_state(jobs))
+}
+
+/// `GET /_dev/inbox/suppressed`: the latest skipped email jobs, newest first, as the dev inbox's
+/// page reads them: `[{"to", "kind", "reason", "at"}]` (`to`: the address the request named,
+/// recorded in development; null for a job written without it).
+async fn suppressed<S: oncely_outbox::JobStore>(State(jobs): State<S>) -> axum::response::Response {
+    use axum::response::IntoResponse;
+    use time::format_description::well_known::Rfc3339;
+    match jobs.skipped(SUPPRESSED_SHOWN).await {
+        Ok(skipped) => {
+            let rows: Vec<serde_json::Value> = skipped
+                .into_iter()
+                .map(|job| {
+                    serde_json::json!({
+                        "to": job.payload.get("recipient"),
+                        "kind": job.kind,
+                        "reason": job.reason,
+                        "at": job.skipped_at.format(&Rfc3339).ok(),
+                    })
+                })
+                .collect();
+            axum::Json(rows).into_response()
+        }
+        Err(error) => {
+            tracing::warn!(%error, "reading the suppressed emails for the dev inbox failed");
+            (
+                StatusCode::SERVICE_UNAVAILABLE,
+                "the suppressed emails could not be read from the outbox",
+            )
+                .into_response()
+        }
     }
 }
 

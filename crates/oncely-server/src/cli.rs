@@ -139,7 +139,8 @@ pub enum OutboxCommand {
         #[allow(missing_docs)]
         output: OutputArgs,
     },
-    /// List dead jobs with their reasons (`list --status dead`).
+    /// List dead jobs — real failures — with their reasons (`list --status dead`; skipped jobs
+    /// are `list --status skipped`).
     Dead {
         /// Only this kind.
         #[arg(long)]
@@ -500,18 +501,20 @@ pub struct ServeArgs {
 
     /// Emails per window to one address requested by one client (counted whether or not the
     /// address has an account); more are not sent, and the answer does not change. Per client,
-    /// so that one client cannot use up the owner's own emails.
-    #[arg(long, env = "ONCELY_MAIL_CAP_PER_ADDRESS", default_value_t = defaults::MAIL_CAP_PER_ADDRESS)]
-    pub mail_cap_per_address: u32,
+    /// so that one client cannot use up the owner's own emails. Default: 5 in production, 100
+    /// in development.
+    #[arg(long, env = "ONCELY_MAIL_CAP_PER_ADDRESS")]
+    pub mail_cap_per_address: Option<u32>,
 
     /// Emails per window to one address from all clients together: the ceiling that protects a
     /// mailbox from many clients at once. Default: 4 × ONCELY_MAIL_CAP_PER_ADDRESS.
     #[arg(long, env = "ONCELY_MAIL_CAP_PER_ADDRESS_TOTAL")]
     pub mail_cap_per_address_total: Option<u32>,
 
-    /// Emails per window requested by one client address.
-    #[arg(long, env = "ONCELY_MAIL_CAP_PER_CLIENT", default_value_t = defaults::MAIL_CAP_PER_CLIENT)]
-    pub mail_cap_per_client: u32,
+    /// Emails per window requested by one client address. Default: 30 in production, 1000 in
+    /// development.
+    #[arg(long, env = "ONCELY_MAIL_CAP_PER_CLIENT")]
+    pub mail_cap_per_client: Option<u32>,
 
     /// Proxies (comma-separated CIDRs or addresses) whose `X-Forwarded-For` / `Forwarded`
     /// name the client for the per-client cap. Default: none (the headers are ignored and the
@@ -540,7 +543,8 @@ pub struct RetentionArgs {
     #[arg(long, env = "ONCELY_MAIL_CAP_WINDOW", default_value = defaults::MAIL_CAP_WINDOW, value_parser = parse_duration)]
     pub mail_cap_window: Duration,
 
-    /// How long sent and dead outbox jobs (and their attempts) are kept after they finished.
+    /// How long sent, dead and skipped outbox jobs (and their attempts) are kept after they
+    /// finished.
     #[arg(long, env = "ONCELY_OUTBOX_RETENTION", default_value = defaults::OUTBOX_RETENTION, value_parser = parse_duration)]
     pub outbox_retention: Duration,
 }

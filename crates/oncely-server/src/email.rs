@@ -49,9 +49,14 @@ impl EmailAddress {
 
     /// A form safe for logs: first letter of the local part and the domain (`a***@example.com`).
     pub fn masked(&self) -> String {
-        let (local, domain) = self.0.rsplit_once('@').unwrap_or(("", &self.0));
-        format!("{}***@{domain}", local.chars().next().unwrap_or('*'))
+        masked(&self.0)
     }
+}
+
+/// `address` as [`EmailAddress::masked`] shows it.
+pub fn masked(address: &str) -> String {
+    let (local, domain) = address.rsplit_once('@').unwrap_or(("", address));
+    format!("{}***@{domain}", local.chars().next().unwrap_or('*'))
 }
 
 impl fmt::Debug for EmailAddress {

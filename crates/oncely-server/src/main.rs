@@ -205,6 +205,7 @@ async fn run_inbox(args: InboxArgs) -> anyhow::Result<()> {
          PUT /faults with the fields to change, POST /reset with {{}})",
         running.smtp_addr, running.http_addr
     );
+    println!("the page: http://{}/", running.http_addr);
     let config = inbox.config();
     println!(
         "idempotency keys read from {} (HTTP) and {} (SMTP){}; keeps the newest {} messages of the last {}",

@@ -38,6 +38,8 @@ pub enum Failure {
     AlreadySent,
     /// `outbox retry` of a job that is still pending (exit 4).
     StillPending,
+    /// `outbox retry` of a job deliberately not sent (exit 4): skipped jobs are never re-driven.
+    Skipped,
     /// `outbox retry --expect N --yes` found another number of dead jobs (exit 4).
     CountDiffers,
     /// `tenant create` of a name that is taken (exit 4).
@@ -60,6 +62,7 @@ impl Failure {
             Self::NotFound => "not_found",
             Self::AlreadySent => "already_sent",
             Self::StillPending => "still_pending",
+            Self::Skipped => "skipped",
             Self::CountDiffers => "count_differs",
             Self::TenantExists => "tenant_exists",
             Self::Ambiguous => "ambiguous",
@@ -212,6 +215,9 @@ pub struct JobView {
     /// When it died.
     #[serde(with = "time::serde::rfc3339::option")]
     pub dead_at: Option<OffsetDateTime>,
+    /// When it was skipped (deliberately not sent).
+    #[serde(with = "time::serde::rfc3339::option")]
+    pub skipped_at: Option<OffsetDateTime>,
     /// When it was last re-driven.
     #[serde(with = "time::serde::rfc3339::option")]
     pub redriven_at: Option<OffsetDateTime>,
@@ -237,6 +243,7 @@ impl From<&JobRecord> for JobView {
             next_run_at: (job.status == JobStatus::Pending).then_some(job.run_after),
             sent_at: job.sent_at,
             dead_at: job.dead_at,
+            skipped_at: job.skipped_at,
             redriven_at: job.redriven_at,
             last_error: job.last_error.clone(),
             provider_message_id: job.provider_message_id.clone(),
@@ -286,6 +293,16 @@ pub struct AttemptView {
     pub error: Option<String>,
 }
 
+/// A job's payload as operators see it: ids; the recipient a development payload names (for
+/// the dev inbox's page) masked, as the rest of their output shows no address.
+fn masked_payload(payload: &serde_json::Value) -> serde_json::Value {
+    let mut shown = payload.clone();
+    if let Some(to) = payload.get("recipient").and_then(|to| to.as_str()) {
+        shown["recipient"] = crate::email::masked(to).into();
+    }
+    shown
+}
+
 impl ShowView {
     fn new(job: &JobRecord, attempts: Vec<AttemptRecord>) -> Self {
         let mut history: Vec<AttemptView> = Vec::with_capacity(attempts.len());
@@ -310,7 +327,7 @@ impl ShowView {
         Self {
             job: JobView::from(job),
             redrives,
-            payload: job.payload.clone(),
+            payload: masked_payload(&job.payload),
             frozen: job.frozen.as_ref().map(|f| {
                 f.as_object()
                     .map(|o| o.keys().cloned().collect())
@@ -345,7 +362,8 @@ pub async fn outbox<B: Accounts>(command: OutboxCommand) -> anyhow::Result<Strin
         },
         other => other,
     };
-    let backend: B = crate::startup::open_existing(&command.database().database_url, COMMAND_POOL).await?;
+    let backend: B =
+        crate::startup::open_existing(&command.database().database_url, COMMAND_POOL).await?;
     run_outbox_command(&backend.jobs(true), command).await
 }
 
@@ -430,7 +448,11 @@ fn list_table(jobs: &[JobView], out: &mut String) -> anyhow::Result<()> {
         .iter()
         .map(|job| {
             // When it runs next, or when it finished.
-            let at = job.next_run_at.or(job.sent_at).or(job.dead_at);
+            let at = job
+                .next_run_at
+                .or(job.sent_at)
+                .or(job.dead_at)
+                .or(job.skipped_at);
             vec![
                 job.id.to_string(),
                 clean(&job.kind),
@@ -469,9 +491,10 @@ fn show(view: &ShowView, out: &mut String) -> anyhow::Result<()> {
         clean(&job.kind),
         clean(&job.operation_key)
     )?;
-    let status = match (job.sent_at, job.dead_at) {
-        (Some(at), _) if job.status == "sent" => format!("sent at {}", when(at)),
-        (_, Some(at)) if job.status == "dead" => format!("dead since {}", when(at)),
+    let status = match (job.sent_at, job.dead_at, job.skipped_at) {
+        (Some(at), _, _) if job.status == "sent" => format!("sent at {}", when(at)),
+        (_, Some(at), _) if job.status == "dead" => format!("dead since {}", when(at)),
+        (_, _, Some(at)) if job.status == "skipped" => format!("skipped at {}", when(at)),
         _ => job.status.to_owned(),
     };
     let mut fields = vec![("status", status), ("created", when(job.created_at))];
@@ -630,6 +653,13 @@ async fn redrive_one<S: JobStore>(
             format!(
                 "{named} is still pending (next run at {}): only dead jobs can be re-driven",
                 when(job.run_after)
+            ),
+        )),
+        Some(job) if job.status == JobStatus::Skipped => Err(refuse(
+            Failure::Skipped,
+            format!(
+                "{named} was deliberately not sent ({}): skipped jobs are never re-driven",
+                job.last_error.as_deref().map_or("skipped".into(), clean)
             ),
         )),
         Some(job) => bail!(
@@ -929,7 +959,8 @@ pub async fn tenant<B: Accounts>(command: TenantCommand) -> anyhow::Result<Strin
         }
         TenantCommand::List { .. } => None,
     };
-    let backend: B = crate::startup::open_existing(&command.database().database_url, COMMAND_POOL).await?;
+    let backend: B =
+        crate::startup::open_existing(&command.database().database_url, COMMAND_POOL).await?;
     backend.migrate().await?;
     match (command, named) {
         (TenantCommand::Create { .. }, Some(tenant)) => {
@@ -1162,7 +1193,8 @@ pub async fn key_show<B: Accounts>(command: KeyCommand) -> anyhow::Result<String
 /// `--json`), and what it deleted.
 pub async fn prune<B: Accounts>(args: PruneArgs) -> anyhow::Result<String> {
     use indicatif::{ProgressBar, ProgressStyle};
-    let backend: B = crate::startup::open_existing(&args.database.database_url, COMMAND_POOL).await?;
+    let backend: B =
+        crate::startup::open_existing(&args.database.database_url, COMMAND_POOL).await?;
     backend.migrate().await?;
     let bar = if args.output.json {
         ProgressBar::hidden()

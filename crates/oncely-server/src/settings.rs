@@ -41,16 +41,50 @@ pub mod defaults {
     pub const KEY_RETENTION: &str = "24h";
     /// `ONCELY_WORKERS`.
     pub const WORKERS: usize = 1;
-    /// `ONCELY_MAIL_CAP_PER_ADDRESS` (the total per address is 4 times it, unless given).
+    /// `ONCELY_MAIL_CAP_PER_ADDRESS` in production (the total per address is 4 times it,
+    /// unless given).
     pub const MAIL_CAP_PER_ADDRESS: u32 = 5;
-    /// `ONCELY_MAIL_CAP_PER_CLIENT`.
+    /// `ONCELY_MAIL_CAP_PER_ADDRESS` in development: generous, so that a developer who tries a
+    /// flow again and again is not capped.
+    pub const MAIL_CAP_PER_ADDRESS_DEVELOPMENT: u32 = 100;
+    /// `ONCELY_MAIL_CAP_PER_CLIENT` in production.
     pub const MAIL_CAP_PER_CLIENT: u32 = 30;
+    /// `ONCELY_MAIL_CAP_PER_CLIENT` in development (every request of a developer's machine
+    /// comes from one client).
+    pub const MAIL_CAP_PER_CLIENT_DEVELOPMENT: u32 = 1000;
     /// `ONCELY_MAIL_CAP_WINDOW`.
     pub const MAIL_CAP_WINDOW: &str = "1h";
     /// `ONCELY_OUTBOX_RETENTION`.
     pub const OUTBOX_RETENTION: &str = "7d";
     /// `ONCELY_PRUNE_INTERVAL`.
     pub const PRUNE_INTERVAL: &str = "10m";
+}
+
+/// The email caps: the given ones (per address, per address in total, per client), and each
+/// missing one at its default in `environment` — generous in development, where a developer
+/// retrying a flow is the only client (the total is 4 × the per-address cap unless given).
+fn mail_limits(
+    environment: Environment,
+    (per_address, per_address_total, per_client): (Option<u32>, Option<u32>, Option<u32>),
+    window: Duration,
+) -> MailLimits {
+    let (address, client) = match environment {
+        Environment::Development => (
+            defaults::MAIL_CAP_PER_ADDRESS_DEVELOPMENT,
+            defaults::MAIL_CAP_PER_CLIENT_DEVELOPMENT,
+        ),
+        Environment::Production => (
+            defaults::MAIL_CAP_PER_ADDRESS,
+            defaults::MAIL_CAP_PER_CLIENT,
+        ),
+    };
+    let per_address = per_address.unwrap_or(address);
+    MailLimits {
+        per_address,
+        per_address_total: per_address_total.unwrap_or_else(|| per_address.saturating_mul(4)),
+        per_client: per_client.unwrap_or(client),
+        window,
+    }
 }
 
 fn default_duration(value: &str) -> Duration {
@@ -133,12 +167,11 @@ impl Settings {
             workers: defaults::WORKERS,
             poll_interval: oncely_outbox::WorkerConfig::default().poll_interval,
             poll_only: false,
-            limits: MailLimits {
-                per_address: defaults::MAIL_CAP_PER_ADDRESS,
-                per_address_total: defaults::MAIL_CAP_PER_ADDRESS.saturating_mul(4),
-                per_client: defaults::MAIL_CAP_PER_CLIENT,
-                window: default_duration(defaults::MAIL_CAP_WINDOW),
-            },
+            limits: mail_limits(
+                Environment::Development,
+                (None, None, None),
+                default_duration(defaults::MAIL_CAP_WINDOW),
+            ),
             outbox_retention: default_duration(defaults::OUTBOX_RETENTION),
             prune_interval: default_duration(defaults::PRUNE_INTERVAL),
             trusted_proxies: Vec::new(),
@@ -171,14 +204,15 @@ impl Settings {
             workers: args.workers,
             poll_interval: oncely_outbox::WorkerConfig::default().poll_interval,
             poll_only: common.poll_only,
-            limits: MailLimits {
-                per_address: args.mail_cap_per_address,
-                per_address_total: args
-                    .mail_cap_per_address_total
-                    .unwrap_or_else(|| args.mail_cap_per_address.saturating_mul(4)),
-                per_client: args.mail_cap_per_client,
-                window: args.retention.mail_cap_window,
-            },
+            limits: mail_limits(
+                common.environment,
+                (
+                    args.mail_cap_per_address,
+                    args.mail_cap_per_address_total,
+                    args.mail_cap_per_client,
+                ),
+                args.retention.mail_cap_window,
+            ),
             outbox_retention: args.retention.outbox_retention,
             prune_interval: args.prune_interval,
             trusted_proxies: args.trusted_proxies,
@@ -654,6 +688,58 @@ mod tests {
         .unwrap();
         let new = Settings::new("sqlite://x.db", resolved.secret.clone());
         assert_eq!(format!("{resolved:?}"), format!("{new:?}"));
+    }
+
+    /// Issue 15, item 4: a developer who tried a flow six times in an hour was capped (5 per
+    /// address, 30 per client, in every environment), and the dev inbox stayed empty. The
+    /// defaults depend on ONCELY_ENV; what is given is kept in both.
+    #[test]
+    fn the_email_caps_are_generous_in_development_and_production_keeps_its_defaults() {
+        let secret = "0123456789abcdef0123456789abcdef-caps";
+        let caps = |args: &[&str]| {
+            let mut argv = vec!["--secret", secret, "--public-url", "https://a.example"];
+            argv.extend_from_slice(args);
+            let limits = Settings::from_args(serve(&argv)).unwrap().limits;
+            (
+                limits.per_address,
+                limits.per_address_total,
+                limits.per_client,
+            )
+        };
+        assert_eq!(caps(&["--env", "development"]), (100, 400, 1000));
+        assert_eq!(
+            caps(&["--env", "production", "--mailer", "smtp://m.example:25"]),
+            (5, 20, 30)
+        );
+        for env in ["development", "production"] {
+            assert_eq!(
+                caps(&[
+                    "--env",
+                    env,
+                    "--mailer",
+                    "smtp://m.example:25",
+                    "--mail-cap-per-address",
+                    "7",
+                    "--mail-cap-per-client",
+                    "9"
+                ]),
+                (7, 28, 9),
+                "{env}"
+            );
+            assert_eq!(
+                caps(&[
+                    "--env",
+                    env,
+                    "--mailer",
+                    "smtp://m.example:25",
+                    "--mail-cap-per-address-total",
+                    "3"
+                ])
+                .1,
+                3,
+                "{env}"
+            );
+        }
     }
 
     /// Regression (chaos run): five processes with 32 connections each exceeded PostgreSQL's

@@ -15,11 +15,11 @@ use sqlx::{Database, Decode, Encode, Executor, IntoArguments, Pool, Transaction,
 use time::OffsetDateTime;
 use uuid::Uuid;
 
-use super::rows::{AttemptRow, Done, JobRow, Moment, RecordRow, millis};
+use super::rows::{AttemptRow, Done, JobRow, Moment, RecordRow, SkippedRow, millis};
 use super::sql::Statements;
 use super::{
     Backlog, BulkRedrive, Clock, DeadFilter, DeadJob, DeadJobs, Finish, JobFilter, JobStore,
-    OutboxError, Wakeup,
+    OutboxError, SkippedJob, Wakeup,
 };
 use crate::job::{AttemptRecord, Enqueued, Job, JobRecord, NewJob};
 
@@ -204,6 +204,7 @@ where
     for<'r> (i64, i64, D::Moment): sqlx::FromRow<'r, D::Row>,
     for<'r> DeadJob: sqlx::FromRow<'r, D::Row>,
     for<'r> (Json<serde_json::Value>,): sqlx::FromRow<'r, D::Row>,
+    for<'r> SkippedRow<D::Moment>: sqlx::FromRow<'r, D::Row>,
     for<'r> JobRow<D::Moment>: sqlx::FromRow<'r, D::Row>,
     for<'r> RecordRow<D::Moment>: sqlx::FromRow<'r, D::Row>,
     for<'r> AttemptRow<D::Moment>: sqlx::FromRow<'r, D::Row>,
@@ -358,6 +359,14 @@ where
             .fetch_all(&self.pool)
             .await?;
         Ok(pruned.len() as u64)
+    }
+
+    async fn skipped(&self, limit: u32) -> Result<Vec<SkippedJob>, OutboxError> {
+        let rows: Vec<SkippedRow<D::Moment>> = sqlx::query_as(D::SKIPPED)
+            .bind(i64::from(limit))
+            .fetch_all(&self.pool)
+            .await?;
+        Ok(rows.into_iter().map(SkippedRow::into_job).collect())
     }
 
     async fn backlog(&self) -> Result<Backlog, OutboxError> {

@@ -85,6 +85,19 @@ impl Finish {
         }
     }
 
+    /// The job is skipped: its handler chose not to run it, for `reason` ([`Delivery::Skipped`](crate::Delivery::Skipped)).
+    pub fn skipped(reason: String) -> Self {
+        Self {
+            status: JobStatus::Skipped,
+            result: AttemptResult::Skipped,
+            retry_in: Duration::ZERO,
+            provider_message_id: None,
+            error: Some(reason),
+            free_attempt: false,
+            thaw: false,
+        }
+    }
+
     /// The job is dead after an attempt that ended `result`, for `error`.
     pub fn dead(result: AttemptResult, error: String) -> Self {
         Self {
@@ -227,7 +240,7 @@ pub trait JobStore: Clone + Send + Sync + 'static {
     /// How many jobs are pending.
     fn pending(&self) -> impl Future<Output = Result<i64, OutboxError>> + Send;
 
-    /// Deletes up to `limit` sent or dead jobs (and their attempts) that finished more than
+    /// Deletes up to `limit` sent, dead or skipped jobs (and their attempts) that finished more than
     /// `older_than` ago; returns how many. Call it repeatedly: each batch is short and skips rows
     /// others hold. Until a job is pruned its operation key cannot be enqueued again.
     fn prune(
@@ -235,6 +248,13 @@ pub trait JobStore: Clone + Send + Sync + 'static {
         older_than: Duration,
         limit: u32,
     ) -> impl Future<Output = Result<u64, OutboxError>> + Send;
+
+    /// The most recently skipped jobs ([`JobStatus::Skipped`]), newest first, at most `limit`:
+    /// an inspection tool (the dev inbox shows them), not a hot path.
+    fn skipped(
+        &self,
+        limit: u32,
+    ) -> impl Future<Output = Result<Vec<SkippedJob>, OutboxError>> + Send;
 
     /// How many jobs are pending and how long the oldest has waited (for metrics).
     fn backlog(&self) -> impl Future<Output = Result<Backlog, OutboxError>> + Send;
@@ -285,6 +305,23 @@ pub trait JobStore: Clone + Send + Sync + 'static {
         filter: &DeadFilter,
         expect: Option<u64>,
     ) -> impl Future<Output = Result<BulkRedrive, OutboxError>> + Send;
+}
+
+/// A skipped job, as [`JobStore::skipped`] lists it.
+#[derive(Debug, Clone, PartialEq, serde::Serialize)]
+pub struct SkippedJob {
+    /// Its operation key.
+    pub operation_key: String,
+    /// Its kind.
+    pub kind: String,
+    /// Why it was skipped (its handler's [`Delivery::Skipped`](crate::Delivery::Skipped)
+    /// reason).
+    pub reason: Option<String>,
+    /// Its payload.
+    pub payload: serde_json::Value,
+    /// When it was skipped.
+    #[serde(with = "time::serde::rfc3339")]
+    pub skipped_at: OffsetDateTime,
 }
 
 /// What [`JobStore::redrive_dead`] did.

@@ -7,7 +7,7 @@ use serde_json::Value;
 use time::OffsetDateTime;
 use uuid::Uuid;
 
-use super::Finish;
+use super::{Finish, SkippedJob};
 use crate::job::{AttemptRecord, Job, JobRecord, JobStatus};
 
 /// How a dialect stores a moment: PostgreSQL as `timestamptz` ([`OffsetDateTime`]), SQLite as
@@ -104,6 +104,7 @@ pub(crate) struct RecordRow<T> {
     run_after: T,
     sent_at: Option<T>,
     dead_at: Option<T>,
+    skipped_at: Option<T>,
     redriven_at: Option<T>,
 }
 
@@ -126,6 +127,7 @@ impl<T: Moment> From<RecordRow<T>> for JobRecord {
             run_after: row.run_after.into_time(),
             sent_at: row.sent_at.map(Moment::into_time),
             dead_at: row.dead_at.map(Moment::into_time),
+            skipped_at: row.skipped_at.map(Moment::into_time),
             redriven_at: row.redriven_at.map(Moment::into_time),
         }
     }
@@ -154,6 +156,29 @@ impl<T: Moment> From<AttemptRow<T>> for AttemptRecord {
             finished: row.finished_at.is_some(),
             started_at: row.started_at.into_time(),
             finished_at: row.finished_at.map(Moment::into_time),
+        }
+    }
+}
+
+/// A skipped job as [`Statements::SKIPPED`](super::sql::Statements::SKIPPED) returns it.
+#[derive(sqlx::FromRow)]
+pub(crate) struct SkippedRow<T> {
+    operation_key: String,
+    kind: String,
+    last_error: Option<String>,
+    #[sqlx(json)]
+    payload: Value,
+    skipped_at: T,
+}
+
+impl<T: Moment> SkippedRow<T> {
+    pub(crate) fn into_job(self) -> SkippedJob {
+        SkippedJob {
+            operation_key: self.operation_key,
+            kind: self.kind,
+            reason: self.last_error,
+            payload: self.payload,
+            skipped_at: self.skipped_at.into_time(),
         }
     }
 }

@@ -196,7 +196,7 @@ fn report(job: &Job, finish: &Finish) {
     metrics::counter!("oncely_outbox_attempts_total", "kind" => job.kind.clone(), "result" => result)
         .increment(1);
     let error = finish.error.as_deref();
-    if finish.status != JobStatus::Dead || finish.result == AttemptResult::Skipped {
+    if finish.status != JobStatus::Dead {
         tracing::info!(job = job.id, kind = %job.kind, attempt = job.attempt, result, error, "outbox attempt");
     } else {
         tracing::warn!(job = job.id, kind = %job.kind, attempt = job.attempt, result, error, "outbox job is dead");

@@ -270,7 +270,7 @@ async fn a_handler_can_end_an_attempt_from_freeze_without_running_it<S: Backend>
     let (inbox, worker, handler) = setup(&store, Some(skip)).await;
     worker.drain().await.unwrap();
     let record = store.job("notify:1").await.unwrap().unwrap();
-    assert_eq!(record.status, JobStatus::Dead);
+    assert_eq!(record.status, JobStatus::Skipped);
     assert_eq!(record.last_error.as_deref(), Some("nobody to send to"));
     assert_eq!(results(&store, record.id).await, ["skipped"]);
     assert_eq!(

@@ -11,6 +11,7 @@ mod pausing;
 mod provider;
 mod recording;
 mod redrive;
+mod skipped;
 mod store_conformance;
 mod support;
 mod throttling;

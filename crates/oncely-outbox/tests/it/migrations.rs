@@ -191,3 +191,244 @@ async fn sqlite_an_earlier_release_s_database_keeps_migrating() {
     let pools = join_all(dbs.iter().map(|db| db.pool(2))).await;
     an_earlier_release_s_database_keeps_migrating(pools).await;
 }
+
+/// The jobs a release before 0007 left, each with its attempts' results in order: a job it made
+/// dead for a skip (its last attempt `skipped`) becomes skipped; every other job stays as it was.
+const BEFORE_SKIPPED: [(&str, &str, &[&str], &str); 5] = [
+    ("decoy", "dead", &["skipped"], "skipped"),
+    (
+        "capped-after-a-retry",
+        "dead",
+        &["retry", "skipped"],
+        "skipped",
+    ),
+    ("failed", "dead", &["dead"], "dead"),
+    (
+        "skipped-then-re-driven-then-failed",
+        "dead",
+        &["skipped", "dead"],
+        "dead",
+    ),
+    ("sent", "sent", &["sent"], "sent"),
+];
+
+/// This release's migrator up to `version` (as the release that ended there ran it).
+fn release_up_to(current: &Migrator, version: i64) -> Migrator {
+    let migrations = current
+        .iter()
+        .filter(|m| m.version <= version)
+        .cloned()
+        .collect();
+    let mut migrator = Migrator::with_migrations(migrations);
+    migrator.dangerous_set_table_name(MIGRATIONS_TABLE);
+    migrator.set_ignore_missing(true);
+    migrator
+}
+
+/// After 0007: each job's status, whether `dead_at` and `skipped_at` are set, and how many
+/// attempts are kept; then a prune far in the future deletes every job and (the foreign key
+/// still in place) every attempt.
+async fn skips_became_skipped<D: Dialect>(pool: &Pool<D>, attempts_before: i64)
+where
+    SqlJobStore<D>: JobStore<Database = D>,
+    for<'c> &'c Pool<D>: Executor<'c, Database = D>,
+    D::Arguments: IntoArguments<D>,
+    for<'q> &'q str: sqlx::Encode<'q, D> + sqlx::Type<D>,
+    for<'r> (String, bool, bool): sqlx::FromRow<'r, D::Row>,
+    for<'r> (i64,): sqlx::FromRow<'r, D::Row>,
+{
+    let clock = oncely_outbox::store::Clock::manual(
+        time::OffsetDateTime::now_utc() + std::time::Duration::from_secs(1000 * 24 * 3600),
+    );
+    let store = SqlJobStore::new(pool.clone()).with_clock(clock);
+    store.migrate().await.unwrap();
+    for (key, _, _, expected) in BEFORE_SKIPPED {
+        let (status, dead_at, skipped_at): (String, bool, bool) = sqlx::query_as(
+            "SELECT status, dead_at IS NOT NULL, skipped_at IS NOT NULL
+               FROM oncely_outbox WHERE operation_key = $1",
+        )
+        .bind(key)
+        .fetch_one(pool)
+        .await
+        .unwrap();
+        assert_eq!(status, expected, "{key}");
+        assert_eq!(dead_at, expected == "dead", "{key}: dead_at");
+        assert_eq!(skipped_at, expected == "skipped", "{key}: skipped_at");
+    }
+    let count = |sql: &'static str| async move {
+        sqlx::query_scalar::<_, i64>(sql)
+            .fetch_one(pool)
+            .await
+            .unwrap()
+    };
+    assert_eq!(
+        count("SELECT count(*) FROM oncely_outbox_attempts").await,
+        attempts_before,
+        "every attempt is kept"
+    );
+    let skipped: Vec<String> = store
+        .skipped(10)
+        .await
+        .unwrap()
+        .into_iter()
+        .map(|j| j.operation_key)
+        .collect();
+    assert_eq!(skipped, ["capped-after-a-retry", "decoy"]);
+    assert!(
+        sqlx::query("UPDATE oncely_outbox SET status = 'gone' WHERE operation_key = 'sent'")
+            .execute(pool)
+            .await
+            .is_err(),
+        "the status is still checked"
+    );
+    assert_eq!(
+        store
+            .prune(std::time::Duration::from_secs(3600), 100)
+            .await
+            .unwrap(),
+        BEFORE_SKIPPED.len() as u64
+    );
+    assert_eq!(
+        count("SELECT count(*) FROM oncely_outbox_attempts").await,
+        0,
+        "attempts still cascade"
+    );
+}
+
+#[tokio::test]
+async fn postgres_jobs_an_earlier_release_made_dead_for_a_skip_become_skipped() {
+    let db = TestPostgres::new().await;
+    let pool = db.pool(2).await;
+    release_up_to(&postgres::migrator(), 6)
+        .run(&pool)
+        .await
+        .unwrap();
+    let mut attempts = 0;
+    for (key, status, results, _) in BEFORE_SKIPPED {
+        let id: i64 = sqlx::query_scalar(
+            "INSERT INTO oncely_outbox
+                    (operation_key, kind, payload, delivery_key, status, attempts, sent_at,
+                     dead_at, last_error)
+             VALUES ($1, 'email', '{}', $2, $3, $4,
+                     CASE WHEN $3 = 'sent' THEN now() END,
+                     CASE WHEN $3 = 'dead' THEN now() END, 'why')
+             RETURNING id",
+        )
+        .bind(key)
+        .bind(uuid::Uuid::new_v4())
+        .bind(status)
+        .bind(i32::try_from(results.len()).unwrap())
+        .fetch_one(&pool)
+        .await
+        .unwrap();
+        for (n, result) in results.iter().enumerate() {
+            sqlx::query(
+                "INSERT INTO oncely_outbox_attempts
+                        (job_id, attempt, worker, lease_token, finished_at, result)
+                 VALUES ($1, $2, 'w', $3, now(), $4)",
+            )
+            .bind(id)
+            .bind(i32::try_from(n + 1).unwrap())
+            .bind(uuid::Uuid::new_v4())
+            .bind(*result)
+            .execute(&pool)
+            .await
+            .unwrap();
+            attempts += 1;
+        }
+    }
+    skips_became_skipped(&pool, attempts).await;
+    let indexes: Vec<String> = sqlx::query_scalar(
+        "SELECT indexdef FROM pg_indexes WHERE tablename = 'oncely_outbox' ORDER BY indexname",
+    )
+    .fetch_all(&pool)
+    .await
+    .unwrap();
+    assert!(
+        indexes.iter().any(|i| i.contains("oncely_outbox_finished")
+            && i.contains("COALESCE(sent_at, dead_at, skipped_at)")
+            && i.contains("<> 'pending'")),
+        "{indexes:?}"
+    );
+}
+
+#[tokio::test]
+async fn sqlite_jobs_an_earlier_release_made_dead_for_a_skip_become_skipped() {
+    let db = TestSqlite::new();
+    let pool = db.pool(2).await;
+    release_up_to(&sqlite::migrator(), 6)
+        .run(&pool)
+        .await
+        .unwrap();
+    let mut attempts = 0;
+    for (key, status, results, _) in BEFORE_SKIPPED {
+        let id: i64 = sqlx::query_scalar(
+            "INSERT INTO oncely_outbox
+                    (operation_key, kind, payload, delivery_key, status, attempts, run_after,
+                     created_at, sent_at, dead_at, last_error)
+             VALUES (?1, 'email', '{}', ?2, ?3, ?4, 0, 0,
+                     CASE WHEN ?3 = 'sent' THEN 1000 END,
+                     CASE WHEN ?3 = 'dead' THEN 1000 END, 'why')
+             RETURNING id",
+        )
+        .bind(key)
+        .bind(uuid::Uuid::new_v4())
+        .bind(status)
+        .bind(i32::try_from(results.len()).unwrap())
+        .fetch_one(&pool)
+        .await
+        .unwrap();
+        for (n, result) in results.iter().enumerate() {
+            sqlx::query(
+                "INSERT INTO oncely_outbox_attempts
+                        (job_id, attempt, worker, lease_token, started_at, finished_at, result)
+                 VALUES (?1, ?2, 'w', ?3, 0, 1000, ?4)",
+            )
+            .bind(id)
+            .bind(i32::try_from(n + 1).unwrap())
+            .bind(uuid::Uuid::new_v4())
+            .bind(*result)
+            .execute(&pool)
+            .await
+            .unwrap();
+            attempts += 1;
+        }
+    }
+    skips_became_skipped(&pool, attempts).await;
+    // Every index is there again, and pruning and claims use theirs.
+    let plan = |sql: &'static str| {
+        let pool = pool.clone();
+        async move {
+            let rows: Vec<(i64, i64, i64, String)> =
+                sqlx::query_as(AssertSqlSafe(format!("EXPLAIN QUERY PLAN {sql}")))
+                    .fetch_all(&pool)
+                    .await
+                    .unwrap();
+            rows.into_iter().map(|r| r.3).collect::<Vec<_>>().join("; ")
+        }
+    };
+    let prune = plan(
+        "SELECT id FROM oncely_outbox
+          WHERE status <> 'pending' AND COALESCE(sent_at, dead_at, skipped_at) < 5
+          ORDER BY COALESCE(sent_at, dead_at, skipped_at) LIMIT 10",
+    )
+    .await;
+    assert!(prune.contains("oncely_outbox_finished"), "{prune}");
+    let claim = plan(
+        "SELECT id FROM oncely_outbox WHERE status = 'pending' AND kind = 'email'
+          AND run_after <= 5 ORDER BY run_after, id LIMIT 10",
+    )
+    .await;
+    assert!(claim.contains("oncely_outbox_due_by_kind"), "{claim}");
+    let attempts =
+        plan("SELECT * FROM oncely_outbox_attempts WHERE job_id = 1 ORDER BY attempt").await;
+    assert!(
+        attempts.contains("oncely_outbox_attempts_job"),
+        "{attempts}"
+    );
+    let unique = plan("SELECT id FROM oncely_outbox WHERE operation_key = 'decoy'").await;
+    assert!(
+        unique.contains("INDEX"),
+        "the operation key stays unique: {unique}"
+    );
+}

@@ -10,8 +10,8 @@ use oncely_outbox::job::AttemptRecord;
 use oncely_outbox::store::postgres::PgJobStore;
 use oncely_outbox::store::sqlite::SqliteJobStore;
 use oncely_outbox::store::{
-    Backlog, BulkRedrive, Clock, DeadFilter, DeadJobs, Dialect, Finish, JobFilter, SqlJobStore,
-    Wakeup,
+    Backlog, BulkRedrive, Clock, DeadFilter, DeadJobs, Dialect, Finish, JobFilter, SkippedJob,
+    SqlJobStore, Wakeup,
 };
 use oncely_outbox::{Enqueued, Job, JobRecord, JobStore, NewJob, OutboxError};
 use oncely_testdb::{TestDb, TestPostgres, TestSqlite};
@@ -252,6 +252,9 @@ impl<S: Backend> JobStore for Spy<S> {
     }
     async fn prune(&self, older_than: Duration, limit: u32) -> Result<u64, OutboxError> {
         self.inner.prune(older_than, limit).await
+    }
+    async fn skipped(&self, limit: u32) -> Result<Vec<SkippedJob>, OutboxError> {
+        self.inner.skipped(limit).await
     }
     async fn backlog(&self) -> Result<Backlog, OutboxError> {
         self.inner.backlog().await

@@ -43,6 +43,20 @@ pub struct AppState<A: Accounts> {
     pub secret: ServerSecret,
     /// Caps on emails.
     pub limits: email_caps::MailLimits,
+    /// Email jobs' payloads name their recipient (`"recipient"`), so that the dev inbox can show
+    /// to whom the emails that were not sent would have gone: only while it serves its page
+    /// (development, the dev mailer, a loopback address). Otherwise payloads hold ids only.
+    pub recipient_in_payload: bool,
+}
+
+impl<A: Accounts> AppState<A> {
+    /// An email job's payload: `payload`, with its recipient when [`AppState::recipient_in_payload`].
+    pub fn email_payload(&self, mut payload: serde_json::Value, to: &str) -> serde_json::Value {
+        if self.recipient_in_payload {
+            payload["recipient"] = serde_json::Value::from(to);
+        }
+        payload
+    }
 }
 
 impl<A: Accounts> Clone for AppState<A> {
@@ -52,6 +66,7 @@ impl<A: Accounts> Clone for AppState<A> {
             jobs: self.jobs.clone(),
             secret: self.secret.clone(),
             limits: self.limits,
+            recipient_in_payload: self.recipient_in_payload,
         }
     }
 }

@@ -85,7 +85,12 @@ impl<A: Accounts> LinkRequest<A> {
             (Some(user), Target::Pending) if !user.verified => Owner::account(user.id),
             _ => Owner::NOBODY,
         };
-        issue_link(&mut *conn, &state, &tenant, flow, owner, suppressed, None).await?;
+        let link = Link {
+            flow,
+            owner,
+            to: &email,
+        };
+        issue_link(&mut *conn, &state, &tenant, link, suppressed, None).await?;
         tracing::info!(email = %email.masked(), tenant = %tenant, flow = flow.as_str(), "link requested");
         Ok(accepted())
     }
@@ -125,16 +130,26 @@ pub struct FromSignup<'a> {
     pub password_hash: Option<&'a str>,
 }
 
-/// Issues a link: stores a token of `flow` for `owner` (a decoy if nobody) and enqueues its
-/// email job, in the request's transaction. A token
-/// that is not from a signup supersedes the owner's live tokens of the flow (unless its email is
-/// suppressed: then the current link must keep working).
+/// A link to issue: its flow, who its token is for, and the address it is asked for.
+#[derive(Debug, Clone, Copy)]
+pub struct Link<'a> {
+    /// The flow.
+    pub flow: Flow,
+    /// Who the token is for (nobody: a decoy).
+    pub owner: Owner<'a>,
+    /// The address the request named (the recipient, if the email is sent).
+    pub to: &'a EmailAddress,
+}
+
+/// Issues a link: stores a token of the link's flow for its owner (a decoy if nobody) and
+/// enqueues its email job, in the request's transaction. A token that is not from a signup
+/// supersedes the owner's live tokens of the flow (unless its email is suppressed: then the
+/// current link must keep working).
 pub async fn issue_link<A: Accounts>(
     conn: &mut <A::Database as sqlx::Database>::Connection,
     state: &AppState<A>,
     tenant: &TenantId,
-    flow: Flow,
-    owner: Owner<'_>,
+    Link { flow, owner, to }: Link<'_>,
     suppressed: Option<String>,
     signup: Option<FromSignup<'_>>,
 ) -> anyhow::Result<()> {
@@ -159,7 +174,10 @@ pub async fn issue_link<A: Accounts>(
     let job = NewJob::new(
         format!("{}:{tenant}:{user}:{token_id}", flow.as_str()),
         flow.job_kind(),
-        json!({ "token_id": token_id, "suppressed": suppressed }),
+        state.email_payload(
+            json!({ "token_id": token_id, "suppressed": suppressed }),
+            to.as_str(),
+        ),
     )
     .not_after(expires_at);
     state.jobs.enqueue(conn, &job).await?;

@@ -10,7 +10,7 @@ use super::email_caps::suppression;
 use super::error::ApiError;
 use super::new_password::hash_new_password;
 use super::post::IdempotentPost;
-use super::send_link::{Accepted, FromSignup, Owner, accepted, issue_link};
+use super::send_link::{Accepted, FromSignup, Link, Owner, accepted, issue_link};
 use crate::accounts::{Accounts, SignupOutcome};
 use crate::email::EmailAddress;
 use crate::mail::SIGNUP_NOTICE;
@@ -77,12 +77,16 @@ pub async fn signup<A: Accounts>(
     };
     let signup = FromSignup { password_hash };
     let flow = Flow::Verification;
+    let link = Link {
+        flow,
+        owner,
+        to: &email,
+    };
     issue_link(
         &mut *conn,
         &state,
         &tenant,
-        flow,
-        owner,
+        link,
         link_suppressed,
         Some(signup),
     )
@@ -91,7 +95,10 @@ pub async fn signup<A: Accounts>(
         let job = NewJob::new(
             format!("signup-notice:{tenant}:{user}:{}", tx.derived_key()),
             SIGNUP_NOTICE,
-            json!({ "user_id": user, "suppressed": suppressed }),
+            state.email_payload(
+                json!({ "user_id": user, "suppressed": suppressed }),
+                email.as_str(),
+            ),
         );
         state.jobs.enqueue(&mut conn, &job).await?;
     }

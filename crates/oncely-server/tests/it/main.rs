@@ -5,12 +5,15 @@
 mod accounts;
 mod api_description;
 mod attacks;
+mod browser;
 mod chaos;
 mod client_caps;
+mod dev_inbox;
 mod docs_cli;
 mod flows;
 mod health;
 mod hostile;
+mod link_in_a_browser;
 mod one_payload;
 mod ops;
 mod properties;

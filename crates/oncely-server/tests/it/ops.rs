@@ -10,9 +10,10 @@ use oncely_server::settings::Settings;
 use oncely_testdb::TestDb;
 use serde_json::{Value, json};
 
+use crate::requests::{app_with_mail_caps, assert_drained};
 use crate::support::{SECRET, both_databases, execute, spawn_app_with_inbox, start_inbox};
 
-async fn oncely(args: &[&str]) -> (bool, String) {
+pub async fn oncely(args: &[&str]) -> (bool, String) {
     let output = tokio::process::Command::new(env!("CARGO_BIN_EXE_oncely"))
         .args(args)
         .output()
@@ -109,6 +110,105 @@ async fn a_dead_job_is_listed_with_its_reason_shown_with_its_attempts_and_redriv
     assert!(!ok && again.contains("only dead jobs"), "{again}");
     // The in-process worker finds the re-driven job at its next poll and delivers it.
     assert_eq!(app.emails_to("bounce@example.com", 1).await.len(), 1);
+}
+
+both_databases!(skipped_emails_are_listed_as_skipped_and_are_neither_dead_nor_redriven);
+
+/// Issue 15, item 4: an email over a cap and a decoy (a reset for an address with no account)
+/// ended `dead`, listed by `outbox dead` with the real failures, counted and re-driven by
+/// `outbox retry`. They are `skipped`, with their reason.
+async fn skipped_emails_are_listed_as_skipped_and_are_neither_dead_nor_redriven(
+    url: String,
+    _db: TestDb,
+) {
+    let app = app_with_mail_caps(&url, 1, 1000, |_| {}).await;
+    for key in ["s1", "s2"] {
+        app.post("/v1/signup", key, &json!({ "email": "capped@example.com" }))
+            .await;
+    }
+    app.post(
+        "/v1/password-reset",
+        "r1",
+        &json!({ "email": "nobody@example.com" }),
+    )
+    .await;
+    assert_drained(&app, Duration::from_secs(10)).await;
+    assert_eq!(app.emails_to("capped@example.com", 1).await.len(), 1);
+
+    let (ok, dead) = oncely(&["outbox", "dead", "--database-url", &url]).await;
+    assert!(ok, "{dead}");
+    assert_eq!(dead.lines().count(), 1, "only the header: {dead}");
+    let (ok, skipped) = oncely(&[
+        "outbox",
+        "list",
+        "--status",
+        "skipped",
+        "--database-url",
+        &url,
+    ])
+    .await;
+    assert!(ok, "{skipped}");
+    let rows: Vec<&str> = skipped.lines().skip(1).collect();
+    assert_eq!(rows.len(), 2, "{skipped}");
+    assert!(
+        rows.iter().all(|row| row.contains(" skipped ")),
+        "{skipped}"
+    );
+    assert!(
+        rows.iter()
+            .any(|row| row.contains("email.verification")
+                && row.contains("suppressed: over 1 emails")),
+        "{skipped}"
+    );
+    assert!(
+        rows.iter().any(|row| row.contains("email.password_reset")
+            && row.contains("no account for this address")),
+        "{skipped}"
+    );
+
+    let (ok, dry_run) = oncely(&[
+        "outbox",
+        "retry",
+        "--reason-like",
+        "suppressed",
+        "--database-url",
+        &url,
+    ])
+    .await;
+    assert!(ok && dry_run.contains("0 dead jobs match"), "{dry_run}");
+    let (ok, every) = oncely(&[
+        "outbox",
+        "retry",
+        "--since",
+        "1h",
+        "--yes",
+        "--database-url",
+        &url,
+    ])
+    .await;
+    assert!(ok && every.contains("re-driven: 0 dead jobs"), "{every}");
+    let key = rows[0].split_whitespace().nth(4).unwrap();
+    let (ok, one) = oncely(&["outbox", "retry", key, "--database-url", &url]).await;
+    assert!(
+        !ok && one.contains("was deliberately not sent (no account for this address")
+            && one.contains("skipped jobs are never re-driven"),
+        "{one}"
+    );
+    // For scripts: its own error code (exit 4, refused), and `show` says when it was skipped.
+    let (code, _, error) = oncely_json(&url, &["outbox", "retry", key]).await;
+    assert_eq!((code, &error["error"]), (4, &json!("skipped")), "{error}");
+    let (code, shown, _) = oncely_json(&url, &["outbox", "show", key]).await;
+    assert_eq!(code, 0);
+    assert_eq!(shown["status"], "skipped", "{shown}");
+    assert!(shown["skipped_at"].is_string(), "{shown}");
+    assert!(shown["dead_at"].is_null(), "{shown}");
+    let (ok, human) = oncely(&["outbox", "show", key, "--database-url", &url]).await;
+    assert!(ok && human.contains("skipped at "), "{human}");
+    assert_eq!(
+        app.count("SELECT count(*) FROM oncely_outbox WHERE status = 'skipped'")
+            .await,
+        2
+    );
 }
 
 both_databases!(dead_jobs_are_redriven_in_bulk_after_a_dry_run_each_with_its_delivery_key);

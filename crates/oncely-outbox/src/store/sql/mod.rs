@@ -26,7 +26,8 @@ macro_rules! record {
                (SELECT count(*) FROM oncely_outbox_attempts a WHERE a.job_id = o.id)
                    AS all_attempts,
                o.last_error, o.provider_message_id, o.payload, o.delivery_key, o.frozen,
-               o.created_at, o.run_after, o.sent_at, o.dead_at, o.redriven_at
+               o.created_at, o.run_after, o.sent_at, o.dead_at, o.skipped_at,
+               o.redriven_at
           FROM oncely_outbox o"
     };
 }
@@ -47,7 +48,8 @@ pub trait Statements {
     const CLAIM: &'static str;
 
     /// Ends a batch of attempts: each job by primary key, guarded by its lease token and
-    /// `pending`, and its open attempt row (`oncely_outbox_attempts_job`). Binds: 1 the batch
+    /// `pending` (setting `sent_at`, `dead_at` or `skipped_at` by its new status), and its open
+    /// attempt row (`oncely_outbox_attempts_job`). Binds: 1 the batch
     /// (a JSON array of `{id, lease_token, status, retry_ms, result, provider_message_id,
     /// error, free, thaw}`; `free` adds one to the job's `free_attempts`, `thaw` empties its
     /// `frozen`), 2 now. Returns the ids of the jobs it finished (the others' leases were lost).
@@ -95,10 +97,18 @@ pub trait Statements {
     /// Binds: 1 now.
     const BACKLOG: &'static str;
 
-    /// Deletes a batch of jobs that finished (sent or dead) before a retention (their attempts
-    /// cascade). Binds: 1 retention (ms), 2 limit, 3 now. Returns the deleted ids. Index:
-    /// `oncely_outbox_finished`.
+    /// Deletes a batch of jobs that finished (sent, dead or skipped) before a retention (their
+    /// attempts cascade). Binds: 1 retention (ms), 2 limit, 3 now. Returns the deleted ids.
+    /// Index: `oncely_outbox_finished`.
     const PRUNE: &'static str;
+
+    /// The most recently skipped jobs (`operation_key`, `kind`, `last_error`, `payload`,
+    /// `skipped_at`), newest first. Binds: 1 limit. A scan of the skipped rows (an inspection
+    /// tool: the dev inbox shows them), no index of its own.
+    const SKIPPED: &'static str = "
+        SELECT operation_key, kind, last_error, payload, skipped_at
+          FROM oncely_outbox WHERE status = 'skipped'
+         ORDER BY skipped_at DESC, id DESC LIMIT $1";
 
     /// Re-drives a dead job: pending and due now, a fresh attempt budget (`attempts` and
     /// `free_attempts` back to 0), a fresh horizon (`redriven_at` now), the same delivery key.

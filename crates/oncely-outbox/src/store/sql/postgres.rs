@@ -85,6 +85,7 @@ impl super::Statements for Postgres {
                    frozen = CASE WHEN d.thaw THEN NULL ELSE o.frozen END,
                    sent_at = CASE WHEN d.status = 'sent' THEN COALESCE($2, now()) END,
                    dead_at = CASE WHEN d.status = 'dead' THEN COALESCE($2, now()) END,
+                   skipped_at = CASE WHEN d.status = 'skipped' THEN COALESCE($2, now()) END,
                    provider_message_id = COALESCE(d.provider_message_id, o.provider_message_id)
               FROM done d
              WHERE o.id = d.id AND o.lease_token = d.lease_token AND o.status = 'pending'
@@ -123,9 +124,9 @@ impl super::Statements for Postgres {
         DELETE FROM oncely_outbox WHERE id = ANY (ARRAY(
             SELECT id FROM oncely_outbox
              WHERE status <> 'pending'
-               AND COALESCE(sent_at, dead_at)
+               AND COALESCE(sent_at, dead_at, skipped_at)
                    < COALESCE($3, now()) - $1 * interval '1 millisecond'
-             ORDER BY COALESCE(sent_at, dead_at)
+             ORDER BY COALESCE(sent_at, dead_at, skipped_at)
              LIMIT $2
                FOR UPDATE SKIP LOCKED))
         RETURNING id";

@@ -101,6 +101,7 @@ impl super::Statements for Sqlite {
                frozen = CASE WHEN d.thaw THEN NULL ELSE o.frozen END,
                sent_at = CASE WHEN d.status = 'sent' THEN ?2 END,
                dead_at = CASE WHEN d.status = 'dead' THEN ?2 END,
+               skipped_at = CASE WHEN d.status = 'skipped' THEN ?2 END,
                provider_message_id = COALESCE(d.provider_message_id, o.provider_message_id)
           FROM done AS d
          WHERE o.id = d.id AND o.lease_token = d.lease_token AND o.status = 'pending'
@@ -128,8 +129,8 @@ impl super::Statements for Sqlite {
     const PRUNE: &'static str = "
         DELETE FROM oncely_outbox WHERE id IN (
             SELECT id FROM oncely_outbox
-             WHERE status <> 'pending' AND COALESCE(sent_at, dead_at) < ?3 - ?1
-             ORDER BY COALESCE(sent_at, dead_at)
+             WHERE status <> 'pending' AND COALESCE(sent_at, dead_at, skipped_at) < ?3 - ?1
+             ORDER BY COALESCE(sent_at, dead_at, skipped_at)
              LIMIT ?2)
         RETURNING id";
 

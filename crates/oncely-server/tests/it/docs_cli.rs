@@ -353,3 +353,41 @@ fn the_invocation_parser_reads_what_the_docs_write() {
         ])
     );
 }
+
+/// Where the docs list the job statuses (`--status a|b|…`, "`status` (`a`, `b`, …)"), they list
+/// exactly the outbox's.
+#[test]
+fn the_docs_list_every_job_status_and_no_other() {
+    let statuses: BTreeSet<String> = oncely_outbox::JobStatus::ALL
+        .iter()
+        .map(|s| s.as_str().to_owned())
+        .collect();
+    let mut lists = 0;
+    for (doc, text) in docs() {
+        for (i, _) in text.match_indices("--status ") {
+            let list: String = text[i + "--status ".len()..]
+                .chars()
+                .take_while(|c| c.is_ascii_lowercase() || *c == '|')
+                .collect();
+            if !list.contains('|') {
+                continue; // one status: an example, not a list
+            }
+            let listed: BTreeSet<String> = list.split('|').map(str::to_owned).collect();
+            assert_eq!(listed, statuses, "{doc}: `--status {list}`");
+            lists += 1;
+        }
+        for (i, _) in text.match_indices("`status` (") {
+            let inside = &text[i + "`status` (".len()..];
+            let inside = &inside[..inside.find(')').unwrap()];
+            let listed: BTreeSet<String> = inside
+                .split('`')
+                .skip(1)
+                .step_by(2)
+                .map(str::to_owned)
+                .collect();
+            assert_eq!(listed, statuses, "{doc}: `status` ({inside})");
+            lists += 1;
+        }
+    }
+    assert!(lists >= 2, "the docs list the statuses somewhere");
+}

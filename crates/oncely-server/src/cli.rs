@@ -386,8 +386,9 @@ pub struct CommonArgs {
     )]
     pub environment: Environment,
 
-    /// Server secret (fingerprints, keyed hashes, tokens); at least 32 characters. Generated per
-    /// data directory in development; required in production.
+    /// Server secret (fingerprints, keyed hashes, tokens); at least 32 characters. In
+    /// development, without it: generated once per database and kept in it, shared by every
+    /// process of that database; required in production.
     #[arg(long, env = "ONCELY_SECRET", hide_env_values = true)]
     pub secret: Option<SecretString>,
 

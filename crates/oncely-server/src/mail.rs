@@ -251,7 +251,7 @@ impl<A: Accounts> TokenEmail<A> {
             .find(|token| token.hash() == record.hash)
         else {
             return Err(Delivery::Permanent(
-                "no configured server secret derives this link (rotated out of ONCELY_SECRET_PREVIOUS?): not sent"
+                "no configured server secret derives this link (rotated out of ONCELY_SECRET_PREVIOUS, or written by a process with another ONCELY_SECRET?): not sent"
                     .into(),
             ));
         };

@@ -94,8 +94,8 @@ fn refuse(failure: Failure, message: impl Into<String>) -> anyhow::Error {
 /// code: a [`Failure`]'s, else 1.
 pub fn failed(error: &anyhow::Error, json: bool) -> ExitCode {
     let failure = error.downcast_ref::<CommandError>().map(|e| e.failure);
-    // One line, never a backtrace.
-    let message = format!("{error:#}").replace('\n', " ");
+    // One line, each cause once, never a backtrace.
+    let message = crate::startup::one_line(error);
     if json {
         let code = failure.map_or("failed", Failure::name);
         eprintln!("{}", json!({ "error": code, "message": message }));
@@ -961,7 +961,6 @@ pub async fn tenant<B: Accounts>(command: TenantCommand) -> anyhow::Result<Strin
     };
     let backend: B =
         crate::startup::open_existing(&command.database().database_url, COMMAND_POOL).await?;
-    backend.migrate().await?;
     match (command, named) {
         (TenantCommand::Create { .. }, Some(tenant)) => {
             let key = create_tenant(&backend, &tenant).await?;
@@ -1195,7 +1194,6 @@ pub async fn prune<B: Accounts>(args: PruneArgs) -> anyhow::Result<String> {
     use indicatif::{ProgressBar, ProgressStyle};
     let backend: B =
         crate::startup::open_existing(&args.database.database_url, COMMAND_POOL).await?;
-    backend.migrate().await?;
     let bar = if args.output.json {
         ProgressBar::hidden()
     } else {

@@ -526,6 +526,11 @@ impl CommonArgs {
                     if distinct == 1 { "" } else { "s" }
                 );
             }
+            if let Some(period) = repeated_piece(secret) {
+                bail!(
+                    "ONCELY_SECRET is a placeholder, not a secret (one piece of {period} characters repeated): use at least {MIN_SECRET_CHARS} random characters, e.g. `openssl rand -hex 32`"
+                );
+            }
             return Ok((ServerSecret::new(secret.as_bytes().to_vec())?, None));
         }
         if self.environment == Environment::Production {
@@ -555,15 +560,22 @@ impl CommonArgs {
                     .any(|s| url.starts_with(s)) =>
             {
                 let scheme = url.split("://").next().unwrap_or_default();
-                let host = match url::Url::parse(url) {
-                    Ok(parsed) => parsed.host_str().is_some_and(|host| !host.is_empty()),
-                    Err(url::ParseError::EmptyHost) => false,
+                let parsed = match url::Url::parse(url) {
+                    Ok(parsed) => Some(parsed),
+                    Err(url::ParseError::EmptyHost) => None,
                     Err(e) => bail!("ONCELY_MAILER ({scheme}://…) is not a URL: {e}"),
                 };
-                if !host {
-                    bail!(
-                        "ONCELY_MAILER={scheme}:// names no host: e.g. smtps://smtp.example.com:465 or https://api.resend.com/emails"
-                    );
+                match parsed
+                    .as_ref()
+                    .map_or(Some(HostProblem::Missing), |p| host_problem(url, p))
+                {
+                    Some(HostProblem::Missing) => bail!(
+                        "ONCELY_MAILER={scheme}://… names no host: e.g. smtps://smtp.example.com:465 or https://api.resend.com/emails"
+                    ),
+                    Some(HostProblem::Unspecified) => bail!(
+                        "ONCELY_MAILER={scheme}://… names no host one can connect to (0.0.0.0 / [::] is a bind address): e.g. smtp://127.0.0.1:2525"
+                    ),
+                    None => {}
                 }
                 match &self.smtp_password {
                     Some(password) => Ok(MailerChoice::Url(with_smtp_password(
@@ -596,7 +608,9 @@ impl CommonArgs {
                 "ONCELY_PUBLIC_URL {url:?} is not a URL ({e}); e.g. https://accounts.example.com"
             )
         })?;
-        if !matches!(parsed.scheme(), "http" | "https") || !parsed.has_host() {
+        if !matches!(parsed.scheme(), "http" | "https")
+            || host_problem(&url, &parsed) == Some(HostProblem::Missing)
+        {
             bail!("ONCELY_PUBLIC_URL {url:?} must be an http:// or https:// URL with a host");
         }
         if parsed.query().is_some() || parsed.fragment().is_some() {
@@ -607,14 +621,7 @@ impl CommonArgs {
         if !parsed.username().is_empty() || parsed.password().is_some() {
             bail!("ONCELY_PUBLIC_URL must not hold credentials");
         }
-        let unspecified = match parsed.host() {
-            Some(url::Host::Ipv4(ip)) => ip.is_unspecified(),
-            Some(url::Host::Ipv6(ip)) => {
-                ip.is_unspecified() || ip.to_ipv4_mapped().is_some_and(|v4| v4.is_unspecified())
-            }
-            _ => false,
-        };
-        if unspecified {
+        if host_problem(&url, &parsed) == Some(HostProblem::Unspecified) {
             bail!(
                 "ONCELY_PUBLIC_URL {url:?} names no host anyone can reach (0.0.0.0 / [::] is a bind address); give the address users open, e.g. https://accounts.example.com"
             );
@@ -626,6 +633,53 @@ impl CommonArgs {
         }
         Ok(url.trim_end_matches('/').to_owned())
     }
+}
+
+/// The length of the piece `secret` repeats (`change-me-change-me-…`: 10), if it is one piece
+/// of at most half its length written again and again (the last copy may be cut short).
+fn repeated_piece(secret: &str) -> Option<usize> {
+    let bytes = secret.as_bytes();
+    (1..=bytes.len() / 2).find(|&period| {
+        bytes
+            .iter()
+            .enumerate()
+            .skip(period)
+            .all(|(i, b)| *b == bytes[i - period])
+    })
+}
+
+/// What is wrong with the host a URL setting names.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum HostProblem {
+    /// None is written: `https://`, or `https:///emails` (what `https://$UNSET/emails` expands
+    /// to, which URL parsing would read as the host `emails`).
+    Missing,
+    /// `0.0.0.0` or `[::]`: an address to bind, not one to connect to.
+    Unspecified,
+}
+
+/// The problem with `written`'s host (`parsed` is the same URL parsed), if any.
+fn host_problem(written: &str, parsed: &url::Url) -> Option<HostProblem> {
+    let authority = written
+        .split_once("://")
+        .map_or("", |(_, rest)| rest)
+        .split(['/', '?', '#'])
+        .next()
+        .unwrap_or_default();
+    let host = authority
+        .rsplit_once('@')
+        .map_or(authority, |(_, host)| host);
+    if host.is_empty() || host.starts_with(':') || !parsed.has_host() {
+        return Some(HostProblem::Missing);
+    }
+    let unspecified = match parsed.host() {
+        Some(url::Host::Ipv4(ip)) => ip.is_unspecified(),
+        Some(url::Host::Ipv6(ip)) => {
+            ip.is_unspecified() || ip.to_ipv4_mapped().is_some_and(|v4| v4.is_unspecified())
+        }
+        _ => false,
+    };
+    unspecified.then_some(HostProblem::Unspecified)
 }
 
 /// `http://` and the address bound; a wildcard bind is no address to click: development
@@ -697,7 +751,14 @@ mod tests {
     fn the_email_caps_are_generous_in_development_and_production_keeps_its_defaults() {
         let secret = "0123456789abcdef0123456789abcdef-caps";
         let caps = |args: &[&str]| {
-            let mut argv = vec!["--secret", secret, "--public-url", "https://a.example"];
+            let mut argv = vec![
+                "--secret",
+                secret,
+                "--public-url",
+                "https://a.example",
+                "--database-url",
+                "postgres://db.example/oncely",
+            ];
             argv.extend_from_slice(args);
             let limits = Settings::from_args(serve(&argv)).unwrap().limits;
             (
@@ -1005,6 +1066,8 @@ mod tests {
             ("https://accounts.example.com/#top", "query or a fragment"),
             ("https://accounts.example.com?", "query or a fragment"),
             ("https://u:p@accounts.example.com", "credentials"),
+            // Review of issue 15: `https://$UNSET/accounts` was read as the host `accounts`.
+            ("https:///accounts", "with a host"),
             ("http://0.0.0.0:8080", "names no host"),
             ("http://[::]:8080/", "names no host"),
             ("http://[::ffff:0.0.0.0]/", "names no host"),
@@ -1078,7 +1141,14 @@ mod tests {
     /// Issue 15, item 1: 32 spaces, or one character repeated, passed the length check.
     #[test]
     fn a_placeholder_secret_is_refused_naming_its_variable() {
-        for placeholder in [" ".repeat(32), "x".repeat(40), "abcabcabc".repeat(4)] {
+        // Review of issue 15: `change-me-` written four times has 8 different characters.
+        for placeholder in [
+            " ".repeat(32),
+            "x".repeat(40),
+            "abcabcabc".repeat(4),
+            "change-me-".repeat(4),
+            "0123456789abcdef".repeat(2),
+        ] {
             let error = serve(&["--secret", &placeholder])
                 .common
                 .server_secret()
@@ -1114,11 +1184,35 @@ mod tests {
                 .to_string();
             let scheme = bad.split("://").next().unwrap();
             assert!(
-                error.starts_with(&format!("ONCELY_MAILER={scheme}:// names no host"))
+                error.starts_with(&format!("ONCELY_MAILER={scheme}://… names no host"))
                     || bad == "smtp://:25" && error.contains("is not a URL"),
                 "{bad}: {error}"
             );
         }
+        // Review of issue 15: what `https://$UNSET/emails` expands to was read as the host
+        // `emails`, and an address to bind was taken for one to connect to.
+        for (bad, why) in [
+            ("https:///emails", "names no host:"),
+            ("smtp:///", "names no host:"),
+            ("smtp://[::]:25", "names no host one can connect to"),
+            (
+                "http://0.0.0.0:8025/emails",
+                "names no host one can connect to",
+            ),
+        ] {
+            let error = serve(&["--mailer", bad])
+                .common
+                .mailer_choice()
+                .unwrap_err()
+                .to_string();
+            assert!(error.contains(why), "{bad}: {error}");
+        }
+        assert!(
+            serve(&["--mailer", "smtps://user@smtp.example.com:465"])
+                .common
+                .mailer_choice()
+                .is_ok()
+        );
         let error = serve(&["--mailer", "smtps://user:hunter2@:465"])
             .common
             .mailer_choice()

@@ -71,6 +71,14 @@ impl Backend for Sqlite {
                     file.display()
                 );
             }
+            // An empty file (`touch oncely.db`) is no database yet: opening it would write one
+            // (the WAL header) before the schema check refused it.
+            if create == Create::Never && file.metadata().is_ok_and(|m| m.len() == 0) {
+                bail!(
+                    "DATABASE_URL={url}: the file {} is empty, no database: is DATABASE_URL right? run `oncely migrate`",
+                    file.display()
+                );
+            }
         }
         let pool = SqlitePoolOptions::new()
             .max_connections(8)
@@ -92,7 +100,9 @@ impl Backend for Sqlite {
             return Ok(DevInboxHold::Held(Box::new(())));
         }
         // A lock on a file beside the database: the system releases it when the process
-        // ends, however it ends; the file keeps the last holder's description.
+        // ends, however it ends; the file keeps the last holder's description. Beside the
+        // file itself, however the path to it is spelled (`./`, a symbolic link).
+        let file = std::fs::canonicalize(file).unwrap_or_else(|_| file.to_path_buf());
         let mut path = file.as_os_str().to_owned();
         path.push(".dev-inbox");
         let path = PathBuf::from(path);

@@ -639,7 +639,7 @@ async fn the_suppressed_feed_names_each_skipped_email_s_recipient_kind_reason_an
         .unwrap();
     let (ok, shown) = oncely(&["outbox", "show", key, "--database-url", &app.database_url]).await;
     assert!(
-        ok && shown.contains("\"recipient\": \"n***@example.com\""),
+        ok && shown.contains("\"recipient\":\"n***@example.com\""),
         "{shown}"
     );
     assert!(!shown.contains("nobody@example.com"), "{shown}");

@@ -231,11 +231,21 @@ async fn operator_commands_never_create_or_migrate_a_database() {
             assert!(
                 line.ends_with(
                     "holds no oncely tables: is DATABASE_URL right? run `oncely migrate`"
+                ) || line.ends_with(
+                    "is empty, no database: is DATABASE_URL right? run `oncely migrate`"
                 ),
                 "{command:?}: {line}"
             );
         }
     }
+    // Not even opened as a database (the review of issue 15 found it turned into a 4096-byte
+    // WAL database with an -wal file beside it).
+    assert_eq!(
+        std::fs::metadata(&file).unwrap().len(),
+        0,
+        "the empty file untouched"
+    );
+    assert!(!dir.path().join("typo.db-wal").exists());
     let tables = crate::support::count(&url, "SELECT COUNT(*) FROM sqlite_master").await;
     assert_eq!(tables, 0, "nothing migrated");
     let tables = crate::support::count(
@@ -326,6 +336,26 @@ async fn a_least_privilege_role_serves_a_migrated_database_in_production() {
     serving.child.kill().await.unwrap();
     let logs = serving.stderr.await.unwrap();
     assert!(!logs.contains("permission denied"), "{logs}");
+
+    // Every operator command too (the review of issue 15 found `tenant …` and `prune`
+    // migrating after the check: "permission denied for schema public", four times).
+    let operator_commands: [&[&str]; 7] = [
+        &["tenant", "create", "acme"],
+        &["tenant", "list"],
+        &["tenant", "rotate-key", "acme"],
+        &["prune"],
+        &["outbox", "list"],
+        &["outbox", "dead"],
+        &["key", "show", "least-privilege"],
+    ];
+    for command in operator_commands {
+        let output = oncely(&[command, &["--database-url", &migrated_url]].concat(), &[]).await;
+        assert!(
+            output.status.success(),
+            "{command:?}: {}",
+            String::from_utf8_lossy(&output.stderr)
+        );
+    }
 
     let line = refusal(&oncely(&production(&empty_url), &env).await);
     assert!(

@@ -345,12 +345,20 @@ async fn one_database_has_one_dev_inbox_and_the_banner_says_who_serves_it(
     ];
     let line = refusal(&oncely(&second, &[]).await);
     let pid = first.child.id().unwrap();
-    assert_eq!(
-        line,
-        format!(
-            "the dev inbox of this database is served by another `oncely serve` ({page} (pid {pid})), whose workers send the emails: start this one with --workers 0 (ONCELY_WORKERS), or stop that one"
-        )
+    let refused = format!(
+        "the dev inbox of this database is served by another `oncely serve` ({page} (pid {pid})), whose workers send the emails: start this one with --workers 0 (ONCELY_WORKERS), or stop that one"
     );
+    assert_eq!(line, refused);
+    // The same file by another path (review of issue 15: a symbolic link got its own inbox).
+    if let Some(file) = url.strip_prefix("sqlite://") {
+        let dir = tempfile::tempdir().unwrap();
+        let link = dir.path().join("link.db");
+        std::os::unix::fs::symlink(file, &link).unwrap();
+        let by_link = format!("sqlite://{}", link.display());
+        let mut second = second;
+        second[4] = &by_link;
+        assert_eq!(refusal(&oncely(&second, &[]).await), refused);
+    }
     let api_only = spawn_binary(&url, "dev", &["--workers", "0"], &[]).await;
     assert_eq!(
         api_only.banner[1],
@@ -484,5 +492,38 @@ async fn serve_and_worker_started_from_two_directories_share_the_development_sec
     assert_eq!(status, 200, "{}", verified.text().await.unwrap());
     for dir in [&api_dir, &worker_dir] {
         assert!(!dir.path().join(".oncely-secret").exists());
+    }
+}
+
+/// Review of issue 15: an operator command's failure printed its cause three times, with the
+/// driver's framing ("error returned from database: (code: 8) attempt to write a readonly
+/// database: error returned from database: …"): the one-line helper was used only at start-up.
+#[tokio::test]
+async fn an_operator_commands_failure_names_its_cause_once() {
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("ro.db");
+    let url = format!("sqlite://{}", file.display());
+    assert!(
+        oncely(&["migrate", "--database-url", &url], &[])
+            .await
+            .status
+            .success()
+    );
+    let read_only = format!("{url}?mode=ro");
+    for json in [false, true] {
+        let mut args = vec!["tenant", "create", "acme", "--database-url", &read_only];
+        if json {
+            args.push("--json");
+        }
+        let output = oncely(&args, &[]).await;
+        let stderr = String::from_utf8_lossy(&output.stderr);
+        assert!(!output.status.success(), "{stderr}");
+        assert_eq!(stderr.trim().lines().count(), 1, "one line: {stderr}");
+        assert_eq!(
+            stderr.matches("readonly database").count(),
+            1,
+            "the cause once: {stderr}"
+        );
+        assert!(!stderr.contains("error returned from database"), "{stderr}");
     }
 }

@@ -19,6 +19,7 @@ use serde_json::Value;
 
 use super::error::ApiError;
 use super::post::IdempotentPost;
+use super::problem::{ListedProblem, ServerProblem};
 use crate::accounts::{Accounts, ConsumedToken};
 use crate::token::{self, Flow};
 
@@ -73,9 +74,10 @@ fn template(flow: Flow) -> &'static str {
 }
 
 /// The page `flow`'s link opens for its `?token=` (only the token's base64url characters are
-/// kept): a button that POSTs the token (and a password, where the flow takes one) to
-/// [`Flow::path`] with an Idempotency-Key, so that a double click is harmless. It reads and
-/// writes nothing.
+/// kept): a button that POSTs the token (and a password, where the flow takes one) with an
+/// Idempotency-Key, so that a double click is harmless, to the path the page was opened at —
+/// [`Flow::path`] behind however a proxy prefixes it (`ONCELY_PUBLIC_URL`'s path) — and that
+/// calls the link invalid only on the 400 `token-invalid` problem. It reads and writes nothing.
 pub fn render(flow: Flow, query: PageQuery) -> Response {
     let nonce = uuid::Uuid::new_v4().simple().to_string();
     let page = html(flow, query, &nonce);
@@ -104,7 +106,12 @@ fn html(flow: Flow, query: PageQuery, nonce: &str) -> String {
         .chars()
         .filter(|c| c.is_ascii_alphanumeric() || *c == '-' || *c == '_')
         .collect();
-    let context = context! { action => flow.path(), token => token, nonce => nonce };
+    let invalid_type = ListedProblem::from(ServerProblem::TokenInvalid).problem();
+    let context = context! {
+        token => token,
+        nonce => nonce,
+        invalid_type => invalid_type.type_uri(),
+    };
     let page = PAGES
         .get_template(template(flow))
         .and_then(|page| page.render(context));
@@ -215,13 +222,33 @@ mod tests {
         assert!(html.contains("try again"), "{html}");
     }
 
+    /// Issue 15, item 6: the page POSTed to the absolute `/v1/verify`, which behind a proxy that
+    /// serves the service under a path prefix is another service's path (a 404), and read any
+    /// 4xx as "invalid or expired". It POSTs to the path it was opened at (each flow's link
+    /// path takes GET and POST), and only the `token-invalid` problem means a dead link.
+    #[test]
+    fn the_page_posts_where_it_was_opened_and_only_token_invalid_means_a_dead_link() {
+        for flow in FLOWS {
+            let html = page(flow, "abc");
+            assert!(!html.contains(flow.path()), "{html}");
+            assert!(
+                html.contains(
+                    "r.status === 400 && type === \"https://oncely.dev/problems/token-invalid\" \
+                     ? \"This link is invalid or has expired.\""
+                ),
+                "{html}"
+            );
+            assert!(html.contains("Something went wrong (status "), "{html}");
+        }
+    }
+
     #[test]
     fn every_page_posts_its_token_to_its_flow_and_asks_for_a_password_only_where_it_takes_one() {
         for flow in FLOWS {
             let html = page(flow, "abc-_DEF");
             assert!(html.starts_with("<!doctype html>"), "{html}");
             assert!(
-                html.contains(&format!("fetch(\"{}\"", flow.path())),
+                html.contains("fetch(location.origin + location.pathname, "),
                 "{html}"
             );
             assert!(html.contains("{token: \"abc-_DEF\"}"), "{html}");
@@ -249,7 +276,7 @@ mod tests {
         let context = context! {
             title => "<b>\"&'",
             password_label => "</label><script>",
-            action => "</script>",
+            invalid_type => "</script>",
             token => "'<x>",
         };
         let html = PAGES

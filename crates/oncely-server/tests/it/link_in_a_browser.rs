@@ -3,6 +3,13 @@
 //! verify page's button did nothing. Chrome treats localhost and 127.0.0.0/8 as secure, so the
 //! service is reached by a name (`oncely.test`, mapped to loopback inside Chromium only).
 
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+
+use axum::Router;
+use axum::extract::Request;
+use axum::http::{StatusCode, header};
+use axum::response::IntoResponse;
 use oncely_testdb::TestSqlite;
 use serde_json::json;
 
@@ -55,4 +62,120 @@ async fn a_verify_link_opened_over_plain_http_on_a_named_host_verifies_with_one_
     assert_eq!(result, "Done.", "page log: {:?}", browser.log);
     assert_eq!(app.count(VERIFIED_USERS).await, 1);
     browser.close().await;
+}
+
+/// Issue 15, item 6: `ONCELY_PUBLIC_URL` may have a path (`http(s)://host[/path]`), as when a
+/// proxy serves the service under `/accounts`. The emailed link opened the page there, but its
+/// button POSTed to the absolute `/v1/verify` — another path of the proxy's site, a 404 — and
+/// the page called that 404 "invalid or expired". Through such a proxy: an unexpected status
+/// says so (and the link still works after it), the click verifies, and only the service's
+/// invalid-token answer (the used link, opened again) reads as a dead link.
+#[tokio::test]
+async fn a_verify_link_under_a_path_prefix_posts_through_the_proxy_and_a_404_is_no_dead_link() {
+    let db = TestSqlite::new();
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let public_url = format!(
+        "http://oncely.test:{}/accounts",
+        listener.local_addr().unwrap().port()
+    );
+    let app = spawn_app_on(db.url(), |s| s.public_url = Some(public_url.clone())).await;
+    let misroute = prefix_proxy(listener, "/accounts", &app.base);
+    let Some(mut browser) = Browser::launch(
+        "the path-prefixed verify link test",
+        &["--host-resolver-rules=MAP oncely.test 127.0.0.1"],
+    )
+    .await
+    else {
+        return;
+    };
+    let signup = app
+        .post(
+            "/v1/signup",
+            "prefix",
+            &json!({ "email": "prefix@example.com" }),
+        )
+        .await;
+    assert_eq!(signup.status(), 202);
+    let link = nth_link(&app, "prefix@example.com", 1).await;
+    assert!(
+        link.starts_with(&format!("{public_url}/v1/verify?token=")),
+        "{link}"
+    );
+    browser.goto(&link).await;
+    let result = "document.getElementById('result').textContent";
+
+    // The proxy answers 404 itself (a route it lacks, say): a failure to retry, not a dead link.
+    misroute.store(true, Ordering::SeqCst);
+    browser.click("#confirm").await;
+    let shown = browser.wait_for(result).await;
+    browser.screenshot("prefixed-link-proxy-404").await;
+    assert!(
+        shown
+            .as_str()
+            .unwrap()
+            .starts_with("Something went wrong (status 404)."),
+        "{shown}; page log: {:?}",
+        browser.log
+    );
+    assert_eq!(app.count(VERIFIED_USERS).await, 0);
+
+    misroute.store(false, Ordering::SeqCst);
+    browser.eval(&format!("{result} = ''")).await;
+    browser.click("#confirm").await;
+    let shown = browser.wait_for(result).await;
+    browser.screenshot("prefixed-link-verified").await;
+    assert_eq!(shown, "Done.", "page log: {:?}", browser.log);
+    assert_eq!(app.count(VERIFIED_USERS).await, 1);
+
+    // The link is used: opened again (a new key), the service answers token-invalid.
+    browser.goto(&link).await;
+    browser.click("#confirm").await;
+    let shown = browser.wait_for(result).await;
+    assert_eq!(shown, "This link is invalid or has expired.");
+    browser.close().await;
+}
+
+/// A reverse proxy on `listener` that serves `upstream` under `prefix` (which it strips), as
+/// one in front of the service would; any other path is its own 404 — and so is every path
+/// while the flag it returns is set.
+fn prefix_proxy(
+    listener: tokio::net::TcpListener,
+    prefix: &'static str,
+    upstream: &str,
+) -> Arc<AtomicBool> {
+    let misroute = Arc::new(AtomicBool::new(false));
+    let (upstream, flag) = (upstream.to_owned(), misroute.clone());
+    let client = oncely_testdb::http();
+    let forward = move |request: Request| {
+        let (upstream, flag, client) = (upstream.clone(), flag.clone(), client.clone());
+        async move {
+            let (parts, body) = request.into_parts();
+            let path = parts.uri.path_and_query().map_or("/", |p| p.as_str());
+            let Some(rest) = path
+                .strip_prefix(prefix)
+                .filter(|rest| rest.starts_with('/'))
+            else {
+                return (StatusCode::NOT_FOUND, "Not Found").into_response();
+            };
+            if flag.load(Ordering::SeqCst) {
+                return (StatusCode::NOT_FOUND, "Not Found").into_response();
+            }
+            let mut headers = parts.headers;
+            headers.remove(header::HOST);
+            let body = axum::body::to_bytes(body, 1 << 20).await.unwrap();
+            let answer = client
+                .request(parts.method, format!("{upstream}{rest}"))
+                .headers(headers)
+                .body(body)
+                .send()
+                .await
+                .unwrap();
+            let (status, mut headers) = (answer.status(), answer.headers().clone());
+            headers.remove(header::TRANSFER_ENCODING);
+            (status, headers, answer.bytes().await.unwrap()).into_response()
+        }
+    };
+    let proxy = Router::new().fallback(forward);
+    tokio::spawn(async move { axum::serve(listener, proxy).await });
+    misroute
 }

@@ -116,13 +116,19 @@ pub fn link_in(message: &Message) -> String {
 }
 
 /// What a browser does with a link: opens the page (no API key), then sends what its button
-/// sends — the token the page embeds, to the path the page posts to, with the page's own
-/// Idempotency-Key — adding `password` where the page has a password field.
+/// sends — the token the page embeds, to the URL the page was opened at (without its query),
+/// with the page's own Idempotency-Key — adding `password` where the page has a password field.
 pub async fn click(app: &TestApp, link: &str, password: Option<&str>) -> (u16, Value) {
     let page = app.client.get(link).send().await.unwrap();
     assert_eq!(page.status(), 200, "the page opens without an API key");
     let html = page.text().await.unwrap();
-    let action = between(&html, "fetch(\"", "\"");
+    assert!(
+        html.contains("fetch(location.origin + location.pathname, "),
+        "the page posts where it was opened: {html}"
+    );
+    let mut action = reqwest::Url::parse(link).expect("an absolute link");
+    action.set_query(None);
+    action.set_fragment(None);
     let token = between(&html, "{token: \"", "\"");
     assert!(!token.is_empty(), "the page carries the token: {html}");
     let mut body = json!({ "token": token });
@@ -134,7 +140,10 @@ pub async fn click(app: &TestApp, link: &str, password: Option<&str>) -> (u16, V
         body["password"] = json!(password);
     }
     let key = uuid::Uuid::new_v4().to_string();
-    let answer = idempotent_post(&app.client, &app.base, action, &key)
+    let answer = app
+        .client
+        .post(action)
+        .header("idempotency-key", &key)
         .json(&body)
         .send()
         .await

@@ -25,12 +25,21 @@ use crate::{Faults, Inbox, Intake, Message, Rejection, Verdict};
 /// one it was sent to, or `Sec-Fetch-Site` says `cross-site` or `same-site` — so that no other
 /// site a developer visits can delete messages, set faults or send mail through the inbox.
 /// Clients that are not browsers send neither header and are served as before.
+///
+/// Against DNS rebinding (a name of the attacker's that resolves to the inbox's address, so
+/// that the attacker's page is "same origin" with the inbox), a request is served in full only
+/// when its `Host` cannot be rebound: an IP literal (`127.0.0.1:8025`, `[::1]:8025`),
+/// `localhost` or a `*.localhost` name. At any other name (`inbox:8025` in a container network)
+/// a request that a browser marks (`Origin` or `Sec-Fetch-Site`) is refused (403), and so is
+/// everything but `POST /emails`: a rebound page's same-origin `GET` over plain HTTP carries
+/// neither header, so only the intake, which reads nothing out, is served there.
 pub fn router(inbox: Inbox) -> Router {
-    router_with(inbox, Options::default())
+    router_with(inbox, Options::default(), Router::new())
 }
 
-/// [`router`], with the pages' `options`.
-pub fn router_with(inbox: Inbox, options: Options) -> Router {
+/// [`router`], with the pages' `options` and `extra` routes (their state given) behind the same
+/// guards.
+pub fn router_with(inbox: Inbox, options: Options, extra: Router) -> Router {
     Router::new()
         .route("/", get(page::list))
         .route("/view/{id}", get(page::view))
@@ -44,8 +53,60 @@ pub fn router_with(inbox: Inbox, options: Options) -> Router {
         .route("/faults", get(faults).put(set_faults))
         .route("/reset", post(reset))
         .layer(Extension(Arc::new(options)))
-        .layer(axum::middleware::from_fn(same_origin))
         .with_state(inbox)
+        .merge(extra)
+        .layer(axum::middleware::from_fn(same_origin))
+        .layer(axum::middleware::from_fn(no_rebinding))
+}
+
+/// Refuses what a page at a rebindable name could ask (see [`router`]).
+async fn no_rebinding(request: Request, next: Next) -> Response {
+    let host = request
+        .headers()
+        .get(header::HOST)
+        .and_then(|v| v.to_str().ok())
+        .or_else(|| request.uri().authority().map(|a| a.as_str()));
+    if host.is_some_and(cannot_be_rebound) {
+        return next.run(request).await;
+    }
+    let headers = request.headers();
+    let browser = headers.contains_key("sec-fetch-site") || headers.contains_key(header::ORIGIN);
+    let intake = request.method() == Method::POST && request.uri().path() == "/emails";
+    if browser || !intake {
+        return (
+            StatusCode::FORBIDDEN,
+            "refused: the inbox answers browsers only at localhost or an IP address: DNS rebinding \
+             (at another host name it only takes POST /emails; read it at its IP address)",
+        )
+            .into_response();
+    }
+    next.run(request).await
+}
+
+/// Whether a `Host` (with or without a port) names what no DNS answer can change: an IPv4
+/// literal, a bracketed IPv6 literal, `localhost` or a name under `.localhost`.
+fn cannot_be_rebound(host: &str) -> bool {
+    // The port, if any: digits after the last `:` that follows the host.
+    let port_ok = |port: Option<&str>| port.is_none_or(|p| p.parse::<u16>().is_ok());
+    if let Some(rest) = host.strip_prefix('[') {
+        return rest.split_once(']').is_some_and(|(ip, after)| {
+            let port = (!after.is_empty()).then(|| after.strip_prefix(':').unwrap_or("x"));
+            ip.parse::<std::net::Ipv6Addr>().is_ok() && port_ok(port)
+        });
+    }
+    let (name, port) = match host.rsplit_once(':') {
+        Some((name, port)) => (name, Some(port)),
+        None => (host, None),
+    };
+    let name = name.to_ascii_lowercase();
+    let label =
+        |l: &str| !l.is_empty() && l.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'-');
+    port_ok(port)
+        && (name.parse::<std::net::Ipv4Addr>().is_ok()
+            || name == "localhost"
+            || name
+                .strip_suffix(".localhost")
+                .is_some_and(|sub| sub.split('.').all(label)))
 }
 
 /// Refuses a browser's cross-origin request that would change something (see [`router`]).
@@ -329,6 +390,48 @@ async fn set_faults(State(inbox): State<Inbox>, body: Bytes) -> Response {
         Err(e) => {
             let why = format!("expected a JSON object of the faults to change: {e}");
             (StatusCode::BAD_REQUEST, why).into_response()
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::cannot_be_rebound;
+
+    #[test]
+    fn only_ip_literals_and_localhost_names_cannot_be_rebound() {
+        for host in [
+            "127.0.0.1",
+            "127.0.0.1:8025",
+            "10.0.0.7:80",
+            "[::1]",
+            "[::1]:8025",
+            "localhost",
+            "LOCALHOST:3000",
+            "app.localhost:8080",
+            "a.b.localhost",
+        ] {
+            assert!(cannot_be_rebound(host), "{host}");
+        }
+        for host in [
+            "evil.test",
+            "evil.test:8025",
+            "inbox:8025",
+            "127.0.0.1.nip.io",
+            "localhost.evil.test",
+            "evillocalhost",
+            ".localhost",
+            "a..localhost",
+            "127.0.0.1:x",
+            "127.0.0.1:99999",
+            "[::1]x",
+            "[::1",
+            "[evil.test]",
+            "2130706433",
+            "127.1",
+            "",
+        ] {
+            assert!(!cannot_be_rebound(host), "{host}");
         }
     }
 }

@@ -664,3 +664,88 @@ async fn the_page_searches_escapes_and_allows_no_inline_script() {
         "text/javascript; charset=utf-8"
     );
 }
+
+/// Issue 15, item 7 (threat model): DNS rebinding. A page at a name of the attacker's that then
+/// resolves to the inbox's address is "same origin" with the inbox, so the Origin check lets it
+/// through; the inbox answers browsers, and serves reads, only at a `Host` that no DNS answer
+/// can change. Clients that are not browsers still send mail at a name (a container network).
+#[tokio::test]
+async fn a_rebound_name_reads_nothing_while_localhost_ip_and_a_named_mailer_are_served() {
+    let (inbox, base) = start().await;
+    let http = oncely_testdb::http();
+    let port = base.rsplit(':').next().unwrap().to_owned();
+    assert_eq!(
+        status_of(
+            http.post(format!("{base}/emails"))
+                .json(&email("v@example.com"))
+        )
+        .await,
+        200
+    );
+    let at = |host: String, request: reqwest::RequestBuilder| request.header("host", host);
+    let evil = format!("evil.test:{port}");
+    // A rebound page's requests: marked by the browser (fetch over https, or a POST's Origin),
+    // and its plain same-origin GET over http, which Chromium marks with neither header.
+    let rebound = [
+        at(evil.clone(), http.get(format!("{base}/messages")))
+            .header("sec-fetch-site", "same-origin"),
+        at(evil.clone(), http.get(format!("{base}/messages"))),
+        at(evil.clone(), http.get(format!("{base}/"))),
+        at(
+            evil.clone(),
+            http.put(format!("{base}/faults"))
+                .json(&json!({ "reject_next": 5 })),
+        )
+        .header("origin", format!("http://{evil}")),
+        at(
+            evil.clone(),
+            http.post(format!("{base}/emails"))
+                .json(&email("x@example.com")),
+        )
+        .header("origin", format!("http://{evil}")),
+        at(
+            "127.0.0.1.nip.io".to_owned(),
+            http.get(format!("{base}/messages")),
+        ),
+        at(
+            format!("localhost.evil.test:{port}"),
+            http.get(format!("{base}/stats")),
+        ),
+    ];
+    for request in rebound {
+        let response = request.send().await.unwrap();
+        assert_eq!(response.status(), 403);
+        let text = response.text().await.unwrap();
+        assert!(
+            text.contains(
+                "the inbox answers browsers only at localhost or an IP address: DNS rebinding"
+            ),
+            "{text}"
+        );
+    }
+    assert_eq!(inbox.messages(None).len(), 1);
+    assert_eq!(inbox.faults(), Faults::default());
+    // The same requests at localhost, a *.localhost name or an IP literal are served.
+    for host in [
+        format!("localhost:{port}"),
+        format!("LocalHost:{port}"),
+        format!("inbox.localhost:{port}"),
+        format!("127.0.0.1:{port}"),
+        "[::1]".to_owned(),
+    ] {
+        let read = at(host.clone(), http.get(format!("{base}/messages")))
+            .header("sec-fetch-site", "same-origin");
+        assert_eq!(status_of(read).await, 200, "{host}");
+        let change = at(
+            host.clone(),
+            http.put(format!("{base}/faults")).json(&json!({})),
+        )
+        .header("origin", format!("http://{host}"));
+        assert_eq!(status_of(change).await, 200, "{host}");
+    }
+    // A mailer in a container network posts at the inbox's service name, no browser headers.
+    let mailer = at("inbox:8025".to_owned(), http.post(format!("{base}/emails")))
+        .json(&email("named@example.com"));
+    assert_eq!(status_of(mailer).await, 200);
+    assert_eq!(inbox.messages(Some("named@example.com")).len(), 1);
+}

@@ -344,8 +344,9 @@ fn dev_inbox_routes<S: oncely_outbox::JobStore>(inbox: Inbox, jobs: S) -> Router
     let options = oncely_inbox::page::Options {
         suppressed_feed: Some(SUPPRESSED_FEED.to_owned()),
     };
-    oncely_inbox::http::router_with(inbox, options)
-        .route("/suppressed", get(suppressed::<S>).with_state(jobs))
+    // Behind the inbox's guards (another origin, DNS rebinding) like the rest of it.
+    let feed = Router::new().route("/suppressed", get(suppressed::<S>).with_state(jobs));
+    oncely_inbox::http::router_with(inbox, options, feed)
 }
 
 /// `GET /_dev/inbox/suppressed`: the latest skipped email jobs, newest first, as the dev inbox's

@@ -206,6 +206,13 @@ async fn run_inbox(args: InboxArgs) -> anyhow::Result<()> {
         running.smtp_addr, running.http_addr
     );
     println!("the page: http://{}/", running.http_addr);
+    if !running.http_addr.ip().is_loopback() {
+        eprintln!(
+            "warning: --http {} is not a loopback address and the inbox has no authentication: \
+             anyone who reaches it reads every message (bind 127.0.0.1 unless that is what you want)",
+            running.http_addr
+        );
+    }
     let config = inbox.config();
     println!(
         "idempotency keys read from {} (HTTP) and {} (SMTP){}; keeps the newest {} messages of the last {}",

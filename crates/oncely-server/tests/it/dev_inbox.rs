@@ -658,3 +658,119 @@ async fn the_suppressed_feed_names_each_skipped_email_s_recipient_kind_reason_an
     let feed = other.get("/_dev/inbox/suppressed").await;
     assert_eq!(feed.status(), 404);
 }
+
+/// Issue 15, item 7 (threat model): DNS rebinding. A name of the attacker's that resolves to the
+/// service's address makes the attacker's page "same origin" with `/_dev/inbox`; it reads
+/// nothing there (messages with live links, the suppressed feed) and changes nothing, while
+/// localhost and the IP address serve the page as before.
+#[tokio::test]
+async fn a_rebound_name_can_neither_read_nor_change_the_dev_inbox() {
+    let db = TestSqlite::new();
+    let app = dev_app(db.url(), |_| {}).await;
+    app.post("/v1/signup", "victim", &email("victim@example.com"))
+        .await;
+    assert_eq!(app.emails_to("victim@example.com", 1).await.len(), 1);
+    let port = app.base.rsplit(':').next().unwrap().to_owned();
+    let inbox = format!("{}/_dev/inbox", app.base);
+    let evil = format!("evil.test:{port}");
+    for (path, marked) in [
+        ("/messages", false),
+        ("/messages", true),
+        ("/suppressed", false),
+        ("/suppressed", true),
+    ] {
+        let mut request = app
+            .client
+            .get(format!("{inbox}{path}"))
+            .header("host", &evil);
+        if marked {
+            request = request.header("sec-fetch-site", "same-origin");
+        }
+        let response = request.send().await.unwrap();
+        assert_eq!(response.status(), 403, "{path} {marked}");
+        let text = response.text().await.unwrap();
+        assert!(
+            text.contains("only at localhost or an IP address: DNS rebinding"),
+            "{text}"
+        );
+    }
+    let faults = app
+        .client
+        .put(format!("{inbox}/faults"))
+        .header("host", &evil)
+        .header("origin", format!("http://{evil}"))
+        .json(&json!({ "reject_next": 9 }));
+    assert_eq!(faults.send().await.unwrap().status(), 403);
+    for host in [format!("localhost:{port}"), format!("127.0.0.1:{port}")] {
+        for path in ["/messages", "/suppressed"] {
+            let read = app
+                .client
+                .get(format!("{inbox}{path}"))
+                .header("host", &host)
+                .header("sec-fetch-site", "same-origin");
+            assert_eq!(read.send().await.unwrap().status(), 200, "{host}{path}");
+        }
+    }
+
+    // The attack in a browser: its page at the rebound name, same origin with the inbox.
+    let rules = "--host-resolver-rules=MAP evil.test 127.0.0.1";
+    let Some(mut browser) = Browser::launch("the DNS rebinding test", &[rules]).await else {
+        return;
+    };
+    browser.goto(&format!("http://{evil}/_dev/inbox")).await;
+    let stolen = browser
+        .eval(
+            "Promise.all(['/_dev/inbox/messages', '/_dev/inbox/suppressed'].map(p => \
+             fetch(p).then(r => r.status + ' ' + r.url.replace(location.origin, ''))))",
+        )
+        .await;
+    assert_eq!(
+        stolen,
+        json!(["403 /_dev/inbox/messages", "403 /_dev/inbox/suppressed"])
+    );
+    let text = browser.text().await;
+    assert!(text.contains("DNS rebinding"), "{text}");
+    assert_eq!(app.inbox.faults(), oncely_inbox::Faults::default());
+    browser.close().await;
+}
+
+/// Issue 15, item 7: `oncely inbox` at an address other hosts reach warns, in one line, that
+/// anyone who reaches it reads every message; at loopback it says nothing of the kind.
+#[tokio::test]
+async fn the_standalone_inbox_warns_when_it_listens_beyond_loopback() {
+    for (http, warns) in [("0.0.0.0:0", true), ("127.0.0.1:0", false)] {
+        let mut child = tokio::process::Command::new(env!("CARGO_BIN_EXE_oncely"))
+            .args(["inbox", "--smtp", "127.0.0.1:0", "--http", http])
+            .stdout(std::process::Stdio::piped())
+            .stderr(std::process::Stdio::piped())
+            .kill_on_drop(true)
+            .spawn()
+            .unwrap();
+        // The warning is written before the third line of stdout: once that is read, stderr
+        // holds all it will say.
+        let mut stdout = tokio::io::BufReader::new(child.stdout.take().unwrap());
+        let mut line = String::new();
+        while !line.starts_with("idempotency keys") {
+            line.clear();
+            let read = tokio::io::AsyncBufReadExt::read_line(&mut stdout, &mut line).await;
+            assert!(read.unwrap() > 0, "oncely inbox ended");
+        }
+        child.kill().await.unwrap();
+        let mut stderr = String::new();
+        tokio::io::AsyncReadExt::read_to_string(child.stderr.as_mut().unwrap(), &mut stderr)
+            .await
+            .unwrap();
+        let lines: Vec<&str> = stderr.lines().collect();
+        if warns {
+            assert_eq!(lines.len(), 1, "{stderr}");
+            assert!(
+                lines[0].starts_with("warning: --http 0.0.0.0:")
+                    && lines[0].contains("no authentication")
+                    && lines[0].contains("anyone who reaches it reads every message"),
+                "{stderr}"
+            );
+        } else {
+            assert!(lines.is_empty(), "{stderr}");
+        }
+    }
+}

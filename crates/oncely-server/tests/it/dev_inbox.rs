@@ -62,17 +62,24 @@ fn rows(value: &Value) -> Vec<Vec<String>> {
     serde_json::from_value(value.clone()).unwrap()
 }
 
-/// Gives the link of the first row whose text has every one of `needles` the id `target`.
-fn mark_row_link(needles: &[&str]) -> String {
+/// Opens the message of the first row whose text has every one of `needles` (a click on its
+/// link), and waits for its page.
+async fn open_row(browser: &mut Browser, needles: &[&str]) {
     let tests: Vec<String> = needles
         .iter()
         .map(|n| format!("r.textContent.includes({n:?})"))
         .collect();
-    format!(
+    let mark = format!(
         "(() => {{ const r = [...document.querySelectorAll('#messages tbody tr')]\
          .find(r => {}); if (!r) return false; r.querySelector('a').id = 'target'; return true; }})()",
         tests.join(" && ")
-    )
+    );
+    assert_eq!(browser.eval(&mark).await, true, "a row with {needles:?}");
+    browser.click("#target").await;
+    browser
+        .wait_for("location.pathname.includes('/view/')")
+        .await;
+    browser.wait_for("document.readyState === 'complete'").await;
 }
 
 /// Posts a message to the inbox's HTTP intake (as a Resend-compatible sender would).
@@ -244,17 +251,7 @@ async fn the_dev_inbox_page_is_live_searchable_and_shows_headers_raw_source_dupl
         .iter()
         .find(|m| m.subject == "Confirm your email address")
         .unwrap();
-    assert_eq!(
-        browser
-            .eval(&mark_row_link(&["bob@example.com", "Confirm your email"]))
-            .await,
-        true
-    );
-    browser.click("#target").await;
-    browser
-        .wait_for("location.pathname.includes('/view/')")
-        .await;
-    browser.wait_for("document.readyState === 'complete'").await;
+    open_row(&mut browser, &["bob@example.com", "Confirm your email"]).await;
     let text = browser.text().await;
     for needle in [
         "Message-ID",
@@ -292,15 +289,7 @@ async fn the_dev_inbox_page_is_live_searchable_and_shows_headers_raw_source_dupl
     assert!(app.inbox.message(&verification.id).is_none());
 
     // The hostile message's own page runs nothing either.
-    assert_eq!(
-        browser.eval(&mark_row_link(&["mallory@example.com"])).await,
-        true
-    );
-    browser.click("#target").await;
-    browser
-        .wait_for("location.pathname.includes('/view/')")
-        .await;
-    browser.wait_for("document.readyState === 'complete'").await;
+    open_row(&mut browser, &["mallory@example.com"]).await;
     assert_eq!(browser.eval(injected).await, json!([1, 0]));
     assert_eq!(
         browser
@@ -443,15 +432,7 @@ async fn the_standalone_inbox_serves_the_page_at_its_root_with_every_action() {
             "{ROWS}.length === 1 && {ROWS}[0][2] === 'two@example.com'"
         ))
         .await;
-    assert_eq!(
-        browser.eval(&mark_row_link(&["two@example.com"])).await,
-        true
-    );
-    browser.click("#target").await;
-    browser
-        .wait_for("location.pathname.startsWith('/view/')")
-        .await;
-    browser.wait_for("document.readyState === 'complete'").await;
+    open_row(&mut browser, &["two@example.com"]).await;
     let text = browser.text().await;
     assert!(
         text.contains("Idempotency-Key") && text.contains("k2"),

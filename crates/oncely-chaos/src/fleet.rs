@@ -12,7 +12,7 @@ use tokio::process::{Child, Command};
 use crate::Config;
 
 /// The server secret every process shares (links derived by one are valid at all).
-pub(crate) const SECRET: &str = "chaos-secret-chaos-secret-chaos-secret";
+pub(crate) const SECRET: &str = "chaos-secret-7c41e9a0b3d25f86-e1";
 
 #[derive(Clone, Copy, PartialEq, Eq)]
 pub(crate) enum Role {

@@ -225,7 +225,7 @@ async fn production_refuses_placeholders_a_mailer_without_host_and_the_default_d
     let no_host = ["--database-url", url.as_str(), "--mailer", "https://"];
     let line = refusal(&production(&no_host, SECRET).await);
     assert!(
-        line.starts_with("ONCELY_MAILER=https:// names no host"),
+        line.starts_with("ONCELY_MAILER=https://… names no host"),
         "{line}"
     );
     let line = refusal(&production(&mailer, SECRET).await);

@@ -1242,15 +1242,12 @@ pub fn migrated<B: Backend>(
     output: OutputArgs,
 ) -> anyhow::Result<String> {
     let libraries: Vec<Value> = migrated
-        .before
-        .0
-        .iter()
-        .zip(&migrated.after.0)
-        .map(|(before, after)| {
+        .libraries()
+        .map(|(applied, after)| {
             json!({
                 "library": after.library,
-                "applied": after.applied.saturating_sub(before.applied),
-                "schema": format!("{:04}", after.at),
+                "applied": applied,
+                "schema": crate::startup::version_name(after.at),
                 "unknown": after.unknown,
             })
         })

@@ -282,7 +282,7 @@ impl Schema {
 }
 
 /// `0007`.
-fn version_name(version: i64) -> String {
+pub fn version_name(version: i64) -> String {
     format!("{version:04}")
 }
 
@@ -296,14 +296,18 @@ pub struct Migrated {
 }
 
 impl Migrated {
-    /// How many migrations this run applied, over every library.
-    pub fn applied(&self) -> u64 {
+    /// Per library: how many migrations this run applied, and where its history is now.
+    pub fn libraries(&self) -> impl Iterator<Item = (u64, &History)> {
         self.before
             .0
             .iter()
             .zip(&self.after.0)
-            .map(|(before, after)| after.applied.saturating_sub(before.applied))
-            .sum()
+            .map(|(before, after)| (after.applied.saturating_sub(before.applied), after))
+    }
+
+    /// How many migrations this run applied, over every library.
+    pub fn applied(&self) -> u64 {
+        self.libraries().map(|(applied, _)| applied).sum()
     }
 }
 
@@ -311,8 +315,7 @@ impl fmt::Display for Migrated {
     /// One line per library: `outbox: 1 applied, schema at 0007` or `outbox: up to date
     /// (schema at 0006)`; then a line with the total.
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        for (before, after) in self.before.0.iter().zip(&self.after.0) {
-            let applied = after.applied.saturating_sub(before.applied);
+        for (applied, after) in self.libraries() {
             let at = version_name(after.at);
             if applied == 0 {
                 write!(f, "{:<17} up to date (schema at {at})", after.library)?;
@@ -381,8 +384,7 @@ pub async fn open_to_serve<B: Accounts>(
         Environment::Development => {
             let backend = B::open(url, pool, Create::IfMissing).await?;
             let migrated = migrate(&backend).await?;
-            for (before, after) in migrated.before.0.iter().zip(&migrated.after.0) {
-                let applied = after.applied.saturating_sub(before.applied);
+            for (applied, after) in migrated.libraries() {
                 if applied > 0 {
                     tracing::info!(
                         library = after.library,

@@ -14,7 +14,6 @@
 
 use std::future::Future;
 
-use anyhow::Context;
 use oncely::store::KeyStore;
 use oncely_outbox::JobStore;
 use sqlx::migrate::{Migrate, Migrator};
@@ -121,27 +120,6 @@ pub trait Backend: Clone + Send + Sync + 'static {
     /// The idempotency key store.
     fn keys(&self) -> &Self::Keys {
         &self.stores().keys
-    }
-
-    /// Applies every migration: idempotency keys, outbox, accounts (each library keeps its own
-    /// history table).
-    fn migrate(&self) -> impl Future<Output = anyhow::Result<()>> + Send {
-        async move {
-            self.keys()
-                .migrate()
-                .await
-                .context("idempotency key migrations")?;
-            self.jobs(false)
-                .migrate()
-                .await
-                .context("outbox migrations")?;
-            let [_, _, accounts] = Self::migrators();
-            accounts
-                .run(self.pool())
-                .await
-                .context("account migrations")?;
-            Ok(())
-        }
     }
 }
 

@@ -104,7 +104,9 @@ async fn a_database_the_previous_release_migrated_migrates_and_is_ready(url: Str
 async fn migrated_by_the_previous_release<B: Accounts>(url: &str, previous: Migrator) {
     let backend = B::connect(url, COMMAND_POOL).await.unwrap();
     previous.run(backend.pool()).await.unwrap();
-    backend.migrate().await.expect("this release migrates it");
+    oncely_server::startup::migrate(&backend)
+        .await
+        .expect("this release migrates it");
     backend.ready().await.expect("and is ready on it");
 }
 
@@ -118,7 +120,7 @@ async fn expired_tokens_are_pruned_by_the_given_clock(url: String, _db: TestDb) 
 
 async fn prune_tokens_at<B: Accounts>(url: &str) {
     let backend = B::connect(url, COMMAND_POOL).await.unwrap();
-    backend.migrate().await.unwrap();
+    oncely_server::startup::migrate(&backend).await.unwrap();
     let now = OffsetDateTime::now_utc();
     let token = NewToken {
         id: uuid::Uuid::new_v4(),

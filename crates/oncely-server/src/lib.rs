@@ -11,7 +11,8 @@
 //! - [`app`]: assembly: database, mailer, routes, workers; binding (port 0 in tests); shutdown.
 //! - [`routes`]: the HTTP API (`/v1/signup`, `/v1/verify`) behind the idempotency layer.
 //! - [`accounts`]: the account flows' storage: statements per dialect, Rust once.
-//! - [`email`], [`token`], [`password`]: addresses, one-time tokens, Argon2id.
+//! - [`email`], [`token`], [`password`]: addresses, one-time tokens, Argon2id; [`identity`]:
+//!   what the application learns (exchange, login).
 //! - [`mail`]: the emails and the outbox handlers that send them; [`workers`]: starting them.
 //! - [`openapi`]: the OpenAPI description (`/openapi.json`).
 //! - [`ops`]: operator commands (`oncely outbox list|show|retry`, `key show`, `tenant create`).
@@ -29,6 +30,7 @@ pub mod cli;
 pub mod client_addr;
 pub mod demo;
 pub mod email;
+pub mod identity;
 pub mod mail;
 pub mod openapi;
 pub mod ops;

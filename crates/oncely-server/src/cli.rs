@@ -285,7 +285,8 @@ pub enum TenantCommand {
         #[allow(missing_docs)]
         output: OutputArgs,
     },
-    /// List tenants: name, created, and the fingerprint of each valid key (never a key).
+    /// List tenants: name, created, the fingerprint of each valid key (never a key), and the
+    /// return URLs.
     List {
         #[command(flatten)]
         #[allow(missing_docs)]
@@ -311,6 +312,31 @@ pub enum TenantCommand {
         #[allow(missing_docs)]
         output: OutputArgs,
     },
+    /// Set a tenant's return URLs: where its links send the browser back, with a one-time code
+    /// its backend exchanges (`POST /v1/exchange`). Replaces the list; the first is the
+    /// default of requests that name none.
+    Set {
+        /// The tenant's id (not `default`: it has no API key to exchange codes with).
+        name: String,
+        /// A return URL (repeat for several, in order): https (http only for localhost,
+        /// 127.0.0.0/8 or [::1]), no user info, no fragment, written canonically.
+        #[arg(
+            long = "return-url",
+            value_name = "URL",
+            required_unless_present = "no_return_urls",
+            conflicts_with = "no_return_urls"
+        )]
+        return_urls: Vec<String>,
+        /// Clear the list: links return nowhere, as before.
+        #[arg(long)]
+        no_return_urls: bool,
+        #[command(flatten)]
+        #[allow(missing_docs)]
+        database: DatabaseArgs,
+        #[command(flatten)]
+        #[allow(missing_docs)]
+        output: OutputArgs,
+    },
 }
 
 impl TenantCommand {
@@ -319,7 +345,8 @@ impl TenantCommand {
         match self {
             Self::Create { database, .. }
             | Self::List { database, .. }
-            | Self::RotateKey { database, .. } => database,
+            | Self::RotateKey { database, .. }
+            | Self::Set { database, .. } => database,
         }
     }
 
@@ -328,7 +355,8 @@ impl TenantCommand {
         match self {
             Self::Create { output, .. }
             | Self::List { output, .. }
-            | Self::RotateKey { output, .. } => *output,
+            | Self::RotateKey { output, .. }
+            | Self::Set { output, .. } => *output,
         }
     }
 }

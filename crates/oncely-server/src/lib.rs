@@ -12,7 +12,7 @@
 //! - [`routes`]: the HTTP API (`/v1/signup`, `/v1/verify`) behind the idempotency layer.
 //! - [`accounts`]: the account flows' storage: statements per dialect, Rust once.
 //! - [`email`], [`token`], [`password`]: addresses, one-time tokens, Argon2id; [`identity`]:
-//!   what the application learns (exchange, login).
+//!   what the application learns (exchange, login); [`code`]: one-time codes and return URLs.
 //! - [`mail`]: the emails and the outbox handlers that send them; [`workers`]: starting them.
 //! - [`openapi`]: the OpenAPI description (`/openapi.json`).
 //! - [`ops`]: operator commands (`oncely outbox list|show|retry`, `key show`, `tenant create`).
@@ -28,6 +28,7 @@ pub mod app;
 pub mod backend;
 pub mod cli;
 pub mod client_addr;
+pub mod code;
 pub mod demo;
 pub mod email;
 pub mod identity;

@@ -11,6 +11,8 @@ use utoipa::openapi::schema::Schema;
 use utoipa::openapi::{ContentBuilder, ObjectBuilder, RefOr, Required, ResponseBuilder, Type};
 use utoipa::{Modify, OpenApi, ToSchema};
 
+use crate::identity::Identity;
+use crate::routes::exchange::ExchangeRequest;
 use crate::routes::problem;
 use crate::routes::send_link::EmailRequest;
 use crate::routes::signup::SignupRequest;
@@ -35,6 +37,10 @@ pub struct Done {
     status: String,
     /// `POST /v1/verify` only: whether the signup's password was re-entered and adopted.
     password_set: Option<bool>,
+    /// When the link's request chose a return URL: that URL with `code=<one-time code>` added
+    /// to its query (exchange it with `POST /v1/exchange` within 60 s).
+    #[schema(example = "https://app.example.com/auth/callback?code=…")]
+    redirect: Option<String>,
 }
 
 /// RFC 9457 problem details (`application/problem+json`).
@@ -75,7 +81,11 @@ post_route!(
     SignupRequest,
     202,
     Accepted,
-    "Sign up: one account per address and tenant, one email per request; the same answer for new, pending and registered addresses."
+    "Sign up: one account per address and tenant, one email per request; the same answer for new, pending and registered addresses.",
+    (
+        400,
+        "`return-url-not-allowed` (`return_to` is not one of the tenant's return URLs), or `invalid-request`"
+    )
 );
 post_route!(
     resend,
@@ -83,7 +93,11 @@ post_route!(
     EmailRequest,
     202,
     Accepted,
-    "A new verification link for an unverified account; the same answer for every address."
+    "A new verification link for an unverified account; the same answer for every address.",
+    (
+        400,
+        "`return-url-not-allowed` (`return_to` is not one of the tenant's return URLs), or `invalid-request`"
+    )
 );
 post_route!(
     password_reset,
@@ -91,7 +105,11 @@ post_route!(
     EmailRequest,
     202,
     Accepted,
-    "A password reset link (1 h) if the address has an account; the same answer for every address."
+    "A password reset link (1 h) if the address has an account; the same answer for every address.",
+    (
+        400,
+        "`return-url-not-allowed` (`return_to` is not one of the tenant's return URLs), or `invalid-request`"
+    )
 );
 post_route!(
     magic_link,
@@ -99,7 +117,11 @@ post_route!(
     EmailRequest,
     202,
     Accepted,
-    "A sign-in link (15 min) if the address has an account; the same answer for every address."
+    "A sign-in link (15 min) if the address has an account; the same answer for every address.",
+    (
+        400,
+        "`return-url-not-allowed` (`return_to` is not one of the tenant's return URLs), or `invalid-request`"
+    )
 );
 post_route!(
     invite,
@@ -107,7 +129,11 @@ post_route!(
     EmailRequest,
     202,
     Accepted,
-    "An invitation (7 days) to any address; needs the tenant's API key."
+    "An invitation (7 days) to any address; needs the tenant's API key.",
+    (
+        400,
+        "`return-url-not-allowed` (`return_to` is not one of the tenant's return URLs), or `invalid-request`"
+    )
 );
 post_route!(
     verify,
@@ -147,6 +173,19 @@ post_route!(
     Done,
     "Uses an invitation once: creates or joins the account, one membership.",
     (400, "`token-invalid`")
+);
+
+post_route!(
+    exchange,
+    "/v1/exchange",
+    ExchangeRequest,
+    200,
+    Identity,
+    "Uses a one-time code from a return URL once (within 60 s, with the API key of the link's tenant): who signed in, and how.",
+    (
+        400,
+        "`code-invalid` (unknown, used, expired or another tenant's), or `invalid-request`"
+    )
 );
 
 macro_rules! get_route {
@@ -211,9 +250,9 @@ get_route!(metrics, "/metrics", "text/plain", "Prometheus metrics.");
     info(title = "oncely", description = "Signup, verification and account links; retried requests are harmless."),
     paths(
         signup, resend, password_reset, magic_link, invite, verify, reset_confirm, magic_consume,
-        invite_accept, verify_page, reset_page, magic_page, invite_page, healthz, readyz, metrics
+        invite_accept, exchange, verify_page, reset_page, magic_page, invite_page, healthz, readyz, metrics
     ),
-    components(schemas(Accepted, Done, Problem)),
+    components(schemas(Accepted, Done, Problem, Identity)),
     modifiers(&Shared)
 )]
 pub struct ApiDoc;
@@ -228,7 +267,7 @@ impl Modify for Shared {
         }
         for (path, item) in openapi.paths.paths.iter_mut() {
             if let Some(post) = item.post.as_mut() {
-                add_shared(post, path == "/v1/invites");
+                add_shared(post, path == "/v1/invites" || path == "/v1/exchange");
             }
             for operation in [&mut item.get, &mut item.post].into_iter().flatten() {
                 add_response_headers(operation);

@@ -1,5 +1,5 @@
 //! Operator commands: `oncely outbox list|dead|show|retry`, `oncely key show`,
-//! `oncely tenant create|list|rotate-key`, `oncely prune`, and what `oncely migrate` reports.
+//! `oncely tenant create|list|rotate-key|set`, `oncely prune`, and what `oncely migrate` reports.
 //!
 //! Each prints for people (tables whose columns fit their content, times as
 //! `2025-01-31 08:00:00 UTC`, control characters escaped), or with `--json` exactly one JSON
@@ -934,6 +934,8 @@ pub struct TenantView {
     /// Until when the previous key works.
     #[serde(with = "time::serde::rfc3339::option")]
     pub previous_key_valid_until: Option<OffsetDateTime>,
+    /// Where its links return, in order (`tenant set --return-url`).
+    pub return_urls: Vec<String>,
 }
 
 impl From<TenantRecord> for TenantView {
@@ -944,11 +946,27 @@ impl From<TenantRecord> for TenantView {
             key_fingerprint: key_fingerprint(&tenant.api_key_hash),
             previous_key_fingerprint: tenant.previous_key_hash.as_deref().map(key_fingerprint),
             previous_key_valid_until: tenant.previous_key_expires_at_ms.map(from_millis),
+            return_urls: Vec::new(),
         }
     }
 }
 
-/// `oncely tenant create|list|rotate-key` on backend `B`: what to print.
+/// The return URLs of `tenant set`, each checked ([`crate::code::check_return_url`]); the
+/// `default` tenant is refused (it has no API key: its codes could never be exchanged).
+fn return_urls_to_set(name: &str, urls: &[String]) -> anyhow::Result<oncely::TenantId> {
+    let tenant = oncely::TenantId::parse(name).map_err(|e| anyhow::anyhow!("{e}"))?;
+    if tenant == oncely::TenantId::default() {
+        bail!(
+            "the default tenant takes no return URLs: it has no API key, so its codes could never be exchanged (create a tenant with `oncely tenant create`)"
+        );
+    }
+    for url in urls {
+        crate::code::check_return_url(url)?;
+    }
+    Ok(tenant)
+}
+
+/// `oncely tenant create|list|rotate-key|set` on backend `B`: what to print.
 pub async fn tenant<B: Accounts>(command: TenantCommand) -> anyhow::Result<String> {
     use crate::routes::tenants::{hash_api_key, new_api_key};
     let output = command.output();
@@ -958,6 +976,9 @@ pub async fn tenant<B: Accounts>(command: TenantCommand) -> anyhow::Result<Strin
             Some(tenant_name(name)?)
         }
         TenantCommand::List { .. } => None,
+        TenantCommand::Set {
+            name, return_urls, ..
+        } => Some(return_urls_to_set(name, return_urls)?),
     };
     let backend: B =
         crate::startup::open_existing(&command.database().database_url, COMMAND_POOL).await?;
@@ -1009,13 +1030,41 @@ pub async fn tenant<B: Accounts>(command: TenantCommand) -> anyhow::Result<Strin
                 Ok(())
             })
         }
+        (TenantCommand::Set { return_urls, .. }, Some(tenant)) => {
+            if !backend
+                .set_return_urls(tenant.as_str(), &return_urls)
+                .await?
+            {
+                return Err(refuse(
+                    Failure::NotFound,
+                    format!("no tenant {tenant} (`oncely tenant list` shows them)"),
+                ));
+            }
+            let value = json!({ "tenant": tenant.as_str(), "return_urls": return_urls });
+            render(output, &value, |out| {
+                match return_urls.as_slice() {
+                    [] => writeln!(out, "tenant {tenant} has no return URLs")?,
+                    urls => writeln!(
+                        out,
+                        "tenant {tenant} returns to (the first by default):\n{}",
+                        urls.join("\n")
+                    )?,
+                }
+                Ok(())
+            })
+        }
         (TenantCommand::List { .. }, _) => {
-            let tenants: Vec<TenantView> = backend
+            let mut tenants: Vec<TenantView> = backend
                 .tenants()
                 .await?
                 .into_iter()
                 .map(TenantView::from)
                 .collect();
+            for (id, url) in backend.all_return_urls().await? {
+                if let Some(view) = tenants.iter_mut().find(|t| t.tenant == id) {
+                    view.return_urls.push(url);
+                }
+            }
             render(output, &tenants, |out| {
                 if tenants.is_empty() {
                     writeln!(
@@ -1037,17 +1086,32 @@ pub async fn tenant<B: Accounts>(command: TenantCommand) -> anyhow::Result<Strin
                                 }
                                 _ => "-".into(),
                             },
+                            match t.return_urls.as_slice() {
+                                [] => "-".into(),
+                                urls => clean(&urls.join(" ")),
+                            },
                         ]
                     })
                     .collect();
-                let header = ["tenant", "created", "key (sha256)", "previous key"];
+                let header = [
+                    "tenant",
+                    "created",
+                    "key (sha256)",
+                    "previous key",
+                    "return URLs",
+                ];
                 for line in table(&header, &rows) {
                     writeln!(out, "{line}")?;
                 }
                 Ok(())
             })
         }
-        (TenantCommand::Create { .. } | TenantCommand::RotateKey { .. }, None) => {
+        (
+            TenantCommand::Create { .. }
+            | TenantCommand::RotateKey { .. }
+            | TenantCommand::Set { .. },
+            None,
+        ) => {
             unreachable!("named above")
         }
     }

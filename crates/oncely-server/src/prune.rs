@@ -5,6 +5,7 @@
 //! | idempotency keys | `ONCELY_KEY_RETENTION` (24 h) after the first request | deleted; the key can be used afresh |
 //! | sent and dead outbox jobs (with attempts) | `ONCELY_OUTBOX_RETENTION` (7 d) after they finished | deleted; the intent could be enqueued again |
 //! | tokens | 7 days after they expired | deleted |
+//! | codes (`POST /v1/exchange`), counted with tokens | until they expire (60 s) | deleted |
 //! | email-cap counters | two windows | deleted |
 //!
 //! Every batch is one short statement (`LIMIT n`, on PostgreSQL `FOR UPDATE SKIP LOCKED`), so
@@ -52,7 +53,7 @@ pub struct Pruned {
     pub keys: u64,
     /// Outbox jobs.
     pub jobs: u64,
-    /// Tokens.
+    /// Tokens, and the codes links minted (one-time secrets alike).
     pub tokens: u64,
     /// Email-cap counters.
     pub rate_limits: u64,
@@ -83,7 +84,11 @@ pub async fn prune_all<A: Accounts>(
             let n = match table {
                 "keys" => accounts.keys().prune(BATCH).await?,
                 "jobs" => jobs.prune(retention.outbox, BATCH).await?,
-                "tokens" => accounts.prune_tokens(None, retention.tokens, BATCH).await?,
+                // Codes with tokens: what is left of a used link. A batch of each.
+                "tokens" => {
+                    accounts.prune_tokens(None, retention.tokens, BATCH).await?
+                        + accounts.prune_codes(None, BATCH).await?
+                }
                 _ => accounts.prune_rate_limits(before_window, BATCH).await?,
             };
             let total = match table {

@@ -63,6 +63,9 @@ pub struct NewToken<'a> {
     /// that carries a password is never superseded (by a resend anyone can request): it lives
     /// until it expires or the address is verified.
     pub supersede: bool,
+    /// Where the flow returns once the link is used (one of the tenant's return URLs); `None`:
+    /// nowhere, no code is minted.
+    pub return_to: Option<&'a str>,
 }
 
 /// A token that was consumed.
@@ -76,6 +79,38 @@ pub struct ConsumedToken {
     pub user_id: Option<Uuid>,
     /// Its address (invites).
     pub email: Option<String>,
+    /// The return URL chosen when the link was requested, if any: using the link mints a code.
+    pub return_to: Option<String>,
+}
+
+/// A one-time code to store (its hash only): minted when a link with a return URL is used.
+#[derive(Debug, Clone)]
+pub struct NewCode<'a> {
+    /// SHA-256 of the code.
+    pub hash: &'a [u8],
+    /// The tenant whose API key may exchange it (the link's).
+    pub tenant: &'a str,
+    /// The user the link proved.
+    pub user_id: Uuid,
+    /// How: the link's flow (`verification`, `password_reset`, `magic_link`, `invite`).
+    pub flow: &'a str,
+    /// How long it can be exchanged.
+    pub lifetime: std::time::Duration,
+}
+
+/// A code that was exchanged: who it proves, as the user is now.
+#[derive(Debug, Clone, PartialEq, Eq, FromRow)]
+pub struct ExchangedCode {
+    /// The user.
+    pub user_id: Uuid,
+    /// Its address now.
+    pub email: String,
+    /// Whether the address is verified now.
+    pub email_verified: bool,
+    /// The flow that minted the code.
+    pub flow: String,
+    /// When the link was used (Unix milliseconds).
+    pub authenticated_at_ms: i64,
 }
 
 /// What the worker needs to send a token's email.
@@ -316,6 +351,47 @@ pub trait Accounts: Backend {
         grace: std::time::Duration,
     ) -> impl Future<Output = Result<Option<KeyRotation>, AccountError>> + Send;
 
+    /// Stores a code (its hash), authenticated now, in the request's transaction.
+    fn insert_code<'c>(
+        conn: &'c mut Connection<Self>,
+        code: &'c NewCode<'c>,
+    ) -> impl Future<Output = Result<(), AccountError>> + Send + 'c;
+
+    /// Consumes the live code of `tenant` with this hash, once: one statement, so of concurrent
+    /// exchanges exactly one gets it. `None`: unknown, used, expired or another tenant's.
+    fn exchange_code<'c>(
+        conn: &'c mut Connection<Self>,
+        tenant: &'c str,
+        hash: &'c [u8],
+    ) -> impl Future<Output = Result<Option<ExchangedCode>, AccountError>> + Send + 'c;
+
+    /// Deletes up to `limit` codes that expired before `now` (`None`: the database's clock);
+    /// returns how many.
+    fn prune_codes(
+        &self,
+        now: Option<OffsetDateTime>,
+        limit: u32,
+    ) -> impl Future<Output = Result<u64, AccountError>> + Send;
+
+    /// The return URLs of `tenant`, in order (none for an unknown tenant or `default`).
+    fn return_urls(
+        &self,
+        tenant: &str,
+    ) -> impl Future<Output = Result<Vec<String>, AccountError>> + Send;
+
+    /// Every tenant's return URLs: `(tenant, url)`, by tenant and in order.
+    fn all_return_urls(
+        &self,
+    ) -> impl Future<Output = Result<Vec<(String, String)>, AccountError>> + Send;
+
+    /// Replaces the return URLs of tenant `id` by `urls` (in order), in one transaction;
+    /// `false` if there is no such tenant (nothing changed).
+    fn set_return_urls(
+        &self,
+        id: &str,
+        urls: &[String],
+    ) -> impl Future<Output = Result<bool, AccountError>> + Send;
+
     /// Every tenant (but `default`, which has no row), by id.
     fn tenants(&self) -> impl Future<Output = Result<Vec<TenantRecord>, AccountError>> + Send;
 
@@ -375,6 +451,8 @@ where
     for<'r> (String,): FromRow<'r, <B::Database as sqlx::Database>::Row>,
     for<'r> (Option<i64>,): FromRow<'r, <B::Database as sqlx::Database>::Row>,
     for<'r> TenantRecord: FromRow<'r, <B::Database as sqlx::Database>::Row>,
+    for<'r> ExchangedCode: FromRow<'r, <B::Database as sqlx::Database>::Row>,
+    for<'r> (String, String): FromRow<'r, <B::Database as sqlx::Database>::Row>,
 {
     async fn signup_user(
         conn: &mut Connection<B>,
@@ -456,6 +534,7 @@ where
             .bind(B::at(Some(token.expires_at)))
             .bind(now())
             .bind(token.password_hash)
+            .bind(token.return_to)
             .execute(conn)
             .await
             .map_err(AccountError::of::<B>)?;
@@ -633,6 +712,91 @@ where
         Ok(rotated.map(|(until,)| KeyRotation {
             previous_valid_until: until.map(from_millis),
         }))
+    }
+
+    async fn insert_code(conn: &mut Connection<B>, code: &NewCode<'_>) -> Result<(), AccountError> {
+        sqlx::query(B::ACCOUNT_SQL.insert_code)
+            .bind(code.hash)
+            .bind(code.tenant)
+            .bind(code.user_id)
+            .bind(code.flow)
+            .bind(B::at(None))
+            .bind(code.lifetime.as_secs_f64())
+            .execute(conn)
+            .await
+            .map_err(AccountError::of::<B>)?;
+        Ok(())
+    }
+
+    async fn exchange_code(
+        conn: &mut Connection<B>,
+        tenant: &str,
+        hash: &[u8],
+    ) -> Result<Option<ExchangedCode>, AccountError> {
+        sqlx::query_as(B::ACCOUNT_SQL.exchange_code)
+            .bind(hash)
+            .bind(tenant)
+            .bind(B::at(None))
+            .fetch_optional(conn)
+            .await
+            .map_err(AccountError::of::<B>)
+    }
+
+    async fn prune_codes(
+        &self,
+        now: Option<OffsetDateTime>,
+        limit: u32,
+    ) -> Result<u64, AccountError> {
+        let done = sqlx::query(B::ACCOUNT_SQL.prune_codes)
+            .bind(B::at(now))
+            .bind(i64::from(limit))
+            .execute(self.pool())
+            .await
+            .map_err(AccountError::of::<B>)?;
+        Ok(B::rows_affected(&done))
+    }
+
+    async fn return_urls(&self, tenant: &str) -> Result<Vec<String>, AccountError> {
+        sqlx::query_scalar(B::ACCOUNT_SQL.return_urls)
+            .bind(tenant)
+            .fetch_all(self.pool())
+            .await
+            .map_err(AccountError::of::<B>)
+    }
+
+    async fn all_return_urls(&self) -> Result<Vec<(String, String)>, AccountError> {
+        sqlx::query_as(B::ACCOUNT_SQL.all_return_urls)
+            .fetch_all(self.pool())
+            .await
+            .map_err(AccountError::of::<B>)
+    }
+
+    async fn set_return_urls(&self, id: &str, urls: &[String]) -> Result<bool, AccountError> {
+        let mut tx = self.pool().begin().await.map_err(AccountError::of::<B>)?;
+        let found: Option<String> = sqlx::query_scalar(B::ACCOUNT_SQL.lock_tenant)
+            .bind(id)
+            .fetch_optional(&mut *tx)
+            .await
+            .map_err(AccountError::of::<B>)?;
+        if found.is_none() {
+            return Ok(false);
+        }
+        sqlx::query(B::ACCOUNT_SQL.clear_return_urls)
+            .bind(id)
+            .execute(&mut *tx)
+            .await
+            .map_err(AccountError::of::<B>)?;
+        for (position, url) in (0_i64..).zip(urls) {
+            sqlx::query(B::ACCOUNT_SQL.add_return_url)
+                .bind(id)
+                .bind(position)
+                .bind(url.as_str())
+                .execute(&mut *tx)
+                .await
+                .map_err(AccountError::of::<B>)?;
+        }
+        tx.commit().await.map_err(AccountError::of::<B>)?;
+        Ok(true)
     }
 
     async fn tenants(&self) -> Result<Vec<TenantRecord>, AccountError> {

@@ -20,8 +20,9 @@ pub const STATEMENTS: Statements = Statements {
                         AND consumed_at IS NULL AND superseded_at IS NULL
                         AND password_hash IS NULL",
     insert_token: "INSERT INTO oncely_tokens
-                       (id, tenant, user_id, email, flow, token_hash, expires_at, created_at, password_hash)
-                   VALUES ($1, $2, $3, $4, $5, $6, $7, COALESCE($8, now()), $9)",
+                       (id, tenant, user_id, email, flow, token_hash, expires_at, created_at, password_hash,
+                        return_to)
+                   VALUES ($1, $2, $3, $4, $5, $6, $7, COALESCE($8, now()), $9, $10)",
     // Index: token_hash unique (across tenants: the token names its tenant). `$2::text`: a
     // NULL alone has no type to infer.
     consume_token: "UPDATE oncely_tokens SET consumed_at = COALESCE($4, now())
@@ -29,7 +30,7 @@ pub const STATEMENTS: Statements = Statements {
                        AND (user_id IS NOT NULL OR email IS NOT NULL)
                        AND consumed_at IS NULL AND superseded_at IS NULL
                        AND expires_at > COALESCE($4, now())
-                    RETURNING tenant, user_id, email, password_hash",
+                    RETURNING tenant, user_id, email, password_hash, return_to",
     signup_password_attempt: "UPDATE oncely_tokens SET password_attempts = password_attempts + 1
                                WHERE token_hash = $1 AND ($2::text IS NULL OR tenant = $2)
                                  AND flow = 'verification' AND user_id IS NOT NULL
@@ -97,4 +98,30 @@ pub const STATEMENTS: Statements = Statements {
     development_secret: "INSERT INTO oncely_development_secret (id, secret) VALUES (1, $1)
                          ON CONFLICT (id) DO UPDATE SET secret = oncely_development_secret.secret
                          RETURNING secret",
+    return_urls: "SELECT url FROM oncely_return_urls WHERE tenant = $1 ORDER BY position",
+    all_return_urls: "SELECT tenant, url FROM oncely_return_urls ORDER BY tenant, position",
+    lock_tenant: "SELECT id FROM oncely_tenants WHERE id = $1 FOR UPDATE",
+    clear_return_urls: "DELETE FROM oncely_return_urls WHERE tenant = $1",
+    add_return_url: "INSERT INTO oncely_return_urls (tenant, position, url) VALUES ($1, $2, $3)",
+    // The same `now()` as the token's consumption: one transaction.
+    insert_code: "INSERT INTO oncely_codes
+                      (code_hash, tenant, user_id, flow, authenticated_at, expires_at)
+                  VALUES ($1, $2, $3, $4, COALESCE($5, now()),
+                          COALESCE($5, now()) + make_interval(secs => $6))",
+    // Index: code_hash (primary key). One statement: of concurrent exchanges one updates the
+    // row, the others find it consumed.
+    exchange_code: "UPDATE oncely_codes c SET consumed_at = COALESCE($3, now())
+                     WHERE code_hash = $1 AND tenant = $2
+                       AND consumed_at IS NULL AND expires_at > COALESCE($3, now())
+                    RETURNING user_id,
+                              (SELECT u.email FROM oncely_users u WHERE u.id = c.user_id) AS email,
+                              (SELECT u.status = 'verified' FROM oncely_users u WHERE u.id = c.user_id)
+                                  AS email_verified,
+                              flow,
+                              floor(extract(epoch FROM authenticated_at) * 1000)::int8
+                                  AS authenticated_at_ms",
+    // Index: oncely_codes_expires_at.
+    prune_codes: "DELETE FROM oncely_codes WHERE code_hash = ANY (ARRAY(
+                      SELECT code_hash FROM oncely_codes WHERE expires_at < COALESCE($1, now())
+                       ORDER BY expires_at LIMIT $2 FOR UPDATE SKIP LOCKED))",
 };

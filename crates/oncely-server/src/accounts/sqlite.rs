@@ -18,14 +18,15 @@ pub const STATEMENTS: Statements = Statements {
                         AND consumed_at IS NULL AND superseded_at IS NULL
                         AND password_hash IS NULL",
     insert_token: "INSERT INTO oncely_tokens
-                       (id, tenant, user_id, email, flow, token_hash, expires_at, created_at, password_hash)
-                   VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9)",
+                       (id, tenant, user_id, email, flow, token_hash, expires_at, created_at, password_hash,
+                        return_to)
+                   VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10)",
     // Index: token_hash unique (across tenants: the token names its tenant).
     consume_token: "UPDATE oncely_tokens SET consumed_at = ?4
                      WHERE token_hash = ?1 AND (?2 IS NULL OR tenant = ?2) AND flow = ?3
                        AND (user_id IS NOT NULL OR email IS NOT NULL)
                        AND consumed_at IS NULL AND superseded_at IS NULL AND expires_at > ?4
-                    RETURNING tenant, user_id, email, password_hash",
+                    RETURNING tenant, user_id, email, password_hash, return_to",
     signup_password_attempt: "UPDATE oncely_tokens SET password_attempts = password_attempts + 1
                                WHERE token_hash = ?1 AND (?2 IS NULL OR tenant = ?2)
                                  AND flow = 'verification' AND user_id IS NOT NULL
@@ -88,4 +89,28 @@ pub const STATEMENTS: Statements = Statements {
     development_secret: "INSERT INTO oncely_development_secret (id, secret) VALUES (1, ?1)
                          ON CONFLICT (id) DO UPDATE SET secret = oncely_development_secret.secret
                          RETURNING secret",
+    return_urls: "SELECT url FROM oncely_return_urls WHERE tenant = ?1 ORDER BY position",
+    all_return_urls: "SELECT tenant, url FROM oncely_return_urls ORDER BY tenant, position",
+    // One writer at a time: nothing to lock.
+    lock_tenant: "SELECT id FROM oncely_tenants WHERE id = ?1",
+    clear_return_urls: "DELETE FROM oncely_return_urls WHERE tenant = ?1",
+    add_return_url: "INSERT INTO oncely_return_urls (tenant, position, url) VALUES (?1, ?2, ?3)",
+    // Milliseconds: the lifetime is seconds × 1000.
+    insert_code: "INSERT INTO oncely_codes
+                      (code_hash, tenant, user_id, flow, authenticated_at, expires_at)
+                  VALUES (?1, ?2, ?3, ?4, ?5, ?5 + CAST(?6 * 1000 AS INTEGER))",
+    // Index: code_hash (primary key). SQLite's RETURNING may not name another table: the
+    // user's columns come from subqueries.
+    exchange_code: "UPDATE oncely_codes SET consumed_at = ?3
+                     WHERE code_hash = ?1 AND tenant = ?2
+                       AND consumed_at IS NULL AND expires_at > ?3
+                    RETURNING user_id,
+                              (SELECT u.email FROM oncely_users u WHERE u.id = user_id) AS email,
+                              (SELECT u.status = 'verified' FROM oncely_users u WHERE u.id = user_id)
+                                  AS email_verified,
+                              flow, authenticated_at AS authenticated_at_ms",
+    // Index: oncely_codes_expires_at.
+    prune_codes: "DELETE FROM oncely_codes WHERE rowid IN (
+                      SELECT rowid FROM oncely_codes WHERE expires_at < ?1
+                       ORDER BY expires_at LIMIT ?2)",
 };

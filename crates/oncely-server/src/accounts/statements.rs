@@ -19,10 +19,11 @@ pub struct Statements {
     /// Binds user_id, flow, supersede (bool), now. Supersedes the user's live tokens of the
     /// flow that carry no signup password, if `supersede`.
     pub supersede_flow: &'static str,
-    /// Binds id, tenant, user_id, email, flow, token_hash, expires_at, now, password_hash.
+    /// Binds id, tenant, user_id, email, flow, token_hash, expires_at, now, password_hash,
+    /// return_to.
     pub insert_token: &'static str,
     /// Binds token_hash, tenant (or NULL: any), flow, now. Consumes a live, owned token;
-    /// returns `tenant`, `user_id`, `email`, `password_hash`.
+    /// returns `tenant`, `user_id`, `email`, `password_hash`, `return_to`.
     pub consume_token: &'static str,
     /// Binds token_hash, tenant (or NULL: any), now. Counts an attempt at the signup password
     /// of a live verification token; returns `password_hash`, `password_attempts` (64-bit).
@@ -63,4 +64,24 @@ pub struct Statements {
     /// Binds secret. Stores the development secret of the database unless one is stored;
     /// returns the stored one.
     pub development_secret: &'static str,
+    /// Binds tenant. The tenant's return URLs in order: `url`.
+    pub return_urls: &'static str,
+    /// Binds nothing. Every tenant's return URLs, by tenant and in order: `tenant`, `url`.
+    pub all_return_urls: &'static str,
+    /// Binds tenant. Returns its `id` if the tenant exists (on PostgreSQL locking its row:
+    /// concurrent replacements of its return URLs take turns).
+    pub lock_tenant: &'static str,
+    /// Binds tenant. Deletes its return URLs.
+    pub clear_return_urls: &'static str,
+    /// Binds tenant, position, url.
+    pub add_return_url: &'static str,
+    /// Binds code_hash, tenant, user_id, flow, now, lifetime (seconds, a float). Stores a code
+    /// authenticated at `now`, valid until now + lifetime.
+    pub insert_code: &'static str,
+    /// Binds code_hash, tenant, now. Consumes a live code of the tenant; returns `user_id`,
+    /// `email` and `email_verified` (the user's now), `flow`, `authenticated_at_ms` (Unix
+    /// milliseconds).
+    pub exchange_code: &'static str,
+    /// Binds now, limit. Deletes up to `limit` codes that expired before `now`.
+    pub prune_codes: &'static str,
 }

@@ -26,6 +26,12 @@ pub enum ApiError {
     /// 400 `password-mismatch`: not the password the signup chose.
     #[error("not the signup's password")]
     PasswordMismatch,
+    /// 400 `return-url-not-allowed`: `return_to` is not one of the tenant's return URLs.
+    #[error("return URL not allowed")]
+    ReturnUrlNotAllowed,
+    /// 400 `code-invalid`: the code does not work (one answer whatever the reason).
+    #[error("invalid code")]
+    InvalidCode,
     /// 401 `unauthorized`.
     #[error("unauthorized: {0:?}")]
     Unauthorized(Unauthorized),
@@ -84,6 +90,12 @@ impl ApiError {
             ),
             Self::PasswordMismatch => server(ServerProblem::PasswordMismatch).with_detail(
                 "enter the password you chose when you signed up, or confirm without a password and set one later with a password reset",
+            ),
+            Self::ReturnUrlNotAllowed => server(ServerProblem::ReturnUrlNotAllowed).with_detail(
+                "return_to must be exactly one of the tenant's return URLs (oncely tenant set --return-url), or left out",
+            ),
+            Self::InvalidCode => server(ServerProblem::CodeInvalid).with_detail(
+                "the code is invalid, was already used, has expired, or belongs to another tenant",
             ),
             Self::Unauthorized(Unauthorized::InvalidKey) => server(ServerProblem::Unauthorized)
                 .with_detail("send Authorization: Bearer <tenant API key>, or no Authorization header for the default tenant"),
@@ -171,6 +183,8 @@ mod tests {
             ApiError::Body(BodyError::TooLarge),
             ApiError::InvalidToken,
             ApiError::PasswordMismatch,
+            ApiError::ReturnUrlNotAllowed,
+            ApiError::InvalidCode,
             ApiError::Unauthorized(Unauthorized::InvalidKey),
             ApiError::Unauthorized(Unauthorized::KeyRequired),
             ApiError::Conflict(TxAborted),
@@ -185,6 +199,8 @@ mod tests {
                 | ApiError::Body(BodyError::NotJson | BodyError::TooLarge)
                 | ApiError::InvalidToken
                 | ApiError::PasswordMismatch
+                | ApiError::ReturnUrlNotAllowed
+                | ApiError::InvalidCode
                 | ApiError::Unauthorized(Unauthorized::InvalidKey | Unauthorized::KeyRequired)
                 | ApiError::Conflict(_)
                 | ApiError::Unavailable

@@ -3,7 +3,6 @@
 //! `POST /v1/invites/accept`s: that creates the account (verified) or joins the existing one,
 //! once, in the invite's own tenant.
 
-use axum::Json;
 use serde_json::json;
 
 use super::error::ApiError;
@@ -24,7 +23,9 @@ pub async fn invite<A: Accounts>(post: LinkRequest<A>) -> Result<Accepted, ApiEr
 pub async fn accept<A: Accounts>(mut post: LinkUse<A>) -> LinkUsed {
     let password_hash = hash_new_password(post.body.password.take(), &post.caller).await?;
     let (mut conn, token) = post.use_token(Flow::Invite).await?;
-    let email = token.email.ok_or(ApiError::InvalidToken)?;
-    A::accept_invite(&mut conn, &token.tenant, &email, password_hash.as_deref()).await?;
-    Ok(Json(json!({ "status": "joined" })))
+    let email = token.email.as_deref().ok_or(ApiError::InvalidToken)?;
+    let user = A::accept_invite(&mut conn, &token.tenant, email, password_hash.as_deref()).await?;
+    let body = json!({ "status": "joined" });
+    post.answer(&mut conn, Flow::Invite, &token, user, body)
+        .await
 }

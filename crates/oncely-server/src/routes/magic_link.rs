@@ -3,7 +3,6 @@
 //! button `POST /v1/magic-link/consume`s: that signs in once. oncely issues no session: the
 //! calling application does that on the 200.
 
-use axum::Json;
 use serde_json::json;
 
 use super::error::ApiError;
@@ -23,7 +22,9 @@ pub async fn sign_in<A: Accounts>(post: LinkUse<A>) -> LinkUsed {
     if post.body.password.is_some() {
         return Err(ApiError::invalid_request("this link takes no password"));
     }
-    let (mut conn, user, _) = post.use_account_token(Flow::MagicLink).await?;
+    let (mut conn, user, token) = post.use_account_token(Flow::MagicLink).await?;
     A::mark_verified(&mut conn, user, None).await?;
-    Ok(Json(json!({ "status": "signed_in" })))
+    let body = json!({ "status": "signed_in" });
+    post.answer(&mut conn, Flow::MagicLink, &token, user, body)
+        .await
 }

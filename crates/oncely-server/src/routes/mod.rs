@@ -16,6 +16,7 @@ use crate::token::Flow::{Invite, MagicLink, PasswordReset, Verification};
 use use_link::page;
 
 // The flows, one module each: their routes, pages and handlers.
+pub mod exchange;
 pub mod invites;
 pub mod magic_link;
 pub mod password_reset;
@@ -93,33 +94,50 @@ pub fn v1<A: Accounts>(state: AppState<A>, policy: KeyPolicy) -> Router {
     let guarded = |route: MethodRouter<AppState<A>>| {
         route.route_layer(keys.clone()).route_layer(tenant.clone())
     };
-    let routes = [
-        ("/v1/signup", post(signup::signup::<A>)),
+    // The routes that use links: their stored answer holds a code's id, turned into the
+    // redirect outside the layer (for the first answer and every replay alike).
+    let codes = middleware::from_fn_with_state(state.clone(), exchange::redirect::<A>);
+    let redirecting = |route: MethodRouter<AppState<A>>| {
+        route
+            .route_layer(keys.clone())
+            .route_layer(codes.clone())
+            .route_layer(tenant.clone())
+    };
+    let link_routes = [
         (
             "/v1/verify",
             page(Verification).post(verification::verify::<A>),
         ),
-        ("/v1/verification/resend", post(verification::resend::<A>)),
-        ("/v1/password-reset", post(password_reset::request::<A>)),
         (
             "/v1/password-reset/confirm",
             page(PasswordReset).post(password_reset::confirm::<A>),
         ),
-        ("/v1/magic-link", post(magic_link::request::<A>)),
         (
             "/v1/magic-link/consume",
             page(MagicLink).post(magic_link::sign_in::<A>),
         ),
-        ("/v1/invites", post(invites::invite::<A>)),
         (
             "/v1/invites/accept",
             page(Invite).post(invites::accept::<A>),
         ),
     ];
-    routes
+    let routes = [
+        ("/v1/signup", post(signup::signup::<A>)),
+        ("/v1/verification/resend", post(verification::resend::<A>)),
+        ("/v1/password-reset", post(password_reset::request::<A>)),
+        ("/v1/magic-link", post(magic_link::request::<A>)),
+        ("/v1/invites", post(invites::invite::<A>)),
+        ("/v1/exchange", post(exchange::exchange::<A>)),
+    ];
+    let router = routes
         .into_iter()
         .fold(Router::new(), |router, (path, route)| {
             router.route(path, guarded(route))
+        });
+    link_routes
+        .into_iter()
+        .fold(router, |router, (path, route)| {
+            router.route(path, redirecting(route))
         })
         .with_state(state)
 }

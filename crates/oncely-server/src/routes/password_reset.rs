@@ -2,7 +2,6 @@
 //! account. The link opens `GET /v1/password-reset/confirm` (the page `password_reset.html`),
 //! whose button `POST /v1/password-reset/confirm`s: that sets the new password once.
 
-use axum::Json;
 use serde_json::json;
 
 use super::error::ApiError;
@@ -25,8 +24,10 @@ pub async fn confirm<A: Accounts>(mut post: LinkUse<A>) -> LinkUsed {
     let Some(password_hash) = hash_new_password(password, &post.caller).await? else {
         return Err(ApiError::invalid_request("password is required"));
     };
-    let (mut conn, user, _) = post.use_account_token(Flow::PasswordReset).await?;
+    let (mut conn, user, token) = post.use_account_token(Flow::PasswordReset).await?;
     A::mark_verified(&mut conn, user, None).await?;
     A::set_password(&mut conn, user, &password_hash).await?;
-    Ok(Json(json!({ "status": "password_changed" })))
+    let body = json!({ "status": "password_changed" });
+    post.answer(&mut conn, Flow::PasswordReset, &token, user, body)
+        .await
 }

@@ -25,6 +25,10 @@ pub enum ServerProblem {
     Unauthorized,
     /// Every password hasher is busy (or the caller holds its share of them).
     Busy,
+    /// A flow request's `return_to` is not one of the tenant's return URLs.
+    ReturnUrlNotAllowed,
+    /// A code does not work: unknown, used, expired or another tenant's — one answer for all.
+    CodeInvalid,
     /// No route at this path.
     NotFound,
     /// The path exists, but not for this method (`Allow` lists the ones it takes).
@@ -40,6 +44,8 @@ impl ServerProblem {
         Self::PasswordMismatch,
         Self::Unauthorized,
         Self::Busy,
+        Self::ReturnUrlNotAllowed,
+        Self::CodeInvalid,
         Self::NotFound,
         Self::MethodNotAllowed,
     ];
@@ -53,6 +59,8 @@ impl ServerProblem {
             Self::PasswordMismatch => "password-mismatch",
             Self::Unauthorized => "unauthorized",
             Self::Busy => "busy",
+            Self::ReturnUrlNotAllowed => "return-url-not-allowed",
+            Self::CodeInvalid => "code-invalid",
             Self::NotFound => "not-found",
             Self::MethodNotAllowed => "method-not-allowed",
         }
@@ -61,9 +69,11 @@ impl ServerProblem {
     /// Its HTTP status.
     pub const fn status(self) -> StatusCode {
         match self {
-            Self::InvalidRequest | Self::TokenInvalid | Self::PasswordMismatch => {
-                StatusCode::BAD_REQUEST
-            }
+            Self::InvalidRequest
+            | Self::TokenInvalid
+            | Self::PasswordMismatch
+            | Self::ReturnUrlNotAllowed
+            | Self::CodeInvalid => StatusCode::BAD_REQUEST,
             Self::UnsupportedMediaType => StatusCode::UNSUPPORTED_MEDIA_TYPE,
             Self::Unauthorized => StatusCode::UNAUTHORIZED,
             Self::Busy => StatusCode::SERVICE_UNAVAILABLE,
@@ -83,6 +93,8 @@ impl ServerProblem {
             // `ApiError::Unauthorized`).
             Self::Unauthorized => "Invalid API key",
             Self::Busy => "Too many passwords being hashed",
+            Self::ReturnUrlNotAllowed => "Return URL not allowed",
+            Self::CodeInvalid => "Invalid or expired code",
             Self::NotFound => "No such path",
             Self::MethodNotAllowed => "Method not allowed here",
         }

@@ -43,6 +43,10 @@ pub struct EmailRequest {
     /// The address the link is for.
     #[schema(example = "ada@example.com")]
     email: String,
+    /// Optional: where the link returns once used, exactly one of the tenant's return URLs
+    /// (default: its first; none configured: nowhere).
+    #[schema(example = "https://app.example.com/auth/callback")]
+    return_to: Option<String>,
 }
 
 /// Which account a link goes to, for a flow.
@@ -73,6 +77,7 @@ impl<A: Accounts> LinkRequest<A> {
         let email = EmailAddress::parse(&body.email)
             .map_err(|_| ApiError::invalid_request("email is not a valid address"))?;
         let tenant = tenant.id;
+        let return_to = return_url(&state, &tenant, body.return_to.as_deref()).await?;
         let mut conn = tx.lock().await?;
         let user = A::find_user(&mut conn, tenant.as_str(), &email).await?;
         let suppressed = suppression(&mut *conn, &state, &tenant, &email, &caller).await?;
@@ -89,10 +94,32 @@ impl<A: Accounts> LinkRequest<A> {
             flow,
             owner,
             to: &email,
+            return_to: return_to.as_deref(),
         };
         issue_link(&mut *conn, &state, &tenant, link, suppressed, None).await?;
         tracing::info!(email = %email.masked(), tenant = %tenant, flow = flow.as_str(), "link requested");
         Ok(accepted())
+    }
+}
+
+/// The return URL of a link `tenant`'s request asks for: `requested` if it is, byte for byte,
+/// one of the tenant's return URLs (exact match, as OAuth 2.1 asks: no prefix, no
+/// normalization), else 400 `return-url-not-allowed`; without one, the tenant's first (none if
+/// it has none). Read on the pool before the transaction opens: a refused request writes
+/// nothing.
+pub async fn return_url<A: Accounts>(
+    state: &AppState<A>,
+    tenant: &TenantId,
+    requested: Option<&str>,
+) -> Result<Option<String>, ApiError> {
+    let mut allowed = state.accounts.return_urls(tenant.as_str()).await?;
+    match requested {
+        None => Ok((!allowed.is_empty()).then(|| allowed.swap_remove(0))),
+        Some(requested) => allowed
+            .into_iter()
+            .find(|url| url.as_bytes() == requested.as_bytes())
+            .map(Some)
+            .ok_or(ApiError::ReturnUrlNotAllowed),
     }
 }
 
@@ -139,6 +166,8 @@ pub struct Link<'a> {
     pub owner: Owner<'a>,
     /// The address the request named (the recipient, if the email is sent).
     pub to: &'a EmailAddress,
+    /// Where the flow returns once the link is used (stored on decoys too: the same work).
+    pub return_to: Option<&'a str>,
 }
 
 /// Issues a link: stores a token of the link's flow for its owner (a decoy if nobody) and
@@ -149,7 +178,12 @@ pub async fn issue_link<A: Accounts>(
     conn: &mut <A::Database as sqlx::Database>::Connection,
     state: &AppState<A>,
     tenant: &TenantId,
-    Link { flow, owner, to }: Link<'_>,
+    Link {
+        flow,
+        owner,
+        to,
+        return_to,
+    }: Link<'_>,
     suppressed: Option<String>,
     signup: Option<FromSignup<'_>>,
 ) -> anyhow::Result<()> {
@@ -166,6 +200,7 @@ pub async fn issue_link<A: Accounts>(
         expires_at,
         password_hash: signup.and_then(|s| s.password_hash),
         supersede: suppressed.is_none() && signup.is_none(),
+        return_to,
     };
     A::insert_token(conn, &token).await?;
     let user = owner

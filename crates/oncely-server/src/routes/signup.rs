@@ -10,7 +10,7 @@ use super::email_caps::suppression;
 use super::error::ApiError;
 use super::new_password::hash_new_password;
 use super::post::IdempotentPost;
-use super::send_link::{Accepted, FromSignup, Link, Owner, accepted, issue_link};
+use super::send_link::{Accepted, FromSignup, Link, Owner, accepted, issue_link, return_url};
 use crate::accounts::{Accounts, SignupOutcome};
 use crate::email::EmailAddress;
 use crate::mail::SIGNUP_NOTICE;
@@ -27,6 +27,10 @@ pub struct SignupRequest {
     password: Option<String>,
     /// Optional; where the signup came from, ≤ 64 printable characters.
     source: Option<String>,
+    /// Optional: where the verification link returns once used, exactly one of the tenant's
+    /// return URLs (default: its first; none configured: nowhere).
+    #[schema(example = "https://app.example.com/auth/callback")]
+    return_to: Option<String>,
 }
 
 /// Creates the account (or finds it), and the email for it — a verification link, or a notice
@@ -52,6 +56,7 @@ pub async fn signup<A: Accounts>(
             "source is at most 64 printable characters",
         ));
     }
+    let return_to = return_url(&state, &tenant, request.return_to.as_deref()).await?;
     let password_hash = hash_new_password(request.password, &caller).await?;
 
     let mut conn = tx.lock().await?;
@@ -81,6 +86,7 @@ pub async fn signup<A: Accounts>(
         flow,
         owner,
         to: &email,
+        return_to: return_to.as_deref(),
     };
     issue_link(
         &mut *conn,

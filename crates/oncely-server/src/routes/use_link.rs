@@ -20,7 +20,8 @@ use serde_json::Value;
 use super::error::ApiError;
 use super::post::IdempotentPost;
 use super::problem::{ListedProblem, ServerProblem};
-use crate::accounts::{Accounts, ConsumedToken};
+use crate::accounts::{Accounts, ConsumedToken, NewCode};
+use crate::code::{self, Code};
 use crate::token::{self, Flow};
 
 /// `?token=` of a link: the one `token` parameter of the query (none if it is missing or given
@@ -138,6 +139,12 @@ pub struct TokenRequest {
     pub password: Option<String>,
 }
 
+/// The field of a used link's stored answer that holds its code's id (never sent: the redirect
+/// replaces it).
+pub const CODE_ID: &str = "code_id";
+/// The field of a used link's stored answer that holds its return URL (never sent either).
+pub const RETURN_TO: &str = "return_to";
+
 /// A request that uses a link's token.
 pub type LinkUse<A> = IdempotentPost<A, TokenRequest>;
 
@@ -162,6 +169,36 @@ impl<A: Accounts> LinkUse<A> {
         .await?
         .ok_or(ApiError::InvalidToken)?;
         Ok((conn, token))
+    }
+
+    /// What a used link answers: `body` (`{"status": …}`), and, when the link's request chose a
+    /// return URL, a code minted for `user` in the transaction: the answer then carries the
+    /// code's id and the URL ([`CODE_ID`], [`RETURN_TO`]), which
+    /// [`super::exchange::redirect`] turns into `"redirect"` for this answer and every replay
+    /// of it (so the idempotency layer stores the id, never the code).
+    pub async fn answer(
+        &self,
+        conn: &mut TxGuard<'_, A::Database>,
+        flow: Flow,
+        token: &ConsumedToken,
+        user: uuid::Uuid,
+        mut body: Value,
+    ) -> LinkUsed {
+        if let Some(return_to) = &token.return_to {
+            let id = uuid::Uuid::new_v4();
+            let hash = Code::derive(&self.state.secret, id).hash();
+            let code = NewCode {
+                hash: &hash,
+                tenant: &token.tenant,
+                user_id: user,
+                flow: flow.as_str(),
+                lifetime: code::LIFETIME,
+            };
+            A::insert_code(conn, &code).await?;
+            body[CODE_ID] = Value::from(id.to_string());
+            body[RETURN_TO] = Value::from(return_to.as_str());
+        }
+        Ok(Json(body))
     }
 
     /// Uses the token once in `flow`, for the account it names.

@@ -3,7 +3,6 @@
 //! `GET /v1/verify` (the page `verification.html`), whose button `POST /v1/verify`s: that
 //! verifies the address once, adopting the signup's password only if it is re-entered.
 
-use axum::Json;
 use secrecy::SecretString;
 use serde_json::json;
 
@@ -40,9 +39,9 @@ pub async fn verify<A: Accounts>(mut post: LinkUse<A>) -> LinkUsed {
         return Err(ApiError::InvalidToken);
     }
     A::mark_verified(&mut conn, user, adopted.as_deref()).await?;
-    Ok(Json(
-        json!({ "status": "verified", "password_set": adopted.is_some() }),
-    ))
+    let body = json!({ "status": "verified", "password_set": adopted.is_some() });
+    post.answer(&mut conn, Flow::Verification, &token, user, body)
+        .await
 }
 
 /// The hash of the password the link's signup chose, if `presented` is that password (one more

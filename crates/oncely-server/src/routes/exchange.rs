@@ -1,0 +1,109 @@
+//! The authorization-code exchange. A link whose request chose a return URL mints a one-time
+//! code when it is used ([`super::use_link::LinkUse::answer`]); its answer redirects the
+//! browser there with `?code=…` ([`redirect`]); the application's backend then
+//! `POST /v1/exchange`s the code with its tenant's API key and learns who signed in: an
+//! [`Identity`].
+
+use axum::Json;
+use axum::body::Body;
+use axum::extract::{Request, State};
+use axum::http::{StatusCode, header};
+use axum::middleware::Next;
+use axum::response::{IntoResponse, Response};
+use serde::Deserialize;
+use serde_json::Value;
+use uuid::Uuid;
+
+use super::AppState;
+use super::error::ApiError;
+use super::post::IdempotentPost;
+use super::use_link::{CODE_ID, RETURN_TO};
+use crate::accounts::{Accounts, from_millis};
+use crate::code::{self, Code};
+use crate::identity::Identity;
+use crate::token::{self, Flow};
+
+/// `{ "code": … }`.
+#[derive(Deserialize, utoipa::ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct ExchangeRequest {
+    /// The `code` parameter of the redirect to the return URL.
+    pub code: String,
+}
+
+/// `POST /v1/exchange` (tenant API key required): uses the code once and answers who it proves.
+/// Unknown, used, expired, malformed or another tenant's: the same 400 `code-invalid` (and a
+/// code another tenant's key tried is still good for its own).
+pub async fn exchange<A: Accounts>(
+    post: IdempotentPost<A, ExchangeRequest>,
+) -> Result<Json<Identity>, ApiError> {
+    post.tenant.require_proven()?;
+    let tenant = &post.tenant.id;
+    let mut conn = post.tx.lock().await?;
+    let found = A::exchange_code(&mut conn, tenant.as_str(), &token::hash(&post.body.code))
+        .await?
+        .ok_or(ApiError::InvalidCode)?;
+    let flow = Flow::parse(&found.flow)
+        .map(code::proof)
+        .ok_or_else(|| anyhow::anyhow!("a stored code names no known flow"))?;
+    tracing::info!(tenant = %tenant, flow = found.flow, "code exchanged");
+    Ok(Json(Identity {
+        user_id: found.user_id,
+        email: found.email,
+        email_verified: found.email_verified,
+        tenant: tenant.as_str().to_owned(),
+        flow,
+        authenticated_at: from_millis(found.authenticated_at_ms),
+    }))
+}
+
+/// The largest answer [`redirect`] reads (a used link's is a few hundred bytes).
+const MAX_ANSWER: usize = 64 * 1024;
+
+/// Middleware of the routes that use links, between tenant resolution and the idempotency
+/// layer: a 200 JSON answer that carries a code's id and its return URL (the handler's, or the
+/// layer's replay of it) becomes `{"status": …, "redirect": "<return URL>?code=<code>"}` — the
+/// code derived again from its id with the server secret. The stored answer holds only the id;
+/// every replay carries the same redirect.
+pub async fn redirect<A: Accounts>(
+    State(state): State<AppState<A>>,
+    request: Request,
+    next: Next,
+) -> Response {
+    let response = next.run(request).await;
+    let json = response
+        .headers()
+        .get(header::CONTENT_TYPE)
+        .and_then(|v| v.to_str().ok())
+        .is_some_and(|v| v.starts_with("application/json"));
+    if response.status() != StatusCode::OK || !json {
+        return response;
+    }
+    let (mut parts, body) = response.into_parts();
+    let Ok(bytes) = axum::body::to_bytes(body, MAX_ANSWER).await else {
+        return ApiError::Unexpected(anyhow::anyhow!("a used link's answer is unreadable"))
+            .into_response();
+    };
+    let mut answer: Value = match serde_json::from_slice(&bytes) {
+        Ok(answer) => answer,
+        Err(_) => return Response::from_parts(parts, Body::from(bytes)),
+    };
+    let Some(fields) = answer.as_object_mut() else {
+        return Response::from_parts(parts, Body::from(bytes));
+    };
+    let id = fields.get(CODE_ID).and_then(Value::as_str);
+    let return_to = fields.get(RETURN_TO).and_then(Value::as_str);
+    let (Some(id), Some(return_to)) = (id, return_to) else {
+        return Response::from_parts(parts, Body::from(bytes));
+    };
+    let Ok(id) = Uuid::parse_str(id) else {
+        return ApiError::Unexpected(anyhow::anyhow!("a used link's code id is not a UUID"))
+            .into_response();
+    };
+    let location = code::redirect(return_to, &Code::derive(&state.secret, id));
+    fields.remove(CODE_ID);
+    fields.remove(RETURN_TO);
+    fields.insert("redirect".into(), Value::from(location));
+    parts.headers.remove(header::CONTENT_LENGTH);
+    Response::from_parts(parts, Body::from(answer.to_string()))
+}

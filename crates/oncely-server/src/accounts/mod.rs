@@ -88,12 +88,11 @@ pub struct ConsumedToken {
 pub struct NewCode<'a> {
     /// SHA-256 of the code.
     pub hash: &'a [u8],
-    /// The tenant whose API key may exchange it (the link's).
-    pub tenant: &'a str,
+    /// SHA-256 of the token just consumed: the code takes its tenant (whose API key may
+    /// exchange it), its flow and its consumption time (`authenticated_at`).
+    pub token_hash: &'a [u8],
     /// The user the link proved.
     pub user_id: Uuid,
-    /// How: the link's flow (`verification`, `password_reset`, `magic_link`, `invite`).
-    pub flow: &'a str,
     /// How long it can be exchanged.
     pub lifetime: std::time::Duration,
 }
@@ -351,7 +350,7 @@ pub trait Accounts: Backend {
         grace: std::time::Duration,
     ) -> impl Future<Output = Result<Option<KeyRotation>, AccountError>> + Send;
 
-    /// Stores a code (its hash), authenticated now, in the request's transaction.
+    /// Stores a code (its hash) for the token consumed in this transaction.
     fn insert_code<'c>(
         conn: &'c mut Connection<Self>,
         code: &'c NewCode<'c>,
@@ -715,17 +714,18 @@ where
     }
 
     async fn insert_code(conn: &mut Connection<B>, code: &NewCode<'_>) -> Result<(), AccountError> {
-        sqlx::query(B::ACCOUNT_SQL.insert_code)
+        let done = sqlx::query(B::ACCOUNT_SQL.insert_code)
             .bind(code.hash)
-            .bind(code.tenant)
+            .bind(code.token_hash)
             .bind(code.user_id)
-            .bind(code.flow)
-            .bind(B::at(None))
             .bind(code.lifetime.as_secs_f64())
             .execute(conn)
             .await
             .map_err(AccountError::of::<B>)?;
-        Ok(())
+        match B::rows_affected(&done) {
+            1 => Ok(()),
+            _ => Err(AccountError::Vanished("the consumed token vanished")),
+        }
     }
 
     async fn exchange_code(

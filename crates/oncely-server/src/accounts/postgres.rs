@@ -103,11 +103,11 @@ pub const STATEMENTS: Statements = Statements {
     lock_tenant: "SELECT id FROM oncely_tenants WHERE id = $1 FOR UPDATE",
     clear_return_urls: "DELETE FROM oncely_return_urls WHERE tenant = $1",
     add_return_url: "INSERT INTO oncely_return_urls (tenant, position, url) VALUES ($1, $2, $3)",
-    // The same `now()` as the token's consumption: one transaction.
+    // The token's own tenant, flow and consumption time: the code cannot say otherwise.
     insert_code: "INSERT INTO oncely_codes
                       (code_hash, tenant, user_id, flow, authenticated_at, expires_at)
-                  VALUES ($1, $2, $3, $4, COALESCE($5, now()),
-                          COALESCE($5, now()) + make_interval(secs => $6))",
+                  SELECT $1, tenant, $3, flow, consumed_at, consumed_at + make_interval(secs => $4)
+                    FROM oncely_tokens WHERE token_hash = $2 AND consumed_at IS NOT NULL",
     // Index: code_hash (primary key). One statement: of concurrent exchanges one updates the
     // row, the others find it consumed.
     exchange_code: "UPDATE oncely_codes c SET consumed_at = COALESCE($3, now())

@@ -95,10 +95,11 @@ pub const STATEMENTS: Statements = Statements {
     lock_tenant: "SELECT id FROM oncely_tenants WHERE id = ?1",
     clear_return_urls: "DELETE FROM oncely_return_urls WHERE tenant = ?1",
     add_return_url: "INSERT INTO oncely_return_urls (tenant, position, url) VALUES (?1, ?2, ?3)",
-    // Milliseconds: the lifetime is seconds × 1000.
+    // See PostgreSQL's. Milliseconds: the lifetime is seconds × 1000.
     insert_code: "INSERT INTO oncely_codes
                       (code_hash, tenant, user_id, flow, authenticated_at, expires_at)
-                  VALUES (?1, ?2, ?3, ?4, ?5, ?5 + CAST(?6 * 1000 AS INTEGER))",
+                  SELECT ?1, tenant, ?3, flow, consumed_at, consumed_at + CAST(?4 * 1000 AS INTEGER)
+                    FROM oncely_tokens WHERE token_hash = ?2 AND consumed_at IS NOT NULL",
     // Index: code_hash (primary key). SQLite's RETURNING may not name another table: the
     // user's columns come from subqueries.
     exchange_code: "UPDATE oncely_codes SET consumed_at = ?3

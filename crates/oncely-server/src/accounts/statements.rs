@@ -75,8 +75,9 @@ pub struct Statements {
     pub clear_return_urls: &'static str,
     /// Binds tenant, position, url.
     pub add_return_url: &'static str,
-    /// Binds code_hash, tenant, user_id, flow, now, lifetime (seconds, a float). Stores a code
-    /// authenticated at `now`, valid until now + lifetime.
+    /// Binds code_hash, token_hash, user_id, lifetime (seconds, a float). Stores a code of the
+    /// consumed token's tenant and flow, authenticated when the token was consumed, valid until
+    /// then + lifetime.
     pub insert_code: &'static str,
     /// Binds code_hash, tenant, now. Consumes a live code of the tenant; returns `user_id`,
     /// `email` and `email_verified` (the user's now), `flow`, `authenticated_at_ms` (Unix

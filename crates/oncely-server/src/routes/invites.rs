@@ -26,6 +26,5 @@ pub async fn accept<A: Accounts>(mut post: LinkUse<A>) -> LinkUsed {
     let email = token.email.as_deref().ok_or(ApiError::InvalidToken)?;
     let user = A::accept_invite(&mut conn, &token.tenant, email, password_hash.as_deref()).await?;
     let body = json!({ "status": "joined" });
-    post.answer(&mut conn, Flow::Invite, &token, user, body)
-        .await
+    post.answer(&mut conn, &token, user, body).await
 }

@@ -25,6 +25,5 @@ pub async fn sign_in<A: Accounts>(post: LinkUse<A>) -> LinkUsed {
     let (mut conn, user, token) = post.use_account_token(Flow::MagicLink).await?;
     A::mark_verified(&mut conn, user, None).await?;
     let body = json!({ "status": "signed_in" });
-    post.answer(&mut conn, Flow::MagicLink, &token, user, body)
-        .await
+    post.answer(&mut conn, &token, user, body).await
 }

@@ -28,6 +28,5 @@ pub async fn confirm<A: Accounts>(mut post: LinkUse<A>) -> LinkUsed {
     A::mark_verified(&mut conn, user, None).await?;
     A::set_password(&mut conn, user, &password_hash).await?;
     let body = json!({ "status": "password_changed" });
-    post.answer(&mut conn, Flow::PasswordReset, &token, user, body)
-        .await
+    post.answer(&mut conn, &token, user, body).await
 }

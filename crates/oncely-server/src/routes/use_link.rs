@@ -179,7 +179,6 @@ impl<A: Accounts> LinkUse<A> {
     pub async fn answer(
         &self,
         conn: &mut TxGuard<'_, A::Database>,
-        flow: Flow,
         token: &ConsumedToken,
         user: uuid::Uuid,
         mut body: Value,
@@ -189,9 +188,8 @@ impl<A: Accounts> LinkUse<A> {
             let hash = Code::derive(&self.state.secret, id).hash();
             let code = NewCode {
                 hash: &hash,
-                tenant: &token.tenant,
+                token_hash: &token::hash(&self.body.token),
                 user_id: user,
-                flow: flow.as_str(),
                 lifetime: code::LIFETIME,
             };
             A::insert_code(conn, &code).await?;

@@ -40,8 +40,7 @@ pub async fn verify<A: Accounts>(mut post: LinkUse<A>) -> LinkUsed {
     }
     A::mark_verified(&mut conn, user, adopted.as_deref()).await?;
     let body = json!({ "status": "verified", "password_set": adopted.is_some() });
-    post.answer(&mut conn, Flow::Verification, &token, user, body)
-        .await
+    post.answer(&mut conn, &token, user, body).await
 }
 
 /// The hash of the password the link's signup chose, if `presented` is that password (one more

@@ -132,6 +132,7 @@ async fn prune_tokens_at<B: Accounts>(url: &str) {
         expires_at: now + Duration::hours(1),
         password_hash: None,
         supersede: false,
+        return_to: None,
     };
     let mut conn = backend.pool().acquire().await.unwrap();
     B::insert_token(&mut conn, &token).await.unwrap();

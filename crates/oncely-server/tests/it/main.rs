@@ -10,6 +10,7 @@ mod chaos;
 mod client_caps;
 mod dev_inbox;
 mod docs_cli;
+mod exchange;
 mod flows;
 mod health;
 mod hostile;

@@ -7,6 +7,7 @@
 use axum::Json;
 use axum::body::Body;
 use axum::extract::{Request, State};
+use axum::http::response::Parts;
 use axum::http::{StatusCode, header};
 use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
@@ -31,12 +32,13 @@ pub struct ExchangeRequest {
     pub code: String,
 }
 
-/// `POST /v1/exchange` (tenant API key required): uses the code once and answers who it proves.
-/// Unknown, used, expired, malformed or another tenant's: the same 400 `code-invalid` (and a
-/// code another tenant's key tried is still good for its own).
+/// `POST /v1/exchange` (tenant API key required): uses the code once and answers who it proves
+/// — an [`Identity`] whose `email` [`with_email`] adds outside the idempotency layer, so that the
+/// stored answer holds no address. Unknown, used, expired, malformed or another tenant's: the
+/// same 400 `code-invalid` (and a code another tenant's key tried is still good for its own).
 pub async fn exchange<A: Accounts>(
     post: IdempotentPost<A, ExchangeRequest>,
-) -> Result<Json<Identity>, ApiError> {
+) -> Result<Json<Value>, ApiError> {
     post.tenant.require_proven()?;
     let tenant = &post.tenant.id;
     let mut conn = post.tx.lock().await?;
@@ -47,14 +49,54 @@ pub async fn exchange<A: Accounts>(
         .map(code::proof)
         .ok_or_else(|| anyhow::anyhow!("a stored code names no known flow"))?;
     tracing::info!(tenant = %tenant, flow = found.flow, "code exchanged");
-    Ok(Json(Identity {
+    let identity = Identity {
         user_id: found.user_id,
         email: found.email,
         email_verified: found.email_verified,
         tenant: tenant.as_str().to_owned(),
         flow,
         authenticated_at: from_millis(found.authenticated_at_ms),
-    }))
+    };
+    let mut answer = serde_json::to_value(identity).map_err(anyhow::Error::from)?;
+    if let Some(fields) = answer.as_object_mut() {
+        fields.remove(EMAIL);
+    }
+    Ok(Json(answer))
+}
+
+/// The field of an [`Identity`] that [`with_email`] adds.
+const EMAIL: &str = "email";
+
+/// Middleware of `POST /v1/exchange`, between tenant resolution and the idempotency layer: a 200
+/// answer (the handler's, or the layer's replay of it) gets the user's address, read now. The
+/// idempotency table holds no address (as for every other route); a replay names the address
+/// the account has.
+pub async fn with_email<A: Accounts>(
+    State(state): State<AppState<A>>,
+    request: Request,
+    next: Next,
+) -> Response {
+    let (parts, mut answer) = match read(next.run(request).await).await {
+        Ok(Answer::Json(parts, answer)) => (parts, answer),
+        Ok(Answer::Other(response)) => return response,
+        Err(error) => return error.into_response(),
+    };
+    let user = answer
+        .get("user_id")
+        .and_then(Value::as_str)
+        .and_then(|id| Uuid::parse_str(id).ok());
+    let (Some(user), Some(fields)) = (user, answer.as_object_mut()) else {
+        return answer_with(parts, &answer);
+    };
+    match state.accounts.user_email(user).await {
+        Ok(Some(email)) => {
+            fields.insert(EMAIL.into(), Value::from(email));
+            answer_with(parts, &answer)
+        }
+        Ok(None) => ApiError::Unexpected(anyhow::anyhow!("an exchanged code's user vanished"))
+            .into_response(),
+        Err(error) => ApiError::from(error).into_response(),
+    }
 }
 
 /// The largest answer [`redirect`] reads (a used link's is a few hundred bytes).
@@ -70,31 +112,18 @@ pub async fn redirect<A: Accounts>(
     request: Request,
     next: Next,
 ) -> Response {
-    let response = next.run(request).await;
-    let json = response
-        .headers()
-        .get(header::CONTENT_TYPE)
-        .and_then(|v| v.to_str().ok())
-        .is_some_and(|v| v.starts_with("application/json"));
-    if response.status() != StatusCode::OK || !json {
-        return response;
-    }
-    let (mut parts, body) = response.into_parts();
-    let Ok(bytes) = axum::body::to_bytes(body, MAX_ANSWER).await else {
-        return ApiError::Unexpected(anyhow::anyhow!("a used link's answer is unreadable"))
-            .into_response();
-    };
-    let mut answer: Value = match serde_json::from_slice(&bytes) {
-        Ok(answer) => answer,
-        Err(_) => return Response::from_parts(parts, Body::from(bytes)),
+    let (parts, mut answer) = match read(next.run(request).await).await {
+        Ok(Answer::Json(parts, answer)) => (parts, answer),
+        Ok(Answer::Other(response)) => return response,
+        Err(error) => return error.into_response(),
     };
     let Some(fields) = answer.as_object_mut() else {
-        return Response::from_parts(parts, Body::from(bytes));
+        return answer_with(parts, &answer);
     };
     let id = fields.get(CODE_ID).and_then(Value::as_str);
     let return_to = fields.get(RETURN_TO).and_then(Value::as_str);
     let (Some(id), Some(return_to)) = (id, return_to) else {
-        return Response::from_parts(parts, Body::from(bytes));
+        return answer_with(parts, &answer);
     };
     let Ok(id) = Uuid::parse_str(id) else {
         return ApiError::Unexpected(anyhow::anyhow!("a used link's code id is not a UUID"))
@@ -104,6 +133,38 @@ pub async fn redirect<A: Accounts>(
     fields.remove(CODE_ID);
     fields.remove(RETURN_TO);
     fields.insert("redirect".into(), Value::from(location));
+    answer_with(parts, &answer)
+}
+
+/// A response as the middlewares see it.
+enum Answer {
+    /// A 200 JSON answer: its head and its JSON, to rewrite.
+    Json(Parts, Value),
+    /// Anything else (a problem, a page, a refusal of the layer): passed through.
+    Other(Response),
+}
+
+/// Reads a 200 JSON answer; any other response is passed through. An error if a 200 JSON
+/// answer cannot be read (a handler's bug: nothing to answer with).
+async fn read(response: Response) -> Result<Answer, ApiError> {
+    let json = response
+        .headers()
+        .get(header::CONTENT_TYPE)
+        .and_then(|v| v.to_str().ok())
+        .is_some_and(|v| v.starts_with("application/json"));
+    if response.status() != StatusCode::OK || !json {
+        return Ok(Answer::Other(response));
+    }
+    let (parts, body) = response.into_parts();
+    let bytes = axum::body::to_bytes(body, MAX_ANSWER)
+        .await
+        .map_err(|e| anyhow::anyhow!("an answer could not be read: {e}"))?;
+    let answer = serde_json::from_slice(&bytes).map_err(anyhow::Error::from)?;
+    Ok(Answer::Json(parts, answer))
+}
+
+/// `answer` as the body of `parts`' response (its length recomputed).
+fn answer_with(mut parts: Parts, answer: &Value) -> Response {
     parts.headers.remove(header::CONTENT_LENGTH);
     Response::from_parts(parts, Body::from(answer.to_string()))
 }

@@ -127,13 +127,19 @@ pub fn v1<A: Accounts>(state: AppState<A>, policy: KeyPolicy) -> Router {
         ("/v1/password-reset", post(password_reset::request::<A>)),
         ("/v1/magic-link", post(magic_link::request::<A>)),
         ("/v1/invites", post(invites::invite::<A>)),
-        ("/v1/exchange", post(exchange::exchange::<A>)),
     ];
+    // The exchange's stored answer holds no address: added outside the layer, on every answer.
+    let with_email = middleware::from_fn_with_state(state.clone(), exchange::with_email::<A>);
+    let exchange = post(exchange::exchange::<A>)
+        .route_layer(keys.clone())
+        .route_layer(with_email)
+        .route_layer(tenant.clone());
     let router = routes
         .into_iter()
         .fold(Router::new(), |router, (path, route)| {
             router.route(path, guarded(route))
-        });
+        })
+        .route("/v1/exchange", exchange);
     link_routes
         .into_iter()
         .fold(router, |router, (path, route)| {

@@ -307,6 +307,16 @@ async fn a_retried_use_replays_the_same_redirect_and_its_code_exchanges_once(
         .await;
     assert_eq!(retry.headers()["idempotent-replayed"], "true");
     assert_eq!(retry.json::<Value>().await.unwrap(), identity);
+    assert_eq!(identity["email"], ada);
+    let stored = stored_answers(&url).await;
+    assert!(
+        stored.iter().any(|answer| answer.contains("\"user_id\"")),
+        "the identity is stored: {stored:?}"
+    );
+    assert!(
+        stored.iter().all(|answer| !answer.contains(ada)),
+        "an address in a stored answer: {stored:?}"
+    );
     let (status, problem) = exchange(&app, &acme, "x2", &code).await;
     assert_eq!((status, problem_type(&problem)), (400, "code-invalid"));
     // A replay of the link's answer after the exchange still carries the spent code.

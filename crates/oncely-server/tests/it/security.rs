@@ -1,7 +1,7 @@
 //! Security scans after an end-to-end run of every flow through the real binary (debug logs on):
-//! no raw token or API key in any log line or database column, no full address in any log line
-//! or in the idempotency table, no token or `Set-Cookie` in a stored response, and a key of one
-//! tenant never replays for another.
+//! no raw token, code or API key in any log line or database column, no full address in any log
+//! line or in the idempotency table (an exchange's identity included), no token, code or
+//! `Set-Cookie` in a stored response, and a key of one tenant never replays for another.
 
 use std::time::Duration;
 
@@ -20,6 +20,17 @@ async fn create_tenant(database_url: &str, name: &str) -> String {
     assert!(output.status.success());
     let stdout = String::from_utf8(output.stdout).unwrap();
     stdout.lines().last().unwrap().trim().to_owned()
+}
+
+/// `oncely tenant set NAME --return-url URL`.
+async fn set_return_url(database_url: &str, name: &str, url: &str) {
+    let output = tokio::process::Command::new(env!("CARGO_BIN_EXE_oncely"))
+        .args(["tenant", "set", name, "--return-url", url])
+        .args(["--database-url", database_url])
+        .output()
+        .await
+        .unwrap();
+    assert!(output.status.success());
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -69,12 +80,33 @@ async fn no_secret_leaks_into_logs_stored_responses_or_the_database() {
     ok("/v1/magic-link/consume", "m2", &token(&t), None, "consume").await;
 
     let api_key = create_tenant(&url, "acme").await;
+    let callback = "https://app.example.com/auth/callback";
+    set_return_url(&url, "acme", callback).await;
     let guest = "sec.guest@example.com";
     let acme = Some(api_key.as_str());
     ok("/v1/invites", "i1", &email(guest), acme, "invite").await;
     let t = next_token(guest, 1).await;
     let accept = json!({"token": t, "password": "guest password"});
-    ok("/v1/invites/accept", "a1", &accept, acme, "accept").await;
+    // Used with a return URL: a code in the redirect, exchanged once (and retried).
+    let mut codes = Vec::new();
+    for _ in 0..2 {
+        let answer = post("/v1/invites/accept", "a1", &accept, acme)
+            .await
+            .unwrap();
+        assert_eq!(answer.status(), 200);
+        let answer: Value = answer.json().await.unwrap();
+        let redirect = answer["redirect"].as_str().expect("a redirect").to_owned();
+        codes.push(redirect.split("code=").nth(1).unwrap().to_owned());
+    }
+    assert_eq!(codes[0], codes[1], "a retry replays the same code");
+    let code = json!({ "code": codes[0] });
+    for _ in 0..2 {
+        let identity = post("/v1/exchange", "x1", &code, acme).await.unwrap();
+        assert_eq!(identity.status(), 200);
+        let identity: Value = identity.json().await.unwrap();
+        assert_eq!(identity["email"], guest);
+    }
+    tokens.push(codes[0].clone());
 
     // The default tenant's key "s1", with the same body, is a new request for tenant acme.
     let other = post("/v1/signup", "s1", &signup, Some(&api_key))
@@ -129,7 +161,7 @@ async fn no_secret_leaks_into_logs_stored_responses_or_the_database() {
     for token in tokens.iter().chain([&api_key]) {
         assert!(
             !logs.contains(token.as_str()),
-            "a raw token or API key in the logs"
+            "a raw token, code or API key in the logs"
         );
         assert!(
             !database.contains(token.as_str()),

@@ -3,19 +3,90 @@
 //! verify page's button did nothing. Chrome treats localhost and 127.0.0.0/8 as secure, so the
 //! service is reached by a name (`oncely.test`, mapped to loopback inside Chromium only).
 
-use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
 
 use axum::Router;
-use axum::extract::Request;
+use axum::extract::{RawQuery, Request};
 use axum::http::{StatusCode, header};
-use axum::response::IntoResponse;
+use axum::response::{Html, IntoResponse};
+use axum::routing::get;
 use oncely_testdb::TestSqlite;
-use serde_json::json;
+use serde_json::{Value, json};
 
 use crate::browser::Browser;
-use crate::requests::{VERIFIED_USERS, nth_link};
+use crate::requests::{VERIFIED_USERS, email, nth_link, problem_type};
 use crate::support::spawn_app_on;
+
+/// Issue 16, item 4: a tenant's magic link, opened in a browser, takes the person back to the
+/// tenant's return URL (the application's page, here a listener on loopback) with a one-time
+/// code, which the application's backend exchanges once for who signed in.
+#[tokio::test]
+async fn a_magic_link_in_a_browser_lands_on_the_return_url_with_a_code_that_exchanges() {
+    let db = TestSqlite::new();
+    let app = spawn_app_on(db.url(), |_| {}).await;
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let callback = format!(
+        "http://127.0.0.1:{}/auth/callback?from=mail",
+        listener.local_addr().unwrap().port()
+    );
+    let queries = Arc::new(Mutex::new(Vec::new()));
+    let seen = queries.clone();
+    let application = Router::new().route(
+        "/auth/callback",
+        get(move |RawQuery(query): RawQuery| async move {
+            seen.lock().unwrap().push(query.unwrap_or_default());
+            Html("<!doctype html><title>Back in the application</title><p>Signed in")
+        }),
+    );
+    tokio::spawn(async move { axum::serve(listener, application).await });
+    let Some(mut browser) = Browser::launch("the return URL test", &[]).await else {
+        return;
+    };
+    let acme = app.create_tenant("acme").await;
+    let set = tokio::process::Command::new(env!("CARGO_BIN_EXE_oncely"))
+        .args(["tenant", "set", "acme", "--return-url", &callback])
+        .args(["--database-url", db.url()])
+        .output()
+        .await
+        .unwrap();
+    assert!(set.status.success(), "{set:?}");
+    let ada = "ada@example.com";
+    for (path, key) in [("/v1/signup", "s"), ("/v1/magic-link", "m")] {
+        let r = app.post_as(&acme, path, key, &email(ada)).await;
+        assert_eq!(r.status(), 202, "{path}");
+    }
+    let link = nth_link(&app, ada, 2).await;
+    assert!(link.contains("/v1/magic-link/consume?token="), "{link}");
+
+    browser.goto(&link).await;
+    browser.click("#confirm").await;
+    let landed = browser
+        .wait_for("location.pathname === '/auth/callback' && document.readyState === 'complete' && location.href")
+        .await;
+    browser.screenshot("magic-link-returned").await;
+    let landed = landed.as_str().unwrap().to_owned();
+    let query = queries.lock().unwrap().clone();
+    assert_eq!(query.len(), 1, "one visit: {query:?}");
+    let code = query[0]
+        .strip_prefix("from=mail&code=")
+        .unwrap_or_else(|| panic!("the code joins the query: {query:?}"))
+        .to_owned();
+    assert_eq!(landed, format!("{callback}&code={code}"));
+
+    let body = json!({ "code": code });
+    let exchange = |key: &'static str| app.post_as(&acme, "/v1/exchange", key, &body);
+    let identity = exchange("x1").await;
+    assert_eq!(identity.status(), 200);
+    let identity: Value = identity.json().await.unwrap();
+    assert_eq!(
+        (&identity["email"], &identity["flow"], &identity["tenant"]),
+        (&json!(ada), &json!("magic_link"), &json!("acme"))
+    );
+    let again: Value = exchange("x2").await.json().await.unwrap();
+    assert_eq!(problem_type(&again), "code-invalid");
+    browser.close().await;
+}
 
 #[tokio::test]
 async fn a_verify_link_opened_over_plain_http_on_a_named_host_verifies_with_one_click() {

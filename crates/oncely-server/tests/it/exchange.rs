@@ -139,6 +139,7 @@ both_databases!(
     each_link_flow_returns_to_the_tenants_url_with_a_code_that_exchanges_once,
     a_retried_use_replays_the_same_redirect_and_its_code_exchanges_once,
     concurrent_exchanges_of_one_code_give_exactly_one_identity,
+    a_link_used_concurrently_with_one_key_mints_one_code,
     a_code_expires_after_60_seconds_and_is_pruned,
     a_code_of_tenant_a_is_invalid_with_tenant_bs_key_and_still_good_for_a,
     return_url_tricks_are_refused_before_anything_is_written,
@@ -344,6 +345,36 @@ async fn concurrent_exchanges_of_one_code_give_exactly_one_identity(url: String,
         .filter(|(s, b)| *s == 400 && problem_type(b) == "code-invalid")
         .count();
     assert_eq!((ok, invalid), (1, n - 1), "{answers:?}");
+}
+
+async fn a_link_used_concurrently_with_one_key_mints_one_code(url: String, _db: TestDb) {
+    let app = app(&url).await;
+    let acme = tenant_with_return_urls(&app, "acme", &[CALLBACK]).await;
+    let ada = "ada@example.com";
+    app.post_as(&acme, "/v1/signup", "s1", &email(ada)).await;
+    let body = json!({ "email": ada, "return_to": CALLBACK });
+    app.post_as(&acme, "/v1/magic-link", "m1", &body).await;
+    let presented = token(&nth_token(&app, ada, 2).await);
+    let answers = futures::future::join_all(
+        (0..8).map(|_| use_link(&app, "/v1/magic-link/consume", "c1", &presented)),
+    )
+    .await;
+    // Each is the answer or its replay (or, past the wait for the first, 409 to retry).
+    let redirects: std::collections::BTreeSet<String> = answers
+        .iter()
+        .filter(|(status, _, _)| *status == 200)
+        .map(|(_, body, _)| body["redirect"].as_str().unwrap().to_owned())
+        .collect();
+    assert!(
+        answers
+            .iter()
+            .all(|(status, _, _)| [200, 409].contains(status)),
+        "{answers:?}"
+    );
+    assert_eq!(redirects.len(), 1, "one redirect: {answers:?}");
+    assert_counts(&app, &[("SELECT count(*) FROM oncely_codes", 1)]).await;
+    let code = code_of(&json!(redirects.first().unwrap()), CALLBACK);
+    exchanges_once(&app, &acme, &code, ada, "magic_link").await;
 }
 
 async fn a_code_expires_after_60_seconds_and_is_pruned(url: String, _db: TestDb) {

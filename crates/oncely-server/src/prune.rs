@@ -26,7 +26,7 @@ pub struct Retention {
     pub outbox: Duration,
     /// Tokens after their expiry.
     pub tokens: Duration,
-    /// The email-cap window (counters are kept two windows).
+    /// The longest window of the email and login caps (counters are kept two windows).
     pub cap_window: Duration,
 }
 

@@ -17,6 +17,7 @@ use use_link::page;
 
 // The flows, one module each: their routes, pages and handlers.
 pub mod invites;
+pub mod login;
 pub mod magic_link;
 pub mod password_reset;
 pub mod signup;
@@ -43,6 +44,8 @@ pub struct AppState<A: Accounts> {
     pub secret: ServerSecret,
     /// Caps on emails.
     pub limits: email_caps::MailLimits,
+    /// Caps on failed logins.
+    pub login: login::LoginLimits,
     /// Email jobs' payloads name their recipient (`"recipient"`), so that the dev inbox can show
     /// to whom the emails that were not sent would have gone: only while it serves its page
     /// (development, the dev mailer, a loopback address). Otherwise payloads hold ids only.
@@ -66,6 +69,7 @@ impl<A: Accounts> Clone for AppState<A> {
             jobs: self.jobs.clone(),
             secret: self.secret.clone(),
             limits: self.limits,
+            login: self.login,
             recipient_in_payload: self.recipient_in_payload,
         }
     }
@@ -116,10 +120,16 @@ pub fn v1<A: Accounts>(state: AppState<A>, policy: KeyPolicy) -> Router {
             page(Invite).post(invites::accept::<A>),
         ),
     ];
+    // Login's key is optional: with one a retry replays the identity, without one each
+    // request runs (a failure is never stored either way).
+    let login = post(login::login::<A>)
+        .route_layer(keys.clone().optional())
+        .route_layer(tenant.clone());
     routes
         .into_iter()
         .fold(Router::new(), |router, (path, route)| {
             router.route(path, guarded(route))
         })
+        .route("/v1/login", login)
         .with_state(state)
 }

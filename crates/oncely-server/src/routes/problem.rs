@@ -29,6 +29,11 @@ pub enum ServerProblem {
     NotFound,
     /// The path exists, but not for this method (`Allow` lists the ones it takes).
     MethodNotAllowed,
+    /// A login failed: unknown address, wrong password, no password, not verified — one
+    /// answer for all.
+    LoginFailed,
+    /// Too many failed logins for this address or from this client in the window.
+    LoginThrottled,
 }
 
 impl ServerProblem {
@@ -42,6 +47,8 @@ impl ServerProblem {
         Self::Busy,
         Self::NotFound,
         Self::MethodNotAllowed,
+        Self::LoginFailed,
+        Self::LoginThrottled,
     ];
 
     /// The last segment of its `type` URI.
@@ -55,6 +62,8 @@ impl ServerProblem {
             Self::Busy => "busy",
             Self::NotFound => "not-found",
             Self::MethodNotAllowed => "method-not-allowed",
+            Self::LoginFailed => "login-failed",
+            Self::LoginThrottled => "login-throttled",
         }
     }
 
@@ -69,6 +78,8 @@ impl ServerProblem {
             Self::Busy => StatusCode::SERVICE_UNAVAILABLE,
             Self::NotFound => StatusCode::NOT_FOUND,
             Self::MethodNotAllowed => StatusCode::METHOD_NOT_ALLOWED,
+            Self::LoginFailed => StatusCode::UNAUTHORIZED,
+            Self::LoginThrottled => StatusCode::TOO_MANY_REQUESTS,
         }
     }
 
@@ -85,6 +96,8 @@ impl ServerProblem {
             Self::Busy => "Too many passwords being hashed",
             Self::NotFound => "No such path",
             Self::MethodNotAllowed => "Method not allowed here",
+            Self::LoginFailed => "Wrong email or password",
+            Self::LoginThrottled => "Too many failed logins",
         }
     }
 

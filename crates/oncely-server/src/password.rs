@@ -492,7 +492,10 @@ mod tests {
         assert_eq!(decoy(), decoy(), "one per process");
         let wrong = check(None, decoy(), "any password".to_owned().into());
         assert_eq!(wrong.await.unwrap(), Checked::Mismatch);
-        let current = pool().hash("a current one".to_owned().into()).await.unwrap();
+        let current = pool()
+            .hash("a current one".to_owned().into())
+            .await
+            .unwrap();
         assert!(!needs_rehash(&current));
         let right = check(None, &current, "a current one".to_owned().into());
         assert_eq!(right.await.unwrap(), Checked::Match { rehashed: None });
@@ -506,11 +509,15 @@ mod tests {
         .unwrap()
         .to_string();
         assert!(needs_rehash(&weak));
-        let wrong = check(None, &weak, "not it".to_owned().into()).await.unwrap();
+        let wrong = check(None, &weak, "not it".to_owned().into())
+            .await
+            .unwrap();
         assert_eq!(wrong, Checked::Mismatch, "a mismatch is never re-hashed");
         let Checked::Match {
             rehashed: Some(new),
-        } = check(None, &weak, "an old one".to_owned().into()).await.unwrap()
+        } = check(None, &weak, "an old one".to_owned().into())
+            .await
+            .unwrap()
         else {
             panic!("a weaker hash that matches is re-hashed");
         };

@@ -5,7 +5,7 @@
 //! | idempotency keys | `ONCELY_KEY_RETENTION` (24 h) after the first request | deleted; the key can be used afresh |
 //! | sent and dead outbox jobs (with attempts) | `ONCELY_OUTBOX_RETENTION` (7 d) after they finished | deleted; the intent could be enqueued again |
 //! | tokens | 7 days after they expired | deleted |
-//! | email-cap counters | two windows | deleted |
+//! | email-cap and login-cap counters | two of the longer window | deleted |
 //!
 //! Every batch is one short statement (`LIMIT n`, on PostgreSQL `FOR UPDATE SKIP LOCKED`), so
 //! pruning is safe while serving. `oncely serve` prunes every `ONCELY_PRUNE_INTERVAL`;

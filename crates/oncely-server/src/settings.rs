@@ -265,7 +265,10 @@ impl Settings {
 
     /// What the pruner keeps, and for how long.
     pub fn retention(&self) -> Retention {
-        Retention::new(self.outbox_retention, self.limits.window.max(self.login.window))
+        Retention::new(
+            self.outbox_retention,
+            self.limits.window.max(self.login.window),
+        )
     }
 
     /// The base of links once the listener is bound at `addr`.

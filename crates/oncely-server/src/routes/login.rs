@@ -81,7 +81,9 @@ pub async fn login<A: Accounts>(
         }
     };
     let answer = check(&state, &tenant, address.as_ref(), request.password, &caller).await;
-    let masked = address.as_ref().map_or_else(|| "(invalid)".into(), EmailAddress::masked);
+    let masked = address
+        .as_ref()
+        .map_or_else(|| "(invalid)".into(), EmailAddress::masked);
     match &answer {
         Err(ApiError::LoginFailed) => {
             // The failure stays counted.
@@ -238,7 +240,10 @@ impl<'a, A: Accounts> Attempt<'a, A> {
                 .uncount(self.tenant.as_str(), bucket, self.window_start)
                 .await;
             if let Err(error) = undone {
-                tracing::warn!(error = format!("{error:#}"), "a login attempt stayed counted");
+                tracing::warn!(
+                    error = format!("{error:#}"),
+                    "a login attempt stayed counted"
+                );
             }
         }
     }

@@ -150,7 +150,12 @@ async fn a_verified_account_logs_in_with_or_without_a_key_and_every_failure_is_o
     assert_eq!(identity["flow"], "password");
     assert_eq!(identity["email_verified"], true);
     assert!(identity["user_id"].as_str().unwrap().len() == 36);
-    assert!(identity["authenticated_at"].as_str().unwrap().ends_with('Z'));
+    assert!(
+        identity["authenticated_at"]
+            .as_str()
+            .unwrap()
+            .ends_with('Z')
+    );
 
     // With a key: retried and concurrent, one identity replayed.
     let again = login(&app, &acme, Some("l1"), "ada@example.com", PASSWORD).await;
@@ -165,7 +170,10 @@ async fn a_verified_account_logs_in_with_or_without_a_key_and_every_failure_is_o
         assert_eq!(response.status(), 200);
         bodies.push(response.text().await.unwrap());
     }
-    assert!(bodies.iter().all(|b| *b == bodies[0]), "one identity per key");
+    assert!(
+        bodies.iter().all(|b| *b == bodies[0]),
+        "one identity per key"
+    );
     // Without a key: each request runs.
     let unkeyed = futures::future::join_all(
         (0..4).map(|_| login(&app, &acme, None, "ada@example.com", PASSWORD)),
@@ -199,7 +207,14 @@ async fn a_verified_account_logs_in_with_or_without_a_key_and_every_failure_is_o
     let problem: Value = serde_json::from_str(&answers[0].1.2).unwrap();
     assert_eq!(problem_type(&problem), "login-failed");
     // A failure is not stored: the same key runs again.
-    let retried = login(&app, &acme, Some("f2"), "ada@example.com", "not the password").await;
+    let retried = login(
+        &app,
+        &acme,
+        Some("f2"),
+        "ada@example.com",
+        "not the password",
+    )
+    .await;
     assert_eq!(retried.status(), 401);
     assert!(retried.headers().get("idempotent-replayed").is_none());
 
@@ -356,10 +371,17 @@ async fn concurrent_failures_cannot_slip_under_the_limit(url: String, _db: TestD
         let password = format!("guess {i}");
         let (attacker, app, acme) = (&attacker, &app, &acme);
         async move {
-            login_from(attacker, app, Some(acme), None, "ada@example.com", &password)
-                .await
-                .status()
-                .as_u16()
+            login_from(
+                attacker,
+                app,
+                Some(acme),
+                None,
+                "ada@example.com",
+                &password,
+            )
+            .await
+            .status()
+            .as_u16()
         }
     });
     let statuses = futures::future::join_all(guesses).await;
@@ -404,7 +426,9 @@ async fn a_hash_of_other_parameters_is_upgraded_at_login(url: String, _db: TestD
             .to_string();
         execute(
             &url,
-            &format!("UPDATE oncely_users SET password_hash = '{old}' WHERE email = 'ada@example.com'"),
+            &format!(
+                "UPDATE oncely_users SET password_hash = '{old}' WHERE email = 'ada@example.com'"
+            ),
         )
         .await;
         let wrong = login(&app, &acme, None, "ada@example.com", "not it").await;

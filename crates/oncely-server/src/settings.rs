@@ -770,6 +770,48 @@ mod tests {
         assert_eq!(format!("{resolved:?}"), format!("{new:?}"));
     }
 
+    /// The login caps: their defaults, what is given, and counters kept two of the longer
+    /// window (a login window longer than the email one must not be pruned early).
+    #[test]
+    fn the_login_caps_resolve_and_their_counters_outlive_the_longer_window() {
+        let secret = "0123456789abcdef0123456789abcdef-login";
+        let resolve = |args: &[&str]| {
+            let mut argv = vec!["--secret", secret];
+            argv.extend_from_slice(args);
+            Settings::from_args(serve(&argv)).unwrap()
+        };
+        let defaults = resolve(&[]);
+        assert_eq!(
+            defaults.login,
+            LoginLimits {
+                per_address: 5,
+                per_address_total: 20,
+                per_client: 100,
+                window: Duration::from_secs(15 * 60),
+            }
+        );
+        assert_eq!(defaults.retention().cap_window, Duration::from_secs(3600));
+        let given = resolve(&[
+            "--login-cap-per-address",
+            "2",
+            "--login-cap-per-address-total",
+            "9",
+            "--login-cap-per-client",
+            "40",
+            "--login-cap-window",
+            "3h",
+        ]);
+        assert_eq!(
+            (
+                given.login.per_address,
+                given.login.per_address_total,
+                given.login.per_client
+            ),
+            (2, 9, 40)
+        );
+        assert_eq!(given.retention().cap_window, Duration::from_secs(3 * 3600));
+    }
+
     /// Issue 15, item 4: a developer who tried a flow six times in an hour was capped (5 per
     /// address, 30 per client, in every environment), and the dev inbox stayed empty. The
     /// defaults depend on ONCELY_ENV; what is given is kept in both.

@@ -210,6 +210,7 @@ impl<B: Accounts> Application<B> {
             jobs: jobs.clone(),
             secret: settings.secret.clone(),
             limits: settings.limits,
+            login: settings.login,
             recipient_in_payload: dev_inbox_page.is_some(),
         };
         let v1 = routes::v1(state, settings.key_policy());

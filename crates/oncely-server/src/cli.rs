@@ -545,6 +545,22 @@ pub struct ServeArgs {
     #[arg(long, env = "ONCELY_MAIL_CAP_PER_CLIENT")]
     pub mail_cap_per_client: Option<u32>,
 
+    /// Failed logins per window for one address from one client (counted whether or not the
+    /// address has an account); then that client's attempts at it are refused (429) until the
+    /// window ends.
+    #[arg(long, env = "ONCELY_LOGIN_CAP_PER_ADDRESS", default_value_t = defaults::LOGIN_CAP_PER_ADDRESS)]
+    pub login_cap_per_address: u32,
+
+    /// Failed logins per window for one address from all clients together; a client with no
+    /// failure of its own for the address in the window still gets its attempt (strangers
+    /// cannot lock the owner out).
+    #[arg(long, env = "ONCELY_LOGIN_CAP_PER_ADDRESS_TOTAL", default_value_t = defaults::LOGIN_CAP_PER_ADDRESS_TOTAL)]
+    pub login_cap_per_address_total: u32,
+
+    /// Failed logins per window from one client address, whatever the addresses.
+    #[arg(long, env = "ONCELY_LOGIN_CAP_PER_CLIENT", default_value_t = defaults::LOGIN_CAP_PER_CLIENT)]
+    pub login_cap_per_client: u32,
+
     /// Proxies (comma-separated CIDRs or addresses) whose `X-Forwarded-For` / `Forwarded`
     /// name the client for the per-client cap. Default: none (the headers are ignored and the
     /// connection's peer is the client).
@@ -576,6 +592,17 @@ pub struct RetentionArgs {
     /// finished.
     #[arg(long, env = "ONCELY_OUTBOX_RETENTION", default_value = defaults::OUTBOX_RETENTION, value_parser = parse_duration)]
     pub outbox_retention: Duration,
+
+    /// The window of the login caps (their counters are kept two windows).
+    #[arg(long, env = "ONCELY_LOGIN_CAP_WINDOW", default_value = defaults::LOGIN_CAP_WINDOW, value_parser = parse_duration)]
+    pub login_cap_window: Duration,
+}
+
+impl RetentionArgs {
+    /// The longest window of the email and login caps: counters are pruned after two of it.
+    pub fn cap_window(&self) -> Duration {
+        self.mail_cap_window.max(self.login_cap_window)
+    }
 }
 
 /// Settings of `oncely prune`.

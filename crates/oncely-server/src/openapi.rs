@@ -11,8 +11,9 @@ use utoipa::openapi::schema::Schema;
 use utoipa::openapi::{ContentBuilder, ObjectBuilder, RefOr, Required, ResponseBuilder, Type};
 use utoipa::{Modify, OpenApi, ToSchema};
 
-use crate::identity::Identity;
+use crate::identity::{Identity, Proof};
 use crate::routes::exchange::ExchangeRequest;
+use crate::routes::login::LoginRequest;
 use crate::routes::problem;
 use crate::routes::send_link::EmailRequest;
 use crate::routes::signup::SignupRequest;
@@ -188,6 +189,21 @@ post_route!(
     )
 );
 
+post_route!(
+    login,
+    "/v1/login",
+    LoginRequest,
+    200,
+    Identity,
+    "Checks a password (tenant API key required; Idempotency-Key optional): the identity of the verified account. Every failure is the same 401; too many failures are 429 before any check.",
+    (
+        401,
+        "`login-failed` (any failure: unknown address, wrong password, no password, not verified), or `unauthorized` (no or a bad API key)"
+    ),
+    (429, "`login-throttled` (with `Retry-After`)"),
+    (503, "`busy` (with `Retry-After`)")
+);
+
 macro_rules! get_route {
     ($name:ident, $path:tt, $ct:tt, $summary:tt $(, $param:tt)?) => {
         #[doc = $summary]
@@ -250,9 +266,9 @@ get_route!(metrics, "/metrics", "text/plain", "Prometheus metrics.");
     info(title = "oncely", description = "Signup, verification and account links; retried requests are harmless."),
     paths(
         signup, resend, password_reset, magic_link, invite, verify, reset_confirm, magic_consume,
-        invite_accept, exchange, verify_page, reset_page, magic_page, invite_page, healthz, readyz, metrics
+        invite_accept, exchange, login, verify_page, reset_page, magic_page, invite_page, healthz, readyz, metrics
     ),
-    components(schemas(Accepted, Done, Problem, Identity)),
+    components(schemas(Accepted, Done, Problem, Identity, Proof)),
     modifiers(&Shared)
 )]
 pub struct ApiDoc;
@@ -267,7 +283,10 @@ impl Modify for Shared {
         }
         for (path, item) in openapi.paths.paths.iter_mut() {
             if let Some(post) = item.post.as_mut() {
-                add_shared(post, path == "/v1/invites" || path == "/v1/exchange");
+                // Login needs the API key and takes the Idempotency-Key optionally.
+                let login = path == "/v1/login";
+                let needs_key = path == "/v1/invites" || path == "/v1/exchange" || login;
+                add_shared(post, needs_key, !login);
             }
             for operation in [&mut item.get, &mut item.post].into_iter().flatten() {
                 add_response_headers(operation);
@@ -306,7 +325,7 @@ fn add_response_headers(operation: &mut Operation) {
                 response_header("`true` when this is the stored answer of an earlier request with the same key."),
             );
         }
-        if status == "409" || status == "503" {
+        if status == "409" || status == "429" || status == "503" {
             headers.insert(
                 "Retry-After".into(),
                 response_header("Seconds to wait before retrying with the same key."),
@@ -335,11 +354,11 @@ fn header(
         .into()
 }
 
-fn add_shared(operation: &mut Operation, needs_api_key: bool) {
+fn add_shared(operation: &mut Operation, needs_api_key: bool, needs_key: bool) {
     let parameters = operation.parameters.get_or_insert_with(Vec::new);
     parameters.push(header(
         "Idempotency-Key",
-        true,
+        needs_key,
         "One value per logical operation, reused on every retry: an RFC 8941 string or a bare token, 1-255 visible ASCII characters (a bare token has no comma).",
         // The bare form, which every client can send; the server also takes an RFC 8941 string.
         ObjectBuilder::new()

@@ -1269,10 +1269,8 @@ pub async fn prune<B: Accounts>(args: PruneArgs) -> anyhow::Result<String> {
         bar
     };
     let progress = |table: &str, n: u64| bar.set_message(format!("{table}: {n} rows deleted"));
-    let retention = crate::prune::Retention::new(
-        args.retention.outbox_retention,
-        args.retention.mail_cap_window,
-    );
+    let retention =
+        crate::prune::Retention::new(args.retention.outbox_retention, args.retention.cap_window());
     let pruned =
         crate::prune::prune_all(&backend, &backend.jobs(true), retention, progress).await?;
     bar.finish_and_clear();

@@ -68,13 +68,7 @@ fn verify_in_thread_memory(phc: &str, password: &[u8]) -> anyhow::Result<bool> {
     use argon2::PasswordVerifier;
     let parsed =
         PasswordHash::new(phc).map_err(|e| anyhow::anyhow!("a stored hash is invalid: {e}"))?;
-    let ours = params();
-    let same_parameters = parsed.algorithm == argon2::ARGON2ID_IDENT
-        && parsed.version == Some(Version::V0x13.into())
-        && Params::try_from(&parsed).is_ok_and(|p| {
-            (p.m_cost(), p.t_cost(), p.p_cost()) == (ours.m_cost(), ours.t_cost(), ours.p_cost())
-        });
-    let (Some(salt), Some(expected), true) = (parsed.salt, parsed.hash, same_parameters) else {
+    let (Some(salt), Some(expected), true) = (parsed.salt, parsed.hash, is_current(&parsed)) else {
         return Ok(hasher().verify_password(password, &parsed).is_ok());
     };
     let mut salt_bytes = [0u8; 64];
@@ -83,6 +77,43 @@ fn verify_in_thread_memory(phc: &str, password: &[u8]) -> anyhow::Result<bool> {
         .map_err(|e| anyhow::anyhow!("decoding a salt: {e}"))?;
     // `Output`'s equality is constant-time.
     Ok(argon2_in_thread_memory(password, salt_bytes, expected.len())? == expected)
+}
+
+/// Whether a hash was made with our algorithm, version and parameters.
+fn is_current(parsed: &PasswordHash) -> bool {
+    let ours = params();
+    parsed.algorithm == argon2::ARGON2ID_IDENT
+        && parsed.version == Some(Version::V0x13.into())
+        && Params::try_from(parsed).is_ok_and(|p| {
+            (p.m_cost(), p.t_cost(), p.p_cost()) == (ours.m_cost(), ours.t_cost(), ours.p_cost())
+        })
+}
+
+/// Whether the stored hash `phc` was made with another algorithm, version or parameters than
+/// ours (so a successful login re-hashes the password). An unreadable one needs it too.
+pub fn needs_rehash(phc: &str) -> bool {
+    PasswordHash::new(phc).map_or(true, |parsed| !is_current(&parsed))
+}
+
+/// A PHC string with our parameters, a random salt and a random output, made once per process:
+/// checking a password against it costs what checking a real hash costs, and never matches
+/// (2⁻²⁵⁶). A login for an address without a usable password checks it, so that every failure
+/// costs one Argon2 computation.
+pub fn decoy() -> &'static str {
+    static DECOY: OnceLock<String> = OnceLock::new();
+    DECOY.get_or_init(|| {
+        let salt = SaltString::encode_b64(&rand::random::<[u8; 16]>()).expect("16 bytes encode");
+        let output = Output::new(&rand::random::<[u8; Params::DEFAULT_OUTPUT_LEN]>())
+            .expect("a 32-byte output");
+        PasswordHash {
+            algorithm: argon2::ARGON2ID_IDENT,
+            version: Some(Version::V0x13.into()),
+            params: ParamsString::try_from(&params()).expect("our parameters encode"),
+            salt: Some(salt.as_salt()),
+            hash: Some(output),
+        }
+        .to_string()
+    })
 }
 
 /// Argon2id of `password` with a fresh salt, as a PHC string, in this thread's memory.
@@ -307,6 +338,41 @@ pub async fn verify(
     Ok(checked.await??)
 }
 
+/// What [`check`] found.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Checked {
+    /// Not the password.
+    Mismatch,
+    /// The password; `rehashed` is its hash with our parameters when the stored one
+    /// [`needs_rehash`].
+    Match {
+        /// The new PHC string to store in place of the old one.
+        rehashed: Option<String>,
+    },
+}
+
+/// [`verify`], and when the password matches a hash of other parameters, its new hash — in one
+/// job of the pool, within `client`'s share.
+pub async fn check(
+    client: Option<&str>,
+    phc: &str,
+    password: SecretString,
+) -> Result<Checked, HashError> {
+    let phc = phc.to_owned();
+    let checked = pool().try_run_for(client, move || {
+        let password = password.expose_secret().as_bytes();
+        if !verify_in_thread_memory(&phc, password)? {
+            return Ok(Checked::Mismatch);
+        }
+        let rehashed = match needs_rehash(&phc) {
+            true => Some(hash_in_thread_memory(password)?),
+            false => None,
+        };
+        anyhow::Ok(Checked::Match { rehashed })
+    })?;
+    Ok(checked.await??)
+}
+
 #[cfg(test)]
 mod tests {
     use argon2::{PasswordHash, PasswordVerifier};
@@ -418,6 +484,44 @@ mod tests {
         // Free again: hashes are accepted and verify.
         let phc = pool.hash("afterwards 123".to_owned().into()).await.unwrap();
         assert!(verifies(&phc, "afterwards 123"));
+    }
+
+    #[tokio::test]
+    async fn the_decoy_never_matches_and_a_weaker_hash_is_upgraded() {
+        assert!(!needs_rehash(decoy()), "the decoy has our parameters");
+        assert_eq!(decoy(), decoy(), "one per process");
+        let wrong = check(None, decoy(), "any password".to_owned().into());
+        assert_eq!(wrong.await.unwrap(), Checked::Mismatch);
+        let current = pool()
+            .hash("a current one".to_owned().into())
+            .await
+            .unwrap();
+        assert!(!needs_rehash(&current));
+        let right = check(None, &current, "a current one".to_owned().into());
+        assert_eq!(right.await.unwrap(), Checked::Match { rehashed: None });
+        use argon2::PasswordHasher;
+        let weak = Argon2::new(
+            Algorithm::Argon2id,
+            Version::V0x13,
+            Params::new(8 * 1024, 1, 1, None).unwrap(),
+        )
+        .hash_password(b"an old one", &SaltString::encode_b64(&[7; 16]).unwrap())
+        .unwrap()
+        .to_string();
+        assert!(needs_rehash(&weak));
+        let wrong = check(None, &weak, "not it".to_owned().into())
+            .await
+            .unwrap();
+        assert_eq!(wrong, Checked::Mismatch, "a mismatch is never re-hashed");
+        let Checked::Match {
+            rehashed: Some(new),
+        } = check(None, &weak, "an old one".to_owned().into())
+            .await
+            .unwrap()
+        else {
+            panic!("a weaker hash that matches is re-hashed");
+        };
+        assert!(!needs_rehash(&new) && verifies(&new, "an old one"));
     }
 
     #[tokio::test]

@@ -6,7 +6,7 @@
 //! | sent and dead outbox jobs (with attempts) | `ONCELY_OUTBOX_RETENTION` (7 d) after they finished | deleted; the intent could be enqueued again |
 //! | tokens | 7 days after they expired | deleted |
 //! | codes (`POST /v1/exchange`), counted with tokens | until they expire (60 s) | deleted |
-//! | email-cap counters | two windows | deleted |
+//! | email-cap and login-cap counters | two of the longer window | deleted |
 //!
 //! Every batch is one short statement (`LIMIT n`, on PostgreSQL `FOR UPDATE SKIP LOCKED`), so
 //! pruning is safe while serving. `oncely serve` prunes every `ONCELY_PRUNE_INTERVAL`;
@@ -27,7 +27,7 @@ pub struct Retention {
     pub outbox: Duration,
     /// Tokens after their expiry.
     pub tokens: Duration,
-    /// The email-cap window (counters are kept two windows).
+    /// The longest window of the email and login caps (counters are kept two windows).
     pub cap_window: Duration,
 }
 

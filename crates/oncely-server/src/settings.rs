@@ -19,6 +19,7 @@ use crate::cli::{CommonArgs, ServeArgs, WorkerArgs, parse_duration};
 use crate::prune::Retention;
 use crate::routes::KeyPolicy;
 use crate::routes::email_caps::MailLimits;
+use crate::routes::login::LoginLimits;
 use crate::workers::WorkerPlan;
 
 /// The defaults of the command line (and of [`Settings::new`]).
@@ -54,6 +55,14 @@ pub mod defaults {
     pub const MAIL_CAP_PER_CLIENT_DEVELOPMENT: u32 = 1000;
     /// `ONCELY_MAIL_CAP_WINDOW`.
     pub const MAIL_CAP_WINDOW: &str = "1h";
+    /// `ONCELY_LOGIN_CAP_PER_ADDRESS`.
+    pub const LOGIN_CAP_PER_ADDRESS: u32 = 5;
+    /// `ONCELY_LOGIN_CAP_PER_ADDRESS_TOTAL`.
+    pub const LOGIN_CAP_PER_ADDRESS_TOTAL: u32 = 20;
+    /// `ONCELY_LOGIN_CAP_PER_CLIENT`.
+    pub const LOGIN_CAP_PER_CLIENT: u32 = 100;
+    /// `ONCELY_LOGIN_CAP_WINDOW`.
+    pub const LOGIN_CAP_WINDOW: &str = "15m";
     /// `ONCELY_OUTBOX_RETENTION`.
     pub const OUTBOX_RETENTION: &str = "7d";
     /// `ONCELY_PRUNE_INTERVAL`.
@@ -129,6 +138,8 @@ pub struct Settings {
     pub poll_only: bool,
     /// Caps on emails.
     pub limits: MailLimits,
+    /// Caps on failed logins.
+    pub login: LoginLimits,
     /// How long sent and dead outbox jobs are kept.
     pub outbox_retention: Duration,
     /// How often `serve` prunes.
@@ -172,6 +183,12 @@ impl Settings {
                 (None, None, None),
                 default_duration(defaults::MAIL_CAP_WINDOW),
             ),
+            login: LoginLimits {
+                per_address: defaults::LOGIN_CAP_PER_ADDRESS,
+                per_address_total: defaults::LOGIN_CAP_PER_ADDRESS_TOTAL,
+                per_client: defaults::LOGIN_CAP_PER_CLIENT,
+                window: default_duration(defaults::LOGIN_CAP_WINDOW),
+            },
             outbox_retention: default_duration(defaults::OUTBOX_RETENTION),
             prune_interval: default_duration(defaults::PRUNE_INTERVAL),
             trusted_proxies: Vec::new(),
@@ -213,6 +230,12 @@ impl Settings {
                 ),
                 args.retention.mail_cap_window,
             ),
+            login: LoginLimits {
+                per_address: args.login_cap_per_address,
+                per_address_total: args.login_cap_per_address_total,
+                per_client: args.login_cap_per_client,
+                window: args.retention.login_cap_window,
+            },
             outbox_retention: args.retention.outbox_retention,
             prune_interval: args.prune_interval,
             trusted_proxies: args.trusted_proxies,
@@ -242,7 +265,10 @@ impl Settings {
 
     /// What the pruner keeps, and for how long.
     pub fn retention(&self) -> Retention {
-        Retention::new(self.outbox_retention, self.limits.window)
+        Retention::new(
+            self.outbox_retention,
+            self.limits.window.max(self.login.window),
+        )
     }
 
     /// The base of links once the listener is bound at `addr`.
@@ -742,6 +768,48 @@ mod tests {
         .unwrap();
         let new = Settings::new("sqlite://x.db", resolved.secret.clone());
         assert_eq!(format!("{resolved:?}"), format!("{new:?}"));
+    }
+
+    /// The login caps: their defaults, what is given, and counters kept two of the longer
+    /// window (a login window longer than the email one must not be pruned early).
+    #[test]
+    fn the_login_caps_resolve_and_their_counters_outlive_the_longer_window() {
+        let secret = "0123456789abcdef0123456789abcdef-login";
+        let resolve = |args: &[&str]| {
+            let mut argv = vec!["--secret", secret];
+            argv.extend_from_slice(args);
+            Settings::from_args(serve(&argv)).unwrap()
+        };
+        let defaults = resolve(&[]);
+        assert_eq!(
+            defaults.login,
+            LoginLimits {
+                per_address: 5,
+                per_address_total: 20,
+                per_client: 100,
+                window: Duration::from_secs(15 * 60),
+            }
+        );
+        assert_eq!(defaults.retention().cap_window, Duration::from_secs(3600));
+        let given = resolve(&[
+            "--login-cap-per-address",
+            "2",
+            "--login-cap-per-address-total",
+            "9",
+            "--login-cap-per-client",
+            "40",
+            "--login-cap-window",
+            "3h",
+        ]);
+        assert_eq!(
+            (
+                given.login.per_address,
+                given.login.per_address_total,
+                given.login.per_client
+            ),
+            (2, 9, 40)
+        );
+        assert_eq!(given.retention().cap_window, Duration::from_secs(3 * 3600));
     }
 
     /// Issue 15, item 4: a developer who tried a flow six times in an hour was capped (5 per

@@ -37,6 +37,17 @@ pub struct User {
     pub verified: bool,
 }
 
+/// A user found by address for a login.
+#[derive(Debug, Clone, PartialEq, Eq, FromRow)]
+pub struct LoginUser {
+    /// The user.
+    pub id: Uuid,
+    /// Whether the address is verified.
+    pub verified: bool,
+    /// Its password's PHC string, if it has one.
+    pub password_hash: Option<String>,
+}
+
 /// A token to store (its hash only).
 #[derive(Debug, Clone)]
 pub struct NewToken<'a> {
@@ -236,6 +247,40 @@ pub trait Accounts: Backend {
         bucket: &'c str,
         window_start: i64,
     ) -> impl Future<Output = Result<i64, AccountError>> + Send + 'c;
+
+    /// The user with this address in this tenant, with its password hash (on the pool: a
+    /// login writes nothing in the request's transaction).
+    fn login_user(
+        &self,
+        tenant: &str,
+        email: &EmailAddress,
+    ) -> impl Future<Output = Result<Option<LoginUser>, AccountError>> + Send;
+
+    /// [`Self::count_email`] in a statement of its own on the pool: the count survives the
+    /// request's rollback (the idempotency layer rolls back a 401's transaction).
+    fn count_on_pool(
+        &self,
+        tenant: &str,
+        bucket: &str,
+        window_start: i64,
+    ) -> impl Future<Output = Result<i64, AccountError>> + Send;
+
+    /// Takes back one count of `bucket` in the window starting at `window_start` (on the pool).
+    fn uncount(
+        &self,
+        tenant: &str,
+        bucket: &str,
+        window_start: i64,
+    ) -> impl Future<Output = Result<(), AccountError>> + Send;
+
+    /// Replaces a user's password hash `old` by `new` unless it changed meanwhile (a reset
+    /// wins); whether it replaced it. On the pool.
+    fn rehash_password(
+        &self,
+        user_id: Uuid,
+        old: &str,
+        new: &str,
+    ) -> impl Future<Output = Result<bool, AccountError>> + Send;
 
     /// Stores a token (its hash), first superseding the user's live tokens of the same flow if
     /// asked (the statement runs either way).
@@ -442,6 +487,7 @@ where
     for<'q> i64: Encode<'q, B::Database> + Type<B::Database>,
     for<'q> f64: Encode<'q, B::Database> + Type<B::Database>,
     for<'r> User: FromRow<'r, <B::Database as sqlx::Database>::Row>,
+    for<'r> LoginUser: FromRow<'r, <B::Database as sqlx::Database>::Row>,
     for<'r> ConsumedToken: FromRow<'r, <B::Database as sqlx::Database>::Row>,
     for<'r> TokenForSend: FromRow<'r, <B::Database as sqlx::Database>::Row>,
     for<'r> (Option<String>, i64): FromRow<'r, <B::Database as sqlx::Database>::Row>,
@@ -508,6 +554,66 @@ where
             .fetch_one(conn)
             .await
             .map_err(AccountError::of::<B>)
+    }
+
+    async fn login_user(
+        &self,
+        tenant: &str,
+        email: &EmailAddress,
+    ) -> Result<Option<LoginUser>, AccountError> {
+        sqlx::query_as(B::ACCOUNT_SQL.login_user)
+            .bind(tenant)
+            .bind(email.as_str())
+            .fetch_optional(self.pool())
+            .await
+            .map_err(AccountError::of::<B>)
+    }
+
+    async fn count_on_pool(
+        &self,
+        tenant: &str,
+        bucket: &str,
+        window_start: i64,
+    ) -> Result<i64, AccountError> {
+        sqlx::query_scalar(B::ACCOUNT_SQL.count_email)
+            .bind(tenant)
+            .bind(bucket)
+            .bind(window_start)
+            .fetch_one(self.pool())
+            .await
+            .map_err(AccountError::of::<B>)
+    }
+
+    async fn uncount(
+        &self,
+        tenant: &str,
+        bucket: &str,
+        window_start: i64,
+    ) -> Result<(), AccountError> {
+        sqlx::query(B::ACCOUNT_SQL.uncount)
+            .bind(tenant)
+            .bind(bucket)
+            .bind(window_start)
+            .execute(self.pool())
+            .await
+            .map_err(AccountError::of::<B>)?;
+        Ok(())
+    }
+
+    async fn rehash_password(
+        &self,
+        user_id: Uuid,
+        old: &str,
+        new: &str,
+    ) -> Result<bool, AccountError> {
+        let done = sqlx::query(B::ACCOUNT_SQL.rehash_password)
+            .bind(user_id)
+            .bind(old)
+            .bind(new)
+            .execute(self.pool())
+            .await
+            .map_err(AccountError::of::<B>)?;
+        Ok(B::rows_affected(&done) == 1)
     }
 
     async fn insert_token(

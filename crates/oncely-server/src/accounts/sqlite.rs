@@ -9,6 +9,13 @@ pub const STATEMENTS: Statements = Statements {
                   VALUES (?1, ?2, ?3, ?4, ?5) ON CONFLICT (tenant, email) DO NOTHING",
     find_user: "SELECT id, status = 'verified' AS verified FROM oncely_users
                  WHERE tenant = ?1 AND email = ?2",
+    // Index: oncely_users (tenant, email) unique.
+    login_user: "SELECT id, status = 'verified' AS verified, password_hash FROM oncely_users
+                  WHERE tenant = ?1 AND email = ?2",
+    uncount: "UPDATE oncely_rate_limits SET count = count - 1
+               WHERE tenant = ?1 AND bucket = ?2 AND window_start = ?3 AND count > 0",
+    rehash_password: "UPDATE oncely_users SET password_hash = ?3
+                       WHERE id = ?1 AND password_hash = ?2",
     count_email: "INSERT INTO oncely_rate_limits (tenant, bucket, window_start, count)
                   VALUES (?1, ?2, ?3, 1)
                   ON CONFLICT (tenant, bucket, window_start) DO UPDATE SET count = count + 1

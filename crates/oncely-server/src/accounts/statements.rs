@@ -14,6 +14,14 @@ pub struct Statements {
     pub insert_user: &'static str,
     /// Binds tenant, email. Returns `id`, `verified`.
     pub find_user: &'static str,
+    /// Binds tenant, email. Returns `id`, `verified`, `password_hash` (login).
+    pub login_user: &'static str,
+    /// Binds tenant, bucket, window_start. Takes one back from a counter (an attempt that
+    /// turned out not to count); never below 0.
+    pub uncount: &'static str,
+    /// Binds user_id, old password_hash, new password_hash. Replaces the hash only if it is
+    /// still the old one (a concurrent reset wins).
+    pub rehash_password: &'static str,
     /// Binds tenant, bucket, window_start. Counts one more email; returns the count (64-bit).
     pub count_email: &'static str,
     /// Binds user_id, flow, supersede (bool), now. Supersedes the user's live tokens of the

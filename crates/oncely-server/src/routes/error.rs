@@ -48,6 +48,17 @@ pub enum ApiError {
     /// 405 `method-not-allowed`: the path takes other methods (the router adds `Allow`).
     #[error("method not allowed")]
     MethodNotAllowed,
+    /// 401 `login-failed`: one answer for every failed login (unknown or unparseable address,
+    /// wrong password, no password, not verified).
+    #[error("login failed")]
+    LoginFailed,
+    /// 429 `login-throttled` with `Retry-After` (seconds to the end of the window): too many
+    /// failed logins; no password was checked.
+    #[error("login throttled")]
+    LoginThrottled {
+        /// Seconds until the window ends.
+        retry_after: u64,
+    },
     /// 500 `internal-error`: logged with its chain; the client learns nothing of it.
     #[error(transparent)]
     Unexpected(#[from] anyhow::Error),
@@ -114,6 +125,11 @@ impl ApiError {
                 .with_detail("see GET /openapi.json for the paths this service answers"),
             Self::MethodNotAllowed => server(ServerProblem::MethodNotAllowed)
                 .with_detail("the Allow header lists the methods this path takes"),
+            Self::LoginFailed => server(ServerProblem::LoginFailed)
+                .with_detail("the email address or the password is wrong, or the address is not verified yet"),
+            Self::LoginThrottled { retry_after } => server(ServerProblem::LoginThrottled)
+                .with_detail("too many failed logins; try again after Retry-After seconds")
+                .with_retry_after(retry_after),
             Self::Unexpected(error) => {
                 tracing::error!(error = format!("{error:#}"), "request failed");
                 layer(LayerProblem::InternalError)
@@ -134,7 +150,7 @@ fn layer(problem: LayerProblem) -> Problem {
 impl IntoResponse for ApiError {
     fn into_response(self) -> Response {
         // Every 401 names the scheme that would authorize the request (RFC 9110, 15.5.2).
-        let challenge = matches!(self, Self::Unauthorized(_));
+        let challenge = matches!(self, Self::Unauthorized(_) | Self::LoginFailed);
         let mut response = self.into_problem().into_response();
         if challenge {
             response
@@ -191,6 +207,8 @@ mod tests {
             ApiError::Unavailable,
             ApiError::NotFound,
             ApiError::MethodNotAllowed,
+            ApiError::LoginFailed,
+            ApiError::LoginThrottled { retry_after: 1 },
             ApiError::Unexpected(anyhow::anyhow!("x")),
         ];
         for error in &all {
@@ -206,6 +224,8 @@ mod tests {
                 | ApiError::Unavailable
                 | ApiError::NotFound
                 | ApiError::MethodNotAllowed
+                | ApiError::LoginFailed
+                | ApiError::LoginThrottled { .. }
                 | ApiError::Unexpected(_) => {}
             }
         }

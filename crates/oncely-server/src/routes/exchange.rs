@@ -57,6 +57,12 @@ pub async fn exchange<A: Accounts>(
         flow,
         authenticated_at: from_millis(found.authenticated_at_ms),
     };
+    without_email(identity)
+}
+
+/// The answer of a route that proves an identity (exchange, login), as the idempotency layer
+/// stores it: without the address, which [`with_email`] adds on the way out.
+pub fn without_email(identity: Identity) -> Result<Json<Value>, ApiError> {
     let mut answer = serde_json::to_value(identity).map_err(anyhow::Error::from)?;
     if let Some(fields) = answer.as_object_mut() {
         fields.remove(EMAIL);
@@ -67,7 +73,7 @@ pub async fn exchange<A: Accounts>(
 /// The field of an [`Identity`] that [`with_email`] adds.
 const EMAIL: &str = "email";
 
-/// Middleware of `POST /v1/exchange`, between tenant resolution and the idempotency layer: a 200
+/// Middleware of `POST /v1/exchange` and `POST /v1/login`, between tenant resolution and the idempotency layer: a 200
 /// answer (the handler's, or the layer's replay of it) gets the user's address, read now. The
 /// idempotency table holds no address (as for every other route); a replay names the address
 /// the account has.

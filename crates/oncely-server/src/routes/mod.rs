@@ -18,6 +18,7 @@ use use_link::page;
 // The flows, one module each: their routes, pages and handlers.
 pub mod exchange;
 pub mod invites;
+pub mod login;
 pub mod magic_link;
 pub mod password_reset;
 pub mod signup;
@@ -44,6 +45,8 @@ pub struct AppState<A: Accounts> {
     pub secret: ServerSecret,
     /// Caps on emails.
     pub limits: email_caps::MailLimits,
+    /// Caps on failed logins.
+    pub login: login::LoginLimits,
     /// Email jobs' payloads name their recipient (`"recipient"`), so that the dev inbox can show
     /// to whom the emails that were not sent would have gone: only while it serves its page
     /// (development, the dev mailer, a loopback address). Otherwise payloads hold ids only.
@@ -67,6 +70,7 @@ impl<A: Accounts> Clone for AppState<A> {
             jobs: self.jobs.clone(),
             secret: self.secret.clone(),
             limits: self.limits,
+            login: self.login,
             recipient_in_payload: self.recipient_in_payload,
         }
     }
@@ -132,14 +136,22 @@ pub fn v1<A: Accounts>(state: AppState<A>, policy: KeyPolicy) -> Router {
     let with_email = middleware::from_fn_with_state(state.clone(), exchange::with_email::<A>);
     let exchange = post(exchange::exchange::<A>)
         .route_layer(keys.clone())
-        .route_layer(with_email)
+        .route_layer(with_email.clone())
+        .route_layer(tenant.clone());
+    // Login's key is optional: with one a retry replays the identity, without one each
+    // request runs (a failure is never stored either way). Its stored answer, like the
+    // exchange's, holds no address.
+    let login = post(login::login::<A>)
+        .route_layer(keys.clone().optional())
+        .route_layer(with_email.clone())
         .route_layer(tenant.clone());
     let router = routes
         .into_iter()
         .fold(Router::new(), |router, (path, route)| {
             router.route(path, guarded(route))
         })
-        .route("/v1/exchange", exchange);
+        .route("/v1/exchange", exchange)
+        .route("/v1/login", login);
     link_routes
         .into_iter()
         .fold(router, |router, (path, route)| {

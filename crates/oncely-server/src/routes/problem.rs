@@ -33,6 +33,11 @@ pub enum ServerProblem {
     NotFound,
     /// The path exists, but not for this method (`Allow` lists the ones it takes).
     MethodNotAllowed,
+    /// A login failed: unknown address, wrong password, no password, not verified — one
+    /// answer for all.
+    LoginFailed,
+    /// Too many failed logins for this address or from this client in the window.
+    LoginThrottled,
 }
 
 impl ServerProblem {
@@ -48,6 +53,8 @@ impl ServerProblem {
         Self::CodeInvalid,
         Self::NotFound,
         Self::MethodNotAllowed,
+        Self::LoginFailed,
+        Self::LoginThrottled,
     ];
 
     /// The last segment of its `type` URI.
@@ -63,6 +70,8 @@ impl ServerProblem {
             Self::CodeInvalid => "code-invalid",
             Self::NotFound => "not-found",
             Self::MethodNotAllowed => "method-not-allowed",
+            Self::LoginFailed => "login-failed",
+            Self::LoginThrottled => "login-throttled",
         }
     }
 
@@ -79,6 +88,8 @@ impl ServerProblem {
             Self::Busy => StatusCode::SERVICE_UNAVAILABLE,
             Self::NotFound => StatusCode::NOT_FOUND,
             Self::MethodNotAllowed => StatusCode::METHOD_NOT_ALLOWED,
+            Self::LoginFailed => StatusCode::UNAUTHORIZED,
+            Self::LoginThrottled => StatusCode::TOO_MANY_REQUESTS,
         }
     }
 
@@ -97,6 +108,8 @@ impl ServerProblem {
             Self::CodeInvalid => "Invalid or expired code",
             Self::NotFound => "No such path",
             Self::MethodNotAllowed => "Method not allowed here",
+            Self::LoginFailed => "Wrong email or password",
+            Self::LoginThrottled => "Too many failed logins",
         }
     }
 

@@ -34,9 +34,11 @@ async fn the_description_is_openapi_3_and_every_post_requires_an_idempotency_key
                     .unwrap()
                     .iter()
                     .find(|p| p["name"] == "Idempotency-Key");
+                // But login's: with one a retry replays the identity, without one each runs.
+                let required = path != "/v1/login";
                 assert_eq!(
                     key.map(|k| (&k["in"], &k["required"])),
-                    Some((&"header".into(), &true.into())),
+                    Some((&"header".into(), &required.into())),
                     "{path}"
                 );
                 assert!(

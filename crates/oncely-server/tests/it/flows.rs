@@ -366,14 +366,14 @@ async fn existing_and_unknown_addresses_get_identical_answers_and_the_same_datab
     );
 }
 
-fn median(sample: &[Duration]) -> Duration {
+pub fn median(sample: &[Duration]) -> Duration {
     let mut sorted = sample.to_vec();
     sorted.sort();
     sorted[sorted.len() / 2]
 }
 
 /// The normal approximation of the Mann-Whitney U statistic (ties counted half).
-fn mann_whitney_z(a: &[Duration], b: &[Duration]) -> f64 {
+pub fn mann_whitney_z(a: &[Duration], b: &[Duration]) -> f64 {
     let u: f64 = a
         .iter()
         .map(|x| {

@@ -15,6 +15,7 @@ mod flows;
 mod health;
 mod hostile;
 mod link_in_a_browser;
+mod login;
 mod one_payload;
 mod ops;
 mod properties;

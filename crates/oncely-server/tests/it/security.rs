@@ -1,7 +1,8 @@
 //! Security scans after an end-to-end run of every flow through the real binary (debug logs on):
-//! no raw token, code or API key in any log line or database column, no full address in any log
-//! line or in the idempotency table (an exchange's identity included), no token, code or
-//! `Set-Cookie` in a stored response, and a key of one tenant never replays for another.
+//! no raw token, code, API key or password in any log line or database column, no full address
+//! in any log line or in the idempotency table (the identity an exchange or a login answers
+//! included), no token, code or `Set-Cookie` in a stored response, and a key of one tenant never
+//! replays for another.
 
 use std::time::Duration;
 
@@ -108,6 +109,25 @@ async fn no_secret_leaks_into_logs_stored_responses_or_the_database() {
     }
     tokens.push(codes[0].clone());
 
+    // Login (acme's API key): with a key (the identity is stored and replayed), without one,
+    // and a failure (never stored).
+    let login = async |key: Option<&str>, password: &str| {
+        let body = json!({"email": guest, "password": password});
+        let mut request = client
+            .post(format!("{}/v1/login", process.base))
+            .bearer_auth(&api_key)
+            .json(&body);
+        if let Some(key) = key {
+            request = request.header("idempotency-key", key);
+        }
+        request.send().await.unwrap().status().as_u16()
+    };
+    assert_eq!(login(Some("l1"), "guest password").await, 200);
+    assert_eq!(login(Some("l1"), "guest password").await, 200);
+    assert_eq!(login(None, "guest password").await, 200);
+    assert_eq!(login(Some("l2"), "wrong guest password").await, 401);
+    assert_eq!(login(None, "wrong guest password").await, 401);
+
     // The default tenant's key "s1", with the same body, is a new request for tenant acme.
     let other = post("/v1/signup", "s1", &signup, Some(&api_key))
         .await
@@ -172,6 +192,23 @@ async fn no_secret_leaks_into_logs_stored_responses_or_the_database() {
             "a token in a stored response"
         );
     }
+    let passwords = [
+        "first password",
+        "second password",
+        "guest password",
+        "wrong guest password",
+    ];
+    for password in passwords {
+        assert!(!logs.contains(password), "a password in the logs");
+        assert!(!database.contains(password), "a password in the database");
+    }
+    // A login's identity is stored (and replayed), its failures not; like the exchange's, the
+    // stored identity holds no address: it is added on the way out.
+    let identities = stored
+        .iter()
+        .filter(|row| row.contains("\"flow\":\"password\""))
+        .count();
+    assert_eq!(identities, 1, "one login stored, its failures not");
     for address in [user, guest, "sec.user", "sec.guest"] {
         assert!(!logs.contains(address), "{address} in the logs");
         assert!(

@@ -1,0 +1,253 @@
+//! `POST /v1/login`: the application's backend checks a password (tenant API key required) and
+//! gets the [`Identity`]. Every failure is one answer (401 `login-failed`) that costs one Argon2
+//! check whatever the reason; failures are counted in the database (per address from one
+//! client, per address, per client) and past a limit the next attempts are refused (429) before
+//! any password is checked, the same way for addresses with and without an account.
+//!
+//! The Idempotency-Key is optional: with one, a retry replays the identity; without one, each
+//! request runs. Nothing is written in the layer's transaction — the counters and a re-hashed
+//! password are written in statements of their own, so that a 401 (whose transaction the layer
+//! rolls back) still counts.
+
+use std::time::Duration;
+
+use axum::Json;
+use axum::extract::State;
+use oncely::TenantId;
+use secrecy::SecretString;
+use serde::Deserialize;
+use serde_json::Value;
+use time::OffsetDateTime;
+
+use super::AppState;
+use super::error::ApiError;
+use super::exchange::without_email;
+use super::post::JsonBody;
+use super::tenants::Tenant;
+use crate::accounts::Accounts;
+use crate::client_addr::CallerAddr;
+use crate::email::EmailAddress;
+use crate::identity::{Identity, Proof};
+use crate::password::{self, Checked};
+
+/// Caps on failed logins per window.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct LoginLimits {
+    /// Failures per window for one address from one client (whether or not it has an
+    /// account): small, and a stranger who reaches it has used up only its own attempts.
+    pub per_address: u32,
+    /// Failures per window for one address from all clients. A client with no failure of its
+    /// own for the address in the window still gets its attempt: strangers cannot lock the
+    /// owner out, and each client address they control buys them one guess per window.
+    pub per_address_total: u32,
+    /// Failures per window from one client, whatever the addresses (credential stuffing).
+    pub per_client: u32,
+    /// The window.
+    pub window: Duration,
+}
+
+/// The login request.
+#[derive(Deserialize, utoipa::ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct LoginRequest {
+    /// The address (normalized as at signup).
+    #[schema(example = "ada@example.com")]
+    email: String,
+    /// The password.
+    password: String,
+}
+
+/// `POST /v1/login`: the identity of the verified account whose password this is.
+pub async fn login<A: Accounts>(
+    State(state): State<AppState<A>>,
+    tenant: Tenant,
+    caller: CallerAddr,
+    JsonBody(request): JsonBody<LoginRequest>,
+) -> Result<Json<Value>, ApiError> {
+    tenant.require_proven()?;
+    let tenant = tenant.id;
+    let address = EmailAddress::parse(&request.email).ok();
+    // An address that does not parse is throttled under what was sent, as a parsed one is
+    // under its normalized form: the answer must not tell them apart.
+    let throttled_as = match &address {
+        Some(address) => address.as_str().to_owned(),
+        None => request.email.trim().to_lowercase(),
+    };
+    let attempt = match Attempt::start(&state, &tenant, &throttled_as, &caller).await {
+        Ok(attempt) => attempt,
+        Err(error) => {
+            if matches!(error, ApiError::LoginThrottled { .. }) {
+                metrics::counter!("oncely_logins_total", "outcome" => "throttled").increment(1);
+            }
+            return Err(error);
+        }
+    };
+    let answer = check(&state, &tenant, address.as_ref(), request.password, &caller).await;
+    let masked = address
+        .as_ref()
+        .map_or_else(|| "(invalid)".into(), EmailAddress::masked);
+    match &answer {
+        Err(ApiError::LoginFailed) => {
+            // The failure stays counted.
+            metrics::counter!("oncely_logins_total", "outcome" => "failed").increment(1);
+            tracing::info!(email = %masked, tenant = %tenant, "login failed");
+        }
+        _ => {
+            // A success (or a check that did not happen: busy, an error) is no failure.
+            attempt.undo().await;
+            if answer.is_ok() {
+                metrics::counter!("oncely_logins_total", "outcome" => "succeeded").increment(1);
+                tracing::info!(email = %masked, tenant = %tenant, "login succeeded");
+            }
+        }
+    }
+    // Stored without the address, like the exchange's identity (added on the way out).
+    answer.and_then(without_email)
+}
+
+/// Checks the password against the account's hash, or against the decoy when there is no
+/// verified account with a password: one Argon2 check either way. A match on a hash of other
+/// parameters stores its new hash (compare-and-set: a concurrent reset wins).
+async fn check<A: Accounts>(
+    state: &AppState<A>,
+    tenant: &TenantId,
+    address: Option<&EmailAddress>,
+    password: String,
+    caller: &CallerAddr,
+) -> Result<Identity, ApiError> {
+    let user = match address {
+        Some(address) => state.accounts.login_user(tenant.as_str(), address).await?,
+        None => None,
+    };
+    // Only a verified account logs in: a signup's password is adopted when its owner verifies.
+    let stored = user
+        .as_ref()
+        .filter(|user| user.verified)
+        .and_then(|user| user.password_hash.clone());
+    let phc = stored.as_deref().unwrap_or_else(|| password::decoy());
+    let share = caller.bucket();
+    let checked = password::check(share.as_deref(), phc, SecretString::from(password)).await?;
+    let (Some(user), Some(address), Some(old), Checked::Match { rehashed }) =
+        (user, address, stored.as_deref(), checked)
+    else {
+        return Err(ApiError::LoginFailed);
+    };
+    if let Some(new) = rehashed {
+        let replaced = state.accounts.rehash_password(user.id, old, &new).await?;
+        tracing::info!(
+            user = %user.id,
+            replaced,
+            "password re-hashed with the current parameters"
+        );
+    }
+    Ok(Identity {
+        user_id: user.id,
+        email: address.as_str().to_owned(),
+        email_verified: true,
+        tenant: tenant.as_str().to_owned(),
+        flow: Proof::Password,
+        authenticated_at: OffsetDateTime::now_utc(),
+    })
+}
+
+/// One login attempt, counted as a failure before the password is checked (so that
+/// concurrent attempts cannot all slip under a limit), and taken back by [`Attempt::undo`] if it
+/// turns out not to be one.
+struct Attempt<'a, A: Accounts> {
+    state: &'a AppState<A>,
+    tenant: &'a TenantId,
+    window_start: i64,
+    /// The buckets counted.
+    counted: Vec<String>,
+}
+
+impl<'a, A: Accounts> Attempt<'a, A> {
+    /// Counts the attempt for the address from this client and for this client (when the
+    /// client is known), then — if those let it through — for the address from all clients;
+    /// [`ApiError::LoginThrottled`] (counting undone) when one is over its limit. Which counters
+    /// it touches depends on the client's own history, never on whether the address has an
+    /// account; no address is read.
+    async fn start(
+        state: &'a AppState<A>,
+        tenant: &'a TenantId,
+        address: &str,
+        caller: &CallerAddr,
+    ) -> Result<Self, ApiError> {
+        let limits = state.login;
+        let window = limits.window.as_secs().max(1) as i64;
+        let now = OffsetDateTime::now_utc().unix_timestamp();
+        let window_start = now / window * window;
+        let mut attempt = Self {
+            state,
+            tenant,
+            window_start,
+            counted: Vec::new(),
+        };
+        let over = |count: i64, limit: u32| count > i64::from(limit);
+        let first_from_client = match caller.bucket() {
+            Some(client) => {
+                let pair = format!("{address}\n{client}");
+                let from_client_to_address = attempt.count("login-address-client", &pair).await?;
+                let from_client = attempt.count("login-client", &client).await?;
+                if over(from_client_to_address, limits.per_address)
+                    || over(from_client, limits.per_client)
+                {
+                    return Err(attempt.refuse(window_start + window - now).await);
+                }
+                from_client_to_address == 1
+            }
+            None => false,
+        };
+        let to_address = attempt.count("login-address", address).await?;
+        // A client's first attempt at the address in the window passes the total: strangers
+        // who fill it from many clients do not lock the owner out.
+        if over(to_address, limits.per_address_total) && !first_from_client {
+            return Err(attempt.refuse(window_start + window - now).await);
+        }
+        Ok(attempt)
+    }
+
+    /// Counts one more in a bucket, in a statement of its own. Buckets are keyed hashes: the
+    /// limits table never holds an address.
+    async fn count(&mut self, kind: &str, value: &str) -> Result<i64, ApiError> {
+        let mac = self
+            .state
+            .secret
+            .mac("oncely/rate-limit/v1", &[kind.as_bytes(), value.as_bytes()]);
+        let bucket = format!("{kind}:{}", hex::encode(&mac[..16]));
+        let count = self
+            .state
+            .accounts
+            .count_on_pool(self.tenant.as_str(), &bucket, self.window_start)
+            .await?;
+        self.counted.push(bucket);
+        Ok(count)
+    }
+
+    /// The refusal, once this attempt's counts are taken back: a refused attempt checked no
+    /// password.
+    async fn refuse(self, retry_after: i64) -> ApiError {
+        self.undo().await;
+        ApiError::LoginThrottled {
+            retry_after: retry_after.max(1) as u64,
+        }
+    }
+
+    /// Takes this attempt's counts back. Best effort: a count left behind only makes a limit
+    /// stricter until the window ends.
+    async fn undo(self) {
+        for bucket in &self.counted {
+            let undone = self
+                .state
+                .accounts
+                .uncount(self.tenant.as_str(), bucket, self.window_start)
+                .await;
+            if let Err(error) = undone {
+                tracing::warn!(
+                    error = format!("{error:#}"),
+                    "a login attempt stayed counted"
+                );
+            }
+        }
+    }
+}

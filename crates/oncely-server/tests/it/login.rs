@@ -1,0 +1,461 @@
+//! `POST /v1/login` as its users and its attackers would call it, on a tenant of its own:
+//! identities replayed with a key and not without, one 401 for every failure (same status,
+//! body, headers and time), failures throttled per address and client without locking the
+//! owner out, and hashes of older parameters upgraded on the way.
+
+use std::time::{Duration, Instant};
+
+use oncely_server::routes::login::LoginLimits;
+use oncely_testdb::TestDb;
+use serde_json::{Value, json};
+
+use crate::flows::{mann_whitney_z, median};
+use crate::requests::{client_from, email, nth_token, problem_type};
+use crate::support::{TestApp, both_databases, execute, spawn_app_on};
+
+both_databases!(
+    a_verified_account_logs_in_with_or_without_a_key_and_every_failure_is_one_401,
+    a_failed_login_takes_as_long_whether_or_not_the_address_has_an_account,
+    a_strangers_failures_refuse_its_own_client_never_the_owner,
+    concurrent_failures_cannot_slip_under_the_limit,
+    a_hash_of_other_parameters_is_upgraded_at_login,
+);
+
+const PASSWORD: &str = "correct horse battery";
+
+/// Limits no test of the flow itself reaches.
+const GENEROUS: LoginLimits = LoginLimits {
+    per_address: 1000,
+    per_address_total: 1000,
+    per_client: 1000,
+    window: Duration::from_secs(900),
+};
+
+/// The app with these login limits, and the API key of its tenant `acme`.
+async fn app(url: &str, limits: LoginLimits) -> (TestApp, String) {
+    let app = spawn_app_on(url, |s| {
+        s.login = limits;
+        s.limits.per_address = 100;
+        s.limits.per_client = 1000;
+    })
+    .await;
+    let acme = app.create_tenant("acme").await;
+    (app, acme)
+}
+
+/// An account of `acme`: signed up (with `password`, if any) and, if `verify`, verified with
+/// the password re-entered (so adopted).
+async fn account(app: &TestApp, acme: &str, address: &str, password: Option<&str>, verify: bool) {
+    let mut body = email(address);
+    if let Some(password) = password {
+        body["password"] = json!(password);
+    }
+    let signup = app
+        .post_as(acme, "/v1/signup", &format!("signup-{address}"), &body)
+        .await;
+    assert_eq!(signup.status(), 202);
+    if !verify {
+        return;
+    }
+    let mut confirm = json!({ "token": nth_token(app, address, 1).await });
+    if let Some(password) = password {
+        confirm["password"] = json!(password);
+    }
+    let verified = app
+        .post_as(acme, "/v1/verify", &format!("verify-{address}"), &confirm)
+        .await;
+    assert_eq!(verified.status(), 200);
+}
+
+/// A login from `client`: the tenant's API key if given, an Idempotency-Key if given; a `503
+/// busy` (the hashing pool, shared by the tests running at once) is retried, a bounded number
+/// of times, as a client would.
+async fn login_from(
+    client: &reqwest::Client,
+    app: &TestApp,
+    api_key: Option<&str>,
+    key: Option<&str>,
+    address: &str,
+    password: &str,
+) -> reqwest::Response {
+    for _ in 0..100 {
+        let mut request = client
+            .post(format!("{}/v1/login", app.base))
+            .json(&json!({ "email": address, "password": password }));
+        if let Some(api_key) = api_key {
+            request = request.bearer_auth(api_key);
+        }
+        if let Some(key) = key {
+            request = request.header("idempotency-key", key);
+        }
+        let response = request.send().await.unwrap();
+        if response.status() != 503 {
+            return response;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    panic!("the hashing pool stayed busy");
+}
+
+async fn login(
+    app: &TestApp,
+    acme: &str,
+    key: Option<&str>,
+    address: &str,
+    password: &str,
+) -> reqwest::Response {
+    login_from(&app.client, app, Some(acme), key, address, password).await
+}
+
+/// Status, headers (but those that differ between any two responses) and body.
+async fn answer(response: reqwest::Response) -> (u16, Vec<(String, String)>, String) {
+    let mut headers: Vec<_> = response
+        .headers()
+        .iter()
+        .filter(|(name, _)| !["date", "x-request-id", "retry-after"].contains(&name.as_str()))
+        .map(|(name, value)| (name.to_string(), value.to_str().unwrap().to_owned()))
+        .collect();
+    headers.sort();
+    let status = response.status().as_u16();
+    (status, headers, response.text().await.unwrap())
+}
+
+/// The `Retry-After` of a 429, checked to be within the window.
+fn retry_after(response: &reqwest::Response, window: Duration) -> u64 {
+    let seconds: u64 = response.headers()["retry-after"]
+        .to_str()
+        .unwrap()
+        .parse()
+        .unwrap();
+    assert!((1..=window.as_secs()).contains(&seconds), "{seconds}");
+    seconds
+}
+
+async fn a_verified_account_logs_in_with_or_without_a_key_and_every_failure_is_one_401(
+    url: String,
+    _db: TestDb,
+) {
+    let (app, acme) = app(&url, GENEROUS).await;
+    account(&app, &acme, "ada@example.com", Some(PASSWORD), true).await;
+    account(&app, &acme, "nopass@example.com", None, true).await;
+    account(&app, &acme, "pending@example.com", Some(PASSWORD), false).await;
+
+    let first = login(&app, &acme, Some("l1"), " Ada@Example.com ", PASSWORD).await;
+    assert_eq!(first.status(), 200);
+    assert!(first.headers().get("idempotent-replayed").is_none());
+    let first = first.text().await.unwrap();
+    let identity: Value = serde_json::from_str(&first).unwrap();
+    assert_eq!(identity["email"], "ada@example.com");
+    assert_eq!(identity["tenant"], "acme");
+    assert_eq!(identity["flow"], "password");
+    assert_eq!(identity["email_verified"], true);
+    assert!(identity["user_id"].as_str().unwrap().len() == 36);
+    assert!(
+        identity["authenticated_at"]
+            .as_str()
+            .unwrap()
+            .ends_with('Z')
+    );
+
+    // With a key: retried and concurrent, one identity replayed.
+    let again = login(&app, &acme, Some("l1"), "ada@example.com", PASSWORD).await;
+    assert_eq!(again.headers()["idempotent-replayed"], "true");
+    assert_eq!(again.text().await.unwrap(), first);
+    let at_once = futures::future::join_all(
+        (0..4).map(|_| login(&app, &acme, Some("l2"), "ada@example.com", PASSWORD)),
+    )
+    .await;
+    let mut bodies = Vec::new();
+    for response in at_once {
+        assert_eq!(response.status(), 200);
+        bodies.push(response.text().await.unwrap());
+    }
+    assert!(
+        bodies.iter().all(|b| *b == bodies[0]),
+        "one identity per key"
+    );
+    // Without a key: each request runs.
+    let unkeyed = futures::future::join_all(
+        (0..4).map(|_| login(&app, &acme, None, "ada@example.com", PASSWORD)),
+    )
+    .await;
+    for response in unkeyed {
+        assert_eq!(response.status(), 200);
+        assert!(response.headers().get("idempotent-replayed").is_none());
+        let body: Value = response.json().await.unwrap();
+        assert_eq!(body["user_id"], identity["user_id"]);
+    }
+
+    // Every failure is the same answer.
+    let failures = [
+        ("nobody@example.com", PASSWORD, "unknown address"),
+        ("not an address", PASSWORD, "unparseable address"),
+        ("ada@example.com", "not the password", "wrong password"),
+        ("nopass@example.com", PASSWORD, "account without a password"),
+        ("pending@example.com", PASSWORD, "account not verified"),
+    ];
+    let mut answers = Vec::new();
+    for (i, (address, password, what)) in failures.into_iter().enumerate() {
+        let response = login(&app, &acme, Some(&format!("f{i}")), address, password).await;
+        let answer = answer(response).await;
+        assert_eq!(answer.0, 401, "{what}");
+        answers.push((what, answer));
+    }
+    for (what, answer) in &answers {
+        assert_eq!(*answer, answers[0].1, "{what} vs {}", answers[0].0);
+    }
+    let problem: Value = serde_json::from_str(&answers[0].1.2).unwrap();
+    assert_eq!(problem_type(&problem), "login-failed");
+    // A failure is not stored: the same key runs again.
+    let retried = login(
+        &app,
+        &acme,
+        Some("f2"),
+        "ada@example.com",
+        "not the password",
+    )
+    .await;
+    assert_eq!(retried.status(), 401);
+    assert!(retried.headers().get("idempotent-replayed").is_none());
+
+    // The default tenant has no key: no login. Another tenant's key does not open acme's account.
+    let anonymous = login_from(&app.client, &app, None, None, "ada@example.com", PASSWORD).await;
+    assert_eq!(anonymous.status(), 401);
+    let anonymous: Value = anonymous.json().await.unwrap();
+    assert_eq!(problem_type(&anonymous), "unauthorized");
+    let other = app.create_tenant("other").await;
+    let elsewhere = login(&app, &other, Some("o1"), "ada@example.com", PASSWORD).await;
+    assert_eq!(answer(elsewhere).await, answers[0].1);
+    // Unknown fields are refused before anything.
+    let extra = app
+        .client
+        .post(format!("{}/v1/login", app.base))
+        .bearer_auth(&acme)
+        .json(&json!({ "email": "ada@example.com", "password": PASSWORD, "admin": true }))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(extra.status(), 400);
+}
+
+/// Each failure costs one Argon2 check, whether the address has an account with a password,
+/// one without, or none: the response-time samples do not differ systematically
+/// (Mann-Whitney U, |z| < 4, as the enumeration test of the email flows).
+async fn a_failed_login_takes_as_long_whether_or_not_the_address_has_an_account(
+    url: String,
+    _db: TestDb,
+) {
+    let (app, acme) = app(&url, GENEROUS).await;
+    account(&app, &acme, "known@example.com", Some(PASSWORD), true).await;
+    account(&app, &acme, "nopass@example.com", None, true).await;
+    let addresses = [
+        "known@example.com",
+        "nobody@example.com",
+        "nopass@example.com",
+    ];
+    let mut samples = [Vec::new(), Vec::new(), Vec::new()];
+    for i in 0..40 {
+        for (address, sample) in addresses.iter().zip(samples.iter_mut()) {
+            let started = Instant::now();
+            let r = login(&app, &acme, None, address, &format!("wrong {i}")).await;
+            sample.push(started.elapsed());
+            assert_eq!(r.status(), 401);
+        }
+    }
+    for (other, name) in [(&samples[1], "unknown"), (&samples[2], "no password")] {
+        let z = mann_whitney_z(&samples[0], other);
+        assert!(
+            z.abs() < 4.0,
+            "known vs {name}: response times differ systematically (z = {z:.2}): {:?} vs {:?}",
+            median(&samples[0]),
+            median(other)
+        );
+    }
+}
+
+async fn a_strangers_failures_refuse_its_own_client_never_the_owner(url: String, _db: TestDb) {
+    let limits = LoginLimits {
+        per_address: 3,
+        per_address_total: 6,
+        per_client: 8,
+        window: Duration::from_secs(900),
+    };
+    let (app, acme) = app(&url, limits).await;
+    let victim = "victim@example.com";
+    account(&app, &acme, victim, Some(PASSWORD), true).await;
+    let stranger = client_from("127.0.0.2");
+    let owner = client_from("127.0.0.3");
+    let attempt = async |client: &reqwest::Client, address: &str, password: &str| {
+        login_from(client, &app, Some(&acme), None, address, password).await
+    };
+
+    // The stranger's client: three failures per address, then 429 before any check — the same
+    // for the victim's address and an unknown one, and even with the right password.
+    let mut refusals = Vec::new();
+    for address in [victim, "nobody@example.com"] {
+        for _ in 0..limits.per_address {
+            assert_eq!(attempt(&stranger, address, "guess").await.status(), 401);
+        }
+        let refused = attempt(&stranger, address, "guess").await;
+        assert_eq!(refused.status(), 429, "{address}");
+        retry_after(&refused, limits.window);
+        refusals.push(answer(refused).await);
+    }
+    assert_eq!(refusals[0], refusals[1], "known and unknown refused alike");
+    let problem: Value = serde_json::from_str(&refusals[0].2).unwrap();
+    assert_eq!(problem_type(&problem), "login-throttled");
+    assert_eq!(attempt(&stranger, victim, PASSWORD).await.status(), 429);
+    // The owner's client is not the stranger's.
+    assert_eq!(attempt(&owner, victim, PASSWORD).await.status(), 200);
+
+    // Another stranger fills the address's total (3 + 3 = 6 failures).
+    let second = client_from("127.0.0.4");
+    for _ in 0..limits.per_address {
+        assert_eq!(attempt(&second, victim, "guess").await.status(), 401);
+    }
+    // Over the total, a client with failures of its own at the address is refused after its
+    // first attempt; a client with none — the owner's — still gets its attempt.
+    let third = client_from("127.0.0.5");
+    assert_eq!(attempt(&third, victim, "guess").await.status(), 401);
+    assert_eq!(attempt(&third, victim, PASSWORD).await.status(), 429);
+    assert_eq!(attempt(&owner, victim, PASSWORD).await.status(), 200);
+    let travelling = client_from("127.0.0.6");
+    assert_eq!(attempt(&travelling, victim, PASSWORD).await.status(), 200);
+
+    // One client trying many addresses (credential stuffing) is stopped by its own cap.
+    let stuffer = client_from("127.0.0.7");
+    for i in 0..limits.per_client {
+        let address = format!("user{i}@example.com");
+        assert_eq!(attempt(&stuffer, &address, "guess").await.status(), 401);
+    }
+    let refused = attempt(&stuffer, "user-next@example.com", "guess").await;
+    assert_eq!(refused.status(), 429);
+    assert_eq!(answer(refused).await, refusals[0]);
+
+    // The counters are keyed hashes: no address, local part or client in the table.
+    let buckets = bucket_names(&url).await;
+    assert!(buckets.iter().any(|b| b.starts_with("login-address:")));
+    for bucket in &buckets {
+        for needle in ["victim", "nobody", "user", "example", "127.0.0"] {
+            assert!(!bucket.contains(needle), "{bucket} holds {needle}");
+        }
+    }
+}
+
+/// Every bucket of the limits table.
+async fn bucket_names(url: &str) -> Vec<String> {
+    use sqlx::Connection;
+    let sql = "SELECT bucket FROM oncely_rate_limits";
+    if url.starts_with("postgres") {
+        let mut conn = sqlx::PgConnection::connect(url).await.unwrap();
+        sqlx::query_scalar(sql).fetch_all(&mut conn).await.unwrap()
+    } else {
+        let mut conn = sqlx::SqliteConnection::connect(url).await.unwrap();
+        sqlx::query_scalar(sql).fetch_all(&mut conn).await.unwrap()
+    }
+}
+
+/// An attempt is counted before its password is checked: many at once from one client get no
+/// more checks than the limit allows.
+async fn concurrent_failures_cannot_slip_under_the_limit(url: String, _db: TestDb) {
+    let limits = LoginLimits {
+        per_address: 3,
+        per_address_total: 100,
+        per_client: 100,
+        window: Duration::from_secs(900),
+    };
+    let (app, acme) = app(&url, limits).await;
+    account(&app, &acme, "ada@example.com", Some(PASSWORD), true).await;
+    let attacker = client_from("127.0.0.2");
+    let guesses = (0..12).map(|i| {
+        let password = format!("guess {i}");
+        let (attacker, app, acme) = (&attacker, &app, &acme);
+        async move {
+            login_from(
+                attacker,
+                app,
+                Some(acme),
+                None,
+                "ada@example.com",
+                &password,
+            )
+            .await
+            .status()
+            .as_u16()
+        }
+    });
+    let statuses = futures::future::join_all(guesses).await;
+    let checked = statuses.iter().filter(|s| **s == 401).count();
+    assert!(
+        statuses.iter().all(|s| [401, 429].contains(s)),
+        "{statuses:?}"
+    );
+    assert!(checked <= 3, "{checked} guesses checked: {statuses:?}");
+    // However the race went, no more than the limit is ever checked in the window.
+    let mut more = 0;
+    while attempt_status(&app, &attacker, &acme).await == 401 {
+        more += 1;
+        assert!(checked + more <= 3, "more checks than the limit");
+    }
+    assert_eq!(checked + more, 3);
+}
+
+async fn attempt_status(app: &TestApp, client: &reqwest::Client, acme: &str) -> u16 {
+    login_from(client, app, Some(acme), None, "ada@example.com", "one more")
+        .await
+        .status()
+        .as_u16()
+}
+
+/// A hash stored with other Argon2 parameters (an older release's, or Argon2i) is replaced at
+/// the next successful login by one with the current parameters; the password keeps working.
+async fn a_hash_of_other_parameters_is_upgraded_at_login(url: String, _db: TestDb) {
+    use argon2::password_hash::{PasswordHasher, SaltString};
+    use argon2::{Algorithm, Argon2, Params, Version};
+    let (app, acme) = app(&url, GENEROUS).await;
+    account(&app, &acme, "ada@example.com", Some(PASSWORD), true).await;
+    let salt = SaltString::encode_b64(&[5; 16]).unwrap();
+    let older = [
+        (Algorithm::Argon2id, Params::new(8 * 1024, 1, 1, None)),
+        (Algorithm::Argon2i, Params::new(19 * 1024, 2, 1, None)),
+    ];
+    for (algorithm, params) in older {
+        let old = Argon2::new(algorithm, Version::V0x13, params.unwrap())
+            .hash_password(PASSWORD.as_bytes(), &salt)
+            .unwrap()
+            .to_string();
+        execute(
+            &url,
+            &format!(
+                "UPDATE oncely_users SET password_hash = '{old}' WHERE email = 'ada@example.com'"
+            ),
+        )
+        .await;
+        let wrong = login(&app, &acme, None, "ada@example.com", "not it").await;
+        assert_eq!(wrong.status(), 401);
+        assert_eq!(stored_hash(&app).await, old, "a failure changes nothing");
+        let first = login(&app, &acme, None, "ada@example.com", PASSWORD).await;
+        assert_eq!(first.status(), 200, "{old}");
+        let new = stored_hash(&app).await;
+        assert!(new.starts_with("$argon2id$v=19$m=19456,t=2,p=1$"), "{new}");
+        let next = login(&app, &acme, None, "ada@example.com", PASSWORD).await;
+        assert_eq!(next.status(), 200, "the new hash is the same password");
+        assert_eq!(stored_hash(&app).await, new, "a current hash is kept");
+    }
+}
+
+async fn stored_hash(app: &TestApp) -> String {
+    use sqlx::Connection;
+    let sql = "SELECT password_hash FROM oncely_users WHERE email = 'ada@example.com'";
+    if app.database_url.starts_with("postgres") {
+        let mut conn = sqlx::PgConnection::connect(&app.database_url)
+            .await
+            .unwrap();
+        sqlx::query_scalar(sql).fetch_one(&mut conn).await.unwrap()
+    } else {
+        let mut conn = sqlx::SqliteConnection::connect(&app.database_url)
+            .await
+            .unwrap();
+        sqlx::query_scalar(sql).fetch_one(&mut conn).await.unwrap()
+    }
+}

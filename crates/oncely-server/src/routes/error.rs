@@ -42,6 +42,9 @@ pub enum ApiError {
     /// 405 `method-not-allowed`: the path takes other methods (the router adds `Allow`).
     #[error("method not allowed")]
     MethodNotAllowed,
+    /// 404 `user-not-found`: the user the path names is not the proven tenant's.
+    #[error("no such user")]
+    UserNotFound,
     /// 500 `internal-error`: logged with its chain; the client learns nothing of it.
     #[error(transparent)]
     Unexpected(#[from] anyhow::Error),
@@ -102,6 +105,8 @@ impl ApiError {
                 .with_detail("see GET /openapi.json for the paths this service answers"),
             Self::MethodNotAllowed => server(ServerProblem::MethodNotAllowed)
                 .with_detail("the Allow header lists the methods this path takes"),
+            Self::UserNotFound => server(ServerProblem::UserNotFound)
+                .with_detail("no user with this id in the tenant of the API key"),
             Self::Unexpected(error) => {
                 tracing::error!(error = format!("{error:#}"), "request failed");
                 layer(LayerProblem::InternalError)
@@ -177,6 +182,7 @@ mod tests {
             ApiError::Unavailable,
             ApiError::NotFound,
             ApiError::MethodNotAllowed,
+            ApiError::UserNotFound,
             ApiError::Unexpected(anyhow::anyhow!("x")),
         ];
         for error in &all {
@@ -190,6 +196,7 @@ mod tests {
                 | ApiError::Unavailable
                 | ApiError::NotFound
                 | ApiError::MethodNotAllowed
+                | ApiError::UserNotFound
                 | ApiError::Unexpected(_) => {}
             }
         }

@@ -29,6 +29,9 @@ pub enum ServerProblem {
     NotFound,
     /// The path exists, but not for this method (`Allow` lists the ones it takes).
     MethodNotAllowed,
+    /// The user the path names is not one of the proven tenant's (unknown, malformed, or
+    /// another tenant's: one answer for all).
+    UserNotFound,
 }
 
 impl ServerProblem {
@@ -42,6 +45,7 @@ impl ServerProblem {
         Self::Busy,
         Self::NotFound,
         Self::MethodNotAllowed,
+        Self::UserNotFound,
     ];
 
     /// The last segment of its `type` URI.
@@ -55,6 +59,7 @@ impl ServerProblem {
             Self::Busy => "busy",
             Self::NotFound => "not-found",
             Self::MethodNotAllowed => "method-not-allowed",
+            Self::UserNotFound => "user-not-found",
         }
     }
 
@@ -67,7 +72,7 @@ impl ServerProblem {
             Self::UnsupportedMediaType => StatusCode::UNSUPPORTED_MEDIA_TYPE,
             Self::Unauthorized => StatusCode::UNAUTHORIZED,
             Self::Busy => StatusCode::SERVICE_UNAVAILABLE,
-            Self::NotFound => StatusCode::NOT_FOUND,
+            Self::NotFound | Self::UserNotFound => StatusCode::NOT_FOUND,
             Self::MethodNotAllowed => StatusCode::METHOD_NOT_ALLOWED,
         }
     }
@@ -85,6 +90,7 @@ impl ServerProblem {
             Self::Busy => "Too many passwords being hashed",
             Self::NotFound => "No such path",
             Self::MethodNotAllowed => "Method not allowed here",
+            Self::UserNotFound => "No such user in this tenant",
         }
     }
 

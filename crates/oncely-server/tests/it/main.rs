@@ -9,6 +9,7 @@ mod browser;
 mod chaos;
 mod client_caps;
 mod dev_inbox;
+mod email_change;
 mod docs_cli;
 mod flows;
 mod health;

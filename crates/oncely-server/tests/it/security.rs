@@ -1,4 +1,5 @@
-//! Security scans after an end-to-end run of every flow through the real binary (debug logs on):
+//! Security scans after an end-to-end run of every flow through the real binary (debug logs on;
+//! the email change included):
 //! no raw token or API key in any log line or database column, no full address in any log line
 //! or in the idempotency table, no token or `Set-Cookie` in a stored response, and a key of one
 //! tenant never replays for another.
@@ -76,6 +77,25 @@ async fn no_secret_leaks_into_logs_stored_responses_or_the_database() {
     let accept = json!({"token": t, "password": "guest password"});
     ok("/v1/invites/accept", "a1", &accept, acme, "accept").await;
 
+    // The guest moves to another address: the change request and its link.
+    let moved = "sec.moved@example.com";
+    let guest_id: String = {
+        let mut conn = <sqlx::PgConnection as sqlx::Connection>::connect(&url)
+            .await
+            .unwrap();
+        sqlx::query_scalar(
+            "SELECT id::text FROM oncely_users WHERE tenant = 'acme' AND email = 'sec.guest@example.com'",
+        )
+        .fetch_one(&mut conn)
+        .await
+        .unwrap()
+    };
+    let change = json!({ "new_email": moved });
+    let path = format!("/v1/users/{guest_id}/email-change");
+    ok(&path, "e1", &change, acme, "email change").await;
+    let t = next_token(moved, 1).await;
+    ok("/v1/email-change/confirm", "e2", &token(&t), None, "email change confirm").await;
+
     // The default tenant's key "s1", with the same body, is a new request for tenant acme.
     let other = post("/v1/signup", "s1", &signup, Some(&api_key))
         .await
@@ -140,7 +160,7 @@ async fn no_secret_leaks_into_logs_stored_responses_or_the_database() {
             "a token in a stored response"
         );
     }
-    for address in [user, guest, "sec.user", "sec.guest"] {
+    for address in [user, guest, moved, "sec.user", "sec.guest", "sec.moved"] {
         assert!(!logs.contains(address), "{address} in the logs");
         assert!(
             stored.iter().all(|row| !row.contains(address)),

@@ -443,7 +443,9 @@ impl<A: Accounts> EmailChangeNotice<A> {
         let site = &self.context.public_url;
         let (subject, text) = match self.notice {
             ChangeNotice::Requested => {
-                let new = job.payload["new_email"].as_str().unwrap_or("another address");
+                let new = job.payload["new_email"]
+                    .as_str()
+                    .unwrap_or("another address");
                 (
                     "Your email address is being changed",
                     format!(

@@ -171,7 +171,10 @@ post_route!(
     200,
     Done,
     "Uses an email change link once: the account gets the new address, verified; its other live links stop working.",
-    (400, "`token-invalid` (also when another account took the address meanwhile)")
+    (
+        400,
+        "`token-invalid` (also when another account took the address meanwhile)"
+    )
 );
 
 macro_rules! get_route {

@@ -87,7 +87,15 @@ pub async fn request<A: Accounts>(
         owner,
         to: &new,
     };
-    issue_link(&mut *conn, &state, &tenant, link, suppressed_new.clone(), None).await?;
+    issue_link(
+        &mut *conn,
+        &state,
+        &tenant,
+        link,
+        suppressed_new.clone(),
+        None,
+    )
+    .await?;
     // The notice names the current address itself: by the time it is sent the account may
     // have the new one.
     let requested = NewJob::new(
@@ -101,7 +109,11 @@ pub async fn request<A: Accounts>(
     state.jobs.enqueue(&mut conn, &requested).await?;
     if let Some(owner) = taken_by {
         let taken = NewJob::new(
-            format!("email-taken-notice:{tenant}:{}:{}", owner.id, tx.derived_key()),
+            format!(
+                "email-taken-notice:{tenant}:{}:{}",
+                owner.id,
+                tx.derived_key()
+            ),
             EMAIL_TAKEN_NOTICE,
             state.email_payload(
                 json!({ "user_id": owner.id, "suppressed": suppressed_new }),

@@ -168,8 +168,8 @@ async fn prune_tokens_at<B: Accounts>(url: &str) {
 /// address, not an error (the route answers `token-invalid` and rolls back).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_change_racing_to_one_address_is_refused_like_a_taken_one() {
-    use oncely_server::email::EmailAddress;
     use oncely_server::accounts::SignupOutcome;
+    use oncely_server::email::EmailAddress;
 
     let (url, _db) = crate::support::postgres_db().await;
     let backend = Postgres::connect(&url, COMMAND_POOL).await.unwrap();
@@ -177,7 +177,10 @@ async fn a_change_racing_to_one_address_is_refused_like_a_taken_one() {
     let mut conn = backend.pool().acquire().await.unwrap();
     let mut user = async |address: &str| {
         let address = EmailAddress::parse(address).unwrap();
-        match Postgres::signup_user(&mut conn, "default", &address, None).await.unwrap() {
+        match Postgres::signup_user(&mut conn, "default", &address, None)
+            .await
+            .unwrap()
+        {
             SignupOutcome::Created(id) => id,
             other => panic!("{other:?}"),
         }
@@ -185,7 +188,11 @@ async fn a_change_racing_to_one_address_is_refused_like_a_taken_one() {
     let (ada, bob) = (user("ada@example.com").await, user("bob@example.com").await);
     drop(conn);
     let mut first = backend.pool().begin().await.unwrap();
-    assert!(Postgres::change_email(&mut first, ada, "x@example.com").await.unwrap());
+    assert!(
+        Postgres::change_email(&mut first, ada, "x@example.com")
+            .await
+            .unwrap()
+    );
     let pool = backend.pool().clone();
     let second = tokio::spawn(async move {
         let mut second = pool.begin().await.unwrap();
@@ -196,7 +203,10 @@ async fn a_change_racing_to_one_address_is_refused_like_a_taken_one() {
                     WHERE datname = current_database() AND wait_event_type = 'Lock'";
     let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
     while crate::support::count(&url, waiting).await == 0 {
-        assert!(std::time::Instant::now() < deadline, "the second never waited");
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the second never waited"
+        );
         tokio::time::sleep(std::time::Duration::from_millis(10)).await;
     }
     first.commit().await.unwrap();

@@ -36,14 +36,18 @@ fn new_email(address: &str) -> Value {
 async fn user_id(app: &TestApp, tenant: &str, address: &str) -> String {
     let url = &app.database_url;
     let id: String = if url.starts_with("postgres") {
-        let sql = format!("SELECT id::text FROM oncely_users WHERE tenant = '{tenant}' AND email = '{address}'");
+        let sql = format!(
+            "SELECT id::text FROM oncely_users WHERE tenant = '{tenant}' AND email = '{address}'"
+        );
         let mut conn = sqlx::PgConnection::connect(url).await.unwrap();
         sqlx::query_scalar(AssertSqlSafe(sql))
             .fetch_one(&mut conn)
             .await
             .unwrap()
     } else {
-        let sql = format!("SELECT lower(hex(id)) FROM oncely_users WHERE tenant = '{tenant}' AND email = '{address}'");
+        let sql = format!(
+            "SELECT lower(hex(id)) FROM oncely_users WHERE tenant = '{tenant}' AND email = '{address}'"
+        );
         let mut conn = sqlx::SqliteConnection::connect(url).await.unwrap();
         sqlx::query_scalar(AssertSqlSafe(sql))
             .fetch_one(&mut conn)
@@ -56,12 +60,22 @@ async fn user_id(app: &TestApp, tenant: &str, address: &str) -> String {
 /// A verified account of the key's tenant (signup, then its link); returns its id.
 async fn verified_user(app: &TestApp, api_key: &str, tenant: &str, address: &str) -> String {
     let signup = app
-        .post_as(api_key, "/v1/signup", &format!("signup-{address}"), &email(address))
+        .post_as(
+            api_key,
+            "/v1/signup",
+            &format!("signup-{address}"),
+            &email(address),
+        )
         .await;
     assert_eq!(signup.status(), 202);
     let presented = token(&nth_token(app, address, 1).await);
     let verify = app
-        .post_as(api_key, "/v1/verify", &format!("verify-{address}"), &presented)
+        .post_as(
+            api_key,
+            "/v1/verify",
+            &format!("verify-{address}"),
+            &presented,
+        )
         .await;
     assert_eq!(verify.status(), 200);
     user_id(app, tenant, address).await
@@ -126,7 +140,11 @@ async fn one_change_request_is_one_link_to_the_new_address_and_one_notice_to_the
     let notices = settled(&app, old).await;
     assert_eq!(notices.len(), 1, "one notice to the old address");
     assert_eq!(notices[0].subject, NOTICE_SUBJECT);
-    assert!(notices[0].text.contains("n***@example.com"), "{}", notices[0].text);
+    assert!(
+        notices[0].text.contains("n***@example.com"),
+        "{}",
+        notices[0].text
+    );
     assert!(!notices[0].text.contains(new), "the new address is masked");
     assert!(!notices[0].text.contains("token="), "no link in a notice");
     assert_eq!(address_of(&app, &ada, old).await, 1, "nothing changes yet");
@@ -141,7 +159,8 @@ async fn confirming_swaps_the_address_and_the_old_one_no_longer_reaches_the_acco
     let (old, new) = ("before@example.com", "after@example.com");
     let ada = verified_user(&app, &key, "acme", old).await;
     // A reset link of the old address, issued before the change.
-    app.post_as(&key, "/v1/password-reset", "r0", &email(old)).await;
+    app.post_as(&key, "/v1/password-reset", "r0", &email(old))
+        .await;
     let reset = nth_token(&app, old, 2).await;
     let change = app
         .post_as(&key, &change_path(&ada), "c1", &new_email(new))
@@ -156,7 +175,11 @@ async fn confirming_swaps_the_address_and_the_old_one_no_longer_reaches_the_acco
     }
     assert_eq!(address_of(&app, &ada, old).await, 1);
     let (status, body) = click(&app, &link, None).await;
-    assert_eq!((status, &body["status"]), (200, &json!("email_changed")), "{body}");
+    assert_eq!(
+        (status, &body["status"]),
+        (200, &json!("email_changed")),
+        "{body}"
+    );
     assert_eq!(address_of(&app, &ada, new).await, 1, "swapped, verified");
     let (again, body) = click(&app, &link, None).await;
     assert_eq!((again, problem_type(&body)), (400, "token-invalid"), "once");
@@ -172,7 +195,12 @@ async fn confirming_swaps_the_address_and_the_old_one_no_longer_reaches_the_acco
     let before = settled(&app, old).await.len();
     for (to, key_suffix) in [(new, "new"), (old, "old")] {
         let asked = app
-            .post_as(&key, "/v1/magic-link", &format!("m-{key_suffix}"), &email(to))
+            .post_as(
+                &key,
+                "/v1/magic-link",
+                &format!("m-{key_suffix}"),
+                &email(to),
+            )
             .await;
         assert_eq!(asked.status(), 202);
     }
@@ -181,8 +209,14 @@ async fn confirming_swaps_the_address_and_the_old_one_no_longer_reaches_the_acco
         .post_as(&key, "/v1/magic-link/consume", "m1", &signed_in)
         .await;
     assert_eq!(consumed.status(), 200);
-    assert_eq!(settled(&app, old).await.len(), before, "the old address gets nothing");
-    let reset = app.post_as(&key, "/v1/password-reset", "r2", &email(old)).await;
+    assert_eq!(
+        settled(&app, old).await.len(),
+        before,
+        "the old address gets nothing"
+    );
+    let reset = app
+        .post_as(&key, "/v1/password-reset", "r2", &email(old))
+        .await;
     assert_eq!(reset.status(), 202);
     assert_eq!(settled(&app, old).await.len(), before);
 }
@@ -214,9 +248,17 @@ async fn a_taken_address_gets_the_same_answer_no_link_and_one_notice_to_its_owne
     let to_bob = settled(&app, bob).await;
     assert_eq!(to_bob.len(), 1, "one notice to the owner");
     assert_eq!(to_bob[0].subject, TAKEN_SUBJECT);
-    assert!(!to_bob[0].text.contains("token="), "no link: {}", to_bob[0].text);
+    assert!(
+        !to_bob[0].text.contains("token="),
+        "no link: {}",
+        to_bob[0].text
+    );
     let decoys = "SELECT count(*) FROM oncely_tokens WHERE flow = 'email_change' AND user_id IS NULL AND email IS NULL";
-    assert_eq!(app.count(decoys).await, 1, "the taken address's token is a decoy");
+    assert_eq!(
+        app.count(decoys).await,
+        1,
+        "the taken address's token is a decoy"
+    );
     assert_eq!(settled(&app, "free@example.com").await.len(), 1);
     let all: Vec<_> = app.inbox.messages(None);
     let links = all.iter().filter(|m| m.text.contains("token=")).count();
@@ -234,7 +276,12 @@ async fn two_accounts_racing_to_one_address_one_wins_and_the_other_link_is_inval
     let wanted = "wanted@example.com";
     for (user, n) in [(&ada, 1), (&bob, 2)] {
         let asked = app
-            .post_as(&key, &change_path(user), &format!("c{n}"), &new_email(wanted))
+            .post_as(
+                &key,
+                &change_path(user),
+                &format!("c{n}"),
+                &new_email(wanted),
+            )
             .await;
         assert_eq!(asked.status(), 202);
         nth_link(&app, wanted, n).await;
@@ -271,15 +318,25 @@ async fn two_accounts_racing_to_one_address_one_wins_and_the_other_link_is_inval
         address_of(&app, &bob, wanted).await,
     );
     assert_eq!(ada_moved + bob_moved, 1);
-    let kept = if ada_moved == 1 { ("bob@example.com", &bob) } else { ("ada@example.com", &ada) };
-    assert_eq!(address_of(&app, kept.1, kept.0).await, 1, "the loser keeps its address");
+    let kept = if ada_moved == 1 {
+        ("bob@example.com", &bob)
+    } else {
+        ("ada@example.com", &ada)
+    };
+    assert_eq!(
+        address_of(&app, kept.1, kept.0).await,
+        1,
+        "the loser keeps its address"
+    );
 
     // A signup that takes the address after the link went out wins too.
     let carol = verified_user(&app, &key, "acme", "carol@example.com").await;
     let late = "late@example.com";
-    app.post_as(&key, &change_path(&carol), "c3", &new_email(late)).await;
+    app.post_as(&key, &change_path(&carol), "c3", &new_email(late))
+        .await;
     let link = nth_link(&app, late, 1).await;
-    app.post_as(&key, "/v1/signup", "s-late", &email(late)).await;
+    app.post_as(&key, "/v1/signup", "s-late", &email(late))
+        .await;
     let (status, body) = click(&app, &link, None).await;
     assert_eq!((status, problem_type(&body)), (400, "token-invalid"));
     assert_eq!(address_of(&app, &carol, "carol@example.com").await, 1);
@@ -290,9 +347,11 @@ async fn a_newer_change_request_supersedes_the_earlier_link(url: String, _db: Te
     let key = app.create_tenant("acme").await;
     let ada = verified_user(&app, &key, "acme", "ada@example.com").await;
     let (first, second) = ("first@example.com", "second@example.com");
-    app.post_as(&key, &change_path(&ada), "c1", &new_email(first)).await;
+    app.post_as(&key, &change_path(&ada), "c1", &new_email(first))
+        .await;
     let first_link = nth_link(&app, first, 1).await;
-    app.post_as(&key, &change_path(&ada), "c2", &new_email(second)).await;
+    app.post_as(&key, &change_path(&ada), "c2", &new_email(second))
+        .await;
     let second_link = nth_link(&app, second, 1).await;
     let (status, body) = click(&app, &first_link, None).await;
     assert_eq!((status, problem_type(&body)), (400, "token-invalid"));
@@ -332,7 +391,12 @@ async fn only_the_keys_tenant_can_change_its_users_addresses(url: String, _db: T
         .enumerate()
     {
         let response = app
-            .post_as(&acme, &change_path(&ada), &format!("bad-{n}"), &new_email(bad))
+            .post_as(
+                &acme,
+                &change_path(&ada),
+                &format!("bad-{n}"),
+                &new_email(bad),
+            )
             .await;
         assert_eq!(response.status(), 400, "{bad}");
         let body: Value = response.json().await.unwrap();

@@ -94,7 +94,14 @@ async fn no_secret_leaks_into_logs_stored_responses_or_the_database() {
     let path = format!("/v1/users/{guest_id}/email-change");
     ok(&path, "e1", &change, acme, "email change").await;
     let t = next_token(moved, 1).await;
-    ok("/v1/email-change/confirm", "e2", &token(&t), None, "email change confirm").await;
+    ok(
+        "/v1/email-change/confirm",
+        "e2",
+        &token(&t),
+        None,
+        "email change confirm",
+    )
+    .await;
 
     // The default tenant's key "s1", with the same body, is a new request for tenant acme.
     let other = post("/v1/signup", "s1", &signup, Some(&api_key))

@@ -106,6 +106,7 @@ both_databases!(
     two_accounts_racing_to_one_address_one_wins_and_the_other_link_is_invalid,
     a_newer_change_request_supersedes_the_earlier_link,
     only_the_keys_tenant_can_change_its_users_addresses,
+    change_requests_count_toward_the_email_caps_of_both_addresses,
 );
 
 async fn one_change_request_is_one_link_to_the_new_address_and_one_notice_to_the_old(
@@ -412,4 +413,35 @@ async fn only_the_keys_tenant_can_change_its_users_addresses(url: String, _db: T
     assert_eq!(wrong.status(), 400);
     let right = app.post_as(&acme, CONFIRM, "x2", &presented).await;
     assert_eq!(right.status(), 200);
+}
+
+async fn change_requests_count_toward_the_email_caps_of_both_addresses(url: String, _db: TestDb) {
+    // One email per address per client in the window.
+    let app = app_with_mail_caps(&url, 1, 1000, |_| {}).await;
+    let key = app.create_tenant("acme").await;
+    let old = "capped@example.com";
+    let ada = verified_user(&app, &key, "acme", old).await;
+    let new = "wanted@example.com";
+    let path = change_path(&ada);
+    let first = app.post_as(&key, &path, "c1", &new_email(new)).await;
+    assert_eq!(first.status(), 202);
+    let first_link = nth_link(&app, new, 1).await;
+    let second = app.post_as(&key, &path, "c2", &new_email(new)).await;
+    assert_eq!(second.status(), 202, "over the cap, the same answer");
+    assert_eq!(
+        settled(&app, new).await.len(),
+        1,
+        "the second link is suppressed"
+    );
+    // The signup's link used up the old address's share: its notices are suppressed too.
+    assert_eq!(settled(&app, old).await.len(), 1);
+    let suppressed = "SELECT count(*) FROM oncely_outbox WHERE status = 'skipped'";
+    assert!(
+        app.count(suppressed).await >= 3,
+        "both notices and the second link"
+    );
+    // A suppressed request does not supersede the link already sent.
+    let (status, _) = click(&app, &first_link, None).await;
+    assert_eq!(status, 200);
+    assert_eq!(address_of(&app, &ada, new).await, 1);
 }

@@ -49,13 +49,15 @@ impl std::fmt::Debug for Code {
     }
 }
 
-/// The proof a link of `flow` gives.
-pub fn proof(flow: Flow) -> Proof {
+/// The proof a link of `flow` gives, if its use can mint a code (an email change link proves a
+/// new mailbox to an account already signed in: it takes no return URL).
+pub fn proof(flow: Flow) -> Option<Proof> {
     match flow {
-        Flow::Verification => Proof::Verification,
-        Flow::PasswordReset => Proof::PasswordReset,
-        Flow::MagicLink => Proof::MagicLink,
-        Flow::Invite => Proof::Invite,
+        Flow::Verification => Some(Proof::Verification),
+        Flow::PasswordReset => Some(Proof::PasswordReset),
+        Flow::MagicLink => Some(Proof::MagicLink),
+        Flow::Invite => Some(Proof::Invite),
+        Flow::EmailChange => None,
     }
 }
 

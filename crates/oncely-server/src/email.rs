@@ -65,15 +65,18 @@ impl fmt::Debug for EmailAddress {
     }
 }
 
-/// Rewrites `email` fields of a JSON body to their normalized form before fingerprinting, so
-/// that `Ada@Example.com` and `ada@example.com` are the same request.
+/// Rewrites `email` (and an email change's `new_email`) fields of a JSON body to their
+/// normalized form before fingerprinting, so that `Ada@Example.com` and `ada@example.com` are
+/// the same request.
 pub fn normalize_json_email(value: &mut oncely::CanonicalJson) {
-    if let Some(raw) = value
-        .get_mut("email")
-        .and_then(oncely::CanonicalJson::as_string_mut)
-        && let Ok(email) = EmailAddress::parse(raw)
-    {
-        *raw = email.0;
+    for field in ["email", "new_email"] {
+        if let Some(raw) = value
+            .get_mut(field)
+            .and_then(oncely::CanonicalJson::as_string_mut)
+            && let Ok(email) = EmailAddress::parse(raw)
+        {
+            *raw = email.0;
+        }
     }
 }
 

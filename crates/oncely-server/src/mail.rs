@@ -29,13 +29,24 @@ use crate::token::{Flow, Token};
 /// Job kind: "someone tried to sign up with your address" to an existing account.
 pub const SIGNUP_NOTICE: &str = "email.signup_notice";
 
+/// Job kind: "a change of your address was requested" to an account's address before the
+/// change.
+pub const EMAIL_CHANGE_NOTICE: &str = "email.email_change_notice";
+
+/// Job kind: "someone tried to change an account's address to yours" to the account that has
+/// the address already.
+pub const EMAIL_TAKEN_NOTICE: &str = "email.email_taken_notice";
+
 /// Every job kind the service's workers run.
-pub const KINDS: [&str; 5] = [
+pub const KINDS: [&str; 8] = [
     "email.verification",
     "email.password_reset",
     "email.magic_link",
     "email.invite",
+    "email.email_change",
     SIGNUP_NOTICE,
+    EMAIL_CHANGE_NOTICE,
+    EMAIL_TAKEN_NOTICE,
 ];
 
 /// What every email handler needs.
@@ -90,6 +101,13 @@ fn render(flow: Flow, link: &str, site: &str, tenant: &str) -> (String, String) 
             format!(
                 "Someone asked to reset the password of your account. To choose a new one, open:\n\n{link}\n\n\
                  The link works once and expires in 1 hour. If it was not you, ignore this message.\n"
+            ),
+        ),
+        Flow::EmailChange => (
+            "Confirm your new email address",
+            format!(
+                "Someone asked to make this the email address of their account. To confirm it, open:\n\n{link}\n\n\
+                 The link works once and expires in 1 hour. If it was not you, ignore this message: nothing changes.\n"
             ),
         ),
         Flow::MagicLink => (
@@ -368,6 +386,120 @@ impl<A: Accounts> SignupNotice<A> {
 }
 
 impl<A: Accounts> Handler for SignupNotice<A> {
+    fn freeze<'a>(&'a self, job: &'a Job) -> FreezeFuture<'a> {
+        Box::pin(self.freeze(job))
+    }
+
+    fn run<'a>(&'a self, job: &'a Job) -> Pin<Box<dyn Future<Output = Delivery> + Send + 'a>> {
+        Box::pin(self.send(job))
+    }
+}
+
+/// Which notice of an email change.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ChangeNotice {
+    /// To the account's address before the change ([`EMAIL_CHANGE_NOTICE`]): its payload names
+    /// that address (`to`) — by the time the job runs the account may have the new one — and the
+    /// new one masked (`new_email`).
+    Requested,
+    /// To the account that has the address already ([`EMAIL_TAKEN_NOTICE`]): its payload names
+    /// the account (`user_id`).
+    Taken,
+}
+
+/// Sends the notices of an email change.
+pub struct EmailChangeNotice<A> {
+    /// Reads the owner's address ([`ChangeNotice::Taken`]).
+    pub accounts: A,
+    /// Links, sender, mailer.
+    pub context: Arc<MailContext>,
+    /// Which notice.
+    pub notice: ChangeNotice,
+}
+
+impl<A: Accounts> EmailChangeNotice<A> {
+    /// The recipient, if the notice is still to be sent: checked on every attempt.
+    async fn recipient(&self, job: &Job) -> Result<String, Delivery> {
+        if let Some(skip) = suppressed(job) {
+            return Err(skip);
+        }
+        match self.notice {
+            ChangeNotice::Requested => job.payload["to"]
+                .as_str()
+                .map(str::to_owned)
+                .ok_or_else(|| Delivery::Permanent("payload has no to".into())),
+            ChangeNotice::Taken => {
+                let user_id = subject(job, "user_id")?;
+                match self.accounts.user_email(user_id).await {
+                    Ok(Some(to)) => Ok(to),
+                    Ok(None) => Err(Delivery::Permanent("the user no longer exists".into())),
+                    Err(error) => Err(Delivery::Retry(format!("reading the user: {error:#}"))),
+                }
+            }
+        }
+    }
+
+    fn render(&self, job: &Job, to: String) -> FrozenEmail {
+        let site = &self.context.public_url;
+        let (subject, text) = match self.notice {
+            ChangeNotice::Requested => {
+                let new = job.payload["new_email"]
+                    .as_str()
+                    .unwrap_or("another address");
+                (
+                    "Your email address is being changed",
+                    format!(
+                        "Someone asked to change the email address of your account at {site} to {new}.\n\
+                         Nothing changes until the link sent to that address is opened.\n\n\
+                         If it was not you, sign in at {site} and reset your password now: someone may have \
+                         access to your account. Until the change is confirmed, this address stays the account's.\n"
+                    ),
+                )
+            }
+            ChangeNotice::Taken => (
+                "Someone tried to use your email address",
+                format!(
+                    "Someone asked to move another account at {site} to this address, which is already yours.\n\
+                     Nothing changed: your account and its address are as they were. You can ignore this message.\n"
+                ),
+            ),
+        };
+        FrozenEmail {
+            from: self.context.from.clone(),
+            to,
+            subject: subject.into(),
+            text,
+            link: None,
+        }
+    }
+
+    async fn freeze(&self, job: &Job) -> Result<Option<serde_json::Value>, Delivery> {
+        let to = self.recipient(job).await?;
+        self.render(job, to).freeze()
+    }
+
+    async fn send(&self, job: &Job) -> Delivery {
+        let to = match self.recipient(job).await {
+            Ok(to) => to,
+            Err(delivery) => return delivery,
+        };
+        let email = match FrozenEmail::of(job) {
+            Ok(frozen) => frozen.unwrap_or_else(|| self.render(job, to)).email(None),
+            Err(delivery) => Err(delivery),
+        };
+        match email {
+            Ok(email) => {
+                self.context
+                    .mailer
+                    .send(&email, &job.delivery_key.to_string())
+                    .await
+            }
+            Err(delivery) => delivery,
+        }
+    }
+}
+
+impl<A: Accounts> Handler for EmailChangeNotice<A> {
     fn freeze<'a>(&'a self, job: &'a Job) -> FreezeFuture<'a> {
         Box::pin(self.freeze(job))
     }

@@ -12,6 +12,7 @@ use utoipa::openapi::{ContentBuilder, ObjectBuilder, RefOr, Required, ResponseBu
 use utoipa::{Modify, OpenApi, ToSchema};
 
 use crate::identity::{Identity, Proof};
+use crate::routes::email_change::EmailChangeRequest;
 use crate::routes::exchange::ExchangeRequest;
 use crate::routes::login::LoginRequest;
 use crate::routes::problem;
@@ -34,7 +35,7 @@ pub struct Accepted {
 #[derive(ToSchema)]
 #[allow(dead_code)]
 pub struct Done {
-    /// `verified`, `password_changed`, `signed_in` or `joined`.
+    /// `verified`, `password_changed`, `signed_in`, `joined` or `email_changed`.
     status: String,
     /// `POST /v1/verify` only: whether the signup's password was re-entered and adopted.
     password_set: Option<bool>,
@@ -204,6 +205,33 @@ post_route!(
     (503, "`busy` (with `Retry-After`)")
 );
 
+/// A new address for an account: a confirmation link to it and a notice to the current one (or, if another account has it, a notice to that account only); the same answer either way; needs the tenant's API key.
+#[utoipa::path(
+    post,
+    path = "/v1/users/{id}/email-change",
+    params(("id" = String, Path, description = "The user's id (a UUID)")),
+    request_body(content = EmailChangeRequest, content_type = "application/json"),
+    responses(
+        (status = 202, description = "Done (or replayed: `Idempotent-Replayed: true`)", body = Accepted),
+        (status = 404, description = "`user-not-found`: no such user in the key's tenant", body = Problem, content_type = "application/problem+json"),
+    )
+)]
+#[allow(dead_code)]
+fn email_change() {}
+
+post_route!(
+    email_change_confirm,
+    "/v1/email-change/confirm",
+    TokenRequest,
+    200,
+    Done,
+    "Uses an email change link once: the account gets the new address, verified; its other live links stop working.",
+    (
+        400,
+        "`token-invalid` (also when another account took the address meanwhile)"
+    )
+);
+
 macro_rules! get_route {
     ($name:ident, $path:tt, $ct:tt, $summary:tt $(, $param:tt)?) => {
         #[doc = $summary]
@@ -247,6 +275,13 @@ get_route!(
     "token"
 );
 get_route!(
+    email_change_page,
+    "/v1/email-change/confirm",
+    "text/html",
+    "The page an email change link opens; consumes nothing.",
+    "token"
+);
+get_route!(
     healthz,
     "/healthz",
     "text/plain",
@@ -266,7 +301,8 @@ get_route!(metrics, "/metrics", "text/plain", "Prometheus metrics.");
     info(title = "oncely", description = "Signup, verification and account links; retried requests are harmless."),
     paths(
         signup, resend, password_reset, magic_link, invite, verify, reset_confirm, magic_consume,
-        invite_accept, exchange, login, verify_page, reset_page, magic_page, invite_page, healthz, readyz, metrics
+        invite_accept, exchange, login, verify_page, reset_page, magic_page, invite_page, healthz, readyz, metrics,
+        email_change, email_change_confirm, email_change_page
     ),
     components(schemas(Accepted, Done, Problem, Identity, Proof)),
     modifiers(&Shared)
@@ -283,10 +319,13 @@ impl Modify for Shared {
         }
         for (path, item) in openapi.paths.paths.iter_mut() {
             if let Some(post) = item.post.as_mut() {
-                // Login needs the API key and takes the Idempotency-Key optionally.
+                // Login takes the Idempotency-Key optionally.
                 let login = path == "/v1/login";
-                let needs_key = path == "/v1/invites" || path == "/v1/exchange" || login;
-                add_shared(post, needs_key, !login);
+                let needs_api_key = matches!(
+                    path.as_str(),
+                    "/v1/invites" | "/v1/exchange" | "/v1/login" | "/v1/users/{id}/email-change"
+                );
+                add_shared(post, needs_api_key, !login);
             }
             for operation in [&mut item.get, &mut item.post].into_iter().flatten() {
                 add_response_headers(operation);

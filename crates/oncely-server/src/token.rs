@@ -1,4 +1,4 @@
-//! One-time tokens (verification, and later reset, magic links, invites).
+//! One-time tokens (verification, reset, magic links, invites, email changes).
 //!
 //! A token is 256 bits: HMAC-SHA256 of the server secret over its flow and its record's random
 //! id, base64url. Only SHA-256 of the token is stored. The worker derives the same token again
@@ -22,6 +22,8 @@ pub enum Flow {
     MagicLink,
     /// Invitation to a tenant (7 days).
     Invite,
+    /// Confirmation of a new address for an account (1 h); the token carries the new address.
+    EmailChange,
 }
 
 impl Flow {
@@ -32,6 +34,7 @@ impl Flow {
             Self::PasswordReset => "password_reset",
             Self::MagicLink => "magic_link",
             Self::Invite => "invite",
+            Self::EmailChange => "email_change",
         }
     }
 
@@ -42,6 +45,7 @@ impl Flow {
             Self::PasswordReset,
             Self::MagicLink,
             Self::Invite,
+            Self::EmailChange,
         ]
         .into_iter()
         .find(|f| f.as_str() == name)
@@ -54,6 +58,7 @@ impl Flow {
             Self::PasswordReset => time::Duration::hours(1),
             Self::MagicLink => time::Duration::minutes(15),
             Self::Invite => time::Duration::days(7),
+            Self::EmailChange => time::Duration::hours(1),
         }
     }
 
@@ -64,6 +69,7 @@ impl Flow {
             Self::PasswordReset => "email.password_reset",
             Self::MagicLink => "email.magic_link",
             Self::Invite => "email.invite",
+            Self::EmailChange => "email.email_change",
         }
     }
 
@@ -74,6 +80,7 @@ impl Flow {
             Self::PasswordReset => "/v1/password-reset/confirm",
             Self::MagicLink => "/v1/magic-link/consume",
             Self::Invite => "/v1/invites/accept",
+            Self::EmailChange => "/v1/email-change/confirm",
         }
     }
 }

@@ -11,7 +11,10 @@ use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
 use crate::accounts::Accounts;
-use crate::mail::{MailContext, SIGNUP_NOTICE, SignupNotice, TokenEmail};
+use crate::mail::{
+    ChangeNotice, EMAIL_CHANGE_NOTICE, EMAIL_TAKEN_NOTICE, EmailChangeNotice, MailContext,
+    SIGNUP_NOTICE, SignupNotice, TokenEmail,
+};
 use crate::token::Flow;
 
 /// A worker for every email kind of the service.
@@ -28,12 +31,24 @@ pub fn email_worker<A: Accounts>(
         Flow::PasswordReset,
         Flow::MagicLink,
         Flow::Invite,
+        Flow::EmailChange,
     ] {
         let handler = TokenEmail {
             accounts: accounts.clone(),
             context: context.clone(),
         };
         worker = worker.handle_with(flow.job_kind(), handler, options);
+    }
+    for (kind, notice) in [
+        (EMAIL_CHANGE_NOTICE, ChangeNotice::Requested),
+        (EMAIL_TAKEN_NOTICE, ChangeNotice::Taken),
+    ] {
+        let handler = EmailChangeNotice {
+            accounts: accounts.clone(),
+            context: context.clone(),
+            notice,
+        };
+        worker = worker.handle_with(kind, handler, options);
     }
     let notice = SignupNotice {
         accounts: accounts.clone(),

@@ -130,7 +130,8 @@ pub struct TokenForSend {
     pub flow: String,
     /// The tenant the token belongs to (an invitation's is the one to join).
     pub tenant: String,
-    /// The recipient: the user's address, or the invited one; `None` for a decoy.
+    /// The recipient: the token's own address (the invited one, an email change's new one),
+    /// else its user's; `None` for a decoy.
     pub recipient: Option<String>,
     /// Still usable (not consumed, not superseded, not expired).
     pub live: bool,
@@ -339,6 +340,25 @@ pub trait Accounts: Backend {
         email: &'c str,
         password_hash: Option<&'c str>,
     ) -> impl Future<Output = Result<Uuid, AccountError>> + Send + 'c;
+
+    /// The address of user `user_id` if it belongs to `tenant` (else `None`: unknown, or
+    /// another tenant's).
+    fn user_in_tenant<'c>(
+        conn: &'c mut Connection<Self>,
+        tenant: &'c str,
+        user_id: Uuid,
+    ) -> impl Future<Output = Result<Option<String>, AccountError>> + Send + 'c;
+
+    /// Gives user `user_id` the address `email`, verified, and supersedes every live token of
+    /// the user (links to the old address, and other change links); `false`, changing nothing,
+    /// if another account of its tenant has the address — found by the statement, or by the
+    /// unique index when a concurrent transaction took it (on PostgreSQL that aborts the
+    /// transaction: the caller must roll back).
+    fn change_email<'c>(
+        conn: &'c mut Connection<Self>,
+        user_id: Uuid,
+        email: &'c str,
+    ) -> impl Future<Output = Result<bool, AccountError>> + Send + 'c;
 
     /// The flow, recipient and liveness of a token (for the worker, outside any transaction).
     fn token_for_send(
@@ -735,6 +755,46 @@ where
             .map_err(AccountError::of::<B>)?;
         supersede_verification::<B>(conn, id).await?;
         Ok(id)
+    }
+
+    async fn user_in_tenant(
+        conn: &mut Connection<B>,
+        tenant: &str,
+        user_id: Uuid,
+    ) -> Result<Option<String>, AccountError> {
+        sqlx::query_scalar(B::ACCOUNT_SQL.user_in_tenant)
+            .bind(user_id)
+            .bind(tenant)
+            .fetch_optional(conn)
+            .await
+            .map_err(AccountError::of::<B>)
+    }
+
+    async fn change_email(
+        conn: &mut Connection<B>,
+        user_id: Uuid,
+        email: &str,
+    ) -> Result<bool, AccountError> {
+        let changed = sqlx::query(B::ACCOUNT_SQL.change_email)
+            .bind(user_id)
+            .bind(email)
+            .bind(B::at(None))
+            .execute(&mut *conn)
+            .await
+            .map_err(AccountError::of::<B>);
+        match changed {
+            Ok(done) if B::rows_affected(&done) == 1 => {}
+            // Taken: by a committed account (no row), or by a concurrent one (the index).
+            Ok(_) | Err(AccountError::Conflict(_)) => return Ok(false),
+            Err(error) => return Err(error),
+        }
+        sqlx::query(B::ACCOUNT_SQL.supersede_user_tokens)
+            .bind(user_id)
+            .bind(B::at(None))
+            .execute(conn)
+            .await
+            .map_err(AccountError::of::<B>)?;
+        Ok(true)
     }
 
     async fn token_for_send(&self, token_id: Uuid) -> Result<Option<TokenForSend>, AccountError> {

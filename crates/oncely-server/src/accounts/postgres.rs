@@ -63,12 +63,26 @@ pub const STATEMENTS: Statements = Statements {
                     RETURNING id",
     add_membership: "INSERT INTO oncely_memberships (tenant, user_id, created_at)
                      VALUES ($1, $2, COALESCE($3, now())) ON CONFLICT DO NOTHING",
-    token_for_send: "SELECT t.flow, t.tenant, t.token_hash, COALESCE(u.email, t.email) AS recipient,
+    token_for_send: "SELECT t.flow, t.tenant, t.token_hash, COALESCE(t.email, u.email) AS recipient,
                             (t.consumed_at IS NULL AND t.superseded_at IS NULL
                              AND t.expires_at > COALESCE($2, now())) AS live
                        FROM oncely_tokens t LEFT JOIN oncely_users u ON u.id = t.user_id
                       WHERE t.id = $1",
     user_email: "SELECT email FROM oncely_users WHERE id = $1",
+    user_in_tenant: "SELECT email FROM oncely_users WHERE id = $1 AND tenant = $2",
+    // The NOT EXISTS sees committed rows only: a concurrent change or signup to the same
+    // address is stopped by the unique index instead (AccountError::Conflict).
+    change_email: "UPDATE oncely_users AS u
+                      SET email = $2, status = 'verified',
+                          verified_at = COALESCE(u.verified_at, COALESCE($3, now())),
+                          password_hash = CASE WHEN u.status = 'pending' THEN NULL
+                                          ELSE u.password_hash END
+                    WHERE u.id = $1
+                      AND NOT EXISTS (SELECT 1 FROM oncely_users o
+                                       WHERE o.tenant = u.tenant AND o.email = $2)",
+    // Index: oncely_tokens_live.
+    supersede_user_tokens: "UPDATE oncely_tokens SET superseded_at = COALESCE($2, now())
+                             WHERE user_id = $1 AND consumed_at IS NULL AND superseded_at IS NULL",
     // Index: oncely_tokens_expires_at. SKIP LOCKED: never waits for a request.
     prune_tokens: "DELETE FROM oncely_tokens WHERE id = ANY (ARRAY(
                        SELECT id FROM oncely_tokens

@@ -58,12 +58,25 @@ pub const STATEMENTS: Statements = Statements {
                     RETURNING id",
     add_membership: "INSERT INTO oncely_memberships (tenant, user_id, created_at)
                      VALUES (?1, ?2, ?3) ON CONFLICT DO NOTHING",
-    token_for_send: "SELECT t.flow, t.tenant, t.token_hash, COALESCE(u.email, t.email) AS recipient,
+    token_for_send: "SELECT t.flow, t.tenant, t.token_hash, COALESCE(t.email, u.email) AS recipient,
                             (t.consumed_at IS NULL AND t.superseded_at IS NULL
                              AND t.expires_at > ?2) AS live
                        FROM oncely_tokens t LEFT JOIN oncely_users u ON u.id = t.user_id
                       WHERE t.id = ?1",
     user_email: "SELECT email FROM oncely_users WHERE id = ?1",
+    user_in_tenant: "SELECT email FROM oncely_users WHERE id = ?1 AND tenant = ?2",
+    // Unqualified columns in SET are the row's own; one writer at a time: no race past the
+    // NOT EXISTS.
+    change_email: "UPDATE oncely_users
+                      SET email = ?2, status = 'verified', verified_at = COALESCE(verified_at, ?3),
+                          password_hash = CASE WHEN status = 'pending' THEN NULL
+                                          ELSE password_hash END
+                    WHERE id = ?1
+                      AND NOT EXISTS (SELECT 1 FROM oncely_users o
+                                       WHERE o.tenant = oncely_users.tenant AND o.email = ?2)",
+    // Index: oncely_tokens_live.
+    supersede_user_tokens: "UPDATE oncely_tokens SET superseded_at = ?2
+                             WHERE user_id = ?1 AND consumed_at IS NULL AND superseded_at IS NULL",
     // Index: oncely_tokens_expires_at. Milliseconds: the interval is seconds × 1000. No row
     // locks to skip: one writer at a time.
     prune_tokens: "DELETE FROM oncely_tokens WHERE rowid IN (

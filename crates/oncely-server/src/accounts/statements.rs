@@ -47,10 +47,19 @@ pub struct Statements {
     pub accept_invite: &'static str,
     /// Binds tenant, user_id, now. Adds the membership once.
     pub add_membership: &'static str,
-    /// Binds token_id, now. Returns `flow`, `token_hash`, `recipient`, `live`.
+    /// Binds token_id, now. Returns `flow`, `token_hash`, `recipient` (the token's own
+    /// address if it has one, else its user's), `live`.
     pub token_for_send: &'static str,
     /// Binds user_id. Returns `email`.
     pub user_email: &'static str,
+    /// Binds user_id, tenant. Returns the `email` of the user if it belongs to the tenant.
+    pub user_in_tenant: &'static str,
+    /// Binds user_id, email, now. Gives the user the address, verified (a pending account's
+    /// password is cleared, as [`Statements::mark_verified`] does), unless another account of
+    /// its tenant has it: then no row changes (the unique index would refuse it anyway).
+    pub change_email: &'static str,
+    /// Binds user_id, now. Supersedes every live token of the user, whatever its flow.
+    pub supersede_user_tokens: &'static str,
     /// Binds now, expired_for (seconds, a float), limit. Deletes up to `limit` tokens that
     /// expired more than `expired_for` before `now`.
     pub prune_tokens: &'static str,

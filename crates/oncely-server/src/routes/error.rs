@@ -59,6 +59,9 @@ pub enum ApiError {
         /// Seconds until the window ends.
         retry_after: u64,
     },
+    /// 404 `user-not-found`: the user the path names is not the proven tenant's.
+    #[error("no such user")]
+    UserNotFound,
     /// 500 `internal-error`: logged with its chain; the client learns nothing of it.
     #[error(transparent)]
     Unexpected(#[from] anyhow::Error),
@@ -130,6 +133,8 @@ impl ApiError {
             Self::LoginThrottled { retry_after } => server(ServerProblem::LoginThrottled)
                 .with_detail("too many failed logins; try again after Retry-After seconds")
                 .with_retry_after(retry_after),
+            Self::UserNotFound => server(ServerProblem::UserNotFound)
+                .with_detail("no user with this id in the tenant of the API key"),
             Self::Unexpected(error) => {
                 tracing::error!(error = format!("{error:#}"), "request failed");
                 layer(LayerProblem::InternalError)
@@ -209,6 +214,7 @@ mod tests {
             ApiError::MethodNotAllowed,
             ApiError::LoginFailed,
             ApiError::LoginThrottled { retry_after: 1 },
+            ApiError::UserNotFound,
             ApiError::Unexpected(anyhow::anyhow!("x")),
         ];
         for error in &all {
@@ -226,6 +232,7 @@ mod tests {
                 | ApiError::MethodNotAllowed
                 | ApiError::LoginFailed
                 | ApiError::LoginThrottled { .. }
+                | ApiError::UserNotFound
                 | ApiError::Unexpected(_) => {}
             }
         }

@@ -46,7 +46,7 @@ pub async fn exchange<A: Accounts>(
         .await?
         .ok_or(ApiError::InvalidCode)?;
     let flow = Flow::parse(&found.flow)
-        .map(code::proof)
+        .and_then(code::proof)
         .ok_or_else(|| anyhow::anyhow!("a stored code names no known flow"))?;
     tracing::info!(tenant = %tenant, flow = found.flow, "code exchanged");
     let identity = Identity {

@@ -12,10 +12,11 @@ use oncely::{IdempotencyLayer, ServerSecret};
 
 use crate::accounts::Accounts;
 use crate::email::normalize_json_email;
-use crate::token::Flow::{Invite, MagicLink, PasswordReset, Verification};
+use crate::token::Flow::{EmailChange, Invite, MagicLink, PasswordReset, Verification};
 use use_link::page;
 
 // The flows, one module each: their routes, pages and handlers.
+pub mod email_change;
 pub mod exchange;
 pub mod invites;
 pub mod login;
@@ -123,6 +124,14 @@ pub fn v1<A: Accounts>(state: AppState<A>, policy: KeyPolicy) -> Router {
         (
             "/v1/invites/accept",
             page(Invite).post(invites::accept::<A>),
+        ),
+        (
+            "/v1/users/{id}/email-change",
+            post(email_change::request::<A>),
+        ),
+        (
+            "/v1/email-change/confirm",
+            page(EmailChange).post(email_change::confirm::<A>),
         ),
     ];
     let routes = [

@@ -38,6 +38,9 @@ pub enum ServerProblem {
     LoginFailed,
     /// Too many failed logins for this address or from this client in the window.
     LoginThrottled,
+    /// The user the path names is not one of the proven tenant's (unknown, malformed, or
+    /// another tenant's: one answer for all).
+    UserNotFound,
 }
 
 impl ServerProblem {
@@ -55,6 +58,7 @@ impl ServerProblem {
         Self::MethodNotAllowed,
         Self::LoginFailed,
         Self::LoginThrottled,
+        Self::UserNotFound,
     ];
 
     /// The last segment of its `type` URI.
@@ -72,6 +76,7 @@ impl ServerProblem {
             Self::MethodNotAllowed => "method-not-allowed",
             Self::LoginFailed => "login-failed",
             Self::LoginThrottled => "login-throttled",
+            Self::UserNotFound => "user-not-found",
         }
     }
 
@@ -86,7 +91,7 @@ impl ServerProblem {
             Self::UnsupportedMediaType => StatusCode::UNSUPPORTED_MEDIA_TYPE,
             Self::Unauthorized => StatusCode::UNAUTHORIZED,
             Self::Busy => StatusCode::SERVICE_UNAVAILABLE,
-            Self::NotFound => StatusCode::NOT_FOUND,
+            Self::NotFound | Self::UserNotFound => StatusCode::NOT_FOUND,
             Self::MethodNotAllowed => StatusCode::METHOD_NOT_ALLOWED,
             Self::LoginFailed => StatusCode::UNAUTHORIZED,
             Self::LoginThrottled => StatusCode::TOO_MANY_REQUESTS,
@@ -110,6 +115,7 @@ impl ServerProblem {
             Self::MethodNotAllowed => "Method not allowed here",
             Self::LoginFailed => "Wrong email or password",
             Self::LoginThrottled => "Too many failed logins",
+            Self::UserNotFound => "No such user in this tenant",
         }
     }
 

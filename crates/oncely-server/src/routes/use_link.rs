@@ -1,5 +1,5 @@
 //! Using a link — what the flows that consume a token share (verification, password reset,
-//! magic link, invite). Opening a link (GET) shows its flow's page ([`page`]: templates beside
+//! magic link, invite, email change). Opening a link (GET) shows its flow's page ([`page`]: templates beside
 //! the flows' modules) and consumes nothing: link scanners open links; only the page's button
 //! POSTs. The POST uses the token once ([`LinkUse::use_token`]), in its own flow and tenant,
 //! before it expires; every failure is the same 400 `token-invalid`.
@@ -55,6 +55,7 @@ static PAGES: LazyLock<Environment<'static>> = LazyLock::new(|| {
         ("password_reset.html", include_str!("password_reset.html")),
         ("magic_link.html", include_str!("magic_link.html")),
         ("invites.html", include_str!("invites.html")),
+        ("email_change.html", include_str!("email_change.html")),
     ];
     for (name, source) in templates {
         pages
@@ -71,6 +72,7 @@ fn template(flow: Flow) -> &'static str {
         Flow::PasswordReset => "password_reset.html",
         Flow::MagicLink => "magic_link.html",
         Flow::Invite => "invites.html",
+        Flow::EmailChange => "email_change.html",
     }
 }
 
@@ -214,11 +216,12 @@ impl<A: Accounts> LinkUse<A> {
 mod tests {
     use super::*;
 
-    const FLOWS: [Flow; 4] = [
+    const FLOWS: [Flow; 5] = [
         Flow::Verification,
         Flow::PasswordReset,
         Flow::MagicLink,
         Flow::Invite,
+        Flow::EmailChange,
     ];
 
     fn page(flow: Flow, token: &str) -> String {
@@ -291,7 +294,7 @@ mod tests {
             assert!(!title.is_empty() && html.contains(&format!("<h1>{title}</h1>")));
             assert_eq!(
                 html.contains("id=\"password\""),
-                flow != Flow::MagicLink,
+                !matches!(flow, Flow::MagicLink | Flow::EmailChange),
                 "{html}"
             );
             assert!(html.ends_with("</script>"), "{html}");

@@ -162,3 +162,57 @@ async fn prune_tokens_at<B: Accounts>(url: &str) {
         "expired more than the retention ago"
     );
 }
+
+/// Two accounts changing to one address at once on PostgreSQL: the second transaction's
+/// statement saw no holder (the first had not committed), waits on the unique index, and the
+/// violation it then gets — which aborts its transaction — is the same `false` as a taken
+/// address, not an error (the route answers `token-invalid` and rolls back).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_change_racing_to_one_address_is_refused_like_a_taken_one() {
+    use oncely_server::accounts::SignupOutcome;
+    use oncely_server::email::EmailAddress;
+
+    let (url, _db) = crate::support::postgres_db().await;
+    let backend = Postgres::connect(&url, COMMAND_POOL).await.unwrap();
+    oncely_server::startup::migrate(&backend).await.unwrap();
+    let mut conn = backend.pool().acquire().await.unwrap();
+    let mut user = async |address: &str| {
+        let address = EmailAddress::parse(address).unwrap();
+        match Postgres::signup_user(&mut conn, "default", &address, None)
+            .await
+            .unwrap()
+        {
+            SignupOutcome::Created(id) => id,
+            other => panic!("{other:?}"),
+        }
+    };
+    let (ada, bob) = (user("ada@example.com").await, user("bob@example.com").await);
+    drop(conn);
+    let mut first = backend.pool().begin().await.unwrap();
+    assert!(
+        Postgres::change_email(&mut first, ada, "x@example.com")
+            .await
+            .unwrap()
+    );
+    let pool = backend.pool().clone();
+    let second = tokio::spawn(async move {
+        let mut second = pool.begin().await.unwrap();
+        Postgres::change_email(&mut second, bob, "x@example.com").await
+    });
+    // Waits (bounded) until the second transaction waits on the first's row in the index.
+    let waiting = "SELECT count(*) FROM pg_stat_activity
+                    WHERE datname = current_database() AND wait_event_type = 'Lock'";
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+    while crate::support::count(&url, waiting).await == 0 {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the second never waited"
+        );
+        tokio::time::sleep(std::time::Duration::from_millis(10)).await;
+    }
+    first.commit().await.unwrap();
+    let raced = second.await.unwrap();
+    assert!(matches!(raced, Ok(false)), "{raced:?}");
+    let holders = "SELECT count(*) FROM oncely_users WHERE email = 'x@example.com'";
+    assert_eq!(crate::support::count(&url, holders).await, 1);
+}

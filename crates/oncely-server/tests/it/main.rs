@@ -10,6 +10,7 @@ mod chaos;
 mod client_caps;
 mod dev_inbox;
 mod docs_cli;
+mod email_change;
 mod exchange;
 mod flows;
 mod health;

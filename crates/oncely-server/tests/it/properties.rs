@@ -81,7 +81,7 @@ proptest! {
         id in any::<u128>(),
     ) {
         let secret = ServerSecret::new(secret).unwrap();
-        for flow in [Flow::Verification, Flow::PasswordReset, Flow::MagicLink, Flow::Invite] {
+        for flow in [Flow::Verification, Flow::PasswordReset, Flow::MagicLink, Flow::Invite, Flow::EmailChange] {
             let token = Token::derive(&secret, flow, uuid::Uuid::from_u128(id));
             let text = token.expose();
             prop_assert_eq!(text.len(), 43);

@@ -1,4 +1,5 @@
-//! Security scans after an end-to-end run of every flow through the real binary (debug logs on):
+//! Security scans after an end-to-end run of every flow through the real binary (debug logs on;
+//! the email change included):
 //! no raw token, code, API key or password in any log line or database column, no full address
 //! in any log line or in the idempotency table (the identity an exchange or a login answers
 //! included), no token, code or `Set-Cookie` in a stored response, and a key of one tenant never
@@ -107,7 +108,7 @@ async fn no_secret_leaks_into_logs_stored_responses_or_the_database() {
         let identity: Value = identity.json().await.unwrap();
         assert_eq!(identity["email"], guest);
     }
-    tokens.push(codes[0].clone());
+    let exchanged_code = codes[0].clone();
 
     // Login (acme's API key): with a key (the identity is stored and replayed), without one,
     // and a failure (never stored).
@@ -127,6 +128,32 @@ async fn no_secret_leaks_into_logs_stored_responses_or_the_database() {
     assert_eq!(login(None, "guest password").await, 200);
     assert_eq!(login(Some("l2"), "wrong guest password").await, 401);
     assert_eq!(login(None, "wrong guest password").await, 401);
+
+    // The guest moves to another address: the change request and its link.
+    let moved = "sec.moved@example.com";
+    let guest_id: String = {
+        let mut conn = <sqlx::PgConnection as sqlx::Connection>::connect(&url)
+            .await
+            .unwrap();
+        sqlx::query_scalar(
+            "SELECT id::text FROM oncely_users WHERE tenant = 'acme' AND email = 'sec.guest@example.com'",
+        )
+        .fetch_one(&mut conn)
+        .await
+        .unwrap()
+    };
+    let change = json!({ "new_email": moved });
+    let path = format!("/v1/users/{guest_id}/email-change");
+    ok(&path, "e1", &change, acme, "email change").await;
+    let t = next_token(moved, 1).await;
+    ok(
+        "/v1/email-change/confirm",
+        "e2",
+        &token(&t),
+        None,
+        "email change confirm",
+    )
+    .await;
 
     // The default tenant's key "s1", with the same body, is a new request for tenant acme.
     let other = post("/v1/signup", "s1", &signup, Some(&api_key))
@@ -178,6 +205,7 @@ async fn no_secret_leaks_into_logs_stored_responses_or_the_database() {
         "the logs were captured"
     );
 
+    tokens.push(exchanged_code);
     for token in tokens.iter().chain([&api_key]) {
         assert!(
             !logs.contains(token.as_str()),
@@ -209,7 +237,7 @@ async fn no_secret_leaks_into_logs_stored_responses_or_the_database() {
         .filter(|row| row.contains("\"flow\":\"password\""))
         .count();
     assert_eq!(identities, 1, "one login stored, its failures not");
-    for address in [user, guest, "sec.user", "sec.guest"] {
+    for address in [user, guest, moved, "sec.user", "sec.guest", "sec.moved"] {
         assert!(!logs.contains(address), "{address} in the logs");
         assert!(
             stored.iter().all(|row| !row.contains(address)),

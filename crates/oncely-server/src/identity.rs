@@ -43,9 +43,22 @@ pub struct Identity {
     pub authenticated_at: OffsetDateTime,
 }
 
+/// Now, to the millisecond: the precision of the instants the exchange reads from the database,
+/// so that every identity's `authenticated_at` reads alike.
+pub fn now() -> OffsetDateTime {
+    let now = OffsetDateTime::now_utc();
+    now.replace_millisecond(now.millisecond())
+        .expect("a millisecond of a valid instant is valid")
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn now_is_to_the_millisecond() {
+        assert_eq!(now().nanosecond() % 1_000_000, 0);
+    }
 
     #[test]
     fn an_identity_is_the_documented_json() {

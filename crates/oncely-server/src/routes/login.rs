@@ -27,7 +27,7 @@ use super::tenants::Tenant;
 use crate::accounts::Accounts;
 use crate::client_addr::CallerAddr;
 use crate::email::EmailAddress;
-use crate::identity::{Identity, Proof};
+use crate::identity::{self, Identity, Proof};
 use crate::password::{self, Checked};
 
 /// Caps on failed logins per window.
@@ -146,7 +146,7 @@ async fn check<A: Accounts>(
         email_verified: true,
         tenant: tenant.as_str().to_owned(),
         flow: Proof::Password,
-        authenticated_at: OffsetDateTime::now_utc(),
+        authenticated_at: identity::now(),
     })
 }
 

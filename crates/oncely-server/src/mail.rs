@@ -325,17 +325,43 @@ impl<A: Accounts> Handler for TokenEmail<A> {
     }
 }
 
-/// Tells an existing account that someone tried to sign up with its address.
-pub struct SignupNotice<A> {
-    /// Reads the user's address.
+/// Which notice: an email without a link, telling an account what someone tried.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Notice {
+    /// To an account whose address someone tried to sign up with ([`SIGNUP_NOTICE`]): its
+    /// payload names the account (`user_id`).
+    SignupAttempt,
+    /// To the account's address before an email change ([`EMAIL_CHANGE_NOTICE`]): its payload
+    /// names that address (`to`) — by the time the job runs the account may have the new one —
+    /// and the new one masked (`new_email`).
+    ChangeRequested,
+    /// To the account that has the address an email change asked for already
+    /// ([`EMAIL_TAKEN_NOTICE`]): its payload names the account (`user_id`).
+    AddressTaken,
+}
+
+/// Sends a [`Notice`].
+pub struct NoticeEmail<A> {
+    /// Reads the account's address.
     pub accounts: A,
     /// Links, sender, mailer.
     pub context: Arc<MailContext>,
+    /// Which notice.
+    pub notice: Notice,
 }
 
-impl<A: Accounts> SignupNotice<A> {
-    /// The user's address, if the notice is still to be sent: checked on every attempt.
+impl<A: Accounts> NoticeEmail<A> {
+    /// The recipient, if the notice is still to be sent: checked on every attempt.
     async fn recipient(&self, job: &Job) -> Result<String, Delivery> {
+        if let Some(skip) = suppressed(job) {
+            return Err(skip);
+        }
+        if self.notice == Notice::ChangeRequested {
+            return job.payload["to"]
+                .as_str()
+                .map(str::to_owned)
+                .ok_or_else(|| Delivery::Permanent("payload has no to".into()));
+        }
         let user_id = subject(job, "user_id")?;
         match self.accounts.user_email(user_id).await {
             Ok(Some(to)) => Ok(to),
@@ -344,105 +370,18 @@ impl<A: Accounts> SignupNotice<A> {
         }
     }
 
-    fn render(&self, to: String) -> FrozenEmail {
-        FrozenEmail {
-            from: self.context.from.clone(),
-            to,
-            subject: "Someone tried to sign up with your address".into(),
-            text: format!(
-                "Someone (maybe you) tried to create an account with this address, but you already have one.\n\n\
-                 Sign in at {0}, or ask for a password reset there if you forgot your password.\n\
-                 If it was not you, you can ignore this message.\n",
-                self.context.public_url
-            ),
-            link: None,
-        }
-    }
-
-    async fn freeze(&self, job: &Job) -> Result<Option<serde_json::Value>, Delivery> {
-        let to = self.recipient(job).await?;
-        self.render(to).freeze()
-    }
-
-    async fn send(&self, job: &Job) -> Delivery {
-        let to = match self.recipient(job).await {
-            Ok(to) => to,
-            Err(delivery) => return delivery,
-        };
-        let email = match FrozenEmail::of(job) {
-            Ok(frozen) => frozen.unwrap_or_else(|| self.render(to)).email(None),
-            Err(delivery) => Err(delivery),
-        };
-        match email {
-            Ok(email) => {
-                self.context
-                    .mailer
-                    .send(&email, &job.delivery_key.to_string())
-                    .await
-            }
-            Err(delivery) => delivery,
-        }
-    }
-}
-
-impl<A: Accounts> Handler for SignupNotice<A> {
-    fn freeze<'a>(&'a self, job: &'a Job) -> FreezeFuture<'a> {
-        Box::pin(self.freeze(job))
-    }
-
-    fn run<'a>(&'a self, job: &'a Job) -> Pin<Box<dyn Future<Output = Delivery> + Send + 'a>> {
-        Box::pin(self.send(job))
-    }
-}
-
-/// Which notice of an email change.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum ChangeNotice {
-    /// To the account's address before the change ([`EMAIL_CHANGE_NOTICE`]): its payload names
-    /// that address (`to`) — by the time the job runs the account may have the new one — and the
-    /// new one masked (`new_email`).
-    Requested,
-    /// To the account that has the address already ([`EMAIL_TAKEN_NOTICE`]): its payload names
-    /// the account (`user_id`).
-    Taken,
-}
-
-/// Sends the notices of an email change.
-pub struct EmailChangeNotice<A> {
-    /// Reads the owner's address ([`ChangeNotice::Taken`]).
-    pub accounts: A,
-    /// Links, sender, mailer.
-    pub context: Arc<MailContext>,
-    /// Which notice.
-    pub notice: ChangeNotice,
-}
-
-impl<A: Accounts> EmailChangeNotice<A> {
-    /// The recipient, if the notice is still to be sent: checked on every attempt.
-    async fn recipient(&self, job: &Job) -> Result<String, Delivery> {
-        if let Some(skip) = suppressed(job) {
-            return Err(skip);
-        }
-        match self.notice {
-            ChangeNotice::Requested => job.payload["to"]
-                .as_str()
-                .map(str::to_owned)
-                .ok_or_else(|| Delivery::Permanent("payload has no to".into())),
-            ChangeNotice::Taken => {
-                let user_id = subject(job, "user_id")?;
-                match self.accounts.user_email(user_id).await {
-                    Ok(Some(to)) => Ok(to),
-                    Ok(None) => Err(Delivery::Permanent("the user no longer exists".into())),
-                    Err(error) => Err(Delivery::Retry(format!("reading the user: {error:#}"))),
-                }
-            }
-        }
-    }
-
     fn render(&self, job: &Job, to: String) -> FrozenEmail {
         let site = &self.context.public_url;
         let (subject, text) = match self.notice {
-            ChangeNotice::Requested => {
+            Notice::SignupAttempt => (
+                "Someone tried to sign up with your address",
+                format!(
+                    "Someone (maybe you) tried to create an account with this address, but you already have one.\n\n\
+                     Sign in at {site}, or ask for a password reset there if you forgot your password.\n\
+                     If it was not you, you can ignore this message.\n"
+                ),
+            ),
+            Notice::ChangeRequested => {
                 let new = job.payload["new_email"]
                     .as_str()
                     .unwrap_or("another address");
@@ -456,7 +395,7 @@ impl<A: Accounts> EmailChangeNotice<A> {
                     ),
                 )
             }
-            ChangeNotice::Taken => (
+            Notice::AddressTaken => (
                 "Someone tried to use your email address",
                 format!(
                     "Someone asked to move another account at {site} to this address, which is already yours.\n\
@@ -499,7 +438,7 @@ impl<A: Accounts> EmailChangeNotice<A> {
     }
 }
 
-impl<A: Accounts> Handler for EmailChangeNotice<A> {
+impl<A: Accounts> Handler for NoticeEmail<A> {
     fn freeze<'a>(&'a self, job: &'a Job) -> FreezeFuture<'a> {
         Box::pin(self.freeze(job))
     }

@@ -12,8 +12,8 @@ use tokio_util::sync::CancellationToken;
 
 use crate::accounts::Accounts;
 use crate::mail::{
-    ChangeNotice, EMAIL_CHANGE_NOTICE, EMAIL_TAKEN_NOTICE, EmailChangeNotice, MailContext,
-    SIGNUP_NOTICE, SignupNotice, TokenEmail,
+    EMAIL_CHANGE_NOTICE, EMAIL_TAKEN_NOTICE, MailContext, Notice, NoticeEmail, SIGNUP_NOTICE,
+    TokenEmail,
 };
 use crate::token::Flow;
 
@@ -39,22 +39,20 @@ pub fn email_worker<A: Accounts>(
         };
         worker = worker.handle_with(flow.job_kind(), handler, options);
     }
-    for (kind, notice) in [
-        (EMAIL_CHANGE_NOTICE, ChangeNotice::Requested),
-        (EMAIL_TAKEN_NOTICE, ChangeNotice::Taken),
-    ] {
-        let handler = EmailChangeNotice {
+    let notices = [
+        (SIGNUP_NOTICE, Notice::SignupAttempt),
+        (EMAIL_CHANGE_NOTICE, Notice::ChangeRequested),
+        (EMAIL_TAKEN_NOTICE, Notice::AddressTaken),
+    ];
+    for (kind, notice) in notices {
+        let handler = NoticeEmail {
             accounts: accounts.clone(),
             context: context.clone(),
             notice,
         };
         worker = worker.handle_with(kind, handler, options);
     }
-    let notice = SignupNotice {
-        accounts: accounts.clone(),
-        context,
-    };
-    worker.handle_with(SIGNUP_NOTICE, notice, options)
+    worker
 }
 
 /// The running workers of a process: each a supervisor that runs one worker and restarts it

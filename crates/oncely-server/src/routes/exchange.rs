@@ -83,9 +83,8 @@ pub async fn with_email<A: Accounts>(
     next: Next,
 ) -> Response {
     let (parts, mut answer) = match read(next.run(request).await).await {
-        Ok(Answer::Json(parts, answer)) => (parts, answer),
-        Ok(Answer::Other(response)) => return response,
-        Err(error) => return error.into_response(),
+        Ok(json) => json,
+        Err(passed) => return passed,
     };
     let user = answer
         .get("user_id")
@@ -119,9 +118,8 @@ pub async fn redirect<A: Accounts>(
     next: Next,
 ) -> Response {
     let (parts, mut answer) = match read(next.run(request).await).await {
-        Ok(Answer::Json(parts, answer)) => (parts, answer),
-        Ok(Answer::Other(response)) => return response,
-        Err(error) => return error.into_response(),
+        Ok(json) => json,
+        Err(passed) => return passed,
     };
     let Some(fields) = answer.as_object_mut() else {
         return answer_with(parts, &answer);
@@ -142,31 +140,25 @@ pub async fn redirect<A: Accounts>(
     answer_with(parts, &answer)
 }
 
-/// A response as the middlewares see it.
-enum Answer {
-    /// A 200 JSON answer: its head and its JSON, to rewrite.
-    Json(Parts, Value),
-    /// Anything else (a problem, a page, a refusal of the layer): passed through.
-    Other(Response),
-}
-
-/// Reads a 200 JSON answer; any other response is passed through. An error if a 200 JSON
-/// answer cannot be read (a handler's bug: nothing to answer with).
-async fn read(response: Response) -> Result<Answer, ApiError> {
+/// A 200 JSON answer's head and JSON, to rewrite; any other response (a problem, a page, a
+/// refusal of the layer) is passed through as the error. A 200 JSON answer that cannot be read
+/// (a handler's bug: nothing to answer with) becomes a 500 problem.
+async fn read(response: Response) -> Result<(Parts, Value), Response> {
     let json = response
         .headers()
         .get(header::CONTENT_TYPE)
         .and_then(|v| v.to_str().ok())
         .is_some_and(|v| v.starts_with("application/json"));
     if response.status() != StatusCode::OK || !json {
-        return Ok(Answer::Other(response));
+        return Err(response);
     }
     let (parts, body) = response.into_parts();
+    let unreadable = |error: anyhow::Error| ApiError::Unexpected(error).into_response();
     let bytes = axum::body::to_bytes(body, MAX_ANSWER)
         .await
-        .map_err(|e| anyhow::anyhow!("an answer could not be read: {e}"))?;
-    let answer = serde_json::from_slice(&bytes).map_err(anyhow::Error::from)?;
-    Ok(Answer::Json(parts, answer))
+        .map_err(|e| unreadable(anyhow::anyhow!("an answer could not be read: {e}")))?;
+    let answer = serde_json::from_slice(&bytes).map_err(|e| unreadable(e.into()))?;
+    Ok((parts, answer))
 }
 
 /// `answer` as the body of `parts`' response (its length recomputed).

@@ -427,16 +427,8 @@ async fn a_code_expires_after_60_seconds_and_is_pruned(url: String, _db: TestDb)
     );
     assert_eq!(malformed, (status, problem), "malformed and expired alike");
 
-    let output = tokio::process::Command::new(env!("CARGO_BIN_EXE_oncely"))
-        .args(["prune", "--database-url", &url])
-        .output()
-        .await
-        .unwrap();
-    assert!(
-        output.status.success(),
-        "{}",
-        String::from_utf8_lossy(&output.stderr)
-    );
+    let (pruned, output) = crate::ops::oncely(&["prune", "--database-url", &url]).await;
+    assert!(pruned, "{output}");
     assert_counts(&app, &[("SELECT count(*) FROM oncely_codes", 0)]).await;
 }
 

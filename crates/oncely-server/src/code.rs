@@ -19,6 +19,9 @@ use uuid::Uuid;
 use crate::identity::Proof;
 use crate::token::Flow;
 
+/// The longest return URL a tenant may name (what browsers and servers take safely).
+pub const MAX_RETURN_URL: usize = 2048;
+
 /// How long a code can be exchanged.
 pub const LIFETIME: std::time::Duration = std::time::Duration::from_secs(60);
 
@@ -92,6 +95,17 @@ pub enum ReturnUrlError {
     /// A percent-encoded control character (`%0a`, `%0d`, …).
     #[error("{0:?} has an encoded control character")]
     Control(String),
+    /// Longer than [`MAX_RETURN_URL`] bytes.
+    #[error("a return URL is at most {MAX_RETURN_URL} bytes; this one has {0}")]
+    TooLong(usize),
+    /// A `code` parameter of its own: the application could read it instead of ours (login CSRF).
+    #[error(
+        "{0:?} has a `code` query parameter of its own: the code oncely appends would be its second"
+    )]
+    CodeParameter(String),
+    /// A host written with a trailing dot, or port 0.
+    #[error("{0:?}: write the host without a trailing dot and a port other than 0")]
+    HostForm(String),
     /// Not written as it is compared: the canonical form differs.
     #[error("{given:?} is not written canonically; write it as {canonical}")]
     NotCanonical {
@@ -103,10 +117,14 @@ pub enum ReturnUrlError {
 }
 
 /// Checks a return URL for a tenant's list: absolute; `https`, or `http` on a loopback host; a
-/// host; no user information; no fragment; no encoded control character; and written exactly
+/// host (no trailing dot, no port 0); no user information; no fragment; no encoded control
+/// character; no `code` parameter of its own; at most [`MAX_RETURN_URL`] bytes; and written exactly
 /// as the `url` crate serializes it — requests compare byte for byte, so what is stored is what
 /// a browser would be sent to (no `..`, default port, upper case or stray encoding hides).
 pub fn check_return_url(text: &str) -> Result<(), ReturnUrlError> {
+    if text.len() > MAX_RETURN_URL {
+        return Err(ReturnUrlError::TooLong(text.len()));
+    }
     let given = || text.to_owned();
     let url = url::Url::parse(text).map_err(|_| ReturnUrlError::NotAbsolute(given()))?;
     if !matches!(url.scheme(), "https" | "http") {
@@ -121,6 +139,13 @@ pub fn check_return_url(text: &str) -> Result<(), ReturnUrlError> {
     };
     if url.scheme() == "http" && !loopback {
         return Err(ReturnUrlError::Scheme(given()));
+    }
+    let trailing_dot = matches!(url.host(), Some(url::Host::Domain(name)) if name.ends_with('.'));
+    if trailing_dot || url.port() == Some(0) {
+        return Err(ReturnUrlError::HostForm(given()));
+    }
+    if url.query_pairs().any(|(name, _)| name == "code") {
+        return Err(ReturnUrlError::CodeParameter(given()));
     }
     if !url.username().is_empty() || url.password().is_some() {
         return Err(ReturnUrlError::UserInfo(given()));
@@ -247,6 +272,32 @@ mod tests {
             refused("https://app.example.com/cb%0a"),
             ReturnUrlError::Control(_)
         ));
+        // Review of issue 16: a query `code` of the URL's own came first in the redirect (an
+        // application reading the first took the attacker's: login CSRF); a trailing-dot host,
+        // port 0 and a 20 KB URL were accepted.
+        for own_code in [
+            "https://app.example.com/cb?code=attacker",
+            "https://app.example.com/cb?next=%2F&code=",
+        ] {
+            assert!(
+                matches!(refused(own_code), ReturnUrlError::CodeParameter(_)),
+                "{own_code}"
+            );
+        }
+        assert_eq!(
+            check_return_url("https://app.example.com/cb?codes=1"),
+            Ok(())
+        );
+        assert!(matches!(
+            refused("https://app.example.com./cb"),
+            ReturnUrlError::HostForm(_)
+        ));
+        assert!(matches!(
+            refused("https://app.example.com:0/cb"),
+            ReturnUrlError::HostForm(_)
+        ));
+        let long = format!("https://app.example.com/{}", "a".repeat(MAX_RETURN_URL));
+        assert!(matches!(refused(&long), ReturnUrlError::TooLong(_)));
         assert!(matches!(
             refused("https://app.example.com/?x=%0D"),
             ReturnUrlError::Control(_)

@@ -375,11 +375,10 @@ impl<A: Accounts> NoticeEmail<A> {
         let (subject, text) = match self.notice {
             Notice::SignupAttempt => (
                 "Someone tried to sign up with your address",
-                format!(
-                    "Someone (maybe you) tried to create an account with this address, but you already have one.\n\n\
-                     Sign in at {site}, or ask for a password reset there if you forgot your password.\n\
-                     If it was not you, you can ignore this message.\n"
-                ),
+                "Someone (maybe you) tried to create an account with this address, but you already have one.\n\n\
+                 Sign in where you use this address, or ask there for a password reset if you forgot your password.\n\
+                 If it was not you, you can ignore this message.\n"
+                    .to_owned(),
             ),
             Notice::ChangeRequested => {
                 let new = job.payload["new_email"]
@@ -390,8 +389,9 @@ impl<A: Accounts> NoticeEmail<A> {
                     format!(
                         "Someone asked to change the email address of your account at {site} to {new}.\n\
                          Nothing changes until the link sent to that address is opened.\n\n\
-                         If it was not you, sign in at {site} and reset your password now: someone may have \
-                         access to your account. Until the change is confirmed, this address stays the account's.\n"
+                         If it was not you, reset your password now (ask for a reset link where you sign in): \
+                         the reset cancels the change, and someone may have access to your account. Until the \
+                         change is confirmed, this address stays the account's.\n"
                     ),
                 )
             }

@@ -326,6 +326,16 @@ impl Modify for Shared {
                     "/v1/invites" | "/v1/exchange" | "/v1/login" | "/v1/users/{id}/email-change"
                 );
                 add_shared(post, needs_api_key, !login);
+                if login {
+                    post.parameters.get_or_insert_with(Vec::new).push(header(
+                        "Oncely-Client-IP",
+                        false,
+                        "The IP address of the person logging in, as the application's backend saw it: the client the failure caps count. Without it only the per-address cap applies.",
+                        ObjectBuilder::new()
+                            .schema_type(Type::String)
+                            .format(Some(utoipa::openapi::SchemaFormat::Custom("ip".into()))),
+                    ));
+                }
             }
             for operation in [&mut item.get, &mut item.post].into_iter().flatten() {
                 add_response_headers(operation);

@@ -960,8 +960,11 @@ fn return_urls_to_set(name: &str, urls: &[String]) -> anyhow::Result<oncely::Ten
             "the default tenant takes no return URLs: it has no API key, so its codes could never be exchanged (create a tenant with `oncely tenant create`)"
         );
     }
-    for url in urls {
+    for (i, url) in urls.iter().enumerate() {
         crate::code::check_return_url(url)?;
+        if urls[..i].contains(url) {
+            bail!("{url:?} is given twice");
+        }
     }
     Ok(tenant)
 }

@@ -360,6 +360,15 @@ pub trait Accounts: Backend {
         email: &'c str,
     ) -> impl Future<Output = Result<bool, AccountError>> + Send + 'c;
 
+    /// Supersedes every live link of user `user_id` (its invitations too if `invites`): after
+    /// a password reset no other reset, magic-link, verification or email-change link of the
+    /// account works — a change an intruder asked for ends when the owner resets.
+    fn end_links<'c>(
+        conn: &'c mut Connection<Self>,
+        user_id: Uuid,
+        invites: bool,
+    ) -> impl Future<Output = Result<(), AccountError>> + Send + 'c;
+
     /// The flow, recipient and liveness of a token (for the worker, outside any transaction).
     fn token_for_send(
         &self,
@@ -415,11 +424,13 @@ pub trait Accounts: Backend {
         grace: std::time::Duration,
     ) -> impl Future<Output = Result<Option<KeyRotation>, AccountError>> + Send;
 
-    /// Stores a code (its hash) for the token consumed in this transaction.
+    /// Stores a code (its hash) for the token consumed in this transaction; `false` (nothing
+    /// stored) if the token's return URL is no longer one of its tenant's: removing a URL with
+    /// `oncely tenant set` stops links already sent from returning there.
     fn insert_code<'c>(
         conn: &'c mut Connection<Self>,
         code: &'c NewCode<'c>,
-    ) -> impl Future<Output = Result<(), AccountError>> + Send + 'c;
+    ) -> impl Future<Output = Result<bool, AccountError>> + Send + 'c;
 
     /// Consumes the live code of `tenant` with this hash, once: one statement, so of concurrent
     /// exchanges exactly one gets it. `None`: unknown, used, expired or another tenant's.
@@ -788,13 +799,23 @@ where
             Ok(_) | Err(AccountError::Conflict(_)) => return Ok(false),
             Err(error) => return Err(error),
         }
+        Self::end_links(conn, user_id, true).await?;
+        Ok(true)
+    }
+
+    async fn end_links(
+        conn: &mut Connection<B>,
+        user_id: Uuid,
+        invites: bool,
+    ) -> Result<(), AccountError> {
         sqlx::query(B::ACCOUNT_SQL.supersede_user_tokens)
             .bind(user_id)
             .bind(B::at(None))
+            .bind(invites)
             .execute(conn)
             .await
             .map_err(AccountError::of::<B>)?;
-        Ok(true)
+        Ok(())
     }
 
     async fn token_for_send(&self, token_id: Uuid) -> Result<Option<TokenForSend>, AccountError> {
@@ -879,7 +900,10 @@ where
         }))
     }
 
-    async fn insert_code(conn: &mut Connection<B>, code: &NewCode<'_>) -> Result<(), AccountError> {
+    async fn insert_code(
+        conn: &mut Connection<B>,
+        code: &NewCode<'_>,
+    ) -> Result<bool, AccountError> {
         let done = sqlx::query(B::ACCOUNT_SQL.insert_code)
             .bind(code.hash)
             .bind(code.token_hash)
@@ -888,10 +912,7 @@ where
             .execute(conn)
             .await
             .map_err(AccountError::of::<B>)?;
-        match B::rows_affected(&done) {
-            1 => Ok(()),
-            _ => Err(AccountError::Vanished("the consumed token vanished")),
-        }
+        Ok(B::rows_affected(&done) == 1)
     }
 
     async fn exchange_code(

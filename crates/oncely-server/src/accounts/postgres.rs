@@ -82,7 +82,8 @@ pub const STATEMENTS: Statements = Statements {
                                        WHERE o.tenant = u.tenant AND o.email = $2)",
     // Index: oncely_tokens_live.
     supersede_user_tokens: "UPDATE oncely_tokens SET superseded_at = COALESCE($2, now())
-                             WHERE user_id = $1 AND consumed_at IS NULL AND superseded_at IS NULL",
+                             WHERE user_id = $1 AND ($3 OR flow <> 'invite')
+                               AND consumed_at IS NULL AND superseded_at IS NULL",
     // Index: oncely_tokens_expires_at. SKIP LOCKED: never waits for a request.
     prune_tokens: "DELETE FROM oncely_tokens WHERE id = ANY (ARRAY(
                        SELECT id FROM oncely_tokens
@@ -128,7 +129,9 @@ pub const STATEMENTS: Statements = Statements {
     insert_code: "INSERT INTO oncely_codes
                       (code_hash, tenant, user_id, flow, authenticated_at, expires_at)
                   SELECT $1, tenant, $3, flow, consumed_at, consumed_at + make_interval(secs => $4)
-                    FROM oncely_tokens WHERE token_hash = $2 AND consumed_at IS NOT NULL",
+                    FROM oncely_tokens t WHERE token_hash = $2 AND consumed_at IS NOT NULL
+                     AND EXISTS (SELECT 1 FROM oncely_return_urls r
+                                  WHERE r.tenant = t.tenant AND r.url = t.return_to)",
     // Index: code_hash (primary key). One statement: of concurrent exchanges one updates the
     // row, the others find it consumed.
     exchange_code: "UPDATE oncely_codes c SET consumed_at = COALESCE($3, now())

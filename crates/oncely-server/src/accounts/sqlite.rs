@@ -76,7 +76,8 @@ pub const STATEMENTS: Statements = Statements {
                                        WHERE o.tenant = oncely_users.tenant AND o.email = ?2)",
     // Index: oncely_tokens_live.
     supersede_user_tokens: "UPDATE oncely_tokens SET superseded_at = ?2
-                             WHERE user_id = ?1 AND consumed_at IS NULL AND superseded_at IS NULL",
+                             WHERE user_id = ?1 AND (?3 OR flow <> 'invite')
+                               AND consumed_at IS NULL AND superseded_at IS NULL",
     // Index: oncely_tokens_expires_at. Milliseconds: the interval is seconds × 1000. No row
     // locks to skip: one writer at a time.
     prune_tokens: "DELETE FROM oncely_tokens WHERE rowid IN (
@@ -119,7 +120,9 @@ pub const STATEMENTS: Statements = Statements {
     insert_code: "INSERT INTO oncely_codes
                       (code_hash, tenant, user_id, flow, authenticated_at, expires_at)
                   SELECT ?1, tenant, ?3, flow, consumed_at, consumed_at + CAST(?4 * 1000 AS INTEGER)
-                    FROM oncely_tokens WHERE token_hash = ?2 AND consumed_at IS NOT NULL",
+                    FROM oncely_tokens t WHERE token_hash = ?2 AND consumed_at IS NOT NULL
+                     AND EXISTS (SELECT 1 FROM oncely_return_urls r
+                                  WHERE r.tenant = t.tenant AND r.url = t.return_to)",
     // Index: code_hash (primary key). SQLite's RETURNING may not name another table: the
     // user's columns come from subqueries.
     exchange_code: "UPDATE oncely_codes SET consumed_at = ?3

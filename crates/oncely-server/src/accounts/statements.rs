@@ -58,7 +58,8 @@ pub struct Statements {
     /// password is cleared, as [`Statements::mark_verified`] does), unless another account of
     /// its tenant has it: then no row changes (the unique index would refuse it anyway).
     pub change_email: &'static str,
-    /// Binds user_id, now. Supersedes every live token of the user, whatever its flow.
+    /// Binds user_id, now, invites (bool). Supersedes every live token of the user — its
+    /// invitations only if `invites`.
     pub supersede_user_tokens: &'static str,
     /// Binds now, expired_for (seconds, a float), limit. Deletes up to `limit` tokens that
     /// expired more than `expired_for` before `now`.
@@ -94,7 +95,7 @@ pub struct Statements {
     pub add_return_url: &'static str,
     /// Binds code_hash, token_hash, user_id, lifetime (seconds, a float). Stores a code of the
     /// consumed token's tenant and flow, authenticated when the token was consumed, valid until
-    /// then + lifetime.
+    /// then + lifetime — unless the token's return URL is no longer one of its tenant's (no row).
     pub insert_code: &'static str,
     /// Binds code_hash, tenant, now. Consumes a live code of the tenant; returns `user_id`,
     /// `email` and `email_verified` (the user's now), `flow`, `authenticated_at_ms` (Unix

@@ -18,7 +18,8 @@ pub async fn request<A: Accounts>(post: LinkRequest<A>) -> Result<Accepted, ApiE
 }
 
 /// `POST /v1/password-reset/confirm`: sets the new password (and, since the link proved the
-/// address, marks it verified).
+/// address, marks it verified); every other live link of the account but its invitations stops
+/// working.
 pub async fn confirm<A: Accounts>(mut post: LinkUse<A>) -> LinkUsed {
     let password = post.body.password.take();
     let Some(password_hash) = hash_new_password(password, &post.caller).await? else {
@@ -27,6 +28,9 @@ pub async fn confirm<A: Accounts>(mut post: LinkUse<A>) -> LinkUsed {
     let (mut conn, user, token) = post.use_account_token(Flow::PasswordReset).await?;
     A::mark_verified(&mut conn, user, None).await?;
     A::set_password(&mut conn, user, &password_hash).await?;
+    // Whoever else holds a link of the account — an email change an intruder asked for, a
+    // magic link, another reset link — loses it with the old password.
+    A::end_links(&mut conn, user, false).await?;
     let body = json!({ "status": "password_changed" });
     post.answer(&mut conn, &token, user, body).await
 }

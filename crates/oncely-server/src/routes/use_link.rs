@@ -174,7 +174,7 @@ impl<A: Accounts> LinkUse<A> {
     }
 
     /// What a used link answers: `body` (`{"status": …}`), and, when the link's request chose a
-    /// return URL, a code minted for `user` in the transaction: the answer then carries the
+    /// return URL that is still one of its tenant's, a code minted for `user` in the transaction: the answer then carries the
     /// code's id and the URL ([`CODE_ID`], [`RETURN_TO`]), which
     /// [`super::exchange::redirect`] turns into `"redirect"` for this answer and every replay
     /// of it (so the idempotency layer stores the id, never the code).
@@ -194,9 +194,15 @@ impl<A: Accounts> LinkUse<A> {
                 user_id: user,
                 lifetime: code::LIFETIME,
             };
-            A::insert_code(conn, &code).await?;
-            body[CODE_ID] = Value::from(id.to_string());
-            body[RETURN_TO] = Value::from(return_to.as_str());
+            if A::insert_code(conn, &code).await? {
+                body[CODE_ID] = Value::from(id.to_string());
+                body[RETURN_TO] = Value::from(return_to.as_str());
+            } else {
+                tracing::warn!(
+                    tenant = %token.tenant,
+                    "a used link's return URL is no longer its tenant's: no code, no redirect"
+                );
+            }
         }
         Ok(Json(body))
     }

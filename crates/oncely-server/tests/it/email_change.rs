@@ -105,6 +105,7 @@ both_databases!(
     a_taken_address_gets_the_same_answer_no_link_and_one_notice_to_its_owner,
     two_accounts_racing_to_one_address_one_wins_and_the_other_link_is_invalid,
     a_newer_change_request_supersedes_the_earlier_link,
+    the_owners_password_reset_ends_a_change_someone_else_asked_for,
     only_the_keys_tenant_can_change_its_users_addresses,
     change_requests_count_toward_the_email_caps_of_both_addresses,
 );
@@ -359,6 +360,37 @@ async fn a_newer_change_request_supersedes_the_earlier_link(url: String, _db: Te
     let (status, _) = click(&app, &second_link, None).await;
     assert_eq!(status, 200);
     assert_eq!(address_of(&app, &ada, second).await, 1);
+}
+
+/// Review of issue 16: the notice to the old address says to reset the password if the change
+/// was not the owner's, but the change link (in the intruder's mailbox) still worked after the
+/// reset, and took the account. A reset ends every other live link of the account.
+async fn the_owners_password_reset_ends_a_change_someone_else_asked_for(url: String, _db: TestDb) {
+    let app = app(&url).await;
+    let key = app.create_tenant("acme").await;
+    let (owner, intruder) = ("ada@example.com", "mallory@example.com");
+    let ada = verified_user(&app, &key, "acme", owner).await;
+    app.post_as(&key, &change_path(&ada), "evil", &new_email(intruder))
+        .await;
+    let change_link = nth_link(&app, intruder, 1).await;
+    let reset = app
+        .post_as(&key, "/v1/password-reset", "r1", &email(owner))
+        .await;
+    assert_eq!(reset.status(), 202);
+    let reset_link = link_in(
+        &settled(&app, owner)
+            .await
+            .into_iter()
+            .find(|m| m.subject.contains("password"))
+            .expect("the reset email"),
+    );
+    let (status, body) = click(&app, &reset_link, Some("a new long password")).await;
+    assert_eq!(status, 200, "{body}");
+
+    let (status, body) = click(&app, &change_link, None).await;
+    assert_eq!((status, problem_type(&body)), (400, "token-invalid"));
+    assert_eq!(address_of(&app, &ada, owner).await, 1);
+    assert_eq!(address_of(&app, &ada, intruder).await, 0);
 }
 
 async fn only_the_keys_tenant_can_change_its_users_addresses(url: String, _db: TestDb) {

@@ -142,6 +142,7 @@ both_databases!(
     a_link_used_concurrently_with_one_key_mints_one_code,
     a_code_expires_after_60_seconds_and_is_pruned,
     a_code_of_tenant_a_is_invalid_with_tenant_bs_key_and_still_good_for_a,
+    a_link_whose_return_url_was_removed_since_returns_nowhere,
     return_url_tricks_are_refused_before_anything_is_written,
     the_cli_sets_checks_lists_and_clears_return_urls,
 );
@@ -459,6 +460,30 @@ async fn a_code_of_tenant_a_is_invalid_with_tenant_bs_key_and_still_good_for_a(
     // The Idempotency-Key tenant other used is, in tenant acme, a request of its own.
     let (status, identity) = exchange(&app, &acme, "x1", &code).await;
     assert_eq!(status, 400, "spent: {identity}");
+}
+
+/// A return URL the operator removed (a domain given up, or compromised) is no longer returned
+/// to, even by links sent while it was allowed: the link still works, without a code.
+async fn a_link_whose_return_url_was_removed_since_returns_nowhere(url: String, _db: TestDb) {
+    let app = app(&url).await;
+    let acme = tenant_with_return_urls(&app, "acme", &[CALLBACK, LOCAL]).await;
+    let ada = "ada@example.com";
+    let signup = json!({ "email": ada, "return_to": LOCAL });
+    assert_eq!(
+        app.post_as(&acme, "/v1/signup", "s1", &signup)
+            .await
+            .status(),
+        202
+    );
+    let presented = token(&nth_token(&app, ada, 1).await);
+    let (code, out, err) = oncely_tenant(&app, &["set", "acme", "--return-url", CALLBACK]).await;
+    assert_eq!(code, 0, "{out}{err}");
+
+    let (status, body, _) = use_link(&app, "/v1/verify", "v1", &presented).await;
+    assert_eq!(status, 200, "{body}");
+    assert_eq!(body["status"], "verified");
+    assert!(body.get("redirect").is_none(), "{body}");
+    assert_counts(&app, &[("SELECT count(*) FROM oncely_codes", 0)]).await;
 }
 
 /// Return URLs that are not the tenant's byte for byte: each refused with 400

@@ -10,13 +10,14 @@ use oncely_testdb::TestDb;
 use serde_json::{Value, json};
 
 use crate::flows::{mann_whitney_z, median};
-use crate::requests::{client_from, email, nth_token, problem_type};
+use crate::requests::{email, nth_token, problem_type};
 use crate::support::{TestApp, both_databases, execute, spawn_app_on};
 
 both_databases!(
     a_verified_account_logs_in_with_or_without_a_key_and_every_failure_is_one_401,
     a_failed_login_takes_as_long_whether_or_not_the_address_has_an_account,
     a_strangers_failures_refuse_its_own_client_never_the_owner,
+    a_backend_that_forwards_no_client_address_is_not_one_client,
     concurrent_failures_cannot_slip_under_the_limit,
     a_hash_of_other_parameters_is_upgraded_at_login,
 );
@@ -67,11 +68,12 @@ async fn account(app: &TestApp, acme: &str, address: &str, password: Option<&str
     assert_eq!(verified.status(), 200);
 }
 
-/// A login from `client`: the tenant's API key if given, an Idempotency-Key if given; a `503
-/// busy` (the hashing pool, shared by the tests running at once) is retried, a bounded number
-/// of times, as a client would.
+/// A login the application's backend sends for the person at `client` (its address in
+/// `Oncely-Client-IP`, if given): the tenant's API key if given, an Idempotency-Key if given; a
+/// `503 busy` (the hashing pool, shared by the tests running at once) is retried, a bounded
+/// number of times, as a client would. Every request comes from the one backend address.
 async fn login_from(
-    client: &reqwest::Client,
+    client: Option<&str>,
     app: &TestApp,
     api_key: Option<&str>,
     key: Option<&str>,
@@ -79,9 +81,13 @@ async fn login_from(
     password: &str,
 ) -> reqwest::Response {
     for _ in 0..100 {
-        let mut request = client
+        let mut request = app
+            .client
             .post(format!("{}/v1/login", app.base))
             .json(&json!({ "email": address, "password": password }));
+        if let Some(client) = client {
+            request = request.header("oncely-client-ip", client);
+        }
         if let Some(api_key) = api_key {
             request = request.bearer_auth(api_key);
         }
@@ -104,7 +110,7 @@ async fn login(
     address: &str,
     password: &str,
 ) -> reqwest::Response {
-    login_from(&app.client, app, Some(acme), key, address, password).await
+    login_from(None, app, Some(acme), key, address, password).await
 }
 
 /// Status, headers (but those that differ between any two responses) and body.
@@ -219,7 +225,7 @@ async fn a_verified_account_logs_in_with_or_without_a_key_and_every_failure_is_o
     assert!(retried.headers().get("idempotent-replayed").is_none());
 
     // The default tenant has no key: no login. Another tenant's key does not open acme's account.
-    let anonymous = login_from(&app.client, &app, None, None, "ada@example.com", PASSWORD).await;
+    let anonymous = login_from(None, &app, None, None, "ada@example.com", PASSWORD).await;
     assert_eq!(anonymous.status(), 401);
     let anonymous: Value = anonymous.json().await.unwrap();
     assert_eq!(problem_type(&anonymous), "unauthorized");
@@ -283,9 +289,9 @@ async fn a_strangers_failures_refuse_its_own_client_never_the_owner(url: String,
     let (app, acme) = app(&url, limits).await;
     let victim = "victim@example.com";
     account(&app, &acme, victim, Some(PASSWORD), true).await;
-    let stranger = client_from("127.0.0.2");
-    let owner = client_from("127.0.0.3");
-    let attempt = async |client: &reqwest::Client, address: &str, password: &str| {
+    let stranger = Some("127.0.0.2");
+    let owner = Some("127.0.0.3");
+    let attempt = async |client: Option<&str>, address: &str, password: &str| {
         login_from(client, &app, Some(&acme), None, address, password).await
     };
 
@@ -294,9 +300,9 @@ async fn a_strangers_failures_refuse_its_own_client_never_the_owner(url: String,
     let mut refusals = Vec::new();
     for address in [victim, "nobody@example.com"] {
         for _ in 0..limits.per_address {
-            assert_eq!(attempt(&stranger, address, "guess").await.status(), 401);
+            assert_eq!(attempt(stranger, address, "guess").await.status(), 401);
         }
-        let refused = attempt(&stranger, address, "guess").await;
+        let refused = attempt(stranger, address, "guess").await;
         assert_eq!(refused.status(), 429, "{address}");
         retry_after(&refused, limits.window);
         refusals.push(answer(refused).await);
@@ -304,31 +310,31 @@ async fn a_strangers_failures_refuse_its_own_client_never_the_owner(url: String,
     assert_eq!(refusals[0], refusals[1], "known and unknown refused alike");
     let problem: Value = serde_json::from_str(&refusals[0].2).unwrap();
     assert_eq!(problem_type(&problem), "login-throttled");
-    assert_eq!(attempt(&stranger, victim, PASSWORD).await.status(), 429);
+    assert_eq!(attempt(stranger, victim, PASSWORD).await.status(), 429);
     // The owner's client is not the stranger's.
-    assert_eq!(attempt(&owner, victim, PASSWORD).await.status(), 200);
+    assert_eq!(attempt(owner, victim, PASSWORD).await.status(), 200);
 
     // Another stranger fills the address's total (3 + 3 = 6 failures).
-    let second = client_from("127.0.0.4");
+    let second = Some("127.0.0.4");
     for _ in 0..limits.per_address {
-        assert_eq!(attempt(&second, victim, "guess").await.status(), 401);
+        assert_eq!(attempt(second, victim, "guess").await.status(), 401);
     }
     // Over the total, a client with failures of its own at the address is refused after its
     // first attempt; a client with none — the owner's — still gets its attempt.
-    let third = client_from("127.0.0.5");
-    assert_eq!(attempt(&third, victim, "guess").await.status(), 401);
-    assert_eq!(attempt(&third, victim, PASSWORD).await.status(), 429);
-    assert_eq!(attempt(&owner, victim, PASSWORD).await.status(), 200);
-    let travelling = client_from("127.0.0.6");
-    assert_eq!(attempt(&travelling, victim, PASSWORD).await.status(), 200);
+    let third = Some("127.0.0.5");
+    assert_eq!(attempt(third, victim, "guess").await.status(), 401);
+    assert_eq!(attempt(third, victim, PASSWORD).await.status(), 429);
+    assert_eq!(attempt(owner, victim, PASSWORD).await.status(), 200);
+    let travelling = Some("127.0.0.6");
+    assert_eq!(attempt(travelling, victim, PASSWORD).await.status(), 200);
 
     // One client trying many addresses (credential stuffing) is stopped by its own cap.
-    let stuffer = client_from("127.0.0.7");
+    let stuffer = Some("127.0.0.7");
     for i in 0..limits.per_client {
         let address = format!("user{i}@example.com");
-        assert_eq!(attempt(&stuffer, &address, "guess").await.status(), 401);
+        assert_eq!(attempt(stuffer, &address, "guess").await.status(), 401);
     }
-    let refused = attempt(&stuffer, "user-next@example.com", "guess").await;
+    let refused = attempt(stuffer, "user-next@example.com", "guess").await;
     assert_eq!(refused.status(), 429);
     assert_eq!(answer(refused).await, refusals[0]);
 
@@ -340,6 +346,58 @@ async fn a_strangers_failures_refuse_its_own_client_never_the_owner(url: String,
             assert!(!bucket.contains(needle), "{bucket} holds {needle}");
         }
     }
+}
+
+/// Review of issue 16: the caps counted the peer — for a login, the application's backend,
+/// which all its users share — so six failures from one stranger refused the owner, and a
+/// hundred on made-up addresses refused every user of the tenant. Without `Oncely-Client-IP`
+/// the client is unknown: only the per-address total applies. A header that is not one address
+/// is a 400, never silently the backend.
+async fn a_backend_that_forwards_no_client_address_is_not_one_client(url: String, _db: TestDb) {
+    let limits = LoginLimits {
+        per_address: 3,
+        per_address_total: 6,
+        per_client: 8,
+        window: Duration::from_secs(900),
+    };
+    let (app, acme) = app(&url, limits).await;
+    let victim = "victim@example.com";
+    account(&app, &acme, victim, Some(PASSWORD), true).await;
+    let through_backend = async |address: &str, password: &str| {
+        login(&app, &acme, None, address, password)
+            .await
+            .status()
+            .as_u16()
+    };
+    // Credential stuffing through the backend, past what one client may: nobody else refused.
+    for i in 0..=limits.per_client {
+        let address = format!("user{i}@example.com");
+        assert_eq!(through_backend(&address, "guess").await, 401);
+    }
+    // Guesses at the victim's address past the per-client-per-address cap, under the total.
+    for _ in 0..limits.per_address_total - 1 {
+        assert_eq!(through_backend(victim, "guess").await, 401);
+    }
+    assert_eq!(through_backend(victim, PASSWORD).await, 200);
+    // The total still holds for the address (the one cap left when no client is named).
+    assert_eq!(through_backend(victim, "guess").await, 401);
+    assert_eq!(through_backend(victim, PASSWORD).await, 429);
+
+    for bad in ["not-an-ip", "127.0.0.1, 127.0.0.2", ""] {
+        let refused = login_from(Some(bad), &app, Some(&acme), None, victim, PASSWORD).await;
+        assert_eq!(refused.status(), 400, "{bad:?}");
+    }
+    let twice = app
+        .client
+        .post(format!("{}/v1/login", app.base))
+        .bearer_auth(&acme)
+        .header("oncely-client-ip", "127.0.0.2")
+        .header("oncely-client-ip", "127.0.0.3")
+        .json(&json!({ "email": victim, "password": PASSWORD }))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(twice.status(), 400);
 }
 
 /// Every bucket of the limits table.
@@ -366,13 +424,13 @@ async fn concurrent_failures_cannot_slip_under_the_limit(url: String, _db: TestD
     };
     let (app, acme) = app(&url, limits).await;
     account(&app, &acme, "ada@example.com", Some(PASSWORD), true).await;
-    let attacker = client_from("127.0.0.2");
+    let attacker = Some("127.0.0.2");
     let guesses = (0..12).map(|i| {
         let password = format!("guess {i}");
         let (attacker, app, acme) = (&attacker, &app, &acme);
         async move {
             login_from(
-                attacker,
+                *attacker,
                 app,
                 Some(acme),
                 None,
@@ -393,14 +451,14 @@ async fn concurrent_failures_cannot_slip_under_the_limit(url: String, _db: TestD
     assert!(checked <= 3, "{checked} guesses checked: {statuses:?}");
     // However the race went, no more than the limit is ever checked in the window.
     let mut more = 0;
-    while attempt_status(&app, &attacker, &acme).await == 401 {
+    while attempt_status(&app, attacker, &acme).await == 401 {
         more += 1;
         assert!(checked + more <= 3, "more checks than the limit");
     }
     assert_eq!(checked + more, 3);
 }
 
-async fn attempt_status(app: &TestApp, client: &reqwest::Client, acme: &str) -> u16 {
+async fn attempt_status(app: &TestApp, client: Option<&str>, acme: &str) -> u16 {
     login_from(client, app, Some(acme), None, "ada@example.com", "one more")
         .await
         .status()

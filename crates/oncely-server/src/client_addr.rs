@@ -98,6 +98,32 @@ impl CallerAddr {
     }
 }
 
+/// The header in which an application's backend names the address of the person it acts for.
+pub const CLIENT_IP_HEADER: &str = "oncely-client-ip";
+
+impl CallerAddr {
+    /// The caller of a request that carries a tenant's API key: such a request comes from the
+    /// application's backend, which all its users share, so the caller is the address the
+    /// backend names in `Oncely-Client-IP` (trusted: the key proves the backend), or unknown —
+    /// never the peer: counting the backend as one client would let one stranger use up every
+    /// user's caps (email caps, login failures, the hashing pool's per-client share). An error
+    /// (for a 400) if the header is not one IP address.
+    pub fn named_by_backend(headers: &HeaderMap) -> Result<Self, &'static str> {
+        let mut values = headers.get_all(CLIENT_IP_HEADER).iter();
+        let bad = "Oncely-Client-IP must be one IP address";
+        match (values.next(), values.next()) {
+            (None, _) => Ok(Self(None)),
+            (Some(value), None) => value
+                .to_str()
+                .ok()
+                .and_then(|v| v.trim().parse::<IpAddr>().ok())
+                .map(|ip| Self(Some(ip)))
+                .ok_or(bad),
+            (Some(_), Some(_)) => Err(bad),
+        }
+    }
+}
+
 impl<S: Send + Sync> FromRequestParts<S> for CallerAddr {
     type Rejection = std::convert::Infallible;
 

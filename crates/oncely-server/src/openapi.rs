@@ -326,16 +326,6 @@ impl Modify for Shared {
                     "/v1/invites" | "/v1/exchange" | "/v1/login" | "/v1/users/{id}/email-change"
                 );
                 add_shared(post, needs_api_key, !login);
-                if login {
-                    post.parameters.get_or_insert_with(Vec::new).push(header(
-                        "Oncely-Client-IP",
-                        false,
-                        "The IP address of the person logging in, as the application's backend saw it: the client the failure caps count. Without it only the per-address cap applies.",
-                        ObjectBuilder::new()
-                            .schema_type(Type::String)
-                            .format(Some(utoipa::openapi::SchemaFormat::Custom("ip".into()))),
-                    ));
-                }
             }
             for operation in [&mut item.get, &mut item.post].into_iter().flatten() {
                 add_response_headers(operation);
@@ -421,6 +411,14 @@ fn add_shared(operation: &mut Operation, needs_api_key: bool, needs_key: bool) {
         needs_api_key,
         "`Bearer <tenant API key>`; without it, the default tenant. An invalid key is 401, never the default tenant.",
         ObjectBuilder::new().schema_type(Type::String),
+    ));
+    parameters.push(header(
+        "Oncely-Client-IP",
+        false,
+        "With the tenant's API key: the IP address of the person the application's backend acts for, as it saw it — the client of the per-client caps and of the hashing pool's shares (without it, unknown: never the backend). Ignored without an API key (the client is then the peer).",
+        ObjectBuilder::new()
+            .schema_type(Type::String)
+            .format(Some(utoipa::openapi::SchemaFormat::Custom("ip".into()))),
     ));
     let problem = |description: &str| {
         ResponseBuilder::new()

@@ -9,7 +9,6 @@
 //! password are written in statements of their own, so that a 401 (whose transaction the layer
 //! rolls back) still counts.
 
-use std::net::IpAddr;
 use std::time::Duration;
 
 use axum::Json;
@@ -59,31 +58,6 @@ pub struct LoginRequest {
     password: String,
 }
 
-/// The header in which the application's backend names the address of the person logging in.
-pub const CLIENT_IP_HEADER: &str = "oncely-client-ip";
-
-/// Who a login is throttled as, and whose share of the hashing pool it takes: the address the
-/// application's backend forwards in `Oncely-Client-IP` (trusted: the request carries the
-/// tenant's API key). Without it the client is unknown — not the peer: the peer of a login is
-/// the application's backend, which all its users share, so counting per peer would let one
-/// stranger lock every user out; then only the per-address total applies. A header that is
-/// not one IP address is a 400.
-fn end_user(headers: &HeaderMap) -> Result<CallerAddr, ApiError> {
-    let mut values = headers.get_all(CLIENT_IP_HEADER).iter();
-    let (value, again) = (values.next(), values.next());
-    let bad = || ApiError::invalid_request("Oncely-Client-IP must be one IP address");
-    match (value, again) {
-        (None, _) => Ok(CallerAddr(None)),
-        (Some(value), None) => value
-            .to_str()
-            .ok()
-            .and_then(|v| v.trim().parse::<IpAddr>().ok())
-            .map(|ip| CallerAddr(Some(ip)))
-            .ok_or_else(bad),
-        (Some(_), Some(_)) => Err(bad()),
-    }
-}
-
 /// `POST /v1/login`: the identity of the verified account whose password this is.
 pub async fn login<A: Accounts>(
     State(state): State<AppState<A>>,
@@ -92,7 +66,9 @@ pub async fn login<A: Accounts>(
     JsonBody(request): JsonBody<LoginRequest>,
 ) -> Result<Json<Value>, ApiError> {
     tenant.require_proven()?;
-    let caller = end_user(&headers)?;
+    // The backend's users' address, named in Oncely-Client-IP (else unknown: only the
+    // per-address total applies).
+    let caller = CallerAddr::named_by_backend(&headers).map_err(ApiError::invalid_request)?;
     let tenant = tenant.id;
     let address = EmailAddress::parse(&request.email).ok();
     // An address that does not parse is throttled under what was sent, as a parsed one is

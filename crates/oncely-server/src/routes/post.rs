@@ -38,14 +38,15 @@ impl<S: Send + Sync, T: DeserializeOwned> FromRequest<S> for JsonBody<T> {
 }
 
 /// A `POST` under `/v1` with a JSON body `T`, behind the transactional idempotency layer (an
-/// extractor). Extracted in this order: state, tenant, caller, transaction, body — only the
-/// last two can refuse (the transaction only when the route is not behind the layer).
+/// extractor). Extracted in this order: state, tenant, caller, transaction, body — the caller
+/// refuses a bad `Oncely-Client-IP`, the transaction only when the route is not behind the layer.
 pub struct IdempotentPost<A: Accounts, T> {
     /// What handlers share.
     pub state: AppState<A>,
     /// The request's tenant, and whether an API key proved it.
     pub tenant: Tenant,
-    /// The caller's address (per-client caps, its share of the hashing pool).
+    /// The caller's address (per-client caps, its share of the hashing pool): the peer, or with
+    /// an API key the user the backend names ([`CallerAddr::named_by_backend`]).
     pub caller: CallerAddr,
     /// The layer's transaction: `lock()` claims the key in it.
     pub tx: IdempotentTx<A::Database>,
@@ -59,7 +60,15 @@ impl<A: Accounts, T: DeserializeOwned> FromRequest<AppState<A>> for IdempotentPo
     async fn from_request(req: Request, state: &AppState<A>) -> Result<Self, Self::Rejection> {
         let (mut parts, body) = req.into_parts();
         let Ok(tenant) = Tenant::from_request_parts(&mut parts, state).await;
-        let Ok(caller) = CallerAddr::from_request_parts(&mut parts, state).await;
+        // With the tenant's API key, the backend names its user (or nobody); else the peer.
+        let caller = match tenant.proven {
+            true => CallerAddr::named_by_backend(&parts.headers)
+                .map_err(|e| ApiError::invalid_request(e).into_response())?,
+            false => {
+                let Ok(caller) = CallerAddr::from_request_parts(&mut parts, state).await;
+                caller
+            }
+        };
         let tx = IdempotentTx::from_request_parts(&mut parts, state)
             .await
             .map_err(IntoResponse::into_response)?;

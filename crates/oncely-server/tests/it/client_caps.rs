@@ -1,5 +1,6 @@
 //! The per-client email cap keys on the real client: the connection's peer address, or what a
-//! configured trusted proxy forwarded. Clients come from several loopback source addresses.
+//! configured trusted proxy forwarded, or — with a tenant's API key — the user the backend names.
+//! Clients come from several loopback source addresses.
 
 use std::time::Duration;
 
@@ -14,6 +15,7 @@ both_databases!(
     each_client_address_has_its_own_email_cap,
     a_spoofed_forwarded_header_from_an_untrusted_peer_neither_escapes_nor_moves_its_bucket,
     behind_a_trusted_proxy_the_forwarded_client_is_the_bucket,
+    a_tenants_backend_is_not_one_client_the_user_it_names_is,
 );
 
 /// One signup: the client it comes from, the local part of its address (`a0` is
@@ -114,4 +116,58 @@ async fn behind_a_trusted_proxy_the_forwarded_client_is_the_bucket(url: String, 
     ];
     let sent = delivered_after(&app, &signups).await;
     assert_eq!(sent, [1, 1, 0, 0, 0, 1, 1, 1]);
+}
+
+/// Review of issue 16: a request with a tenant's API key comes from the application's backend,
+/// and its one address was the client of every user: past the per-client cap every email of
+/// the tenant was suppressed. The client is the user the backend names in `Oncely-Client-IP`;
+/// without it, unknown (the per-address caps still hold); a value that is not one address is a
+/// 400.
+async fn a_tenants_backend_is_not_one_client_the_user_it_names_is(url: String, _db: TestDb) {
+    let app = app_with_mail_caps(&url, 100, 2, |_| {}).await;
+    let api_key = app.create_tenant("acme").await;
+    let signup = async |who: &str, user: Option<&str>| {
+        let address = format!("{who}@example.com");
+        let mut request = idempotent_post(&app.client, &app.base, "/v1/signup", who)
+            .bearer_auth(&api_key)
+            .json(&email(&address));
+        if let Some(user) = user {
+            request = request.header("oncely-client-ip", user);
+        }
+        request.send().await.unwrap().status().as_u16()
+    };
+    for (who, user) in [
+        ("a0", Some("203.0.113.7")),
+        ("a1", Some("203.0.113.7")),
+        ("a2", Some("203.0.113.7")),
+        ("b0", Some("198.51.100.9")),
+        ("n0", None),
+        ("n1", None),
+        ("n2", None),
+    ] {
+        assert_eq!(signup(who, user).await, 202, "{who}");
+    }
+    assert_drained(&app, Duration::from_secs(20)).await;
+    let sent: Vec<usize> = ["a0", "a1", "a2", "b0", "n0", "n1", "n2"]
+        .iter()
+        .map(|who| {
+            app.inbox
+                .messages(Some(&format!("{who}@example.com")))
+                .len()
+        })
+        .collect();
+    assert_eq!(
+        sent[..3],
+        [1, 1, 0],
+        "203.0.113.7: two emails, then its cap"
+    );
+    assert_eq!(
+        sent[3], 1,
+        "another user of the same backend has a cap of its own"
+    );
+    assert_eq!(sent[4..], [1, 1, 1], "no user named: not the backend's cap");
+    assert_eq!(app.count(CAPPED_BY_CLIENT).await, 1);
+    for bad in ["backend", "203.0.113.7, 198.51.100.9", ""] {
+        assert_eq!(signup("bad", Some(bad)).await, 400, "{bad:?}");
+    }
 }

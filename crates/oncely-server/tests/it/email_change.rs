@@ -448,8 +448,9 @@ async fn only_the_keys_tenant_can_change_its_users_addresses(url: String, _db: T
 }
 
 async fn change_requests_count_toward_the_email_caps_of_both_addresses(url: String, _db: TestDb) {
-    // One email per address per client in the window.
-    let app = app_with_mail_caps(&url, 1, 1000, |_| {}).await;
+    // One email per address in the window: the backend names no user (Oncely-Client-IP), so
+    // only the all-clients total counts.
+    let app = app_with_mail_caps(&url, 1, 1000, |s| s.limits.per_address_total = 1).await;
     let key = app.create_tenant("acme").await;
     let old = "capped@example.com";
     let ada = verified_user(&app, &key, "acme", old).await;

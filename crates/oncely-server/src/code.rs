@@ -144,7 +144,12 @@ pub fn check_return_url(text: &str) -> Result<(), ReturnUrlError> {
     if trailing_dot || url.port() == Some(0) {
         return Err(ReturnUrlError::HostForm(given()));
     }
-    if url.query_pairs().any(|(name, _)| name == "code") {
+    // Any case, and `;` as a separator too: some frameworks read query names so.
+    let own_code = url.query().is_some_and(|q| q.contains(';'))
+        || url
+            .query_pairs()
+            .any(|(name, _)| name.eq_ignore_ascii_case("code"));
+    if own_code {
         return Err(ReturnUrlError::CodeParameter(given()));
     }
     if !url.username().is_empty() || url.password().is_some() {
@@ -278,6 +283,8 @@ mod tests {
         for own_code in [
             "https://app.example.com/cb?code=attacker",
             "https://app.example.com/cb?next=%2F&code=",
+            "https://app.example.com/cb?Code=x",
+            "https://app.example.com/cb?x=1;code=2",
         ] {
             assert!(
                 matches!(refused(own_code), ReturnUrlError::CodeParameter(_)),

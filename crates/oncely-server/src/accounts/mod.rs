@@ -683,6 +683,13 @@ where
         flow: &str,
         hash: &[u8],
     ) -> Result<Option<ConsumedToken>, AccountError> {
+        // The account first (see `lock_token_account`), so that two links of one account used
+        // at once do not deadlock.
+        sqlx::query(B::ACCOUNT_SQL.lock_token_account)
+            .bind(hash)
+            .execute(&mut *conn)
+            .await
+            .map_err(AccountError::of::<B>)?;
         sqlx::query_as(B::ACCOUNT_SQL.consume_token)
             .bind(hash)
             .bind(tenant)

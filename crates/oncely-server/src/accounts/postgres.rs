@@ -30,6 +30,14 @@ pub const STATEMENTS: Statements = Statements {
                        (id, tenant, user_id, email, flow, token_hash, expires_at, created_at, password_hash,
                         return_to)
                    VALUES ($1, $2, $3, $4, $5, $6, $7, COALESCE($8, now()), $9, $10)",
+    // Index: token_hash unique, then the users' primary key. Every transaction that uses a
+    // link locks its account first, then its token, then the account's other tokens (a reset
+    // ends them, so does an email change): two links of one account used at once then run one
+    // after the other, where locking token first deadlocked (each held its own token and
+    // wanted the other's).
+    lock_token_account: "SELECT 1 FROM oncely_users
+                          WHERE id = (SELECT user_id FROM oncely_tokens WHERE token_hash = $1)
+                            FOR UPDATE",
     // Index: token_hash unique (across tenants: the token names its tenant). `$2::text`: a
     // NULL alone has no type to infer.
     consume_token: "UPDATE oncely_tokens SET consumed_at = COALESCE($4, now())

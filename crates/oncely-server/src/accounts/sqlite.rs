@@ -28,6 +28,8 @@ pub const STATEMENTS: Statements = Statements {
                        (id, tenant, user_id, email, flow, token_hash, expires_at, created_at, password_hash,
                         return_to)
                    VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10)",
+    // Differs: nothing to lock — the transaction holds the database's one write lock.
+    lock_token_account: "SELECT 1 WHERE ?1 IS NULL",
     // Index: token_hash unique (across tenants: the token names its tenant).
     consume_token: "UPDATE oncely_tokens SET consumed_at = ?4
                      WHERE token_hash = ?1 AND (?2 IS NULL OR tenant = ?2) AND flow = ?3

@@ -30,6 +30,9 @@ pub struct Statements {
     /// Binds id, tenant, user_id, email, flow, token_hash, expires_at, now, password_hash,
     /// return_to.
     pub insert_token: &'static str,
+    /// Binds token_hash. Locks the account the token belongs to (if any) until the transaction
+    /// ends, before the token is consumed.
+    pub lock_token_account: &'static str,
     /// Binds token_hash, tenant (or NULL: any), flow, now. Consumes a live, owned token;
     /// returns `tenant`, `user_id`, `email`, `password_hash`, `return_to`.
     pub consume_token: &'static str,

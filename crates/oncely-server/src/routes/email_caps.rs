@@ -13,6 +13,10 @@ use crate::accounts::Accounts;
 use crate::client_addr::CallerAddr;
 use crate::email::EmailAddress;
 
+/// How many times its total a per-address cap lets through at most, first attempts of new
+/// clients included (they pass the total itself, so that strangers cannot lock an owner out).
+pub const HARD_CEILING: i64 = 2;
+
 /// Caps on emails per window, per normalized address and per client.
 #[derive(Debug, Clone, Copy)]
 pub struct MailLimits {
@@ -76,10 +80,14 @@ pub async fn suppression<A: Accounts>(
         // client hammering one address past its share cannot use up everyone else's. And a
         // client's first email to the address in the window always passes the total: however
         // many clients fill it, the owner (a client that has asked for nothing yet) still gets
-        // its link — a mail bomb gains one email per client address it controls, no more.
+        // its link — a mail bomb gains one email per client address it controls, and no more
+        // than the hard ceiling in all.
         let to_address = count("address", email.as_str()).await?;
         let first_from_client = to_address_from_client == 1;
-        match to_address > i64::from(limits.per_address_total) && !first_from_client {
+        // But not past the hard ceiling: clients are cheap (an IPv6 prefix holds thousands, a
+        // backend may name any address), so their first emails together stop there.
+        let total = i64::from(limits.per_address_total);
+        match to_address > total * HARD_CEILING || (to_address > total && !first_from_client) {
             true => over(
                 "address_total",
                 limits.per_address_total,

@@ -21,6 +21,7 @@ use serde_json::Value;
 use time::OffsetDateTime;
 
 use super::AppState;
+use super::email_caps::HARD_CEILING;
 use super::error::ApiError;
 use super::exchange::without_email;
 use super::post::JsonBody;
@@ -205,7 +206,12 @@ impl<'a, A: Accounts> Attempt<'a, A> {
         let to_address = attempt.count("login-address", address).await?;
         // A client's first attempt at the address in the window passes the total: strangers
         // who fill it from many clients do not lock the owner out.
-        if over(to_address, limits.per_address_total) && !first_from_client {
+        // Not past the hard ceiling, though: clients are cheap (an IPv6 prefix holds thousands,
+        // a backend may name any address), so an address takes at most that many guesses.
+        let ceiling = i64::from(limits.per_address_total) * HARD_CEILING;
+        if to_address > ceiling
+            || (over(to_address, limits.per_address_total) && !first_from_client)
+        {
             return Err(attempt.refuse(window_start + window - now).await);
         }
         Ok(attempt)

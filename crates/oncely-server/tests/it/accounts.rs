@@ -216,3 +216,81 @@ async fn a_change_racing_to_one_address_is_refused_like_a_taken_one() {
     let holders = "SELECT count(*) FROM oncely_users WHERE email = 'x@example.com'";
     assert_eq!(crate::support::count(&url, holders).await, 1);
 }
+
+/// Second review of issue 16: a password reset and an email change of one account used at once
+/// deadlocked on PostgreSQL (each locked its own link, then wanted the other's: the reset to
+/// end it, the change to supersede it) and one of them was a 500. Using a link locks its
+/// account first, so the second waits for the first and then finds its link ended.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn two_links_of_one_account_used_at_once_run_one_after_the_other() {
+    use oncely_server::accounts::SignupOutcome;
+    use oncely_server::email::EmailAddress;
+
+    let (url, _db) = crate::support::postgres_db().await;
+    let backend = Postgres::connect(&url, COMMAND_POOL).await.unwrap();
+    oncely_server::startup::migrate(&backend).await.unwrap();
+    let mut conn = backend.pool().acquire().await.unwrap();
+    let address = EmailAddress::parse("ada@example.com").unwrap();
+    let ada = match Postgres::signup_user(&mut conn, "default", &address, None)
+        .await
+        .unwrap()
+    {
+        SignupOutcome::Created(id) => id,
+        other => panic!("{other:?}"),
+    };
+    let (reset, change) = (vec![1u8; 32], vec![2u8; 32]);
+    for (flow, hash, email) in [
+        ("password_reset", &reset, None),
+        ("email_change", &change, Some("new@example.com")),
+    ] {
+        let token = NewToken {
+            id: uuid::Uuid::new_v4(),
+            tenant: "default",
+            user_id: Some(ada),
+            email,
+            flow,
+            hash,
+            expires_at: OffsetDateTime::now_utc() + Duration::hours(1),
+            password_hash: None,
+            supersede: false,
+            return_to: None,
+        };
+        Postgres::insert_token(&mut conn, &token).await.unwrap();
+    }
+    drop(conn);
+
+    let mut first = backend.pool().begin().await.unwrap();
+    let used = Postgres::consume_token(&mut first, None, "password_reset", &reset).await;
+    assert!(matches!(used, Ok(Some(_))), "{used:?}");
+    let pool = backend.pool().clone();
+    let second = tokio::spawn(async move {
+        let mut second = pool.begin().await.unwrap();
+        let used = Postgres::consume_token(&mut second, None, "email_change", &change).await?;
+        if used.is_some() {
+            Postgres::change_email(&mut second, ada, "new@example.com").await?;
+        }
+        second.commit().await.map_err(|e| anyhow::anyhow!(e))?;
+        anyhow::Ok(used.is_some())
+    });
+    // Waits (bounded) until the second transaction waits on a lock the first holds.
+    let waiting = "SELECT count(*) FROM pg_stat_activity
+                    WHERE datname = current_database() AND wait_event_type = 'Lock'";
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+    while crate::support::count(&url, waiting).await == 0 {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the second never waited"
+        );
+        tokio::time::sleep(std::time::Duration::from_millis(10)).await;
+    }
+    let ended = Postgres::end_links(&mut first, ada, false).await;
+    assert!(ended.is_ok(), "the reset ends the other links: {ended:?}");
+    first.commit().await.unwrap();
+    let changed = second.await.unwrap();
+    assert!(
+        matches!(changed, Ok(false)),
+        "the change finds its link ended: {changed:?}"
+    );
+    let moved = "SELECT count(*) FROM oncely_users WHERE email = 'new@example.com'";
+    assert_eq!(crate::support::count(&url, moved).await, 0);
+}

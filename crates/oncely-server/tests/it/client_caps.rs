@@ -16,6 +16,7 @@ both_databases!(
     a_spoofed_forwarded_header_from_an_untrusted_peer_neither_escapes_nor_moves_its_bucket,
     behind_a_trusted_proxy_the_forwarded_client_is_the_bucket,
     a_tenants_backend_is_not_one_client_the_user_it_names_is,
+    first_emails_of_new_clients_stop_at_the_hard_ceiling,
 );
 
 /// One signup: the client it comes from, the local part of its address (`a0` is
@@ -170,4 +171,25 @@ async fn a_tenants_backend_is_not_one_client_the_user_it_names_is(url: String, _
     for bad in ["backend", "203.0.113.7, 198.51.100.9", ""] {
         assert_eq!(signup("bad", Some(bad)).await, 400, "{bad:?}");
     }
+}
+
+/// Second review of issue 16: each new client's first email passes the per-address total, and a
+/// backend may name any client: twelve magic links from twelve named addresses reached one
+/// mailbox whose total was four. No mailbox gets more than twice its total in a window.
+async fn first_emails_of_new_clients_stop_at_the_hard_ceiling(url: String, _db: TestDb) {
+    let app = app_with_mail_caps(&url, 1, 1000, |s| s.limits.per_address_total = 4).await;
+    let api_key = app.create_tenant("acme").await;
+    let address = "target@example.com";
+    for i in 1..=12 {
+        let response = idempotent_post(&app.client, &app.base, "/v1/invites", &format!("i{i}"))
+            .bearer_auth(&api_key)
+            .header("oncely-client-ip", format!("198.51.100.{i}"))
+            .json(&email(address))
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(response.status(), 202);
+    }
+    assert_drained(&app, Duration::from_secs(20)).await;
+    assert_eq!(app.inbox.messages(Some(address)).len(), 8);
 }

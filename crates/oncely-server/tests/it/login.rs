@@ -18,6 +18,7 @@ both_databases!(
     a_failed_login_takes_as_long_whether_or_not_the_address_has_an_account,
     a_strangers_failures_refuse_its_own_client_never_the_owner,
     a_backend_that_forwards_no_client_address_is_not_one_client,
+    new_clients_together_stop_at_the_hard_ceiling,
     concurrent_failures_cannot_slip_under_the_limit,
     a_hash_of_other_parameters_is_upgraded_at_login,
 );
@@ -398,6 +399,39 @@ async fn a_backend_that_forwards_no_client_address_is_not_one_client(url: String
         .await
         .unwrap();
     assert_eq!(twice.status(), 400);
+}
+
+/// Second review of issue 16: a client's first attempt passes the per-address total (so that
+/// strangers cannot lock the owner out), and clients are cheap — an IPv6 prefix holds
+/// thousands, a backend may name any address — so twelve guesses from twelve addresses were
+/// all checked against a total of four. No address takes more than twice its total.
+async fn new_clients_together_stop_at_the_hard_ceiling(url: String, _db: TestDb) {
+    let limits = LoginLimits {
+        per_address: 3,
+        per_address_total: 6,
+        per_client: 100,
+        window: Duration::from_secs(900),
+    };
+    let (app, acme) = app(&url, limits).await;
+    account(&app, &acme, "ada@example.com", Some(PASSWORD), true).await;
+    let mut checked = 0;
+    for i in 1..=20 {
+        let client = format!("198.51.100.{i}");
+        let status = login_from(
+            Some(&client),
+            &app,
+            Some(&acme),
+            None,
+            "ada@example.com",
+            "guess",
+        )
+        .await
+        .status()
+        .as_u16();
+        assert!([401, 429].contains(&status), "{status}");
+        checked += usize::from(status == 401);
+    }
+    assert_eq!(checked, 12, "twice the total, then nobody");
 }
 
 /// Every bucket of the limits table.

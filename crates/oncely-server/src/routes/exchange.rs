@@ -18,7 +18,7 @@ use uuid::Uuid;
 use super::AppState;
 use super::error::ApiError;
 use super::post::IdempotentPost;
-use super::use_link::{CODE_ID, RETURN_TO};
+use super::use_link::{CODE_ID, CODE_TENANT, RETURN_TO};
 use crate::accounts::{Accounts, from_millis};
 use crate::code::{self, Code};
 use crate::identity::Identity;
@@ -111,7 +111,7 @@ const MAX_ANSWER: usize = 64 * 1024;
 /// layer: a 200 JSON answer that carries a code's id and its return URL (the handler's, or the
 /// layer's replay of it) becomes `{"status": …, "redirect": "<return URL>?code=<code>"}` — the
 /// code derived again from its id with the server secret. The stored answer holds only the id;
-/// every replay carries the same redirect.
+/// every replay carries the same redirect, while the link's tenant still lists its URL.
 pub async fn redirect<A: Accounts>(
     State(state): State<AppState<A>>,
     request: Request,
@@ -133,10 +133,23 @@ pub async fn redirect<A: Accounts>(
         return ApiError::Unexpected(anyhow::anyhow!("a used link's code id is not a UUID"))
             .into_response();
     };
-    let location = code::redirect(return_to, &Code::derive(&state.secret, id));
-    fields.remove(CODE_ID);
-    fields.remove(RETURN_TO);
-    fields.insert("redirect".into(), Value::from(location));
+    // A replay, maybe long after: only to a URL its tenant still lists (an operator who
+    // removed one, a domain given up, wants no browser sent there again).
+    let tenant = fields
+        .get(CODE_TENANT)
+        .and_then(Value::as_str)
+        .unwrap_or_default();
+    let listed = match state.accounts.return_urls(tenant).await {
+        Ok(urls) => urls.iter().any(|url| url == return_to),
+        Err(error) => return ApiError::from(error).into_response(),
+    };
+    let location = listed.then(|| code::redirect(return_to, &Code::derive(&state.secret, id)));
+    for field in [CODE_ID, RETURN_TO, CODE_TENANT] {
+        fields.remove(field);
+    }
+    if let Some(location) = location {
+        fields.insert("redirect".into(), Value::from(location));
+    }
     answer_with(parts, &answer)
 }
 

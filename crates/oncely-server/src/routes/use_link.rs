@@ -146,6 +146,9 @@ pub struct TokenRequest {
 pub const CODE_ID: &str = "code_id";
 /// The field of a used link's stored answer that holds its return URL (never sent either).
 pub const RETURN_TO: &str = "return_to";
+/// The field of a stored answer that names the tenant of the code (the link's, which an
+/// anonymous request does not name): its return URLs are checked again on every replay.
+pub const CODE_TENANT: &str = "code_tenant";
 
 /// A request that uses a link's token.
 pub type LinkUse<A> = IdempotentPost<A, TokenRequest>;
@@ -197,6 +200,7 @@ impl<A: Accounts> LinkUse<A> {
             if A::insert_code(conn, &code).await? {
                 body[CODE_ID] = Value::from(id.to_string());
                 body[RETURN_TO] = Value::from(return_to.as_str());
+                body[CODE_TENANT] = Value::from(token.tenant.as_str());
             } else {
                 tracing::warn!(
                     tenant = %token.tenant,

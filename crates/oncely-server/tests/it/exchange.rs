@@ -478,6 +478,15 @@ async fn a_link_whose_return_url_was_removed_since_returns_nowhere(url: String, 
         202
     );
     let presented = token(&nth_token(&app, ada, 1).await);
+    // Bob's link is used while the URL is listed: a redirect, its answer stored.
+    let bob = "bob@example.com";
+    let signup = json!({ "email": bob, "return_to": LOCAL });
+    app.post_as(&acme, "/v1/signup", "s2", &signup).await;
+    let bobs = token(&nth_token(&app, bob, 1).await);
+    let (status, body, _) = use_link(&app, "/v1/verify", "b1", &bobs).await;
+    assert_eq!(status, 200, "{body}");
+    code_of(&body["redirect"], LOCAL);
+
     let (code, out, err) = oncely_tenant(&app, &["set", "acme", "--return-url", CALLBACK]).await;
     assert_eq!(code, 0, "{out}{err}");
 
@@ -485,7 +494,11 @@ async fn a_link_whose_return_url_was_removed_since_returns_nowhere(url: String, 
     assert_eq!(status, 200, "{body}");
     assert_eq!(body["status"], "verified");
     assert!(body.get("redirect").is_none(), "{body}");
-    assert_counts(&app, &[("SELECT count(*) FROM oncely_codes", 0)]).await;
+    assert_counts(&app, &[("SELECT count(*) FROM oncely_codes", 1)]).await;
+    // Second review: a replay of Bob's answer still sent the browser to the removed URL.
+    let (status, body, replayed) = use_link(&app, "/v1/verify", "b1", &bobs).await;
+    assert_eq!((status, replayed), (200, true), "{body}");
+    assert_eq!(body, json!({ "status": "verified", "password_set": false }));
 }
 
 /// Return URLs that are not the tenant's byte for byte: each refused with 400

@@ -145,6 +145,17 @@ impl Browser {
     }
 
     async fn send(&mut self, session: Option<String>, method: &str, params: Value) -> Value {
+        let answer = self.try_send(session, method, params).await;
+        answer.unwrap_or_else(|error| panic!("{method} failed: {error}"))
+    }
+
+    /// A command's result, or the protocol's error.
+    async fn try_send(
+        &mut self,
+        session: Option<String>,
+        method: &str,
+        params: Value,
+    ) -> Result<Value, Value> {
         self.next_id += 1;
         let id = self.next_id;
         let mut message = json!({ "id": id, "method": method, "params": params });
@@ -158,12 +169,10 @@ impl Browser {
         loop {
             let received = self.receive().await;
             if received["id"] == id {
-                assert!(
-                    received.get("error").is_none(),
-                    "{method} failed: {}",
-                    received["error"]
-                );
-                return received["result"].clone();
+                return match received.get("error") {
+                    Some(error) => Err(error.clone()),
+                    None => Ok(received["result"].clone()),
+                };
             }
             self.note(received).await;
         }
@@ -266,7 +275,26 @@ impl Browser {
     pub async fn wait_for(&mut self, expression: &str) -> Value {
         let deadline = Instant::now() + WAIT;
         loop {
-            let value = self.eval(expression).await;
+            // A page that navigates meanwhile has no context to evaluate in: not yet.
+            self.drain_events().await;
+            let session = self.session.clone();
+            let params =
+                json!({ "expression": expression, "returnByValue": true, "awaitPromise": true });
+            let value = match self
+                .try_send(Some(session), "Runtime.evaluate", params)
+                .await
+            {
+                Ok(result) => {
+                    assert!(
+                        result.get("exceptionDetails").is_none(),
+                        "{expression}: {}",
+                        result["exceptionDetails"]
+                    );
+                    result["result"]["value"].clone()
+                }
+                Err(error) if navigating(&error) => Value::Null,
+                Err(error) => panic!("Runtime.evaluate failed: {error}"),
+            };
             let truthy = !matches!(&value, Value::Null | Value::Bool(false))
                 && value != json!(0)
                 && value != json!("");
@@ -365,4 +393,16 @@ impl Browser {
     pub async fn close(mut self) {
         let _ = self.child.kill().await;
     }
+}
+
+/// Whether a protocol error says the page navigated under the command (its context is gone).
+fn navigating(error: &Value) -> bool {
+    let message = error["message"].as_str().unwrap_or_default();
+    [
+        "navigated or closed",
+        "context was destroyed",
+        "Cannot find context",
+    ]
+    .iter()
+    .any(|m| message.contains(m))
 }

@@ -73,8 +73,9 @@ pub fn without_email(identity: Identity) -> Result<Json<Value>, ApiError> {
 /// The field of an [`Identity`] that [`with_email`] adds.
 const EMAIL: &str = "email";
 
-/// Middleware of `POST /v1/exchange` and `POST /v1/login`, between tenant resolution and the idempotency layer: a 200
-/// answer (the handler's, or the layer's replay of it) gets the user's address, read now. The
+/// Middleware of `POST /v1/exchange` and `POST /v1/login`, between tenant resolution and the
+/// idempotency layer: a 200 answer (the handler's, or the layer's replay of it) gets the user's
+/// address, read now. The
 /// idempotency table holds no address (as for every other route); a replay names the address
 /// the account has.
 pub async fn with_email<A: Accounts>(

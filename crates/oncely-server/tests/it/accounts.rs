@@ -199,17 +199,8 @@ async fn a_change_racing_to_one_address_is_refused_like_a_taken_one() {
         let mut second = pool.begin().await.unwrap();
         Postgres::change_email(&mut second, bob, "x@example.com").await
     });
-    // Waits (bounded) until the second transaction waits on the first's row in the index.
-    let waiting = "SELECT count(*) FROM pg_stat_activity
-                    WHERE datname = current_database() AND wait_event_type = 'Lock'";
-    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
-    while crate::support::count(&url, waiting).await == 0 {
-        assert!(
-            std::time::Instant::now() < deadline,
-            "the second never waited"
-        );
-        tokio::time::sleep(std::time::Duration::from_millis(10)).await;
-    }
+    // The second transaction waits on the first's row in the index.
+    until_a_transaction_waits(&url).await;
     first.commit().await.unwrap();
     let raced = second.await.unwrap();
     assert!(matches!(raced, Ok(false)), "{raced:?}");
@@ -272,17 +263,7 @@ async fn two_links_of_one_account_used_at_once_run_one_after_the_other() {
         second.commit().await.map_err(|e| anyhow::anyhow!(e))?;
         anyhow::Ok(used.is_some())
     });
-    // Waits (bounded) until the second transaction waits on a lock the first holds.
-    let waiting = "SELECT count(*) FROM pg_stat_activity
-                    WHERE datname = current_database() AND wait_event_type = 'Lock'";
-    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
-    while crate::support::count(&url, waiting).await == 0 {
-        assert!(
-            std::time::Instant::now() < deadline,
-            "the second never waited"
-        );
-        tokio::time::sleep(std::time::Duration::from_millis(10)).await;
-    }
+    until_a_transaction_waits(&url).await;
     let ended = Postgres::end_links(&mut first, ada, false).await;
     assert!(ended.is_ok(), "the reset ends the other links: {ended:?}");
     first.commit().await.unwrap();
@@ -293,4 +274,18 @@ async fn two_links_of_one_account_used_at_once_run_one_after_the_other() {
     );
     let moved = "SELECT count(*) FROM oncely_users WHERE email = 'new@example.com'";
     assert_eq!(crate::support::count(&url, moved).await, 0);
+}
+
+/// Waits (bounded) until a transaction of the test's database waits on a lock.
+async fn until_a_transaction_waits(url: &str) {
+    let waiting = "SELECT count(*) FROM pg_stat_activity
+                    WHERE datname = current_database() AND wait_event_type = 'Lock'";
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+    while crate::support::count(url, waiting).await == 0 {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the second never waited"
+        );
+        tokio::time::sleep(std::time::Duration::from_millis(10)).await;
+    }
 }

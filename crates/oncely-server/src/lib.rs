@@ -42,4 +42,5 @@ pub mod settings;
 pub mod startup;
 pub mod telemetry;
 pub mod token;
+pub mod webhooks;
 pub mod workers;

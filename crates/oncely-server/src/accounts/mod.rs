@@ -155,6 +155,21 @@ pub struct TenantRecord {
     pub previous_key_expires_at_ms: Option<i64>,
 }
 
+/// A webhook endpoint to store ([`Accounts::insert_webhook_endpoint`]).
+#[derive(Debug, Clone, Copy)]
+pub struct NewEndpoint<'a> {
+    /// Its id.
+    pub id: Uuid,
+    /// The tenant whose events it receives.
+    pub tenant: &'a str,
+    /// Where they are delivered.
+    pub url: &'a str,
+    /// A JSON array of the event types it receives (`[]`: every event).
+    pub events: &'a str,
+    /// Its signing secret, sealed with the server secret.
+    pub secret_sealed: &'a str,
+}
+
 /// What a key rotation did.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct KeyRotation {
@@ -467,6 +482,19 @@ pub trait Accounts: Backend {
         urls: &[String],
     ) -> impl Future<Output = Result<bool, AccountError>> + Send;
 
+    /// The enabled webhook endpoints of `tenant`, oldest first, in the caller's transaction:
+    /// `(id, events)`, `events` a JSON array of event types (`[]`: every event).
+    fn webhook_targets<'c>(
+        conn: &'c mut Connection<Self>,
+        tenant: &'c str,
+    ) -> impl Future<Output = Result<Vec<(Uuid, String)>, AccountError>> + Send + 'c;
+
+    /// Stores a webhook endpoint (its secret already sealed).
+    fn insert_webhook_endpoint(
+        &self,
+        endpoint: NewEndpoint<'_>,
+    ) -> impl Future<Output = Result<(), AccountError>> + Send;
+
     /// Every tenant (but `default`, which has no row), by id.
     fn tenants(&self) -> impl Future<Output = Result<Vec<TenantRecord>, AccountError>> + Send;
 
@@ -529,6 +557,7 @@ where
     for<'r> TenantRecord: FromRow<'r, <B::Database as sqlx::Database>::Row>,
     for<'r> ExchangedCode: FromRow<'r, <B::Database as sqlx::Database>::Row>,
     for<'r> (String, String): FromRow<'r, <B::Database as sqlx::Database>::Row>,
+    for<'r> (Uuid, String): FromRow<'r, <B::Database as sqlx::Database>::Row>,
 {
     async fn signup_user(
         conn: &mut Connection<B>,
@@ -991,6 +1020,31 @@ where
         }
         tx.commit().await.map_err(AccountError::of::<B>)?;
         Ok(true)
+    }
+
+    async fn webhook_targets(
+        conn: &mut Connection<B>,
+        tenant: &str,
+    ) -> Result<Vec<(Uuid, String)>, AccountError> {
+        sqlx::query_as(B::ACCOUNT_SQL.webhook_targets)
+            .bind(tenant)
+            .fetch_all(&mut *conn)
+            .await
+            .map_err(AccountError::of::<B>)
+    }
+
+    async fn insert_webhook_endpoint(&self, endpoint: NewEndpoint<'_>) -> Result<(), AccountError> {
+        sqlx::query(B::ACCOUNT_SQL.insert_webhook_endpoint)
+            .bind(endpoint.id)
+            .bind(endpoint.tenant)
+            .bind(endpoint.url)
+            .bind(endpoint.events)
+            .bind(endpoint.secret_sealed)
+            .bind(B::at(None))
+            .execute(self.pool())
+            .await
+            .map_err(AccountError::of::<B>)?;
+        Ok(())
     }
 
     async fn tenants(&self) -> Result<Vec<TenantRecord>, AccountError> {

@@ -156,4 +156,11 @@ pub const STATEMENTS: Statements = Statements {
     prune_codes: "DELETE FROM oncely_codes WHERE code_hash = ANY (ARRAY(
                       SELECT code_hash FROM oncely_codes WHERE expires_at < COALESCE($1, now())
                        ORDER BY expires_at LIMIT $2 FOR UPDATE SKIP LOCKED))",
+    // Index: oncely_webhook_endpoints_tenant.
+    webhook_targets: "SELECT id, events FROM oncely_webhook_endpoints
+                      WHERE tenant = $1 AND disabled_at IS NULL
+                      ORDER BY created_at, id",
+    insert_webhook_endpoint: "INSERT INTO oncely_webhook_endpoints
+                                  (id, tenant, url, events, secret_sealed, created_at)
+                              VALUES ($1, $2, $3, $4, $5, COALESCE($6, now()))",
 };

@@ -139,4 +139,11 @@ pub const STATEMENTS: Statements = Statements {
     prune_codes: "DELETE FROM oncely_codes WHERE rowid IN (
                       SELECT rowid FROM oncely_codes WHERE expires_at < ?1
                        ORDER BY expires_at LIMIT ?2)",
+    // Index: oncely_webhook_endpoints_tenant.
+    webhook_targets: "SELECT id, events FROM oncely_webhook_endpoints
+                      WHERE tenant = ?1 AND disabled_at IS NULL
+                      ORDER BY created_at, id",
+    insert_webhook_endpoint: "INSERT INTO oncely_webhook_endpoints
+                                  (id, tenant, url, events, secret_sealed, created_at)
+                              VALUES (?1, ?2, ?3, ?4, ?5, ?6)",
 };

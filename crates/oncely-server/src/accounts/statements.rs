@@ -106,4 +106,9 @@ pub struct Statements {
     pub exchange_code: &'static str,
     /// Binds now, limit. Deletes up to `limit` codes that expired before `now`.
     pub prune_codes: &'static str,
+    /// Binds tenant. The tenant's enabled webhook endpoints, oldest first: `id`, `events` (a
+    /// JSON array of event types; `[]`: every event).
+    pub webhook_targets: &'static str,
+    /// Binds id, tenant, url, events (JSON array), secret_sealed, now.
+    pub insert_webhook_endpoint: &'static str,
 }

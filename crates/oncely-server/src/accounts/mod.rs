@@ -48,6 +48,17 @@ pub struct LoginUser {
     pub password_hash: Option<String>,
 }
 
+/// What accepting an invitation did ([`Accounts::accept_invite`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct InviteAcceptance {
+    /// The account.
+    pub user_id: Uuid,
+    /// Whether the account was created now (the address had none).
+    pub created: bool,
+    /// Whether an existing account went from pending to verified now.
+    pub verified: bool,
+}
+
 /// A token to store (its hash only).
 #[derive(Debug, Clone)]
 pub struct NewToken<'a> {
@@ -255,6 +266,15 @@ pub trait Accounts: Backend {
         email: &'c EmailAddress,
     ) -> impl Future<Output = Result<Option<User>, AccountError>> + Send + 'c;
 
+    /// The user with this address (as stored) in this tenant, its row locked until the
+    /// transaction ends (on PostgreSQL; SQLite's transaction holds the write lock): what it
+    /// says about the account stays true until the caller commits.
+    fn lock_user<'c>(
+        conn: &'c mut Connection<Self>,
+        tenant: &'c str,
+        email: &'c str,
+    ) -> impl Future<Output = Result<Option<User>, AccountError>> + Send + 'c;
+
     /// Counts one more email for `bucket` in the window starting at `window_start`; returns
     /// the count including this one.
     fn count_email<'c>(
@@ -331,12 +351,13 @@ pub trait Accounts: Backend {
     /// owner's proof of the address must not adopt it). A verified account is left alone: its
     /// password changes only through a reset. When it verifies, it supersedes the user's other
     /// live verification tokens (a signup link that carries someone's password must not set it
-    /// later).
+    /// later). Returns whether the account went from pending to verified now (a
+    /// `user.verified` event).
     fn mark_verified<'c>(
         conn: &'c mut Connection<Self>,
         user_id: Uuid,
         password_hash: Option<&'c str>,
-    ) -> impl Future<Output = Result<(), AccountError>> + Send + 'c;
+    ) -> impl Future<Output = Result<bool, AccountError>> + Send + 'c;
 
     /// Replaces a user's password hash.
     fn set_password<'c>(
@@ -348,13 +369,15 @@ pub trait Accounts: Backend {
     /// Accepts an invite: creates the user (verified: the invite proved the address) or marks
     /// the existing one verified (superseding its live verification tokens; a pending account
     /// gets the invitee's password or none, never the one it held), and adds the tenant
-    /// membership once.
+    /// membership once. Says whether the account was created, or verified, now: the account
+    /// is read locked first, and a concurrent signup of the address that commits meanwhile is
+    /// read again, so each change is reported by exactly one transaction.
     fn accept_invite<'c>(
         conn: &'c mut Connection<Self>,
         tenant: &'c str,
         email: &'c str,
         password_hash: Option<&'c str>,
-    ) -> impl Future<Output = Result<Uuid, AccountError>> + Send + 'c;
+    ) -> impl Future<Output = Result<InviteAcceptance, AccountError>> + Send + 'c;
 
     /// The address of user `user_id` if it belongs to `tenant` (else `None`: unknown, or
     /// another tenant's).
@@ -601,6 +624,19 @@ where
             .map_err(AccountError::of::<B>)
     }
 
+    async fn lock_user(
+        conn: &mut Connection<B>,
+        tenant: &str,
+        email: &str,
+    ) -> Result<Option<User>, AccountError> {
+        sqlx::query_as(B::ACCOUNT_SQL.lock_user)
+            .bind(tenant)
+            .bind(email)
+            .fetch_optional(conn)
+            .await
+            .map_err(AccountError::of::<B>)
+    }
+
     async fn count_email(
         conn: &mut Connection<B>,
         tenant: &str,
@@ -748,7 +784,7 @@ where
         conn: &mut Connection<B>,
         user_id: Uuid,
         password_hash: Option<&str>,
-    ) -> Result<(), AccountError> {
+    ) -> Result<bool, AccountError> {
         let updated = sqlx::query(B::ACCOUNT_SQL.mark_verified)
             .bind(user_id)
             .bind(B::at(None))
@@ -758,9 +794,10 @@ where
             .map_err(AccountError::of::<B>)?;
         // An account verified before has no live verification links to end.
         if B::rows_affected(&updated) == 0 {
-            return Ok(());
+            return Ok(false);
         }
-        supersede_verification::<B>(conn, user_id).await
+        supersede_verification::<B>(conn, user_id).await?;
+        Ok(true)
     }
 
     async fn set_password(
@@ -782,17 +819,43 @@ where
         tenant: &str,
         email: &str,
         password_hash: Option<&str>,
-    ) -> Result<Uuid, AccountError> {
+    ) -> Result<InviteAcceptance, AccountError> {
         let now = || B::at(None);
-        let id: Uuid = sqlx::query_scalar(B::ACCOUNT_SQL.accept_invite)
-            .bind(Uuid::new_v4())
-            .bind(tenant)
-            .bind(email)
-            .bind(password_hash)
-            .bind(now())
-            .fetch_one(&mut *conn)
-            .await
-            .map_err(AccountError::of::<B>)?;
+        let new_id = Uuid::new_v4();
+        let mut found = Self::lock_user(conn, tenant, email).await?;
+        if found.is_none() {
+            let inserted = sqlx::query(B::ACCOUNT_SQL.insert_invited_user)
+                .bind(new_id)
+                .bind(tenant)
+                .bind(email)
+                .bind(password_hash)
+                .bind(now())
+                .execute(&mut *conn)
+                .await
+                .map_err(AccountError::of::<B>)?;
+            if B::rows_affected(&inserted) == 0 {
+                // A concurrent signup (or invitation) committed the address meanwhile: what it
+                // left, locked now.
+                found = Some(
+                    Self::lock_user(conn, tenant, email)
+                        .await?
+                        .ok_or(AccountError::Vanished("invited user vanished"))?,
+                );
+            }
+        }
+        let id = match found {
+            // Created just now, verified: nothing to update.
+            None => new_id,
+            Some(_) => sqlx::query_scalar(B::ACCOUNT_SQL.accept_invite)
+                .bind(new_id)
+                .bind(tenant)
+                .bind(email)
+                .bind(password_hash)
+                .bind(now())
+                .fetch_one(&mut *conn)
+                .await
+                .map_err(AccountError::of::<B>)?,
+        };
         sqlx::query(B::ACCOUNT_SQL.add_membership)
             .bind(tenant)
             .bind(id)
@@ -801,7 +864,11 @@ where
             .await
             .map_err(AccountError::of::<B>)?;
         supersede_verification::<B>(conn, id).await?;
-        Ok(id)
+        Ok(InviteAcceptance {
+            user_id: id,
+            created: found.is_none(),
+            verified: found.is_some_and(|user| !user.verified),
+        })
     }
 
     async fn user_in_tenant(

@@ -10,6 +10,8 @@ pub const STATEMENTS: Statements = Statements {
                   VALUES ($1, $2, $3, $4, COALESCE($5, now())) ON CONFLICT (tenant, email) DO NOTHING",
     find_user: "SELECT id, status = 'verified' AS verified FROM oncely_users
                  WHERE tenant = $1 AND email = $2",
+    lock_user: "SELECT id, status = 'verified' AS verified FROM oncely_users
+                 WHERE tenant = $1 AND email = $2 FOR UPDATE",
     // Index: oncely_users (tenant, email) unique.
     login_user: "SELECT id, status = 'verified' AS verified, password_hash FROM oncely_users
                   WHERE tenant = $1 AND email = $2",
@@ -69,6 +71,10 @@ pub const STATEMENTS: Statements = Statements {
                            password_hash = CASE WHEN u.status = 'pending' THEN excluded.password_hash
                                             ELSE u.password_hash END
                     RETURNING id",
+    insert_invited_user: "INSERT INTO oncely_users
+                              (id, tenant, email, password_hash, source, status, verified_at, created_at)
+                          VALUES ($1, $2, $3, $4, 'invite', 'verified', COALESCE($5, now()), COALESCE($5, now()))
+                          ON CONFLICT (tenant, email) DO NOTHING",
     add_membership: "INSERT INTO oncely_memberships (tenant, user_id, created_at)
                      VALUES ($1, $2, COALESCE($3, now())) ON CONFLICT DO NOTHING",
     token_for_send: "SELECT t.flow, t.tenant, t.token_hash, COALESCE(t.email, u.email) AS recipient,

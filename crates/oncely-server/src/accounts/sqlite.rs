@@ -9,6 +9,9 @@ pub const STATEMENTS: Statements = Statements {
                   VALUES (?1, ?2, ?3, ?4, ?5) ON CONFLICT (tenant, email) DO NOTHING",
     find_user: "SELECT id, status = 'verified' AS verified FROM oncely_users
                  WHERE tenant = ?1 AND email = ?2",
+    // Differs: nothing to lock — the transaction holds the database's one write lock.
+    lock_user: "SELECT id, status = 'verified' AS verified FROM oncely_users
+                 WHERE tenant = ?1 AND email = ?2",
     // Index: oncely_users (tenant, email) unique.
     login_user: "SELECT id, status = 'verified' AS verified, password_hash FROM oncely_users
                   WHERE tenant = ?1 AND email = ?2",
@@ -58,6 +61,10 @@ pub const STATEMENTS: Statements = Statements {
                            password_hash = CASE WHEN status = 'pending' THEN excluded.password_hash
                                             ELSE password_hash END
                     RETURNING id",
+    insert_invited_user: "INSERT INTO oncely_users
+                              (id, tenant, email, password_hash, source, status, verified_at, created_at)
+                          VALUES (?1, ?2, ?3, ?4, 'invite', 'verified', ?5, ?5)
+                          ON CONFLICT (tenant, email) DO NOTHING",
     add_membership: "INSERT INTO oncely_memberships (tenant, user_id, created_at)
                      VALUES (?1, ?2, ?3) ON CONFLICT DO NOTHING",
     token_for_send: "SELECT t.flow, t.tenant, t.token_hash, COALESCE(t.email, u.email) AS recipient,

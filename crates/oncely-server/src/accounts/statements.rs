@@ -14,6 +14,10 @@ pub struct Statements {
     pub insert_user: &'static str,
     /// Binds tenant, email. Returns `id`, `verified`.
     pub find_user: &'static str,
+    /// Binds tenant, email. Returns `id`, `verified`, locking the row until the transaction
+    /// ends (PostgreSQL; SQLite's transaction holds the write lock): what an invitation's
+    /// acceptance finds stays true until it commits.
+    pub lock_user: &'static str,
     /// Binds tenant, email. Returns `id`, `verified`, `password_hash` (login).
     pub login_user: &'static str,
     /// Binds tenant, bucket, window_start. Takes one back from a counter (an attempt that
@@ -48,6 +52,9 @@ pub struct Statements {
     /// Binds id, tenant, email, password_hash, now. Creates the invited user verified, or
     /// verifies the existing one; returns its `id`.
     pub accept_invite: &'static str,
+    /// Binds id, tenant, email, password_hash, now. Creates the invited user verified unless
+    /// (tenant, email) exists (then no row).
+    pub insert_invited_user: &'static str,
     /// Binds tenant, user_id, now. Adds the membership once.
     pub add_membership: &'static str,
     /// Binds token_id, now. Returns `flow`, `token_hash`, `recipient` (the token's own

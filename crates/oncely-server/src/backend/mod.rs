@@ -52,6 +52,11 @@ pub trait Backend: Clone + Send + Sync + 'static {
     /// The account statements in this database's dialect.
     const ACCOUNT_SQL: Statements;
 
+    /// How a transaction that writes begins on the pool (outside the idempotency layer's):
+    /// SQLite's takes the write lock at once, so that a read before its first write cannot
+    /// make it fail busy.
+    const BEGIN_WRITE: &'static str;
+
     /// What production on this database should know, logged when it starts there.
     const PRODUCTION_WARNING: Option<&'static str>;
 

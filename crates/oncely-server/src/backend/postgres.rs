@@ -24,6 +24,7 @@ impl Backend for Postgres {
     type Database = sqlx::Postgres;
     // `None` binds NULL, and the statements read `COALESCE($n, now())`: the database clock.
     type Instant = Option<OffsetDateTime>;
+    const BEGIN_WRITE: &'static str = "BEGIN";
     type Keys = PgKeyStore;
     type Jobs = PgJobStore;
     const ACCOUNT_SQL: Statements = crate::accounts::postgres::STATEMENTS;

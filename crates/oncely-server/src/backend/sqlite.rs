@@ -34,6 +34,7 @@ impl Backend for Sqlite {
     type Database = sqlx::Sqlite;
     // Unix milliseconds; "now" is read here, from the process clock.
     type Instant = i64;
+    const BEGIN_WRITE: &'static str = "BEGIN IMMEDIATE";
     type Keys = SqliteKeyStore;
     type Jobs = SqliteJobStore;
     const ACCOUNT_SQL: Statements = crate::accounts::sqlite::STATEMENTS;

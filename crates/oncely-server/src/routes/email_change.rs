@@ -16,6 +16,7 @@ use uuid::Uuid;
 
 use super::email_caps::suppression;
 use super::error::ApiError;
+use super::events::{account_event, address_of};
 use super::post::IdempotentPost;
 use super::send_link::{Accepted, Link, Owner, accepted, issue_link};
 use super::use_link::{LinkUse, LinkUsed};
@@ -23,6 +24,7 @@ use crate::accounts::Accounts;
 use crate::email::EmailAddress;
 use crate::mail::{EMAIL_CHANGE_NOTICE, EMAIL_TAKEN_NOTICE};
 use crate::token::Flow;
+use crate::webhooks::EventType;
 
 /// `{ "new_email": … }`.
 #[derive(Deserialize, utoipa::ToSchema)]
@@ -130,16 +132,31 @@ pub async fn request<A: Accounts>(
 
 /// `POST /v1/email-change/confirm`: gives the account the new address, verified, and ends
 /// every live link of the account (the old address's reset and sign-in links among them).
-/// If another account has the address by now, `token-invalid` and nothing changes.
+/// If another account has the address by now, `token-invalid` and nothing changes. Writes
+/// `user.email_changed`, then `user.verified` if the account was pending.
 pub async fn confirm<A: Accounts>(post: LinkUse<A>) -> LinkUsed {
     if post.body.password.is_some() {
         return Err(ApiError::invalid_request("this link takes no password"));
     }
     let (mut conn, user, token) = post.use_account_token(Flow::EmailChange).await?;
     let email = token.email.ok_or(ApiError::InvalidToken)?;
+    let tenant = token.tenant.as_str();
+    // The account is locked (its link was used): what it is now is what the change replaces.
+    let previous = address_of::<A>(&mut *conn, tenant, user).await?;
+    let was_pending = A::lock_user(&mut conn, tenant, &previous)
+        .await?
+        .is_some_and(|account| !account.verified);
     // Taken meanwhile: the 400 rolls the transaction back, the token unused.
     if !A::change_email(&mut conn, user, &email).await? {
         return Err(ApiError::InvalidToken);
+    }
+    let state = &post.state;
+    let data = json!({ "previous_email": crate::email::masked(&previous) });
+    let kind = EventType::UserEmailChanged;
+    account_event(&mut *conn, state, tenant, kind, user, &email, data).await?;
+    if was_pending {
+        let kind = EventType::UserVerified;
+        account_event(&mut *conn, state, tenant, kind, user, &email, json!({})).await?;
     }
     tracing::info!(tenant = %token.tenant, user = %user, "email changed");
     Ok(Json(json!({ "status": "email_changed" })))

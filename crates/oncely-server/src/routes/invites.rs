@@ -6,11 +6,13 @@
 use serde_json::json;
 
 use super::error::ApiError;
+use super::events::account_event;
 use super::new_password::hash_new_password;
 use super::send_link::{Accepted, LinkRequest, Target};
 use super::use_link::{LinkUse, LinkUsed};
 use crate::accounts::Accounts;
 use crate::token::Flow;
+use crate::webhooks::EventType;
 
 /// `POST /v1/invites` (tenant API key required): an invitation (7 days) to any address.
 pub async fn invite<A: Accounts>(post: LinkRequest<A>) -> Result<Accepted, ApiError> {
@@ -19,12 +21,27 @@ pub async fn invite<A: Accounts>(post: LinkRequest<A>) -> Result<Accepted, ApiEr
 }
 
 /// `POST /v1/invites/accept`: creates the account (verified) or joins the existing one; one
-/// membership per (tenant, user). The tenant is the invite's own.
+/// membership per (tenant, user). The tenant is the invite's own. Writes `invite.accepted`,
+/// after `user.created` for a new account or `user.verified` for a pending one.
 pub async fn accept<A: Accounts>(mut post: LinkUse<A>) -> LinkUsed {
     let password_hash = hash_new_password(post.body.password.take(), &post.caller).await?;
     let (mut conn, token) = post.use_token(Flow::Invite).await?;
     let email = token.email.as_deref().ok_or(ApiError::InvalidToken)?;
-    let user = A::accept_invite(&mut conn, &token.tenant, email, password_hash.as_deref()).await?;
+    let accepted =
+        A::accept_invite(&mut conn, &token.tenant, email, password_hash.as_deref()).await?;
+    let (state, tenant, user) = (&post.state, token.tenant.as_str(), accepted.user_id);
+    if accepted.created {
+        let (kind, data) = (EventType::UserCreated, json!({ "email_verified": true }));
+        account_event(&mut *conn, state, tenant, kind, user, email, data).await?;
+    } else if accepted.verified {
+        let kind = EventType::UserVerified;
+        account_event(&mut *conn, state, tenant, kind, user, email, json!({})).await?;
+    }
+    let (kind, data) = (
+        EventType::InviteAccepted,
+        json!({ "created": accepted.created }),
+    );
+    account_event(&mut *conn, state, tenant, kind, user, email, data).await?;
     let body = json!({ "status": "joined" });
     post.answer(&mut conn, &token, user, body).await
 }

@@ -5,32 +5,36 @@
 //! any password is checked, the same way for addresses with and without an account.
 //!
 //! The Idempotency-Key is optional: with one, a retry replays the identity; without one, each
-//! request runs. Nothing is written in the layer's transaction — the counters and a re-hashed
-//! password are written in statements of their own, so that a 401 (whose transaction the layer
-//! rolls back) still counts.
+//! request runs. The counters and a re-hashed password are written in statements of their own,
+//! so that a 401 (whose transaction the layer rolls back) still counts. A success writes its
+//! `user.signed_in` event (`method: password`) in the layer's transaction, with the key's claim
+//! (a concurrent retry that claimed the key first answers from it, and this request writes
+//! nothing), or without a key in a transaction of its own.
 
 use std::time::Duration;
 
-use axum::Json;
 use axum::extract::State;
 use axum::http::HeaderMap;
-use oncely::TenantId;
+use axum::{Extension, Json};
+use oncely::{IdempotentTx, TenantId};
 use secrecy::SecretString;
 use serde::Deserialize;
-use serde_json::Value;
+use serde_json::{Value, json};
 use time::OffsetDateTime;
 
 use super::AppState;
 use super::email_caps::HARD_CEILING;
 use super::error::ApiError;
+use super::events::{SignInMethod, account_event};
 use super::exchange::without_email;
 use super::post::JsonBody;
 use super::tenants::Tenant;
-use crate::accounts::Accounts;
+use crate::accounts::{AccountError, Accounts};
 use crate::client_addr::CallerAddr;
 use crate::email::EmailAddress;
 use crate::identity::{self, Identity, Proof};
 use crate::password::{self, Checked};
+use crate::webhooks::EventType;
 
 /// Caps on failed logins per window.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -64,6 +68,7 @@ pub async fn login<A: Accounts>(
     State(state): State<AppState<A>>,
     tenant: Tenant,
     headers: HeaderMap,
+    tx: Option<Extension<IdempotentTx<A::Database>>>,
     JsonBody(request): JsonBody<LoginRequest>,
 ) -> Result<Json<Value>, ApiError> {
     tenant.require_proven()?;
@@ -87,7 +92,12 @@ pub async fn login<A: Accounts>(
             return Err(error);
         }
     };
-    let answer = check(&state, &tenant, address.as_ref(), request.password, &caller).await;
+    let answer = match check(&state, &tenant, address.as_ref(), request.password, &caller).await {
+        Ok(identity) => signed_in(&state, tx.as_ref().map(|Extension(tx)| tx), &identity)
+            .await
+            .map(|()| identity),
+        Err(error) => Err(error),
+    };
     let masked = address
         .as_ref()
         .map_or_else(|| "(invalid)".into(), EmailAddress::masked);
@@ -108,6 +118,35 @@ pub async fn login<A: Accounts>(
     }
     // Stored without the address, like the exchange's identity (added on the way out).
     answer.and_then(without_email)
+}
+
+/// Writes the `user.signed_in` event of a successful login: in the key's transaction when the
+/// request has one (claiming the key: [`ApiError::Conflict`] if a concurrent request with it
+/// claimed it first, and the layer answers from it), else in a transaction of its own.
+async fn signed_in<A: Accounts>(
+    state: &AppState<A>,
+    tx: Option<&IdempotentTx<A::Database>>,
+    identity: &Identity,
+) -> Result<(), ApiError> {
+    let (tenant, user, email) = (&identity.tenant, identity.user_id, &identity.email);
+    let method = json!({ "method": SignInMethod::Password.as_str() });
+    let kind = EventType::UserSignedIn;
+    match tx {
+        Some(tx) => {
+            let mut conn = tx.lock().await?;
+            account_event(&mut *conn, state, tenant, kind, user, email, method).await
+        }
+        None => {
+            let pool = state.accounts.pool();
+            let mut tx = pool
+                .begin_with(A::BEGIN_WRITE)
+                .await
+                .map_err(AccountError::of::<A>)?;
+            account_event(&mut *tx, state, tenant, kind, user, email, method).await?;
+            tx.commit().await.map_err(AccountError::of::<A>)?;
+            Ok(())
+        }
+    }
 }
 
 /// Checks the password against the account's hash, or against the decoy when there is no

@@ -17,6 +17,7 @@ use use_link::page;
 
 // The flows, one module each: their routes, pages and handlers.
 pub mod email_change;
+pub mod events;
 pub mod exchange;
 pub mod invites;
 pub mod login;

@@ -8,6 +8,7 @@ use serde_json::json;
 
 use super::email_caps::suppression;
 use super::error::ApiError;
+use super::events::account_event;
 use super::new_password::hash_new_password;
 use super::post::IdempotentPost;
 use super::send_link::{Accepted, FromSignup, Link, Owner, accepted, issue_link, return_url};
@@ -15,6 +16,7 @@ use crate::accounts::{Accounts, SignupOutcome};
 use crate::email::EmailAddress;
 use crate::mail::SIGNUP_NOTICE;
 use crate::token::Flow;
+use crate::webhooks::EventType;
 
 /// The signup request.
 #[derive(Deserialize, utoipa::ToSchema)]
@@ -35,7 +37,7 @@ pub struct SignupRequest {
 
 /// Creates the account (or finds it), and the email for it — a verification link, or a notice
 /// to an account that exists — in the idempotency layer's transaction: they commit with the
-/// stored response, once.
+/// stored response, once — and, for a new account, its `user.created` event.
 pub async fn signup<A: Accounts>(
     post: IdempotentPost<A, SignupRequest>,
 ) -> Result<Accepted, ApiError> {
@@ -67,6 +69,20 @@ pub async fn signup<A: Accounts>(
         request.source.as_deref(),
     )
     .await?;
+    if let SignupOutcome::Created(user) = row {
+        let verified = json!({ "email_verified": false });
+        let (kind, tenant) = (EventType::UserCreated, tenant.as_str());
+        account_event(
+            &mut *conn,
+            &state,
+            tenant,
+            kind,
+            user,
+            email.as_str(),
+            verified,
+        )
+        .await?;
+    }
     let suppressed = suppression(&mut *conn, &state, &tenant, &email, &caller).await?;
     // A pending account's password waits on this signup's own token: the account gets it only
     // when the address owner verifies with this link and re-enters it. For a verified account a

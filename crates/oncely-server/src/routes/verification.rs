@@ -7,11 +7,13 @@ use secrecy::SecretString;
 use serde_json::json;
 
 use super::error::ApiError;
+use super::events::{account_event, address_of};
 use super::send_link::{Accepted, LinkRequest, Target};
 use super::use_link::{LinkUse, LinkUsed};
 use crate::accounts::Accounts;
 use crate::password;
 use crate::token::{self, Flow};
+use crate::webhooks::EventType;
 
 /// How often a verification link's signup password may be re-entered.
 pub const PASSWORD_ATTEMPTS: i64 = 5;
@@ -25,7 +27,7 @@ pub async fn resend<A: Accounts>(post: LinkRequest<A>) -> Result<Accepted, ApiEr
 /// `POST /v1/verify`: marks the address verified. A signup that chose a password stored its
 /// hash with this link's token; the account gets that password only if the request re-enters
 /// it — whoever proves the address never adopts a password someone else chose (an attacker who
-/// pre-registered the address). Without a password the address is verified and the account
+/// pre-registered the address). A pending account that verifies writes `user.verified`. Without a password the address is verified and the account
 /// keeps no password (set one with a password reset).
 pub async fn verify<A: Accounts>(mut post: LinkUse<A>) -> LinkUsed {
     // A re-entered password is checked before the transaction opens: Argon2 takes tens of
@@ -38,7 +40,20 @@ pub async fn verify<A: Accounts>(mut post: LinkUse<A>) -> LinkUsed {
     if adopted.is_some() && token.password_hash != adopted {
         return Err(ApiError::InvalidToken);
     }
-    A::mark_verified(&mut conn, user, adopted.as_deref()).await?;
+    if A::mark_verified(&mut conn, user, adopted.as_deref()).await? {
+        let email = address_of::<A>(&mut *conn, &token.tenant, user).await?;
+        let (state, kind) = (&post.state, EventType::UserVerified);
+        account_event(
+            &mut *conn,
+            state,
+            &token.tenant,
+            kind,
+            user,
+            &email,
+            json!({}),
+        )
+        .await?;
+    }
     let body = json!({ "status": "verified", "password_set": adopted.is_some() });
     post.answer(&mut conn, &token, user, body).await
 }

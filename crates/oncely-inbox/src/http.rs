@@ -446,6 +446,15 @@ async fn receive_webhook(
         timestamp: text("webhook-timestamp"),
         signature: text("webhook-signature"),
     };
+    let missing: Vec<&str> = [
+        ("webhook-id", &received.id),
+        ("webhook-timestamp", &received.timestamp),
+        ("webhook-signature", &received.signature),
+    ]
+    .into_iter()
+    .filter(|(_, v)| v.as_deref().is_none_or(str::is_empty))
+    .map(|(name, _)| name)
+    .collect();
     match inbox.receive_webhook(&name, received, &body).await {
         WebhookVerdict::Accepted(_) => StatusCode::NO_CONTENT.into_response(),
         WebhookVerdict::AcceptedThenDrop(_) => no_answer(),
@@ -456,7 +465,11 @@ async fn receive_webhook(
                 .ok()
                 .and_then(|v| v.as_str().map(str::to_owned))
                 .unwrap_or_default(),
-            why.detail(),
+            &if why == crate::Problem::MissingHeaders {
+                format!("missing: {}", missing.join(", "))
+            } else {
+                why.detail().to_owned()
+            },
         ),
         WebhookVerdict::Rejected(status) => {
             let status = StatusCode::from_u16(status)

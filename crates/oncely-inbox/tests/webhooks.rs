@@ -256,6 +256,9 @@ async fn a_signature_of_the_reference_package_is_accepted_and_any_tampering_is_a
         assert_eq!(answer["problem"], *problem, "{what}: {answer}");
         assert_eq!(answer["status"], 401, "{what}");
         assert!(answer["detail"].as_str().unwrap().len() > 10, "{what}");
+        if let Some(header) = what.strip_prefix("no ") {
+            assert_eq!(answer["detail"], format!("missing: {header}"), "says which");
+        }
     }
     let kept = get_json(format!("{base}/webhooks?name=app")).await;
     let kept = kept.as_array().unwrap();
@@ -785,4 +788,37 @@ async fn at_a_rebindable_name_only_the_webhook_intake_is_served() {
         401,
         "secrets unchanged"
     );
+}
+
+#[tokio::test]
+async fn the_page_escapes_what_a_webhook_carries() {
+    let (_inbox, base) = start_at_now().await;
+    let body = json!({ "type": "<img src=x onerror=alert(1)>", "data": "</pre><script>alert(2)</script>" })
+        .to_string();
+    let evil = [("webhook-id", "<b id=x>".to_owned())];
+    assert_eq!(deliver(&base, "a%3Cscript%3E", &evil, &body).await.0, 204);
+    let page = oncely_testdb::http()
+        .get(format!("{base}/"))
+        .send()
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    for raw in [
+        "<img src=x",
+        "<script>alert",
+        "</pre><script>",
+        "<b id=x>",
+        "a<script>",
+    ] {
+        assert!(!page.contains(raw), "{raw} unescaped");
+    }
+    for escaped in [
+        "&lt;img src=x onerror=alert(1)&gt;",
+        "&lt;b id=x&gt;",
+        "a&lt;script&gt;",
+    ] {
+        assert!(page.contains(escaped), "{escaped} missing");
+    }
 }

@@ -1,5 +1,6 @@
 //! A test inbox that plays the outside world: an SMTP server and a Resend-compatible HTTP API
-//! that keep the messages they receive, and fail on demand.
+//! that keep the messages they receive, a webhook receiver that checks Standard Webhooks
+//! signatures, and fail on demand.
 //!
 //! - [`Inbox`]: the shared store of received messages (bounded: [`Retention`]), the [`Faults`]
 //!   to inject, the [`Stats`], its [`Config`] and [`Clock`].
@@ -11,10 +12,25 @@
 //!   `GET /faults`, `PUT /faults` (changes the fields it names), `POST /reset` (a fresh inbox
 //!   for the next test: [`Inbox::clear`]). A browser's cross-origin request that would change
 //!   something is refused ([`http::router`]).
+//! - [`webhooks`]: `POST /webhooks/{name}` receives Standard Webhooks deliveries: it checks the
+//!   signature (`webhook-id`, `webhook-timestamp` within 5 minutes of the inbox's clock,
+//!   `webhook-signature`: any `v1` signature of any secret of `name`; HMAC-SHA256 over
+//!   `id.timestamp.body`, compared in constant time) when it knows secrets for `name`
+//!   ([`Inbox::set_webhook_secrets`], `PUT /webhooks/{name}/secrets` with `{"secrets":
+//!   ["whsec_…"]}`, or a resolver the application installs:
+//!   [`Inbox::with_webhook_secrets_from`]); answers 204, or 401 with a problem body naming what
+//!   is wrong; keeps every copy with its [`Verification`] (`unverified` when no secret is
+//!   known), its headers, body and JSON `type`; counts duplicates by `webhook-id` per name
+//!   ([`WebhookStats`], in `GET /stats` under `webhooks`). Read with `GET /webhooks?name=&type=`
+//!   (newest first), `GET /webhooks/{id}`, `DELETE /webhooks`; bounded by the same
+//!   [`Retention`]. Webhooks have their own faults (the `webhook_` fields of [`Faults`]: reject
+//!   the next N with a status of the test's choice, delay, accept then close the connection
+//!   without an answer). Secrets are never shown again: no answer, page, log line or `Debug`
+//!   holds them.
 //! - [`page`]: the same as pages for a person who keeps them open (`GET /`, `GET /view/{id}`):
 //!   live, searchable, times in the reader's zone, headers and raw source, deletes and faults
-//!   from the page, and the emails the sender chose not to send when given a feed of them
-//!   ([`page::Options`]).
+//!   from the page, the webhooks received beside the emails, and the emails the sender chose
+//!   not to send when given a feed of them ([`page::Options`]).
 //!
 //! Every copy is kept: a message delivered twice shows twice, and [`Stats::duplicates`] counts
 //! it. In *provider mode* ([`Faults::dedupe_window_ms`]) the inbox behaves like a real provider

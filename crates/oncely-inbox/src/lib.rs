@@ -693,6 +693,9 @@ impl Inbox {
     ///     Box::pin(async move { secrets })
     /// }));
     /// ```
+    ///
+    /// Clones of an inbox share it: `inbox.clone().with_webhook_secrets_from(…)` installs it for
+    /// every clone (an application that already serves the inbox's router can still install it).
     pub fn with_webhook_secrets_from(self, resolver: SecretsResolver) -> Self {
         self.lock().webhook_resolver = Some(resolver);
         self
@@ -831,6 +834,15 @@ impl Inbox {
         let now = state.clock.now();
         state.expire(now);
         state.webhooks.search(&query, limit)
+    }
+
+    /// Each `webhook-id` delivered to endpoint `name` with how many kept accepted copies
+    /// (verified or unverified) have it: an audit's view (every event id seen, how often).
+    pub fn webhook_ids(&self, name: &str) -> std::collections::BTreeMap<String, usize> {
+        let mut state = self.lock();
+        let now = state.clock.now();
+        state.expire(now);
+        state.webhooks.ids(name)
     }
 
     /// Deletes every webhook copy (`DELETE /webhooks`); returns how many went. The counters and

@@ -240,8 +240,9 @@ pub async fn list(
     let html = format!(
         "{head}<header><h1>Dev inbox</h1>\
          <form id=\"search\" role=\"search\" method=\"get\" action=\"{action}\">\
-         <input type=\"search\" name=\"q\" value=\"{q}\" placeholder=\"Search by address or subject\" \
-         aria-label=\"Search by address or subject\" autocomplete=\"off\"></form>\
+         <input type=\"search\" name=\"q\" value=\"{q}\" \
+         placeholder=\"Search by address, subject or webhook\" \
+         aria-label=\"Search by address, subject or webhook\" autocomplete=\"off\"></form>\
          <label class=\"live\" title=\"Refresh the list every 2 seconds\">\
          <input type=\"checkbox\" id=\"live\" checked> Live</label>\
          <button type=\"button\" id=\"delete-all\" class=\"danger\">Delete all</button></header>\

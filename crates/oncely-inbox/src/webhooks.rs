@@ -336,6 +336,15 @@ impl Webhooks {
         self.by_arrival.len()
     }
 
+    /// Each `webhook-id` of endpoint `name` with how many kept accepted copies have it.
+    pub(crate) fn ids(&self, name: &str) -> BTreeMap<String, usize> {
+        self.by_key
+            .iter()
+            .filter(|((n, _), _)| n == name)
+            .map(|((_, id), arrivals)| (id.clone(), arrivals.len()))
+            .collect()
+    }
+
     /// Drops the oldest copies beyond `retention` at `now`; returns how many.
     pub(crate) fn evict(&mut self, retention: &Retention, now: OffsetDateTime) -> u64 {
         let mut evicted = 0;

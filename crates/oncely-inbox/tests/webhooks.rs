@@ -468,6 +468,11 @@ async fn duplicates_are_counted_by_webhook_id_per_name_and_listed_newest_first_b
         ["evt_2", "evt_1", "evt_2", "evt_1", "evt_1"],
         "newest first"
     );
+    assert_eq!(
+        inbox.webhook_ids("app"),
+        [("evt_1".to_owned(), 3), ("evt_2".to_owned(), 1)].into(),
+        "the forged copy is not counted"
+    );
     let sent = get_json(format!("{base}/webhooks?type=email.sent")).await;
     assert_eq!(sent.as_array().unwrap().len(), 2);
     let typed = get_json(format!("{base}/webhooks?name=other&type=user.created")).await;

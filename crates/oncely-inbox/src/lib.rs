@@ -940,6 +940,68 @@ mod tests {
         futures::executor::block_on(inbox.receive_webhook(name, headers, body.as_bytes()))
     }
 
+    /// A log that a test can read.
+    #[derive(Clone, Default)]
+    struct Log(Arc<Mutex<Vec<u8>>>);
+
+    impl std::io::Write for Log {
+        fn write(&mut self, bytes: &[u8]) -> std::io::Result<usize> {
+            self.0.lock().unwrap().extend_from_slice(bytes);
+            Ok(bytes.len())
+        }
+        fn flush(&mut self) -> std::io::Result<()> {
+            Ok(())
+        }
+    }
+
+    /// Secrets appear in no log line and no `Debug`, even those a resolver answers wrongly.
+    #[test]
+    fn no_secret_is_logged_or_shown_by_debug() {
+        let good = "whsec_Z29vZC1zZWNyZXQtYnl0ZXM=";
+        let bad = "whsec_bad*secret*text";
+        let inbox = Inbox::new().with_webhook_secrets_from(Arc::new(move |name: &str| {
+            let secrets = match name {
+                "mixed" => vec![bad.to_owned(), good.to_owned()],
+                _ => vec![bad.to_owned()],
+            };
+            Box::pin(async move { secrets })
+        }));
+        inbox.set_webhook_secrets("set", [good]).unwrap();
+        let log = Log::default();
+        let subscriber = tracing_subscriber::fmt()
+            .with_max_level(tracing::Level::TRACE)
+            .with_writer({
+                let log = log.clone();
+                move || log.clone()
+            })
+            .finish();
+        let verdicts = tracing::subscriber::with_default(subscriber, || {
+            ["mixed", "broken", "set"].map(|name| {
+                let headers = WebhookHeaders {
+                    id: Some("m".into()),
+                    timestamp: Some(inbox.lock().clock.now().unix_timestamp().to_string()),
+                    signature: Some("v1,AAAA".into()),
+                };
+                let verdict =
+                    futures::executor::block_on(inbox.receive_webhook(name, headers, b"{}"));
+                format!("{verdict:?}")
+            })
+        });
+        let log = String::from_utf8(log.0.lock().unwrap().clone()).unwrap();
+        assert!(log.contains("not whsec_ and base64"), "the warning: {log}");
+        let shown = format!(
+            "{log}{verdicts:?}{:?}{:?}{:?}",
+            inbox.webhooks(None, None),
+            inbox.stats(),
+            inbox.faults()
+        );
+        assert!(shown.contains("unusable_secret") || shown.contains("UnusableSecret"));
+        for secret in [good, bad] {
+            assert!(!shown.contains(&secret[6..]), "{secret} in {shown}");
+            assert!(!shown.contains(secret.trim_end_matches('=')), "{secret}");
+        }
+    }
+
     /// Webhooks are bounded like messages, by count and by age, and their indexes with them.
     #[test]
     fn the_oldest_webhooks_go_beyond_the_count_or_the_age_and_their_indexes_with_them() {

@@ -461,10 +461,7 @@ async fn receive_webhook(
         WebhookVerdict::Invalid(_, why) => problem(
             StatusCode::UNAUTHORIZED,
             "Invalid webhook signature",
-            &serde_json::to_value(why)
-                .ok()
-                .and_then(|v| v.as_str().map(str::to_owned))
-                .unwrap_or_default(),
+            why.code(),
             &if why == crate::Problem::MissingHeaders {
                 format!("missing: {}", missing.join(", "))
             } else {

@@ -291,12 +291,7 @@ fn webhooks_section(inbox: &Inbox, q: &str, stats: crate::WebhookStats) -> Strin
             (Verification::Invalid, problem) => format!(
                 "<span class=\"invalid\" title=\"{detail}\">invalid: {code}</span>",
                 detail = escape(problem.map_or("", Problem::detail)),
-                code = escape(
-                    &problem
-                        .and_then(|p| serde_json::to_value(p).ok())
-                        .and_then(|v| v.as_str().map(str::to_owned))
-                        .unwrap_or_default()
-                ),
+                code = problem.map_or("", Problem::code),
             ),
         };
         let duplicate = if *copies > 1 {

@@ -105,6 +105,18 @@ pub enum Problem {
 }
 
 impl Problem {
+    /// Its name: the `problem` of the 401's body and of the copy (as serialized).
+    pub fn code(self) -> &'static str {
+        match self {
+            Self::MissingHeaders => "missing_headers",
+            Self::InvalidTimestamp => "invalid_timestamp",
+            Self::TimestampTooOld => "timestamp_too_old",
+            Self::TimestampTooNew => "timestamp_too_new",
+            Self::NoMatchingSignature => "no_matching_signature",
+            Self::UnusableSecret => "unusable_secret",
+        }
+    }
+
     /// In words, for the 401's `detail`.
     pub fn detail(self) -> &'static str {
         match self {
@@ -430,6 +442,21 @@ mod tests {
             verify(&keys, &headers, br#"{"test": 2432232315}"#, now),
             Err(Problem::NoMatchingSignature)
         );
+    }
+
+    #[test]
+    fn a_problem_s_code_is_its_serialized_name() {
+        use Problem::*;
+        for p in [
+            MissingHeaders,
+            InvalidTimestamp,
+            TimestampTooOld,
+            TimestampTooNew,
+            NoMatchingSignature,
+            UnusableSecret,
+        ] {
+            assert_eq!(serde_json::to_value(p).unwrap(), p.code());
+        }
     }
 
     #[test]

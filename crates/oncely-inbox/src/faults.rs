@@ -20,6 +20,8 @@ pub enum Rejection {
 /// refused). Counters are consumed by the attempts that meet them. Every fault is
 /// deterministic, so that a test can count what it caused. They are checked in this order:
 /// refused credentials, throttling, rejection; then provider mode's key check; then the drop.
+/// Mail and webhooks have their own faults (the `webhook_` fields, checked: delay, rejection,
+/// then the signature, then the drop): one channel's faults never touch the other's.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(default, deny_unknown_fields)]
 pub struct Faults {
@@ -52,6 +54,18 @@ pub struct Faults {
     /// it is set ([`crate::Inbox::set_faults`], or a `PUT /faults` that names it; a `PUT` of
     /// other fields lets it run on); reading the faults back gives what remains of the period.
     pub unauthorized_for_ms: u64,
+    /// Webhooks (`POST /webhooks/{name}`; the faults above are mail's): reject this many of
+    /// the next deliveries, not kept, with [`Faults::webhook_reject_status`].
+    pub webhook_reject_next: u32,
+    /// Webhooks: the status of a rejected delivery (400 to 599; 503 unless set: 500, 429, 410
+    /// — which tells a sender to disable the endpoint — …).
+    pub webhook_reject_status: u16,
+    /// Webhooks: wait this long (milliseconds) before answering each delivery.
+    pub webhook_delay_ms: u64,
+    /// Webhooks: for this many of the next accepted deliveries, read the whole request, keep
+    /// the copy, then close the connection without an answer (the sender cannot know it was
+    /// accepted).
+    pub webhook_drop_after_accept: u32,
 }
 
 impl Default for Faults {
@@ -68,6 +82,10 @@ impl Default for Faults {
             retry_after_s: 1,
             unauthorized_next: 0,
             unauthorized_for_ms: 0,
+            webhook_reject_next: 0,
+            webhook_reject_status: 503,
+            webhook_delay_ms: 0,
+            webhook_drop_after_accept: 0,
         }
     }
 }

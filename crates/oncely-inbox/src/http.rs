@@ -7,14 +7,14 @@ use axum::extract::{Path, Query, Request, State};
 use axum::http::{HeaderMap, Method, StatusCode, header};
 use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
-use axum::routing::{get, post};
+use axum::routing::{get, post, put};
 use axum::{Extension, Json, Router};
 use serde::Deserialize;
 use serde_json::json;
 use time::OffsetDateTime;
 
 use crate::page::{self, Options};
-use crate::{Faults, Inbox, Intake, Message, Rejection, Verdict};
+use crate::{Faults, Inbox, Intake, Message, Rejection, Verdict, WebhookHeaders, WebhookVerdict};
 
 /// The routes, on an [`Inbox`], with the pages' default [`Options`]: `oncely inbox` serves
 /// them at `/`; the server mounts them under `/_dev/inbox` in development
@@ -31,8 +31,9 @@ use crate::{Faults, Inbox, Intake, Message, Rejection, Verdict};
 /// when its `Host` cannot be rebound: an IP literal (`127.0.0.1:8025`, `[::1]:8025`),
 /// `localhost` or a `*.localhost` name. At any other name (`inbox:8025` in a container network)
 /// a request that a browser marks (`Origin` or `Sec-Fetch-Site`) is refused (403), and so is
-/// everything but `POST /emails`: a rebound page's same-origin `GET` over plain HTTP carries
-/// neither header, so only the intake, which reads nothing out, is served there.
+/// everything but the intakes, `POST /emails` and `POST /webhooks/{name}`: a rebound page's
+/// same-origin `GET` over plain HTTP carries neither header, so only the intakes, which read
+/// nothing out, are served there.
 pub fn router(inbox: Inbox) -> Router {
     router_with(inbox, Options::default(), Router::new())
 }
@@ -52,6 +53,9 @@ pub fn router_with(inbox: Inbox, options: Options, extra: Router) -> Router {
         .route("/stats", get(stats))
         .route("/faults", get(faults).put(set_faults))
         .route("/reset", post(reset))
+        .route("/webhooks", get(list_webhooks).delete(delete_webhooks))
+        .route("/webhooks/{id}", get(one_webhook).post(receive_webhook))
+        .route("/webhooks/{id}/secrets", put(set_webhook_secrets))
         .layer(Extension(Arc::new(options)))
         .with_state(inbox)
         .merge(extra)
@@ -71,16 +75,25 @@ async fn no_rebinding(request: Request, next: Next) -> Response {
     }
     let headers = request.headers();
     let browser = headers.contains_key("sec-fetch-site") || headers.contains_key(header::ORIGIN);
-    let intake = request.method() == Method::POST && request.uri().path() == "/emails";
+    let intake = request.method() == Method::POST && is_intake(request.uri().path());
     if browser || !intake {
         return (
             StatusCode::FORBIDDEN,
             "refused: the inbox answers browsers only at localhost or an IP address: DNS rebinding \
-             (at another host name it only takes POST /emails; read it at its IP address)",
+             (at another host name it only takes POST /emails and POST /webhooks/{name}; read it \
+             at its IP address)",
         )
             .into_response();
     }
     next.run(request).await
+}
+
+/// Whether `path` is an intake: `/emails`, or `/webhooks/{name}` (one segment).
+fn is_intake(path: &str) -> bool {
+    path == "/emails"
+        || path
+            .strip_prefix("/webhooks/")
+            .is_some_and(|name| !name.is_empty() && !name.contains('/'))
 }
 
 /// Whether a `Host` (with or without a port) names what no DNS answer can change: an IPv4
@@ -391,6 +404,159 @@ async fn set_faults(State(inbox): State<Inbox>, body: Bytes) -> Response {
             let why = format!("expected a JSON object of the faults to change: {e}");
             (StatusCode::BAD_REQUEST, why).into_response()
         }
+    }
+}
+
+/// A problem answer (RFC 9457): `application/problem+json`.
+fn problem(status: StatusCode, title: &str, problem: &str, detail: &str) -> Response {
+    let body = json!({
+        "type": "about:blank",
+        "title": title,
+        "status": status.as_u16(),
+        "problem": problem,
+        "detail": detail,
+    });
+    let mut answer = (status, body.to_string()).into_response();
+    answer.headers_mut().insert(
+        header::CONTENT_TYPE,
+        axum::http::HeaderValue::from_static("application/problem+json"),
+    );
+    answer
+}
+
+/// `POST /webhooks/{name}`: a Standard Webhooks delivery ([`Inbox::receive_webhook`]). 204
+/// when accepted (verified, or unverified when the inbox knows no secret of `name`); 401 with a
+/// problem body naming what is wrong (`missing_headers`, `invalid_timestamp`,
+/// `timestamp_too_old`, `timestamp_too_new`, `no_matching_signature`, `unusable_secret`), the
+/// copy kept as invalid; an injected rejection's status (not kept); or, for an accepted copy
+/// the faults say to drop, the connection closed without an answer.
+async fn receive_webhook(
+    State(inbox): State<Inbox>,
+    Path(name): Path<String>,
+    headers: HeaderMap,
+    body: Bytes,
+) -> Response {
+    let text = |name: &str| {
+        headers
+            .get(name)
+            .map(|v| String::from_utf8_lossy(v.as_bytes()).into_owned())
+    };
+    let received = WebhookHeaders {
+        id: text("webhook-id"),
+        timestamp: text("webhook-timestamp"),
+        signature: text("webhook-signature"),
+    };
+    let missing: Vec<&str> = [
+        ("webhook-id", &received.id),
+        ("webhook-timestamp", &received.timestamp),
+        ("webhook-signature", &received.signature),
+    ]
+    .into_iter()
+    .filter(|(_, v)| v.as_deref().is_none_or(str::is_empty))
+    .map(|(name, _)| name)
+    .collect();
+    match inbox.receive_webhook(&name, received, &body).await {
+        WebhookVerdict::Accepted(_) => StatusCode::NO_CONTENT.into_response(),
+        WebhookVerdict::AcceptedThenDrop(_) => no_answer(),
+        WebhookVerdict::Invalid(_, why) => problem(
+            StatusCode::UNAUTHORIZED,
+            "Invalid webhook signature",
+            why.code(),
+            &if why == crate::Problem::MissingHeaders {
+                format!("missing: {}", missing.join(", "))
+            } else {
+                why.detail().to_owned()
+            },
+        ),
+        WebhookVerdict::Rejected(status) => {
+            let status = StatusCode::from_u16(status)
+                .ok()
+                .filter(|s| s.is_client_error() || s.is_server_error())
+                .unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
+            problem(
+                status,
+                "Rejected (injected)",
+                "injected_rejection",
+                "The test inbox was told to reject this delivery.",
+            )
+        }
+    }
+}
+
+/// An answer that never comes: its body fails before a byte of it is written, so the server
+/// closes the connection without sending the head either (HTTP/1.1 writes the head with the
+/// first piece of the body). The status is an error, so that even a server that wrote the head
+/// early would not tell the sender its delivery was accepted.
+fn no_answer() -> Response {
+    let failing = futures::stream::once(async {
+        Err::<Bytes, _>(std::io::Error::other(
+            "the test inbox drops this connection without an answer (webhook_drop_after_accept)",
+        ))
+    });
+    (
+        StatusCode::INTERNAL_SERVER_ERROR,
+        axum::body::Body::from_stream(failing),
+    )
+        .into_response()
+}
+
+/// `GET /webhooks?name=&type=`.
+#[derive(Debug, Deserialize)]
+struct WebhooksQuery {
+    name: Option<String>,
+    #[serde(rename = "type")]
+    event_type: Option<String>,
+}
+
+/// `GET /webhooks?name=&type=`: the kept copies, newest first (of endpoint `name`, of event
+/// `type`, if given).
+async fn list_webhooks(
+    State(inbox): State<Inbox>,
+    Query(query): Query<WebhooksQuery>,
+) -> Json<Vec<crate::Webhook>> {
+    Json(inbox.webhooks(query.name.as_deref(), query.event_type.as_deref()))
+}
+
+/// `GET /webhooks/{id}`: one copy by the inbox's id, or 404.
+async fn one_webhook(State(inbox): State<Inbox>, Path(id): Path<String>) -> Response {
+    match inbox.webhook(&id) {
+        Some(webhook) => Json(webhook).into_response(),
+        None => StatusCode::NOT_FOUND.into_response(),
+    }
+}
+
+/// `DELETE /webhooks`: every webhook copy (the counters and secrets stay).
+async fn delete_webhooks(State(inbox): State<Inbox>) -> StatusCode {
+    inbox.delete_webhooks();
+    StatusCode::NO_CONTENT
+}
+
+/// `PUT /webhooks/{name}/secrets` body.
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct Secrets {
+    secrets: Vec<String>,
+}
+
+/// `PUT /webhooks/{name}/secrets` with `{"secrets": ["whsec_…", …]}`: replaces the endpoint's
+/// secrets (`[]`: forgets them) and answers 204 — never the secrets. A body of another shape or
+/// a secret that is not `whsec_` and base64 is refused (400, without echoing it) and changes
+/// nothing.
+async fn set_webhook_secrets(
+    State(inbox): State<Inbox>,
+    Path(name): Path<String>,
+    body: Bytes,
+) -> Response {
+    let Ok(Secrets { secrets }) = serde_json::from_slice::<Secrets>(&body) else {
+        return (
+            StatusCode::BAD_REQUEST,
+            "expected {\"secrets\": [\"whsec_…\", …]}",
+        )
+            .into_response();
+    };
+    match inbox.set_webhook_secrets(&name, &secrets) {
+        Ok(()) => StatusCode::NO_CONTENT.into_response(),
+        Err(e) => (StatusCode::BAD_REQUEST, e.to_string()).into_response(),
     }
 }
 

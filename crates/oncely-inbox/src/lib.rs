@@ -1,5 +1,6 @@
 //! A test inbox that plays the outside world: an SMTP server and a Resend-compatible HTTP API
-//! that keep the messages they receive, and fail on demand.
+//! that keep the messages they receive, a webhook receiver that checks Standard Webhooks
+//! signatures, and fail on demand.
 //!
 //! - [`Inbox`]: the shared store of received messages (bounded: [`Retention`]), the [`Faults`]
 //!   to inject, the [`Stats`], its [`Config`] and [`Clock`].
@@ -11,10 +12,25 @@
 //!   `GET /faults`, `PUT /faults` (changes the fields it names), `POST /reset` (a fresh inbox
 //!   for the next test: [`Inbox::clear`]). A browser's cross-origin request that would change
 //!   something is refused ([`http::router`]).
+//! - [`webhooks`]: `POST /webhooks/{name}` receives Standard Webhooks deliveries: it checks the
+//!   signature (`webhook-id`, `webhook-timestamp` within 5 minutes of the inbox's clock,
+//!   `webhook-signature`: any `v1` signature of any secret of `name`; HMAC-SHA256 over
+//!   `id.timestamp.body`, compared in constant time) when it knows secrets for `name`
+//!   ([`Inbox::set_webhook_secrets`], `PUT /webhooks/{name}/secrets` with `{"secrets":
+//!   ["whsec_…"]}`, or a resolver the application installs:
+//!   [`Inbox::with_webhook_secrets_from`]); answers 204, or 401 with a problem body naming what
+//!   is wrong; keeps every copy with its [`Verification`] (`unverified` when no secret is
+//!   known), its headers, body and JSON `type`; counts duplicates by `webhook-id` per name
+//!   ([`WebhookStats`], in `GET /stats` under `webhooks`). Read with `GET /webhooks?name=&type=`
+//!   (newest first), `GET /webhooks/{id}`, `DELETE /webhooks`; bounded by the same
+//!   [`Retention`]. Webhooks have their own faults (the `webhook_` fields of [`Faults`]: reject
+//!   the next N with a status of the test's choice, delay, accept then close the connection
+//!   without an answer). Secrets are never shown again: no answer, page, log line or `Debug`
+//!   holds them.
 //! - [`page`]: the same as pages for a person who keeps them open (`GET /`, `GET /view/{id}`):
 //!   live, searchable, times in the reader's zone, headers and raw source, deletes and faults
-//!   from the page, and the emails the sender chose not to send when given a feed of them
-//!   ([`page::Options`]).
+//!   from the page, the webhooks received beside the emails, and the emails the sender chose
+//!   not to send when given a feed of them ([`page::Options`]).
 //!
 //! Every copy is kept: a message delivered twice shows twice, and [`Stats::duplicates`] counts
 //! it. In *provider mode* ([`Faults::dedupe_window_ms`]) the inbox behaves like a real provider
@@ -46,8 +62,9 @@ pub mod http;
 mod messages;
 pub mod page;
 pub mod smtp;
+pub mod webhooks;
 
-use std::collections::HashSet;
+use std::collections::{HashMap, HashSet};
 use std::net::SocketAddr;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
@@ -59,6 +76,11 @@ pub use clock::Clock;
 pub use faults::{Conflict, Faults, Rejection};
 pub use messages::Retention;
 use messages::{Messages, SeenKeys, fingerprint};
+pub use webhooks::{
+    Headers as WebhookHeaders, Problem, SecretError, SecretsResolver, Verification, Webhook,
+    WebhookStats,
+};
+use webhooks::{Key, Webhooks};
 
 /// The idempotency header the HTTP intake reads by default (Resend's API, and most APIs).
 pub const HTTP_IDEMPOTENCY_HEADER: &str = "Idempotency-Key";
@@ -171,6 +193,9 @@ pub struct Stats {
     pub dropped: u64,
     /// Copies removed by the retention bound (count or age).
     pub evicted: u64,
+    /// The webhooks' counters (`POST /webhooks/{name}`).
+    #[serde(default)]
+    pub webhooks: WebhookStats,
 }
 
 /// The answer the inbox gives one delivery attempt.
@@ -190,6 +215,20 @@ pub enum Verdict {
     Conflict(Conflict),
 }
 
+/// The answer the inbox gives one webhook delivery ([`Inbox::receive_webhook`]).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum WebhookVerdict {
+    /// Kept and accepted (verified, or unverified when no secret is known): 204. The copy's id.
+    Accepted(String),
+    /// Kept and accepted, but the connection is closed without an answer
+    /// ([`Faults::webhook_drop_after_accept`]).
+    AcceptedThenDrop(String),
+    /// Kept, marked invalid, refused (401) for this reason. The copy's id.
+    Invalid(String, Problem),
+    /// Rejected by an injected fault with this status; not kept.
+    Rejected(u16),
+}
+
 struct State {
     config: Config,
     clock: Clock,
@@ -204,6 +243,12 @@ struct State {
     seen: SeenKeys,
     /// Provider mode: the keys of requests being answered now.
     in_flight: HashSet<String>,
+    /// The webhooks received.
+    webhooks: Webhooks,
+    /// The signing keys set per endpoint name ([`Inbox::set_webhook_secrets`]).
+    webhook_keys: HashMap<String, Vec<Key>>,
+    /// Where to ask for the secrets of a name with none set.
+    webhook_resolver: Option<SecretsResolver>,
 }
 
 impl State {
@@ -218,6 +263,9 @@ impl State {
             stats: Stats::default(),
             seen: SeenKeys::default(),
             in_flight: HashSet::new(),
+            webhooks: Webhooks::default(),
+            webhook_keys: HashMap::new(),
+            webhook_resolver: None,
         }
     }
 
@@ -235,6 +283,7 @@ impl State {
     /// Applies the retention bound and forgets keys whose window ended.
     fn expire(&mut self, now: OffsetDateTime) {
         self.stats.evicted += self.messages.evict(&self.config.retention, now);
+        self.stats.webhooks.evicted += self.webhooks.evict(&self.config.retention, now);
         self.seen.expire(now);
     }
 
@@ -410,6 +459,11 @@ impl Inbox {
             fields.extend(patch.clone());
         }
         let faults: Faults = serde_json::from_value(merged)?;
+        if !(400..=599).contains(&faults.webhook_reject_status) {
+            return Err(serde::de::Error::custom(
+                "webhook_reject_status must be an HTTP error status (400 to 599)",
+            ));
+        }
         if patch.contains_key("unauthorized_for_ms") {
             state.unauthorized_until = (faults.unauthorized_for_ms > 0)
                 .then(|| now + Duration::from_millis(faults.unauthorized_for_ms));
@@ -484,12 +538,14 @@ impl Inbox {
     }
 
     /// A full reset, for a test that wants a fresh inbox (`POST /reset`): forgets every
-    /// message, counter and provider mode's seen key. The faults and the config stay. A real
+    /// message, webhook, counter and provider mode's seen key. The faults, the config and the
+    /// webhook secrets stay. A real
     /// provider never forgets a key early; [`Inbox::delete_all`] is what a mailbox cleanup
     /// does.
     pub fn clear(&self) {
         let mut state = self.lock();
         state.messages.clear();
+        state.webhooks.clear();
         state.stats = Stats::default();
         state.seen.clear();
     }
@@ -501,6 +557,10 @@ impl Inbox {
         state.expire(now);
         Stats {
             kept: state.messages.len() as u64,
+            webhooks: WebhookStats {
+                kept: state.webhooks.len() as u64,
+                ..state.stats.webhooks
+            },
             ..state.stats
         }
     }
@@ -596,6 +656,217 @@ impl Inbox {
         Verdict::Accepted(id)
     }
 
+    /// Sets the signing secrets (`whsec_…`, several during a rotation) of the endpoint `name`,
+    /// replacing those it had (`PUT /webhooks/{name}/secrets`); an empty list forgets them (the
+    /// resolver is asked again, if there is one). A secret that is not `whsec_` and base64 is
+    /// the error and changes nothing. Secrets are never shown again: not by the read API, the
+    /// pages, the logs nor `Debug`.
+    pub fn set_webhook_secrets<S: AsRef<str>>(
+        &self,
+        name: &str,
+        secrets: impl IntoIterator<Item = S>,
+    ) -> Result<(), SecretError> {
+        let keys = secrets
+            .into_iter()
+            .map(|s| Key::parse(s.as_ref()))
+            .collect::<Result<Vec<_>, _>>()?;
+        let mut state = self.lock();
+        if keys.is_empty() {
+            state.webhook_keys.remove(name);
+        } else {
+            state.webhook_keys.insert(name.to_owned(), keys);
+        }
+        Ok(())
+    }
+
+    /// Asks `resolver` for the secrets of an endpoint name that has none set
+    /// ([`Inbox::set_webhook_secrets`]), at every delivery to it, so that a rotation in the
+    /// application shows at once (the dev server installs its endpoints' lookup). It answers
+    /// the `whsec_…` secrets of the name, or an empty list: then the copy is accepted as
+    /// unverified. Secrets it answers that cannot be used are skipped (a warning without them);
+    /// if none can, the delivery is invalid ([`Problem::UnusableSecret`]).
+    ///
+    /// ```
+    /// # use std::sync::Arc;
+    /// let inbox = oncely_inbox::Inbox::new().with_webhook_secrets_from(Arc::new(|name: &str| {
+    ///     let secrets = if name == "app" { vec!["whsec_c2VjcmV0".to_owned()] } else { vec![] };
+    ///     Box::pin(async move { secrets })
+    /// }));
+    /// ```
+    ///
+    /// Clones of an inbox share it: `inbox.clone().with_webhook_secrets_from(…)` installs it for
+    /// every clone (an application that already serves the inbox's router can still install it).
+    pub fn with_webhook_secrets_from(self, resolver: SecretsResolver) -> Self {
+        self.lock().webhook_resolver = Some(resolver);
+        self
+    }
+
+    /// The keys to check a delivery to `name` with: those set, else the resolver's.
+    async fn webhook_keys(&self, name: &str) -> Result<Vec<Key>, Problem> {
+        let resolver = {
+            let state = self.lock();
+            if let Some(keys) = state.webhook_keys.get(name) {
+                return Ok(keys.clone());
+            }
+            state.webhook_resolver.clone()
+        };
+        let Some(resolver) = resolver else {
+            return Ok(Vec::new());
+        };
+        let secrets = resolver(name).await;
+        let mut unusable = 0;
+        let keys: Vec<Key> = secrets
+            .iter()
+            .filter_map(|s| Key::parse(s).inspect_err(|_| unusable += 1).ok())
+            .collect();
+        if unusable > 0 {
+            tracing::warn!(
+                endpoint = name,
+                unusable,
+                "the webhook secrets resolver answered secrets that are not whsec_ and base64"
+            );
+            if keys.is_empty() {
+                // Known to be signed, but not checkable: not "unverified".
+                return Err(Problem::UnusableSecret);
+            }
+        }
+        Ok(keys)
+    }
+
+    /// Answers one webhook delivery to `name` as `POST /webhooks/{name}` does: the injected
+    /// delay ([`Faults::webhook_delay_ms`]), then a rejection if one is due (not kept), else
+    /// the signature check against the name's secrets at the inbox's clock, and the copy kept
+    /// with its verdict; an accepted copy may then be dropped
+    /// ([`Faults::webhook_drop_after_accept`]).
+    pub async fn receive_webhook(
+        &self,
+        name: &str,
+        headers: WebhookHeaders,
+        body: &[u8],
+    ) -> WebhookVerdict {
+        let delay = Duration::from_millis(self.lock().faults.webhook_delay_ms);
+        if !delay.is_zero() {
+            tokio::time::sleep(delay).await;
+        }
+        let keys = self.webhook_keys(name).await;
+        let mut state = self.lock();
+        let now = state.clock.now();
+        state.expire(now);
+        state.stats.webhooks.attempts += 1;
+        if state.faults.webhook_reject_next > 0 {
+            state.faults.webhook_reject_next -= 1;
+            state.stats.webhooks.rejected += 1;
+            return WebhookVerdict::Rejected(state.faults.webhook_reject_status);
+        }
+        let checked = keys.and_then(|keys| {
+            if keys.is_empty() {
+                return Ok(Verification::Unverified);
+            }
+            webhooks::verify(&keys, &headers, body, now).map(|()| Verification::Verified)
+        });
+        let (verdict, problem) = match checked {
+            Ok(verdict) => (verdict, None),
+            Err(problem) => (Verification::Invalid, Some(problem)),
+        };
+        let webhook = Webhook {
+            id: uuid::Uuid::new_v4().to_string(),
+            name: name.to_owned(),
+            received_at: now,
+            webhook_id: headers.id,
+            timestamp: headers.timestamp,
+            signature: headers.signature,
+            verdict,
+            problem,
+            event_type: webhooks::event_type(body),
+            body: String::from_utf8_lossy(body).into_owned(),
+        };
+        let id = webhook.id.clone();
+        let duplicate = state.webhooks.insert(webhook);
+        let stats = &mut state.stats.webhooks;
+        stats.received += 1;
+        match verdict {
+            Verification::Invalid => stats.invalid += 1,
+            Verification::Unverified => stats.unverified += 1,
+            Verification::Verified => {}
+        }
+        if verdict != Verification::Invalid {
+            if duplicate {
+                stats.duplicates += 1;
+            } else {
+                stats.distinct += 1;
+            }
+        }
+        state.expire(now);
+        if let Some(problem) = problem {
+            return WebhookVerdict::Invalid(id, problem);
+        }
+        if state.faults.webhook_drop_after_accept > 0 {
+            state.faults.webhook_drop_after_accept -= 1;
+            state.stats.webhooks.dropped += 1;
+            return WebhookVerdict::AcceptedThenDrop(id);
+        }
+        WebhookVerdict::Accepted(id)
+    }
+
+    /// The kept webhook copies, newest first; of endpoint `name` if given (by index), of type
+    /// `event_type` if given.
+    pub fn webhooks(&self, name: Option<&str>, event_type: Option<&str>) -> Vec<Webhook> {
+        let mut state = self.lock();
+        let now = state.clock.now();
+        state.expire(now);
+        state.webhooks.list(name, event_type)
+    }
+
+    /// One webhook copy by the inbox's id.
+    pub fn webhook(&self, id: &str) -> Option<Webhook> {
+        let mut state = self.lock();
+        let now = state.clock.now();
+        state.expire(now);
+        state.webhooks.get(id).cloned()
+    }
+
+    /// The newest webhook copies whose name, type or `webhook-id` contains `query` (ignoring
+    /// case; empty: every copy), at most `limit`, newest first, each with how many kept
+    /// accepted copies share its name and `webhook-id`; and how many match.
+    pub fn search_webhooks(&self, query: &str, limit: usize) -> (Vec<(Webhook, usize)>, usize) {
+        let query = query.trim().to_lowercase();
+        let mut state = self.lock();
+        let now = state.clock.now();
+        state.expire(now);
+        state.webhooks.search(&query, limit)
+    }
+
+    /// Each `webhook-id` delivered to endpoint `name` with how many kept accepted copies
+    /// (verified or unverified) have it: an audit's view (every event id seen, how often).
+    pub fn webhook_ids(&self, name: &str) -> std::collections::BTreeMap<String, usize> {
+        let mut state = self.lock();
+        let now = state.clock.now();
+        state.expire(now);
+        state.webhooks.ids(name)
+    }
+
+    /// Deletes every webhook copy (`DELETE /webhooks`); returns how many went. The counters and
+    /// the secrets stay.
+    pub fn delete_webhooks(&self) -> usize {
+        let mut state = self.lock();
+        let deleted = state.webhooks.len();
+        state.webhooks.clear();
+        deleted
+    }
+
+    /// Waits until `n` copies to endpoint `name` are kept, or `timeout` passes; returns what is
+    /// there (newest first).
+    pub async fn wait_for_webhooks(&self, name: &str, n: usize, timeout: Duration) -> Vec<Webhook> {
+        let deadline = Instant::now() + timeout;
+        loop {
+            let found = self.webhooks(Some(name), None);
+            if found.len() >= n || Instant::now() >= deadline {
+                return found;
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    }
+
     fn lock(&self) -> std::sync::MutexGuard<'_, State> {
         // A panic while holding the lock cannot leave the state half-written in a way that
         // matters to a test inbox; keep serving.
@@ -658,6 +929,110 @@ mod tests {
             subject: format!("m{n}"),
             ..to(Some(&format!("k{n}")), recipient)
         }
+    }
+
+    fn webhook(inbox: &Inbox, name: &str, id: &str) -> WebhookVerdict {
+        let headers = WebhookHeaders {
+            id: Some(id.to_owned()),
+            ..WebhookHeaders::default()
+        };
+        let body = format!("{{\"type\":\"t.{id}\"}}");
+        futures::executor::block_on(inbox.receive_webhook(name, headers, body.as_bytes()))
+    }
+
+    /// A log that a test can read.
+    #[derive(Clone, Default)]
+    struct Log(Arc<Mutex<Vec<u8>>>);
+
+    impl std::io::Write for Log {
+        fn write(&mut self, bytes: &[u8]) -> std::io::Result<usize> {
+            self.0.lock().unwrap().extend_from_slice(bytes);
+            Ok(bytes.len())
+        }
+        fn flush(&mut self) -> std::io::Result<()> {
+            Ok(())
+        }
+    }
+
+    /// Secrets appear in no log line and no `Debug`, even those a resolver answers wrongly.
+    #[test]
+    fn no_secret_is_logged_or_shown_by_debug() {
+        let good = "whsec_Z29vZC1zZWNyZXQtYnl0ZXM=";
+        let bad = "whsec_bad*secret*text";
+        let inbox = Inbox::new().with_webhook_secrets_from(Arc::new(move |name: &str| {
+            let secrets = match name {
+                "mixed" => vec![bad.to_owned(), good.to_owned()],
+                _ => vec![bad.to_owned()],
+            };
+            Box::pin(async move { secrets })
+        }));
+        inbox.set_webhook_secrets("set", [good]).unwrap();
+        let log = Log::default();
+        let subscriber = tracing_subscriber::fmt()
+            .with_max_level(tracing::Level::TRACE)
+            .with_writer({
+                let log = log.clone();
+                move || log.clone()
+            })
+            .finish();
+        let verdicts = tracing::subscriber::with_default(subscriber, || {
+            ["mixed", "broken", "set"].map(|name| {
+                let headers = WebhookHeaders {
+                    id: Some("m".into()),
+                    timestamp: Some(inbox.lock().clock.now().unix_timestamp().to_string()),
+                    signature: Some("v1,AAAA".into()),
+                };
+                let verdict =
+                    futures::executor::block_on(inbox.receive_webhook(name, headers, b"{}"));
+                format!("{verdict:?}")
+            })
+        });
+        let log = String::from_utf8(log.0.lock().unwrap().clone()).unwrap();
+        assert!(log.contains("not whsec_ and base64"), "the warning: {log}");
+        let shown = format!(
+            "{log}{verdicts:?}{:?}{:?}{:?}",
+            inbox.webhooks(None, None),
+            inbox.stats(),
+            inbox.faults()
+        );
+        assert!(shown.contains("unusable_secret") || shown.contains("UnusableSecret"));
+        for secret in [good, bad] {
+            assert!(!shown.contains(&secret[6..]), "{secret} in {shown}");
+            assert!(!shown.contains(secret.trim_end_matches('=')), "{secret}");
+        }
+    }
+
+    /// Webhooks are bounded like messages, by count and by age, and their indexes with them.
+    #[test]
+    fn the_oldest_webhooks_go_beyond_the_count_or_the_age_and_their_indexes_with_them() {
+        let (inbox, clock) = bounded(3, Duration::from_secs(60));
+        for n in 0..5 {
+            let name = if n % 2 == 0 { "even" } else { "odd" };
+            assert!(matches!(
+                webhook(&inbox, name, &format!("w{n}")),
+                WebhookVerdict::Accepted(_)
+            ));
+        }
+        let ids = |name| -> Vec<String> {
+            inbox
+                .webhooks(name, None)
+                .into_iter()
+                .filter_map(|w| w.webhook_id)
+                .collect()
+        };
+        assert_eq!(ids(None), ["w4", "w3", "w2"]);
+        assert_eq!(ids(Some("even")), ["w4", "w2"]);
+        assert_eq!(inbox.webhooks(None, Some("t.w3")).len(), 1);
+        assert_eq!(inbox.stats().webhooks.evicted, 2);
+        assert_eq!(inbox.lock().webhooks.index_sizes(), (2, 3, 3));
+        // An evicted copy's webhook-id no longer makes a new copy a duplicate.
+        webhook(&inbox, "even", "w0");
+        assert_eq!(inbox.stats().webhooks.duplicates, 0);
+        clock.advance(Duration::from_secs(60));
+        assert!(inbox.webhooks(None, None).is_empty());
+        assert_eq!(inbox.lock().webhooks.index_sizes(), (0, 0, 0));
+        assert_eq!(inbox.stats().webhooks.evicted, 6);
+        assert_eq!(inbox.lock().messages.len(), 0, "messages are another store");
     }
 
     #[test]

@@ -22,7 +22,7 @@ use serde::Deserialize;
 use time::OffsetDateTime;
 use time::format_description::well_known::Rfc3339;
 
-use crate::{Faults, Inbox, Intake, Message};
+use crate::{Faults, Inbox, Intake, Message, Problem, Verification};
 
 /// What the pages show beyond the inbox itself.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
@@ -240,8 +240,9 @@ pub async fn list(
     let html = format!(
         "{head}<header><h1>Dev inbox</h1>\
          <form id=\"search\" role=\"search\" method=\"get\" action=\"{action}\">\
-         <input type=\"search\" name=\"q\" value=\"{q}\" placeholder=\"Search by address or subject\" \
-         aria-label=\"Search by address or subject\" autocomplete=\"off\"></form>\
+         <input type=\"search\" name=\"q\" value=\"{q}\" \
+         placeholder=\"Search by address, subject or webhook\" \
+         aria-label=\"Search by address, subject or webhook\" autocomplete=\"off\"></form>\
          <label class=\"live\" title=\"Refresh the list every 2 seconds\">\
          <input type=\"checkbox\" id=\"live\" checked> Live</label>\
          <button type=\"button\" id=\"delete-all\" class=\"danger\">Delete all</button></header>\
@@ -251,7 +252,7 @@ pub async fn list(
          {faults}\
          <section id=\"messages\"><table><thead><tr><th>received</th><th>from</th><th>to</th>\
          <th>subject</th><th>via</th><th></th></tr></thead><tbody>{rows}</tbody></table>{note}\
-         </section>{suppressed}</main></body></html>",
+         </section>{webhooks}{suppressed}</main></body></html>",
         head = head("Dev inbox", &base, &feed),
         action = escape(if base.is_empty() { "/" } else { &base }),
         q = escape(&query.q),
@@ -263,8 +264,85 @@ pub async fn list(
         max = retention.max_messages,
         age = humanize(retention.max_age),
         faults = faults_panel(&faults),
+        webhooks = webhooks_section(&inbox, &query.q, stats.webhooks),
     );
     page(StatusCode::OK, html)
+}
+
+/// The webhooks received (those that match the search by endpoint, type or `webhook-id`),
+/// newest first: endpoint, type, `webhook-id`, verdict, copies, time, and the body as text.
+fn webhooks_section(inbox: &Inbox, q: &str, stats: crate::WebhookStats) -> String {
+    let (found, matching) = inbox.search_webhooks(q, LIST_LIMIT);
+    let mut rows = String::new();
+    for (w, copies) in &found {
+        let or_none = |v: &Option<String>| {
+            v.as_deref()
+                .map_or("<span class=\"none\">none</span>".to_owned(), |v| {
+                    format!("<code>{}</code>", escape(v))
+                })
+        };
+        let verdict = match (w.verdict, w.problem) {
+            (Verification::Verified, _) => "<span class=\"ok\">verified</span>".to_owned(),
+            (Verification::Unverified, _) => {
+                "<span class=\"unverified\" title=\"No secret known for this endpoint\">\
+                 unverified</span>"
+                    .to_owned()
+            }
+            (Verification::Invalid, problem) => format!(
+                "<span class=\"invalid\" title=\"{detail}\">invalid: {code}</span>",
+                detail = escape(problem.map_or("", Problem::detail)),
+                code = problem.map_or("", Problem::code),
+            ),
+        };
+        let duplicate = if *copies > 1 {
+            format!(
+                " <span class=\"badge\" title=\"{copies} accepted copies with this webhook-id: \
+                 the sender delivered it {copies} times\">×{copies}</span>"
+            )
+        } else {
+            String::new()
+        };
+        rows.push_str(&format!(
+            "<tr data-webhook=\"{id}\"><td class=\"when\">{when}</td><td>{name}</td>\
+             <td>{event_type}</td><td>{webhook_id}{duplicate}</td><td>{verdict}</td>\
+             <td><details><summary>body</summary><pre class=\"body\">{body}</pre></details></td>\
+             </tr>",
+            id = escape(&w.id),
+            when = time(w.received_at),
+            name = escape(&w.name),
+            event_type = or_none(&w.event_type),
+            webhook_id = or_none(&w.webhook_id),
+            body = escape(&w.body),
+        ));
+    }
+    let note = if matching == 0 {
+        "<p class=\"empty\">No webhooks yet. Deliveries to <code>POST /webhooks/{name}</code> \
+         appear here.</p>"
+            .to_owned()
+    } else if matching > found.len() {
+        format!(
+            "<p class=\"note\">The newest {} of {matching} matching webhooks.</p>",
+            found.len()
+        )
+    } else {
+        String::new()
+    };
+    format!(
+        "<section id=\"webhooks\"><h2>Webhooks</h2><p class=\"webhook-stats\">{kept} kept of \
+         {received} received: {distinct} distinct ids (<span class=\"duplicates\">{duplicates} \
+         duplicates</span>), {invalid} invalid signatures, {unverified} unverified, {rejected} \
+         rejected by faults, {dropped} dropped after accepting.</p>\
+         <table><thead><tr><th>received</th><th>endpoint</th><th>type</th><th>webhook-id</th>\
+         <th>signature</th><th></th></tr></thead><tbody>{rows}</tbody></table>{note}</section>",
+        kept = stats.kept,
+        received = stats.received,
+        distinct = stats.distinct,
+        duplicates = stats.duplicates,
+        invalid = stats.invalid,
+        unverified = stats.unverified,
+        rejected = stats.rejected,
+        dropped = stats.dropped,
+    )
 }
 
 /// The faults in force, in words ("none" when there are none).
@@ -310,6 +388,21 @@ fn faults_summary(f: &Faults) -> String {
             f.unauthorized_for_ms
         ));
     }
+    if f.webhook_reject_next > 0 {
+        on.push(format!(
+            "reject the next {} webhooks ({})",
+            f.webhook_reject_next, f.webhook_reject_status
+        ));
+    }
+    if f.webhook_delay_ms > 0 {
+        on.push(format!("delay webhooks {} ms", f.webhook_delay_ms));
+    }
+    if f.webhook_drop_after_accept > 0 {
+        on.push(format!(
+            "drop the connection after accepting the next {} webhooks",
+            f.webhook_drop_after_accept
+        ));
+    }
     if on.is_empty() {
         "none".to_owned()
     } else {
@@ -341,6 +434,10 @@ fn faults_panel(f: &Faults) -> String {
          <fieldset><legend>Answer</legend>{delay}{drop}\
          <label><input type=\"checkbox\" name=\"provider\"{provider}> provider mode: a repeated \
          idempotency key is acknowledged, not delivered again (24 h)</label></fieldset>\
+         <fieldset><legend>Webhooks</legend>{webhook_reject_next}\
+         <label>with status <input type=\"number\" min=\"400\" max=\"599\" step=\"1\" \
+         name=\"webhook_reject_status\" value=\"{webhook_reject_status}\"></label>\
+         {webhook_delay}{webhook_drop}</fieldset>\
          <p><button type=\"submit\">Apply</button> \
          <button type=\"button\" id=\"faults-clear\">No faults</button> \
          <span id=\"faults-status\" role=\"status\"></span></p></form></details></section>",
@@ -366,6 +463,22 @@ fn faults_panel(f: &Faults) -> String {
             "drop_after_accept",
             "accept, then drop the connection (next)",
             f.drop_after_accept.into()
+        ),
+        webhook_reject_next = number(
+            "webhook_reject_next",
+            "reject the next",
+            f.webhook_reject_next.into()
+        ),
+        webhook_reject_status = f.webhook_reject_status,
+        webhook_delay = number(
+            "webhook_delay_ms",
+            "delay each answer (ms)",
+            f.webhook_delay_ms
+        ),
+        webhook_drop = number(
+            "webhook_drop_after_accept",
+            "accept, then close without an answer (next)",
+            f.webhook_drop_after_accept.into()
         ),
         provider = if f.dedupe_window_ms.is_some() {
             " checked"

@@ -34,7 +34,7 @@ function query() {
 }
 
 /// The server's HTML of each part the live refresh swaps, as last swapped in.
-const parts = ["stats", "messages", "faults-summary"];
+const parts = ["stats", "messages", "webhooks", "faults-summary"];
 const seen = new Map();
 
 /// Fetches the list page again (with the search) and swaps in its changed parts.
@@ -181,7 +181,7 @@ if (faults) {
   });
   document.getElementById("faults-clear").addEventListener("click", async () => {
     for (const field of faults.querySelectorAll("input[type=number]")) {
-      field.value = field.name === "retry_after_s" ? 1 : 0;
+      field.value = { retry_after_s: 1, webhook_reject_status: 503 }[field.name] ?? 0;
     }
     faults.querySelector("select[name=rejection]").value = "temporary";
     faults.querySelector("input[name=provider]").checked = false;

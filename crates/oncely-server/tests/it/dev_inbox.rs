@@ -54,6 +54,10 @@ fn in_tokyo(at: OffsetDateTime) -> String {
 const ROWS: &str = "[...document.querySelectorAll('#messages tbody tr')]\
     .map(r => [...r.cells].map(c => c.textContent.trim()))";
 
+/// The webhooks as the page shows them.
+const HOOKS: &str = "[...document.querySelectorAll('#webhooks tbody tr')]\
+    .map(r => [...r.cells].map(c => c.textContent.trim()))";
+
 /// The suppressed emails as the page shows them.
 const SUPPRESSED: &str = "[...document.querySelectorAll('#suppressed tbody tr')]\
     .map(r => [...r.cells].map(c => c.textContent.trim()))";
@@ -476,6 +480,53 @@ async fn the_standalone_inbox_serves_the_page_at_its_root_with_every_action() {
         .unwrap();
     assert_eq!(faults["throttle_next"], 2);
     assert_eq!(faults["dedupe_window_ms"], 86_400_000);
+
+    // Webhooks appear live beside the emails, with their verdict (issue 17, item 5).
+    let hook = |name: &str| {
+        client
+            .post(format!("{base}/webhooks/{name}"))
+            .header("webhook-id", "evt_1")
+            .body(r#"{"type":"user.created","data":{}}"#)
+    };
+    assert_eq!(hook("app").send().await.unwrap().status(), 204);
+    browser
+        .wait_for(&format!(
+            "{HOOKS}.length === 1 && {HOOKS}[0][1] === 'app' && {HOOKS}[0][2] === 'user.created' \
+             && {HOOKS}[0][3] === 'evt_1' && {HOOKS}[0][4] === 'unverified'"
+        ))
+        .await;
+    let secrets = client
+        .put(format!("{base}/webhooks/app/secrets"))
+        .json(&json!({ "secrets": ["whsec_c2VjcmV0LWtleQ=="] }))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(secrets.status(), 204);
+    assert_eq!(hook("app").send().await.unwrap().status(), 401);
+    browser
+        .wait_for(&format!(
+            "{HOOKS}.length === 2 && {HOOKS}[0][4] === 'invalid: missing_headers'"
+        ))
+        .await;
+    assert!(
+        !browser.text().await.contains("c2VjcmV0LWtleQ"),
+        "no secret"
+    );
+    // The webhooks' own faults, from the form.
+    browser
+        .fill("#faults input[name=webhook_reject_next]", "1")
+        .await;
+    browser
+        .fill("#faults input[name=webhook_reject_status]", "410")
+        .await;
+    browser.click("#faults button[type=submit]").await;
+    browser
+        .wait_for(
+            "document.getElementById('faults-summary').textContent\
+             .includes('reject the next 1 webhooks (410)')",
+        )
+        .await;
+    assert_eq!(hook("other").send().await.unwrap().status(), 410);
 
     browser.click("#delete-all").await;
     browser.click("#delete-all").await;

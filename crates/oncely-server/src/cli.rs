@@ -476,6 +476,25 @@ pub struct CommonArgs {
     /// LISTEN does not work).
     #[arg(long, env = "ONCELY_POLL_ONLY", value_parser = clap::builder::BoolishValueParser::new())]
     pub poll_only: bool,
+
+    #[command(flatten)]
+    #[allow(missing_docs)]
+    pub webhooks: WebhookArgs,
+
+    /// Connect and total timeout of one webhook delivery attempt (a timeout after the request
+    /// was sent is retried with the same `webhook-id`).
+    #[arg(long, env = "ONCELY_WEBHOOK_TIMEOUT", default_value = defaults::WEBHOOK_TIMEOUT, value_parser = parse_duration)]
+    pub webhook_timeout: Duration,
+}
+
+/// Which webhook URLs are allowed (shared by `serve`, `worker` and `tenant webhook add`).
+#[derive(Debug, Clone, Copy, Args)]
+pub struct WebhookArgs {
+    /// Let webhooks reach private, link-local, CGNAT and (in production) loopback addresses:
+    /// for receivers on a private network. Off by default: a tenant's URL must not reach the
+    /// deployment's own network (SSRF).
+    #[arg(long, env = "ONCELY_WEBHOOK_ALLOW_PRIVATE", value_parser = clap::builder::BoolishValueParser::new())]
+    pub webhook_allow_private: bool,
 }
 
 impl std::fmt::Debug for CommonArgs {
@@ -499,6 +518,8 @@ impl std::fmt::Debug for CommonArgs {
             .field("retry_base", &self.retry_base)
             .field("pause_probe", &self.pause_probe)
             .field("poll_only", &self.poll_only)
+            .field("webhooks", &self.webhooks)
+            .field("webhook_timeout", &self.webhook_timeout)
             .finish()
     }
 }

@@ -122,7 +122,7 @@ fn render<T: Serialize>(
 }
 
 /// A moment for people: `2025-01-31 08:00:00 UTC`.
-fn when(at: OffsetDateTime) -> String {
+pub(crate) fn when(at: OffsetDateTime) -> String {
     let at = at.to_offset(time::UtcOffset::UTC);
     format!(
         "{}-{:02}-{:02} {:02}:{:02}:{:02} UTC",

@@ -11,6 +11,8 @@ use std::time::Duration;
 use anyhow::bail;
 use clap::ValueEnum;
 use oncely::ServerSecret;
+
+use crate::webhooks::WebhookSettings;
 use oncely_outbox::mail::IdempotencyHeader;
 use rand::RngCore;
 use secrecy::{ExposeSecret, SecretString};
@@ -38,6 +40,8 @@ pub mod defaults {
     pub const RETRY_BASE: &str = "2s";
     /// `ONCELY_PAUSE_PROBE`.
     pub const PAUSE_PROBE: &str = "30s";
+    /// `ONCELY_WEBHOOK_TIMEOUT`.
+    pub const WEBHOOK_TIMEOUT: &str = "10s";
     /// `ONCELY_KEY_RETENTION`.
     pub const KEY_RETENTION: &str = "24h";
     /// `ONCELY_WORKERS`.
@@ -148,6 +152,8 @@ pub struct Settings {
     pub trusted_proxies: Vec<ipnet::IpNet>,
     /// The bearer token `GET /metrics` requires.
     pub metrics_token: Option<SecretString>,
+    /// What webhook deliveries may reach, and their timeout.
+    pub webhooks: WebhookSettings,
 }
 
 impl Settings {
@@ -193,6 +199,7 @@ impl Settings {
             prune_interval: default_duration(defaults::PRUNE_INTERVAL),
             trusted_proxies: Vec::new(),
             metrics_token: None,
+            webhooks: WebhookSettings::development(),
         }
     }
 
@@ -240,6 +247,7 @@ impl Settings {
             prune_interval: args.prune_interval,
             trusted_proxies: args.trusted_proxies,
             metrics_token: args.metrics_token,
+            webhooks: common.webhook_settings(),
         })
     }
 
@@ -260,6 +268,7 @@ impl Settings {
             Vec::new(),
         );
         plan.config.poll_interval = self.poll_interval;
+        plan.webhooks = self.webhooks;
         plan
     }
 
@@ -325,12 +334,15 @@ impl WorkerSettings {
             environment: common.environment,
             public_url,
             mailer,
-            plan: WorkerPlan::new(
-                args.workers,
-                common.lease,
-                (common.retry_base, common.pause_probe),
-                args.kinds,
-            ),
+            plan: WorkerPlan {
+                webhooks: common.webhook_settings(),
+                ..WorkerPlan::new(
+                    args.workers,
+                    common.lease,
+                    (common.retry_base, common.pause_probe),
+                    args.kinds,
+                )
+            },
             poll_only: common.poll_only,
         })
     }
@@ -513,6 +525,15 @@ fn with_smtp_password(url: &str, password: &str) -> anyhow::Result<String> {
 }
 
 impl CommonArgs {
+    /// What webhook deliveries may reach (`ONCELY_ENV`, `ONCELY_WEBHOOK_ALLOW_PRIVATE`) and
+    /// their timeout (`ONCELY_WEBHOOK_TIMEOUT`).
+    pub fn webhook_settings(&self) -> WebhookSettings {
+        WebhookSettings {
+            policy: self.webhooks.policy(self.environment),
+            timeout: self.webhook_timeout,
+        }
+    }
+
     /// The server secret: given, or (development only) read from or generated into the data
     /// directory, so that it survives restarts.
     /// With `ONCELY_SECRET_PREVIOUS`, the previous secret verifies what it made (see
@@ -1479,5 +1500,15 @@ mod tests {
             PathBuf::from("/var/lib/oncely")
         );
         assert_eq!(data_dir("postgres://x/y"), PathBuf::from("."));
+    }
+}
+
+impl crate::cli::WebhookArgs {
+    /// The URL policy of webhooks in `environment`.
+    pub fn policy(&self, environment: Environment) -> crate::webhooks::UrlPolicy {
+        crate::webhooks::UrlPolicy {
+            production: environment == Environment::Production,
+            allow_private: self.webhook_allow_private,
+        }
     }
 }

@@ -122,9 +122,7 @@ impl<A: Accounts> WebhookDelivery<A> {
             field("event_id"),
             field("body"),
         ) else {
-            return Delivery::Permanent(
-                "the payload lacks endpoint_id, event_id or body".into(),
-            );
+            return Delivery::Permanent("the payload lacks endpoint_id, event_id or body".into());
         };
         let kind = field("type").unwrap_or_default();
         let outcome = self.attempt(endpoint_id, &event_id, body).await;
@@ -142,7 +140,10 @@ impl<A: Accounts> WebhookDelivery<A> {
                 provider_message_id: None,
             },
             Attempted::Gone => {
-                let reason = format!("410 Gone at {}", crate::ops::when(OffsetDateTime::now_utc()));
+                let reason = format!(
+                    "410 Gone at {}",
+                    crate::ops::when(OffsetDateTime::now_utc())
+                );
                 tracing::warn!(endpoint = %endpoint_id, event = %event_id, "the webhook endpoint answered 410 Gone: disabled");
                 if let Err(error) = self
                     .accounts

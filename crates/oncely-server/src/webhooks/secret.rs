@@ -80,7 +80,12 @@ impl std::fmt::Debug for SigningSecret {
 
 /// The `webhook-signature` header's value: one signature per secret, space-separated (during a
 /// rotation's grace both the new and the previous secret sign, as the specification allows).
-pub fn signature_header(secrets: &[SigningSecret], id: &str, timestamp: i64, body: &[u8]) -> String {
+pub fn signature_header(
+    secrets: &[SigningSecret],
+    id: &str,
+    timestamp: i64,
+    body: &[u8],
+) -> String {
     secrets
         .iter()
         .map(|secret| secret.sign(id, timestamp, body))
@@ -180,10 +185,7 @@ mod tests {
             1_614_265_330,
             br#"{"test": 2432232314}"#,
         );
-        assert_eq!(
-            signature,
-            "v1,g0hM9SsE+OTPJTGt/tmIKtSyZlE3uFJELVlNIOLJ1OE="
-        );
+        assert_eq!(signature, "v1,g0hM9SsE+OTPJTGt/tmIKtSyZlE3uFJELVlNIOLJ1OE=");
     }
 
     #[test]
@@ -194,19 +196,32 @@ mod tests {
         let sealed = seal(&old, endpoint, &signing);
         assert!(!sealed.contains(signing.expose()));
         assert!(!sealed.contains(signing.expose().trim_start_matches(PREFIX)));
-        assert_ne!(sealed, seal(&old, endpoint, &signing), "a fresh nonce per seal");
+        assert_ne!(
+            sealed,
+            seal(&old, endpoint, &signing),
+            "a fresh nonce per seal"
+        );
         assert_eq!(unseal(&old, endpoint, &sealed).unwrap(), signing);
         // After a server-secret rotation with the old one as previous: still opens.
         let rotated = server(2).with_previous(vec![server(1)]);
         assert_eq!(unseal(&rotated, endpoint, &sealed).unwrap(), signing);
         // Without it: does not.
-        assert_eq!(unseal(&server(2), endpoint, &sealed), Err(UnsealError::NoKey));
+        assert_eq!(
+            unseal(&server(2), endpoint, &sealed),
+            Err(UnsealError::NoKey)
+        );
         // Another endpoint's row: does not.
         assert_eq!(
             unseal(&old, Uuid::new_v4(), &sealed),
             Err(UnsealError::NoKey)
         );
-        assert_eq!(unseal(&old, endpoint, "v1.AAAA"), Err(UnsealError::Malformed));
-        assert_eq!(unseal(&old, endpoint, signing.expose()), Err(UnsealError::Malformed));
+        assert_eq!(
+            unseal(&old, endpoint, "v1.AAAA"),
+            Err(UnsealError::Malformed)
+        );
+        assert_eq!(
+            unseal(&old, endpoint, signing.expose()),
+            Err(UnsealError::Malformed)
+        );
     }
 }

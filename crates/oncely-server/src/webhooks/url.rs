@@ -103,11 +103,11 @@ fn canonical(ip: IpAddr) -> IpAddr {
             }
             let s = v6.segments();
             // IPv4-compatible (deprecated): ::a.b.c.d, but not :: and ::1 themselves.
-            if s[..6].iter().all(|&x| x == 0) && v6 != Ipv6Addr::UNSPECIFIED && v6 != Ipv6Addr::LOCALHOST
+            if s[..6].iter().all(|&x| x == 0)
+                && v6 != Ipv6Addr::UNSPECIFIED
+                && v6 != Ipv6Addr::LOCALHOST
             {
-                return IpAddr::V4(Ipv4Addr::from(
-                    (u32::from(s[6]) << 16) | u32::from(s[7]),
-                ));
+                return IpAddr::V4(Ipv4Addr::from((u32::from(s[6]) << 16) | u32::from(s[7])));
             }
             IpAddr::V6(v6)
         }
@@ -164,9 +164,8 @@ impl reqwest::dns::Resolve for CheckingResolver {
         let policy = self.policy;
         let name = name.as_str().to_owned();
         Box::pin(async move {
-            let found: Vec<SocketAddr> = tokio::net::lookup_host((name.as_str(), 0))
-                .await?
-                .collect();
+            let found: Vec<SocketAddr> =
+                tokio::net::lookup_host((name.as_str(), 0)).await?.collect();
             let mut refused = None;
             let allowed: Vec<SocketAddr> = found
                 .into_iter()
@@ -180,8 +179,10 @@ impl reqwest::dns::Resolve for CheckingResolver {
                 .collect();
             if allowed.is_empty() {
                 let why = refused.unwrap_or_else(|| "no address".into());
-                return Err(Box::new(RefusedAddress(format!("{name} resolves to {why}")))
-                    as Box<dyn std::error::Error + Send + Sync>);
+                return Err(
+                    Box::new(RefusedAddress(format!("{name} resolves to {why}")))
+                        as Box<dyn std::error::Error + Send + Sync>,
+                );
             }
             Ok(Box::new(allowed.into_iter()) as reqwest::dns::Addrs)
         })
@@ -248,8 +249,20 @@ mod tests {
         ("https://[fe80::1]/x", false, false, true, true),
         ("https://[ff02::1]/x", false, false, true, true),
         ("https://2130706433/x", false, true, true, true), // 127.0.0.1 as one number
-        ("https://user:pw@hooks.example.com/x", false, false, false, false),
-        ("https://hooks.example.com/x#frag", false, false, false, false),
+        (
+            "https://user:pw@hooks.example.com/x",
+            false,
+            false,
+            false,
+            false,
+        ),
+        (
+            "https://hooks.example.com/x#frag",
+            false,
+            false,
+            false,
+            false,
+        ),
         ("ftp://hooks.example.com/x", false, false, false, false),
         ("/relative/path", false, false, false, false),
         ("https:///nohost", true, true, true, true), // the URL crate reads the host "nohost"
@@ -278,8 +291,18 @@ mod tests {
 
     #[tokio::test]
     async fn a_name_that_resolves_to_loopback_is_refused_in_production_only() {
-        assert!(PRODUCTION.check_resolved("https://localhost/x").await.is_err());
-        assert!(DEVELOPMENT.check_resolved("http://localhost/x").await.is_ok());
+        assert!(
+            PRODUCTION
+                .check_resolved("https://localhost/x")
+                .await
+                .is_err()
+        );
+        assert!(
+            DEVELOPMENT
+                .check_resolved("http://localhost/x")
+                .await
+                .is_ok()
+        );
         assert!(
             PRODUCTION_PRIVATE
                 .check_resolved("https://localhost/x")

@@ -714,6 +714,81 @@ fn generated_secret(data_dir: &Path) -> String {
     hex::encode(bytes)
 }
 
+impl crate::cli::WebhookArgs {
+    /// The URL policy of webhooks in `environment`.
+    pub fn policy(&self, environment: Environment) -> crate::webhooks::UrlPolicy {
+        crate::webhooks::UrlPolicy {
+            production: environment == Environment::Production,
+            allow_private: self.webhook_allow_private,
+        }
+    }
+}
+
+/// The server secret: given, or (development only) read from or generated into the data
+/// directory, so that it survives restarts.
+/// With `ONCELY_SECRET_PREVIOUS`, the previous secret verifies what it made (see
+/// [`ServerSecret::with_previous`]).
+/// The second value is the generated secret, when none was given (development). Used by
+/// `serve`, `worker` and the commands that seal webhook secrets.
+pub(crate) fn server_secret(
+    environment: Environment,
+    (secret, secret_previous): (Option<&SecretString>, Option<&SecretString>),
+    database_url: &str,
+) -> anyhow::Result<(ServerSecret, Option<SecretString>)> {
+    let (current, generated) = current_secret(environment, secret, database_url)?;
+    let Some(previous) = secret_previous else {
+        return Ok((current, generated));
+    };
+    let previous = previous.expose_secret();
+    if previous.len() < MIN_SECRET_CHARS {
+        bail!("ONCELY_SECRET_PREVIOUS must be at least {MIN_SECRET_CHARS} characters");
+    }
+    if secret.map(ExposeSecret::expose_secret) == Some(previous) {
+        bail!(
+            "ONCELY_SECRET_PREVIOUS is the same as ONCELY_SECRET; set it to the secret before the rotation"
+        );
+    }
+    let ring = current.with_previous(vec![ServerSecret::new(previous.as_bytes().to_vec())?]);
+    Ok((ring, generated))
+}
+
+fn current_secret(
+    environment: Environment,
+    secret: Option<&SecretString>,
+    database_url: &str,
+) -> anyhow::Result<(ServerSecret, Option<SecretString>)> {
+    if let Some(secret) = secret {
+        let secret = secret.expose_secret();
+        if secret.len() < MIN_SECRET_CHARS {
+            bail!("ONCELY_SECRET must be at least {MIN_SECRET_CHARS} characters");
+        }
+        let distinct = secret
+            .chars()
+            .collect::<std::collections::HashSet<_>>()
+            .len();
+        if distinct < MIN_SECRET_DISTINCT_CHARS {
+            bail!(
+                "ONCELY_SECRET is a placeholder, not a secret (only {distinct} different character{}): use at least {MIN_SECRET_CHARS} random characters, e.g. `openssl rand -hex 32`",
+                if distinct == 1 { "" } else { "s" }
+            );
+        }
+        if let Some(period) = repeated_piece(secret) {
+            bail!(
+                "ONCELY_SECRET is a placeholder, not a secret (one piece of {period} characters repeated): use at least {MIN_SECRET_CHARS} random characters, e.g. `openssl rand -hex 32`"
+            );
+        }
+        return Ok((ServerSecret::new(secret.as_bytes().to_vec())?, None));
+    }
+    if environment == Environment::Production {
+        bail!(
+            "ONCELY_SECRET is required in production (at least {MIN_SECRET_CHARS} random characters)"
+        );
+    }
+    let generated = generated_secret(&data_dir(database_url));
+    let secret = ServerSecret::new(generated.as_bytes().to_vec())?;
+    Ok((secret, Some(generated.into())))
+}
+
 #[cfg(test)]
 mod tests {
     use clap::Parser;
@@ -1455,79 +1530,4 @@ mod tests {
         );
         assert_eq!(data_dir("postgres://x/y"), PathBuf::from("."));
     }
-}
-
-impl crate::cli::WebhookArgs {
-    /// The URL policy of webhooks in `environment`.
-    pub fn policy(&self, environment: Environment) -> crate::webhooks::UrlPolicy {
-        crate::webhooks::UrlPolicy {
-            production: environment == Environment::Production,
-            allow_private: self.webhook_allow_private,
-        }
-    }
-}
-
-/// The server secret: given, or (development only) read from or generated into the data
-/// directory, so that it survives restarts.
-/// With `ONCELY_SECRET_PREVIOUS`, the previous secret verifies what it made (see
-/// [`ServerSecret::with_previous`]).
-/// The second value is the generated secret, when none was given (development). Used by
-/// `serve`, `worker` and the commands that seal webhook secrets.
-pub(crate) fn server_secret(
-    environment: Environment,
-    (secret, secret_previous): (Option<&SecretString>, Option<&SecretString>),
-    database_url: &str,
-) -> anyhow::Result<(ServerSecret, Option<SecretString>)> {
-    let (current, generated) = current_secret(environment, secret, database_url)?;
-    let Some(previous) = secret_previous else {
-        return Ok((current, generated));
-    };
-    let previous = previous.expose_secret();
-    if previous.len() < MIN_SECRET_CHARS {
-        bail!("ONCELY_SECRET_PREVIOUS must be at least {MIN_SECRET_CHARS} characters");
-    }
-    if secret.map(ExposeSecret::expose_secret) == Some(previous) {
-        bail!(
-            "ONCELY_SECRET_PREVIOUS is the same as ONCELY_SECRET; set it to the secret before the rotation"
-        );
-    }
-    let ring = current.with_previous(vec![ServerSecret::new(previous.as_bytes().to_vec())?]);
-    Ok((ring, generated))
-}
-
-fn current_secret(
-    environment: Environment,
-    secret: Option<&SecretString>,
-    database_url: &str,
-) -> anyhow::Result<(ServerSecret, Option<SecretString>)> {
-    if let Some(secret) = secret {
-        let secret = secret.expose_secret();
-        if secret.len() < MIN_SECRET_CHARS {
-            bail!("ONCELY_SECRET must be at least {MIN_SECRET_CHARS} characters");
-        }
-        let distinct = secret
-            .chars()
-            .collect::<std::collections::HashSet<_>>()
-            .len();
-        if distinct < MIN_SECRET_DISTINCT_CHARS {
-            bail!(
-                "ONCELY_SECRET is a placeholder, not a secret (only {distinct} different character{}): use at least {MIN_SECRET_CHARS} random characters, e.g. `openssl rand -hex 32`",
-                if distinct == 1 { "" } else { "s" }
-            );
-        }
-        if let Some(period) = repeated_piece(secret) {
-            bail!(
-                "ONCELY_SECRET is a placeholder, not a secret (one piece of {period} characters repeated): use at least {MIN_SECRET_CHARS} random characters, e.g. `openssl rand -hex 32`"
-            );
-        }
-        return Ok((ServerSecret::new(secret.as_bytes().to_vec())?, None));
-    }
-    if environment == Environment::Production {
-        bail!(
-            "ONCELY_SECRET is required in production (at least {MIN_SECRET_CHARS} random characters)"
-        );
-    }
-    let generated = generated_secret(&data_dir(database_url));
-    let secret = ServerSecret::new(generated.as_bytes().to_vec())?;
-    Ok((secret, Some(generated.into())))
 }

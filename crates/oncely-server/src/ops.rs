@@ -1,5 +1,7 @@
 //! Operator commands: `oncely outbox list|dead|show|retry`, `oncely key show`,
-//! `oncely tenant create|list|rotate-key|set`, `oncely prune`, and what `oncely migrate` reports.
+//! `oncely tenant create|list|rotate-key|set`,
+//! `oncely tenant webhook add|list|disable|enable|rotate|remove`, `oncely prune`, and what
+//! `oncely migrate` reports.
 //!
 //! Each prints for people (tables whose columns fit their content, times as
 //! `2025-01-31 08:00:00 UTC`, control characters escaped), or with `--json` exactly one JSON

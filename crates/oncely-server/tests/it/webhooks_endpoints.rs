@@ -17,7 +17,7 @@ use oncely_outbox::{
     JobRecord, JobStatus, JobStore, KindOptions, RetryPolicy, Worker, WorkerConfig,
 };
 use oncely_server::accounts::{Accounts, NewEndpoint};
-use oncely_server::backend::{COMMAND_POOL, Postgres, Sqlite};
+use oncely_server::backend::{Backend, COMMAND_POOL, Postgres, Sqlite};
 use oncely_server::webhooks::secret::{SigningSecret, seal};
 use oncely_server::webhooks::{
     EndpointRef, Event, EventType, UrlPolicy, WebhookDelivery, WebhookSettings, emit,
@@ -870,4 +870,90 @@ async fn sqlx_scalar(url: &str, sql: &str) -> String {
 
 async fn count_endpoints(url: &str) -> i64 {
     crate::support::count(url, "SELECT COUNT(*) FROM oncely_webhook_endpoints").await
+}
+
+/// A `Write` into a shared buffer: the log lines of a test.
+#[derive(Clone, Default)]
+struct Logs(Arc<Mutex<Vec<u8>>>);
+
+impl std::io::Write for Logs {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        self.0.lock().unwrap().extend_from_slice(buf);
+        Ok(buf.len())
+    }
+    fn flush(&mut self) -> std::io::Result<()> {
+        Ok(())
+    }
+}
+
+/// One thread (the default test runtime): the worker's tasks log to this test's subscriber and
+/// count in its recorder. The log names the endpoint, the event and the status — never the
+/// signing secret, never the body (an `email.requested` body carries a login link).
+#[tokio::test]
+async fn a_delivery_logs_and_counts_ids_and_outcomes_never_the_secret_or_the_body() {
+    use metrics_util::debugging::{DebugValue, DebuggingRecorder};
+    let logs = Logs::default();
+    let subscriber = tracing_subscriber::fmt()
+        .with_max_level(tracing::Level::TRACE)
+        .with_ansi(false)
+        .with_writer({
+            let logs = logs.clone();
+            move || logs.clone()
+        })
+        .finish();
+    let _logging = tracing::subscriber::set_default(subscriber);
+    let recorder = DebuggingRecorder::new();
+    let snapshotter = recorder.snapshotter();
+    let _recording = metrics::set_default_local_recorder(&recorder);
+
+    let (url, _db) = crate::support::sqlite_db().await;
+    let backend: Sqlite = open(&url).await;
+    let (_receiver, target) = Receiver::start(vec![Answer::Status(503)]).await;
+    let (endpoint_id, signing) = endpoint(&backend, &target).await;
+    let link = "https://app.example.com/v1/magic-link/consume?token=MARKER-OF-A-LINK";
+    let event = Event::new(EventType::EmailRequested, json!({ "link": link }));
+    let mut conn = backend.pool().acquire().await.unwrap();
+    emit::<Sqlite>(&mut *conn, &backend.jobs(true), "acme", &event)
+        .await
+        .unwrap();
+    drop(conn);
+    let worker = worker(&backend, development(Duration::from_secs(10)));
+    let job = run_until_done(&backend, &worker, &event, endpoint_id).await;
+    assert_eq!(job.status, JobStatus::Sent);
+
+    let logged = String::from_utf8(logs.0.lock().unwrap().clone()).unwrap();
+    assert!(
+        logged.contains(&event.id) && logged.contains(&endpoint_id.to_string()),
+        "{logged}"
+    );
+    assert!(
+        logged.contains("503") && logged.contains("email.requested"),
+        "{logged}"
+    );
+    for secret in [
+        signing.expose(),
+        signing.expose().trim_start_matches("whsec_"),
+        "MARKER-OF-A-LINK",
+    ] {
+        assert!(!logged.contains(secret), "{secret} in the log:\n{logged}");
+    }
+    let counted: Vec<(String, DebugValue)> = snapshotter
+        .snapshot()
+        .into_vec()
+        .into_iter()
+        .filter(|(key, ..)| key.key().name() == "oncely_webhook_deliveries_total")
+        .map(|(key, .., value)| {
+            let outcome = key.key().labels().find(|l| l.key() == "outcome").unwrap();
+            (outcome.value().to_owned(), value)
+        })
+        .collect();
+    let mut counted = counted;
+    counted.sort_by(|a, b| a.0.cmp(&b.0));
+    assert_eq!(
+        counted,
+        [
+            ("retry".to_owned(), DebugValue::Counter(1)),
+            ("sent".to_owned(), DebugValue::Counter(1)),
+        ]
+    );
 }

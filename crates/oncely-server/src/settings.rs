@@ -820,6 +820,58 @@ mod tests {
         assert_eq!(format!("{resolved:?}"), format!("{new:?}"));
     }
 
+    /// The webhook settings reach the workers of `serve` and `worker`: the policy from
+    /// `ONCELY_ENV` and `ONCELY_WEBHOOK_ALLOW_PRIVATE`, the timeout from `ONCELY_WEBHOOK_TIMEOUT`
+    /// (10 s by default).
+    #[test]
+    fn the_webhook_settings_reach_the_worker_plans() {
+        let secret = "0123456789abcdef0123456789abcdef-webhooks";
+        let defaults = Settings::from_args(serve(&["--secret", secret])).unwrap();
+        assert_eq!(
+            defaults.worker_plan().webhooks,
+            WebhookSettings::development()
+        );
+        assert_eq!(defaults.webhooks.timeout, Duration::from_secs(10));
+        let given = Settings::from_args(serve(&[
+            "--secret",
+            secret,
+            "--webhook-timeout",
+            "300ms",
+            "--webhook-allow-private",
+        ]))
+        .unwrap();
+        let plan = given.worker_plan();
+        assert_eq!(plan.webhooks.timeout, Duration::from_millis(300));
+        assert!(plan.webhooks.policy.allow_private && !plan.webhooks.policy.production);
+        let worker = Cli::try_parse_from([
+            "oncely",
+            "worker",
+            "--env",
+            "production",
+            "--database-url",
+            "postgres://db/oncely",
+            "--mailer",
+            "smtps://smtp.example.com:465",
+            "--public-url",
+            "https://app.example.com",
+            "--secret",
+            secret,
+            "--webhook-timeout",
+            "2s",
+            "--kinds",
+            "webhook",
+        ])
+        .unwrap();
+        let Command::Worker(args) = worker.command else {
+            unreachable!()
+        };
+        let settings = WorkerSettings::from_args(args).unwrap();
+        assert_eq!(settings.plan.webhooks.timeout, Duration::from_secs(2));
+        assert!(settings.plan.webhooks.policy.production);
+        assert!(!settings.plan.webhooks.policy.allow_private);
+        assert_eq!(settings.plan.kinds, ["webhook"]);
+    }
+
     /// The login caps: their defaults, what is given, and counters kept two of the longer
     /// window (a login window longer than the email one must not be pruned early).
     #[test]

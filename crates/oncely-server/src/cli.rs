@@ -337,6 +337,9 @@ pub enum TenantCommand {
         #[allow(missing_docs)]
         output: OutputArgs,
     },
+    /// Manage the tenant's webhook endpoints: where its events go, signed.
+    #[command(subcommand)]
+    Webhook(WebhookCommand),
 }
 
 impl TenantCommand {
@@ -347,6 +350,7 @@ impl TenantCommand {
             | Self::List { database, .. }
             | Self::RotateKey { database, .. }
             | Self::Set { database, .. } => database,
+            Self::Webhook(command) => command.database(),
         }
     }
 
@@ -357,6 +361,162 @@ impl TenantCommand {
             | Self::List { output, .. }
             | Self::RotateKey { output, .. }
             | Self::Set { output, .. } => *output,
+            Self::Webhook(command) => command.output(),
+        }
+    }
+}
+
+/// The server secret, for commands that seal or unseal webhook signing secrets: resolved as
+/// `serve` resolves it (development without `ONCELY_SECRET`: the database's stored secret;
+/// production: `ONCELY_SECRET`, required). Its `Debug` shows no secret.
+#[derive(Clone, Args)]
+pub struct SecretArgs {
+    /// `development` or `production` (production: `ONCELY_SECRET` is required, webhook URLs
+    /// must be https and public).
+    #[arg(
+        long = "env",
+        env = "ONCELY_ENV",
+        value_enum,
+        default_value = "development"
+    )]
+    pub environment: Environment,
+    /// The server secret (as `serve`'s).
+    #[arg(long, env = "ONCELY_SECRET", hide_env_values = true)]
+    pub secret: Option<SecretString>,
+    /// The server secret before a rotation (as `serve`'s).
+    #[arg(long, env = "ONCELY_SECRET_PREVIOUS", hide_env_values = true)]
+    pub secret_previous: Option<SecretString>,
+}
+
+impl std::fmt::Debug for SecretArgs {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("SecretArgs")
+            .field("environment", &self.environment)
+            .field("secret", &self.secret)
+            .field("secret_previous", &self.secret_previous)
+            .finish()
+    }
+}
+
+/// `oncely tenant webhook …`: where a tenant's events are delivered (Standard Webhooks).
+#[derive(Debug, Subcommand)]
+pub enum WebhookCommand {
+    /// Add an endpoint and print its id and its signing secret (once: it is stored sealed).
+    Add {
+        /// The tenant whose events it receives (or `default`).
+        name: String,
+        /// Where to POST them: absolute http(s), no user info or fragment, at most 2,048 bytes;
+        /// in production https and a public address (unless ONCELY_WEBHOOK_ALLOW_PRIVATE).
+        url: String,
+        /// Only these event types (comma-separated: `user.verified,email.failed`); default:
+        /// every event.
+        #[arg(long, value_delimiter = ',')]
+        events: Vec<String>,
+        #[command(flatten)]
+        #[allow(missing_docs)]
+        secrets: SecretArgs,
+        #[command(flatten)]
+        #[allow(missing_docs)]
+        webhooks: WebhookArgs,
+        #[command(flatten)]
+        #[allow(missing_docs)]
+        database: DatabaseArgs,
+        #[command(flatten)]
+        #[allow(missing_docs)]
+        output: OutputArgs,
+    },
+    /// List endpoints: id, tenant, URL, events, enabled or disabled (when, why), created, and
+    /// until when a previous secret signs. Never a secret.
+    List {
+        /// Only this tenant's.
+        name: Option<String>,
+        #[command(flatten)]
+        #[allow(missing_docs)]
+        database: DatabaseArgs,
+        #[command(flatten)]
+        #[allow(missing_docs)]
+        output: OutputArgs,
+    },
+    /// Stop delivering to an endpoint: it gets no new events, and its pending deliveries end
+    /// dead (re-drive them with `oncely outbox retry` after `enable`).
+    Disable {
+        /// The endpoint's id.
+        id: String,
+        #[command(flatten)]
+        #[allow(missing_docs)]
+        database: DatabaseArgs,
+        #[command(flatten)]
+        #[allow(missing_docs)]
+        output: OutputArgs,
+    },
+    /// Deliver to a disabled endpoint again (one that answered 410 Gone too).
+    Enable {
+        /// The endpoint's id.
+        id: String,
+        #[command(flatten)]
+        #[allow(missing_docs)]
+        database: DatabaseArgs,
+        #[command(flatten)]
+        #[allow(missing_docs)]
+        output: OutputArgs,
+    },
+    /// Give an endpoint a new signing secret and print it (once). The previous one keeps
+    /// signing beside it until the grace ends (one previous secret at a time).
+    Rotate {
+        /// The endpoint's id.
+        id: String,
+        /// How long the previous secret keeps signing (`1h`, `30m`, at most `30d`; default
+        /// `24h`).
+        #[arg(long, value_parser = parse_grace)]
+        grace: Option<Duration>,
+        #[command(flatten)]
+        #[allow(missing_docs)]
+        secrets: SecretArgs,
+        #[command(flatten)]
+        #[allow(missing_docs)]
+        database: DatabaseArgs,
+        #[command(flatten)]
+        #[allow(missing_docs)]
+        output: OutputArgs,
+    },
+    /// Delete an endpoint (its pending deliveries end dead).
+    Remove {
+        /// The endpoint's id.
+        id: String,
+        #[command(flatten)]
+        #[allow(missing_docs)]
+        database: DatabaseArgs,
+        #[command(flatten)]
+        #[allow(missing_docs)]
+        output: OutputArgs,
+    },
+}
+
+/// The default `--grace` of `tenant webhook rotate`.
+pub const WEBHOOK_GRACE: Duration = Duration::from_secs(24 * 3600);
+
+impl WebhookCommand {
+    /// Where the endpoints are.
+    pub fn database(&self) -> &DatabaseArgs {
+        match self {
+            Self::Add { database, .. }
+            | Self::List { database, .. }
+            | Self::Disable { database, .. }
+            | Self::Enable { database, .. }
+            | Self::Rotate { database, .. }
+            | Self::Remove { database, .. } => database,
+        }
+    }
+
+    /// How it prints.
+    pub fn output(&self) -> OutputArgs {
+        match self {
+            Self::Add { output, .. }
+            | Self::List { output, .. }
+            | Self::Disable { output, .. }
+            | Self::Enable { output, .. }
+            | Self::Rotate { output, .. }
+            | Self::Remove { output, .. } => *output,
         }
     }
 }
@@ -476,6 +636,25 @@ pub struct CommonArgs {
     /// LISTEN does not work).
     #[arg(long, env = "ONCELY_POLL_ONLY", value_parser = clap::builder::BoolishValueParser::new())]
     pub poll_only: bool,
+
+    #[command(flatten)]
+    #[allow(missing_docs)]
+    pub webhooks: WebhookArgs,
+
+    /// Connect and total timeout of one webhook delivery attempt (a timeout after the request
+    /// was sent is retried with the same `webhook-id`).
+    #[arg(long, env = "ONCELY_WEBHOOK_TIMEOUT", default_value = defaults::WEBHOOK_TIMEOUT, value_parser = parse_duration)]
+    pub webhook_timeout: Duration,
+}
+
+/// Which webhook URLs are allowed (shared by `serve`, `worker` and `tenant webhook add`).
+#[derive(Debug, Clone, Copy, Args)]
+pub struct WebhookArgs {
+    /// Let webhooks reach private, link-local, CGNAT and (in production) loopback addresses:
+    /// for receivers on a private network. Off by default: a tenant's URL must not reach the
+    /// deployment's own network (SSRF).
+    #[arg(long, env = "ONCELY_WEBHOOK_ALLOW_PRIVATE", value_parser = clap::builder::BoolishValueParser::new())]
+    pub webhook_allow_private: bool,
 }
 
 impl std::fmt::Debug for CommonArgs {
@@ -499,6 +678,8 @@ impl std::fmt::Debug for CommonArgs {
             .field("retry_base", &self.retry_base)
             .field("pause_probe", &self.pause_probe)
             .field("poll_only", &self.poll_only)
+            .field("webhooks", &self.webhooks)
+            .field("webhook_timeout", &self.webhook_timeout)
             .finish()
     }
 }

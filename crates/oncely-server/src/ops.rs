@@ -1,5 +1,7 @@
 //! Operator commands: `oncely outbox list|dead|show|retry`, `oncely key show`,
-//! `oncely tenant create|list|rotate-key|set`, `oncely prune`, and what `oncely migrate` reports.
+//! `oncely tenant create|list|rotate-key|set`,
+//! `oncely tenant webhook add|list|disable|enable|rotate|remove`, `oncely prune`, and what
+//! `oncely migrate` reports.
 //!
 //! Each prints for people (tables whose columns fit their content, times as
 //! `2025-01-31 08:00:00 UTC`, control characters escaped), or with `--json` exactly one JSON
@@ -22,9 +24,11 @@ use time::OffsetDateTime;
 use unicode_width::UnicodeWidthStr;
 use uuid::Uuid;
 
-use crate::accounts::{AccountError, Accounts, TenantRecord, from_millis};
+use crate::accounts::{AccountError, Accounts, EndpointRecord, TenantRecord, from_millis};
 use crate::backend::{Backend, COMMAND_POOL};
-use crate::cli::{JobRefKind, KeyCommand, OutboxCommand, OutputArgs, PruneArgs, TenantCommand};
+use crate::cli::{
+    JobRefKind, KeyCommand, OutboxCommand, OutputArgs, PruneArgs, TenantCommand, WebhookCommand,
+};
 
 // ---------------------------------------------------------------------------------------------
 // Failures and output
@@ -122,7 +126,7 @@ fn render<T: Serialize>(
 }
 
 /// A moment for people: `2025-01-31 08:00:00 UTC`.
-fn when(at: OffsetDateTime) -> String {
+pub(crate) fn when(at: OffsetDateTime) -> String {
     let at = at.to_offset(time::UtcOffset::UTC);
     format!(
         "{}-{:02}-{:02} {:02}:{:02}:{:02} UTC",
@@ -972,13 +976,17 @@ fn return_urls_to_set(name: &str, urls: &[String]) -> anyhow::Result<oncely::Ten
 /// `oncely tenant create|list|rotate-key|set` on backend `B`: what to print.
 pub async fn tenant<B: Accounts>(command: TenantCommand) -> anyhow::Result<String> {
     use crate::routes::tenants::{hash_api_key, new_api_key};
+    let command = match command {
+        TenantCommand::Webhook(command) => return webhook::<B>(command).await,
+        command => command,
+    };
     let output = command.output();
     // Checked before anything connects.
     let named = match &command {
         TenantCommand::Create { name, .. } | TenantCommand::RotateKey { name, .. } => {
             Some(tenant_name(name)?)
         }
-        TenantCommand::List { .. } => None,
+        TenantCommand::List { .. } | TenantCommand::Webhook(_) => None,
         TenantCommand::Set {
             name, return_urls, ..
         } => Some(return_urls_to_set(name, return_urls)?),
@@ -1116,6 +1124,323 @@ pub async fn tenant<B: Accounts>(command: TenantCommand) -> anyhow::Result<Strin
             None,
         ) => {
             unreachable!("named above")
+        }
+        (TenantCommand::Webhook(_), _) => unreachable!("handled above"),
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// oncely tenant webhook …
+
+/// An endpoint in `tenant webhook list --json` (never a secret).
+#[derive(Debug, Serialize)]
+pub struct EndpointView {
+    /// Its id: `disable`, `enable`, `rotate` and `remove` take it.
+    pub id: Uuid,
+    /// The tenant whose events it receives.
+    pub tenant: String,
+    /// Where they are POSTed.
+    pub url: String,
+    /// The event types it receives; empty: every event.
+    pub events: Vec<String>,
+    /// Whether it receives events.
+    pub enabled: bool,
+    /// When it was disabled, if it is.
+    #[serde(with = "time::serde::rfc3339::option")]
+    pub disabled_at: Option<OffsetDateTime>,
+    /// Why: `disabled by an operator`, or `410 Gone at …`.
+    pub disabled_reason: Option<String>,
+    /// When it was added.
+    #[serde(with = "time::serde::rfc3339")]
+    pub created_at: OffsetDateTime,
+    /// Until when its previous signing secret signs too (after `rotate`), while it does.
+    #[serde(with = "time::serde::rfc3339::option")]
+    pub previous_secret_valid_until: Option<OffsetDateTime>,
+}
+
+impl From<EndpointRecord> for EndpointView {
+    fn from(e: EndpointRecord) -> Self {
+        Self {
+            id: e.id,
+            tenant: e.tenant,
+            url: e.url,
+            events: serde_json::from_str(&e.events).unwrap_or_default(),
+            enabled: e.disabled_at_ms.is_none(),
+            disabled_at: e.disabled_at_ms.map(from_millis),
+            disabled_reason: e.disabled_reason,
+            created_at: from_millis(e.created_at_ms),
+            previous_secret_valid_until: e.previous_secret_expires_at_ms.map(from_millis),
+        }
+    }
+}
+
+/// The reason `tenant webhook disable` records.
+pub const DISABLED_BY_OPERATOR: &str = "disabled by an operator";
+
+/// The event types of `--events`, checked, as the stored JSON array (`[]`: every event).
+pub fn webhook_events(events: &[String]) -> anyhow::Result<String> {
+    use crate::webhooks::EventType;
+    let mut types: Vec<&str> = Vec::new();
+    for name in events.iter().map(|e| e.trim()).filter(|e| !e.is_empty()) {
+        let Some(kind) = EventType::parse(name) else {
+            let valid: Vec<&str> = EventType::ALL.iter().map(|t| t.as_str()).collect();
+            bail!(
+                "unknown event type {:?}; the event types are: {}",
+                clean(name),
+                valid.join(", ")
+            );
+        };
+        if !types.contains(&kind.as_str()) {
+            types.push(kind.as_str());
+        }
+    }
+    Ok(serde_json::to_string(&types)?)
+}
+
+/// An endpoint id from the command line; a malformed one is not found (exit 3).
+fn endpoint_id(id: &str) -> anyhow::Result<Uuid> {
+    id.trim().parse().map_err(|_| no_endpoint(id))
+}
+
+fn no_endpoint(id: &str) -> anyhow::Error {
+    refuse(
+        Failure::NotFound,
+        format!(
+            "no webhook endpoint {} (`oncely tenant webhook list` shows them)",
+            clean(id)
+        ),
+    )
+}
+
+/// The server secret a webhook command seals with, resolved as `serve` resolves it.
+async fn command_secret<B: Accounts>(
+    backend: &B,
+    args: &crate::cli::SecretArgs,
+    database_url: &str,
+) -> anyhow::Result<oncely::ServerSecret> {
+    let (secret, generated) = crate::settings::server_secret(
+        args.environment,
+        (args.secret.as_ref(), args.secret_previous.as_ref()),
+        database_url,
+    )?;
+    match generated {
+        Some(generated) => crate::startup::development_secret(backend, &generated, &secret).await,
+        None => Ok(secret),
+    }
+}
+
+/// `oncely tenant webhook add|list|disable|enable|rotate|remove` on backend `B`: what to print.
+pub async fn webhook<B: Accounts>(command: WebhookCommand) -> anyhow::Result<String> {
+    use crate::webhooks::secret::{SigningSecret, seal};
+    let output = command.output();
+    // Checked before anything connects.
+    let (tenant, events) = match &command {
+        WebhookCommand::Add {
+            name,
+            events,
+            url,
+            webhooks,
+            secrets,
+            ..
+        } => {
+            let tenant = oncely::TenantId::parse(name).map_err(|e| anyhow::anyhow!("{e}"))?;
+            webhooks
+                .policy(secrets.environment)
+                .check_resolved(url)
+                .await
+                .map_err(|e| anyhow::anyhow!("refused webhook URL: {e}"))?;
+            (Some(tenant), webhook_events(events)?)
+        }
+        _ => (None, String::new()),
+    };
+    let database_url = command.database().database_url.clone();
+    let backend: B = crate::startup::open_existing(&database_url, COMMAND_POOL).await?;
+    match command {
+        WebhookCommand::Add { url, secrets, .. } => {
+            let tenant = tenant.expect("parsed above");
+            if tenant != oncely::TenantId::default()
+                && !backend
+                    .tenants()
+                    .await?
+                    .iter()
+                    .any(|t| t.id == tenant.as_str())
+            {
+                return Err(refuse(
+                    Failure::NotFound,
+                    format!("no tenant {tenant} (`oncely tenant list` shows them)"),
+                ));
+            }
+            let server = command_secret(&backend, &secrets, &database_url).await?;
+            let id = Uuid::new_v4();
+            let signing = SigningSecret::generate();
+            let sealed = seal(&server, id, &signing);
+            backend
+                .insert_webhook_endpoint(crate::accounts::NewEndpoint {
+                    id,
+                    tenant: tenant.as_str(),
+                    url: &url,
+                    events: &events,
+                    secret_sealed: &sealed,
+                })
+                .await?;
+            let types: Vec<String> = serde_json::from_str(&events)?;
+            let value = json!({
+                "id": id,
+                "tenant": tenant.as_str(),
+                "url": url,
+                "events": types,
+                "secret": signing.expose(),
+            });
+            render(output, &value, |out| {
+                writeln!(
+                    out,
+                    "webhook endpoint {id} added: tenant {tenant}'s {} go to {}.\nIts signing secret (shown once; stored sealed):\n{}",
+                    if types.is_empty() {
+                        "events".to_owned()
+                    } else {
+                        types.join(", ")
+                    },
+                    clean(&url),
+                    signing.expose()
+                )?;
+                Ok(())
+            })
+        }
+        WebhookCommand::List { name, .. } => {
+            let endpoints: Vec<EndpointView> = backend
+                .webhook_endpoints(name.as_deref())
+                .await?
+                .into_iter()
+                .map(EndpointView::from)
+                .collect();
+            render(output, &endpoints, |out| {
+                if endpoints.is_empty() {
+                    writeln!(
+                        out,
+                        "no webhook endpoints (`oncely tenant webhook add` adds one)"
+                    )?;
+                    return Ok(());
+                }
+                let rows: Vec<Vec<String>> = endpoints
+                    .iter()
+                    .map(|e| {
+                        vec![
+                            e.id.to_string(),
+                            e.tenant.clone(),
+                            if e.events.is_empty() {
+                                "all".into()
+                            } else {
+                                e.events.join(",")
+                            },
+                            match (e.disabled_at, &e.disabled_reason) {
+                                (None, _) => "enabled".into(),
+                                (Some(at), reason) => format!(
+                                    "disabled {} ({})",
+                                    when(at),
+                                    clean(reason.as_deref().unwrap_or(DISABLED_BY_OPERATOR))
+                                ),
+                            },
+                            when(e.created_at),
+                            match e.previous_secret_valid_until {
+                                Some(until) => format!("until {}", when(until)),
+                                None => "-".into(),
+                            },
+                            clean(&e.url),
+                        ]
+                    })
+                    .collect();
+                let header = [
+                    "id",
+                    "tenant",
+                    "events",
+                    "state",
+                    "created",
+                    "previous secret",
+                    "url",
+                ];
+                for line in table(&header, &rows) {
+                    writeln!(out, "{line}")?;
+                }
+                Ok(())
+            })
+        }
+        WebhookCommand::Disable { id, .. } => {
+            let uuid = endpoint_id(&id)?;
+            if !backend
+                .set_webhook_disabled(uuid, Some(DISABLED_BY_OPERATOR))
+                .await?
+            {
+                return Err(no_endpoint(&id));
+            }
+            let value = json!({ "id": uuid, "enabled": false });
+            render(output, &value, |out| {
+                writeln!(
+                    out,
+                    "webhook endpoint {uuid} disabled: it gets no new events, and its pending deliveries end dead"
+                )?;
+                Ok(())
+            })
+        }
+        WebhookCommand::Enable { id, .. } => {
+            let uuid = endpoint_id(&id)?;
+            if !backend.set_webhook_disabled(uuid, None).await? {
+                return Err(no_endpoint(&id));
+            }
+            let value = json!({ "id": uuid, "enabled": true });
+            render(output, &value, |out| {
+                writeln!(
+                    out,
+                    "webhook endpoint {uuid} enabled (`oncely outbox retry` re-drives deliveries that went dead meanwhile)"
+                )?;
+                Ok(())
+            })
+        }
+        WebhookCommand::Rotate {
+            id, grace, secrets, ..
+        } => {
+            let uuid = endpoint_id(&id)?;
+            if backend.webhook_endpoint(uuid).await?.is_none() {
+                return Err(no_endpoint(&id));
+            }
+            let server = command_secret(&backend, &secrets, &database_url).await?;
+            let signing = SigningSecret::generate();
+            let sealed = seal(&server, uuid, &signing);
+            let grace = grace.unwrap_or(crate::cli::WEBHOOK_GRACE);
+            let Some(rotated) = backend.rotate_webhook_secret(uuid, &sealed, grace).await? else {
+                return Err(no_endpoint(&id));
+            };
+            let until = rotated.previous_valid_until;
+            let value = json!({
+                "id": uuid,
+                "secret": signing.expose(),
+                "previous_secret_valid_until": until.map(rfc3339),
+            });
+            render(output, &value, |out| {
+                let old = match until {
+                    Some(at) => format!("keeps signing beside it until {}", when(at)),
+                    None => "no longer signs".to_owned(),
+                };
+                writeln!(
+                    out,
+                    "webhook endpoint {uuid} has a new signing secret; the previous one {old}. The new secret (shown once; stored sealed):\n{}",
+                    signing.expose()
+                )?;
+                Ok(())
+            })
+        }
+        WebhookCommand::Remove { id, .. } => {
+            let uuid = endpoint_id(&id)?;
+            if !backend.remove_webhook_endpoint(uuid).await? {
+                return Err(no_endpoint(&id));
+            }
+            let value = json!({ "id": uuid, "removed": true });
+            render(output, &value, |out| {
+                writeln!(
+                    out,
+                    "webhook endpoint {uuid} removed (its pending deliveries end dead)"
+                )?;
+                Ok(())
+            })
         }
     }
 }

@@ -11,6 +11,8 @@ use std::time::Duration;
 use anyhow::bail;
 use clap::ValueEnum;
 use oncely::ServerSecret;
+
+use crate::webhooks::WebhookSettings;
 use oncely_outbox::mail::IdempotencyHeader;
 use rand::RngCore;
 use secrecy::{ExposeSecret, SecretString};
@@ -38,6 +40,8 @@ pub mod defaults {
     pub const RETRY_BASE: &str = "2s";
     /// `ONCELY_PAUSE_PROBE`.
     pub const PAUSE_PROBE: &str = "30s";
+    /// `ONCELY_WEBHOOK_TIMEOUT`.
+    pub const WEBHOOK_TIMEOUT: &str = "10s";
     /// `ONCELY_KEY_RETENTION`.
     pub const KEY_RETENTION: &str = "24h";
     /// `ONCELY_WORKERS`.
@@ -148,6 +152,8 @@ pub struct Settings {
     pub trusted_proxies: Vec<ipnet::IpNet>,
     /// The bearer token `GET /metrics` requires.
     pub metrics_token: Option<SecretString>,
+    /// What webhook deliveries may reach, and their timeout.
+    pub webhooks: WebhookSettings,
 }
 
 impl Settings {
@@ -193,6 +199,7 @@ impl Settings {
             prune_interval: default_duration(defaults::PRUNE_INTERVAL),
             trusted_proxies: Vec::new(),
             metrics_token: None,
+            webhooks: WebhookSettings::development(),
         }
     }
 
@@ -240,6 +247,7 @@ impl Settings {
             prune_interval: args.prune_interval,
             trusted_proxies: args.trusted_proxies,
             metrics_token: args.metrics_token,
+            webhooks: common.webhook_settings(),
         })
     }
 
@@ -260,6 +268,7 @@ impl Settings {
             Vec::new(),
         );
         plan.config.poll_interval = self.poll_interval;
+        plan.webhooks = self.webhooks;
         plan
     }
 
@@ -325,12 +334,15 @@ impl WorkerSettings {
             environment: common.environment,
             public_url,
             mailer,
-            plan: WorkerPlan::new(
-                args.workers,
-                common.lease,
-                (common.retry_base, common.pause_probe),
-                args.kinds,
-            ),
+            plan: WorkerPlan {
+                webhooks: common.webhook_settings(),
+                ..WorkerPlan::new(
+                    args.workers,
+                    common.lease,
+                    (common.retry_base, common.pause_probe),
+                    args.kinds,
+                )
+            },
             poll_only: common.poll_only,
         })
     }
@@ -513,60 +525,23 @@ fn with_smtp_password(url: &str, password: &str) -> anyhow::Result<String> {
 }
 
 impl CommonArgs {
-    /// The server secret: given, or (development only) read from or generated into the data
-    /// directory, so that it survives restarts.
-    /// With `ONCELY_SECRET_PREVIOUS`, the previous secret verifies what it made (see
-    /// [`ServerSecret::with_previous`]).
-    /// The second value is the generated secret, when none was given (development).
-    pub(crate) fn server_secret(&self) -> anyhow::Result<(ServerSecret, Option<SecretString>)> {
-        let (current, generated) = self.current_secret()?;
-        let Some(previous) = &self.secret_previous else {
-            return Ok((current, generated));
-        };
-        let previous = previous.expose_secret();
-        if previous.len() < MIN_SECRET_CHARS {
-            bail!("ONCELY_SECRET_PREVIOUS must be at least {MIN_SECRET_CHARS} characters");
+    /// What webhook deliveries may reach (`ONCELY_ENV`, `ONCELY_WEBHOOK_ALLOW_PRIVATE`) and
+    /// their timeout (`ONCELY_WEBHOOK_TIMEOUT`).
+    pub fn webhook_settings(&self) -> WebhookSettings {
+        WebhookSettings {
+            policy: self.webhooks.policy(self.environment),
+            timeout: self.webhook_timeout,
         }
-        if self.secret.as_ref().map(ExposeSecret::expose_secret) == Some(previous) {
-            bail!(
-                "ONCELY_SECRET_PREVIOUS is the same as ONCELY_SECRET; set it to the secret before the rotation"
-            );
-        }
-        let ring = current.with_previous(vec![ServerSecret::new(previous.as_bytes().to_vec())?]);
-        Ok((ring, generated))
     }
 
-    fn current_secret(&self) -> anyhow::Result<(ServerSecret, Option<SecretString>)> {
-        if let Some(secret) = &self.secret {
-            let secret = secret.expose_secret();
-            if secret.len() < MIN_SECRET_CHARS {
-                bail!("ONCELY_SECRET must be at least {MIN_SECRET_CHARS} characters");
-            }
-            let distinct = secret
-                .chars()
-                .collect::<std::collections::HashSet<_>>()
-                .len();
-            if distinct < MIN_SECRET_DISTINCT_CHARS {
-                bail!(
-                    "ONCELY_SECRET is a placeholder, not a secret (only {distinct} different character{}): use at least {MIN_SECRET_CHARS} random characters, e.g. `openssl rand -hex 32`",
-                    if distinct == 1 { "" } else { "s" }
-                );
-            }
-            if let Some(period) = repeated_piece(secret) {
-                bail!(
-                    "ONCELY_SECRET is a placeholder, not a secret (one piece of {period} characters repeated): use at least {MIN_SECRET_CHARS} random characters, e.g. `openssl rand -hex 32`"
-                );
-            }
-            return Ok((ServerSecret::new(secret.as_bytes().to_vec())?, None));
-        }
-        if self.environment == Environment::Production {
-            bail!(
-                "ONCELY_SECRET is required in production (at least {MIN_SECRET_CHARS} random characters)"
-            );
-        }
-        let generated = generated_secret(&data_dir(&self.database.database_url));
-        let secret = ServerSecret::new(generated.as_bytes().to_vec())?;
-        Ok((secret, Some(generated.into())))
+    /// The server secret: given, or (development only) read from or generated into the data
+    /// directory, so that it survives restarts ([`server_secret`]).
+    pub(crate) fn server_secret(&self) -> anyhow::Result<(ServerSecret, Option<SecretString>)> {
+        server_secret(
+            self.environment,
+            (self.secret.as_ref(), self.secret_previous.as_ref()),
+            &self.database.database_url,
+        )
     }
 
     /// The mailer to use; an invalid or (in production) missing one is a start-up error.
@@ -739,6 +714,81 @@ fn generated_secret(data_dir: &Path) -> String {
     hex::encode(bytes)
 }
 
+impl crate::cli::WebhookArgs {
+    /// The URL policy of webhooks in `environment`.
+    pub fn policy(&self, environment: Environment) -> crate::webhooks::UrlPolicy {
+        crate::webhooks::UrlPolicy {
+            production: environment == Environment::Production,
+            allow_private: self.webhook_allow_private,
+        }
+    }
+}
+
+/// The server secret: given, or (development only) read from or generated into the data
+/// directory, so that it survives restarts.
+/// With `ONCELY_SECRET_PREVIOUS`, the previous secret verifies what it made (see
+/// [`ServerSecret::with_previous`]).
+/// The second value is the generated secret, when none was given (development). Used by
+/// `serve`, `worker` and the commands that seal webhook secrets.
+pub(crate) fn server_secret(
+    environment: Environment,
+    (secret, secret_previous): (Option<&SecretString>, Option<&SecretString>),
+    database_url: &str,
+) -> anyhow::Result<(ServerSecret, Option<SecretString>)> {
+    let (current, generated) = current_secret(environment, secret, database_url)?;
+    let Some(previous) = secret_previous else {
+        return Ok((current, generated));
+    };
+    let previous = previous.expose_secret();
+    if previous.len() < MIN_SECRET_CHARS {
+        bail!("ONCELY_SECRET_PREVIOUS must be at least {MIN_SECRET_CHARS} characters");
+    }
+    if secret.map(ExposeSecret::expose_secret) == Some(previous) {
+        bail!(
+            "ONCELY_SECRET_PREVIOUS is the same as ONCELY_SECRET; set it to the secret before the rotation"
+        );
+    }
+    let ring = current.with_previous(vec![ServerSecret::new(previous.as_bytes().to_vec())?]);
+    Ok((ring, generated))
+}
+
+fn current_secret(
+    environment: Environment,
+    secret: Option<&SecretString>,
+    database_url: &str,
+) -> anyhow::Result<(ServerSecret, Option<SecretString>)> {
+    if let Some(secret) = secret {
+        let secret = secret.expose_secret();
+        if secret.len() < MIN_SECRET_CHARS {
+            bail!("ONCELY_SECRET must be at least {MIN_SECRET_CHARS} characters");
+        }
+        let distinct = secret
+            .chars()
+            .collect::<std::collections::HashSet<_>>()
+            .len();
+        if distinct < MIN_SECRET_DISTINCT_CHARS {
+            bail!(
+                "ONCELY_SECRET is a placeholder, not a secret (only {distinct} different character{}): use at least {MIN_SECRET_CHARS} random characters, e.g. `openssl rand -hex 32`",
+                if distinct == 1 { "" } else { "s" }
+            );
+        }
+        if let Some(period) = repeated_piece(secret) {
+            bail!(
+                "ONCELY_SECRET is a placeholder, not a secret (one piece of {period} characters repeated): use at least {MIN_SECRET_CHARS} random characters, e.g. `openssl rand -hex 32`"
+            );
+        }
+        return Ok((ServerSecret::new(secret.as_bytes().to_vec())?, None));
+    }
+    if environment == Environment::Production {
+        bail!(
+            "ONCELY_SECRET is required in production (at least {MIN_SECRET_CHARS} random characters)"
+        );
+    }
+    let generated = generated_secret(&data_dir(database_url));
+    let secret = ServerSecret::new(generated.as_bytes().to_vec())?;
+    Ok((secret, Some(generated.into())))
+}
+
 #[cfg(test)]
 mod tests {
     use clap::Parser;
@@ -768,6 +818,58 @@ mod tests {
         .unwrap();
         let new = Settings::new("sqlite://x.db", resolved.secret.clone());
         assert_eq!(format!("{resolved:?}"), format!("{new:?}"));
+    }
+
+    /// The webhook settings reach the workers of `serve` and `worker`: the policy from
+    /// `ONCELY_ENV` and `ONCELY_WEBHOOK_ALLOW_PRIVATE`, the timeout from `ONCELY_WEBHOOK_TIMEOUT`
+    /// (10 s by default).
+    #[test]
+    fn the_webhook_settings_reach_the_worker_plans() {
+        let secret = "0123456789abcdef0123456789abcdef-webhooks";
+        let defaults = Settings::from_args(serve(&["--secret", secret])).unwrap();
+        assert_eq!(
+            defaults.worker_plan().webhooks,
+            WebhookSettings::development()
+        );
+        assert_eq!(defaults.webhooks.timeout, Duration::from_secs(10));
+        let given = Settings::from_args(serve(&[
+            "--secret",
+            secret,
+            "--webhook-timeout",
+            "300ms",
+            "--webhook-allow-private",
+        ]))
+        .unwrap();
+        let plan = given.worker_plan();
+        assert_eq!(plan.webhooks.timeout, Duration::from_millis(300));
+        assert!(plan.webhooks.policy.allow_private && !plan.webhooks.policy.production);
+        let worker = Cli::try_parse_from([
+            "oncely",
+            "worker",
+            "--env",
+            "production",
+            "--database-url",
+            "postgres://db/oncely",
+            "--mailer",
+            "smtps://smtp.example.com:465",
+            "--public-url",
+            "https://app.example.com",
+            "--secret",
+            secret,
+            "--webhook-timeout",
+            "2s",
+            "--kinds",
+            "webhook",
+        ])
+        .unwrap();
+        let Command::Worker(args) = worker.command else {
+            unreachable!()
+        };
+        let settings = WorkerSettings::from_args(args).unwrap();
+        assert_eq!(settings.plan.webhooks.timeout, Duration::from_secs(2));
+        assert!(settings.plan.webhooks.policy.production);
+        assert!(!settings.plan.webhooks.policy.allow_private);
+        assert_eq!(settings.plan.kinds, ["webhook"]);
     }
 
     /// The login caps: their defaults, what is given, and counters kept two of the longer

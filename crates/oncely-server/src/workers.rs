@@ -16,6 +16,8 @@ use crate::mail::{
     TokenEmail,
 };
 use crate::token::Flow;
+use crate::webhooks::delivery::{WEBHOOK_CONCURRENCY, WebhookDelivery, WebhookSettings};
+use crate::webhooks::events::WEBHOOK_KIND;
 
 /// A worker for every email kind of the service.
 pub fn email_worker<A: Accounts>(
@@ -53,6 +55,26 @@ pub fn email_worker<A: Accounts>(
         worker = worker.handle_with(kind, handler, options);
     }
     worker
+}
+
+/// How the `webhook` kind runs: the email kinds' retry policy, and a concurrency of its own
+/// ([`WEBHOOK_CONCURRENCY`]): the worker claims webhook jobs on their own, so slow endpoints
+/// never take the email kinds' slots. (The one place its options are built: a per-endpoint
+/// limit joins here.)
+pub fn webhook_options(email: KindOptions) -> KindOptions {
+    KindOptions {
+        concurrency: Some(WEBHOOK_CONCURRENCY),
+        ..email
+    }
+}
+
+/// `worker` with the `webhook` kind handled by `delivery` ([`webhook_options`]).
+pub fn with_webhooks<A: Accounts>(
+    worker: Worker<A::Jobs>,
+    delivery: WebhookDelivery<A>,
+    email: KindOptions,
+) -> Worker<A::Jobs> {
+    worker.handle_with(WEBHOOK_KIND, delivery, webhook_options(email))
 }
 
 /// The running workers of a process: each a supervisor that runs one worker and restarts it
@@ -136,6 +158,8 @@ pub struct WorkerPlan {
     pub options: KindOptions,
     /// Only these kinds; empty: all.
     pub kinds: Vec<String>,
+    /// What webhook deliveries may reach, and their timeout.
+    pub webhooks: WebhookSettings,
 }
 
 impl WorkerPlan {
@@ -162,6 +186,7 @@ impl WorkerPlan {
                 probe_interval,
             },
             kinds,
+            webhooks: WebhookSettings::development(),
         }
     }
 }
@@ -177,25 +202,32 @@ pub fn spawn<A: Accounts>(
     shutdown: &CancellationToken,
 ) -> anyhow::Result<WorkerHandles> {
     let mut handles = Vec::new();
+    // One client for every worker of the process.
+    let delivery = WebhookDelivery::new(accounts.clone(), context.secret.clone(), plan.webhooks)?;
     for i in 0..plan.count {
         let config = WorkerConfig {
             id: format!("{}-{i}", plan.config.id),
             ..plan.config.clone()
         };
         let make = {
-            let (accounts, jobs, context, kinds) = (
+            let (accounts, jobs, context, kinds, delivery) = (
                 accounts.clone(),
                 jobs.clone(),
                 context.clone(),
                 plan.kinds.clone(),
+                delivery.clone(),
             );
             let (config, options) = (config.clone(), plan.options);
             move || {
-                let worker = email_worker(
-                    &accounts,
-                    jobs.clone(),
-                    context.clone(),
-                    config.clone(),
+                let worker = with_webhooks(
+                    email_worker(
+                        &accounts,
+                        jobs.clone(),
+                        context.clone(),
+                        config.clone(),
+                        options,
+                    ),
+                    delivery.clone(),
                     options,
                 );
                 if kinds.is_empty() {

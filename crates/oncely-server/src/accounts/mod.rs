@@ -181,6 +181,32 @@ pub struct NewEndpoint<'a> {
     pub secret_sealed: &'a str,
 }
 
+/// A webhook endpoint as stored (`oncely tenant webhook list`, every delivery): its secrets
+/// sealed only.
+#[derive(Debug, Clone, PartialEq, Eq, FromRow)]
+pub struct EndpointRecord {
+    /// Its id.
+    pub id: Uuid,
+    /// The tenant whose events it receives.
+    pub tenant: String,
+    /// Where they are delivered.
+    pub url: String,
+    /// A JSON array of the event types it receives (`[]`: every event).
+    pub events: String,
+    /// Its signing secret, sealed with the server secret.
+    pub secret_sealed: String,
+    /// The previous signing secret (sealed), while a rotation's grace runs.
+    pub previous_secret_sealed: Option<String>,
+    /// Until when the previous secret signs too (Unix milliseconds), while it does.
+    pub previous_secret_expires_at_ms: Option<i64>,
+    /// When it was added (Unix milliseconds).
+    pub created_at_ms: i64,
+    /// When it was disabled (Unix milliseconds), if it is.
+    pub disabled_at_ms: Option<i64>,
+    /// Why: `disabled by an operator`, or the 410 Gone it answered.
+    pub disabled_reason: Option<String>,
+}
+
 /// What a key rotation did.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct KeyRotation {
@@ -518,6 +544,43 @@ pub trait Accounts: Backend {
         endpoint: NewEndpoint<'_>,
     ) -> impl Future<Output = Result<(), AccountError>> + Send;
 
+    /// Webhook endpoint `id` (on the pool: the worker reads it at every attempt).
+    fn webhook_endpoint(
+        &self,
+        id: Uuid,
+    ) -> impl Future<Output = Result<Option<EndpointRecord>, AccountError>> + Send;
+
+    /// The webhook endpoints of `tenant` (`None`: of every tenant), by tenant, oldest first.
+    fn webhook_endpoints(
+        &self,
+        tenant: Option<&str>,
+    ) -> impl Future<Output = Result<Vec<EndpointRecord>, AccountError>> + Send;
+
+    /// Disables endpoint `id` for `reason` (`None`: enables it again); `false` if there is no
+    /// such endpoint.
+    fn set_webhook_disabled(
+        &self,
+        id: Uuid,
+        reason: Option<&str>,
+    ) -> impl Future<Output = Result<bool, AccountError>> + Send;
+
+    /// Gives endpoint `id` the signing secret `secret_sealed`; with a `grace` above zero the
+    /// replaced one keeps signing until now + `grace` (a previous one kept from an earlier
+    /// rotation stops), else it stops at once. `None` if there is no such endpoint.
+    fn rotate_webhook_secret(
+        &self,
+        id: Uuid,
+        secret_sealed: &str,
+        grace: std::time::Duration,
+    ) -> impl Future<Output = Result<Option<KeyRotation>, AccountError>> + Send;
+
+    /// Deletes endpoint `id` (its pending deliveries end dead at their next attempt); `false`
+    /// if there is no such endpoint.
+    fn remove_webhook_endpoint(
+        &self,
+        id: Uuid,
+    ) -> impl Future<Output = Result<bool, AccountError>> + Send;
+
     /// Every tenant (but `default`, which has no row), by id.
     fn tenants(&self) -> impl Future<Output = Result<Vec<TenantRecord>, AccountError>> + Send;
 
@@ -578,6 +641,7 @@ where
     for<'r> (String,): FromRow<'r, <B::Database as sqlx::Database>::Row>,
     for<'r> (Option<i64>,): FromRow<'r, <B::Database as sqlx::Database>::Row>,
     for<'r> TenantRecord: FromRow<'r, <B::Database as sqlx::Database>::Row>,
+    for<'r> EndpointRecord: FromRow<'r, <B::Database as sqlx::Database>::Row>,
     for<'r> ExchangedCode: FromRow<'r, <B::Database as sqlx::Database>::Row>,
     for<'r> (String, String): FromRow<'r, <B::Database as sqlx::Database>::Row>,
     for<'r> (Uuid, String): FromRow<'r, <B::Database as sqlx::Database>::Row>,
@@ -1112,6 +1176,70 @@ where
             .await
             .map_err(AccountError::of::<B>)?;
         Ok(())
+    }
+
+    async fn webhook_endpoint(&self, id: Uuid) -> Result<Option<EndpointRecord>, AccountError> {
+        sqlx::query_as(B::ACCOUNT_SQL.webhook_endpoint)
+            .bind(id)
+            .bind(B::at(None))
+            .fetch_optional(self.pool())
+            .await
+            .map_err(AccountError::of::<B>)
+    }
+
+    async fn webhook_endpoints(
+        &self,
+        tenant: Option<&str>,
+    ) -> Result<Vec<EndpointRecord>, AccountError> {
+        sqlx::query_as(B::ACCOUNT_SQL.webhook_endpoints)
+            .bind(tenant)
+            .bind(B::at(None))
+            .fetch_all(self.pool())
+            .await
+            .map_err(AccountError::of::<B>)
+    }
+
+    async fn set_webhook_disabled(
+        &self,
+        id: Uuid,
+        reason: Option<&str>,
+    ) -> Result<bool, AccountError> {
+        let done = sqlx::query(B::ACCOUNT_SQL.set_webhook_disabled)
+            .bind(id)
+            .bind(B::at(None))
+            .bind(reason)
+            .execute(self.pool())
+            .await
+            .map_err(AccountError::of::<B>)?;
+        Ok(B::rows_affected(&done) == 1)
+    }
+
+    async fn rotate_webhook_secret(
+        &self,
+        id: Uuid,
+        secret_sealed: &str,
+        grace: std::time::Duration,
+    ) -> Result<Option<KeyRotation>, AccountError> {
+        let rotated: Option<(Option<i64>,)> = sqlx::query_as(B::ACCOUNT_SQL.rotate_webhook_secret)
+            .bind(id)
+            .bind(secret_sealed)
+            .bind(grace.as_secs_f64())
+            .bind(B::at(None))
+            .fetch_optional(self.pool())
+            .await
+            .map_err(AccountError::of::<B>)?;
+        Ok(rotated.map(|(until,)| KeyRotation {
+            previous_valid_until: until.map(from_millis),
+        }))
+    }
+
+    async fn remove_webhook_endpoint(&self, id: Uuid) -> Result<bool, AccountError> {
+        let done = sqlx::query(B::ACCOUNT_SQL.remove_webhook_endpoint)
+            .bind(id)
+            .execute(self.pool())
+            .await
+            .map_err(AccountError::of::<B>)?;
+        Ok(B::rows_affected(&done) == 1)
     }
 
     async fn tenants(&self) -> Result<Vec<TenantRecord>, AccountError> {

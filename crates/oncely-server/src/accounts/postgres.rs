@@ -169,4 +169,42 @@ pub const STATEMENTS: Statements = Statements {
     insert_webhook_endpoint: "INSERT INTO oncely_webhook_endpoints
                                   (id, tenant, url, events, secret_sealed, created_at)
                               VALUES ($1, $2, $3, $4, $5, COALESCE($6, now()))",
+    webhook_endpoint: "SELECT id, tenant, url, events, secret_sealed,
+                               CASE WHEN previous_secret_expires_at > COALESCE($2, now())
+                                    THEN previous_secret_sealed END AS previous_secret_sealed,
+                               CASE WHEN previous_secret_expires_at > COALESCE($2, now())
+                                    THEN floor(extract(epoch FROM previous_secret_expires_at) * 1000)::int8
+                               END AS previous_secret_expires_at_ms,
+                               floor(extract(epoch FROM created_at) * 1000)::int8 AS created_at_ms,
+                               floor(extract(epoch FROM disabled_at) * 1000)::int8 AS disabled_at_ms,
+                               disabled_reason
+                          FROM oncely_webhook_endpoints WHERE id = $1",
+    // Index: oncely_webhook_endpoints_tenant (one tenant); every tenant: a scan of a small table.
+    webhook_endpoints: "SELECT id, tenant, url, events, secret_sealed,
+                                CASE WHEN previous_secret_expires_at > COALESCE($2, now())
+                                     THEN previous_secret_sealed END AS previous_secret_sealed,
+                                CASE WHEN previous_secret_expires_at > COALESCE($2, now())
+                                     THEN floor(extract(epoch FROM previous_secret_expires_at) * 1000)::int8
+                                END AS previous_secret_expires_at_ms,
+                                floor(extract(epoch FROM created_at) * 1000)::int8 AS created_at_ms,
+                                floor(extract(epoch FROM disabled_at) * 1000)::int8 AS disabled_at_ms,
+                                disabled_reason
+                           FROM oncely_webhook_endpoints
+                          WHERE $1::text IS NULL OR tenant = $1
+                          ORDER BY tenant, created_at, id",
+    set_webhook_disabled: "UPDATE oncely_webhook_endpoints
+                              SET disabled_at = CASE WHEN $3::text IS NULL THEN NULL
+                                                     ELSE COALESCE($2, now()) END,
+                                  disabled_reason = $3
+                            WHERE id = $1",
+    // Every right-hand side reads the row as it was: the replaced secret becomes the previous.
+    rotate_webhook_secret: "UPDATE oncely_webhook_endpoints
+                               SET secret_sealed = $2,
+                                   previous_secret_sealed = CASE WHEN $3 > 0 THEN secret_sealed END,
+                                   previous_secret_expires_at = CASE WHEN $3 > 0
+                                       THEN COALESCE($4, now()) + make_interval(secs => $3) END
+                             WHERE id = $1
+                         RETURNING floor(extract(epoch FROM previous_secret_expires_at) * 1000)::int8
+                                   AS previous_secret_expires_at_ms",
+    remove_webhook_endpoint: "DELETE FROM oncely_webhook_endpoints WHERE id = $1",
 };

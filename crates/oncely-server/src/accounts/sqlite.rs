@@ -153,4 +153,35 @@ pub const STATEMENTS: Statements = Statements {
     insert_webhook_endpoint: "INSERT INTO oncely_webhook_endpoints
                                   (id, tenant, url, events, secret_sealed, created_at)
                               VALUES (?1, ?2, ?3, ?4, ?5, ?6)",
+    webhook_endpoint: "SELECT id, tenant, url, events, secret_sealed,
+                               CASE WHEN previous_secret_expires_at > ?2
+                                    THEN previous_secret_sealed END AS previous_secret_sealed,
+                               CASE WHEN previous_secret_expires_at > ?2
+                                    THEN previous_secret_expires_at END AS previous_secret_expires_at_ms,
+                               created_at AS created_at_ms, disabled_at AS disabled_at_ms,
+                               disabled_reason
+                          FROM oncely_webhook_endpoints WHERE id = ?1",
+    webhook_endpoints: "SELECT id, tenant, url, events, secret_sealed,
+                                CASE WHEN previous_secret_expires_at > ?2
+                                     THEN previous_secret_sealed END AS previous_secret_sealed,
+                                CASE WHEN previous_secret_expires_at > ?2
+                                     THEN previous_secret_expires_at END AS previous_secret_expires_at_ms,
+                                created_at AS created_at_ms, disabled_at AS disabled_at_ms,
+                                disabled_reason
+                           FROM oncely_webhook_endpoints
+                          WHERE ?1 IS NULL OR tenant = ?1
+                          ORDER BY tenant, created_at, id",
+    set_webhook_disabled: "UPDATE oncely_webhook_endpoints
+                              SET disabled_at = CASE WHEN ?3 IS NULL THEN NULL ELSE ?2 END,
+                                  disabled_reason = ?3
+                            WHERE id = ?1",
+    // See PostgreSQL's. Milliseconds: the grace is seconds × 1000.
+    rotate_webhook_secret: "UPDATE oncely_webhook_endpoints
+                               SET secret_sealed = ?2,
+                                   previous_secret_sealed = CASE WHEN ?3 > 0 THEN secret_sealed END,
+                                   previous_secret_expires_at = CASE WHEN ?3 > 0
+                                       THEN ?4 + CAST(?3 * 1000 AS INTEGER) END
+                             WHERE id = ?1
+                         RETURNING previous_secret_expires_at AS previous_secret_expires_at_ms",
+    remove_webhook_endpoint: "DELETE FROM oncely_webhook_endpoints WHERE id = ?1",
 };

@@ -118,4 +118,19 @@ pub struct Statements {
     pub webhook_targets: &'static str,
     /// Binds id, tenant, url, events (JSON array), secret_sealed, now.
     pub insert_webhook_endpoint: &'static str,
+    /// Binds id, now. One endpoint as an [`EndpointRecord`](super::EndpointRecord) (the previous
+    /// secret only while its grace runs).
+    pub webhook_endpoint: &'static str,
+    /// Binds tenant (or NULL: every tenant), now. Endpoints as
+    /// [`EndpointRecord`](super::EndpointRecord)s, by tenant, oldest first.
+    pub webhook_endpoints: &'static str,
+    /// Binds id, now, reason. Disables an endpoint (`reason` NULL: enables it again); changes
+    /// no row for an unknown id.
+    pub set_webhook_disabled: &'static str,
+    /// Binds id, new secret_sealed, grace (seconds, a float), now. The current secret becomes
+    /// the previous one until now + grace (grace 0: it stops at once); returns
+    /// `previous_secret_expires_at_ms`.
+    pub rotate_webhook_secret: &'static str,
+    /// Binds id. Deletes an endpoint.
+    pub remove_webhook_endpoint: &'static str,
 }

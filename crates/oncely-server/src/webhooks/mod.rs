@@ -6,6 +6,12 @@
 //! that subscribed to its type, each carrying the event's id (`webhook-id`, the same on every
 //! retry) and its body, serialized once.
 
+pub mod delivery;
 pub mod events;
+pub mod secret;
+pub mod url;
 
+pub use delivery::{EndpointRef, WebhookDelivery, WebhookSettings, signing_secrets};
 pub use events::{Event, EventType, emit};
+pub use secret::SigningSecret;
+pub use url::UrlPolicy;

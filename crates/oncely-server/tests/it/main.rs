@@ -27,4 +27,5 @@ mod security;
 mod signup;
 mod startup;
 mod support;
+mod webhooks_endpoints;
 mod workers;

@@ -522,6 +522,10 @@ async fn a_worker_for_an_unknown_kind_refuses_to_start_and_names_the_known_ones(
         text.contains("no handler for job kind \"charge\"") && text.contains("email.verification"),
         "{text}"
     );
+    assert!(
+        text.contains("webhook"),
+        "webhook deliveries are a kind: {text}"
+    );
 }
 
 both_databases!(tenant_create_tells_a_taken_name_from_an_unavailable_database);

@@ -43,8 +43,8 @@ pub mod store;
 pub mod worker;
 
 pub use job::{
-    AttemptResult, Delivery, DeliveryFuture, Enqueued, FreezeFuture, Job, JobRecord, JobStatus,
-    NewJob,
+    AttemptResult, Delivery, DeliveryFuture, Ended, Enqueued, FreezeFuture, Job, JobRecord,
+    JobStatus, NewJob, ThenError, ThenFuture,
 };
 pub use policy::RetryPolicy;
 pub use store::{JobStore, OutboxError};

@@ -160,6 +160,7 @@ impl WorkerPlan {
                 },
                 concurrency: None,
                 probe_interval,
+                per_partition: None,
             },
             kinds,
         }

@@ -122,9 +122,8 @@ pub struct KindOptions {
     /// workers run up to `n` times this many of a partition. A partition at its limit (its jobs
     /// run slowly: an endpoint that times out) never keeps the kind's other partitions waiting:
     /// the worker claims such a kind on its own, partition by partition, each up to its room
-    /// ([`JobStore::claim_partitioned`](crate::JobStore::claim_partitioned)). Jobs without a
-    /// partition have only the kind's limits; `concurrency` still bounds the whole kind (the
-    /// batch size when `None`).
+    /// ([`JobStore::claim_partitioned`]). Jobs without a partition have only the kind's limits;
+    /// `concurrency` still bounds the whole kind (the batch size when `None`).
     pub per_partition: Option<u32>,
 }
 

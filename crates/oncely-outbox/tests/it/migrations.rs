@@ -484,7 +484,11 @@ where
         .await
         .unwrap();
     let keys: Vec<_> = claimed.iter().map(|j| j.operation_key.as_str()).collect();
-    assert_eq!(keys, ["old", "old-after"], "no partition: only the kind's limit");
+    assert_eq!(
+        keys,
+        ["old", "old-after"],
+        "no partition: only the kind's limit"
+    );
     assert!(claimed.iter().all(|j| j.partition.is_none()));
 }
 
@@ -500,8 +504,10 @@ async fn postgres_partitions_keep_the_previous_release_s_jobs() {
     .await
     .unwrap();
     assert!(
-        indexes.iter().any(|i| i
-            .contains("(kind, partition_key, run_after, id) WHERE (status = 'pending'::text)")),
+        indexes
+            .iter()
+            .any(|i| i
+                .contains("(kind, partition_key, run_after, id) WHERE (status = 'pending'::text)")),
         "{indexes:?}"
     );
 }

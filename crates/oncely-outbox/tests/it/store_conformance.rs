@@ -559,6 +559,18 @@ async fn a_partitioned_claim_takes_each_partition_s_room_oldest_first<S: Backend
     // A kind claimed without a per-partition limit ignores partitions.
     let other = claim(&store, "w", "charge", 10, LEASE).await;
     assert_eq!(other.len(), 1);
+
+    // A partition key is data, whatever it holds (JSON paths, quotes, SQL): its count is found.
+    let odd = r#"x."[$]' OR 1=1 --"#;
+    for i in 0..2 {
+        enqueue(&store, job(&format!("odd{i}")).partition(odd)).await;
+    }
+    // (a's two left are held back by a's count.)
+    let full = [(odd, 1), ("a", 1)];
+    assert!(claim_by_partition(&store, 100, 1, &full).await.is_empty());
+    let one = claim_by_partition(&store, 100, 1, &[("a", 1)]).await;
+    assert_eq!(one.len(), 1);
+    assert_eq!(one[0].partition.as_deref(), Some(odd));
 }
 
 async fn a_finish_writes_its_follow_ups_once_and_only_while_it_owns_the_job<S: Backend>(

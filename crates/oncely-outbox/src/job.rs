@@ -6,7 +6,7 @@ use time::OffsetDateTime;
 use uuid::Uuid;
 
 /// A job to enqueue.
-#[derive(Debug, Clone)]
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub struct NewJob {
     /// Names the business intent, unique: `invoice:inv_123:finalize`. Never a queue's job id.
     pub operation_key: String,
@@ -17,6 +17,10 @@ pub struct NewJob {
     /// Do not run after this moment (a link that expired is not sent): the job goes dead with
     /// `expired` instead.
     pub not_after: Option<OffsetDateTime>,
+    /// The partition of its kind it belongs to (a webhook's endpoint), if any: a kind with
+    /// [`KindOptions::per_partition`](crate::KindOptions::per_partition) runs at most that many
+    /// jobs of one partition at once in a worker. Kinds without that limit ignore it.
+    pub partition: Option<String>,
 }
 
 impl NewJob {
@@ -27,7 +31,14 @@ impl NewJob {
             kind: kind.into(),
             payload,
             not_after: None,
+            partition: None,
         }
+    }
+
+    /// Puts the job in partition `key` of its kind ([`NewJob::partition`]).
+    pub fn partition(mut self, key: impl Into<String>) -> Self {
+        self.partition = Some(key.into());
+        self
     }
 
     /// Sets the moment after which the job must not run.
@@ -80,6 +91,8 @@ pub struct Job {
     /// the same payload. `None` until an attempt froze something (and always for handlers that
     /// freeze nothing).
     pub frozen: Option<Value>,
+    /// See [`NewJob::partition`].
+    pub partition: Option<String>,
 }
 
 impl Job {
@@ -100,6 +113,52 @@ pub type DeliveryFuture<'a> =
 pub type FreezeFuture<'a> = std::pin::Pin<
     Box<dyn std::future::Future<Output = Result<Option<Value>, Delivery>> + Send + 'a>,
 >;
+
+/// What [`Handler::then`](crate::Handler::then) returns, boxed: the follow-up jobs to enqueue
+/// with the job's final status, or why they could not be made (then the final status is not
+/// recorded either: see [`Handler::then`](crate::Handler::then)).
+pub type ThenFuture<'a> = std::pin::Pin<
+    Box<dyn std::future::Future<Output = Result<Vec<NewJob>, ThenError>> + Send + 'a>,
+>;
+
+/// Why [`Handler::then`](crate::Handler::then) could not name a job's follow-ups (a database it
+/// reads was unreachable…).
+pub type ThenError = Box<dyn std::error::Error + Send + Sync>;
+
+/// How a job ended: the final status its attempt is about to record, as
+/// [`Handler::then`](crate::Handler::then) sees it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Ended {
+    /// Sent ([`JobStatus::Sent`]).
+    Sent {
+        /// The provider's id of the delivery, if it gave one.
+        provider_message_id: Option<String>,
+    },
+    /// Dead ([`JobStatus::Dead`]): failed for good, gave up after its budget or horizon, or
+    /// claimed after its deadline ([`AttemptResult::Expired`]: never run).
+    Dead {
+        /// The last attempt's result (`dead`, `retry`, `unknown`, `expired`…).
+        result: AttemptResult,
+        /// Why it is dead (what [`JobRecord::last_error`] will say).
+        reason: String,
+    },
+    /// Skipped by its handler ([`JobStatus::Skipped`], [`Delivery::Skipped`]).
+    Skipped {
+        /// The handler's reason.
+        reason: String,
+    },
+}
+
+impl Ended {
+    /// The final status.
+    pub fn status(&self) -> JobStatus {
+        match self {
+            Self::Sent { .. } => JobStatus::Sent,
+            Self::Dead { .. } => JobStatus::Dead,
+            Self::Skipped { .. } => JobStatus::Skipped,
+        }
+    }
+}
 
 /// What one attempt reports.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -260,6 +319,8 @@ pub struct JobRecord {
     pub delivery_key: Uuid,
     /// What its first attempt froze ([`Job::frozen`]).
     pub frozen: Option<Value>,
+    /// Its partition ([`NewJob::partition`]).
+    pub partition: Option<String>,
     /// When it was enqueued.
     #[serde(with = "time::serde::rfc3339")]
     pub created_at: OffsetDateTime,

@@ -20,6 +20,17 @@
 //!    ([`Delivery::Refused`]) pauses the kind, with one probe job per interval, until it
 //!    accepts again. A crashed worker's jobs come back when their lease ends.
 //!
+//! 4. A job's final status (sent, dead, skipped) is written with its *follow-up jobs*, in the
+//!    same write: [`Handler::then`] names them from how the job [`Ended`] (an `email.sent`
+//!    event), the store inserts them only if its finish still owns the job, each unless its
+//!    operation key exists, and wakes their workers. If `then` fails, the final status waits:
+//!    the job stays pending and runs again soon, spending no attempt, under the same key.
+//!
+//! Jobs of a kind may name a *partition* ([`NewJob::partition`]: a webhook's endpoint); with
+//! [`KindOptions::per_partition`] a worker runs at most that many jobs of one partition at once,
+//! and a partition at its limit never keeps the kind's other partitions waiting
+//! ([`JobStore::claim_partitioned`]).
+//!
 //! Handlers get [`Job::delivery_key`]: stable for the job, to forward to providers that
 //! deduplicate (an email API's `Idempotency-Key`, SMTP `Message-ID`). An *unknown* outcome
 //! (timeout after the request was handed over) is retried with the same key — and, for a
@@ -43,8 +54,8 @@ pub mod store;
 pub mod worker;
 
 pub use job::{
-    AttemptResult, Delivery, DeliveryFuture, Enqueued, FreezeFuture, Job, JobRecord, JobStatus,
-    NewJob,
+    AttemptResult, Delivery, DeliveryFuture, Ended, Enqueued, FreezeFuture, Job, JobRecord,
+    JobStatus, NewJob, ThenError, ThenFuture,
 };
 pub use policy::RetryPolicy;
 pub use store::{JobStore, OutboxError};

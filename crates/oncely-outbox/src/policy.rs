@@ -220,6 +220,7 @@ mod tests {
             not_after: None,
             lease_token: uuid::Uuid::nil(),
             frozen: None,
+            partition: None,
         }
     }
 

@@ -184,6 +184,7 @@ impl WorkerPlan {
                 },
                 concurrency: None,
                 probe_interval,
+                per_partition: None,
             },
             kinds,
             webhooks: WebhookSettings::development(),

@@ -2,6 +2,7 @@
 //! database brings (river calls it the driver): its SQL under shared names, how it stores a
 //! moment, whether a write needs a transaction of its own, and how idle workers learn of jobs.
 
+use std::collections::HashMap;
 use std::fmt;
 use std::future::Future;
 use std::ops::{Deref, DerefMut};
@@ -15,7 +16,7 @@ use sqlx::{Database, Decode, Encode, Executor, IntoArguments, Pool, Transaction,
 use time::OffsetDateTime;
 use uuid::Uuid;
 
-use super::rows::{AttemptRow, Done, JobRow, Moment, RecordRow, SkippedRow, millis};
+use super::rows::{AttemptRow, Done, FollowUp, JobRow, Moment, RecordRow, SkippedRow, millis};
 use super::sql::Statements;
 use super::{
     Backlog, BulkRedrive, Clock, DeadFilter, DeadJob, DeadJobs, Finish, JobFilter, JobStore,
@@ -200,6 +201,9 @@ where
     for<'q, 'j> Json<&'j [String]>: Encode<'q, D> + Type<D>,
     for<'q, 'j> Json<&'j [i64]>: Encode<'q, D> + Type<D>,
     for<'q, 'j> Json<&'j [Done<'j>]>: Encode<'q, D> + Type<D>,
+    for<'q, 'j> Json<&'j [FollowUp<'j>]>: Encode<'q, D> + Type<D>,
+    for<'q, 'j> Json<&'j HashMap<String, u32>>: Encode<'q, D> + Type<D>,
+    for<'r> (Option<i64>, Option<String>): sqlx::FromRow<'r, D::Row>,
     for<'r> (i64,): sqlx::FromRow<'r, D::Row>,
     for<'r> (i64, i64, D::Moment): sqlx::FromRow<'r, D::Row>,
     for<'r> DeadJob: sqlx::FromRow<'r, D::Row>,
@@ -229,6 +233,7 @@ where
             .bind(Uuid::new_v4())
             .bind(job.not_after.map(D::Moment::from_time))
             .bind(self.now_param())
+            .bind(job.partition.as_deref())
             .fetch_optional(&mut *conn)
             .await?;
         let Some(id) = id else {
@@ -262,17 +267,62 @@ where
         Ok(jobs)
     }
 
+    async fn claim_partitioned(
+        &self,
+        worker: &str,
+        kind: &str,
+        limit: u32,
+        per_partition: u32,
+        running: &HashMap<String, u32>,
+        lease: Duration,
+    ) -> Result<Vec<Job>, OutboxError> {
+        let token = Uuid::new_v4();
+        let kinds = [kind.to_owned()];
+        let mut write = self.write().await?;
+        let rows: Vec<JobRow<D::Moment>> = sqlx::query_as(D::CLAIM_PARTITIONED)
+            .bind(self.now_param())
+            .bind(millis(lease))
+            .bind(token)
+            .bind(Json(&kinds[..]))
+            .bind(i64::from(limit))
+            .bind(worker)
+            .bind(i64::from(per_partition))
+            .bind(Json(running))
+            .fetch_all(&mut *write)
+            .await?;
+        write.commit().await?;
+        let mut jobs: Vec<Job> = rows.into_iter().map(|row| row.into_job(token)).collect();
+        jobs.sort_by_key(|job| job.id);
+        Ok(jobs)
+    }
+
     async fn finish_all(&self, done: &[(&Job, &Finish)]) -> Result<Vec<bool>, OutboxError> {
         if done.is_empty() {
             return Ok(Vec::new());
         }
         let batch: Vec<Done<'_>> = done.iter().map(|(job, f)| Done::new(job, f)).collect();
+        let follow_ups = FollowUp::of(done);
         let mut write = self.write().await?;
-        let finished: Vec<i64> = sqlx::query_scalar(D::FINISH)
+        let rows: Vec<(Option<i64>, Option<String>)> = sqlx::query_as(D::FINISH)
             .bind(Json(batch.as_slice()))
             .bind(self.now_param())
+            .bind(Json(follow_ups.as_slice()))
             .fetch_all(&mut *write)
             .await?;
+        let finished: Vec<i64> = rows.iter().filter_map(|(id, _)| *id).collect();
+        // The follow-ups' workers learn of them as of any enqueue's: on PostgreSQL the write
+        // above committed already (one statement), on SQLite the claim a signal starts waits for
+        // this transaction's commit.
+        let mut kinds: Vec<&str> = rows.iter().filter_map(|(_, k)| k.as_deref()).collect();
+        kinds.sort_unstable();
+        kinds.dedup();
+        for kind in kinds {
+            // Never fails the finish: on PostgreSQL it is written already, and the workers
+            // find the follow-ups at their next poll.
+            if let Err(error) = D::enqueued(&self.waker, &mut write, kind).await {
+                tracing::warn!(%error, kind, "could not wake the workers of follow-up jobs; they find them at their next poll");
+            }
+        }
         write.commit().await?;
         Ok(done
             .iter()

@@ -4,12 +4,15 @@
 //! (`sql/postgres.rs`, `sql/sqlite.rs`, under the same names), how it stores a moment, and how
 //! it wakes idle workers. One conformance suite runs on both (`tests/it/store_conformance.rs`).
 
+use std::collections::HashMap;
 use std::future::Future;
 use std::time::Duration;
 
 use time::OffsetDateTime;
 
-use crate::job::{AttemptRecord, AttemptResult, Enqueued, Job, JobRecord, JobStatus, NewJob};
+use crate::job::{
+    AttemptRecord, AttemptResult, Ended, Enqueued, Job, JobRecord, JobStatus, NewJob,
+};
 
 mod clock;
 mod dialect;
@@ -69,6 +72,11 @@ pub struct Finish {
     /// request), so the next attempt freezes what current state says — a sender fixed after a
     /// refusal reaches the job.
     pub thaw: bool,
+    /// Jobs to enqueue with this finish, in the same write, if the finish still owns the job
+    /// (its lease token): [`Handler::then`](crate::Handler::then)'s answer for a final status.
+    /// A follow-up whose operation key exists is not added (a re-recorded finish never doubles
+    /// them). Empty for every other attempt.
+    pub follow_ups: Vec<NewJob>,
 }
 
 impl Finish {
@@ -82,6 +90,7 @@ impl Finish {
             error: None,
             free_attempt: false,
             thaw: false,
+            follow_ups: Vec::new(),
         }
     }
 
@@ -95,6 +104,7 @@ impl Finish {
             error: Some(reason),
             free_attempt: false,
             thaw: false,
+            follow_ups: Vec::new(),
         }
     }
 
@@ -108,6 +118,7 @@ impl Finish {
             error: Some(error),
             free_attempt: false,
             thaw: false,
+            follow_ups: Vec::new(),
         }
     }
 
@@ -122,6 +133,23 @@ impl Finish {
             error: Some(error),
             free_attempt: false,
             thaw: false,
+            follow_ups: Vec::new(),
+        }
+    }
+
+    /// How the job ended, if this finish gives it a final status (sent, dead, skipped).
+    pub fn ended(&self) -> Option<Ended> {
+        let reason = || self.error.clone().unwrap_or_default();
+        match self.status {
+            JobStatus::Pending => None,
+            JobStatus::Sent => Some(Ended::Sent {
+                provider_message_id: self.provider_message_id.clone(),
+            }),
+            JobStatus::Dead => Some(Ended::Dead {
+                result: self.result,
+                reason: reason(),
+            }),
+            JobStatus::Skipped => Some(Ended::Skipped { reason: reason() }),
         }
     }
 
@@ -166,8 +194,27 @@ pub trait JobStore: Clone + Send + Sync + 'static {
         lease: Duration,
     ) -> impl Future<Output = Result<Vec<Job>, OutboxError>> + Send;
 
-    /// Ends the attempts of claimed jobs, all in one write. For each, `false` if its claim's
-    /// lease token no longer owns the job (its lease expired and another worker took it).
+    /// Claims up to `limit` due jobs of `kind`, as [`JobStore::claim`] does, taking at most
+    /// `per_partition` minus `running[p]` jobs of each partition `p` ([`NewJob::partition`]):
+    /// `running` says how many jobs of each partition the worker runs now (absent: none). A
+    /// partition at its limit is skipped, never scanned job by job, so its backlog does not keep
+    /// the kind's other partitions waiting. Jobs without a partition are limited by `limit`
+    /// only. The oldest due jobs first, over every partition.
+    fn claim_partitioned(
+        &self,
+        worker: &str,
+        kind: &str,
+        limit: u32,
+        per_partition: u32,
+        running: &HashMap<String, u32>,
+        lease: Duration,
+    ) -> impl Future<Output = Result<Vec<Job>, OutboxError>> + Send;
+
+    /// Ends the attempts of claimed jobs, all in one write, with their follow-up jobs
+    /// ([`Finish::follow_ups`]: inserted only for the jobs this write finishes, each unless its
+    /// operation key exists; their kinds' idle workers are woken as by [`JobStore::enqueue`]).
+    /// For each, `false` if its claim's lease token no longer owns the job (its lease expired
+    /// and another worker took it): nothing of it is written, its follow-ups neither.
     fn finish_all(
         &self,
         done: &[(&Job, &Finish)],

@@ -61,6 +61,7 @@ pub(crate) struct JobRow<T> {
     not_after: Option<T>,
     #[sqlx(json(nullable))]
     frozen: Option<Value>,
+    partition_key: Option<String>,
 }
 
 impl<T: Moment> JobRow<T> {
@@ -79,6 +80,7 @@ impl<T: Moment> JobRow<T> {
             not_after: self.not_after.map(Moment::into_time),
             lease_token,
             frozen: self.frozen,
+            partition: self.partition_key,
         }
     }
 }
@@ -100,6 +102,7 @@ pub(crate) struct RecordRow<T> {
     delivery_key: Uuid,
     #[sqlx(json(nullable))]
     frozen: Option<Value>,
+    partition_key: Option<String>,
     created_at: T,
     run_after: T,
     sent_at: Option<T>,
@@ -123,6 +126,7 @@ impl<T: Moment> From<RecordRow<T>> for JobRecord {
             payload: row.payload,
             delivery_key: row.delivery_key,
             frozen: row.frozen,
+            partition: row.partition_key,
             created_at: row.created_at.into_time(),
             run_after: row.run_after.into_time(),
             sent_at: row.sent_at.map(Moment::into_time),
@@ -213,5 +217,41 @@ impl<'a> Done<'a> {
             free: finish.free_attempt,
             thaw: finish.thaw,
         }
+    }
+}
+
+/// One follow-up job in the JSON batch `FINISH` inserts (see [`Finish::follow_ups`]), with the
+/// id and lease token of the job whose finish it comes with: inserted only if that finish is.
+#[derive(Serialize)]
+pub(crate) struct FollowUp<'a> {
+    job_id: i64,
+    lease_token: Uuid,
+    operation_key: &'a str,
+    kind: &'a str,
+    payload: &'a Value,
+    delivery_key: Uuid,
+    /// Unix milliseconds.
+    not_after_ms: Option<i64>,
+    partition_key: Option<&'a str>,
+}
+
+impl<'a> FollowUp<'a> {
+    /// The follow-ups of every finish in `done`, each with a new delivery key.
+    pub(crate) fn of(done: &[(&Job, &'a Finish)]) -> Vec<Self> {
+        done.iter()
+            .flat_map(|(job, finish)| {
+                let (job_id, lease_token) = (job.id, job.lease_token);
+                finish.follow_ups.iter().map(move |new| Self {
+                    job_id,
+                    lease_token,
+                    operation_key: &new.operation_key,
+                    kind: &new.kind,
+                    payload: &new.payload,
+                    delivery_key: Uuid::new_v4(),
+                    not_after_ms: new.not_after.map(i64::from_time),
+                    partition_key: new.partition.as_deref(),
+                })
+            })
+            .collect()
     }
 }

@@ -11,7 +11,7 @@ use tracing::Instrument;
 
 use super::holds::{Holds, Verdict};
 use super::{Registered, Worker};
-use crate::job::{AttemptResult, Delivery, Job, JobStatus};
+use crate::job::{AttemptResult, Delivery, Ended, Job, JobStatus};
 use crate::store::{Finish, JobStore};
 
 /// A job whose attempt ended, and what to record of it (`None`: handed back unstarted).
@@ -25,6 +25,10 @@ pub(super) struct Ran {
 
 /// The share of the lease a handler may run, counted from before the claim.
 const SEND_SHARE: f64 = 0.9;
+
+/// The share of the lease by whose end [`Handler::then`](super::Handler::then) must have named
+/// the follow-ups, counted from before the claim: the rest is for recording them.
+const THEN_SHARE: f64 = 0.95;
 
 impl<S: JobStore> Worker<S> {
     /// When the handlers of jobs a claim sent now returns must stop: 90 % of the lease from
@@ -41,17 +45,20 @@ impl<S: JobStore> Worker<S> {
         let registered = self.handlers.get(&job.kind).cloned();
         let store = self.store.clone();
         let holds = self.holds.clone();
-        tokio::spawn(attempt(registered, (store, holds), deadline, job).in_current_span())
+        let then_by = deadline + self.config.lease.mul_f64(THEN_SHARE - SEND_SHARE);
+        let deadlines = (deadline, then_by);
+        tokio::spawn(attempt(registered, (store, holds), deadlines, job).in_current_span())
     }
 }
 
 /// Runs one job. A job past its deadline is not run (`expired`), nor a retry claimed after its
 /// retry horizon (`dead`); a handler that panics or runs past `deadline` is an unknown outcome,
-/// retried with the same delivery key.
+/// retried with the same delivery key. A final status comes with the handler's follow-ups,
+/// named by `then_by` ([`with_follow_ups`]).
 async fn attempt<S: JobStore>(
     registered: Option<Registered>,
     (store, holds): (S, Arc<Mutex<Holds>>),
-    deadline: Instant,
+    (deadline, then_by): (Instant, Instant),
     job: Job,
 ) -> Ran {
     let Some(Registered { handler, options }) = registered else {
@@ -67,7 +74,8 @@ async fn attempt<S: JobStore>(
     };
     let now = store.now();
     let horizon = options.policy.horizon;
-    let (finish, verdict) = if job.not_after.is_some_and(|deadline| deadline <= now) {
+    let then = handler.clone();
+    let (mut finish, verdict) = if job.not_after.is_some_and(|deadline| deadline <= now) {
         let why = "not run: its deadline passed before delivery".to_owned();
         (Finish::dead(AttemptResult::Expired, why), None)
     } else if job.attempt - job.free_attempts > 1 && now - job.horizon_from() > horizon {
@@ -99,11 +107,48 @@ async fn attempt<S: JobStore>(
                 ));
         (finish, Some(verdict))
     };
+    if let Some(end) = finish.ended() {
+        let retry_in = options.policy.delay(1);
+        finish = with_follow_ups(&*then, &job, end, finish, then_by, retry_in).await;
+    }
     report(&job, &finish);
     Ran {
         job,
         finish: Some(finish),
         verdict,
+    }
+}
+
+/// `finish`, a final status, with the follow-up jobs the handler names for it
+/// ([`Handler::then`](super::Handler::then)) by `then_by`. If it cannot name them (an error, a
+/// panic, no answer in time), the final status is not recorded without them: the job stays
+/// pending, due again in `retry_in`, its attempt `unknown` and free (see `then`'s docs).
+async fn with_follow_ups(
+    handler: &dyn super::Handler,
+    job: &Job,
+    end: Ended,
+    mut finish: Finish,
+    then_by: Instant,
+    retry_in: std::time::Duration,
+) -> Finish {
+    let then = std::panic::AssertUnwindSafe(handler.then(job, &end)).catch_unwind();
+    let why = match tokio::time::timeout_at(then_by, then).await {
+        Ok(Ok(Ok(follow_ups))) => {
+            finish.follow_ups = follow_ups;
+            return finish;
+        }
+        Ok(Ok(Err(error))) => error.to_string(),
+        Ok(Err(_)) => "the handler's `then` panicked".to_owned(),
+        Err(_) => "the handler's `then` did not answer in time".to_owned(),
+    };
+    let status = end.status().as_str();
+    let error = format!(
+        "{status}, but not recorded: its follow-up jobs could not be named ({why}); retried \
+         under the same delivery key, spending no attempt"
+    );
+    Finish {
+        provider_message_id: finish.provider_message_id,
+        ..Finish::retry_free(AttemptResult::Unknown, retry_in, error)
     }
 }
 

@@ -10,7 +10,7 @@ use std::collections::HashMap;
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use std::time::Duration;
 
-use crate::job::{DeliveryFuture, FreezeFuture, Job};
+use crate::job::{DeliveryFuture, Ended, FreezeFuture, Job, ThenFuture};
 use crate::policy::RetryPolicy;
 use crate::store::{JobStore, OutboxError};
 
@@ -46,6 +46,28 @@ pub trait Handler: Send + Sync + 'static {
     fn freeze<'a>(&'a self, job: &'a Job) -> FreezeFuture<'a> {
         let _ = job;
         Box::pin(std::future::ready(Ok(None)))
+    }
+
+    /// The follow-up jobs of `job`, which is about to end as `end` says (sent, dead — expired or
+    /// past its horizon included — or skipped): an `email.sent` event for a sent email, say.
+    /// They are written *in the same write* as the final status, only if that write still owns
+    /// the job (its lease token, like the finish), each unless its operation key exists (so a
+    /// finish recorded twice never doubles them; the keys are the handler's business — name
+    /// them after the job and the end), and idle workers of their kinds are woken as for any
+    /// enqueue. Asked once per final status: never for a retry; again when a re-driven job ends
+    /// anew (name its follow-ups so that they differ, if they should).
+    ///
+    /// `Err` (it may read a database that is down), a panic, or no answer before the lease's
+    /// last 5 %: nothing is lost — the final status is *not* recorded without its follow-ups.
+    /// The job stays pending instead, its attempt recorded as `unknown` spending no attempt of
+    /// the budget, and is retried after the policy's first delay under the same delivery key
+    /// (and frozen payload): the handler runs again — a provider that deduplicates by the key
+    /// does not deliver twice — and `then` is asked again when it ends.
+    ///
+    /// The default: no follow-ups.
+    fn then<'a>(&'a self, job: &'a Job, end: &'a Ended) -> ThenFuture<'a> {
+        let _ = (job, end);
+        Box::pin(std::future::ready(Ok(Vec::new())))
     }
 }
 
@@ -95,6 +117,14 @@ pub struct KindOptions {
     /// of it per this interval and no other; the first outcome that is not a refusal resumes
     /// the kind. 30 s by default.
     pub probe_interval: Duration,
+    /// At most this many of its jobs *of one partition* ([`NewJob::partition`](crate::NewJob))
+    /// at once in one worker (`None`: no such limit). Per worker, like `concurrency`: `n`
+    /// workers run up to `n` times this many of a partition. A partition at its limit (its jobs
+    /// run slowly: an endpoint that times out) never keeps the kind's other partitions waiting:
+    /// the worker claims such a kind on its own, partition by partition, each up to its room
+    /// ([`JobStore::claim_partitioned`]). Jobs without a partition have only the kind's limits;
+    /// `concurrency` still bounds the whole kind (the batch size when `None`).
+    pub per_partition: Option<u32>,
 }
 
 impl KindOptions {
@@ -108,6 +138,7 @@ impl Default for KindOptions {
             policy: RetryPolicy::DEFAULT,
             concurrency: None,
             probe_interval: Self::DEFAULT_PROBE_INTERVAL,
+            per_partition: None,
         }
     }
 }
@@ -213,11 +244,11 @@ impl<S: JobStore> Worker<S> {
     pub async fn run_once(&self) -> Result<usize, OutboxError> {
         let mut flight = producer::InFlight::default();
         let mut failure = None;
-        for (group, (kinds, limit)) in self.claim_groups().iter().enumerate() {
+        for (group, claim) in self.claim_groups().iter().enumerate() {
             let deadline = self.deadline();
-            let (jobs, claimed) = self.claim_kinds(kinds, *limit).await;
+            let (jobs, claimed) = self.claim_kinds(claim, claim.limit, HashMap::new()).await;
             for job in jobs {
-                flight.push(group, self.spawn(job, deadline));
+                flight.push(group, job.partition.clone(), self.spawn(job, deadline));
             }
             if let Err(error) = claimed {
                 failure = Some(error);

@@ -16,10 +16,20 @@ use super::executor::Ran;
 use crate::job::Job;
 use crate::store::{JobStore, OutboxError};
 
-/// The claims one round makes, as `(kinds, limit)`: every unlimited kind together (up to the
-/// batch size), each limited kind on its own (up to its concurrency). A claim's index is its
-/// group in [`InFlight`].
-pub(super) type ClaimGroups = Vec<(Vec<String>, u32)>;
+/// One claim a round makes: every unlimited kind together (up to the batch size), each kind
+/// with a concurrency or a per-partition limit on its own (up to its concurrency). A claim's
+/// index in [`ClaimGroups`] is its group in [`InFlight`].
+pub(super) struct ClaimGroup {
+    pub(super) kinds: Vec<String>,
+    /// How many of its jobs run at once.
+    pub(super) limit: u32,
+    /// At most this many jobs of one partition at once ([`KindOptions::per_partition`](
+    /// super::KindOptions::per_partition); its one kind's).
+    pub(super) per_partition: Option<u32>,
+}
+
+/// The claims one round makes; see [`ClaimGroup`].
+pub(super) type ClaimGroups = Vec<ClaimGroup>;
 
 impl<S: JobStore> Worker<S> {
     /// See [`ClaimGroups`].
@@ -27,15 +37,24 @@ impl<S: JobStore> Worker<S> {
         let mut unlimited = Vec::new();
         let mut groups = Vec::new();
         for (kind, registered) in &self.handlers {
-            match registered.options.concurrency {
-                Some(limit) => {
-                    groups.push((vec![kind.clone()], limit.min(self.config.batch).max(1)))
-                }
-                None => unlimited.push(kind.clone()),
+            let options = &registered.options;
+            if options.concurrency.is_none() && options.per_partition.is_none() {
+                unlimited.push(kind.clone());
+                continue;
             }
+            let limit = options.concurrency.unwrap_or(self.config.batch);
+            groups.push(ClaimGroup {
+                kinds: vec![kind.clone()],
+                limit: limit.min(self.config.batch).max(1),
+                per_partition: options.per_partition.map(|n| n.max(1)),
+            });
         }
         if !unlimited.is_empty() {
-            groups.push((unlimited, self.config.batch));
+            groups.push(ClaimGroup {
+                kinds: unlimited,
+                limit: self.config.batch,
+                per_partition: None,
+            });
         }
         groups
     }
@@ -113,16 +132,18 @@ impl<S: JobStore> Worker<S> {
     /// failed.
     async fn claim_free_slots(&self, groups: &ClaimGroups, flight: &mut InFlight) -> (bool, bool) {
         let (mut free_slots, mut claim_failed) = (false, false);
-        for (group, (kinds, limit)) in groups.iter().enumerate() {
-            let free = limit.saturating_sub(flight.running(group));
+        for (group, claim) in groups.iter().enumerate() {
+            let free = claim.limit.saturating_sub(flight.running(group));
             if free == 0 {
                 continue;
             }
             let deadline = self.deadline();
-            let (jobs, claimed) = self.claim_kinds(kinds, free).await;
+            let (jobs, claimed) = self
+                .claim_kinds(claim, free, flight.partitions(group))
+                .await;
             free_slots |= (jobs.len() as u32) < free;
             for job in jobs {
-                flight.push(group, self.spawn(job, deadline));
+                flight.push(group, job.partition.clone(), self.spawn(job, deadline));
             }
             if let Err(error) = claimed {
                 tracing::error!(%error, "outbox worker could not claim; retrying");
@@ -133,24 +154,22 @@ impl<S: JobStore> Worker<S> {
         (free_slots, claim_failed)
     }
 
-    /// Claims up to `free` due jobs of `kinds`, leaving out the kinds this worker holds back
-    /// (`holds.rs`): a throttled kind until its wait ends, a paused kind but for one probe job
-    /// when its probe is due. Returns the jobs claimed even when a later claim failed (they
-    /// must run), and the failure.
+    /// Claims up to `free` due jobs of the group's kinds, leaving out the kinds this worker
+    /// holds back (`holds.rs`): a throttled kind until its wait ends, a paused kind but for one
+    /// probe job when its probe is due. A group with a per-partition limit takes at most each
+    /// partition's room, `running` saying how many jobs of each it runs now. Returns the jobs
+    /// claimed even when a later claim failed (they must run), and the failure.
     pub(super) async fn claim_kinds(
         &self,
-        kinds: &[String],
+        group: &ClaimGroup,
         mut free: u32,
+        running: HashMap<String, u32>,
     ) -> (Vec<Job>, Result<(), OutboxError>) {
-        let claimable = self.holds().claimable(kinds, self.store.now());
+        let claimable = self.holds().claimable(&group.kinds, self.store.now());
         let mut jobs = Vec::new();
         let mut claimed = Ok(());
         if !claimable.free.is_empty() {
-            match self
-                .store
-                .claim(&self.config.id, &claimable.free, free, self.config.lease)
-                .await
-            {
+            match self.claim(&claimable.free, free, group, &running).await {
                 Ok(found) => {
                     free = free.saturating_sub(found.len() as u32);
                     jobs = found;
@@ -163,9 +182,7 @@ impl<S: JobStore> Worker<S> {
                 Ok(Vec::new())
             } else {
                 let kind = std::slice::from_ref(&kind);
-                self.store
-                    .claim(&self.config.id, kind, 1, self.config.lease)
-                    .await
+                self.claim(kind, 1, group, &running).await
             };
             match probe {
                 Ok(found) if !found.is_empty() => {
@@ -181,27 +198,64 @@ impl<S: JobStore> Worker<S> {
         }
         (jobs, claimed)
     }
+
+    /// One claim of up to `limit` jobs of `kinds` (of `group`): by partition when the group has
+    /// a per-partition limit (its one kind).
+    async fn claim(
+        &self,
+        kinds: &[String],
+        limit: u32,
+        group: &ClaimGroup,
+        running: &HashMap<String, u32>,
+    ) -> Result<Vec<Job>, OutboxError> {
+        let (id, lease) = (&self.config.id, self.config.lease);
+        match (group.per_partition, kinds) {
+            (Some(per_partition), [kind]) => {
+                self.store
+                    .claim_partitioned(id, kind, limit, per_partition, running, lease)
+                    .await
+            }
+            _ => self.store.claim(id, kinds, limit, lease).await,
+        }
+    }
 }
 
-/// The jobs a worker is running, each in its own task, with a count per claim group.
+/// The jobs a worker is running, each in its own task, with a count per claim group and per
+/// partition of a group.
 #[derive(Default)]
 pub(super) struct InFlight {
     tasks: FuturesUnordered<Tagged>,
     per_group: HashMap<usize, u32>,
+    per_partition: HashMap<(usize, String), u32>,
 }
 
-/// A running job's task and its claim group.
-type Tagged = Pin<Box<dyn Future<Output = (usize, Option<Ran>)> + Send>>;
+/// A running job's task, its claim group and its partition.
+type Tagged = Pin<Box<dyn Future<Output = (usize, Option<String>, Option<Ran>)> + Send>>;
 
 impl InFlight {
-    pub(super) fn push(&mut self, group: usize, task: JoinHandle<Ran>) {
+    pub(super) fn push(&mut self, group: usize, partition: Option<String>, task: JoinHandle<Ran>) {
         *self.per_group.entry(group).or_default() += 1;
+        if let Some(partition) = &partition {
+            *self
+                .per_partition
+                .entry((group, partition.clone()))
+                .or_default() += 1;
+        }
         self.tasks
-            .push(Box::pin(async move { (group, task.await.ok()) }));
+            .push(Box::pin(async move { (group, partition, task.await.ok()) }));
     }
 
     fn running(&self, group: usize) -> u32 {
         self.per_group.get(&group).copied().unwrap_or(0)
+    }
+
+    /// How many jobs of each partition of `group` run.
+    pub(super) fn partitions(&self, group: usize) -> HashMap<String, u32> {
+        self.per_partition
+            .iter()
+            .filter(|((g, _), _)| *g == group)
+            .map(|((_, partition), n)| (partition.clone(), *n))
+            .collect()
     }
 
     pub(super) fn len(&self) -> usize {
@@ -216,9 +270,18 @@ impl InFlight {
     /// the executor catches panics) leaves its job to run again when its lease ends.
     pub(super) async fn next(&mut self) -> Option<Ran> {
         loop {
-            let (group, result) = self.tasks.next().await?;
+            let (group, partition, result) = self.tasks.next().await?;
             if let Some(count) = self.per_group.get_mut(&group) {
                 *count -= 1;
+            }
+            if let Some(partition) = partition {
+                let key = (group, partition);
+                if let Some(count) = self.per_partition.get_mut(&key) {
+                    *count -= 1;
+                    if *count == 0 {
+                        self.per_partition.remove(&key);
+                    }
+                }
             }
             match result {
                 Some(ran) => return Some(ran),

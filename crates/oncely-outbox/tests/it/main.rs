@@ -5,8 +5,10 @@
 mod classification;
 mod deadline;
 mod delivery;
+mod follow_ups;
 mod frozen;
 mod migrations;
+mod partitions;
 mod pausing;
 mod provider;
 mod recording;

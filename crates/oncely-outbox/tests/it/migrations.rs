@@ -432,3 +432,108 @@ async fn sqlite_jobs_an_earlier_release_made_dead_for_a_skip_become_skipped() {
         "the operation key stays unique: {unique}"
     );
 }
+
+/// A job as the release before 0008 enqueued it (no partition), on PostgreSQL and on SQLite.
+const PREVIOUS_ENQUEUE: [&str; 2] = [
+    "INSERT INTO oncely_outbox (operation_key, kind, payload, delivery_key)
+     VALUES ($1, 'webhook', '{}', $2)",
+    "INSERT INTO oncely_outbox (operation_key, kind, payload, delivery_key, run_after, created_at)
+     VALUES ($1, 'webhook', '{}', $2, 0, 0)",
+];
+
+/// 0008 adds partitions to a database the previous release (up to 0007) wrote: its jobs are
+/// kept, without a partition, and claimed by a partitioned claim (only a kind's limits apply to
+/// them); the previous release's enqueue still runs on the migrated database.
+async fn partitions_keep_the_previous_release_s_jobs<D: Dialect>(pool: Pool<D>, enqueue: &str)
+where
+    SqlJobStore<D>: JobStore<Database = D>,
+    D::Connection: Migrate,
+    for<'c> &'c Pool<D>: Executor<'c, Database = D>,
+    D::Arguments: IntoArguments<D>,
+    for<'q> &'q str: sqlx::Encode<'q, D> + sqlx::Type<D>,
+    for<'q> uuid::Uuid: sqlx::Encode<'q, D> + sqlx::Type<D>,
+{
+    release_up_to(&D::migrator(), 7).run(&pool).await.unwrap();
+    let previous = |key: &'static str| {
+        let pool = pool.clone();
+        let sql = AssertSqlSafe(enqueue.to_owned());
+        async move {
+            sqlx::query(sql)
+                .bind(key)
+                .bind(uuid::Uuid::new_v4())
+                .execute(&pool)
+                .await
+                .unwrap();
+        }
+    };
+    previous("old").await;
+    let store = SqlJobStore::new(pool.clone());
+    store.migrate().await.unwrap();
+    let old = store.job("old").await.unwrap().unwrap();
+    assert_eq!(old.partition, None);
+    previous("old-after").await;
+    let claimed = store
+        .claim_partitioned(
+            "w",
+            "webhook",
+            10,
+            1,
+            &std::collections::HashMap::new(),
+            std::time::Duration::from_secs(30),
+        )
+        .await
+        .unwrap();
+    let keys: Vec<_> = claimed.iter().map(|j| j.operation_key.as_str()).collect();
+    assert_eq!(
+        keys,
+        ["old", "old-after"],
+        "no partition: only the kind's limit"
+    );
+    assert!(claimed.iter().all(|j| j.partition.is_none()));
+}
+
+#[tokio::test]
+async fn postgres_partitions_keep_the_previous_release_s_jobs() {
+    let db = TestPostgres::new().await;
+    let pool = db.pool(2).await;
+    partitions_keep_the_previous_release_s_jobs(pool.clone(), PREVIOUS_ENQUEUE[0]).await;
+    let indexes: Vec<String> = sqlx::query_scalar(
+        "SELECT indexdef FROM pg_indexes WHERE indexname = 'oncely_outbox_due_by_partition'",
+    )
+    .fetch_all(&pool)
+    .await
+    .unwrap();
+    assert!(
+        indexes
+            .iter()
+            .any(|i| i
+                .contains("(kind, partition_key, run_after, id) WHERE (status = 'pending'::text)")),
+        "{indexes:?}"
+    );
+}
+
+#[tokio::test]
+async fn sqlite_partitions_keep_the_previous_release_s_jobs() {
+    let db = TestSqlite::new();
+    let pool = db.pool(2).await;
+    partitions_keep_the_previous_release_s_jobs(pool.clone(), PREVIOUS_ENQUEUE[1]).await;
+    // The partitioned claim's hop to the next partition and its walk of one partition use the
+    // partition index.
+    for sql in [
+        "SELECT partition_key FROM oncely_outbox
+          WHERE status = 'pending' AND kind = 'webhook' AND partition_key > 'a'
+          ORDER BY partition_key LIMIT 1",
+        "SELECT id FROM oncely_outbox
+          WHERE status = 'pending' AND kind = 'webhook' AND partition_key = 'a'
+            AND run_after <= 5 ORDER BY run_after, id LIMIT 1",
+    ] {
+        let rows: Vec<(i64, i64, i64, String)> =
+            sqlx::query_as(AssertSqlSafe(format!("EXPLAIN QUERY PLAN {sql}")))
+                .fetch_all(&pool)
+                .await
+                .unwrap();
+        let plan = rows.into_iter().map(|r| r.3).collect::<Vec<_>>().join("; ");
+        assert!(plan.contains("oncely_outbox_due_by_partition"), "{plan}");
+        assert!(!plan.contains("TEMP B-TREE"), "no sort: {plan}");
+    }
+}

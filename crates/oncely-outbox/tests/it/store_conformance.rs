@@ -1,6 +1,6 @@
 //! What every job store does, on PostgreSQL and SQLite.
 
-use std::collections::HashSet;
+use std::collections::{HashMap, HashSet};
 use std::time::Duration;
 
 use oncely_outbox::store::{Finish, JobFilter};
@@ -57,6 +57,8 @@ both_stores!(
     pruning_removes_only_finished_jobs_past_their_retention_in_batches,
     a_frozen_payload_is_written_once_under_the_claim_s_lease_and_comes_with_every_later_claim,
     a_record_carries_its_times_and_its_whole_history_across_re_drives,
+    a_partitioned_claim_takes_each_partition_s_room_oldest_first,
+    a_finish_writes_its_follow_ups_once_and_only_while_it_owns_the_job,
 );
 
 async fn enqueueing_the_same_intent_twice_is_a_no_op_that_says_so<S: Backend>(
@@ -473,4 +475,187 @@ async fn a_record_carries_its_times_and_its_whole_history_across_re_drives<S: Ba
     assert_eq!(ms(attempts[1].started_at), ms(redriven_at));
     assert_eq!(attempts[1].finished_at.map(ms), Some(ms(sent_at)));
     assert_eq!(attempts[1].worker, "w2");
+}
+
+/// Claims up to `limit` email jobs, at most `per` of a partition, `running` of each running.
+async fn claim_by_partition<S: Backend>(
+    store: &S,
+    limit: u32,
+    per: u32,
+    running: &[(&str, u32)],
+) -> Vec<Job> {
+    let running: HashMap<String, u32> =
+        running.iter().map(|(p, n)| ((*p).to_owned(), *n)).collect();
+    store
+        .claim_partitioned("w", "email", limit, per, &running, LEASE)
+        .await
+        .unwrap()
+}
+
+/// The partitions of `jobs`, counted (`-`: none).
+fn per_partition(jobs: &[Job]) -> HashMap<String, usize> {
+    let mut counts = HashMap::new();
+    for job in jobs {
+        let p = job.partition.clone().unwrap_or_else(|| "-".into());
+        *counts.entry(p).or_default() += 1;
+    }
+    counts
+}
+
+async fn a_partitioned_claim_takes_each_partition_s_room_oldest_first<S: Backend>(
+    store: S,
+    _db: TestDb,
+) {
+    // Oldest first: a1..a5, then b1, b2, n1..n3 (no partition), c1; one of another kind.
+    let mut keys = Vec::new();
+    for (partition, n) in [(Some("a"), 5), (Some("b"), 2), (None, 3), (Some("c"), 1)] {
+        for i in 1..=n {
+            let key = format!("{}{i}", partition.unwrap_or("n"));
+            let mut new = job(&key);
+            if let Some(p) = partition {
+                new = new.partition(p);
+            }
+            enqueue(&store, new).await;
+            keys.push(key);
+            store.clock().advance(Duration::from_millis(10));
+        }
+    }
+    enqueue(
+        &store,
+        NewJob::new("other", "charge", json!({})).partition("a"),
+    )
+    .await;
+    let record = store.job("a1").await.unwrap().unwrap();
+    assert_eq!(
+        record.partition.as_deref(),
+        Some("a"),
+        "the record names it"
+    );
+
+    // The overall limit takes the oldest: a partition gets at most its room of them.
+    let two = claim_by_partition(&store, 2, 3, &[("a", 2)]).await;
+    let two_keys: Vec<_> = two.iter().map(|j| j.operation_key.as_str()).collect();
+    assert_eq!(two_keys, ["a1", "b1"], "a had room for one");
+    assert_eq!(two[0].partition.as_deref(), Some("a"), "the job names it");
+
+    // a is full (3 running of 3): none of its backlog; every other partition up to its room;
+    // jobs without a partition up to the limit.
+    let rest = claim_by_partition(&store, 100, 3, &[("a", 3), ("b", 2)]).await;
+    assert_eq!(
+        per_partition(&rest),
+        HashMap::from([("b".into(), 1), ("-".into(), 3), ("c".into(), 1)]),
+        "b: 3 - 2 running; a: none"
+    );
+    assert!(rest.iter().all(|j| j.kind == "email"), "its kind only");
+    // Nothing left for a full partition; then a finished one frees its room.
+    assert!(
+        claim_by_partition(&store, 100, 3, &[("a", 3)])
+            .await
+            .is_empty()
+    );
+    let a = claim_by_partition(&store, 100, 3, &[("a", 1)]).await;
+    let a_keys: Vec<_> = a.iter().map(|j| j.operation_key.as_str()).collect();
+    assert_eq!(a_keys, ["a2", "a3"], "its oldest, up to its room");
+    // A kind claimed without a per-partition limit ignores partitions.
+    let other = claim(&store, "w", "charge", 10, LEASE).await;
+    assert_eq!(other.len(), 1);
+
+    // A partition key is data, whatever it holds (JSON paths, quotes, SQL): its count is found.
+    let odd = r#"x."[$]' OR 1=1 --"#;
+    for i in 0..2 {
+        enqueue(&store, job(&format!("odd{i}")).partition(odd)).await;
+    }
+    // (a's two left are held back by a's count.)
+    let full = [(odd, 1), ("a", 1)];
+    assert!(claim_by_partition(&store, 100, 1, &full).await.is_empty());
+    let one = claim_by_partition(&store, 100, 1, &[("a", 1)]).await;
+    assert_eq!(one.len(), 1);
+    assert_eq!(one[0].partition.as_deref(), Some(odd));
+}
+
+async fn a_finish_writes_its_follow_ups_once_and_only_while_it_owns_the_job<S: Backend>(
+    store: S,
+    _db: TestDb,
+) {
+    enqueue(&store, job("taken")).await;
+    enqueue(
+        &store,
+        NewJob::new("event:exists", "event", json!({"old": true})),
+    )
+    .await;
+    let at = store.clock().now() + Duration::from_secs(3600);
+    let follow_up = |key: &str| {
+        NewJob::new(format!("event:{key}"), "event", json!({"of": key}))
+            .partition("endpoint-1")
+            .not_after(at)
+    };
+    // Its lease ends and another worker takes it: the late finish writes nothing.
+    let first = claim(&store, "a", "email", 1, Duration::from_millis(100))
+        .await
+        .remove(0);
+    assert_eq!(first.operation_key, "taken");
+    store.clock().advance(Duration::from_millis(200));
+    let second = claim(&store, "b", "email", 1, LEASE).await.remove(0);
+    assert_eq!(second.id, first.id);
+    let mut late = sent();
+    late.follow_ups = vec![follow_up("taken")];
+    assert!(!store.finish(&first, &late).await.unwrap());
+    assert!(
+        store.job("event:taken").await.unwrap().is_none(),
+        "no follow-up without the finish"
+    );
+
+    // An owned finish writes them with the status (one whose key exists is left as it is).
+    enqueue(&store, job("mine")).await;
+    let mine = claim(&store, "a", "email", 1, LEASE).await.remove(0);
+    assert_eq!(mine.operation_key, "mine");
+    let mut finish = sent();
+    finish.follow_ups = vec![
+        follow_up("mine"),
+        NewJob::new("event:exists", "event", json!({"new": true})),
+    ];
+    let results = store
+        .finish_all(&[(&mine, &finish), (&second, &sent())])
+        .await
+        .unwrap();
+    assert_eq!(results, [true, true]);
+    let written = store.job("event:mine").await.unwrap().unwrap();
+    assert_eq!(written.status, JobStatus::Pending);
+    assert_eq!(written.kind, "event");
+    assert_eq!(written.payload, json!({"of": "mine"}));
+    assert_eq!(written.partition.as_deref(), Some("endpoint-1"));
+    assert_ne!(written.delivery_key, mine.delivery_key, "a job of its own");
+    assert_eq!(
+        store.job("event:exists").await.unwrap().unwrap().payload,
+        json!({"old": true}),
+        "an existing key is not overwritten"
+    );
+    let events = claim_events(&store).await;
+    assert_eq!(events.len(), 2, "due now: {events:?}");
+    let claimed = events.iter().find(|j| j.operation_key == "event:mine");
+    let claimed = claimed.unwrap();
+    assert_eq!(
+        claimed.not_after.map(|t| t.unix_timestamp()),
+        Some(at.unix_timestamp()),
+        "its deadline kept"
+    );
+    assert!(
+        store.job("event:taken").await.unwrap().is_none(),
+        "none for the other job's finish"
+    );
+
+    // Recorded again (a retried write whose first try went through): nothing doubles.
+    assert!(!store.finish(&mine, &finish).await.unwrap());
+    let filter = JobFilter {
+        kind: Some("event".into()),
+        ..JobFilter::default()
+    };
+    assert_eq!(store.list(&filter).await.unwrap().len(), 2);
+}
+
+async fn claim_events<S: Backend>(store: &S) -> Vec<Job> {
+    store
+        .claim("w", &kinds(&["event"]), 10, LEASE)
+        .await
+        .unwrap()
 }

@@ -1,6 +1,7 @@
 //! Stores per backend on a manual clock, a business table to enqueue next to, and a store that
 //! lets a test fail or watch the one it wraps.
 
+use std::collections::HashMap;
 use std::future::Future;
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::{Arc, Mutex};
@@ -205,6 +206,23 @@ impl<S: Backend> JobStore for Spy<S> {
         if let Some(job) = after {
             self.inner.enqueue_with_business_row(job, true).await?;
         }
+        self.saw(Claim::Returned(jobs.len()));
+        Ok(jobs)
+    }
+    async fn claim_partitioned(
+        &self,
+        worker: &str,
+        kind: &str,
+        limit: u32,
+        per_partition: u32,
+        running: &HashMap<String, u32>,
+        lease: Duration,
+    ) -> Result<Vec<Job>, OutboxError> {
+        self.saw(Claim::Started);
+        let jobs = self
+            .inner
+            .claim_partitioned(worker, kind, limit, per_partition, running, lease)
+            .await?;
         self.saw(Claim::Returned(jobs.len()));
         Ok(jobs)
     }

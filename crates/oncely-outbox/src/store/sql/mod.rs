@@ -26,7 +26,7 @@ macro_rules! record {
                (SELECT count(*) FROM oncely_outbox_attempts a WHERE a.job_id = o.id)
                    AS all_attempts,
                o.last_error, o.provider_message_id, o.payload, o.delivery_key, o.frozen,
-               o.created_at, o.run_after, o.sent_at, o.dead_at, o.skipped_at,
+               o.partition_key, o.created_at, o.run_after, o.sent_at, o.dead_at, o.skipped_at,
                o.redriven_at
           FROM oncely_outbox o"
     };
@@ -35,8 +35,8 @@ macro_rules! record {
 /// The statements of one dialect.
 pub trait Statements {
     /// Inserts a job unless its operation key exists. Binds: 1 operation key, 2 kind, 3 payload
-    /// (JSON), 4 delivery key, 5 not after (nullable), 6 now. Returns its `id` (no row if the key
-    /// exists). Index: the unique index on `operation_key`.
+    /// (JSON), 4 delivery key, 5 not after (nullable), 6 now, 7 partition (nullable). Returns its
+    /// `id` (no row if the key exists). Index: the unique index on `operation_key`.
     const ENQUEUE: &'static str;
 
     /// Claims due jobs: pushes `run_after` to the lease's end (a dead worker's job is due again
@@ -47,12 +47,24 @@ pub trait Statements {
     /// `oncely_outbox_due_by_kind` (partial, pending only), once per kind.
     const CLAIM: &'static str;
 
+    /// Claims due jobs of one kind as [`Statements::CLAIM`] does, at most a partition's room of
+    /// each partition: its limit minus the jobs of it the worker runs. Binds: 1–6 as `CLAIM`
+    /// (4: a JSON array of the one kind), 7 the limit per partition, 8 the jobs the worker runs
+    /// per partition (a JSON object, partition to count; absent: none). Returns the claimed
+    /// jobs' rows. Index: `oncely_outbox_due_by_partition` (partial, pending only); each
+    /// dialect's comment says what it reads.
+    const CLAIM_PARTITIONED: &'static str;
+
     /// Ends a batch of attempts: each job by primary key, guarded by its lease token and
     /// `pending` (setting `sent_at`, `dead_at` or `skipped_at` by its new status), and its open
     /// attempt row (`oncely_outbox_attempts_job`). Binds: 1 the batch
     /// (a JSON array of `{id, lease_token, status, retry_ms, result, provider_message_id,
     /// error, free, thaw}`; `free` adds one to the job's `free_attempts`, `thaw` empties its
-    /// `frozen`), 2 now. Returns the ids of the jobs it finished (the others' leases were lost).
+    /// `frozen`), 2 now, 3 the follow-up jobs (a JSON array of `{job_id, lease_token,
+    /// operation_key, kind, payload, delivery_key, not_after_ms, partition_key}`), inserted —
+    /// `ON CONFLICT (operation_key) DO NOTHING` — only for the jobs it finishes. Returns rows
+    /// `(id, kind)`: one `(id, NULL)` per job it finished (the others' leases were lost), one
+    /// `(NULL, kind)` per follow-up it inserted.
     const FINISH: &'static str;
 
     /// Stores what a claimed job's first attempt froze, unless the job holds a frozen value

@@ -10,6 +10,32 @@ use sqlx::Postgres;
 /// every kind).
 pub(crate) const NOTIFY: &str = "SELECT pg_notify($1, $2)";
 
+/// The end of a claim, after a CTE `due` of the ids to claim: claims them, closes their
+/// unfinished earlier attempts as `abandoned`, opens this claim's, and returns the claimed rows.
+macro_rules! claimed {
+    () => {
+        "
+        ), claimed AS (
+            UPDATE oncely_outbox o
+               SET run_after = COALESCE($1, now()) + $2 * interval '1 millisecond',
+                   lease_token = $3, attempts = o.attempts + 1
+              FROM due WHERE o.id = due.id
+            RETURNING o.id, o.operation_key, o.kind, o.payload, o.delivery_key, o.attempts,
+                      o.free_attempts, o.created_at, o.redriven_at, o.not_after, o.frozen,
+                      o.partition_key
+        ), abandoned AS (
+            UPDATE oncely_outbox_attempts
+               SET finished_at = COALESCE($1, now()), result = 'abandoned',
+                   error = 'the worker''s lease ended before the attempt finished'
+             WHERE job_id IN (SELECT id FROM claimed) AND finished_at IS NULL
+        ), opened AS (
+            INSERT INTO oncely_outbox_attempts (job_id, attempt, worker, lease_token, started_at)
+            SELECT id, attempts, $6, $3, COALESCE($1, now()) FROM claimed
+        )
+        SELECT * FROM claimed ORDER BY id"
+    };
+}
+
 /// The dead jobs a filter matches: 1 kind, 2 dead at or after, 3 a substring of the last
 /// error, ignoring case (each `NULL`: any).
 macro_rules! dead {
@@ -27,8 +53,9 @@ impl super::Statements for Postgres {
     // from the process clock.
     const ENQUEUE: &'static str = "
         INSERT INTO oncely_outbox
-               (operation_key, kind, payload, delivery_key, not_after, run_after, created_at)
-        VALUES ($1, $2, $3, $4, $5, COALESCE($6, now()), COALESCE($6, now()))
+               (operation_key, kind, payload, delivery_key, not_after, run_after, created_at,
+                partition_key)
+        VALUES ($1, $2, $3, $4, $5, COALESCE($6, now()), COALESCE($6, now()), $7)
         ON CONFLICT (operation_key) DO NOTHING
         RETURNING id";
 
@@ -36,7 +63,8 @@ impl super::Statements for Postgres {
     // `limit` rows per kind are locked and the oldest `limit` of them claimed (the rest unlock
     // when the statement ends). SKIP LOCKED: concurrent claims take other rows instead of
     // waiting.
-    const CLAIM: &'static str = "
+    const CLAIM: &'static str = concat!(
+        "
         WITH due AS (
             SELECT d.id FROM jsonb_array_elements_text($4) AS k(kind)
             CROSS JOIN LATERAL (
@@ -48,27 +76,58 @@ impl super::Statements for Postgres {
                    FOR UPDATE SKIP LOCKED
             ) d
             ORDER BY d.run_after, d.id
-            LIMIT $5
-        ), claimed AS (
-            UPDATE oncely_outbox o
-               SET run_after = COALESCE($1, now()) + $2 * interval '1 millisecond',
-                   lease_token = $3, attempts = o.attempts + 1
-              FROM due WHERE o.id = due.id
-            RETURNING o.id, o.operation_key, o.kind, o.payload, o.delivery_key, o.attempts,
-                      o.free_attempts, o.created_at, o.redriven_at, o.not_after, o.frozen
-        ), abandoned AS (
-            UPDATE oncely_outbox_attempts
-               SET finished_at = COALESCE($1, now()), result = 'abandoned',
-                   error = 'the worker''s lease ended before the attempt finished'
-             WHERE job_id IN (SELECT id FROM claimed) AND finished_at IS NULL
-        ), opened AS (
-            INSERT INTO oncely_outbox_attempts (job_id, attempt, worker, lease_token, started_at)
-            SELECT id, attempts, $6, $3, COALESCE($1, now()) FROM claimed
-        )
-        SELECT * FROM claimed ORDER BY id";
+            LIMIT $5",
+        claimed!()
+    );
 
-    // Differs: one statement; the attempt rows are closed only for the jobs the job update
-    // returned (the ones whose lease the batch still held).
+    // Differs: one statement, SKIP LOCKED. Index: `oncely_outbox_due_by_partition` (kind,
+    // partition_key, run_after, id; pending only). `parts` hops from one partition of the kind
+    // to the next (a loose index scan: one index descent per partition that has pending jobs,
+    // however many jobs it has); for each, a lateral scan takes at most its room (LIMIT 0 for a
+    // partition at its limit: nothing of its backlog is read) of its oldest due jobs, locked
+    // with SKIP LOCKED; the jobs without a partition come from the same index (`partition_key
+    // IS NULL`; sorted by due time, at most `limit` of them locked). With 100,000 due jobs in
+    // one full partition, the claim reads one index entry of it. The oldest `limit` candidates
+    // are claimed; the others unlock when the statement ends.
+    const CLAIM_PARTITIONED: &'static str = concat!(
+        "
+        WITH RECURSIVE parts(key) AS (
+            (SELECT partition_key FROM oncely_outbox
+              WHERE status = 'pending' AND kind = ($4 ->> 0) AND partition_key IS NOT NULL
+              ORDER BY partition_key LIMIT 1)
+            UNION ALL
+            SELECT (SELECT n.partition_key FROM oncely_outbox n
+                     WHERE n.status = 'pending' AND n.kind = ($4 ->> 0)
+                       AND n.partition_key > p.key
+                     ORDER BY n.partition_key LIMIT 1)
+              FROM parts p WHERE p.key IS NOT NULL
+        ), candidates AS (
+            SELECT d.id, d.run_after FROM parts p
+            CROSS JOIN LATERAL (
+                SELECT id, run_after FROM oncely_outbox
+                 WHERE status = 'pending' AND kind = ($4 ->> 0) AND partition_key = p.key
+                   AND run_after <= COALESCE($1, now())
+                 ORDER BY run_after, id
+                 LIMIT GREATEST(LEAST($7 - COALESCE(($8 ->> p.key)::int8, 0), $5), 0)
+                   FOR UPDATE SKIP LOCKED
+            ) d
+             WHERE p.key IS NOT NULL
+            UNION ALL
+            SELECT u.id, u.run_after FROM (
+                SELECT id, run_after FROM oncely_outbox
+                 WHERE status = 'pending' AND kind = ($4 ->> 0) AND partition_key IS NULL
+                   AND run_after <= COALESCE($1, now())
+                 ORDER BY run_after, id
+                 LIMIT $5
+                   FOR UPDATE SKIP LOCKED
+            ) u
+        ), due AS (
+            SELECT id FROM candidates ORDER BY run_after, id LIMIT $5",
+        claimed!()
+    );
+
+    // Differs: one statement; the attempt rows are closed and the follow-ups inserted only for
+    // the jobs the job update returned (the ones whose lease the batch still held).
     const FINISH: &'static str = "
         WITH done AS (
             SELECT * FROM jsonb_to_recordset($1)
@@ -96,8 +155,24 @@ impl super::Statements for Postgres {
                    provider_message_id = j.provider_message_id, error = j.error
               FROM job j
              WHERE a.job_id = j.id AND a.lease_token = j.lease_token AND a.finished_at IS NULL
+        ), follow_up AS (
+            INSERT INTO oncely_outbox
+                   (operation_key, kind, payload, delivery_key, not_after, run_after,
+                    created_at, partition_key)
+            SELECT f.operation_key, f.kind, f.payload, f.delivery_key,
+                   to_timestamp(f.not_after_ms / 1000.0), COALESCE($2, now()),
+                   COALESCE($2, now()), f.partition_key
+              FROM jsonb_to_recordset($3)
+                       AS f(job_id int8, lease_token uuid, operation_key text, kind text,
+                            payload jsonb, delivery_key uuid, not_after_ms int8,
+                            partition_key text)
+              JOIN job j ON j.id = f.job_id AND j.lease_token = f.lease_token
+            ON CONFLICT (operation_key) DO NOTHING
+            RETURNING kind
         )
-        SELECT id FROM job";
+        SELECT id, NULL::text AS kind FROM job
+        UNION ALL
+        SELECT NULL::int8, kind FROM follow_up";
 
     // Differs: one statement (the attempt row goes only if the job update matched).
     const RELEASE: &'static str = "

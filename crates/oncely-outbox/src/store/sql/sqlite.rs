@@ -15,6 +15,27 @@ macro_rules! claimed {
     };
 }
 
+/// The end of a claim, after its `UPDATE … RETURNING`: the claimed rows' columns, then their
+/// unfinished earlier attempts closed as `abandoned` and this claim's opened.
+macro_rules! attempts {
+    () => {
+        concat!(
+            " id, operation_key, kind, payload, delivery_key, attempts, free_attempts,
+                  created_at, redriven_at, not_after, frozen, partition_key;
+        UPDATE oncely_outbox_attempts
+           SET finished_at = ?1, result = 'abandoned',
+               error = 'the worker''s lease ended before the attempt finished'
+         WHERE finished_at IS NULL AND job_id IN (",
+            claimed!(),
+            ");
+        INSERT INTO oncely_outbox_attempts (job_id, attempt, worker, lease_token, started_at)
+        SELECT id, attempts, ?6, ?3, ?1 FROM oncely_outbox WHERE id IN (",
+            claimed!(),
+            ") ORDER BY id"
+        )
+    };
+}
+
 /// The finished batch, one row per attempt, from the JSON array bound as `?1` (lease tokens
 /// are stored as 16 bytes).
 macro_rules! done {
@@ -46,8 +67,9 @@ impl super::Statements for Sqlite {
     // Differs: no `now()` in milliseconds: `run_after` and `created_at` are bound.
     const ENQUEUE: &'static str = "
         INSERT INTO oncely_outbox
-               (operation_key, kind, payload, delivery_key, not_after, run_after, created_at)
-        VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?6)
+               (operation_key, kind, payload, delivery_key, not_after, run_after, created_at,
+                partition_key)
+        VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?6, ?7)
         ON CONFLICT (operation_key) DO NOTHING
         RETURNING id";
 
@@ -64,22 +86,71 @@ impl super::Statements for Sqlite {
                AND kind IN (SELECT value FROM json_each(?4))
              ORDER BY run_after, id
              LIMIT ?5)
-        RETURNING id, operation_key, kind, payload, delivery_key, attempts, free_attempts,
-                  created_at, redriven_at, not_after, frozen;
-        UPDATE oncely_outbox_attempts
-           SET finished_at = ?1, result = 'abandoned',
-               error = 'the worker''s lease ended before the attempt finished'
-         WHERE finished_at IS NULL AND job_id IN (",
-        claimed!(),
-        ");
-        INSERT INTO oncely_outbox_attempts (job_id, attempt, worker, lease_token, started_at)
-        SELECT id, attempts, ?6, ?3, ?1 FROM oncely_outbox WHERE id IN (",
-        claimed!(),
-        ") ORDER BY id"
+        RETURNING",
+        attempts!()
     );
 
-    // Differs: two statements in the write transaction. The attempt rows first, while the
-    // jobs' lease tokens still say which claims own them; then the jobs.
+    // Differs: three statements in the write transaction, as `CLAIM`; no LATERAL and no
+    // correlated LIMIT in SQLite, so a recursive CTE walks each partition's due jobs one index
+    // step at a time, at most its room. Index: `oncely_outbox_due_by_partition` (kind,
+    // partition_key, run_after, id; pending only). `parts` hops from one partition of the kind
+    // to the next (one index descent per partition that has pending jobs, however many it has);
+    // `picked` takes, for each partition with room, its oldest due job and then the next after
+    // it (one descent each), at most its room: a partition at its limit is not read past its
+    // first index entry. The jobs without a partition come from the same index (`partition_key
+    // IS NULL`). With 100,000 due jobs in one full partition, the claim reads one index entry of
+    // it. The oldest `limit` candidates are claimed.
+    const CLAIM_PARTITIONED: &'static str = concat!(
+        "
+        WITH RECURSIVE parts(key) AS (
+            SELECT (SELECT partition_key FROM oncely_outbox
+                     WHERE status = 'pending' AND kind = (?4 ->> 0) AND partition_key IS NOT NULL
+                     ORDER BY partition_key LIMIT 1)
+            UNION ALL
+            SELECT (SELECT n.partition_key FROM oncely_outbox n
+                     WHERE n.status = 'pending' AND n.kind = (?4 ->> 0) AND n.partition_key > p.key
+                     ORDER BY n.partition_key LIMIT 1)
+              FROM parts p WHERE p.key IS NOT NULL
+        ), room(key, room) AS (
+            SELECT p.key, min(?7 - COALESCE(r.value, 0), ?5)
+              FROM parts p LEFT JOIN json_each(?8) r ON r.key = p.key
+             WHERE p.key IS NOT NULL
+        ), picked(key, room, n, id) AS (
+            SELECT r.key, r.room, 1,
+                   (SELECT i.id FROM oncely_outbox i
+                     WHERE i.status = 'pending' AND i.kind = (?4 ->> 0) AND i.partition_key = r.key
+                       AND i.run_after <= ?1
+                     ORDER BY i.run_after, i.id LIMIT 1)
+              FROM room r WHERE r.room > 0
+            UNION ALL
+            SELECT p.key, p.room, p.n + 1,
+                   (SELECT i.id FROM oncely_outbox i, oncely_outbox prev
+                     WHERE prev.id = p.id AND i.status = 'pending' AND i.kind = (?4 ->> 0)
+                       AND i.partition_key = p.key AND i.run_after <= ?1
+                       AND (i.run_after, i.id) > (prev.run_after, prev.id)
+                     ORDER BY i.run_after, i.id LIMIT 1)
+              FROM picked p WHERE p.id IS NOT NULL AND p.n < p.room
+        ), candidates(id) AS (
+            SELECT id FROM picked WHERE id IS NOT NULL
+            UNION ALL
+            SELECT id FROM (
+                SELECT id FROM oncely_outbox
+                 WHERE status = 'pending' AND kind = (?4 ->> 0) AND partition_key IS NULL
+                   AND run_after <= ?1
+                 ORDER BY run_after, id LIMIT ?5)
+        )
+        UPDATE oncely_outbox
+           SET run_after = ?1 + ?2, lease_token = ?3, attempts = attempts + 1
+         WHERE id IN (
+            SELECT o.id FROM candidates c JOIN oncely_outbox o ON o.id = c.id
+             ORDER BY o.run_after, o.id
+             LIMIT ?5)
+        RETURNING",
+        attempts!()
+    );
+
+    // Differs: three statements in the write transaction. The attempt rows and the follow-ups
+    // first, while the jobs' lease tokens still say which claims own them; then the jobs.
     const FINISH: &'static str = concat!(
         done!(),
         "
@@ -90,6 +161,19 @@ impl super::Statements for Sqlite {
           JOIN oncely_outbox AS o
             ON o.id = d.id AND o.lease_token = d.lease_token AND o.status = 'pending'
          WHERE a.job_id = d.id AND a.lease_token = d.lease_token AND a.finished_at IS NULL;
+        INSERT INTO oncely_outbox
+               (operation_key, kind, payload, delivery_key, not_after, run_after, created_at,
+                partition_key)
+        SELECT f.value ->> 'operation_key', f.value ->> 'kind', f.value -> 'payload',
+               unhex(f.value ->> 'delivery_key', '-'), f.value ->> 'not_after_ms', ?2, ?2,
+               f.value ->> 'partition_key'
+          FROM json_each(?3) AS f
+          JOIN oncely_outbox AS o
+            ON o.id = f.value ->> 'job_id'
+           AND o.lease_token = unhex(f.value ->> 'lease_token', '-') AND o.status = 'pending'
+         WHERE true
+        ON CONFLICT (operation_key) DO NOTHING
+        RETURNING NULL AS id, kind;
         ",
         done!(),
         "
@@ -105,7 +189,7 @@ impl super::Statements for Sqlite {
                provider_message_id = COALESCE(d.provider_message_id, o.provider_message_id)
           FROM done AS d
          WHERE o.id = d.id AND o.lease_token = d.lease_token AND o.status = 'pending'
-        RETURNING id"
+        RETURNING id, NULL AS kind"
     );
 
     // Differs: two statements in the write transaction; the attempt row goes first, if the

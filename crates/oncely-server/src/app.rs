@@ -205,6 +205,20 @@ impl<B: Accounts> Application<B> {
                     && matches!(dev_inbox_status, DevInbox::Served { .. })
             })
             .map(|(inbox, _)| inbox.clone());
+        if let Some(inbox) = &dev_inbox_page {
+            // The dev inbox checks the signatures of this server's own endpoints: those whose
+            // URL is its `/webhooks/{name}` on this address.
+            let (accounts, secret, port) = (backend.clone(), settings.secret.clone(), addr.port());
+            let _ = inbox
+                .clone()
+                .with_webhook_secrets_from(Arc::new(move |name: &str| {
+                    let (accounts, secret) = (accounts.clone(), secret.clone());
+                    let path = format!("/_dev/inbox/webhooks/{name}");
+                    Box::pin(
+                        async move { dev_inbox_secrets(&accounts, &secret, port, &path).await },
+                    )
+                }));
+        }
         let state = AppState {
             accounts: backend.clone(),
             jobs: jobs.clone(),
@@ -478,4 +492,49 @@ async fn readyz<B: Accounts>(State(backend): State<B>) -> (StatusCode, String) {
             )
         }
     }
+}
+
+/// The signing secrets (`whsec_…`) of this server's endpoints whose URL is `path` on a
+/// loopback address at `port`: what the dev inbox checks a delivery to `path` with. None when
+/// they cannot be read (the delivery is then kept unverified).
+async fn dev_inbox_secrets<B: Accounts>(
+    accounts: &B,
+    secret: &oncely::ServerSecret,
+    port: u16,
+    path: &str,
+) -> Vec<String> {
+    use crate::webhooks::delivery::{EndpointRef, signing_secrets};
+    let ours = |url: &str| {
+        url::Url::parse(url).is_ok_and(|url| {
+            let loopback = match url.host() {
+                Some(url::Host::Domain(name)) => name.eq_ignore_ascii_case("localhost"),
+                Some(url::Host::Ipv4(ip)) => ip.is_loopback(),
+                Some(url::Host::Ipv6(ip)) => ip.is_loopback(),
+                None => false,
+            };
+            loopback && url.port_or_known_default() == Some(port) && url.path() == path
+        })
+    };
+    let endpoints = match accounts.webhook_endpoints(None).await {
+        Ok(endpoints) => endpoints,
+        Err(error) => {
+            tracing::warn!(%error, "the dev inbox could not read the webhook endpoints");
+            return Vec::new();
+        }
+    };
+    let mut secrets = Vec::new();
+    for endpoint in endpoints.into_iter().filter(|e| ours(&e.url)) {
+        match signing_secrets(accounts, secret, EndpointRef::Id(endpoint.id)).await {
+            Ok(found) => secrets.extend(
+                found
+                    .into_iter()
+                    .flat_map(|(_, s)| s)
+                    .map(|s| s.expose().to_owned()),
+            ),
+            Err(error) => {
+                tracing::warn!(%error, endpoint = %endpoint.id, "the dev inbox could not read an endpoint's signing secrets")
+            }
+        }
+    }
+    secrets
 }

@@ -16,7 +16,9 @@ use crate::mail::{
     TokenEmail,
 };
 use crate::token::Flow;
-use crate::webhooks::delivery::{WEBHOOK_CONCURRENCY, WebhookDelivery, WebhookSettings};
+use crate::webhooks::delivery::{
+    WEBHOOK_CONCURRENCY, WEBHOOK_PER_ENDPOINT, WebhookDelivery, WebhookSettings,
+};
 use crate::webhooks::events::WEBHOOK_KIND;
 
 /// A worker for every email kind of the service.
@@ -57,13 +59,14 @@ pub fn email_worker<A: Accounts>(
     worker
 }
 
-/// How the `webhook` kind runs: the email kinds' retry policy, and a concurrency of its own
-/// ([`WEBHOOK_CONCURRENCY`]): the worker claims webhook jobs on their own, so slow endpoints
-/// never take the email kinds' slots. (The one place its options are built: a per-endpoint
-/// limit joins here.)
+/// How the `webhook` kind runs: the email kinds' retry policy, a concurrency of its own
+/// ([`WEBHOOK_CONCURRENCY`]: the worker claims webhook jobs on their own, so slow endpoints
+/// never take the email kinds' slots), and at most [`WEBHOOK_PER_ENDPOINT`] deliveries to one
+/// endpoint at once (its partition), so one slow endpoint never takes the others' slots.
 pub fn webhook_options(email: KindOptions) -> KindOptions {
     KindOptions {
         concurrency: Some(WEBHOOK_CONCURRENCY),
+        per_partition: Some(WEBHOOK_PER_ENDPOINT),
         ..email
     }
 }

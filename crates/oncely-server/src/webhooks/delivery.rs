@@ -35,7 +35,12 @@ const REASON_BODY_CHARS: usize = 200;
 
 /// At most this many webhook deliveries at once in one worker: the kind is claimed on its own,
 /// so that slow endpoints never take the email kinds' slots.
-pub const WEBHOOK_CONCURRENCY: u32 = 8;
+pub const WEBHOOK_CONCURRENCY: u32 = 32;
+
+/// At most this many deliveries to one endpoint at once in one worker (the outbox's per-partition
+/// limit; each delivery's partition is its endpoint): an endpoint that is slow or times out
+/// holds these slots only, and the kind's other slots go to other endpoints.
+pub const WEBHOOK_PER_ENDPOINT: u32 = 2;
 
 /// The `user-agent` of every delivery.
 pub const USER_AGENT: &str = concat!("oncely-webhooks/", env!("CARGO_PKG_VERSION"));

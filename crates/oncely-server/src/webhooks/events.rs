@@ -124,7 +124,9 @@ pub fn subscribed(events: &str, kind: EventType) -> bool {
 
 /// Writes `event`'s deliveries in the caller's transaction: one outbox job of kind
 /// [`WEBHOOK_KIND`] per enabled endpoint of `tenant` that receives its type, with operation key
-/// `webhook:<event id>:<endpoint id>` and payload `{endpoint_id, event_id, type, body}`.
+/// `webhook:<event id>:<endpoint id>`, payload `{endpoint_id, event_id, type, body}`, and the
+/// endpoint's id as its outbox partition (each endpoint has its own concurrency limit:
+/// [`crate::workers::webhook_options`]).
 /// Returns how many were written (0 when the tenant has no such endpoint).
 pub async fn emit<A: Accounts>(
     conn: &mut Connection<A>,
@@ -149,7 +151,8 @@ pub async fn emit<A: Accounts>(
                 "type": event.kind.as_str(),
                 "body": body,
             }),
-        );
+        )
+        .partition(endpoint.to_string());
         jobs.enqueue(conn, &job).await?;
         written += 1;
     }

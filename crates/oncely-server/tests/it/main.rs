@@ -27,5 +27,6 @@ mod security;
 mod signup;
 mod startup;
 mod support;
+mod webhooks_crash;
 mod webhooks_endpoints;
 mod workers;

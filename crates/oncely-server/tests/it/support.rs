@@ -387,7 +387,18 @@ pub(crate) use both_databases;
 
 /// `oncely worker` as a child process; returns once it reports that it runs.
 pub async fn spawn_worker(database_url: &str, mailer: &str) -> tokio::process::Child {
+    spawn_worker_with(database_url, mailer, &[]).await
+}
+
+/// `oncely worker` with `extra` arguments (`--lease 2s`, …); returns once it reports that it
+/// runs.
+pub async fn spawn_worker_with(
+    database_url: &str,
+    mailer: &str,
+    extra: &[&str],
+) -> tokio::process::Child {
     let mut child = oncely_command("worker", database_url, mailer)
+        .args(extra)
         .stdout(Stdio::piped())
         .stderr(Stdio::null())
         .kill_on_drop(true)

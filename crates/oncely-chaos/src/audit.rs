@@ -1,13 +1,17 @@
-//! The audit after the storm: accounts and emails per acknowledged intent, outbox rows, and
-//! leaks of addresses and tokens into logs and the database.
+//! The audit after the storm: accounts and emails per acknowledged intent, the `user.created`
+//! webhook of every created account, outbox rows, and leaks of addresses and tokens into logs
+//! and the database.
 
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::path::Path;
 
-use oncely_inbox::Inbox;
+use oncely_inbox::{Inbox, Verification};
 use sqlx::{PgPool, Row};
 
-use crate::Report;
+use crate::{Report, WEBHOOK_NAME, WebhookReport};
+
+/// The outbox kind of a webhook delivery (the server's `WEBHOOK_KIND`).
+const WEBHOOK_KIND: &str = "webhook";
 
 /// Fills the audit's half of `report`: what the database, the inbox and the logs hold for the
 /// run `run_id`.
@@ -45,6 +49,12 @@ pub(crate) async fn audit(
             .attempts_by_result
             .insert(row.try_get("result")?, row.try_get::<i64, _>("n")? as u64);
     }
+    let email_dead = sqlx::query_scalar::<_, i64>(
+        "SELECT count(*) FROM oncely_outbox WHERE status = 'dead' AND kind <> $1",
+    )
+    .bind(WEBHOOK_KIND)
+    .fetch_one(pool)
+    .await? as u64;
     for row in sqlx::query(
         "SELECT coalesce(last_error, '?') AS reason, count(*) AS n FROM oncely_outbox
           WHERE status = 'dead' GROUP BY 1",
@@ -71,7 +81,7 @@ pub(crate) async fn audit(
         tokens.iter().all(|t| t.len() == 43),
         "a link carried a token that is not 43 characters"
     );
-    let dead = report.jobs.get("dead").copied().unwrap_or(0);
+    let dead = email_dead;
     let received = addresses
         .iter()
         .filter(|a| per_address.contains_key(a.as_str()))
@@ -95,6 +105,8 @@ pub(crate) async fn audit(
         ("throttled".into(), stats.throttled),
         ("unauthorized".into(), stats.unauthorized),
     ]);
+
+    report.webhooks = webhooks(pool, inbox, &prefix).await?;
 
     // Leaks: addresses and tokens in log lines; tokens anywhere in the database; addresses in
     // the idempotency table.
@@ -125,6 +137,135 @@ pub(crate) async fn audit(
         }
     }
     Ok(())
+}
+
+/// The webhook half of the audit: the run's accounts (`prefix`), the event ids their webhook
+/// jobs carry, and the copies the inbox's endpoint [`WEBHOOK_NAME`] accepted.
+async fn webhooks(pool: &PgPool, inbox: &Inbox, prefix: &str) -> anyhow::Result<WebhookReport> {
+    let accounts: Vec<String> =
+        sqlx::query_scalar("SELECT id::text FROM oncely_users WHERE email LIKE $1")
+            .bind(prefix)
+            .fetch_all(pool)
+            .await?;
+    let mut jobs = Vec::new();
+    for row in
+        sqlx::query("SELECT payload::text AS payload, status FROM oncely_outbox WHERE kind = $1")
+            .bind(WEBHOOK_KIND)
+            .fetch_all(pool)
+            .await?
+    {
+        let payload: serde_json::Value =
+            serde_json::from_str(&row.try_get::<String, _>("payload")?)?;
+        jobs.push(WebhookJob::from_payload(&payload, row.try_get("status")?));
+    }
+    let stats = inbox.stats().webhooks;
+    let mut copies: HashMap<String, u64> = HashMap::new();
+    for copy in inbox.webhooks(Some(WEBHOOK_NAME), None) {
+        if copy.verdict == Verification::Verified
+            && let Some(id) = copy.webhook_id
+        {
+            *copies.entry(id).or_default() += 1;
+        }
+    }
+    let mut report = judge(&accounts, &jobs, &copies);
+    report.invalid = stats.invalid;
+    report.unverified = stats.unverified;
+    report.inbox = BTreeMap::from([
+        ("attempts".into(), stats.attempts),
+        ("received".into(), stats.received),
+        ("rejected".into(), stats.rejected),
+        ("dropped_after_accept".into(), stats.dropped),
+        ("duplicates".into(), stats.duplicates),
+    ]);
+    Ok(report)
+}
+
+/// One webhook outbox job as the audit reads it.
+#[derive(Debug, Clone)]
+struct WebhookJob {
+    event_id: Option<String>,
+    event_type: Option<String>,
+    /// `data.user_id` of the event's body.
+    user_id: Option<String>,
+    status: String,
+}
+
+impl WebhookJob {
+    fn from_payload(payload: &serde_json::Value, status: String) -> Self {
+        let body: Option<serde_json::Value> = payload["body"]
+            .as_str()
+            .and_then(|body| serde_json::from_str(body).ok());
+        Self {
+            event_id: payload["event_id"].as_str().map(str::to_owned),
+            event_type: payload["type"].as_str().map(str::to_owned),
+            user_id: body
+                .as_ref()
+                .and_then(|b| b["data"]["user_id"].as_str())
+                .map(str::to_owned),
+            status,
+        }
+    }
+}
+
+/// The webhook figures from the run's `accounts`, every webhook job, and the verified copies
+/// per `webhook-id`: an account's event is lost if no verified copy of its id arrived and no
+/// dead job explains it; each account must have exactly one `user.created` event id, and no
+/// id may belong to two accounts.
+fn judge(accounts: &[String], jobs: &[WebhookJob], copies: &HashMap<String, u64>) -> WebhookReport {
+    let mut report = WebhookReport {
+        expected: accounts.len() as u64,
+        ..WebhookReport::default()
+    };
+    let ours: HashSet<&str> = accounts.iter().map(String::as_str).collect();
+    let mut ids_of: HashMap<&str, HashSet<&str>> = HashMap::new();
+    let mut accounts_of: HashMap<&str, HashSet<&str>> = HashMap::new();
+    let mut dead_ids: HashSet<&str> = HashSet::new();
+    let mut known_ids: HashSet<&str> = HashSet::new();
+    for job in jobs {
+        *report.jobs.entry(job.status.clone()).or_default() += 1;
+        if job.status == "dead" {
+            report.dead += 1;
+        }
+        let Some(id) = job.event_id.as_deref() else {
+            continue;
+        };
+        known_ids.insert(id);
+        if job.status == "dead" {
+            dead_ids.insert(id);
+        }
+        if job.event_type.as_deref() != Some("user.created") {
+            continue;
+        }
+        if let Some(user) = job.user_id.as_deref().filter(|u| ours.contains(u)) {
+            ids_of.entry(user).or_default().insert(id);
+            accounts_of.entry(id).or_default().insert(user);
+        }
+    }
+    report.events = accounts_of.len() as u64;
+    report.ids_shared = accounts_of.values().filter(|a| a.len() > 1).count() as u64;
+    for account in accounts {
+        let ids = ids_of.get(account.as_str());
+        if ids.is_none_or(|ids| ids.len() != 1) {
+            report.accounts_without_one_event += 1;
+        }
+        let arrived = ids.is_some_and(|ids| ids.iter().any(|id| copies.contains_key(*id)));
+        let dead = ids.is_some_and(|ids| ids.iter().any(|id| dead_ids.contains(id)));
+        if !arrived && !dead {
+            report.lost += 1;
+        }
+    }
+    report.received = copies.len() as u64;
+    report.unknown_ids = copies
+        .keys()
+        .filter(|id| !known_ids.contains(id.as_str()))
+        .count() as u64;
+    report.duplicates = copies.values().map(|n| n.saturating_sub(1)).sum();
+    report.duplicates_per_million = if report.expected == 0 {
+        0.0
+    } else {
+        report.duplicates as f64 * 1e6 / report.expected as f64
+    };
+    report
 }
 
 /// Whether `text` contains one of `tokens` (all 43 URL-safe characters): every 43-character
@@ -176,6 +317,69 @@ mod tests {
         assert!(!contains_any(&token[1..], &tokens));
         assert!(!contains_any(&"A".repeat(100), &tokens));
         assert!(!contains_any("", &tokens));
+    }
+
+    fn job(event: &str, user: &str, status: &str) -> WebhookJob {
+        let body = serde_json::json!({ "type": "user.created", "data": { "user_id": user } });
+        WebhookJob::from_payload(
+            &serde_json::json!({
+                "endpoint_id": "e",
+                "event_id": event,
+                "type": "user.created",
+                "body": body.to_string(),
+            }),
+            status.into(),
+        )
+    }
+
+    #[test]
+    fn webhook_audit_counts_lost_duplicates_dead_and_ids_that_are_not_one_per_account() {
+        let accounts: Vec<String> = ["a", "b", "c", "d", "e"].map(String::from).to_vec();
+        let jobs = vec![
+            job("msg_a", "a", "sent"),
+            job("msg_b", "b", "sent"),
+            // c: its event went dead: reported, not lost.
+            job("msg_c", "c", "dead"),
+            // d: its job is sent but no verified copy came: lost.
+            job("msg_d", "d", "sent"),
+            // e: none at all: lost, and without an event.
+            // Another tenant's account: not the run's.
+            job("msg_x", "x", "sent"),
+        ];
+        let copies = HashMap::from([
+            ("msg_a".to_owned(), 3),
+            ("msg_b".to_owned(), 1),
+            ("msg_zz".to_owned(), 1),
+        ]);
+        let report = judge(&accounts, &jobs, &copies);
+        assert_eq!(report.expected, 5);
+        assert_eq!(report.events, 4);
+        assert_eq!(report.lost, 2);
+        assert_eq!(report.dead, 1);
+        assert_eq!(report.received, 3);
+        assert_eq!(report.duplicates, 2);
+        assert_eq!(report.duplicates_per_million, 400_000.0);
+        assert_eq!(report.unknown_ids, 1);
+        assert_eq!(report.accounts_without_one_event, 1);
+        assert_eq!(report.ids_shared, 0);
+        assert_eq!(report.jobs["sent"], 4);
+
+        // One id for two accounts, two ids for one account: both caught.
+        let jobs = vec![
+            job("msg_a", "a", "sent"),
+            job("msg_a", "b", "sent"),
+            job("msg_c1", "c", "sent"),
+            job("msg_c2", "c", "sent"),
+        ];
+        let copies = HashMap::from([
+            ("msg_a".to_owned(), 1),
+            ("msg_c1".to_owned(), 1),
+            ("msg_c2".to_owned(), 1),
+        ]);
+        let report = judge(&accounts[..3], &jobs, &copies);
+        assert_eq!(report.lost, 0);
+        assert_eq!(report.ids_shared, 1);
+        assert_eq!(report.accounts_without_one_event, 1);
     }
 
     #[test]

@@ -38,6 +38,9 @@ impl Proc {
         let child = Command::new(oncely)
             .args(&self.args)
             .env("ONCELY_SECRET", SECRET)
+            // The webhook endpoint is the inbox on loopback: allowed in development (the
+            // fleet's mode), and in production only with this.
+            .env("ONCELY_WEBHOOK_ALLOW_PRIVATE", "true")
             .env("RUST_LOG", "info")
             .stdin(Stdio::null())
             .stdout(log.try_clone()?)
@@ -151,6 +154,32 @@ pub(crate) async fn start(config: &Config, mailer: &str, logs: &Path) -> anyhow:
         .map(|a| format!("http://{a}").parse())
         .collect::<Result<Vec<reqwest::Url>, _>>()?;
     Ok(Fleet { procs, endpoints })
+}
+
+/// Adds the default tenant's (the storm's) webhook endpoint at `url` receiving `user.created`
+/// (`oncely tenant webhook add default URL --events user.created --json`); returns its signing
+/// secret (`whsec_…`), which is printed this once.
+pub(crate) async fn add_webhook(config: &Config, url: &str) -> anyhow::Result<String> {
+    let output = Command::new(&config.oncely)
+        .args(["tenant", "webhook", "add", "default", url])
+        .args(["--events", "user.created", "--json"])
+        .args(["--database-url", &config.database_url])
+        .env("ONCELY_SECRET", SECRET)
+        .env("ONCELY_WEBHOOK_ALLOW_PRIVATE", "true")
+        .stdin(Stdio::null())
+        .output()
+        .await?;
+    anyhow::ensure!(
+        output.status.success(),
+        "oncely tenant webhook add failed: {}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+    let added: serde_json::Value = serde_json::from_slice(&output.stdout)
+        .context("oncely tenant webhook add --json printed no JSON")?;
+    let secret = added["secret"]
+        .as_str()
+        .context("oncely tenant webhook add --json printed no secret")?;
+    Ok(secret.to_owned())
 }
 
 async fn wait_ready(addr: SocketAddr) -> anyhow::Result<()> {

@@ -8,6 +8,13 @@
 //! rejects or accepts-then-drops a share of deliveries. At the end the database and the inbox are
 //! audited: every acknowledged intent must have exactly one account and one email.
 //!
+//! Before the storm the default tenant (the one the storm signs up on) gets a webhook endpoint
+//! at the inbox, `http://<inbox>/webhooks/chaos`, receiving `user.created`; the inbox knows its
+//! signing secret and verifies every copy. The webhook intake is faulted like mail (a share of
+//! deliveries rejected with a 503, a share accepted and then the connection dropped), and the
+//! audit checks that every account the run created has one event id, delivered (verified) at
+//! least once: duplicates by `webhook-id` are counted, as a receiver dedupes by it.
+//!
 //! The run also scans every process log and every database column for the addresses and the
 //! tokens the run produced: none may appear in a log line, and no token may appear in the
 //! database (only its hash is stored).
@@ -27,6 +34,9 @@ mod monkey;
 mod storm;
 
 pub use audit::tokens_in;
+
+/// The inbox's name for the run's webhook endpoint (`/webhooks/chaos`).
+pub const WEBHOOK_NAME: &str = "chaos";
 
 /// How the workers deliver.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
@@ -56,7 +66,8 @@ pub struct Config {
     /// A shell command that restarts PostgreSQL, run once in the middle of the storm.
     pub restart_postgres: Option<String>,
     /// Share of delivery attempts the inbox fails, during the storm and the drain after it (half
-    /// rejected with a temporary error, half accepted and then the connection dropped).
+    /// rejected with a temporary error, half accepted and then the connection dropped); the
+    /// same share of webhook deliveries (half rejected with a 503, half accepted then dropped).
     pub fault_rate: f64,
     /// How the workers deliver.
     pub delivery: Delivery,
@@ -157,13 +168,49 @@ pub struct Report {
     pub tokens_in_database: u64,
     /// Idempotency-key rows that contain one of the run's addresses.
     pub addresses_in_key_table: u64,
+    /// The `user.created` webhooks to the inbox's endpoint `chaos`.
+    pub webhooks: WebhookReport,
     /// Seconds from the first intent to the end of the drain.
     pub seconds: f64,
 }
 
+/// What the audit found of the webhook endpoint `chaos` (the default tenant's, `user.created`).
+#[derive(Debug, Clone, Default, Serialize)]
+pub struct WebhookReport {
+    /// Events expected: the accounts the run created (one `user.created` each).
+    pub expected: u64,
+    /// Distinct event ids among the run's webhook jobs (`user.created` of the run's accounts).
+    pub events: u64,
+    /// Accounts of the run whose webhook jobs carry no event id, or more than one.
+    pub accounts_without_one_event: u64,
+    /// Event ids that the jobs of more than one account carry (one id per state change: 0).
+    pub ids_shared: u64,
+    /// Distinct `webhook-id`s the inbox accepted with a verified signature.
+    pub received: u64,
+    /// Accounts whose event never arrived (verified) and has no dead webhook job.
+    pub lost: u64,
+    /// Verified copies beyond the first per `webhook-id` (at-least-once: the receiver dedupes).
+    pub duplicates: u64,
+    /// Duplicates per million expected events.
+    pub duplicates_per_million: f64,
+    /// Copies refused for a missing, stale or wrong signature.
+    pub invalid: u64,
+    /// Copies accepted without a check (no secret known to the inbox: 0 expected).
+    pub unverified: u64,
+    /// Verified `webhook-id`s that are no event of the run's jobs (0 expected).
+    pub unknown_ids: u64,
+    /// Webhook outbox rows by status.
+    pub jobs: BTreeMap<String, u64>,
+    /// Dead webhook jobs (a dead one explains a missing event: not lost, but reported).
+    pub dead: u64,
+    /// The inbox's webhook counters: attempts, rejected (injected 503), dropped after accept.
+    pub inbox: BTreeMap<String, u64>,
+}
+
 impl Report {
     /// Whether the run kept the promise: nothing lost, nothing unanswered, no leaks, never
-    /// another payload under a key; and in provider mode no duplicates.
+    /// another payload under a key; in provider mode no duplicate email; and no webhook event
+    /// lost or badly signed, each created account with one event id of its own.
     pub fn passed(&self) -> bool {
         self.lost == 0
             && self.users_missing == 0
@@ -177,6 +224,12 @@ impl Report {
             && (self.delivery != Some(Delivery::Provider) || self.duplicates == 0)
             // One key, one payload: the provider never saw another payload under a key.
             && self.inbox.get("mismatched").copied().unwrap_or(0) == 0
+            // Webhooks: every created account's one event arrived signed; duplicates by id are
+            // counted, not failed (at-least-once delivery, one id).
+            && self.webhooks.lost == 0
+            && self.webhooks.invalid == 0
+            && self.webhooks.accounts_without_one_event == 0
+            && self.webhooks.ids_shared == 0
     }
 }
 
@@ -217,6 +270,10 @@ pub async fn run(config: &Config) -> anyhow::Result<Report> {
         Delivery::Smtp => format!("smtp://{}", running.smtp_addr),
     };
     let fleet = fleet::start(config, &mailer, &logs).await?;
+    let webhook_url = format!("http://{}/webhooks/{WEBHOOK_NAME}", running.http_addr);
+    let secret = fleet::add_webhook(config, &webhook_url).await?;
+    inbox.set_webhook_secrets(WEBHOOK_NAME, [secret.as_str()])?;
+    drop(secret);
     let endpoints = fleet.endpoints.clone();
 
     let started = Instant::now();

@@ -106,7 +106,8 @@ pub(crate) struct Outage {
 }
 
 /// The fault injector, until `drained`: every 50 ms, owes the inbox `rate` of the attempts it
-/// saw since the last tick, alternately as an accept-then-drop and a rejection; and starts the
+/// saw since the last tick, alternately as an accept-then-drop and a rejection — mail and
+/// webhooks apart (a webhook rejection is the inbox's `webhook_reject_status`, 503); and starts the
 /// `outage` once (every change to the inbox's faults is made here, read-modify-write, so none
 /// overwrites another).
 pub(crate) fn inject_faults(
@@ -118,11 +119,14 @@ pub(crate) fn inject_faults(
     let rate = rate.clamp(0.0, 1.0);
     tokio::spawn(async move {
         let (mut seen, mut owed, mut reject) = (0u64, 0.0f64, false);
+        let (mut hooks_seen, mut hooks_owed, mut hooks_reject) = (0u64, 0.0f64, true);
         while !drained.load(Ordering::Relaxed) && (rate > 0.0 || outage.is_some()) {
             tokio::time::sleep(Duration::from_millis(50)).await;
-            let attempts = inbox.stats().attempts;
-            owed += rate * attempts.saturating_sub(seen) as f64;
-            seen = attempts;
+            let stats = inbox.stats();
+            owed += rate * stats.attempts.saturating_sub(seen) as f64;
+            seen = stats.attempts;
+            hooks_owed += rate * stats.webhooks.attempts.saturating_sub(hooks_seen) as f64;
+            hooks_seen = stats.webhooks.attempts;
             let mut faults = inbox.faults();
             let due = outage
                 .as_ref()
@@ -142,6 +146,15 @@ pub(crate) fn inject_faults(
                     faults.drop_after_accept += 1;
                 }
                 reject = !reject;
+            }
+            while hooks_owed >= 1.0 {
+                hooks_owed -= 1.0;
+                if hooks_reject {
+                    faults.webhook_reject_next += 1;
+                } else {
+                    faults.webhook_drop_after_accept += 1;
+                }
+                hooks_reject = !hooks_reject;
             }
             inbox.set_faults(faults);
         }

@@ -1,7 +1,9 @@
 //! The short form of `scripts/chaos`: real `oncely` processes killed and restarted under a
 //! retrying storm with inbox faults — rejections, accepted-then-dropped answers, throttling
 //! (every 10th attempt, `Retry-After: 1`) and a 2 s period of refused credentials — then the
-//! audit (see `docs/reliability.md`). The two runs take turns: each starts five processes with
+//! audit (see `docs/reliability.md`). The storm's tenant has a webhook endpoint at the inbox
+//! (`user.created`), whose intake is faulted too (503s, accepted-then-dropped): every created
+//! account's one event id arrives signed, duplicates by id counted. The two runs take turns: each starts five processes with
 //! their pools, listeners and notifiers, and together they would crowd PostgreSQL's 100
 //! connections that the rest of the suite shares.
 
@@ -40,6 +42,7 @@ async fn under_kills_and_provider_faults_nothing_is_lost_dead_or_duplicated() {
     assert_eq!(report.jobs.get("dead"), None, "{shown}");
     assert_eq!(report.duplicates, 0, "{shown}");
     assert_eq!(report.emails, report.intents, "{shown}");
+    assert_webhooks_delivered(&report, &shown);
     assert!(report.passed(), "{shown}");
 }
 
@@ -69,6 +72,7 @@ async fn over_plain_smtp_a_dropped_answer_is_a_counted_duplicate_and_nothing_is_
         report.inbox["dropped_after_accept"] > 0,
         "no drop met: {shown}"
     );
+    assert_webhooks_delivered(&report, &shown);
     assert!(report.passed(), "{shown}");
 }
 
@@ -85,5 +89,35 @@ fn assert_met_throttling_and_refusals(report: &Report, shown: &str) {
     assert!(
         recorded("paused") > 0,
         "no attempt recorded paused: {shown}"
+    );
+}
+
+/// Every account the run created has one `user.created` event id of its own, which reached the
+/// endpoint with a valid signature despite the webhook faults (met, so it cannot pass by not
+/// meeting them); a dropped answer is resent with the same id, so duplicates are at least the
+/// drops and are all copies of known ids.
+fn assert_webhooks_delivered(report: &Report, shown: &str) {
+    let hooks = &report.webhooks;
+    assert_eq!(hooks.expected, report.users, "{shown}");
+    assert_eq!(hooks.events, hooks.expected, "{shown}");
+    assert_eq!(hooks.received, hooks.expected, "{shown}");
+    assert_eq!(hooks.lost, 0, "{shown}");
+    assert_eq!(hooks.dead, 0, "{shown}");
+    assert_eq!(hooks.invalid, 0, "{shown}");
+    assert_eq!(hooks.unverified, 0, "{shown}");
+    assert_eq!(hooks.unknown_ids, 0, "{shown}");
+    assert_eq!(hooks.accounts_without_one_event, 0, "{shown}");
+    assert_eq!(hooks.ids_shared, 0, "{shown}");
+    assert!(
+        hooks.inbox["rejected"] > 0,
+        "no webhook rejection met: {shown}"
+    );
+    assert!(
+        hooks.inbox["dropped_after_accept"] > 0,
+        "no webhook drop met: {shown}"
+    );
+    assert!(
+        hooks.duplicates >= hooks.inbox["dropped_after_accept"],
+        "{shown}"
     );
 }

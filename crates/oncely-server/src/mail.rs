@@ -347,7 +347,10 @@ impl<A: Accounts> TokenEmail<A> {
             return Ok(Vec::new());
         };
         let Some(record) = self.accounts.token_for_send(token_id).await? else {
-            tracing::warn!(job = job.id, "an email's token record is gone: no email event");
+            tracing::warn!(
+                job = job.id,
+                "an email's token record is gone: no email event"
+            );
             return Ok(Vec::new());
         };
         let frozen = FrozenEmail::of(job).ok().flatten();
@@ -534,7 +537,9 @@ impl<A: Accounts> NoticeEmail<A> {
             .as_str()
             .and_then(|s| s.parse::<Uuid>().ok());
         let email = || {
-            let frozen = frozen.clone().unwrap_or_else(|| self.render(job, to.clone()));
+            let frozen = frozen
+                .clone()
+                .unwrap_or_else(|| self.render(job, to.clone()));
             (frozen, None)
         };
         let about = About {

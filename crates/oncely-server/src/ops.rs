@@ -26,11 +26,12 @@ use uuid::Uuid;
 
 use crate::accounts::{AccountError, Accounts, EndpointRecord, TenantRecord, from_millis};
 use crate::backend::{Backend, COMMAND_POOL};
+use crate::cli::{
+    EmailDelivery, JobRefKind, KeyCommand, OutboxCommand, OutputArgs, PruneArgs, TenantCommand,
+    WebhookCommand,
+};
 use crate::webhooks::EventType;
 use crate::webhooks::events::subscribed;
-use crate::cli::{
-    EmailDelivery, JobRefKind, KeyCommand, OutboxCommand, OutputArgs, PruneArgs, TenantCommand, WebhookCommand,
-};
 
 // ---------------------------------------------------------------------------------------------
 // Failures and output
@@ -1061,7 +1062,12 @@ pub async fn tenant<B: Accounts>(command: TenantCommand) -> anyhow::Result<Strin
                     format!("no tenant {tenant} (`oncely tenant list` shows them)"),
                 )
             };
-            if !backend.tenants().await?.iter().any(|t| t.id == tenant.as_str()) {
+            if !backend
+                .tenants()
+                .await?
+                .iter()
+                .any(|t| t.id == tenant.as_str())
+            {
                 return Err(not_found());
             }
             // Refused before anything changes.

@@ -217,7 +217,10 @@ mod tests {
         );
         for (job, endpoint) in jobs.iter().zip([all, emails]) {
             assert_eq!(job.kind, WEBHOOK_KIND);
-            assert_eq!(job.partition.as_deref(), Some(endpoint.to_string().as_str()));
+            assert_eq!(
+                job.partition.as_deref(),
+                Some(endpoint.to_string().as_str())
+            );
             assert_eq!(job.payload["body"], json!(event.body()));
             assert_eq!(job.payload["type"], "email.sent");
         }

@@ -314,7 +314,7 @@ pub enum TenantCommand {
     },
     /// Set a tenant's return URLs: where its links send the browser back, with a one-time code
     /// its backend exchanges (`POST /v1/exchange`). Replaces the list; the first is the
-    /// default of requests that name none.
+    /// default of requests that name none. And/or how its emails go out (`--email-delivery`).
     Set {
         /// The tenant's id (not `default`: it has no API key to exchange codes with).
         name: String,
@@ -323,13 +323,19 @@ pub enum TenantCommand {
         #[arg(
             long = "return-url",
             value_name = "URL",
-            required_unless_present = "no_return_urls",
+            required_unless_present_any = ["no_return_urls", "email_delivery"],
             conflicts_with = "no_return_urls"
         )]
         return_urls: Vec<String>,
         /// Clear the list: links return nowhere, as before.
         #[arg(long)]
         no_return_urls: bool,
+        /// How the tenant's emails go out: `mail` (oncely sends them, the default) or `webhook`
+        /// (oncely sends none: each is an `email.requested` event to the tenant's endpoints,
+        /// for the application to send). `webhook` needs an enabled endpoint that receives
+        /// `email.requested` (explicitly or by receiving every event).
+        #[arg(long, value_enum, value_name = "HOW")]
+        email_delivery: Option<EmailDelivery>,
         #[command(flatten)]
         #[allow(missing_docs)]
         database: DatabaseArgs,
@@ -340,6 +346,25 @@ pub enum TenantCommand {
     /// Manage the tenant's webhook endpoints: where its events go, signed.
     #[command(subcommand)]
     Webhook(WebhookCommand),
+}
+
+/// How a tenant's emails go out (`oncely tenant set --email-delivery`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum EmailDelivery {
+    /// oncely sends them (the mailer).
+    Mail,
+    /// oncely hands each to the tenant's endpoints as an `email.requested` event.
+    Webhook,
+}
+
+impl EmailDelivery {
+    /// As stored (`oncely_tenants.email_delivery`).
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Mail => "mail",
+            Self::Webhook => "webhook",
+        }
+    }
 }
 
 impl TenantCommand {

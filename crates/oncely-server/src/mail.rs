@@ -19,12 +19,15 @@ use std::sync::Arc;
 
 use oncely::ServerSecret;
 use oncely_outbox::mail::{Email, Mailer};
-use oncely_outbox::{Delivery, FreezeFuture, Handler, Job};
+use oncely_outbox::{Delivery, Ended, FreezeFuture, Handler, Job, NewJob, ThenError, ThenFuture};
 use serde::{Deserialize, Serialize};
+use serde_json::{Map, Value, json};
+use sha2::{Digest, Sha256};
 use uuid::Uuid;
 
-use crate::accounts::Accounts;
+use crate::accounts::{Accounts, TokenForSend};
 use crate::token::{Flow, Token};
+use crate::webhooks::events::{Event, EventType, deliveries, deliveries_carrying, subscribed};
 
 /// Job kind: "someone tried to sign up with your address" to an existing account.
 pub const SIGNUP_NOTICE: &str = "email.signup_notice";
@@ -226,55 +229,67 @@ struct Current {
     token: Token,
 }
 
+/// The token of record `token_id` if its email is still to be sent, read now: the record, its
+/// flow and the token derived again from the server secret that derived its stored hash (the
+/// current one, or a previous one when the job was written before a rotation). The one check
+/// of a link before it leaves: [`TokenEmail`] before it mails it, the `webhook` handler
+/// ([`crate::webhooks::delivery`]) before it delivers an `email.requested` event carrying it.
+/// A decoy (no recipient) or a link used or superseded since is [`Delivery::Skipped`].
+pub(crate) async fn live_token<A: Accounts>(
+    accounts: &A,
+    secret: &ServerSecret,
+    token_id: Uuid,
+) -> Result<(TokenForSend, Flow, Token), Delivery> {
+    let record = match accounts.token_for_send(token_id).await {
+        Ok(Some(record)) => record,
+        Ok(None) => {
+            return Err(Delivery::Permanent(
+                "the token record no longer exists".into(),
+            ));
+        }
+        Err(error) => {
+            return Err(Delivery::Retry(format!(
+                "reading the token record: {error:#}"
+            )));
+        }
+    };
+    if record.recipient.is_none() {
+        return Err(Delivery::Skipped(
+            "no account for this address: nothing to send".into(),
+        ));
+    }
+    if !record.live {
+        return Err(Delivery::Skipped(
+            "the link was superseded or used before delivery: not sent".into(),
+        ));
+    }
+    let Some(flow) = Flow::parse(&record.flow) else {
+        return Err(Delivery::Permanent(format!(
+            "unknown token flow {:?}",
+            record.flow
+        )));
+    };
+    let Some(token) = secret
+        .all()
+        .map(|secret| Token::derive(secret, flow, token_id))
+        .find(|token| token.hash() == record.hash)
+    else {
+        return Err(Delivery::Permanent(
+            "no configured server secret derives this link (rotated out of ONCELY_SECRET_PREVIOUS, or written by a process with another ONCELY_SECRET?): not sent"
+                .into(),
+        ));
+    };
+    Ok((record, flow, token))
+}
+
 impl<A: Accounts> TokenEmail<A> {
     /// Whether to send, and what from: checked on every attempt.
     async fn current(&self, job: &Job) -> Result<Current, Delivery> {
         let token_id = subject(job, "token_id")?;
-        let record = match self.accounts.token_for_send(token_id).await {
-            Ok(Some(record)) => record,
-            Ok(None) => {
-                return Err(Delivery::Permanent(
-                    "the token record no longer exists".into(),
-                ));
-            }
-            Err(error) => {
-                return Err(Delivery::Retry(format!(
-                    "reading the token record: {error:#}"
-                )));
-            }
-        };
-        let Some(to) = record.recipient else {
-            return Err(Delivery::Skipped(
-                "no account for this address: nothing to send".into(),
-            ));
-        };
-        if !record.live {
-            return Err(Delivery::Skipped(
-                "the link was superseded or used before delivery: not sent".into(),
-            ));
-        }
-        let Some(flow) = Flow::parse(&record.flow) else {
-            return Err(Delivery::Permanent(format!(
-                "unknown token flow {:?}",
-                record.flow
-            )));
-        };
-        // The secret that derived the stored hash: the current one, or a previous one when the
-        // job was written before a rotation (the link must be the one whose hash is stored).
-        let Some(token) = self
-            .context
-            .secret
-            .all()
-            .map(|secret| Token::derive(secret, flow, token_id))
-            .find(|token| token.hash() == record.hash)
-        else {
-            return Err(Delivery::Permanent(
-                "no configured server secret derives this link (rotated out of ONCELY_SECRET_PREVIOUS, or written by a process with another ONCELY_SECRET?): not sent"
-                    .into(),
-            ));
-        };
+        let (record, flow, token) =
+            live_token(&self.accounts, &self.context.secret, token_id).await?;
         Ok(Current {
-            to,
+            to: record.recipient.unwrap_or_default(),
             flow,
             tenant: record.tenant,
             token,
@@ -304,6 +319,9 @@ impl<A: Accounts> TokenEmail<A> {
             }
             Err(delivery) => return delivery,
         };
+        if let Some(handed) = by_webhook(&self.accounts, &tenant).await {
+            return handed;
+        }
         let email = match frozen.email(Some(&token)) {
             Ok(email) => email,
             Err(delivery) => return delivery,
@@ -315,6 +333,53 @@ impl<A: Accounts> TokenEmail<A> {
     }
 }
 
+impl<A: Accounts> TokenEmail<A> {
+    /// The follow-ups of a token email (see [`follow_ups`]): its tenant, recipient and account
+    /// from the token record (none once the record is pruned: the tenant is unknown).
+    async fn then(&self, job: &Job, end: &Ended) -> Result<Vec<NewJob>, ThenError> {
+        if matches!(end, Ended::Skipped { .. }) || suppressed(job).is_some() {
+            return Ok(Vec::new());
+        }
+        let Some(token_id) = job.payload["token_id"]
+            .as_str()
+            .and_then(|s| s.parse::<Uuid>().ok())
+        else {
+            return Ok(Vec::new());
+        };
+        let Some(record) = self.accounts.token_for_send(token_id).await? else {
+            tracing::warn!(
+                job = job.id,
+                "an email's token record is gone: no email event"
+            );
+            return Ok(Vec::new());
+        };
+        let frozen = FrozenEmail::of(job).ok().flatten();
+        let Some(to) = frozen
+            .as_ref()
+            .map(|f| f.to.clone())
+            .or_else(|| record.recipient.clone())
+        else {
+            // A decoy: nobody's email.
+            return Ok(Vec::new());
+        };
+        let Some(flow) = Flow::parse(&record.flow) else {
+            return Ok(Vec::new());
+        };
+        let email = || {
+            let frozen = frozen.clone().unwrap_or_else(|| {
+                FrozenEmail::token_email(&self.context, flow, &record.tenant, to.clone())
+            });
+            (frozen, Some(token_id))
+        };
+        let about = About {
+            tenant: &record.tenant,
+            to: &to,
+            user_id: record.user_id,
+        };
+        follow_ups(&self.accounts, job, end, &about, email).await
+    }
+}
+
 impl<A: Accounts> Handler for TokenEmail<A> {
     fn freeze<'a>(&'a self, job: &'a Job) -> FreezeFuture<'a> {
         Box::pin(self.freeze(job))
@@ -322,6 +387,10 @@ impl<A: Accounts> Handler for TokenEmail<A> {
 
     fn run<'a>(&'a self, job: &'a Job) -> Pin<Box<dyn Future<Output = Delivery> + Send + 'a>> {
         Box::pin(self.send(job))
+    }
+
+    fn then<'a>(&'a self, job: &'a Job, end: &'a Ended) -> ThenFuture<'a> {
+        Box::pin(self.then(job, end))
     }
 }
 
@@ -426,6 +495,11 @@ impl<A: Accounts> NoticeEmail<A> {
             Ok(frozen) => frozen.unwrap_or_else(|| self.render(job, to)).email(None),
             Err(delivery) => Err(delivery),
         };
+        if let (Ok(_), Some(tenant)) = (&email, job.payload["tenant"].as_str())
+            && let Some(handed) = by_webhook(&self.accounts, tenant).await
+        {
+            return handed;
+        }
         match email {
             Ok(email) => {
                 self.context
@@ -438,6 +512,45 @@ impl<A: Accounts> NoticeEmail<A> {
     }
 }
 
+impl<A: Accounts> NoticeEmail<A> {
+    /// The follow-ups of a notice (see [`follow_ups`]): its tenant from the payload's
+    /// `tenant`. A notice enqueued by a release before 0.x (no `tenant` in its payload) has
+    /// none: it is mailed as before, whatever its tenant's email delivery, and reports no event.
+    async fn then(&self, job: &Job, end: &Ended) -> Result<Vec<NewJob>, ThenError> {
+        if matches!(end, Ended::Skipped { .. }) || suppressed(job).is_some() {
+            return Ok(Vec::new());
+        }
+        let Some(tenant) = job.payload["tenant"].as_str() else {
+            return Ok(Vec::new());
+        };
+        let frozen = FrozenEmail::of(job).ok().flatten();
+        let to = match &frozen {
+            Some(frozen) => frozen.to.clone(),
+            None => match self.recipient(job).await {
+                Ok(to) => to,
+                Err(Delivery::Retry(why)) => return Err(why.into()),
+                // The account is gone: nobody to name.
+                Err(_) => return Ok(Vec::new()),
+            },
+        };
+        let user_id = job.payload["user_id"]
+            .as_str()
+            .and_then(|s| s.parse::<Uuid>().ok());
+        let email = || {
+            let frozen = frozen
+                .clone()
+                .unwrap_or_else(|| self.render(job, to.clone()));
+            (frozen, None)
+        };
+        let about = About {
+            tenant,
+            to: &to,
+            user_id,
+        };
+        follow_ups(&self.accounts, job, end, &about, email).await
+    }
+}
+
 impl<A: Accounts> Handler for NoticeEmail<A> {
     fn freeze<'a>(&'a self, job: &'a Job) -> FreezeFuture<'a> {
         Box::pin(self.freeze(job))
@@ -446,6 +559,169 @@ impl<A: Accounts> Handler for NoticeEmail<A> {
     fn run<'a>(&'a self, job: &'a Job) -> Pin<Box<dyn Future<Output = Delivery> + Send + 'a>> {
         Box::pin(self.send(job))
     }
+
+    fn then<'a>(&'a self, job: &'a Job, end: &'a Ended) -> ThenFuture<'a> {
+        Box::pin(self.then(job, end))
+    }
+}
+
+/// The provider message id of an email handed to its tenant's endpoints instead of the mailer
+/// (a tenant whose email delivery is `webhook`): its job ends `sent` with it, and its
+/// follow-ups are `email.requested` deliveries, not `email.sent`.
+pub const WEBHOOK_MESSAGE_ID: &str = "webhook";
+
+/// `Some(outcome)` when `tenant`'s emails go out by webhook: sent ([`WEBHOOK_MESSAGE_ID`]; the
+/// job's follow-ups carry the email) if an enabled endpoint of the tenant receives
+/// `email.requested`, else retried (the email must not vanish: after its horizon it is dead,
+/// and `email.failed` says so). `None`: mail it.
+async fn by_webhook<A: Accounts>(accounts: &A, tenant: &str) -> Option<Delivery> {
+    match accounts.email_delivery(tenant).await {
+        Ok(mode) if mode == "webhook" => {}
+        Ok(_) => return None,
+        Err(error) => {
+            return Some(Delivery::Retry(format!(
+                "reading the tenant's email delivery: {error:#}"
+            )));
+        }
+    }
+    Some(match accounts.webhook_targets_now(tenant).await {
+        Ok(targets)
+            if targets
+                .iter()
+                .any(|(_, events)| subscribed(events, EventType::EmailRequested)) =>
+        {
+            Delivery::Sent {
+                provider_message_id: Some(WEBHOOK_MESSAGE_ID.into()),
+            }
+        }
+        Ok(_) => Delivery::Retry(
+            "the tenant's email delivery is webhook and no enabled endpoint of it receives email.requested: not sent"
+                .into(),
+        ),
+        Err(error) => Delivery::Retry(format!("reading the tenant's endpoints: {error:#}")),
+    })
+}
+
+/// Whose email a job is, for its events.
+struct About<'a> {
+    tenant: &'a str,
+    /// The recipient in full (masked in `email.sent` and `email.failed`).
+    to: &'a str,
+    user_id: Option<Uuid>,
+}
+
+/// An email event's id: derived from the job's delivery key and the event's type, so that
+/// asking `then` again (a follow-up write that failed, a finish recorded twice) names the same
+/// event and the outbox writes its deliveries once (their operation keys exist).
+fn email_event_id(job: &Job, kind: EventType) -> String {
+    let digest = Sha256::digest(format!(
+        "oncely/email-event/v1:{}:{}",
+        job.delivery_key,
+        kind.as_str()
+    ));
+    format!("msg_{}", hex::encode(&digest[..16]))
+}
+
+/// The follow-ups of an email job that ended as `end` (never asked for `skipped`: a decoy or a
+/// capped email is nobody's). Sent by the mailer: `email.sent`; dead (expired included):
+/// `email.failed` with the reason; handed to the tenant's endpoints ([`WEBHOOK_MESSAGE_ID`]):
+/// `email.requested`, carrying `email()`'s message. Each one delivery per enabled endpoint of
+/// the tenant that receives it ([`deliveries`]), read from the local database only.
+async fn follow_ups<A: Accounts>(
+    accounts: &A,
+    job: &Job,
+    end: &Ended,
+    about: &About<'_>,
+    email: impl FnOnce() -> (FrozenEmail, Option<Uuid>),
+) -> Result<Vec<NewJob>, ThenError> {
+    let template = job.kind.strip_prefix("email.").unwrap_or(&job.kind);
+    let targets = accounts.webhook_targets_now(about.tenant).await?;
+    let mut data = json!({
+        "email_id": job.delivery_key,
+        "template": template,
+        "to": crate::email::masked(about.to),
+    });
+    if let Some(user_id) = about.user_id {
+        data["user_id"] = json!(user_id);
+    }
+    let kind = match end {
+        Ended::Skipped { .. } => return Ok(Vec::new()),
+        Ended::Sent {
+            provider_message_id,
+        } if provider_message_id.as_deref() == Some(WEBHOOK_MESSAGE_ID) => {
+            let (frozen, token_id) = email();
+            let jobs = requested(job, template, frozen, token_id, &targets);
+            if jobs.is_empty() {
+                // Its endpoints went away since the attempt: not recorded sent, so the job is
+                // tried again (and goes dead after its horizon, with `email.failed`).
+                return Err("no enabled endpoint of the tenant receives email.requested any more: the email is not handed over".into());
+            }
+            return Ok(jobs);
+        }
+        Ended::Sent {
+            provider_message_id,
+        } => {
+            data["provider_message_id"] = json!(provider_message_id);
+            EventType::EmailSent
+        }
+        Ended::Dead { reason, .. } => {
+            data["reason"] = json!(reason);
+            EventType::EmailFailed
+        }
+    };
+    let event = Event {
+        id: email_event_id(job, kind),
+        ..Event::new(kind, data)
+    };
+    Ok(deliveries(&event, &targets))
+}
+
+/// The `email.requested` deliveries of an email handed to the tenant's endpoints. Data:
+/// `email_id`, `template`, `to` (in full: the application sends it), `from`, `subject`, `text`,
+/// `html` (null), `link` (null for a notice). A token email's link is not in the job: each
+/// delivery carries the body in parts around it (`body_parts`) and the token record's id
+/// (`token_id`); the `webhook` handler derives the token at each attempt, checks the link is
+/// still live ([`live_token`]) and joins the parts with it — the same bytes on every attempt.
+fn requested(
+    job: &Job,
+    template: &str,
+    frozen: FrozenEmail,
+    token_id: Option<Uuid>,
+    targets: &[(Uuid, String)],
+) -> Vec<NewJob> {
+    // Where the token goes: a mark no one can write into the email (random, per event).
+    let mark = format!("{{{{token:{}}}}}", Uuid::new_v4().simple());
+    let link = frozen.link.as_ref().map(|base| format!("{base}{mark}"));
+    let text = match &link {
+        Some(link) => frozen.text.replace(LINK, link),
+        None => frozen.text.clone(),
+    };
+    let data = json!({
+        "email_id": job.delivery_key,
+        "template": template,
+        "to": frozen.to,
+        "from": frozen.from,
+        "subject": frozen.subject,
+        "text": text,
+        "html": Value::Null,
+        "link": link,
+    });
+    let kind = EventType::EmailRequested;
+    let event = Event {
+        id: email_event_id(job, kind),
+        ..Event::new(kind, data)
+    };
+    let body = event.body();
+    let (carried, extra) = match token_id {
+        Some(token_id) => {
+            let parts: Vec<&str> = body.split(&mark).collect();
+            let mut extra = Map::new();
+            extra.insert("token_id".into(), json!(token_id));
+            (json!({ "parts": parts }), extra)
+        }
+        None => (Value::String(body), Map::new()),
+    };
+    deliveries_carrying(&event, targets, &carried, &extra)
 }
 
 #[cfg(test)]

@@ -27,8 +27,11 @@ use uuid::Uuid;
 use crate::accounts::{AccountError, Accounts, EndpointRecord, TenantRecord, from_millis};
 use crate::backend::{Backend, COMMAND_POOL};
 use crate::cli::{
-    JobRefKind, KeyCommand, OutboxCommand, OutputArgs, PruneArgs, TenantCommand, WebhookCommand,
+    EmailDelivery, JobRefKind, KeyCommand, OutboxCommand, OutputArgs, PruneArgs, TenantCommand,
+    WebhookCommand,
 };
+use crate::webhooks::EventType;
+use crate::webhooks::events::subscribed;
 
 // ---------------------------------------------------------------------------------------------
 // Failures and output
@@ -940,6 +943,8 @@ pub struct TenantView {
     pub previous_key_valid_until: Option<OffsetDateTime>,
     /// Where its links return, in order (`tenant set --return-url`).
     pub return_urls: Vec<String>,
+    /// How its emails go out: `mail` or `webhook` (`tenant set --email-delivery`).
+    pub email_delivery: String,
 }
 
 impl From<TenantRecord> for TenantView {
@@ -951,6 +956,7 @@ impl From<TenantRecord> for TenantView {
             previous_key_fingerprint: tenant.previous_key_hash.as_deref().map(key_fingerprint),
             previous_key_valid_until: tenant.previous_key_expires_at_ms.map(from_millis),
             return_urls: Vec::new(),
+            email_delivery: tenant.email_delivery,
         }
     }
 }
@@ -1041,25 +1047,87 @@ pub async fn tenant<B: Accounts>(command: TenantCommand) -> anyhow::Result<Strin
                 Ok(())
             })
         }
-        (TenantCommand::Set { return_urls, .. }, Some(tenant)) => {
-            if !backend
-                .set_return_urls(tenant.as_str(), &return_urls)
-                .await?
-            {
-                return Err(refuse(
+        (
+            TenantCommand::Set {
+                return_urls,
+                no_return_urls,
+                email_delivery,
+                ..
+            },
+            Some(tenant),
+        ) => {
+            let not_found = || {
+                refuse(
                     Failure::NotFound,
                     format!("no tenant {tenant} (`oncely tenant list` shows them)"),
-                ));
+                )
+            };
+            if !backend
+                .tenants()
+                .await?
+                .iter()
+                .any(|t| t.id == tenant.as_str())
+            {
+                return Err(not_found());
             }
-            let value = json!({ "tenant": tenant.as_str(), "return_urls": return_urls });
+            // Refused before anything changes.
+            if email_delivery == Some(EmailDelivery::Webhook) {
+                let receives = backend
+                    .webhook_endpoints(Some(tenant.as_str()))
+                    .await?
+                    .iter()
+                    .any(|e| {
+                        e.disabled_at_ms.is_none()
+                            && subscribed(&e.events, EventType::EmailRequested)
+                    });
+                if !receives {
+                    bail!(
+                        "tenant {tenant} has no enabled webhook endpoint that receives email.requested: its emails would go nowhere. Add one first (`oncely tenant webhook add {tenant} URL --events email.requested`, or without --events for every event)"
+                    );
+                }
+            }
+            let urls_given = !return_urls.is_empty() || no_return_urls;
+            if urls_given
+                && !backend
+                    .set_return_urls(tenant.as_str(), &return_urls)
+                    .await?
+            {
+                return Err(not_found());
+            }
+            if let Some(how) = email_delivery
+                && !backend
+                    .set_email_delivery(tenant.as_str(), how.as_str())
+                    .await?
+            {
+                return Err(not_found());
+            }
+            let mut value = json!({ "tenant": tenant.as_str() });
+            if urls_given {
+                value["return_urls"] = json!(return_urls);
+            }
+            if let Some(how) = email_delivery {
+                value["email_delivery"] = json!(how.as_str());
+            }
             render(output, &value, |out| {
-                match return_urls.as_slice() {
-                    [] => writeln!(out, "tenant {tenant} has no return URLs")?,
-                    urls => writeln!(
+                if urls_given {
+                    match return_urls.as_slice() {
+                        [] => writeln!(out, "tenant {tenant} has no return URLs")?,
+                        urls => writeln!(
+                            out,
+                            "tenant {tenant} returns to (the first by default):\n{}",
+                            urls.join("\n")
+                        )?,
+                    }
+                }
+                match email_delivery {
+                    Some(EmailDelivery::Webhook) => writeln!(
                         out,
-                        "tenant {tenant} returns to (the first by default):\n{}",
-                        urls.join("\n")
+                        "tenant {tenant}'s emails go to its endpoints as email.requested events: oncely mails none"
                     )?,
+                    Some(EmailDelivery::Mail) => {
+                        writeln!(out, "tenant {tenant}'s emails are sent by oncely")?;
+                    }
+                    None => {}
                 }
                 Ok(())
             })
@@ -1101,6 +1169,7 @@ pub async fn tenant<B: Accounts>(command: TenantCommand) -> anyhow::Result<Strin
                                 [] => "-".into(),
                                 urls => clean(&urls.join(" ")),
                             },
+                            t.email_delivery.clone(),
                         ]
                     })
                     .collect();
@@ -1110,6 +1179,7 @@ pub async fn tenant<B: Accounts>(command: TenantCommand) -> anyhow::Result<Strin
                     "key (sha256)",
                     "previous key",
                     "return URLs",
+                    "emails",
                 ];
                 for line in table(&header, &rows) {
                     writeln!(out, "{line}")?;

@@ -141,6 +141,8 @@ pub struct TokenForSend {
     pub flow: String,
     /// The tenant the token belongs to (an invitation's is the one to join).
     pub tenant: String,
+    /// The account the token is for, if it has one (an invitation to a new address has none).
+    pub user_id: Option<Uuid>,
     /// The recipient: the token's own address (the invited one, an email change's new one),
     /// else its user's; `None` for a decoy.
     pub recipient: Option<String>,
@@ -164,6 +166,9 @@ pub struct TenantRecord {
     pub previous_key_hash: Option<Vec<u8>>,
     /// Until when the previous key is valid (Unix milliseconds).
     pub previous_key_expires_at_ms: Option<i64>,
+    /// How its emails go out: `mail` (oncely sends them) or `webhook` (an `email.requested`
+    /// event to its endpoints: [`crate::mail`]).
+    pub email_delivery: String,
 }
 
 /// A webhook endpoint to store ([`Accounts::insert_webhook_endpoint`]).
@@ -537,6 +542,28 @@ pub trait Accounts: Backend {
         conn: &'c mut Connection<Self>,
         tenant: &'c str,
     ) -> impl Future<Output = Result<Vec<(Uuid, String)>, AccountError>> + Send + 'c;
+
+    /// The enabled webhook endpoints of `tenant`, as [`Accounts::webhook_targets`] but on the
+    /// pool (an email job's follow-ups read them outside any transaction).
+    fn webhook_targets_now(
+        &self,
+        tenant: &str,
+    ) -> impl Future<Output = Result<Vec<(Uuid, String)>, AccountError>> + Send;
+
+    /// How `tenant`'s emails go out: `mail` or `webhook` (`mail` for an unknown tenant and
+    /// `default`).
+    fn email_delivery(
+        &self,
+        tenant: &str,
+    ) -> impl Future<Output = Result<String, AccountError>> + Send;
+
+    /// Sets how tenant `id`'s emails go out (`mail` or `webhook`); `false` if there is no such
+    /// tenant.
+    fn set_email_delivery(
+        &self,
+        id: &str,
+        delivery: &str,
+    ) -> impl Future<Output = Result<bool, AccountError>> + Send;
 
     /// Stores a webhook endpoint (its secret already sealed).
     fn insert_webhook_endpoint(
@@ -1162,6 +1189,33 @@ where
             .fetch_all(&mut *conn)
             .await
             .map_err(AccountError::of::<B>)
+    }
+
+    async fn webhook_targets_now(&self, tenant: &str) -> Result<Vec<(Uuid, String)>, AccountError> {
+        sqlx::query_as(B::ACCOUNT_SQL.webhook_targets)
+            .bind(tenant)
+            .fetch_all(self.pool())
+            .await
+            .map_err(AccountError::of::<B>)
+    }
+
+    async fn email_delivery(&self, tenant: &str) -> Result<String, AccountError> {
+        let found: Option<String> = sqlx::query_scalar(B::ACCOUNT_SQL.email_delivery)
+            .bind(tenant)
+            .fetch_optional(self.pool())
+            .await
+            .map_err(AccountError::of::<B>)?;
+        Ok(found.unwrap_or_else(|| "mail".to_owned()))
+    }
+
+    async fn set_email_delivery(&self, id: &str, delivery: &str) -> Result<bool, AccountError> {
+        let done = sqlx::query(B::ACCOUNT_SQL.set_email_delivery)
+            .bind(id)
+            .bind(delivery)
+            .execute(self.pool())
+            .await
+            .map_err(AccountError::of::<B>)?;
+        Ok(B::rows_affected(&done) == 1)
     }
 
     async fn insert_webhook_endpoint(&self, endpoint: NewEndpoint<'_>) -> Result<(), AccountError> {

@@ -77,7 +77,7 @@ pub const STATEMENTS: Statements = Statements {
                           ON CONFLICT (tenant, email) DO NOTHING",
     add_membership: "INSERT INTO oncely_memberships (tenant, user_id, created_at)
                      VALUES ($1, $2, COALESCE($3, now())) ON CONFLICT DO NOTHING",
-    token_for_send: "SELECT t.flow, t.tenant, t.token_hash, COALESCE(t.email, u.email) AS recipient,
+    token_for_send: "SELECT t.flow, t.tenant, t.user_id, t.token_hash, COALESCE(t.email, u.email) AS recipient,
                             (t.consumed_at IS NULL AND t.superseded_at IS NULL
                              AND t.expires_at > COALESCE($2, now())) AS live
                        FROM oncely_tokens t LEFT JOIN oncely_users u ON u.id = t.user_id
@@ -129,6 +129,7 @@ pub const STATEMENTS: Statements = Statements {
                      CASE WHEN previous_key_expires_at > COALESCE($1, now())
                           THEN floor(extract(epoch FROM previous_key_expires_at) * 1000)::int8
                      END AS previous_key_expires_at_ms
+                     , email_delivery
                 FROM oncely_tenants ORDER BY id",
     // The no-op update makes RETURNING give the stored row when it exists.
     development_secret: "INSERT INTO oncely_development_secret (id, secret) VALUES (1, $1)
@@ -163,6 +164,8 @@ pub const STATEMENTS: Statements = Statements {
                       SELECT code_hash FROM oncely_codes WHERE expires_at < COALESCE($1, now())
                        ORDER BY expires_at LIMIT $2 FOR UPDATE SKIP LOCKED))",
     // Index: oncely_webhook_endpoints_tenant.
+    email_delivery: "SELECT email_delivery FROM oncely_tenants WHERE id = $1",
+    set_email_delivery: "UPDATE oncely_tenants SET email_delivery = $2 WHERE id = $1",
     webhook_targets: "SELECT id, events FROM oncely_webhook_endpoints
                       WHERE tenant = $1 AND disabled_at IS NULL
                       ORDER BY created_at, id",

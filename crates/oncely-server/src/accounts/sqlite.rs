@@ -67,7 +67,7 @@ pub const STATEMENTS: Statements = Statements {
                           ON CONFLICT (tenant, email) DO NOTHING",
     add_membership: "INSERT INTO oncely_memberships (tenant, user_id, created_at)
                      VALUES (?1, ?2, ?3) ON CONFLICT DO NOTHING",
-    token_for_send: "SELECT t.flow, t.tenant, t.token_hash, COALESCE(t.email, u.email) AS recipient,
+    token_for_send: "SELECT t.flow, t.tenant, t.user_id, t.token_hash, COALESCE(t.email, u.email) AS recipient,
                             (t.consumed_at IS NULL AND t.superseded_at IS NULL
                              AND t.expires_at > ?2) AS live
                        FROM oncely_tokens t LEFT JOIN oncely_users u ON u.id = t.user_id
@@ -114,6 +114,7 @@ pub const STATEMENTS: Statements = Statements {
                          AS previous_key_hash,
                      CASE WHEN previous_key_expires_at > ?1 THEN previous_key_expires_at END
                          AS previous_key_expires_at_ms
+                     , email_delivery
                 FROM oncely_tenants ORDER BY id",
     // See PostgreSQL's.
     development_secret: "INSERT INTO oncely_development_secret (id, secret) VALUES (1, ?1)
@@ -147,6 +148,8 @@ pub const STATEMENTS: Statements = Statements {
                       SELECT rowid FROM oncely_codes WHERE expires_at < ?1
                        ORDER BY expires_at LIMIT ?2)",
     // Index: oncely_webhook_endpoints_tenant.
+    email_delivery: "SELECT email_delivery FROM oncely_tenants WHERE id = ?1",
+    set_email_delivery: "UPDATE oncely_tenants SET email_delivery = ?2 WHERE id = ?1",
     webhook_targets: "SELECT id, events FROM oncely_webhook_endpoints
                       WHERE tenant = ?1 AND disabled_at IS NULL
                       ORDER BY created_at, id",

@@ -116,6 +116,12 @@ pub struct Statements {
     /// Binds tenant. The tenant's enabled webhook endpoints, oldest first: `id`, `events` (a
     /// JSON array of event types; `[]`: every event).
     pub webhook_targets: &'static str,
+    /// Binds tenant. Returns the tenant's `email_delivery` (`mail` or `webhook`); no row for an
+    /// unknown tenant (and `default`, which has no row).
+    pub email_delivery: &'static str,
+    /// Binds id, email_delivery. Sets the tenant's email delivery; changes no row for an
+    /// unknown tenant.
+    pub set_email_delivery: &'static str,
     /// Binds id, tenant, url, events (JSON array), secret_sealed, now.
     pub insert_webhook_endpoint: &'static str,
     /// Binds id, now. One endpoint as an [`EndpointRecord`](super::EndpointRecord) (the previous

@@ -106,7 +106,13 @@ pub async fn request<A: Accounts>(
         format!("email-change-notice:{tenant}:{user}:{}", tx.derived_key()),
         EMAIL_CHANGE_NOTICE,
         state.email_payload(
-            json!({ "to": old, "new_email": new.masked(), "suppressed": suppressed_old }),
+            json!({
+                "to": old,
+                "new_email": new.masked(),
+                "user_id": user,
+                "tenant": tenant.as_str(),
+                "suppressed": suppressed_old,
+            }),
             &old,
         ),
     );
@@ -120,7 +126,7 @@ pub async fn request<A: Accounts>(
             ),
             EMAIL_TAKEN_NOTICE,
             state.email_payload(
-                json!({ "user_id": owner.id, "suppressed": suppressed_new }),
+                json!({ "user_id": owner.id, "tenant": tenant.as_str(), "suppressed": suppressed_new }),
                 new.as_str(),
             ),
         );

@@ -118,7 +118,7 @@ pub async fn signup<A: Accounts>(
             format!("signup-notice:{tenant}:{user}:{}", tx.derived_key()),
             SIGNUP_NOTICE,
             state.email_payload(
-                json!({ "user_id": user, "suppressed": suppressed }),
+                json!({ "user_id": user, "tenant": tenant.as_str(), "suppressed": suppressed }),
                 email.as_str(),
             ),
         );

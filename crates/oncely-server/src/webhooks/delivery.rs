@@ -2,6 +2,7 @@
 //!
 //! | what happened | outcome |
 //! |---|---|
+//! | an `email.requested` event whose link was used or superseded since (or a decoy's) | skipped: never delivered |
 //! | the endpoint was removed / is disabled | dead (an operator may re-drive after `enable`) |
 //! | its URL or the address its host resolves to is refused ([`UrlPolicy`]) | dead, no connection made |
 //! | 2xx | sent |
@@ -20,12 +21,14 @@ use std::time::Duration;
 
 use oncely::ServerSecret;
 use oncely_outbox::{Delivery, Handler, Job};
+use serde_json::Value;
 use time::OffsetDateTime;
 use uuid::Uuid;
 
 use super::secret::{SigningSecret, signature_header, unseal};
 use super::url::{CheckingResolver, UrlPolicy, refused_address};
 use crate::accounts::{Accounts, EndpointRecord};
+use crate::mail::live_token;
 
 /// How much of an answer's body is read (for the reason of a failure); the rest is dropped.
 pub const BODY_CAP: usize = 4 * 1024;
@@ -122,14 +125,20 @@ impl<A: Accounts> WebhookDelivery<A> {
 
     async fn deliver(&self, job: &Job) -> Delivery {
         let field = |name: &str| job.payload[name].as_str().map(str::to_owned);
-        let (Some(endpoint_id), Some(event_id), Some(body)) = (
+        let (Some(endpoint_id), Some(event_id)) = (
             field("endpoint_id").and_then(|id| id.parse::<Uuid>().ok()),
             field("event_id"),
-            field("body"),
         ) else {
-            return Delivery::Permanent("the payload lacks endpoint_id, event_id or body".into());
+            return Delivery::Permanent("the payload lacks endpoint_id or event_id".into());
         };
         let kind = field("type").unwrap_or_default();
+        let body = match self.body(job).await {
+            Ok(body) => body,
+            Err(outcome) => {
+                tracing::info!(endpoint = %endpoint_id, event = %event_id, r#type = %kind, ?outcome, "webhook not attempted");
+                return outcome;
+            }
+        };
         let outcome = self.attempt(endpoint_id, &event_id, body).await;
         let (label, status) = match &outcome {
             Attempted::Sent(status) => ("sent", Some(*status)),
@@ -168,6 +177,31 @@ impl<A: Accounts> WebhookDelivery<A> {
             Attempted::Unknown(reason) => Delivery::Unknown(reason),
             Attempted::Dead(reason) => Delivery::Permanent(reason),
         }
+    }
+
+    /// The body to send: the payload's `body` as it is, or — an `email.requested` event of a
+    /// token email — its `parts` joined with the token of record `token_id`, derived again now
+    /// after the same live check as the email handlers' ([`crate::mail::live_token`]): a link
+    /// used or superseded since is skipped, never delivered. The token is derived, never read:
+    /// the same bytes on every attempt.
+    async fn body(&self, job: &Job) -> Result<String, Delivery> {
+        let body = &job.payload["body"];
+        if let Some(body) = body.as_str() {
+            return Ok(body.to_owned());
+        }
+        let parts: Option<Vec<&str>> = body["parts"]
+            .as_array()
+            .and_then(|parts| parts.iter().map(Value::as_str).collect());
+        let token_id = job.payload["token_id"]
+            .as_str()
+            .and_then(|id| id.parse::<Uuid>().ok());
+        let (Some(parts), Some(token_id)) = (parts, token_id) else {
+            return Err(Delivery::Permanent(
+                "the payload has no body (neither a text nor parts and a token_id)".into(),
+            ));
+        };
+        let (_, _, token) = live_token(&self.accounts, &self.secret, token_id).await?;
+        Ok(parts.join(token.expose()))
     }
 
     async fn attempt(&self, endpoint_id: Uuid, event_id: &str, body: String) -> Attempted {

@@ -1,7 +1,7 @@
 //! Event types, the event body, and writing an event's deliveries in the caller's transaction.
 
 use oncely_outbox::{JobStore, NewJob};
-use serde_json::{Value, json};
+use serde_json::{Map, Value, json};
 use time::OffsetDateTime;
 use time::format_description::well_known::Rfc3339;
 use uuid::Uuid;
@@ -122,12 +122,51 @@ pub fn subscribed(events: &str, kind: EventType) -> bool {
     }
 }
 
-/// Writes `event`'s deliveries in the caller's transaction: one outbox job of kind
-/// [`WEBHOOK_KIND`] per enabled endpoint of `tenant` that receives its type, with operation key
-/// `webhook:<event id>:<endpoint id>`, payload `{endpoint_id, event_id, type, body}`, and the
-/// endpoint's id as its outbox partition (each endpoint has its own concurrency limit:
-/// [`crate::workers::webhook_options`]).
-/// Returns how many were written (0 when the tenant has no such endpoint).
+/// The deliveries of `event` to `targets` (a tenant's enabled endpoints, `(id, events)`, as
+/// [`Accounts::webhook_targets`] reads them): one outbox job of kind [`WEBHOOK_KIND`] per
+/// endpoint that receives its type, with operation key `webhook:<event id>:<endpoint id>`,
+/// payload `{endpoint_id, event_id, type, body}`, and the endpoint's id as its outbox partition
+/// (each endpoint has its own concurrency limit: [`crate::workers::webhook_options`]). The one
+/// place deliveries are built: [`emit`] writes them in a request's transaction, the email
+/// handlers' follow-ups ([`crate::mail`]) hand them to the outbox.
+pub fn deliveries(event: &Event, targets: &[(Uuid, String)]) -> Vec<NewJob> {
+    deliveries_carrying(event, targets, &Value::String(event.body()), &Map::new())
+}
+
+/// As [`deliveries`], each carrying `body` (the body as a string, or what the delivery
+/// assembles it from: `{"parts": […]}` around a token, see [`crate::mail`]) and `extra` payload
+/// fields.
+pub(crate) fn deliveries_carrying(
+    event: &Event,
+    targets: &[(Uuid, String)],
+    body: &Value,
+    extra: &Map<String, Value>,
+) -> Vec<NewJob> {
+    targets
+        .iter()
+        .filter(|(_, events)| subscribed(events, event.kind))
+        .map(|(endpoint, _)| {
+            let mut payload = json!({
+                "endpoint_id": endpoint,
+                "event_id": event.id,
+                "type": event.kind.as_str(),
+                "body": body,
+            });
+            if let Some(payload) = payload.as_object_mut() {
+                payload.extend(extra.clone());
+            }
+            NewJob::new(
+                format!("webhook:{}:{endpoint}", event.id),
+                WEBHOOK_KIND,
+                payload,
+            )
+            .partition(endpoint.to_string())
+        })
+        .collect()
+}
+
+/// Writes `event`'s deliveries ([`deliveries`]) in the caller's transaction. Returns how many
+/// were written (0 when the tenant has no endpoint that receives it).
 pub async fn emit<A: Accounts>(
     conn: &mut Connection<A>,
     jobs: &A::Jobs,
@@ -135,28 +174,11 @@ pub async fn emit<A: Accounts>(
     event: &Event,
 ) -> anyhow::Result<usize> {
     let targets = A::webhook_targets(conn, tenant).await?;
-    let mut body = None;
-    let mut written = 0;
-    for (endpoint, events) in targets {
-        if !subscribed(&events, event.kind) {
-            continue;
-        }
-        let body = body.get_or_insert_with(|| event.body());
-        let job = NewJob::new(
-            format!("webhook:{}:{endpoint}", event.id),
-            WEBHOOK_KIND,
-            json!({
-                "endpoint_id": endpoint,
-                "event_id": event.id,
-                "type": event.kind.as_str(),
-                "body": body,
-            }),
-        )
-        .partition(endpoint.to_string());
-        jobs.enqueue(conn, &job).await?;
-        written += 1;
+    let jobs_of = deliveries(event, &targets);
+    for job in &jobs_of {
+        jobs.enqueue(conn, job).await?;
     }
-    Ok(written)
+    Ok(jobs_of.len())
 }
 
 #[cfg(test)]
@@ -173,6 +195,35 @@ mod tests {
         assert!(subscribed(r#"["user.verified"]"#, EventType::UserVerified));
         assert!(!subscribed(r#"["user.verified"]"#, EventType::UserCreated));
         assert!(!subscribed("not json", EventType::UserCreated));
+    }
+
+    #[test]
+    fn deliveries_go_to_the_subscribed_endpoints_each_in_its_partition_under_its_key() {
+        let (all, verified, emails) = (Uuid::new_v4(), Uuid::new_v4(), Uuid::new_v4());
+        let targets = [
+            (all, "[]".to_owned()),
+            (verified, r#"["user.verified"]"#.to_owned()),
+            (emails, r#"["email.sent","email.failed"]"#.to_owned()),
+        ];
+        let event = Event::new(EventType::EmailSent, json!({ "email_id": "e" }));
+        let jobs = deliveries(&event, &targets);
+        let keys: Vec<_> = jobs.iter().map(|j| j.operation_key.clone()).collect();
+        assert_eq!(
+            keys,
+            [
+                format!("webhook:{}:{all}", event.id),
+                format!("webhook:{}:{emails}", event.id)
+            ]
+        );
+        for (job, endpoint) in jobs.iter().zip([all, emails]) {
+            assert_eq!(job.kind, WEBHOOK_KIND);
+            assert_eq!(
+                job.partition.as_deref(),
+                Some(endpoint.to_string().as_str())
+            );
+            assert_eq!(job.payload["body"], json!(event.body()));
+            assert_eq!(job.payload["type"], "email.sent");
+        }
     }
 
     #[test]

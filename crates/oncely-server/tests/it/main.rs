@@ -11,6 +11,7 @@ mod client_caps;
 mod dev_inbox;
 mod docs_cli;
 mod email_change;
+mod email_events;
 mod events;
 mod exchange;
 mod flows;

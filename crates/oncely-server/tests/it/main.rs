@@ -29,5 +29,6 @@ mod signup;
 mod startup;
 mod support;
 mod webhooks_crash;
+mod webhooks_docs;
 mod webhooks_endpoints;
 mod workers;

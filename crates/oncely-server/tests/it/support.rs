@@ -353,13 +353,8 @@ pub async fn spawn_binary(
         command.env(k, v);
     }
     let mut child = command.spawn().expect("the oncely binary starts");
-    // The banner ends with a `curl` to try.
-    let banner = lines_until(&mut child, |line| line.starts_with("try:")).await;
-    let base = banner[0]
-        .split_whitespace()
-        .find(|w| w.starts_with("http://"))
-        .expect("the API address")
-        .to_owned();
+    // The log is read from the start: a debug log written before the banner fills the pipe's
+    // buffer (64 KiB) otherwise, and the process stops in a write before it prints the banner.
     let mut stderr = BufReader::new(child.stderr.take().unwrap());
     let stderr = tokio::spawn(async move {
         let mut all = String::new();
@@ -370,6 +365,13 @@ pub async fn spawn_binary(
         }
         all
     });
+    // The banner ends with a `curl` to try.
+    let banner = lines_until(&mut child, |line| line.starts_with("try:")).await;
+    let base = banner[0]
+        .split_whitespace()
+        .find(|w| w.starts_with("http://"))
+        .expect("the API address")
+        .to_owned();
     Process {
         child,
         base,

@@ -75,7 +75,7 @@ use time::OffsetDateTime;
 pub use clock::Clock;
 pub use faults::{Conflict, Faults, Rejection};
 pub use messages::Retention;
-use messages::{Messages, SeenKeys, fingerprint};
+use messages::{ByArrival, Messages, SeenKeys, fingerprint};
 pub use webhooks::{
     Headers as WebhookHeaders, Problem, SecretError, SecretsResolver, Verification, Webhook,
     WebhookStats,

@@ -31,6 +31,31 @@ impl Default for Retention {
     }
 }
 
+/// What is kept in arrival order (messages, webhook copies) and dropped oldest first beyond a
+/// [`Retention`].
+pub(crate) trait ByArrival {
+    /// The oldest entry's arrival number and when it was received.
+    fn oldest(&self) -> Option<(u64, OffsetDateTime)>;
+    /// How many entries are kept.
+    fn kept(&self) -> usize;
+    /// Forgets the entry of `arrival` (and its indexes).
+    fn remove_arrival(&mut self, arrival: u64);
+
+    /// Drops the oldest entries beyond `retention` at `now`; returns how many.
+    fn evict(&mut self, retention: &Retention, now: OffsetDateTime) -> u64 {
+        let mut evicted = 0;
+        while let Some((arrival, received_at)) = self.oldest() {
+            let too_many = self.kept() > retention.max_messages;
+            if !too_many && received_at + retention.max_age > now {
+                break;
+            }
+            self.remove_arrival(arrival);
+            evicted += 1;
+        }
+        evicted
+    }
+}
+
 /// The kept messages and their indexes.
 #[derive(Default)]
 pub(crate) struct Messages {
@@ -131,25 +156,11 @@ impl Messages {
     pub(crate) fn remove(&mut self, id: &str) -> bool {
         match self.by_id.get(id) {
             Some(&arrival) => {
-                self.remove_arrival(arrival);
+                self.forget(arrival);
                 true
             }
             None => false,
         }
-    }
-
-    /// Drops the oldest messages beyond `retention` at `now`; returns how many.
-    pub(crate) fn evict(&mut self, retention: &Retention, now: OffsetDateTime) -> u64 {
-        let mut evicted = 0;
-        while let Some((&arrival, oldest)) = self.by_arrival.first_key_value() {
-            let too_many = self.by_arrival.len() > retention.max_messages;
-            if !too_many && oldest.received_at + retention.max_age > now {
-                break;
-            }
-            self.remove_arrival(arrival);
-            evicted += 1;
-        }
-        evicted
     }
 
     /// Forgets everything.
@@ -160,7 +171,7 @@ impl Messages {
         };
     }
 
-    fn remove_arrival(&mut self, arrival: u64) {
+    fn forget(&mut self, arrival: u64) {
         let Some(message) = self.by_arrival.remove(&arrival) else {
             return;
         };
@@ -202,6 +213,21 @@ pub(crate) fn fingerprint(message: &Message) -> u64 {
     )
         .hash(&mut hasher);
     hasher.finish()
+}
+
+impl ByArrival for Messages {
+    fn oldest(&self) -> Option<(u64, OffsetDateTime)> {
+        let (&arrival, message) = self.by_arrival.first_key_value()?;
+        Some((arrival, message.received_at))
+    }
+
+    fn kept(&self) -> usize {
+        self.by_arrival.len()
+    }
+
+    fn remove_arrival(&mut self, arrival: u64) {
+        self.forget(arrival);
+    }
 }
 
 /// A key seen in provider mode.

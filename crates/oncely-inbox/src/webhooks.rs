@@ -22,7 +22,7 @@ use serde::{Deserialize, Serialize};
 use sha2::Sha256;
 use time::OffsetDateTime;
 
-use crate::Retention;
+use crate::messages::ByArrival;
 
 /// How far a `webhook-timestamp` may be from the inbox's clock, either way (the reference
 /// libraries' tolerance): 5 minutes.
@@ -357,20 +357,6 @@ impl Webhooks {
             .collect()
     }
 
-    /// Drops the oldest copies beyond `retention` at `now`; returns how many.
-    pub(crate) fn evict(&mut self, retention: &Retention, now: OffsetDateTime) -> u64 {
-        let mut evicted = 0;
-        while let Some((&arrival, oldest)) = self.by_arrival.first_key_value() {
-            let too_many = self.by_arrival.len() > retention.max_messages;
-            if !too_many && oldest.received_at + retention.max_age > now {
-                break;
-            }
-            self.remove_arrival(arrival);
-            evicted += 1;
-        }
-        evicted
-    }
-
     pub(crate) fn clear(&mut self) {
         *self = Self {
             next: self.next,
@@ -378,7 +364,7 @@ impl Webhooks {
         };
     }
 
-    fn remove_arrival(&mut self, arrival: u64) {
+    fn forget(&mut self, arrival: u64) {
         let Some(webhook) = self.by_arrival.remove(&arrival) else {
             return;
         };
@@ -402,6 +388,21 @@ impl Webhooks {
     #[cfg(test)]
     pub(crate) fn index_sizes(&self) -> (usize, usize, usize) {
         (self.by_name.len(), self.by_key.len(), self.by_id.len())
+    }
+}
+
+impl ByArrival for Webhooks {
+    fn oldest(&self) -> Option<(u64, OffsetDateTime)> {
+        let (&arrival, webhook) = self.by_arrival.first_key_value()?;
+        Some((arrival, webhook.received_at))
+    }
+
+    fn kept(&self) -> usize {
+        self.by_arrival.len()
+    }
+
+    fn remove_arrival(&mut self, arrival: u64) {
+        self.forget(arrival);
     }
 }
 

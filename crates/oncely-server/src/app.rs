@@ -124,6 +124,7 @@ impl<B: Accounts> Application<B> {
             settings.secret =
                 startup::development_secret(&backend, generated, &settings.secret).await?;
         }
+        crate::webhooks::delivery::reseal_at_start(&backend, &settings.secret).await;
         let listener = TcpListener::bind(settings.bind)
             .await
             .with_context(|| format!("cannot listen on {} (ONCELY_BIND)", settings.bind))?;

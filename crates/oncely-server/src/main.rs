@@ -178,6 +178,7 @@ async fn run_workers<B: Accounts>(settings: WorkerSettings) -> anyhow::Result<()
         from: settings.mailer.from.clone(),
         mailer,
     });
+    oncely_server::webhooks::delivery::reseal_at_start(&backend, &context.secret).await;
     let shutdown = CancellationToken::new();
     let jobs = backend.jobs(settings.poll_only);
     let handles = workers::spawn(&backend, &jobs, &context, &settings.plan, &shutdown)?;

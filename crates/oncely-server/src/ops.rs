@@ -1247,7 +1247,8 @@ impl From<EndpointRecord> for EndpointView {
 /// The reason `tenant webhook disable` records.
 pub const DISABLED_BY_OPERATOR: &str = "disabled by an operator";
 
-/// The event types of `--events`, checked, as the stored JSON array (`[]`: every event).
+/// The event types of `--events`, checked, as the stored JSON array (`[]`: every event, when
+/// `--events` is not given; given, it must name at least one).
 pub fn webhook_events(events: &[String]) -> anyhow::Result<String> {
     use crate::webhooks::EventType;
     let mut types: Vec<&str> = Vec::new();
@@ -1263,6 +1264,11 @@ pub fn webhook_events(events: &[String]) -> anyhow::Result<String> {
         if !types.contains(&kind.as_str()) {
             types.push(kind.as_str());
         }
+    }
+    // An empty `--events ""` (an unset shell variable) is not "every event": that would include
+    // email.requested, which carries full addresses and links.
+    if !events.is_empty() && types.is_empty() {
+        bail!("--events names no event type; leave --events out for every event");
     }
     Ok(serde_json::to_string(&types)?)
 }
@@ -1781,5 +1787,20 @@ mod tests {
             clean("550 no\r\n\u{1b}[31mred"),
             "550 no\\r\\n\\u{1b}[31mred"
         );
+    }
+
+    /// Regression (review of issue 17): `--events ""` (an unset shell variable) subscribed the
+    /// endpoint to every event, email.requested's addresses and links included.
+    #[test]
+    fn events_given_must_name_an_event_type() {
+        let list = |items: &[&str]| items.iter().map(|s| s.to_string()).collect::<Vec<_>>();
+        assert_eq!(webhook_events(&[]).unwrap(), "[]", "not given: every event");
+        assert!(webhook_events(&list(&[""])).is_err());
+        assert!(webhook_events(&list(&["", " "])).is_err());
+        assert_eq!(
+            webhook_events(&list(&["user.created", "", "user.created"])).unwrap(),
+            r#"["user.created"]"#
+        );
+        assert!(webhook_events(&list(&["user.deleted"])).is_err());
     }
 }

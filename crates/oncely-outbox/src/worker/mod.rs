@@ -110,7 +110,9 @@ pub struct KindOptions {
     /// Its retry policy.
     pub policy: RetryPolicy,
     /// At most this many of its jobs at once in one worker (`None`: up to the batch size). A
-    /// worker claims a limited kind on its own, at most this many at a time.
+    /// worker claims a limited kind on its own, at most this many at a time: these are the
+    /// kind's own slots, and may be more than the batch size (a kind of slow calls — webhooks —
+    /// needs many at once, none of them taken from the other kinds).
     pub concurrency: Option<u32>,
     /// While the kind is paused — an attempt reported [`Delivery::Refused`](crate::Delivery):
     /// the provider refused our credentials or configuration — the worker claims one probe job

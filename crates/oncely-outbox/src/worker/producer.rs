@@ -45,7 +45,8 @@ impl<S: JobStore> Worker<S> {
             let limit = options.concurrency.unwrap_or(self.config.batch);
             groups.push(ClaimGroup {
                 kinds: vec![kind.clone()],
-                limit: limit.min(self.config.batch).max(1),
+                // Its own slots: a kind's concurrency may exceed the batch size.
+                limit: limit.max(1),
                 per_partition: options.per_partition.map(|n| n.max(1)),
             });
         }

@@ -21,6 +21,7 @@ use crate::support::{Backend, both_stores};
 both_stores!(
     a_partition_at_its_limit_never_keeps_the_kind_s_other_partitions_waiting,
     jobs_without_a_partition_have_only_the_kind_s_limits,
+    a_kind_s_concurrency_above_the_batch_size_is_its_own,
 );
 
 /// Partition `a` has this many due jobs.
@@ -212,4 +213,71 @@ async fn jobs_without_a_partition_have_only_the_kind_s_limits<S: Backend>(store:
     let (ran, _ran_rx) = mpsc::unbounded_channel();
     let plain = Worker::new(store.clone(), WorkerConfig::default()).handle("plain", Report(ran));
     assert_eq!(plain.run_once().await.unwrap(), 3);
+}
+
+/// Regression (review of issue 17): a kind's concurrency was cut to the batch size (16), so
+/// the webhook kind's 32 slots were 16, and eight endpoints hanging at 2 each filled them all.
+/// A limited kind's slots are its own, however small the batch.
+async fn a_kind_s_concurrency_above_the_batch_size_is_its_own<S: Backend>(store: S, _db: TestDb) {
+    const ENDPOINTS: usize = 12;
+    for i in 0..ENDPOINTS {
+        for n in 0..3 {
+            let job =
+                NewJob::new(format!("{i}:{n}"), "webhook", json!({})).partition(format!("{i}"));
+            store.enqueue_with_business_row(job, true).await.unwrap();
+        }
+    }
+    let (started, mut started_rx) = mpsc::unbounded_channel();
+    let gate = Arc::new(Semaphore::new(0));
+    let worker = Worker::new(
+        store.clone(),
+        WorkerConfig {
+            batch: 4,
+            ..WorkerConfig::default()
+        },
+    )
+    .handle_with(
+        "webhook",
+        Blocked {
+            started,
+            gate: gate.clone(),
+        },
+        KindOptions {
+            concurrency: Some(24),
+            per_partition: Some(2),
+            ..KindOptions::default()
+        },
+    );
+    let shutdown = CancellationToken::new();
+    let running = tokio::spawn(worker.run(shutdown.clone()));
+    // Every job blocks: 24 start (2 per endpoint), not 4.
+    let mut first = Vec::new();
+    for _ in 0..24 {
+        first.push(next_started(&mut started_rx).await);
+    }
+    assert!(
+        started_rx.try_recv().is_err(),
+        "no more than the kind's 24 at once"
+    );
+    gate.add_permits(1_000);
+    shutdown.cancel();
+    running.await.unwrap().unwrap();
+}
+
+/// Reports every job it starts, then waits for the gate.
+struct Blocked {
+    started: mpsc::UnboundedSender<String>,
+    gate: Arc<Semaphore>,
+}
+
+impl Handler for Blocked {
+    fn run<'a>(&'a self, job: &'a Job) -> Pin<Box<dyn Future<Output = Delivery> + Send + 'a>> {
+        Box::pin(async move {
+            let _ = self.started.send(job.operation_key.clone());
+            let _permit = self.gate.acquire().await;
+            Delivery::Sent {
+                provider_message_id: None,
+            }
+        })
+    }
 }

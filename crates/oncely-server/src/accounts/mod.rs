@@ -601,6 +601,16 @@ pub trait Accounts: Backend {
         grace: std::time::Duration,
     ) -> impl Future<Output = Result<Option<KeyRotation>, AccountError>> + Send;
 
+    /// Replaces endpoint `id`'s current or previous sealed signing secret that is still `old`
+    /// by `new` (the same secret sealed under the current server secret); `false` if neither is
+    /// `old` any more.
+    fn reseal_webhook_secret(
+        &self,
+        id: Uuid,
+        old: &str,
+        new: &str,
+    ) -> impl Future<Output = Result<bool, AccountError>> + Send;
+
     /// Deletes endpoint `id` (its pending deliveries end dead at their next attempt); `false`
     /// if there is no such endpoint.
     fn remove_webhook_endpoint(
@@ -1266,6 +1276,22 @@ where
             .await
             .map_err(AccountError::of::<B>)?;
         Ok(B::rows_affected(&done) == 1)
+    }
+
+    async fn reseal_webhook_secret(
+        &self,
+        id: Uuid,
+        old: &str,
+        new: &str,
+    ) -> Result<bool, AccountError> {
+        let done = sqlx::query(B::ACCOUNT_SQL.reseal_webhook_secret)
+            .bind(id)
+            .bind(old)
+            .bind(new)
+            .execute(self.pool())
+            .await
+            .map_err(AccountError::of::<B>)?;
+        Ok(B::rows_affected(&done) > 0)
     }
 
     async fn rotate_webhook_secret(

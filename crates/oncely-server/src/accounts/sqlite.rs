@@ -186,5 +186,11 @@ pub const STATEMENTS: Statements = Statements {
                                        THEN ?4 + CAST(?3 * 1000 AS INTEGER) END
                              WHERE id = ?1
                          RETURNING previous_secret_expires_at AS previous_secret_expires_at_ms",
+    reseal_webhook_secret: "UPDATE oncely_webhook_endpoints
+                               SET secret_sealed = CASE WHEN secret_sealed = ?2 THEN ?3
+                                                        ELSE secret_sealed END,
+                                   previous_secret_sealed = CASE WHEN previous_secret_sealed = ?2
+                                                                 THEN ?3 ELSE previous_secret_sealed END
+                             WHERE id = ?1",
     remove_webhook_endpoint: "DELETE FROM oncely_webhook_endpoints WHERE id = ?1",
 };

@@ -137,6 +137,10 @@ pub struct Statements {
     /// the previous one until now + grace (grace 0: it stops at once); returns
     /// `previous_secret_expires_at_ms`.
     pub rotate_webhook_secret: &'static str,
+    /// Binds id, old sealed secret, new sealed secret. Replaces the endpoint's current or
+    /// previous sealed signing secret that is still `old` by `new` (a re-seal under the current
+    /// server secret; a concurrent rotation wins).
+    pub reseal_webhook_secret: &'static str,
     /// Binds id. Deletes an endpoint.
     pub remove_webhook_endpoint: &'static str,
 }

@@ -38,7 +38,7 @@ const REASON_BODY_CHARS: usize = 200;
 
 /// At most this many webhook deliveries at once in one worker: the kind is claimed on its own,
 /// so that slow endpoints never take the email kinds' slots.
-pub const WEBHOOK_CONCURRENCY: u32 = 32;
+pub const WEBHOOK_CONCURRENCY: u32 = 64;
 
 /// At most this many deliveries to one endpoint at once in one worker (the outbox's per-partition
 /// limit; each delivery's partition is its endpoint): an endpoint that is slow or times out
@@ -222,6 +222,13 @@ impl<A: Accounts> WebhookDelivery<A> {
             Ok(secrets) => secrets,
             Err(error) => return Attempted::Failed(error.to_string(), None),
         };
+        // Sealed under a previous server secret: sealed again under the current one, before
+        // the previous one is removed (best effort; start-up does it for every endpoint).
+        if !self.secret.previous().is_empty()
+            && let Err(error) = reseal_endpoint(&self.accounts, &self.secret, &endpoint).await
+        {
+            tracing::warn!(endpoint = %endpoint_id, %error, "could not seal the endpoint's signing secret under the current server secret");
+        }
         let timestamp = OffsetDateTime::now_utc().unix_timestamp();
         let signature = signature_header(&secrets, event_id, timestamp, body.as_bytes());
         let request = self
@@ -297,16 +304,80 @@ impl<A: Accounts> Handler for WebhookDelivery<A> {
 }
 
 /// The secrets that sign for `endpoint` now, unsealed: its current one, then its previous one
-/// while a rotation's grace runs.
+/// while a rotation's grace runs. A previous one that no configured server secret opens (it was
+/// sealed under a server secret rotated out since) is left out, with a warning: the current one
+/// still signs.
 pub fn signing_secrets_of(
     secret: &ServerSecret,
     endpoint: &EndpointRecord,
 ) -> Result<Vec<SigningSecret>, super::secret::UnsealError> {
     let mut secrets = vec![unseal(secret, endpoint.id, &endpoint.secret_sealed)?];
     if let Some(previous) = &endpoint.previous_secret_sealed {
-        secrets.push(unseal(secret, endpoint.id, previous)?);
+        match unseal(secret, endpoint.id, previous) {
+            Ok(previous) => secrets.push(previous),
+            Err(error) => tracing::warn!(
+                endpoint = %endpoint.id,
+                %error,
+                "the endpoint's previous signing secret does not open: only its current one signs"
+            ),
+        }
     }
     Ok(secrets)
+}
+
+/// Seals again, under the current server secret, every endpoint's signing secrets that only a
+/// previous server secret (`ONCELY_SECRET_PREVIOUS`) opens; returns how many. `serve` and
+/// `worker` run it at start while previous secrets are configured, so that once every process
+/// runs with the new secret, removing the previous one breaks no endpoint. A row rotated
+/// meanwhile is left as it is (compare-and-set on the sealed value).
+pub async fn reseal_endpoints<A: Accounts>(
+    accounts: &A,
+    secret: &ServerSecret,
+) -> anyhow::Result<usize> {
+    if secret.previous().is_empty() {
+        return Ok(0);
+    }
+    let mut resealed = 0;
+    for endpoint in accounts.webhook_endpoints(None).await? {
+        resealed += reseal_endpoint(accounts, secret, &endpoint).await?;
+    }
+    Ok(resealed)
+}
+
+/// [`reseal_endpoints`] at a process's start: logs what it did; a failure is logged, not fatal
+/// (deliveries re-seal as they go).
+pub async fn reseal_at_start<A: Accounts>(accounts: &A, secret: &ServerSecret) {
+    match reseal_endpoints(accounts, secret).await {
+        Ok(0) => {}
+        Ok(n) => tracing::info!(
+            resealed = n,
+            "webhook signing secrets sealed under the current server secret"
+        ),
+        Err(error) => tracing::warn!(
+            %error,
+            "could not seal the webhook signing secrets under the current server secret"
+        ),
+    }
+}
+
+/// [`reseal_endpoints`] for one endpoint.
+async fn reseal_endpoint<A: Accounts>(
+    accounts: &A,
+    secret: &ServerSecret,
+    endpoint: &EndpointRecord,
+) -> anyhow::Result<usize> {
+    let mut resealed = 0;
+    let sealed = std::iter::once(&endpoint.secret_sealed).chain(&endpoint.previous_secret_sealed);
+    for old in sealed {
+        if let Some(new) = super::secret::reseal(secret, endpoint.id, old)
+            && accounts
+                .reseal_webhook_secret(endpoint.id, old, &new)
+                .await?
+        {
+            resealed += 1;
+        }
+    }
+    Ok(resealed)
 }
 
 /// Which endpoint (the dev inbox names one by id or by URL).

@@ -134,6 +134,16 @@ pub fn unseal(
     endpoint: Uuid,
     sealed: &str,
 ) -> Result<SigningSecret, UnsealError> {
+    open(secret, endpoint, sealed).map(|(signing, _)| signing)
+}
+
+/// [`unseal`], and whether it took a previous server secret (then the secret should be sealed
+/// again under the current one: [`reseal`]).
+pub fn open(
+    secret: &ServerSecret,
+    endpoint: Uuid,
+    sealed: &str,
+) -> Result<(SigningSecret, bool), UnsealError> {
     let bytes = sealed
         .strip_prefix(SEALED_VERSION)
         .and_then(|b| STANDARD.decode(b).ok())
@@ -142,7 +152,7 @@ pub fn unseal(
     let (nonce, ciphertext) = bytes.split_at(24);
     let nonce: [u8; 24] = nonce.try_into().map_err(|_| UnsealError::Malformed)?;
     let nonce = XNonce::from(nonce);
-    for candidate in secret.all() {
+    for (position, candidate) in secret.all().enumerate() {
         if let Ok(clear) = cipher(candidate).decrypt(
             &nonce,
             Payload {
@@ -151,10 +161,20 @@ pub fn unseal(
             },
         ) {
             let text = String::from_utf8(clear).map_err(|_| UnsealError::Malformed)?;
-            return SigningSecret::parse(&text).ok_or(UnsealError::Malformed);
+            let signing = SigningSecret::parse(&text).ok_or(UnsealError::Malformed)?;
+            return Ok((signing, position > 0));
         }
     }
     Err(UnsealError::NoKey)
+}
+
+/// `sealed` sealed again under the current server secret, if only a previous one opens it
+/// (`None`: nothing to do, or no configured secret opens it).
+pub fn reseal(secret: &ServerSecret, endpoint: Uuid, sealed: &str) -> Option<String> {
+    match open(secret, endpoint, sealed) {
+        Ok((signing, true)) => Some(seal(secret, endpoint, &signing)),
+        _ => None,
+    }
 }
 
 #[cfg(test)]

@@ -115,35 +115,59 @@ fn canonical(ip: IpAddr) -> IpAddr {
     }
 }
 
-/// The refused range `ip` is in, by name; `None`: a public address.
+/// The refused range `ip` is in, by name; `None`: a public address. IPv4: every
+/// special-purpose range of RFC 6890 and its updates (private, loopback, link-local, CGNAT,
+/// benchmarking, documentation, protocol assignments, reserved, multicast, broadcast). IPv6:
+/// only global unicast (2000::/3) is allowed, less its special-purpose blocks (protocol
+/// assignments with Teredo, documentation, 6to4, which embeds an IPv4 address); everything
+/// outside it — NAT64 (64:ff9b::/96, which reaches IPv4 through a gateway), IPv4-translated,
+/// site-local, unique local, link-local, discard — is refused, and IPv4-mapped or -compatible
+/// addresses are judged as the IPv4 address they carry.
 pub fn refused_range(ip: IpAddr) -> Option<&'static str> {
-    let v4 = |net: &str| net.parse::<Ipv4Net>().expect("a valid network");
-    let v6 = |net: &str| net.parse::<Ipv6Net>().expect("a valid network");
-    let ranges: [(IpNet, &str); 13] = [
-        (v4("0.0.0.0/8").into(), "\"this network\" (0/8)"),
-        (v4("10.0.0.0/8").into(), "private"),
-        (v4("100.64.0.0/10").into(), "carrier-grade NAT"),
-        (v4("127.0.0.0/8").into(), "loopback"),
-        (v4("169.254.0.0/16").into(), "link-local"),
-        (v4("172.16.0.0/12").into(), "private"),
-        (v4("192.168.0.0/16").into(), "private"),
-        (v4("224.0.0.0/4").into(), "multicast"),
-        (v4("255.255.255.255/32").into(), "broadcast"),
-        (v6("::/128").into(), "unspecified"),
-        (v6("::1/128").into(), "loopback"),
-        (v6("fc00::/7").into(), "private (unique local)"),
-        (v6("fe80::/10").into(), "link-local"),
+    let v4 = |net: &str| IpNet::from(net.parse::<Ipv4Net>().expect("a valid network"));
+    let v6 = |net: &str| IpNet::from(net.parse::<Ipv6Net>().expect("a valid network"));
+    let ranges = [
+        (v4("0.0.0.0/8"), "\"this network\" (0/8)"),
+        (v4("10.0.0.0/8"), "private"),
+        (v4("100.64.0.0/10"), "carrier-grade NAT"),
+        (v4("127.0.0.0/8"), "loopback"),
+        (v4("169.254.0.0/16"), "link-local"),
+        (v4("172.16.0.0/12"), "private"),
+        (v4("192.0.0.0/24"), "IETF protocol assignment"),
+        (v4("192.0.2.0/24"), "documentation"),
+        (v4("192.88.99.0/24"), "6to4 relay"),
+        (v4("192.168.0.0/16"), "private"),
+        (v4("198.18.0.0/15"), "benchmarking"),
+        (v4("198.51.100.0/24"), "documentation"),
+        (v4("203.0.113.0/24"), "documentation"),
+        (v4("224.0.0.0/4"), "multicast"),
+        (v4("240.0.0.0/4"), "reserved (or broadcast)"),
+        (v6("::/128"), "unspecified"),
+        (v6("::1/128"), "loopback"),
+        (v6("64:ff9b::/96"), "NAT64"),
+        (v6("64:ff9b:1::/48"), "NAT64 (local)"),
+        (v6("::ffff:0:0:0/96"), "IPv4-translated"),
+        (v6("100::/64"), "discard"),
+        (v6("fc00::/7"), "private (unique local)"),
+        (v6("fe80::/10"), "link-local"),
+        (v6("fec0::/10"), "site-local"),
+        (v6("ff00::/8"), "multicast"),
+        (
+            v6("2001::/23"),
+            "IETF protocol assignment (Teredo included)",
+        ),
+        (v6("2001:db8::/32"), "documentation"),
+        (v6("2002::/16"), "6to4"),
+        (v6("3fff::/20"), "documentation"),
     ];
     let ip = canonical(ip);
-    if let IpAddr::V6(v6ip) = ip
-        && v6ip.is_multicast()
-    {
-        return Some("multicast");
+    if let Some((_, name)) = ranges.iter().find(|(net, _)| net.contains(&ip)) {
+        return Some(name);
     }
-    ranges
-        .iter()
-        .find(|(net, _)| net.contains(&ip))
-        .map(|(_, name)| *name)
+    match ip {
+        IpAddr::V6(_) if !v6("2000::/3").contains(&ip) => Some("reserved (not global unicast)"),
+        _ => None,
+    }
 }
 
 /// The resolver of the webhook client: the system's, minus the addresses [`UrlPolicy`]
@@ -249,6 +273,22 @@ mod tests {
         ("https://[fe80::1]/x", false, false, true, true),
         ("https://[ff02::1]/x", false, false, true, true),
         ("https://2130706433/x", false, true, true, true), // 127.0.0.1 as one number
+        // Regression (review of issue 17): special-purpose ranges that were let through.
+        ("https://[64:ff9b::7f00:1]/x", false, false, true, true), // NAT64 of 127.0.0.1
+        ("https://[64:ff9b:1::a00:1]/x", false, false, true, true),
+        ("https://[2002:7f00:1::]/x", false, false, true, true), // 6to4 of 127.0.0.1
+        ("https://[::ffff:0:7f00:1]/x", false, false, true, true), // IPv4-translated
+        ("https://[fec0::1]/x", false, false, true, true),       // site-local
+        ("https://[2001::1]/x", false, false, true, true),       // Teredo
+        ("https://[2001:db8::1]/x", false, false, true, true),
+        ("https://[100::1]/x", false, false, true, true),
+        ("https://198.18.0.1/x", false, false, true, true),
+        ("https://198.19.255.1/x", false, false, true, true),
+        ("https://240.0.0.1/x", false, false, true, true),
+        ("https://192.0.0.1/x", false, false, true, true),
+        ("https://192.0.2.1/x", false, false, true, true),
+        ("https://203.0.113.9/x", false, false, true, true),
+        ("https://[2606:4700::1111]/x", true, true, true, true), // a public IPv6 address
         (
             "https://user:pw@hooks.example.com/x",
             false,

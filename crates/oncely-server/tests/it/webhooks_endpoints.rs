@@ -438,7 +438,16 @@ async fn emit_event<B: Accounts>(backend: &B) -> Event {
 }
 
 fn worker<B: Accounts>(backend: &B, settings: WebhookSettings) -> Worker<B::Jobs> {
-    let delivery = WebhookDelivery::new(backend.clone(), secret(SECRET), settings).unwrap();
+    worker_with(backend, settings, secret(SECRET))
+}
+
+/// [`worker`] with another server secret.
+fn worker_with<B: Accounts>(
+    backend: &B,
+    settings: WebhookSettings,
+    server: ServerSecret,
+) -> Worker<B::Jobs> {
+    let delivery = WebhookDelivery::new(backend.clone(), server, settings).unwrap();
     let options = KindOptions {
         policy: RetryPolicy {
             base: Duration::from_millis(10),
@@ -507,7 +516,8 @@ both_databases!(
     a_timeout_is_unknown_and_retried_with_the_same_id,
     a_redirect_is_not_followed,
     in_production_forced_private_endpoints_die_without_a_connection,
-    a_removed_or_disabled_endpoint_ends_its_deliveries_dead
+    a_removed_or_disabled_endpoint_ends_its_deliveries_dead,
+    a_server_secret_rotation_keeps_every_endpoint_signing
 );
 
 macro_rules! on_backend {
@@ -605,6 +615,72 @@ async fn rotation<B: Accounts>(url: &str) {
     python_verifies(new.expose(), request, true);
     python_verifies(old.expose(), request, true);
     python_verifies(SigningSecret::generate().expose(), request, false);
+}
+
+/// Regression (review of issue 17): signing secrets stayed sealed under the server secret they
+/// were added with; once a server-secret rotation ended (`ONCELY_SECRET_PREVIOUS` removed, as
+/// operations.md says), no endpoint could sign again, and `rotate` did not help (its previous
+/// secret still did not open). Now a process started with the previous secret seals them again
+/// under the new one, and a previous signing secret that does not open is left out.
+async fn a_server_secret_rotation_keeps_every_endpoint_signing(url: String, _db: TestDb) {
+    on_backend!(url, server_secret_rotation);
+}
+
+async fn server_secret_rotation<B: Accounts>(url: &str) {
+    use oncely_server::webhooks::delivery::reseal_endpoints;
+    let backend: B = open(url).await;
+    let (receiver, target) = Receiver::start(vec![]).await;
+    let old = secret(SECRET);
+    let new = secret("a-new-server-secret-after-the-rotation-0123456789");
+    let rotating = secret("a-new-server-secret-after-the-rotation-0123456789")
+        .with_previous(vec![secret(SECRET)]);
+    // Endpoint A: its current and previous signing secrets sealed under the old server secret.
+    let (a, first) = endpoint(&backend, &target).await;
+    let second = SigningSecret::generate();
+    backend
+        .rotate_webhook_secret(a, &seal(&old, a, &second), Duration::from_secs(3600))
+        .await
+        .unwrap()
+        .unwrap();
+    // Step 1 of the rotation: processes start with the new secret and the old as previous.
+    assert_eq!(reseal_endpoints(&backend, &rotating).await.unwrap(), 2);
+    assert_eq!(
+        reseal_endpoints(&backend, &rotating).await.unwrap(),
+        0,
+        "sealed once"
+    );
+    // Step 3: the previous secret is gone. Both signing secrets still sign.
+    let event = emit_event(&backend).await;
+    let worker = worker_with(&backend, development(Duration::from_secs(10)), new.clone());
+    let job = run_until_done(&backend, &worker, &event, a).await;
+    assert_eq!(job.status, JobStatus::Sent, "{:?}", job.last_error);
+    let request = receiver.captured().pop().unwrap();
+    python_verifies(second.expose(), &request, true);
+    python_verifies(first.expose(), &request, true);
+    assert_eq!(
+        request.headers["webhook-signature"]
+            .to_str()
+            .unwrap()
+            .split(' ')
+            .count(),
+        2
+    );
+
+    // Endpoint B: its previous signing secret sealed under a server secret no process has any
+    // more (rotated after the server secret changed): the current one signs alone.
+    let (receiver, target) = Receiver::start(vec![]).await;
+    let (b, _) = endpoint(&backend, &target).await;
+    let third = SigningSecret::generate();
+    backend
+        .rotate_webhook_secret(b, &seal(&new, b, &third), Duration::from_secs(3600))
+        .await
+        .unwrap()
+        .unwrap();
+    let event = emit_event(&backend).await;
+    let job = run_until_done(&backend, &worker, &event, b).await;
+    assert_eq!(job.status, JobStatus::Sent, "{:?}", job.last_error);
+    let [request] = receiver.captured().try_into().expect("one delivery to B");
+    python_verifies(third.expose(), &request, true);
 }
 
 async fn gone_disables_the_endpoint_and_list_shows_it(url: String, _db: TestDb) {

@@ -339,6 +339,16 @@ pub async fn reseal_endpoints<A: Accounts>(
     }
     let mut resealed = 0;
     for endpoint in accounts.webhook_endpoints(None).await? {
+        if super::secret::unseal(secret, endpoint.id, &endpoint.secret_sealed).is_err() {
+            // Sealed under a server secret this process has neither as current nor previous:
+            // its deliveries cannot be signed until a process that has it runs.
+            tracing::warn!(
+                endpoint = %endpoint.id,
+                tenant = %endpoint.tenant,
+                "no configured server secret opens this webhook endpoint's signing secret: start a process with the secret it was sealed under as ONCELY_SECRET_PREVIOUS, or rotate the endpoint's secret"
+            );
+            continue;
+        }
         resealed += reseal_endpoint(accounts, secret, &endpoint).await?;
     }
     Ok(resealed)

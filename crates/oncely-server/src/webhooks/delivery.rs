@@ -327,16 +327,14 @@ pub fn signing_secrets_of(
 
 /// Seals again, under the current server secret, every endpoint's signing secrets that only a
 /// previous server secret (`ONCELY_SECRET_PREVIOUS`) opens; returns how many. `serve` and
-/// `worker` run it at start while previous secrets are configured, so that once every process
-/// runs with the new secret, removing the previous one breaks no endpoint. A row rotated
+/// `worker` run it at start, so that once every process runs with the new secret, removing the
+/// previous one breaks no endpoint; an endpoint that no configured secret opens is named in a
+/// warning. A row rotated
 /// meanwhile is left as it is (compare-and-set on the sealed value).
 pub async fn reseal_endpoints<A: Accounts>(
     accounts: &A,
     secret: &ServerSecret,
 ) -> anyhow::Result<usize> {
-    if secret.previous().is_empty() {
-        return Ok(0);
-    }
     let mut resealed = 0;
     for endpoint in accounts.webhook_endpoints(None).await? {
         if super::secret::unseal(secret, endpoint.id, &endpoint.secret_sealed).is_err() {

@@ -4,7 +4,6 @@
 //! `email.requested` event — its link derived at delivery, never stored, never logged — and no
 //! mail.
 
-use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use oncely_inbox::{Faults, Rejection, Verification, Webhook};
@@ -18,7 +17,8 @@ use uuid::Uuid;
 
 use crate::requests::{click, email, nth_link};
 use crate::support::{
-    SECRET, TestApp, both_databases, dump, execute, secret, spawn_app_with_inbox, start_inbox,
+    Logs, SECRET, TestApp, both_databases, capture_logs, dump, execute, secret,
+    spawn_app_with_inbox, start_inbox,
 };
 
 const PASSWORD: &str = "correct horse battery";
@@ -443,36 +443,6 @@ async fn email_delivery_webhook_is_refused_without_an_endpoint_that_receives_ema
 // ---------------------------------------------------------------------------------------------
 // Emails delivered by webhook: one thread (the app's tasks log to this test's subscriber).
 
-/// A `Write` into a shared buffer: the log lines of a test.
-#[derive(Clone, Default)]
-struct Logs(Arc<Mutex<Vec<u8>>>);
-
-impl std::io::Write for Logs {
-    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
-        self.0.lock().unwrap().extend_from_slice(buf);
-        Ok(buf.len())
-    }
-    fn flush(&mut self) -> std::io::Result<()> {
-        Ok(())
-    }
-}
-
-fn capture_logs() -> (Logs, tracing::subscriber::DefaultGuard) {
-    let logs = Logs::default();
-    let subscriber = tracing_subscriber::fmt()
-        .with_max_level(tracing::Level::TRACE)
-        .with_ansi(false)
-        .with_writer({
-            let logs = logs.clone();
-            move || logs.clone()
-        })
-        .finish();
-    let guard = tracing::subscriber::set_default(subscriber);
-    // Callsites other tests' threads met first (with no subscriber) are asked again.
-    tracing::callsite::rebuild_interest_cache();
-    (logs, guard)
-}
-
 /// Both databases in one test, one after the other under one log subscriber: two tests each
 /// with its own thread's subscriber, running at once, lose each other's callsites' interest.
 #[tokio::test]
@@ -572,7 +542,7 @@ async fn email_requested_once_verified_by_its_link_and_stored_nowhere(url: &str,
     // The token is stored nowhere and logged nowhere.
     let stored = dump(url).await;
     assert!(!stored.contains(&token), "the token is in the database");
-    let logged = String::from_utf8(logs.0.lock().unwrap().clone()).unwrap();
+    let logged = logs.text();
     // The app's tasks log to this thread's subscriber; when other tests run at once in this
     // process, tracing's per-callsite interest can miss it (the check then says so and is
     // skipped: run this test alone, `cargo test --test it by_webhook_on`, for the log check).

@@ -948,36 +948,13 @@ async fn count_endpoints(url: &str) -> i64 {
     crate::support::count(url, "SELECT COUNT(*) FROM oncely_webhook_endpoints").await
 }
 
-/// A `Write` into a shared buffer: the log lines of a test.
-#[derive(Clone, Default)]
-struct Logs(Arc<Mutex<Vec<u8>>>);
-
-impl std::io::Write for Logs {
-    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
-        self.0.lock().unwrap().extend_from_slice(buf);
-        Ok(buf.len())
-    }
-    fn flush(&mut self) -> std::io::Result<()> {
-        Ok(())
-    }
-}
-
 /// One thread (the default test runtime): the worker's tasks log to this test's subscriber and
 /// count in its recorder. The log names the endpoint, the event and the status — never the
 /// signing secret, never the body (an `email.requested` body carries a login link).
 #[tokio::test]
 async fn a_delivery_logs_and_counts_ids_and_outcomes_never_the_secret_or_the_body() {
     use metrics_util::debugging::{DebugValue, DebuggingRecorder};
-    let logs = Logs::default();
-    let subscriber = tracing_subscriber::fmt()
-        .with_max_level(tracing::Level::TRACE)
-        .with_ansi(false)
-        .with_writer({
-            let logs = logs.clone();
-            move || logs.clone()
-        })
-        .finish();
-    let _logging = tracing::subscriber::set_default(subscriber);
+    let (logs, _logging) = crate::support::capture_logs();
     let recorder = DebuggingRecorder::new();
     let snapshotter = recorder.snapshotter();
     let _recording = metrics::set_default_local_recorder(&recorder);
@@ -997,7 +974,7 @@ async fn a_delivery_logs_and_counts_ids_and_outcomes_never_the_secret_or_the_bod
     let job = run_until_done(&backend, &worker, &event, endpoint_id).await;
     assert_eq!(job.status, JobStatus::Sent);
 
-    let logged = String::from_utf8(logs.0.lock().unwrap().clone()).unwrap();
+    let logged = logs.text();
     assert!(
         logged.contains(&event.id) && logged.contains(&endpoint_id.to_string()),
         "{logged}"

@@ -151,8 +151,13 @@ impl World {
         assert_eq!(response.status(), 202);
     }
 
-    /// Asks for a link of `path` for `address` (202) and returns the `n`th email's link.
+    /// Asks for a link of `path` for `address` (202) and returns the `n`th email's link, once
+    /// the earlier emails to the address have arrived first: two jobs due at once may be sent
+    /// in either order.
     async fn link(&self, path: &str, body: &Value, to: &str, n: usize) -> String {
+        if n > 1 {
+            self.app.emails_to(to, n - 1).await;
+        }
         let key = format!("link-{}", Uuid::new_v4());
         let response = self.backend(path, &key, body).await;
         assert_eq!(response.status(), 202, "{path}");

@@ -18,6 +18,11 @@ use tokio_tungstenite::{MaybeTlsStream, WebSocketStream};
 /// How long a page may take to show what a test waits for.
 const WAIT: Duration = Duration::from_secs(15);
 
+/// How long Chromium may take to start listening: on a loaded 2-core CI machine, with other
+/// tests' browsers and servers starting at once, more than [`WAIT`] (a fresh-clone run saw
+/// "chromium wrote no DevToolsActivePort" after 15 s).
+const START: Duration = Duration::from_secs(60);
+
 /// Headless Chromium from Debian's packages; `None` (and a visible note naming `test`) where it
 /// is absent.
 pub fn chromium(test: &str) -> Option<&'static str> {
@@ -86,7 +91,7 @@ impl Browser {
             .expect("chromium starts");
         // Chromium writes its port and the browser's WebSocket path once it listens.
         let port_file = profile.path().join("DevToolsActivePort");
-        let deadline = Instant::now() + WAIT;
+        let deadline = Instant::now() + START;
         let url = loop {
             let written = std::fs::read_to_string(&port_file).unwrap_or_default();
             let mut lines = written.lines();

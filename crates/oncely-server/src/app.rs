@@ -504,7 +504,7 @@ async fn dev_inbox_secrets<B: Accounts>(
     port: u16,
     path: &str,
 ) -> Vec<String> {
-    use crate::webhooks::delivery::{EndpointRef, signing_secrets};
+    use crate::webhooks::delivery::signing_secrets_of;
     let ours = |url: &str| {
         url::Url::parse(url).is_ok_and(|url| {
             let loopback = match url.host() {
@@ -524,14 +524,10 @@ async fn dev_inbox_secrets<B: Accounts>(
         }
     };
     let mut secrets = Vec::new();
-    for endpoint in endpoints.into_iter().filter(|e| ours(&e.url)) {
-        match signing_secrets(accounts, secret, EndpointRef::Id(endpoint.id)).await {
-            Ok(found) => secrets.extend(
-                found
-                    .into_iter()
-                    .flat_map(|(_, s)| s)
-                    .map(|s| s.expose().to_owned()),
-            ),
+    for endpoint in endpoints.iter().filter(|e| ours(&e.url)) {
+        // The listed row has the sealed secrets: no second read per endpoint.
+        match signing_secrets_of(secret, endpoint) {
+            Ok(found) => secrets.extend(found.iter().map(|s| s.expose().to_owned())),
             Err(error) => {
                 tracing::warn!(%error, endpoint = %endpoint.id, "the dev inbox could not read an endpoint's signing secrets")
             }

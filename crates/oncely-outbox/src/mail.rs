@@ -15,7 +15,7 @@ use serde_json::json;
 use crate::job::{Delivery, DeliveryFuture};
 
 /// An email to send.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Email {
     /// Sender address.
     pub from: String,
@@ -25,6 +25,13 @@ pub struct Email {
     pub subject: String,
     /// Plain-text body.
     pub text: String,
+    /// HTML body, if the email has one: then it is sent as `multipart/alternative` (text and
+    /// HTML) over SMTP, and as `text` + `html` over the HTTP API.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub html: Option<String>,
+    /// Where replies go (`Reply-To`), if not to the sender.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub reply_to: Option<String>,
 }
 
 /// Delivers email. The `delivery_key` is stable for one logical message across every attempt.
@@ -494,6 +501,7 @@ mod tests {
             to: "b@example.com".into(),
             subject: "s".into(),
             text: "t".into(),
+            ..Default::default()
         };
         let header = IdempotencyHeader::new("X-Provider-Key").unwrap();
         let raw =

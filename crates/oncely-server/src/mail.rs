@@ -191,6 +191,7 @@ impl FrozenEmail {
             to: self.to,
             subject: self.subject,
             text,
+            ..Default::default()
         })
     }
 

@@ -18,6 +18,7 @@ fn email() -> Email {
         to: "to@example.com".into(),
         subject: "Hi".into(),
         text: "hello".into(),
+        ..Default::default()
     }
 }
 

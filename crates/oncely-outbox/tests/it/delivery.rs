@@ -66,6 +66,7 @@ fn email_job(key: &str, to: &str) -> NewJob {
         to: to.into(),
         subject: "Hello".into(),
         text: format!("job {key}"),
+        ..Default::default()
     };
     NewJob::new(key, "email", serde_json::to_value(email).unwrap())
 }

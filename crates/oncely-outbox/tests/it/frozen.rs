@@ -59,6 +59,7 @@ impl Handler for Notify {
                 to: to.clone(),
                 subject: "Hello".into(),
                 text: format!("Hello {to}"),
+                ..Default::default()
             };
             self.mailer
                 .send(&email, &job.delivery_key.to_string())

@@ -23,6 +23,7 @@ fn email_job(key: &str) -> NewJob {
         to: format!("{key}@example.com"),
         subject: "Hello".into(),
         text: "hi".into(),
+        ..Default::default()
     };
     NewJob::new(key, "email", serde_json::to_value(email).unwrap())
 }

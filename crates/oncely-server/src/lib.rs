@@ -41,6 +41,7 @@ pub mod routes;
 pub mod settings;
 pub mod startup;
 pub mod telemetry;
+pub mod templates;
 pub mod token;
 pub mod webhooks;
 pub mod workers;

@@ -340,6 +340,16 @@ fn build_message(
         .body(email.text.clone())?)
 }
 
+/// The MIME message the SMTP mailer sends for `email` under `delivery_key` (with the default
+/// SMTP idempotency header): what `oncely templates preview` writes. The error says why the
+/// message cannot be built (a sender or recipient that is not an address).
+pub fn formatted(email: &Email, delivery_key: &str) -> Result<Vec<u8>, String> {
+    let header = IdempotencyHeader(IdempotencyHeader::SMTP_DEFAULT.to_owned());
+    build_message(email, delivery_key, &header)
+        .map(|message| message.formatted())
+        .map_err(|error| error.to_string())
+}
+
 impl Mailer for SmtpMailer {
     fn send<'a>(&'a self, email: &'a Email, delivery_key: &'a str) -> DeliveryFuture<'a> {
         Box::pin(self.deliver(email, delivery_key))

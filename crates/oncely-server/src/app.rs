@@ -114,6 +114,8 @@ impl<B: Accounts> Application<B> {
     /// ([`startup::open_to_serve`]); binds; starts the workers and the pruner. `settings` were
     /// checked when they were resolved ([`Settings::from_args`]).
     pub async fn build(mut settings: Settings) -> anyhow::Result<Self> {
+        // Before anything connects: a broken template stops start-up, never a send.
+        let templates = crate::templates::Templates::for_start(settings.templates.as_deref())?;
         let backend: B = startup::open_to_serve(
             &settings.database.url,
             settings.database.pool,
@@ -177,7 +179,8 @@ impl<B: Accounts> Application<B> {
         let context = Arc::new(MailContext {
             secret: settings.secret.clone(),
             public_url: settings.public_url_at(addr),
-            from: settings.mailer.from.clone(),
+            brand: settings.brand.clone(),
+            templates: templates.clone(),
             mailer,
         });
         let shutdown = CancellationToken::new();
@@ -227,6 +230,7 @@ impl<B: Accounts> Application<B> {
             limits: settings.limits,
             login: settings.login,
             recipient_in_payload: dev_inbox_page.is_some(),
+            templates,
         };
         let v1 = routes::v1(state, settings.key_policy());
         let v1 = if development

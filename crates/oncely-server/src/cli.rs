@@ -35,6 +35,9 @@ pub enum Command {
     /// Manage tenants.
     #[command(subcommand)]
     Tenant(TenantCommand),
+    /// Check the emails' templates, and preview a message as it would be sent.
+    #[command(subcommand)]
+    Templates(TemplatesCommand),
     /// Inspect outbox jobs and re-drive dead ones.
     #[command(subcommand)]
     Outbox(OutboxCommand),
@@ -64,12 +67,86 @@ impl Command {
         match self {
             Self::Migrate(args) => args.output.json,
             Self::Tenant(command) => command.output().json,
+            Self::Templates(TemplatesCommand::Check { output, .. }) => output.json,
+            Self::Templates(TemplatesCommand::Preview { .. }) => false,
             Self::Outbox(command) => command.output().json,
             Self::Prune(args) => args.output.json,
             Self::Key(KeyCommand::Show { output, .. }) => output.json,
             Self::Serve(_) | Self::Worker(_) | Self::Inbox(_) | Self::Demo { .. } => false,
         }
     }
+}
+
+/// `oncely templates …`.
+#[derive(Debug, Subcommand)]
+pub enum TemplatesCommand {
+    /// Render every template of every tenant folder and locale with sample data, and check
+    /// each: syntax, unknown variables, well-formed HTML, the link in both parts. Each problem
+    /// is one line `file:line: reason`; exit 1 if there is any (`serve` and `worker` refuse to
+    /// start on the same problems).
+    Check {
+        /// The templates' directory (docs/emails.md); without it, the embedded templates.
+        #[arg(long, env = "ONCELY_TEMPLATES", value_name = "DIR")]
+        dir: Option<std::path::PathBuf>,
+        #[command(flatten)]
+        #[allow(missing_docs)]
+        output: OutputArgs,
+    },
+    /// Render one message as it would be sent, with a sample recipient and link: the tenant's
+    /// folder and locale (with the fallbacks), its branding from the database (`default`: the
+    /// service's, ONCELY_PRODUCT_NAME …).
+    Preview {
+        /// The message: verification, password_reset, magic_link, invite, email_change,
+        /// signup_notice, email_change_notice or email_taken_notice.
+        message: String,
+        /// Whose templates and branding.
+        #[arg(long, default_value = "default")]
+        tenant: String,
+        /// The locale (BCP 47), as a request would ask for it.
+        #[arg(long)]
+        locale: Option<String>,
+        /// What to write: the whole message (`eml`, as sent over SMTP: open it in a mail
+        /// client) or one part.
+        #[arg(long, value_enum, default_value = "eml")]
+        part: PreviewPart,
+        /// Write to this file instead of stdout.
+        #[arg(long, short, value_name = "FILE")]
+        out: Option<std::path::PathBuf>,
+        /// The templates' directory; without it, the embedded templates.
+        #[arg(long, env = "ONCELY_TEMPLATES", value_name = "DIR")]
+        dir: Option<std::path::PathBuf>,
+        /// The base of the sample link (as ONCELY_PUBLIC_URL).
+        #[arg(long, env = "ONCELY_PUBLIC_URL", default_value = "http://127.0.0.1:8080")]
+        public_url: String,
+        /// The service's sender.
+        #[arg(long = "mail-from", env = "ONCELY_MAIL_FROM", default_value = defaults::MAIL_FROM)]
+        mail_from: String,
+        /// The product name of tenants without their own.
+        #[arg(long, env = "ONCELY_PRODUCT_NAME", value_name = "NAME")]
+        product_name: Option<String>,
+        /// The support address of tenants without their own.
+        #[arg(long, env = "ONCELY_SUPPORT_EMAIL", value_name = "ADDRESS")]
+        support_email: Option<String>,
+        #[command(flatten)]
+        #[allow(missing_docs)]
+        senders: SenderArgs,
+        #[command(flatten)]
+        #[allow(missing_docs)]
+        database: DatabaseArgs,
+    },
+}
+
+/// Which part `oncely templates preview` writes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum PreviewPart {
+    /// The whole message, MIME (`multipart/alternative`), as sent over SMTP.
+    Eml,
+    /// The subject line.
+    Subject,
+    /// The text part.
+    Text,
+    /// The HTML part (open it in a browser).
+    Html,
 }
 
 /// How an operator command prints.
@@ -323,7 +400,7 @@ pub enum TenantCommand {
         #[arg(
             long = "return-url",
             value_name = "URL",
-            required_unless_present_any = ["no_return_urls", "email_delivery"],
+            required_unless_present_any = ["no_return_urls", "email_delivery", "product_name", "mail_from", "support_email"],
             conflicts_with = "no_return_urls"
         )]
         return_urls: Vec<String>,
@@ -336,6 +413,25 @@ pub enum TenantCommand {
         /// `email.requested` (explicitly or by receiving every event).
         #[arg(long, value_enum, value_name = "HOW")]
         email_delivery: Option<EmailDelivery>,
+        /// The product name the tenant's emails show (`""`: the service's, ONCELY_PRODUCT_NAME).
+        #[arg(long, value_name = "NAME")]
+        product_name: Option<String>,
+        /// The sender of the tenant's emails, `"Name <address>"` or an address, on a domain the
+        /// mailer may send as (ONCELY_MAIL_FROM's or one of ONCELY_MAIL_FROM_DOMAINS); `""`: the
+        /// service's, ONCELY_MAIL_FROM.
+        #[arg(long, value_name = "SENDER")]
+        mail_from: Option<String>,
+        /// Where the tenant's users write with questions: shown in its emails, and their
+        /// Reply-To (`""`: the service's, ONCELY_SUPPORT_EMAIL).
+        #[arg(long, value_name = "ADDRESS")]
+        support_email: Option<String>,
+        /// The service's sender: a tenant's must share its domain (or one of
+        /// ONCELY_MAIL_FROM_DOMAINS).
+        #[arg(long = "service-mail-from", env = "ONCELY_MAIL_FROM", default_value = defaults::MAIL_FROM, hide = true)]
+        service_mail_from: String,
+        #[command(flatten)]
+        #[allow(missing_docs)]
+        senders: SenderArgs,
         #[command(flatten)]
         #[allow(missing_docs)]
         database: DatabaseArgs,
@@ -666,10 +762,47 @@ pub struct CommonArgs {
     #[allow(missing_docs)]
     pub webhooks: WebhookArgs,
 
+    #[command(flatten)]
+    #[allow(missing_docs)]
+    pub emails: EmailArgs,
+
     /// Connect and total timeout of one webhook delivery attempt (a timeout after the request
     /// was sent is retried with the same `webhook-id`).
     #[arg(long, env = "ONCELY_WEBHOOK_TIMEOUT", default_value = defaults::WEBHOOK_TIMEOUT, value_parser = parse_duration)]
     pub webhook_timeout: Duration,
+}
+
+/// How emails look (shared by `serve`, `worker` and `templates`).
+#[derive(Debug, Clone, Default, Args)]
+pub struct EmailArgs {
+    /// A directory of templates that override the embedded ones:
+    /// `<dir>/<tenant or _default>/<locale>/<message>.{subject,txt,html}` (docs/emails.md).
+    /// Read and checked at start: a broken template stops start-up.
+    #[arg(long, env = "ONCELY_TEMPLATES", value_name = "DIR")]
+    pub templates: Option<std::path::PathBuf>,
+
+    /// The product name emails show for tenants without their own (`tenant set
+    /// --product-name`). Default: the public URL's host.
+    #[arg(long, env = "ONCELY_PRODUCT_NAME", value_name = "NAME")]
+    pub product_name: Option<String>,
+
+    /// Where users write with questions: shown in emails and used as their Reply-To, for
+    /// tenants without their own (`tenant set --support-email`).
+    #[arg(long, env = "ONCELY_SUPPORT_EMAIL", value_name = "ADDRESS")]
+    pub support_email: Option<String>,
+
+    #[command(flatten)]
+    #[allow(missing_docs)]
+    pub senders: SenderArgs,
+}
+
+/// Which senders the mailer may send as (shared by `serve`, `worker` and `tenant set`).
+#[derive(Debug, Clone, Default, Args)]
+pub struct SenderArgs {
+    /// Domains a tenant's sender (`tenant set --mail-from`) may have besides
+    /// ONCELY_MAIL_FROM's: those the mail provider lets this service send as (comma-separated).
+    #[arg(long, env = "ONCELY_MAIL_FROM_DOMAINS", value_name = "DOMAINS", value_delimiter = ',')]
+    pub mail_from_domains: Vec<String>,
 }
 
 /// Which webhook URLs are allowed (shared by `serve`, `worker` and `tenant webhook add`).
@@ -704,6 +837,7 @@ impl std::fmt::Debug for CommonArgs {
             .field("pause_probe", &self.pause_probe)
             .field("poll_only", &self.poll_only)
             .field("webhooks", &self.webhooks)
+            .field("emails", &self.emails)
             .field("webhook_timeout", &self.webhook_timeout)
             .finish()
     }

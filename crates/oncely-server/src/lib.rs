@@ -25,6 +25,7 @@
 
 pub mod accounts;
 pub mod app;
+pub mod branding;
 pub mod backend;
 pub mod cli;
 pub mod client_addr;

@@ -5,11 +5,17 @@
 //! then sends the link. A job written for an unknown address (a decoy: no recipient) or one
 //! whose send was suppressed by a rate limit ends `skipped`, with the reason, and sends nothing.
 //!
+//! Each email is its [`Message`]'s templates ([`crate::templates`]) rendered in the locale of
+//! its link (the request's), else of its account, with its tenant's branding
+//! ([`crate::branding`]). A template that fails to render ends the job dead with the reason;
+//! nothing half-rendered is sent.
+//!
 //! One key, one payload: the first attempt of a job freezes the email as rendered then
-//! ([`FrozenEmail`], through [`Handler::freeze`]) — recipient, sender, subject, text, and the
-//! link's base; never the token — and every attempt sends exactly that, under the same delivery
-//! key, even if the address, `ONCELY_PUBLIC_URL`, `ONCELY_MAIL_FROM` or the template changed
-//! since (a provider refuses another payload under a key it has seen). The checks that decide
+//! ([`FrozenEmail`], through [`Handler::freeze`]) — recipient, sender, subject, text, HTML,
+//! `Reply-To`, and the link's base; never the token — and every attempt sends exactly that,
+//! under the same delivery key, even if the address, `ONCELY_PUBLIC_URL`, the sender, the
+//! branding or the templates changed since (a provider refuses another payload under a key it
+//! has seen). The checks that decide
 //! *whether* to send (the link was used or superseded, the account is gone, the send was
 //! suppressed) run again on every attempt.
 
@@ -26,6 +32,8 @@ use sha2::{Digest, Sha256};
 use uuid::Uuid;
 
 use crate::accounts::{Accounts, TokenForSend};
+use crate::branding::{Sender, ServiceBrand, site_of};
+use crate::templates::{Locale, Message, Templates, Vars, escape_link};
 use crate::token::{Flow, Token};
 use crate::webhooks::events::{Event, EventType, deliveries, deliveries_carrying, subscribed};
 
@@ -59,10 +67,70 @@ pub struct MailContext {
     pub secret: ServerSecret,
     /// Base of links (`https://app.example.com`).
     pub public_url: String,
-    /// Sender address.
-    pub from: String,
+    /// The service's sender, product name and support address, and the senders it allows.
+    pub brand: ServiceBrand,
+    /// The emails' templates (checked at start).
+    pub templates: Templates,
     /// The mailer.
     pub mailer: Arc<dyn Mailer>,
+}
+
+impl MailContext {
+    /// The sender of `tenant`'s emails now: its branding (read from the database) over the
+    /// service's.
+    async fn sender<A: Accounts>(&self, accounts: &A, tenant: &str) -> Result<Sender, Delivery> {
+        let branding = accounts.branding(tenant).await.map_err(|error| {
+            Delivery::Retry(format!("reading the tenant's branding: {error:#}"))
+        })?;
+        Ok(self
+            .brand
+            .sender(tenant, &branding, site_of(&self.public_url)))
+    }
+
+    /// The variables every message of `tenant` to `to` has.
+    fn vars(&self, tenant: &str, sender: &Sender, to: &str) -> Vars {
+        Vars {
+            product_name: sender.product_name.clone(),
+            tenant: tenant.to_owned(),
+            site: site_of(&self.public_url).to_owned(),
+            support_email: sender.support_email.clone(),
+            recipient: to.to_owned(),
+            ..Vars::default()
+        }
+    }
+
+    /// `message` to `to`, rendered: the job's end if a template fails.
+    fn compose(
+        &self,
+        message: Message,
+        (tenant, locale): (&str, Option<&Locale>),
+        sender: &Sender,
+        vars: &Vars,
+    ) -> Result<FrozenEmail, Delivery> {
+        let rendered = self
+            .templates
+            .render(message, tenant, locale, vars)
+            .map_err(|problem| {
+                Delivery::Permanent(format!(
+                    "the {} email does not render: {problem}",
+                    message.name()
+                ))
+            })?;
+        Ok(FrozenEmail {
+            from: sender.from.clone(),
+            to: vars.recipient.clone(),
+            subject: rendered.subject,
+            text: rendered.text,
+            html: Some(rendered.html),
+            reply_to: sender.support_email.clone(),
+            link: None,
+        })
+    }
+}
+
+/// A locale as stored (validated when it was written; anything else is English).
+fn stored_locale(locale: Option<&str>) -> Option<Locale> {
+    locale.and_then(|l| Locale::parse(l).ok())
 }
 
 /// The id in the payload's `field`, unless the request suppressed the job's email or the payload
@@ -84,68 +152,15 @@ fn suppressed(job: &Job) -> Option<Delivery> {
         .map(|reason| Delivery::Skipped(reason.to_owned()))
 }
 
-/// Subject and body of a flow's email, around its link. `site` is the public URL the links
-/// start with; `tenant` the token's (an invitation names what one is invited to join).
-fn render(flow: Flow, link: &str, site: &str, tenant: &str) -> (String, String) {
-    let host = site
-        .split_once("://")
-        .map_or(site, |(_, rest)| rest)
-        .trim_end_matches('/');
-    let (subject, text): (&str, String) = match flow {
-        Flow::Verification => (
-            "Confirm your email address",
-            format!(
-                "Welcome!\n\nConfirm your email address by opening this link:\n\n{link}\n\n\
-                 The link works once and expires in 24 hours. If you did not sign up, ignore this message.\n"
-            ),
-        ),
-        Flow::PasswordReset => (
-            "Reset your password",
-            format!(
-                "Someone asked to reset the password of your account. To choose a new one, open:\n\n{link}\n\n\
-                 The link works once and expires in 1 hour. If it was not you, ignore this message.\n"
-            ),
-        ),
-        Flow::EmailChange => (
-            "Confirm your new email address",
-            format!(
-                "Someone asked to make this the email address of their account. To confirm it, open:\n\n{link}\n\n\
-                 The link works once and expires in 1 hour. If it was not you, ignore this message: nothing changes.\n"
-            ),
-        ),
-        Flow::MagicLink => (
-            "Your sign-in link",
-            format!(
-                "Open this link to sign in:\n\n{link}\n\nIt works once and expires in 15 minutes.\n"
-            ),
-        ),
-        Flow::Invite => {
-            // The default tenant is the service itself; any other is a team on it.
-            let what = if tenant == oncely::TenantId::default().as_str() {
-                host.to_owned()
-            } else {
-                format!("{tenant} on {host}")
-            };
-            return (
-                format!("You are invited to join {what}"),
-                format!(
-                    "You have been invited to join {what}. Accept the invitation here:\n\n{link}\n\n\
-                     It expires in 7 days. If you do not know {what}, ignore this message.\n"
-                ),
-            );
-        }
-    };
-    (subject.to_owned(), text)
-}
-
 /// Where the link goes in a frozen text: the link's base ([`FrozenEmail::link`]) followed by
 /// the token, derived again at each send.
 const LINK: &str = "{{link}}";
 
 /// An email as its job's first attempt rendered it, stored on the job ([`Job::frozen`]) and
 /// sent as it is by every attempt. A token email's link is frozen without its token: `text`
-/// holds `{{link}}` where the link goes, and `link` the link up to the token (the public URL, the
-/// flow's path, `?token=`).
+/// and `html` hold `{{link}}` where the link goes, and `link` the link up to the token (the
+/// public URL, the flow's path, `?token=`). A job frozen by a release before templates has no
+/// `html` and no `reply_to`: it is sent as it was frozen, text only.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct FrozenEmail {
     /// Sender.
@@ -156,30 +171,49 @@ pub struct FrozenEmail {
     pub subject: String,
     /// Body, with `{{link}}` where a token email's link goes.
     pub text: String,
+    /// HTML body, with `{{link}}` where a token email's link goes.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub html: Option<String>,
+    /// `Reply-To`: the support address.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub reply_to: Option<String>,
     /// A token email's link before its token.
     pub link: Option<String>,
 }
 
 impl FrozenEmail {
-    /// The email of a token record of `flow`, to `to`, as the context renders it now.
-    fn token_email(context: &MailContext, flow: Flow, tenant: &str, to: String) -> Self {
-        let (subject, text) = render(flow, LINK, &context.public_url, tenant);
-        Self {
-            from: context.from.clone(),
-            to,
-            subject,
-            text,
+    /// The email of a token record of `flow` to `to` in `locale`, as the context renders it
+    /// now for `sender`.
+    fn token_email(
+        context: &MailContext,
+        (flow, tenant, locale): (Flow, &str, Option<&Locale>),
+        sender: &Sender,
+        to: &str,
+    ) -> Result<Self, Delivery> {
+        let vars = Vars {
+            link: Some(LINK.to_owned()),
+            link_lifetime_minutes: Some(flow.lifetime().whole_minutes()),
+            ..context.vars(tenant, sender, to)
+        };
+        let message = Message::of_flow(flow);
+        let email = context.compose(message, (tenant, locale), sender, &vars)?;
+        Ok(Self {
             link: Some(format!("{}{}?token=", context.public_url, flow.path())),
-        }
+            ..email
+        })
     }
 
     /// The email that is sent: the link completed with `token`.
     fn email(self, token: Option<&Token>) -> Result<Email, Delivery> {
-        let text = match (&self.link, token) {
-            (Some(link), Some(token)) if self.text.contains(LINK) => self
-                .text
-                .replace(LINK, &format!("{link}{}", token.expose())),
-            (None, None) => self.text,
+        let (text, html) = match (&self.link, token) {
+            (Some(link), Some(token)) if self.text.contains(LINK) => {
+                let link = format!("{link}{}", token.expose());
+                let html = self
+                    .html
+                    .map(|html| html.replace(LINK, &escape_link(&link)));
+                (self.text.replace(LINK, &link), html)
+            }
+            (None, None) => (self.text, self.html),
             _ => {
                 return Err(Delivery::Permanent(
                     "the frozen email's link does not fit".into(),
@@ -191,7 +225,8 @@ impl FrozenEmail {
             to: self.to,
             subject: self.subject,
             text,
-            ..Default::default()
+            html,
+            reply_to: self.reply_to,
         })
     }
 
@@ -228,6 +263,8 @@ struct Current {
     flow: Flow,
     tenant: String,
     token: Token,
+    /// The link's locale, else the account's.
+    locale: Option<Locale>,
 }
 
 /// The token of record `token_id` if its email is still to be sent, read now: the record, its
@@ -294,32 +331,36 @@ impl<A: Accounts> TokenEmail<A> {
             flow,
             tenant: record.tenant,
             token,
+            locale: stored_locale(record.locale.as_deref()),
         })
     }
 
+    /// The email of `current`, rendered now.
+    async fn compose(&self, current: &Current) -> Result<FrozenEmail, Delivery> {
+        let sender = self.context.sender(&self.accounts, &current.tenant).await?;
+        let about = (current.flow, current.tenant.as_str(), current.locale.as_ref());
+        FrozenEmail::token_email(&self.context, about, &sender, &current.to)
+    }
+
     async fn freeze(&self, job: &Job) -> Result<Option<serde_json::Value>, Delivery> {
-        let Current {
-            to, flow, tenant, ..
-        } = self.current(job).await?;
-        FrozenEmail::token_email(&self.context, flow, &tenant, to).freeze()
+        let current = self.current(job).await?;
+        self.compose(&current).await?.freeze()
     }
 
     async fn send(&self, job: &Job) -> Delivery {
-        let Current {
-            to,
-            flow,
-            tenant,
-            token,
-        } = match self.current(job).await {
+        let current = match self.current(job).await {
             Ok(current) => current,
             Err(delivery) => return delivery,
         };
         let frozen = match FrozenEmail::of(job) {
-            Ok(frozen) => {
-                frozen.unwrap_or_else(|| FrozenEmail::token_email(&self.context, flow, &tenant, to))
-            }
+            Ok(Some(frozen)) => frozen,
+            Ok(None) => match self.compose(&current).await {
+                Ok(frozen) => frozen,
+                Err(delivery) => return delivery,
+            },
             Err(delivery) => return delivery,
         };
+        let Current { tenant, token, .. } = current;
         if let Some(handed) = by_webhook(&self.accounts, &tenant).await {
             return handed;
         }
@@ -366,17 +407,27 @@ impl<A: Accounts> TokenEmail<A> {
         let Some(flow) = Flow::parse(&record.flow) else {
             return Ok(Vec::new());
         };
-        let email = || {
-            let frozen = frozen.clone().unwrap_or_else(|| {
-                FrozenEmail::token_email(&self.context, flow, &record.tenant, to.clone())
-            });
-            (frozen, Some(token_id))
+        // An email handed over by webhook carries its message: the frozen one, or (a job frozen
+        // by no attempt) rendered now.
+        let email = match frozen {
+            Some(frozen) => Some(frozen),
+            None if handed_over(end) => {
+                let locale = stored_locale(record.locale.as_deref());
+                let about = (flow, record.tenant.as_str(), locale.as_ref());
+                let rendered = async {
+                    let sender = self.context.sender(&self.accounts, &record.tenant).await?;
+                    FrozenEmail::token_email(&self.context, about, &sender, &to)
+                };
+                Some(rendered.await.map_err(delivery_reason)?)
+            }
+            None => None,
         };
         let about = About {
             tenant: &record.tenant,
             to: &to,
             user_id: record.user_id,
         };
+        let email = email.map(|frozen| (frozen, Some(token_id)));
         follow_ups(&self.accounts, job, end, &about, email).await
     }
 }
@@ -421,99 +472,92 @@ pub struct NoticeEmail<A> {
 }
 
 impl<A: Accounts> NoticeEmail<A> {
-    /// The recipient, if the notice is still to be sent: checked on every attempt.
-    async fn recipient(&self, job: &Job) -> Result<String, Delivery> {
+    /// The recipient and the locale to write in (the account's), if the notice is still to be
+    /// sent: checked on every attempt.
+    async fn recipient(&self, job: &Job) -> Result<(String, Option<Locale>), Delivery> {
         if let Some(skip) = suppressed(job) {
             return Err(skip);
         }
+        let account = match job.payload["user_id"].as_str().and_then(|s| s.parse().ok()) {
+            Some(user_id) => self
+                .accounts
+                .user_email_and_locale(user_id)
+                .await
+                .map_err(|error| Delivery::Retry(format!("reading the user: {error:#}")))?,
+            None => None,
+        };
         if self.notice == Notice::ChangeRequested {
+            let locale = account.and_then(|(_, locale)| stored_locale(locale.as_deref()));
             return job.payload["to"]
                 .as_str()
-                .map(str::to_owned)
+                .map(|to| (to.to_owned(), locale))
                 .ok_or_else(|| Delivery::Permanent("payload has no to".into()));
         }
-        let user_id = subject(job, "user_id")?;
-        match self.accounts.user_email(user_id).await {
-            Ok(Some(to)) => Ok(to),
-            Ok(None) => Err(Delivery::Permanent("the user no longer exists".into())),
-            Err(error) => Err(Delivery::Retry(format!("reading the user: {error:#}"))),
+        subject(job, "user_id")?;
+        match account {
+            Some((to, locale)) => Ok((to, stored_locale(locale.as_deref()))),
+            None => Err(Delivery::Permanent("the user no longer exists".into())),
         }
     }
 
-    fn render(&self, job: &Job, to: String) -> FrozenEmail {
-        let site = &self.context.public_url;
-        let (subject, text) = match self.notice {
-            Notice::SignupAttempt => (
-                "Someone tried to sign up with your address",
-                "Someone (maybe you) tried to create an account with this address, but you already have one.\n\n\
-                 Sign in where you use this address, or ask there for a password reset if you forgot your password.\n\
-                 If it was not you, you can ignore this message.\n"
-                    .to_owned(),
-            ),
-            Notice::ChangeRequested => {
-                let new = job.payload["new_email"]
-                    .as_str()
-                    .unwrap_or("another address");
-                (
-                    "Your email address is being changed",
-                    format!(
-                        "Someone asked to change the email address of your account at {site} to {new}.\n\
-                         Nothing changes until the link sent to that address is opened.\n\n\
-                         If it was not you, reset your password now (ask for a reset link where you sign in): \
-                         the reset cancels the change, and someone may have access to your account. Until the \
-                         change is confirmed, this address stays the account's.\n"
-                    ),
-                )
-            }
-            Notice::AddressTaken => (
-                "Someone tried to use your email address",
-                format!(
-                    "Someone asked to move another account at {site} to this address, which is already yours.\n\
-                     Nothing changed: your account and its address are as they were. You can ignore this message.\n"
-                ),
-            ),
+    /// The notice to `to` in `locale`, rendered now with its tenant's branding (a notice
+    /// enqueued before notices named their tenant: the default tenant's).
+    async fn compose(
+        &self,
+        job: &Job,
+        to: &str,
+        locale: Option<&Locale>,
+    ) -> Result<FrozenEmail, Delivery> {
+        let default = oncely::TenantId::default();
+        let tenant = job.payload["tenant"].as_str().unwrap_or(default.as_str());
+        let sender = self.context.sender(&self.accounts, tenant).await?;
+        let message = match self.notice {
+            Notice::SignupAttempt => Message::SignupNotice,
+            Notice::ChangeRequested => Message::EmailChangeNotice,
+            Notice::AddressTaken => Message::EmailTakenNotice,
         };
-        FrozenEmail {
-            from: self.context.from.clone(),
-            to,
-            subject: subject.into(),
-            text,
-            link: None,
+        let mut vars = self.context.vars(tenant, &sender, to);
+        if self.notice == Notice::ChangeRequested {
+            let new = job.payload["new_email"].as_str().unwrap_or("another address");
+            vars.new_email = Some(new.to_owned());
         }
+        self.context
+            .compose(message, (tenant, locale), &sender, &vars)
     }
 
     async fn freeze(&self, job: &Job) -> Result<Option<serde_json::Value>, Delivery> {
-        let to = self.recipient(job).await?;
-        self.render(job, to).freeze()
+        let (to, locale) = self.recipient(job).await?;
+        self.compose(job, &to, locale.as_ref()).await?.freeze()
     }
 
     async fn send(&self, job: &Job) -> Delivery {
-        let to = match self.recipient(job).await {
-            Ok(to) => to,
+        let (to, locale) = match self.recipient(job).await {
+            Ok(recipient) => recipient,
             Err(delivery) => return delivery,
         };
-        let email = match FrozenEmail::of(job) {
-            Ok(frozen) => frozen.unwrap_or_else(|| self.render(job, to)).email(None),
-            Err(delivery) => Err(delivery),
+        let frozen = match FrozenEmail::of(job) {
+            Ok(Some(frozen)) => frozen,
+            Ok(None) => match self.compose(job, &to, locale.as_ref()).await {
+                Ok(frozen) => frozen,
+                Err(delivery) => return delivery,
+            },
+            Err(delivery) => return delivery,
         };
-        if let (Ok(_), Some(tenant)) = (&email, job.payload["tenant"].as_str())
+        let email = match frozen.email(None) {
+            Ok(email) => email,
+            Err(delivery) => return delivery,
+        };
+        if let Some(tenant) = job.payload["tenant"].as_str()
             && let Some(handed) = by_webhook(&self.accounts, tenant).await
         {
             return handed;
         }
-        match email {
-            Ok(email) => {
-                self.context
-                    .mailer
-                    .send(&email, &job.delivery_key.to_string())
-                    .await
-            }
-            Err(delivery) => delivery,
-        }
+        self.context
+            .mailer
+            .send(&email, &job.delivery_key.to_string())
+            .await
     }
-}
 
-impl<A: Accounts> NoticeEmail<A> {
     /// The follow-ups of a notice (see [`follow_ups`]): its tenant from the payload's
     /// `tenant`. A notice enqueued by a release before 0.x (no `tenant` in its payload) has
     /// none: it is mailed as before, whatever its tenant's email delivery, and reports no event.
@@ -525,10 +569,10 @@ impl<A: Accounts> NoticeEmail<A> {
             return Ok(Vec::new());
         };
         let frozen = FrozenEmail::of(job).ok().flatten();
-        let to = match &frozen {
-            Some(frozen) => frozen.to.clone(),
+        let (to, locale) = match &frozen {
+            Some(frozen) => (frozen.to.clone(), None),
             None => match self.recipient(job).await {
-                Ok(to) => to,
+                Ok(recipient) => recipient,
                 Err(Delivery::Retry(why)) => return Err(why.into()),
                 // The account is gone: nobody to name.
                 Err(_) => return Ok(Vec::new()),
@@ -537,17 +581,21 @@ impl<A: Accounts> NoticeEmail<A> {
         let user_id = job.payload["user_id"]
             .as_str()
             .and_then(|s| s.parse::<Uuid>().ok());
-        let email = || {
-            let frozen = frozen
-                .clone()
-                .unwrap_or_else(|| self.render(job, to.clone()));
-            (frozen, None)
+        let email = match frozen {
+            Some(frozen) => Some(frozen),
+            None if handed_over(end) => Some(
+                self.compose(job, &to, locale.as_ref())
+                    .await
+                    .map_err(delivery_reason)?,
+            ),
+            None => None,
         };
         let about = About {
             tenant,
             to: &to,
             user_id,
         };
+        let email = email.map(|frozen| (frozen, None));
         follow_ups(&self.accounts, job, end, &about, email).await
     }
 }
@@ -603,6 +651,19 @@ async fn by_webhook<A: Accounts>(accounts: &A, tenant: &str) -> Option<Delivery>
     })
 }
 
+/// Whether a job's email was handed to its tenant's endpoints ([`WEBHOOK_MESSAGE_ID`]).
+fn handed_over(end: &Ended) -> bool {
+    matches!(end, Ended::Sent { provider_message_id } if provider_message_id.as_deref() == Some(WEBHOOK_MESSAGE_ID))
+}
+
+/// Why a message could not be rendered for a follow-up: asked again later.
+fn delivery_reason(delivery: Delivery) -> ThenError {
+    match delivery {
+        Delivery::Retry(why) | Delivery::Permanent(why) | Delivery::Skipped(why) => why.into(),
+        other => format!("{other:?}").into(),
+    }
+}
+
 /// Whose email a job is, for its events.
 struct About<'a> {
     tenant: &'a str,
@@ -633,7 +694,7 @@ async fn follow_ups<A: Accounts>(
     job: &Job,
     end: &Ended,
     about: &About<'_>,
-    email: impl FnOnce() -> (FrozenEmail, Option<Uuid>),
+    email: Option<(FrozenEmail, Option<Uuid>)>,
 ) -> Result<Vec<NewJob>, ThenError> {
     let template = job.kind.strip_prefix("email.").unwrap_or(&job.kind);
     let targets = accounts.webhook_targets_now(about.tenant).await?;
@@ -650,7 +711,9 @@ async fn follow_ups<A: Accounts>(
         Ended::Sent {
             provider_message_id,
         } if provider_message_id.as_deref() == Some(WEBHOOK_MESSAGE_ID) => {
-            let (frozen, token_id) = email();
+            let Some((frozen, token_id)) = email else {
+                return Err("the email handed over has no message".into());
+            };
             let jobs = requested(job, template, frozen, token_id, &targets);
             if jobs.is_empty() {
                 // Its endpoints went away since the attempt: not recorded sent, so the job is
@@ -679,7 +742,8 @@ async fn follow_ups<A: Accounts>(
 
 /// The `email.requested` deliveries of an email handed to the tenant's endpoints. Data:
 /// `email_id`, `template`, `to` (in full: the application sends it), `from`, `subject`, `text`,
-/// `html` (null), `link` (null for a notice). A token email's link is not in the job: each
+/// `html` (null for an email frozen before templates), `reply_to` (the support address, or
+/// null), `link` (null for a notice). A token email's link is not in the job: each
 /// delivery carries the body in parts around it (`body_parts`) and the token record's id
 /// (`token_id`); the `webhook` handler derives the token at each attempt, checks the link is
 /// still live ([`live_token`]) and joins the parts with it — the same bytes on every attempt.
@@ -693,9 +757,15 @@ fn requested(
     // Where the token goes: a mark no one can write into the email (random, per event).
     let mark = format!("{{{{token:{}}}}}", Uuid::new_v4().simple());
     let link = frozen.link.as_ref().map(|base| format!("{base}{mark}"));
-    let text = match &link {
-        Some(link) => frozen.text.replace(LINK, link),
-        None => frozen.text.clone(),
+    let (text, html) = match &link {
+        Some(link) => (
+            frozen.text.replace(LINK, link),
+            frozen
+                .html
+                .as_ref()
+                .map(|html| html.replace(LINK, &escape_link(link))),
+        ),
+        None => (frozen.text.clone(), frozen.html.clone()),
     };
     let data = json!({
         "email_id": job.delivery_key,
@@ -704,7 +774,8 @@ fn requested(
         "from": frozen.from,
         "subject": frozen.subject,
         "text": text,
-        "html": Value::Null,
+        "html": html,
+        "reply_to": frozen.reply_to,
         "link": link,
     });
     let kind = EventType::EmailRequested;
@@ -733,7 +804,12 @@ mod tests {
         MailContext {
             secret: ServerSecret::new(vec![7; 32]).unwrap(),
             public_url: "https://first.example".into(),
-            from: "first@example.com".into(),
+            brand: ServiceBrand {
+                from: "first@example.com".into(),
+                support_email: Some("help@first.example".into()),
+                ..ServiceBrand::default()
+            },
+            templates: Templates::embedded(),
             mailer: oncely_outbox::mail::from_url(
                 "smtp://127.0.0.1:1",
                 None,
@@ -748,12 +824,12 @@ mod tests {
     fn a_frozen_token_email_holds_its_link_without_the_token_and_sends_it_with_the_token() {
         let context = context();
         let token = Token::derive(&context.secret, Flow::Verification, Uuid::new_v4());
-        let frozen = FrozenEmail::token_email(
-            &context,
-            Flow::Verification,
-            "default",
-            "ada@example.com".into(),
-        );
+        let sender = context
+            .brand
+            .sender("default", &Default::default(), "first.example");
+        let german = Locale::parse("de").unwrap();
+        let about = (Flow::Verification, "default", Some(&german));
+        let frozen = FrozenEmail::token_email(&context, about, &sender, "ada@example.com").unwrap();
         let stored = frozen.freeze().unwrap().unwrap().to_string();
         assert!(
             !stored.contains(token.expose()),
@@ -765,31 +841,49 @@ mod tests {
         );
         let email = frozen.clone().email(Some(&token)).unwrap();
         let link = format!("https://first.example/v1/verify?token={}", token.expose());
+        let html = email.html.as_deref().unwrap();
         assert!(email.text.contains(&link), "{}", email.text);
-        assert!(!email.text.contains(LINK));
+        assert!(html.contains(&format!("href=\"{link}\"")), "{html}");
+        assert!(!email.text.contains(LINK) && !html.contains(LINK));
         assert_eq!(
             (
                 email.to.as_str(),
                 email.from.as_str(),
-                email.subject.as_str()
+                email.subject.as_str(),
+                email.reply_to.as_deref(),
             ),
             (
                 "ada@example.com",
                 "first@example.com",
-                "Confirm your email address"
+                "Bestätigen Sie Ihre E-Mail-Adresse",
+                Some("help@first.example"),
             )
         );
-        // Exactly the email a job rendered without freezing would have sent.
-        assert_eq!(
-            email.text,
-            render(
-                Flow::Verification,
-                &link,
-                "https://first.example",
-                "default"
-            )
-            .1
-        );
+        // Exactly the email a job rendered with its token from the start would have sent.
+        let vars = Vars {
+            link: Some(link.clone()),
+            link_lifetime_minutes: Some(24 * 60),
+            ..context.vars("default", &sender, "ada@example.com")
+        };
+        let direct = context
+            .templates
+            .render(Message::Verification, "default", Some(&german), &vars)
+            .unwrap();
+        assert_eq!((email.text.as_str(), html), (direct.text.as_str(), direct.html.as_str()));
         assert!(matches!(frozen.email(None), Err(Delivery::Permanent(_))));
+    }
+
+    #[test]
+    fn an_email_frozen_before_templates_is_sent_as_it_was_text_only() {
+        let old = serde_json::json!({
+            "from": "a@example.com", "to": "b@example.com", "subject": "Hi",
+            "text": "Open {{link}}", "link": "https://x.example/v1/verify?token="
+        });
+        let frozen: FrozenEmail = serde_json::from_value(old).unwrap();
+        let token = Token::derive(&context().secret, Flow::Verification, Uuid::new_v4());
+        let email = frozen.email(Some(&token)).unwrap();
+        assert_eq!(email.html, None);
+        assert_eq!(email.reply_to, None);
+        assert!(email.text.ends_with(token.expose()));
     }
 }

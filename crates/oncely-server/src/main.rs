@@ -10,10 +10,12 @@ use oncely_server::accounts::Accounts;
 use oncely_server::app::{self, Application};
 use oncely_server::backend::{self, Backend, COMMAND_POOL, Postgres, Sqlite};
 use oncely_server::cli::{
-    Cli, Command, InboxArgs, KeyCommand, MigrateArgs, OutboxCommand, PruneArgs, TenantCommand,
+    Cli, Command, InboxArgs, KeyCommand, MigrateArgs, OutboxCommand, PruneArgs, TemplatesCommand,
+    TenantCommand,
 };
 use oncely_server::mail::MailContext;
-use oncely_server::settings::{Environment, Settings, WorkerSettings};
+use oncely_server::templates::{self, Templates};
+use oncely_server::settings::{Environment, Settings, WorkerSettings, defaults};
 use oncely_server::{demo, ops, startup, workers};
 use tokio_util::sync::CancellationToken;
 
@@ -55,6 +57,7 @@ enum Task {
     Worker(WorkerSettings),
     Migrate(MigrateArgs),
     Tenant(TenantCommand),
+    Preview(TemplatesCommand),
     Prune(PruneArgs),
     Key(KeyCommand),
     Outbox(OutboxCommand),
@@ -68,6 +71,11 @@ async fn run(cli: Cli, demo_log: Option<PathBuf>) -> anyhow::Result<()> {
         Command::Worker(args) => Task::Worker(WorkerSettings::from_args(args)?),
         Command::Migrate(args) => Task::Migrate(args),
         Command::Tenant(command) => Task::Tenant(command),
+        Command::Templates(TemplatesCommand::Check { dir, output }) => {
+            print!("{}", templates::commands::check(dir.as_deref(), output)?);
+            return Ok(());
+        }
+        Command::Templates(command) => Task::Preview(command),
         Command::Prune(args) => Task::Prune(args),
         Command::Key(command) => Task::Key(command),
         Command::Outbox(command) => Task::Outbox(command),
@@ -90,6 +98,8 @@ impl Task {
             Self::Worker(settings) => &settings.database.url,
             Self::Migrate(args) => &args.database.database_url,
             Self::Tenant(command) => &command.database().database_url,
+            Self::Preview(TemplatesCommand::Preview { database, .. }) => &database.database_url,
+            Self::Preview(TemplatesCommand::Check { .. }) => defaults::DATABASE_URL,
             Self::Prune(args) => &args.database.database_url,
             Self::Key(KeyCommand::Show { database, .. }) => &database.database_url,
             Self::Outbox(command) => &command.database().database_url,
@@ -110,6 +120,7 @@ impl Task {
                 print!("{}", ops::tenant::<B>(command).await?);
                 Ok(())
             }
+            Self::Preview(command) => templates::commands::preview::<B>(command).await,
             Self::Prune(args) => {
                 print!("{}", ops::prune::<B>(args).await?);
                 Ok(())
@@ -159,6 +170,7 @@ async fn run_demo(intents: usize, log: Option<PathBuf>) -> anyhow::Result<()> {
 }
 
 async fn run_workers<B: Accounts>(settings: WorkerSettings) -> anyhow::Result<()> {
+    let templates = Templates::for_start(settings.templates.as_deref())?;
     let backend: B = startup::open_to_serve(
         &settings.database.url,
         settings.database.pool,
@@ -175,7 +187,8 @@ async fn run_workers<B: Accounts>(settings: WorkerSettings) -> anyhow::Result<()
     let context = Arc::new(MailContext {
         secret,
         public_url: settings.public_url,
-        from: settings.mailer.from.clone(),
+        brand: settings.brand,
+        templates,
         mailer,
     });
     oncely_server::webhooks::delivery::reseal_at_start(&backend, &context.secret).await;

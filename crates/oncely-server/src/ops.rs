@@ -945,6 +945,12 @@ pub struct TenantView {
     pub return_urls: Vec<String>,
     /// How its emails go out: `mail` or `webhook` (`tenant set --email-delivery`).
     pub email_delivery: String,
+    /// Its emails' product name (`tenant set --product-name`); null: the service's.
+    pub product_name: Option<String>,
+    /// Its emails' sender (`tenant set --mail-from`); null: the service's.
+    pub mail_from: Option<String>,
+    /// Its emails' support address (`tenant set --support-email`); null: the service's.
+    pub support_email: Option<String>,
 }
 
 impl From<TenantRecord> for TenantView {
@@ -957,18 +963,31 @@ impl From<TenantRecord> for TenantView {
             previous_key_valid_until: tenant.previous_key_expires_at_ms.map(from_millis),
             return_urls: Vec::new(),
             email_delivery: tenant.email_delivery,
+            product_name: tenant.product_name,
+            mail_from: tenant.mail_from,
+            support_email: tenant.support_email,
         }
     }
 }
 
-/// The return URLs of `tenant set`, each checked ([`crate::code::check_return_url`]); the
-/// `default` tenant is refused (it has no API key: its codes could never be exchanged).
-fn return_urls_to_set(name: &str, urls: &[String]) -> anyhow::Result<oncely::TenantId> {
+/// The tenant of `tenant set`, and its return URLs, each checked
+/// ([`crate::code::check_return_url`]); the `default` tenant is refused: it has no API key, so
+/// its codes could never be exchanged, and no row for branding (the service's settings are its).
+fn tenant_to_set(
+    name: &str,
+    urls: &[String],
+    urls_or_delivery: bool,
+) -> anyhow::Result<oncely::TenantId> {
     let tenant = oncely::TenantId::parse(name).map_err(|e| anyhow::anyhow!("{e}"))?;
     if tenant == oncely::TenantId::default() {
-        bail!(
-            "the default tenant takes no return URLs: it has no API key, so its codes could never be exchanged (create a tenant with `oncely tenant create`)"
-        );
+        match urls_or_delivery {
+            true => bail!(
+                "the default tenant takes no return URLs: it has no API key, so its codes could never be exchanged (create a tenant with `oncely tenant create`)"
+            ),
+            false => bail!(
+                "the default tenant's branding is the service's: set ONCELY_PRODUCT_NAME, ONCELY_MAIL_FROM and ONCELY_SUPPORT_EMAIL"
+            ),
+        }
     }
     for (i, url) in urls.iter().enumerate() {
         crate::code::check_return_url(url)?;
@@ -994,8 +1013,16 @@ pub async fn tenant<B: Accounts>(command: TenantCommand) -> anyhow::Result<Strin
         }
         TenantCommand::List { .. } | TenantCommand::Webhook(_) => None,
         TenantCommand::Set {
-            name, return_urls, ..
-        } => Some(return_urls_to_set(name, return_urls)?),
+            name,
+            return_urls,
+            no_return_urls,
+            email_delivery,
+            ..
+        } => {
+            let urls_or_delivery =
+                !return_urls.is_empty() || *no_return_urls || email_delivery.is_some();
+            Some(tenant_to_set(name, return_urls, urls_or_delivery)?)
+        }
     };
     let backend: B =
         crate::startup::open_existing(&command.database().database_url, COMMAND_POOL).await?;
@@ -1052,10 +1079,42 @@ pub async fn tenant<B: Accounts>(command: TenantCommand) -> anyhow::Result<Strin
                 return_urls,
                 no_return_urls,
                 email_delivery,
+                product_name,
+                mail_from,
+                support_email,
+                service_mail_from,
+                senders,
                 ..
             },
             Some(tenant),
         ) => {
+            let brand = crate::branding::ServiceBrand {
+                from: service_mail_from,
+                from_domains: senders.mail_from_domains,
+                ..Default::default()
+            };
+            // `""` clears; anything else is checked before anything changes.
+            let given = |value: Option<String>| value.map(|v| Some(v).filter(|v| !v.is_empty()));
+            let (product_name, mail_from, support_email) =
+                (given(product_name), given(mail_from), given(support_email));
+            if let Some(Some(name)) = &product_name {
+                crate::branding::check_product_name(name)
+                    .map_err(|why| anyhow::anyhow!("--product-name: {why}"))?;
+            }
+            if let Some(Some(from)) = &mail_from {
+                brand
+                    .check_from(from)
+                    .map_err(|why| anyhow::anyhow!("--mail-from: {why}"))?;
+            }
+            let support_email = match support_email {
+                Some(Some(address)) => Some(Some(
+                    crate::branding::check_support_email(&address)
+                        .map_err(|why| anyhow::anyhow!("--support-email: {why}"))?,
+                )),
+                other => other,
+            };
+            let branding_given =
+                product_name.is_some() || mail_from.is_some() || support_email.is_some();
             let not_found = || {
                 refuse(
                     Failure::NotFound,
@@ -1101,7 +1160,27 @@ pub async fn tenant<B: Accounts>(command: TenantCommand) -> anyhow::Result<Strin
             {
                 return Err(not_found());
             }
+            let mut branding = backend.branding(tenant.as_str()).await?;
+            if branding_given {
+                if let Some(name) = product_name {
+                    branding.product_name = name;
+                }
+                if let Some(from) = mail_from {
+                    branding.mail_from = from;
+                }
+                if let Some(address) = support_email {
+                    branding.support_email = address;
+                }
+                if !backend.set_branding(tenant.as_str(), &branding).await? {
+                    return Err(not_found());
+                }
+            }
             let mut value = json!({ "tenant": tenant.as_str() });
+            if branding_given {
+                value["product_name"] = json!(branding.product_name);
+                value["mail_from"] = json!(branding.mail_from);
+                value["support_email"] = json!(branding.support_email);
+            }
             if urls_given {
                 value["return_urls"] = json!(return_urls);
             }
@@ -1128,6 +1207,20 @@ pub async fn tenant<B: Accounts>(command: TenantCommand) -> anyhow::Result<Strin
                         writeln!(out, "tenant {tenant}'s emails are sent by oncely")?;
                     }
                     None => {}
+                }
+                if branding_given {
+                    let or_service = |value: &Option<String>, setting: &str| {
+                        value
+                            .clone()
+                            .unwrap_or_else(|| format!("the service's ({setting})"))
+                    };
+                    writeln!(
+                        out,
+                        "tenant {tenant}'s emails: product name {}, from {}, support address {}",
+                        or_service(&branding.product_name, "ONCELY_PRODUCT_NAME"),
+                        or_service(&branding.mail_from, "ONCELY_MAIL_FROM"),
+                        or_service(&branding.support_email, "ONCELY_SUPPORT_EMAIL"),
+                    )?;
                 }
                 Ok(())
             })

@@ -12,6 +12,7 @@ use anyhow::bail;
 use clap::ValueEnum;
 use oncely::ServerSecret;
 
+use crate::branding::ServiceBrand;
 use crate::webhooks::WebhookSettings;
 use oncely_outbox::mail::IdempotencyHeader;
 use rand::RngCore;
@@ -154,6 +155,10 @@ pub struct Settings {
     pub metrics_token: Option<SecretString>,
     /// What webhook deliveries may reach, and their timeout.
     pub webhooks: WebhookSettings,
+    /// The service's sender, product name and support address, and the senders it allows.
+    pub brand: ServiceBrand,
+    /// The templates' directory (`ONCELY_TEMPLATES`); `None`: the embedded ones only.
+    pub templates: Option<std::path::PathBuf>,
 }
 
 impl Settings {
@@ -200,6 +205,11 @@ impl Settings {
             trusted_proxies: Vec::new(),
             metrics_token: None,
             webhooks: WebhookSettings::development(),
+            brand: ServiceBrand {
+                from: defaults::MAIL_FROM.to_owned(),
+                ..ServiceBrand::default()
+            },
+            templates: None,
         }
     }
 
@@ -248,6 +258,8 @@ impl Settings {
             trusted_proxies: args.trusted_proxies,
             metrics_token: args.metrics_token,
             webhooks: common.webhook_settings(),
+            brand: common.service_brand()?,
+            templates: common.emails.templates.clone(),
         })
     }
 
@@ -307,6 +319,10 @@ pub struct WorkerSettings {
     pub plan: WorkerPlan,
     /// Poll instead of LISTEN.
     pub poll_only: bool,
+    /// As [`Settings::brand`].
+    pub brand: ServiceBrand,
+    /// As [`Settings::templates`].
+    pub templates: Option<PathBuf>,
 }
 
 impl WorkerSettings {
@@ -334,6 +350,8 @@ impl WorkerSettings {
             environment: common.environment,
             public_url,
             mailer,
+            brand: common.service_brand()?,
+            templates: common.emails.templates.clone(),
             plan: WorkerPlan {
                 webhooks: common.webhook_settings(),
                 ..WorkerPlan::new(
@@ -525,6 +543,41 @@ fn with_smtp_password(url: &str, password: &str) -> anyhow::Result<String> {
 }
 
 impl CommonArgs {
+    /// The service's branding: `ONCELY_MAIL_FROM` (a sender), `ONCELY_PRODUCT_NAME`,
+    /// `ONCELY_SUPPORT_EMAIL`, `ONCELY_MAIL_FROM_DOMAINS`, each checked.
+    pub fn service_brand(&self) -> anyhow::Result<ServiceBrand> {
+        let emails = &self.emails;
+        if self.mail_from.parse::<lettre::message::Mailbox>().is_err() {
+            bail!(
+                "ONCELY_MAIL_FROM {:?} is not a sender: write an address or \"Name <address>\"",
+                self.mail_from
+            );
+        }
+        if let Some(name) = &emails.product_name {
+            crate::branding::check_product_name(name)
+                .map_err(|why| anyhow::anyhow!("ONCELY_PRODUCT_NAME: {why}"))?;
+        }
+        let support_email = emails
+            .support_email
+            .as_deref()
+            .map(crate::branding::check_support_email)
+            .transpose()
+            .map_err(|why| anyhow::anyhow!("ONCELY_SUPPORT_EMAIL: {why}"))?;
+        for domain in &emails.senders.mail_from_domains {
+            let ok = !domain.trim().is_empty()
+                && idna::domain_to_ascii(domain.trim()).is_ok_and(|d| d == domain.trim().to_ascii_lowercase());
+            if !ok {
+                bail!("ONCELY_MAIL_FROM_DOMAINS: {domain:?} is not a domain name (write it in ASCII, e.g. mail.example.com)");
+            }
+        }
+        Ok(ServiceBrand {
+            from: self.mail_from.clone(),
+            product_name: emails.product_name.clone(),
+            support_email,
+            from_domains: emails.senders.mail_from_domains.clone(),
+        })
+    }
+
     /// What webhook deliveries may reach (`ONCELY_ENV`, `ONCELY_WEBHOOK_ALLOW_PRIVATE`) and
     /// their timeout (`ONCELY_WEBHOOK_TIMEOUT`).
     pub fn webhook_settings(&self) -> WebhookSettings {

@@ -88,6 +88,8 @@ pub struct NewToken<'a> {
     /// Where the flow returns once the link is used (one of the tenant's return URLs); `None`:
     /// nowhere, no code is minted.
     pub return_to: Option<&'a str>,
+    /// The locale its email was asked in (a BCP 47 tag); `None`: the account's.
+    pub locale: Option<&'a str>,
 }
 
 /// A token that was consumed.
@@ -103,6 +105,9 @@ pub struct ConsumedToken {
     pub email: Option<String>,
     /// The return URL chosen when the link was requested, if any: using the link mints a code.
     pub return_to: Option<String>,
+    /// The locale its email was written in, if the request named one: using the link makes it
+    /// the account's (the address owner read it).
+    pub locale: Option<String>,
 }
 
 /// A one-time code to store (its hash only): minted when a link with a return URL is used.
@@ -151,6 +156,8 @@ pub struct TokenForSend {
     /// SHA-256 of the token: tells which server secret (current or previous) derived it.
     #[sqlx(rename = "token_hash")]
     pub hash: Vec<u8>,
+    /// The locale to write its email in: the link's, else its account's (`None`: English).
+    pub locale: Option<String>,
 }
 
 /// A tenant as operators see it (`oncely tenant list`): never its key, only hashes.
@@ -169,6 +176,24 @@ pub struct TenantRecord {
     /// How its emails go out: `mail` (oncely sends them) or `webhook` (an `email.requested`
     /// event to its endpoints: [`crate::mail`]).
     pub email_delivery: String,
+    /// Its product name in emails (`None`: the service's).
+    pub product_name: Option<String>,
+    /// The sender of its emails (`None`: the service's).
+    pub mail_from: Option<String>,
+    /// Where its users write with questions (`None`: the service's, if any).
+    pub support_email: Option<String>,
+}
+
+/// A tenant's branding of its emails (`oncely tenant set --product-name --mail-from
+/// --support-email`); each `None` is the service's.
+#[derive(Debug, Clone, Default, PartialEq, Eq, FromRow)]
+pub struct Branding {
+    /// The product name.
+    pub product_name: Option<String>,
+    /// The sender, `Name <address>` or an address.
+    pub mail_from: Option<String>,
+    /// The support address.
+    pub support_email: Option<String>,
 }
 
 /// A webhook endpoint to store ([`Accounts::insert_webhook_endpoint`]).
@@ -288,6 +313,7 @@ pub trait Accounts: Backend {
         tenant: &'c str,
         email: &'c EmailAddress,
         source: Option<&'c str>,
+        locale: Option<&'c str>,
     ) -> impl Future<Output = Result<SignupOutcome, AccountError>> + Send + 'c;
 
     /// The user with this address in this tenant.
@@ -383,11 +409,12 @@ pub trait Accounts: Backend {
     /// password changes only through a reset. When it verifies, it supersedes the user's other
     /// live verification tokens (a signup link that carries someone's password must not set it
     /// later). Returns whether the account went from pending to verified now (a
-    /// `user.verified` event).
+    /// `user.verified` event). A `locale` (the used link's) becomes the account's.
     fn mark_verified<'c>(
         conn: &'c mut Connection<Self>,
         user_id: Uuid,
         password_hash: Option<&'c str>,
+        locale: Option<&'c str>,
     ) -> impl Future<Output = Result<bool, AccountError>> + Send + 'c;
 
     /// Replaces a user's password hash.
@@ -402,12 +429,14 @@ pub trait Accounts: Backend {
     /// gets the invitee's password or none, never the one it held), and adds the tenant
     /// membership once. Says whether the account was created, or verified, now: the account
     /// is read locked first, and a concurrent signup of the address that commits meanwhile is
-    /// read again, so each change is reported by exactly one transaction.
+    /// read again, so each change is reported by exactly one transaction. A created account
+    /// gets the invitation's `locale`; an existing one keeps its own (or gets it if it has none).
     fn accept_invite<'c>(
         conn: &'c mut Connection<Self>,
         tenant: &'c str,
         email: &'c str,
         password_hash: Option<&'c str>,
+        locale: Option<&'c str>,
     ) -> impl Future<Output = Result<InviteAcceptance, AccountError>> + Send + 'c;
 
     /// The address of user `user_id` if it belongs to `tenant` (else `None`: unknown, or
@@ -449,6 +478,12 @@ pub trait Accounts: Backend {
         &self,
         user_id: Uuid,
     ) -> impl Future<Output = Result<Option<String>, AccountError>> + Send;
+
+    /// The address of a user and the locale its emails are written in (for the worker).
+    fn user_email_and_locale(
+        &self,
+        user_id: Uuid,
+    ) -> impl Future<Output = Result<Option<(String, Option<String>)>, AccountError>> + Send;
 
     /// Deletes up to `limit` tokens that expired more than `expired_for` before `now` (`None`:
     /// the database's clock) — used, superseded, decoys and unused alike; returns how many.
@@ -556,6 +591,19 @@ pub trait Accounts: Backend {
         &self,
         tenant: &str,
     ) -> impl Future<Output = Result<String, AccountError>> + Send;
+
+    /// Tenant `tenant`'s branding (all `None` for an unknown tenant and `default`).
+    fn branding(
+        &self,
+        tenant: &str,
+    ) -> impl Future<Output = Result<Branding, AccountError>> + Send;
+
+    /// Replaces tenant `id`'s branding; `false` if there is no such tenant.
+    fn set_branding(
+        &self,
+        id: &str,
+        branding: &Branding,
+    ) -> impl Future<Output = Result<bool, AccountError>> + Send;
 
     /// Sets how tenant `id`'s emails go out (`mail` or `webhook`); `false` if there is no such
     /// tenant.
@@ -682,12 +730,15 @@ where
     for<'r> ExchangedCode: FromRow<'r, <B::Database as sqlx::Database>::Row>,
     for<'r> (String, String): FromRow<'r, <B::Database as sqlx::Database>::Row>,
     for<'r> (Uuid, String): FromRow<'r, <B::Database as sqlx::Database>::Row>,
+    for<'r> (String, Option<String>): FromRow<'r, <B::Database as sqlx::Database>::Row>,
+    for<'r> Branding: FromRow<'r, <B::Database as sqlx::Database>::Row>,
 {
     async fn signup_user(
         conn: &mut Connection<B>,
         tenant: &str,
         email: &EmailAddress,
         source: Option<&str>,
+        locale: Option<&str>,
     ) -> Result<SignupOutcome, AccountError> {
         let new_id = Uuid::new_v4();
         sqlx::query(B::ACCOUNT_SQL.insert_user)
@@ -696,6 +747,7 @@ where
             .bind(email.as_str())
             .bind(source)
             .bind(B::at(None))
+            .bind(locale)
             .execute(&mut *conn)
             .await
             .map_err(AccountError::of::<B>)?;
@@ -837,6 +889,7 @@ where
             .bind(now())
             .bind(token.password_hash)
             .bind(token.return_to)
+            .bind(token.locale)
             .execute(conn)
             .await
             .map_err(AccountError::of::<B>)?;
@@ -885,11 +938,13 @@ where
         conn: &mut Connection<B>,
         user_id: Uuid,
         password_hash: Option<&str>,
+        locale: Option<&str>,
     ) -> Result<bool, AccountError> {
         let updated = sqlx::query(B::ACCOUNT_SQL.mark_verified)
             .bind(user_id)
             .bind(B::at(None))
             .bind(password_hash)
+            .bind(locale)
             .execute(&mut *conn)
             .await
             .map_err(AccountError::of::<B>)?;
@@ -920,6 +975,7 @@ where
         tenant: &str,
         email: &str,
         password_hash: Option<&str>,
+        locale: Option<&str>,
     ) -> Result<InviteAcceptance, AccountError> {
         let now = || B::at(None);
         let new_id = Uuid::new_v4();
@@ -931,6 +987,7 @@ where
                 .bind(email)
                 .bind(password_hash)
                 .bind(now())
+                .bind(locale)
                 .execute(&mut *conn)
                 .await
                 .map_err(AccountError::of::<B>)?;
@@ -953,6 +1010,7 @@ where
                 .bind(email)
                 .bind(password_hash)
                 .bind(now())
+                .bind(locale)
                 .fetch_one(&mut *conn)
                 .await
                 .map_err(AccountError::of::<B>)?,
@@ -1037,6 +1095,19 @@ where
             .fetch_optional(self.pool())
             .await
             .map_err(AccountError::of::<B>)
+    }
+
+    async fn user_email_and_locale(
+        &self,
+        user_id: Uuid,
+    ) -> Result<Option<(String, Option<String>)>, AccountError> {
+        let row: Option<(String, Option<String>)> =
+            sqlx::query_as(B::ACCOUNT_SQL.user_email_and_locale)
+                .bind(user_id)
+                .fetch_optional(self.pool())
+                .await
+                .map_err(AccountError::of::<B>)?;
+        Ok(row)
     }
 
     async fn prune_tokens(
@@ -1216,6 +1287,27 @@ where
             .await
             .map_err(AccountError::of::<B>)?;
         Ok(found.unwrap_or_else(|| "mail".to_owned()))
+    }
+
+    async fn branding(&self, tenant: &str) -> Result<Branding, AccountError> {
+        let found: Option<Branding> = sqlx::query_as(B::ACCOUNT_SQL.branding)
+            .bind(tenant)
+            .fetch_optional(self.pool())
+            .await
+            .map_err(AccountError::of::<B>)?;
+        Ok(found.unwrap_or_default())
+    }
+
+    async fn set_branding(&self, id: &str, branding: &Branding) -> Result<bool, AccountError> {
+        let done = sqlx::query(B::ACCOUNT_SQL.set_branding)
+            .bind(id)
+            .bind(branding.product_name.as_deref())
+            .bind(branding.mail_from.as_deref())
+            .bind(branding.support_email.as_deref())
+            .execute(self.pool())
+            .await
+            .map_err(AccountError::of::<B>)?;
+        Ok(B::rows_affected(&done) == 1)
     }
 
     async fn set_email_delivery(&self, id: &str, delivery: &str) -> Result<bool, AccountError> {

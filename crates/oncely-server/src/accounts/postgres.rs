@@ -6,8 +6,8 @@ use super::Statements;
 
 /// The statements.
 pub const STATEMENTS: Statements = Statements {
-    insert_user: "INSERT INTO oncely_users (id, tenant, email, source, created_at)
-                  VALUES ($1, $2, $3, $4, COALESCE($5, now())) ON CONFLICT (tenant, email) DO NOTHING",
+    insert_user: "INSERT INTO oncely_users (id, tenant, email, source, created_at, locale)
+                  VALUES ($1, $2, $3, $4, COALESCE($5, now()), $6) ON CONFLICT (tenant, email) DO NOTHING",
     find_user: "SELECT id, status = 'verified' AS verified FROM oncely_users
                  WHERE tenant = $1 AND email = $2",
     lock_user: "SELECT id, status = 'verified' AS verified FROM oncely_users
@@ -30,8 +30,8 @@ pub const STATEMENTS: Statements = Statements {
                         AND password_hash IS NULL",
     insert_token: "INSERT INTO oncely_tokens
                        (id, tenant, user_id, email, flow, token_hash, expires_at, created_at, password_hash,
-                        return_to)
-                   VALUES ($1, $2, $3, $4, $5, $6, $7, COALESCE($8, now()), $9, $10)",
+                        return_to, locale)
+                   VALUES ($1, $2, $3, $4, $5, $6, $7, COALESCE($8, now()), $9, $10, $11)",
     // Index: token_hash unique, then the users' primary key. Every transaction that uses a
     // link locks its account first, then its token, then the account's other tokens (a reset
     // ends them, so does an email change): two links of one account used at once then run one
@@ -47,7 +47,7 @@ pub const STATEMENTS: Statements = Statements {
                        AND (user_id IS NOT NULL OR email IS NOT NULL)
                        AND consumed_at IS NULL AND superseded_at IS NULL
                        AND expires_at > COALESCE($4, now())
-                    RETURNING tenant, user_id, email, password_hash, return_to",
+                    RETURNING tenant, user_id, email, password_hash, return_to, locale",
     signup_password_attempt: "UPDATE oncely_tokens SET password_attempts = password_attempts + 1
                                WHERE token_hash = $1 AND ($2::text IS NULL OR tenant = $2)
                                  AND flow = 'verification' AND user_id IS NOT NULL
@@ -55,7 +55,7 @@ pub const STATEMENTS: Statements = Statements {
                                  AND expires_at > COALESCE($3, now())
                               RETURNING password_hash, password_attempts::bigint",
     mark_verified: "UPDATE oncely_users SET status = 'verified', verified_at = COALESCE($2, now()),
-                           password_hash = $3
+                           password_hash = $3, locale = COALESCE($4, locale)
                      WHERE id = $1 AND status = 'pending'",
     // Index: oncely_tokens_live.
     supersede_verification: "UPDATE oncely_tokens SET superseded_at = COALESCE($2, now())
@@ -64,25 +64,28 @@ pub const STATEMENTS: Statements = Statements {
     set_password: "UPDATE oncely_users SET password_hash = $2 WHERE id = $1",
     // Columns of the existing row need the table's alias (`u`) beside `excluded`.
     accept_invite: "INSERT INTO oncely_users AS u
-                        (id, tenant, email, password_hash, source, status, verified_at, created_at)
-                    VALUES ($1, $2, $3, $4, 'invite', 'verified', COALESCE($5, now()), COALESCE($5, now()))
+                        (id, tenant, email, password_hash, source, status, verified_at, created_at, locale)
+                    VALUES ($1, $2, $3, $4, 'invite', 'verified', COALESCE($5, now()), COALESCE($5, now()), $6)
                     ON CONFLICT (tenant, email) DO UPDATE
                        SET status = 'verified', verified_at = COALESCE(u.verified_at, excluded.verified_at),
+                           locale = COALESCE(u.locale, excluded.locale),
                            password_hash = CASE WHEN u.status = 'pending' THEN excluded.password_hash
                                             ELSE u.password_hash END
                     RETURNING id",
     insert_invited_user: "INSERT INTO oncely_users
-                              (id, tenant, email, password_hash, source, status, verified_at, created_at)
-                          VALUES ($1, $2, $3, $4, 'invite', 'verified', COALESCE($5, now()), COALESCE($5, now()))
+                              (id, tenant, email, password_hash, source, status, verified_at, created_at, locale)
+                          VALUES ($1, $2, $3, $4, 'invite', 'verified', COALESCE($5, now()), COALESCE($5, now()), $6)
                           ON CONFLICT (tenant, email) DO NOTHING",
     add_membership: "INSERT INTO oncely_memberships (tenant, user_id, created_at)
                      VALUES ($1, $2, COALESCE($3, now())) ON CONFLICT DO NOTHING",
     token_for_send: "SELECT t.flow, t.tenant, t.user_id, t.token_hash, COALESCE(t.email, u.email) AS recipient,
+                            COALESCE(t.locale, u.locale) AS locale,
                             (t.consumed_at IS NULL AND t.superseded_at IS NULL
                              AND t.expires_at > COALESCE($2, now())) AS live
                        FROM oncely_tokens t LEFT JOIN oncely_users u ON u.id = t.user_id
                       WHERE t.id = $1",
     user_email: "SELECT email FROM oncely_users WHERE id = $1",
+    user_email_and_locale: "SELECT email, locale FROM oncely_users WHERE id = $1",
     user_in_tenant: "SELECT email FROM oncely_users WHERE id = $1 AND tenant = $2",
     // The NOT EXISTS sees committed rows only: a concurrent change or signup to the same
     // address is stopped by the unique index instead (AccountError::Conflict).
@@ -129,7 +132,7 @@ pub const STATEMENTS: Statements = Statements {
                      CASE WHEN previous_key_expires_at > COALESCE($1, now())
                           THEN floor(extract(epoch FROM previous_key_expires_at) * 1000)::int8
                      END AS previous_key_expires_at_ms
-                     , email_delivery
+                     , email_delivery, product_name, mail_from, support_email
                 FROM oncely_tenants ORDER BY id",
     // The no-op update makes RETURNING give the stored row when it exists.
     development_secret: "INSERT INTO oncely_development_secret (id, secret) VALUES (1, $1)
@@ -165,6 +168,9 @@ pub const STATEMENTS: Statements = Statements {
                        ORDER BY expires_at LIMIT $2 FOR UPDATE SKIP LOCKED))",
     // Index: oncely_webhook_endpoints_tenant.
     email_delivery: "SELECT email_delivery FROM oncely_tenants WHERE id = $1",
+    branding: "SELECT product_name, mail_from, support_email FROM oncely_tenants WHERE id = $1",
+    set_branding: "UPDATE oncely_tenants SET product_name = $2, mail_from = $3, support_email = $4
+                   WHERE id = $1",
     set_email_delivery: "UPDATE oncely_tenants SET email_delivery = $2 WHERE id = $1",
     webhook_targets: "SELECT id, events FROM oncely_webhook_endpoints
                       WHERE tenant = $1 AND disabled_at IS NULL

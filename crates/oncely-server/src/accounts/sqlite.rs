@@ -5,8 +5,8 @@ use super::Statements;
 
 /// The statements.
 pub const STATEMENTS: Statements = Statements {
-    insert_user: "INSERT INTO oncely_users (id, tenant, email, source, created_at)
-                  VALUES (?1, ?2, ?3, ?4, ?5) ON CONFLICT (tenant, email) DO NOTHING",
+    insert_user: "INSERT INTO oncely_users (id, tenant, email, source, created_at, locale)
+                  VALUES (?1, ?2, ?3, ?4, ?5, ?6) ON CONFLICT (tenant, email) DO NOTHING",
     find_user: "SELECT id, status = 'verified' AS verified FROM oncely_users
                  WHERE tenant = ?1 AND email = ?2",
     // Differs: nothing to lock — the transaction holds the database's one write lock.
@@ -29,8 +29,8 @@ pub const STATEMENTS: Statements = Statements {
                         AND password_hash IS NULL",
     insert_token: "INSERT INTO oncely_tokens
                        (id, tenant, user_id, email, flow, token_hash, expires_at, created_at, password_hash,
-                        return_to)
-                   VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10)",
+                        return_to, locale)
+                   VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11)",
     // Differs: nothing to lock — the transaction holds the database's one write lock.
     lock_token_account: "SELECT 1 WHERE ?1 IS NULL",
     // Index: token_hash unique (across tenants: the token names its tenant).
@@ -38,14 +38,15 @@ pub const STATEMENTS: Statements = Statements {
                      WHERE token_hash = ?1 AND (?2 IS NULL OR tenant = ?2) AND flow = ?3
                        AND (user_id IS NOT NULL OR email IS NOT NULL)
                        AND consumed_at IS NULL AND superseded_at IS NULL AND expires_at > ?4
-                    RETURNING tenant, user_id, email, password_hash, return_to",
+                    RETURNING tenant, user_id, email, password_hash, return_to, locale",
     signup_password_attempt: "UPDATE oncely_tokens SET password_attempts = password_attempts + 1
                                WHERE token_hash = ?1 AND (?2 IS NULL OR tenant = ?2)
                                  AND flow = 'verification' AND user_id IS NOT NULL
                                  AND consumed_at IS NULL AND superseded_at IS NULL
                                  AND expires_at > ?3
                               RETURNING password_hash, password_attempts",
-    mark_verified: "UPDATE oncely_users SET status = 'verified', verified_at = ?2, password_hash = ?3
+    mark_verified: "UPDATE oncely_users SET status = 'verified', verified_at = ?2, password_hash = ?3,
+                                          locale = COALESCE(?4, locale)
                      WHERE id = ?1 AND status = 'pending'",
     // Index: oncely_tokens_live.
     supersede_verification: "UPDATE oncely_tokens SET superseded_at = ?2
@@ -54,25 +55,28 @@ pub const STATEMENTS: Statements = Statements {
     set_password: "UPDATE oncely_users SET password_hash = ?2 WHERE id = ?1",
     // Unqualified columns in DO UPDATE are the existing row's.
     accept_invite: "INSERT INTO oncely_users
-                        (id, tenant, email, password_hash, source, status, verified_at, created_at)
-                    VALUES (?1, ?2, ?3, ?4, 'invite', 'verified', ?5, ?5)
+                        (id, tenant, email, password_hash, source, status, verified_at, created_at, locale)
+                    VALUES (?1, ?2, ?3, ?4, 'invite', 'verified', ?5, ?5, ?6)
                     ON CONFLICT (tenant, email) DO UPDATE
                        SET status = 'verified', verified_at = COALESCE(verified_at, excluded.verified_at),
+                           locale = COALESCE(locale, excluded.locale),
                            password_hash = CASE WHEN status = 'pending' THEN excluded.password_hash
                                             ELSE password_hash END
                     RETURNING id",
     insert_invited_user: "INSERT INTO oncely_users
-                              (id, tenant, email, password_hash, source, status, verified_at, created_at)
-                          VALUES (?1, ?2, ?3, ?4, 'invite', 'verified', ?5, ?5)
+                              (id, tenant, email, password_hash, source, status, verified_at, created_at, locale)
+                          VALUES (?1, ?2, ?3, ?4, 'invite', 'verified', ?5, ?5, ?6)
                           ON CONFLICT (tenant, email) DO NOTHING",
     add_membership: "INSERT INTO oncely_memberships (tenant, user_id, created_at)
                      VALUES (?1, ?2, ?3) ON CONFLICT DO NOTHING",
     token_for_send: "SELECT t.flow, t.tenant, t.user_id, t.token_hash, COALESCE(t.email, u.email) AS recipient,
+                            COALESCE(t.locale, u.locale) AS locale,
                             (t.consumed_at IS NULL AND t.superseded_at IS NULL
                              AND t.expires_at > ?2) AS live
                        FROM oncely_tokens t LEFT JOIN oncely_users u ON u.id = t.user_id
                       WHERE t.id = ?1",
     user_email: "SELECT email FROM oncely_users WHERE id = ?1",
+    user_email_and_locale: "SELECT email, locale FROM oncely_users WHERE id = ?1",
     user_in_tenant: "SELECT email FROM oncely_users WHERE id = ?1 AND tenant = ?2",
     // Unqualified columns in SET are the row's own; one writer at a time: no race past the
     // NOT EXISTS.
@@ -114,7 +118,7 @@ pub const STATEMENTS: Statements = Statements {
                          AS previous_key_hash,
                      CASE WHEN previous_key_expires_at > ?1 THEN previous_key_expires_at END
                          AS previous_key_expires_at_ms
-                     , email_delivery
+                     , email_delivery, product_name, mail_from, support_email
                 FROM oncely_tenants ORDER BY id",
     // See PostgreSQL's.
     development_secret: "INSERT INTO oncely_development_secret (id, secret) VALUES (1, ?1)
@@ -149,6 +153,9 @@ pub const STATEMENTS: Statements = Statements {
                        ORDER BY expires_at LIMIT ?2)",
     // Index: oncely_webhook_endpoints_tenant.
     email_delivery: "SELECT email_delivery FROM oncely_tenants WHERE id = ?1",
+    branding: "SELECT product_name, mail_from, support_email FROM oncely_tenants WHERE id = ?1",
+    set_branding: "UPDATE oncely_tenants SET product_name = ?2, mail_from = ?3, support_email = ?4
+                   WHERE id = ?1",
     set_email_delivery: "UPDATE oncely_tenants SET email_delivery = ?2 WHERE id = ?1",
     webhook_targets: "SELECT id, events FROM oncely_webhook_endpoints
                       WHERE tenant = ?1 AND disabled_at IS NULL

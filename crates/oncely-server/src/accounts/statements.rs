@@ -10,7 +10,8 @@
 /// The SQL of the account flows in one dialect.
 #[derive(Debug, Clone, Copy)]
 pub struct Statements {
-    /// Binds id, tenant, email, source, now. Inserts the user unless (tenant, email) exists.
+    /// Binds id, tenant, email, source, now, locale. Inserts the user unless (tenant, email)
+    /// exists.
     pub insert_user: &'static str,
     /// Binds tenant, email. Returns `id`, `verified`.
     pub find_user: &'static str,
@@ -32,36 +33,40 @@ pub struct Statements {
     /// flow that carry no signup password, if `supersede`.
     pub supersede_flow: &'static str,
     /// Binds id, tenant, user_id, email, flow, token_hash, expires_at, now, password_hash,
-    /// return_to.
+    /// return_to, locale.
     pub insert_token: &'static str,
     /// Binds token_hash. Locks the account the token belongs to (if any) until the transaction
     /// ends, before the token is consumed.
     pub lock_token_account: &'static str,
     /// Binds token_hash, tenant (or NULL: any), flow, now. Consumes a live, owned token;
-    /// returns `tenant`, `user_id`, `email`, `password_hash`, `return_to`.
+    /// returns `tenant`, `user_id`, `email`, `password_hash`, `return_to`, `locale`.
     pub consume_token: &'static str,
     /// Binds token_hash, tenant (or NULL: any), now. Counts an attempt at the signup password
     /// of a live verification token; returns `password_hash`, `password_attempts` (64-bit).
     pub signup_password_attempt: &'static str,
-    /// Binds user_id, now, password_hash. Verifies a pending user, setting its password.
+    /// Binds user_id, now, password_hash, locale. Verifies a pending user, setting its password
+    /// and (unless NULL) its locale.
     pub mark_verified: &'static str,
     /// Binds user_id, now. Supersedes the user's live verification tokens.
     pub supersede_verification: &'static str,
     /// Binds user_id, password_hash.
     pub set_password: &'static str,
-    /// Binds id, tenant, email, password_hash, now. Creates the invited user verified, or
-    /// verifies the existing one; returns its `id`.
+    /// Binds id, tenant, email, password_hash, now, locale. Creates the invited user verified,
+    /// or verifies the existing one (its locale kept, or set if it had none); returns its `id`.
     pub accept_invite: &'static str,
-    /// Binds id, tenant, email, password_hash, now. Creates the invited user verified unless
-    /// (tenant, email) exists (then no row).
+    /// Binds id, tenant, email, password_hash, now, locale. Creates the invited user verified
+    /// unless (tenant, email) exists (then no row).
     pub insert_invited_user: &'static str,
     /// Binds tenant, user_id, now. Adds the membership once.
     pub add_membership: &'static str,
-    /// Binds token_id, now. Returns `flow`, `token_hash`, `recipient` (the token's own
-    /// address if it has one, else its user's), `live`.
+    /// Binds token_id, now. Returns `flow`, `tenant`, `user_id`, `token_hash`, `recipient` (the
+    /// token's own address if it has one, else its user's), `locale` (the token's, else its
+    /// user's), `live`.
     pub token_for_send: &'static str,
     /// Binds user_id. Returns `email`.
     pub user_email: &'static str,
+    /// Binds user_id. Returns `email`, `locale`.
+    pub user_email_and_locale: &'static str,
     /// Binds user_id, tenant. Returns the `email` of the user if it belongs to the tenant.
     pub user_in_tenant: &'static str,
     /// Binds user_id, email, now. Gives the user the address, verified (a pending account's
@@ -87,7 +92,8 @@ pub struct Statements {
     /// `previous_key_expires_at_ms` (Unix milliseconds or NULL); no row if no such tenant.
     pub rotate_tenant_key: &'static str,
     /// Binds now. Every tenant by id: `id`, `api_key_hash`, `created_at_ms`, and while it is
-    /// valid `previous_key_hash` and `previous_key_expires_at_ms` (else NULL).
+    /// valid `previous_key_hash` and `previous_key_expires_at_ms` (else NULL); `email_delivery`,
+    /// `product_name`, `mail_from`, `support_email`.
     pub tenants: &'static str,
     /// Binds secret. Stores the development secret of the database unless one is stored;
     /// returns the stored one.
@@ -122,6 +128,12 @@ pub struct Statements {
     /// Binds id, email_delivery. Sets the tenant's email delivery; changes no row for an
     /// unknown tenant.
     pub set_email_delivery: &'static str,
+    /// Binds tenant. Returns its `product_name`, `mail_from`, `support_email`; no row for an
+    /// unknown tenant (and `default`).
+    pub branding: &'static str,
+    /// Binds id, product_name, mail_from, support_email. Replaces the tenant's branding;
+    /// changes no row for an unknown tenant.
+    pub set_branding: &'static str,
     /// Binds id, tenant, url, events (JSON array), secret_sealed, now.
     pub insert_webhook_endpoint: &'static str,
     /// Binds id, now. One endpoint as an [`EndpointRecord`](super::EndpointRecord) (the previous

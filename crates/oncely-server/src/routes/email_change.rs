@@ -18,7 +18,7 @@ use super::email_caps::suppression;
 use super::error::ApiError;
 use super::events::{account_event, address_of};
 use super::post::IdempotentPost;
-use super::send_link::{Accepted, Link, Owner, accepted, issue_link};
+use super::send_link::{Accepted, Link, Owner, accepted, issue_link, request_locale};
 use super::use_link::{LinkUse, LinkUsed};
 use crate::accounts::Accounts;
 use crate::email::EmailAddress;
@@ -34,6 +34,10 @@ pub struct EmailChangeRequest {
     /// validated.
     #[schema(example = "ada@new.example.com")]
     new_email: String,
+    /// Optional: the language of the link's email, a BCP 47 tag (default: the request's
+    /// `Accept-Language`, else the account's). The notices are in the account's.
+    #[schema(example = "de-AT")]
+    locale: Option<String>,
 }
 
 /// `POST /v1/users/{id}/email-change` (tenant API key required): a confirmation link (1 h;
@@ -51,8 +55,10 @@ pub async fn request<A: Accounts>(
         caller,
         tx,
         body,
+        accepted_languages,
     } = post;
     let tenant = tenant.id;
+    let locale = request_locale(&state, &tenant, body.locale.as_deref(), accepted_languages)?;
     let new = EmailAddress::parse(&body.new_email)
         .map_err(|_| ApiError::invalid_request("new_email is not a valid address"))?;
     let mut conn = tx.lock().await?;
@@ -90,6 +96,7 @@ pub async fn request<A: Accounts>(
         to: &new,
         // The account is signed in to the application already: no code, no return URL.
         return_to: None,
+        locale: locale.as_ref(),
     };
     issue_link(
         &mut *conn,

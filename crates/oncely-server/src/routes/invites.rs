@@ -27,8 +27,8 @@ pub async fn accept<A: Accounts>(mut post: LinkUse<A>) -> LinkUsed {
     let password_hash = hash_new_password(post.body.password.take(), &post.caller).await?;
     let (mut conn, token) = post.use_token(Flow::Invite).await?;
     let email = token.email.as_deref().ok_or(ApiError::InvalidToken)?;
-    let accepted =
-        A::accept_invite(&mut conn, &token.tenant, email, password_hash.as_deref()).await?;
+    let (password_hash, locale) = (password_hash.as_deref(), token.locale.as_deref());
+    let accepted = A::accept_invite(&mut conn, &token.tenant, email, password_hash, locale).await?;
     let (state, tenant, user) = (&post.state, token.tenant.as_str(), accepted.user_id);
     if accepted.created {
         let (kind, data) = (EventType::UserCreated, json!({ "email_verified": true }));

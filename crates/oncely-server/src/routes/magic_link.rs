@@ -26,7 +26,7 @@ pub async fn sign_in<A: Accounts>(post: LinkUse<A>) -> LinkUsed {
         return Err(ApiError::invalid_request("this link takes no password"));
     }
     let (mut conn, user, token) = post.use_account_token(Flow::MagicLink).await?;
-    let verified = A::mark_verified(&mut conn, user, None).await?;
+    let verified = A::mark_verified(&mut conn, user, None, token.locale.as_deref()).await?;
     let (state, tenant) = (&post.state, token.tenant.as_str());
     let email = address_of::<A>(&mut *conn, tenant, user).await?;
     if verified {

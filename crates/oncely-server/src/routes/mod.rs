@@ -53,6 +53,8 @@ pub struct AppState<A: Accounts> {
     /// to whom the emails that were not sent would have gone: only while it serves its page
     /// (development, the dev mailer, a loopback address). Otherwise payloads hold ids only.
     pub recipient_in_payload: bool,
+    /// The emails' templates: a request's `Accept-Language` is matched against their locales.
+    pub templates: crate::templates::Templates,
 }
 
 impl<A: Accounts> AppState<A> {
@@ -74,6 +76,7 @@ impl<A: Accounts> Clone for AppState<A> {
             limits: self.limits,
             login: self.login,
             recipient_in_payload: self.recipient_in_payload,
+            templates: self.templates.clone(),
         }
     }
 }

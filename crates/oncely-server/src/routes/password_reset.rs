@@ -28,7 +28,7 @@ pub async fn confirm<A: Accounts>(mut post: LinkUse<A>) -> LinkUsed {
         return Err(ApiError::invalid_request("password is required"));
     };
     let (mut conn, user, token) = post.use_account_token(Flow::PasswordReset).await?;
-    let verified = A::mark_verified(&mut conn, user, None).await?;
+    let verified = A::mark_verified(&mut conn, user, None, token.locale.as_deref()).await?;
     A::set_password(&mut conn, user, &password_hash).await?;
     let (state, tenant) = (&post.state, token.tenant.as_str());
     let email = address_of::<A>(&mut *conn, tenant, user).await?;

@@ -15,6 +15,7 @@ use super::error::{ApiError, BodyError};
 use super::tenants::Tenant;
 use crate::accounts::Accounts;
 use crate::client_addr::CallerAddr;
+use crate::templates::Locale;
 
 /// `Json<T>` whose rejections are problem+json: 415 without a JSON content type, 413 for a
 /// body over the limit, 400 `invalid-request` for anything unreadable (saying what).
@@ -52,6 +53,9 @@ pub struct IdempotentPost<A: Accounts, T> {
     pub tx: IdempotentTx<A::Database>,
     /// The body.
     pub body: T,
+    /// The tags of the request's `Accept-Language`, best first (the language of the emails a
+    /// request without `locale` asks for).
+    pub accepted_languages: Vec<Locale>,
 }
 
 impl<A: Accounts, T: DeserializeOwned> FromRequest<AppState<A>> for IdempotentPost<A, T> {
@@ -69,6 +73,12 @@ impl<A: Accounts, T: DeserializeOwned> FromRequest<AppState<A>> for IdempotentPo
                 caller
             }
         };
+        let accepted_languages = parts
+            .headers
+            .get(http::header::ACCEPT_LANGUAGE)
+            .and_then(|value| value.to_str().ok())
+            .map(Locale::accepted)
+            .unwrap_or_default();
         let tx = IdempotentTx::from_request_parts(&mut parts, state)
             .await
             .map_err(IntoResponse::into_response)?;
@@ -81,6 +91,7 @@ impl<A: Accounts, T: DeserializeOwned> FromRequest<AppState<A>> for IdempotentPo
             caller,
             tx,
             body,
+            accepted_languages,
         })
     }
 }

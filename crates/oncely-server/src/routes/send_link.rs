@@ -20,6 +20,7 @@ use super::error::ApiError;
 use super::post::IdempotentPost;
 use crate::accounts::{Accounts, NewToken};
 use crate::email::EmailAddress;
+use crate::templates::Locale;
 use crate::token::{Flow, Token};
 
 /// The answer of every route that emails a link.
@@ -47,6 +48,11 @@ pub struct EmailRequest {
     /// (default: its first; none configured: nowhere).
     #[schema(example = "https://app.example.com/auth/callback")]
     return_to: Option<String>,
+    /// Optional: the language of the email, a BCP 47 tag (default: the request's
+    /// `Accept-Language`, else the account's). A locale without templates falls back to its
+    /// language, then English; never an error.
+    #[schema(example = "de-AT")]
+    locale: Option<String>,
 }
 
 /// Which account a link goes to, for a flow.
@@ -73,10 +79,12 @@ impl<A: Accounts> LinkRequest<A> {
             caller,
             tx,
             body,
+            accepted_languages,
         } = self;
         let email = EmailAddress::parse(&body.email)
             .map_err(|_| ApiError::invalid_request("email is not a valid address"))?;
         let tenant = tenant.id;
+        let locale = request_locale(&state, &tenant, body.locale.as_deref(), accepted_languages)?;
         let return_to = return_url(&state, &tenant, body.return_to.as_deref()).await?;
         let mut conn = tx.lock().await?;
         let user = A::find_user(&mut conn, tenant.as_str(), &email).await?;
@@ -95,6 +103,7 @@ impl<A: Accounts> LinkRequest<A> {
             owner,
             to: &email,
             return_to: return_to.as_deref(),
+            locale: locale.as_ref(),
         };
         issue_link(&mut *conn, &state, &tenant, link, suppressed, None).await?;
         tracing::info!(email = %email.masked(), tenant = %tenant, flow = flow.as_str(), "link requested");
@@ -120,6 +129,23 @@ pub async fn return_url<A: Accounts>(
             .find(|url| url.as_bytes() == requested.as_bytes())
             .map(Some)
             .ok_or(ApiError::ReturnUrlNotAllowed),
+    }
+}
+
+/// The locale a flow request asks its emails in: its `locale` (400 `invalid-request` if that is
+/// not a BCP 47 tag), else the best of its `Accept-Language` that the tenant has templates in
+/// (else the first); `None`: the account's, or English.
+pub fn request_locale<A: Accounts>(
+    state: &AppState<A>,
+    tenant: &TenantId,
+    locale: Option<&str>,
+    accepted: Vec<Locale>,
+) -> Result<Option<Locale>, ApiError> {
+    match locale {
+        Some(tag) => Locale::parse(tag)
+            .map(Some)
+            .map_err(|why| ApiError::invalid_request(format!("locale: {why}"))),
+        None => Ok(state.templates.negotiate(tenant.as_str(), accepted)),
     }
 }
 
@@ -168,6 +194,8 @@ pub struct Link<'a> {
     pub to: &'a EmailAddress,
     /// Where the flow returns once the link is used (stored on decoys too: the same work).
     pub return_to: Option<&'a str>,
+    /// The language of its email (stored on decoys too); `None`: the account's.
+    pub locale: Option<&'a Locale>,
 }
 
 /// Issues a link: stores a token of the link's flow for its owner (a decoy if nobody) and
@@ -183,6 +211,7 @@ pub async fn issue_link<A: Accounts>(
         owner,
         to,
         return_to,
+        locale,
     }: Link<'_>,
     suppressed: Option<String>,
     signup: Option<FromSignup<'_>>,
@@ -201,6 +230,7 @@ pub async fn issue_link<A: Accounts>(
         password_hash: signup.and_then(|s| s.password_hash),
         supersede: suppressed.is_none() && signup.is_none(),
         return_to,
+        locale: locale.map(Locale::as_str),
     };
     A::insert_token(conn, &token).await?;
     let user = owner

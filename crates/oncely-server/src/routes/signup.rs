@@ -11,10 +11,13 @@ use super::error::ApiError;
 use super::events::account_event;
 use super::new_password::hash_new_password;
 use super::post::IdempotentPost;
-use super::send_link::{Accepted, FromSignup, Link, Owner, accepted, issue_link, return_url};
+use super::send_link::{
+    Accepted, FromSignup, Link, Owner, accepted, issue_link, request_locale, return_url,
+};
 use crate::accounts::{Accounts, SignupOutcome};
 use crate::email::EmailAddress;
 use crate::mail::SIGNUP_NOTICE;
+use crate::templates::Locale;
 use crate::token::Flow;
 use crate::webhooks::EventType;
 
@@ -33,6 +36,11 @@ pub struct SignupRequest {
     /// return URLs (default: its first; none configured: nowhere).
     #[schema(example = "https://app.example.com/auth/callback")]
     return_to: Option<String>,
+    /// Optional: the language of the account's emails, a BCP 47 tag (default: the request's
+    /// `Accept-Language`). A locale without templates falls back to its language, then
+    /// English; never an error.
+    #[schema(example = "de-AT")]
+    locale: Option<String>,
 }
 
 /// Creates the account (or finds it), and the email for it — a verification link, or a notice
@@ -47,8 +55,10 @@ pub async fn signup<A: Accounts>(
         caller,
         tx,
         body: request,
+        accepted_languages,
     } = post;
     let tenant = tenant.id;
+    let locale = request_locale(&state, &tenant, request.locale.as_deref(), accepted_languages)?;
     let email = EmailAddress::parse(&request.email)
         .map_err(|_| ApiError::invalid_request("email is not a valid address"))?;
     if let Some(source) = &request.source
@@ -67,6 +77,7 @@ pub async fn signup<A: Accounts>(
         tenant.as_str(),
         &email,
         request.source.as_deref(),
+        locale.as_ref().map(Locale::as_str),
     )
     .await?;
     if let SignupOutcome::Created(user) = row {
@@ -103,6 +114,7 @@ pub async fn signup<A: Accounts>(
         owner,
         to: &email,
         return_to: return_to.as_deref(),
+        locale: locale.as_ref(),
     };
     issue_link(
         &mut *conn,

@@ -40,7 +40,7 @@ pub async fn verify<A: Accounts>(mut post: LinkUse<A>) -> LinkUsed {
     if adopted.is_some() && token.password_hash != adopted {
         return Err(ApiError::InvalidToken);
     }
-    if A::mark_verified(&mut conn, user, adopted.as_deref()).await? {
+    if A::mark_verified(&mut conn, user, adopted.as_deref(), token.locale.as_deref()).await? {
         let email = address_of::<A>(&mut *conn, &token.tenant, user).await?;
         let (state, kind) = (&post.state, EventType::UserVerified);
         account_event(

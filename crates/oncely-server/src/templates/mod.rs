@@ -13,6 +13,7 @@
 //! what is checked is what is sent. A template that still fails at send time (data no sample
 //! had) fails its job with the reason; nothing half-rendered is sent.
 
+pub mod commands;
 mod html;
 pub mod locale;
 
@@ -248,7 +249,7 @@ pub fn escape_link(link: &str) -> String {
 fn lifetime_text(minutes: i64, locale: &str) -> String {
     let german = locale == "de" || locale.starts_with("de-");
     let (n, unit) = match minutes {
-        m if m > 0 && m % (24 * 60) == 0 => (m / (24 * 60), 0),
+        m if m >= 2 * 24 * 60 && m % (24 * 60) == 0 => (m / (24 * 60), 0),
         m if m > 0 && m % 60 == 0 => (m / 60, 1),
         m => (m, 2),
     };
@@ -495,10 +496,37 @@ impl Templates {
         }
     }
 
+    /// The templates `serve` and `worker` start with: [`Templates::load`] of `ONCELY_TEMPLATES`,
+    /// or an error of one line (the first problem, and how many more `oncely templates check`
+    /// lists).
+    pub fn for_start(dir: Option<&Path>) -> anyhow::Result<Self> {
+        Self::load(dir).map_err(|Problems(problems)| {
+            let more = match problems.len() {
+                1 => String::new(),
+                n => format!(
+                    " (and {} more: `oncely templates check` lists them)",
+                    n - 1
+                ),
+            };
+            anyhow::anyhow!(
+                "ONCELY_TEMPLATES: a template is broken, not starting: {}{more}",
+                problems[0]
+            )
+        })
+    }
+
     fn new(sources: Sources) -> Self {
         let sources = Arc::new(sources);
         let mut env = Environment::new();
         env.set_undefined_behavior(UndefinedBehavior::Strict);
+        // A block tag on a line of its own leaves no line behind (Jinja's trim and lstrip).
+        env.set_syntax(
+            minijinja::syntax::SyntaxConfig::builder()
+                .trim_blocks(true)
+                .lstrip_blocks(true)
+                .build()
+                .expect("the default delimiters"),
+        );
         env.set_auto_escape_callback(|name| match name.ends_with(".html") {
             true => AutoEscape::Html,
             false => AutoEscape::None,
@@ -1177,7 +1205,8 @@ mod tests {
 
     #[test]
     fn link_lifetimes_read_in_the_message_language() {
-        assert_eq!(lifetime_text(24 * 60, "en"), "1 day");
+        assert_eq!(lifetime_text(24 * 60, "en"), "24 hours");
+        assert_eq!(lifetime_text(2 * 24 * 60, "en"), "2 days");
         assert_eq!(lifetime_text(7 * 24 * 60, "de"), "7 Tage");
         assert_eq!(lifetime_text(60, "de-AT"), "1 Stunde");
         assert_eq!(lifetime_text(15, "en"), "15 minutes");

@@ -1,0 +1,187 @@
+//! Who an email is from and what it calls the product: the service's defaults
+//! (`ONCELY_MAIL_FROM`, `ONCELY_PRODUCT_NAME`, `ONCELY_SUPPORT_EMAIL`) and each tenant's own
+//! (`oncely tenant set --mail-from --product-name --support-email`), and which senders the
+//! mailer may send as (`ONCELY_MAIL_FROM_DOMAINS`).
+
+use lettre::message::Mailbox;
+
+use crate::accounts::Branding;
+use crate::email::EmailAddress;
+
+/// The longest product name taken.
+pub const MAX_PRODUCT_NAME: usize = 100;
+
+/// The service's branding: what a tenant without its own gets, and the senders it allows.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct ServiceBrand {
+    /// `ONCELY_MAIL_FROM`: the sender of every email whose tenant names none.
+    pub from: String,
+    /// `ONCELY_PRODUCT_NAME`; `None`: the public URL's host (and, for a tenant other than
+    /// `default`, the tenant: `acme on accounts.example.com`).
+    pub product_name: Option<String>,
+    /// `ONCELY_SUPPORT_EMAIL`: where users write with questions (the templates show it; it is
+    /// the emails' `Reply-To`).
+    pub support_email: Option<String>,
+    /// `ONCELY_MAIL_FROM_DOMAINS`: the domains a tenant's sender may have besides
+    /// `ONCELY_MAIL_FROM`'s (the domains the mail provider lets this service send as).
+    pub from_domains: Vec<String>,
+}
+
+/// What one email says about its sender and product.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Sender {
+    /// `From`.
+    pub from: String,
+    /// The product name the templates show.
+    pub product_name: String,
+    /// The support address (templates, `Reply-To`).
+    pub support_email: Option<String>,
+}
+
+impl ServiceBrand {
+    /// Whether the mailer may send as `from` (`Name <address>` or an address): its domain is
+    /// `ONCELY_MAIL_FROM`'s or one of `ONCELY_MAIL_FROM_DOMAINS`. The error is one line that
+    /// says what to do.
+    pub fn check_from(&self, from: &str) -> Result<(), String> {
+        let mailbox: Mailbox = from.parse().map_err(|_| {
+            format!("{from:?} is not a sender: write an address or \"Name <address>\"")
+        })?;
+        let domain = mailbox.email.domain().to_ascii_lowercase();
+        let own = self
+            .from
+            .parse::<Mailbox>()
+            .ok()
+            .map(|m| m.email.domain().to_ascii_lowercase());
+        let allowed: Vec<String> = own
+            .into_iter()
+            .chain(self.from_domains.iter().map(|d| d.trim().to_ascii_lowercase()))
+            .filter(|d| !d.is_empty())
+            .collect();
+        if allowed.contains(&domain) {
+            return Ok(());
+        }
+        Err(format!(
+            "the mailer may not send as {}: its domain {domain} is not ONCELY_MAIL_FROM's nor one of ONCELY_MAIL_FROM_DOMAINS ({}); add it there once the mail provider lets this service send as it",
+            mailbox.email,
+            match allowed.as_slice() {
+                [] => "none".to_owned(),
+                domains => domains.join(", "),
+            }
+        ))
+    }
+
+    /// The sender of `tenant`'s emails with its `branding`, whose links start with `site`
+    /// (the public URL's host). A tenant sender the mailer may no longer send as (the allowed
+    /// domains changed since `tenant set`) gives way to `ONCELY_MAIL_FROM`, with a warning.
+    pub fn sender(&self, tenant: &str, branding: &Branding, site: &str) -> Sender {
+        let from = match &branding.mail_from {
+            Some(from) => match self.check_from(from) {
+                Ok(()) => from.clone(),
+                Err(why) => {
+                    tracing::warn!(tenant, "{why}: sending as ONCELY_MAIL_FROM instead");
+                    self.from.clone()
+                }
+            },
+            None => self.from.clone(),
+        };
+        let product_name = branding
+            .product_name
+            .clone()
+            .or_else(|| self.product_name.clone())
+            .unwrap_or_else(|| match tenant == oncely::TenantId::default().as_str() {
+                true => site.to_owned(),
+                false => format!("{tenant} on {site}"),
+            });
+        Sender {
+            from,
+            product_name,
+            support_email: branding
+                .support_email
+                .clone()
+                .or_else(|| self.support_email.clone()),
+        }
+    }
+}
+
+/// A product name as given: 1–[`MAX_PRODUCT_NAME`] characters, no control characters, not
+/// only spaces.
+pub fn check_product_name(name: &str) -> Result<(), String> {
+    if name.trim().is_empty() || name.chars().count() > MAX_PRODUCT_NAME {
+        return Err(format!(
+            "a product name is 1-{MAX_PRODUCT_NAME} characters"
+        ));
+    }
+    if name.chars().any(char::is_control) {
+        return Err("a product name has no control characters (no newlines)".into());
+    }
+    Ok(())
+}
+
+/// A support address as given: a valid address, returned normalized.
+pub fn check_support_email(address: &str) -> Result<String, String> {
+    EmailAddress::parse(address)
+        .map(|a| a.as_str().to_owned())
+        .map_err(|_| format!("{address:?} is not an email address"))
+}
+
+/// The host (and port) of a public URL: `https://accounts.example.com/` → `accounts.example.com`.
+pub fn site_of(public_url: &str) -> &str {
+    public_url
+        .split_once("://")
+        .map_or(public_url, |(_, rest)| rest)
+        .trim_end_matches('/')
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn brand() -> ServiceBrand {
+        ServiceBrand {
+            from: "Accounts <no-reply@mail.example.com>".into(),
+            from_domains: vec!["Acme.test".into()],
+            ..ServiceBrand::default()
+        }
+    }
+
+    #[test]
+    fn a_sender_is_allowed_only_on_the_services_domains() {
+        let brand = brand();
+        brand.check_from("Acme <hello@acme.test>").unwrap();
+        brand.check_from("team@MAIL.example.com").unwrap();
+        let refused = brand.check_from("Acme <hello@evil.example>").unwrap_err();
+        assert!(refused.contains("evil.example"), "{refused}");
+        assert!(refused.contains("mail.example.com, acme.test"), "{refused}");
+        assert!(brand.check_from("not a mailbox").is_err());
+        assert!(brand.check_from("a@acme.test\r\nBcc: x@evil.example").is_err());
+    }
+
+    #[test]
+    fn a_tenant_without_branding_gets_the_services_and_a_refused_sender_falls_back() {
+        let brand = brand();
+        let plain = brand.sender("acme", &Branding::default(), "accounts.example.com");
+        assert_eq!(plain.product_name, "acme on accounts.example.com");
+        assert_eq!(plain.from, brand.from);
+        let default = brand.sender("default", &Branding::default(), "accounts.example.com");
+        assert_eq!(default.product_name, "accounts.example.com");
+        let moved = Branding {
+            mail_from: Some("Acme <hello@gone.example>".into()),
+            product_name: Some("Acme".into()),
+            support_email: Some("help@acme.test".into()),
+        };
+        let sender = brand.sender("acme", &moved, "accounts.example.com");
+        assert_eq!(sender.from, brand.from);
+        assert_eq!(sender.product_name, "Acme");
+        assert_eq!(sender.support_email.as_deref(), Some("help@acme.test"));
+    }
+
+    #[test]
+    fn product_names_and_support_addresses_are_checked() {
+        check_product_name("Acme Accounts").unwrap();
+        for bad in ["", "   ", "Acme\nBcc: x", &"a".repeat(101)] {
+            assert!(check_product_name(bad).is_err(), "{bad:?}");
+        }
+        assert_eq!(check_support_email(" Help@Acme.test ").unwrap(), "help@acme.test");
+        assert!(check_support_email("nope").is_err());
+    }
+}

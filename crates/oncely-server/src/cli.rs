@@ -115,9 +115,9 @@ pub enum TemplatesCommand {
         /// The templates' directory; without it, the embedded templates.
         #[arg(long, env = "ONCELY_TEMPLATES", value_name = "DIR")]
         dir: Option<std::path::PathBuf>,
-        /// The base of the sample link (as ONCELY_PUBLIC_URL).
-        #[arg(long, env = "ONCELY_PUBLIC_URL", default_value = "http://127.0.0.1:8080")]
-        public_url: String,
+        /// The base of the sample link (as ONCELY_PUBLIC_URL). Default: `http://127.0.0.1:8080`.
+        #[arg(long, env = "ONCELY_PUBLIC_URL")]
+        public_url: Option<String>,
         /// The service's sender.
         #[arg(long = "mail-from", env = "ONCELY_MAIL_FROM", default_value = defaults::MAIL_FROM)]
         mail_from: String,

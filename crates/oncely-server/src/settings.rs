@@ -179,7 +179,6 @@ impl Settings {
             mailer: MailerSettings {
                 choice: MailerChoice::Dev,
                 api_key: None,
-                from: defaults::MAIL_FROM.to_owned(),
                 idempotency_header: None,
             },
             lease: default_duration(defaults::LEASE),
@@ -421,15 +420,13 @@ impl std::fmt::Debug for DatabaseSettings {
     }
 }
 
-/// Where email goes, and from whom.
+/// Where email goes (whom from: [`Settings::brand`]).
 #[derive(Debug, Clone)]
 pub struct MailerSettings {
     /// The dev inbox or a mailer URL (with `ONCELY_SMTP_PASSWORD` filled in).
     pub choice: MailerChoice,
     /// Bearer token of an HTTP mailer.
     pub api_key: Option<SecretString>,
-    /// Sender address.
-    pub from: String,
     /// The header that carries the delivery key (`ONCELY_MAILER_IDEMPOTENCY_HEADER`); `None`:
     /// the transport's default (HTTP `Idempotency-Key`, SMTP `Resend-Idempotency-Key`).
     pub idempotency_header: Option<IdempotencyHeader>,
@@ -440,7 +437,6 @@ impl MailerSettings {
         Ok(Self {
             choice: common.mailer_choice()?,
             api_key: common.mailer_api_key.clone(),
-            from: common.mail_from.clone(),
             idempotency_header: common.mailer_idempotency_header.clone(),
         })
     }

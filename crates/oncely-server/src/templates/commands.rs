@@ -99,6 +99,7 @@ pub async fn preview<B: Accounts>(command: TemplatesCommand) -> anyhow::Result<(
             backend.branding(tenant.as_str()).await?
         }
     };
+    let public_url = public_url.as_deref().unwrap_or("http://127.0.0.1:8080");
     let public_url = public_url.trim_end_matches('/');
     let sender = brand.sender(tenant.as_str(), &branding, site_of(public_url));
     let recipient = "ada@example.com";

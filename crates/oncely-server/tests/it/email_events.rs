@@ -530,10 +530,13 @@ async fn email_requested_once_verified_by_its_link_and_stored_nowhere(url: &str,
     );
     assert_eq!(data["subject"], "Confirm your email address");
     assert!(data["from"].is_string());
-    assert_eq!(data["html"], Value::Null);
+    assert_eq!(data["reply_to"], Value::Null, "no support address configured");
     let link = data["link"].as_str().unwrap().to_owned();
     assert!(link.contains("?token="), "{link}");
     assert!(data["text"].as_str().unwrap().contains(&link), "{data}");
+    // The HTML part too (issue 18), with the same link where the template puts it.
+    let html = data["html"].as_str().expect("an HTML part");
+    assert!(html.contains(&format!("href=\"{link}\"")), "{html}");
     let token = link.split("token=").nth(1).unwrap().to_owned();
     // No mail.
     assert!(app.inbox.messages(None).is_empty(), "oncely mailed nothing");

@@ -12,6 +12,7 @@ mod dev_inbox;
 mod docs_cli;
 mod email_change;
 mod email_events;
+mod emails;
 mod events;
 mod exchange;
 mod flows;

@@ -80,7 +80,7 @@ async fn a_retry_after_an_unknown_outcome_sends_the_first_attempts_email_whateve
     // the retry waits minutes (its first delay is an hour, capped).
     let (base, stop, first) = serve(&url, &running, |s| {
         s.public_url = Some("https://first.example".into());
-        s.mailer.from = "first@example.com".into();
+        s.brand.from = "first@example.com".into();
         s.retry_base = Duration::from_secs(3600);
     })
     .await;
@@ -105,7 +105,7 @@ async fn a_retry_after_an_unknown_outcome_sends_the_first_attempts_email_whateve
     execute(&url, due_now).await;
     let (base, _stop, _second) = serve(&url, &running, |s| {
         s.public_url = Some("https://second.example".into());
-        s.mailer.from = "second@example.com".into();
+        s.brand.from = "second@example.com".into();
     })
     .await;
     until(

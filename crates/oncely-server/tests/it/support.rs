@@ -188,6 +188,30 @@ pub async fn count(database_url: &str, sql: &str) -> i64 {
     }
 }
 
+/// The one text value `sql` selects.
+pub async fn query_text(database_url: &str, sql: &str) -> String {
+    let sql = AssertSqlSafe(sql.to_owned());
+    if database_url.starts_with("postgres") {
+        let mut conn = sqlx::PgConnection::connect(database_url).await.unwrap();
+        sqlx::query_scalar(sql).fetch_one(&mut conn).await.unwrap()
+    } else {
+        let mut conn = sqlx::SqliteConnection::connect(database_url).await.unwrap();
+        sqlx::query_scalar(sql).fetch_one(&mut conn).await.unwrap()
+    }
+}
+
+/// The one id `sql` selects.
+pub async fn query_uuid(database_url: &str, sql: &str) -> uuid::Uuid {
+    let sql = AssertSqlSafe(sql.to_owned());
+    if database_url.starts_with("postgres") {
+        let mut conn = sqlx::PgConnection::connect(database_url).await.unwrap();
+        sqlx::query_scalar(sql).fetch_one(&mut conn).await.unwrap()
+    } else {
+        let mut conn = sqlx::SqliteConnection::connect(database_url).await.unwrap();
+        sqlx::query_scalar(sql).fetch_one(&mut conn).await.unwrap()
+    }
+}
+
 /// Runs one statement (test set-up that the API cannot do, like ageing a token).
 pub async fn execute(database_url: &str, sql: &str) {
     let sql = AssertSqlSafe(sql.to_owned());

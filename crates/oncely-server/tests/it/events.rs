@@ -287,7 +287,7 @@ async fn press(app: &TestApp, link: &str, password: Option<&str>, key: &str) -> 
         body["password"] = json!(password);
     }
     // A `503 busy` (every password hasher taken by the tests running at once; nothing ran) is
-    // retried with the same key, as the link's page does after Retry-After.
+    // retried with the same key, as a person does when the link page says to try again.
     for _ in 0..100 {
         let answer = app
             .client

@@ -54,7 +54,11 @@ impl ServiceBrand {
             .map(|m| m.email.domain().to_ascii_lowercase());
         let allowed: Vec<String> = own
             .into_iter()
-            .chain(self.from_domains.iter().map(|d| d.trim().to_ascii_lowercase()))
+            .chain(
+                self.from_domains
+                    .iter()
+                    .map(|d| d.trim().to_ascii_lowercase()),
+            )
             .filter(|d| !d.is_empty())
             .collect();
         if allowed.contains(&domain) {
@@ -107,9 +111,7 @@ impl ServiceBrand {
 /// only spaces.
 pub fn check_product_name(name: &str) -> Result<(), String> {
     if name.trim().is_empty() || name.chars().count() > MAX_PRODUCT_NAME {
-        return Err(format!(
-            "a product name is 1-{MAX_PRODUCT_NAME} characters"
-        ));
+        return Err(format!("a product name is 1-{MAX_PRODUCT_NAME} characters"));
     }
     if name.chars().any(char::is_control) {
         return Err("a product name has no control characters (no newlines)".into());
@@ -153,7 +155,11 @@ mod tests {
         assert!(refused.contains("evil.example"), "{refused}");
         assert!(refused.contains("mail.example.com, acme.test"), "{refused}");
         assert!(brand.check_from("not a mailbox").is_err());
-        assert!(brand.check_from("a@acme.test\r\nBcc: x@evil.example").is_err());
+        assert!(
+            brand
+                .check_from("a@acme.test\r\nBcc: x@evil.example")
+                .is_err()
+        );
     }
 
     #[test]
@@ -181,7 +187,10 @@ mod tests {
         for bad in ["", "   ", "Acme\nBcc: x", &"a".repeat(101)] {
             assert!(check_product_name(bad).is_err(), "{bad:?}");
         }
-        assert_eq!(check_support_email(" Help@Acme.test ").unwrap(), "help@acme.test");
+        assert_eq!(
+            check_support_email(" Help@Acme.test ").unwrap(),
+            "help@acme.test"
+        );
         assert!(check_support_email("nope").is_err());
     }
 }

@@ -68,7 +68,7 @@ impl Command {
             Self::Migrate(args) => args.output.json,
             Self::Tenant(command) => command.output().json,
             Self::Templates(TemplatesCommand::Check { output, .. }) => output.json,
-            Self::Templates(TemplatesCommand::Preview { .. }) => false,
+            Self::Templates(TemplatesCommand::Preview(_)) => false,
             Self::Outbox(command) => command.output().json,
             Self::Prune(args) => args.output.json,
             Self::Key(KeyCommand::Show { output, .. }) => output.json,
@@ -95,45 +95,49 @@ pub enum TemplatesCommand {
     /// Render one message as it would be sent, with a sample recipient and link: the tenant's
     /// folder and locale (with the fallbacks), its branding from the database (`default`: the
     /// service's, ONCELY_PRODUCT_NAME …).
-    Preview {
-        /// The message: verification, password_reset, magic_link, invite, email_change,
-        /// signup_notice, email_change_notice or email_taken_notice.
-        message: String,
-        /// Whose templates and branding.
-        #[arg(long, default_value = "default")]
-        tenant: String,
-        /// The locale (BCP 47), as a request would ask for it.
-        #[arg(long)]
-        locale: Option<String>,
-        /// What to write: the whole message (`eml`, as sent over SMTP: open it in a mail
-        /// client) or one part.
-        #[arg(long, value_enum, default_value = "eml")]
-        part: PreviewPart,
-        /// Write to this file instead of stdout.
-        #[arg(long, short, value_name = "FILE")]
-        out: Option<std::path::PathBuf>,
-        /// The templates' directory; without it, the embedded templates.
-        #[arg(long, env = "ONCELY_TEMPLATES", value_name = "DIR")]
-        dir: Option<std::path::PathBuf>,
-        /// The base of the sample link (as ONCELY_PUBLIC_URL). Default: `http://127.0.0.1:8080`.
-        #[arg(long, env = "ONCELY_PUBLIC_URL")]
-        public_url: Option<String>,
-        /// The service's sender.
-        #[arg(long = "mail-from", env = "ONCELY_MAIL_FROM", default_value = defaults::MAIL_FROM)]
-        mail_from: String,
-        /// The product name of tenants without their own.
-        #[arg(long, env = "ONCELY_PRODUCT_NAME", value_name = "NAME")]
-        product_name: Option<String>,
-        /// The support address of tenants without their own.
-        #[arg(long, env = "ONCELY_SUPPORT_EMAIL", value_name = "ADDRESS")]
-        support_email: Option<String>,
-        #[command(flatten)]
-        #[allow(missing_docs)]
-        senders: SenderArgs,
-        #[command(flatten)]
-        #[allow(missing_docs)]
-        database: DatabaseArgs,
-    },
+    Preview(Box<PreviewArgs>),
+}
+
+/// `oncely templates preview`.
+#[derive(Debug, Args)]
+pub struct PreviewArgs {
+    /// The message: verification, password_reset, magic_link, invite, email_change,
+    /// signup_notice, email_change_notice or email_taken_notice.
+    pub message: String,
+    /// Whose templates and branding.
+    #[arg(long, default_value = "default")]
+    pub tenant: String,
+    /// The locale (BCP 47), as a request would ask for it.
+    #[arg(long)]
+    pub locale: Option<String>,
+    /// What to write: the whole message (`eml`, as sent over SMTP: open it in a mail
+    /// client) or one part.
+    #[arg(long, value_enum, default_value = "eml")]
+    pub part: PreviewPart,
+    /// Write to this file instead of stdout.
+    #[arg(long, short, value_name = "FILE")]
+    pub out: Option<std::path::PathBuf>,
+    /// The templates' directory; without it, the embedded templates.
+    #[arg(long, env = "ONCELY_TEMPLATES", value_name = "DIR")]
+    pub dir: Option<std::path::PathBuf>,
+    /// The base of the sample link (as ONCELY_PUBLIC_URL). Default: `http://127.0.0.1:8080`.
+    #[arg(long, env = "ONCELY_PUBLIC_URL")]
+    pub public_url: Option<String>,
+    /// The service's sender.
+    #[arg(long = "mail-from", env = "ONCELY_MAIL_FROM", default_value = defaults::MAIL_FROM)]
+    pub mail_from: String,
+    /// The product name of tenants without their own.
+    #[arg(long, env = "ONCELY_PRODUCT_NAME", value_name = "NAME")]
+    pub product_name: Option<String>,
+    /// The support address of tenants without their own.
+    #[arg(long, env = "ONCELY_SUPPORT_EMAIL", value_name = "ADDRESS")]
+    pub support_email: Option<String>,
+    #[command(flatten)]
+    #[allow(missing_docs)]
+    pub senders: SenderArgs,
+    #[command(flatten)]
+    #[allow(missing_docs)]
+    pub database: DatabaseArgs,
 }
 
 /// Which part `oncely templates preview` writes.
@@ -801,7 +805,12 @@ pub struct EmailArgs {
 pub struct SenderArgs {
     /// Domains a tenant's sender (`tenant set --mail-from`) may have besides
     /// ONCELY_MAIL_FROM's: those the mail provider lets this service send as (comma-separated).
-    #[arg(long, env = "ONCELY_MAIL_FROM_DOMAINS", value_name = "DOMAINS", value_delimiter = ',')]
+    #[arg(
+        long,
+        env = "ONCELY_MAIL_FROM_DOMAINS",
+        value_name = "DOMAINS",
+        value_delimiter = ','
+    )]
     pub mail_from_domains: Vec<String>,
 }
 

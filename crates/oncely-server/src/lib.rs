@@ -25,8 +25,8 @@
 
 pub mod accounts;
 pub mod app;
-pub mod branding;
 pub mod backend;
+pub mod branding;
 pub mod cli;
 pub mod client_addr;
 pub mod code;

@@ -338,7 +338,11 @@ impl<A: Accounts> TokenEmail<A> {
     /// The email of `current`, rendered now.
     async fn compose(&self, current: &Current) -> Result<FrozenEmail, Delivery> {
         let sender = self.context.sender(&self.accounts, &current.tenant).await?;
-        let about = (current.flow, current.tenant.as_str(), current.locale.as_ref());
+        let about = (
+            current.flow,
+            current.tenant.as_str(),
+            current.locale.as_ref(),
+        );
         FrozenEmail::token_email(&self.context, about, &sender, &current.to)
     }
 
@@ -518,7 +522,9 @@ impl<A: Accounts> NoticeEmail<A> {
         };
         let mut vars = self.context.vars(tenant, &sender, to);
         if self.notice == Notice::ChangeRequested {
-            let new = job.payload["new_email"].as_str().unwrap_or("another address");
+            let new = job.payload["new_email"]
+                .as_str()
+                .unwrap_or("another address");
             vars.new_email = Some(new.to_owned());
         }
         self.context
@@ -869,7 +875,10 @@ mod tests {
             .templates
             .render(Message::Verification, "default", Some(&german), &vars)
             .unwrap();
-        assert_eq!((email.text.as_str(), html), (direct.text.as_str(), direct.html.as_str()));
+        assert_eq!(
+            (email.text.as_str(), html),
+            (direct.text.as_str(), direct.html.as_str())
+        );
         assert!(matches!(frozen.email(None), Err(Delivery::Permanent(_))));
     }
 

@@ -10,12 +10,12 @@ use oncely_server::accounts::Accounts;
 use oncely_server::app::{self, Application};
 use oncely_server::backend::{self, Backend, COMMAND_POOL, Postgres, Sqlite};
 use oncely_server::cli::{
-    Cli, Command, InboxArgs, KeyCommand, MigrateArgs, OutboxCommand, PruneArgs, TemplatesCommand,
-    TenantCommand,
+    Cli, Command, InboxArgs, KeyCommand, MigrateArgs, OutboxCommand, PreviewArgs, PruneArgs,
+    TemplatesCommand, TenantCommand,
 };
 use oncely_server::mail::MailContext;
+use oncely_server::settings::{Environment, Settings, WorkerSettings};
 use oncely_server::templates::{self, Templates};
-use oncely_server::settings::{Environment, Settings, WorkerSettings, defaults};
 use oncely_server::{demo, ops, startup, workers};
 use tokio_util::sync::CancellationToken;
 
@@ -57,7 +57,7 @@ enum Task {
     Worker(WorkerSettings),
     Migrate(MigrateArgs),
     Tenant(TenantCommand),
-    Preview(TemplatesCommand),
+    Preview(Box<PreviewArgs>),
     Prune(PruneArgs),
     Key(KeyCommand),
     Outbox(OutboxCommand),
@@ -75,7 +75,7 @@ async fn run(cli: Cli, demo_log: Option<PathBuf>) -> anyhow::Result<()> {
             print!("{}", templates::commands::check(dir.as_deref(), output)?);
             return Ok(());
         }
-        Command::Templates(command) => Task::Preview(command),
+        Command::Templates(TemplatesCommand::Preview(args)) => Task::Preview(args),
         Command::Prune(args) => Task::Prune(args),
         Command::Key(command) => Task::Key(command),
         Command::Outbox(command) => Task::Outbox(command),
@@ -98,8 +98,7 @@ impl Task {
             Self::Worker(settings) => &settings.database.url,
             Self::Migrate(args) => &args.database.database_url,
             Self::Tenant(command) => &command.database().database_url,
-            Self::Preview(TemplatesCommand::Preview { database, .. }) => &database.database_url,
-            Self::Preview(TemplatesCommand::Check { .. }) => defaults::DATABASE_URL,
+            Self::Preview(args) => &args.database.database_url,
             Self::Prune(args) => &args.database.database_url,
             Self::Key(KeyCommand::Show { database, .. }) => &database.database_url,
             Self::Outbox(command) => &command.database().database_url,
@@ -120,7 +119,7 @@ impl Task {
                 print!("{}", ops::tenant::<B>(command).await?);
                 Ok(())
             }
-            Self::Preview(command) => templates::commands::preview::<B>(command).await,
+            Self::Preview(args) => templates::commands::preview::<B>(*args).await,
             Self::Prune(args) => {
                 print!("{}", ops::prune::<B>(args).await?);
                 Ok(())

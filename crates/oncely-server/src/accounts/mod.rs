@@ -593,10 +593,8 @@ pub trait Accounts: Backend {
     ) -> impl Future<Output = Result<String, AccountError>> + Send;
 
     /// Tenant `tenant`'s branding (all `None` for an unknown tenant and `default`).
-    fn branding(
-        &self,
-        tenant: &str,
-    ) -> impl Future<Output = Result<Branding, AccountError>> + Send;
+    fn branding(&self, tenant: &str)
+    -> impl Future<Output = Result<Branding, AccountError>> + Send;
 
     /// Replaces tenant `id`'s branding; `false` if there is no such tenant.
     fn set_branding(

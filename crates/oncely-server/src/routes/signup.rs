@@ -58,7 +58,12 @@ pub async fn signup<A: Accounts>(
         accepted_languages,
     } = post;
     let tenant = tenant.id;
-    let locale = request_locale(&state, &tenant, request.locale.as_deref(), accepted_languages)?;
+    let locale = request_locale(
+        &state,
+        &tenant,
+        request.locale.as_deref(),
+        accepted_languages,
+    )?;
     let email = EmailAddress::parse(&request.email)
         .map_err(|_| ApiError::invalid_request("email is not a valid address"))?;
     if let Some(source) = &request.source

@@ -11,7 +11,7 @@ use super::{Locale, Message, Problems, Templates, Vars, escape_link};
 use crate::accounts::{Accounts, Branding};
 use crate::backend::COMMAND_POOL;
 use crate::branding::{ServiceBrand, site_of};
-use crate::cli::{OutputArgs, PreviewPart, TemplatesCommand};
+use crate::cli::{OutputArgs, PreviewArgs, PreviewPart};
 
 /// `oncely templates check [--dir]`: every problem on its own line (`file:line: reason`), on
 /// stdout; an error (exit 1) if there is any.
@@ -54,8 +54,8 @@ pub fn check(dir: Option<&Path>, output: OutputArgs) -> anyhow::Result<String> {
 
 /// `oncely templates preview MESSAGE`: the message as it would be sent to a sample recipient,
 /// with a sample link; a tenant's branding is read from the database.
-pub async fn preview<B: Accounts>(command: TemplatesCommand) -> anyhow::Result<()> {
-    let TemplatesCommand::Preview {
+pub async fn preview<B: Accounts>(args: PreviewArgs) -> anyhow::Result<()> {
+    let PreviewArgs {
         message,
         tenant,
         locale,
@@ -68,10 +68,7 @@ pub async fn preview<B: Accounts>(command: TemplatesCommand) -> anyhow::Result<(
         support_email,
         senders,
         database,
-    } = command
-    else {
-        bail!("not a preview");
-    };
+    } = args;
     let Some(message) = Message::parse(&message) else {
         bail!(
             "no message {message:?}: one of {}",
@@ -103,9 +100,12 @@ pub async fn preview<B: Accounts>(command: TemplatesCommand) -> anyhow::Result<(
     let public_url = public_url.trim_end_matches('/');
     let sender = brand.sender(tenant.as_str(), &branding, site_of(public_url));
     let recipient = "ada@example.com";
-    let link = message
-        .flow()
-        .map(|flow| format!("{public_url}{}?token=SAMPLE-TOKEN-NOT-A-REAL-ONE", flow.path()));
+    let link = message.flow().map(|flow| {
+        format!(
+            "{public_url}{}?token=SAMPLE-TOKEN-NOT-A-REAL-ONE",
+            flow.path()
+        )
+    });
     let vars = Vars {
         product_name: sender.product_name.clone(),
         tenant: tenant.as_str().to_owned(),
@@ -119,7 +119,10 @@ pub async fn preview<B: Accounts>(command: TemplatesCommand) -> anyhow::Result<(
     let rendered = templates
         .render(message, tenant.as_str(), locale.as_ref(), &vars)
         .map_err(|problem| anyhow::anyhow!("{problem}"))?;
-    debug_assert!(link.as_deref().is_none_or(|l| rendered.html.contains(&escape_link(l))));
+    debug_assert!(
+        link.as_deref()
+            .is_none_or(|l| rendered.html.contains(&escape_link(l)))
+    );
     let bytes = match part {
         PreviewPart::Subject => format!("{}\n", rendered.subject).into_bytes(),
         PreviewPart::Text => rendered.text.into_bytes(),

@@ -378,10 +378,13 @@ struct Source {
     origin: String,
 }
 
+/// The directory's files by (scope, locale, file).
+type Overrides = BTreeMap<(String, String, String), Source>;
+
 /// Every template file: the directory's (scope, locale, file) and the embedded (locale, file).
 #[derive(Debug, Default)]
 struct Sources {
-    overrides: BTreeMap<(String, String, String), Source>,
+    overrides: Overrides,
     embedded: BTreeMap<(String, String), Source>,
 }
 
@@ -503,10 +506,7 @@ impl Templates {
         Self::load(dir).map_err(|Problems(problems)| {
             let more = match problems.len() {
                 1 => String::new(),
-                n => format!(
-                    " (and {} more: `oncely templates check` lists them)",
-                    n - 1
-                ),
+                n => format!(" (and {} more: `oncely templates check` lists them)", n - 1),
             };
             anyhow::anyhow!(
                 "ONCELY_TEMPLATES: a template is broken, not starting: {}{more}",
@@ -540,7 +540,8 @@ impl Templates {
         let loader = Arc::clone(&sources);
         env.set_loader(move |name| {
             let mut parts = name.splitn(3, '/');
-            let (Some(scope), Some(locale), Some(file)) = (parts.next(), parts.next(), parts.next())
+            let (Some(scope), Some(locale), Some(file)) =
+                (parts.next(), parts.next(), parts.next())
             else {
                 return Ok(None);
             };
@@ -710,8 +711,12 @@ impl Templates {
                         };
                         let file = |part: &str| {
                             let name = format!("{}.{part}", message.name());
-                            self.problem_in(&template_name(scope, locale, &name), None, String::new())
-                                .file
+                            self.problem_in(
+                                &template_name(scope, locale, &name),
+                                None,
+                                String::new(),
+                            )
+                            .file
                         };
                         if let Err(malformed) = html::check(&rendered.html) {
                             problems.insert(Problem {
@@ -756,11 +761,16 @@ impl Templates {
             .overrides
             .iter()
             .map(|((s, l, f), source)| (template_name(s, l, f), f.as_str(), source))
-            .chain(self.sources.embedded.iter().filter_map(|((l, f), source)| {
-                // An embedded file overridden by `_default` is never used.
-                (self.sources.get(DEFAULT_SCOPE, l, f).is_none())
-                    .then(|| (template_name(DEFAULT_SCOPE, l, f), f.as_str(), source))
-            }));
+            .chain(
+                self.sources
+                    .embedded
+                    .iter()
+                    // An embedded file overridden by `_default` is never used.
+                    .filter(|((l, f), _)| self.sources.get(DEFAULT_SCOPE, l, f).is_none())
+                    .map(|((l, f), source)| {
+                        (template_name(DEFAULT_SCOPE, l, f), f.as_str(), source)
+                    }),
+            );
         for (name, file, source) in files {
             let template = match self.env.get_template(&name) {
                 Ok(template) => template,
@@ -897,7 +907,7 @@ fn known_file(file: &str) -> bool {
 
 /// Reads the overrides of `dir` (hidden entries skipped); every entry that is not a template
 /// where one is expected is a problem, so a typo is found before it silently falls back.
-fn read_dir(dir: &Path) -> (BTreeMap<(String, String, String), Source>, Vec<Problem>) {
+fn read_dir(dir: &Path) -> (Overrides, Vec<Problem>) {
     let mut problems = Vec::new();
     let mut found = BTreeMap::new();
     let problem = |path: &Path, reason: String| Problem {
@@ -1050,7 +1060,11 @@ mod tests {
         write(d, "acme/de/verification.subject", "acme de\n");
         write(d, "acme/de/magic_link.subject", "acme de magic\n");
         write(d, "_default/de-AT/verification.subject", "default de-AT\n");
-        write(d, "_default/de-AT/password_reset.subject", "default de-AT reset\n");
+        write(
+            d,
+            "_default/de-AT/password_reset.subject",
+            "default de-AT reset\n",
+        );
         write(d, "_default/fr/verification.subject", "default fr\n");
         write(d, "acme/en/invite.subject", "acme en invite\n");
         let templates = Templates::load(Some(d)).unwrap();
@@ -1069,16 +1083,31 @@ mod tests {
         assert_eq!(subject("acme", Some("de-CH"), Verification), "acme de");
         assert_eq!(subject("acme", Some("de-AT"), MagicLink), "acme de magic");
         // 3. default + locale (the tenant has nothing for it)
-        assert_eq!(subject("acme", Some("de-AT"), PasswordReset), "default de-AT reset");
-        assert_eq!(subject("other", Some("de-AT"), Verification), "default de-AT");
+        assert_eq!(
+            subject("acme", Some("de-AT"), PasswordReset),
+            "default de-AT reset"
+        );
+        assert_eq!(
+            subject("other", Some("de-AT"), Verification),
+            "default de-AT"
+        );
         // 4. default + language: the embedded German
-        assert_eq!(subject("acme", Some("de-CH"), PasswordReset), "Passwort zurücksetzen");
+        assert_eq!(
+            subject("acme", Some("de-CH"), PasswordReset),
+            "Passwort zurücksetzen"
+        );
         assert_eq!(subject("other", Some("fr-CA"), Verification), "default fr");
         // 5. English: the tenant's, then the default's
         assert_eq!(subject("acme", Some("ja"), Invite), "acme en invite");
         assert_eq!(subject("acme", None, Invite), "acme en invite");
-        assert_eq!(subject("other", Some("ja"), Invite), "You are invited to join Sample Product");
-        assert_eq!(subject("other", Some("fr"), PasswordReset), "Reset your password");
+        assert_eq!(
+            subject("other", Some("ja"), Invite),
+            "You are invited to join Sample Product"
+        );
+        assert_eq!(
+            subject("other", Some("fr"), PasswordReset),
+            "Reset your password"
+        );
     }
 
     #[test]
@@ -1099,7 +1128,11 @@ mod tests {
         let rendered = templates
             .render(Message::Verification, "default", None, &vars)
             .unwrap();
-        assert!(rendered.text.contains("Welcome to <script>alert(1)</script>!"));
+        assert!(
+            rendered
+                .text
+                .contains("Welcome to <script>alert(1)</script>!")
+        );
     }
 
     #[test]
@@ -1172,7 +1205,11 @@ mod tests {
     #[test]
     fn a_subject_is_one_line_and_a_send_time_failure_is_a_problem_not_a_panic() {
         let dir = tempfile::tempdir().unwrap();
-        write(dir.path(), "_default/en/magic_link.subject", "Sign in\nto {{ product_name }}");
+        write(
+            dir.path(),
+            "_default/en/magic_link.subject",
+            "Sign in\nto {{ product_name }}",
+        );
         write(
             dir.path(),
             "_default/en/invite.subject",
@@ -1199,7 +1236,10 @@ mod tests {
             "de-AT"
         );
         let accepted = Locale::accepted("ja, ko;q=0.5");
-        assert_eq!(templates.negotiate("acme", accepted).unwrap().as_str(), "ja");
+        assert_eq!(
+            templates.negotiate("acme", accepted).unwrap().as_str(),
+            "ja"
+        );
         assert_eq!(templates.negotiate("acme", Vec::new()), None);
     }
 

@@ -530,7 +530,11 @@ async fn email_requested_once_verified_by_its_link_and_stored_nowhere(url: &str,
     );
     assert_eq!(data["subject"], "Confirm your email address");
     assert!(data["from"].is_string());
-    assert_eq!(data["reply_to"], Value::Null, "no support address configured");
+    assert_eq!(
+        data["reply_to"],
+        Value::Null,
+        "no support address configured"
+    );
     let link = data["link"].as_str().unwrap().to_owned();
     assert!(link.contains("?token="), "{link}");
     assert!(data["text"].as_str().unwrap().contains(&link), "{data}");

@@ -19,7 +19,11 @@ const SUBJECTS: [(&str, &str, &str); 8] = [
         "Confirm your email address",
         "Bestätigen Sie Ihre E-Mail-Adresse",
     ),
-    ("password_reset", "Reset your password", "Passwort zurücksetzen"),
+    (
+        "password_reset",
+        "Reset your password",
+        "Passwort zurücksetzen",
+    ),
     ("magic_link", "Your sign-in link", "Ihr Anmeldelink"),
     ("invite", "You are invited to join", "Einladung zu"),
     (
@@ -89,7 +93,10 @@ fn both_parts(message: &Message, with_link: bool) -> Option<String> {
         return None;
     }
     assert_eq!(text.len(), 1, "{}", message.text);
-    assert!(!html.is_empty() && html.iter().all(|l| *l == text[0]), "{html:?} vs {text:?}");
+    assert!(
+        !html.is_empty() && html.iter().all(|l| *l == text[0]),
+        "{html:?} vs {text:?}"
+    );
     Some(text[0].clone())
 }
 
@@ -141,7 +148,9 @@ async fn every_message_in_both_shipped_languages_through_the_inbox(url: String, 
         let verification = one_email(&app, &ada, "verification", locale).await;
         let link = both_parts(&verification, true).unwrap();
         let presented = token(link.rsplit("token=").next().unwrap());
-        let verify = app.post("/v1/verify", &format!("v-{locale}"), &presented).await;
+        let verify = app
+            .post("/v1/verify", &format!("v-{locale}"), &presented)
+            .await;
         assert_eq!(verify.status(), 200);
         // Everything later without a locale: the account's.
         for (path, message) in [
@@ -158,18 +167,26 @@ async fn every_message_in_both_shipped_languages_through_the_inbox(url: String, 
         app.inbox.clear();
         let guest = format!("guest-{locale}@example.com");
         let body = with_locale(email(&guest), locale);
-        let invited = app.post_as(&key, "/v1/invites", &format!("i-{locale}"), &body).await;
+        let invited = app
+            .post_as(&key, "/v1/invites", &format!("i-{locale}"), &body)
+            .await;
         assert_eq!(invited.status(), 202);
         let invite = one_email(&app, &guest, "invite", locale).await;
-        let accept = json!({ "token": crate::support::token_in(&invite), "password": "guest password" });
-        let accepted = app.post_as(&key, "/v1/invites/accept", &format!("a-{locale}"), &accept).await;
+        let accept =
+            json!({ "token": crate::support::token_in(&invite), "password": "guest password" });
+        let accepted = app
+            .post_as(&key, "/v1/invites/accept", &format!("a-{locale}"), &accept)
+            .await;
         assert_eq!(accepted.status(), 200);
         let user_id = app
             .count(&format!(
                 "SELECT count(*) FROM oncely_users WHERE email = '{guest}' AND locale = '{locale}'"
             ))
             .await;
-        assert_eq!(user_id, 1, "the invited account keeps the invitation's locale");
+        assert_eq!(
+            user_id, 1,
+            "the invited account keeps the invitation's locale"
+        );
         // An email change of the invited account: the link to the new address and the notice
         // to the old one; then a change to a taken address: the notice to its owner.
         let id = user_id_of(&app, &guest).await;
@@ -177,12 +194,18 @@ async fn every_message_in_both_shipped_languages_through_the_inbox(url: String, 
         app.inbox.clear();
         let path = format!("/v1/users/{id}/email-change");
         let change = json!({ "new_email": new });
-        assert_eq!(app.post_as(&key, &path, &format!("c-{locale}"), &change).await.status(), 202);
+        assert_eq!(
+            app.post_as(&key, &path, &format!("c-{locale}"), &change)
+                .await
+                .status(),
+            202
+        );
         one_email(&app, &new, "email_change", locale).await;
         one_email(&app, &guest, "email_change_notice", locale).await;
         let other = format!("other-{locale}@example.com");
         let body = with_locale(email(&other), locale);
-        app.post_as(&key, "/v1/invites", &format!("o-{locale}"), &body).await;
+        app.post_as(&key, "/v1/invites", &format!("o-{locale}"), &body)
+            .await;
         let invite = nth_token(&app, &other, 1).await;
         let accept = json!({ "token": invite });
         assert_eq!(
@@ -193,7 +216,12 @@ async fn every_message_in_both_shipped_languages_through_the_inbox(url: String, 
         );
         app.inbox.clear();
         let taken = json!({ "new_email": other });
-        assert_eq!(app.post_as(&key, &path, &format!("t-{locale}"), &taken).await.status(), 202);
+        assert_eq!(
+            app.post_as(&key, &path, &format!("t-{locale}"), &taken)
+                .await
+                .status(),
+            202
+        );
         one_email(&app, &other, "email_taken_notice", locale).await;
     }
 }
@@ -225,33 +253,62 @@ async fn the_locale_comes_from_the_request_then_accept_language_then_the_account
     };
     // Accept-Language: the first language there are templates in (fr has none, de has).
     let browser = "bea@example.com";
-    let answer = signup(browser, "b1", None, Some("fr-CH, fr;q=0.9, de-AT;q=0.8, en;q=0.5"))
-        .await
-        .unwrap();
+    let answer = signup(
+        browser,
+        "b1",
+        None,
+        Some("fr-CH, fr;q=0.9, de-AT;q=0.8, en;q=0.5"),
+    )
+    .await
+    .unwrap();
     assert_eq!(answer.status(), 202);
     one_email(&app, browser, "verification", "de").await;
-    let stored = "SELECT count(*) FROM oncely_users WHERE email = 'bea@example.com' AND locale = 'de-AT'";
-    assert_eq!(app.count(stored).await, 1, "the account keeps the tag asked for");
+    let stored =
+        "SELECT count(*) FROM oncely_users WHERE email = 'bea@example.com' AND locale = 'de-AT'";
+    assert_eq!(
+        app.count(stored).await,
+        1,
+        "the account keeps the tag asked for"
+    );
     // `locale` wins over Accept-Language; a locale without templates is English, never an error.
     let (ja, fr) = ("jun@example.com", "fleur@example.com");
     let answer = signup(ja, "j1", Some("ja"), Some("de")).await.unwrap();
     assert_eq!(answer.status(), 202);
     one_email(&app, ja, "verification", "en").await;
-    assert_eq!(signup(fr, "f1", Some("fr-CA"), None).await.unwrap().status(), 202);
+    assert_eq!(
+        signup(fr, "f1", Some("fr-CA"), None)
+            .await
+            .unwrap()
+            .status(),
+        202
+    );
     one_email(&app, fr, "verification", "en").await;
     // A malformed locale is a clear 400, and nothing is written.
-    let bad = signup("bad@example.com", "x1", Some("de_AT<script>"), None).await.unwrap();
+    let bad = signup("bad@example.com", "x1", Some("de_AT<script>"), None)
+        .await
+        .unwrap();
     assert_eq!(bad.status(), 400);
     let problem: Value = bad.json().await.unwrap();
-    assert!(problem["detail"].as_str().unwrap().contains("locale"), "{problem}");
-    assert_eq!(app.count("SELECT count(*) FROM oncely_users WHERE email = 'bad@example.com'").await, 0);
+    assert!(
+        problem["detail"].as_str().unwrap().contains("locale"),
+        "{problem}"
+    );
+    assert_eq!(
+        app.count("SELECT count(*) FROM oncely_users WHERE email = 'bad@example.com'")
+            .await,
+        0
+    );
     // A German account: a stranger's signup in English gets the owner a German notice, and
     // does not change the account's language.
     let owner = "otto@example.com";
     signup(owner, "o1", Some("de"), None).await.unwrap();
     let link = one_email(&app, owner, "verification", "de").await;
     let verified = app
-        .post("/v1/verify", "ov", &json!({ "token": crate::support::token_in(&link) }))
+        .post(
+            "/v1/verify",
+            "ov",
+            &json!({ "token": crate::support::token_in(&link) }),
+        )
         .await;
     assert_eq!(verified.status(), 200);
     app.inbox.clear();
@@ -260,12 +317,21 @@ async fn the_locale_comes_from_the_request_then_accept_language_then_the_account
     // A reset asked for in English is English; the next email without a locale is German again.
     app.inbox.clear();
     let reset = with_locale(email(owner), "en");
-    assert_eq!(app.post("/v1/password-reset", "r1", &reset).await.status(), 202);
+    assert_eq!(
+        app.post("/v1/password-reset", "r1", &reset).await.status(),
+        202
+    );
     one_email(&app, owner, "password_reset", "en").await;
     app.inbox.clear();
-    assert_eq!(app.post("/v1/magic-link", "m1", &email(owner)).await.status(), 202);
+    assert_eq!(
+        app.post("/v1/magic-link", "m1", &email(owner))
+            .await
+            .status(),
+        202
+    );
     one_email(&app, owner, "magic_link", "de").await;
-    let german = "SELECT count(*) FROM oncely_users WHERE email = 'otto@example.com' AND locale = 'de'";
+    let german =
+        "SELECT count(*) FROM oncely_users WHERE email = 'otto@example.com' AND locale = 'de'";
     assert_eq!(app.count(german).await, 1);
 }
 
@@ -296,10 +362,18 @@ async fn tenant_branding_names_the_product_and_the_sender_and_is_inert_in_html(
     let app = app(&url).await;
     let key = app.create_tenant("acme").await;
     // A sender on a domain the mailer may not send as: refused, one line, nothing changed.
-    let (ok, _, stderr) = tenant_set(&app, &["acme", "--mail-from", "Acme <hello@acme.test>"], &[]).await;
+    let (ok, _, stderr) = tenant_set(
+        &app,
+        &["acme", "--mail-from", "Acme <hello@acme.test>"],
+        &[],
+    )
+    .await;
     assert!(!ok);
     assert_eq!(stderr.trim().lines().count(), 1, "{stderr}");
-    assert!(stderr.contains("acme.test") && stderr.contains("ONCELY_MAIL_FROM_DOMAINS"), "{stderr}");
+    assert!(
+        stderr.contains("acme.test") && stderr.contains("ONCELY_MAIL_FROM_DOMAINS"),
+        "{stderr}"
+    );
     let branded = "SELECT count(*) FROM oncely_tenants WHERE mail_from IS NOT NULL";
     assert_eq!(app.count(branded).await, 0);
     // The default tenant's branding is the service's settings.
@@ -309,7 +383,11 @@ async fn tenant_branding_names_the_product_and_the_sender_and_is_inert_in_html(
     for bad in [
         &["acme", "--product-name", "Acme\nBcc: x@evil.example"][..],
         &["acme", "--support-email", "not an address"],
-        &["acme", "--mail-from", "hello@acme.test\r\nBcc: x@evil.example"],
+        &[
+            "acme",
+            "--mail-from",
+            "hello@acme.test\r\nBcc: x@evil.example",
+        ],
     ] {
         let (ok, _, stderr) =
             tenant_set(&app, bad, &[("ONCELY_MAIL_FROM_DOMAINS", "acme.test")]).await;
@@ -334,22 +412,54 @@ async fn tenant_branding_names_the_product_and_the_sender_and_is_inert_in_html(
     let signup = app.post_as(&key, "/v1/signup", "s1", &email(ada)).await;
     assert_eq!(signup.status(), 202);
     let email_ = one_email(&app, ada, "verification", "en").await;
-    assert!(email_.raw.contains("From: Acme <hello@acme.test>"), "{}", email_.raw);
-    assert!(email_.raw.contains("Reply-To: help@acme.test"), "{}", email_.raw);
-    assert!(email_.text.contains(&format!("Welcome to {hostile}!")), "{}", email_.text);
+    assert!(
+        email_.raw.contains("From: Acme <hello@acme.test>"),
+        "{}",
+        email_.raw
+    );
+    assert!(
+        email_.raw.contains("Reply-To: help@acme.test"),
+        "{}",
+        email_.raw
+    );
+    assert!(
+        email_.text.contains(&format!("Welcome to {hostile}!")),
+        "{}",
+        email_.text
+    );
     let html = email_.html.unwrap();
     assert!(!html.contains("<script>"), "{html}");
-    assert!(html.contains("&lt;script&gt;alert(1)&lt;&#x2f;script&gt; Acme"), "{html}");
+    assert!(
+        html.contains("&lt;script&gt;alert(1)&lt;&#x2f;script&gt; Acme"),
+        "{html}"
+    );
     // `tenant list --json` shows it; `""` gives the service's back.
-    let (ok, _, stderr) = tenant_set(&app, &["acme", "--product-name", "", "--mail-from", ""], &[]).await;
+    let (ok, _, stderr) = tenant_set(
+        &app,
+        &["acme", "--product-name", "", "--mail-from", ""],
+        &[],
+    )
+    .await;
     assert!(ok, "{stderr}");
     app.inbox.clear();
     app.post_as(&key, "/v1/signup", "s2", &email(ada)).await;
     let again = one_email(&app, ada, "verification", "en").await;
     let host = app.base.trim_start_matches("http://");
-    assert!(again.text.contains(&format!("Welcome to acme on {host}!")), "{}", again.text);
-    assert!(again.raw.contains("From: oncely@localhost"), "{}", again.raw);
-    assert!(again.raw.contains("Reply-To: help@acme.test"), "{}", again.raw);
+    assert!(
+        again.text.contains(&format!("Welcome to acme on {host}!")),
+        "{}",
+        again.text
+    );
+    assert!(
+        again.raw.contains("From: oncely@localhost"),
+        "{}",
+        again.raw
+    );
+    assert!(
+        again.raw.contains("Reply-To: help@acme.test"),
+        "{}",
+        again.raw
+    );
 }
 
 /// A templates directory with `files` (path, text).
@@ -381,7 +491,8 @@ async fn oncely(args: &[&str], env: &[(&str, &str)]) -> (Option<i32>, String, St
     )
 }
 
-const BROKEN: &str = "{% extends \"layout.txt\" %}\n{% block body %}\nHello {{ recipient }\n{% endblock %}\n";
+const BROKEN: &str =
+    "{% extends \"layout.txt\" %}\n{% block body %}\nHello {{ recipient }\n{% endblock %}\n";
 
 #[tokio::test]
 async fn a_broken_override_stops_serve_and_worker_with_one_line_and_check_lists_it() {
@@ -394,7 +505,13 @@ async fn a_broken_override_stops_serve_and_worker_with_one_line_and_check_lists_
     let env = [("ONCELY_TEMPLATES", templates.as_str())];
     for command in [
         &["serve", "--bind", "127.0.0.1:0", "--database-url", &sqlite][..],
-        &["worker", "--database-url", &sqlite, "--mailer", "smtp://127.0.0.1:1"],
+        &[
+            "worker",
+            "--database-url",
+            &sqlite,
+            "--mailer",
+            "smtp://127.0.0.1:1",
+        ],
     ] {
         let (code, _, stderr) = oncely(command, &env).await;
         assert_eq!(code, Some(1), "{command:?}: {stderr}");
@@ -410,7 +527,10 @@ async fn a_broken_override_stops_serve_and_worker_with_one_line_and_check_lists_
     let dir_arg = dir.path().display().to_string();
     let (code, stdout, stderr) = oncely(&["templates", "check", "--dir", &dir_arg], &[]).await;
     assert_eq!(code, Some(1), "{stderr}");
-    assert!(stdout.starts_with(&format!("{file}:3: syntax error")), "{stdout}");
+    assert!(
+        stdout.starts_with(&format!("{file}:3: syntax error")),
+        "{stdout}"
+    );
     assert!(stderr.contains("problem(s)"), "{stderr}");
     let (code, stdout, _) = oncely(&["templates", "check", "--dir", &dir_arg, "--json"], &[]).await;
     assert_eq!(code, Some(1));
@@ -447,12 +567,18 @@ async fn preview_writes_the_message_as_it_would_be_sent() {
     assert_eq!(code, Some(0), "{stderr}");
     assert_eq!(stdout, "Anmelden bei Acme\n");
     let (_, html, _) = oncely(&[&args[..], &["--part", "html"]].concat(), &[]).await;
-    assert!(html.contains("href=\"https://accounts.acme.test/v1/magic-link/consume?token="), "{html}");
+    assert!(
+        html.contains("href=\"https://accounts.acme.test/v1/magic-link/consume?token="),
+        "{html}"
+    );
     assert!(html.contains("15 Minuten"), "{html}");
     let (code, eml, _) = oncely(&args, &[]).await;
     assert_eq!(code, Some(0));
     assert!(eml.contains("multipart/alternative"), "{eml}");
-    assert!(eml.contains("text/plain") && eml.contains("text/html"), "{eml}");
+    assert!(
+        eml.contains("text/plain") && eml.contains("text/html"),
+        "{eml}"
+    );
     let (code, _, stderr) = oncely(&["templates", "preview", "welcome"], &[]).await;
     assert_eq!(code, Some(1));
     assert!(stderr.contains("verification, password_reset"), "{stderr}");
@@ -469,11 +595,18 @@ async fn a_template_that_fails_at_send_time_ends_its_job_dead_and_sends_nothing(
     let path = dir.path().to_path_buf();
     let app = app_with_mail_caps(&url, 100, 1000, |s| s.templates = Some(path)).await;
     let long = "a-rather-long-address-for-this-test@example.com";
-    assert_eq!(app.post("/v1/signup", "l1", &email(long)).await.status(), 202);
+    assert_eq!(
+        app.post("/v1/signup", "l1", &email(long)).await.status(),
+        202
+    );
     let short = "bo@example.com";
-    assert_eq!(app.post("/v1/signup", "s1", &email(short)).await.status(), 202);
+    assert_eq!(
+        app.post("/v1/signup", "s1", &email(short)).await.status(),
+        202
+    );
     assert_eq!(app.emails_to(short, 1).await.len(), 1);
-    let dead = "SELECT count(*) FROM oncely_outbox WHERE kind = 'email.verification' AND status = 'dead'";
+    let dead =
+        "SELECT count(*) FROM oncely_outbox WHERE kind = 'email.verification' AND status = 'dead'";
     assert!(crate::requests::wait_for_count(&app, dead, Duration::from_secs(10), |n| n == 1).await);
     let reason = crate::support::query_text(
         &url,
@@ -481,6 +614,16 @@ async fn a_template_that_fails_at_send_time_ends_its_job_dead_and_sends_nothing(
     )
     .await;
     assert!(reason.contains("does not render"), "{reason}");
-    assert!(reason.contains(&Path::new("_default/en/verification.txt").display().to_string()), "{reason}");
-    assert!(app.inbox.messages(Some(long)).is_empty(), "nothing half-rendered is sent");
+    assert!(
+        reason.contains(
+            &Path::new("_default/en/verification.txt")
+                .display()
+                .to_string()
+        ),
+        "{reason}"
+    );
+    assert!(
+        app.inbox.messages(Some(long)).is_empty(),
+        "nothing half-rendered is sent"
+    );
 }

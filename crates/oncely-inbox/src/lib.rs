@@ -1097,7 +1097,7 @@ mod tests {
         let stats = inbox.stats();
         assert_eq!(
             (stats.mismatched, stats.deduplicated, stats.delivered),
-            (3, 1, 1)
+            (5, 1, 1)
         );
         assert_eq!(inbox.messages(None).len(), 1);
     }

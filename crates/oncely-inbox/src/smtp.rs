@@ -272,7 +272,10 @@ Content-Transfer-Encoding: base64\r\n\r\n{b64}\r\n--XX--\r\n",
         );
         let m = parse(raw.as_bytes(), "a@b.io", &["c@d.io".into()], "X-Key");
         assert_eq!(m.subject, "Grüße");
-        assert_eq!(m.text.trim_end(), format!("Grüße, {}{}", &long[..70], &long[..70]));
+        assert_eq!(
+            m.text.trim_end(),
+            format!("Grüße, {}{}", &long[..70], &long[..70])
+        );
         assert_eq!(
             m.html.as_deref(),
             Some("<p>Grüße</p><script>alert(1)</script>"),

@@ -835,8 +835,15 @@ async fn the_html_part_is_framed_sandboxed_and_served_with_a_policy_that_lets_it
     let page = page.text().await.unwrap();
     let frame = format!("<iframe id=\"html\" sandbox src=\"/view/{}/html\"", ids[0]);
     assert!(page.contains(&frame), "{page}");
-    assert_eq!(page.matches("<iframe").count(), 1, "the part's own is escaped");
-    assert!(page.contains("&lt;script&gt;alert(1)&lt;/script&gt;"), "{page}");
+    assert_eq!(
+        page.matches("<iframe").count(),
+        1,
+        "the part's own is escaped"
+    );
+    assert!(
+        page.contains("&lt;script&gt;alert(1)&lt;/script&gt;"),
+        "{page}"
+    );
     assert!(!page.contains("<script>alert"), "{page}");
     assert!(!page.contains("allow-"), "{page}");
 
@@ -849,7 +856,10 @@ async fn the_html_part_is_framed_sandboxed_and_served_with_a_policy_that_lets_it
         .text()
         .await
         .unwrap();
-    assert!(page.contains("text part") && !page.contains("<iframe"), "{page}");
+    assert!(
+        page.contains("text part") && !page.contains("<iframe"),
+        "{page}"
+    );
     for id in [ids[1].as_str(), "nope", "..%2F..%2Fassets%2Finbox.js"] {
         assert_eq!(
             status_of(http.get(format!("{base}/view/{id}/html"))).await,

@@ -562,7 +562,10 @@ mod tests {
     #[test]
     fn without_html_the_smtp_message_is_one_text_part_and_has_no_reply_to() {
         let raw = formatted(&email());
-        assert!(raw.contains("Content-Type: text/plain; charset=utf-8\r\n"), "{raw}");
+        assert!(
+            raw.contains("Content-Type: text/plain; charset=utf-8\r\n"),
+            "{raw}"
+        );
         assert!(!raw.contains("multipart"), "{raw}");
         assert!(!raw.contains("Reply-To"), "{raw}");
     }
@@ -575,8 +578,14 @@ mod tests {
             ..email()
         });
         let head = &raw[..raw.find("\r\n\r\n").unwrap()];
-        assert!(head.contains("Content-Type: multipart/alternative;"), "{raw}");
-        assert!(head.contains("Reply-To: Support <support@example.com>\r\n"), "{raw}");
+        assert!(
+            head.contains("Content-Type: multipart/alternative;"),
+            "{raw}"
+        );
+        assert!(
+            head.contains("Reply-To: Support <support@example.com>\r\n"),
+            "{raw}"
+        );
         assert!(head.contains("Message-ID: <k-1@oncely>\r\n"), "{raw}");
         assert!(head.contains("X-Provider-Key: k-1\r\n"), "{raw}");
         let text = raw.find("Content-Type: text/plain; charset=utf-8").unwrap();
@@ -598,7 +607,9 @@ mod tests {
                 reply_to: Some(bad.into()),
                 ..email()
             };
-            let error = build_message(&email, "k-1", &header).unwrap_err().to_string();
+            let error = build_message(&email, "k-1", &header)
+                .unwrap_err()
+                .to_string();
             assert!(error.contains("reply_to"), "{bad:?}: {error}");
         }
     }

@@ -1,8 +1,8 @@
 //! The inbox as pages for a person, a developer who keeps it open (compare Mailpit): the
 //! messages newest first with readable times (date, time and zone: the page shows them in the
 //! browser's time zone), refreshed live, searchable by address or subject, deletable one by one
-//! or all at once; one message with its headers (Message-ID, the idempotency key), its links
-//! clickable and its raw source; the duplicate counter; the faults, switchable from the page;
+//! or all at once; one message with its headers (Message-ID, the idempotency key), its HTML part
+//! drawn in a sandboxed frame ([`html`]), its links clickable and its raw source; the duplicate counter; the faults, switchable from the page;
 //! and — given a feed ([`Options::suppressed_feed`]) — the emails the sender chose not to send.
 //!
 //! Everything received is escaped where the page is made (here, in Rust); the script
@@ -553,7 +553,7 @@ fn message_page(inbox: &Inbox, m: &Message, base: &str, back: &str) -> String {
     format!(
         "{head}<main><p><a href=\"{back}\">← Inbox</a></p><h1>{subject}</h1>\
          <table class=\"headers\">\
-         <tr><th>From</th><td>{from}</td></tr><tr><th>To</th><td>{to}</td></tr>\
+         <tr><th>From</th><td>{from}</td></tr><tr><th>To</th><td>{to}</td></tr>{reply_to}\
          <tr><th>Received</th><td>{when} over {via}</td></tr>\
          <tr><th>Message-ID</th><td>{message_id}</td></tr>\
          <tr><th>{key_header}</th><td>{key}</td></tr>\
@@ -574,6 +574,9 @@ fn message_page(inbox: &Inbox, m: &Message, base: &str, back: &str) -> String {
         },
         from = escape(&m.from),
         to = escape(&m.to.join(", ")),
+        reply_to = m.reply_to.as_deref().map_or(String::new(), |r| {
+            format!("<tr><th>Reply-To</th><td>{}</td></tr>", escape(r))
+        }),
         when = time(m.received_at),
         via = intake(m.intake),
         message_id = or_none(m.message_id.as_deref()),

@@ -149,7 +149,7 @@ async fn the_dev_inbox_draws_an_html_email_in_a_sandbox_where_no_script_runs_and
          padding: 12px; }}</style></head><body>\
          <div class=\"box\"><h1 id=\"hello\" style=\"color: rgb(200, 0, 0)\">Grüße from the HTML \
          part</h1><p style=\"background: url({remote}/background.png)\">Styled, \
-         with a <a href=\"{remote}/link\">link</a>.</p></div>\
+         with a <a id=\"away\" href=\"{framed}/link\">link</a>.</p></div>\
          <script>document.title = 'pwned'; console.log('script ran'); alert('script'); \
          document.body.insertAdjacentHTML('beforeend', '<p id=script-ran>ran</p>');</script>\
          <img src=\"x\" onerror=\"console.log('onerror ran'); alert('onerror'); \
@@ -340,6 +340,38 @@ async fn the_dev_inbox_draws_an_html_email_in_a_sandbox_where_no_script_runs_and
         "nothing was requested from another server; log: {:?}",
         browser.log
     );
+    // A link followed in the frame goes nowhere: the page frames its own origin only, so
+    // Chromium shows its error page in the frame, and requests nothing.
+    browser
+        .frame_command(
+            &session,
+            "Runtime.evaluate",
+            json!({ "expression": "document.getElementById('away').click()" }),
+        )
+        .await
+        .unwrap();
+    let deadline = std::time::Instant::now() + Duration::from_secs(15);
+    loop {
+        let href = browser
+            .frame_command(
+                &session,
+                "Runtime.evaluate",
+                json!({ "expression": "location.href", "returnByValue": true }),
+            )
+            .await;
+        let href = href
+            .map(|h| h["result"]["value"].clone())
+            .unwrap_or_default();
+        if href.as_str().is_some_and(|h| !h.ends_with(&frame_url)) {
+            assert_eq!(href, "chrome-error://chromewebdata/");
+            break;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the link did nothing: {href}"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
     let requested: Vec<String> = framed_hits
         .lock()
         .unwrap()

@@ -44,6 +44,7 @@ pub fn router_with(inbox: Inbox, options: Options, extra: Router) -> Router {
     Router::new()
         .route("/", get(page::list))
         .route("/view/{id}", get(page::view))
+        .route("/view/{id}/html", get(page::html))
         .route("/assets/inbox.js", get(page::script))
         .route("/assets/inbox.css", get(page::style))
         .route("/emails", post(send_email))
@@ -165,6 +166,8 @@ struct SendEmail {
     #[serde(default)]
     html: Option<String>,
     #[serde(default)]
+    reply_to: Option<OneOrMany>,
+    #[serde(default)]
     headers: std::collections::HashMap<String, String>,
 }
 
@@ -224,6 +227,10 @@ async fn send_email(State(inbox): State<Inbox>, headers: HeaderMap, bytes: Bytes
         subject: body.subject,
         text: body.text.unwrap_or_default(),
         html: body.html,
+        reply_to: body.reply_to.map(|r| match r {
+            OneOrMany::One(r) => r,
+            OneOrMany::Many(r) => r.join(", "),
+        }),
         message_id: body.headers.get("Message-ID").cloned(),
         idempotency_key: key,
         raw,

@@ -118,6 +118,10 @@ pub struct Message {
     pub text: String,
     /// HTML body, if any.
     pub html: Option<String>,
+    /// Where replies go (`Reply-To` over SMTP, `reply_to` over HTTP), if the sender named it:
+    /// the addresses, `Name <address>` where a name was given, joined by `, `.
+    #[serde(default)]
+    pub reply_to: Option<String>,
     /// `Message-ID`, if any.
     pub message_id: Option<String>,
     /// The sender's idempotency key: the value of the one header its intake reads
@@ -894,6 +898,7 @@ mod tests {
             subject: "s".into(),
             text: "t".into(),
             html: None,
+            reply_to: None,
             message_id: None,
             idempotency_key: key.map(Into::into),
             raw: String::new(),
@@ -1070,6 +1075,14 @@ mod tests {
                 from: "another-sender@x.io".into(),
                 ..message(Some("k"))
             },
+            Message {
+                html: Some("<p>t</p>".into()),
+                ..message(Some("k"))
+            },
+            Message {
+                reply_to: Some("elsewhere@x.io".into()),
+                ..message(Some("k"))
+            },
         ] {
             assert_eq!(
                 inbox.receive(other),
@@ -1084,7 +1097,7 @@ mod tests {
         let stats = inbox.stats();
         assert_eq!(
             (stats.mismatched, stats.deduplicated, stats.delivered),
-            (3, 1, 1)
+            (5, 1, 1)
         );
         assert_eq!(inbox.messages(None).len(), 1);
     }

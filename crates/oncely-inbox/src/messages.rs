@@ -201,7 +201,7 @@ fn unindex(index: &mut HashMap<String, BTreeSet<u64>>, key: &str, arrival: u64) 
 }
 
 /// What a provider compares a repeat with: the message as sent (sender, recipients, subject,
-/// bodies), not the envelope of the attempt.
+/// bodies, `Reply-To`), not the envelope of the attempt.
 pub(crate) fn fingerprint(message: &Message) -> u64 {
     let mut hasher = std::hash::DefaultHasher::new();
     (
@@ -210,6 +210,7 @@ pub(crate) fn fingerprint(message: &Message) -> u64 {
         &message.subject,
         &message.text,
         &message.html,
+        &message.reply_to,
     )
         .hash(&mut hasher);
     hasher.finish()

@@ -1,8 +1,8 @@
 //! The inbox as pages for a person, a developer who keeps it open (compare Mailpit): the
 //! messages newest first with readable times (date, time and zone: the page shows them in the
 //! browser's time zone), refreshed live, searchable by address or subject, deletable one by one
-//! or all at once; one message with its headers (Message-ID, the idempotency key), its links
-//! clickable and its raw source; the duplicate counter; the faults, switchable from the page;
+//! or all at once; one message with its headers (Message-ID, the idempotency key), its HTML part
+//! drawn in a sandboxed frame ([`html`]), its links clickable and its raw source; the duplicate counter; the faults, switchable from the page;
 //! and — given a feed ([`Options::suppressed_feed`]) — the emails the sender chose not to send.
 //!
 //! Everything received is escaped where the page is made (here, in Rust); the script
@@ -44,10 +44,18 @@ pub const SCRIPT: &str = include_str!("page/inbox.js");
 pub const STYLE: &str = include_str!("page/inbox.css");
 
 /// What the pages allow: their own script, style sheet and requests, nothing inline, nothing
-/// from another origin, no framing.
+/// from another origin, no framing of them; they may frame their own origin only (a message's
+/// HTML part, [`html`], which sandboxes itself).
 pub const CONTENT_SECURITY_POLICY: &str = "default-src 'none'; script-src 'self'; \
-     style-src 'self'; connect-src 'self'; img-src 'self'; form-action 'self'; base-uri 'none'; \
-     frame-ancestors 'none'";
+     style-src 'self'; connect-src 'self'; img-src 'self'; frame-src 'self'; form-action 'self'; \
+     base-uri 'none'; frame-ancestors 'none'";
+
+/// What a message's HTML part may do when shown ([`html`]): nothing but be drawn. A sandbox
+/// (an opaque origin, no script, no forms, no popups, no navigation of the page around it), no
+/// request of its own (only inline styles, `data:` images and fonts: a remote image would tell
+/// its sender the message was opened, and from where), and framed only by the inbox's pages.
+pub const HTML_PART_POLICY: &str = "sandbox; default-src 'none'; style-src 'unsafe-inline'; \
+     img-src data:; font-src data:; form-action 'none'; base-uri 'none'; frame-ancestors 'self'";
 
 /// Escapes text for HTML (text and attribute values).
 pub fn escape(text: &str) -> String {
@@ -501,7 +509,7 @@ fn humanize(d: std::time::Duration) -> String {
 }
 
 /// `GET /view/{id}`: one message — its headers, its text with links clickable, its HTML part
-/// and its raw source (both as text).
+/// rendered in a sandboxed frame ([`html`]) and as source, and its raw source (as text).
 pub async fn view(
     State(inbox): State<Inbox>,
     Path(id): Path<String>,
@@ -529,24 +537,30 @@ fn message_page(inbox: &Inbox, m: &Message, base: &str, back: &str) -> String {
             format!("<code>{}</code>", escape(v))
         })
     };
+    // The HTML part drawn in a frame that may do nothing else ([`html`]: `sandbox` here and in
+    // its own Content-Security-Policy), then its source as text.
     let html_part = m.html.as_deref().map_or(String::new(), |html| {
         format!(
-            "<details><summary>HTML part (its source, not rendered)</summary><pre>{}</pre>\
-             </details>",
-            escape(html)
+            "<h2>HTML</h2><iframe id=\"html\" sandbox src=\"{base}/view/{id}/html\" \
+             title=\"The HTML part, rendered (no script, nothing loaded from elsewhere)\" \
+             referrerpolicy=\"no-referrer\"></iframe>\
+             <details><summary>HTML source</summary><pre>{source}</pre></details>",
+            base = escape(base),
+            id = escape(&m.id),
+            source = escape(html)
         )
     });
     format!(
         "{head}<main><p><a href=\"{back}\">← Inbox</a></p><h1>{subject}</h1>\
          <table class=\"headers\">\
-         <tr><th>From</th><td>{from}</td></tr><tr><th>To</th><td>{to}</td></tr>\
+         <tr><th>From</th><td>{from}</td></tr><tr><th>To</th><td>{to}</td></tr>{reply_to}\
          <tr><th>Received</th><td>{when} over {via}</td></tr>\
          <tr><th>Message-ID</th><td>{message_id}</td></tr>\
          <tr><th>{key_header}</th><td>{key}</td></tr>\
          <tr><th>Copies</th><td id=\"copies\">{copies_text}</td></tr></table>\
          <p class=\"actions\"><button type=\"button\" data-delete=\"{id}\" data-then=\"{back}\">\
          Delete</button> <a href=\"{base}/messages/{id}/raw\">Raw source as a file</a></p>\
-         <h2>Text</h2><pre class=\"body\">{body}</pre>{html_part}\
+         {html_part}<h2>Text</h2><pre class=\"body\">{body}</pre>\
          <details id=\"raw\"><summary>Raw source</summary><pre>{raw}</pre></details>\
          </main></body></html>",
         head = head(&m.subject, base, ""),
@@ -560,6 +574,9 @@ fn message_page(inbox: &Inbox, m: &Message, base: &str, back: &str) -> String {
         },
         from = escape(&m.from),
         to = escape(&m.to.join(", ")),
+        reply_to = m.reply_to.as_deref().map_or(String::new(), |r| {
+            format!("<tr><th>Reply-To</th><td>{}</td></tr>", escape(r))
+        }),
         when = time(m.received_at),
         via = intake(m.intake),
         message_id = or_none(m.message_id.as_deref()),
@@ -573,6 +590,28 @@ fn message_page(inbox: &Inbox, m: &Message, base: &str, back: &str) -> String {
         body = linkify(&m.text),
         raw = escape(&m.raw),
     )
+}
+
+/// `GET /view/{id}/html`: the message's HTML part as a page of its own, for the frame of the
+/// message page — sandboxed by [`HTML_PART_POLICY`], never cached, no referrer; 404 for an
+/// unknown message or one without HTML.
+pub async fn html(State(inbox): State<Inbox>, Path(id): Path<String>) -> Response {
+    let Some(html) = inbox.message(&id).and_then(|m| m.html) else {
+        return StatusCode::NOT_FOUND.into_response();
+    };
+    let mut response = html.into_response();
+    let headers = response.headers_mut();
+    for (name, value) in [
+        (header::CONTENT_TYPE, "text/html; charset=utf-8"),
+        (header::CONTENT_SECURITY_POLICY, HTML_PART_POLICY),
+        (header::X_CONTENT_TYPE_OPTIONS, "nosniff"),
+        (header::X_FRAME_OPTIONS, "SAMEORIGIN"),
+        (header::REFERRER_POLICY, "no-referrer"),
+        (header::CACHE_CONTROL, "no-store"),
+    ] {
+        headers.insert(name, HeaderValue::from_static(value));
+    }
+    response
 }
 
 /// `GET /messages/{id}/raw`: the message as it came in, as plain text.

@@ -191,15 +191,23 @@ fn parse(
             .and_then(|m| m.body_text(0))
             .map(|t| t.into_owned())
             .unwrap_or_default(),
+        // An HTML part the message has: mail-parser would render a text-only message's text
+        // as HTML, which the sender never sent.
         html: parsed
             .as_ref()
-            // mail-parser renders text as HTML when there is no HTML part; keep real ones only.
-            .filter(|_| {
-                header("Content-Type")
-                    .is_some_and(|ct| ct.contains("multipart") || ct.contains("html"))
-            })
+            .filter(|m| m.html_part(0).is_some_and(|part| part.is_text_html()))
             .and_then(|m| m.body_html(0))
             .map(|t| t.into_owned()),
+        reply_to: parsed.as_ref().and_then(|m| m.reply_to()).map(|address| {
+            address
+                .iter()
+                .map(|a| match (a.name(), a.address()) {
+                    (Some(name), Some(address)) => format!("{name} <{address}>"),
+                    (name, address) => address.or(name).unwrap_or_default().to_owned(),
+                })
+                .collect::<Vec<_>>()
+                .join(", ")
+        }),
         message_id: parsed
             .as_ref()
             .and_then(|m| m.message_id())
@@ -245,6 +253,47 @@ Content-Transfer-Encoding: quoted-printable\r\n\r\nhttp://x/verify?token=3Dabc=\
         );
         let other = parse(raw, "a@b.io", &["c@d.io".into()], "X-Not-Sent");
         assert_eq!(other.idempotency_key, None, "no fallback to another header");
+    }
+
+    #[test]
+    fn a_multipart_alternative_message_yields_its_text_and_its_html_decoded() {
+        let long = "x".repeat(200);
+        let raw = format!(
+            "From: a@b.io\r\nTo: c@d.io\r\nSubject: =?utf-8?q?Gr=C3=BC=C3=9Fe?=\r\n\
+Reply-To: =?utf-8?q?J=C3=BCrgen?= <j@b.io>\r\nMIME-Version: 1.0\r\n\
+Content-Type: multipart/alternative; boundary=\"XX\"\r\n\r\n\
+--XX\r\nContent-Type: text/plain; charset=utf-8\r\n\
+Content-Transfer-Encoding: quoted-printable\r\n\r\n\
+Gr=C3=BC=C3=9Fe, {q}=\r\n{q}\r\n\
+--XX\r\nContent-Type: text/html; charset=utf-8\r\n\
+Content-Transfer-Encoding: base64\r\n\r\n{b64}\r\n--XX--\r\n",
+            q = &long[..70],
+            b64 = "PHA+R3LDvMOfZTwvcD48c2NyaXB0PmFsZXJ0KDEpPC9zY3JpcHQ+",
+        );
+        let m = parse(raw.as_bytes(), "a@b.io", &["c@d.io".into()], "X-Key");
+        assert_eq!(m.subject, "Grüße");
+        assert_eq!(
+            m.text.trim_end(),
+            format!("Grüße, {}{}", &long[..70], &long[..70])
+        );
+        assert_eq!(
+            m.html.as_deref(),
+            Some("<p>Grüße</p><script>alert(1)</script>"),
+            "the HTML part as sent (the page escapes or sandboxes it)"
+        );
+        assert_eq!(m.reply_to.as_deref(), Some("Jürgen <j@b.io>"));
+    }
+
+    #[test]
+    fn a_text_only_message_has_no_html_even_inside_a_multipart() {
+        let raw = b"From: a@b.io\r\nTo: c@d.io\r\nSubject: s\r\n\
+Content-Type: multipart/mixed; boundary=\"XX\"\r\n\r\n\
+--XX\r\nContent-Type: text/plain; charset=utf-8\r\n\r\nhello <b>\r\n\
+--XX\r\nContent-Type: application/octet-stream\r\n\r\nbin\r\n--XX--\r\n";
+        let m = parse(raw, "a@b.io", &["c@d.io".into()], "X-Key");
+        assert_eq!(m.text.trim_end(), "hello <b>");
+        assert_eq!(m.html, None);
+        assert_eq!(m.reply_to, None);
     }
 
     #[test]

@@ -749,3 +749,131 @@ async fn a_rebound_name_reads_nothing_while_localhost_ip_and_a_named_mailer_are_
     assert_eq!(status_of(mailer).await, 200);
     assert_eq!(inbox.messages(Some("named@example.com")).len(), 1);
 }
+
+/// Issue 18: a message's HTML part is drawn on the message page in a sandboxed frame whose
+/// source, `GET /view/{id}/html`, sandboxes itself: no script, no request elsewhere (a remote
+/// image would tell the sender the message was read), no form, framed by the inbox only.
+#[tokio::test]
+async fn the_html_part_is_framed_sandboxed_and_served_with_a_policy_that_lets_it_only_be_drawn() {
+    let (_inbox, base) = start().await;
+    let http = oncely_testdb::http();
+    let hostile = "<p style=\"color:red\">Grüße</p><script>alert(1)</script>\
+                   <img src=\"http://127.0.0.1:9/x\" onerror=\"alert(2)\">\
+                   <form action=\"http://127.0.0.1:9/steal\"><input name=p><button>go</button></form>\
+                   <meta http-equiv=\"refresh\" content=\"0;url=http://127.0.0.1:9/\">\
+                   </iframe><base href=\"http://127.0.0.1:9/\">";
+    let mut ids = Vec::new();
+    for body in [
+        json!({ "from": "a@example.com", "to": "h@example.com", "subject": "html",
+                "text": "text part", "html": hostile,
+                "reply_to": ["Support <s@example.com>", "t@example.com"] }),
+        json!({ "from": "a@example.com", "to": "t@example.com", "subject": "text only",
+                "text": "text part" }),
+    ] {
+        let sent = http
+            .post(format!("{base}/emails"))
+            .json(&body)
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(sent.status(), 200);
+        let sent: Value = sent.json().await.unwrap();
+        ids.push(sent["id"].as_str().unwrap().to_owned());
+    }
+    let listed: Vec<Value> = get_json(format!("{base}/messages?to=h@example.com")).await;
+    assert_eq!(listed[0]["html"], hostile);
+    assert_eq!(
+        listed[0]["reply_to"],
+        "Support <s@example.com>, t@example.com"
+    );
+
+    let part = http
+        .get(format!("{base}/view/{}/html", ids[0]))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(part.status(), 200);
+    let header = |name: &str| part.headers()[name].to_str().unwrap().to_owned();
+    assert_eq!(header("content-type"), "text/html; charset=utf-8");
+    assert_eq!(header("x-content-type-options"), "nosniff");
+    assert_eq!(header("cache-control"), "no-store");
+    assert_eq!(header("referrer-policy"), "no-referrer");
+    let csp: Vec<String> = header("content-security-policy")
+        .split(';')
+        .map(|d| d.trim().to_owned())
+        .collect();
+    for directive in [
+        "sandbox",
+        "default-src 'none'",
+        "style-src 'unsafe-inline'",
+        "img-src data:",
+        "font-src data:",
+        "form-action 'none'",
+        "frame-ancestors 'self'",
+    ] {
+        assert!(csp.iter().any(|d| d == directive), "{directive}: {csp:?}");
+    }
+    assert!(
+        !csp.iter()
+            .any(|d| d.starts_with("script-src") || d.contains("allow-") || d.contains("http")),
+        "no script, no sandbox exception, no remote source: {csp:?}"
+    );
+    assert_eq!(part.text().await.unwrap(), hostile, "the part as sent");
+
+    // The message page frames it, sandboxed, and shows its source as text.
+    let page = http
+        .get(format!("{base}/view/{}", ids[0]))
+        .send()
+        .await
+        .unwrap();
+    let page_csp = page.headers()["content-security-policy"]
+        .to_str()
+        .unwrap()
+        .to_owned();
+    assert!(page_csp.contains("frame-src 'self'"), "{page_csp}");
+    assert!(page_csp.contains("frame-ancestors 'none'"), "{page_csp}");
+    let page = page.text().await.unwrap();
+    let frame = format!("<iframe id=\"html\" sandbox src=\"/view/{}/html\"", ids[0]);
+    assert!(page.contains(&frame), "{page}");
+    assert_eq!(
+        page.matches("<iframe").count(),
+        1,
+        "the part's own is escaped"
+    );
+    assert!(
+        page.contains("&lt;script&gt;alert(1)&lt;/script&gt;"),
+        "{page}"
+    );
+    assert!(!page.contains("<script>alert"), "{page}");
+    assert!(!page.contains("allow-"), "{page}");
+
+    // No HTML: no frame, and nothing at the route; an unknown message: nothing either.
+    let page = http
+        .get(format!("{base}/view/{}", ids[1]))
+        .send()
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    assert!(
+        page.contains("text part") && !page.contains("<iframe"),
+        "{page}"
+    );
+    for id in [ids[1].as_str(), "nope", "..%2F..%2Fassets%2Finbox.js"] {
+        assert_eq!(
+            status_of(http.get(format!("{base}/view/{id}/html"))).await,
+            404,
+            "{id}"
+        );
+    }
+    // Like every read, not at a name that DNS could rebind.
+    assert_eq!(
+        status_of(
+            http.get(format!("{base}/view/{}/html", ids[0]))
+                .header("host", "attacker.example:80")
+        )
+        .await,
+        403
+    );
+}

@@ -6,6 +6,7 @@
 use std::sync::Arc;
 use std::time::Duration;
 
+use lettre::message::MultiPart;
 use lettre::message::header::{ContentType, HeaderName, HeaderValue};
 use lettre::{AsyncSmtpTransport, AsyncTransport, Tokio1Executor};
 use secrecy::SecretString;
@@ -324,20 +325,38 @@ fn never_connected(error: &lettre::transport::smtp::Error) -> bool {
     error.is_tls() || error.to_string().starts_with("Connection error")
 }
 
+/// The message: `text/plain` alone, or with an HTML part `multipart/alternative` (the text
+/// first, then the HTML: a reader shows the last part it can), both UTF-8, lettre choosing each
+/// part's transfer encoding (quoted-printable or base64 for long lines and non-ASCII);
+/// `Reply-To` when the email names one. A `from`, `to` or `reply_to` that is not an address
+/// is an error (the send is permanent: every retry would fail the same way).
 fn build_message(
     email: &Email,
     key: &str,
     header: &IdempotencyHeader,
 ) -> Result<lettre::Message, Box<dyn std::error::Error + Send + Sync>> {
     let name = HeaderName::new_from_ascii(header.as_str().to_owned())?;
-    Ok(lettre::Message::builder()
+    let mut builder = lettre::Message::builder()
         .from(email.from.parse()?)
         .to(email.to.parse()?)
         .subject(email.subject.clone())
         .message_id(Some(format!("<{key}@oncely>")))
-        .raw_header(HeaderValue::new(name, key.to_owned()))
-        .header(ContentType::TEXT_PLAIN)
-        .body(email.text.clone())?)
+        .raw_header(HeaderValue::new(name, key.to_owned()));
+    if let Some(reply_to) = &email.reply_to {
+        let mailbox = reply_to
+            .parse()
+            .map_err(|error| format!("reply_to {reply_to:?} is not an address: {error}"))?;
+        builder = builder.reply_to(mailbox);
+    }
+    Ok(match &email.html {
+        None => builder
+            .header(ContentType::TEXT_PLAIN)
+            .body(email.text.clone())?,
+        Some(html) => builder.multipart(MultiPart::alternative_plain_html(
+            email.text.clone(),
+            html.clone(),
+        ))?,
+    })
 }
 
 /// The MIME message the SMTP mailer sends for `email` under `delivery_key` (with the default
@@ -389,13 +408,7 @@ impl HttpMailer {
     }
 
     async fn deliver(&self, email: &Email, key: &str) -> Delivery {
-        let body = json!({
-            "from": email.from,
-            "to": [email.to],
-            "subject": email.subject,
-            "text": email.text,
-            "headers": { "Message-ID": format!("<{key}@oncely>") },
-        });
+        let body = http_body(email, key);
         let header = self.idempotency_header.as_str();
         let api_key = self.api_key.as_ref();
         match crate::http::post_json_to_endpoint(
@@ -413,6 +426,26 @@ impl HttpMailer {
             Err(outcome) => outcome,
         }
     }
+}
+
+/// The JSON of a send: Resend's fields, `html` and `reply_to` only when the email has them (an
+/// email without them is sent exactly as before they existed: a provider compares the payloads
+/// of one idempotency key, and refuses a key whose payload changed).
+fn http_body(email: &Email, key: &str) -> serde_json::Value {
+    let mut body = json!({
+        "from": email.from,
+        "to": [email.to],
+        "subject": email.subject,
+        "text": email.text,
+        "headers": { "Message-ID": format!("<{key}@oncely>") },
+    });
+    if let Some(html) = &email.html {
+        body["html"] = json!(html);
+    }
+    if let Some(reply_to) = &email.reply_to {
+        body["reply_to"] = json!(reply_to);
+    }
+    body
 }
 
 impl Mailer for HttpMailer {
@@ -519,5 +552,96 @@ mod tests {
         assert!(raw.contains("X-Provider-Key: k-1\r\n"), "{raw}");
         assert!(raw.contains("Message-ID: <k-1@oncely>\r\n"), "{raw}");
         assert!(!raw.contains("Idempotency-Key"), "{raw}");
+    }
+
+    fn email() -> Email {
+        Email {
+            from: "a@example.com".into(),
+            to: "b@example.com".into(),
+            subject: "s".into(),
+            text: "t".into(),
+            ..Default::default()
+        }
+    }
+
+    fn formatted(email: &Email) -> String {
+        let header = IdempotencyHeader::new("X-Provider-Key").unwrap();
+        String::from_utf8(build_message(email, "k-1", &header).unwrap().formatted()).unwrap()
+    }
+
+    #[test]
+    fn without_html_the_smtp_message_is_one_text_part_and_has_no_reply_to() {
+        let raw = formatted(&email());
+        assert!(
+            raw.contains("Content-Type: text/plain; charset=utf-8\r\n"),
+            "{raw}"
+        );
+        assert!(!raw.contains("multipart"), "{raw}");
+        assert!(!raw.contains("Reply-To"), "{raw}");
+    }
+
+    #[test]
+    fn with_html_the_smtp_message_is_text_then_html_and_keeps_its_headers() {
+        let raw = formatted(&Email {
+            html: Some("<p>Grüße</p>".into()),
+            reply_to: Some("Support <support@example.com>".into()),
+            ..email()
+        });
+        let head = &raw[..raw.find("\r\n\r\n").unwrap()];
+        assert!(
+            head.contains("Content-Type: multipart/alternative;"),
+            "{raw}"
+        );
+        assert!(
+            head.contains("Reply-To: Support <support@example.com>\r\n"),
+            "{raw}"
+        );
+        assert!(head.contains("Message-ID: <k-1@oncely>\r\n"), "{raw}");
+        assert!(head.contains("X-Provider-Key: k-1\r\n"), "{raw}");
+        let text = raw.find("Content-Type: text/plain; charset=utf-8").unwrap();
+        let html = raw.find("Content-Type: text/html; charset=utf-8").unwrap();
+        assert!(text < html, "the text part first: {raw}");
+    }
+
+    #[test]
+    fn a_reply_to_that_is_not_one_address_cannot_be_sent() {
+        let header = IdempotencyHeader::new("X-Provider-Key").unwrap();
+        for bad in [
+            "",
+            "not an address",
+            "a@example.com, b@example.com",
+            "a@example.com\r\nBcc: victim@example.com",
+            "a@example.com>\nX-Injected: 1",
+        ] {
+            let email = Email {
+                reply_to: Some(bad.into()),
+                ..email()
+            };
+            let error = build_message(&email, "k-1", &header)
+                .unwrap_err()
+                .to_string();
+            assert!(error.contains("reply_to"), "{bad:?}: {error}");
+        }
+    }
+
+    #[test]
+    fn the_http_body_gains_html_and_reply_to_only_when_set() {
+        // Byte for byte what the mailer sent before the fields existed: a provider refuses a
+        // key whose payload changed.
+        assert_eq!(
+            serde_json::to_string(&http_body(&email(), "k-1")).unwrap(),
+            r#"{"from":"a@example.com","headers":{"Message-ID":"<k-1@oncely>"},"subject":"s","text":"t","to":["b@example.com"]}"#
+        );
+        let body = http_body(
+            &Email {
+                html: Some("<p>h</p>".into()),
+                reply_to: Some("r@example.com".into()),
+                ..email()
+            },
+            "k-1",
+        );
+        assert_eq!(body["html"], "<p>h</p>");
+        assert_eq!(body["reply_to"], "r@example.com");
+        assert_eq!(body["text"], "t");
     }
 }

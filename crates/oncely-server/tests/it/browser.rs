@@ -57,6 +57,11 @@ pub struct Browser {
     pub log: Vec<String>,
     /// Dialogs the page opened (`alert`, `confirm`, …; each dismissed at once): their messages.
     pub dialogs: Vec<String>,
+    /// The page's frames that run in a process of their own (Chromium isolates sandboxed
+    /// frames and other sites' frames), once [`Browser::watch_frames`] is on: each one's
+    /// session and the URL it had when attached (often still `about:blank` or empty). What they log and the dialogs they open go to [`Browser::log`] and
+    /// [`Browser::dialogs`] like the page's.
+    pub frames: Vec<(String, String)>,
 }
 
 impl Browser {
@@ -115,6 +120,7 @@ impl Browser {
             next_id: 0,
             log: Vec::new(),
             dialogs: Vec::new(),
+            frames: Vec::new(),
         };
         let target = browser
             .browser_command("Target.createTarget", json!({ "url": "about:blank" }))
@@ -234,8 +240,54 @@ impl Browser {
                     .await
                     .unwrap();
             }
+            Some("Target.attachedToTarget") => {
+                // A frame in a process of its own, paused before it runs anything: watch it
+                // like the page, then let it run (fire and forget: the answers are ignored).
+                let session = params["sessionId"].as_str().unwrap_or_default().to_owned();
+                let url = params["targetInfo"]["url"]
+                    .as_str()
+                    .unwrap_or_default()
+                    .to_owned();
+                for method in [
+                    "Page.enable",
+                    "Runtime.enable",
+                    "Log.enable",
+                    "Runtime.runIfWaitingForDebugger",
+                ] {
+                    self.next_id += 1;
+                    let command = json!({ "id": self.next_id, "sessionId": session,
+                        "method": method, "params": {} });
+                    self.socket
+                        .send(Message::text(command.to_string()))
+                        .await
+                        .unwrap();
+                }
+                self.frames.push((session, url));
+            }
             _ => {}
         }
+    }
+
+    /// Attaches to each frame of the page that runs in a process of its own as it appears
+    /// (before it runs anything), watching its log and dialogs ([`Browser::frames`]).
+    pub async fn watch_frames(&mut self) {
+        self.command(
+            "Target.setAutoAttach",
+            json!({ "autoAttach": true, "waitForDebuggerOnStart": true, "flatten": true }),
+        )
+        .await;
+    }
+
+    /// A command to one of [`Browser::frames`] (by its session): its result, or the
+    /// protocol's error (a frame may have gone meanwhile).
+    pub async fn frame_command(
+        &mut self,
+        session: &str,
+        method: &str,
+        params: Value,
+    ) -> Result<Value, Value> {
+        self.try_send(Some(session.to_owned()), method, params)
+            .await
     }
 
     /// Reads whatever events arrived by now (without waiting for more).

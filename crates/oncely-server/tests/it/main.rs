@@ -9,6 +9,7 @@ mod browser;
 mod chaos;
 mod client_caps;
 mod dev_inbox;
+mod dev_inbox_html;
 mod docs_cli;
 mod email_change;
 mod email_events;

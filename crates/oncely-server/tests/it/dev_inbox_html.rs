@@ -385,3 +385,89 @@ async fn the_dev_inbox_draws_an_html_email_in_a_sandbox_where_no_script_runs_and
     );
     browser.close().await;
 }
+
+/// A real email of the service, as a team ships it: a signup asking for German, through the
+/// service's own templates and the dev mailer, drawn in the dev inbox's frame — the German
+/// heading, the button and the link (the text part's), the footer. The screenshot goes to
+/// `target/tmp/screenshots/dev-inbox-verification-de.png`.
+#[tokio::test]
+async fn a_templated_email_of_the_service_is_drawn_in_the_dev_inbox_in_its_language() {
+    let db = TestSqlite::new();
+    let app = Application::<Sqlite>::build(settings(db.url(), "dev"))
+        .await
+        .unwrap();
+    let (inbox, _) = app.dev_inbox().expect("the dev mailer's inbox");
+    let inbox = inbox.clone();
+    let base = format!("http://{}", app.addr());
+    tokio::spawn(app.run_until(std::future::pending()));
+    let Some(mut browser) = Browser::launch("the dev inbox templated email test", &[]).await else {
+        return;
+    };
+    let signup = oncely_testdb::http()
+        .post(format!("{base}/v1/signup"))
+        .header("idempotency-key", "signup-de")
+        .header("accept-language", "de-DE,de;q=0.9,en;q=0.5")
+        .json(&json!({ "email": "lena@example.com" }))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(signup.status(), 202);
+    let received = inbox
+        .wait_for("lena@example.com", 1, Duration::from_secs(10))
+        .await;
+    let message = &received[0];
+    assert_eq!(message.subject, "Bestätigen Sie Ihre E-Mail-Adresse");
+    let link = message
+        .text
+        .split_whitespace()
+        .find(|w| w.contains("token="))
+        .expect("the link in the text part")
+        .to_owned();
+    let id = message.id.clone();
+    browser.watch_frames().await;
+    browser.goto(&format!("{base}/_dev/inbox/view/{id}")).await;
+    browser
+        .wait_for("document.querySelector('iframe#html') !== null")
+        .await;
+    let frame_url = format!("/_dev/inbox/view/{id}/html");
+    let deadline = std::time::Instant::now() + Duration::from_secs(15);
+    let (_, document) = loop {
+        if let Some((session, document)) = frame_document(&mut browser, &frame_url).await
+            && text_of(&document).contains("Willkommen bei")
+        {
+            break (session, document);
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the frame shows no German email; frames: {:?}; log: {:?}",
+            browser.frames,
+            browser.log
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    };
+    let text = text_of(&document);
+    for shown in [
+        "Adresse bestätigen",
+        "24 Stunden gültig",
+        "Diese E-Mail wurde",
+        &link,
+    ] {
+        assert!(text.contains(shown), "{shown:?} not in the frame: {text}");
+    }
+    let mut all = Vec::new();
+    nodes(&document, &mut all);
+    let hrefs: Vec<&str> = all
+        .iter()
+        .filter(|n| n["nodeName"] == "A")
+        .filter_map(|n| n["attributes"].as_array())
+        .flat_map(|a| a.chunks(2))
+        .filter(|p| p[0] == "href")
+        .filter_map(|p| p[1].as_str())
+        .collect();
+    assert!(
+        hrefs.len() >= 2 && hrefs.iter().all(|h| *h == link),
+        "the button and the copied link are the text part's link: {hrefs:?} vs {link}"
+    );
+    browser.screenshot("dev-inbox-verification-de").await;
+    browser.close().await;
+}

@@ -126,15 +126,9 @@ pub struct PreviewArgs {
     /// The service's sender.
     #[arg(long = "mail-from", env = "ONCELY_MAIL_FROM", default_value = defaults::MAIL_FROM)]
     pub mail_from: String,
-    /// The product name of tenants without their own.
-    #[arg(long, env = "ONCELY_PRODUCT_NAME", value_name = "NAME")]
-    pub product_name: Option<String>,
-    /// The support address of tenants without their own.
-    #[arg(long, env = "ONCELY_SUPPORT_EMAIL", value_name = "ADDRESS")]
-    pub support_email: Option<String>,
     #[command(flatten)]
     #[allow(missing_docs)]
-    pub senders: SenderArgs,
+    pub brand: BrandArgs,
     #[command(flatten)]
     #[allow(missing_docs)]
     pub database: DatabaseArgs,
@@ -785,6 +779,14 @@ pub struct EmailArgs {
     #[arg(long, env = "ONCELY_TEMPLATES", value_name = "DIR")]
     pub templates: Option<std::path::PathBuf>,
 
+    #[command(flatten)]
+    #[allow(missing_docs)]
+    pub brand: BrandArgs,
+}
+
+/// The service's branding of emails (shared by `serve`, `worker` and `templates preview`).
+#[derive(Debug, Clone, Default, Args)]
+pub struct BrandArgs {
     /// The product name emails show for tenants without their own (`tenant set
     /// --product-name`). Default: the public URL's host.
     #[arg(long, env = "ONCELY_PRODUCT_NAME", value_name = "NAME")]

@@ -542,7 +542,7 @@ impl CommonArgs {
     /// The service's branding: `ONCELY_MAIL_FROM` (a sender), `ONCELY_PRODUCT_NAME`,
     /// `ONCELY_SUPPORT_EMAIL`, `ONCELY_MAIL_FROM_DOMAINS`, each checked.
     pub fn service_brand(&self) -> anyhow::Result<ServiceBrand> {
-        let emails = &self.emails;
+        let emails = &self.emails.brand;
         if self.mail_from.parse::<lettre::message::Mailbox>().is_err() {
             bail!(
                 "ONCELY_MAIL_FROM {:?} is not a sender: write an address or \"Name <address>\"",

@@ -64,9 +64,7 @@ pub async fn preview<B: Accounts>(args: PreviewArgs) -> anyhow::Result<()> {
         dir,
         public_url,
         mail_from,
-        product_name,
-        support_email,
-        senders,
+        brand,
         database,
     } = args;
     let Some(message) = Message::parse(&message) else {
@@ -84,9 +82,9 @@ pub async fn preview<B: Accounts>(args: PreviewArgs) -> anyhow::Result<()> {
     let templates = Templates::for_start(dir.as_deref())?;
     let brand = ServiceBrand {
         from: mail_from,
-        product_name,
-        support_email,
-        from_domains: senders.mail_from_domains,
+        product_name: brand.product_name,
+        support_email: brand.support_email,
+        from_domains: brand.senders.mail_from_domains,
     };
     let branding = match tenant == oncely::TenantId::default() {
         true => Branding::default(),

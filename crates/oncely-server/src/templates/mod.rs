@@ -95,17 +95,14 @@ impl Message {
         Self::EmailTakenNotice,
     ];
 
-    /// Its name: its templates' file names, and its outbox job kind after `email.`.
+    /// Its name: its templates' file names, and its outbox job kind after `email.` (a link's
+    /// message is named as its flow).
     pub fn name(self) -> &'static str {
-        match self {
-            Self::Verification => "verification",
-            Self::PasswordReset => "password_reset",
-            Self::MagicLink => "magic_link",
-            Self::Invite => "invite",
-            Self::EmailChange => "email_change",
-            Self::SignupNotice => "signup_notice",
-            Self::EmailChangeNotice => "email_change_notice",
-            Self::EmailTakenNotice => "email_taken_notice",
+        match (self, self.flow()) {
+            (_, Some(flow)) => flow.as_str(),
+            (Self::SignupNotice, _) => "signup_notice",
+            (Self::EmailChangeNotice, _) => "email_change_notice",
+            _ => "email_taken_notice",
         }
     }
 
@@ -334,42 +331,53 @@ macro_rules! embedded_file {
     };
 }
 
-/// Every file of an embedded locale.
-macro_rules! embedded_locale {
-    ($locale:literal) => {
-        [
-            embedded_file!($locale, "layout.txt"),
-            embedded_file!($locale, "layout.html"),
-            embedded_file!($locale, "verification.subject"),
-            embedded_file!($locale, "verification.txt"),
-            embedded_file!($locale, "verification.html"),
-            embedded_file!($locale, "password_reset.subject"),
-            embedded_file!($locale, "password_reset.txt"),
-            embedded_file!($locale, "password_reset.html"),
-            embedded_file!($locale, "magic_link.subject"),
-            embedded_file!($locale, "magic_link.txt"),
-            embedded_file!($locale, "magic_link.html"),
-            embedded_file!($locale, "invite.subject"),
-            embedded_file!($locale, "invite.txt"),
-            embedded_file!($locale, "invite.html"),
-            embedded_file!($locale, "email_change.subject"),
-            embedded_file!($locale, "email_change.txt"),
-            embedded_file!($locale, "email_change.html"),
-            embedded_file!($locale, "signup_notice.subject"),
-            embedded_file!($locale, "signup_notice.txt"),
-            embedded_file!($locale, "signup_notice.html"),
-            embedded_file!($locale, "email_change_notice.subject"),
-            embedded_file!($locale, "email_change_notice.txt"),
-            embedded_file!($locale, "email_change_notice.html"),
-            embedded_file!($locale, "email_taken_notice.subject"),
-            embedded_file!($locale, "email_taken_notice.txt"),
-            embedded_file!($locale, "email_taken_notice.html"),
-        ]
+/// Embedded files: `[locales], [files]` gives each locale's files, `@one locale, [files]` one
+/// locale's.
+macro_rules! embedded {
+    ([$($locale:literal),*], $files:tt) => {
+        [$(embedded!(@one $locale, $files)),*]
+    };
+    (@one $locale:literal, [$($file:literal),* $(,)?]) => {
+        &[$(embedded_file!($locale, $file)),*]
     };
 }
 
-/// The embedded defaults, per locale: (locale, file, text).
-const EMBEDDED: [[(&str, &str, &str); 26]; 2] = [embedded_locale!("en"), embedded_locale!("de")];
+/// The embedded defaults: (locale, file, text). One layout for every language (English's);
+/// each language's own words of it are its `_footer` partials.
+const EMBEDDED_LAYOUT: &[(&str, &str, &str)] = embedded!(@one "en", ["layout.txt", "layout.html"]);
+
+/// Each shipped language's messages and footer.
+const EMBEDDED: [&[(&str, &str, &str)]; 2] = embedded!(
+    ["en", "de"],
+    [
+        "_footer.txt",
+        "_footer.html",
+        "verification.subject",
+        "verification.txt",
+        "verification.html",
+        "password_reset.subject",
+        "password_reset.txt",
+        "password_reset.html",
+        "magic_link.subject",
+        "magic_link.txt",
+        "magic_link.html",
+        "invite.subject",
+        "invite.txt",
+        "invite.html",
+        "email_change.subject",
+        "email_change.txt",
+        "email_change.html",
+        "signup_notice.subject",
+        "signup_notice.txt",
+        "signup_notice.html",
+        "email_change_notice.subject",
+        "email_change_notice.txt",
+        "email_change_notice.html",
+        "email_taken_notice.subject",
+        "email_taken_notice.txt",
+        "email_taken_notice.html",
+    ]
+);
 
 /// A template file and where it came from.
 #[derive(Debug, Clone)]
@@ -873,6 +881,8 @@ fn blank_template_code(text: &str) -> String {
 fn embedded_sources() -> BTreeMap<(String, String), Source> {
     EMBEDDED
         .iter()
+        .copied()
+        .chain([EMBEDDED_LAYOUT])
         .flatten()
         .map(|(locale, file, text)| {
             (

@@ -228,7 +228,7 @@ async fn every_message_in_both_shipped_languages_through_the_inbox(url: String, 
 
 async fn user_id_of(app: &TestApp, address: &str) -> uuid::Uuid {
     let sql = format!("SELECT id FROM oncely_users WHERE email = '{address}'");
-    crate::support::query_uuid(&app.database_url, &sql).await
+    crate::support::scalar(&app.database_url, &sql).await
 }
 
 async fn the_locale_comes_from_the_request_then_accept_language_then_the_account(
@@ -613,7 +613,7 @@ async fn a_template_that_fails_at_send_time_ends_its_job_dead_and_sends_nothing(
     let dead =
         "SELECT count(*) FROM oncely_outbox WHERE kind = 'email.verification' AND status = 'dead'";
     assert!(crate::requests::wait_for_count(&app, dead, Duration::from_secs(10), |n| n == 1).await);
-    let reason = crate::support::query_text(
+    let reason: String = crate::support::scalar(
         &url,
         "SELECT last_error FROM oncely_outbox WHERE status = 'dead'",
     )

@@ -178,30 +178,19 @@ impl TestApp {
 }
 
 pub async fn count(database_url: &str, sql: &str) -> i64 {
-    let sql = AssertSqlSafe(sql.to_owned());
-    if database_url.starts_with("postgres") {
-        let mut conn = sqlx::PgConnection::connect(database_url).await.unwrap();
-        sqlx::query_scalar(sql).fetch_one(&mut conn).await.unwrap()
-    } else {
-        let mut conn = sqlx::SqliteConnection::connect(database_url).await.unwrap();
-        sqlx::query_scalar(sql).fetch_one(&mut conn).await.unwrap()
-    }
+    scalar(database_url, sql).await
 }
 
-/// The one text value `sql` selects.
-pub async fn query_text(database_url: &str, sql: &str) -> String {
-    let sql = AssertSqlSafe(sql.to_owned());
-    if database_url.starts_with("postgres") {
-        let mut conn = sqlx::PgConnection::connect(database_url).await.unwrap();
-        sqlx::query_scalar(sql).fetch_one(&mut conn).await.unwrap()
-    } else {
-        let mut conn = sqlx::SqliteConnection::connect(database_url).await.unwrap();
-        sqlx::query_scalar(sql).fetch_one(&mut conn).await.unwrap()
-    }
-}
-
-/// The one id `sql` selects.
-pub async fn query_uuid(database_url: &str, sql: &str) -> uuid::Uuid {
+/// The one value `sql` selects (a count, a text, an id).
+pub async fn scalar<T>(database_url: &str, sql: &str) -> T
+where
+    T: for<'r> sqlx::Decode<'r, sqlx::Postgres>
+        + sqlx::Type<sqlx::Postgres>
+        + for<'r> sqlx::Decode<'r, sqlx::Sqlite>
+        + sqlx::Type<sqlx::Sqlite>
+        + Send
+        + Unpin,
+{
     let sql = AssertSqlSafe(sql.to_owned());
     if database_url.starts_with("postgres") {
         let mut conn = sqlx::PgConnection::connect(database_url).await.unwrap();

@@ -159,3 +159,59 @@ async fn one_client_flooding_password_requests_leaves_room_for_others() {
     }
     assert_eq!(other.await.unwrap().status(), 202, "another client gets in");
 }
+
+/// Regression: re-entering a signup's password at its link while the hashing pool is busy
+/// counted an attempt each time (the count came before the check, and a check that did not run
+/// was never taken back): a person retrying a few times on a busy server was told "too many
+/// wrong passwords" and could no longer adopt the password. A check that did not run is no
+/// attempt.
+#[tokio::test]
+async fn busy_answers_at_a_link_do_not_use_up_its_password_attempts() {
+    let _pool = POOL_IN_USE.lock().await;
+    let (url, _db) = support::postgres_db().await;
+    let app = support::spawn_app_on(&url, |_| {}).await;
+    let password = "correct horse battery";
+    let ada = "ada@example.com";
+    let signup = idempotent_post(&client_from("127.0.0.3"), &app.base, "/v1/signup", "s1")
+        .json(&json!({ "email": ada, "password": password }))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(signup.status(), 202);
+    let token = support::token_in(&app.emails_to(ada, 1).await[0]);
+    // 127.0.0.2's whole share of the pool taken: its checks do not run.
+    let (release, released) = mpsc::channel::<()>();
+    let released = Arc::new(Mutex::new(released));
+    let mut held = Vec::new();
+    loop {
+        let released = Arc::clone(&released);
+        match password::pool().try_run_for(Some("127.0.0.2"), move || {
+            released.lock().unwrap().recv().unwrap();
+        }) {
+            Ok(job) => held.push(job),
+            Err(password::HashError::Overloaded) => break,
+            Err(other) => panic!("{other}"),
+        }
+    }
+    let verify = || {
+        idempotent_post(&client_from("127.0.0.2"), &app.base, "/v1/verify", "v1")
+            .json(&json!({ "token": token, "password": password }))
+            .send()
+    };
+    let attempts = oncely_server::routes::verification::PASSWORD_ATTEMPTS + 3;
+    for _ in 0..attempts {
+        let busy = verify().await.unwrap();
+        assert_eq!(busy.status(), 503);
+    }
+    for _ in 0..held.len() {
+        release.send(()).unwrap();
+    }
+    for job in held {
+        job.await.unwrap();
+    }
+    let verified = verify().await.unwrap();
+    let status = verified.status();
+    let body: serde_json::Value = verified.json().await.unwrap();
+    assert_eq!(status, 200, "{body}");
+    assert_eq!(body["password_set"], true, "{body}");
+}

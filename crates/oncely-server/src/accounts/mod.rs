@@ -402,6 +402,13 @@ pub trait Accounts: Backend {
         hash: &[u8],
     ) -> impl Future<Output = Result<Option<(Option<String>, i64)>, AccountError>> + Send;
 
+    /// Takes back an attempt at a verification token's signup password whose check did not run
+    /// (every password hasher busy): only checks that ran count toward the token's limit.
+    fn signup_password_unattempt(
+        &self,
+        hash: &[u8],
+    ) -> impl Future<Output = Result<(), AccountError>> + Send;
+
     /// Marks a pending user's address verified and sets its password to `password_hash` —
     /// `None` clears whatever a pending account held (a release before 0004, or a process of
     /// that release still running beside this one, wrote signup passwords on the account: the
@@ -930,6 +937,15 @@ where
             .fetch_optional(self.pool())
             .await
             .map_err(AccountError::of::<B>)
+    }
+
+    async fn signup_password_unattempt(&self, hash: &[u8]) -> Result<(), AccountError> {
+        sqlx::query(B::ACCOUNT_SQL.signup_password_unattempt)
+            .bind(hash)
+            .execute(self.pool())
+            .await
+            .map_err(AccountError::of::<B>)?;
+        Ok(())
     }
 
     async fn mark_verified(

@@ -54,6 +54,8 @@ pub const STATEMENTS: Statements = Statements {
                                  AND consumed_at IS NULL AND superseded_at IS NULL
                                  AND expires_at > COALESCE($3, now())
                               RETURNING password_hash, password_attempts::bigint",
+    signup_password_unattempt: "UPDATE oncely_tokens SET password_attempts = password_attempts - 1
+                                 WHERE token_hash = $1 AND password_attempts > 0",
     mark_verified: "UPDATE oncely_users SET status = 'verified', verified_at = COALESCE($2, now()),
                            password_hash = $3, locale = COALESCE($4, locale)
                      WHERE id = $1 AND status = 'pending'",

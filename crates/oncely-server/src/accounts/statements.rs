@@ -44,6 +44,8 @@ pub struct Statements {
     /// Binds token_hash, tenant (or NULL: any), now. Counts an attempt at the signup password
     /// of a live verification token; returns `password_hash`, `password_attempts` (64-bit).
     pub signup_password_attempt: &'static str,
+    /// Binds token_hash. Takes back one attempt at the token's signup password (never below 0).
+    pub signup_password_unattempt: &'static str,
     /// Binds user_id, now, password_hash, locale. Verifies a pending user, setting its password
     /// and (unless NULL) its locale.
     pub mark_verified: &'static str,

@@ -65,10 +65,11 @@ async fn signup_password<A: Accounts>(
     presented: String,
 ) -> Result<String, ApiError> {
     let tenant = post.tenant.proven().map(|t| t.as_str());
+    let hash = token::hash(&post.body.token);
     let (stored, attempts) = post
         .state
         .accounts
-        .signup_password_attempt(tenant, &token::hash(&post.body.token))
+        .signup_password_attempt(tenant, &hash)
         .await?
         .ok_or(ApiError::InvalidToken)?;
     let stored = stored.ok_or_else(|| {
@@ -82,8 +83,14 @@ async fn signup_password<A: Accounts>(
     }
     let share = post.caller.bucket();
     let presented = SecretString::from(presented);
-    match password::verify(share.as_deref(), &stored, presented).await? {
-        true => Ok(stored),
-        false => Err(ApiError::PasswordMismatch),
+    match password::verify(share.as_deref(), &stored, presented).await {
+        Ok(true) => Ok(stored),
+        Ok(false) => Err(ApiError::PasswordMismatch),
+        // The check did not run (every hasher busy: 503, retry later): not an attempt, or a
+        // person retrying on a busy server would use up the link's attempts.
+        Err(error) => {
+            post.state.accounts.signup_password_unattempt(&hash).await?;
+            Err(error.into())
+        }
     }
 }

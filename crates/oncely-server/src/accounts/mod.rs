@@ -156,7 +156,8 @@ pub struct TokenForSend {
     /// SHA-256 of the token: tells which server secret (current or previous) derived it.
     #[sqlx(rename = "token_hash")]
     pub hash: Vec<u8>,
-    /// The locale to write its email in: the link's, else its account's (`None`: English).
+    /// The locale to write its email in: the link's, else its account's if the account is
+    /// verified (`None`: English).
     pub locale: Option<String>,
 }
 
@@ -313,7 +314,6 @@ pub trait Accounts: Backend {
         tenant: &'c str,
         email: &'c EmailAddress,
         source: Option<&'c str>,
-        locale: Option<&'c str>,
     ) -> impl Future<Output = Result<SignupOutcome, AccountError>> + Send + 'c;
 
     /// The user with this address in this tenant.
@@ -416,7 +416,9 @@ pub trait Accounts: Backend {
     /// password changes only through a reset. When it verifies, it supersedes the user's other
     /// live verification tokens (a signup link that carries someone's password must not set it
     /// later). Returns whether the account went from pending to verified now (a
-    /// `user.verified` event). A `locale` (the used link's) becomes the account's.
+    /// `user.verified` event). The used link's `locale` becomes the account's (`None`: none):
+    /// what a pending account held came from a signup whose address nobody had proven, maybe a
+    /// stranger's.
     fn mark_verified<'c>(
         conn: &'c mut Connection<Self>,
         user_id: Uuid,
@@ -436,8 +438,9 @@ pub trait Accounts: Backend {
     /// gets the invitee's password or none, never the one it held), and adds the tenant
     /// membership once. Says whether the account was created, or verified, now: the account
     /// is read locked first, and a concurrent signup of the address that commits meanwhile is
-    /// read again, so each change is reported by exactly one transaction. A created account
-    /// gets the invitation's `locale`; an existing one keeps its own (or gets it if it has none).
+    /// read again, so each change is reported by exactly one transaction. A created or pending
+    /// account gets the invitation's `locale`; a verified one keeps its own (or gets it if it
+    /// has none).
     fn accept_invite<'c>(
         conn: &'c mut Connection<Self>,
         tenant: &'c str,
@@ -486,7 +489,8 @@ pub trait Accounts: Backend {
         user_id: Uuid,
     ) -> impl Future<Output = Result<Option<String>, AccountError>> + Send;
 
-    /// The address of a user and the locale its emails are written in (for the worker).
+    /// The address of a user and the locale its emails are written in (for the worker): none
+    /// while the account is pending (a stranger's signup may have named it).
     fn user_email_and_locale(
         &self,
         user_id: Uuid,
@@ -743,7 +747,6 @@ where
         tenant: &str,
         email: &EmailAddress,
         source: Option<&str>,
-        locale: Option<&str>,
     ) -> Result<SignupOutcome, AccountError> {
         let new_id = Uuid::new_v4();
         sqlx::query(B::ACCOUNT_SQL.insert_user)
@@ -752,7 +755,6 @@ where
             .bind(email.as_str())
             .bind(source)
             .bind(B::at(None))
-            .bind(locale)
             .execute(&mut *conn)
             .await
             .map_err(AccountError::of::<B>)?;

@@ -6,8 +6,8 @@ use super::Statements;
 
 /// The statements.
 pub const STATEMENTS: Statements = Statements {
-    insert_user: "INSERT INTO oncely_users (id, tenant, email, source, created_at, locale)
-                  VALUES ($1, $2, $3, $4, COALESCE($5, now()), $6) ON CONFLICT (tenant, email) DO NOTHING",
+    insert_user: "INSERT INTO oncely_users (id, tenant, email, source, created_at)
+                  VALUES ($1, $2, $3, $4, COALESCE($5, now())) ON CONFLICT (tenant, email) DO NOTHING",
     find_user: "SELECT id, status = 'verified' AS verified FROM oncely_users
                  WHERE tenant = $1 AND email = $2",
     lock_user: "SELECT id, status = 'verified' AS verified FROM oncely_users
@@ -57,7 +57,7 @@ pub const STATEMENTS: Statements = Statements {
     signup_password_unattempt: "UPDATE oncely_tokens SET password_attempts = password_attempts - 1
                                  WHERE token_hash = $1 AND password_attempts > 0",
     mark_verified: "UPDATE oncely_users SET status = 'verified', verified_at = COALESCE($2, now()),
-                           password_hash = $3, locale = COALESCE($4, locale)
+                           password_hash = $3, locale = $4
                      WHERE id = $1 AND status = 'pending'",
     // Index: oncely_tokens_live.
     supersede_verification: "UPDATE oncely_tokens SET superseded_at = COALESCE($2, now())
@@ -70,7 +70,8 @@ pub const STATEMENTS: Statements = Statements {
                     VALUES ($1, $2, $3, $4, 'invite', 'verified', COALESCE($5, now()), COALESCE($5, now()), $6)
                     ON CONFLICT (tenant, email) DO UPDATE
                        SET status = 'verified', verified_at = COALESCE(u.verified_at, excluded.verified_at),
-                           locale = COALESCE(u.locale, excluded.locale),
+                           locale = CASE WHEN u.status = 'pending' THEN excluded.locale
+                                         ELSE COALESCE(u.locale, excluded.locale) END,
                            password_hash = CASE WHEN u.status = 'pending' THEN excluded.password_hash
                                             ELSE u.password_hash END
                     RETURNING id",
@@ -81,13 +82,15 @@ pub const STATEMENTS: Statements = Statements {
     add_membership: "INSERT INTO oncely_memberships (tenant, user_id, created_at)
                      VALUES ($1, $2, COALESCE($3, now())) ON CONFLICT DO NOTHING",
     token_for_send: "SELECT t.flow, t.tenant, t.user_id, t.token_hash, COALESCE(t.email, u.email) AS recipient,
-                            COALESCE(t.locale, u.locale) AS locale,
+                            COALESCE(t.locale, CASE WHEN u.status = 'verified' THEN u.locale END) AS locale,
                             (t.consumed_at IS NULL AND t.superseded_at IS NULL
                              AND t.expires_at > COALESCE($2, now())) AS live
                        FROM oncely_tokens t LEFT JOIN oncely_users u ON u.id = t.user_id
                       WHERE t.id = $1",
     user_email: "SELECT email FROM oncely_users WHERE id = $1",
-    user_email_and_locale: "SELECT email, locale FROM oncely_users WHERE id = $1",
+    // A pending account's locale came from a signup nobody has proven the address for yet.
+    user_email_and_locale: "SELECT email, CASE WHEN status = 'verified' THEN locale END AS locale
+                             FROM oncely_users WHERE id = $1",
     user_in_tenant: "SELECT email FROM oncely_users WHERE id = $1 AND tenant = $2",
     // The NOT EXISTS sees committed rows only: a concurrent change or signup to the same
     // address is stopped by the unique index instead (AccountError::Conflict).

@@ -5,8 +5,8 @@ use super::Statements;
 
 /// The statements.
 pub const STATEMENTS: Statements = Statements {
-    insert_user: "INSERT INTO oncely_users (id, tenant, email, source, created_at, locale)
-                  VALUES (?1, ?2, ?3, ?4, ?5, ?6) ON CONFLICT (tenant, email) DO NOTHING",
+    insert_user: "INSERT INTO oncely_users (id, tenant, email, source, created_at)
+                  VALUES (?1, ?2, ?3, ?4, ?5) ON CONFLICT (tenant, email) DO NOTHING",
     find_user: "SELECT id, status = 'verified' AS verified FROM oncely_users
                  WHERE tenant = ?1 AND email = ?2",
     // Differs: nothing to lock — the transaction holds the database's one write lock.
@@ -48,7 +48,7 @@ pub const STATEMENTS: Statements = Statements {
     signup_password_unattempt: "UPDATE oncely_tokens SET password_attempts = password_attempts - 1
                                  WHERE token_hash = ?1 AND password_attempts > 0",
     mark_verified: "UPDATE oncely_users SET status = 'verified', verified_at = ?2, password_hash = ?3,
-                                          locale = COALESCE(?4, locale)
+                                          locale = ?4
                      WHERE id = ?1 AND status = 'pending'",
     // Index: oncely_tokens_live.
     supersede_verification: "UPDATE oncely_tokens SET superseded_at = ?2
@@ -61,7 +61,8 @@ pub const STATEMENTS: Statements = Statements {
                     VALUES (?1, ?2, ?3, ?4, 'invite', 'verified', ?5, ?5, ?6)
                     ON CONFLICT (tenant, email) DO UPDATE
                        SET status = 'verified', verified_at = COALESCE(verified_at, excluded.verified_at),
-                           locale = COALESCE(locale, excluded.locale),
+                           locale = CASE WHEN status = 'pending' THEN excluded.locale
+                                         ELSE COALESCE(locale, excluded.locale) END,
                            password_hash = CASE WHEN status = 'pending' THEN excluded.password_hash
                                             ELSE password_hash END
                     RETURNING id",
@@ -72,13 +73,15 @@ pub const STATEMENTS: Statements = Statements {
     add_membership: "INSERT INTO oncely_memberships (tenant, user_id, created_at)
                      VALUES (?1, ?2, ?3) ON CONFLICT DO NOTHING",
     token_for_send: "SELECT t.flow, t.tenant, t.user_id, t.token_hash, COALESCE(t.email, u.email) AS recipient,
-                            COALESCE(t.locale, u.locale) AS locale,
+                            COALESCE(t.locale, CASE WHEN u.status = 'verified' THEN u.locale END) AS locale,
                             (t.consumed_at IS NULL AND t.superseded_at IS NULL
                              AND t.expires_at > ?2) AS live
                        FROM oncely_tokens t LEFT JOIN oncely_users u ON u.id = t.user_id
                       WHERE t.id = ?1",
     user_email: "SELECT email FROM oncely_users WHERE id = ?1",
-    user_email_and_locale: "SELECT email, locale FROM oncely_users WHERE id = ?1",
+    // A pending account's locale came from a signup nobody has proven the address for yet.
+    user_email_and_locale: "SELECT email, CASE WHEN status = 'verified' THEN locale END AS locale
+                             FROM oncely_users WHERE id = ?1",
     user_in_tenant: "SELECT email FROM oncely_users WHERE id = ?1 AND tenant = ?2",
     // Unqualified columns in SET are the row's own; one writer at a time: no race past the
     // NOT EXISTS.

@@ -10,8 +10,7 @@
 /// The SQL of the account flows in one dialect.
 #[derive(Debug, Clone, Copy)]
 pub struct Statements {
-    /// Binds id, tenant, email, source, now, locale. Inserts the user unless (tenant, email)
-    /// exists.
+    /// Binds id, tenant, email, source, now. Inserts the user unless (tenant, email) exists.
     pub insert_user: &'static str,
     /// Binds tenant, email. Returns `id`, `verified`.
     pub find_user: &'static str,
@@ -47,14 +46,15 @@ pub struct Statements {
     /// Binds token_hash. Takes back one attempt at the token's signup password (never below 0).
     pub signup_password_unattempt: &'static str,
     /// Binds user_id, now, password_hash, locale. Verifies a pending user, setting its password
-    /// and (unless NULL) its locale.
+    /// and its locale (the verifying link's: what a stranger's signup left is not kept).
     pub mark_verified: &'static str,
     /// Binds user_id, now. Supersedes the user's live verification tokens.
     pub supersede_verification: &'static str,
     /// Binds user_id, password_hash.
     pub set_password: &'static str,
     /// Binds id, tenant, email, password_hash, now, locale. Creates the invited user verified,
-    /// or verifies the existing one (its locale kept, or set if it had none); returns its `id`.
+    /// or verifies the existing one (a verified account's locale kept, or set if it had none; a
+    /// pending one's replaced); returns its `id`.
     pub accept_invite: &'static str,
     /// Binds id, tenant, email, password_hash, now, locale. Creates the invited user verified
     /// unless (tenant, email) exists (then no row).
@@ -63,11 +63,11 @@ pub struct Statements {
     pub add_membership: &'static str,
     /// Binds token_id, now. Returns `flow`, `tenant`, `user_id`, `token_hash`, `recipient` (the
     /// token's own address if it has one, else its user's), `locale` (the token's, else its
-    /// user's), `live`.
+    /// user's if the user is verified), `live`.
     pub token_for_send: &'static str,
     /// Binds user_id. Returns `email`.
     pub user_email: &'static str,
-    /// Binds user_id. Returns `email`, `locale`.
+    /// Binds user_id. Returns `email`, `locale` (NULL while the user is pending).
     pub user_email_and_locale: &'static str,
     /// Binds user_id, tenant. Returns the `email` of the user if it belongs to the tenant.
     pub user_in_tenant: &'static str,

@@ -17,7 +17,6 @@ use super::send_link::{
 use crate::accounts::{Accounts, SignupOutcome};
 use crate::email::EmailAddress;
 use crate::mail::SIGNUP_NOTICE;
-use crate::templates::Locale;
 use crate::token::Flow;
 use crate::webhooks::EventType;
 
@@ -82,7 +81,6 @@ pub async fn signup<A: Accounts>(
         tenant.as_str(),
         &email,
         request.source.as_deref(),
-        locale.as_ref().map(Locale::as_str),
     )
     .await?;
     if let SignupOutcome::Created(user) = row {

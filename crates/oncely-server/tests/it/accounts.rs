@@ -179,7 +179,7 @@ async fn a_change_racing_to_one_address_is_refused_like_a_taken_one() {
     let mut conn = backend.pool().acquire().await.unwrap();
     let mut user = async |address: &str| {
         let address = EmailAddress::parse(address).unwrap();
-        match Postgres::signup_user(&mut conn, "default", &address, None, None)
+        match Postgres::signup_user(&mut conn, "default", &address, None)
             .await
             .unwrap()
         {
@@ -223,7 +223,7 @@ async fn two_links_of_one_account_used_at_once_run_one_after_the_other() {
     oncely_server::startup::migrate(&backend).await.unwrap();
     let mut conn = backend.pool().acquire().await.unwrap();
     let address = EmailAddress::parse("ada@example.com").unwrap();
-    let ada = match Postgres::signup_user(&mut conn, "default", &address, None, None)
+    let ada = match Postgres::signup_user(&mut conn, "default", &address, None)
         .await
         .unwrap()
     {

@@ -262,9 +262,17 @@ async fn the_locale_comes_from_the_request_then_accept_language_then_the_account
     .await
     .unwrap();
     assert_eq!(answer.status(), 202);
-    one_email(&app, browser, "verification", "de").await;
+    let link = one_email(&app, browser, "verification", "de").await;
+    // The account takes the locale of the link its owner verified with.
     let stored =
         "SELECT count(*) FROM oncely_users WHERE email = 'bea@example.com' AND locale = 'de-AT'";
+    assert_eq!(
+        app.count(stored).await,
+        0,
+        "not before the address is proven"
+    );
+    let presented = json!({ "token": crate::support::token_in(&link) });
+    assert_eq!(app.post("/v1/verify", "bv", &presented).await.status(), 200);
     assert_eq!(
         app.count(stored).await,
         1,
@@ -333,6 +341,27 @@ async fn the_locale_comes_from_the_request_then_accept_language_then_the_account
     let german =
         "SELECT count(*) FROM oncely_users WHERE email = 'otto@example.com' AND locale = 'de'";
     assert_eq!(app.count(german).await, 1);
+    // A stranger who signs up first with the owner's address names no language for the owner:
+    // the owner's own signup (a backend's: no locale, no Accept-Language) is English, and so is
+    // the account once the owner verifies with that link.
+    let victim = "vera@example.com";
+    signup(victim, "stranger", Some("de"), Some("de"))
+        .await
+        .unwrap();
+    app.emails_to(victim, 1).await;
+    app.inbox.clear();
+    signup(victim, "owner", None, None).await.unwrap();
+    let own = one_email(&app, victim, "verification", "en").await;
+    let presented = json!({ "token": crate::support::token_in(&own) });
+    assert_eq!(app.post("/v1/verify", "vv", &presented).await.status(), 200);
+    app.inbox.clear();
+    signup(victim, "stranger-again", Some("de"), Some("de"))
+        .await
+        .unwrap();
+    one_email(&app, victim, "signup_notice", "en").await;
+    let untouched =
+        "SELECT count(*) FROM oncely_users WHERE email = 'vera@example.com' AND locale IS NULL";
+    assert_eq!(app.count(untouched).await, 1);
 }
 
 /// Runs `oncely tenant set NAME args…` with `env`; (success, stdout, stderr).

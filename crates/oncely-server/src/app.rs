@@ -127,6 +127,10 @@ impl<B: Accounts> Application<B> {
                 startup::development_secret(&backend, generated, &settings.secret).await?;
         }
         crate::webhooks::delivery::reseal_at_start(&backend, &settings.secret).await;
+        let tenants: Vec<String> = backend.tenants().await?.into_iter().map(|t| t.id).collect();
+        templates
+            .check_tenants(&tenants)
+            .map_err(anyhow::Error::msg)?;
         let listener = TcpListener::bind(settings.bind)
             .await
             .with_context(|| format!("cannot listen on {} (ONCELY_BIND)", settings.bind))?;

@@ -46,19 +46,22 @@ impl ServiceBrand {
         let mailbox: Mailbox = from.parse().map_err(|_| {
             format!("{from:?} is not a sender: write an address or \"Name <address>\"")
         })?;
-        let domain = mailbox.email.domain().to_ascii_lowercase();
+        if let Some(name) = &mailbox.name
+            && (name.contains(['@', '<', '>']) || has_hidden_characters(name))
+        {
+            return Err(format!(
+                "the sender's name {name:?} must not look like an address (no @, < or >) nor hide characters (control or direction marks)"
+            ));
+        }
+        let domain = ascii_domain(mailbox.email.domain());
         let own = self
             .from
             .parse::<Mailbox>()
             .ok()
-            .map(|m| m.email.domain().to_ascii_lowercase());
+            .map(|m| ascii_domain(m.email.domain()));
         let allowed: Vec<String> = own
             .into_iter()
-            .chain(
-                self.from_domains
-                    .iter()
-                    .map(|d| d.trim().to_ascii_lowercase()),
-            )
+            .chain(self.from_domains.iter().map(|d| ascii_domain(d.trim())))
             .filter(|d| !d.is_empty())
             .collect();
         if allowed.contains(&domain) {
@@ -107,31 +110,64 @@ impl ServiceBrand {
     }
 }
 
-/// A product name as given: 1–[`MAX_PRODUCT_NAME`] characters, no control characters, not
-/// only spaces.
+/// A domain in ASCII (IDNA) and lower case, as it is compared (`bücher.example` →
+/// `xn--bcher-kva.example`); as given if it does not convert.
+pub fn ascii_domain(domain: &str) -> String {
+    idna::domain_to_ascii(domain).unwrap_or_else(|_| domain.to_ascii_lowercase())
+}
+
+/// Whether `text` holds characters a reader does not see: controls (newlines among them) and
+/// the format characters that reorder or hide text (bidirectional overrides and isolates,
+/// zero-width characters).
+fn has_hidden_characters(text: &str) -> bool {
+    text.chars().any(|c| {
+        c.is_control()
+            || matches!(
+                c,
+                '\u{200b}'..='\u{200f}'
+                    | '\u{202a}'..='\u{202e}'
+                    | '\u{2060}'..='\u{2069}'
+                    | '\u{feff}'
+            )
+    })
+}
+
+/// A product name as given: 1–[`MAX_PRODUCT_NAME`] characters, not only spaces, nothing hidden
+/// (no control characters, no direction marks).
 pub fn check_product_name(name: &str) -> Result<(), String> {
     if name.trim().is_empty() || name.chars().count() > MAX_PRODUCT_NAME {
         return Err(format!("a product name is 1-{MAX_PRODUCT_NAME} characters"));
     }
-    if name.chars().any(char::is_control) {
-        return Err("a product name has no control characters (no newlines)".into());
+    if has_hidden_characters(name) {
+        return Err(
+            "a product name has no control characters (no newlines) and no direction or zero-width marks"
+                .into(),
+        );
     }
     Ok(())
 }
 
-/// A support address as given: a valid address, returned normalized.
+/// A support address as given: an address the service accepts and the mailers can send as
+/// `Reply-To` (no quoted local part), returned normalized.
 pub fn check_support_email(address: &str) -> Result<String, String> {
-    EmailAddress::parse(address)
-        .map(|a| a.as_str().to_owned())
-        .map_err(|_| format!("{address:?} is not an email address"))
+    let refused = || format!("{address:?} is not an email address a mailer can reply to");
+    let address = EmailAddress::parse(address).map_err(|_| refused())?;
+    // As the SMTP mailer reads a `Reply-To`.
+    address.as_str().parse::<Mailbox>().map_err(|_| refused())?;
+    Ok(address.as_str().to_owned())
 }
 
-/// The host (and port) of a public URL: `https://accounts.example.com/` → `accounts.example.com`.
-pub fn site_of(public_url: &str) -> &str {
-    public_url
-        .split_once("://")
-        .map_or(public_url, |(_, rest)| rest)
-        .trim_end_matches('/')
+/// The host (and port) of a public URL: `https://accounts.example.com:8443/auth/` →
+/// `accounts.example.com:8443` (no path: it names the site).
+pub fn site_of(public_url: &str) -> String {
+    match url::Url::parse(public_url) {
+        Ok(url) => match (url.host_str(), url.port()) {
+            (Some(host), Some(port)) => format!("{host}:{port}"),
+            (Some(host), None) => host.to_owned(),
+            _ => public_url.to_owned(),
+        },
+        Err(_) => public_url.to_owned(),
+    }
 }
 
 #[cfg(test)]
@@ -155,6 +191,21 @@ mod tests {
         assert!(refused.contains("evil.example"), "{refused}");
         assert!(refused.contains("mail.example.com, acme.test"), "{refused}");
         assert!(brand.check_from("not a mailbox").is_err());
+        // A name that looks like another sender, or hides characters (review of issue 18).
+        for name in [
+            "\"Acme <x@evil.example>\" <hello@acme.test>",
+            "\"x@evil.example\" <hello@acme.test>",
+            "\"Acme \u{202e}moc.live\" <hello@acme.test>",
+        ] {
+            assert!(brand.check_from(name).is_err(), "{name}");
+        }
+        // An internationalized domain compares in its ASCII form, however it is written.
+        let idn = ServiceBrand {
+            from_domains: vec!["bücher.example".into()],
+            ..brand.clone()
+        };
+        idn.check_from("Bücher <hello@bücher.example>").unwrap();
+        idn.check_from("hello@xn--bcher-kva.example").unwrap();
         assert!(
             brand
                 .check_from("a@acme.test\r\nBcc: x@evil.example")
@@ -182,6 +233,16 @@ mod tests {
     }
 
     #[test]
+    fn the_site_is_the_public_urls_host_and_port_without_its_path() {
+        assert_eq!(
+            site_of("https://accounts.example.com/auth/"),
+            "accounts.example.com"
+        );
+        assert_eq!(site_of("http://127.0.0.1:8080"), "127.0.0.1:8080");
+        assert_eq!(site_of("https://[::1]:8443/x"), "[::1]:8443");
+    }
+
+    #[test]
     fn product_names_and_support_addresses_are_checked() {
         check_product_name("Acme Accounts").unwrap();
         for bad in ["", "   ", "Acme\nBcc: x", &"a".repeat(101)] {
@@ -192,5 +253,8 @@ mod tests {
             "help@acme.test"
         );
         assert!(check_support_email("nope").is_err());
+        // Accepted by the address rules but not sendable as Reply-To: every email would die.
+        assert!(check_support_email("\"a b\"@acme.test").is_err());
+        assert!(check_product_name("Acme \u{202e}tnemyap").is_err());
     }
 }

@@ -86,8 +86,13 @@ pub enum TemplatesCommand {
     /// start on the same problems).
     Check {
         /// The templates' directory (docs/emails.md); without it, the embedded templates.
-        #[arg(long, env = "ONCELY_TEMPLATES", value_name = "DIR")]
+        #[arg(long, env = "ONCELY_TEMPLATES", value_name = "DIR", value_parser = parse_templates_dir)]
         dir: Option<std::path::PathBuf>,
+        /// Where the tenants are: each tenant folder must name one (if the database cannot be
+        /// opened, the folders are not checked, and the output says so).
+        #[command(flatten)]
+        #[allow(missing_docs)]
+        database: DatabaseArgs,
         #[command(flatten)]
         #[allow(missing_docs)]
         output: OutputArgs,
@@ -118,7 +123,7 @@ pub struct PreviewArgs {
     #[arg(long, short, value_name = "FILE")]
     pub out: Option<std::path::PathBuf>,
     /// The templates' directory; without it, the embedded templates.
-    #[arg(long, env = "ONCELY_TEMPLATES", value_name = "DIR")]
+    #[arg(long, env = "ONCELY_TEMPLATES", value_name = "DIR", value_parser = parse_templates_dir)]
     pub dir: Option<std::path::PathBuf>,
     /// The base of the sample link (as ONCELY_PUBLIC_URL). Default: `http://127.0.0.1:8080`.
     #[arg(long, env = "ONCELY_PUBLIC_URL")]
@@ -387,9 +392,11 @@ pub enum TenantCommand {
         #[allow(missing_docs)]
         output: OutputArgs,
     },
-    /// Set a tenant's return URLs: where its links send the browser back, with a one-time code
-    /// its backend exchanges (`POST /v1/exchange`). Replaces the list; the first is the
-    /// default of requests that name none. And/or how its emails go out (`--email-delivery`).
+    /// Set a tenant's return URLs (where its links send the browser back, with a one-time code
+    /// its backend exchanges: `POST /v1/exchange`; the list is replaced, the first is the
+    /// default of requests that name none), how its emails go out (`--email-delivery`), and
+    /// its emails' branding (`--product-name`, `--mail-from`, `--support-email`; docs/emails.md).
+    /// At least one of them.
     Set {
         /// The tenant's id (not `default`: it has no API key to exchange codes with).
         name: String,
@@ -398,7 +405,6 @@ pub enum TenantCommand {
         #[arg(
             long = "return-url",
             value_name = "URL",
-            required_unless_present_any = ["no_return_urls", "email_delivery", "product_name", "mail_from", "support_email"],
             conflicts_with = "no_return_urls"
         )]
         return_urls: Vec<String>,
@@ -725,7 +731,8 @@ pub struct CommonArgs {
     #[arg(long, env = "ONCELY_MAILER_API_KEY", hide_env_values = true)]
     pub mailer_api_key: Option<SecretString>,
 
-    /// Sender address of every email.
+    /// Sender of every email whose tenant names none (`tenant set --mail-from`): an address
+    /// or "Name <address>".
     #[arg(long, env = "ONCELY_MAIL_FROM", default_value = defaults::MAIL_FROM)]
     pub mail_from: String,
 
@@ -776,7 +783,7 @@ pub struct EmailArgs {
     /// A directory of templates that override the embedded ones:
     /// `<dir>/<tenant or _default>/<locale>/<message>.{subject,txt,html}` (docs/emails.md).
     /// Read and checked at start: a broken template stops start-up.
-    #[arg(long, env = "ONCELY_TEMPLATES", value_name = "DIR")]
+    #[arg(long, env = "ONCELY_TEMPLATES", value_name = "DIR", value_parser = parse_templates_dir)]
     pub templates: Option<std::path::PathBuf>,
 
     #[command(flatten)]
@@ -800,6 +807,14 @@ pub struct BrandArgs {
     #[command(flatten)]
     #[allow(missing_docs)]
     pub senders: SenderArgs,
+}
+
+/// A templates directory as given: not empty (`ONCELY_TEMPLATES=` set to nothing).
+fn parse_templates_dir(value: &str) -> Result<std::path::PathBuf, String> {
+    match value.trim().is_empty() {
+        true => Err("empty: name the templates' directory, or leave ONCELY_TEMPLATES unset for the embedded templates".into()),
+        false => Ok(value.into()),
+    }
 }
 
 /// Which senders the mailer may send as (shared by `serve`, `worker` and `tenant set`).

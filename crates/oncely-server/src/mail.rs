@@ -84,7 +84,7 @@ impl MailContext {
         })?;
         Ok(self
             .brand
-            .sender(tenant, &branding, site_of(&self.public_url)))
+            .sender(tenant, &branding, &site_of(&self.public_url)))
     }
 
     /// The variables every message of `tenant` to `to` has.
@@ -92,7 +92,7 @@ impl MailContext {
         Vars {
             product_name: sender.product_name.clone(),
             tenant: tenant.to_owned(),
-            site: site_of(&self.public_url).to_owned(),
+            site: site_of(&self.public_url),
             support_email: sender.support_email.clone(),
             recipient: to.to_owned(),
             ..Vars::default()
@@ -111,6 +111,10 @@ impl MailContext {
             .templates
             .render(message, tenant, locale, vars)
             .map_err(|problem| {
+                let problem = crate::templates::Problem {
+                    file: self.templates.relative(&problem.file).to_owned(),
+                    ..problem
+                };
                 Delivery::Permanent(format!(
                     "the {} email does not render: {problem}",
                     message.name()
@@ -124,6 +128,7 @@ impl MailContext {
             html: Some(rendered.html),
             reply_to: sender.support_email.clone(),
             link: None,
+            mark: new_mark(),
         })
     }
 }
@@ -152,15 +157,26 @@ fn suppressed(job: &Job) -> Option<Delivery> {
         .map(|reason| Delivery::Skipped(reason.to_owned()))
 }
 
-/// Where the link goes in a frozen text: the link's base ([`FrozenEmail::link`]) followed by
-/// the token, derived again at each send.
+/// Where the link went in the text of an email frozen before each email had a mark of its
+/// own ([`FrozenEmail::mark`]).
 const LINK: &str = "{{link}}";
+
+fn old_mark() -> String {
+    LINK.to_owned()
+}
+
+/// A new email's mark: where its link goes, random, so that nothing else the email shows (a
+/// product name, an address) can be a mark too.
+fn new_mark() -> String {
+    format!("{{{{link:{}}}}}", Uuid::new_v4().simple())
+}
 
 /// An email as its job's first attempt rendered it, stored on the job ([`Job::frozen`]) and
 /// sent as it is by every attempt. A token email's link is frozen without its token: `text`
-/// and `html` hold `{{link}}` where the link goes, and `link` the link up to the token (the
+/// and `html` hold its `mark` where the link goes, and `link` the link up to the token (the
 /// public URL, the flow's path, `?token=`). A job frozen by a release before templates has no
-/// `html` and no `reply_to`: it is sent as it was frozen, text only.
+/// `html`, no `reply_to` and no `mark` (its mark is `{{link}}`): it is sent as it was frozen,
+/// text only.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct FrozenEmail {
     /// Sender.
@@ -169,9 +185,9 @@ pub struct FrozenEmail {
     pub to: String,
     /// Subject line.
     pub subject: String,
-    /// Body, with `{{link}}` where a token email's link goes.
+    /// Body, with the mark where a token email's link goes.
     pub text: String,
-    /// HTML body, with `{{link}}` where a token email's link goes.
+    /// HTML body, with the mark where a token email's link goes.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub html: Option<String>,
     /// `Reply-To`: the support address.
@@ -179,6 +195,9 @@ pub struct FrozenEmail {
     pub reply_to: Option<String>,
     /// A token email's link before its token.
     pub link: Option<String>,
+    /// Where the link goes in `text` and `html`.
+    #[serde(default = "old_mark")]
+    pub mark: String,
 }
 
 impl FrozenEmail {
@@ -190,8 +209,9 @@ impl FrozenEmail {
         sender: &Sender,
         to: &str,
     ) -> Result<Self, Delivery> {
+        let mark = new_mark();
         let vars = Vars {
-            link: Some(LINK.to_owned()),
+            link: Some(mark.clone()),
             link_lifetime_minutes: Some(flow.lifetime().whole_minutes()),
             ..context.vars(tenant, sender, to)
         };
@@ -199,6 +219,7 @@ impl FrozenEmail {
         let email = context.compose(message, (tenant, locale), sender, &vars)?;
         Ok(Self {
             link: Some(format!("{}{}?token=", context.public_url, flow.path())),
+            mark,
             ..email
         })
     }
@@ -206,12 +227,12 @@ impl FrozenEmail {
     /// The email that is sent: the link completed with `token`.
     fn email(self, token: Option<&Token>) -> Result<Email, Delivery> {
         let (text, html) = match (&self.link, token) {
-            (Some(link), Some(token)) if self.text.contains(LINK) => {
+            (Some(link), Some(token)) if self.text.contains(&self.mark) => {
                 let link = format!("{link}{}", token.expose());
                 let html = self
                     .html
-                    .map(|html| html.replace(LINK, &escape_link(&link)));
-                (self.text.replace(LINK, &link), html)
+                    .map(|html| html.replace(&self.mark, &escape_link(&link)));
+                (self.text.replace(&self.mark, &link), html)
             }
             (None, None) => (self.text, self.html),
             _ => {
@@ -765,11 +786,11 @@ fn requested(
     let link = frozen.link.as_ref().map(|base| format!("{base}{mark}"));
     let (text, html) = match &link {
         Some(link) => (
-            frozen.text.replace(LINK, link),
+            frozen.text.replace(&frozen.mark, link),
             frozen
                 .html
                 .as_ref()
-                .map(|html| html.replace(LINK, &escape_link(link))),
+                .map(|html| html.replace(&frozen.mark, &escape_link(link))),
         ),
         None => (frozen.text.clone(), frozen.html.clone()),
     };
@@ -850,7 +871,7 @@ mod tests {
         let html = email.html.as_deref().unwrap();
         assert!(email.text.contains(&link), "{}", email.text);
         assert!(html.contains(&format!("href=\"{link}\"")), "{html}");
-        assert!(!email.text.contains(LINK) && !html.contains(LINK));
+        assert!(!email.text.contains("{{link") && !html.contains("{{link"));
         assert_eq!(
             (
                 email.to.as_str(),
@@ -880,6 +901,33 @@ mod tests {
             (direct.text.as_str(), direct.html.as_str())
         );
         assert!(matches!(frozen.email(None), Err(Delivery::Permanent(_))));
+    }
+
+    /// Review of issue 18: a product name holding `{{link}}` (the mark emails used to share)
+    /// showed the live link there too. Each email's mark is its own now.
+    #[test]
+    fn nothing_but_the_template_can_place_the_link() {
+        let mut context = context();
+        context.brand.product_name = Some("Acme {{link}}".into());
+        let sender = context
+            .brand
+            .sender("default", &Default::default(), "first.example");
+        let about = (Flow::MagicLink, "default", None);
+        let frozen = FrozenEmail::token_email(&context, about, &sender, "ada@example.com").unwrap();
+        let token = Token::derive(&context.secret, Flow::MagicLink, Uuid::new_v4());
+        let email = frozen.email(Some(&token)).unwrap();
+        assert_eq!(
+            email.text.matches(token.expose()).count(),
+            1,
+            "{}",
+            email.text
+        );
+        assert!(email.text.contains("Acme {{link}}"), "{}", email.text);
+        assert_eq!(
+            email.html.unwrap().matches(token.expose()).count(),
+            3,
+            "the button, the copied link and its text"
+        );
     }
 
     #[test]

@@ -10,8 +10,8 @@ use oncely_server::accounts::Accounts;
 use oncely_server::app::{self, Application};
 use oncely_server::backend::{self, Backend, COMMAND_POOL, Postgres, Sqlite};
 use oncely_server::cli::{
-    Cli, Command, InboxArgs, KeyCommand, MigrateArgs, OutboxCommand, PreviewArgs, PruneArgs,
-    TemplatesCommand, TenantCommand,
+    Cli, Command, DatabaseArgs, InboxArgs, KeyCommand, MigrateArgs, OutboxCommand, OutputArgs,
+    PreviewArgs, PruneArgs, TemplatesCommand, TenantCommand,
 };
 use oncely_server::mail::MailContext;
 use oncely_server::settings::{Environment, Settings, WorkerSettings};
@@ -58,6 +58,7 @@ enum Task {
     Migrate(MigrateArgs),
     Tenant(TenantCommand),
     Preview(Box<PreviewArgs>),
+    Check(Option<PathBuf>, DatabaseArgs, OutputArgs),
     Prune(PruneArgs),
     Key(KeyCommand),
     Outbox(OutboxCommand),
@@ -71,10 +72,11 @@ async fn run(cli: Cli, demo_log: Option<PathBuf>) -> anyhow::Result<()> {
         Command::Worker(args) => Task::Worker(WorkerSettings::from_args(args)?),
         Command::Migrate(args) => Task::Migrate(args),
         Command::Tenant(command) => Task::Tenant(command),
-        Command::Templates(TemplatesCommand::Check { dir, output }) => {
-            print!("{}", templates::commands::check(dir.as_deref(), output)?);
-            return Ok(());
-        }
+        Command::Templates(TemplatesCommand::Check {
+            dir,
+            database,
+            output,
+        }) => Task::Check(dir, database, output),
         Command::Templates(TemplatesCommand::Preview(args)) => Task::Preview(args),
         Command::Prune(args) => Task::Prune(args),
         Command::Key(command) => Task::Key(command),
@@ -99,6 +101,7 @@ impl Task {
             Self::Migrate(args) => &args.database.database_url,
             Self::Tenant(command) => &command.database().database_url,
             Self::Preview(args) => &args.database.database_url,
+            Self::Check(_, database, _) => &database.database_url,
             Self::Prune(args) => &args.database.database_url,
             Self::Key(KeyCommand::Show { database, .. }) => &database.database_url,
             Self::Outbox(command) => &command.database().database_url,
@@ -120,6 +123,11 @@ impl Task {
                 Ok(())
             }
             Self::Preview(args) => templates::commands::preview::<B>(*args).await,
+            Self::Check(dir, database, output) => {
+                let report = templates::commands::check::<B>(dir.as_deref(), &database, output);
+                print!("{}", report.await?);
+                Ok(())
+            }
             Self::Prune(args) => {
                 print!("{}", ops::prune::<B>(args).await?);
                 Ok(())
@@ -191,6 +199,11 @@ async fn run_workers<B: Accounts>(settings: WorkerSettings) -> anyhow::Result<()
         mailer,
     });
     oncely_server::webhooks::delivery::reseal_at_start(&backend, &context.secret).await;
+    let tenants: Vec<String> = backend.tenants().await?.into_iter().map(|t| t.id).collect();
+    context
+        .templates
+        .check_tenants(&tenants)
+        .map_err(anyhow::Error::msg)?;
     let shutdown = CancellationToken::new();
     let jobs = backend.jobs(settings.poll_only);
     let handles = workers::spawn(&backend, &jobs, &context, &settings.plan, &shutdown)?;

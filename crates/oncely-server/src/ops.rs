@@ -976,16 +976,16 @@ impl From<TenantRecord> for TenantView {
 fn tenant_to_set(
     name: &str,
     urls: &[String],
-    urls_or_delivery: bool,
+    urls_given: bool,
 ) -> anyhow::Result<oncely::TenantId> {
     let tenant = oncely::TenantId::parse(name).map_err(|e| anyhow::anyhow!("{e}"))?;
     if tenant == oncely::TenantId::default() {
-        match urls_or_delivery {
+        match urls_given {
             true => bail!(
                 "the default tenant takes no return URLs: it has no API key, so its codes could never be exchanged (create a tenant with `oncely tenant create`)"
             ),
             false => bail!(
-                "the default tenant's branding is the service's: set ONCELY_PRODUCT_NAME, ONCELY_MAIL_FROM and ONCELY_SUPPORT_EMAIL"
+                "the default tenant has no settings of its own: oncely sends its emails, with the service's branding (ONCELY_PRODUCT_NAME, ONCELY_MAIL_FROM, ONCELY_SUPPORT_EMAIL); create a tenant for anything else (`oncely tenant create`)"
             ),
         }
     }
@@ -1017,11 +1017,19 @@ pub async fn tenant<B: Accounts>(command: TenantCommand) -> anyhow::Result<Strin
             return_urls,
             no_return_urls,
             email_delivery,
+            product_name,
+            mail_from,
+            support_email,
             ..
         } => {
-            let urls_or_delivery =
-                !return_urls.is_empty() || *no_return_urls || email_delivery.is_some();
-            Some(tenant_to_set(name, return_urls, urls_or_delivery)?)
+            let urls = !return_urls.is_empty() || *no_return_urls;
+            let branding = product_name.is_some() || mail_from.is_some() || support_email.is_some();
+            if !urls && !branding && email_delivery.is_none() {
+                bail!(
+                    "nothing to set: give --return-url (or --no-return-urls), --email-delivery, --product-name, --mail-from or --support-email"
+                );
+            }
+            Some(tenant_to_set(name, return_urls, urls)?)
         }
     };
     let backend: B =

@@ -561,11 +561,10 @@ impl CommonArgs {
             .map_err(|why| anyhow::anyhow!("ONCELY_SUPPORT_EMAIL: {why}"))?;
         for domain in &emails.senders.mail_from_domains {
             let ok = !domain.trim().is_empty()
-                && idna::domain_to_ascii(domain.trim())
-                    .is_ok_and(|d| d == domain.trim().to_ascii_lowercase());
+                && idna::domain_to_ascii(domain.trim()).is_ok_and(|d| d.contains('.'));
             if !ok {
                 bail!(
-                    "ONCELY_MAIL_FROM_DOMAINS: {domain:?} is not a domain name (write it in ASCII, e.g. mail.example.com)"
+                    "ONCELY_MAIL_FROM_DOMAINS: {domain:?} is not a domain name (e.g. mail.example.com)"
                 );
             }
         }

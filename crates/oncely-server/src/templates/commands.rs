@@ -11,45 +11,90 @@ use super::{Locale, Message, Problems, Templates, Vars, escape_link};
 use crate::accounts::{Accounts, Branding};
 use crate::backend::COMMAND_POOL;
 use crate::branding::{ServiceBrand, site_of};
-use crate::cli::{OutputArgs, PreviewArgs, PreviewPart};
+use crate::cli::{DatabaseArgs, OutputArgs, PreviewArgs, PreviewPart};
 
 /// `oncely templates check [--dir]`: every problem on its own line (`file:line: reason`), on
-/// stdout; an error (exit 1) if there is any.
-pub fn check(dir: Option<&Path>, output: OutputArgs) -> anyhow::Result<String> {
+/// stdout; an error (exit 1) if there is any. Tenant folders are checked against the tenants of
+/// the database if it opens (else the report says they were not).
+pub async fn check<B: Accounts>(
+    dir: Option<&Path>,
+    database: &DatabaseArgs,
+    output: OutputArgs,
+) -> anyhow::Result<String> {
     let source = dir.map_or_else(
         || "the embedded templates".to_owned(),
         |dir| format!("{} (over the embedded templates)", dir.display()),
     );
-    match Templates::load(dir) {
-        Ok(templates) => {
-            let files = templates.sources.overrides.len();
-            let tenants = templates.sources.tenant_scopes().len();
-            if output.json {
-                let value = json!({ "ok": true, "overrides": files, "tenant_folders": tenants, "problems": [] });
-                return Ok(format!("{}\n", serde_json::to_string_pretty(&value)?));
-            }
-            Ok(format!(
-                "templates OK: {source}: {files} override file(s), {tenants} tenant folder(s); every message of every folder and locale renders\n"
-            ))
-        }
-        Err(Problems(problems)) => {
-            let mut out = String::new();
-            if output.json {
-                let list: Vec<_> = problems
-                    .iter()
-                    .map(|p| json!({ "file": p.file, "line": p.line, "reason": p.reason }))
-                    .collect();
-                let value = json!({ "ok": false, "problems": list });
-                writeln!(out, "{}", serde_json::to_string_pretty(&value)?)?;
-            } else {
-                for problem in &problems {
-                    writeln!(out, "{problem}")?;
+    let (templates, mut problems) = match Templates::load(dir) {
+        Ok(templates) => (Some(templates), Vec::new()),
+        Err(Problems(problems)) => (None, problems),
+    };
+    // Tenant folders: against the database's tenants, when there are folders to check.
+    let mut tenants_note = None;
+    let folders = dir.is_some_and(|dir| {
+        std::fs::read_dir(dir).is_ok_and(|entries| {
+            entries.filter_map(Result::ok).any(|e| {
+                let name = e.file_name();
+                let name = name.to_string_lossy();
+                !name.starts_with('.') && name != super::DEFAULT_SCOPE
+            })
+        })
+    });
+    if let (true, Some(templates)) = (folders, &templates) {
+        match crate::startup::open_existing::<B>(&database.database_url, COMMAND_POOL).await {
+            Ok(backend) => {
+                let tenants: Vec<String> =
+                    backend.tenants().await?.into_iter().map(|t| t.id).collect();
+                if let Err(line) = templates.check_tenants(&tenants) {
+                    problems.push(super::Problem {
+                        file: dir.map(|d| d.display().to_string()).unwrap_or_default(),
+                        line: None,
+                        reason: line,
+                    });
                 }
             }
-            print!("{out}");
-            bail!("{} problem(s) in {source}", problems.len())
+            Err(error) => {
+                tenants_note = Some(format!(
+                    "tenant folders not checked against the tenants (DATABASE_URL: {})",
+                    crate::startup::one_line(&error)
+                ));
+            }
         }
     }
+    if problems.is_empty() {
+        let templates = templates.expect("loaded without problems");
+        let files = templates.sources.overrides.len();
+        let tenants = templates.sources.tenant_scopes().len();
+        if output.json {
+            let value = json!({
+                "ok": true, "overrides": files, "tenant_folders": tenants, "problems": [],
+                "tenant_folders_checked": tenants_note.is_none(),
+            });
+            return Ok(format!("{}\n", serde_json::to_string_pretty(&value)?));
+        }
+        let mut out = format!(
+            "templates OK: {source}: {files} override file(s), {tenants} tenant folder(s); every message of every folder and locale renders\n"
+        );
+        if let Some(note) = tenants_note {
+            writeln!(out, "{note}")?;
+        }
+        return Ok(out);
+    }
+    let mut out = String::new();
+    if output.json {
+        let list: Vec<_> = problems
+            .iter()
+            .map(|p| json!({ "file": p.file, "line": p.line, "reason": p.reason }))
+            .collect();
+        let value = json!({ "ok": false, "problems": list });
+        writeln!(out, "{}", serde_json::to_string_pretty(&value)?)?;
+    } else {
+        for problem in &problems {
+            writeln!(out, "{problem}")?;
+        }
+    }
+    print!("{out}");
+    bail!("{} problem(s) in {source}", problems.len())
 }
 
 /// `oncely templates preview MESSAGE`: the message as it would be sent to a sample recipient,
@@ -91,12 +136,20 @@ pub async fn preview<B: Accounts>(args: PreviewArgs) -> anyhow::Result<()> {
         false => {
             let backend: B =
                 crate::startup::open_existing(&database.database_url, COMMAND_POOL).await?;
+            if !backend
+                .tenants()
+                .await?
+                .iter()
+                .any(|t| t.id == tenant.as_str())
+            {
+                bail!("no tenant {tenant} (`oncely tenant list` shows them)");
+            }
             backend.branding(tenant.as_str()).await?
         }
     };
     let public_url = public_url.as_deref().unwrap_or("http://127.0.0.1:8080");
     let public_url = public_url.trim_end_matches('/');
-    let sender = brand.sender(tenant.as_str(), &branding, site_of(public_url));
+    let sender = brand.sender(tenant.as_str(), &branding, &site_of(public_url));
     let recipient = "ada@example.com";
     let link = message.flow().map(|flow| {
         format!(
@@ -107,7 +160,7 @@ pub async fn preview<B: Accounts>(args: PreviewArgs) -> anyhow::Result<()> {
     let vars = Vars {
         product_name: sender.product_name.clone(),
         tenant: tenant.as_str().to_owned(),
-        site: site_of(public_url).to_owned(),
+        site: site_of(public_url),
         support_email: sender.support_email.clone(),
         recipient: recipient.to_owned(),
         link_lifetime_minutes: message.flow().map(|f| f.lifetime().whole_minutes()),

@@ -38,18 +38,30 @@ impl Locale {
         &self.0
     }
 
-    /// Its language alone (`de-AT` → `de`), if the tag says more than the language.
-    pub fn language(&self) -> Option<&str> {
-        let language = self.0.split('-').next().unwrap_or(&self.0);
-        (language.len() != self.0.len()).then_some(language)
+    /// The tag, then each shorter tag down to its language, as RFC 4647's lookup truncates it
+    /// (`zh-Hant-TW` → `zh-Hant-TW`, `zh-Hant`, `zh`; a single-letter subtag is never left at
+    /// the end).
+    pub fn fallbacks(&self) -> Vec<&str> {
+        let mut tags = vec![self.0.as_str()];
+        let mut tag = self.0.as_str();
+        while let Some((shorter, _)) = tag.rsplit_once('-') {
+            tag = shorter;
+            if tag.rsplit('-').next().is_some_and(|last| last.len() == 1) {
+                continue;
+            }
+            tags.push(tag);
+        }
+        tags
     }
 
-    /// The language ranges of an `Accept-Language` header that are tags, best first (`*` and
-    /// anything malformed left out): a browser's preferences, never an error.
+    /// The language ranges of an `Accept-Language` header that are tags, best first (`*`, those
+    /// with `q=0` — "not acceptable" — and anything malformed left out): a browser's
+    /// preferences, never an error.
     pub fn accepted(header: &str) -> Vec<Self> {
-        accept_language::parse(header)
+        accept_language::parse_with_quality(header)
             .iter()
-            .filter_map(|range| Self::parse(range).ok())
+            .filter(|(_, quality)| *quality > 0.0)
+            .filter_map(|(range, _)| Self::parse(range).ok())
             .collect()
     }
 }
@@ -69,8 +81,19 @@ mod tests {
         assert_eq!(Locale::parse("de-at").unwrap().as_str(), "de-AT");
         assert_eq!(Locale::parse("EN").unwrap().as_str(), "en");
         assert_eq!(Locale::parse("zh-hant-tw").unwrap().as_str(), "zh-Hant-TW");
-        assert_eq!(Locale::parse("de-AT").unwrap().language(), Some("de"));
-        assert_eq!(Locale::parse("de").unwrap().language(), None);
+        let fallbacks = |tag: &str| {
+            let locale = Locale::parse(tag).unwrap();
+            locale
+                .fallbacks()
+                .iter()
+                .map(|t| t.to_string())
+                .collect::<Vec<_>>()
+        };
+        assert_eq!(fallbacks("de-AT"), ["de-AT", "de"]);
+        assert_eq!(fallbacks("de"), ["de"]);
+        assert_eq!(fallbacks("zh-Hant-TW"), ["zh-Hant-TW", "zh-Hant", "zh"]);
+        assert_eq!(fallbacks("sr-Latn-RS"), ["sr-Latn-RS", "sr-Latn", "sr"]);
+        assert_eq!(fallbacks("en-US-x-twain"), ["en-US-x-twain", "en-US", "en"]);
         for bad in [
             "",
             "de_AT",
@@ -87,11 +110,16 @@ mod tests {
 
     #[test]
     fn accept_language_keeps_the_tags_in_preference_order() {
-        let tags: Vec<String> = Locale::accepted("fr-CH, fr;q=0.9, *;q=0.5, de;q=0.8, <x>;q=1")
-            .iter()
-            .map(|l| l.to_string())
-            .collect();
+        let tags: Vec<String> =
+            Locale::accepted("fr-CH, fr;q=0.9, *;q=0.5, de;q=0.8, <x>;q=1, it;q=0")
+                .iter()
+                .map(|l| l.to_string())
+                .collect();
         assert_eq!(tags, ["fr-CH", "fr", "de"]);
+        assert!(
+            Locale::accepted("de;q=0").is_empty(),
+            "q=0 is not acceptable"
+        );
         assert!(Locale::accepted("").is_empty());
     }
 }

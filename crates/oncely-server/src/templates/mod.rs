@@ -392,6 +392,8 @@ type Overrides = BTreeMap<(String, String, String), Source>;
 /// Every template file: the directory's (scope, locale, file) and the embedded (locale, file).
 #[derive(Debug, Default)]
 struct Sources {
+    /// The directory the overrides were read from.
+    root: Option<PathBuf>,
     overrides: Overrides,
     embedded: BTreeMap<(String, String), Source>,
 }
@@ -405,10 +407,7 @@ impl Sources {
     /// The file `file` of `scope` in `locale`, by the fallback order (module docs).
     fn resolve(&self, scope: &str, locale: &str, file: &str) -> Option<&Source> {
         let tag = Locale::parse(locale).ok();
-        let mut locales = vec![locale];
-        if let Some(language) = tag.as_ref().and_then(Locale::language) {
-            locales.push(language);
-        }
+        let locales = tag.as_ref().map_or_else(|| vec![locale], Locale::fallbacks);
         let own = scope != DEFAULT_SCOPE;
         let embedded = |l: &str| self.embedded.get(&(l.to_owned(), file.to_owned()));
         let by_locale = locales
@@ -482,6 +481,7 @@ impl Templates {
     /// The embedded defaults alone.
     pub fn embedded() -> Self {
         Self::new(Sources {
+            root: None,
             overrides: BTreeMap::new(),
             embedded: embedded_sources(),
         })
@@ -495,6 +495,7 @@ impl Templates {
             None => (BTreeMap::new(), Vec::new()),
         };
         let templates = Self::new(Sources {
+            root: dir.map(Path::to_path_buf),
             overrides,
             embedded: embedded_sources(),
         });
@@ -566,6 +567,39 @@ impl Templates {
         }
     }
 
+    /// The tenant folders of the directory that name none of `tenants` (besides `default`, the
+    /// default tenant's): a typo (`acmee`, `Acme` for `acme`) would fall back in silence. One
+    /// line, or `Ok`.
+    pub fn check_tenants(&self, tenants: &[String]) -> Result<(), String> {
+        let default = oncely::TenantId::default();
+        let unknown: Vec<&str> = self
+            .sources
+            .tenant_scopes()
+            .into_iter()
+            .filter(|scope| *scope != default.as_str() && !tenants.iter().any(|t| t == scope))
+            .collect();
+        if unknown.is_empty() {
+            return Ok(());
+        }
+        Err(format!(
+            "ONCELY_TEMPLATES: the folder(s) {} name no tenant (tenant ids are case-sensitive; `_default` is every tenant's): create the tenant first (`oncely tenant create`), or rename the folder",
+            unknown.join(", ")
+        ))
+    }
+
+    /// `file` as a job's reason names it: relative to the templates' directory (the operator's
+    /// paths are not the tenant's business: a reason reaches it in `email.failed`).
+    pub fn relative<'a>(&self, file: &'a str) -> &'a str {
+        match &self.sources.root {
+            Some(root) => {
+                let root = root.display().to_string();
+                file.strip_prefix(&root)
+                    .map_or(file, |rest| rest.trim_start_matches('/'))
+            }
+            None => file,
+        }
+    }
+
     /// The folder `tenant`'s templates come from: its own, if the directory has one, else
     /// `_default`.
     fn scope<'a>(&'a self, tenant: &'a str) -> &'a str {
@@ -581,9 +615,9 @@ impl Templates {
         let Some(requested) = requested else {
             return ENGLISH.to_owned();
         };
-        [Some(requested.as_str()), requested.language()]
+        requested
+            .fallbacks()
             .into_iter()
-            .flatten()
             .find(|l| self.sources.has_locale(scope, l))
             .unwrap_or(ENGLISH)
             .to_owned()
@@ -594,9 +628,9 @@ impl Templates {
     pub fn negotiate(&self, tenant: &str, accepted: Vec<Locale>) -> Option<Locale> {
         let scope = self.scope(tenant);
         let found = accepted.iter().find(|l| {
-            self.sources.has_locale(scope, l.as_str())
-                || l.language()
-                    .is_some_and(|language| self.sources.has_locale(scope, language))
+            l.fallbacks()
+                .into_iter()
+                .any(|tag| self.sources.has_locale(scope, tag))
         });
         found.cloned().or_else(|| accepted.into_iter().next())
     }
@@ -817,11 +851,15 @@ impl Templates {
     }
 }
 
-/// The variables a file may use: its message's; a layout the common ones; a partial any.
+/// The variables a file may use: its message's (a subject not the link: it is sent as
+/// rendered, the link is put in after); a layout the common ones; a partial any.
 fn allowed_variables(file: &str) -> Vec<&'static str> {
     let stem = file.split('.').next().unwrap_or(file);
     let mut allowed = COMMON_VARIABLES.to_vec();
     match Message::parse(stem) {
+        Some(message) if file.ends_with(".subject") => {
+            allowed.extend(message.own_variables().iter().filter(|v| **v != "link"))
+        }
         Some(message) => allowed.extend(message.own_variables()),
         None if stem.starts_with('_') => {
             allowed.extend(LINK_VARIABLES);
@@ -832,22 +870,30 @@ fn allowed_variables(file: &str) -> Vec<&'static str> {
     allowed
 }
 
-/// The first line holding `word` as a whole word.
+/// The line of the first place `word` stands as a whole word in the template's code (`{{ … }}`,
+/// `{% … %}`), not in its text.
 fn line_of_word(text: &str, word: &str) -> Option<usize> {
-    text.lines()
-        .position(|line| {
-            line.match_indices(word).any(|(i, _)| {
-                let before = line[..i].chars().next_back();
-                let after = line[i + word.len()..].chars().next();
-                let part = |c: Option<char>| c.is_some_and(|c| c.is_alphanumeric() || c == '_');
-                !part(before) && !part(after)
-            })
-        })
-        .map(|i| i + 1)
+    let blanked = blank_template_code(text);
+    for (i, (line, text_line)) in text.split('\n').zip(blanked.split('\n')).enumerate() {
+        let found = line.match_indices(word).any(|(at, _)| {
+            // Blanked out here: inside template code.
+            let in_code = text_line
+                .get(at..at + word.len())
+                .is_some_and(|s| s.trim().is_empty());
+            let before = line[..at].chars().next_back();
+            let after = line[at + word.len()..].chars().next();
+            let part = |c: Option<char>| c.is_some_and(|c| c.is_alphanumeric() || c == '_');
+            in_code && !part(before) && !part(after)
+        });
+        if found {
+            return Some(i + 1);
+        }
+    }
+    None
 }
 
-/// `text` with its `{{ … }}`, `{% … %}` and `{# … #}` replaced by spaces (newlines kept): the
-/// HTML a file writes itself, for its own line numbers.
+/// `text` with its `{{ … }}`, `{% … %}` and `{# … #}` replaced by spaces (newlines kept, each
+/// byte a byte): the HTML a file writes itself, for its own line numbers.
 fn blank_template_code(text: &str) -> String {
     let mut out = String::with_capacity(text.len());
     let mut rest = text;
@@ -869,11 +915,13 @@ fn blank_template_code(text: &str) -> String {
         let end = rest[start + 2..]
             .find(close)
             .map_or(rest.len(), |i| start + 2 + i + 2);
-        out.extend(
-            rest[start..end]
-                .chars()
-                .map(|c| if c == '\n' { '\n' } else { ' ' }),
-        );
+        // Byte for byte: a position in the text is the same position here.
+        for c in rest[start..end].chars() {
+            match c {
+                '\n' => out.push('\n'),
+                c => out.extend(std::iter::repeat_n(' ', c.len_utf8())),
+            }
+        }
         rest = &rest[end..];
     }
 }
@@ -1012,16 +1060,21 @@ fn read_dir(dir: &Path) -> (Overrides, Vec<Problem>) {
     (found, problems)
 }
 
+/// A template file's text: a regular file (a symbolic link to one is followed; a FIFO or a
+/// device is refused, it could block or never end), at most [`MAX_FILE`] bytes read, UTF-8.
 fn read_template(path: &Path) -> Result<String, String> {
-    let size = std::fs::metadata(path)
-        .map_err(|e| format!("cannot read: {e}"))?
-        .len();
-    if size > MAX_FILE {
-        return Err(format!(
-            "{size} bytes: a template is at most {MAX_FILE} bytes"
-        ));
+    use std::io::Read;
+    let metadata = std::fs::metadata(path).map_err(|e| format!("cannot read: {e}"))?;
+    if !metadata.is_file() {
+        return Err("not a regular file (a FIFO, a device or a folder)".into());
     }
-    let bytes = std::fs::read(path).map_err(|e| format!("cannot read: {e}"))?;
+    let mut bytes = Vec::new();
+    std::fs::File::open(path)
+        .and_then(|file| file.take(MAX_FILE + 1).read_to_end(&mut bytes))
+        .map_err(|e| format!("cannot read: {e}"))?;
+    if bytes.len() as u64 > MAX_FILE {
+        return Err(format!("a template is at most {MAX_FILE} bytes"));
+    }
     String::from_utf8(bytes).map_err(|_| "not UTF-8".into())
 }
 
@@ -1235,6 +1288,79 @@ mod tests {
             .render(Message::MagicLink, "default", None, &vars)
             .unwrap();
         assert_eq!(rendered.subject, "Sign in to Sample Product");
+    }
+
+    /// Review of issue 18: the link in a subject (sent as rendered, without its token), an
+    /// unknown variable named at its line in the code (not where the word is first text), a
+    /// FIFO as a template file (it blocked the check), and tenant folders naming no tenant.
+    #[test]
+    fn what_the_review_found_is_refused_with_its_place() {
+        let dir = tempfile::tempdir().unwrap();
+        write(
+            dir.path(),
+            "_default/en/magic_link.subject",
+            "Sign in: {{ link }}\n",
+        );
+        write(
+            dir.path(),
+            "_default/en/invite.txt",
+            "{% extends \"layout.txt\" %}{% block body %}\nYour account name:\n{{ link }}\n\n{{ account }}\n{% endblock %}",
+        );
+        let problems = Templates::load(Some(dir.path())).unwrap_err().to_string();
+        assert!(
+            problems.contains("magic_link.subject:1: unknown variable `link`"),
+            "{problems}"
+        );
+        assert!(
+            problems.contains("invite.txt:5: unknown variable `account`"),
+            "{problems}"
+        );
+
+        #[cfg(unix)]
+        {
+            let dir = tempfile::tempdir().unwrap();
+            std::fs::create_dir_all(dir.path().join("_default/en")).unwrap();
+            let fifo = dir.path().join("_default/en/verification.txt");
+            let made = std::process::Command::new("mkfifo").arg(&fifo).status();
+            if made.is_ok_and(|s| s.success()) {
+                let problems = Templates::load(Some(dir.path())).unwrap_err().to_string();
+                assert!(problems.contains("not a regular file"), "{problems}");
+            }
+        }
+
+        let dir = tempfile::tempdir().unwrap();
+        write(dir.path(), "Acme/en/verification.subject", "Hi\n");
+        write(dir.path(), "default/en/verification.subject", "Hi\n");
+        let templates = Templates::load(Some(dir.path())).unwrap();
+        let refused = templates.check_tenants(&["acme".to_owned()]).unwrap_err();
+        assert!(
+            refused.contains("Acme") && !refused.contains("default,"),
+            "{refused}"
+        );
+        templates.check_tenants(&["Acme".to_owned()]).unwrap();
+        let path = format!("{}/Acme/en/verification.subject", dir.path().display());
+        assert_eq!(templates.relative(&path), "Acme/en/verification.subject");
+    }
+
+    #[test]
+    fn a_regional_or_scripted_tag_falls_back_step_by_step() {
+        let dir = tempfile::tempdir().unwrap();
+        write(
+            dir.path(),
+            "_default/zh-Hant/verification.subject",
+            "zh-Hant\n",
+        );
+        let templates = Templates::load(Some(dir.path())).unwrap();
+        let vars = Vars::sample("default", LINK, false);
+        let subject = |tag: &str| {
+            templates
+                .render(Message::Verification, "default", Some(&locale(tag)), &vars)
+                .unwrap()
+                .subject
+        };
+        assert_eq!(subject("zh-Hant-TW"), "zh-Hant");
+        assert_eq!(subject("zh-Hant"), "zh-Hant");
+        assert_eq!(subject("zh-TW"), "Confirm your email address");
     }
 
     #[test]

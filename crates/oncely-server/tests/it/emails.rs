@@ -661,3 +661,56 @@ async fn a_template_that_fails_at_send_time_ends_its_job_dead_and_sends_nothing(
         "nothing half-rendered is sent"
     );
 }
+
+/// Review of issue 18: a tenant folder with a typo (`acmee`) or the wrong case (`Acme`) fell
+/// back in silence. `serve` refuses to start; `templates check` says so when the database
+/// opens, and says the folders were not checked when it does not.
+#[tokio::test]
+async fn a_tenant_folder_that_names_no_tenant_stops_serve_and_check_says_so() {
+    let dir = templates_dir(&[("acmee/en/verification.subject", "Hi {{ product_name }}\n")]);
+    let dir_arg = dir.path().display().to_string();
+    let database = tempfile::tempdir().unwrap();
+    let sqlite = format!("sqlite://{}", database.path().join("o.db").display());
+    let (code, _, stderr) = oncely(&["migrate", "--database-url", &sqlite], &[]).await;
+    assert_eq!(code, Some(0), "{stderr}");
+    let (code, _, stderr) = oncely(
+        &["tenant", "create", "acme", "--database-url", &sqlite],
+        &[],
+    )
+    .await;
+    assert_eq!(code, Some(0), "{stderr}");
+    let env = [("ONCELY_TEMPLATES", dir_arg.as_str())];
+    let serve = ["serve", "--bind", "127.0.0.1:0", "--database-url", &sqlite];
+    let (code, _, stderr) = oncely(&serve, &env).await;
+    assert_eq!(code, Some(1), "{stderr}");
+    let line = stderr.trim();
+    assert_eq!(line.lines().count(), 1, "{line}");
+    assert!(
+        line.contains("acmee") && line.contains("name no tenant"),
+        "{line}"
+    );
+    let check = [
+        "templates",
+        "check",
+        "--dir",
+        &dir_arg,
+        "--database-url",
+        &sqlite,
+    ];
+    let (code, stdout, _) = oncely(&check, &[]).await;
+    assert_eq!(code, Some(1));
+    assert!(stdout.contains("acmee"), "{stdout}");
+    // Without a database to ask, the folders are not checked, and the report says so.
+    let nowhere = format!("sqlite://{}", database.path().join("none.db").display());
+    let check = [
+        "templates",
+        "check",
+        "--dir",
+        &dir_arg,
+        "--database-url",
+        &nowhere,
+    ];
+    let (code, stdout, stderr) = oncely(&check, &[]).await;
+    assert_eq!(code, Some(0), "{stderr}");
+    assert!(stdout.contains("tenant folders not checked"), "{stdout}");
+}

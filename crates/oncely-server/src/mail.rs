@@ -128,7 +128,6 @@ impl MailContext {
             html: Some(rendered.html),
             reply_to: sender.support_email.clone(),
             link: None,
-            mark: new_mark(),
         })
     }
 }
@@ -157,26 +156,17 @@ fn suppressed(job: &Job) -> Option<Delivery> {
         .map(|reason| Delivery::Skipped(reason.to_owned()))
 }
 
-/// Where the link went in the text of an email frozen before each email had a mark of its
-/// own ([`FrozenEmail::mark`]).
-const LINK: &str = "{{link}}";
-
-fn old_mark() -> String {
-    LINK.to_owned()
-}
-
-/// A new email's mark: where its link goes, random, so that nothing else the email shows (a
-/// product name, an address) can be a mark too.
-fn new_mark() -> String {
-    format!("{{{{link:{}}}}}", Uuid::new_v4().simple())
-}
+/// Where the link goes in a frozen text and HTML part: the link's base
+/// ([`FrozenEmail::link`]) followed by the token, derived again at each send. The same mark as
+/// every release before (a process of the previous release may retry a job this one froze);
+/// no value an email shows can hold it ([`crate::templates::LINK_MARK`]).
+const LINK: &str = crate::templates::LINK_MARK;
 
 /// An email as its job's first attempt rendered it, stored on the job ([`Job::frozen`]) and
 /// sent as it is by every attempt. A token email's link is frozen without its token: `text`
-/// and `html` hold its `mark` where the link goes, and `link` the link up to the token (the
+/// and `html` hold `{{link}}` where the link goes, and `link` the link up to the token (the
 /// public URL, the flow's path, `?token=`). A job frozen by a release before templates has no
-/// `html`, no `reply_to` and no `mark` (its mark is `{{link}}`): it is sent as it was frozen,
-/// text only.
+/// `html` and no `reply_to`: it is sent as it was frozen, text only.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct FrozenEmail {
     /// Sender.
@@ -185,9 +175,9 @@ pub struct FrozenEmail {
     pub to: String,
     /// Subject line.
     pub subject: String,
-    /// Body, with the mark where a token email's link goes.
+    /// Body, with `{{link}}` where a token email's link goes.
     pub text: String,
-    /// HTML body, with the mark where a token email's link goes.
+    /// HTML body, with `{{link}}` where a token email's link goes.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub html: Option<String>,
     /// `Reply-To`: the support address.
@@ -195,9 +185,6 @@ pub struct FrozenEmail {
     pub reply_to: Option<String>,
     /// A token email's link before its token.
     pub link: Option<String>,
-    /// Where the link goes in `text` and `html`.
-    #[serde(default = "old_mark")]
-    pub mark: String,
 }
 
 impl FrozenEmail {
@@ -209,9 +196,8 @@ impl FrozenEmail {
         sender: &Sender,
         to: &str,
     ) -> Result<Self, Delivery> {
-        let mark = new_mark();
         let vars = Vars {
-            link: Some(mark.clone()),
+            link: Some(LINK.to_owned()),
             link_lifetime_minutes: Some(flow.lifetime().whole_minutes()),
             ..context.vars(tenant, sender, to)
         };
@@ -219,7 +205,6 @@ impl FrozenEmail {
         let email = context.compose(message, (tenant, locale), sender, &vars)?;
         Ok(Self {
             link: Some(format!("{}{}?token=", context.public_url, flow.path())),
-            mark,
             ..email
         })
     }
@@ -227,12 +212,12 @@ impl FrozenEmail {
     /// The email that is sent: the link completed with `token`.
     fn email(self, token: Option<&Token>) -> Result<Email, Delivery> {
         let (text, html) = match (&self.link, token) {
-            (Some(link), Some(token)) if self.text.contains(&self.mark) => {
+            (Some(link), Some(token)) if self.text.contains(LINK) => {
                 let link = format!("{link}{}", token.expose());
                 let html = self
                     .html
-                    .map(|html| html.replace(&self.mark, &escape_link(&link)));
-                (self.text.replace(&self.mark, &link), html)
+                    .map(|html| html.replace(LINK, &escape_link(&link)));
+                (self.text.replace(LINK, &link), html)
             }
             (None, None) => (self.text, self.html),
             _ => {
@@ -786,11 +771,11 @@ fn requested(
     let link = frozen.link.as_ref().map(|base| format!("{base}{mark}"));
     let (text, html) = match &link {
         Some(link) => (
-            frozen.text.replace(&frozen.mark, link),
+            frozen.text.replace(LINK, link),
             frozen
                 .html
                 .as_ref()
-                .map(|html| html.replace(&frozen.mark, &escape_link(link))),
+                .map(|html| html.replace(LINK, &escape_link(link))),
         ),
         None => (frozen.text.clone(), frozen.html.clone()),
     };
@@ -903,8 +888,8 @@ mod tests {
         assert!(matches!(frozen.email(None), Err(Delivery::Permanent(_))));
     }
 
-    /// Review of issue 18: a product name holding `{{link}}` (the mark emails used to share)
-    /// showed the live link there too. Each email's mark is its own now.
+    /// Review of issue 18: a product name holding `{{link}}` (the mark where the link goes)
+    /// showed the live link there too. No value an email shows can hold the mark.
     #[test]
     fn nothing_but_the_template_can_place_the_link() {
         let mut context = context();
@@ -922,12 +907,43 @@ mod tests {
             "{}",
             email.text
         );
-        assert!(email.text.contains("Acme {{link}}"), "{}", email.text);
+        assert!(email.text.contains("Acme {{ link }}"), "{}", email.text);
         assert_eq!(
             email.html.unwrap().matches(token.expose()).count(),
             3,
             "the button, the copied link and its text"
         );
+    }
+
+    /// During a rolling deploy a process of the previous release may retry a job this one
+    /// froze: it reads `from`, `to`, `subject`, `text` and `link` (ignoring the rest) and puts
+    /// the link where `{{link}}` is. It still can.
+    #[test]
+    fn an_email_frozen_now_is_one_the_previous_release_can_send() {
+        #[derive(Deserialize)]
+        #[allow(dead_code)]
+        struct Previous {
+            from: String,
+            to: String,
+            subject: String,
+            text: String,
+            link: Option<String>,
+        }
+        let context = context();
+        let sender = context
+            .brand
+            .sender("default", &Default::default(), "first.example");
+        let about = (Flow::PasswordReset, "default", None);
+        let frozen = FrozenEmail::token_email(&context, about, &sender, "ada@example.com").unwrap();
+        let stored = frozen.freeze().unwrap().unwrap();
+        let previous: Previous = serde_json::from_value(stored).unwrap();
+        assert_eq!(
+            previous.text.matches("{{link}}").count(),
+            1,
+            "{}",
+            previous.text
+        );
+        assert!(previous.link.unwrap().ends_with("?token="));
     }
 
     #[test]

@@ -29,6 +29,17 @@ pub use locale::{ENGLISH, Locale};
 
 use crate::token::Flow;
 
+/// Where a message's link goes in its rendered parts: the outbox stores the email without its
+/// token and puts the link in at each send ([`crate::mail`]). No value a template shows can
+/// hold it ([`Vars`]): only the template places the link.
+pub const LINK_MARK: &str = "{{link}}";
+
+/// A value as a template shows it: the link's mark, should it hold it, written apart (`{{ link
+/// }}`), so that a product name or an address cannot place the link.
+fn inert(value: &str) -> String {
+    value.replace(LINK_MARK, "{{ link }}")
+}
+
 /// The folder of templates every tenant falls back to.
 pub const DEFAULT_SCOPE: &str = "_default";
 
@@ -177,16 +188,16 @@ impl Vars {
     /// `&#x2f;`).
     fn context(&self, message: Message, locale: &str, html: bool) -> Value {
         let mut pairs: Vec<(&str, Value)> = vec![
-            ("product_name", Value::from(self.product_name.as_str())),
-            ("tenant", Value::from(self.tenant.as_str())),
-            ("site", Value::from(self.site.as_str())),
+            ("product_name", Value::from(inert(&self.product_name))),
+            ("tenant", Value::from(inert(&self.tenant))),
+            ("site", Value::from(inert(&self.site))),
             (
                 "support_email",
                 self.support_email
                     .as_deref()
-                    .map_or(Value::from(()), Value::from),
+                    .map_or(Value::from(()), |s| Value::from(inert(s))),
             ),
-            ("recipient", Value::from(self.recipient.as_str())),
+            ("recipient", Value::from(inert(&self.recipient))),
             ("locale", Value::from(locale)),
         ];
         if message.flow().is_some() {
@@ -203,7 +214,7 @@ impl Vars {
             pairs.push(("link_lifetime", Value::from(lifetime_text(minutes, locale))));
         }
         if message == Message::EmailChangeNotice {
-            let new_email = self.new_email.clone().unwrap_or_default();
+            let new_email = inert(self.new_email.as_deref().unwrap_or_default());
             pairs.push(("new_email", Value::from(new_email)));
         }
         Value::from_pairs(pairs)

@@ -47,7 +47,7 @@ impl ServiceBrand {
             format!("{from:?} is not a sender: write an address or \"Name <address>\"")
         })?;
         if let Some(name) = &mailbox.name
-            && (name.contains(['@', '<', '>']) || has_hidden_characters(name))
+            && (looks_like_an_address(name) || has_hidden_characters(name))
         {
             return Err(format!(
                 "the sender's name {name:?} must not look like an address (no @, < or >) nor hide characters (control or direction marks)"
@@ -116,20 +116,36 @@ pub fn ascii_domain(domain: &str) -> String {
     idna::domain_to_ascii(domain).unwrap_or_else(|_| domain.to_ascii_lowercase())
 }
 
-/// Whether `text` holds characters a reader does not see: controls (newlines among them) and
-/// the format characters that reorder or hide text (bidirectional overrides and isolates,
-/// zero-width characters).
+/// Whether `text` holds characters a reader does not see: controls (newlines among them), line
+/// and paragraph separators, and the format and filler characters that reorder, hide or blank
+/// text (bidirectional marks, overrides and isolates, zero-width characters, the soft hyphen,
+/// tag characters, Hangul fillers).
 fn has_hidden_characters(text: &str) -> bool {
     text.chars().any(|c| {
         c.is_control()
             || matches!(
                 c,
-                '\u{200b}'..='\u{200f}'
-                    | '\u{202a}'..='\u{202e}'
-                    | '\u{2060}'..='\u{2069}'
+                '\u{00ad}'
+                    | '\u{061c}'
+                    | '\u{115f}'..='\u{1160}'
+                    | '\u{180e}'
+                    | '\u{200b}'..='\u{200f}'
+                    | '\u{2028}'..='\u{202e}'
+                    | '\u{2060}'..='\u{206f}'
+                    | '\u{3164}'
                     | '\u{feff}'
+                    | '\u{ffa0}'
+                    | '\u{e0000}'..='\u{e007f}'
             )
     })
+}
+
+/// Whether a sender's display name could be read as an address: `@`, `<`, `>` or a look-alike
+/// of one (fullwidth, small forms).
+fn looks_like_an_address(name: &str) -> bool {
+    name.contains([
+        '@', '<', '>', '\u{ff20}', '\u{fe6b}', '\u{ff1c}', '\u{ff1e}', '\u{fe64}', '\u{fe65}',
+    ])
 }
 
 /// A product name as given: 1–[`MAX_PRODUCT_NAME`] characters, not only spaces, nothing hidden
@@ -196,6 +212,8 @@ mod tests {
             "\"Acme <x@evil.example>\" <hello@acme.test>",
             "\"x@evil.example\" <hello@acme.test>",
             "\"Acme \u{202e}moc.live\" <hello@acme.test>",
+            "\"x\u{ff20}evil.example\" <hello@acme.test>",
+            "\"Acme\u{2028}x\" <hello@acme.test>",
         ] {
             assert!(brand.check_from(name).is_err(), "{name}");
         }
@@ -255,6 +273,18 @@ mod tests {
         assert!(check_support_email("nope").is_err());
         // Accepted by the address rules but not sendable as Reply-To: every email would die.
         assert!(check_support_email("\"a b\"@acme.test").is_err());
-        assert!(check_product_name("Acme \u{202e}tnemyap").is_err());
+        for hidden in [
+            "\u{202e}",
+            "\u{061c}",
+            "\u{2028}",
+            "\u{e0041}",
+            "\u{3164}",
+            "\u{00ad}",
+        ] {
+            assert!(
+                check_product_name(&format!("Acme {hidden}x")).is_err(),
+                "{hidden:?}"
+            );
+        }
     }
 }

@@ -1,9 +1,9 @@
 -- Emails a team can ship: the language of each account's and each link's emails, and each
 -- tenant's branding.
 --
--- oncely_users.locale: the BCP 47 tag the account's emails are written in: the locale of the
--- link its address owner verified with, or of the invitation that created it; NULL: English
--- (and, while the account is pending, not used: a stranger's signup must not choose it).
+-- oncely_users.locale: the BCP 47 tag the account's emails are written in: its signup's or
+-- invitation's (`locale`, else Accept-Language), confirmed by the link the address owner used
+-- to verify; NULL: English.
 -- oncely_tokens.locale: the locale a link's email was asked in; NULL: the account's.
 -- oncely_tenants.product_name, mail_from, support_email: `oncely tenant set --product-name
 -- --mail-from --support-email`; NULL: the service's (ONCELY_PRODUCT_NAME, ONCELY_MAIL_FROM,

@@ -136,14 +136,14 @@ pub async fn preview<B: Accounts>(args: PreviewArgs) -> anyhow::Result<()> {
         false => {
             let backend: B =
                 crate::startup::open_existing(&database.database_url, COMMAND_POOL).await?;
-            if !backend
-                .tenants()
-                .await?
-                .iter()
-                .any(|t| t.id == tenant.as_str())
-            {
+            let tenants: Vec<String> = backend.tenants().await?.into_iter().map(|t| t.id).collect();
+            if !tenants.iter().any(|t| t == tenant.as_str()) {
                 bail!("no tenant {tenant} (`oncely tenant list` shows them)");
             }
+            // As `serve` would refuse them: a folder that names no tenant is a typo.
+            templates
+                .check_tenants(&tenants)
+                .map_err(anyhow::Error::msg)?;
             backend.branding(tenant.as_str()).await?
         }
     };

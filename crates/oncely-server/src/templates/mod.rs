@@ -781,6 +781,13 @@ impl Templates {
                                 ),
                             });
                         }
+                        if message.flow().is_some() && rendered.subject.contains(sample_link) {
+                            problems.insert(Problem {
+                                file: file("subject"),
+                                line: None,
+                                reason: "the subject shows the link (through a partial?): a subject is sent as rendered, the link cannot be put in it".into(),
+                            });
+                        }
                         if message.flow().is_some() {
                             let in_html = escape_link(sample_link);
                             for (part, body, link) in [
@@ -1343,6 +1350,22 @@ mod tests {
         write(dir.path(), "Acme/en/verification.subject", "Hi\n");
         write(dir.path(), "default/en/verification.subject", "Hi\n");
         let templates = Templates::load(Some(dir.path())).unwrap();
+        // The link in a subject through a partial (second review).
+        let through = tempfile::tempdir().unwrap();
+        write(through.path(), "_default/en/_l.txt", "{{ link }}");
+        write(
+            through.path(),
+            "_default/en/magic_link.subject",
+            "Sign in {% include \"_l.txt\" %}\n",
+        );
+        let problems = Templates::load(Some(through.path()))
+            .unwrap_err()
+            .to_string();
+        assert!(
+            problems.contains("magic_link.subject: the subject shows the link"),
+            "{problems}"
+        );
+
         let refused = templates.check_tenants(&["acme".to_owned()]).unwrap_err();
         assert!(
             refused.contains("Acme") && !refused.contains("default,"),

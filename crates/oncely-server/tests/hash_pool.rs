@@ -20,6 +20,40 @@ use serde_json::json;
 
 use requests::{client_from, idempotent_post};
 
+/// A client's whole share of the pool, taken by jobs that wait until released.
+struct HeldShare {
+    release: mpsc::Sender<()>,
+    jobs: Vec<std::pin::Pin<Box<dyn Future<Output = Result<(), password::HashError>> + Send>>>,
+}
+
+impl HeldShare {
+    fn take(client: &str) -> Self {
+        let (release, released) = mpsc::channel::<()>();
+        let released = Arc::new(Mutex::new(released));
+        let mut jobs: Vec<std::pin::Pin<Box<dyn Future<Output = _> + Send>>> = Vec::new();
+        loop {
+            let released = Arc::clone(&released);
+            match password::pool().try_run_for(Some(client), move || {
+                released.lock().unwrap().recv().unwrap();
+            }) {
+                Ok(job) => jobs.push(Box::pin(job)),
+                Err(password::HashError::Overloaded) => break,
+                Err(other) => panic!("{other}"),
+            }
+        }
+        Self { release, jobs }
+    }
+
+    async fn release(self) {
+        for _ in 0..self.jobs.len() {
+            self.release.send(()).unwrap();
+        }
+        for job in self.jobs {
+            job.await.unwrap();
+        }
+    }
+}
+
 /// The tests of this binary take the process-wide pool in turn.
 static POOL_IN_USE: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
 
@@ -112,21 +146,9 @@ async fn one_client_flooding_password_requests_leaves_room_for_others() {
     let _pool = POOL_IN_USE.lock().await;
     let (url, _db) = support::postgres_db().await;
     let app = support::spawn_app_on(&url, |_| {}).await;
-    let (release, released) = mpsc::channel::<()>();
-    let released = Arc::new(Mutex::new(released));
-    let mut held = Vec::new();
     // Take 127.0.0.2's whole share with jobs that wait.
-    loop {
-        let released = Arc::clone(&released);
-        match password::pool().try_run_for(Some("127.0.0.2"), move || {
-            released.lock().unwrap().recv().unwrap();
-        }) {
-            Ok(job) => held.push(job),
-            Err(password::HashError::Overloaded) => break,
-            Err(other) => panic!("{other}"),
-        }
-    }
-    assert!(!held.is_empty());
+    let held = HeldShare::take("127.0.0.2");
+    assert!(!held.jobs.is_empty());
     let signup = |source: &'static str, email: &'static str| {
         let base = app.base.clone();
         async move {
@@ -151,12 +173,7 @@ async fn one_client_flooding_password_requests_leaves_room_for_others() {
     // Another client is admitted, not refused (its hash waits behind the held jobs until they
     // are released).
     let other = tokio::spawn(signup("127.0.0.3", "other@example.com"));
-    for _ in 0..held.len() {
-        release.send(()).unwrap();
-    }
-    for job in held {
-        job.await.unwrap();
-    }
+    held.release().await;
     assert_eq!(other.await.unwrap().status(), 202, "another client gets in");
 }
 
@@ -180,19 +197,7 @@ async fn busy_answers_at_a_link_do_not_use_up_its_password_attempts() {
     assert_eq!(signup.status(), 202);
     let token = support::token_in(&app.emails_to(ada, 1).await[0]);
     // 127.0.0.2's whole share of the pool taken: its checks do not run.
-    let (release, released) = mpsc::channel::<()>();
-    let released = Arc::new(Mutex::new(released));
-    let mut held = Vec::new();
-    loop {
-        let released = Arc::clone(&released);
-        match password::pool().try_run_for(Some("127.0.0.2"), move || {
-            released.lock().unwrap().recv().unwrap();
-        }) {
-            Ok(job) => held.push(job),
-            Err(password::HashError::Overloaded) => break,
-            Err(other) => panic!("{other}"),
-        }
-    }
+    let held = HeldShare::take("127.0.0.2");
     let verify = || {
         idempotent_post(&client_from("127.0.0.2"), &app.base, "/v1/verify", "v1")
             .json(&json!({ "token": token, "password": password }))
@@ -203,12 +208,7 @@ async fn busy_answers_at_a_link_do_not_use_up_its_password_attempts() {
         let busy = verify().await.unwrap();
         assert_eq!(busy.status(), 503);
     }
-    for _ in 0..held.len() {
-        release.send(()).unwrap();
-    }
-    for job in held {
-        job.await.unwrap();
-    }
+    held.release().await;
     let verified = verify().await.unwrap();
     let status = verified.status();
     let body: serde_json::Value = verified.json().await.unwrap();

@@ -20,17 +20,20 @@ use serde_json::json;
 
 use requests::{client_from, idempotent_post};
 
+/// A job of the pool that waits until released.
+type HeldJob = std::pin::Pin<Box<dyn Future<Output = Result<(), password::HashError>> + Send>>;
+
 /// A client's whole share of the pool, taken by jobs that wait until released.
 struct HeldShare {
     release: mpsc::Sender<()>,
-    jobs: Vec<std::pin::Pin<Box<dyn Future<Output = Result<(), password::HashError>> + Send>>>,
+    jobs: Vec<HeldJob>,
 }
 
 impl HeldShare {
     fn take(client: &str) -> Self {
         let (release, released) = mpsc::channel::<()>();
         let released = Arc::new(Mutex::new(released));
-        let mut jobs: Vec<std::pin::Pin<Box<dyn Future<Output = _> + Send>>> = Vec::new();
+        let mut jobs: Vec<HeldJob> = Vec::new();
         loop {
             let released = Arc::clone(&released);
             match password::pool().try_run_for(Some(client), move || {

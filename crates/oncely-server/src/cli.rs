@@ -397,6 +397,12 @@ pub enum TenantCommand {
     /// default of requests that name none), how its emails go out (`--email-delivery`), and
     /// its emails' branding (`--product-name`, `--mail-from`, `--support-email`; docs/emails.md).
     /// At least one of them.
+    #[command(group(
+        clap::ArgGroup::new("what")
+            .required(true)
+            .multiple(true)
+            .args(["return_urls", "no_return_urls", "email_delivery", "product_name", "mail_from", "support_email"])
+    ))]
     Set {
         /// The tenant's id (not `default`: it has no API key to exchange codes with).
         name: String,

@@ -1016,19 +1016,10 @@ pub async fn tenant<B: Accounts>(command: TenantCommand) -> anyhow::Result<Strin
             name,
             return_urls,
             no_return_urls,
-            email_delivery,
-            product_name,
-            mail_from,
-            support_email,
             ..
         } => {
+            // At least one of them: clap's group `what` (a usage error, exit 2, otherwise).
             let urls = !return_urls.is_empty() || *no_return_urls;
-            let branding = product_name.is_some() || mail_from.is_some() || support_email.is_some();
-            if !urls && !branding && email_delivery.is_none() {
-                bail!(
-                    "nothing to set: give --return-url (or --no-return-urls), --email-delivery, --product-name, --mail-from or --support-email"
-                );
-            }
             Some(tenant_to_set(name, return_urls, urls)?)
         }
     };

@@ -51,10 +51,16 @@ impl Backend for Sqlite {
     }
 
     /// At most 8 connections: one writer at a time anyway.
-    async fn open(url: &str, _max_connections: u32, create: Create) -> anyhow::Result<Self> {
-        let options = connect_options(url)
+    async fn open(url: &str, max_connections: u32, create: Create) -> anyhow::Result<Self> {
+        let mut options = connect_options(url)
             .map_err(|e| anyhow::anyhow!("DATABASE_URL={url}: {e}"))?
             .create_if_missing(create == Create::IfMissing);
+        // An operator's one-off command (`tenant set` while `serve` runs) waits for the one
+        // write lock longer than a request may: the service's writers hold it in bursts, and a
+        // command has no client waiting on it.
+        if max_connections == super::COMMAND_POOL {
+            options = options.busy_timeout(std::time::Duration::from_secs(30));
+        }
         if let Some(file) = file_of(url, &options) {
             let directory = match file.parent() {
                 Some(dir) if !dir.as_os_str().is_empty() => dir,

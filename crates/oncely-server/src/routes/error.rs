@@ -42,6 +42,10 @@ pub enum ApiError {
     /// 503 `busy` with `Retry-After`: every password hasher is busy; nothing ran.
     #[error("password hashers busy")]
     Unavailable,
+    /// 503 `storage-unavailable`: the database cannot serve now (unreachable, out of
+    /// connections, SQLite's write lock not free in time); nothing was changed.
+    #[error("the database cannot serve now")]
+    StorageUnavailable,
     /// 404 `not-found`: no route at this path.
     #[error("no such path")]
     NotFound,
@@ -124,6 +128,11 @@ impl ApiError {
                     "nothing was changed; retry with the same Idempotency-Key after Retry-After",
                 )
                 .with_retry_after(password::RETRY_AFTER_SECONDS),
+            Self::StorageUnavailable => layer(LayerProblem::StorageUnavailable)
+                .with_detail(
+                    "nothing was changed; retry with the same Idempotency-Key after Retry-After",
+                )
+                .with_retry_after(1),
             Self::NotFound => server(ServerProblem::NotFound)
                 .with_detail("see GET /openapi.json for the paths this service answers"),
             Self::MethodNotAllowed => server(ServerProblem::MethodNotAllowed)
@@ -176,10 +185,17 @@ impl From<password::HashError> for ApiError {
 }
 
 impl From<crate::accounts::AccountError> for ApiError {
-    /// Every account failure, an outage included, is a 500 that says nothing was changed (the
+    /// A database that cannot serve now is a 503 with `Retry-After` (a loaded SQLite's write
+    /// lock, an outage); any other account failure a 500. Either way nothing was changed (the
     /// transaction rolls back; a retry with the same key runs again).
     fn from(error: crate::accounts::AccountError) -> Self {
-        Self::Unexpected(error.into())
+        match error {
+            crate::accounts::AccountError::Unavailable(cause) => {
+                tracing::warn!(error = %cause, "the database cannot serve now: 503");
+                Self::StorageUnavailable
+            }
+            error => Self::Unexpected(error.into()),
+        }
     }
 }
 
@@ -210,6 +226,7 @@ mod tests {
             ApiError::Unauthorized(Unauthorized::KeyRequired),
             ApiError::Conflict(TxAborted),
             ApiError::Unavailable,
+            ApiError::StorageUnavailable,
             ApiError::NotFound,
             ApiError::MethodNotAllowed,
             ApiError::LoginFailed,
@@ -228,6 +245,7 @@ mod tests {
                 | ApiError::Unauthorized(Unauthorized::InvalidKey | Unauthorized::KeyRequired)
                 | ApiError::Conflict(_)
                 | ApiError::Unavailable
+                | ApiError::StorageUnavailable
                 | ApiError::NotFound
                 | ApiError::MethodNotAllowed
                 | ApiError::LoginFailed

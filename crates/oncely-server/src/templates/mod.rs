@@ -614,7 +614,14 @@ impl Templates {
     /// The folder `tenant`'s templates come from: its own, if the directory has one, else
     /// `_default`.
     fn scope<'a>(&'a self, tenant: &'a str) -> &'a str {
-        match self.sources.tenant_scopes().contains(tenant) {
+        // On every render and every flow request: a look, not a collected set.
+        let own = tenant != DEFAULT_SCOPE
+            && self
+                .sources
+                .overrides
+                .keys()
+                .any(|(scope, _, _)| scope == tenant);
+        match own {
             true => tenant,
             false => DEFAULT_SCOPE,
         }

@@ -58,6 +58,12 @@ pub enum Command {
     /// Look up idempotency keys (for a support case).
     #[command(subcommand)]
     Key(KeyCommand),
+    /// Check any API against the Idempotency-Key contract: missing and malformed keys, the
+    /// first request, its replay (status, body, `Idempotent-Replayed`), the same key with
+    /// another body (422), the key on another route, concurrent duplicates (one execution),
+    /// `Retry-After` on 409. Prints one row per part of the contract — pass, fail or n/a, with
+    /// its evidence — and exits 1 if any row fails (docs/check.md).
+    Check(CheckArgs),
 }
 
 impl Command {
@@ -72,9 +78,98 @@ impl Command {
             Self::Outbox(command) => command.output().json,
             Self::Prune(args) => args.output.json,
             Self::Key(KeyCommand::Show { output, .. }) => output.json,
+            Self::Check(args) => args.json,
             Self::Serve(_) | Self::Worker(_) | Self::Inbox(_) | Self::Demo { .. } => false,
         }
     }
+}
+
+/// `oncely check URL`.
+#[derive(Debug, Args)]
+pub struct CheckArgs {
+    /// The idempotent route to check (`http://` or `https://`), e.g.
+    /// `http://localhost:8080/v1/signup`. Every row sends a fresh key, `oncely-check-<uuid>`.
+    #[arg(value_name = "URL", value_parser = parse_http_url)]
+    pub url: url::Url,
+    /// The route's method.
+    #[arg(long, default_value = "POST", value_parser = parse_method)]
+    pub method: http::Method,
+    /// A sample body that the route accepts. `{{unique}}` in it is replaced by a fresh random
+    /// string for every row (so a signup's address is new each time); sent as
+    /// `application/json` if it is JSON, unless -H names a Content-Type.
+    #[arg(long, value_name = "BODY", conflicts_with = "body_file")]
+    pub body: Option<String>,
+    /// Read the sample body from this file (as --body).
+    #[arg(long, value_name = "PATH", value_parser = read_body_file)]
+    pub body_file: Option<String>,
+    /// A header sent with every request and the probe, `Name: value` (repeatable), e.g.
+    /// `-H 'Authorization: Bearer …'`. Its value is never printed.
+    #[arg(short = 'H', long = "header", value_name = "NAME: VALUE", value_parser = parse_header)]
+    pub headers: Vec<HeaderArg>,
+    /// Another idempotent route: the first request's key, sent there, must not get the first
+    /// route's stored answer (without it the key-per-route row is n/a).
+    #[arg(long, value_name = "URL", value_parser = parse_http_url)]
+    pub other_url: Option<url::Url>,
+    /// The body for --other-url (`{{unique}}` as in --body); default: the sample body.
+    #[arg(long, value_name = "BODY", requires = "other_url")]
+    pub other_body: Option<String>,
+    /// A GET whose body counts the route's executions — a number, `{"count": n}` or a JSON
+    /// array (e.g. `http://localhost:3000/payments/count`): the concurrent row then checks
+    /// that the count grew by exactly one. Without it, that row compares the answers.
+    #[arg(long, value_name = "URL", value_parser = parse_http_url)]
+    pub probe: Option<url::Url>,
+    /// How many identical requests the concurrent row sends at once (2–100).
+    #[arg(long, default_value_t = 10, value_parser = clap::value_parser!(u16).range(2..=100))]
+    pub concurrency: u16,
+    /// How long one request may take (`10s`, `500ms`).
+    #[arg(long, default_value = "10s", value_parser = humantime::parse_duration)]
+    pub timeout: Duration,
+    /// Print one JSON document on stdout: every row with its verdict and evidence, and the
+    /// counts (docs/check.md). The exit codes stay the same.
+    #[arg(long)]
+    pub json: bool,
+}
+
+/// A header `oncely check` sends: `-H 'Name: value'`. Its value is marked sensitive (Debug
+/// does not print it).
+#[derive(Debug, Clone)]
+pub struct HeaderArg {
+    /// The name.
+    pub name: http::HeaderName,
+    /// The value.
+    pub value: http::HeaderValue,
+}
+
+fn parse_header(text: &str) -> Result<HeaderArg, String> {
+    let Some((name, value)) = text.split_once(':') else {
+        return Err("expected `Name: value` (a colon after the header's name)".into());
+    };
+    let name = http::HeaderName::from_bytes(name.trim().as_bytes())
+        .map_err(|_| format!("`{}` is not a header name", name.trim()))?;
+    if name == "idempotency-key" {
+        return Err("the checker sends its own Idempotency-Key (a fresh one per row)".into());
+    }
+    let mut value = http::HeaderValue::from_str(value.trim())
+        .map_err(|_| format!("the value of {name} is not a valid header value"))?;
+    value.set_sensitive(true);
+    Ok(HeaderArg { name, value })
+}
+
+fn parse_http_url(text: &str) -> Result<url::Url, String> {
+    let url = url::Url::parse(text).map_err(|e| format!("not a URL ({e})"))?;
+    if !matches!(url.scheme(), "http" | "https") || url.host().is_none() {
+        return Err("expected an http:// or https:// URL with a host".into());
+    }
+    Ok(url)
+}
+
+fn parse_method(text: &str) -> Result<http::Method, String> {
+    http::Method::from_bytes(text.to_ascii_uppercase().as_bytes())
+        .map_err(|_| format!("`{text}` is not an HTTP method"))
+}
+
+fn read_body_file(path: &str) -> Result<String, String> {
+    std::fs::read_to_string(path).map_err(|e| format!("cannot read {path}: {e}"))
 }
 
 /// `oncely templates …`.

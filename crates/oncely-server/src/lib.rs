@@ -17,6 +17,7 @@
 //! - [`openapi`]: the OpenAPI description (`/openapi.json`).
 //! - [`ops`]: operator commands (`oncely outbox list|show|retry`, `key show`, `tenant create`).
 //! - [`telemetry`]: logs, request ids, metrics; [`prune`]: retention; [`demo`]: `oncely demo`.
+//! - [`check`]: `oncely check URL`, the contract run against any API (no database).
 //!
 //! `main.rs` parses and resolves the command line, picks the backend once, and calls into these.
 
@@ -27,6 +28,7 @@ pub mod accounts;
 pub mod app;
 pub mod backend;
 pub mod branding;
+pub mod check;
 pub mod cli;
 pub mod client_addr;
 pub mod code;

@@ -10,13 +10,13 @@ use oncely_server::accounts::Accounts;
 use oncely_server::app::{self, Application};
 use oncely_server::backend::{self, Backend, COMMAND_POOL, Postgres, Sqlite};
 use oncely_server::cli::{
-    Cli, Command, DatabaseArgs, InboxArgs, KeyCommand, MigrateArgs, OutboxCommand, OutputArgs,
+    CheckArgs, Cli, Command, DatabaseArgs, InboxArgs, KeyCommand, MigrateArgs, OutboxCommand, OutputArgs,
     PreviewArgs, PruneArgs, TemplatesCommand, TenantCommand,
 };
 use oncely_server::mail::MailContext;
 use oncely_server::settings::{Environment, Settings, WorkerSettings};
 use oncely_server::templates::{self, Templates};
-use oncely_server::{demo, ops, startup, workers};
+use oncely_server::{check, demo, ops, startup, workers};
 use tokio_util::sync::CancellationToken;
 
 #[tokio::main]
@@ -68,6 +68,7 @@ async fn run(cli: Cli, demo_log: Option<PathBuf>) -> anyhow::Result<()> {
     let task = match cli.command {
         Command::Inbox(args) => return run_inbox(args).await,
         Command::Demo { intents, .. } => return run_demo(intents, demo_log).await,
+        Command::Check(args) => return run_check(args).await,
         Command::Serve(args) => Task::Serve(Settings::from_args(args)?),
         Command::Worker(args) => Task::Worker(WorkerSettings::from_args(args)?),
         Command::Migrate(args) => Task::Migrate(args),
@@ -172,6 +173,27 @@ async fn run_demo(intents: usize, log: Option<PathBuf>) -> anyhow::Result<()> {
     print!("{}", report.table());
     if !report.one_per_intent() {
         bail!("an intent did not produce exactly one account and one email");
+    }
+    Ok(())
+}
+
+/// `oncely check URL`: the table (or one JSON document) on stdout; exit 1 if a row failed.
+async fn run_check(args: CheckArgs) -> anyhow::Result<()> {
+    let json = args.json;
+    let report = check::run(&args.into()).await?;
+    if json {
+        println!("{}", serde_json::to_string_pretty(&report)?);
+    } else {
+        print!("{}", report.table());
+    }
+    let failures = report.failures();
+    if !failures.is_empty() {
+        bail!(
+            "{} of {} rows failed: {} (docs/check.md says what each checks)",
+            failures.len(),
+            report.rows.len(),
+            failures.join(", ")
+        );
     }
     Ok(())
 }

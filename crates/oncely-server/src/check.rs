@@ -299,6 +299,7 @@ struct Client {
     config: CheckConfig,
     json: bool,
     content_type_given: bool,
+    secrets: Vec<String>,
 }
 
 impl Client {
@@ -314,13 +315,17 @@ impl Client {
             http,
             json: sample.is_some_and(|b| serde_json::from_str::<Value>(&b).is_ok()),
             content_type_given: config.headers.iter().any(|h| h.name == CONTENT_TYPE),
+            secrets: secrets(config),
             config: config.clone(),
         })
     }
 
     /// The sample body with a fresh `{{unique}}`.
     fn body(&self) -> Option<String> {
-        self.config.body.as_deref().map(|b| b.replace(UNIQUE, &unique()))
+        self.config
+            .body
+            .as_deref()
+            .map(|b| b.replace(UNIQUE, &unique()))
     }
 
     async fn send(&self, url: &Url, key: &Key, body: Option<&str>) -> Result<Answer, String> {
@@ -344,12 +349,23 @@ impl Client {
         let response = request.send().await.map_err(|e| describe(&e))?;
         let status = response.status();
         let headers = response.headers().clone();
-        let body = response.bytes().await.map_err(|e| describe(&e))?.to_vec();
+        let body = self.clean(response.bytes().await.map_err(|e| describe(&e))?.to_vec());
         Ok(Answer {
             status,
             headers,
             body,
         })
+    }
+
+    /// A body without the caller's header values: a server may echo them, and excerpts of
+    /// bodies are printed. (Replays are compared after the same cleaning on both sides.)
+    fn clean(&self, body: Vec<u8>) -> Vec<u8> {
+        match std::str::from_utf8(&body) {
+            Ok(text) if self.secrets.iter().any(|s| text.contains(s.as_str())) => {
+                without_secrets(text, &self.secrets).into_bytes()
+            }
+            _ => body,
+        }
     }
 
     /// The probe's count now.
@@ -362,7 +378,7 @@ impl Client {
         }
         let response = request.send().await.map_err(|e| describe(&e))?;
         let status = response.status();
-        let body = response.bytes().await.map_err(|e| describe(&e))?;
+        let body = self.clean(response.bytes().await.map_err(|e| describe(&e))?.to_vec());
         if !status.is_success() {
             return Err(format!("the probe answered {}", brief(status, &body)));
         }
@@ -446,7 +462,7 @@ pub async fn run(config: &CheckConfig) -> Result<Report, CheckError> {
                     format!("the first request failed: {why}"),
                 ));
             }
-            return Ok(Report::new(config, rows));
+            return Ok(Report::new(config, redact(config, rows)));
         }
     };
 
@@ -468,7 +484,10 @@ pub async fn run(config: &CheckConfig) -> Result<Report, CheckError> {
                 None => row(
                     "replay-header",
                     Verdict::Fail,
-                    format!("no Idempotent-Replayed header on the replay ({})", again.brief()),
+                    format!(
+                        "no Idempotent-Replayed header on the replay ({})",
+                        again.brief()
+                    ),
                 ),
             });
         }
@@ -491,7 +510,44 @@ pub async fn run(config: &CheckConfig) -> Result<Report, CheckError> {
     let (concurrent, retry_after) = concurrent(&client).await;
     rows.push(concurrent);
     rows.push(retry_after);
-    Ok(Report::new(config, rows))
+    Ok(Report::new(config, redact(config, rows)))
+}
+
+/// The values of the headers the caller gave, and of each their credential (`Bearer <this>`):
+/// never printed.
+fn secrets(config: &CheckConfig) -> Vec<String> {
+    let mut secrets: Vec<String> = Vec::new();
+    for value in config.headers.iter().filter_map(|h| h.value.to_str().ok()) {
+        secrets.push(value.to_owned());
+        if let Some((_, credential)) = value.rsplit_once(' ') {
+            secrets.push(credential.to_owned());
+        }
+    }
+    secrets.retain(|s| s.len() >= 4);
+    // The longest first: a whole value before its credential.
+    secrets.sort_by_key(|s| std::cmp::Reverse(s.len()));
+    secrets
+}
+
+/// `text` without any of `secrets`.
+fn without_secrets(text: &str, secrets: &[String]) -> String {
+    let mut text = text.to_owned();
+    for secret in secrets {
+        if text.contains(secret.as_str()) {
+            text = text.replace(secret.as_str(), "[redacted]");
+        }
+    }
+    text
+}
+
+/// Rows whose evidence never shows a header value the caller gave (bodies are cleaned as they
+/// arrive; this is the last pass over everything printed).
+fn redact(config: &CheckConfig, mut rows: Vec<Row>) -> Vec<Row> {
+    let secrets = secrets(config);
+    for row in &mut rows {
+        row.evidence = without_secrets(&row.evidence, &secrets);
+    }
+    rows
 }
 
 async fn key_malformed(client: &Client) -> Row {
@@ -504,10 +560,7 @@ async fn key_malformed(client: &Client) -> Row {
             "non-ASCII",
             vec![HeaderValue::from_bytes(non_ascii.as_bytes()).expect("obs-text is allowed")],
         ),
-        (
-            "two headers",
-            vec![fresh_key(), fresh_key()],
-        ),
+        ("two headers", vec![fresh_key(), fresh_key()]),
     ];
     let mut evidence = Vec::new();
     let mut all_400 = true;
@@ -652,32 +705,49 @@ async fn key_per_route(client: &Client, key: &Key, first: &Answer) -> Row {
             };
         }
     };
-    let same_answer = answer.status == first.status && answer.body == first.body;
-    let verdict = if same_answer || answer.replayed().is_some() {
-        Verdict::Fail
-    } else if answer.status == StatusCode::UNPROCESSABLE_ENTITY {
-        Verdict::Fail
+    let stored =
+        (answer.status == first.status && answer.body == first.body) || answer.replayed().is_some();
+    let reused = answer.status == StatusCode::UNPROCESSABLE_ENTITY
+        && String::from_utf8_lossy(&answer.body)
+            .to_ascii_lowercase()
+            .contains("idempotency");
+    let (verdict, evidence) = if stored {
+        (
+            Verdict::Fail,
+            format!(
+                "the other route answered the first route's stored answer: {}{}",
+                answer.brief(),
+                answer
+                    .replayed()
+                    .map(|v| format!(", Idempotent-Replayed: {v}"))
+                    .unwrap_or_default()
+            ),
+        )
+    } else if reused {
+        (
+            Verdict::Fail,
+            format!(
+                "the other route refused the key as reused ({}): keys must be scoped by route",
+                answer.status_and_type()
+            ),
+        )
+    } else if answer.success() {
+        (
+            Verdict::Pass,
+            format!(
+                "the first route's key on the other route ran there: {} (the stored answer: {})",
+                answer.brief(),
+                first.brief()
+            ),
+        )
     } else {
-        Verdict::Pass
-    };
-    let evidence = match verdict {
-        Verdict::Pass => format!(
-            "the first route's key on the other route: {} (not the stored {})",
-            answer.brief(),
-            first.status.as_u16()
-        ),
-        _ if answer.status == StatusCode::UNPROCESSABLE_ENTITY => format!(
-            "the other route answered {}: the key is scoped across routes (the contract scopes it by route)",
-            answer.status_and_type()
-        ),
-        _ => format!(
-            "the other route answered the first route's stored answer: {}{}",
-            answer.brief(),
-            answer
-                .replayed()
-                .map(|v| format!(", Idempotent-Replayed: {v}"))
-                .unwrap_or_default()
-        ),
+        (
+            Verdict::NotApplicable,
+            format!(
+                "the other route did not accept the request: {} (give --other-body)",
+                answer.brief()
+            ),
+        )
     };
     Row {
         name: "key-per-route",
@@ -875,7 +945,10 @@ pub fn other_body(template: &str, body: &str) -> Option<(String, String)> {
             ))
         }
         _ if body.is_empty() => None,
-        _ => Some((format!("{body}-other"), "other body: \"-other\" appended".into())),
+        _ => Some((
+            format!("{body}-other"),
+            "other body: \"-other\" appended".into(),
+        )),
     }
 }
 

@@ -10,8 +10,8 @@ use oncely_server::accounts::Accounts;
 use oncely_server::app::{self, Application};
 use oncely_server::backend::{self, Backend, COMMAND_POOL, Postgres, Sqlite};
 use oncely_server::cli::{
-    CheckArgs, Cli, Command, DatabaseArgs, InboxArgs, KeyCommand, MigrateArgs, OutboxCommand, OutputArgs,
-    PreviewArgs, PruneArgs, TemplatesCommand, TenantCommand,
+    CheckArgs, Cli, Command, DatabaseArgs, InboxArgs, KeyCommand, MigrateArgs, OutboxCommand,
+    OutputArgs, PreviewArgs, PruneArgs, TemplatesCommand, TenantCommand,
 };
 use oncely_server::mail::MailContext;
 use oncely_server::settings::{Environment, Settings, WorkerSettings};

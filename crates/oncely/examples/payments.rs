@@ -7,10 +7,15 @@
 //! ```
 //!
 //! The handler takes the layer's transaction, so the payment row and the stored response commit
-//! together: a retry can never see one without the other.
+//! together: a retry can never see one without the other. `GET /payments/count` (outside the
+//! layer) answers `{"count": n}`: how many payments were made, a probe for `oncely check`.
+//!
+//! `PAYMENTS_ADDR` sets the listen address (default `127.0.0.1:3000`; `127.0.0.1:0` for any free
+//! port, which it prints) and `PAYMENTS_DB` the SQLite database (default
+//! `sqlite://payments-example.db`).
 
 use axum::http::StatusCode;
-use axum::routing::post;
+use axum::routing::{get, post};
 use axum::{Json, Router};
 use oncely::store::KeyStore;
 use oncely::store::sqlite::{SqliteKeyStore, connect_options};
@@ -38,23 +43,35 @@ async fn create_payment(
 #[tokio::main]
 async fn main() -> anyhow::Result<()> {
     tracing_subscriber::fmt().with_env_filter("info").init();
-    let pool =
-        sqlx::SqlitePool::connect_with(connect_options("sqlite://payments-example.db")?).await?;
+    let db = std::env::var("PAYMENTS_DB").unwrap_or_else(|_| "sqlite://payments-example.db".into());
+    let addr = std::env::var("PAYMENTS_ADDR").unwrap_or_else(|_| "127.0.0.1:3000".into());
+    let pool = sqlx::SqlitePool::connect_with(connect_options(&db)?).await?;
     sqlx::query(
         "CREATE TABLE IF NOT EXISTS payments (id INTEGER PRIMARY KEY, amount INTEGER NOT NULL)",
     )
     .execute(&pool)
     .await?;
-    let store = SqliteKeyStore::new(pool);
+    let store = SqliteKeyStore::new(pool.clone());
     store.migrate().await?;
     // A real service reads this from its configuration (ONCELY_SECRET).
     let secret = ServerSecret::new(b"example-secret-change-me-in-production".to_vec())?;
 
     let app = Router::new()
         .route("/payments", post(create_payment))
-        .route_layer(IdempotencyLayer::transactional(store, secret));
+        .route_layer(IdempotencyLayer::transactional(store, secret))
+        // Added after the layer: a plain GET, no key.
+        .route(
+            "/payments/count",
+            get(move || async move {
+                let count: i64 = sqlx::query_scalar("SELECT count(*) FROM payments")
+                    .fetch_one(&pool)
+                    .await
+                    .expect("count payments");
+                Json(json!({ "count": count }))
+            }),
+        );
 
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:3000").await?;
+    let listener = tokio::net::TcpListener::bind(&addr).await?;
     println!(
         "POST http://{}/payments with an Idempotency-Key header",
         listener.local_addr()?

@@ -506,7 +506,10 @@ pub async fn run(config: &CheckConfig) -> Result<Report, CheckError> {
     }
 
     rows.push(reuse_other_body(&client).await);
-    rows.push(key_per_route(&client, &first_key, &first).await);
+    let replays_marked = rows
+        .iter()
+        .any(|r| r.name == "replay-header" && r.verdict == Verdict::Pass);
+    rows.push(key_per_route(&client, &first_key, &first, replays_marked).await);
     let (concurrent, retry_after) = concurrent(&client).await;
     rows.push(concurrent);
     rows.push(retry_after);
@@ -683,7 +686,7 @@ async fn reuse_other_body(client: &Client) -> Row {
     }
 }
 
-async fn key_per_route(client: &Client, key: &Key, first: &Answer) -> Row {
+async fn key_per_route(client: &Client, key: &Key, first: &Answer, replays_marked: bool) -> Row {
     let Some(other_url) = &client.config.other_url else {
         return Row {
             name: "key-per-route",
@@ -705,8 +708,11 @@ async fn key_per_route(client: &Client, key: &Key, first: &Answer) -> Row {
             };
         }
     };
-    let stored =
-        (answer.status == first.status && answer.body == first.body) || answer.replayed().is_some();
+    // A server that marks its replays (the replay-header row passed) is believed; one that
+    // does not can only be caught by the answer itself (two routes that answer the same
+    // constant body then look like a replay: the evidence says so).
+    let same = answer.status == first.status && answer.body == first.body;
+    let stored = answer.replayed().is_some() || (!replays_marked && same);
     let reused = answer.status == StatusCode::UNPROCESSABLE_ENTITY
         && String::from_utf8_lossy(&answer.body)
             .to_ascii_lowercase()
@@ -717,10 +723,10 @@ async fn key_per_route(client: &Client, key: &Key, first: &Answer) -> Row {
             format!(
                 "the other route answered the first route's stored answer: {}{}",
                 answer.brief(),
-                answer
-                    .replayed()
-                    .map(|v| format!(", Idempotent-Replayed: {v}"))
-                    .unwrap_or_default()
+                match answer.replayed() {
+                    Some(v) => format!(", Idempotent-Replayed: {v}"),
+                    None => " (the same status and body; the server marks no replays)".into(),
+                }
             ),
         )
     } else if reused {

@@ -7,6 +7,7 @@ mod api_description;
 mod attacks;
 mod browser;
 mod chaos;
+mod check;
 mod client_caps;
 mod dev_inbox;
 mod dev_inbox_html;

@@ -815,6 +815,13 @@ async fn concurrent(client: &Client) -> (Row, Row) {
         }
         _ => "compared answers (no --probe)".to_owned(),
     };
+    // What the requests that did not succeed said (one example): a duplicate refused as in
+    // progress, a busy database, …
+    let refused = answers
+        .iter()
+        .find(|a| !a.success())
+        .map(|a| format!("; e.g. {}", a.status_and_type()))
+        .unwrap_or_default();
     let concurrent = Row {
         name: "concurrent",
         verdict: if problems.is_empty() {
@@ -824,32 +831,38 @@ async fn concurrent(client: &Client) -> (Row, Row) {
         },
         evidence: if problems.is_empty() {
             format!(
-                "{n} at once with one key: {statuses}; {} identical success bodies; {how}",
+                "{n} at once with one key: {statuses}{refused}; {} identical success bodies; {how}",
                 successes.len()
             )
         } else {
             format!(
-                "{n} at once with one key: {statuses}; {}; {how}",
+                "{n} at once with one key: {statuses}{refused}; {}; {how}",
                 problems.join("; ")
             )
         },
     };
 
-    let conflicts: Vec<&Answer> = answers
+    // Answers that tell the client to come back: 409 (the key in progress) and 503 (busy).
+    let retry_later: Vec<&Answer> = answers
         .iter()
         .copied()
-        .filter(|a| a.status == StatusCode::CONFLICT)
+        .filter(|a| {
+            matches!(
+                a.status,
+                StatusCode::CONFLICT | StatusCode::SERVICE_UNAVAILABLE
+            )
+        })
         .collect();
-    let without: Vec<&&Answer> = conflicts
+    let without: Vec<&&Answer> = retry_later
         .iter()
         .filter(|a| a.headers.get(RETRY_AFTER).is_none())
         .collect();
-    let retry_after = if conflicts.is_empty() {
+    let retry_after = if retry_later.is_empty() {
         Row {
             name: "retry-after",
             verdict: Verdict::NotApplicable,
             evidence: format!(
-                "no 409 in the burst of {n} ({statuses}{}): the server finished or waited",
+                "no 409 or 503 in the burst of {n} ({statuses}): the server finished or waited{}",
                 if errors.is_empty() {
                     String::new()
                 } else {
@@ -858,19 +871,18 @@ async fn concurrent(client: &Client) -> (Row, Row) {
             ),
         }
     } else if without.is_empty() {
-        let values: Vec<&str> = conflicts
+        let mut values: Vec<&str> = retry_later
             .iter()
             .filter_map(|a| a.headers.get(RETRY_AFTER)?.to_str().ok())
             .collect();
-        let mut values = values;
         values.sort_unstable();
         values.dedup();
         Row {
             name: "retry-after",
             verdict: Verdict::Pass,
             evidence: format!(
-                "{} × 409, each with Retry-After ({})",
-                conflicts.len(),
+                "{} with Retry-After ({})",
+                tally_answers(&retry_later),
                 values.join(", ")
             ),
         }
@@ -879,14 +891,20 @@ async fn concurrent(client: &Client) -> (Row, Row) {
             name: "retry-after",
             verdict: Verdict::Fail,
             evidence: format!(
-                "{} of {} × 409 without Retry-After (e.g. {})",
+                "{} of {} without Retry-After (e.g. {})",
                 without.len(),
-                conflicts.len(),
-                without[0].brief()
+                tally_answers(&retry_later),
+                without[0].status_and_type()
             ),
         }
     };
     (concurrent, retry_after)
+}
+
+/// `409×3, 503×1`.
+fn tally_answers(answers: &[&Answer]) -> String {
+    let burst: Vec<Result<Answer, String>> = answers.iter().map(|a| Ok((*a).clone())).collect();
+    tally(&burst)
 }
 
 /// `201×9, 409×1` (and `no answer×n`).

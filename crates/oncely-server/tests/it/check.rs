@@ -484,7 +484,11 @@ async fn conflicts_in_the_burst_pass_with_retry_after_and_fail_without() {
     let report = assert_conforms(&fixture_config(&base, 5)).await;
     let row = report.row("retry-after").unwrap();
     assert_eq!(row.verdict, Verdict::Pass, "{}", report.table());
-    assert!(row.evidence.contains("4 × 409"), "{}", row.evidence);
+    assert!(
+        row.evidence.contains("409×4 with Retry-After (1)"),
+        "{}",
+        row.evidence
+    );
 
     let base = spawn_fixture(
         Behaviour {

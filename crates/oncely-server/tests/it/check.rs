@@ -171,6 +171,9 @@ async fn the_checker_passes_against_the_payments_example_and_its_probe_counts_on
 struct Behaviour {
     /// Runs every POST, key or not: a fresh id per call.
     ignores_key: bool,
+    /// With `ignores_key`: answers the same constant body every time (as a signup does), so
+    /// only a probe can tell how often it ran.
+    constant_answer: bool,
     /// A stored answer is replayed only for the same body (else 422); without it, for any
     /// body: it stores by key only.
     compares_body: bool,
@@ -184,6 +187,7 @@ struct Behaviour {
 
 const CORRECT: Behaviour = Behaviour {
     ignores_key: false,
+    constant_answer: false,
     compares_body: true,
     per_route: true,
     conflicts: None,
@@ -242,6 +246,13 @@ async fn fixture_post(
             .and_then(|v| v.to_str().ok())
             .map(str::to_owned);
         let id = fixture.executions.fetch_add(1, Ordering::SeqCst) + 1;
+        if b.constant_answer {
+            return (
+                StatusCode::ACCEPTED,
+                axum::Json(json!({ "status": "accepted" })),
+            )
+                .into_response();
+        }
         return created(id, false, echo.as_deref());
     }
     let key = match IdempotencyKey::from_headers(&headers) {
@@ -412,6 +423,46 @@ async fn a_server_that_ignores_the_key_fails_the_rows_that_need_one() {
             .contains("different success bodies"),
         "{}",
         report.table()
+    );
+}
+
+/// Same answers every time: the answers cannot tell one execution from six, the probe can.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn only_the_probe_catches_a_server_that_runs_every_duplicate_with_the_same_answer() {
+    let base = spawn_fixture(
+        Behaviour {
+            ignores_key: true,
+            constant_answer: true,
+            ..CORRECT
+        },
+        6,
+    )
+    .await;
+    let report = check::run(&fixture_config(&base, 6)).await.unwrap();
+    let concurrent = report.row("concurrent").unwrap();
+    assert_eq!(concurrent.verdict, Verdict::Fail, "{}", report.table());
+    assert!(
+        concurrent
+            .evidence
+            .contains("the probe counted 6 executions"),
+        "{}",
+        concurrent.evidence
+    );
+    // The replay is byte for byte the same, but it is not marked as one.
+    assert_eq!(report.row("replay").unwrap().verdict, Verdict::Pass);
+    assert_eq!(report.row("replay-header").unwrap().verdict, Verdict::Fail);
+
+    let mut config = fixture_config(&base, 6);
+    config.probe = None;
+    let report = check::run(&config).await.unwrap();
+    let concurrent = report.row("concurrent").unwrap();
+    assert_eq!(concurrent.verdict, Verdict::Pass, "{}", report.table());
+    assert!(
+        concurrent
+            .evidence
+            .contains("compared answers (no --probe)"),
+        "{}",
+        concurrent.evidence
     );
 }
 

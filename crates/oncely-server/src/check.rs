@@ -252,6 +252,12 @@ impl Answer {
             .map(|v| v.to_str().unwrap_or("(not text)"))
     }
 
+    /// Marked as a replay (`Idempotent-Replayed: true`; a server may send `false` on the rest).
+    fn is_replay(&self) -> bool {
+        self.replayed()
+            .is_some_and(|v| v.trim().eq_ignore_ascii_case("true"))
+    }
+
     /// `201 {"id":1,…}`.
     fn brief(&self) -> String {
         let body = excerpt(&self.body);
@@ -429,7 +435,7 @@ pub async fn run(config: &CheckConfig) -> Result<Report, CheckError> {
     let first_body = client.body();
     let first = client.send(url, &first_key, first_body.as_deref()).await;
     let first = match first {
-        Ok(answer) if answer.success() && answer.replayed().is_none() => {
+        Ok(answer) if answer.success() && !answer.is_replay() => {
             rows.push(row("first-request", Verdict::Pass, answer.brief()));
             answer
         }
@@ -712,7 +718,7 @@ async fn key_per_route(client: &Client, key: &Key, first: &Answer, replays_marke
     // does not can only be caught by the answer itself (two routes that answer the same
     // constant body then look like a replay: the evidence says so).
     let same = answer.status == first.status && answer.body == first.body;
-    let stored = answer.replayed().is_some() || (!replays_marked && same);
+    let stored = answer.is_replay() || (!replays_marked && same);
     let reused = answer.status == StatusCode::UNPROCESSABLE_ENTITY
         && String::from_utf8_lossy(&answer.body)
             .to_ascii_lowercase()
@@ -723,9 +729,10 @@ async fn key_per_route(client: &Client, key: &Key, first: &Answer, replays_marke
             format!(
                 "the other route answered the first route's stored answer: {}{}",
                 answer.brief(),
-                match answer.replayed() {
-                    Some(v) => format!(", Idempotent-Replayed: {v}"),
-                    None => " (the same status and body; the server marks no replays)".into(),
+                if answer.is_replay() {
+                    ", Idempotent-Replayed: true".to_owned()
+                } else {
+                    " (the same status and body; the server marks no replays)".to_owned()
                 }
             ),
         )

@@ -16,6 +16,7 @@
 //! - [`mail`]: the emails and the outbox handlers that send them; [`workers`]: starting them.
 //! - [`openapi`]: the OpenAPI description (`/openapi.json`).
 //! - [`ops`]: operator commands (`oncely outbox list|show|retry`, `key show`, `tenant create`).
+//! - [`gateway`]: `oncely gateway`, the contract in front of an application in any language.
 //! - [`telemetry`]: logs, request ids, metrics; [`prune`]: retention; [`demo`]: `oncely demo`.
 //!
 //! `main.rs` parses and resolves the command line, picks the backend once, and calls into these.
@@ -32,6 +33,7 @@ pub mod client_addr;
 pub mod code;
 pub mod demo;
 pub mod email;
+pub mod gateway;
 pub mod identity;
 pub mod mail;
 pub mod openapi;

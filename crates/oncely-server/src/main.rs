@@ -10,13 +10,13 @@ use oncely_server::accounts::Accounts;
 use oncely_server::app::{self, Application};
 use oncely_server::backend::{self, Backend, COMMAND_POOL, Postgres, Sqlite};
 use oncely_server::cli::{
-    Cli, Command, DatabaseArgs, InboxArgs, KeyCommand, MigrateArgs, OutboxCommand, OutputArgs,
-    PreviewArgs, PruneArgs, TemplatesCommand, TenantCommand,
+    Cli, Command, DatabaseArgs, GatewayArgs, InboxArgs, KeyCommand, MigrateArgs, OutboxCommand,
+    OutputArgs, PreviewArgs, PruneArgs, TemplatesCommand, TenantCommand,
 };
 use oncely_server::mail::MailContext;
 use oncely_server::settings::{Environment, Settings, WorkerSettings};
 use oncely_server::templates::{self, Templates};
-use oncely_server::{demo, ops, startup, workers};
+use oncely_server::{demo, gateway, ops, startup, workers};
 use tokio_util::sync::CancellationToken;
 
 #[tokio::main]
@@ -62,12 +62,14 @@ enum Task {
     Prune(PruneArgs),
     Key(KeyCommand),
     Outbox(OutboxCommand),
+    Gateway(Box<GatewayArgs>),
 }
 
 async fn run(cli: Cli, demo_log: Option<PathBuf>) -> anyhow::Result<()> {
     let task = match cli.command {
         Command::Inbox(args) => return run_inbox(args).await,
         Command::Demo { intents, .. } => return run_demo(intents, demo_log).await,
+        Command::Gateway(args) => Task::Gateway(args),
         Command::Serve(args) => Task::Serve(Settings::from_args(args)?),
         Command::Worker(args) => Task::Worker(WorkerSettings::from_args(args)?),
         Command::Migrate(args) => Task::Migrate(args),
@@ -105,6 +107,7 @@ impl Task {
             Self::Prune(args) => &args.database.database_url,
             Self::Key(KeyCommand::Show { database, .. }) => &database.database_url,
             Self::Outbox(command) => &command.database().database_url,
+            Self::Gateway(args) => &args.database.database_url,
         }
     }
 
@@ -140,6 +143,7 @@ impl Task {
                 print!("{}", ops::outbox::<B>(command).await?);
                 Ok(())
             }
+            Self::Gateway(args) => gateway::run::<B>(*args, shutdown_signal()).await,
         }
     }
 }

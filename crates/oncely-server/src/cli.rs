@@ -61,9 +61,12 @@ pub enum Command {
     /// Check any API against the Idempotency-Key contract: missing and malformed keys, the
     /// first request, its replay (status, body, `Idempotent-Replayed`), the same key with
     /// another body (422), the key on another route, concurrent duplicates (one execution),
-    /// `Retry-After` on 409. Prints one row per part of the contract — pass, fail or n/a, with
+    /// `Retry-After` on 409 and 503. Prints one row per part of the contract — pass, fail or n/a, with
     /// its evidence — and exits 1 if any row fails (docs/check.md).
     Check(CheckArgs),
+    /// Put the Idempotency-Key contract in front of an HTTP application written in anything:
+    /// a reverse proxy that protects the routes you name and passes everything else through.
+    Gateway(Box<GatewayArgs>),
 }
 
 impl Command {
@@ -79,7 +82,11 @@ impl Command {
             Self::Prune(args) => args.output.json,
             Self::Key(KeyCommand::Show { output, .. }) => output.json,
             Self::Check(args) => args.json,
-            Self::Serve(_) | Self::Worker(_) | Self::Inbox(_) | Self::Demo { .. } => false,
+            Self::Serve(_)
+            | Self::Worker(_)
+            | Self::Inbox(_)
+            | Self::Demo { .. }
+            | Self::Gateway(_) => false,
         }
     }
 }
@@ -968,6 +975,99 @@ impl std::fmt::Debug for CommonArgs {
             .field("webhook_timeout", &self.webhook_timeout)
             .finish()
     }
+}
+
+/// Settings of `oncely gateway`. Its `Debug` shows no secret.
+#[derive(Debug, Clone, Args)]
+pub struct GatewayArgs {
+    /// The application behind the gateway: `http://host:port`, optionally with a base path
+    /// (`http://127.0.0.1:3000/api`). Plain HTTP: run the gateway beside the application.
+    #[arg(long, env = "ONCELY_GATEWAY_UPSTREAM")]
+    pub upstream: String,
+
+    /// A route to protect: `'METHOD /path'`, with `{name}` for a path segment
+    /// (`--route 'POST /signup' --route 'POST /orders/{id}/pay'`). Repeat for more. Literal
+    /// segments match without regard to case, and a trailing slash is ignored. Every other
+    /// request passes through untouched.
+    #[arg(long = "route", value_name = "'METHOD /path'")]
+    pub routes: Vec<String>,
+
+    /// A file of routes to protect, one `METHOD /path` per line (`#` starts a comment), in
+    /// addition to any --route.
+    #[arg(long, env = "ONCELY_GATEWAY_ROUTES", value_name = "FILE")]
+    pub routes_file: Option<std::path::PathBuf>,
+
+    /// Listen address.
+    #[arg(long, env = "ONCELY_GATEWAY_BIND", default_value = defaults::GATEWAY_BIND)]
+    pub bind: SocketAddr,
+
+    /// A header that names the tenant, set by a proxy you trust in front of the gateway (never
+    /// by clients: whoever can set it chooses whose keys they use). Keys of one tenant never
+    /// answer another's. Without it (or when a request lacks it) the tenant is the request's
+    /// credential, hashed; without a credential, the shared anonymous tenant.
+    #[arg(long, env = "ONCELY_GATEWAY_TENANT_HEADER", value_name = "NAME")]
+    pub tenant_header: Option<http::HeaderName>,
+
+    /// The header whose value (an API key, a bearer token) is the caller's credential: the
+    /// tenant becomes a keyed hash of it, so two callers' keys never collide.
+    #[arg(
+        long,
+        env = "ONCELY_GATEWAY_CREDENTIAL_HEADER",
+        default_value = "authorization",
+        value_name = "NAME"
+    )]
+    pub credential_header: http::HeaderName,
+
+    /// A cookie that is the caller's credential (a session cookie), used when the credential
+    /// header is absent.
+    #[arg(long, env = "ONCELY_GATEWAY_CREDENTIAL_COOKIE", value_name = "NAME")]
+    pub credential_cookie: Option<String>,
+
+    /// The header that carries the stable derived key to the upstream, for its own downstream
+    /// calls (the client's key is replaced by it: unique per tenant, route and key).
+    #[arg(
+        long,
+        env = "ONCELY_GATEWAY_FORWARD_KEY_HEADER",
+        default_value = "idempotency-key",
+        value_name = "NAME"
+    )]
+    pub forward_key_header: http::HeaderName,
+
+    /// How long to wait for the upstream's answer (a protected route's whole answer). A
+    /// protected request's key is held, its lease renewed, for as long as it waits. Past it:
+    /// 504, and the key is kept (the upstream may have acted): retries get 422.
+    #[arg(long, env = "ONCELY_GATEWAY_UPSTREAM_TIMEOUT", default_value = defaults::GATEWAY_UPSTREAM_TIMEOUT, value_parser = parse_duration)]
+    pub upstream_timeout: Duration,
+
+    /// How long a claimed key is held before another process may take it over (renewed while
+    /// the upstream works).
+    #[arg(long, env = "ONCELY_LEASE", default_value = defaults::LEASE, value_parser = parse_duration)]
+    pub lease: Duration,
+
+    /// How long results are replayed (`24h`, `90m`, …).
+    #[arg(long, env = "ONCELY_KEY_RETENTION", default_value = defaults::KEY_RETENTION, value_parser = parse_duration)]
+    pub key_retention: Duration,
+
+    /// The largest request body a protected route takes (413 beyond; nothing forwarded).
+    #[arg(long, env = "ONCELY_GATEWAY_MAX_REQUEST_BODY", default_value_t = defaults::GATEWAY_MAX_REQUEST_BODY)]
+    pub max_request_body: usize,
+
+    /// The largest answer stored for replay; a larger one reaches the first caller (streamed)
+    /// and its key is tombstoned: retries get 422, never a second run.
+    #[arg(long, env = "ONCELY_GATEWAY_MAX_STORED_BODY", default_value_t = defaults::GATEWAY_MAX_STORED_BODY)]
+    pub max_stored_body: usize,
+
+    #[command(flatten)]
+    #[allow(missing_docs)]
+    pub database: DatabaseArgs,
+
+    /// Most PostgreSQL connections this process opens.
+    #[arg(long, env = "ONCELY_DATABASE_POOL", default_value_t = defaults::DATABASE_POOL, value_parser = clap::value_parser!(u32).range(2..=1000))]
+    pub database_pool: u32,
+
+    #[command(flatten)]
+    #[allow(missing_docs)]
+    pub secrets: SecretArgs,
 }
 
 /// Settings of `oncely serve`.

@@ -16,6 +16,7 @@
 //! - [`mail`]: the emails and the outbox handlers that send them; [`workers`]: starting them.
 //! - [`openapi`]: the OpenAPI description (`/openapi.json`).
 //! - [`ops`]: operator commands (`oncely outbox list|show|retry`, `key show`, `tenant create`).
+//! - [`gateway`]: `oncely gateway`, the contract in front of an application in any language.
 //! - [`telemetry`]: logs, request ids, metrics; [`prune`]: retention; [`demo`]: `oncely demo`.
 //! - [`check`]: `oncely check URL`, the contract run against any API (no database).
 //!
@@ -34,6 +35,7 @@ pub mod client_addr;
 pub mod code;
 pub mod demo;
 pub mod email;
+pub mod gateway;
 pub mod identity;
 pub mod mail;
 pub mod openapi;

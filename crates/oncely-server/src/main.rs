@@ -10,13 +10,13 @@ use oncely_server::accounts::Accounts;
 use oncely_server::app::{self, Application};
 use oncely_server::backend::{self, Backend, COMMAND_POOL, Postgres, Sqlite};
 use oncely_server::cli::{
-    CheckArgs, Cli, Command, DatabaseArgs, InboxArgs, KeyCommand, MigrateArgs, OutboxCommand,
-    OutputArgs, PreviewArgs, PruneArgs, TemplatesCommand, TenantCommand,
+    CheckArgs, Cli, Command, DatabaseArgs, GatewayArgs, InboxArgs, KeyCommand, MigrateArgs,
+    OutboxCommand, OutputArgs, PreviewArgs, PruneArgs, TemplatesCommand, TenantCommand,
 };
 use oncely_server::mail::MailContext;
 use oncely_server::settings::{Environment, Settings, WorkerSettings};
 use oncely_server::templates::{self, Templates};
-use oncely_server::{check, demo, ops, startup, workers};
+use oncely_server::{check, demo, gateway, ops, startup, workers};
 use tokio_util::sync::CancellationToken;
 
 #[tokio::main]
@@ -62,6 +62,7 @@ enum Task {
     Prune(PruneArgs),
     Key(KeyCommand),
     Outbox(OutboxCommand),
+    Gateway(Box<GatewayArgs>),
 }
 
 async fn run(cli: Cli, demo_log: Option<PathBuf>) -> anyhow::Result<()> {
@@ -69,6 +70,7 @@ async fn run(cli: Cli, demo_log: Option<PathBuf>) -> anyhow::Result<()> {
         Command::Inbox(args) => return run_inbox(args).await,
         Command::Demo { intents, .. } => return run_demo(intents, demo_log).await,
         Command::Check(args) => return run_check(args).await,
+        Command::Gateway(args) => Task::Gateway(args),
         Command::Serve(args) => Task::Serve(Settings::from_args(args)?),
         Command::Worker(args) => Task::Worker(WorkerSettings::from_args(args)?),
         Command::Migrate(args) => Task::Migrate(args),
@@ -106,6 +108,7 @@ impl Task {
             Self::Prune(args) => &args.database.database_url,
             Self::Key(KeyCommand::Show { database, .. }) => &database.database_url,
             Self::Outbox(command) => &command.database().database_url,
+            Self::Gateway(args) => &args.database.database_url,
         }
     }
 
@@ -141,6 +144,7 @@ impl Task {
                 print!("{}", ops::outbox::<B>(command).await?);
                 Ok(())
             }
+            Self::Gateway(args) => gateway::run::<B>(*args, shutdown_signal()).await,
         }
     }
 }

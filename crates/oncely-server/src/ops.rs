@@ -1381,7 +1381,7 @@ fn no_endpoint(id: &str) -> anyhow::Error {
 }
 
 /// The server secret a webhook command seals with, resolved as `serve` resolves it.
-async fn command_secret<B: Accounts>(
+pub(crate) async fn command_secret<B: Accounts>(
     backend: &B,
     args: &crate::cli::SecretArgs,
     database_url: &str,

@@ -72,6 +72,14 @@ pub mod defaults {
     pub const OUTBOX_RETENTION: &str = "7d";
     /// `ONCELY_PRUNE_INTERVAL`.
     pub const PRUNE_INTERVAL: &str = "10m";
+    /// `oncely gateway --bind`.
+    pub const GATEWAY_BIND: &str = "127.0.0.1:8090";
+    /// `oncely gateway --upstream-timeout`.
+    pub const GATEWAY_UPSTREAM_TIMEOUT: &str = "60s";
+    /// `oncely gateway --max-request-body` (1 MiB, as the layer's).
+    pub const GATEWAY_MAX_REQUEST_BODY: usize = 1024 * 1024;
+    /// `oncely gateway --max-stored-body` (256 KiB, as the layer's).
+    pub const GATEWAY_MAX_STORED_BODY: usize = 256 * 1024;
 }
 
 /// The email caps: the given ones (per address, per address in total, per client), and each

@@ -43,6 +43,7 @@
 //! | database busy (SQLite write lock held by another writer) | 503 `…/storage-busy` with `Retry-After` |
 //! | handler answers 5xx or rejects before any effect (400, 401, 403, 408, 409, 413, 415, 429) | nothing stored; the key is free |
 //! | response body over the stored limit | first caller gets it, streamed (never buffered whole); retries get 422 `…/idempotency-key-unreplayable` |
+//! | generic mode: the handler ran but its answer is lost (its body failed, or it marked it [`OutcomeUnknown`]) | the key is kept: retries get 422 `…/idempotency-key-unreplayable`, never a second run |
 //!
 //! "Same request" is decided by a keyed fingerprint of the method, the route, the concrete
 //! path, the canonical query and the canonical body (JSON: key order and whitespace ignored,
@@ -74,7 +75,7 @@ pub mod store;
 
 pub use fingerprint::{CanonicalJson, DerivedKey, Fingerprint, JsonNormalizer, ServerSecret};
 pub use key::{IdempotencyKey, KeyError};
-pub use layer::{IdempotencyLayer, IdempotentTx, Mode, Outcome, TxAborted};
+pub use layer::{IdempotencyLayer, IdempotentTx, Mode, Outcome, OutcomeUnknown, TxAborted};
 pub use problem::Problem;
 pub use scope::{Scope, TenantId};
 

@@ -74,7 +74,7 @@ problem_types! {
     /// The request with the key ran, but its response cannot be replayed.
     KeyUnreplayable = ("idempotency-key-unreplayable", UNPROCESSABLE_ENTITY,
         "The result of this request cannot be replayed",
-        "the request ran but its response was too large to store"),
+        "the request ran but its response cannot be replayed: too large to store, or lost"),
     /// The request body is over the layer's limit.
     RequestTooLarge = ("request-too-large", PAYLOAD_TOO_LARGE, "Request body too large",
         "the body is over the limit"),

@@ -18,6 +18,8 @@ mod emails;
 mod events;
 mod exchange;
 mod flows;
+mod gateway;
+mod gateway_express;
 mod health;
 mod hostile;
 mod link_in_a_browser;

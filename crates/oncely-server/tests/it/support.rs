@@ -356,18 +356,24 @@ pub async fn spawn_binary(
     if !extra.contains(&"--bind") {
         command.args(["--bind", "127.0.0.1:0"]);
     }
-    command
-        .args(extra)
-        .env("RUST_LOG", "debug")
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .kill_on_drop(true);
+    command.args(extra).env("RUST_LOG", "debug");
     for (k, v) in env {
         command.env(k, v);
     }
+    // The banner ends with a `curl` to try.
+    started(command, |line| line.starts_with("try:")).await
+}
+
+/// The child `command` starts, its log read from the start (a debug log written before the
+/// banner fills the pipe's buffer, 64 KiB, otherwise, and the process stops in a write before
+/// it prints the banner), and its banner up to the line `last` accepts; the first line names
+/// the address.
+async fn started(mut command: tokio::process::Command, last: impl Fn(&str) -> bool) -> Process {
+    command
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .kill_on_drop(true);
     let mut child = command.spawn().expect("the oncely binary starts");
-    // The log is read from the start: a debug log written before the banner fills the pipe's
-    // buffer (64 KiB) otherwise, and the process stops in a write before it prints the banner.
     let mut stderr = BufReader::new(child.stderr.take().unwrap());
     let stderr = tokio::spawn(async move {
         let mut all = String::new();
@@ -378,12 +384,11 @@ pub async fn spawn_binary(
         }
         all
     });
-    // The banner ends with a `curl` to try.
-    let banner = lines_until(&mut child, |line| line.starts_with("try:")).await;
+    let banner = lines_until(&mut child, last).await;
     let base = banner[0]
         .split_whitespace()
         .find(|w| w.starts_with("http://"))
-        .expect("the API address")
+        .expect("the address")
         .to_owned();
     Process {
         child,
@@ -391,6 +396,29 @@ pub async fn spawn_binary(
         stderr,
         banner,
     }
+}
+
+/// `oncely gateway` in front of `upstream` as a child process, on a free port unless `extra`
+/// names `--bind`, with the test secret.
+pub async fn spawn_gateway(database_url: &str, upstream: &str, extra: &[&str]) -> Process {
+    let mut command = tokio::process::Command::new(env!("CARGO_BIN_EXE_oncely"));
+    command.args([
+        "gateway",
+        "--database-url",
+        database_url,
+        "--upstream",
+        upstream,
+        "--secret",
+        SECRET,
+    ]);
+    if !extra.contains(&"--bind") {
+        command.args(["--bind", "127.0.0.1:0"]);
+    }
+    command.args(extra);
+    started(command, |line| {
+        line.contains("every other request passes through")
+    })
+    .await
 }
 
 macro_rules! both_databases {

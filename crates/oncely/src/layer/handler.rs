@@ -14,7 +14,7 @@ use http_body_util::BodyExt;
 use tower::{Service, ServiceExt};
 use tracing::Instrument;
 
-use super::outcome::Answer;
+use super::outcome::{Answer, OutcomeUnknown};
 use super::problems;
 use crate::store::{Completion, StoredResponse};
 
@@ -61,6 +61,12 @@ impl HandlerResponse {
             )
     }
 
+    /// What the handler marked its response with: the effect may have happened, the answer
+    /// is lost ([`OutcomeUnknown`]).
+    pub(crate) fn outcome_unknown(&self) -> Option<&OutcomeUnknown> {
+        self.parts.extensions.get::<OutcomeUnknown>()
+    }
+
     /// What to store for replay: the response, or a tombstone if its body is over `max_stored`.
     pub(crate) fn completion(&self, max_stored: usize) -> Completion {
         match &self.body {
@@ -85,6 +91,24 @@ impl HandlerResponse {
     }
 }
 
+/// Why the handler gave no response to store.
+pub(crate) enum Failed {
+    /// It panicked or ran past its deadline: the answer to send (500 or 503).
+    Stopped(Response),
+    /// It answered, but its response body failed before the end: the handler itself ran (and
+    /// so did its effects). The answer to send if the key is kept: 500.
+    BodyFailed(Response),
+}
+
+impl Failed {
+    /// The answer for the client.
+    pub(crate) fn into_response(self) -> Response {
+        match self {
+            Self::Stopped(response) | Self::BodyFailed(response) => response,
+        }
+    }
+}
+
 /// Runs the handler in a task of its own (a panic becomes a 500) and collects its body, at most
 /// `cap + 1` bytes of it: a longer body is never buffered whole. `deadline`, if set, stops the
 /// handler (and the collection) after that long (503).
@@ -93,7 +117,7 @@ pub(crate) async fn run<S: Handler>(
     req: Request<Body>,
     deadline: Option<Duration>,
     cap: usize,
-) -> Result<HandlerResponse, Response> {
+) -> Result<HandlerResponse, Failed> {
     let task = tokio::spawn(
         async move {
             let response = inner.oneshot(req).await.into_response();
@@ -108,15 +132,17 @@ pub(crate) async fn run<S: Handler>(
             Ok(joined) => joined,
             Err(_) => {
                 abort.abort();
-                return Err(problems::request_timeout());
+                return Err(Failed::Stopped(problems::request_timeout()));
             }
         },
         None => task.await,
     };
     match joined {
         Ok((parts, Ok(body))) => Ok(HandlerResponse { parts, body }),
-        Ok((_, Err(_))) => Err(problems::internal_error("the response body failed")),
-        Err(_) => Err(problems::internal_error("the handler panicked")),
+        Ok((_, Err(_))) => Err(Failed::BodyFailed(problems::body_failed())),
+        Err(_) => Err(Failed::Stopped(problems::internal_error(
+            "the handler panicked",
+        ))),
     }
 }
 

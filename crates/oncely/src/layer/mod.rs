@@ -32,7 +32,9 @@
 //!   forward to downstream APIs that deduplicate by key.
 //!
 //! A response body is read up to the stored limit + 1 byte, never further: a longer one
-//! tombstones the key and streams on to the client.
+//! tombstones the key and streams on to the client. In generic mode a handler that ran but
+//! whose answer is lost — its body failed before the end, or it marked its answer
+//! [`OutcomeUnknown`] — tombstones the key too: retries get 422, never a second run.
 //!
 //! Each request that reaches the layer with a key logs and counts one [`Outcome`]
 //! (`oncely_idempotency_requests_total{outcome, route}`) and carries it as a response extension.
@@ -52,8 +54,8 @@ use std::time::Duration;
 
 use tower::Layer;
 
-pub use contract::{IDEMPOTENT_REPLAYED, UNMATCHED_ROUTE};
-pub use outcome::Outcome;
+pub use contract::{IDEMPOTENT_REPLAYED, RouteTemplate, UNMATCHED_ROUTE};
+pub use outcome::{Outcome, OutcomeUnknown};
 pub use service::{IdempotencyService, ResponseFuture};
 pub use transaction::{IdempotentTx, TxAborted, TxGuard};
 

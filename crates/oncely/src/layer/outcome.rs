@@ -47,6 +47,40 @@ impl fmt::Display for Outcome {
     }
 }
 
+/// A response extension a handler sets on its (5xx) answer when its effect may have happened
+/// but its real answer is lost — a gateway whose upstream timed out, or dropped the connection,
+/// after the request was sent. In generic mode the layer then keeps the key instead of
+/// releasing it: the key is tombstoned with the reason, and every retry answers 422
+/// `idempotency-key-unreplayable` with it, never a second run. (In transactional mode a 5xx
+/// rolls the transaction back, so the key is released as usual.)
+///
+/// ```
+/// use axum::response::IntoResponse;
+/// let mut response = http::StatusCode::BAD_GATEWAY.into_response();
+/// response
+///     .extensions_mut()
+///     .insert(oncely::OutcomeUnknown::new("the upstream closed the connection before it answered"));
+/// ```
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct OutcomeUnknown {
+    reason: String,
+}
+
+impl OutcomeUnknown {
+    /// Why the outcome is unknown: it completes "the request was processed, but …" in the
+    /// retries' 422, so it reads as a clause ("the upstream timed out after 60 s").
+    pub fn new(reason: impl Into<String>) -> Self {
+        Self {
+            reason: reason.into(),
+        }
+    }
+
+    /// The reason.
+    pub fn reason(&self) -> &str {
+        &self.reason
+    }
+}
+
 /// The layer's answer to a request: what happened, and the response.
 pub(crate) type Answer = (Outcome, Response);
 

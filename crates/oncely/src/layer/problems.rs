@@ -94,6 +94,16 @@ pub(crate) fn commit_failed() -> Answer {
     (Outcome::Error, problem.into_response())
 }
 
+/// 500: the handler ran, but its response body failed before the end; the key is kept (a retry
+/// answers 422 `idempotency-key-unreplayable`), never run again.
+pub(crate) fn body_failed() -> Response {
+    tracing::error!("an idempotent handler's response body failed after it ran");
+    ProblemType::InternalError
+        .problem()
+        .with_detail("the request ran, but its response failed before it was complete; it is not run again: a retry with this Idempotency-Key answers 422")
+        .into_response()
+}
+
 /// 500: something failed and nothing was stored (`detail` is logged, not sent).
 pub(crate) fn internal_error(detail: &str) -> Response {
     tracing::error!(detail, "idempotent request failed");

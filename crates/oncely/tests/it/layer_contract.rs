@@ -287,6 +287,9 @@ both_stores!(
     a_rotated_secret_still_replays_with_the_previous_one_in_its_ring,
     a_row_the_previous_release_stored_still_replays_after_the_upgrade,
     a_dead_owner_under_a_previous_secret_is_taken_over_with_its_derived_key,
+    a_body_that_fails_after_the_generic_handler_ran_keeps_the_key,
+    an_answer_marked_outcome_unknown_keeps_the_key,
+    a_route_template_extension_is_the_scope_outside_a_router,
 );
 
 async fn fifty_concurrent_identical_requests_run_the_generic_handler_once<S: Backend>(
@@ -1576,4 +1579,163 @@ async fn a_row_the_previous_release_stored_still_replays_after_the_upgrade<S: Ba
     .await;
     assert_eq!(other.outcome, Some(Outcome::Mismatch));
     assert_eq!(effects.count(), 0);
+}
+
+/// A body that yields one chunk, then fails.
+struct FailingBody {
+    sent: bool,
+}
+
+impl http_body::Body for FailingBody {
+    type Data = Bytes;
+    type Error = std::io::Error;
+
+    fn poll_frame(
+        mut self: std::pin::Pin<&mut Self>,
+        _: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<Option<Result<http_body::Frame<Bytes>, Self::Error>>> {
+        if self.sent {
+            return std::task::Poll::Ready(Some(Err(std::io::Error::other("cut"))));
+        }
+        self.sent = true;
+        std::task::Poll::Ready(Some(Ok(http_body::Frame::data(Bytes::from_static(
+            b"{\"paid\":",
+        )))))
+    }
+}
+
+/// A handler that ran (its effect happened) and whose body then failed has no answer to
+/// store, but must not run again: generic mode tombstones the key (a retry gets 422). In
+/// transactional mode the failure rolls the transaction back, so the key is free again.
+async fn a_body_that_fails_after_the_generic_handler_ran_keeps_the_key<S: Backend>(
+    store: S,
+    _db: Db,
+) {
+    async fn generic(Extension(effects): Extension<Effects>) -> Response {
+        effects.bump();
+        Response::new(Body::new(FailingBody { sent: false }))
+    }
+    async fn transactional<S: Backend>(
+        tx: IdempotentTx<S::Database>,
+    ) -> Result<Response, TxAborted> {
+        S::insert_effect(&mut *tx.lock().await?, "cut").await;
+        Ok(Response::new(Body::new(FailingBody { sent: false })))
+    }
+    let effects = Effects::default();
+    let app = Router::new()
+        .route("/cut", post(generic))
+        .route_layer(IdempotencyLayer::generic(store.clone(), secret()))
+        .merge(
+            Router::new()
+                .route("/tx/cut", post(transactional::<S>))
+                .route_layer(IdempotencyLayer::transactional(store.clone(), secret())),
+        )
+        .layer(Extension(effects.clone()));
+    let key = new_key();
+    let first = send(&app, "/cut", Some(&key), "{}", &[]).await;
+    first.assert_problem(StatusCode::INTERNAL_SERVER_ERROR, "internal-error");
+    assert!(
+        first.json()["detail"]
+            .as_str()
+            .unwrap()
+            .contains("not run again"),
+        "{:?}",
+        first.json()
+    );
+    let retry = send(&app, "/cut", Some(&key), "{}", &[]).await;
+    retry.assert_problem(
+        StatusCode::UNPROCESSABLE_ENTITY,
+        "idempotency-key-unreplayable",
+    );
+    assert_eq!(effects.count(), 1, "the handler ran once");
+
+    let key = new_key();
+    for _ in 0..2 {
+        let answer = send(&app, "/tx/cut", Some(&key), "{}", &[]).await;
+        answer.assert_problem(StatusCode::INTERNAL_SERVER_ERROR, "internal-error");
+    }
+    assert_eq!(
+        store.count_effects().await,
+        0,
+        "both transactions rolled back: the key was free for the retry"
+    );
+}
+
+/// A handler that cannot tell whether its effect happened (a gateway whose upstream timed out
+/// after the request was sent) marks its answer `OutcomeUnknown`: the key is kept, and retries
+/// get 422 with the reason, never a second run.
+async fn an_answer_marked_outcome_unknown_keeps_the_key<S: Backend>(store: S, _db: Db) {
+    async fn lost(Extension(effects): Extension<Effects>) -> Response {
+        effects.bump();
+        let mut response = StatusCode::BAD_GATEWAY.into_response();
+        response
+            .extensions_mut()
+            .insert(oncely::OutcomeUnknown::new(
+                "the upstream timed out after 1 s",
+            ));
+        response
+    }
+    let effects = Effects::default();
+    let app = Router::new()
+        .route("/lost", post(lost))
+        .route("/fail", post(fail))
+        .route_layer(IdempotencyLayer::generic(store, secret()))
+        .layer(Extension(effects.clone()));
+    let key = new_key();
+    let first = send(&app, "/lost", Some(&key), "{}", &[]).await;
+    assert_eq!(first.status, StatusCode::BAD_GATEWAY);
+    for _ in 0..2 {
+        let retry = send(&app, "/lost", Some(&key), "{}", &[]).await;
+        retry.assert_problem(
+            StatusCode::UNPROCESSABLE_ENTITY,
+            "idempotency-key-unreplayable",
+        );
+        assert!(
+            retry.json()["detail"]
+                .as_str()
+                .unwrap()
+                .contains("the upstream timed out after 1 s"),
+            "{:?}",
+            retry.json()
+        );
+    }
+    assert_eq!(effects.count(), 1);
+    // Unmarked, the same 5xx releases the key: a retry runs.
+    let key = new_key();
+    send(&app, "/fail", Some(&key), "{}", &[]).await;
+    send(&app, "/fail", Some(&key), "{}", &[]).await;
+    assert_eq!(effects.count(), 3);
+}
+
+/// Outside a router, a `RouteTemplate` extension names the route: paths of one template share
+/// its scope (another path with the key is a 422), and the row is stored under the template.
+async fn a_route_template_extension_is_the_scope_outside_a_router<S: Backend>(store: S, _db: Db) {
+    let service = tower::ServiceBuilder::new()
+        .map_request(|mut req: Request| {
+            req.extensions_mut()
+                .insert(oncely::layer::RouteTemplate::new("/orders/{id}/pay"));
+            req
+        })
+        .service(unmatched_service(store.clone()));
+    let key = new_key();
+    let (status, first) = send_to(&service, "/orders/1/pay", &key).await;
+    assert_eq!(status, StatusCode::OK);
+    let (status, again) = send_to(&service, "/orders/1/pay", &key).await;
+    assert_eq!((status, &again), (StatusCode::OK, &first));
+    let (status, other) = send_to(&service, "/orders/2/pay", &key).await;
+    assert_eq!(status, StatusCode::UNPROCESSABLE_ENTITY, "{other:?}");
+    let at = |route: &str| {
+        oncely::Scope::new(
+            TenantId::default(),
+            "POST",
+            route,
+            oncely::IdempotencyKey::parse(&key).unwrap(),
+        )
+    };
+    let stored = |route: &'static str| {
+        let (store, scope) = (store.clone(), at(route));
+        async move { oncely::store::KeyStore::get(&store, &scope).await.unwrap() }
+    };
+    assert!(stored("/orders/{id}/pay").await.is_some());
+    assert!(stored(oncely::layer::UNMATCHED_ROUTE).await.is_none());
 }

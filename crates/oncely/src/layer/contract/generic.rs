@@ -10,7 +10,7 @@ use tokio::time::Instant;
 
 use super::{BoundedWait, answer_from_record};
 use crate::fingerprint::Fingerprints;
-use crate::layer::handler::{self, Handler};
+use crate::layer::handler::{self, Failed, Handler};
 use crate::layer::outcome::{Answer, Outcome};
 use crate::layer::{Config, problems};
 use crate::store::{Claim, ClaimRequest, Completion, FencingToken, KeyStore, StoreError};
@@ -66,18 +66,36 @@ pub(super) async fn run<S: Handler, K: KeyStore>(
         ran = handler::run(inner, req, None, config.max_stored_body) => ran,
         never = &mut renewing => match never {},
     };
-    let response = match ran {
-        Ok(response) if !response.releases_key() => response,
-        Ok(response) => {
+    // What to keep: the response; or, where the handler ran but its answer is lost, a tombstone
+    // (a retry answers 422, never runs it twice); or nothing (the key is released).
+    let (completion, response) = match ran {
+        Ok(response) => match response.outcome_unknown() {
+            Some(unknown) => (
+                Completion::Tombstone {
+                    reason: unknown.reason().to_owned(),
+                },
+                response.into_response(),
+            ),
+            None if response.releases_key() => {
+                release_logged(store, claim.scope, token).await;
+                return (Outcome::Released, response.into_response());
+            }
+            None => (
+                response.completion(config.max_stored_body),
+                response.into_response(),
+            ),
+        },
+        Err(Failed::BodyFailed(answer)) => (
+            Completion::Tombstone {
+                reason: "its response failed before it was complete".to_owned(),
+            },
+            answer,
+        ),
+        Err(Failed::Stopped(answer)) => {
             release_logged(store, claim.scope, token).await;
-            return (Outcome::Released, response.into_response());
-        }
-        Err(response) => {
-            release_logged(store, claim.scope, token).await;
-            return (Outcome::Released, response);
+            return (Outcome::Released, answer);
         }
     };
-    let completion = response.completion(config.max_stored_body);
     // A failed write is retried with backoff, the lease still renewed, for at most one lease.
     let stored = tokio::select! {
         stored = complete_with_retry(store, claim.scope, token, &completion, config.lease) => stored,
@@ -94,7 +112,7 @@ pub(super) async fn run<S: Handler, K: KeyStore>(
             "could not store an idempotent result after retrying; the key frees when its lease expires"
         ),
     }
-    (Outcome::Created, response.into_response())
+    (Outcome::Created, response)
 }
 
 /// Renews the lease of `token` every `lease / 3`, for as long as it is polled. Stops renewing

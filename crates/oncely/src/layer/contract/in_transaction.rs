@@ -79,7 +79,8 @@ pub(super) async fn run<S: Handler, K: KeyStore>(
     let response = match ran {
         Ok(response) if !response.releases_key() => response,
         Ok(response) => return (Outcome::Released, response.into_response()),
-        Err(response) => return (Outcome::Released, response),
+        // Its transaction rolls back (dropped below): nothing it wrote stays, the key is free.
+        Err(failed) => return (Outcome::Released, failed.into_response()),
     };
     // A handler that never locked wrote nothing: claim now, in a transaction, to store its
     // result (or answer from the row a concurrent request committed meanwhile).

@@ -29,6 +29,25 @@ use crate::{IdempotencyKey, KeyError, Scope, TenantId};
 /// `MatchedPath`.
 pub const UNMATCHED_ROUTE: &str = "<unmatched>";
 
+/// The route template of a request that reaches the layer outside axum's router — a request
+/// extension set by whatever matched the route (`oncely gateway` does). It becomes the scope's
+/// route and the metric label, as axum's `MatchedPath` would (which wins when both are set).
+/// Keep templates few and fixed: never a raw path (unbounded labels, one scope per path).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RouteTemplate(String);
+
+impl RouteTemplate {
+    /// A route template, such as `/orders/{id}/pay`.
+    pub fn new(template: impl Into<String>) -> Self {
+        Self(template.into())
+    }
+
+    /// The template.
+    pub fn as_str(&self) -> &str {
+        &self.0
+    }
+}
+
 /// The header that marks a replayed response.
 pub const IDEMPOTENT_REPLAYED: HeaderName = HeaderName::from_static("idempotent-replayed");
 
@@ -44,9 +63,14 @@ pub(crate) async fn handle<S: Handler, K: KeyStore>(
     // neither the metric label nor the scope may be the raw path: unbounded label cardinality,
     // and one scope per path. All such requests share one fixed route; the concrete path is in
     // the fingerprint, so a key reused on another path is a 422, never another path's answer.
-    let route = match parts.extensions.get::<MatchedPath>() {
-        Some(matched) => matched.as_str().to_owned(),
-        None => UNMATCHED_ROUTE.to_owned(),
+    // A gateway that matches routes itself names the template in a `RouteTemplate`.
+    let route = match (
+        parts.extensions.get::<MatchedPath>(),
+        parts.extensions.get::<RouteTemplate>(),
+    ) {
+        (Some(matched), _) => matched.as_str().to_owned(),
+        (None, Some(template)) => template.as_str().to_owned(),
+        (None, None) => UNMATCHED_ROUTE.to_owned(),
     };
     let key = match IdempotencyKey::from_headers(&parts.headers) {
         Ok(key) => key,

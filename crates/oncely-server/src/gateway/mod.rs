@@ -1,0 +1,414 @@
+//! `oncely gateway`: the Idempotency-Key contract in front of an HTTP application written in
+//! anything — a reverse proxy that runs the idempotency layer's generic mode on the routes the
+//! operator names, and passes every other request through, streamed.
+//!
+//! - [`routes`]: the protected routes (`METHOD /path/{param}`), how a path matches one, and the
+//!   paths refused because an application could read them as another path.
+//! - [`upstream`]: forwarding — hop-by-hop headers, `X-Forwarded-*`, the derived key in the
+//!   upstream's header, and failures told apart (nothing sent: the key is released; sent and
+//!   the answer lost: the key is kept).
+//! - here: the scope (the tenant from a trusted header, or the caller's credential hashed),
+//!   the router, and `run`.
+//!
+//! Its database is an oncely database (`oncely migrate`, `oncely prune` and `oncely key show`
+//! work on it); it keeps only idempotency keys there.
+
+pub mod routes;
+pub mod upstream;
+
+use std::convert::Infallible;
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::Duration;
+
+use anyhow::Context;
+use axum::Router;
+use axum::body::Body;
+use axum::extract::State;
+use axum::http::{HeaderMap, HeaderName, Request, StatusCode};
+use axum::response::{IntoResponse, Response};
+use oncely::layer::{IdempotencyService, RouteTemplate};
+use oncely::store::KeyStore;
+use oncely::{IdempotencyKey, IdempotencyLayer, Problem, Scope, ServerSecret, TenantId};
+use tower::util::BoxCloneSyncService;
+use tower::{Layer, ServiceExt};
+
+use crate::accounts::Accounts;
+use crate::cli::GatewayArgs;
+use crate::startup;
+pub use routes::{Route, Routes};
+pub use upstream::Upstream;
+
+/// The problems the gateway itself answers with (the layer's are `oncely`'s).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum GatewayProblem {
+    /// The upstream could not be reached; nothing was sent to it (the key is free).
+    UpstreamUnavailable,
+    /// The request reached the upstream, but its answer was lost (the key is kept).
+    UpstreamOutcomeUnknown,
+    /// The upstream did not answer in time (the key is kept).
+    UpstreamTimeout,
+    /// A path an application could read as another path (`..`, encoded `/`).
+    PathAmbiguous,
+    /// The trusted tenant header holds no valid tenant.
+    TenantInvalid,
+}
+
+impl GatewayProblem {
+    /// Every one, in the order docs/gateway.md lists them.
+    pub const ALL: &[Self] = &[
+        Self::UpstreamUnavailable,
+        Self::UpstreamOutcomeUnknown,
+        Self::UpstreamTimeout,
+        Self::PathAmbiguous,
+        Self::TenantInvalid,
+    ];
+
+    /// The last segment of its `type` URI.
+    pub const fn slug(self) -> &'static str {
+        match self {
+            Self::UpstreamUnavailable => "upstream-unavailable",
+            Self::UpstreamOutcomeUnknown => "upstream-outcome-unknown",
+            Self::UpstreamTimeout => "upstream-timeout",
+            Self::PathAmbiguous => "path-ambiguous",
+            Self::TenantInvalid => "tenant-invalid",
+        }
+    }
+
+    /// Its HTTP status.
+    pub const fn status(self) -> StatusCode {
+        match self {
+            Self::UpstreamUnavailable | Self::UpstreamOutcomeUnknown => StatusCode::BAD_GATEWAY,
+            Self::UpstreamTimeout => StatusCode::GATEWAY_TIMEOUT,
+            Self::PathAmbiguous | Self::TenantInvalid => StatusCode::BAD_REQUEST,
+        }
+    }
+
+    /// Its title.
+    pub const fn title(self) -> &'static str {
+        match self {
+            Self::UpstreamUnavailable => "Upstream unavailable",
+            Self::UpstreamOutcomeUnknown => "Upstream outcome unknown",
+            Self::UpstreamTimeout => "Upstream timed out",
+            Self::PathAmbiguous => "Ambiguous path",
+            Self::TenantInvalid => "Invalid tenant",
+        }
+    }
+
+    /// A problem of this type, without detail (with `Retry-After` where a retry can work).
+    pub fn problem(self) -> Problem {
+        let problem = Problem::new(self.status(), self.slug(), self.title());
+        match self {
+            Self::UpstreamUnavailable => problem.with_retry_after(1),
+            _ => problem,
+        }
+    }
+}
+
+/// Whose keys a request uses.
+#[derive(Debug, Clone)]
+pub struct Scoping {
+    /// A header a trusted proxy sets to the tenant.
+    pub tenant_header: Option<HeaderName>,
+    /// The header that holds the caller's credential.
+    pub credential_header: HeaderName,
+    /// A cookie that holds it, when the header is absent.
+    pub credential_cookie: Option<String>,
+}
+
+/// Everything `oncely gateway` was told, checked.
+#[derive(Clone)]
+pub struct Plan {
+    /// The protected routes.
+    pub routes: Routes,
+    /// The application behind the gateway.
+    pub upstream: Upstream,
+    /// Whose keys a request uses.
+    pub scoping: Scoping,
+    /// The layer's lease.
+    pub lease: Duration,
+    /// How long results replay.
+    pub retention: Duration,
+    /// The largest request body of a protected route.
+    pub max_request_body: usize,
+    /// The largest answer stored for replay.
+    pub max_stored_body: usize,
+}
+
+impl Plan {
+    /// Checks the command line (reading `--routes-file`): every mistake in one line.
+    pub fn from_args(args: &GatewayArgs) -> anyhow::Result<Self> {
+        let file = match &args.routes_file {
+            Some(path) => Some((
+                path.display().to_string(),
+                std::fs::read_to_string(path)
+                    .with_context(|| format!("reading --routes-file {}", path.display()))?,
+            )),
+            None => None,
+        };
+        let routes = Routes::new(
+            &args.routes,
+            file.as_ref()
+                .map(|(name, text)| (name.as_str(), text.as_str())),
+        )
+        .map_err(anyhow::Error::msg)?;
+        if let Some(cookie) = &args.credential_cookie {
+            let valid = !cookie.is_empty()
+                && cookie
+                    .bytes()
+                    .all(|b| b.is_ascii_graphic() && !b"()<>@,;:\\\"/[]?={}".contains(&b));
+            anyhow::ensure!(valid, "--credential-cookie {cookie:?} is not a cookie name");
+        }
+        if args.lease.is_zero() || args.max_stored_body == 0 || args.max_request_body == 0 {
+            anyhow::bail!("--lease, --max-request-body and --max-stored-body must be above zero");
+        }
+        let upstream = Upstream::new(
+            &args.upstream,
+            args.upstream_timeout,
+            args.forward_key_header.clone(),
+            args.max_stored_body,
+        )
+        .map_err(anyhow::Error::msg)?;
+        Ok(Self {
+            routes,
+            upstream,
+            scoping: Scoping {
+                tenant_header: args.tenant_header.clone(),
+                credential_header: args.credential_header.clone(),
+                credential_cookie: args.credential_cookie.clone(),
+            },
+            lease: args.lease,
+            retention: args.key_retention,
+            max_request_body: args.max_request_body,
+            max_stored_body: args.max_stored_body,
+        })
+    }
+}
+
+/// The protected path: the idempotency layer around the forwarding.
+type Protected<K> = IdempotencyService<BoxCloneSyncService<Request<Body>, Response, Infallible>, K>;
+
+struct Gateway<K> {
+    plan: Plan,
+    keys: K,
+    secret: ServerSecret,
+    protected: Protected<K>,
+}
+
+/// The gateway's routes: everything, protected or passed through.
+pub fn router<K: KeyStore>(keys: K, secret: ServerSecret, plan: Plan) -> Router {
+    let upstream = plan.upstream.clone();
+    let forward = tower::service_fn(move |req: Request<Body>| {
+        let upstream = upstream.clone();
+        async move { Ok::<_, Infallible>(upstream.protected(req).await) }
+    });
+    let protected = IdempotencyLayer::generic(keys.clone(), secret.clone())
+        .lease(plan.lease)
+        .retention(plan.retention)
+        .max_request_body(plan.max_request_body)
+        .max_stored_body(plan.max_stored_body)
+        .layer(BoxCloneSyncService::new(forward));
+    let gateway = Arc::new(Gateway {
+        plan,
+        keys,
+        secret,
+        protected,
+    });
+    Router::new().fallback(entry::<K>).with_state(gateway)
+}
+
+async fn entry<K: KeyStore>(
+    State(gateway): State<Arc<Gateway<K>>>,
+    mut req: Request<Body>,
+) -> Response {
+    let routes = &gateway.plan.routes;
+    // Where a protected route could be meant, a path the upstream might resolve otherwise
+    // (`/x/../signup`, `/orders%2F1/pay`) is refused, so nothing reaches a protected route
+    // unprotected.
+    if routes.iter().any(|r| r.method() == req.method())
+        && let Some(why) = routes::ambiguous(req.uri().path())
+    {
+        return GatewayProblem::PathAmbiguous.answer(&format!(
+            "the path has {why}, which an application could read as another path; send it plainly"
+        ));
+    }
+    let Some(route) = routes.matching(req.method(), req.uri().path()) else {
+        return gateway.plan.upstream.pass(req).await;
+    };
+    let tenant = match gateway.tenant(req.headers(), route).await {
+        Ok(tenant) => tenant,
+        Err(answer) => return answer,
+    };
+    req.extensions_mut().insert(tenant);
+    req.extensions_mut()
+        .insert(RouteTemplate::new(route.template()));
+    match gateway.protected.clone().oneshot(req).await {
+        Ok(response) => response,
+        Err(never) => match never {},
+    }
+}
+
+impl<K: KeyStore> Gateway<K> {
+    /// The tenant: the trusted header's; else the credential's (a keyed hash); else the
+    /// shared anonymous tenant.
+    async fn tenant(&self, headers: &HeaderMap, route: &Route) -> Result<TenantId, Response> {
+        let scoping = &self.plan.scoping;
+        if let Some(name) = &scoping.tenant_header
+            && let Some(value) = headers.get(name)
+        {
+            return value
+                .to_str()
+                .ok()
+                .and_then(|v| TenantId::parse(v).ok())
+                .ok_or_else(|| {
+                    GatewayProblem::TenantInvalid.answer(&format!(
+                        "{name} must be 1-128 characters of A-Z a-z 0-9 - _ . :"
+                    ))
+                });
+        }
+        let Some(credential) = credential(headers, scoping) else {
+            return Ok(TenantId::default());
+        };
+        let current = credential_tenant(&self.secret, credential);
+        // During a secret rotation, a key first used under a previous secret keeps the tenant
+        // that secret made: its retries replay rather than run again.
+        if let Ok(key) = IdempotencyKey::from_headers(headers) {
+            for previous in self.secret.previous() {
+                let tenant = credential_tenant(previous, credential);
+                let scope = Scope::new(
+                    tenant.clone(),
+                    route.method().as_str(),
+                    route.template(),
+                    key.clone(),
+                );
+                if let Ok(Some(_)) = self.keys.get(&scope).await {
+                    return Ok(tenant);
+                }
+            }
+        }
+        Ok(current)
+    }
+}
+
+/// The caller's credential: the credential header's value, else the credential cookie's.
+fn credential<'a>(headers: &'a HeaderMap, scoping: &Scoping) -> Option<&'a [u8]> {
+    if let Some(value) = headers.get(&scoping.credential_header)
+        && !value.is_empty()
+    {
+        return Some(value.as_bytes());
+    }
+    let name = scoping.credential_cookie.as_deref()?;
+    headers
+        .get_all(http::header::COOKIE)
+        .iter()
+        .filter_map(|v| v.to_str().ok())
+        .flat_map(|v| v.split(';'))
+        .filter_map(|pair| pair.trim().split_once('='))
+        .find(|(n, v)| *n == name && !v.is_empty())
+        .map(|(_, v)| v.as_bytes())
+}
+
+/// The tenant of a credential: 128 bits of a keyed hash (the credential is never stored).
+fn credential_tenant(secret: &ServerSecret, credential: &[u8]) -> TenantId {
+    let mac = secret.mac("oncely-gateway-credential", &[credential]);
+    TenantId::parse(format!("credential-{}", hex::encode(&mac[..16])))
+        .expect("a hex digest is a valid tenant id")
+}
+
+impl GatewayProblem {
+    /// The answer, with `detail`.
+    pub(crate) fn answer(self, detail: &str) -> Response {
+        self.problem().with_detail(detail).into_response()
+    }
+}
+
+/// Runs `oncely gateway` on backend `B` until `shutdown`.
+pub async fn run<B: Accounts>(
+    args: GatewayArgs,
+    shutdown: impl std::future::Future<Output = ()> + Send + 'static,
+) -> anyhow::Result<()> {
+    let plan = Plan::from_args(&args)?;
+    let url = &args.database.database_url;
+    let backend: B =
+        startup::open_to_serve(url, args.database_pool, args.secrets.environment).await?;
+    let secret = crate::ops::command_secret(&backend, &args.secrets, url).await?;
+    let listener = tokio::net::TcpListener::bind(args.bind)
+        .await
+        .with_context(|| format!("cannot listen on {} (ONCELY_GATEWAY_BIND)", args.bind))?;
+    let addr = listener.local_addr()?;
+    println!(
+        "oncely gateway: http://{addr} -> {} (keys in {})",
+        plan.upstream.origin(),
+        B::NAME
+    );
+    for route in plan.routes.iter() {
+        println!("  protects {route}");
+    }
+    println!("  every other request passes through");
+    tracing::info!(%addr, upstream = plan.upstream.origin(), "oncely gateway is serving");
+    let keys = backend.keys().clone();
+    let pruner = tokio::spawn(prune_periodically(keys.clone()));
+    let app = router(keys, secret, plan);
+    let served = axum::serve(
+        listener,
+        app.into_make_service_with_connect_info::<SocketAddr>(),
+    )
+    .with_graceful_shutdown(shutdown)
+    .await;
+    pruner.abort();
+    Ok(served?)
+}
+
+/// Deletes expired keys every 10 minutes, in small batches.
+async fn prune_periodically<K: KeyStore>(keys: K) {
+    loop {
+        tokio::time::sleep(Duration::from_secs(600)).await;
+        match oncely::store::prune_all(&keys, crate::prune::BATCH).await {
+            Ok(0) => {}
+            Ok(pruned) => tracing::info!(pruned, "pruned expired idempotency keys"),
+            Err(error) => tracing::warn!(%error, "pruning expired idempotency keys failed"),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn scoping(cookie: Option<&str>) -> Scoping {
+        Scoping {
+            tenant_header: None,
+            credential_header: HeaderName::from_static("authorization"),
+            credential_cookie: cookie.map(str::to_owned),
+        }
+    }
+
+    #[test]
+    fn the_credential_is_the_header_else_the_cookie() {
+        let mut headers = HeaderMap::new();
+        assert_eq!(credential(&headers, &scoping(Some("sid"))), None);
+        headers.insert("cookie", "a=1; sid=s3cr3t; b=2".parse().unwrap());
+        assert_eq!(
+            credential(&headers, &scoping(Some("sid"))),
+            Some(&b"s3cr3t"[..])
+        );
+        assert_eq!(credential(&headers, &scoping(None)), None);
+        headers.insert("authorization", "Bearer k1".parse().unwrap());
+        assert_eq!(
+            credential(&headers, &scoping(Some("sid"))),
+            Some(&b"Bearer k1"[..])
+        );
+    }
+
+    #[test]
+    fn two_credentials_are_two_tenants_and_neither_shows_in_it() {
+        let secret = ServerSecret::new(b"0123456789abcdef0123456789abcdef".to_vec()).unwrap();
+        let a = credential_tenant(&secret, b"Bearer key-a");
+        let b = credential_tenant(&secret, b"Bearer key-b");
+        assert_ne!(a, b);
+        assert_eq!(a, credential_tenant(&secret, b"Bearer key-a"));
+        assert!(!a.as_str().contains("key-a"));
+        let other = ServerSecret::new(b"fedcba9876543210fedcba9876543210".to_vec()).unwrap();
+        assert_ne!(a, credential_tenant(&other, b"Bearer key-a"), "keyed");
+    }
+}

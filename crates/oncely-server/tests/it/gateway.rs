@@ -1,0 +1,677 @@
+//! `oncely gateway` in front of upstreams in this process: the contract on the routes it
+//! protects, everything else passed through, and every way an upstream can fail.
+
+use std::net::SocketAddr;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use axum::extract::{Query, State};
+use axum::http::{HeaderMap, StatusCode};
+use axum::response::{IntoResponse, Response};
+use axum::routing::{get, post};
+use axum::{Json, Router};
+use clap::Parser;
+use oncely_server::backend::Sqlite;
+use oncely_server::cli::{Cli, Command};
+use oncely_server::gateway::{self, Plan};
+use oncely_server::settings::Environment;
+use oncely_testdb::TestSqlite;
+use serde_json::{Value, json};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+
+use crate::support::{SECRET, secret};
+
+/// An upstream in this process: it counts the requests that reached each route and keeps the
+/// headers of each.
+#[derive(Clone, Default)]
+struct Upstream {
+    calls: Arc<AtomicUsize>,
+    seen: Arc<Mutex<Vec<HeaderMap>>>,
+    release: Arc<tokio::sync::Notify>,
+}
+
+impl Upstream {
+    fn calls(&self) -> usize {
+        self.calls.load(Ordering::SeqCst)
+    }
+    fn last_seen(&self) -> HeaderMap {
+        self.seen.lock().unwrap().last().cloned().unwrap()
+    }
+    fn record(&self, headers: &HeaderMap) -> usize {
+        self.seen.lock().unwrap().push(headers.clone());
+        self.calls.fetch_add(1, Ordering::SeqCst) + 1
+    }
+}
+
+#[derive(serde::Deserialize)]
+struct Slow {
+    ms: u64,
+}
+
+async fn pay(State(up): State<Upstream>, headers: HeaderMap, body: String) -> Response {
+    let n = up.record(&headers);
+    let key = headers
+        .get("idempotency-key")
+        .map(|v| v.to_str().unwrap().to_owned());
+    (
+        StatusCode::CREATED,
+        [
+            ("location", format!("/payments/{n}")),
+            ("set-cookie", format!("session=s{n}")),
+            ("connection", "x-hop-answer".to_owned()),
+            ("x-hop-answer", "secret".to_owned()),
+        ],
+        Json(json!({"n": n, "key": key, "body": body})),
+    )
+        .into_response()
+}
+
+async fn fail(State(up): State<Upstream>, headers: HeaderMap) -> StatusCode {
+    up.record(&headers);
+    StatusCode::SERVICE_UNAVAILABLE
+}
+
+async fn slow(State(up): State<Upstream>, headers: HeaderMap, Query(q): Query<Slow>) -> Response {
+    let n = up.record(&headers);
+    tokio::time::sleep(Duration::from_millis(q.ms)).await;
+    (StatusCode::CREATED, Json(json!({"n": n}))).into_response()
+}
+
+async fn big(State(up): State<Upstream>, headers: HeaderMap) -> String {
+    up.record(&headers);
+    "x".repeat(5000)
+}
+
+async fn echo(State(up): State<Upstream>, headers: HeaderMap) -> Response {
+    up.record(&headers);
+    (
+        [("connection", "x-hop-answer"), ("x-hop-answer", "secret")],
+        "echoed",
+    )
+        .into_response()
+}
+
+/// A streamed answer: its first chunk now, the second once the test releases it.
+async fn stream(State(up): State<Upstream>) -> Response {
+    let release = up.release.clone();
+    let chunks = futures::stream::once(async { Ok::<_, std::io::Error>("first\n") }).chain(
+        futures::stream::once(async move {
+            release.notified().await;
+            Ok("second\n")
+        }),
+    );
+    axum::body::Body::from_stream(chunks).into_response()
+}
+
+use futures::StreamExt;
+
+async fn start_upstream() -> (String, Upstream) {
+    let up = Upstream::default();
+    let app = Router::new()
+        .route("/pay", post(pay))
+        .route("/orders/{id}/pay", post(pay))
+        .route("/fail", post(fail))
+        .route("/slow", post(slow))
+        .route("/big", post(big))
+        .route("/echo", post(echo))
+        .route("/stream", get(stream))
+        .with_state(up.clone());
+    (serve(app).await, up)
+}
+
+async fn serve(app: Router) -> String {
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    tokio::spawn(async move {
+        axum::serve(
+            listener,
+            app.into_make_service_with_connect_info::<SocketAddr>(),
+        )
+        .await
+        .unwrap()
+    });
+    format!("http://{addr}")
+}
+
+/// The gateway in this process in front of `upstream`, as `oncely gateway <args>` configures
+/// it, on a fresh SQLite database; protects `POST /pay`, `/orders/{id}/pay`, `/fail`,
+/// `/slow`, `/big`.
+async fn start_gateway(upstream: &str, args: &[&str]) -> (String, TestSqlite) {
+    let db = TestSqlite::new();
+    let mut argv = vec![
+        "oncely",
+        "gateway",
+        "--upstream",
+        upstream,
+        "--route",
+        "POST /pay",
+        "--route",
+        "POST /orders/{id}/pay",
+        "--route",
+        "POST /fail",
+        "--route",
+        "POST /slow",
+        "--route",
+        "POST /big",
+    ];
+    argv.extend_from_slice(args);
+    let Command::Gateway(args) = Cli::try_parse_from(argv).unwrap().command else {
+        unreachable!()
+    };
+    let plan = Plan::from_args(&args).unwrap();
+    let backend: Sqlite =
+        oncely_server::startup::open_to_serve(db.url(), 4, Environment::Development)
+            .await
+            .unwrap();
+    use oncely_server::backend::Backend;
+    let app = gateway::router(backend.keys().clone(), secret(SECRET), plan);
+    (serve(app).await, db)
+}
+
+struct Answer {
+    status: StatusCode,
+    headers: reqwest::header::HeaderMap,
+    body: String,
+}
+
+impl Answer {
+    fn json(&self) -> Value {
+        serde_json::from_str(&self.body).unwrap_or(Value::Null)
+    }
+    fn replayed(&self) -> bool {
+        self.headers
+            .get("idempotent-replayed")
+            .is_some_and(|v| v == "true")
+    }
+    #[track_caller]
+    fn assert_problem(&self, status: u16, slug: &str) {
+        assert_eq!(self.status.as_u16(), status, "{}", self.body);
+        assert_eq!(
+            self.json()["type"],
+            format!("https://oncely.dev/problems/{slug}"),
+            "{}",
+            self.body
+        );
+    }
+}
+
+async fn post_to(url: &str, key: Option<&str>, body: &str, headers: &[(&str, &str)]) -> Answer {
+    let mut req = oncely_testdb::http()
+        .post(url)
+        .header("content-type", "application/json")
+        .body(body.to_owned());
+    if let Some(key) = key {
+        req = req.header("idempotency-key", key);
+    }
+    for (name, value) in headers {
+        req = req.header(*name, *value);
+    }
+    let response = req.send().await.unwrap();
+    Answer {
+        status: response.status(),
+        headers: response.headers().clone(),
+        body: response.text().await.unwrap(),
+    }
+}
+
+fn new_key() -> String {
+    uuid::Uuid::new_v4().to_string()
+}
+
+#[tokio::test]
+async fn retries_and_concurrent_duplicates_reach_the_upstream_once() {
+    let (upstream, up) = start_upstream().await;
+    let (gw, _db) = start_gateway(&upstream, &[]).await;
+    let key = new_key();
+    let first = post_to(&format!("{gw}/pay"), Some(&key), r#"{"amount":10}"#, &[]).await;
+    assert_eq!(first.status, StatusCode::CREATED, "{}", first.body);
+    assert_eq!(first.headers["set-cookie"], "session=s1");
+    assert!(!first.replayed());
+    let forwarded = first.json()["key"].as_str().unwrap().to_owned();
+    assert_ne!(
+        forwarded, key,
+        "the upstream gets the derived key, not the client's"
+    );
+    for _ in 0..20 {
+        let retry = post_to(&format!("{gw}/pay"), Some(&key), r#"{ "amount": 10 }"#, &[]).await;
+        assert_eq!(retry.status, StatusCode::CREATED);
+        assert!(retry.replayed());
+        assert_eq!(retry.body, first.body);
+        assert_eq!(retry.headers["location"], "/payments/1");
+        assert!(
+            retry.headers.get("set-cookie").is_none(),
+            "Set-Cookie is never replayed"
+        );
+    }
+    let other = new_key();
+    let storm = futures::future::join_all((0..50).map(|_| {
+        let (gw, other) = (gw.clone(), other.clone());
+        async move { post_to(&format!("{gw}/pay"), Some(&other), r#"{"amount":5}"#, &[]).await }
+    }))
+    .await;
+    let bodies: std::collections::BTreeSet<_> = storm
+        .iter()
+        .filter(|a| a.status == StatusCode::CREATED)
+        .map(|a| a.body.clone())
+        .collect();
+    assert_eq!(bodies.len(), 1, "one answer for all: {bodies:?}");
+    for answer in &storm {
+        assert!(
+            matches!(answer.status.as_u16(), 201 | 409),
+            "{}",
+            answer.body
+        );
+    }
+    assert_eq!(up.calls(), 2, "one run per key");
+    // The same key on another body is a 422, and runs nothing.
+    let reused = post_to(&format!("{gw}/pay"), Some(&key), r#"{"amount":11}"#, &[]).await;
+    reused.assert_problem(422, "idempotency-key-reused");
+    // ... and so is the same key on another path of the route, or another query.
+    for path in ["/pay?x=1", "/PAY/"] {
+        let other_path = post_to(&format!("{gw}{path}"), Some(&key), r#"{"amount":10}"#, &[]).await;
+        other_path.assert_problem(422, "idempotency-key-reused");
+    }
+    assert_eq!(up.calls(), 2);
+}
+
+#[tokio::test]
+async fn a_protected_route_needs_a_key_and_other_requests_pass_through_untouched() {
+    let (upstream, up) = start_upstream().await;
+    let (gw, _db) = start_gateway(&upstream, &[]).await;
+    post_to(&format!("{gw}/pay"), None, "{}", &[])
+        .await
+        .assert_problem(400, "idempotency-key-missing");
+    post_to(&format!("{gw}/pay"), Some(""), "{}", &[])
+        .await
+        .assert_problem(400, "idempotency-key-invalid");
+    assert_eq!(up.calls(), 0);
+    // Unprotected: no key needed, every request runs.
+    for _ in 0..2 {
+        let echoed = post_to(&format!("{gw}/echo"), None, "{}", &[]).await;
+        assert_eq!(echoed.body, "echoed");
+    }
+    assert_eq!(up.calls(), 2);
+    // A template's paths: each its own request under one route.
+    let key = new_key();
+    let a = post_to(&format!("{gw}/orders/7/pay"), Some(&key), "{}", &[]).await;
+    assert_eq!(a.status, StatusCode::CREATED);
+    post_to(&format!("{gw}/orders/8/pay"), Some(&key), "{}", &[])
+        .await
+        .assert_problem(422, "idempotency-key-reused");
+    assert_eq!(up.calls(), 3);
+}
+
+#[tokio::test]
+async fn hop_by_hop_headers_stop_at_the_gateway_and_forwarding_headers_are_added() {
+    let (upstream, up) = start_upstream().await;
+    let (gw, _db) = start_gateway(&upstream, &[]).await;
+    let answer = post_to(
+        &format!("{gw}/echo"),
+        None,
+        "{}",
+        &[
+            ("connection", "x-hop, keep-alive"),
+            ("x-hop", "1"),
+            ("keep-alive", "timeout=5"),
+            ("te", "trailers"),
+            ("proxy-authorization", "Basic c2VjcmV0"),
+            ("x-end-to-end", "kept"),
+        ],
+    )
+    .await;
+    assert!(
+        answer.headers.get("x-hop-answer").is_none(),
+        "{:?}",
+        answer.headers
+    );
+    let seen = up.last_seen();
+    for name in ["x-hop", "keep-alive", "te", "proxy-authorization"] {
+        assert!(seen.get(name).is_none(), "{name} reached the upstream");
+    }
+    assert_eq!(seen["x-end-to-end"], "kept");
+    assert_eq!(seen["x-forwarded-for"], "127.0.0.1");
+    assert_eq!(seen["x-forwarded-proto"], "http");
+    assert_eq!(
+        seen["x-forwarded-host"].to_str().unwrap(),
+        gw.trim_start_matches("http://")
+    );
+    assert_eq!(
+        seen["host"].to_str().unwrap(),
+        upstream.trim_start_matches("http://")
+    );
+    // On a protected route too: the answer's hop-by-hop header is dropped.
+    let paid = post_to(&format!("{gw}/pay"), Some(&new_key()), "{}", &[]).await;
+    assert!(paid.headers.get("x-hop-answer").is_none());
+}
+
+#[tokio::test]
+async fn an_unprotected_answer_is_streamed_not_buffered() {
+    let (upstream, up) = start_upstream().await;
+    let (gw, _db) = start_gateway(&upstream, &[]).await;
+    let mut response = oncely_testdb::http()
+        .get(format!("{gw}/stream"))
+        .send()
+        .await
+        .unwrap();
+    // The first chunk arrives while the upstream still holds the second.
+    let first = tokio::time::timeout(Duration::from_secs(10), response.chunk())
+        .await
+        .expect("the first chunk arrives before the answer ends")
+        .unwrap()
+        .unwrap();
+    assert_eq!(&first[..], b"first\n");
+    up.release.notify_one();
+    let second = response.chunk().await.unwrap().unwrap();
+    assert_eq!(&second[..], b"second\n");
+}
+
+#[tokio::test]
+async fn an_unreachable_upstream_is_502_and_releases_the_key() {
+    // A port nothing listens on, then the upstream on it.
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let addr = listener.local_addr().unwrap();
+    drop(listener);
+    let (gw, _db) = start_gateway(&format!("http://{addr}"), &[]).await;
+    let key = new_key();
+    let refused = post_to(&format!("{gw}/pay"), Some(&key), "{}", &[]).await;
+    refused.assert_problem(502, "upstream-unavailable");
+    assert!(refused.headers.get("retry-after").is_some());
+    let up = Upstream::default();
+    let app = Router::new()
+        .route("/pay", post(pay))
+        .with_state(up.clone());
+    let listener = tokio::net::TcpListener::bind(addr).await.unwrap();
+    tokio::spawn(async move { axum::serve(listener, app).await.unwrap() });
+    let retry = post_to(&format!("{gw}/pay"), Some(&key), "{}", &[]).await;
+    assert_eq!(retry.status, StatusCode::CREATED, "{}", retry.body);
+    assert!(!retry.replayed(), "nothing was stored: the retry ran");
+    assert_eq!(up.calls(), 1);
+}
+
+#[tokio::test]
+async fn an_upstream_5xx_is_passed_on_and_releases_the_key() {
+    let (upstream, up) = start_upstream().await;
+    let (gw, _db) = start_gateway(&upstream, &[]).await;
+    let key = new_key();
+    for _ in 0..2 {
+        let answer = post_to(&format!("{gw}/fail"), Some(&key), "{}", &[]).await;
+        assert_eq!(answer.status, StatusCode::SERVICE_UNAVAILABLE);
+        assert!(!answer.replayed());
+    }
+    assert_eq!(up.calls(), 2, "a failure is not stored: each retry runs");
+}
+
+/// An upstream on a raw socket that reads each request and then answers `reply` (or nothing)
+/// and closes the connection; returns its address and how many requests it read.
+async fn raw_upstream(reply: &'static [u8]) -> (String, Arc<AtomicUsize>) {
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    let read = Arc::new(AtomicUsize::new(0));
+    let counter = read.clone();
+    tokio::spawn(async move {
+        loop {
+            let (mut socket, _) = listener.accept().await.unwrap();
+            let counter = counter.clone();
+            tokio::spawn(async move {
+                let mut request = Vec::new();
+                let mut buf = [0u8; 4096];
+                // Up to the end of the head, and the body's bytes (`{}`).
+                while !request.windows(4).any(|w| w == b"\r\n\r\n") {
+                    let n = socket.read(&mut buf).await.unwrap_or(0);
+                    if n == 0 {
+                        return;
+                    }
+                    request.extend_from_slice(&buf[..n]);
+                }
+                counter.fetch_add(1, Ordering::SeqCst);
+                let _ = socket.write_all(reply).await;
+                let _ = socket.shutdown().await;
+            });
+        }
+    });
+    (format!("http://{addr}"), read)
+}
+
+#[tokio::test]
+async fn an_answer_lost_after_the_request_was_sent_keeps_the_key() {
+    for (reply, what) in [
+        (&b""[..], "closed without answering"),
+        (
+            &b"HTTP/1.1 201 Created\r\ncontent-length: 100\r\n\r\n{\"n\":"[..],
+            "cut its answer short",
+        ),
+    ] {
+        let (upstream, read) = raw_upstream(reply).await;
+        let (gw, _db) = start_gateway(&upstream, &[]).await;
+        let key = new_key();
+        let lost = post_to(&format!("{gw}/pay"), Some(&key), "{}", &[]).await;
+        lost.assert_problem(502, "upstream-outcome-unknown");
+        for _ in 0..2 {
+            let retry = post_to(&format!("{gw}/pay"), Some(&key), "{}", &[]).await;
+            retry.assert_problem(422, "idempotency-key-unreplayable");
+            assert!(
+                retry.json()["detail"].as_str().unwrap().contains("lost"),
+                "{}",
+                retry.body
+            );
+        }
+        assert_eq!(
+            read.load(Ordering::SeqCst),
+            1,
+            "upstream {what}: it may have acted, so it is never sent the request again"
+        );
+    }
+}
+
+#[tokio::test]
+async fn an_upstream_past_the_timeout_is_504_and_keeps_the_key() {
+    let (upstream, up) = start_upstream().await;
+    let (gw, _db) = start_gateway(&upstream, &["--upstream-timeout", "300ms"]).await;
+    let key = new_key();
+    post_to(&format!("{gw}/slow?ms=3000"), Some(&key), "{}", &[])
+        .await
+        .assert_problem(504, "upstream-timeout");
+    post_to(&format!("{gw}/slow?ms=3000"), Some(&key), "{}", &[])
+        .await
+        .assert_problem(422, "idempotency-key-unreplayable");
+    assert_eq!(up.calls(), 1);
+}
+
+/// An upstream slower than the lease: the gateway renews the lease while it waits, so a retry
+/// meanwhile gets 409 (never a second run), and the answer, once stored, replays.
+#[tokio::test]
+async fn an_upstream_slower_than_the_lease_runs_once() {
+    let (upstream, up) = start_upstream().await;
+    let (gw, _db) = start_gateway(&upstream, &["--lease", "600ms"]).await;
+    let key = new_key();
+    let url = format!("{gw}/slow?ms=4000");
+    let first = tokio::spawn({
+        let (url, key) = (url.clone(), key.clone());
+        async move { post_to(&url, Some(&key), "{}", &[]).await }
+    });
+    // Wait until the upstream has it, then past two leases.
+    while up.calls() == 0 {
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    tokio::time::sleep(Duration::from_millis(1300)).await;
+    let during = post_to(&url, Some(&key), "{}", &[]).await;
+    during.assert_problem(409, "idempotency-key-in-use");
+    assert!(during.headers.get("retry-after").is_some());
+    let first = first.await.unwrap();
+    assert_eq!(first.status, StatusCode::CREATED);
+    let after = post_to(&url, Some(&key), "{}", &[]).await;
+    assert!(after.replayed());
+    assert_eq!(after.body, first.body);
+    assert_eq!(up.calls(), 1);
+}
+
+#[tokio::test]
+async fn each_credential_is_its_own_tenant() {
+    let (upstream, up) = start_upstream().await;
+    let (gw, _db) = start_gateway(&upstream, &["--credential-cookie", "sid"]).await;
+    let key = new_key();
+    let mut forwarded = std::collections::BTreeSet::new();
+    for auth in [
+        &[("authorization", "Bearer key-a")][..],
+        &[("authorization", "Bearer key-b")][..],
+        &[("cookie", "sid=session-c")][..],
+        &[][..],
+    ] {
+        let first = post_to(&format!("{gw}/pay"), Some(&key), "{}", auth).await;
+        assert_eq!(first.status, StatusCode::CREATED, "{auth:?}");
+        assert!(
+            !first.replayed(),
+            "{auth:?}: another caller's key never answers"
+        );
+        forwarded.insert(first.json()["key"].as_str().unwrap().to_owned());
+        let again = post_to(&format!("{gw}/pay"), Some(&key), "{}", auth).await;
+        assert!(again.replayed(), "{auth:?}");
+        assert_eq!(again.body, first.body);
+    }
+    assert_eq!(up.calls(), 4);
+    assert_eq!(forwarded.len(), 4, "each tenant's upstream key differs");
+}
+
+#[tokio::test]
+async fn a_trusted_tenant_header_scopes_keys() {
+    let (upstream, up) = start_upstream().await;
+    let (gw, db) = start_gateway(&upstream, &["--tenant-header", "x-tenant-id"]).await;
+    let key = new_key();
+    for tenant in ["acme", "globex", "acme"] {
+        post_to(
+            &format!("{gw}/pay"),
+            Some(&key),
+            "{}",
+            &[("x-tenant-id", tenant)],
+        )
+        .await;
+    }
+    assert_eq!(up.calls(), 2, "acme's retry replayed; globex ran its own");
+    post_to(
+        &format!("{gw}/pay"),
+        Some(&key),
+        "{}",
+        &[("x-tenant-id", "no spaces")],
+    )
+    .await
+    .assert_problem(400, "tenant-invalid");
+    assert_eq!(up.calls(), 2);
+    let tenants: i64 = crate::support::scalar(
+        db.url(),
+        "SELECT COUNT(DISTINCT tenant) FROM oncely_idempotency_keys",
+    )
+    .await;
+    assert_eq!(tenants, 2);
+}
+
+#[tokio::test]
+async fn paths_an_application_could_read_otherwise_are_refused() {
+    let (upstream, up) = start_upstream().await;
+    let (gw, _db) = start_gateway(&upstream, &[]).await;
+    for path in ["/x/../pay", "/orders%2F1/pay", "/%2e%2e/pay", "//pay"] {
+        // Sent as written (reqwest would normalize dot segments).
+        let (status, body) = raw_post(&gw, path).await;
+        assert_eq!(status, 400, "{path}: {body}");
+        assert!(body.contains("path-ambiguous"), "{path}: {body}");
+    }
+    assert_eq!(up.calls(), 0);
+}
+
+/// A POST of `{}` with a fresh key to `path` exactly as written; the status and body.
+async fn raw_post(base: &str, path: &str) -> (u16, String) {
+    let mut socket = tokio::net::TcpStream::connect(base.trim_start_matches("http://"))
+        .await
+        .unwrap();
+    let request = format!(
+        "POST {path} HTTP/1.1\r\nhost: x\r\nidempotency-key: {}\r\ncontent-type: application/json\r\ncontent-length: 2\r\nconnection: close\r\n\r\n{{}}",
+        new_key()
+    );
+    socket.write_all(request.as_bytes()).await.unwrap();
+    let mut answer = String::new();
+    socket.read_to_string(&mut answer).await.unwrap();
+    let status = answer[9..12].parse().unwrap();
+    (status, answer)
+}
+
+#[tokio::test]
+async fn the_size_limits_hold_for_requests_and_stored_answers() {
+    let (upstream, up) = start_upstream().await;
+    let (gw, _db) = start_gateway(
+        &upstream,
+        &["--max-request-body", "100", "--max-stored-body", "1000"],
+    )
+    .await;
+    let large = format!("{{\"pad\":\"{}\"}}", "x".repeat(200));
+    post_to(&format!("{gw}/pay"), Some(&new_key()), &large, &[])
+        .await
+        .assert_problem(413, "request-too-large");
+    assert_eq!(up.calls(), 0, "an oversized request is not forwarded");
+    let key = new_key();
+    let first = post_to(&format!("{gw}/big"), Some(&key), "{}", &[]).await;
+    assert_eq!(first.status, StatusCode::OK);
+    assert_eq!(
+        first.body.len(),
+        5000,
+        "the first caller gets the whole answer"
+    );
+    post_to(&format!("{gw}/big"), Some(&key), "{}", &[])
+        .await
+        .assert_problem(422, "idempotency-key-unreplayable");
+    assert_eq!(up.calls(), 1);
+}
+
+#[test]
+fn the_command_line_refuses_what_it_cannot_do() {
+    let plan = |args: &[&str]| {
+        let mut argv = vec!["oncely", "gateway"];
+        argv.extend_from_slice(args);
+        match Cli::try_parse_from(argv) {
+            Ok(cli) => match cli.command {
+                Command::Gateway(args) => Plan::from_args(&args).err().map(|e| e.to_string()),
+                _ => unreachable!(),
+            },
+            Err(error) => Some(error.to_string()),
+        }
+    };
+    let up = ["--upstream", "http://127.0.0.1:1"];
+    for (args, says) in [
+        (&up[..], "at least one route"),
+        (
+            &["--upstream", "https://x:1", "--route", "POST /a"][..],
+            "plain HTTP",
+        ),
+        (
+            &["--upstream", "http://u:p@x:1", "--route", "POST /a"][..],
+            "no user",
+        ),
+        (
+            &["--upstream", "not a url", "--route", "POST /a"][..],
+            "not a URL",
+        ),
+        (&[up[0], up[1], "--route", "GET /a"][..], "safe method"),
+        (
+            &[up[0], up[1], "--route", "POST /a", "--route", "POST /A/"][..],
+            "twice",
+        ),
+        (
+            &[
+                up[0],
+                up[1],
+                "--route",
+                "POST /a",
+                "--credential-cookie",
+                "a;b",
+            ][..],
+            "not a cookie name",
+        ),
+        (
+            &[up[0], up[1], "--routes-file", "/nonexistent/routes"][..],
+            "--routes-file",
+        ),
+    ] {
+        let error = plan(args).unwrap_or_else(|| panic!("{args:?} was accepted"));
+        assert!(error.contains(says), "{args:?}: {error}");
+    }
+    assert_eq!(plan(&[up[0], up[1], "--route", "POST /a"]), None);
+}

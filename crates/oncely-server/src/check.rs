@@ -7,7 +7,9 @@
 //! stored answer are n/a. Nothing here needs a database; [`run`] is the whole checker, the
 //! command line only prints its [`Report`].
 
+use std::collections::BTreeMap;
 use std::fmt::Write as _;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
 use http::header::{CONTENT_TYPE, RETRY_AFTER};
@@ -162,10 +164,13 @@ pub struct Report {
     pub failed: usize,
     /// How many could not be checked.
     pub not_applicable: usize,
+    /// Requests answered "busy" (503 or 429 with `Retry-After`) outside the concurrent burst,
+    /// and sent again after the wait they asked for.
+    pub busy_retries: usize,
 }
 
 impl Report {
-    fn new(config: &CheckConfig, rows: Vec<Row>) -> Self {
+    fn new(config: &CheckConfig, rows: Vec<Row>, busy_retries: usize) -> Self {
         let count = |v| rows.iter().filter(|r| r.verdict == v).count();
         Self {
             method: config.method.to_string(),
@@ -173,6 +178,7 @@ impl Report {
             passed: count(Verdict::Pass),
             failed: count(Verdict::Fail),
             not_applicable: count(Verdict::NotApplicable),
+            busy_retries,
             rows,
         }
     }
@@ -207,11 +213,18 @@ impl Report {
         }
         let _ = writeln!(
             out,
-            "{} rows: {} pass, {} fail, {} n/a",
+            "{} rows: {} pass, {} fail, {} n/a{}",
             self.rows.len(),
             self.passed,
             self.failed,
-            self.not_applicable
+            self.not_applicable,
+            match self.busy_retries {
+                0 => String::new(),
+                n => format!(
+                    " ({n} busy answer{} retried after its Retry-After)",
+                    if n == 1 { "" } else { "s" }
+                ),
+            }
         );
         out
     }
@@ -306,6 +319,8 @@ struct Client {
     json: bool,
     content_type_given: bool,
     secrets: Vec<String>,
+    /// How many busy answers [`Client::send`] retried.
+    busy_retries: AtomicUsize,
 }
 
 impl Client {
@@ -322,6 +337,7 @@ impl Client {
             json: sample.is_some_and(|b| serde_json::from_str::<Value>(&b).is_ok()),
             content_type_given: config.headers.iter().any(|h| h.name == CONTENT_TYPE),
             secrets: secrets(config),
+            busy_retries: AtomicUsize::new(0),
             config: config.clone(),
         })
     }
@@ -334,7 +350,34 @@ impl Client {
             .map(|b| b.replace(UNIQUE, &unique()))
     }
 
+    /// One request as a careful client sends it: an answer that says "busy, come back" (503 or
+    /// 429 with `Retry-After` in seconds) is retried after it (at most 5 s), with the same key
+    /// and body, up to 4 times — load is not a verdict on the contract. The concurrent burst
+    /// uses [`Client::send_once`]: its answers are the evidence.
     async fn send(&self, url: &Url, key: &Key, body: Option<&str>) -> Result<Answer, String> {
+        let mut attempts = 1;
+        loop {
+            let answer = self.send_once(url, key, body).await?;
+            let busy = matches!(
+                answer.status,
+                StatusCode::SERVICE_UNAVAILABLE | StatusCode::TOO_MANY_REQUESTS
+            );
+            let wait = answer
+                .headers
+                .get(RETRY_AFTER)
+                .and_then(|v| v.to_str().ok()?.trim().parse::<u64>().ok());
+            match wait {
+                Some(seconds) if busy && attempts < 5 => {
+                    attempts += 1;
+                    self.busy_retries.fetch_add(1, Ordering::Relaxed);
+                    tokio::time::sleep(Duration::from_secs(seconds.min(5))).await;
+                }
+                _ => return Ok(answer),
+            }
+        }
+    }
+
+    async fn send_once(&self, url: &Url, key: &Key, body: Option<&str>) -> Result<Answer, String> {
         let mut request = self.http.request(self.config.method.clone(), url.clone());
         for header in &self.config.headers {
             request = request.header(header.name.clone(), header.value.clone());
@@ -375,7 +418,7 @@ impl Client {
     }
 
     /// The probe's count now.
-    async fn probe(&self, probe: &Url) -> Result<i64, String> {
+    async fn probe(&self, probe: &Url) -> Result<BTreeMap<String, i64>, String> {
         let mut request = self.http.get(probe.clone());
         for header in &self.config.headers {
             if header.name != CONTENT_TYPE {
@@ -388,9 +431,9 @@ impl Client {
         if !status.is_success() {
             return Err(format!("the probe answered {}", brief(status, &body)));
         }
-        count_in(&body).ok_or_else(|| {
+        counts_in(&body).ok_or_else(|| {
             format!(
-                "the probe's body is not a count (a number, {{\"count\": n}} or a JSON array): {}",
+                "the probe's body has no count (a number, a JSON object's numbers or a JSON array): {}",
                 excerpt(&body)
             )
         })
@@ -468,7 +511,11 @@ pub async fn run(config: &CheckConfig) -> Result<Report, CheckError> {
                     format!("the first request failed: {why}"),
                 ));
             }
-            return Ok(Report::new(config, redact(config, rows)));
+            return Ok(Report::new(
+                config,
+                redact(config, rows),
+                client.busy_retries.load(Ordering::Relaxed),
+            ));
         }
     };
 
@@ -519,7 +566,11 @@ pub async fn run(config: &CheckConfig) -> Result<Report, CheckError> {
     let (concurrent, retry_after) = concurrent(&client).await;
     rows.push(concurrent);
     rows.push(retry_after);
-    Ok(Report::new(config, redact(config, rows)))
+    Ok(Report::new(
+        config,
+        redact(config, rows),
+        client.busy_retries.load(Ordering::Relaxed),
+    ))
 }
 
 /// The values of the headers the caller gave, and of each their credential (`Bearer <this>`):
@@ -748,9 +799,9 @@ async fn key_per_route(client: &Client, key: &Key, first: &Answer, replays_marke
         (
             Verdict::Pass,
             format!(
-                "the first route's key on the other route ran there: {} (the stored answer: {})",
+                "the first route's key ran on the other route: {}, not a replay of the stored {}",
                 answer.brief(),
-                first.brief()
+                first.status.as_u16()
             ),
         )
     } else {
@@ -779,9 +830,13 @@ async fn concurrent(client: &Client) -> (Row, Row) {
         None => None,
     };
     let burst = futures::future::join_all(
-        (0..n).map(|_| client.send(&client.config.url, &key, body.as_deref())),
+        (0..n).map(|_| client.send_once(&client.config.url, &key, body.as_deref())),
     )
     .await;
+    // Then the retry a client makes once the burst is over (after any Retry-After): it must get
+    // the one result too — and if every request of the burst was refused as busy, it is the
+    // one execution.
+    let retry = client.send(&client.config.url, &key, body.as_deref()).await;
     let after = match (&client.config.probe, &before) {
         (Some(probe), Some(Ok(_))) => Some(client.probe(probe).await),
         _ => None,
@@ -792,11 +847,35 @@ async fn concurrent(client: &Client) -> (Row, Row) {
     let statuses = tally(&burst);
     let successes: Vec<&Answer> = answers.iter().copied().filter(|a| a.success()).collect();
     let mut bodies: Vec<&Vec<u8>> = successes.iter().map(|a| &a.body).collect();
+    if let Ok(retry) = &retry
+        && retry.success()
+    {
+        bodies.push(&retry.body);
+    }
     bodies.sort();
     bodies.dedup();
 
     let mut problems = Vec::new();
-    if successes.is_empty() {
+    let retried = match &retry {
+        Ok(answer) if answer.success() => format!(
+            "the retry after it: {}{}",
+            answer.status.as_u16(),
+            if answer.is_replay() {
+                " (replayed)"
+            } else {
+                ""
+            }
+        ),
+        Ok(answer) => {
+            problems.push(format!("the retry after it answered {}", answer.brief()));
+            format!("the retry after it: {}", answer.status.as_u16())
+        }
+        Err(reason) => {
+            problems.push(format!("the retry after it got no answer ({reason})"));
+            "the retry after it: no answer".to_owned()
+        }
+    };
+    if successes.is_empty() && !retry.as_ref().is_ok_and(Answer::success) {
         problems.push("no request succeeded".to_owned());
     }
     if bodies.len() > 1 {
@@ -808,15 +887,17 @@ async fn concurrent(client: &Client) -> (Row, Row) {
         ));
     }
     let how = match (before, after) {
-        (Some(Ok(before)), Some(Ok(after))) => {
-            let executions = after - before;
-            if executions != 1 {
-                problems.push(format!(
-                    "the probe counted {executions} executions ({before} → {after}), expected exactly 1"
-                ));
+        (Some(Ok(before)), Some(Ok(after))) => match executions(&before, &after) {
+            Some((executions, readings)) => {
+                if executions != 1 {
+                    problems.push(format!(
+                        "the probe counted {executions} executions ({readings}), expected exactly 1"
+                    ));
+                }
+                format!("probe {readings}")
             }
-            format!("probe {before} → {after}")
-        }
+            None => "compared answers only (the probe's counts changed names)".to_owned(),
+        },
         (Some(Err(why)), _) | (_, Some(Err(why))) => {
             format!("compared answers only ({why})")
         }
@@ -838,12 +919,11 @@ async fn concurrent(client: &Client) -> (Row, Row) {
         },
         evidence: if problems.is_empty() {
             format!(
-                "{n} at once with one key: {statuses}{refused}; {} identical success bodies; {how}",
-                successes.len()
+                "{n} at once with one key: {statuses}{refused}; {retried}; every success body identical; {how}"
             )
         } else {
             format!(
-                "{n} at once with one key: {statuses}{refused}; {}; {how}",
+                "{n} at once with one key: {statuses}{refused}; {retried}; {}; {how}",
                 problems.join("; ")
             )
         },
@@ -983,28 +1063,54 @@ pub fn other_body(template: &str, body: &str) -> Option<(String, String)> {
     }
 }
 
-/// A count in a probe's body: a number, `{"count": n}` (or an object's only number), or a
-/// JSON array's length.
-pub fn count_in(body: &[u8]) -> Option<i64> {
+/// The counts in a probe's body, by name: a number or `{"count": n}` (the name `""`), a JSON
+/// array's length (`length`), else every integer field of a JSON object (`{"rows": 3,
+/// "emails": 3}`). `None` when there is none.
+pub fn counts_in(body: &[u8]) -> Option<BTreeMap<String, i64>> {
     let text = std::str::from_utf8(body).ok()?.trim();
+    let one = |n: i64| Some(BTreeMap::from([(String::new(), n)]));
     if let Ok(n) = text.parse::<i64>() {
-        return Some(n);
+        return one(n);
     }
     match serde_json::from_str::<Value>(text).ok()? {
-        Value::Number(n) => n.as_i64(),
-        Value::Array(items) => i64::try_from(items.len()).ok(),
+        Value::Number(n) => one(n.as_i64()?),
+        Value::Array(items) => Some(BTreeMap::from([(
+            "length".to_owned(),
+            i64::try_from(items.len()).ok()?,
+        )])),
         Value::Object(object) => {
             if let Some(n) = object.get("count").and_then(Value::as_i64) {
-                return Some(n);
+                return one(n);
             }
-            let mut numbers = object.values().filter_map(Value::as_i64);
-            match (numbers.next(), numbers.next()) {
-                (Some(n), None) => Some(n),
-                _ => None,
-            }
+            let counts: BTreeMap<String, i64> = object
+                .iter()
+                .filter_map(|(k, v)| Some((k.clone(), v.as_i64()?)))
+                .collect();
+            (!counts.is_empty()).then_some(counts)
         }
         _ => None,
     }
+}
+
+/// How many times the operation ran between two probe readings: the largest growth of any
+/// count (an email counted later than its row grows by 0 for now; a row counted twice by 2).
+/// Also the readings for the evidence: `3 → 4`, or `emails 3 → 4, rows 3 → 4`.
+fn executions(
+    before: &BTreeMap<String, i64>,
+    after: &BTreeMap<String, i64>,
+) -> Option<(i64, String)> {
+    let mut most: Option<i64> = None;
+    let mut shown = Vec::new();
+    for (name, b) in before {
+        let Some(a) = after.get(name) else { continue };
+        most = Some(most.map_or(a - b, |m| m.max(a - b)));
+        shown.push(if name.is_empty() {
+            format!("{b} → {a}")
+        } else {
+            format!("{name} {b} → {a}")
+        });
+    }
+    Some((most?, shown.join(", ")))
 }
 
 /// A fresh string for `{{unique}}`: 16 lower-case hex digits.
@@ -1067,13 +1173,32 @@ mod tests {
     use super::*;
 
     #[test]
-    fn a_count_is_read_from_a_number_a_count_field_or_an_array() {
-        assert_eq!(count_in(b" 7\n"), Some(7));
-        assert_eq!(count_in(br#"{"count": 3, "total": 9}"#), Some(3));
-        assert_eq!(count_in(br#"{"payments": 4}"#), Some(4));
-        assert_eq!(count_in(br#"[{"id":1},{"id":2}]"#), Some(2));
-        assert_eq!(count_in(br#"{"a": 1, "b": 2}"#), None);
-        assert_eq!(count_in(b"<html>"), None);
+    fn counts_are_read_from_a_number_an_object_or_an_array_and_the_largest_growth_is_the_executions()
+     {
+        let one = |n| Some(BTreeMap::from([(String::new(), n)]));
+        assert_eq!(counts_in(b" 7\n"), one(7));
+        assert_eq!(counts_in(br#"{"count": 3, "total": 9}"#), one(3));
+        assert_eq!(
+            counts_in(br#"{"rows": 4, "emails": 3, "name": "x"}"#),
+            Some(BTreeMap::from([("emails".into(), 3), ("rows".into(), 4)]))
+        );
+        assert_eq!(
+            counts_in(br#"[{"id":1},{"id":2}]"#),
+            Some(BTreeMap::from([("length".into(), 2)]))
+        );
+        assert_eq!(counts_in(br#"{"name": "x"}"#), None);
+        assert_eq!(counts_in(b"<html>"), None);
+        let reading =
+            |rows, emails| BTreeMap::from([("emails".into(), emails), ("rows".into(), rows)]);
+        assert_eq!(
+            executions(&reading(3, 3), &reading(4, 3)),
+            Some((1, "emails 3 → 3, rows 3 → 4".into()))
+        );
+        assert_eq!(executions(&reading(3, 3), &reading(5, 4)).unwrap().0, 2);
+        assert_eq!(
+            executions(&one(2).unwrap(), &one(3).unwrap()),
+            Some((1, "2 → 3".into()))
+        );
     }
 
     #[test]

@@ -120,9 +120,10 @@ pub struct CheckArgs {
     /// The body for --other-url (`{{unique}}` as in --body); default: the sample body.
     #[arg(long, value_name = "BODY", requires = "other_url")]
     pub other_body: Option<String>,
-    /// A GET whose body counts the route's executions — a number, `{"count": n}` or a JSON
-    /// array (e.g. `http://localhost:3000/payments/count`): the concurrent row then checks
-    /// that the count grew by exactly one. Without it, that row compares the answers.
+    /// A GET whose body counts the route's executions — a number, `{"count": n}`, a JSON
+    /// object's numbers (`{"rows": 3, "emails": 3}`) or a JSON array (e.g.
+    /// `http://localhost:3000/payments/count`): the concurrent row then checks that the burst
+    /// grew the counts by exactly one. Without it, that row compares the answers.
     #[arg(long, value_name = "URL", value_parser = parse_http_url)]
     pub probe: Option<url::Url>,
     /// How many identical requests the concurrent row sends at once (2–100).

@@ -20,7 +20,8 @@ use serde_json::{Value, json};
 use tokio::io::{AsyncBufReadExt, BufReader};
 use url::Url;
 
-use crate::support::{both_databases, spawn_app_on};
+use crate::gateway_express::Express;
+use crate::support::{both_databases, spawn_app_on, spawn_gateway};
 
 /// Runs the checker on `config` and asserts that nothing fails and that every row that can
 /// always be checked passes (key-per-route needs --other-url, retry-after a 409). Prints the
@@ -166,6 +167,56 @@ async fn the_checker_passes_against_the_payments_example_and_its_probe_counts_on
     assert_eq!(count, json!({ "count": 3 }), "{}", report.table());
 }
 
+/// The deliberately non-idempotent Express signup (examples/express-signup): straight to it the
+/// checker fails it exactly where a server that ignores keys fails; behind `oncely gateway` it
+/// passes, and the application's own probe (`GET /count`: rows and emails) counts one execution
+/// for the concurrent burst.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn the_checker_fails_the_express_app_alone_and_passes_it_behind_the_gateway() {
+    let Some(express) = Express::start("the_checker_fails_the_express_app_alone…").await else {
+        return;
+    };
+    let body = r#"{"email":"check-{{unique}}@example.com"}"#;
+    let direct = CheckConfig::new(url(&format!("{}/signup", express.base)))
+        .body(body)
+        .other_url(url(&format!("{}/echo", express.base)))
+        .probe(url(&format!("{}/count", express.base)));
+    let report = check::run(&direct).await.unwrap();
+    assert_eq!(
+        failures(&report),
+        set(&[
+            "key-missing",
+            "key-malformed",
+            "replay",
+            "replay-header",
+            "reuse-other-body",
+            "concurrent",
+        ]),
+        "{}",
+        report.table()
+    );
+
+    let db = oncely_testdb::TestSqlite::new();
+    let routes = ["--route", "POST /signup", "--route", "POST /echo"];
+    let gateway = spawn_gateway(db.url(), &express.base, &routes).await;
+    let behind = CheckConfig::new(url(&format!("{}/signup", gateway.base)))
+        .body(body)
+        .other_url(url(&format!("{}/echo", gateway.base)))
+        .probe(url(&format!("{}/count", gateway.base)));
+    let report = assert_conforms(&behind).await;
+    assert_eq!(
+        report.row("key-per-route").unwrap().verdict,
+        Verdict::Pass,
+        "{}",
+        report.table()
+    );
+    let concurrent = &report.row("concurrent").unwrap().evidence;
+    assert!(
+        concurrent.contains("rows "),
+        "the probe's counts: {concurrent}"
+    );
+}
+
 // ---------------------------------------------------------------------------------------------
 // Fixtures: small servers, one broken way each
 
@@ -186,11 +237,14 @@ struct Behaviour {
     /// the first request of the burst after a probe waits for `burst - 1` of them. Without it,
     /// requests are served one at a time (duplicates wait, then replay).
     conflicts: Option<bool>,
+    /// Answers the first this many POSTs `503` with `Retry-After: 0` (busy, come back now).
+    busy_first: usize,
 }
 
 const CORRECT: Behaviour = Behaviour {
     ignores_key: false,
     constant_answer: false,
+    busy_first: 0,
     compares_body: true,
     per_route: true,
     conflicts: None,
@@ -205,6 +259,7 @@ struct Fixture {
     /// Set by a probe: the next new key is a burst's.
     hold_next: AtomicBool,
     conflicts: tokio::sync::watch::Sender<usize>,
+    busy_left: std::sync::atomic::AtomicUsize,
 }
 
 enum Stored {
@@ -242,6 +297,16 @@ async fn fixture_post(
     body: Bytes,
 ) -> Response {
     let b = fixture.behaviour;
+    let busy = fixture
+        .busy_left
+        .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |n| n.checked_sub(1));
+    if busy.is_ok() {
+        let mut response = problem(StatusCode::SERVICE_UNAVAILABLE, "busy");
+        response
+            .headers_mut()
+            .insert("retry-after", "0".parse().unwrap());
+        return response;
+    }
     if b.ignores_key {
         // Careless in every way: it even echoes the caller's credentials.
         let echo = headers
@@ -335,6 +400,7 @@ async fn spawn_fixture(behaviour: Behaviour, burst: usize) -> String {
         one_at_a_time: tokio::sync::Mutex::new(()),
         hold_next: AtomicBool::new(false),
         conflicts: tokio::sync::watch::Sender::new(0),
+        busy_left: std::sync::atomic::AtomicUsize::new(behaviour.busy_first),
     });
     let app = Router::new()
         .route("/a", post(fixture_post))
@@ -380,6 +446,29 @@ async fn a_fixture_that_keeps_the_contract_passes_every_row_but_retry_after() {
     );
 }
 
+/// A busy answer with `Retry-After` is load, not a verdict: the checker waits and sends the
+/// same request again, and says how often it did.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn busy_answers_outside_the_burst_are_retried_after_their_retry_after() {
+    let base = spawn_fixture(
+        Behaviour {
+            busy_first: 3,
+            ..CORRECT
+        },
+        6,
+    )
+    .await;
+    let report = assert_conforms(&fixture_config(&base, 6)).await;
+    assert_eq!(report.busy_retries, 3);
+    assert!(
+        report
+            .table()
+            .contains("(3 busy answers retried after its Retry-After)"),
+        "{}",
+        report.table()
+    );
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_server_that_ignores_the_key_fails_the_rows_that_need_one() {
     let base = spawn_fixture(
@@ -406,8 +495,8 @@ async fn a_server_that_ignores_the_key_fails_the_rows_that_need_one() {
     );
     let concurrent = &report.row("concurrent").unwrap().evidence;
     assert!(
-        concurrent.contains("6 executions"),
-        "the probe counted every request: {concurrent}"
+        concurrent.contains("the probe counted 7 executions"),
+        "the probe counted every request, the retry after the burst too: {concurrent}"
     );
     // Without a probe, the answers differ (a fresh id each): still a failure.
     let mut config = fixture_config(&base, 6);
@@ -429,7 +518,7 @@ async fn a_server_that_ignores_the_key_fails_the_rows_that_need_one() {
     );
 }
 
-/// Same answers every time: the answers cannot tell one execution from six, the probe can.
+/// Same answers every time: the answers cannot tell one execution from seven, the probe can.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn only_the_probe_catches_a_server_that_runs_every_duplicate_with_the_same_answer() {
     let base = spawn_fixture(
@@ -447,7 +536,7 @@ async fn only_the_probe_catches_a_server_that_runs_every_duplicate_with_the_same
     assert!(
         concurrent
             .evidence
-            .contains("the probe counted 6 executions"),
+            .contains("the probe counted 7 executions"),
         "{}",
         concurrent.evidence
     );

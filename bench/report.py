@@ -7,9 +7,10 @@ import platform
 import sys
 
 env = os.environ
-load = {k: json.loads(env[k]) for k in ["SIGNUP", "REPLAY", "MIX", "PLAIN", "KEYED", "SCALE_BEFORE", "SCALE_AFTER", "DURING_PRUNE"]}
+load = {k: json.loads(env[k]) for k in ["SIGNUP", "REPLAY", "MIX", "PLAIN", "KEYED", "GW_NEW", "GW_PASS", "GW_REPLAY", "SCALE_BEFORE", "SCALE_AFTER", "DURING_PRUNE"]}
 pg_signup, pg_replay = float(env["PG_SIGNUP"] or 0), float(env["PG_REPLAY"] or 0)
 rss_mib = int(env["RSS_KB"] or 0) / 1024
+gw_rss_mib = int(env["GW_RSS_KB"] or 0) / 1024
 
 
 def ratio(a, b):
@@ -26,6 +27,13 @@ results = {
     "mix_10pct_duplicates": load["MIX"],
     "layer_overhead": {"plain": load["PLAIN"], "keyed": load["KEYED"], "ratio": ratio(load["KEYED"]["rate"], load["PLAIN"]["rate"])},
     "serve_peak_rss_mib": round(rss_mib, 1),
+    "gateway": {
+        "new_keys": load["GW_NEW"], "pass_through": load["GW_PASS"], "replays": load["GW_REPLAY"],
+        "new_keys_ratio_vs_direct": ratio(load["GW_NEW"]["rate"], load["PLAIN"]["rate"]),
+        "pass_through_ratio_vs_direct": ratio(load["GW_PASS"]["rate"], load["PLAIN"]["rate"]),
+        "replay_ratio_vs_pk_lookup": ratio(load["GW_REPLAY"]["rate"], pg_replay),
+        "peak_rss_mib": round(gw_rss_mib, 1),
+    },
     "worker": {
         "drain_20000_jobs_seconds": {"1_process": float(env["DRAIN_1"]), "2_processes": float(env["DRAIN_2"])},
         "drain_jobs_per_second": {"1_process": round(20000 / float(env["DRAIN_1"])), "2_processes": round(20000 / float(env["DRAIN_2"]))},
@@ -60,6 +68,7 @@ def row(name, measured, baseline, r, target):
     return f"| {name} | {measured} | {baseline} | {shown}{verdict} | {target if target is not None else '—'} |"
 
 s, rp, mx, pl, ky = load["SIGNUP"], load["REPLAY"], load["MIX"], load["PLAIN"], load["KEYED"]
+gn, gp, gr, gw = load["GW_NEW"], load["GW_PASS"], load["GW_REPLAY"], results["gateway"]
 table = "\n".join([
     f"Measured {results['date']} on {results['machine']}, {results['concurrency']} clients, {results['seconds_per_scenario']:.0f} s per scenario.",
     "",
@@ -69,6 +78,10 @@ table = "\n".join([
     row("replay (req/s)", f"{rp['rate']:.0f} (p99 {rp['p99_ms']:.1f} ms)", f"pgbench, PK lookup: {pg_replay:.0f} tps", results["replay"]["ratio"], 0.5),
     row("signup with 10 % duplicates (req/s)", f"{mx['rate']:.0f}", "—", None, None),
     row("generic layer on a trivial handler (req/s)", f"{ky['rate']:.0f} (p99 {ky['p99_ms']:.1f} ms)", f"without the layer: {pl['rate']:.0f}", results["layer_overhead"]["ratio"], None),
+    row("oncely gateway, new keys, trivial upstream route (req/s)", f"{gn['rate']:.0f} (p99 {gn['p99_ms']:.1f} ms)", f"straight to the upstream: {pl['rate']:.0f}", gw["new_keys_ratio_vs_direct"], None),
+    row("oncely gateway, passed-through route (req/s)", f"{gp['rate']:.0f} (p99 {gp['p99_ms']:.1f} ms)", f"straight to the upstream: {pl['rate']:.0f}", gw["pass_through_ratio_vs_direct"], None),
+    row("oncely gateway, replays (req/s)", f"{gr['rate']:.0f} (p99 {gr['p99_ms']:.1f} ms)", f"pgbench, PK lookup: {pg_replay:.0f} tps", gw["replay_ratio_vs_pk_lookup"], 0.5),
+    row("peak RSS of oncely gateway under that load", f"{gw_rss_mib:.1f} MiB", "—", None, "≤ 64 MiB"),
     row("peak RSS of oncely serve under signup load", f"{rss_mib:.1f} MiB", "—", None, "≤ 64 MiB"),
     row("worker drain, 20,000 no-op jobs, 1 process (jobs/s)", results["worker"]["drain_jobs_per_second"]["1_process"],
         f"graphile-worker, 1 process, 16 jobs at once: {graphile_rate}" if graphile_rate else "graphile-worker: not run (no npm)",

@@ -126,6 +126,7 @@ impl<B: Accounts> Application<B> {
             settings.secret =
                 startup::development_secret(&backend, generated, &settings.secret).await?;
         }
+        startup::check_secret(&backend, &settings.secret).await?;
         crate::webhooks::delivery::reseal_at_start(&backend, &settings.secret).await;
         let tenants: Vec<String> = backend.tenants().await?.into_iter().map(|t| t.id).collect();
         templates

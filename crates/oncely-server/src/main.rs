@@ -216,6 +216,7 @@ async fn run_workers<B: Accounts>(settings: WorkerSettings) -> anyhow::Result<()
         }
         None => settings.secret,
     };
+    startup::check_secret(&backend, &secret).await?;
     let (mailer, _) = app::mailer(&settings.mailer).await?;
     let context = Arc::new(MailContext {
         secret,

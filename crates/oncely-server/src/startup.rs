@@ -435,6 +435,62 @@ pub async fn development_secret<A: Accounts>(
     Ok(ServerSecret::new(stored.into_bytes())?.with_previous(secret.previous().to_vec()))
 }
 
+/// Refuses a process whose server secret is not the one the other processes of its database
+/// use: its fingerprints would not match theirs (their retries answered 422 here), nor its
+/// links, nor — where keys are scoped by a credential hashed with the secret (`oncely
+/// gateway`) — its tenants (their retries run again here). The database keeps a keyed hash of
+/// the current secret and of the previous one of the process that wrote it last. Accepted: the
+/// same current secret; a ring whose previous secret is the stored current (a rotation rolling
+/// out: the check moves to the new secret); a current secret that is the stored previous (an old
+/// process during the rotation).
+pub async fn check_secret<A: Accounts>(accounts: &A, secret: &ServerSecret) -> anyhow::Result<()> {
+    use crate::accounts::SecretCheck;
+    let mine = SecretCheck::of(secret);
+    let read = |e: crate::accounts::AccountError| anyhow::anyhow!("reading the secret check: {e}");
+    for _ in 0..3 {
+        let Some(stored) = accounts.secret_check().await.map_err(read)? else {
+            if accounts
+                .write_secret_check(&mine, None)
+                .await
+                .map_err(read)?
+            {
+                return Ok(());
+            }
+            continue;
+        };
+        if stored.current == mine.current {
+            return Ok(());
+        }
+        if stored.previous.as_deref() == Some(mine.current.as_str()) {
+            // An old process during a rotation: the others already use the next secret.
+            return Ok(());
+        }
+        let previous: Vec<String> = secret
+            .previous()
+            .iter()
+            .map(|p| SecretCheck::of(p).current)
+            .collect();
+        if !previous.contains(&stored.current) {
+            anyhow::bail!(
+                "ONCELY_SECRET is not the secret the other processes of this database use (the database keeps a keyed hash of theirs): give every process the same ONCELY_SECRET; to rotate it, set the new one in ONCELY_SECRET and the old one in ONCELY_SECRET_PREVIOUS"
+            );
+        }
+        if accounts
+            .write_secret_check(&mine, Some(&stored.current))
+            .await
+            .map_err(read)?
+        {
+            tracing::info!(
+                "the server secret is rotating: the database's secret check now names the new secret"
+            );
+            return Ok(());
+        }
+    }
+    anyhow::bail!(
+        "the secret check of the database kept changing while this process started; start it again"
+    )
+}
+
 #[cfg(test)]
 mod tests {
     use super::one_line;

@@ -1,5 +1,6 @@
-//! The layer-overhead target: one trivial handler served twice on PostgreSQL, `/plain` without
-//! the Idempotency-Key layer and `/keyed` behind its generic mode.
+//! The layer-overhead target: one trivial handler served on PostgreSQL, `/plain` (and `/pass`)
+//! without the Idempotency-Key layer and `/keyed` behind its generic mode. `bench/run` also puts
+//! `oncely gateway` in front of it (protecting `/plain`, passing `/pass` through).
 
 use axum::Router;
 use axum::routing::post;
@@ -27,7 +28,8 @@ async fn main() -> anyhow::Result<()> {
     let app = Router::new()
         .route("/keyed", post(handler))
         .route_layer(IdempotencyLayer::generic(store, secret))
-        .route("/plain", post(handler));
+        .route("/plain", post(handler))
+        .route("/pass", post(handler));
     let listener = tokio::net::TcpListener::bind(&bind).await?;
     println!("layer target on http://{bind}");
     axum::serve(listener, app).await?;

@@ -251,6 +251,27 @@ pub fn from_millis(ms: i64) -> OffsetDateTime {
         .unwrap_or(OffsetDateTime::UNIX_EPOCH)
 }
 
+/// What the database keeps of the server secret its processes use: keyed hashes, never the
+/// secret ([`crate::startup::check_secret`]).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SecretCheck {
+    /// The MAC of the current secret, hex.
+    pub current: String,
+    /// The MAC of the previous secret, during a rotation, hex.
+    pub previous: Option<String>,
+}
+
+impl SecretCheck {
+    /// The check of `secret` (its current secret and its first previous one).
+    pub fn of(secret: &oncely::ServerSecret) -> Self {
+        let mac = |s: &oncely::ServerSecret| hex::encode(s.mac("oncely-secret-check", &[]));
+        Self {
+            current: mac(secret),
+            previous: secret.previous().first().map(mac),
+        }
+    }
+}
+
 /// Why account storage failed: a row that exists already, a database that cannot serve now, or
 /// anything else.
 #[derive(Debug, thiserror::Error)]
@@ -685,6 +706,20 @@ pub trait Accounts: Backend {
         &self,
         candidate: &str,
     ) -> impl Future<Output = Result<String, AccountError>> + Send;
+
+    /// The secret check: the MACs of the current and previous server secret of the process
+    /// that wrote it last ([`crate::startup::check_secret`]).
+    fn secret_check(
+        &self,
+    ) -> impl Future<Output = Result<Option<SecretCheck>, AccountError>> + Send;
+
+    /// Stores `check` if none is stored (`replacing` `None`), or replaces the stored one if it
+    /// still is `replacing`; whether it wrote.
+    fn write_secret_check(
+        &self,
+        check: &SecretCheck,
+        replacing: Option<&str>,
+    ) -> impl Future<Output = Result<bool, AccountError>> + Send;
 
     /// One number: the first column of the first row of `sql` (readiness, the demo's counts).
     fn scalar(&self, sql: String) -> impl Future<Output = Result<i64, sqlx::Error>> + Send;
@@ -1444,6 +1479,35 @@ where
             .fetch_one(self.pool())
             .await
             .map_err(AccountError::of::<B>)
+    }
+
+    async fn secret_check(&self) -> Result<Option<SecretCheck>, AccountError> {
+        let row: Option<(String, Option<String>)> = sqlx::query_as(B::ACCOUNT_SQL.secret_check)
+            .fetch_optional(self.pool())
+            .await
+            .map_err(AccountError::of::<B>)?;
+        Ok(row.map(|(current, previous)| SecretCheck { current, previous }))
+    }
+
+    async fn write_secret_check(
+        &self,
+        check: &SecretCheck,
+        replacing: Option<&str>,
+    ) -> Result<bool, AccountError> {
+        let query = match replacing {
+            None => sqlx::query(B::ACCOUNT_SQL.add_secret_check)
+                .bind(check.current.as_str())
+                .bind(check.previous.as_deref()),
+            Some(stored) => sqlx::query(B::ACCOUNT_SQL.replace_secret_check)
+                .bind(check.current.as_str())
+                .bind(check.previous.as_deref())
+                .bind(stored),
+        };
+        let done = query
+            .execute(self.pool())
+            .await
+            .map_err(AccountError::of::<B>)?;
+        Ok(B::rows_affected(&done) == 1)
     }
 
     async fn scalar(&self, sql: String) -> Result<i64, sqlx::Error> {

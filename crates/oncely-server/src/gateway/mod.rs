@@ -48,8 +48,9 @@ pub enum GatewayProblem {
     UpstreamOutcomeUnknown,
     /// The upstream did not answer in time (the key is kept).
     UpstreamTimeout,
-    /// A path an application could read as another path (`..`, encoded `/`).
-    PathAmbiguous,
+    /// A request an application could read as another: a path with `..` or an encoded `/`, a
+    /// protected method in lower case.
+    RequestAmbiguous,
     /// The trusted tenant header holds no valid tenant.
     TenantInvalid,
 }
@@ -60,7 +61,7 @@ impl GatewayProblem {
         Self::UpstreamUnavailable,
         Self::UpstreamOutcomeUnknown,
         Self::UpstreamTimeout,
-        Self::PathAmbiguous,
+        Self::RequestAmbiguous,
         Self::TenantInvalid,
     ];
 
@@ -70,7 +71,7 @@ impl GatewayProblem {
             Self::UpstreamUnavailable => "upstream-unavailable",
             Self::UpstreamOutcomeUnknown => "upstream-outcome-unknown",
             Self::UpstreamTimeout => "upstream-timeout",
-            Self::PathAmbiguous => "path-ambiguous",
+            Self::RequestAmbiguous => "request-ambiguous",
             Self::TenantInvalid => "tenant-invalid",
         }
     }
@@ -80,7 +81,7 @@ impl GatewayProblem {
         match self {
             Self::UpstreamUnavailable | Self::UpstreamOutcomeUnknown => StatusCode::BAD_GATEWAY,
             Self::UpstreamTimeout => StatusCode::GATEWAY_TIMEOUT,
-            Self::PathAmbiguous | Self::TenantInvalid => StatusCode::BAD_REQUEST,
+            Self::RequestAmbiguous | Self::TenantInvalid => StatusCode::BAD_REQUEST,
         }
     }
 
@@ -90,7 +91,7 @@ impl GatewayProblem {
             Self::UpstreamUnavailable => "Upstream unavailable",
             Self::UpstreamOutcomeUnknown => "Upstream outcome unknown",
             Self::UpstreamTimeout => "Upstream timed out",
-            Self::PathAmbiguous => "Ambiguous path",
+            Self::RequestAmbiguous => "Ambiguous request",
             Self::TenantInvalid => "Invalid tenant",
         }
     }
@@ -228,9 +229,20 @@ async fn entry<K: KeyStore>(
     if routes.iter().any(|r| r.method() == req.method())
         && let Some(why) = routes::ambiguous(req.uri().path())
     {
-        return GatewayProblem::PathAmbiguous.answer(&format!(
+        return GatewayProblem::RequestAmbiguous.answer(&format!(
             "the path has {why}, which an application could read as another path; send it plainly"
         ));
+    }
+    // `post` is not `POST` here, but some applications take it for one.
+    let method = req.method().as_str();
+    if method.bytes().any(|b| b.is_ascii_lowercase())
+        && routes
+            .iter()
+            .any(|r| r.method().as_str().eq_ignore_ascii_case(method))
+    {
+        return GatewayProblem::RequestAmbiguous.answer(
+            "methods are upper case: an application could take this one for a protected one",
+        );
     }
     let Some(route) = routes.matching(req.method(), req.uri().path()) else {
         return gateway.plan.upstream.pass(req).await;
@@ -332,6 +344,7 @@ pub async fn run<B: Accounts>(
     let backend: B =
         startup::open_to_serve(url, args.database_pool, args.secrets.environment).await?;
     let secret = crate::ops::command_secret(&backend, &args.secrets, url).await?;
+    startup::check_secret(&backend, &secret).await?;
     let listener = tokio::net::TcpListener::bind(args.bind)
         .await
         .with_context(|| format!("cannot listen on {} (ONCELY_GATEWAY_BIND)", args.bind))?;

@@ -223,7 +223,7 @@ impl Upstream {
 
 /// 400: a target that cannot be forwarded.
 fn unforwardable() -> Response {
-    GatewayProblem::PathAmbiguous.answer("the path cannot be forwarded as it is")
+    GatewayProblem::RequestAmbiguous.answer("the path cannot be forwarded as it is")
 }
 
 const FORWARDED_FOR: HeaderName = HeaderName::from_static("x-forwarded-for");

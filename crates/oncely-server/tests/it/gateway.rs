@@ -571,20 +571,26 @@ async fn paths_an_application_could_read_otherwise_are_refused() {
     let (gw, _db) = start_gateway(&upstream, &[]).await;
     for path in ["/x/../pay", "/orders%2F1/pay", "/%2e%2e/pay", "//pay"] {
         // Sent as written (reqwest would normalize dot segments).
-        let (status, body) = raw_post(&gw, path).await;
+        let (status, body) = raw_post(&gw, "POST", path).await;
         assert_eq!(status, 400, "{path}: {body}");
-        assert!(body.contains("path-ambiguous"), "{path}: {body}");
+        assert!(body.contains("request-ambiguous"), "{path}: {body}");
     }
+    let (status, body) = raw_post(&gw, "post", "/pay").await;
+    assert_eq!(status, 400, "{body}");
+    assert!(body.contains("request-ambiguous"), "{body}");
     assert_eq!(up.calls(), 0);
+    // Where no protected method is meant, paths pass as they are.
+    let (status, _) = raw_post(&gw, "PUT", "/x/../pay").await;
+    assert_eq!(status, 404, "the upstream's own answer");
 }
 
-/// A POST of `{}` with a fresh key to `path` exactly as written; the status and body.
-async fn raw_post(base: &str, path: &str) -> (u16, String) {
+/// `method path` with `{}` and a fresh key, exactly as written; the status and body.
+async fn raw_post(base: &str, method: &str, path: &str) -> (u16, String) {
     let mut socket = tokio::net::TcpStream::connect(base.trim_start_matches("http://"))
         .await
         .unwrap();
     let request = format!(
-        "POST {path} HTTP/1.1\r\nhost: x\r\nidempotency-key: {}\r\ncontent-type: application/json\r\ncontent-length: 2\r\nconnection: close\r\n\r\n{{}}",
+        "{method} {path} HTTP/1.1\r\nhost: x\r\nidempotency-key: {}\r\ncontent-type: application/json\r\ncontent-length: 2\r\nconnection: close\r\n\r\n{{}}",
         new_key()
     );
     socket.write_all(request.as_bytes()).await.unwrap();
@@ -674,4 +680,27 @@ fn the_command_line_refuses_what_it_cannot_do() {
         assert!(error.contains(says), "{args:?}: {error}");
     }
     assert_eq!(plan(&[up[0], up[1], "--route", "POST /a"]), None);
+}
+
+/// docs/gateway.md's table of the gateway's problem types is the code's.
+#[test]
+fn the_documented_problem_types_are_the_gateways() {
+    let doc = std::fs::read_to_string(concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/../../docs/gateway.md"
+    ))
+    .unwrap();
+    let documented: Vec<(String, u16)> = doc
+        .lines()
+        .filter_map(|line| {
+            let cells: Vec<&str> = line.split('|').map(str::trim).collect();
+            let slug = cells.get(1)?.strip_prefix('`')?.strip_suffix('`')?;
+            Some((slug.to_owned(), cells.get(2)?.parse().ok()?))
+        })
+        .collect();
+    let code: Vec<(String, u16)> = gateway::GatewayProblem::ALL
+        .iter()
+        .map(|p| (p.slug().to_owned(), p.status().as_u16()))
+        .collect();
+    assert_eq!(documented, code);
 }

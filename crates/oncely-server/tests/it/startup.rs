@@ -527,3 +527,85 @@ async fn an_operator_commands_failure_names_its_cause_once() {
         assert!(!stderr.contains("error returned from database"), "{stderr}");
     }
 }
+
+crate::support::both_databases!(processes_with_another_server_secret_are_refused);
+
+/// Regression (review of issue 19): two processes of one database with different secrets each
+/// answered 422 to the other's retries — and two gateways scoping by credential ran them again.
+/// Now the database keeps a keyed hash of its processes' secret (and of the previous one during
+/// a rotation), and refuses a process with another; a rotation rolls out without a refusal.
+async fn processes_with_another_server_secret_are_refused(url: String, _db: oncely_testdb::TestDb) {
+    crate::support::migrate(&url).await;
+    if url.starts_with("postgres") {
+        secret_check::<oncely_server::backend::Postgres>(&url).await;
+    } else {
+        secret_check::<oncely_server::backend::Sqlite>(&url).await;
+    }
+    // The binary says it in one line.
+    let upstream = "http://127.0.0.1:9";
+    let other = "another-secret-0123456789-0123456789-zyxw";
+    let route = ["--route", "POST /a"];
+    let refused = oncely(
+        &[
+            &[
+                "gateway",
+                "--database-url",
+                &url,
+                "--upstream",
+                upstream,
+                "--secret",
+                other,
+            ][..],
+            &route[..],
+        ]
+        .concat(),
+        &[],
+    )
+    .await;
+    assert!(!refused.status.success());
+    let stderr = String::from_utf8_lossy(&refused.stderr);
+    assert!(
+        stderr.contains("ONCELY_SECRET is not the secret the other processes"),
+        "{stderr}"
+    );
+    assert!(
+        !stderr.contains(other),
+        "the secret is never printed: {stderr}"
+    );
+}
+
+async fn secret_check<B: oncely_server::accounts::Accounts>(url: &str) {
+    use oncely_server::startup::check_secret;
+    let backend = B::connect(url, 2).await.unwrap();
+    let secret = |s: &str| crate::support::secret(&format!("{s}-0123456789-0123456789-abcdef"));
+    let (a, b, c) = (secret("a"), secret("b"), secret("c"));
+    check_secret(&backend, &a)
+        .await
+        .expect("the first process sets it");
+    check_secret(&backend, &a).await.expect("the same secret");
+    check_secret(&backend, &b)
+        .await
+        .expect_err("another secret");
+    // A rotation from a to b: the new processes first, an old one restarting meanwhile.
+    let rotating = secret("b").with_previous(vec![secret("a")]);
+    check_secret(&backend, &rotating)
+        .await
+        .expect("the rotation's new process");
+    check_secret(&backend, &a)
+        .await
+        .expect("an old process during the rotation");
+    check_secret(&backend, &b)
+        .await
+        .expect("the rotation ended");
+    check_secret(&backend, &c)
+        .await
+        .expect_err("another secret, again");
+    // The next rotation: a is now two secrets ago.
+    let next = secret("c").with_previous(vec![secret("b")]);
+    check_secret(&backend, &next)
+        .await
+        .expect("the next rotation");
+    check_secret(&backend, &a)
+        .await
+        .expect_err("a secret two rotations old");
+}

@@ -889,12 +889,14 @@ async fn concurrent(client: &Client) -> (Row, Row) {
     let how = match (before, after) {
         (Some(Ok(before)), Some(Ok(after))) => match executions(&before, &after) {
             Some((executions, readings)) => {
-                if executions != 1 {
+                if executions == 1 {
+                    format!("probe {readings}")
+                } else {
                     problems.push(format!(
                         "the probe counted {executions} executions ({readings}), expected exactly 1"
                     ));
+                    String::new()
                 }
-                format!("probe {readings}")
             }
             None => "compared answers only (the probe's counts changed names)".to_owned(),
         },
@@ -922,8 +924,13 @@ async fn concurrent(client: &Client) -> (Row, Row) {
                 "{n} at once with one key: {statuses}{refused}; {retried}; every success body identical; {how}"
             )
         } else {
+            let how = if how.is_empty() {
+                String::new()
+            } else {
+                format!("; {how}")
+            };
             format!(
-                "{n} at once with one key: {statuses}{refused}; {retried}; {}; {how}",
+                "{n} at once with one key: {statuses}{refused}; {retried}; {}{how}",
                 problems.join("; ")
             )
         },

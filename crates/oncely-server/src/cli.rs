@@ -1058,6 +1058,15 @@ pub struct GatewayArgs {
     #[arg(long, env = "ONCELY_GATEWAY_MAX_STORED_BODY", default_value_t = defaults::GATEWAY_MAX_STORED_BODY)]
     pub max_stored_body: usize,
 
+    /// The most protected requests in flight at once (each holds its body, up to
+    /// --max-request-body); more are answered 503 with Retry-After.
+    #[arg(long, env = "ONCELY_GATEWAY_MAX_IN_FLIGHT", default_value_t = defaults::GATEWAY_MAX_IN_FLIGHT)]
+    pub max_in_flight: usize,
+
+    /// How long a client may take to send a protected request's body (408 past it).
+    #[arg(long, env = "ONCELY_GATEWAY_BODY_TIMEOUT", default_value = defaults::GATEWAY_BODY_TIMEOUT, value_parser = parse_duration)]
+    pub body_timeout: Duration,
+
     #[command(flatten)]
     #[allow(missing_docs)]
     pub database: DatabaseArgs,

@@ -80,6 +80,10 @@ pub mod defaults {
     pub const GATEWAY_MAX_REQUEST_BODY: usize = 1024 * 1024;
     /// `oncely gateway --max-stored-body` (256 KiB, as the layer's).
     pub const GATEWAY_MAX_STORED_BODY: usize = 256 * 1024;
+    /// `oncely gateway --max-in-flight`.
+    pub const GATEWAY_MAX_IN_FLIGHT: usize = 256;
+    /// `oncely gateway --body-timeout`.
+    pub const GATEWAY_BODY_TIMEOUT: &str = "30s";
 }
 
 /// The email caps: the given ones (per address, per address in total, per client), and each

@@ -440,9 +440,11 @@ pub async fn development_secret<A: Accounts>(
 /// links, nor — where keys are scoped by a credential hashed with the secret (`oncely
 /// gateway`) — its tenants (their retries run again here). The database keeps a keyed hash of
 /// the current secret and of the previous one of the process that wrote it last. Accepted: the
-/// same current secret; a ring whose previous secret is the stored current (a rotation rolling
-/// out: the check moves to the new secret); a current secret that is the stored previous (an old
-/// process during the rotation).
+/// same current secret; a ring whose previous secret is the stored current (the rotation's
+/// switch rolling out: the check moves to the new secret); a current secret that is the stored
+/// previous if the ring also holds the stored current (a process of the rotation's first step,
+/// which verifies what the switched ones write). Refused: a process that knows only the old
+/// secret once any process uses the new one — it would not find their keys.
 pub async fn check_secret<A: Accounts>(accounts: &A, secret: &ServerSecret) -> anyhow::Result<()> {
     use crate::accounts::SecretCheck;
     let mine = SecretCheck::of(secret);
@@ -461,18 +463,24 @@ pub async fn check_secret<A: Accounts>(accounts: &A, secret: &ServerSecret) -> a
         if stored.current == mine.current {
             return Ok(());
         }
-        if stored.previous.as_deref() == Some(mine.current.as_str()) {
-            // An old process during a rotation: the others already use the next secret.
-            return Ok(());
-        }
         let previous: Vec<String> = secret
             .previous()
             .iter()
             .map(|p| SecretCheck::of(p).current)
             .collect();
+        if stored.previous.as_deref() == Some(mine.current.as_str()) {
+            // A process of the rotation's first step (the old secret, the next one accepted as
+            // previous) while others already use the next one: it reads what they write.
+            if previous.contains(&stored.current) {
+                return Ok(());
+            }
+            anyhow::bail!(
+                "the other processes of this database already use a newer server secret, which this process does not know: it would not find their keys (and run their retries again). Give it the new secret (ONCELY_SECRET, with this one as ONCELY_SECRET_PREVIOUS), or both with the new one as ONCELY_SECRET_PREVIOUS (docs/operations.md, rotating the server secret)"
+            );
+        }
         if !previous.contains(&stored.current) {
             anyhow::bail!(
-                "ONCELY_SECRET is not the secret the other processes of this database use (the database keeps a keyed hash of theirs): give every process the same ONCELY_SECRET; to rotate it, set the new one in ONCELY_SECRET and the old one in ONCELY_SECRET_PREVIOUS"
+                "ONCELY_SECRET is not the secret the other processes of this database use (the database keeps a keyed hash of theirs): give every process the same ONCELY_SECRET; to rotate it, see docs/operations.md (rotating the server secret)"
             );
         }
         if accounts

@@ -53,6 +53,10 @@ pub enum GatewayProblem {
     RequestAmbiguous,
     /// The trusted tenant header holds no valid tenant.
     TenantInvalid,
+    /// As many protected requests as allowed are in flight.
+    Busy,
+    /// The client did not send the body in time.
+    RequestTimeout,
 }
 
 impl GatewayProblem {
@@ -63,6 +67,8 @@ impl GatewayProblem {
         Self::UpstreamTimeout,
         Self::RequestAmbiguous,
         Self::TenantInvalid,
+        Self::Busy,
+        Self::RequestTimeout,
     ];
 
     /// The last segment of its `type` URI.
@@ -73,6 +79,8 @@ impl GatewayProblem {
             Self::UpstreamTimeout => "upstream-timeout",
             Self::RequestAmbiguous => "request-ambiguous",
             Self::TenantInvalid => "tenant-invalid",
+            Self::Busy => "gateway-busy",
+            Self::RequestTimeout => "request-body-timeout",
         }
     }
 
@@ -82,6 +90,8 @@ impl GatewayProblem {
             Self::UpstreamUnavailable | Self::UpstreamOutcomeUnknown => StatusCode::BAD_GATEWAY,
             Self::UpstreamTimeout => StatusCode::GATEWAY_TIMEOUT,
             Self::RequestAmbiguous | Self::TenantInvalid => StatusCode::BAD_REQUEST,
+            Self::Busy => StatusCode::SERVICE_UNAVAILABLE,
+            Self::RequestTimeout => StatusCode::REQUEST_TIMEOUT,
         }
     }
 
@@ -93,6 +103,8 @@ impl GatewayProblem {
             Self::UpstreamTimeout => "Upstream timed out",
             Self::RequestAmbiguous => "Ambiguous request",
             Self::TenantInvalid => "Invalid tenant",
+            Self::Busy => "Gateway busy",
+            Self::RequestTimeout => "Request body too slow",
         }
     }
 
@@ -100,7 +112,7 @@ impl GatewayProblem {
     pub fn problem(self) -> Problem {
         let problem = Problem::new(self.status(), self.slug(), self.title());
         match self {
-            Self::UpstreamUnavailable => problem.with_retry_after(1),
+            Self::UpstreamUnavailable | Self::Busy => problem.with_retry_after(1),
             _ => problem,
         }
     }
@@ -134,6 +146,10 @@ pub struct Plan {
     pub max_request_body: usize,
     /// The largest answer stored for replay.
     pub max_stored_body: usize,
+    /// The most protected requests in flight.
+    pub max_in_flight: usize,
+    /// How long a client may take to send a protected request's body.
+    pub body_timeout: Duration,
 }
 
 impl Plan {
@@ -160,8 +176,43 @@ impl Plan {
                     .all(|b| b.is_ascii_graphic() && !b"()<>@,;:\\\"/[]?={}".contains(&b));
             anyhow::ensure!(valid, "--credential-cookie {cookie:?} is not a cookie name");
         }
-        if args.lease.is_zero() || args.max_stored_body == 0 || args.max_request_body == 0 {
-            anyhow::bail!("--lease, --max-request-body and --max-stored-body must be above zero");
+        anyhow::ensure!(
+            args.lease >= Duration::from_millis(500),
+            "--lease must be at least 500ms (a live request renews it every third of it)"
+        );
+        anyhow::ensure!(
+            args.max_stored_body > 0 && args.max_request_body > 0 && args.max_in_flight > 0,
+            "--max-request-body, --max-stored-body and --max-in-flight must be above zero"
+        );
+        let forward = &args.forward_key_header;
+        let reserved = [
+            http::header::AUTHORIZATION,
+            http::header::COOKIE,
+            http::header::HOST,
+            http::header::CONTENT_LENGTH,
+            http::header::CONTENT_TYPE,
+            http::header::CONNECTION,
+            http::header::TRANSFER_ENCODING,
+            http::header::TE,
+            http::header::UPGRADE,
+            HeaderName::from_static("keep-alive"),
+            HeaderName::from_static("proxy-connection"),
+            http::header::PROXY_AUTHORIZATION,
+            HeaderName::from_static("x-forwarded-for"),
+            HeaderName::from_static("x-forwarded-host"),
+            HeaderName::from_static("x-forwarded-proto"),
+        ];
+        anyhow::ensure!(
+            !reserved.contains(forward)
+                && *forward != args.credential_header
+                && args.tenant_header.as_ref() != Some(forward),
+            "--forward-key-header {forward} would replace a header the request or the connection needs: name a header of its own (the default is idempotency-key)"
+        );
+        if let Some(tenant) = &args.tenant_header {
+            anyhow::ensure!(
+                !reserved.contains(tenant) && *tenant != args.credential_header,
+                "--tenant-header {tenant} is a header clients send for another purpose: name the header your proxy sets (X-Tenant-Id)"
+            );
         }
         let upstream = Upstream::new(
             &args.upstream,
@@ -182,6 +233,8 @@ impl Plan {
             retention: args.key_retention,
             max_request_body: args.max_request_body,
             max_stored_body: args.max_stored_body,
+            max_in_flight: args.max_in_flight,
+            body_timeout: args.body_timeout,
         })
     }
 }
@@ -190,6 +243,7 @@ impl Plan {
 type Protected<K> = IdempotencyService<BoxCloneSyncService<Request<Body>, Response, Infallible>, K>;
 
 struct Gateway<K> {
+    in_flight: Arc<tokio::sync::Semaphore>,
     plan: Plan,
     keys: K,
     secret: ServerSecret,
@@ -210,6 +264,7 @@ pub fn router<K: KeyStore>(keys: K, secret: ServerSecret, plan: Plan) -> Router 
         .max_stored_body(plan.max_stored_body)
         .layer(BoxCloneSyncService::new(forward));
     let gateway = Arc::new(Gateway {
+        in_flight: Arc::new(tokio::sync::Semaphore::new(plan.max_in_flight)),
         plan,
         keys,
         secret,
@@ -220,7 +275,7 @@ pub fn router<K: KeyStore>(keys: K, secret: ServerSecret, plan: Plan) -> Router 
 
 async fn entry<K: KeyStore>(
     State(gateway): State<Arc<Gateway<K>>>,
-    mut req: Request<Body>,
+    req: Request<Body>,
 ) -> Response {
     let routes = &gateway.plan.routes;
     // Where a protected route could be meant, a path the upstream might resolve otherwise
@@ -247,6 +302,45 @@ async fn entry<K: KeyStore>(
     let Some(route) = routes.matching(req.method(), req.uri().path()) else {
         return gateway.plan.upstream.pass(req).await;
     };
+    // Protected requests in flight are bounded (each holds up to --max-request-body), and so
+    // is the time a client takes to send a body: nobody holds the gateway's memory for long.
+    let Ok(_slot) = gateway.in_flight.clone().try_acquire_owned() else {
+        return GatewayProblem::Busy.answer(&format!(
+            "{} protected requests are in flight; retry with the same Idempotency-Key",
+            gateway.plan.max_in_flight
+        ));
+    };
+    let declared = req
+        .headers()
+        .get(http::header::CONTENT_LENGTH)
+        .and_then(|v| v.to_str().ok()?.parse::<u64>().ok());
+    let limit = gateway.plan.max_request_body;
+    if declared.is_some_and(|length| length > limit as u64) {
+        return too_large(limit);
+    }
+    let (parts, body) = req.into_parts();
+    let deadline = gateway.plan.body_timeout;
+    let body = match tokio::time::timeout(deadline, axum::body::to_bytes(body, limit)).await {
+        Ok(Ok(bytes)) => bytes,
+        Ok(Err(error)) => {
+            let over =
+                std::iter::successors(Some(&error as &dyn std::error::Error), |e| e.source())
+                    .any(|e| e.is::<http_body_util::LengthLimitError>());
+            if over {
+                return too_large(limit);
+            }
+            return oncely::problem::ProblemType::RequestBodyUnreadable
+                .problem()
+                .into_response();
+        }
+        Err(_) => {
+            return GatewayProblem::RequestTimeout.answer(&format!(
+                "the body did not arrive within {}",
+                humantime::format_duration(deadline)
+            ));
+        }
+    };
+    let mut req = Request::from_parts(parts, Body::from(body));
     let tenant = match gateway.tenant(req.headers(), route).await {
         Ok(tenant) => tenant,
         Err(answer) => return answer,
@@ -260,6 +354,14 @@ async fn entry<K: KeyStore>(
     }
 }
 
+/// 413: the body is over `limit` (declared so, or found so).
+fn too_large(limit: usize) -> Response {
+    oncely::problem::ProblemType::RequestTooLarge
+        .problem()
+        .with_detail(format!("the body is larger than {limit} bytes"))
+        .into_response()
+}
+
 impl<K: KeyStore> Gateway<K> {
     /// The tenant: the trusted header's; else the credential's (a keyed hash); else the
     /// shared anonymous tenant.
@@ -271,15 +373,17 @@ impl<K: KeyStore> Gateway<K> {
             return value
                 .to_str()
                 .ok()
-                .and_then(|v| TenantId::parse(v).ok())
+                .filter(|v| !v.is_empty())
+                .and_then(|v| TenantId::parse(format!("{TENANT_PREFIX}{v}")).ok())
                 .ok_or_else(|| {
                     GatewayProblem::TenantInvalid.answer(&format!(
-                        "{name} must be 1-128 characters of A-Z a-z 0-9 - _ . :"
+                        "{name} must be 1-{} characters of A-Z a-z 0-9 - _ . :",
+                        128 - TENANT_PREFIX.len()
                     ))
                 });
         }
         let Some(credential) = credential(headers, scoping) else {
-            return Ok(TenantId::default());
+            return Ok(anonymous());
         };
         let current = credential_tenant(&self.secret, credential);
         // During a secret rotation, a key first used under a previous secret keeps the tenant
@@ -320,11 +424,23 @@ fn credential<'a>(headers: &'a HeaderMap, scoping: &Scoping) -> Option<&'a [u8]>
         .map(|(_, v)| v.as_bytes())
 }
 
+/// Every tenant of the gateway starts with this: its keys never meet those of an `oncely serve`
+/// on the same database (whose `/v1/signup` keys live in `default`).
+pub const TENANT_PREFIX: &str = "gateway:";
+
+/// The tenant of requests with no credential.
+fn anonymous() -> TenantId {
+    TenantId::parse(format!("{TENANT_PREFIX}anonymous")).expect("a valid tenant id")
+}
+
 /// The tenant of a credential: 128 bits of a keyed hash (the credential is never stored).
 fn credential_tenant(secret: &ServerSecret, credential: &[u8]) -> TenantId {
     let mac = secret.mac("oncely-gateway-credential", &[credential]);
-    TenantId::parse(format!("credential-{}", hex::encode(&mac[..16])))
-        .expect("a hex digest is a valid tenant id")
+    TenantId::parse(format!(
+        "{TENANT_PREFIX}credential-{}",
+        hex::encode(&mac[..16])
+    ))
+    .expect("a hex digest is a valid tenant id")
 }
 
 impl GatewayProblem {

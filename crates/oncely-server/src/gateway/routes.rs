@@ -42,9 +42,11 @@ impl Route {
         if !path.starts_with('/') {
             return Err(format!("route {spec:?}: the path must start with '/'"));
         }
-        if path.contains(['?', '#', '*', '%', '\\']) || path.contains(char::is_whitespace) {
+        if path.contains(['?', '#', '*', '%', '\\', ';'])
+            || !path.bytes().all(|b| b.is_ascii_graphic())
+        {
             return Err(format!(
-                "route {spec:?}: a path template has no query, fragment, wildcard, percent-escape or backslash"
+                "route {spec:?}: a path template is visible ASCII, without query, fragment, wildcard, percent-escape, ';' or backslash"
             ));
         }
         let trimmed = path
@@ -191,25 +193,45 @@ impl Routes {
     }
 }
 
-/// Why a path is refused: an upstream could resolve it to another path than the one matched
-/// here (`/a/../signup` is `/signup` to some frameworks, and `/orders%2F1/pay` to others is
-/// `/orders/1/pay`), so a protected route could be reached unprotected.
-pub fn ambiguous(path: &str) -> Option<&'static str> {
-    let lower = path.to_ascii_lowercase();
+/// Why a path is refused: an application could resolve it to another path than the one matched
+/// here, so a protected route could be reached unprotected — `/a/../signup` is `/signup` to
+/// some frameworks, `/sign%75p` is `/signup` to every one that decodes before routing (Flask,
+/// Django, Go, Rails, Spring), `/signup;x=1` is `/signup` to Servlet containers. Every
+/// percent-escape of an ASCII character is refused (no client needs one: templates are ASCII,
+/// and `%2F` means another path to some and the same to others); escapes of non-ASCII bytes
+/// (UTF-8 in a parameter) pass.
+pub fn ambiguous(path: &str) -> Option<String> {
     if path.split('/').any(|s| s == "." || s == "..") {
-        return Some("a '.' or '..' segment");
+        return Some("a '.' or '..' segment".to_owned());
     }
-    if ["%2e", "%2f", "%5c", "%00"]
-        .iter()
-        .any(|e| lower.contains(e))
-    {
-        return Some("an encoded '.', '/', '\\' or NUL");
+    let bytes = path.as_bytes();
+    for (i, byte) in bytes.iter().enumerate() {
+        if *byte != b'%' {
+            continue;
+        }
+        let escape = bytes
+            .get(i + 1..i + 3)
+            .and_then(|hex| std::str::from_utf8(hex).ok())
+            .and_then(|hex| u8::from_str_radix(hex, 16).ok());
+        match escape {
+            None => return Some("a malformed percent-escape".to_owned()),
+            Some(decoded) if decoded.is_ascii() => {
+                return Some(format!(
+                    "an escaped ASCII character (%{:02X}): send it as itself",
+                    decoded
+                ));
+            }
+            Some(_) => {}
+        }
+    }
+    if path.contains(';') {
+        return Some("a ';' (path parameters)".to_owned());
     }
     if path.contains('\\') {
-        return Some("a backslash");
+        return Some("a backslash".to_owned());
     }
     if path.contains("//") {
-        return Some("an empty segment ('//')");
+        return Some("an empty segment ('//')".to_owned());
     }
     None
 }
@@ -264,7 +286,9 @@ mod tests {
             ("/signup", "'METHOD /path'"),
             ("GET /signup", "safe method"),
             ("POST signup", "start with '/'"),
-            ("POST /a?b=1", "no query"),
+            ("POST /a?b=1", "without query"),
+            ("POST /café", "visible ASCII"),
+            ("POST /a;b", "';'"),
             ("POST /a/{}", "{name}"),
             ("POST /a/x{id}", "whole segment"),
             ("POST /a/{id}/{id}", "twice"),
@@ -292,10 +316,21 @@ mod tests {
             "/a\\b",
             "//signup",
             "/signup%00",
+            "/sign%75p",
+            "/or%64ers/7/pay",
+            "/signup;x=1",
+            "/signup%",
+            "/signup%zz",
         ] {
             assert!(ambiguous(path).is_some(), "{path}");
         }
-        for path in ["/signup", "/orders/1/pay", "/a.b/c..d", "/%41", "/"] {
+        for path in [
+            "/signup",
+            "/orders/1/pay",
+            "/a.b/c..d",
+            "/caf%C3%A9/pay",
+            "/",
+        ] {
             assert_eq!(ambiguous(path), None, "{path}");
         }
     }

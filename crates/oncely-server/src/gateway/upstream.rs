@@ -26,7 +26,13 @@ use super::GatewayProblem;
 /// The application behind the gateway, and how to reach it.
 #[derive(Clone)]
 pub struct Upstream {
+    /// Pooled: for requests passed through.
     client: Client<HttpConnector, Body>,
+    /// A fresh connection per request: for protected requests. A pooled connection the
+    /// application is closing at that moment (Node closes idle ones after 5 s) fails the
+    /// request after it was written, which would read as "the application may have acted" and
+    /// keep the key for nothing.
+    fresh: Client<HttpConnector, Body>,
     /// `http://host:port`.
     origin: String,
     /// The base path, without a trailing slash (`""` or `/api`).
@@ -71,18 +77,30 @@ impl Upstream {
                 "--upstream {url:?}: no user or password in the URL"
             ));
         }
+        if authority.host().is_empty() {
+            return Err(format!("--upstream {url:?} names no host"));
+        }
         if uri.query().is_some() {
             return Err(format!("--upstream {url:?}: no query in the URL"));
+        }
+        if super::routes::ambiguous(uri.path()).is_some() || uri.path().contains("/.") {
+            return Err(format!(
+                "--upstream {url:?}: the base path must be plain (no '.' segments, escapes or ';')"
+            ));
         }
         let base_path = uri.path().trim_end_matches('/').to_owned();
         let mut connector = HttpConnector::new();
         connector.set_nodelay(true);
         connector.set_connect_timeout(Some(Duration::from_secs(5)));
         let client = Client::builder(TokioExecutor::new())
-            .pool_idle_timeout(Duration::from_secs(30))
+            .pool_idle_timeout(Duration::from_secs(2))
+            .build(connector.clone());
+        let fresh = Client::builder(TokioExecutor::new())
+            .pool_max_idle_per_host(0)
             .build(connector);
         Ok(Self {
             client,
+            fresh,
             origin: format!("http://{authority}"),
             base_path,
             timeout,
@@ -97,7 +115,9 @@ impl Upstream {
     }
 
     /// An unprotected request: forwarded, its answer streamed back as it comes.
-    pub async fn pass(&self, req: Request<Body>) -> Response {
+    pub async fn pass(&self, mut req: Request<Body>) -> Response {
+        // The forwarded-key header comes from the gateway only: the application may trust it.
+        req.headers_mut().remove(&self.forward_key);
         let Some(req) = self.rewrite(req) else {
             return unforwardable();
         };
@@ -112,11 +132,15 @@ impl Upstream {
     /// key is forwarded, and the answer read whole (up to the stored limit) within the
     /// timeout. An answer lost after the request was sent is marked [`OutcomeUnknown`], so the
     /// layer keeps the key.
-    pub async fn protected(&self, mut req: Request<Body>) -> Response {
+    pub async fn protected(&self, req: Request<Body>) -> Response {
+        let derived = req.extensions().get::<DerivedKey>().cloned();
+        // After the hop-by-hop headers are gone, so that no `Connection` can name them away.
+        let Some(mut req) = self.rewrite(req) else {
+            return unforwardable();
+        };
+        let headers = req.headers_mut();
         // The client's key is the gateway's: the upstream gets the derived key, unique per
         // tenant, route and key, in its header.
-        let derived = req.extensions().get::<DerivedKey>().cloned();
-        let headers = req.headers_mut();
         headers.remove(IDEMPOTENCY_KEY);
         headers.remove(&self.forward_key);
         if let Some(derived) = derived
@@ -124,11 +148,11 @@ impl Upstream {
         {
             headers.insert(self.forward_key.clone(), value);
         }
-        let Some(req) = self.rewrite(req) else {
-            return unforwardable();
-        };
+        // An answer that is stored is replayed with its allow-listed headers only: it must not
+        // depend on a Content-Encoding the replay would drop.
+        headers.remove(header::ACCEPT_ENCODING);
         let exchange = async {
-            let response = self.client.request(req).await.map_err(|e| classify(&e))?;
+            let response = self.fresh.request(req).await.map_err(|e| classify(&e))?;
             let (parts, body) = response.into_parts();
             let body = read_up_to(Body::new(body), self.read_limit).await?;
             Ok::<_, Failure>(answer(Response::from_parts(parts, body)))
@@ -158,6 +182,10 @@ impl Upstream {
         let headers = &mut parts.headers;
         remove_hop_by_hop(headers);
         headers.remove(header::PROXY_AUTHORIZATION);
+        // The gateway speaks X-Forwarded-*: a client's own `Forwarded` or `X-Real-IP` would be
+        // believed by applications that prefer them.
+        headers.remove(header::FORWARDED);
+        headers.remove(REAL_IP);
         // The upstream's Host is its own; the client's is X-Forwarded-Host.
         if let Some(host) = headers.remove(header::HOST) {
             headers.insert(FORWARDED_HOST, host);
@@ -226,6 +254,7 @@ fn unforwardable() -> Response {
     GatewayProblem::RequestAmbiguous.answer("the path cannot be forwarded as it is")
 }
 
+const REAL_IP: HeaderName = HeaderName::from_static("x-real-ip");
 const FORWARDED_FOR: HeaderName = HeaderName::from_static("x-forwarded-for");
 const FORWARDED_HOST: HeaderName = HeaderName::from_static("x-forwarded-host");
 const FORWARDED_PROTO: HeaderName = HeaderName::from_static("x-forwarded-proto");

@@ -27,6 +27,8 @@ use crate::support::{SECRET, secret};
 #[derive(Clone, Default)]
 struct Upstream {
     calls: Arc<AtomicUsize>,
+    /// The peer port of each `/pay` call: one per connection.
+    ports: Arc<Mutex<Vec<u16>>>,
     seen: Arc<Mutex<Vec<HeaderMap>>>,
     release: Arc<tokio::sync::Notify>,
 }
@@ -49,8 +51,16 @@ struct Slow {
     ms: u64,
 }
 
-async fn pay(State(up): State<Upstream>, headers: HeaderMap, body: String) -> Response {
+async fn pay(
+    State(up): State<Upstream>,
+    peer: Option<axum::Extension<axum::extract::ConnectInfo<SocketAddr>>>,
+    headers: HeaderMap,
+    body: String,
+) -> Response {
     let n = up.record(&headers);
+    if let Some(axum::Extension(axum::extract::ConnectInfo(peer))) = peer {
+        up.ports.lock().unwrap().push(peer.port());
+    }
     let key = headers
         .get("idempotency-key")
         .map(|v| v.to_str().unwrap().to_owned());
@@ -139,6 +149,17 @@ async fn serve(app: Router) -> String {
 /// `/slow`, `/big`.
 async fn start_gateway(upstream: &str, args: &[&str]) -> (String, TestSqlite) {
     let db = TestSqlite::new();
+    let base = start_gateway_on(db.url(), secret(SECRET), upstream, args).await;
+    (base, db)
+}
+
+/// [`start_gateway`] on database `url`, with `secret` (and its ring).
+async fn start_gateway_on(
+    url: &str,
+    secret: oncely::ServerSecret,
+    upstream: &str,
+    args: &[&str],
+) -> String {
     let mut argv = vec![
         "oncely",
         "gateway",
@@ -160,13 +181,12 @@ async fn start_gateway(upstream: &str, args: &[&str]) -> (String, TestSqlite) {
         unreachable!()
     };
     let plan = Plan::from_args(&args).unwrap();
-    let backend: Sqlite =
-        oncely_server::startup::open_to_serve(db.url(), 4, Environment::Development)
-            .await
-            .unwrap();
+    let backend: Sqlite = oncely_server::startup::open_to_serve(url, 4, Environment::Development)
+        .await
+        .unwrap();
     use oncely_server::backend::Backend;
-    let app = gateway::router(backend.keys().clone(), secret(SECRET), plan);
-    (serve(app).await, db)
+    let app = gateway::router(backend.keys().clone(), secret, plan);
+    serve(app).await
 }
 
 struct Answer {
@@ -317,6 +337,9 @@ async fn hop_by_hop_headers_stop_at_the_gateway_and_forwarding_headers_are_added
             ("te", "trailers"),
             ("proxy-authorization", "Basic c2VjcmV0"),
             ("x-end-to-end", "kept"),
+            ("forwarded", "for=6.6.6.6;proto=https;host=evil.example"),
+            ("x-real-ip", "6.6.6.6"),
+            ("idempotency-key", "chosen-by-the-client"),
         ],
     )
     .await;
@@ -326,10 +349,18 @@ async fn hop_by_hop_headers_stop_at_the_gateway_and_forwarding_headers_are_added
         answer.headers
     );
     let seen = up.last_seen();
-    for name in ["x-hop", "keep-alive", "te", "proxy-authorization"] {
+    // The forwarded-key header reaches the application from the gateway only.
+    for name in [
+        "x-hop",
+        "keep-alive",
+        "te",
+        "proxy-authorization",
+        "idempotency-key",
+    ] {
         assert!(seen.get(name).is_none(), "{name} reached the upstream");
     }
     assert_eq!(seen["x-end-to-end"], "kept");
+    assert!(seen.get("forwarded").is_none() && seen.get("x-real-ip").is_none());
     assert_eq!(seen["x-forwarded-for"], "127.0.0.1");
     assert_eq!(seen["x-forwarded-proto"], "http");
     assert_eq!(
@@ -340,9 +371,27 @@ async fn hop_by_hop_headers_stop_at_the_gateway_and_forwarding_headers_are_added
         seen["host"].to_str().unwrap(),
         upstream.trim_start_matches("http://")
     );
-    // On a protected route too: the answer's hop-by-hop header is dropped.
-    let paid = post_to(&format!("{gw}/pay"), Some(&new_key()), "{}", &[]).await;
-    assert!(paid.headers.get("x-hop-answer").is_none());
+    // On a protected route too: the answer's hop-by-hop header is dropped; a `Connection`
+    // cannot name the derived key away; the answer is not encoded (a replay drops
+    // Content-Encoding); and each request has a connection of its own (a pooled one the
+    // application is closing could fail it after it was sent).
+    for _ in 0..3 {
+        let paid = post_to(
+            &format!("{gw}/pay"),
+            Some(&new_key()),
+            "{}",
+            &[
+                ("connection", "idempotency-key"),
+                ("accept-encoding", "gzip, br"),
+            ],
+        )
+        .await;
+        assert!(paid.headers.get("x-hop-answer").is_none());
+        assert!(paid.json()["key"].as_str().is_some(), "{}", paid.body);
+        assert!(up.last_seen().get("accept-encoding").is_none());
+    }
+    let ports: std::collections::BTreeSet<u16> = up.ports.lock().unwrap().iter().copied().collect();
+    assert_eq!(ports.len(), 3, "one connection per protected request");
 }
 
 #[tokio::test]
@@ -557,9 +606,10 @@ async fn a_trusted_tenant_header_scopes_keys() {
     .await
     .assert_problem(400, "tenant-invalid");
     assert_eq!(up.calls(), 2);
+    // Under the gateway's own prefix: never an `oncely serve`'s keys on the same database.
     let tenants: i64 = crate::support::scalar(
         db.url(),
-        "SELECT COUNT(DISTINCT tenant) FROM oncely_idempotency_keys",
+        "SELECT COUNT(DISTINCT tenant) FROM oncely_idempotency_keys WHERE tenant IN ('gateway:acme', 'gateway:globex')",
     )
     .await;
     assert_eq!(tenants, 2);
@@ -569,7 +619,15 @@ async fn a_trusted_tenant_header_scopes_keys() {
 async fn paths_an_application_could_read_otherwise_are_refused() {
     let (upstream, up) = start_upstream().await;
     let (gw, _db) = start_gateway(&upstream, &[]).await;
-    for path in ["/x/../pay", "/orders%2F1/pay", "/%2e%2e/pay", "//pay"] {
+    for path in [
+        "/x/../pay",
+        "/orders%2F1/pay",
+        "/%2e%2e/pay",
+        "//pay",
+        "/p%61y",
+        "/or%64ers/7/pay",
+        "/pay;x=1",
+    ] {
         // Sent as written (reqwest would normalize dot segments).
         let (status, body) = raw_post(&gw, "POST", path).await;
         assert_eq!(status, 400, "{path}: {body}");
@@ -703,4 +761,138 @@ fn the_documented_problem_types_are_the_gateways() {
         .map(|p| (p.slug().to_owned(), p.status().as_u16()))
         .collect();
     assert_eq!(documented, code);
+}
+
+/// A secret rotation in its three steps: gateways at step 1 (the new secret accepted) and at
+/// step 2 (switched) side by side find each other's keys — a caller's retry replays wherever it
+/// lands, never runs again.
+#[tokio::test]
+async fn gateways_in_a_secret_rotation_replay_each_others_keys() {
+    let (upstream, up) = start_upstream().await;
+    let db = TestSqlite::new();
+    let s = |name: &str| secret(&format!("{name}-0123456789-0123456789-abcdef"));
+    let step1 = start_gateway_on(
+        db.url(),
+        s("old").with_previous(vec![s("new")]),
+        &upstream,
+        &[],
+    )
+    .await;
+    let step2 = start_gateway_on(
+        db.url(),
+        s("new").with_previous(vec![s("old")]),
+        &upstream,
+        &[],
+    )
+    .await;
+    let alice = [("authorization", "Bearer alice")];
+    for (first, then) in [(&step2, &step1), (&step1, &step2)] {
+        for auth in [&alice[..], &[][..]] {
+            let key = new_key();
+            let created = post_to(&format!("{first}/pay"), Some(&key), "{}", auth).await;
+            assert_eq!(created.status, StatusCode::CREATED);
+            let retry = post_to(&format!("{then}/pay"), Some(&key), "{}", auth).await;
+            assert!(retry.replayed(), "{auth:?}: {}", retry.body);
+            assert_eq!(retry.body, created.body);
+        }
+    }
+    assert_eq!(up.calls(), 4);
+}
+
+#[tokio::test]
+async fn protected_requests_in_flight_and_their_bodies_are_bounded() {
+    let (upstream, up) = start_upstream().await;
+    let (gw, _db) = start_gateway(
+        &upstream,
+        &[
+            "--max-in-flight",
+            "1",
+            "--max-request-body",
+            "100",
+            "--body-timeout",
+            "300ms",
+        ],
+    )
+    .await;
+    // A body declared too large is refused before it is read.
+    let (status, body) = raw_request(&gw, "POST /pay", "content-length: 2000000000\r\n", "").await;
+    assert_eq!(status, 413, "{body}");
+    // A body that does not come in time.
+    let (status, body) = raw_request(&gw, "POST /pay", "content-length: 10\r\n", "{}").await;
+    assert_eq!(status, 408, "{body}");
+    assert!(body.contains("request-body-timeout"), "{body}");
+    // One slow request holds the only slot: another is 503 with Retry-After.
+    let slow = tokio::spawn({
+        let url = format!("{gw}/slow?ms=1500");
+        async move { post_to(&url, Some(&new_key()), "{}", &[]).await }
+    });
+    while up.calls() == 0 {
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let busy = post_to(&format!("{gw}/pay"), Some(&new_key()), "{}", &[]).await;
+    busy.assert_problem(503, "gateway-busy");
+    assert!(busy.headers.get("retry-after").is_some());
+    assert_eq!(slow.await.unwrap().status, StatusCode::CREATED);
+    assert_eq!(up.calls(), 1);
+}
+
+/// `request` (`METHOD /path`) with a fresh key, `headers` (each ending in CRLF) and `body`
+/// written as they are, then the connection half-closed for writing only after 2 s; the
+/// status and the answer.
+async fn raw_request(base: &str, request: &str, headers: &str, body: &str) -> (u16, String) {
+    let mut socket = tokio::net::TcpStream::connect(base.trim_start_matches("http://"))
+        .await
+        .unwrap();
+    let head = format!(
+        "{request} HTTP/1.1\r\nhost: x\r\nidempotency-key: {}\r\ncontent-type: application/json\r\n{headers}connection: close\r\n\r\n{body}",
+        new_key()
+    );
+    socket.write_all(head.as_bytes()).await.unwrap();
+    let mut answer = String::new();
+    tokio::time::timeout(Duration::from_secs(10), socket.read_to_string(&mut answer))
+        .await
+        .expect("the gateway answers without waiting for the rest of the body")
+        .unwrap();
+    (answer[9..12].parse().unwrap(), answer)
+}
+
+#[test]
+fn headers_the_gateway_needs_cannot_be_its_key_or_tenant_header() {
+    let plan = |args: &[&str]| {
+        let mut argv = vec![
+            "oncely",
+            "gateway",
+            "--upstream",
+            "http://127.0.0.1:1",
+            "--route",
+            "POST /a",
+        ];
+        argv.extend_from_slice(args);
+        let Command::Gateway(args) = Cli::try_parse_from(argv).unwrap().command else {
+            unreachable!()
+        };
+        Plan::from_args(&args).err().map(|e| e.to_string())
+    };
+    for (args, says) in [
+        (
+            &["--forward-key-header", "authorization"][..],
+            "--forward-key-header",
+        ),
+        (
+            &["--forward-key-header", "connection"][..],
+            "--forward-key-header",
+        ),
+        (
+            &["--forward-key-header", "host"][..],
+            "--forward-key-header",
+        ),
+        (&["--tenant-header", "authorization"][..], "--tenant-header"),
+        (&["--tenant-header", "cookie"][..], "--tenant-header"),
+        (&["--lease", "1ms"][..], "--lease"),
+        (&["--max-in-flight", "0"][..], "--max-in-flight"),
+    ] {
+        let error = plan(args).unwrap_or_else(|| panic!("{args:?} was accepted"));
+        assert!(error.contains(says), "{args:?}: {error}");
+    }
+    assert_eq!(plan(&["--forward-key-header", "x-request-key"]), None);
 }

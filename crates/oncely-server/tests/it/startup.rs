@@ -586,14 +586,24 @@ async fn secret_check<B: oncely_server::accounts::Accounts>(url: &str) {
     check_secret(&backend, &b)
         .await
         .expect_err("another secret");
-    // A rotation from a to b: the new processes first, an old one restarting meanwhile.
-    let rotating = secret("b").with_previous(vec![secret("a")]);
-    check_secret(&backend, &rotating)
-        .await
-        .expect("the rotation's new process");
+    // A rotation from a to b. Step 1: every process accepts b (as previous) and still uses a.
+    let accepting = secret("a").with_previous(vec![secret("b")]);
+    check_secret(&backend, &accepting).await.expect("step 1");
     check_secret(&backend, &a)
         .await
-        .expect("an old process during the rotation");
+        .expect("a process not yet at step 1");
+    // Step 2: processes switch to b, a as previous; a step-1 process restarting meanwhile is
+    // fine (it verifies b), one that knows only a is not (it would run b's keys again).
+    let switched = secret("b").with_previous(vec![secret("a")]);
+    check_secret(&backend, &switched).await.expect("step 2");
+    check_secret(&backend, &accepting)
+        .await
+        .expect("a step-1 process during step 2");
+    let error = check_secret(&backend, &a)
+        .await
+        .expect_err("a process that knows only a");
+    assert!(error.to_string().contains("newer server secret"), "{error}");
+    // Step 3: a is dropped.
     check_secret(&backend, &b)
         .await
         .expect("the rotation ended");

@@ -1063,6 +1063,11 @@ pub struct GatewayArgs {
     #[arg(long, env = "ONCELY_GATEWAY_MAX_IN_FLIGHT", default_value_t = defaults::GATEWAY_MAX_IN_FLIGHT)]
     pub max_in_flight: usize,
 
+    /// How long a client may take to send a request's head (its line and headers) once it
+    /// starts one; past it the connection is closed.
+    #[arg(long, env = "ONCELY_GATEWAY_HEADER_TIMEOUT", default_value = defaults::GATEWAY_HEADER_TIMEOUT, value_parser = parse_duration)]
+    pub header_timeout: Duration,
+
     /// How long a client may take to send a protected request's body (408 past it).
     #[arg(long, env = "ONCELY_GATEWAY_BODY_TIMEOUT", default_value = defaults::GATEWAY_BODY_TIMEOUT, value_parser = parse_duration)]
     pub body_timeout: Duration,

@@ -84,6 +84,8 @@ pub mod defaults {
     pub const GATEWAY_MAX_IN_FLIGHT: usize = 256;
     /// `oncely gateway --body-timeout`.
     pub const GATEWAY_BODY_TIMEOUT: &str = "30s";
+    /// `oncely gateway --header-timeout`.
+    pub const GATEWAY_HEADER_TIMEOUT: &str = "10s";
 }
 
 /// The email caps: the given ones (per address, per address in total, per client), and each

@@ -17,7 +17,6 @@ pub mod routes;
 pub mod upstream;
 
 use std::convert::Infallible;
-use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -477,15 +476,72 @@ pub async fn run<B: Accounts>(
     tracing::info!(%addr, upstream = plan.upstream.origin(), "oncely gateway is serving");
     let keys = backend.keys().clone();
     let pruner = tokio::spawn(prune_periodically(keys.clone()));
+    let header_timeout = args.header_timeout;
     let app = router(keys, secret, plan);
-    let served = axum::serve(
-        listener,
-        app.into_make_service_with_connect_info::<SocketAddr>(),
-    )
-    .with_graceful_shutdown(shutdown)
-    .await;
+    serve_bounded(listener, app, header_timeout, shutdown).await;
     pruner.abort();
-    Ok(served?)
+    Ok(())
+}
+
+/// Serves `app` on `listener` (HTTP/1.1) until `shutdown`, then lets the requests in flight
+/// finish. A client that does not send a request's head within `header_timeout` is
+/// disconnected (axum's `serve` waits for ever). Each request carries the peer's
+/// `ConnectInfo`.
+pub async fn serve_bounded(
+    listener: tokio::net::TcpListener,
+    app: Router,
+    header_timeout: Duration,
+    shutdown: impl std::future::Future<Output = ()> + Send + 'static,
+) {
+    use hyper_util::rt::{TokioIo, TokioTimer};
+    use hyper_util::service::TowerToHyperService;
+    let (stop, stopping) = tokio::sync::watch::channel(());
+    let connections = tokio_util::task::TaskTracker::new();
+    tokio::pin!(shutdown);
+    loop {
+        let (stream, peer) = tokio::select! {
+            accepted = listener.accept() => match accepted {
+                Ok(accepted) => accepted,
+                Err(error) => {
+                    // Out of file descriptors, most likely: wait a moment rather than spin.
+                    tracing::warn!(%error, "accepting a connection failed");
+                    tokio::time::sleep(Duration::from_millis(50)).await;
+                    continue;
+                }
+            },
+            () = &mut shutdown => break,
+        };
+        let _ = stream.set_nodelay(true);
+        let service = app
+            .clone()
+            .map_request(move |req: Request<hyper::body::Incoming>| {
+                let mut req = req.map(Body::new);
+                req.extensions_mut()
+                    .insert(axum::extract::ConnectInfo(peer));
+                req
+            });
+        let mut stopping = stopping.clone();
+        connections.spawn(async move {
+            let mut builder = hyper::server::conn::http1::Builder::new();
+            builder
+                .timer(TokioTimer::new())
+                .header_read_timeout(header_timeout);
+            let connection =
+                builder.serve_connection(TokioIo::new(stream), TowerToHyperService::new(service));
+            tokio::pin!(connection);
+            tokio::select! {
+                _ = connection.as_mut() => {}
+                _ = stopping.changed() => {
+                    connection.as_mut().graceful_shutdown();
+                    let _ = connection.await;
+                }
+            }
+        });
+    }
+    drop(listener);
+    let _ = stop.send(());
+    connections.close();
+    connections.wait().await;
 }
 
 /// Deletes expired keys every 10 minutes, in small batches.

@@ -896,3 +896,43 @@ fn headers_the_gateway_needs_cannot_be_its_key_or_tenant_header() {
     }
     assert_eq!(plan(&["--forward-key-header", "x-request-key"]), None);
 }
+
+/// The binary's server closes a connection whose request head does not arrive in time (slow
+/// headers held sockets for ever), and still serves whole requests, with the peer's address.
+#[tokio::test]
+async fn a_client_that_sends_its_headers_too_slowly_is_disconnected() {
+    let (upstream, up) = start_upstream().await;
+    let db = TestSqlite::new();
+    let gateway = crate::support::spawn_gateway(
+        db.url(),
+        &upstream,
+        &["--route", "POST /pay", "--header-timeout", "300ms"],
+    )
+    .await;
+    let mut socket = tokio::net::TcpStream::connect(gateway.base.trim_start_matches("http://"))
+        .await
+        .unwrap();
+    socket
+        .write_all(b"POST /pay HTTP/1.1\r\nhost: x\r\n")
+        .await
+        .unwrap();
+    let mut answer = Vec::new();
+    tokio::time::timeout(Duration::from_secs(20), socket.read_to_end(&mut answer))
+        .await
+        .expect("the gateway closes the connection")
+        .ok();
+    assert!(
+        answer.is_empty() || answer.starts_with(b"HTTP/1.1 408"),
+        "{}",
+        String::from_utf8_lossy(&answer)
+    );
+    let paid = post_to(
+        &format!("{}/pay", gateway.base),
+        Some(&new_key()),
+        "{}",
+        &[],
+    )
+    .await;
+    assert_eq!(paid.status, StatusCode::CREATED, "{}", paid.body);
+    assert_eq!(up.last_seen()["x-forwarded-for"], "127.0.0.1");
+}

@@ -444,7 +444,8 @@ pub async fn development_secret<A: Accounts>(
 /// switch rolling out: the check moves to the new secret); a current secret that is the stored
 /// previous if the ring also holds the stored current (a process of the rotation's first step,
 /// which verifies what the switched ones write). Refused: a process that knows only the old
-/// secret once any process uses the new one — it would not find their keys.
+/// secret once any process uses the new one — it would not find their keys; and, once a process
+/// without the previous secret has started (the rotation ended), the old secret for good.
 pub async fn check_secret<A: Accounts>(accounts: &A, secret: &ServerSecret) -> anyhow::Result<()> {
     use crate::accounts::SecretCheck;
     let mine = SecretCheck::of(secret);
@@ -460,8 +461,34 @@ pub async fn check_secret<A: Accounts>(accounts: &A, secret: &ServerSecret) -> a
             }
             continue;
         };
+        if stored.retired.contains(&mine.current) {
+            anyhow::bail!(
+                "ONCELY_SECRET is a secret this database retired at the end of a rotation: the other processes no longer know it (and would not find its keys). Give this process the current secret"
+            );
+        }
         if stored.current == mine.current {
-            return Ok(());
+            let Some(old) = stored
+                .previous
+                .clone()
+                .filter(|_| secret.previous().is_empty())
+            else {
+                return Ok(());
+            };
+            // The first process without the previous secret: the rotation has ended, and the
+            // old secret is never accepted again (a stale replica of step 1 would otherwise
+            // make keys the others cannot find).
+            let mut ended = stored.clone();
+            ended.previous = None;
+            ended.retired.push(old);
+            if accounts
+                .write_secret_check(&ended, Some(&stored.current))
+                .await
+                .map_err(read)?
+            {
+                tracing::info!("the server secret's rotation has ended: the old secret is retired");
+                return Ok(());
+            }
+            continue;
         }
         let previous: Vec<String> = secret
             .previous()
@@ -483,8 +510,12 @@ pub async fn check_secret<A: Accounts>(accounts: &A, secret: &ServerSecret) -> a
                 "ONCELY_SECRET is not the secret the other processes of this database use (the database keeps a keyed hash of theirs): give every process the same ONCELY_SECRET; to rotate it, see docs/operations.md (rotating the server secret)"
             );
         }
+        let switched = SecretCheck {
+            retired: stored.retired.clone(),
+            ..mine.clone()
+        };
         if accounts
-            .write_secret_check(&mine, Some(&stored.current))
+            .write_secret_check(&switched, Some(&stored.current))
             .await
             .map_err(read)?
         {

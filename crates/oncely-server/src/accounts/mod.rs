@@ -259,6 +259,8 @@ pub struct SecretCheck {
     pub current: String,
     /// The MAC of the previous secret, during a rotation, hex.
     pub previous: Option<String>,
+    /// The MACs of the secrets of rotations that ended: never accepted again.
+    pub retired: Vec<String>,
 }
 
 impl SecretCheck {
@@ -268,6 +270,7 @@ impl SecretCheck {
         Self {
             current: mac(secret),
             previous: secret.previous().first().map(mac),
+            retired: Vec::new(),
         }
     }
 }
@@ -773,6 +776,7 @@ where
     for<'r> EndpointRecord: FromRow<'r, <B::Database as sqlx::Database>::Row>,
     for<'r> ExchangedCode: FromRow<'r, <B::Database as sqlx::Database>::Row>,
     for<'r> (String, String): FromRow<'r, <B::Database as sqlx::Database>::Row>,
+    for<'r> (String, Option<String>, String): FromRow<'r, <B::Database as sqlx::Database>::Row>,
     for<'r> (Uuid, String): FromRow<'r, <B::Database as sqlx::Database>::Row>,
     for<'r> (String, Option<String>): FromRow<'r, <B::Database as sqlx::Database>::Row>,
     for<'r> Branding: FromRow<'r, <B::Database as sqlx::Database>::Row>,
@@ -1482,11 +1486,20 @@ where
     }
 
     async fn secret_check(&self) -> Result<Option<SecretCheck>, AccountError> {
-        let row: Option<(String, Option<String>)> = sqlx::query_as(B::ACCOUNT_SQL.secret_check)
-            .fetch_optional(self.pool())
-            .await
-            .map_err(AccountError::of::<B>)?;
-        Ok(row.map(|(current, previous)| SecretCheck { current, previous }))
+        let row: Option<(String, Option<String>, String)> =
+            sqlx::query_as(B::ACCOUNT_SQL.secret_check)
+                .fetch_optional(self.pool())
+                .await
+                .map_err(AccountError::of::<B>)?;
+        Ok(row.map(|(current, previous, retired)| SecretCheck {
+            current,
+            previous,
+            retired: retired
+                .split(',')
+                .filter(|m| !m.is_empty())
+                .map(str::to_owned)
+                .collect(),
+        }))
     }
 
     async fn write_secret_check(
@@ -1494,15 +1507,18 @@ where
         check: &SecretCheck,
         replacing: Option<&str>,
     ) -> Result<bool, AccountError> {
-        let query = match replacing {
-            None => sqlx::query(B::ACCOUNT_SQL.add_secret_check)
-                .bind(check.current.as_str())
-                .bind(check.previous.as_deref()),
-            Some(stored) => sqlx::query(B::ACCOUNT_SQL.replace_secret_check)
-                .bind(check.current.as_str())
-                .bind(check.previous.as_deref())
-                .bind(stored),
+        let retired = check.retired.join(",");
+        let statement = match replacing {
+            None => B::ACCOUNT_SQL.add_secret_check,
+            Some(_) => B::ACCOUNT_SQL.replace_secret_check,
         };
+        let mut query = sqlx::query(statement)
+            .bind(check.current.as_str())
+            .bind(check.previous.as_deref())
+            .bind(retired.as_str());
+        if let Some(stored) = replacing {
+            query = query.bind(stored);
+        }
         let done = query
             .execute(self.pool())
             .await

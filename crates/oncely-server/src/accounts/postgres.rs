@@ -143,11 +143,11 @@ pub const STATEMENTS: Statements = Statements {
     development_secret: "INSERT INTO oncely_development_secret (id, secret) VALUES (1, $1)
                          ON CONFLICT (id) DO UPDATE SET secret = oncely_development_secret.secret
                          RETURNING secret",
-    secret_check: "SELECT current_mac, previous_mac FROM oncely_secret_check WHERE id = 1",
-    add_secret_check: "INSERT INTO oncely_secret_check (id, current_mac, previous_mac) VALUES (1, $1, $2)
+    secret_check: "SELECT current_mac, previous_mac, retired_macs FROM oncely_secret_check WHERE id = 1",
+    add_secret_check: "INSERT INTO oncely_secret_check (id, current_mac, previous_mac, retired_macs) VALUES (1, $1, $2, $3)
                        ON CONFLICT (id) DO NOTHING",
-    replace_secret_check: "UPDATE oncely_secret_check SET current_mac = $1, previous_mac = $2
-                           WHERE id = 1 AND current_mac = $3",
+    replace_secret_check: "UPDATE oncely_secret_check SET current_mac = $1, previous_mac = $2, retired_macs = $3
+                           WHERE id = 1 AND current_mac = $4",
     return_urls: "SELECT url FROM oncely_return_urls WHERE tenant = $1 ORDER BY position",
     all_return_urls: "SELECT tenant, url FROM oncely_return_urls ORDER BY tenant, position",
     lock_tenant: "SELECT id FROM oncely_tenants WHERE id = $1 FOR UPDATE",

@@ -100,12 +100,13 @@ pub struct Statements {
     /// Binds secret. Stores the development secret of the database unless one is stored;
     /// returns the stored one.
     pub development_secret: &'static str,
-    /// Binds nothing. The secret check: `current_mac`, `previous_mac` (no row: none yet).
+    /// Binds nothing. The secret check: `current_mac`, `previous_mac`, `retired_macs` (no row:
+    /// none yet).
     pub secret_check: &'static str,
-    /// Binds current, previous. Stores the secret check unless one is stored.
+    /// Binds current, previous, retired. Stores the secret check unless one is stored.
     pub add_secret_check: &'static str,
-    /// Binds current, previous, and the current MAC it replaces. Replaces the secret check if
-    /// it still holds that one.
+    /// Binds current, previous, retired, the current MAC it replaces. Replaces the secret check
+    /// if it still holds that one.
     pub replace_secret_check: &'static str,
     /// Binds tenant. The tenant's return URLs in order: `url`.
     pub return_urls: &'static str,

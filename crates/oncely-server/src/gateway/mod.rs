@@ -243,14 +243,21 @@ type Protected<K> = IdempotencyService<BoxCloneSyncService<Request<Body>, Respon
 
 struct Gateway<K> {
     in_flight: Arc<tokio::sync::Semaphore>,
+    work: tokio_util::task::TaskTracker,
     plan: Plan,
     keys: K,
     secret: ServerSecret,
     protected: Protected<K>,
 }
 
-/// The gateway's routes: everything, protected or passed through.
-pub fn router<K: KeyStore>(keys: K, secret: ServerSecret, plan: Plan) -> Router {
+/// The gateway's routes: everything, protected or passed through. Each protected request runs
+/// in a task of `work` (wait for it before the process exits).
+pub fn router<K: KeyStore>(
+    keys: K,
+    secret: ServerSecret,
+    plan: Plan,
+    work: &tokio_util::task::TaskTracker,
+) -> Router {
     let upstream = plan.upstream.clone();
     let forward = tower::service_fn(move |req: Request<Body>| {
         let upstream = upstream.clone();
@@ -264,6 +271,7 @@ pub fn router<K: KeyStore>(keys: K, secret: ServerSecret, plan: Plan) -> Router 
         .layer(BoxCloneSyncService::new(forward));
     let gateway = Arc::new(Gateway {
         in_flight: Arc::new(tokio::sync::Semaphore::new(plan.max_in_flight)),
+        work: work.clone(),
         plan,
         keys,
         secret,
@@ -298,17 +306,68 @@ async fn entry<K: KeyStore>(
             "methods are upper case: an application could take this one for a protected one",
         );
     }
+    // A POST that names another method (Rails, Laravel, Spring and Express' method-override
+    // honour these) is that method to the application.
+    if let Some(named) = method_override(&req)
+        && routes
+            .iter()
+            .any(|r| r.method().as_str().eq_ignore_ascii_case(&named))
+    {
+        return GatewayProblem::RequestAmbiguous.answer(&format!(
+            "a method override names {named}, a protected method: send {named} itself"
+        ));
+    }
     let Some(route) = routes.matching(req.method(), req.uri().path()) else {
         return gateway.plan.upstream.pass(req).await;
     };
     // Protected requests in flight are bounded (each holds up to --max-request-body), and so
     // is the time a client takes to send a body: nobody holds the gateway's memory for long.
-    let Ok(_slot) = gateway.in_flight.clone().try_acquire_owned() else {
+    let Ok(slot) = gateway.in_flight.clone().try_acquire_owned() else {
         return GatewayProblem::Busy.answer(&format!(
             "{} protected requests are in flight; retry with the same Idempotency-Key",
             gateway.plan.max_in_flight
         ));
     };
+    // In a task of its own that holds the slot to the end: a client that hangs up neither
+    // frees the slot while its request still runs, nor lets a shutdown drop the request
+    // between the upstream's effect and the stored answer (the shutdown waits for `work`).
+    let route = route.clone();
+    let work = gateway.work.spawn({
+        let gateway = gateway.clone();
+        async move {
+            let answer = protect(&gateway, &route, req).await;
+            drop(slot);
+            answer
+        }
+    });
+    work.await.unwrap_or_else(|_| {
+        GatewayProblem::UpstreamOutcomeUnknown.answer("the gateway's request task failed")
+    })
+}
+
+/// The method a request names in an override header or a `_method` query parameter.
+fn method_override(req: &Request<Body>) -> Option<String> {
+    const HEADERS: [&str; 3] = [
+        "x-http-method-override",
+        "x-http-method",
+        "x-method-override",
+    ];
+    let header = HEADERS
+        .iter()
+        .find_map(|name| req.headers().get(*name)?.to_str().ok().map(str::to_owned));
+    header
+        .or_else(|| {
+            req.uri()
+                .query()?
+                .split('&')
+                .find_map(|pair| pair.strip_prefix("_method="))
+                .map(str::to_owned)
+        })
+        .map(|m| m.trim().to_owned())
+}
+
+/// A protected request: its body read (bounded), its tenant and route named, then the layer.
+async fn protect<K: KeyStore>(gateway: &Gateway<K>, route: &Route, req: Request<Body>) -> Response {
     let declared = req
         .headers()
         .get(http::header::CONTENT_LENGTH)
@@ -477,20 +536,31 @@ pub async fn run<B: Accounts>(
     let keys = backend.keys().clone();
     let pruner = tokio::spawn(prune_periodically(keys.clone()));
     let header_timeout = args.header_timeout;
-    let app = router(keys, secret, plan);
-    serve_bounded(listener, app, header_timeout, shutdown).await;
+    // On shutdown a connection gets this long to finish (a stream passed through may never).
+    let grace = plan.upstream.timeout() + Duration::from_secs(5);
+    let work = tokio_util::task::TaskTracker::new();
+    let app = router(keys, secret, plan, &work);
+    serve_bounded(listener, app, header_timeout, grace, shutdown).await;
+    // Protected requests whose clients hung up still run: their answers are stored first.
+    work.close();
+    if tokio::time::timeout(grace, work.wait()).await.is_err() {
+        tracing::warn!(
+            "protected requests still running at exit; their keys free when their leases end"
+        );
+    }
     pruner.abort();
     Ok(())
 }
 
 /// Serves `app` on `listener` (HTTP/1.1) until `shutdown`, then lets the requests in flight
-/// finish. A client that does not send a request's head within `header_timeout` is
+/// finish (for at most `grace`). A client that does not send a request's head within `header_timeout` is
 /// disconnected (axum's `serve` waits for ever). Each request carries the peer's
 /// `ConnectInfo`.
 pub async fn serve_bounded(
     listener: tokio::net::TcpListener,
     app: Router,
     header_timeout: Duration,
+    grace: Duration,
     shutdown: impl std::future::Future<Output = ()> + Send + 'static,
 ) {
     use hyper_util::rt::{TokioIo, TokioTimer};
@@ -541,7 +611,15 @@ pub async fn serve_bounded(
     drop(listener);
     let _ = stop.send(());
     connections.close();
-    connections.wait().await;
+    if tokio::time::timeout(grace, connections.wait())
+        .await
+        .is_err()
+    {
+        tracing::warn!(
+            "connections still open {} after the shutdown began: closed",
+            humantime::format_duration(grace)
+        );
+    }
 }
 
 /// Deletes expired keys every 10 minutes, in small batches.

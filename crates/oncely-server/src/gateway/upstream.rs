@@ -109,6 +109,11 @@ impl Upstream {
         })
     }
 
+    /// How long it waits for an answer.
+    pub fn timeout(&self) -> Duration {
+        self.timeout
+    }
+
     /// The upstream's origin (`http://host:port`).
     pub fn origin(&self) -> &str {
         &self.origin
@@ -187,6 +192,8 @@ impl Upstream {
         headers.remove(header::FORWARDED);
         headers.remove(REAL_IP);
         // The upstream's Host is its own; the client's is X-Forwarded-Host.
+        // (A client's own X-Forwarded-Host never passes, with or without a Host.)
+        headers.remove(FORWARDED_HOST);
         if let Some(host) = headers.remove(header::HOST) {
             headers.insert(FORWARDED_HOST, host);
         }

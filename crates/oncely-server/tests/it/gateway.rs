@@ -185,7 +185,12 @@ async fn start_gateway_on(
         .await
         .unwrap();
     use oncely_server::backend::Backend;
-    let app = gateway::router(backend.keys().clone(), secret, plan);
+    let app = gateway::router(
+        backend.keys().clone(),
+        secret,
+        plan,
+        &tokio_util::task::TaskTracker::new(),
+    );
     serve(app).await
 }
 
@@ -834,6 +839,65 @@ async fn protected_requests_in_flight_and_their_bodies_are_bounded() {
     assert!(busy.headers.get("retry-after").is_some());
     assert_eq!(slow.await.unwrap().status, StatusCode::CREATED);
     assert_eq!(up.calls(), 1);
+    // A client that hangs up does not free the slot while its request still runs.
+    let gave_up = oncely_testdb::http()
+        .post(format!("{gw}/slow?ms=2000"))
+        .header("idempotency-key", new_key())
+        .header("content-type", "application/json")
+        .body("{}")
+        .timeout(Duration::from_millis(300))
+        .send()
+        .await;
+    assert!(gave_up.is_err());
+    assert_eq!(up.calls(), 2, "the upstream has it");
+    post_to(&format!("{gw}/pay"), Some(&new_key()), "{}", &[])
+        .await
+        .assert_problem(503, "gateway-busy");
+    assert_eq!(up.calls(), 2);
+}
+
+/// SIGTERM while a protected request whose client hung up still runs: the gateway waits for
+/// it and stores its answer, so the retry to the restarted gateway replays it.
+#[tokio::test]
+async fn a_shutdown_waits_for_protected_requests_whose_clients_hung_up() {
+    let (upstream, up) = start_upstream().await;
+    let db = TestSqlite::new();
+    let args = ["--route", "POST /slow", "--lease", "3s"];
+    let gateway = crate::support::spawn_gateway(db.url(), &upstream, &args).await;
+    let key = new_key();
+    let url = format!("{}/slow?ms=1500", gateway.base);
+    let gave_up = oncely_testdb::http()
+        .post(&url)
+        .header("idempotency-key", &key)
+        .header("content-type", "application/json")
+        .body("{}")
+        .timeout(Duration::from_millis(300))
+        .send()
+        .await;
+    assert!(gave_up.is_err());
+    let mut child = gateway.child;
+    let pid = child.id().unwrap().to_string();
+    let term = tokio::process::Command::new("kill")
+        .args(["-TERM", &pid])
+        .status()
+        .await
+        .unwrap();
+    assert!(term.success());
+    let exited = tokio::time::timeout(Duration::from_secs(30), child.wait())
+        .await
+        .expect("the gateway exits after its work")
+        .unwrap();
+    assert!(exited.success(), "{exited:?}");
+    let restarted = crate::support::spawn_gateway(db.url(), &upstream, &args).await;
+    let retry = post_to(
+        &format!("{}/slow?ms=1500", restarted.base),
+        Some(&key),
+        "{}",
+        &[],
+    )
+    .await;
+    assert!(retry.replayed(), "{}", retry.body);
+    assert_eq!(up.calls(), 1, "the upstream ran once");
 }
 
 /// `request` (`METHOD /path`) with a fresh key, `headers` (each ending in CRLF) and `body`
@@ -935,4 +999,36 @@ async fn a_client_that_sends_its_headers_too_slowly_is_disconnected() {
     .await;
     assert_eq!(paid.status, StatusCode::CREATED, "{}", paid.body);
     assert_eq!(up.last_seen()["x-forwarded-for"], "127.0.0.1");
+}
+
+/// A POST that names a protected method in an override header or `_method` is that method to
+/// Rails, Laravel, Spring or Express' method-override: refused, never passed through unprotected.
+#[tokio::test]
+async fn a_method_override_naming_a_protected_method_is_refused() {
+    let (upstream, up) = start_upstream().await;
+    let (gw, _db) = start_gateway(&upstream, &["--route", "PATCH /echo"]).await;
+    for (path, headers) in [
+        ("/echo", &[("x-http-method-override", "PATCH")][..]),
+        ("/echo", &[("x-http-method", "patch")][..]),
+        ("/echo", &[("x-method-override", "POST")][..]),
+        ("/echo?_method=PATCH", &[][..]),
+    ] {
+        post_to(&format!("{gw}{path}"), Some(&new_key()), "{}", headers)
+            .await
+            .assert_problem(400, "request-ambiguous");
+    }
+    assert_eq!(up.calls(), 0);
+    // Naming a method nobody protects passes.
+    let echoed = post_to(
+        &format!("{gw}/echo"),
+        None,
+        "{}",
+        &[
+            ("x-http-method-override", "DELETE"),
+            ("x-forwarded-host", "evil.example"),
+        ],
+    )
+    .await;
+    assert_eq!(echoed.body, "echoed");
+    assert_ne!(up.last_seen()["x-forwarded-host"], "evil.example");
 }

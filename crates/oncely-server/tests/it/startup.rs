@@ -603,10 +603,18 @@ async fn secret_check<B: oncely_server::accounts::Accounts>(url: &str) {
         .await
         .expect_err("a process that knows only a");
     assert!(error.to_string().contains("newer server secret"), "{error}");
-    // Step 3: a is dropped.
+    // Step 3: a is dropped; from then on a is refused, even with b beside it (a stale
+    // replica of step 1 would make keys the others cannot find).
     check_secret(&backend, &b)
         .await
         .expect("the rotation ended");
+    check_secret(&backend, &switched)
+        .await
+        .expect("a step-2 process still running");
+    let error = check_secret(&backend, &accepting)
+        .await
+        .expect_err("a step-1 process after the rotation ended");
+    assert!(error.to_string().contains("retired"), "{error}");
     check_secret(&backend, &c)
         .await
         .expect_err("another secret, again");

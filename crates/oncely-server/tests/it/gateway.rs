@@ -840,15 +840,7 @@ async fn protected_requests_in_flight_and_their_bodies_are_bounded() {
     assert_eq!(slow.await.unwrap().status, StatusCode::CREATED);
     assert_eq!(up.calls(), 1);
     // A client that hangs up does not free the slot while its request still runs.
-    let gave_up = oncely_testdb::http()
-        .post(format!("{gw}/slow?ms=2000"))
-        .header("idempotency-key", new_key())
-        .header("content-type", "application/json")
-        .body("{}")
-        .timeout(Duration::from_millis(300))
-        .send()
-        .await;
-    assert!(gave_up.is_err());
+    give_up(format!("{gw}/slow?ms=2000"), new_key()).await;
     assert_eq!(up.calls(), 2, "the upstream has it");
     post_to(&format!("{gw}/pay"), Some(&new_key()), "{}", &[])
         .await
@@ -866,15 +858,7 @@ async fn a_shutdown_waits_for_protected_requests_whose_clients_hung_up() {
     let gateway = crate::support::spawn_gateway(db.url(), &upstream, &args).await;
     let key = new_key();
     let url = format!("{}/slow?ms=1500", gateway.base);
-    let gave_up = oncely_testdb::http()
-        .post(&url)
-        .header("idempotency-key", &key)
-        .header("content-type", "application/json")
-        .body("{}")
-        .timeout(Duration::from_millis(300))
-        .send()
-        .await;
-    assert!(gave_up.is_err());
+    give_up(&url, &key).await;
     let mut child = gateway.child;
     let pid = child.id().unwrap().to_string();
     let term = tokio::process::Command::new("kill")
@@ -1031,4 +1015,17 @@ async fn a_method_override_naming_a_protected_method_is_refused() {
     .await;
     assert_eq!(echoed.body, "echoed");
     assert_ne!(up.last_seen()["x-forwarded-host"], "evil.example");
+}
+
+/// A POST of `{}` with `key` whose client gives up after 300 ms (before the answer).
+async fn give_up(url: impl reqwest::IntoUrl, key: impl AsRef<str>) {
+    let gave_up = oncely_testdb::http()
+        .post(url)
+        .header("idempotency-key", key.as_ref())
+        .header("content-type", "application/json")
+        .body("{}")
+        .timeout(Duration::from_millis(300))
+        .send()
+        .await;
+    assert!(gave_up.is_err(), "the client gave up before the answer");
 }

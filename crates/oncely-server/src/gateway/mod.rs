@@ -378,19 +378,9 @@ async fn protect<K: KeyStore>(gateway: &Gateway<K>, route: &Route, req: Request<
     }
     let (parts, body) = req.into_parts();
     let deadline = gateway.plan.body_timeout;
-    let body = match tokio::time::timeout(deadline, axum::body::to_bytes(body, limit)).await {
+    let body = match tokio::time::timeout(deadline, oncely::layer::read_body(body, limit)).await {
         Ok(Ok(bytes)) => bytes,
-        Ok(Err(error)) => {
-            let over =
-                std::iter::successors(Some(&error as &dyn std::error::Error), |e| e.source())
-                    .any(|e| e.is::<http_body_util::LengthLimitError>());
-            if over {
-                return too_large(limit);
-            }
-            return oncely::problem::ProblemType::RequestBodyUnreadable
-                .problem()
-                .into_response();
-        }
+        Ok(Err(refused)) => return refused,
         Err(_) => {
             return GatewayProblem::RequestTimeout.answer(&format!(
                 "the body did not arrive within {}",

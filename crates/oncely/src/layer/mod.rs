@@ -59,6 +59,18 @@ pub use outcome::{Outcome, OutcomeUnknown};
 pub use service::{IdempotencyService, ResponseFuture};
 pub use transaction::{IdempotentTx, TxAborted, TxGuard};
 
+/// Reads a request body as the layer does: at most `limit` bytes; beyond, the layer's 413
+/// `request-too-large`; unreadable, its 400 `request-body-unreadable`. For code in front of
+/// the layer that must read the body first (`oncely gateway` bounds the time it takes).
+pub async fn read_body(
+    body: axum::body::Body,
+    limit: usize,
+) -> Result<bytes::Bytes, axum::response::Response> {
+    handler::read_request_body(body, limit)
+        .await
+        .map_err(|(_, response)| response)
+}
+
 use crate::ServerSecret;
 use crate::fingerprint::JsonNormalizer;
 use crate::store::KeyStore;

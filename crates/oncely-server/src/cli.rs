@@ -1049,6 +1049,11 @@ pub struct GatewayArgs {
     #[arg(long, env = "ONCELY_KEY_RETENTION", default_value = defaults::KEY_RETENTION, value_parser = parse_duration)]
     pub key_retention: Duration,
 
+    /// Bytes of finished keys kept in memory, so that repeats are answered without the database
+    /// (each entry until its key's retention ends; 0: none).
+    #[arg(long, env = "ONCELY_REPLAY_CACHE_BYTES", default_value_t = defaults::REPLAY_CACHE_BYTES)]
+    pub replay_cache_bytes: u64,
+
     /// The largest request body a protected route takes (413 beyond; nothing forwarded).
     #[arg(long, env = "ONCELY_GATEWAY_MAX_REQUEST_BODY", default_value_t = defaults::GATEWAY_MAX_REQUEST_BODY)]
     pub max_request_body: usize,
@@ -1105,6 +1110,11 @@ pub struct ServeArgs {
     /// How long idempotent results are replayed (`24h`, `90m`, …).
     #[arg(long, env = "ONCELY_KEY_RETENTION", default_value = defaults::KEY_RETENTION, value_parser = parse_duration)]
     pub key_retention: Duration,
+
+    /// Bytes of finished keys kept in memory, so that repeats of a finished request are
+    /// answered without the database (each entry until its key's retention ends; 0: none).
+    #[arg(long, env = "ONCELY_REPLAY_CACHE_BYTES", default_value_t = defaults::REPLAY_CACHE_BYTES)]
+    pub replay_cache_bytes: u64,
 
     /// Outbox workers inside this process (0: API only).
     #[arg(long, env = "ONCELY_WORKERS", default_value_t = defaults::WORKERS)]

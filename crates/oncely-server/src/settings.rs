@@ -72,6 +72,8 @@ pub mod defaults {
     pub const OUTBOX_RETENTION: &str = "7d";
     /// `ONCELY_PRUNE_INTERVAL`.
     pub const PRUNE_INTERVAL: &str = "10m";
+    /// `--replay-cache-bytes` of `oncely serve` and `oncely gateway` (16 MiB).
+    pub const REPLAY_CACHE_BYTES: u64 = 16 * 1024 * 1024;
     /// `oncely gateway --bind`.
     pub const GATEWAY_BIND: &str = "127.0.0.1:8090";
     /// `oncely gateway --upstream-timeout`.
@@ -143,6 +145,8 @@ pub struct Settings {
     pub lease: Duration,
     /// How long idempotent results replay.
     pub key_retention: Duration,
+    /// Bytes of finished keys kept in memory (0: none).
+    pub replay_cache_bytes: u64,
     /// The first retry delay of an email.
     pub retry_base: Duration,
     /// How often a worker probes an email kind it paused because the provider refused our
@@ -197,6 +201,7 @@ impl Settings {
             },
             lease: default_duration(defaults::LEASE),
             key_retention: default_duration(defaults::KEY_RETENTION),
+            replay_cache_bytes: defaults::REPLAY_CACHE_BYTES,
             retry_base: default_duration(defaults::RETRY_BASE),
             pause_probe: default_duration(defaults::PAUSE_PROBE),
             workers: defaults::WORKERS,
@@ -246,6 +251,7 @@ impl Settings {
             mailer,
             lease: common.lease,
             key_retention: args.key_retention,
+            replay_cache_bytes: args.replay_cache_bytes,
             retry_base: common.retry_base,
             pause_probe: common.pause_probe,
             workers: args.workers,
@@ -281,6 +287,7 @@ impl Settings {
         KeyPolicy {
             lease: self.lease,
             retention: self.key_retention,
+            replay_cache_bytes: self.replay_cache_bytes,
         }
     }
 

@@ -75,7 +75,9 @@ pub mod store;
 
 pub use fingerprint::{CanonicalJson, DerivedKey, Fingerprint, JsonNormalizer, ServerSecret};
 pub use key::{IdempotencyKey, KeyError};
-pub use layer::{IdempotencyLayer, IdempotentTx, Mode, Outcome, OutcomeUnknown, TxAborted};
+pub use layer::{
+    IdempotencyLayer, IdempotentTx, Mode, Outcome, OutcomeUnknown, ReplayCache, TxAborted,
+};
 pub use problem::Problem;
 pub use scope::{Scope, TenantId};
 

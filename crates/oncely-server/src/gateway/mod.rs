@@ -141,6 +141,8 @@ pub struct Plan {
     pub lease: Duration,
     /// How long results replay.
     pub retention: Duration,
+    /// Bytes of finished keys kept in memory (0: none).
+    pub replay_cache_bytes: u64,
     /// The largest request body of a protected route.
     pub max_request_body: usize,
     /// The largest answer stored for replay.
@@ -230,6 +232,7 @@ impl Plan {
             },
             lease: args.lease,
             retention: args.key_retention,
+            replay_cache_bytes: args.replay_cache_bytes,
             max_request_body: args.max_request_body,
             max_stored_body: args.max_stored_body,
             max_in_flight: args.max_in_flight,
@@ -267,8 +270,12 @@ pub fn router<K: KeyStore>(
         .lease(plan.lease)
         .retention(plan.retention)
         .max_request_body(plan.max_request_body)
-        .max_stored_body(plan.max_stored_body)
-        .layer(BoxCloneSyncService::new(forward));
+        .max_stored_body(plan.max_stored_body);
+    let protected = match plan.replay_cache_bytes {
+        0 => protected,
+        bytes => protected.replay_cache(&oncely::ReplayCache::new(bytes)),
+    }
+    .layer(BoxCloneSyncService::new(forward));
     let gateway = Arc::new(Gateway {
         in_flight: Arc::new(tokio::sync::Semaphore::new(plan.max_in_flight)),
         work: work.clone(),

@@ -2,8 +2,19 @@
 //! every route that emails counts its email here, whether or not the address has an account,
 //! and learns whether the email must be suppressed. The counters touched depend on the
 //! client's own history, never on the address having an account.
+//!
+//! The per-address counters are rows of `oncely_rate_limits` (one per address, or per address
+//! and client: rows that concurrent requests for other addresses never share). The per-client
+//! cap is counted in this process ([`ClientMail`]): a database row per client would be one row
+//! that every request of a busy client (a NAT, an office, a load generator) updates, so those
+//! requests would commit one after another.
 
+use std::num::NonZeroU32;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
+
+use governor::{DefaultKeyedRateLimiter, Quota, RateLimiter};
 
 use oncely::TenantId;
 use time::OffsetDateTime;
@@ -31,6 +42,84 @@ pub struct MailLimits {
     pub window: Duration,
 }
 
+/// The per-client email cap, counted in this process: `per_client` emails at once, then one more
+/// every `window / per_client` (a token bucket; over a whole window that is the cap, as a
+/// database counter per window allowed). Keyed by tenant and client bucket; clients whose
+/// allowance is full again are forgotten at most a window later, so memory follows the clients
+/// of the last two windows only.
+///
+/// Each `oncely serve` process counts its own clients: behind a load balancer that spreads one
+/// client over `n` processes, the client gets up to `n` times the cap (the per-address caps,
+/// which protect a mailbox, stay in the database and are exact). An email counted here whose
+/// request then fails stays counted.
+#[derive(Clone)]
+pub struct ClientMail {
+    limiter: Option<Arc<DefaultKeyedRateLimiter<(String, String)>>>,
+    window: Duration,
+    /// When the forgotten clients were last swept (milliseconds since `epoch`).
+    swept: Arc<AtomicU64>,
+    epoch: std::time::Instant,
+}
+
+impl ClientMail {
+    /// The cap of `limits` (`per_client` per `window`); a cap of 0 suppresses every email of a
+    /// known client.
+    pub fn new(limits: &MailLimits) -> Self {
+        let window = limits.window.max(Duration::from_secs(1));
+        let limiter = NonZeroU32::new(limits.per_client).map(|burst| {
+            let period = (window / burst.get()).max(Duration::from_nanos(1));
+            let quota = Quota::with_period(period)
+                .expect("a period of at least one nanosecond")
+                .allow_burst(burst);
+            Arc::new(RateLimiter::keyed(quota))
+        });
+        Self {
+            limiter,
+            window,
+            swept: Arc::default(),
+            epoch: std::time::Instant::now(),
+        }
+    }
+
+    /// Counts one email of `client` in `tenant`: `false` if it is over the cap (then it is not
+    /// counted).
+    fn allows(&self, tenant: &TenantId, client: &str) -> bool {
+        let Some(limiter) = &self.limiter else {
+            return false;
+        };
+        let now = self.epoch.elapsed().as_millis() as u64;
+        let last = self.swept.load(Ordering::Relaxed);
+        let window = self.window.as_millis() as u64;
+        if now.saturating_sub(last) >= window
+            && self
+                .swept
+                .compare_exchange(last, now, Ordering::Relaxed, Ordering::Relaxed)
+                .is_ok()
+        {
+            limiter.retain_recent();
+            limiter.shrink_to_fit();
+        }
+        limiter
+            .check_key(&(tenant.as_str().to_owned(), client.to_owned()))
+            .is_ok()
+    }
+
+    /// How many clients it remembers (tests).
+    #[doc(hidden)]
+    pub fn clients(&self) -> usize {
+        self.limiter.as_ref().map_or(0, |limiter| limiter.len())
+    }
+}
+
+impl std::fmt::Debug for ClientMail {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ClientMail")
+            .field("window", &self.window)
+            .field("clients", &self.clients())
+            .finish_non_exhaustive()
+    }
+}
+
 /// Counts this email for the address from this client and for this client (whenever the client
 /// is known), then — if those let it through — for the address from all clients, and says
 /// whether it must be suppressed, and why. The per-address cap is per client: a stranger who
@@ -56,13 +145,14 @@ pub async fn suppression<A: Accounts>(
         let bucket = format!("{kind}:{}", hex::encode(&mac[..16]));
         A::count_email(&mut *conn, tenant.as_str(), &bucket, window_start).await
     };
-    let (to_address_from_client, from_client) = match caller.bucket() {
+    let (to_address_from_client, client_allowed) = match caller.bucket() {
         Some(client) => {
             let pair = format!("{}\n{client}", email.as_str());
             let to_address_from_client = count("address-client", &pair).await?;
-            (to_address_from_client, count("client", &client).await?)
+            let allowed = state.client_mail.allows(tenant, &client);
+            (to_address_from_client, allowed)
         }
-        None => (0, 0),
+        None => (0, true),
     };
     let over = |limit, cap: u32, whom| {
         let reason = format!(
@@ -73,7 +163,7 @@ pub async fn suppression<A: Accounts>(
     };
     let reason = if to_address_from_client > i64::from(limits.per_address) {
         over("address", limits.per_address, "to this address")
-    } else if from_client > i64::from(limits.per_client) {
+    } else if !client_allowed {
         over("client", limits.per_client, "from this client")
     } else {
         // Only emails a client's own caps let through count toward the mailbox's total: a
@@ -100,4 +190,54 @@ pub async fn suppression<A: Accounts>(
         metrics::counter!("oncely_emails_suppressed_total", "limit" => limit).increment(1);
         reason
     }))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn limits(per_client: u32, window: Duration) -> MailLimits {
+        MailLimits {
+            per_address: 5,
+            per_address_total: 20,
+            per_client,
+            window,
+        }
+    }
+
+    #[test]
+    fn a_client_gets_its_cap_then_nothing_and_other_clients_and_tenants_are_apart() {
+        let caps = ClientMail::new(&limits(3, Duration::from_secs(3600)));
+        let (acme, other) = (TenantId::parse("acme").unwrap(), TenantId::default());
+        for _ in 0..3 {
+            assert!(caps.allows(&acme, "a"));
+        }
+        assert!(!caps.allows(&acme, "a"), "the fourth email of the hour");
+        assert!(caps.allows(&acme, "b"), "another client");
+        assert!(
+            caps.allows(&other, "a"),
+            "the same client in another tenant"
+        );
+        assert_eq!(caps.clients(), 3);
+    }
+
+    #[test]
+    fn a_cap_of_zero_suppresses_every_email() {
+        let caps = ClientMail::new(&limits(0, Duration::from_secs(3600)));
+        assert!(!caps.allows(&TenantId::default(), "a"));
+    }
+
+    #[test]
+    fn the_allowance_refills_over_the_window_and_full_clients_are_forgotten() {
+        let caps = ClientMail::new(&limits(2, Duration::from_secs(1)));
+        let tenant = TenantId::default();
+        assert!(caps.allows(&tenant, "a") && caps.allows(&tenant, "a"));
+        assert!(!caps.allows(&tenant, "a"));
+        // Full again (and so forgettable) one refill after its allowance came back: the sweep
+        // this call starts forgets "a".
+        std::thread::sleep(Duration::from_millis(1600));
+        assert!(caps.allows(&tenant, "b"));
+        assert_eq!(caps.clients(), 1, "only b, the client of the last window");
+        assert!(caps.allows(&tenant, "a"));
+    }
 }

@@ -8,7 +8,7 @@ use axum::Router;
 use axum::middleware;
 
 use axum::routing::{MethodRouter, post};
-use oncely::{IdempotencyLayer, ServerSecret};
+use oncely::{IdempotencyLayer, ReplayCache, ServerSecret};
 
 use crate::accounts::Accounts;
 use crate::email::normalize_json_email;
@@ -47,6 +47,8 @@ pub struct AppState<A: Accounts> {
     pub secret: ServerSecret,
     /// Caps on emails.
     pub limits: email_caps::MailLimits,
+    /// The per-client email cap, counted in this process.
+    pub client_mail: email_caps::ClientMail,
     /// Caps on failed logins.
     pub login: login::LoginLimits,
     /// Email jobs' payloads name their recipient (`"recipient"`), so that the dev inbox can show
@@ -74,6 +76,7 @@ impl<A: Accounts> Clone for AppState<A> {
             jobs: self.jobs.clone(),
             secret: self.secret.clone(),
             limits: self.limits,
+            client_mail: self.client_mail.clone(),
             login: self.login,
             recipient_in_payload: self.recipient_in_payload,
             templates: self.templates.clone(),
@@ -88,6 +91,8 @@ pub struct KeyPolicy {
     pub lease: Duration,
     /// How long results replay.
     pub retention: Duration,
+    /// Bytes of finished keys kept in memory (0: none).
+    pub replay_cache_bytes: u64,
 }
 
 /// The account routes.
@@ -97,6 +102,10 @@ pub fn v1<A: Accounts>(state: AppState<A>, policy: KeyPolicy) -> Router {
         .retention(policy.retention)
         .max_request_body(16 * 1024)
         .normalize_json(Arc::new(normalize_json_email));
+    let keys = match policy.replay_cache_bytes {
+        0 => keys,
+        bytes => keys.replay_cache(&ReplayCache::new(bytes)),
+    };
     // Per method router: the layers run only for a method the route has, so any other method
     // is a plain 405. Outer layers run first: the tenant is known before the key is scoped.
     let tenant = middleware::from_fn_with_state(state.clone(), tenants::resolve::<A>);

@@ -453,4 +453,12 @@ async fn per_client_caps_stop_mail_from_one_client(url: String, _db: TestDb) {
     wait_for_count(&app, PENDING_JOBS, Duration::from_secs(10), |n| n == 0).await;
     assert_eq!(app.inbox.messages(None).len(), 3);
     assert_eq!(app.count(CAPPED_BY_CLIENT).await, 2);
+    // Counted in the process: no row that every request of the client would update.
+    let client_rows = "SELECT COUNT(*) FROM oncely_rate_limits WHERE bucket LIKE 'client:%'";
+    assert_eq!(app.count(client_rows).await, 0);
+    let address_rows = "SELECT COUNT(*) FROM oncely_rate_limits WHERE bucket LIKE 'address%'";
+    assert!(
+        app.count(address_rows).await >= 5,
+        "the per-address caps stay rows"
+    );
 }

@@ -46,6 +46,7 @@ mod contract;
 mod handler;
 mod outcome;
 mod problems;
+mod replay_cache;
 mod service;
 mod transaction;
 
@@ -56,6 +57,7 @@ use tower::Layer;
 
 pub use contract::{IDEMPOTENT_REPLAYED, RouteTemplate, UNMATCHED_ROUTE};
 pub use outcome::{Outcome, OutcomeUnknown};
+pub use replay_cache::ReplayCache;
 pub use service::{IdempotencyService, ResponseFuture};
 pub use transaction::{IdempotentTx, TxAborted, TxGuard};
 
@@ -96,6 +98,7 @@ pub(crate) struct Config {
     pub(crate) max_request_body: usize,
     pub(crate) max_stored_body: usize,
     pub(crate) normalizer: Option<JsonNormalizer>,
+    pub(crate) replay_cache: Option<ReplayCache>,
 }
 
 /// The Idempotency-Key layer. Build it with [`generic`](Self::generic) or
@@ -130,6 +133,7 @@ impl<K: KeyStore> IdempotencyLayer<K> {
                 max_request_body: 1024 * 1024,
                 max_stored_body: 256 * 1024,
                 normalizer: None,
+                replay_cache: None,
             }),
         }
     }
@@ -179,6 +183,15 @@ impl<K: KeyStore> IdempotencyLayer<K> {
     /// (for example, a normalized email address).
     pub fn normalize_json(self, normalizer: JsonNormalizer) -> Self {
         self.with(|c| c.normalizer = Some(normalizer))
+    }
+
+    /// Answers repeats of finished requests from `cache` when it holds their row, without the
+    /// database (default: none, every repeat reads its row). A row enters the cache when a
+    /// repeat reads it finished, and stays until its retention ends or the cache needs the room
+    /// (see [`ReplayCache`]).
+    pub fn replay_cache(self, cache: &ReplayCache) -> Self {
+        let cache = cache.clone();
+        self.with(|c| c.replay_cache = Some(cache))
     }
 }
 

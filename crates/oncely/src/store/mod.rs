@@ -125,8 +125,10 @@ pub struct Record {
     pub fingerprint: Fingerprint,
     /// Where it stands.
     pub state: RecordState,
-    /// When its retention ends (then the key is free again): always set by
-    /// [`KeyStore::get`]; a claim's [`Claim::Existing`] may leave it out.
+    /// When its retention ends (then the key is free again), by [`KeyStore::now`]'s clock:
+    /// the time of the read plus what the database said remained, so never later than the
+    /// row's own expiry, whatever the skew between this process's clock and the database's.
+    /// Set by [`KeyStore::get`]; a claim's [`Claim::Existing`] may leave it out.
     pub expires_at: Option<std::time::SystemTime>,
 }
 
@@ -300,6 +302,12 @@ pub trait KeyStore: Clone + Send + Sync + 'static {
     /// Reads a key's row, if it exists and is within retention.
     fn get(&self, scope: &Scope)
     -> impl Future<Output = Result<Option<Record>, StoreError>> + Send;
+
+    /// The time by which [`Record::expires_at`] is told: this process's clock, unless the store
+    /// was given another ([`Clock`]).
+    fn now(&self) -> std::time::SystemTime {
+        std::time::SystemTime::now()
+    }
 
     /// Deletes up to `limit` rows whose retention has passed (never an in-progress row with a
     /// running lease); returns how many. Call it repeatedly: each batch is short and skips rows

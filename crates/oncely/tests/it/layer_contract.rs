@@ -20,13 +20,13 @@ use crate::support::{Backend, Db, both_stores, new_key, postgres, postgres_again
 
 /// Counts how often handlers with an effect outside the database ran.
 #[derive(Clone, Default)]
-struct Effects(Arc<AtomicUsize>);
+pub(crate) struct Effects(Arc<AtomicUsize>);
 
 impl Effects {
     fn bump(&self) -> usize {
         self.0.fetch_add(1, Ordering::SeqCst) + 1
     }
-    fn count(&self) -> usize {
+    pub(crate) fn count(&self) -> usize {
         self.0.load(Ordering::SeqCst)
     }
 }
@@ -117,7 +117,7 @@ async fn tenant_from_header(mut req: Request, next: Next) -> Response {
 }
 
 /// The app under test: generic routes, transactional routes under `/tx`, a GET.
-fn app<S: Backend>(
+pub(crate) fn app<S: Backend>(
     store: S,
     effects: Effects,
     tune: impl Fn(IdempotencyLayer<S>) -> IdempotencyLayer<S>,
@@ -158,17 +158,17 @@ fn counted<S: Backend>(store: S) -> (Router, Effects) {
     (plain(store, effects.clone()), effects)
 }
 
-struct Answer {
-    status: StatusCode,
-    headers: HeaderMap,
-    body: Bytes,
-    outcome: Option<Outcome>,
+pub(crate) struct Answer {
+    pub(crate) status: StatusCode,
+    pub(crate) headers: HeaderMap,
+    pub(crate) body: Bytes,
+    pub(crate) outcome: Option<Outcome>,
 }
 
 use bytes::Bytes;
 
 impl Answer {
-    fn json(&self) -> Value {
+    pub(crate) fn json(&self) -> Value {
         serde_json::from_slice(&self.body).unwrap_or(Value::Null)
     }
     fn replayed(&self) -> bool {
@@ -179,7 +179,7 @@ impl Answer {
     /// Asserts that the answer is a problem with this status and type
     /// (`https://oncely.dev/problems/<slug>`).
     #[track_caller]
-    fn assert_problem(&self, status: StatusCode, slug: &str) {
+    pub(crate) fn assert_problem(&self, status: StatusCode, slug: &str) {
         assert_eq!(self.status, status, "{:?}", self.json());
         assert_eq!(
             self.problem_type(),
@@ -195,7 +195,7 @@ impl Answer {
     }
 }
 
-async fn send(
+pub(crate) async fn send(
     app: &Router,
     path: &str,
     key: Option<&str>,
@@ -1156,6 +1156,9 @@ impl<S: oncely::store::KeyStore> oncely::store::KeyStore for FlakyCompletes<S> {
         scope: &oncely::Scope,
     ) -> Result<Option<oncely::store::Record>, oncely::store::StoreError> {
         self.inner.get(scope).await
+    }
+    fn now(&self) -> std::time::SystemTime {
+        self.inner.now()
     }
     async fn prune(&self, limit: u32) -> Result<u64, oncely::store::StoreError> {
         self.inner.prune(limit).await

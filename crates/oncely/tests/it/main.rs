@@ -5,5 +5,6 @@
 mod layer_contract;
 mod migrations;
 mod properties;
+mod replay_cache;
 mod store_conformance;
 mod support;

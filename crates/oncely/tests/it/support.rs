@@ -20,6 +20,8 @@ pub trait Backend: KeyStore {
     fn count_effects(&self) -> impl Future<Output = i64> + Send;
     /// The same store on `clock`.
     fn with_clock(self, clock: impl Into<Clock>) -> Self;
+    /// Closes its pool: every later database call of the store fails.
+    fn close(&self) -> impl Future<Output = ()> + Send;
 }
 
 pub use oncely_testdb::TestDb as Db;
@@ -73,6 +75,9 @@ where
     }
     fn with_clock(self, clock: impl Into<Clock>) -> Self {
         SqlKeyStore::with_clock(self, clock)
+    }
+    async fn close(&self) {
+        self.pool().close().await;
     }
 }
 

@@ -8,7 +8,7 @@ use axum::body::Body;
 use http::Request;
 use tokio::time::Instant;
 
-use super::{BoundedWait, answer_from_record};
+use super::{BoundedWait, answer_from_record, cached_answer, remember};
 use crate::fingerprint::Fingerprints;
 use crate::layer::handler::{self, Failed, Handler};
 use crate::layer::outcome::{Answer, Outcome};
@@ -25,6 +25,9 @@ pub(super) async fn run<S: Handler, K: KeyStore>(
     fingerprints: &Fingerprints,
     mut req: Request<Body>,
 ) -> Answer {
+    if let Some(answer) = cached_answer(config, store, claim.scope, fingerprints) {
+        return answer;
+    }
     let mut wait = BoundedWait::new(config.wait);
     // Which secret's fingerprint the claim uses: the current one, or the previous one that
     // fingerprinted an in-progress row (so its expired lease can be taken over).
@@ -37,6 +40,7 @@ pub(super) async fn run<S: Handler, K: KeyStore>(
         match store.claim(&attempt).await {
             Ok(Claim::Acquired { token, .. }) => break token,
             Ok(Claim::Existing(record)) => {
+                remember(config, store, claim.scope, &record);
                 if let Some(answer) = answer_from_record(&record, fingerprints) {
                     return answer;
                 }

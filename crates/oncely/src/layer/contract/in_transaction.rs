@@ -8,7 +8,7 @@ use std::time::Duration;
 use axum::body::Body;
 use http::Request;
 
-use super::{BoundedWait, answer_from_record};
+use super::{BoundedWait, answer_from_record, cached_answer, remember};
 use crate::fingerprint::Fingerprints;
 use crate::layer::handler::{self, Handler};
 use crate::layer::outcome::{Answer, Outcome};
@@ -30,8 +30,14 @@ pub(super) async fn run<S: Handler, K: KeyStore>(
     // Most repeats of a key are retries of a finished request: answer those from one read,
     // without opening a transaction. Anything else (no row, in progress, expired) takes the
     // claim, which decides under the database's locks.
+    if let Some(answer) = cached_answer(config, store, claim.scope, fingerprints) {
+        return answer;
+    }
     let finished = match store.get(claim.scope).await {
-        Ok(record) => record.and_then(|record| answer_from_record(&record, fingerprints)),
+        Ok(record) => record.and_then(|record| {
+            remember(config, store, claim.scope, &record);
+            answer_from_record(&record, fingerprints)
+        }),
         Err(error) => return problems::store_failed(&error),
     };
     if let Some(answer) = finished {

@@ -137,6 +137,25 @@ fn answer_from_record(record: &Record, fingerprints: &Fingerprints) -> Option<An
     }
 }
 
+/// The answer the replay cache holds for this request: a finished row of its scope (its
+/// replay, or 422 for another request's key).
+fn cached_answer<K: KeyStore>(
+    config: &Config,
+    store: &K,
+    scope: &Scope,
+    fingerprints: &Fingerprints,
+) -> Option<Answer> {
+    let record = config.replay_cache.as_ref()?.get(scope, store.now())?;
+    answer_from_record(&record, fingerprints)
+}
+
+/// Offers a row just read to the replay cache (which keeps finished rows only).
+fn remember<K: KeyStore>(config: &Config, store: &K, scope: &Scope, record: &Record) {
+    if let Some(cache) = &config.replay_cache {
+        cache.remember(scope, record, store.now());
+    }
+}
+
 /// The stored response, marked `Idempotent-Replayed: true`.
 fn replay(stored: &StoredResponse) -> Response {
     let status = StatusCode::from_u16(stored.status).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);

@@ -33,12 +33,14 @@ pub(super) const CLAIM: &str = "
     )
     SELECT true AS inserted, fingerprint, state, true AS lease_active, false AS expired,
            NULL::int8 AS response_status, NULL::text AS response_headers,
-           NULL::bytea AS response_body, NULL::text AS tombstone_reason
+           NULL::bytea AS response_body, NULL::text AS tombstone_reason,
+           NULL::int8 AS expires_in_ms
       FROM inserted
     UNION ALL
     SELECT false, fingerprint, state, COALESCE(lease_until > COALESCE($9, now()), false),
            expires_at <= COALESCE($9, now()), response_status::int8, response_headers::text,
-           response_body, tombstone_reason
+           response_body, tombstone_reason,
+           floor(extract(epoch FROM expires_at - COALESCE($9, now())) * 1000)::int8
       FROM oncely_idempotency_keys
      WHERE tenant = $1 AND method = $2 AND route = $3 AND idem_key = $4
        AND NOT EXISTS (SELECT 1 FROM inserted)";
@@ -62,7 +64,8 @@ pub(super) const SELECT: &str = "
     SELECT fingerprint, state, COALESCE(lease_until > COALESCE($5, now()), false) AS lease_active,
            expires_at <= COALESCE($5, now()) AS expired, response_status::int8 AS response_status,
            response_headers::text AS response_headers, response_body, tombstone_reason,
-           floor(extract(epoch FROM expires_at) * 1000)::int8 AS expires_at_ms
+           floor(extract(epoch FROM expires_at - COALESCE($5, now())) * 1000)::int8
+               AS expires_in_ms
       FROM oncely_idempotency_keys
      WHERE tenant = $1 AND method = $2 AND route = $3 AND idem_key = $4";
 

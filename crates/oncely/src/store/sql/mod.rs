@@ -288,10 +288,15 @@ impl<DB: Dialect + Queries> KeyStore for SqlKeyStore<DB> {
         DB::fenced_write(&mut conn, scope, token, FencedWrite::Release, &self.clock).await
     }
 
+    fn now(&self) -> std::time::SystemTime {
+        self.clock.now()
+    }
+
     async fn get(&self, scope: &Scope) -> Result<Option<Record>, StoreError> {
         let mut conn = self.pool.acquire().await?;
+        let read_at = self.clock.now();
         let row = DB::select(&mut conn, scope, DB::now(&self.clock)).await?;
-        let found = row.map(KeyRow::into_found).transpose()?;
+        let found = row.map(|row| row.into_found(read_at)).transpose()?;
         Ok(found.filter(|f| !f.expired).map(|f| f.record))
     }
 
@@ -425,7 +430,7 @@ where
         req: &ClaimRequest<'_>,
         clock: &Clock,
     ) -> Result<Claim, StoreError> {
-        let now = DB::now(clock);
+        let (now, read_at) = (DB::now(clock), clock.now());
         for _ in 0..8 {
             let args = ClaimArgs {
                 req,
@@ -440,7 +445,7 @@ where
                     });
                 }
                 InsertOrRead::Raced => continue,
-                InsertOrRead::Found(row) => row.into_found()?,
+                InsertOrRead::Found(row) => row.into_found(read_at)?,
             };
             if !found.claimable_by(req.fingerprint) {
                 return Ok(Claim::Existing(found.record));

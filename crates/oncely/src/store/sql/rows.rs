@@ -16,10 +16,10 @@ pub struct KeyRow {
     response_headers: Option<String>,
     response_body: Option<Vec<u8>>,
     tombstone_reason: Option<String>,
-    /// When its retention ends, in Unix milliseconds: read by SELECT only (the claims' rows
-    /// leave it out).
+    /// How long its retention still runs, in milliseconds, by the statement's clock (the
+    /// database's, or the injected one); `NULL` for a row the statement inserted.
     #[sqlx(default)]
-    expires_at_ms: Option<i64>,
+    expires_in_ms: Option<i64>,
 }
 
 /// A key row that exists: its record and whether its retention has passed.
@@ -43,7 +43,8 @@ impl Found {
 }
 
 impl KeyRow {
-    pub(crate) fn into_found(self) -> Result<Found, StoreError> {
+    /// The row read by a statement that started after `read_at` (by the store's clock).
+    pub(crate) fn into_found(self, read_at: std::time::SystemTime) -> Result<Found, StoreError> {
         let fingerprint =
             Fingerprint::from_bytes(&self.fingerprint).ok_or(StoreError::Corrupt("fingerprint"))?;
         let state = match self.state.as_str() {
@@ -68,10 +69,11 @@ impl KeyRow {
             record: Record {
                 fingerprint,
                 state,
+                // In this process's time: what remained by the statement's clock, counted from
+                // before the statement, so never later than the row's own expiry.
                 expires_at: self
-                    .expires_at_ms
-                    .and_then(|ms| u64::try_from(ms).ok())
-                    .map(|ms| std::time::UNIX_EPOCH + std::time::Duration::from_millis(ms)),
+                    .expires_in_ms
+                    .map(|ms| read_at + std::time::Duration::from_millis(ms.max(0) as u64)),
             },
             expired: self.expired,
         })

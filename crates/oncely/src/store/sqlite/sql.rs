@@ -37,7 +37,7 @@ pub(super) const TAKEOVER: &str = "
 pub(super) const SELECT: &str = "
     SELECT fingerprint, state, COALESCE(lease_until > ?5, 0) AS lease_active,
            expires_at <= ?5 AS expired, response_status, response_headers, response_body,
-           tombstone_reason, expires_at AS expires_at_ms
+           tombstone_reason, expires_at - ?5 AS expires_in_ms
       FROM oncely_idempotency_keys
      WHERE tenant = ?1 AND method = ?2 AND route = ?3 AND idem_key = ?4";
 

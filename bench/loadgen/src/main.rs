@@ -8,12 +8,21 @@
 //! - `plain`: a fresh key per request to any URL with a fixed body (layer overhead).
 //!
 //! With `--password`, signup bodies carry a password (Argon2id on the server: the memory
-//! scenario, `bench/password-rss`).
+//! scenario, `bench/password-rss`, and the password scenario of `bench/run`).
+//!
+//! Client addresses: by default every request comes from 127.0.0.1. With `--source-addrs N`,
+//! requests go round-robin over N HTTP clients, each binding its connections to its own
+//! loopback address (127.1.0.1, 127.1.0.2, … — Linux routes all of 127.0.0.0/8 to `lo`
+//! without configuration): the server sees N peers. With `--forwarded-for N`, every request
+//! comes from 127.0.0.1 and names one of N client addresses (198.18.0.1, … — the benchmarking
+//! range 198.18.0.0/15) in `X-Forwarded-For`, round-robin: a server that trusts 127.0.0.1 as a
+//! proxy sees N clients.
 //!
 //! Requests go through `oncely-client` with one attempt each ([`RetryPolicy::NONE`]): the
 //! figures count first answers, and an error is counted as status 0.
 
 use std::collections::BTreeMap;
+use std::net::{IpAddr, Ipv4Addr};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
@@ -21,6 +30,7 @@ use std::time::{Duration, Instant};
 use clap::{Parser, ValueEnum};
 use oncely_client::{Client, Operation, RetryPolicy};
 use rand::Rng;
+use reqwest::header::{HeaderName, HeaderValue};
 use serde_json::json;
 use tokio::sync::Mutex;
 
@@ -53,6 +63,89 @@ struct Args {
     /// Signups carry a password.
     #[arg(long)]
     password: bool,
+    /// Spread requests round-robin over N loopback source addresses (127.1.0.1, …), one HTTP
+    /// client per address.
+    #[arg(long, value_name = "N", default_value_t = 1,
+          value_parser = clap::value_parser!(u32).range(1..=MAX_ADDRS))]
+    source_addrs: u32,
+    /// Send every request from 127.0.0.1 with `X-Forwarded-For: <one of N addresses>`
+    /// (198.18.0.1, …), round-robin: for a server that trusts 127.0.0.1 as a proxy.
+    #[arg(long, value_name = "N", conflicts_with = "source_addrs",
+          value_parser = clap::value_parser!(u32).range(1..=MAX_ADDRS))]
+    forwarded_for: Option<u32>,
+}
+
+/// Most distinct client addresses either flag spreads over (254 × 254).
+const MAX_ADDRS: i64 = 254 * 254;
+
+const X_FORWARDED_FOR: HeaderName = HeaderName::from_static("x-forwarded-for");
+
+/// The `i`-th client address of the range `a.b.0.0/16`: `a.b.0.1` … `a.b.0.254`, `a.b.1.1` …
+/// (no `.0` or `.255` host part).
+fn client_addr(a: u8, b: u8, i: u32) -> IpAddr {
+    let hi = u8::try_from(i / 254).expect("at most MAX_ADDRS addresses");
+    let lo = u8::try_from(i % 254 + 1).expect("1..=254");
+    IpAddr::V4(Ipv4Addr::new(a, b, hi, lo))
+}
+
+/// Where request `n` goes and whom it names: its client (source address) and its
+/// `X-Forwarded-For` value, each round-robin over the configured addresses.
+struct Senders {
+    clients: Vec<Client>,
+    forwarded: Vec<HeaderValue>,
+    path: String,
+}
+
+impl Senders {
+    fn new(args: &Args) -> anyhow::Result<Self> {
+        // One HTTP client (and connection pool) per source address; by default one, unbound.
+        let sources: Vec<Option<IpAddr>> = if args.source_addrs > 1 {
+            (0..args.source_addrs)
+                .map(|i| Some(client_addr(127, 1, i)))
+                .collect()
+        } else {
+            vec![None]
+        };
+        let idle_per_client = args.concurrency.div_ceil(sources.len()).max(1);
+        let clients = sources
+            .into_iter()
+            .map(|source| {
+                let http = reqwest::Client::builder()
+                    .pool_max_idle_per_host(idle_per_client)
+                    .local_address(source)
+                    .build()?;
+                Ok(Client::new(args.url.clone())
+                    .http_client(http)
+                    .policy(RetryPolicy::NONE))
+            })
+            .collect::<anyhow::Result<_>>()?;
+        let forwarded = (0..args.forwarded_for.unwrap_or(0))
+            .map(|i| HeaderValue::from_str(&client_addr(198, 18, i).to_string()))
+            .collect::<Result<_, _>>()?;
+        Ok(Self {
+            clients,
+            forwarded,
+            path: args.url.path().to_owned(),
+        })
+    }
+
+    /// Sends request `n` (one attempt); its status, 0 for a transport error.
+    async fn send(&self, n: u64, key: String, payload: &serde_json::Value) -> u16 {
+        let mut operation = Operation::post(&self.path)
+            .with_key(key)
+            .json(payload)
+            .expect("a JSON value serializes");
+        if !self.forwarded.is_empty() {
+            let addr = &self.forwarded[(n % self.forwarded.len() as u64) as usize];
+            operation = operation.header(X_FORWARDED_FOR, addr.clone());
+        }
+        let client = &self.clients[(n % self.clients.len() as u64) as usize];
+        match client.send(&operation).await {
+            Ok(answer) => answer.status.as_u16(),
+            Err(oncely_client::Error::GaveUp { status, .. }) => status.map_or(0, |s| s.as_u16()),
+            Err(_) => 0,
+        }
+    }
 }
 
 #[derive(Default)]
@@ -73,34 +166,19 @@ fn body(n: u64, password: bool) -> serde_json::Value {
 async fn main() -> anyhow::Result<()> {
     let args = Args::parse();
     let _ = rustls::crypto::ring::default_provider().install_default();
-    let http = reqwest::Client::builder()
-        .pool_max_idle_per_host(args.concurrency)
-        .build()?;
-    let client = Client::new(args.url.clone())
-        .http_client(http)
-        .policy(RetryPolicy::NONE);
-    let path = args.url.path().to_owned();
-    let request = move |key: String, payload: &serde_json::Value| {
-        Operation::post(&path)
-            .with_key(key)
-            .json(payload)
-            .expect("a JSON value serializes")
-    };
+    let senders = Arc::new(Senders::new(&args)?);
     let run_id: u64 = rand::random::<u32>().into();
     let counter = Arc::new(AtomicU64::new(0));
 
     if args.mode == Mode::Replay {
         for n in 0..args.keys as u64 {
-            let answer = client
-                .send(&request(
-                    format!("r-{run_id}-{n}"),
-                    &body(run_id * 1_000_000 + n, args.password),
-                ))
-                .await?;
+            let key = format!("r-{run_id}-{n}");
+            let status = senders
+                .send(n, key, &body(run_id * 1_000_000 + n, args.password))
+                .await;
             anyhow::ensure!(
-                answer.is_success(),
-                "warm-up request failed: {}",
-                answer.status
+                (200..300).contains(&status),
+                "warm-up request failed: {status}"
             );
         }
     }
@@ -110,12 +188,7 @@ async fn main() -> anyhow::Result<()> {
     let started = Instant::now();
     let mut tasks = Vec::new();
     for _ in 0..args.concurrency {
-        let (client, request, totals, counter) = (
-            client.clone(),
-            request.clone(),
-            totals.clone(),
-            counter.clone(),
-        );
+        let (senders, totals, counter) = (senders.clone(), totals.clone(), counter.clone());
         let (mode, duplicates, keys, password) =
             (args.mode, args.duplicates, args.keys as u64, args.password);
         tasks.push(tokio::spawn(async move {
@@ -146,13 +219,7 @@ async fn main() -> anyhow::Result<()> {
                     Mode::Plain => (format!("p-{run_id}-{n}"), json!({ "amount": 1 })),
                 };
                 let sent = Instant::now();
-                let status = match client.send(&request(key, &payload)).await {
-                    Ok(answer) => answer.status.as_u16(),
-                    Err(oncely_client::Error::GaveUp { status, .. }) => {
-                        status.map_or(0, |s| s.as_u16())
-                    }
-                    Err(_) => 0,
-                };
+                let status = senders.send(n, key, &payload).await;
                 local.latencies.push(sent.elapsed());
                 *local.statuses.entry(status).or_default() += 1;
             }

@@ -365,6 +365,18 @@ pub trait Accounts: Backend {
         window_start: i64,
     ) -> impl Future<Output = Result<i64, AccountError>> + Send + 'c;
 
+    /// Counts one more email to an address from a client (`buckets.0`) and, if that count is
+    /// within `per_address` and `client_allowed`, one more to the address (`buckets.1`);
+    /// returns both counts (the second `None` if not counted). One statement where the dialect
+    /// can.
+    fn count_email_pair<'c>(
+        conn: &'c mut Connection<Self>,
+        tenant: &'c str,
+        buckets: (&'c str, &'c str),
+        window_start: i64,
+        caps: (i64, bool),
+    ) -> impl Future<Output = Result<(i64, Option<i64>), AccountError>> + Send + 'c;
+
     /// The user with this address in this tenant, with its password hash (on the pool: a
     /// login writes nothing in the request's transaction).
     fn login_user(
@@ -768,6 +780,7 @@ where
     for<'r> ConsumedToken: FromRow<'r, <B::Database as sqlx::Database>::Row>,
     for<'r> TokenForSend: FromRow<'r, <B::Database as sqlx::Database>::Row>,
     for<'r> (Option<String>, i64): FromRow<'r, <B::Database as sqlx::Database>::Row>,
+    for<'r> (i64, Option<i64>): FromRow<'r, <B::Database as sqlx::Database>::Row>,
     for<'r> (i64,): FromRow<'r, <B::Database as sqlx::Database>::Row>,
     for<'r> (Uuid,): FromRow<'r, <B::Database as sqlx::Database>::Row>,
     for<'r> (String,): FromRow<'r, <B::Database as sqlx::Database>::Row>,
@@ -788,15 +801,18 @@ where
         source: Option<&str>,
     ) -> Result<SignupOutcome, AccountError> {
         let new_id = Uuid::new_v4();
-        sqlx::query(B::ACCOUNT_SQL.insert_user)
+        let inserted: Option<Uuid> = sqlx::query_scalar(B::ACCOUNT_SQL.insert_user)
             .bind(new_id)
             .bind(tenant)
             .bind(email.as_str())
             .bind(source)
             .bind(B::at(None))
-            .execute(&mut *conn)
+            .fetch_optional(&mut *conn)
             .await
             .map_err(AccountError::of::<B>)?;
+        if inserted == Some(new_id) {
+            return Ok(SignupOutcome::Created(new_id));
+        }
         let user = Self::find_user(conn, tenant, email)
             .await?
             .ok_or(AccountError::Vanished("user vanished"))?;
@@ -849,6 +865,33 @@ where
             .fetch_one(conn)
             .await
             .map_err(AccountError::of::<B>)
+    }
+
+    async fn count_email_pair(
+        conn: &mut Connection<B>,
+        tenant: &str,
+        (pair, address): (&str, &str),
+        window_start: i64,
+        (per_address, client_allowed): (i64, bool),
+    ) -> Result<(i64, Option<i64>), AccountError> {
+        if let Some(sql) = B::ACCOUNT_SQL.count_email_pair {
+            return sqlx::query_as(sql)
+                .bind(tenant)
+                .bind(pair)
+                .bind(address)
+                .bind(window_start)
+                .bind(per_address)
+                .bind(client_allowed)
+                .fetch_one(conn)
+                .await
+                .map_err(AccountError::of::<B>);
+        }
+        let from_client = Self::count_email(&mut *conn, tenant, pair, window_start).await?;
+        if from_client > per_address || !client_allowed {
+            return Ok((from_client, None));
+        }
+        let to_address = Self::count_email(conn, tenant, address, window_start).await?;
+        Ok((from_client, Some(to_address)))
     }
 
     async fn login_user(
@@ -916,6 +959,25 @@ where
         token: &NewToken<'_>,
     ) -> Result<(), AccountError> {
         let now = || B::at(None);
+        if let Some(sql) = B::ACCOUNT_SQL.supersede_and_insert_token {
+            sqlx::query(sql)
+                .bind(token.id)
+                .bind(token.tenant)
+                .bind(token.user_id)
+                .bind(token.email)
+                .bind(token.flow)
+                .bind(token.hash)
+                .bind(B::at(Some(token.expires_at)))
+                .bind(now())
+                .bind(token.password_hash)
+                .bind(token.return_to)
+                .bind(token.locale)
+                .bind(token.supersede)
+                .execute(conn)
+                .await
+                .map_err(AccountError::of::<B>)?;
+            return Ok(());
+        }
         sqlx::query(B::ACCOUNT_SQL.supersede_flow)
             .bind(token.user_id)
             .bind(token.flow)

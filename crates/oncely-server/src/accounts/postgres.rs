@@ -7,7 +7,8 @@ use super::Statements;
 /// The statements.
 pub const STATEMENTS: Statements = Statements {
     insert_user: "INSERT INTO oncely_users (id, tenant, email, source, created_at)
-                  VALUES ($1, $2, $3, $4, COALESCE($5, now())) ON CONFLICT (tenant, email) DO NOTHING",
+                  VALUES ($1, $2, $3, $4, COALESCE($5, now())) ON CONFLICT (tenant, email) DO NOTHING
+                  RETURNING id",
     find_user: "SELECT id, status = 'verified' AS verified FROM oncely_users
                  WHERE tenant = $1 AND email = $2",
     lock_user: "SELECT id, status = 'verified' AS verified FROM oncely_users
@@ -24,6 +25,21 @@ pub const STATEMENTS: Statements = Statements {
                   VALUES ($1, $2, $3, 1)
                   ON CONFLICT (tenant, bucket, window_start) DO UPDATE SET count = r.count + 1
                   RETURNING count::bigint",
+    // Two rows of the limits table, neither shared with requests for other addresses.
+    count_email_pair: Some(
+        "WITH pair AS (
+             INSERT INTO oncely_rate_limits AS r (tenant, bucket, window_start, count)
+             VALUES ($1, $2, $4, 1)
+             ON CONFLICT (tenant, bucket, window_start) DO UPDATE SET count = r.count + 1
+             RETURNING count
+         ), total AS (
+             INSERT INTO oncely_rate_limits AS r (tenant, bucket, window_start, count)
+             SELECT $1, $3, $4, 1 FROM pair WHERE pair.count <= $5 AND $6
+             ON CONFLICT (tenant, bucket, window_start) DO UPDATE SET count = r.count + 1
+             RETURNING count
+         )
+         SELECT (SELECT count FROM pair)::bigint, (SELECT count FROM total)::bigint",
+    ),
     supersede_flow: "UPDATE oncely_tokens SET superseded_at = COALESCE($4, now())
                       WHERE user_id = $1 AND flow = $2 AND $3
                         AND consumed_at IS NULL AND superseded_at IS NULL
@@ -32,6 +48,19 @@ pub const STATEMENTS: Statements = Statements {
                        (id, tenant, user_id, email, flow, token_hash, expires_at, created_at, password_hash,
                         return_to, locale)
                    VALUES ($1, $2, $3, $4, $5, $6, $7, COALESCE($8, now()), $9, $10, $11)",
+    // Both parts see the statement's snapshot: the update never reaches the inserted row.
+    supersede_and_insert_token: Some(
+        "WITH superseded AS (
+             UPDATE oncely_tokens SET superseded_at = COALESCE($8, now())
+              WHERE user_id = $3 AND flow = $5 AND $12
+                AND consumed_at IS NULL AND superseded_at IS NULL
+                AND password_hash IS NULL
+         )
+         INSERT INTO oncely_tokens
+                (id, tenant, user_id, email, flow, token_hash, expires_at, created_at, password_hash,
+                 return_to, locale)
+         VALUES ($1, $2, $3, $4, $5, $6, $7, COALESCE($8, now()), $9, $10, $11)",
+    ),
     // Index: token_hash unique, then the users' primary key. Every transaction that uses a
     // link locks its account first, then its token, then the account's other tokens (a reset
     // ends them, so does an email change): two links of one account used at once then run one

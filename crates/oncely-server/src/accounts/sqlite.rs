@@ -6,7 +6,8 @@ use super::Statements;
 /// The statements.
 pub const STATEMENTS: Statements = Statements {
     insert_user: "INSERT INTO oncely_users (id, tenant, email, source, created_at)
-                  VALUES (?1, ?2, ?3, ?4, ?5) ON CONFLICT (tenant, email) DO NOTHING",
+                  VALUES (?1, ?2, ?3, ?4, ?5) ON CONFLICT (tenant, email) DO NOTHING
+                  RETURNING id",
     find_user: "SELECT id, status = 'verified' AS verified FROM oncely_users
                  WHERE tenant = ?1 AND email = ?2",
     // Differs: nothing to lock — the transaction holds the database's one write lock.
@@ -23,6 +24,8 @@ pub const STATEMENTS: Statements = Statements {
                   VALUES (?1, ?2, ?3, 1)
                   ON CONFLICT (tenant, bucket, window_start) DO UPDATE SET count = count + 1
                   RETURNING count",
+    // Differs: no data-modifying CTEs (two statements, in-process).
+    count_email_pair: None,
     supersede_flow: "UPDATE oncely_tokens SET superseded_at = ?4
                       WHERE user_id = ?1 AND flow = ?2 AND ?3
                         AND consumed_at IS NULL AND superseded_at IS NULL
@@ -31,6 +34,8 @@ pub const STATEMENTS: Statements = Statements {
                        (id, tenant, user_id, email, flow, token_hash, expires_at, created_at, password_hash,
                         return_to, locale)
                    VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11)",
+    // Differs: no data-modifying CTEs (two statements, in-process).
+    supersede_and_insert_token: None,
     // Differs: nothing to lock — the transaction holds the database's one write lock.
     lock_token_account: "SELECT 1 WHERE ?1 IS NULL",
     // Index: token_hash unique (across tenants: the token names its tenant).

@@ -10,7 +10,8 @@
 /// The SQL of the account flows in one dialect.
 #[derive(Debug, Clone, Copy)]
 pub struct Statements {
-    /// Binds id, tenant, email, source, now. Inserts the user unless (tenant, email) exists.
+    /// Binds id, tenant, email, source, now. Inserts the user unless (tenant, email) exists;
+    /// returns `id` if it did (no row otherwise).
     pub insert_user: &'static str,
     /// Binds tenant, email. Returns `id`, `verified`.
     pub find_user: &'static str,
@@ -28,12 +29,22 @@ pub struct Statements {
     pub rehash_password: &'static str,
     /// Binds tenant, bucket, window_start. Counts one more email; returns the count (64-bit).
     pub count_email: &'static str,
+    /// Where the dialect can in one statement (data-modifying CTEs): binds tenant, the
+    /// address-and-client bucket, the address bucket, window_start, the per-address cap
+    /// (64-bit), whether the client's own cap let the email through. Counts one more email to
+    /// the address from the client, and — if that is within the cap and the client's cap let
+    /// it through — one more to the address; returns both counts (64-bit; the second NULL if
+    /// not counted). `None`: [`Self::count_email`] twice.
+    pub count_email_pair: Option<&'static str>,
     /// Binds user_id, flow, supersede (bool), now. Supersedes the user's live tokens of the
     /// flow that carry no signup password, if `supersede`.
     pub supersede_flow: &'static str,
     /// Binds id, tenant, user_id, email, flow, token_hash, expires_at, now, password_hash,
     /// return_to, locale.
     pub insert_token: &'static str,
+    /// Where the dialect can in one statement: [`Self::supersede_flow`] then
+    /// [`Self::insert_token`]; binds as `insert_token`, then supersede (bool). `None`: the two.
+    pub supersede_and_insert_token: Option<&'static str>,
     /// Binds token_hash. Locks the account the token belongs to (if any) until the transaction
     /// ends, before the token is consumed.
     pub lock_token_account: &'static str,

@@ -14,6 +14,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
+use anyhow::Context;
 use governor::{DefaultKeyedRateLimiter, Quota, RateLimiter};
 
 use oncely::TenantId;
@@ -136,23 +137,31 @@ pub async fn suppression<A: Accounts>(
     let limits = state.limits;
     let window = limits.window.as_secs().max(1) as i64;
     let window_start = OffsetDateTime::now_utc().unix_timestamp() / window * window;
-    // Counts one more email in a bucket. Buckets are keyed hashes: the limits table never holds
-    // an address.
-    let mut count = async |kind: &str, value: &str| {
+    // Buckets are keyed hashes: the limits table never holds an address.
+    let bucket = |kind: &str, value: &str| {
         let mac = state
             .secret
             .mac("oncely/rate-limit/v1", &[kind.as_bytes(), value.as_bytes()]);
-        let bucket = format!("{kind}:{}", hex::encode(&mac[..16]));
-        A::count_email(&mut *conn, tenant.as_str(), &bucket, window_start).await
+        format!("{kind}:{}", hex::encode(&mac[..16]))
     };
-    let (to_address_from_client, client_allowed) = match caller.bucket() {
+    let address = bucket("address", email.as_str());
+    // The email to the address from this client, and — only if the client's own caps let it
+    // through — to the address from all clients: a client hammering one address past its
+    // share cannot use up everyone else's.
+    let (to_address_from_client, client_allowed, to_address) = match caller.bucket() {
         Some(client) => {
-            let pair = format!("{}\n{client}", email.as_str());
-            let to_address_from_client = count("address-client", &pair).await?;
             let allowed = state.client_mail.allows(tenant, &client);
-            (to_address_from_client, allowed)
+            let pair = bucket("address-client", &format!("{}\n{client}", email.as_str()));
+            let caps = (i64::from(limits.per_address), allowed);
+            let buckets = (pair.as_str(), address.as_str());
+            let (from_client, to_address) =
+                A::count_email_pair(conn, tenant.as_str(), buckets, window_start, caps).await?;
+            (from_client, allowed, to_address)
         }
-        None => (0, true),
+        None => {
+            let to_address = A::count_email(conn, tenant.as_str(), &address, window_start).await?;
+            (0, true, Some(to_address))
+        }
     };
     let over = |limit, cap: u32, whom| {
         let reason = format!(
@@ -166,13 +175,12 @@ pub async fn suppression<A: Accounts>(
     } else if !client_allowed {
         over("client", limits.per_client, "from this client")
     } else {
-        // Only emails a client's own caps let through count toward the mailbox's total: a
-        // client hammering one address past its share cannot use up everyone else's. And a
-        // client's first email to the address in the window always passes the total: however
+        // A client's first email to the address in the window always passes the total: however
         // many clients fill it, the owner (a client that has asked for nothing yet) still gets
         // its link — a mail bomb gains one email per client address it controls, and no more
         // than the hard ceiling in all.
-        let to_address = count("address", email.as_str()).await?;
+        let to_address =
+            to_address.context("the address is counted when the client's are not over")?;
         let first_from_client = to_address_from_client == 1;
         // But not past the hard ceiling: clients are cheap (an IPv6 prefix holds thousands, a
         // backend may name any address), so their first emails together stop there.

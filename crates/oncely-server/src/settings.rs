@@ -72,8 +72,9 @@ pub mod defaults {
     pub const OUTBOX_RETENTION: &str = "7d";
     /// `ONCELY_PRUNE_INTERVAL`.
     pub const PRUNE_INTERVAL: &str = "10m";
-    /// `--replay-cache-bytes` of `oncely serve` and `oncely gateway` (16 MiB).
-    pub const REPLAY_CACHE_BYTES: u64 = 16 * 1024 * 1024;
+    /// `--replay-cache-bytes` of `oncely serve` and `oncely gateway` (8 MiB: about 5,000 small
+    /// answers).
+    pub const REPLAY_CACHE_BYTES: u64 = 8 * 1024 * 1024;
     /// `oncely gateway --bind`.
     pub const GATEWAY_BIND: &str = "127.0.0.1:8090";
     /// `oncely gateway --upstream-timeout`.

@@ -9,13 +9,11 @@
 //! that every request of a busy client (a NAT, an office, a load generator) updates, so those
 //! requests would commit one after another.
 
-use std::num::NonZeroU32;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
 use anyhow::Context;
-use governor::{DefaultKeyedRateLimiter, Quota, RateLimiter};
 
 use oncely::TenantId;
 use time::OffsetDateTime;
@@ -43,41 +41,55 @@ pub struct MailLimits {
     pub window: Duration,
 }
 
-/// The per-client email cap, counted in this process: `per_client` emails at once, then one more
-/// every `window / per_client` (a token bucket; over a whole window that is the cap, as a
-/// database counter per window allowed). Keyed by tenant and client bucket; clients whose
-/// allowance is full again are forgotten at most a window later, so memory follows the clients
-/// of the last two windows only.
+/// The per-client email cap, counted in this process: a token bucket (GCRA) per tenant and
+/// client bucket — `per_client` emails at once, then one more every `window / per_client`. In
+/// any window-long span a client gets at most twice the cap, as a fixed window per database row
+/// allowed, and the cap itself over a steady stream.
+///
+/// Bounded: at most [`ClientMail::MAX_CLIENTS`] clients are remembered, each forgotten after a
+/// window without emails (its bucket is full again by then). Beyond that many clients in a
+/// window, some are forgotten early (moka's TinyLFU chooses) and get a fresh allowance: a
+/// sender needs that many client addresses to do it, and with that many addresses a per-client
+/// cap is no obstacle anyway. The caps that protect a mailbox are the per-address ones, exact,
+/// in the database.
 ///
 /// Each `oncely serve` process counts its own clients: behind a load balancer that spreads one
-/// client over `n` processes, the client gets up to `n` times the cap (the per-address caps,
-/// which protect a mailbox, stay in the database and are exact). An email counted here whose
-/// request then fails stays counted.
+/// client over `n` processes, the client gets up to `n` times the cap. An email counted here
+/// whose request then fails stays counted.
 #[derive(Clone)]
 pub struct ClientMail {
-    limiter: Option<Arc<DefaultKeyedRateLimiter<(String, String)>>>,
-    window: Duration,
-    /// When the forgotten clients were last swept (milliseconds since `epoch`).
-    swept: Arc<AtomicU64>,
+    /// Each client's theoretical arrival time (nanoseconds since `epoch`); `None`: a cap of 0.
+    clients: Option<moka::sync::Cache<(String, String), Arc<AtomicU64>>>,
+    /// Nanoseconds per email of a steady stream (`window / per_client`).
+    interval: u64,
+    /// How far ahead of now a client's arrival time may run: the window.
+    tolerance: u64,
     epoch: std::time::Instant,
 }
 
 impl ClientMail {
+    /// How many clients (per process) are remembered at most.
+    pub const MAX_CLIENTS: u64 = 50_000;
+
     /// The cap of `limits` (`per_client` per `window`); a cap of 0 suppresses every email of a
     /// known client.
     pub fn new(limits: &MailLimits) -> Self {
+        Self::with_capacity(limits, Self::MAX_CLIENTS)
+    }
+
+    fn with_capacity(limits: &MailLimits, max_clients: u64) -> Self {
         let window = limits.window.max(Duration::from_secs(1));
-        let limiter = NonZeroU32::new(limits.per_client).map(|burst| {
-            let period = (window / burst.get()).max(Duration::from_nanos(1));
-            let quota = Quota::with_period(period)
-                .expect("a period of at least one nanosecond")
-                .allow_burst(burst);
-            Arc::new(RateLimiter::keyed(quota))
+        let tolerance = u64::try_from(window.as_nanos()).unwrap_or(u64::MAX);
+        let clients = (limits.per_client > 0).then(|| {
+            moka::sync::Cache::builder()
+                .max_capacity(max_clients)
+                .time_to_idle(window)
+                .build()
         });
         Self {
-            limiter,
-            window,
-            swept: Arc::default(),
+            clients,
+            interval: (tolerance / u64::from(limits.per_client.max(1))).max(1),
+            tolerance,
             epoch: std::time::Instant::now(),
         }
     }
@@ -85,37 +97,40 @@ impl ClientMail {
     /// Counts one email of `client` in `tenant`: `false` if it is over the cap (then it is not
     /// counted).
     fn allows(&self, tenant: &TenantId, client: &str) -> bool {
-        let Some(limiter) = &self.limiter else {
+        let Some(clients) = &self.clients else {
             return false;
         };
-        let now = self.epoch.elapsed().as_millis() as u64;
-        let last = self.swept.load(Ordering::Relaxed);
-        let window = self.window.as_millis() as u64;
-        if now.saturating_sub(last) >= window
-            && self
-                .swept
-                .compare_exchange(last, now, Ordering::Relaxed, Ordering::Relaxed)
-                .is_ok()
-        {
-            limiter.retain_recent();
-            limiter.shrink_to_fit();
+        let arrival = clients.get_with((tenant.as_str().to_owned(), client.to_owned()), || {
+            Arc::new(AtomicU64::new(0))
+        });
+        let now = u64::try_from(self.epoch.elapsed().as_nanos()).unwrap_or(u64::MAX);
+        let mut seen = arrival.load(Ordering::Acquire);
+        loop {
+            let next = seen.max(now).saturating_add(self.interval);
+            if next - now > self.tolerance {
+                return false;
+            }
+            match arrival.compare_exchange(seen, next, Ordering::AcqRel, Ordering::Acquire) {
+                Ok(_) => return true,
+                Err(current) => seen = current,
+            }
         }
-        limiter
-            .check_key(&(tenant.as_str().to_owned(), client.to_owned()))
-            .is_ok()
     }
 
     /// How many clients it remembers (tests).
     #[doc(hidden)]
-    pub fn clients(&self) -> usize {
-        self.limiter.as_ref().map_or(0, |limiter| limiter.len())
+    pub fn clients(&self) -> u64 {
+        self.clients.as_ref().map_or(0, |clients| {
+            clients.run_pending_tasks();
+            clients.entry_count()
+        })
     }
 }
 
 impl std::fmt::Debug for ClientMail {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("ClientMail")
-            .field("window", &self.window)
+            .field("interval_ns", &self.interval)
             .field("clients", &self.clients())
             .finish_non_exhaustive()
     }
@@ -236,16 +251,30 @@ mod tests {
     }
 
     #[test]
-    fn the_allowance_refills_over_the_window_and_full_clients_are_forgotten() {
+    fn the_allowance_refills_over_the_window_and_idle_clients_are_forgotten() {
         let caps = ClientMail::new(&limits(2, Duration::from_secs(1)));
         let tenant = TenantId::default();
         assert!(caps.allows(&tenant, "a") && caps.allows(&tenant, "a"));
         assert!(!caps.allows(&tenant, "a"));
-        // Full again (and so forgettable) one refill after its allowance came back: the sweep
-        // this call starts forgets "a".
-        std::thread::sleep(Duration::from_millis(1600));
-        assert!(caps.allows(&tenant, "b"));
-        assert_eq!(caps.clients(), 1, "only b, the client of the last window");
+        // Half a window later: one more (a steady stream gets the cap per window).
+        std::thread::sleep(Duration::from_millis(550));
         assert!(caps.allows(&tenant, "a"));
+        assert!(!caps.allows(&tenant, "a"));
+        assert!(caps.allows(&tenant, "b"));
+        // A window without emails: forgotten (its bucket is full again anyway).
+        std::thread::sleep(Duration::from_millis(1100));
+        assert_eq!(caps.clients(), 0);
+        assert!(caps.allows(&tenant, "a") && caps.allows(&tenant, "a"));
+    }
+
+    #[test]
+    fn a_flood_of_distinct_clients_stays_bounded() {
+        let caps = ClientMail::with_capacity(&limits(3, Duration::from_secs(3600)), 1_000);
+        let tenant = TenantId::default();
+        for i in 0..10_000 {
+            assert!(caps.allows(&tenant, &format!("client-{i}")));
+        }
+        let remembered = caps.clients();
+        assert!((1..=1_000).contains(&remembered), "{remembered}");
     }
 }

@@ -180,3 +180,26 @@ async fn the_cache_holds_at_most_its_bytes<S: Backend>(store: S, _db: Db) {
         assert_eq!(again.outcome, Some(Outcome::Replayed));
     }
 }
+
+/// SQLite binds whole milliseconds: a read at 0.9 ms past a millisecond must not reckon the
+/// entry's expiry 0.9 ms past the row's.
+#[tokio::test]
+async fn on_sqlite_an_entry_ends_with_its_row_to_the_millisecond() {
+    let (store, _db) = crate::support::sqlite().await;
+    let start = SystemTime::UNIX_EPOCH + Duration::from_micros(1_700_000_000_000_900);
+    let clock = ManualClock::new(start);
+    let store = store.with_clock(clock.clone());
+    let cache = ReplayCache::new(1 << 20);
+    let retention = Duration::from_secs(60);
+    let (app, effects) = cached(store, &cache, retention);
+    let key = new_key();
+    send(&app, "/payments", Some(&key), "{}", &[]).await;
+    let kept = send(&app, "/payments", Some(&key), "{}", &[]).await;
+    assert_eq!(kept.outcome, Some(Outcome::Replayed));
+    assert_eq!(cache.entry_count(), 1);
+    // The row expires at the whole millisecond the claim bound, plus the retention.
+    clock.advance(retention - Duration::from_micros(900));
+    let fresh = send(&app, "/payments", Some(&key), "{}", &[]).await;
+    assert_eq!(fresh.outcome, Some(Outcome::Created));
+    assert_eq!(effects.count(), 2);
+}

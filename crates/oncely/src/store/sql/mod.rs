@@ -294,7 +294,7 @@ impl<DB: Dialect + Queries> KeyStore for SqlKeyStore<DB> {
 
     async fn get(&self, scope: &Scope) -> Result<Option<Record>, StoreError> {
         let mut conn = self.pool.acquire().await?;
-        let read_at = self.clock.now();
+        let read_at = whole_millis(self.clock.now());
         let row = DB::select(&mut conn, scope, DB::now(&self.clock)).await?;
         let found = row.map(|row| row.into_found(read_at)).transpose()?;
         Ok(found.filter(|f| !f.expired).map(|f| f.record))
@@ -430,7 +430,8 @@ where
         req: &ClaimRequest<'_>,
         clock: &Clock,
     ) -> Result<Claim, StoreError> {
-        let (now, read_at) = (DB::now(clock), clock.now());
+        let read_at = whole_millis(clock.now());
+        let now = DB::now(clock);
         for _ in 0..8 {
             let args = ClaimArgs {
                 req,
@@ -537,4 +538,13 @@ where
             .await?;
         Ok(DB::rows_affected(&done))
     }
+}
+
+/// `at`, rounded down to the millisecond: the time of a read, no later than the clock the
+/// statement bound (SQLite binds whole milliseconds), so that the expiry reckoned from it is
+/// never later than the row's.
+fn whole_millis(at: std::time::SystemTime) -> std::time::SystemTime {
+    let since = at.duration_since(std::time::UNIX_EPOCH).unwrap_or_default();
+    let millis = Duration::from_millis(u64::try_from(since.as_millis()).unwrap_or(u64::MAX));
+    std::time::UNIX_EPOCH + millis
 }

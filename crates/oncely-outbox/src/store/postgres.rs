@@ -6,7 +6,7 @@
 //! enqueue would serialise every committing enqueuer behind it. So the store rate-limits it:
 //!
 //! - an enqueue notifies inside its transaction when no enqueue of this store did within the
-//!   last [`PgJobStore::notify_window`] ([`NOTIFY_WINDOW`], 25 ms): at most one notifying commit
+//!   last [`PgJobStore::notify_window`] ([`NOTIFY_WINDOW`], 5 ms): at most one notifying commit
 //!   per window, however many commit;
 //! - an enqueue inside the window skips it and arms trailing NOTIFYs instead, sent by a
 //!   background task on a connection of its own (outside any transaction): one when the window
@@ -64,10 +64,10 @@ pub fn migrator() -> Migrator {
 }
 
 /// At most one enqueue per this window notifies inside its transaction (see the module docs).
-pub const NOTIFY_WINDOW: Duration = Duration::from_millis(25);
+pub const NOTIFY_WINDOW: Duration = Duration::from_millis(5);
 
 /// At most one NOTIFY from the background task per this interval, however many wakes.
-pub const NOTIFY_INTERVAL: Duration = Duration::from_millis(10);
+pub const NOTIFY_INTERVAL: Duration = Duration::from_millis(5);
 
 /// The `application_name` of the listener's connection.
 pub const LISTENER_APPLICATION_NAME: &str = "oncely-outbox-listener";

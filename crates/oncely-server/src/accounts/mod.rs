@@ -959,7 +959,9 @@ where
         token: &NewToken<'_>,
     ) -> Result<(), AccountError> {
         let now = || B::at(None);
-        if let Some(sql) = B::ACCOUNT_SQL.supersede_and_insert_token {
+        // The insert's parameters, in `insert_token`'s order (the one-statement form adds
+        // `supersede` after them).
+        let insert = |sql| {
             sqlx::query(sql)
                 .bind(token.id)
                 .bind(token.tenant)
@@ -972,6 +974,9 @@ where
                 .bind(token.password_hash)
                 .bind(token.return_to)
                 .bind(token.locale)
+        };
+        if let Some(sql) = B::ACCOUNT_SQL.supersede_and_insert_token {
+            insert(sql)
                 .bind(token.supersede)
                 .execute(conn)
                 .await
@@ -986,18 +991,7 @@ where
             .execute(&mut *conn)
             .await
             .map_err(AccountError::of::<B>)?;
-        sqlx::query(B::ACCOUNT_SQL.insert_token)
-            .bind(token.id)
-            .bind(token.tenant)
-            .bind(token.user_id)
-            .bind(token.email)
-            .bind(token.flow)
-            .bind(token.hash)
-            .bind(B::at(Some(token.expires_at)))
-            .bind(now())
-            .bind(token.password_hash)
-            .bind(token.return_to)
-            .bind(token.locale)
+        insert(B::ACCOUNT_SQL.insert_token)
             .execute(conn)
             .await
             .map_err(AccountError::of::<B>)?;

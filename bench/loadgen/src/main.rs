@@ -1,39 +1,22 @@
-//! `oncely-loadgen`: drives an Idempotency-Key API over HTTP for a fixed time and prints one
-//! JSON line: requests, successes, rate, latency percentiles, statuses.
-//!
-//! Modes:
-//! - `signup`: every logical request a fresh key and a fresh address; with `--duplicates p`, a
-//!   share p of requests repeat an earlier request (same key, same body) instead;
-//! - `replay`: first makes `--keys` requests, then only repeats them (every answer a replay);
-//! - `plain`: a fresh key per request to any URL with a fixed body (layer overhead).
-//!
-//! With `--password`, signup bodies carry a password (Argon2id on the server: the memory
-//! scenario, `bench/password-rss`, and the password scenario of `bench/run`).
-//!
-//! Client addresses: by default every request comes from 127.0.0.1. With `--source-addrs N`,
-//! requests go round-robin over N HTTP clients, each binding its connections to its own
-//! loopback address (127.1.0.1, 127.1.0.2, … — Linux routes all of 127.0.0.0/8 to `lo`
-//! without configuration): the server sees N peers. With `--forwarded-for N`, every request
-//! comes from 127.0.0.1 and names one of N client addresses (198.18.0.1, … — the benchmarking
-//! range 198.18.0.0/15) in `X-Forwarded-For`, round-robin: a server that trusts 127.0.0.1 as a
-//! proxy sees N clients.
-//!
-//! Requests go through `oncely-client` with one attempt each ([`RetryPolicy::NONE`]): the
-//! figures count first answers, and an error is counted as status 0.
+//! Requests are written as raw HTTP/1.1 on kept-alive connections (one pool of idle
+//! connections per source address), with one attempt each: the figures count first answers,
+//! and a transport error is counted as status 0. A generator this lean (no HTTP client stack)
+//! leaves the server and the database the cores that pgbench's client leaves them in the
+//! baselines; a reused connection the server had closed is reopened once before the request
+//! counts as failed, as any HTTP client does.
 
 use std::collections::BTreeMap;
-use std::net::{IpAddr, Ipv4Addr};
+use std::net::{IpAddr, Ipv4Addr, SocketAddr};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 use clap::{Parser, ValueEnum};
-use oncely_client::{Client, Operation, RetryPolicy};
 use rand::Rng;
-use reqwest::header::{HeaderName, HeaderValue};
 use serde_json::json;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::{TcpSocket, TcpStream};
 use tokio::sync::Mutex;
-
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
 enum Mode {
     Signup,
@@ -78,8 +61,6 @@ struct Args {
 /// Most distinct client addresses either flag spreads over (254 × 254).
 const MAX_ADDRS: i64 = 254 * 254;
 
-const X_FORWARDED_FOR: HeaderName = HeaderName::from_static("x-forwarded-for");
-
 /// The `i`-th client address of the range `a.b.0.0/16`: `a.b.0.1` … `a.b.0.254`, `a.b.1.1` …
 /// (no `.0` or `.255` host part).
 fn client_addr(a: u8, b: u8, i: u32) -> IpAddr {
@@ -88,17 +69,48 @@ fn client_addr(a: u8, b: u8, i: u32) -> IpAddr {
     IpAddr::V4(Ipv4Addr::new(a, b, hi, lo))
 }
 
-/// Where request `n` goes and whom it names: its client (source address) and its
-/// `X-Forwarded-For` value, each round-robin over the configured addresses.
+/// One kept-alive connection and what was read past the last answer.
+struct Conn {
+    stream: TcpStream,
+    buf: Vec<u8>,
+}
+
+/// Where request `n` goes and whom it names: its source address and its `X-Forwarded-For`
+/// value, each round-robin over the configured addresses; idle connections per source address.
 struct Senders {
-    clients: Vec<Client>,
-    forwarded: Vec<HeaderValue>,
+    target: SocketAddr,
+    /// `Host` and the path, as the request line and header carry them.
+    host: String,
     path: String,
+    sources: Vec<Option<IpAddr>>,
+    idle: Vec<std::sync::Mutex<Vec<Conn>>>,
+    forwarded: Vec<String>,
+}
+
+/// Why an exchange failed, and whether the request may have reached the server's handler.
+enum Failed {
+    /// A reused connection closed before any byte of an answer: reopen and send once more.
+    Stale,
+    Other,
 }
 
 impl Senders {
     fn new(args: &Args) -> anyhow::Result<Self> {
-        // One HTTP client (and connection pool) per source address; by default one, unbound.
+        let url = &args.url;
+        anyhow::ensure!(url.scheme() == "http", "only http:// URLs");
+        let target = url
+            .socket_addrs(|| Some(80))?
+            .into_iter()
+            .next()
+            .ok_or_else(|| anyhow::anyhow!("{url} resolves to no address"))?;
+        let host = match url.port() {
+            Some(port) => format!("{}:{port}", url.host_str().unwrap_or("localhost")),
+            None => url.host_str().unwrap_or("localhost").to_owned(),
+        };
+        let path = match url.query() {
+            Some(query) => format!("{}?{query}", url.path()),
+            None => url.path().to_owned(),
+        };
         let sources: Vec<Option<IpAddr>> = if args.source_addrs > 1 {
             (0..args.source_addrs)
                 .map(|i| Some(client_addr(127, 1, i)))
@@ -106,46 +118,149 @@ impl Senders {
         } else {
             vec![None]
         };
-        let idle_per_client = args.concurrency.div_ceil(sources.len()).max(1);
-        let clients = sources
-            .into_iter()
-            .map(|source| {
-                let http = reqwest::Client::builder()
-                    .pool_max_idle_per_host(idle_per_client)
-                    .local_address(source)
-                    .build()?;
-                Ok(Client::new(args.url.clone())
-                    .http_client(http)
-                    .policy(RetryPolicy::NONE))
-            })
-            .collect::<anyhow::Result<_>>()?;
+        let idle = sources.iter().map(|_| Default::default()).collect();
         let forwarded = (0..args.forwarded_for.unwrap_or(0))
-            .map(|i| HeaderValue::from_str(&client_addr(198, 18, i).to_string()))
-            .collect::<Result<_, _>>()?;
+            .map(|i| client_addr(198, 18, i).to_string())
+            .collect();
         Ok(Self {
-            clients,
+            target,
+            host,
+            path,
+            sources,
+            idle,
             forwarded,
-            path: args.url.path().to_owned(),
+        })
+    }
+
+    async fn connect(&self, source: Option<IpAddr>) -> std::io::Result<Conn> {
+        let socket = TcpSocket::new_v4()?;
+        if let Some(source) = source {
+            socket.bind(SocketAddr::new(source, 0))?;
+        }
+        let stream = socket.connect(self.target).await?;
+        stream.set_nodelay(true)?;
+        Ok(Conn {
+            stream,
+            buf: Vec::with_capacity(4096),
         })
     }
 
     /// Sends request `n` (one attempt); its status, 0 for a transport error.
-    async fn send(&self, n: u64, key: String, payload: &serde_json::Value) -> u16 {
-        let mut operation = Operation::post(&self.path)
-            .with_key(key)
-            .json(payload)
-            .expect("a JSON value serializes");
+    async fn send(&self, n: u64, key: &str, payload: &serde_json::Value) -> u16 {
+        let slot = (n % self.sources.len() as u64) as usize;
+        let body = payload.to_string();
+        let mut request = format!(
+            "POST {} HTTP/1.1\r\nHost: {}\r\nContent-Type: application/json\r\nIdempotency-Key: {key}\r\nContent-Length: {}\r\n",
+            self.path,
+            self.host,
+            body.len()
+        );
         if !self.forwarded.is_empty() {
             let addr = &self.forwarded[(n % self.forwarded.len() as u64) as usize];
-            operation = operation.header(X_FORWARDED_FOR, addr.clone());
+            request.push_str(&format!("X-Forwarded-For: {addr}\r\n"));
         }
-        let client = &self.clients[(n % self.clients.len() as u64) as usize];
-        match client.send(&operation).await {
-            Ok(answer) => answer.status.as_u16(),
-            Err(oncely_client::Error::GaveUp { status, .. }) => status.map_or(0, |s| s.as_u16()),
+        request.push_str("\r\n");
+        request.push_str(&body);
+        let pooled = self.idle[slot]
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .pop();
+        let (mut conn, reused) = match pooled {
+            Some(conn) => (conn, true),
+            None => match self.connect(self.sources[slot]).await {
+                Ok(conn) => (conn, false),
+                Err(_) => return 0,
+            },
+        };
+        let mut answer = exchange(&mut conn, request.as_bytes(), reused).await;
+        if matches!(answer, Err(Failed::Stale)) {
+            answer = match self.connect(self.sources[slot]).await {
+                Ok(fresh) => {
+                    conn = fresh;
+                    exchange(&mut conn, request.as_bytes(), false).await
+                }
+                Err(_) => Err(Failed::Other),
+            };
+        }
+        match answer {
+            Ok((status, keep_alive)) => {
+                if keep_alive {
+                    self.idle[slot]
+                        .lock()
+                        .unwrap_or_else(std::sync::PoisonError::into_inner)
+                        .push(conn);
+                }
+                status
+            }
             Err(_) => 0,
         }
     }
+}
+
+/// Writes `request` and reads one answer (`Content-Length` or chunked body): its status and
+/// whether the connection stays open.
+async fn exchange(conn: &mut Conn, request: &[u8], reused: bool) -> Result<(u16, bool), Failed> {
+    let stale = |read_any: bool| {
+        if reused && !read_any {
+            Failed::Stale
+        } else {
+            Failed::Other
+        }
+    };
+    conn.buf.clear();
+    if conn.stream.write_all(request).await.is_err() {
+        return Err(stale(false));
+    }
+    let (status, keep_alive, head, length, chunked) = loop {
+        let mut headers = [httparse::EMPTY_HEADER; 32];
+        let mut response = httparse::Response::new(&mut headers);
+        match response.parse(&conn.buf) {
+            Ok(httparse::Status::Complete(head)) => {
+                let (mut length, mut chunked, mut keep_alive) = (0usize, false, true);
+                for header in response.headers.iter() {
+                    let value = std::str::from_utf8(header.value).unwrap_or("");
+                    if header.name.eq_ignore_ascii_case("content-length") {
+                        length = value.trim().parse().map_err(|_| Failed::Other)?;
+                    } else if header.name.eq_ignore_ascii_case("transfer-encoding") {
+                        chunked = value.to_ascii_lowercase().contains("chunked");
+                    } else if header.name.eq_ignore_ascii_case("connection") {
+                        keep_alive = !value.eq_ignore_ascii_case("close");
+                    }
+                }
+                break (
+                    response.code.unwrap_or(0),
+                    keep_alive,
+                    head,
+                    length,
+                    chunked,
+                );
+            }
+            Ok(httparse::Status::Partial) => {}
+            Err(_) => return Err(Failed::Other),
+        }
+        let read_any = !conn.buf.is_empty();
+        match conn.stream.read_buf(&mut conn.buf).await {
+            Ok(0) | Err(_) => return Err(stale(read_any)),
+            Ok(_) => {}
+        }
+    };
+    if chunked {
+        // Until the last chunk and the empty trailer; an answer body is read, never used.
+        while !conn.buf[head..].ends_with(b"0\r\n\r\n") {
+            match conn.stream.read_buf(&mut conn.buf).await {
+                Ok(0) | Err(_) => return Err(Failed::Other),
+                Ok(_) => {}
+            }
+        }
+    } else {
+        while conn.buf.len() < head + length {
+            match conn.stream.read_buf(&mut conn.buf).await {
+                Ok(0) | Err(_) => return Err(Failed::Other),
+                Ok(_) => {}
+            }
+        }
+    }
+    Ok((status, keep_alive))
 }
 
 #[derive(Default)]
@@ -165,7 +280,6 @@ fn body(n: u64, password: bool) -> serde_json::Value {
 #[tokio::main]
 async fn main() -> anyhow::Result<()> {
     let args = Args::parse();
-    let _ = rustls::crypto::ring::default_provider().install_default();
     let senders = Arc::new(Senders::new(&args)?);
     let run_id: u64 = rand::random::<u32>().into();
     let counter = Arc::new(AtomicU64::new(0));
@@ -174,7 +288,7 @@ async fn main() -> anyhow::Result<()> {
         for n in 0..args.keys as u64 {
             let key = format!("r-{run_id}-{n}");
             let status = senders
-                .send(n, key, &body(run_id * 1_000_000 + n, args.password))
+                .send(n, &key, &body(run_id * 1_000_000 + n, args.password))
                 .await;
             anyhow::ensure!(
                 (200..300).contains(&status),
@@ -219,7 +333,7 @@ async fn main() -> anyhow::Result<()> {
                     Mode::Plain => (format!("p-{run_id}-{n}"), json!({ "amount": 1 })),
                 };
                 let sent = Instant::now();
-                let status = senders.send(n, key, &payload).await;
+                let status = senders.send(n, &key, &payload).await;
                 local.latencies.push(sent.elapsed());
                 *local.statuses.entry(status).or_default() += 1;
             }

@@ -1,6 +1,7 @@
 //! Worker benchmarks on PostgreSQL, printing one JSON line each:
 //! - `drain seed N`: inserts N pending jobs of kind `noop` (one statement);
-//! - `drain run W`: W workers (no-op handler) until nothing is pending; jobs and seconds;
+//! - `drain run W [B]`: W workers (no-op handler, claiming B jobs at a time, 64 by default)
+//!   until nothing is pending; jobs and seconds;
 //! - `drain latency N`: one idle worker (LISTEN/NOTIFY); N jobs enqueued one per commit (the
 //!   store notifies by itself), 10 ms apart; the delay from commit to the handler starting,
 //!   p50/p95/p99;
@@ -68,12 +69,16 @@ async fn main() -> anyhow::Result<()> {
             println!("{}", json!({ "seeded": n }));
         }
         Some("run") => {
+            let batch = args
+                .get(3)
+                .and_then(|b| b.parse::<u32>().ok())
+                .unwrap_or(64);
             let started = Instant::now();
             let mut workers = Vec::new();
             for i in 0..n {
                 let config = WorkerConfig {
                     id: format!("bench-{i}"),
-                    batch: 64,
+                    batch,
                     poll_interval: Duration::from_millis(20),
                     ..WorkerConfig::default()
                 };

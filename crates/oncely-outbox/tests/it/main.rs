@@ -7,6 +7,7 @@ mod deadline;
 mod delivery;
 mod follow_ups;
 mod frozen;
+mod history;
 mod html;
 mod migrations;
 mod partitions;

@@ -24,10 +24,14 @@ macro_rules! claimed {
                       o.free_attempts, o.created_at, o.redriven_at, o.not_after, o.frozen,
                       o.partition_key
         ), abandoned AS (
+            -- `= ANY (ARRAY(…))`, not `IN (SELECT …)`: the planner knows nothing of how many
+            -- rows a CTE returns and chose a hash join over a scan of every attempt ever kept
+            -- (11 ms per claim with 60,000 attempts, growing with the history); the array is
+            -- computed first and each id is looked up in `oncely_outbox_attempts_job`.
             UPDATE oncely_outbox_attempts
                SET finished_at = COALESCE($1, now()), result = 'abandoned',
                    error = 'the worker''s lease ended before the attempt finished'
-             WHERE job_id IN (SELECT id FROM claimed) AND finished_at IS NULL
+             WHERE job_id = ANY (ARRAY(SELECT id FROM claimed)) AND finished_at IS NULL
         ), opened AS (
             INSERT INTO oncely_outbox_attempts (job_id, attempt, worker, lease_token, started_at)
             SELECT id, attempts, $6, $3, COALESCE($1, now()) FROM claimed
@@ -183,7 +187,8 @@ impl super::Statements for Postgres {
             RETURNING id
         ), attempt AS (
             DELETE FROM oncely_outbox_attempts
-             WHERE job_id IN (SELECT id FROM job) AND lease_token = $2 AND finished_at IS NULL
+             WHERE job_id = ANY (ARRAY(SELECT id FROM job)) AND lease_token = $2
+               AND finished_at IS NULL
         )
         SELECT id FROM job";
 

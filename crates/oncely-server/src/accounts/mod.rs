@@ -85,11 +85,30 @@ pub struct NewToken<'a> {
     /// that carries a password is never superseded (by a resend anyone can request): it lives
     /// until it expires or the address is verified.
     pub supersede: bool,
-    /// Where the flow returns once the link is used (one of the tenant's return URLs); `None`:
-    /// nowhere, no code is minted.
-    pub return_to: Option<&'a str>,
+    /// Where the flow returns once the link is used.
+    pub return_to: ReturnTo<'a>,
     /// The locale its email was asked in (a BCP 47 tag); `None`: the account's.
     pub locale: Option<&'a str>,
+}
+
+/// Where a link's flow returns once the link is used: a code is minted for a return URL.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ReturnTo<'a> {
+    /// Nowhere, no code is minted (an email change: the account is signed in already).
+    Nowhere,
+    /// This one of the tenant's return URLs (the request named it; checked before the
+    /// transaction, so that a refused request writes nothing).
+    Url(&'a str),
+    /// The tenant's first return URL (none if it has none), read by the token's insert itself:
+    /// a request that names none costs no read of its own.
+    TenantsFirst,
+}
+
+impl<'a> ReturnTo<'a> {
+    /// The return URL a request named, else the tenant's first.
+    pub fn requested(url: Option<&'a str>) -> Self {
+        url.map_or(Self::TenantsFirst, Self::Url)
+    }
 }
 
 /// A token that was consumed.
@@ -960,7 +979,7 @@ where
     ) -> Result<(), AccountError> {
         let now = || B::at(None);
         // The insert's parameters, in `insert_token`'s order (the one-statement form adds
-        // `supersede` after them).
+        // `supersede` after them): the URL, and whether it is the tenant's first instead.
         let insert = |sql| {
             sqlx::query(sql)
                 .bind(token.id)
@@ -972,8 +991,12 @@ where
                 .bind(B::at(Some(token.expires_at)))
                 .bind(now())
                 .bind(token.password_hash)
-                .bind(token.return_to)
+                .bind(match token.return_to {
+                    ReturnTo::Url(url) => Some(url),
+                    ReturnTo::Nowhere | ReturnTo::TenantsFirst => None,
+                })
                 .bind(token.locale)
+                .bind(token.return_to == ReturnTo::TenantsFirst)
         };
         if let Some(sql) = B::ACCOUNT_SQL.supersede_and_insert_token {
             insert(sql)

@@ -47,19 +47,27 @@ pub const STATEMENTS: Statements = Statements {
     insert_token: "INSERT INTO oncely_tokens
                        (id, tenant, user_id, email, flow, token_hash, expires_at, created_at, password_hash,
                         return_to, locale)
-                   VALUES ($1, $2, $3, $4, $5, $6, $7, COALESCE($8, now()), $9, $10, $11)",
+                   VALUES ($1, $2, $3, $4, $5, $6, $7, COALESCE($8, now()), $9,
+                           CASE WHEN $12 THEN (SELECT url FROM oncely_return_urls
+                                                WHERE tenant = $2 ORDER BY position LIMIT 1)
+                                ELSE $10 END,
+                           $11)",
     // Both parts see the statement's snapshot: the update never reaches the inserted row.
     supersede_and_insert_token: Some(
         "WITH superseded AS (
              UPDATE oncely_tokens SET superseded_at = COALESCE($8, now())
-              WHERE user_id = $3 AND flow = $5 AND $12
+              WHERE user_id = $3 AND flow = $5 AND $13
                 AND consumed_at IS NULL AND superseded_at IS NULL
                 AND password_hash IS NULL
          )
          INSERT INTO oncely_tokens
                 (id, tenant, user_id, email, flow, token_hash, expires_at, created_at, password_hash,
                  return_to, locale)
-         VALUES ($1, $2, $3, $4, $5, $6, $7, COALESCE($8, now()), $9, $10, $11)",
+         VALUES ($1, $2, $3, $4, $5, $6, $7, COALESCE($8, now()), $9,
+                 CASE WHEN $12 THEN (SELECT url FROM oncely_return_urls
+                                      WHERE tenant = $2 ORDER BY position LIMIT 1)
+                      ELSE $10 END,
+                 $11)",
     ),
     // Index: token_hash unique, then the users' primary key. Every transaction that uses a
     // link locks its account first, then its token, then the account's other tokens (a reset

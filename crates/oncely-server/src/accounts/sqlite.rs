@@ -33,7 +33,11 @@ pub const STATEMENTS: Statements = Statements {
     insert_token: "INSERT INTO oncely_tokens
                        (id, tenant, user_id, email, flow, token_hash, expires_at, created_at, password_hash,
                         return_to, locale)
-                   VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11)",
+                   VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9,
+                           CASE WHEN ?12 THEN (SELECT url FROM oncely_return_urls
+                                                WHERE tenant = ?2 ORDER BY position LIMIT 1)
+                                ELSE ?10 END,
+                           ?11)",
     // Differs: no data-modifying CTEs (two statements, in-process).
     supersede_and_insert_token: None,
     // Differs: nothing to lock — the transaction holds the database's one write lock.

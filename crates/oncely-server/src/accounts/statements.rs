@@ -40,7 +40,8 @@ pub struct Statements {
     /// flow that carry no signup password, if `supersede`.
     pub supersede_flow: &'static str,
     /// Binds id, tenant, user_id, email, flow, token_hash, expires_at, now, password_hash,
-    /// return_to, locale.
+    /// return_to, locale, tenants_first (bool: store the tenant's first return URL, read in the
+    /// statement, instead of return_to).
     pub insert_token: &'static str,
     /// Where the dialect can in one statement: [`Self::supersede_flow`] then
     /// [`Self::insert_token`]; binds as `insert_token`, then supersede (bool). `None`: the two.

@@ -20,7 +20,7 @@ use super::events::{account_event, address_of};
 use super::post::IdempotentPost;
 use super::send_link::{Accepted, Link, Owner, accepted, issue_link, request_locale};
 use super::use_link::{LinkUse, LinkUsed};
-use crate::accounts::Accounts;
+use crate::accounts::{Accounts, ReturnTo};
 use crate::email::EmailAddress;
 use crate::mail::{EMAIL_CHANGE_NOTICE, EMAIL_TAKEN_NOTICE};
 use crate::token::Flow;
@@ -95,7 +95,7 @@ pub async fn request<A: Accounts>(
         owner,
         to: &new,
         // The account is signed in to the application already: no code, no return URL.
-        return_to: None,
+        return_to: ReturnTo::Nowhere,
         locale: locale.as_ref(),
     };
     issue_link(

@@ -18,7 +18,7 @@ use super::AppState;
 use super::email_caps::suppression;
 use super::error::ApiError;
 use super::post::IdempotentPost;
-use crate::accounts::{Accounts, NewToken};
+use crate::accounts::{Accounts, NewToken, ReturnTo};
 use crate::email::EmailAddress;
 use crate::templates::Locale;
 use crate::token::{Flow, Token};
@@ -102,7 +102,7 @@ impl<A: Accounts> LinkRequest<A> {
             flow,
             owner,
             to: &email,
-            return_to: return_to.as_deref(),
+            return_to: ReturnTo::requested(return_to.as_deref()),
             locale: locale.as_ref(),
         };
         issue_link(&mut *conn, &state, &tenant, link, suppressed, None).await?;
@@ -111,25 +111,25 @@ impl<A: Accounts> LinkRequest<A> {
     }
 }
 
-/// The return URL of a link `tenant`'s request asks for: `requested` if it is, byte for byte,
-/// one of the tenant's return URLs (exact match, as OAuth 2.1 asks: no prefix, no
-/// normalization), else 400 `return-url-not-allowed`; without one, the tenant's first (none if
-/// it has none). Read on the pool before the transaction opens: a refused request writes
-/// nothing.
+/// The return URL a link `tenant`'s request asks for, checked: `requested` if it is, byte for
+/// byte, one of the tenant's return URLs (exact match, as OAuth 2.1 asks: no prefix, no
+/// normalization), else 400 `return-url-not-allowed`. Read on the pool before the transaction
+/// opens: a refused request writes nothing. A request that names none reads nothing here: its
+/// token's insert stores the tenant's first ([`ReturnTo::TenantsFirst`]).
 pub async fn return_url<A: Accounts>(
     state: &AppState<A>,
     tenant: &TenantId,
     requested: Option<&str>,
 ) -> Result<Option<String>, ApiError> {
-    let mut allowed = state.accounts.return_urls(tenant.as_str()).await?;
-    match requested {
-        None => Ok((!allowed.is_empty()).then(|| allowed.swap_remove(0))),
-        Some(requested) => allowed
-            .into_iter()
-            .find(|url| url.as_bytes() == requested.as_bytes())
-            .map(Some)
-            .ok_or(ApiError::ReturnUrlNotAllowed),
-    }
+    let Some(requested) = requested else {
+        return Ok(None);
+    };
+    let allowed = state.accounts.return_urls(tenant.as_str()).await?;
+    allowed
+        .into_iter()
+        .find(|url| url.as_bytes() == requested.as_bytes())
+        .map(Some)
+        .ok_or(ApiError::ReturnUrlNotAllowed)
 }
 
 /// The locale a flow request asks its emails in: its `locale` (400 `invalid-request` if that is
@@ -193,7 +193,7 @@ pub struct Link<'a> {
     /// The address the request named (the recipient, if the email is sent).
     pub to: &'a EmailAddress,
     /// Where the flow returns once the link is used (stored on decoys too: the same work).
-    pub return_to: Option<&'a str>,
+    pub return_to: ReturnTo<'a>,
     /// The language of its email (stored on decoys too); `None`: the account's.
     pub locale: Option<&'a Locale>,
 }

@@ -1,7 +1,7 @@
 //! Account storage on both backends, through the library: migrations a previous release
 //! applied, and time-dependent statements with an injected `now` (no sleeping).
 
-use oncely_server::accounts::{Accounts, NewToken};
+use oncely_server::accounts::{Accounts, NewToken, ReturnTo};
 use oncely_server::backend::{Backend, COMMAND_POOL, Postgres, Sqlite};
 use oncely_testdb::TestDb;
 use sqlx::SqlSafeStr;
@@ -132,7 +132,7 @@ async fn prune_tokens_at<B: Accounts>(url: &str) {
         expires_at: now + Duration::hours(1),
         password_hash: None,
         supersede: false,
-        return_to: None,
+        return_to: ReturnTo::Nowhere,
         locale: None,
     };
     let mut conn = backend.pool().acquire().await.unwrap();
@@ -245,7 +245,7 @@ async fn two_links_of_one_account_used_at_once_run_one_after_the_other() {
             expires_at: OffsetDateTime::now_utc() + Duration::hours(1),
             password_hash: None,
             supersede: false,
-            return_to: None,
+            return_to: ReturnTo::Nowhere,
             locale: None,
         };
         Postgres::insert_token(&mut conn, &token).await.unwrap();

@@ -137,6 +137,7 @@ async fn exchanges_once(app: &TestApp, api_key: &str, code: &str, who: &str, flo
 
 both_databases!(
     each_link_flow_returns_to_the_tenants_url_with_a_code_that_exchanges_once,
+    an_email_change_returns_nowhere_even_where_the_tenant_has_return_urls,
     a_retried_use_replays_the_same_redirect_and_its_code_exchanges_once,
     concurrent_exchanges_of_one_code_give_exactly_one_identity,
     a_link_used_concurrently_with_one_key_mints_one_code,
@@ -146,6 +147,54 @@ both_databases!(
     return_url_tricks_are_refused_before_anything_is_written,
     the_cli_sets_checks_lists_and_clears_return_urls,
 );
+
+/// A link requested without a return URL stores the tenant's first, which the token's insert
+/// reads itself; an email change stores none, whatever the tenant has (the account is signed in
+/// already: no code is minted).
+async fn an_email_change_returns_nowhere_even_where_the_tenant_has_return_urls(
+    url: String,
+    _db: TestDb,
+) {
+    let app = app(&url).await;
+    let acme = tenant_with_return_urls(&app, "acme", &[CALLBACK, LOCAL]).await;
+    let ada = "ada@example.com";
+    let signup = app.post_as(&acme, "/v1/signup", "s1", &email(ada)).await;
+    assert_eq!(signup.status(), 202);
+    let presented = token(&nth_token(&app, ada, 1).await);
+    let (status, body, _) = use_link(&app, "/v1/verify", "v1", &presented).await;
+    assert_eq!(status, 200, "{body}");
+    let identity = exchanges_once(
+        &app,
+        &acme,
+        &code_of(&body["redirect"], CALLBACK),
+        ada,
+        "verification",
+    )
+    .await;
+    let user_id = identity["user_id"].as_str().unwrap();
+    let change = json!({ "new_email": "ada.new@example.com" });
+    let path = format!("/v1/users/{user_id}/email-change");
+    assert_eq!(app.post_as(&acme, &path, "c1", &change).await.status(), 202);
+    let presented = token(&nth_token(&app, "ada.new@example.com", 1).await);
+    let (status, body, _) = use_link(&app, "/v1/email-change/confirm", "ec1", &presented).await;
+    assert_eq!(status, 200, "{body}");
+    assert!(body.get("redirect").is_none(), "{body}");
+    assert_counts(
+        &app,
+        &[
+            (
+                &format!("SELECT count(*) FROM oncely_tokens WHERE flow = 'verification' AND return_to = '{CALLBACK}'"),
+                1,
+            ),
+            (
+                "SELECT count(*) FROM oncely_tokens WHERE flow = 'email_change' AND return_to IS NULL",
+                1,
+            ),
+            ("SELECT count(*) FROM oncely_codes WHERE consumed_at IS NULL", 0),
+        ],
+    )
+    .await;
+}
 
 async fn each_link_flow_returns_to_the_tenants_url_with_a_code_that_exchanges_once(
     url: String,

@@ -16,10 +16,12 @@ macro_rules! claimed {
     () => {
         "
         ), claimed AS (
+            -- Here too `= ANY (ARRAY(…))`: joined with `due`, the planner chose a scan of every
+            -- job kept for claims of 500 (7.8 ms of a 9.4 ms claim with 20,000 sent jobs).
             UPDATE oncely_outbox o
                SET run_after = COALESCE($1, now()) + $2 * interval '1 millisecond',
                    lease_token = $3, attempts = o.attempts + 1
-              FROM due WHERE o.id = due.id
+             WHERE o.id = ANY (ARRAY(SELECT id FROM due))
             RETURNING o.id, o.operation_key, o.kind, o.payload, o.delivery_key, o.attempts,
                       o.free_attempts, o.created_at, o.redriven_at, o.not_after, o.frozen,
                       o.partition_key

@@ -239,28 +239,29 @@ async fn exchange(conn: &mut Conn, request: &[u8], reused: bool) -> Result<(u16,
             Err(_) => return Err(Failed::Other),
         }
         let read_any = !conn.buf.is_empty();
-        match conn.stream.read_buf(&mut conn.buf).await {
-            Ok(0) | Err(_) => return Err(stale(read_any)),
-            Ok(_) => {}
+        if !read_more(conn).await {
+            return Err(stale(read_any));
         }
     };
-    if chunked {
-        // Until the last chunk and the empty trailer; an answer body is read, never used.
-        while !conn.buf[head..].ends_with(b"0\r\n\r\n") {
-            match conn.stream.read_buf(&mut conn.buf).await {
-                Ok(0) | Err(_) => return Err(Failed::Other),
-                Ok(_) => {}
-            }
+    // The body is read, never used: to its length, or to the last chunk and the empty trailer.
+    let complete = |buf: &[u8]| {
+        if chunked {
+            buf[head..].ends_with(b"0\r\n\r\n")
+        } else {
+            buf.len() >= head + length
         }
-    } else {
-        while conn.buf.len() < head + length {
-            match conn.stream.read_buf(&mut conn.buf).await {
-                Ok(0) | Err(_) => return Err(Failed::Other),
-                Ok(_) => {}
-            }
+    };
+    while !complete(&conn.buf) {
+        if !read_more(conn).await {
+            return Err(Failed::Other);
         }
     }
     Ok((status, keep_alive))
+}
+
+/// Reads what the server sent next into the connection's buffer; false when it closed or failed.
+async fn read_more(conn: &mut Conn) -> bool {
+    matches!(conn.stream.read_buf(&mut conn.buf).await, Ok(n) if n > 0)
 }
 
 #[derive(Default)]

@@ -104,13 +104,6 @@ pub enum ReturnTo<'a> {
     TenantsFirst,
 }
 
-impl<'a> ReturnTo<'a> {
-    /// The return URL a request named, else the tenant's first.
-    pub fn requested(url: Option<&'a str>) -> Self {
-        url.map_or(Self::TenantsFirst, Self::Url)
-    }
-}
-
 /// A token that was consumed.
 #[derive(Debug, Clone, PartialEq, Eq, FromRow)]
 pub struct ConsumedToken {

@@ -102,7 +102,7 @@ impl<A: Accounts> LinkRequest<A> {
             flow,
             owner,
             to: &email,
-            return_to: ReturnTo::requested(return_to.as_deref()),
+            return_to,
             locale: locale.as_ref(),
         };
         issue_link(&mut *conn, &state, &tenant, link, suppressed, None).await?;
@@ -111,25 +111,28 @@ impl<A: Accounts> LinkRequest<A> {
     }
 }
 
-/// The return URL a link `tenant`'s request asks for, checked: `requested` if it is, byte for
-/// byte, one of the tenant's return URLs (exact match, as OAuth 2.1 asks: no prefix, no
-/// normalization), else 400 `return-url-not-allowed`. Read on the pool before the transaction
-/// opens: a refused request writes nothing. A request that names none reads nothing here: its
-/// token's insert stores the tenant's first ([`ReturnTo::TenantsFirst`]).
-pub async fn return_url<A: Accounts>(
+/// Where a link `tenant`'s request returns: `requested` if it is, byte for byte, one of the
+/// tenant's return URLs (exact match, as OAuth 2.1 asks: no prefix, no normalization), else
+/// 400 `return-url-not-allowed`. Read on the pool before the transaction opens: a refused
+/// request writes nothing. A request that names none reads nothing here: its token's insert
+/// stores the tenant's first ([`ReturnTo::TenantsFirst`]).
+pub async fn return_url<'r, A: Accounts>(
     state: &AppState<A>,
     tenant: &TenantId,
-    requested: Option<&str>,
-) -> Result<Option<String>, ApiError> {
+    requested: Option<&'r str>,
+) -> Result<ReturnTo<'r>, ApiError> {
     let Some(requested) = requested else {
-        return Ok(None);
+        return Ok(ReturnTo::TenantsFirst);
     };
     let allowed = state.accounts.return_urls(tenant.as_str()).await?;
-    allowed
-        .into_iter()
-        .find(|url| url.as_bytes() == requested.as_bytes())
-        .map(Some)
-        .ok_or(ApiError::ReturnUrlNotAllowed)
+    if allowed
+        .iter()
+        .any(|url| url.as_bytes() == requested.as_bytes())
+    {
+        Ok(ReturnTo::Url(requested))
+    } else {
+        Err(ApiError::ReturnUrlNotAllowed)
+    }
 }
 
 /// The locale a flow request asks its emails in: its `locale` (400 `invalid-request` if that is

@@ -14,7 +14,7 @@ use super::post::IdempotentPost;
 use super::send_link::{
     Accepted, FromSignup, Link, Owner, accepted, issue_link, request_locale, return_url,
 };
-use crate::accounts::{Accounts, ReturnTo, SignupOutcome};
+use crate::accounts::{Accounts, SignupOutcome};
 use crate::email::EmailAddress;
 use crate::mail::SIGNUP_NOTICE;
 use crate::token::Flow;
@@ -116,7 +116,7 @@ pub async fn signup<A: Accounts>(
         flow,
         owner,
         to: &email,
-        return_to: ReturnTo::requested(return_to.as_deref()),
+        return_to,
         locale: locale.as_ref(),
     };
     issue_link(

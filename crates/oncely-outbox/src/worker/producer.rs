@@ -77,7 +77,7 @@ impl<S: JobStore> Worker<S> {
             let (free_slots, claim_failed) = if shutdown.is_cancelled() {
                 (false, false)
             } else {
-                self.claim_free_slots(&groups, &mut flight).await
+                self.claim_free_slots(&groups, &mut flight, &shutdown).await
             };
             if flight.is_empty() && shutdown.is_cancelled() {
                 break;
@@ -128,12 +128,23 @@ impl<S: JobStore> Worker<S> {
         Ok(())
     }
 
-    /// Claims as many jobs as each group has free slots and starts them. Returns whether some
+    /// Claims as many jobs as each group has free slots and starts them (no group once
+    /// `shutdown` is cancelled, even between two groups). Returns whether some
     /// group kept free slots (it found fewer jobs than it asked for), and whether a claim
     /// failed.
-    async fn claim_free_slots(&self, groups: &ClaimGroups, flight: &mut InFlight) -> (bool, bool) {
+    async fn claim_free_slots(
+        &self,
+        groups: &ClaimGroups,
+        flight: &mut InFlight,
+        shutdown: &CancellationToken,
+    ) -> (bool, bool) {
         let (mut free_slots, mut claim_failed) = (false, false);
         for (group, claim) in groups.iter().enumerate() {
+            // Each group's claim is a statement of its own that can wait (a lock, a busy
+            // database): a shutdown signalled meanwhile stops the groups not yet claimed.
+            if shutdown.is_cancelled() {
+                break;
+            }
             let free = claim.limit.saturating_sub(flight.running(group));
             if free == 0 {
                 continue;

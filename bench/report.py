@@ -151,6 +151,14 @@ scale, prune = results["scale_expired_keys_sent_jobs"], results["prune_under_sig
 minimal = f"pgbench, a signup's rows only: {pg_signup_min:.0f} tps"
 
 
+def latency_row(lat):
+    """Enqueue → start with an idle worker, against issue 20's bound (p50 ≤ 5 ms, p99 ≤ 11 ms:
+    graphile-worker measured 4.9 / 11.3 ms on this machine class)."""
+    verdict = " ✓" if lat["p50_ms"] <= 5 and lat["p99_ms"] <= 11 else " ✗"
+    measured = "p50 {p50_ms:.1f} / p95 {p95_ms:.1f} / p99 {p99_ms:.1f} ms".format(**lat)
+    return f"| enqueue → handler start, idle worker (LISTEN/NOTIFY) | {measured}{verdict} | — | — | p50 ≤ 5, p99 ≤ 11 ms |"
+
+
 def peer_baseline(procs):
     rate, name = best_peer[procs]
     if rate is None:
@@ -197,7 +205,7 @@ table = "\n".join([
     row(f"signups while `oncely prune` deletes the {count(2 * scale_rows)} rows ({prune['prune_seconds']:.1f} s) (req/s)",
         f"{pruning['rate']:.0f} (p99 {pruning['p99_ms']:.1f} ms)", f"without pruning: {after['rate']:.0f} (p99 {after['p99_ms']:.1f} ms)",
         prune["signup_ratio"], 0.9),
-    row("enqueue → handler start, idle worker (LISTEN/NOTIFY)", "p50 {p50_ms:.1f} / p95 {p95_ms:.1f} / p99 {p99_ms:.1f} ms".format(**results["worker"]["enqueue_to_start_latency_ms"]), "—", None, "p99 ≤ 50 ms"),
+    latency_row(results["worker"]["enqueue_to_start_latency_ms"]),
 ])
 if publish:
     doc = pathlib.Path("docs/benchmarks.md")

@@ -10,6 +10,7 @@ use uuid::Uuid;
 
 use crate::backend::{Backend, Connection, MIGRATION_TABLES};
 use crate::email::EmailAddress;
+use crate::routes::email_caps::EmailCount;
 
 pub mod postgres;
 pub mod sqlite;
@@ -35,6 +36,31 @@ pub struct User {
     pub id: Uuid,
     /// Whether the address is verified.
     pub verified: bool,
+}
+
+/// What [`Accounts::signup_user_counted`] found and counted: the signup's account, the
+/// counts of its email (as [`Accounts::count_email_pair`] returns them), and the tenant's
+/// enabled webhook endpoints (as [`Accounts::webhook_targets`]).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SignupCounted {
+    /// The account.
+    pub outcome: SignupOutcome,
+    /// This address from this client (0: the client is unknown), this address from all
+    /// clients (`None`: not counted).
+    pub counts: (i64, Option<i64>),
+    /// The tenant's enabled webhook endpoints: `(id, events)`.
+    pub targets: Vec<(Uuid, String)>,
+}
+
+/// The row of [`Statements::signup_user_counted`].
+#[derive(Debug, FromRow)]
+pub struct SignupRow {
+    inserted: Option<Uuid>,
+    found: Option<Uuid>,
+    verified: Option<bool>,
+    from_client: i64,
+    to_address: Option<i64>,
+    targets: Option<String>,
 }
 
 /// A user found by address for a login.
@@ -351,6 +377,18 @@ pub trait Accounts: Backend {
         email: &'c EmailAddress,
         source: Option<&'c str>,
     ) -> impl Future<Output = Result<SignupOutcome, AccountError>> + Send + 'c;
+
+    /// A signup's writes before its link, in one statement where the dialect can: the user (as
+    /// [`Self::signup_user`]), the email's per-address counters (as [`Self::count_email_pair`],
+    /// or [`Self::count_email`] of the address alone if `count.pair` is `None`), and the
+    /// tenant's webhook endpoints read (as [`Self::webhook_targets`]) for its event.
+    fn signup_user_counted<'c>(
+        conn: &'c mut Connection<Self>,
+        tenant: &'c str,
+        email: &'c EmailAddress,
+        source: Option<&'c str>,
+        count: &'c EmailCount,
+    ) -> impl Future<Output = Result<SignupCounted, AccountError>> + Send + 'c;
 
     /// The user with this address in this tenant.
     fn find_user<'c>(
@@ -788,6 +826,7 @@ where
     for<'q> i64: Encode<'q, B::Database> + Type<B::Database>,
     for<'q> f64: Encode<'q, B::Database> + Type<B::Database>,
     for<'r> User: FromRow<'r, <B::Database as sqlx::Database>::Row>,
+    for<'r> SignupRow: FromRow<'r, <B::Database as sqlx::Database>::Row>,
     for<'r> LoginUser: FromRow<'r, <B::Database as sqlx::Database>::Row>,
     for<'r> ConsumedToken: FromRow<'r, <B::Database as sqlx::Database>::Row>,
     for<'r> TokenForSend: FromRow<'r, <B::Database as sqlx::Database>::Row>,
@@ -835,6 +874,76 @@ where
                 id,
                 verified: false,
             } => SignupOutcome::Pending(id),
+        })
+    }
+
+    async fn signup_user_counted(
+        conn: &mut Connection<B>,
+        tenant: &str,
+        email: &EmailAddress,
+        source: Option<&str>,
+        count: &EmailCount,
+    ) -> Result<SignupCounted, AccountError> {
+        let Some(sql) = B::ACCOUNT_SQL.signup_user_counted else {
+            let outcome = Self::signup_user(&mut *conn, tenant, email, source).await?;
+            let targets = Self::webhook_targets(&mut *conn, tenant).await?;
+            let counts = match &count.pair {
+                Some(pair) => {
+                    let buckets = (pair.as_str(), count.address.as_str());
+                    let caps = (count.per_address, count.client_allowed);
+                    Self::count_email_pair(conn, tenant, buckets, count.window_start, caps).await?
+                }
+                None => {
+                    let address = count.address.as_str();
+                    let to_address =
+                        Self::count_email(conn, tenant, address, count.window_start).await?;
+                    (0, Some(to_address))
+                }
+            };
+            return Ok(SignupCounted {
+                outcome,
+                counts,
+                targets,
+            });
+        };
+        let new_id = Uuid::new_v4();
+        let row: SignupRow = sqlx::query_as(sql)
+            .bind(new_id)
+            .bind(tenant)
+            .bind(email.as_str())
+            .bind(source)
+            .bind(B::at(None))
+            .bind(count.pair.as_deref())
+            .bind(count.address.as_str())
+            .bind(count.window_start)
+            .bind(count.per_address)
+            .bind(count.client_allowed)
+            .fetch_one(&mut *conn)
+            .await
+            .map_err(AccountError::of::<B>)?;
+        let outcome = match (row.inserted, row.found, row.verified) {
+            (Some(id), _, _) if id == new_id => SignupOutcome::Created(id),
+            (_, Some(id), Some(true)) => SignupOutcome::Verified(id),
+            (_, Some(id), _) => SignupOutcome::Pending(id),
+            // The address was inserted by a transaction that committed after this statement's
+            // snapshot (the insert waited for it): read it now.
+            _ => match Self::find_user(conn, tenant, email)
+                .await?
+                .ok_or(AccountError::Vanished("user vanished"))?
+            {
+                User { id, verified: true } => SignupOutcome::Verified(id),
+                User { id, .. } => SignupOutcome::Pending(id),
+            },
+        };
+        let targets = match row.targets {
+            None => Vec::new(),
+            Some(json) => serde_json::from_str(&json)
+                .map_err(|e| AccountError::Database(sqlx::Error::Decode(Box::new(e))))?,
+        };
+        Ok(SignupCounted {
+            outcome,
+            counts: (row.from_client, row.to_address),
+            targets,
         })
     }
 

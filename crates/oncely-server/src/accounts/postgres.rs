@@ -9,6 +9,38 @@ pub const STATEMENTS: Statements = Statements {
     insert_user: "INSERT INTO oncely_users (id, tenant, email, source, created_at)
                   VALUES ($1, $2, $3, $4, COALESCE($5, now())) ON CONFLICT (tenant, email) DO NOTHING
                   RETURNING id",
+    // One round trip for what a signup writes before its link. The counters as
+    // `count_email_pair` (the pair's row only for a known client); the existing user as the
+    // statement's snapshot holds it (one that committed after it is read by the caller).
+    // Index: oncely_users (tenant, email) unique; oncely_webhook_endpoints by tenant.
+    signup_user_counted: Some(
+        "WITH inserted AS (
+             INSERT INTO oncely_users (id, tenant, email, source, created_at)
+             VALUES ($1, $2, $3, $4, COALESCE($5, now())) ON CONFLICT (tenant, email) DO NOTHING
+             RETURNING id
+         ), pair AS (
+             INSERT INTO oncely_rate_limits AS r (tenant, bucket, window_start, count)
+             SELECT $2, $6, $8, 1 WHERE $6::text IS NOT NULL
+             ON CONFLICT (tenant, bucket, window_start) DO UPDATE SET count = r.count + 1
+             RETURNING count
+         ), total AS (
+             INSERT INTO oncely_rate_limits AS r (tenant, bucket, window_start, count)
+             SELECT $2, $7, $8, 1
+              WHERE CASE WHEN $6::text IS NULL THEN true
+                         ELSE $10 AND COALESCE((SELECT count FROM pair) <= $9, false) END
+             ON CONFLICT (tenant, bucket, window_start) DO UPDATE SET count = r.count + 1
+             RETURNING count
+         )
+         SELECT (SELECT id FROM inserted) AS inserted, u.id AS found,
+                u.status = 'verified' AS verified,
+                COALESCE((SELECT count FROM pair), 0)::bigint AS from_client,
+                (SELECT count FROM total)::bigint AS to_address,
+                (SELECT json_agg(json_build_array(id, events) ORDER BY created_at, id)::text
+                   FROM oncely_webhook_endpoints
+                  WHERE tenant = $2 AND disabled_at IS NULL) AS targets
+           FROM (SELECT 1) AS one
+           LEFT JOIN oncely_users u ON u.tenant = $2 AND u.email = $3",
+    ),
     find_user: "SELECT id, status = 'verified' AS verified FROM oncely_users
                  WHERE tenant = $1 AND email = $2",
     lock_user: "SELECT id, status = 'verified' AS verified FROM oncely_users

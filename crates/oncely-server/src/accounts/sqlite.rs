@@ -8,6 +8,8 @@ pub const STATEMENTS: Statements = Statements {
     insert_user: "INSERT INTO oncely_users (id, tenant, email, source, created_at)
                   VALUES (?1, ?2, ?3, ?4, ?5) ON CONFLICT (tenant, email) DO NOTHING
                   RETURNING id",
+    // Differs: no data-modifying CTEs (the statements one after another, in-process).
+    signup_user_counted: None,
     find_user: "SELECT id, status = 'verified' AS verified FROM oncely_users
                  WHERE tenant = ?1 AND email = ?2",
     // Differs: nothing to lock — the transaction holds the database's one write lock.

@@ -13,6 +13,17 @@ pub struct Statements {
     /// Binds id, tenant, email, source, now. Inserts the user unless (tenant, email) exists;
     /// returns `id` if it did (no row otherwise).
     pub insert_user: &'static str,
+    /// Where the dialect can in one statement (data-modifying CTEs): [`Self::insert_user`],
+    /// the email's per-address counters and the tenant's webhook endpoints. Binds id, tenant,
+    /// email, source, now, the address-and-client bucket (NULL: the client is unknown, only
+    /// the address counts), the address bucket, window_start, the per-address cap (64-bit),
+    /// whether the client's own cap let the email through. Returns `inserted` (the id, if this
+    /// inserted the user), `found`, `verified` (the user that existed in the statement's
+    /// snapshot, if any), `from_client` (0 when unknown), `to_address` (NULL if not counted),
+    /// both 64-bit, as [`Self::count_email_pair`] counts them, and `targets` (NULL or a JSON
+    /// array of `[id, events]`, as [`Self::webhook_targets`] reads them). `None`: those
+    /// statements one after another.
+    pub signup_user_counted: Option<&'static str>,
     /// Binds tenant, email. Returns `id`, `verified`.
     pub find_user: &'static str,
     /// Binds tenant, email. Returns `id`, `verified`, locking the row until the transaction

@@ -149,70 +149,126 @@ pub async fn suppression<A: Accounts>(
     email: &EmailAddress,
     caller: &CallerAddr,
 ) -> anyhow::Result<Option<String>> {
-    let limits = state.limits;
-    let window = limits.window.as_secs().max(1) as i64;
-    let window_start = OffsetDateTime::now_utc().unix_timestamp() / window * window;
-    // Buckets are keyed hashes: the limits table never holds an address.
-    let bucket = |kind: &str, value: &str| {
-        let mac = state
-            .secret
-            .mac("oncely/rate-limit/v1", &[kind.as_bytes(), value.as_bytes()]);
-        format!("{kind}:{}", hex::encode(&mac[..16]))
-    };
-    let address = bucket("address", email.as_str());
-    // The email to the address from this client, and — only if the client's own caps let it
-    // through — to the address from all clients: a client hammering one address past its
-    // share cannot use up everyone else's.
-    let (to_address_from_client, client_allowed, to_address) = match caller.bucket() {
-        Some(client) => {
-            let allowed = state.client_mail.allows(tenant, &client);
-            let pair = bucket("address-client", &format!("{}\n{client}", email.as_str()));
-            let caps = (i64::from(limits.per_address), allowed);
-            let buckets = (pair.as_str(), address.as_str());
-            let (from_client, to_address) =
-                A::count_email_pair(conn, tenant.as_str(), buckets, window_start, caps).await?;
-            (from_client, allowed, to_address)
+    let count = EmailCount::new(state, tenant, email, caller);
+    let counted = match &count.pair {
+        Some(pair) => {
+            let buckets = (pair.as_str(), count.address.as_str());
+            let caps = (count.per_address, count.client_allowed);
+            A::count_email_pair(conn, tenant.as_str(), buckets, count.window_start, caps).await?
         }
         None => {
-            let to_address = A::count_email(conn, tenant.as_str(), &address, window_start).await?;
-            (0, true, Some(to_address))
+            let to_address =
+                A::count_email(conn, tenant.as_str(), &count.address, count.window_start).await?;
+            (0, Some(to_address))
         }
     };
-    let over = |limit, cap: u32, whom| {
-        let reason = format!(
-            "suppressed: over {cap} emails per {:?} {whom}",
-            limits.window
-        );
-        Some((limit, reason))
-    };
-    let reason = if to_address_from_client > i64::from(limits.per_address) {
-        over("address", limits.per_address, "to this address")
-    } else if !client_allowed {
-        over("client", limits.per_client, "from this client")
-    } else {
-        // A client's first email to the address in the window always passes the total: however
-        // many clients fill it, the owner (a client that has asked for nothing yet) still gets
-        // its link — a mail bomb gains one email per client address it controls, and no more
-        // than the hard ceiling in all.
-        let to_address =
-            to_address.context("the address is counted when the client's are not over")?;
-        let first_from_client = to_address_from_client == 1;
-        // But not past the hard ceiling: clients are cheap (an IPv6 prefix holds thousands, a
-        // backend may name any address), so their first emails together stop there.
-        let total = i64::from(limits.per_address_total);
-        match to_address > total * HARD_CEILING || (to_address > total && !first_from_client) {
-            true => over(
-                "address_total",
-                limits.per_address_total,
-                "to this address from all clients",
+    count.verdict(state, counted)
+}
+
+/// One email to count against the caps: the per-client cap already counted (in this process),
+/// the per-address counters to count in the request's transaction — by [`suppression`], or by
+/// a statement that writes them along with others ([`Accounts::signup_user_counted`]) — and
+/// then [`EmailCount::verdict`] on their counts.
+#[derive(Debug, Clone)]
+pub struct EmailCount {
+    /// The counter of this address from this client; `None`: the client is unknown (only the
+    /// address's total counts).
+    pub pair: Option<String>,
+    /// The counter of this address from all clients.
+    pub address: String,
+    /// The start of the window (Unix seconds).
+    pub window_start: i64,
+    /// The per-address cap (per client).
+    pub per_address: i64,
+    /// Whether the client's own cap let this email through (`true` for an unknown client).
+    pub client_allowed: bool,
+}
+
+impl EmailCount {
+    /// Counts the email against the client's cap (in this process) and names the counters.
+    pub fn new<A: Accounts>(
+        state: &AppState<A>,
+        tenant: &TenantId,
+        email: &EmailAddress,
+        caller: &CallerAddr,
+    ) -> Self {
+        let limits = state.limits;
+        let window = limits.window.as_secs().max(1) as i64;
+        let window_start = OffsetDateTime::now_utc().unix_timestamp() / window * window;
+        // Buckets are keyed hashes: the limits table never holds an address.
+        let bucket = |kind: &str, value: &str| {
+            let mac = state
+                .secret
+                .mac("oncely/rate-limit/v1", &[kind.as_bytes(), value.as_bytes()]);
+            format!("{kind}:{}", hex::encode(&mac[..16]))
+        };
+        // The email to the address from this client, and — only if the client's own caps let
+        // it through — to the address from all clients: a client hammering one address past
+        // its share cannot use up everyone else's.
+        let (pair, client_allowed) = match caller.bucket() {
+            Some(client) => (
+                Some(bucket(
+                    "address-client",
+                    &format!("{}\n{client}", email.as_str()),
+                )),
+                state.client_mail.allows(tenant, &client),
             ),
-            false => None,
+            None => (None, true),
+        };
+        Self {
+            pair,
+            address: bucket("address", email.as_str()),
+            window_start,
+            per_address: i64::from(limits.per_address),
+            client_allowed,
         }
-    };
-    Ok(reason.map(|(limit, reason)| {
-        metrics::counter!("oncely_emails_suppressed_total", "limit" => limit).increment(1);
-        reason
-    }))
+    }
+
+    /// Whether the email must be suppressed, and why, from the counts: this address from this
+    /// client (0 for an unknown client), and this address from all clients (`None`: not
+    /// counted, the client's caps stopped it first).
+    pub fn verdict<A: Accounts>(
+        &self,
+        state: &AppState<A>,
+        (to_address_from_client, to_address): (i64, Option<i64>),
+    ) -> anyhow::Result<Option<String>> {
+        let limits = state.limits;
+        let over = |limit, cap: u32, whom| {
+            let reason = format!(
+                "suppressed: over {cap} emails per {:?} {whom}",
+                limits.window
+            );
+            Some((limit, reason))
+        };
+        let reason = if to_address_from_client > self.per_address {
+            over("address", limits.per_address, "to this address")
+        } else if !self.client_allowed {
+            over("client", limits.per_client, "from this client")
+        } else {
+            // A client's first email to the address in the window always passes the total:
+            // however many clients fill it, the owner (a client that has asked for nothing yet)
+            // still gets its link — a mail bomb gains one email per client address it controls,
+            // and no more than the hard ceiling in all.
+            let to_address =
+                to_address.context("the address is counted when the client's are not over")?;
+            let first_from_client = to_address_from_client == 1;
+            // But not past the hard ceiling: clients are cheap (an IPv6 prefix holds thousands,
+            // a backend may name any address), so their first emails together stop there.
+            let total = i64::from(limits.per_address_total);
+            match to_address > total * HARD_CEILING || (to_address > total && !first_from_client) {
+                true => over(
+                    "address_total",
+                    limits.per_address_total,
+                    "to this address from all clients",
+                ),
+                false => None,
+            }
+        };
+        Ok(reason.map(|(limit, reason)| {
+            metrics::counter!("oncely_emails_suppressed_total", "limit" => limit).increment(1);
+            reason
+        }))
+    }
 }
 
 #[cfg(test)]

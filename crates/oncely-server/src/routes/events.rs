@@ -22,7 +22,7 @@ use super::error::ApiError;
 use crate::accounts::Accounts;
 use crate::backend::Connection;
 use crate::email::masked;
-use crate::webhooks::{Event, EventType, emit};
+use crate::webhooks::{Event, EventType, emit_to};
 
 /// How someone signed in (`user.signed_in`'s `method`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -64,8 +64,25 @@ pub async fn account_event<A: Accounts>(
     email: &str,
     extra: Value,
 ) -> Result<(), ApiError> {
+    let targets = A::webhook_targets(conn, tenant).await?;
+    account_event_to(conn, state, tenant, &targets, kind, user, email, extra).await
+}
+
+/// As [`account_event`], to the webhook endpoints `targets` the caller read in this
+/// transaction.
+#[allow(clippy::too_many_arguments)]
+pub async fn account_event_to<A: Accounts>(
+    conn: &mut Connection<A>,
+    state: &AppState<A>,
+    tenant: &str,
+    targets: &[(Uuid, String)],
+    kind: EventType,
+    user: Uuid,
+    email: &str,
+    extra: Value,
+) -> Result<(), ApiError> {
     let event = Event::new(kind, account_data(user, email, extra));
-    let written = emit::<A>(conn, &state.jobs, tenant, &event).await?;
+    let written = emit_to::<A>(conn, &state.jobs, targets, &event).await?;
     tracing::debug!(event = %event.id, kind = %kind, tenant, user = %user, written, "event written");
     Ok(())
 }

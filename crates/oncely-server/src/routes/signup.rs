@@ -6,15 +6,15 @@ use oncely_outbox::{JobStore, NewJob};
 use serde::Deserialize;
 use serde_json::json;
 
-use super::email_caps::suppression;
+use super::email_caps::EmailCount;
 use super::error::ApiError;
-use super::events::account_event;
+use super::events::account_event_to;
 use super::new_password::hash_new_password;
 use super::post::IdempotentPost;
 use super::send_link::{
     Accepted, FromSignup, Link, Owner, accepted, issue_link, request_locale, return_url,
 };
-use crate::accounts::{Accounts, SignupOutcome};
+use crate::accounts::{Accounts, SignupCounted, SignupOutcome};
 use crate::email::EmailAddress;
 use crate::mail::SIGNUP_NOTICE;
 use crate::token::Flow;
@@ -75,21 +75,28 @@ pub async fn signup<A: Accounts>(
     let return_to = return_url(&state, &tenant, request.return_to.as_deref()).await?;
     let password_hash = hash_new_password(request.password, &caller).await?;
 
+    let count = EmailCount::new(&state, &tenant, &email, &caller);
     let mut conn = tx.lock().await?;
-    let row = A::signup_user(
+    let SignupCounted {
+        outcome: row,
+        counts,
+        targets,
+    } = A::signup_user_counted(
         &mut conn,
         tenant.as_str(),
         &email,
         request.source.as_deref(),
+        &count,
     )
     .await?;
     if let SignupOutcome::Created(user) = row {
         let verified = json!({ "email_verified": false });
         let (kind, tenant) = (EventType::UserCreated, tenant.as_str());
-        account_event(
+        account_event_to(
             &mut *conn,
             &state,
             tenant,
+            &targets,
             kind,
             user,
             email.as_str(),
@@ -97,7 +104,7 @@ pub async fn signup<A: Accounts>(
         )
         .await?;
     }
-    let suppressed = suppression(&mut *conn, &state, &tenant, &email, &caller).await?;
+    let suppressed = count.verdict(&state, counts)?;
     // A pending account's password waits on this signup's own token: the account gets it only
     // when the address owner verifies with this link and re-enters it. For a verified account a
     // decoy token keeps the work the same as for a new address; its email is a notice.

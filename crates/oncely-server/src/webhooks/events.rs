@@ -174,7 +174,18 @@ pub async fn emit<A: Accounts>(
     event: &Event,
 ) -> anyhow::Result<usize> {
     let targets = A::webhook_targets(conn, tenant).await?;
-    let jobs_of = deliveries(event, &targets);
+    emit_to::<A>(conn, jobs, &targets, event).await
+}
+
+/// As [`emit`], to `targets` the caller read in this transaction
+/// ([`Accounts::signup_user_counted`] reads them with the signup's user).
+pub async fn emit_to<A: Accounts>(
+    conn: &mut Connection<A>,
+    jobs: &A::Jobs,
+    targets: &[(Uuid, String)],
+    event: &Event,
+) -> anyhow::Result<usize> {
+    let jobs_of = deliveries(event, targets);
     for job in &jobs_of {
         jobs.enqueue(conn, job).await?;
     }

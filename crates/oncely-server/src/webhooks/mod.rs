@@ -12,6 +12,6 @@ pub mod secret;
 pub mod url;
 
 pub use delivery::{EndpointRef, WebhookDelivery, WebhookSettings, signing_secrets};
-pub use events::{Event, EventType, emit};
+pub use events::{Event, EventType, emit, emit_to};
 pub use secret::SigningSecret;
 pub use url::UrlPolicy;

@@ -1,7 +1,7 @@
 //! Account storage on both backends, through the library: migrations a previous release
 //! applied, and time-dependent statements with an injected `now` (no sleeping).
 
-use oncely_server::accounts::{Accounts, NewToken, ReturnTo};
+use oncely_server::accounts::{Accounts, NewEndpoint, NewToken, ReturnTo};
 use oncely_server::backend::{Backend, COMMAND_POOL, Postgres, Sqlite};
 use oncely_testdb::TestDb;
 use sqlx::SqlSafeStr;
@@ -90,7 +90,8 @@ fn sqlx_migrate_keeps_the_checksums_of_the_previous_release() {
 
 both_databases!(
     a_database_the_previous_release_migrated_migrates_and_is_ready,
-    expired_tokens_are_pruned_by_the_given_clock
+    expired_tokens_are_pruned_by_the_given_clock,
+    a_signups_user_counters_and_endpoints_are_written_and_read_as_their_statements_do
 );
 
 async fn a_database_the_previous_release_migrated_migrates_and_is_ready(url: String, _db: TestDb) {
@@ -162,6 +163,166 @@ async fn prune_tokens_at<B: Accounts>(url: &str) {
         1,
         "expired more than the retention ago"
     );
+}
+
+/// Issue 20: a signup's user, its email's counters and the tenant's endpoints are one statement
+/// on PostgreSQL and three on SQLite; both give what the separate statements give, for a known
+/// and an unknown client, a client over its per-address cap or its own cap, a new, pending and
+/// verified account, with and without (enabled) endpoints.
+async fn a_signups_user_counters_and_endpoints_are_written_and_read_as_their_statements_do(
+    url: String,
+    _db: TestDb,
+) {
+    if url.starts_with("postgres") {
+        signup_user_counted_on::<Postgres>(&url).await;
+    } else {
+        signup_user_counted_on::<Sqlite>(&url).await;
+    }
+}
+
+async fn signup_user_counted_on<B: Accounts>(url: &str) {
+    use oncely_server::accounts::{SignupCounted, SignupOutcome};
+    use oncely_server::email::EmailAddress;
+    use oncely_server::routes::email_caps::EmailCount;
+
+    let backend = B::connect(url, COMMAND_POOL).await.unwrap();
+    oncely_server::startup::migrate(&backend).await.unwrap();
+    let mut conn = backend.pool().acquire().await.unwrap();
+    let ada = EmailAddress::parse("ada@example.com").unwrap();
+    let count = |pair: Option<&str>, client_allowed| EmailCount {
+        pair: pair.map(str::to_owned),
+        address: "address:ada".to_owned(),
+        window_start: 1_000,
+        per_address: 2,
+        client_allowed,
+    };
+    let mut signup = async |count: EmailCount| {
+        B::signup_user_counted(&mut conn, "acme", &ada, Some("test"), &count)
+            .await
+            .unwrap()
+    };
+    let first = signup(count(Some("pair:one"), true)).await;
+    let SignupOutcome::Created(id) = first.outcome else {
+        panic!("{first:?}");
+    };
+    assert_eq!((first.counts, first.targets), ((1, Some(1)), vec![]));
+    let known = |counts| SignupCounted {
+        outcome: SignupOutcome::Pending(id),
+        counts,
+        targets: vec![],
+    };
+    assert_eq!(
+        signup(count(Some("pair:one"), true)).await,
+        known((2, Some(2)))
+    );
+    // Over the per-address cap of this client: the address's total is not counted.
+    assert_eq!(
+        signup(count(Some("pair:one"), true)).await,
+        known((3, None))
+    );
+    // Over the client's own cap: neither is the total.
+    assert_eq!(
+        signup(count(Some("pair:two"), false)).await,
+        known((1, None))
+    );
+    // An unknown client counts against the total only.
+    assert_eq!(signup(count(None, true)).await, known((0, Some(3))));
+    assert_eq!(
+        signup(count(Some("pair:two"), true)).await,
+        known((2, Some(4)))
+    );
+
+    let mut endpoints = vec![];
+    for (n, (tenant, events, disabled)) in [
+        ("acme", "[]", false),
+        ("acme", r#"["user.created"]"#, false),
+        ("acme", "[]", true),
+        ("other", "[]", false),
+    ]
+    .into_iter()
+    .enumerate()
+    {
+        let id = uuid::Uuid::new_v4();
+        let url = format!("https://hooks.example.com/{n}");
+        let (url, secret_sealed) = (url.as_str(), "sealed");
+        let endpoint = NewEndpoint {
+            id,
+            tenant,
+            url,
+            events,
+            secret_sealed,
+        };
+        backend.insert_webhook_endpoint(endpoint).await.unwrap();
+        if disabled {
+            assert!(
+                backend
+                    .set_webhook_disabled(id, Some("test"))
+                    .await
+                    .unwrap()
+            );
+        } else if tenant == "acme" {
+            endpoints.push((id, events.to_owned()));
+        }
+    }
+    crate::support::execute(url, "UPDATE oncely_users SET status = 'verified'").await;
+    let verified = signup(count(Some("pair:three"), true)).await;
+    let targets = B::webhook_targets(&mut conn, "acme").await.unwrap();
+    let mut enabled = targets.clone();
+    enabled.sort();
+    endpoints.sort();
+    assert_eq!(enabled, endpoints, "the tenant's enabled endpoints");
+    assert_eq!(
+        verified,
+        SignupCounted {
+            outcome: SignupOutcome::Verified(id),
+            counts: (1, Some(5)),
+            targets,
+        }
+    );
+    let users = "SELECT count(*) FROM oncely_users";
+    assert_eq!(crate::support::count(url, users).await, 1);
+}
+
+/// Issue 20: on PostgreSQL a signup's user is inserted and read back in one statement, whose
+/// snapshot cannot see an account that a concurrent signup of the same address committed while
+/// the insert waited for it: the account is then read by a statement of its own, and the
+/// signup finds it (pending), never "vanished" and never a second account.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_signup_racing_another_for_its_address_finds_the_account_the_other_committed() {
+    use oncely_server::accounts::SignupOutcome;
+    use oncely_server::email::EmailAddress;
+    use oncely_server::routes::email_caps::EmailCount;
+
+    let (url, _db) = crate::support::postgres_db().await;
+    let backend = Postgres::connect(&url, COMMAND_POOL).await.unwrap();
+    oncely_server::startup::migrate(&backend).await.unwrap();
+    let count = EmailCount {
+        pair: Some("pair".to_owned()),
+        address: "address".to_owned(),
+        window_start: 0,
+        per_address: 10,
+        client_allowed: true,
+    };
+    let ada = EmailAddress::parse("ada@example.com").unwrap();
+    let mut first = backend.pool().begin().await.unwrap();
+    let created = Postgres::signup_user_counted(&mut first, "default", &ada, None, &count)
+        .await
+        .unwrap();
+    let SignupOutcome::Created(id) = created.outcome else {
+        panic!("{created:?}");
+    };
+    let pool = backend.pool().clone();
+    let second = tokio::spawn(async move {
+        let mut second = pool.begin().await.unwrap();
+        let ada = EmailAddress::parse("ada@example.com").unwrap();
+        Postgres::signup_user_counted(&mut second, "default", &ada, None, &count).await
+    });
+    until_a_transaction_waits(&url).await;
+    first.commit().await.unwrap();
+    let raced = second.await.unwrap().unwrap();
+    assert_eq!(raced.outcome, SignupOutcome::Pending(id));
+    let users = "SELECT count(*) FROM oncely_users";
+    assert_eq!(crate::support::count(&url, users).await, 1);
 }
 
 /// Two accounts changing to one address at once on PostgreSQL: the second transaction's

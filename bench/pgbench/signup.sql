@@ -1,5 +1,9 @@
--- The statements one new signup commits through oncely (transactional layer, PostgreSQL),
--- in one transaction, with the same values shape. Baseline for the signup path.
+-- The statements a new signup committed through oncely before issue 20 (transactional layer,
+-- PostgreSQL): the replay probe, then one transaction with the user read back and each counter
+-- in a statement of its own. Kept as the first row of the results table so that its ratio
+-- compares with earlier runs; it is not the target's baseline, which is signup-minimal.sql
+-- (only the rows a signup must write). oncely now writes the user, its counters and reads the
+-- webhook endpoints in one statement (accounts/postgres.rs, signup_user_counted).
 \set n random(1, 2000000000)
 \set m random(1, 2000000000)
 -- The read that answers a retry without a transaction; a new key finds nothing.

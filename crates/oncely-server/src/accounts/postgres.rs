@@ -10,8 +10,11 @@ pub const STATEMENTS: Statements = Statements {
                   VALUES ($1, $2, $3, $4, COALESCE($5, now())) ON CONFLICT (tenant, email) DO NOTHING
                   RETURNING id",
     // One round trip for what a signup writes before its link. The counters as
-    // `count_email_pair` (the pair's row only for a known client); the existing user as the
-    // statement's snapshot holds it (one that committed after it is read by the caller).
+    // `count_email_pair` (the pair's row only for a known client). The existing user is read
+    // `FOR SHARE`: a transaction changing it (a verification) is waited for and its result
+    // read, and none can change it until the signup commits; a user that a concurrent insert
+    // committed after the statement's snapshot is not visible here and is read by the caller.
+    // The endpoints are those of the statement's snapshot.
     // Index: oncely_users (tenant, email) unique; oncely_webhook_endpoints by tenant.
     signup_user_counted: Some(
         "WITH inserted AS (
@@ -31,15 +34,15 @@ pub const STATEMENTS: Statements = Statements {
              ON CONFLICT (tenant, bucket, window_start) DO UPDATE SET count = r.count + 1
              RETURNING count
          )
-         SELECT (SELECT id FROM inserted) AS inserted, u.id AS found,
-                u.status = 'verified' AS verified,
+         SELECT (SELECT id FROM inserted) AS inserted,
+                (SELECT id FROM oncely_users WHERE tenant = $2 AND email = $3 FOR SHARE) AS found,
+                (SELECT status = 'verified' FROM oncely_users
+                  WHERE tenant = $2 AND email = $3 FOR SHARE) AS verified,
                 COALESCE((SELECT count FROM pair), 0)::bigint AS from_client,
                 (SELECT count FROM total)::bigint AS to_address,
                 (SELECT json_agg(json_build_array(id, events) ORDER BY created_at, id)::text
                    FROM oncely_webhook_endpoints
-                  WHERE tenant = $2 AND disabled_at IS NULL) AS targets
-           FROM (SELECT 1) AS one
-           LEFT JOIN oncely_users u ON u.tenant = $2 AND u.email = $3",
+                  WHERE tenant = $2 AND disabled_at IS NULL) AS targets",
     ),
     find_user: "SELECT id, status = 'verified' AS verified FROM oncely_users
                  WHERE tenant = $1 AND email = $2",

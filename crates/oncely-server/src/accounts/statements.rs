@@ -19,7 +19,8 @@ pub struct Statements {
     /// the address counts), the address bucket, window_start, the per-address cap (64-bit),
     /// whether the client's own cap let the email through. Returns `inserted` (the id, if this
     /// inserted the user), `found`, `verified` (the user that existed in the statement's
-    /// snapshot, if any), `from_client` (0 when unknown), `to_address` (NULL if not counted),
+    /// snapshot, if any, locked for share: its latest version once a transaction changing it
+    /// ended), `from_client` (0 when unknown), `to_address` (NULL if not counted),
     /// both 64-bit, as [`Self::count_email_pair`] counts them, and `targets` (NULL or a JSON
     /// array of `[id, events]`, as [`Self::webhook_targets`] reads them). `None`: those
     /// statements one after another.

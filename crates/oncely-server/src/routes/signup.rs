@@ -75,8 +75,10 @@ pub async fn signup<A: Accounts>(
     let return_to = return_url(&state, &tenant, request.return_to.as_deref()).await?;
     let password_hash = hash_new_password(request.password, &caller).await?;
 
-    let count = EmailCount::new(&state, &tenant, &email, &caller);
     let mut conn = tx.lock().await?;
+    // After the claim: a copy of this request that loses it (a replay, a 409, a 422) must not
+    // spend the client's email allowance.
+    let count = EmailCount::new(&state, &tenant, &email, &caller);
     let SignupCounted {
         outcome: row,
         counts,

@@ -325,6 +325,52 @@ async fn a_signup_racing_another_for_its_address_finds_the_account_the_other_com
     assert_eq!(crate::support::count(&url, users).await, 1);
 }
 
+/// Review of issue 20: a signup whose address is being verified by another transaction waits
+/// for it and finds the account verified (its email is the notice to an existing account),
+/// not pending as the statement's snapshot had it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_signup_racing_a_verification_of_its_address_finds_the_account_verified() {
+    use oncely_server::accounts::SignupOutcome;
+    use oncely_server::email::EmailAddress;
+    use oncely_server::routes::email_caps::EmailCount;
+
+    let (url, _db) = crate::support::postgres_db().await;
+    let backend = Postgres::connect(&url, COMMAND_POOL).await.unwrap();
+    oncely_server::startup::migrate(&backend).await.unwrap();
+    let count = EmailCount {
+        pair: None,
+        address: "address".to_owned(),
+        window_start: 0,
+        per_address: 10,
+        client_allowed: true,
+    };
+    let ada = EmailAddress::parse("ada@example.com").unwrap();
+    let mut conn = backend.pool().acquire().await.unwrap();
+    let created = Postgres::signup_user_counted(&mut conn, "default", &ada, None, &count)
+        .await
+        .unwrap();
+    let SignupOutcome::Created(id) = created.outcome else {
+        panic!("{created:?}");
+    };
+    drop(conn);
+    let mut verifying = backend.pool().begin().await.unwrap();
+    sqlx::query("UPDATE oncely_users SET status = 'verified' WHERE id = $1")
+        .bind(id)
+        .execute(&mut *verifying)
+        .await
+        .unwrap();
+    let pool = backend.pool().clone();
+    let signup = tokio::spawn(async move {
+        let mut tx = pool.begin().await.unwrap();
+        let ada = EmailAddress::parse("ada@example.com").unwrap();
+        Postgres::signup_user_counted(&mut tx, "default", &ada, None, &count).await
+    });
+    until_a_transaction_waits(&url).await;
+    verifying.commit().await.unwrap();
+    let raced = signup.await.unwrap().unwrap();
+    assert_eq!(raced.outcome, SignupOutcome::Verified(id));
+}
+
 /// Two accounts changing to one address at once on PostgreSQL: the second transaction's
 /// statement saw no holder (the first had not committed), waits on the unique index, and the
 /// violation it then gets — which aborts its transaction — is the same `false` as a taken

@@ -193,3 +193,45 @@ async fn first_emails_of_new_clients_stop_at_the_hard_ceiling(url: String, _db: 
     assert_drained(&app, Duration::from_secs(20)).await;
     assert_eq!(app.inbox.messages(Some(address)).len(), 8);
 }
+
+/// Review of issue 20: the client's email allowance was counted before the request claimed its
+/// key, so copies of one signup that lost the claim (answered as replays, 409s or 422s) each
+/// spent one, and the client's next real signups were silenced. Here the first copy is held
+/// in its transaction (an uncommitted insert of its address blocks it) while three more copies
+/// of the same request pass the replay probe and reach the handler; the client's cap is 3.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn copies_of_one_signup_that_lose_the_claim_spend_none_of_the_clients_emails() {
+    use sqlx::{Connection, Executor};
+
+    let (url, _db) = crate::support::postgres_db().await;
+    let app = app_with_mail_caps(&url, 100, 3, |_| {}).await;
+    let mut hold = sqlx::PgConnection::connect(&url).await.unwrap();
+    hold.execute("BEGIN").await.unwrap();
+    hold.execute(
+        "INSERT INTO oncely_users (id, tenant, email, source, created_at)
+         VALUES (gen_random_uuid(), 'default', 'dup@example.com', NULL, now())",
+    )
+    .await
+    .unwrap();
+    let client = client_from("127.0.0.7");
+    let copies: Vec<_> = (0..4)
+        .map(|_| {
+            let request = idempotent_post(&client, &app.base, "/v1/signup", "dup")
+                .json(&email("dup@example.com"));
+            tokio::spawn(async move { request.send().await.unwrap().status().as_u16() })
+        })
+        .collect();
+    // Every copy is in the server by now: the first waits on the held address, the others on
+    // the first's key.
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    hold.execute("ROLLBACK").await.unwrap();
+    for copy in copies {
+        let status = copy.await.unwrap();
+        assert!(matches!(status, 202 | 409), "{status}");
+    }
+    let delivered =
+        delivered_after(&app, &[(&client, "new0", None), (&client, "new1", None)]).await;
+    assert_eq!(delivered, [1, 1], "the client's 2nd and 3rd emails");
+    assert_eq!(app.inbox.messages(Some("dup@example.com")).len(), 1);
+    assert_eq!(crate::support::count(&url, CAPPED_BY_CLIENT).await, 0);
+}

@@ -887,19 +887,7 @@ where
         let Some(sql) = B::ACCOUNT_SQL.signup_user_counted else {
             let outcome = Self::signup_user(&mut *conn, tenant, email, source).await?;
             let targets = Self::webhook_targets(&mut *conn, tenant).await?;
-            let counts = match &count.pair {
-                Some(pair) => {
-                    let buckets = (pair.as_str(), count.address.as_str());
-                    let caps = (count.per_address, count.client_allowed);
-                    Self::count_email_pair(conn, tenant, buckets, count.window_start, caps).await?
-                }
-                None => {
-                    let address = count.address.as_str();
-                    let to_address =
-                        Self::count_email(conn, tenant, address, count.window_start).await?;
-                    (0, Some(to_address))
-                }
-            };
+            let counts = count.count_in::<B>(conn, tenant).await?;
             return Ok(SignupCounted {
                 outcome,
                 counts,

@@ -19,7 +19,7 @@ use oncely::TenantId;
 use time::OffsetDateTime;
 
 use super::AppState;
-use crate::accounts::Accounts;
+use crate::accounts::{AccountError, Accounts};
 use crate::client_addr::CallerAddr;
 use crate::email::EmailAddress;
 
@@ -150,18 +150,7 @@ pub async fn suppression<A: Accounts>(
     caller: &CallerAddr,
 ) -> anyhow::Result<Option<String>> {
     let count = EmailCount::new(state, tenant, email, caller);
-    let counted = match &count.pair {
-        Some(pair) => {
-            let buckets = (pair.as_str(), count.address.as_str());
-            let caps = (count.per_address, count.client_allowed);
-            A::count_email_pair(conn, tenant.as_str(), buckets, count.window_start, caps).await?
-        }
-        None => {
-            let to_address =
-                A::count_email(conn, tenant.as_str(), &count.address, count.window_start).await?;
-            (0, Some(to_address))
-        }
-    };
+    let counted = count.count_in::<A>(conn, tenant.as_str()).await?;
     count.verdict(state, counted)
 }
 
@@ -221,6 +210,29 @@ impl EmailCount {
             window_start,
             per_address: i64::from(limits.per_address),
             client_allowed,
+        }
+    }
+
+    /// Counts it on the per-address counters in `conn`'s transaction: this address from this
+    /// client (0 for an unknown client) and, unless the client's caps stopped it, this address
+    /// from all clients ([`Accounts::count_email_pair`], or [`Accounts::count_email`] of the
+    /// address alone for an unknown client).
+    pub async fn count_in<A: Accounts>(
+        &self,
+        conn: &mut <A::Database as sqlx::Database>::Connection,
+        tenant: &str,
+    ) -> Result<(i64, Option<i64>), AccountError> {
+        match &self.pair {
+            Some(pair) => {
+                let buckets = (pair.as_str(), self.address.as_str());
+                let caps = (self.per_address, self.client_allowed);
+                A::count_email_pair(conn, tenant, buckets, self.window_start, caps).await
+            }
+            None => {
+                let to_address =
+                    A::count_email(conn, tenant, &self.address, self.window_start).await?;
+                Ok((0, Some(to_address)))
+            }
         }
     }
 

@@ -165,6 +165,22 @@ async fn prune_tokens_at<B: Accounts>(url: &str) {
     );
 }
 
+/// An email to count on the counters `pair` (`None`: an unknown client) and "address", with a
+/// per-address cap of `per_address`, the client's own cap letting it through or not.
+fn email_count(
+    pair: Option<&str>,
+    per_address: i64,
+    client_allowed: bool,
+) -> oncely_server::routes::email_caps::EmailCount {
+    oncely_server::routes::email_caps::EmailCount {
+        pair: pair.map(str::to_owned),
+        address: "address".to_owned(),
+        window_start: 0,
+        per_address,
+        client_allowed,
+    }
+}
+
 /// Issue 20: a signup's user, its email's counters and the tenant's endpoints are one statement
 /// on PostgreSQL and three on SQLite; both give what the separate statements give, for a known
 /// and an unknown client, a client over its per-address cap or its own cap, a new, pending and
@@ -189,13 +205,7 @@ async fn signup_user_counted_on<B: Accounts>(url: &str) {
     oncely_server::startup::migrate(&backend).await.unwrap();
     let mut conn = backend.pool().acquire().await.unwrap();
     let ada = EmailAddress::parse("ada@example.com").unwrap();
-    let count = |pair: Option<&str>, client_allowed| EmailCount {
-        pair: pair.map(str::to_owned),
-        address: "address:ada".to_owned(),
-        window_start: 1_000,
-        per_address: 2,
-        client_allowed,
-    };
+    let count = |pair, client_allowed| email_count(pair, 2, client_allowed);
     let mut signup = async |count: EmailCount| {
         B::signup_user_counted(&mut conn, "acme", &ada, Some("test"), &count)
             .await
@@ -291,18 +301,11 @@ async fn signup_user_counted_on<B: Accounts>(url: &str) {
 async fn a_signup_racing_another_for_its_address_finds_the_account_the_other_committed() {
     use oncely_server::accounts::SignupOutcome;
     use oncely_server::email::EmailAddress;
-    use oncely_server::routes::email_caps::EmailCount;
 
     let (url, _db) = crate::support::postgres_db().await;
     let backend = Postgres::connect(&url, COMMAND_POOL).await.unwrap();
     oncely_server::startup::migrate(&backend).await.unwrap();
-    let count = EmailCount {
-        pair: Some("pair".to_owned()),
-        address: "address".to_owned(),
-        window_start: 0,
-        per_address: 10,
-        client_allowed: true,
-    };
+    let count = email_count(Some("pair"), 10, true);
     let ada = EmailAddress::parse("ada@example.com").unwrap();
     let mut first = backend.pool().begin().await.unwrap();
     let created = Postgres::signup_user_counted(&mut first, "default", &ada, None, &count)
@@ -332,18 +335,11 @@ async fn a_signup_racing_another_for_its_address_finds_the_account_the_other_com
 async fn a_signup_racing_a_verification_of_its_address_finds_the_account_verified() {
     use oncely_server::accounts::SignupOutcome;
     use oncely_server::email::EmailAddress;
-    use oncely_server::routes::email_caps::EmailCount;
 
     let (url, _db) = crate::support::postgres_db().await;
     let backend = Postgres::connect(&url, COMMAND_POOL).await.unwrap();
     oncely_server::startup::migrate(&backend).await.unwrap();
-    let count = EmailCount {
-        pair: None,
-        address: "address".to_owned(),
-        window_start: 0,
-        per_address: 10,
-        client_allowed: true,
-    };
+    let count = email_count(None, 10, true);
     let ada = EmailAddress::parse("ada@example.com").unwrap();
     let mut conn = backend.pool().acquire().await.unwrap();
     let created = Postgres::signup_user_counted(&mut conn, "default", &ada, None, &count)

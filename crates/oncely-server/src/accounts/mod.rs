@@ -320,8 +320,9 @@ pub enum AccountError {
     /// A unique constraint refused the row: what it names exists already (a tenant's name).
     #[error("it exists already")]
     Conflict(#[source] sqlx::Error),
-    /// The database cannot serve now: unreachable, shutting down, out of connections, or its
-    /// write lock (SQLite) not free in time. Nothing was changed; try again later.
+    /// The database cannot serve now: unreachable, shutting down, out of connections, its
+    /// write lock (SQLite) or a row lock another transaction holds (PostgreSQL) not free in
+    /// time. Nothing was changed; try again later.
     #[error("the database is unavailable")]
     Unavailable(#[source] sqlx::Error),
     /// The database refused the statement for another reason.

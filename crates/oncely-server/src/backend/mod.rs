@@ -114,7 +114,8 @@ pub trait Backend: Clone + Send + Sync + 'static {
     fn rows_affected(result: &<Self::Database as sqlx::Database>::QueryResult) -> u64;
 
     /// Whether an error the database returned means it cannot serve now (shutting down, out
-    /// of connections, its write lock not free in time), rather than that the statement failed.
+    /// of connections, its write lock or a row lock not free in time), rather than that the
+    /// statement failed.
     fn unavailable(error: &dyn sqlx::error::DatabaseError) -> bool;
 
     /// The pool.

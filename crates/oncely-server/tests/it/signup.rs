@@ -454,3 +454,44 @@ async fn an_expired_link_gets_the_same_generic_400_as_a_used_one(url: String, _d
     );
     assert_eq!(count(&url, VERIFIED_USERS).await, 0);
 }
+
+/// A signup whose address another transaction holds (an uncommitted insert of the same
+/// account) past the request's lock timeout is a 503 `storage-unavailable` with `Retry-After`
+/// — the database cannot serve it now — not a 500; nothing of it stays, and the same request
+/// retried once the other transaction is gone makes the account and sends its email.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_signup_that_waits_past_the_lock_timeout_for_its_address_is_a_503_then_retries() {
+    use sqlx::Connection;
+
+    let (url, _db) = crate::support::postgres_db().await;
+    let app = spawn_app_on(&url, |_| {}).await;
+    let mut holder = sqlx::PgConnection::connect(&url).await.unwrap();
+    let mut held = holder.begin().await.unwrap();
+    sqlx::query(
+        "INSERT INTO oncely_users (id, tenant, email) VALUES (gen_random_uuid(), 'default', 'held@example.com')",
+    )
+    .execute(&mut *held)
+    .await
+    .unwrap();
+    let body = signup_body("held@example.com");
+    let waited = app.post("/v1/signup", "held-key", &body).await;
+    assert_eq!(waited.status(), 503);
+    assert_eq!(
+        waited
+            .headers()
+            .get("retry-after")
+            .map(|v| v.to_str().unwrap()),
+        Some("1")
+    );
+    let problem: Value = waited.json().await.unwrap();
+    assert_eq!(
+        problem["type"], "https://oncely.dev/problems/storage-unavailable",
+        "{problem}"
+    );
+    held.rollback().await.unwrap();
+    assert_eq!(app.count(USERS).await, 0);
+    let retried = app.post("/v1/signup", "held-key", &body).await;
+    assert_eq!(retried.status(), 202);
+    assert_eq!(app.count(USERS).await, 1);
+    assert_eq!(app.emails_to("held@example.com", 1).await.len(), 1);
+}

@@ -55,7 +55,8 @@ async fn main() -> anyhow::Result<()> {
             .and_then(|n| n.parse::<usize>().ok())
             .unwrap_or(1),
     );
-    let pool = sqlx::postgres::PgPoolOptions::new()
+    // The pool as `oncely serve` has it: no ping before every acquire.
+    let pool = oncely::store::postgres::pool_options()
         .max_connections(if command == Some("enqueue") {
             n as u32 + 2
         } else {

@@ -12,7 +12,9 @@ use oncely::{IdempotencyLayer, ServerSecret};
 async fn main() -> anyhow::Result<()> {
     let url = std::env::var("DATABASE_URL")?;
     let bind = std::env::var("BIND").unwrap_or_else(|_| "127.0.0.1:8091".into());
-    let pool = sqlx::postgres::PgPoolOptions::new()
+    // The pool as the library recommends it (and `oncely serve` has it): no ping before every
+    // acquire.
+    let pool = oncely::store::postgres::pool_options()
         .max_connections(32)
         .connect(&url)
         .await?;

@@ -9,7 +9,7 @@ use oncely::store::postgres::PgKeyStore;
 use oncely_outbox::store::postgres::PgJobStore;
 use sqlx::Connection;
 use sqlx::migrate::Migrator;
-use sqlx::postgres::{PgConnectOptions, PgConnection, PgPoolOptions, PgQueryResult};
+use sqlx::postgres::{PgConnectOptions, PgConnection, PgQueryResult};
 use time::OffsetDateTime;
 
 use super::{Backend, Create, DevInboxHold, Stores, redact};
@@ -58,22 +58,13 @@ impl Backend for Postgres {
                 CONNECT_TIMEOUT.as_secs()
             ),
         }
-        let pool = PgPoolOptions::new()
+        // No ping before every acquire (a round trip per request): only a connection that
+        // sat idle is pinged. One that died under load fails its request (503, retried with
+        // the same key) and is discarded.
+        let pool = oncely::store::postgres::pool_options()
             .max_connections(max_connections)
             // A database that stops answering fails a request in seconds, not half a minute.
             .acquire_timeout(CONNECT_TIMEOUT)
-            // A ping before every acquire is a round trip per request; ping only connections
-            // that sat idle. A connection that died under load fails its request (503, retried
-            // with the same key) and is discarded.
-            .test_before_acquire(false)
-            .before_acquire(|conn, meta| {
-                Box::pin(async move {
-                    if meta.idle_for > Duration::from_secs(1) {
-                        sqlx::Connection::ping(conn).await?;
-                    }
-                    Ok(true)
-                })
-            })
             .connect_lazy_with(options);
         Ok(Self(Stores::new(pool, PgKeyStore::new)))
     }

@@ -4,6 +4,7 @@
 
 mod layer_contract;
 mod migrations;
+mod pool;
 mod properties;
 mod replay_cache;
 mod store_conformance;

@@ -59,8 +59,8 @@ impl Backend for Postgres {
             ),
         }
         // No ping before every acquire (a round trip per request): only a connection that
-        // sat idle is pinged. One that died under load fails its request (503, retried with
-        // the same key) and is discarded.
+        // sat idle is pinged. One that died under load fails its request (nothing committed; a
+        // retry with the same key runs) and is discarded.
         let pool = oncely::store::postgres::pool_options()
             .max_connections(max_connections)
             // A database that stops answering fails a request in seconds, not half a minute.

@@ -26,8 +26,9 @@ async fn terminate(db: &TestPostgres, pid: i32) {
     admin.close().await;
 }
 
-#[tokio::test]
-async fn a_connection_closed_while_idle_is_pinged_and_replaced() {
+/// A pool of one connection built with [`pool_options`], whose connection was used once and
+/// then ended by the server: the database, the pool and the ended backend's pid.
+async fn one_connection_ended() -> (TestPostgres, PgPool, i32) {
     let db = TestPostgres::new().await;
     let pool = pool_options()
         .max_connections(1)
@@ -36,6 +37,12 @@ async fn a_connection_closed_while_idle_is_pinged_and_replaced() {
         .unwrap();
     let first = backend_pid(&pool).await.unwrap();
     terminate(&db, first).await;
+    (db, pool, first)
+}
+
+#[tokio::test]
+async fn a_connection_closed_while_idle_is_pinged_and_replaced() {
+    let (db, pool, first) = one_connection_ended().await;
     tokio::time::sleep(IDLE_BEFORE_PING + Duration::from_millis(300)).await;
     let second = backend_pid(&pool)
         .await
@@ -48,14 +55,7 @@ async fn a_connection_closed_while_idle_is_pinged_and_replaced() {
 /// pool then opens a new one.
 #[tokio::test]
 async fn a_connection_handed_out_again_at_once_is_not_pinged() {
-    let db = TestPostgres::new().await;
-    let pool = pool_options()
-        .max_connections(1)
-        .connect(db.url())
-        .await
-        .unwrap();
-    let first = backend_pid(&pool).await.unwrap();
-    terminate(&db, first).await;
+    let (db, pool, first) = one_connection_ended().await;
     assert!(
         backend_pid(&pool).await.is_err(),
         "the connection was pinged before it was handed out"

@@ -42,7 +42,7 @@ async fn one_connection_ended() -> (TestPostgres, PgPool, i32) {
 
 #[tokio::test]
 async fn a_connection_closed_while_idle_is_pinged_and_replaced() {
-    let (db, pool, first) = one_connection_ended().await;
+    let (_db, pool, first) = one_connection_ended().await;
     tokio::time::sleep(IDLE_BEFORE_PING + Duration::from_millis(300)).await;
     let second = backend_pid(&pool)
         .await
@@ -55,7 +55,7 @@ async fn a_connection_closed_while_idle_is_pinged_and_replaced() {
 /// pool then opens a new one.
 #[tokio::test]
 async fn a_connection_handed_out_again_at_once_is_not_pinged() {
-    let (db, pool, first) = one_connection_ended().await;
+    let (_db, pool, first) = one_connection_ended().await;
     assert!(
         backend_pid(&pool).await.is_err(),
         "the connection was pinged before it was handed out"

@@ -58,8 +58,8 @@ pub async fn verify<A: Accounts>(mut post: LinkUse<A>) -> LinkUsed {
     post.answer(&mut conn, &token, user, body).await
 }
 
-/// The hash of the password the link's signup chose, if `presented` is that password (one more
-/// attempt counted, on the pool: the count survives a rollback).
+/// The hash of the password the link's signup chose, if `presented` is that password. A wrong
+/// one is one more attempt, counted on the pool: the count survives the request's rollback.
 async fn signup_password<A: Accounts>(
     post: &LinkUse<A>,
     presented: String,
@@ -83,11 +83,16 @@ async fn signup_password<A: Accounts>(
     }
     let share = post.caller.bucket();
     let presented = SecretString::from(presented);
+    // Only a wrong password stays counted. The right one is uncounted at once: the request may
+    // still fail after it (a lock wait past the timeout, the database gone: 503, retry later),
+    // and the owner retrying through a busy moment must not use up the link's attempts. A check
+    // that did not run (every hasher busy: 503) is no attempt either.
     match password::verify(share.as_deref(), &stored, presented).await {
-        Ok(true) => Ok(stored),
         Ok(false) => Err(ApiError::PasswordMismatch),
-        // The check did not run (every hasher busy: 503, retry later): not an attempt, or a
-        // person retrying on a busy server would use up the link's attempts.
+        Ok(true) => {
+            post.state.accounts.signup_password_unattempt(&hash).await?;
+            Ok(stored)
+        }
         Err(error) => {
             post.state.accounts.signup_password_unattempt(&hash).await?;
             Err(error.into())

@@ -529,3 +529,36 @@ async fn whoever_sees_a_link_cannot_guess_the_signup_password_online(url: String
     assert_eq!(body["password_set"], false);
     assert_eq!(password_hash_of(&app, owner).await, None);
 }
+
+/// Review of issue 20 (F1): the right password counted as an attempt, and a request that
+/// failed after the check (here its lock wait on the account ran past the timeout: 503) never
+/// gave it back, so an owner retrying through six busy moments found the link "guessed out".
+/// Only wrong passwords count.
+#[tokio::test]
+async fn the_right_password_retried_through_503s_does_not_use_up_the_links_attempts() {
+    use sqlx::Connection;
+
+    let (url, _db) = crate::support::postgres_db().await;
+    let owner = "busy@example.com";
+    let (app, link) = owners_signup(&url, owner, "s").await;
+    let mut holder = sqlx::PgConnection::connect(&url).await.unwrap();
+    let mut held = holder.begin().await.unwrap();
+    sqlx::query("SELECT 1 FROM oncely_users WHERE email = $1 FOR UPDATE")
+        .bind(owner)
+        .execute(&mut *held)
+        .await
+        .unwrap();
+    for _ in 0..6 {
+        let (status, body) = click(&app, &link, Some("owner password")).await;
+        assert_eq!(
+            (status, problem_type(&body)),
+            (503, "storage-unavailable"),
+            "{body}"
+        );
+    }
+    held.rollback().await.unwrap();
+    let (status, body) = click(&app, &link, Some("owner password")).await;
+    assert_eq!(status, 200, "{body}");
+    assert_eq!(body["password_set"], true);
+    assert!(password_hash_of(&app, owner).await.is_some());
+}

@@ -334,19 +334,12 @@ pub enum AccountError {
 }
 
 impl AccountError {
-    /// Sorts an error of `B`'s database.
-    pub fn of<B: Backend>(error: sqlx::Error) -> Self {
-        use sqlx::Error as E;
-        let (unique, unavailable) = match &error {
-            E::Database(e) => (e.is_unique_violation(), B::unavailable(e.as_ref())),
-            E::Io(_) | E::Tls(_) | E::PoolTimedOut | E::PoolClosed | E::WorkerCrashed => {
-                (false, true)
-            }
-            _ => (false, false),
-        };
+    /// Sorts an error of the database.
+    pub fn of(error: sqlx::Error) -> Self {
+        let unique = matches!(&error, sqlx::Error::Database(e) if e.is_unique_violation());
         if unique {
             Self::Conflict(error)
-        } else if unavailable {
+        } else if crate::backend::cannot_serve_now(&error) {
             Self::Unavailable(error)
         } else {
             Self::Database(error)
@@ -861,7 +854,7 @@ where
             .bind(B::at(None))
             .fetch_optional(&mut *conn)
             .await
-            .map_err(AccountError::of::<B>)?;
+            .map_err(AccountError::of)?;
         if inserted == Some(new_id) {
             return Ok(SignupOutcome::Created(new_id));
         }
@@ -909,7 +902,7 @@ where
             .bind(count.client_allowed)
             .fetch_one(&mut *conn)
             .await
-            .map_err(AccountError::of::<B>)?;
+            .map_err(AccountError::of)?;
         let outcome = match (row.inserted, row.found, row.verified) {
             (Some(id), _, _) if id == new_id => SignupOutcome::Created(id),
             (_, Some(id), Some(true)) => SignupOutcome::Verified(id),
@@ -946,7 +939,7 @@ where
             .bind(email.as_str())
             .fetch_optional(conn)
             .await
-            .map_err(AccountError::of::<B>)
+            .map_err(AccountError::of)
     }
 
     async fn lock_user(
@@ -959,7 +952,7 @@ where
             .bind(email)
             .fetch_optional(conn)
             .await
-            .map_err(AccountError::of::<B>)
+            .map_err(AccountError::of)
     }
 
     async fn count_email(
@@ -974,7 +967,7 @@ where
             .bind(window_start)
             .fetch_one(conn)
             .await
-            .map_err(AccountError::of::<B>)
+            .map_err(AccountError::of)
     }
 
     async fn count_email_pair(
@@ -994,7 +987,7 @@ where
                 .bind(client_allowed)
                 .fetch_one(conn)
                 .await
-                .map_err(AccountError::of::<B>);
+                .map_err(AccountError::of);
         }
         let from_client = Self::count_email(&mut *conn, tenant, pair, window_start).await?;
         if from_client > per_address || !client_allowed {
@@ -1014,7 +1007,7 @@ where
             .bind(email.as_str())
             .fetch_optional(self.pool())
             .await
-            .map_err(AccountError::of::<B>)
+            .map_err(AccountError::of)
     }
 
     async fn count_on_pool(
@@ -1029,7 +1022,7 @@ where
             .bind(window_start)
             .fetch_one(self.pool())
             .await
-            .map_err(AccountError::of::<B>)
+            .map_err(AccountError::of)
     }
 
     async fn uncount(
@@ -1044,7 +1037,7 @@ where
             .bind(window_start)
             .execute(self.pool())
             .await
-            .map_err(AccountError::of::<B>)?;
+            .map_err(AccountError::of)?;
         Ok(())
     }
 
@@ -1060,7 +1053,7 @@ where
             .bind(new)
             .execute(self.pool())
             .await
-            .map_err(AccountError::of::<B>)?;
+            .map_err(AccountError::of)?;
         Ok(B::rows_affected(&done) == 1)
     }
 
@@ -1094,7 +1087,7 @@ where
                 .bind(token.supersede)
                 .execute(conn)
                 .await
-                .map_err(AccountError::of::<B>)?;
+                .map_err(AccountError::of)?;
             return Ok(());
         }
         sqlx::query(B::ACCOUNT_SQL.supersede_flow)
@@ -1104,11 +1097,11 @@ where
             .bind(now())
             .execute(&mut *conn)
             .await
-            .map_err(AccountError::of::<B>)?;
+            .map_err(AccountError::of)?;
         insert(B::ACCOUNT_SQL.insert_token)
             .execute(conn)
             .await
-            .map_err(AccountError::of::<B>)?;
+            .map_err(AccountError::of)?;
         Ok(())
     }
 
@@ -1124,7 +1117,7 @@ where
             .bind(hash)
             .execute(&mut *conn)
             .await
-            .map_err(AccountError::of::<B>)?;
+            .map_err(AccountError::of)?;
         sqlx::query_as(B::ACCOUNT_SQL.consume_token)
             .bind(hash)
             .bind(tenant)
@@ -1132,7 +1125,7 @@ where
             .bind(B::at(None))
             .fetch_optional(conn)
             .await
-            .map_err(AccountError::of::<B>)
+            .map_err(AccountError::of)
     }
 
     async fn signup_password_attempt(
@@ -1147,7 +1140,7 @@ where
             .bind(B::at(None))
             .fetch_optional(self.pool())
             .await
-            .map_err(AccountError::of::<B>)
+            .map_err(AccountError::of)
     }
 
     async fn signup_password_unattempt(&self, hash: &[u8]) -> Result<(), AccountError> {
@@ -1155,7 +1148,7 @@ where
             .bind(hash)
             .execute(self.pool())
             .await
-            .map_err(AccountError::of::<B>)?;
+            .map_err(AccountError::of)?;
         Ok(())
     }
 
@@ -1172,7 +1165,7 @@ where
             .bind(locale)
             .execute(&mut *conn)
             .await
-            .map_err(AccountError::of::<B>)?;
+            .map_err(AccountError::of)?;
         // An account verified before has no live verification links to end.
         if B::rows_affected(&updated) == 0 {
             return Ok(false);
@@ -1191,7 +1184,7 @@ where
             .bind(password_hash)
             .execute(conn)
             .await
-            .map_err(AccountError::of::<B>)?;
+            .map_err(AccountError::of)?;
         Ok(())
     }
 
@@ -1215,7 +1208,7 @@ where
                 .bind(locale)
                 .execute(&mut *conn)
                 .await
-                .map_err(AccountError::of::<B>)?;
+                .map_err(AccountError::of)?;
             if B::rows_affected(&inserted) == 0 {
                 // A concurrent signup (or invitation) committed the address meanwhile: what it
                 // left, locked now.
@@ -1238,7 +1231,7 @@ where
                 .bind(locale)
                 .fetch_one(&mut *conn)
                 .await
-                .map_err(AccountError::of::<B>)?,
+                .map_err(AccountError::of)?,
         };
         sqlx::query(B::ACCOUNT_SQL.add_membership)
             .bind(tenant)
@@ -1246,7 +1239,7 @@ where
             .bind(now())
             .execute(&mut *conn)
             .await
-            .map_err(AccountError::of::<B>)?;
+            .map_err(AccountError::of)?;
         supersede_verification::<B>(conn, id).await?;
         Ok(InviteAcceptance {
             user_id: id,
@@ -1265,7 +1258,7 @@ where
             .bind(tenant)
             .fetch_optional(conn)
             .await
-            .map_err(AccountError::of::<B>)
+            .map_err(AccountError::of)
     }
 
     async fn change_email(
@@ -1279,7 +1272,7 @@ where
             .bind(B::at(None))
             .execute(&mut *conn)
             .await
-            .map_err(AccountError::of::<B>);
+            .map_err(AccountError::of);
         match changed {
             Ok(done) if B::rows_affected(&done) == 1 => {}
             // Taken: by a committed account (no row), or by a concurrent one (the index).
@@ -1301,7 +1294,7 @@ where
             .bind(invites)
             .execute(conn)
             .await
-            .map_err(AccountError::of::<B>)?;
+            .map_err(AccountError::of)?;
         Ok(())
     }
 
@@ -1311,7 +1304,7 @@ where
             .bind(B::at(None))
             .fetch_optional(self.pool())
             .await
-            .map_err(AccountError::of::<B>)
+            .map_err(AccountError::of)
     }
 
     async fn user_email(&self, user_id: Uuid) -> Result<Option<String>, AccountError> {
@@ -1319,7 +1312,7 @@ where
             .bind(user_id)
             .fetch_optional(self.pool())
             .await
-            .map_err(AccountError::of::<B>)
+            .map_err(AccountError::of)
     }
 
     async fn user_email_and_locale(
@@ -1331,7 +1324,7 @@ where
                 .bind(user_id)
                 .fetch_optional(self.pool())
                 .await
-                .map_err(AccountError::of::<B>)?;
+                .map_err(AccountError::of)?;
         Ok(row)
     }
 
@@ -1347,7 +1340,7 @@ where
             .bind(i64::from(limit))
             .execute(self.pool())
             .await
-            .map_err(AccountError::of::<B>)?;
+            .map_err(AccountError::of)?;
         Ok(B::rows_affected(&done))
     }
 
@@ -1357,7 +1350,7 @@ where
             .bind(i64::from(limit))
             .execute(self.pool())
             .await
-            .map_err(AccountError::of::<B>)?;
+            .map_err(AccountError::of)?;
         Ok(B::rows_affected(&done))
     }
 
@@ -1368,7 +1361,7 @@ where
             .bind(B::at(None))
             .execute(self.pool())
             .await
-            .map_err(AccountError::of::<B>)?;
+            .map_err(AccountError::of)?;
         Ok(())
     }
 
@@ -1378,7 +1371,7 @@ where
             .bind(B::at(None))
             .fetch_optional(self.pool())
             .await
-            .map_err(AccountError::of::<B>)
+            .map_err(AccountError::of)
     }
 
     async fn rotate_tenant_key(
@@ -1394,7 +1387,7 @@ where
             .bind(B::at(None))
             .fetch_optional(self.pool())
             .await
-            .map_err(AccountError::of::<B>)?;
+            .map_err(AccountError::of)?;
         Ok(rotated.map(|(until,)| KeyRotation {
             previous_valid_until: until.map(from_millis),
         }))
@@ -1411,7 +1404,7 @@ where
             .bind(code.lifetime.as_secs_f64())
             .execute(conn)
             .await
-            .map_err(AccountError::of::<B>)?;
+            .map_err(AccountError::of)?;
         Ok(B::rows_affected(&done) == 1)
     }
 
@@ -1426,7 +1419,7 @@ where
             .bind(B::at(None))
             .fetch_optional(conn)
             .await
-            .map_err(AccountError::of::<B>)
+            .map_err(AccountError::of)
     }
 
     async fn prune_codes(
@@ -1439,7 +1432,7 @@ where
             .bind(i64::from(limit))
             .execute(self.pool())
             .await
-            .map_err(AccountError::of::<B>)?;
+            .map_err(AccountError::of)?;
         Ok(B::rows_affected(&done))
     }
 
@@ -1448,23 +1441,23 @@ where
             .bind(tenant)
             .fetch_all(self.pool())
             .await
-            .map_err(AccountError::of::<B>)
+            .map_err(AccountError::of)
     }
 
     async fn all_return_urls(&self) -> Result<Vec<(String, String)>, AccountError> {
         sqlx::query_as(B::ACCOUNT_SQL.all_return_urls)
             .fetch_all(self.pool())
             .await
-            .map_err(AccountError::of::<B>)
+            .map_err(AccountError::of)
     }
 
     async fn set_return_urls(&self, id: &str, urls: &[String]) -> Result<bool, AccountError> {
-        let mut tx = self.pool().begin().await.map_err(AccountError::of::<B>)?;
+        let mut tx = self.pool().begin().await.map_err(AccountError::of)?;
         let found: Option<String> = sqlx::query_scalar(B::ACCOUNT_SQL.lock_tenant)
             .bind(id)
             .fetch_optional(&mut *tx)
             .await
-            .map_err(AccountError::of::<B>)?;
+            .map_err(AccountError::of)?;
         if found.is_none() {
             return Ok(false);
         }
@@ -1472,7 +1465,7 @@ where
             .bind(id)
             .execute(&mut *tx)
             .await
-            .map_err(AccountError::of::<B>)?;
+            .map_err(AccountError::of)?;
         for (position, url) in (0_i64..).zip(urls) {
             sqlx::query(B::ACCOUNT_SQL.add_return_url)
                 .bind(id)
@@ -1480,9 +1473,9 @@ where
                 .bind(url.as_str())
                 .execute(&mut *tx)
                 .await
-                .map_err(AccountError::of::<B>)?;
+                .map_err(AccountError::of)?;
         }
-        tx.commit().await.map_err(AccountError::of::<B>)?;
+        tx.commit().await.map_err(AccountError::of)?;
         Ok(true)
     }
 
@@ -1494,7 +1487,7 @@ where
             .bind(tenant)
             .fetch_all(&mut *conn)
             .await
-            .map_err(AccountError::of::<B>)
+            .map_err(AccountError::of)
     }
 
     async fn webhook_targets_now(&self, tenant: &str) -> Result<Vec<(Uuid, String)>, AccountError> {
@@ -1502,7 +1495,7 @@ where
             .bind(tenant)
             .fetch_all(self.pool())
             .await
-            .map_err(AccountError::of::<B>)
+            .map_err(AccountError::of)
     }
 
     async fn email_delivery(&self, tenant: &str) -> Result<String, AccountError> {
@@ -1510,7 +1503,7 @@ where
             .bind(tenant)
             .fetch_optional(self.pool())
             .await
-            .map_err(AccountError::of::<B>)?;
+            .map_err(AccountError::of)?;
         Ok(found.unwrap_or_else(|| "mail".to_owned()))
     }
 
@@ -1519,7 +1512,7 @@ where
             .bind(tenant)
             .fetch_optional(self.pool())
             .await
-            .map_err(AccountError::of::<B>)?;
+            .map_err(AccountError::of)?;
         Ok(found.unwrap_or_default())
     }
 
@@ -1531,7 +1524,7 @@ where
             .bind(branding.support_email.as_deref())
             .execute(self.pool())
             .await
-            .map_err(AccountError::of::<B>)?;
+            .map_err(AccountError::of)?;
         Ok(B::rows_affected(&done) == 1)
     }
 
@@ -1541,7 +1534,7 @@ where
             .bind(delivery)
             .execute(self.pool())
             .await
-            .map_err(AccountError::of::<B>)?;
+            .map_err(AccountError::of)?;
         Ok(B::rows_affected(&done) == 1)
     }
 
@@ -1555,7 +1548,7 @@ where
             .bind(B::at(None))
             .execute(self.pool())
             .await
-            .map_err(AccountError::of::<B>)?;
+            .map_err(AccountError::of)?;
         Ok(())
     }
 
@@ -1565,7 +1558,7 @@ where
             .bind(B::at(None))
             .fetch_optional(self.pool())
             .await
-            .map_err(AccountError::of::<B>)
+            .map_err(AccountError::of)
     }
 
     async fn webhook_endpoints(
@@ -1577,7 +1570,7 @@ where
             .bind(B::at(None))
             .fetch_all(self.pool())
             .await
-            .map_err(AccountError::of::<B>)
+            .map_err(AccountError::of)
     }
 
     async fn set_webhook_disabled(
@@ -1591,7 +1584,7 @@ where
             .bind(reason)
             .execute(self.pool())
             .await
-            .map_err(AccountError::of::<B>)?;
+            .map_err(AccountError::of)?;
         Ok(B::rows_affected(&done) == 1)
     }
 
@@ -1607,7 +1600,7 @@ where
             .bind(new)
             .execute(self.pool())
             .await
-            .map_err(AccountError::of::<B>)?;
+            .map_err(AccountError::of)?;
         Ok(B::rows_affected(&done) > 0)
     }
 
@@ -1624,7 +1617,7 @@ where
             .bind(B::at(None))
             .fetch_optional(self.pool())
             .await
-            .map_err(AccountError::of::<B>)?;
+            .map_err(AccountError::of)?;
         Ok(rotated.map(|(until,)| KeyRotation {
             previous_valid_until: until.map(from_millis),
         }))
@@ -1635,7 +1628,7 @@ where
             .bind(id)
             .execute(self.pool())
             .await
-            .map_err(AccountError::of::<B>)?;
+            .map_err(AccountError::of)?;
         Ok(B::rows_affected(&done) == 1)
     }
 
@@ -1644,7 +1637,7 @@ where
             .bind(B::at(None))
             .fetch_all(self.pool())
             .await
-            .map_err(AccountError::of::<B>)
+            .map_err(AccountError::of)
     }
 
     async fn development_secret(&self, candidate: &str) -> Result<String, AccountError> {
@@ -1652,7 +1645,7 @@ where
             .bind(candidate)
             .fetch_one(self.pool())
             .await
-            .map_err(AccountError::of::<B>)
+            .map_err(AccountError::of)
     }
 
     async fn secret_check(&self) -> Result<Option<SecretCheck>, AccountError> {
@@ -1660,7 +1653,7 @@ where
             sqlx::query_as(B::ACCOUNT_SQL.secret_check)
                 .fetch_optional(self.pool())
                 .await
-                .map_err(AccountError::of::<B>)?;
+                .map_err(AccountError::of)?;
         Ok(row.map(|(current, previous, retired)| SecretCheck {
             current,
             previous,
@@ -1689,10 +1682,7 @@ where
         if let Some(stored) = replacing {
             query = query.bind(stored);
         }
-        let done = query
-            .execute(self.pool())
-            .await
-            .map_err(AccountError::of::<B>)?;
+        let done = query.execute(self.pool()).await.map_err(AccountError::of)?;
         Ok(B::rows_affected(&done) == 1)
     }
 
@@ -1719,6 +1709,6 @@ where
         .bind(B::at(None))
         .execute(conn)
         .await
-        .map_err(AccountError::of::<B>)?;
+        .map_err(AccountError::of)?;
     Ok(())
 }

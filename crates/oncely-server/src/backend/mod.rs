@@ -113,11 +113,6 @@ pub trait Backend: Clone + Send + Sync + 'static {
     /// Rows a statement changed.
     fn rows_affected(result: &<Self::Database as sqlx::Database>::QueryResult) -> u64;
 
-    /// Whether an error the database returned means it cannot serve now (shutting down, out
-    /// of connections, its write lock or a row lock not free in time), rather than that the
-    /// statement failed.
-    fn unavailable(error: &dyn sqlx::error::DatabaseError) -> bool;
-
     /// The pool.
     fn pool(&self) -> &sqlx::Pool<Self::Database> {
         &self.stores().pool
@@ -126,6 +121,31 @@ pub trait Backend: Clone + Send + Sync + 'static {
     /// The idempotency key store.
     fn keys(&self) -> &Self::Keys {
         &self.stores().keys
+    }
+}
+
+/// Whether `error` means the database cannot serve now, whichever database returned it:
+/// unreachable, its connection gone, out of connections, shutting down, its write lock
+/// (SQLite) or a lock another transaction holds (PostgreSQL, past the request's
+/// `lock_timeout`) not free in time — rather than that the statement failed. Nothing the
+/// statement did was kept; the same request may succeed later (503 with `Retry-After`).
+pub fn cannot_serve_now(error: &sqlx::Error) -> bool {
+    use sqlx::Error as E;
+    match error {
+        E::Database(e) => {
+            let e = e.as_ref();
+            if e.try_downcast_ref::<sqlx::postgres::PgDatabaseError>()
+                .is_some()
+            {
+                postgres::cannot_serve_now(e)
+            } else if e.try_downcast_ref::<sqlx::sqlite::SqliteError>().is_some() {
+                sqlite::cannot_serve_now(e)
+            } else {
+                false
+            }
+        }
+        E::Io(_) | E::Tls(_) | E::PoolTimedOut | E::PoolClosed | E::WorkerCrashed => true,
+        _ => false,
     }
 }
 

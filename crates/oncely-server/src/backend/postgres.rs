@@ -127,18 +127,19 @@ impl Backend for Postgres {
     fn rows_affected(result: &PgQueryResult) -> u64 {
         result.rows_affected()
     }
+}
 
-    fn unavailable(error: &dyn sqlx::error::DatabaseError) -> bool {
-        // SQLSTATE classes 08 (connection exception), 53 (insufficient resources: too many
-        // connections, disk full) and 57P (the server is shutting down or restarting), and
-        // 55P03 (lock_not_available: the request's lock_timeout ran out while another
-        // transaction held a row it needs, e.g. a concurrent signup of the same address).
-        error.code().is_some_and(|code| {
-            ["08", "53", "57P", "55P03"]
-                .iter()
-                .any(|c| code.starts_with(c))
-        })
-    }
+/// [`super::cannot_serve_now`] for an error PostgreSQL returned.
+pub(super) fn cannot_serve_now(error: &dyn sqlx::error::DatabaseError) -> bool {
+    // SQLSTATE classes 08 (connection exception), 53 (insufficient resources: too many
+    // connections, disk full) and 57P (the server is shutting down or restarting), and
+    // 55P03 (lock_not_available: the request's lock_timeout ran out while another
+    // transaction held a row it needs, e.g. a concurrent signup of the same address).
+    error.code().is_some_and(|code| {
+        ["08", "53", "57P", "55P03"]
+            .iter()
+            .any(|c| code.starts_with(c))
+    })
 }
 
 /// How long connecting (and, once serving, waiting for a free connection) may take.

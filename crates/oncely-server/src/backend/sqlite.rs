@@ -158,16 +158,17 @@ impl Backend for Sqlite {
     fn rows_affected(result: &SqliteQueryResult) -> u64 {
         result.rows_affected()
     }
+}
 
-    fn unavailable(error: &dyn sqlx::error::DatabaseError) -> bool {
-        // SQLITE_BUSY and SQLITE_LOCKED with their extended codes (5, 261, 517, 6, 262, …):
-        // the write lock was not free within the busy timeout.
-        let primary = error
-            .code()
-            .and_then(|code| code.parse::<i32>().ok())
-            .map(|code| code & 0xff);
-        matches!(primary, Some(5 | 6))
-    }
+/// [`super::cannot_serve_now`] for an error SQLite returned.
+pub(super) fn cannot_serve_now(error: &dyn sqlx::error::DatabaseError) -> bool {
+    // SQLITE_BUSY and SQLITE_LOCKED with their extended codes (5, 261, 517, 6, 262, …):
+    // the write lock was not free within the busy timeout.
+    let primary = error
+        .code()
+        .and_then(|code| code.parse::<i32>().ok())
+        .map(|code| code & 0xff);
+    matches!(primary, Some(5 | 6))
 }
 
 /// The file a SQLite URL names, unless it is an in-memory database.

@@ -68,7 +68,7 @@ pub enum ApiError {
     UserNotFound,
     /// 500 `internal-error`: logged with its chain; the client learns nothing of it.
     #[error(transparent)]
-    Unexpected(#[from] anyhow::Error),
+    Unexpected(anyhow::Error),
 }
 
 /// What is wrong with a body, before it is read as the route's JSON.
@@ -201,7 +201,29 @@ impl From<crate::accounts::AccountError> for ApiError {
 
 impl From<oncely_outbox::OutboxError> for ApiError {
     fn from(error: oncely_outbox::OutboxError) -> Self {
-        Self::Unexpected(error.into())
+        anyhow::Error::from(error).into()
+    }
+}
+
+impl From<anyhow::Error> for ApiError {
+    /// A failure whose cause is that the database cannot serve now (a lock not free in time,
+    /// its connection gone: [`crate::backend::cannot_serve_now`]) is a 503 with `Retry-After`,
+    /// however many layers of context it went through; any other is a 500.
+    fn from(error: anyhow::Error) -> Self {
+        let cannot_serve = error.chain().any(|cause| {
+            cause
+                .downcast_ref::<sqlx::Error>()
+                .is_some_and(crate::backend::cannot_serve_now)
+        });
+        if cannot_serve {
+            tracing::warn!(
+                error = format!("{error:#}"),
+                "the database cannot serve now: 503"
+            );
+            Self::StorageUnavailable
+        } else {
+            Self::Unexpected(error)
+        }
     }
 }
 
@@ -255,6 +277,31 @@ mod tests {
             }
         }
         all
+    }
+
+    /// Review of issue 20 (F2): a database that cannot serve now is a 503 whatever context
+    /// its error went through on the way (the email caps, the outbox); any other failure, a 500.
+    #[test]
+    fn a_database_that_cannot_serve_now_is_a_503_through_any_context() {
+        use anyhow::Context;
+        let wrapped = |error: sqlx::Error| {
+            Err::<(), _>(oncely_outbox::OutboxError::Database(error))
+                .context("enqueueing the email")
+                .unwrap_err()
+        };
+        for gone in [
+            sqlx::Error::PoolTimedOut,
+            sqlx::Error::Io(std::io::ErrorKind::ConnectionReset.into()),
+        ] {
+            let error = ApiError::from(wrapped(gone));
+            assert!(matches!(error, ApiError::StorageUnavailable), "{error:?}");
+        }
+        let failed = ApiError::from(wrapped(sqlx::Error::RowNotFound));
+        assert!(matches!(failed, ApiError::Unexpected(_)), "{failed:?}");
+        let outbox = ApiError::from(oncely_outbox::OutboxError::Database(
+            sqlx::Error::PoolTimedOut,
+        ));
+        assert!(matches!(outbox, ApiError::StorageUnavailable), "{outbox:?}");
     }
 
     fn slug_of(problem: &Problem) -> String {

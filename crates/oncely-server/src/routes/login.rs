@@ -141,9 +141,9 @@ async fn signed_in<A: Accounts>(
             let mut tx = pool
                 .begin_with(A::BEGIN_WRITE)
                 .await
-                .map_err(AccountError::of::<A>)?;
+                .map_err(AccountError::of)?;
             account_event(&mut *tx, state, tenant, kind, user, email, method).await?;
-            tx.commit().await.map_err(AccountError::of::<A>)?;
+            tx.commit().await.map_err(AccountError::of)?;
             Ok(())
         }
     }

@@ -6,6 +6,7 @@ mod accounts;
 mod api_description;
 mod attacks;
 mod browser;
+mod busy_database;
 mod chaos;
 mod check;
 mod client_caps;

@@ -1,0 +1,193 @@
+//! Every route that sends an email, while the database cannot serve it now — a table or row it
+//! must write held by another transaction past the request's `lock_timeout`, or its connection
+//! ended by the server: 503 `storage-unavailable` with `Retry-After`, nothing stored, and the
+//! same request retried later gives its one email. Review of issue 20 (F2): the lock waits in
+//! the email caps, the link's token and the outbox answered 500, as did an ended connection.
+//! Walked as an application's backend does, with its tenant's API key on a tenant of its own.
+
+use serde_json::{Value, json};
+use sqlx::{AssertSqlSafe, Connection, PgConnection};
+
+use crate::requests::{app_with_mail_caps, email, nth_token, problem_type, token};
+use crate::support::TestApp;
+
+/// The accounts the sending routes need on tenant `acme`: a verified one (`v@`), a pending one
+/// (`p@`); returns the tenant's API key and the verified account's id.
+async fn accounts(app: &TestApp) -> (String, String) {
+    let key = app.create_tenant("acme").await;
+    for address in ["v@example.com", "p@example.com"] {
+        let signup = app
+            .post_as(&key, "/v1/signup", &format!("s-{address}"), &email(address))
+            .await;
+        assert_eq!(signup.status(), 202);
+    }
+    let presented = token(&nth_token(app, "v@example.com", 1).await);
+    let verify = app.post_as(&key, "/v1/verify", "v", &presented).await;
+    assert_eq!(verify.status(), 200);
+    let mut conn = PgConnection::connect(&app.database_url).await.unwrap();
+    let id: String = sqlx::query_scalar(
+        "SELECT id::text FROM oncely_users WHERE tenant = 'acme' AND email = 'v@example.com'",
+    )
+    .fetch_one(&mut conn)
+    .await
+    .unwrap();
+    (key, id)
+}
+
+/// Each sending route: its path, body, and the address whose email it sends.
+fn sending_routes(user: &str) -> Vec<(String, Value, &'static str)> {
+    vec![
+        (
+            "/v1/signup".into(),
+            email("new@example.com"),
+            "new@example.com",
+        ),
+        (
+            "/v1/verification/resend".into(),
+            email("p@example.com"),
+            "p@example.com",
+        ),
+        (
+            "/v1/password-reset".into(),
+            email("v@example.com"),
+            "v@example.com",
+        ),
+        (
+            "/v1/magic-link".into(),
+            email("v@example.com"),
+            "v@example.com",
+        ),
+        (
+            "/v1/invites".into(),
+            email("guest@example.com"),
+            "guest@example.com",
+        ),
+        (
+            format!("/v1/users/{user}/email-change"),
+            json!({ "new_email": "moved@example.com" }),
+            "moved@example.com",
+        ),
+    ]
+}
+
+async fn assert_storage_unavailable(response: reqwest::Response, route: &str) {
+    assert_eq!(response.status(), 503, "{route}");
+    let retry_after = response.headers().get("retry-after").cloned();
+    let problem: Value = response.json().await.unwrap();
+    assert_eq!(
+        problem_type(&problem),
+        "storage-unavailable",
+        "{route}: {problem}"
+    );
+    assert_eq!(retry_after.unwrap(), "1", "{route}");
+}
+
+/// While `lock` (statements run in a transaction of another session) holds what the routes
+/// must write, each sending route answers 503 and sends nothing; once it is released, the same
+/// keys send one email each.
+async fn each_sending_route_is_a_503_while(lock: &[&str]) {
+    let (url, _db) = crate::support::postgres_db().await;
+    let app = app_with_mail_caps(&url, 100, 1000, |_| {}).await;
+    let (key, user) = accounts(&app).await;
+    let routes = sending_routes(&user);
+    let before: Vec<usize> = routes
+        .iter()
+        .map(|(_, _, to)| app.inbox.messages(Some(to)).len())
+        .collect();
+    let mut holder = PgConnection::connect(&url).await.unwrap();
+    let mut held = holder.begin().await.unwrap();
+    for statement in lock {
+        sqlx::query(AssertSqlSafe(statement.to_string()))
+            .execute(&mut *held)
+            .await
+            .unwrap();
+    }
+    for (i, (path, body, _)) in routes.iter().enumerate() {
+        let answer = app.post_as(&key, path, &format!("busy-{i}"), body).await;
+        assert_storage_unavailable(answer, path).await;
+    }
+    held.rollback().await.unwrap();
+    for (i, (path, body, _)) in routes.iter().enumerate() {
+        let answer = app.post_as(&key, path, &format!("busy-{i}"), body).await;
+        assert!(answer.status().is_success(), "{path}: {}", answer.status());
+    }
+    // One email per request (v@ gets two: the reset and the magic link; the change also
+    // notifies v@, which is not counted here).
+    for ((path, _, to), before) in routes.iter().zip(before) {
+        let expected = before + routes.iter().filter(|(_, _, t)| t == to).count();
+        let got = app.emails_to(to, expected).await.len();
+        assert!(
+            got >= expected,
+            "{path}: {got} emails to {to}, {expected} expected"
+        );
+    }
+    let sent = |to: &str| app.inbox.messages(Some(to)).len();
+    assert_eq!(sent("new@example.com"), 1);
+    assert_eq!(
+        sent("p@example.com"),
+        2,
+        "the signup's email and the resend"
+    );
+    assert_eq!(sent("guest@example.com"), 1);
+    assert_eq!(sent("moved@example.com"), 1);
+    // The verification, the reset, the magic link and the change's notice.
+    assert_eq!(sent("v@example.com"), 4);
+}
+
+#[tokio::test]
+async fn every_sending_route_is_a_503_while_the_outbox_is_locked() {
+    each_sending_route_is_a_503_while(&["LOCK TABLE oncely_outbox IN EXCLUSIVE MODE"]).await;
+}
+
+#[tokio::test]
+async fn every_sending_route_is_a_503_while_the_email_counters_are_locked() {
+    each_sending_route_is_a_503_while(&["LOCK TABLE oncely_rate_limits IN EXCLUSIVE MODE"]).await;
+}
+
+#[tokio::test]
+async fn every_sending_route_is_a_503_while_the_links_table_is_locked() {
+    each_sending_route_is_a_503_while(&["LOCK TABLE oncely_tokens IN EXCLUSIVE MODE"]).await;
+}
+
+/// The server ends the request's connection while the request waits (a restart, an operator's
+/// `pg_terminate_backend`, a failover): 503, and the retry sends the one email.
+#[tokio::test]
+async fn a_sending_route_whose_connection_the_server_ends_is_a_503_then_retries() {
+    let (url, _db) = crate::support::postgres_db().await;
+    let app = app_with_mail_caps(&url, 100, 1000, |_| {}).await;
+    let (key, _) = accounts(&app).await;
+    let mut holder = PgConnection::connect(&url).await.unwrap();
+    let mut held = holder.begin().await.unwrap();
+    sqlx::query("LOCK TABLE oncely_outbox IN EXCLUSIVE MODE")
+        .execute(&mut *held)
+        .await
+        .unwrap();
+    let body = email("ended@example.com");
+    let waiting = app.post_as(&key, "/v1/signup", "ended", &body);
+    let terminate = async {
+        let mut admin = PgConnection::connect(&url).await.unwrap();
+        let waiter = "SELECT pg_terminate_backend(pid) FROM pg_stat_activity
+                      WHERE datname = current_database() AND wait_event_type = 'Lock'";
+        loop {
+            let ended: Vec<bool> = sqlx::query_scalar(waiter)
+                .fetch_all(&mut admin)
+                .await
+                .unwrap();
+            if ended.contains(&true) {
+                break;
+            }
+            tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+        }
+    };
+    let (answer, ()) = tokio::join!(waiting, terminate);
+    assert_storage_unavailable(answer, "/v1/signup").await;
+    held.rollback().await.unwrap();
+    let retried = app.post_as(&key, "/v1/signup", "ended", &body).await;
+    assert_eq!(retried.status(), 202);
+    assert_eq!(app.emails_to("ended@example.com", 1).await.len(), 1);
+    assert_eq!(
+        app.count("SELECT count(*) FROM oncely_users WHERE email = 'ended@example.com'")
+            .await,
+        1
+    );
+}

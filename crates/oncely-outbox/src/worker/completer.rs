@@ -5,15 +5,12 @@ use std::time::Duration;
 
 use futures::FutureExt;
 
+use super::backoff::Backoff;
 use super::executor::Ran;
 use super::producer::InFlight;
 use super::{KindOptions, Worker};
 use crate::job::{Job, JobStatus};
 use crate::store::{Finish, JobStore, OutboxError};
-
-/// First and longest pause between tries to record finished attempts.
-const FINISH_RETRY_FIRST: Duration = Duration::from_millis(50);
-const FINISH_RETRY_MAX: Duration = Duration::from_secs(2);
 
 impl<S: JobStore> Worker<S> {
     /// Waits for the next job to finish and records it with every other one finished by then
@@ -71,19 +68,18 @@ impl<S: JobStore> Worker<S> {
         &self,
         finished: &[(&Job, &Finish)],
     ) -> Result<Vec<bool>, OutboxError> {
-        let deadline = tokio::time::Instant::now() + self.config.lease;
-        let mut delay = FINISH_RETRY_FIRST;
+        let mut backoff = Backoff::until(tokio::time::Instant::now() + self.config.lease);
         loop {
-            match self.store.finish_all(finished).await {
+            let error = match self.store.finish_all(finished).await {
                 Ok(owned) => return Ok(owned),
-                Err(error) if tokio::time::Instant::now() + delay < deadline => {
-                    tracing::warn!(%error, retry_in = ?delay, jobs = finished.len(), "recording outbox attempts failed; retrying");
-                    metrics::counter!("oncely_outbox_finish_retries_total").increment(1);
-                    tokio::time::sleep(delay).await;
-                    delay = (delay * 2).min(FINISH_RETRY_MAX);
-                }
-                Err(error) => return Err(error),
-            }
+                Err(error) => error,
+            };
+            let Some(delay) = backoff.next() else {
+                return Err(error);
+            };
+            tracing::warn!(%error, retry_in = ?delay, jobs = finished.len(), "recording outbox attempts failed; retrying");
+            metrics::counter!("oncely_outbox_finish_retries_total").increment(1);
+            tokio::time::sleep(delay).await;
         }
     }
 

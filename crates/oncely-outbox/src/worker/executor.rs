@@ -9,6 +9,7 @@ use tokio::task::JoinHandle;
 use tokio::time::Instant;
 use tracing::Instrument;
 
+use super::backoff::Backoff;
 use super::holds::{Holds, Verdict};
 use super::{Registered, Worker};
 use crate::job::{AttemptResult, Delivery, Ended, Job, JobStatus};
@@ -120,9 +121,10 @@ async fn attempt<S: JobStore>(
 }
 
 /// `finish`, a final status, with the follow-up jobs the handler names for it
-/// ([`Handler::then`](super::Handler::then)) by `then_by`. If it cannot name them (an error, a
-/// panic, no answer in time), the final status is not recorded without them: the job stays
-/// pending, due again in `retry_in`, its attempt `unknown` and free (see `then`'s docs).
+/// ([`Handler::then`](super::Handler::then)) by `then_by`, asked again after an error (with
+/// backoff) while time is left. If it cannot name them (errors until `then_by`, a panic, no
+/// answer in time), the final status is not recorded without them: the job stays pending, due
+/// again in `retry_in`, its attempt `unknown` and free (see `then`'s docs).
 async fn with_follow_ups(
     handler: &dyn super::Handler,
     job: &Job,
@@ -131,15 +133,26 @@ async fn with_follow_ups(
     then_by: Instant,
     retry_in: std::time::Duration,
 ) -> Finish {
-    let then = std::panic::AssertUnwindSafe(handler.then(job, &end)).catch_unwind();
-    let why = match tokio::time::timeout_at(then_by, then).await {
-        Ok(Ok(Ok(follow_ups))) => {
-            finish.follow_ups = follow_ups;
-            return finish;
-        }
-        Ok(Ok(Err(error))) => error.to_string(),
-        Ok(Err(_)) => "the handler's `then` panicked".to_owned(),
-        Err(_) => "the handler's `then` did not answer in time".to_owned(),
+    let mut backoff = Backoff::until(then_by);
+    let why = loop {
+        let then = std::panic::AssertUnwindSafe(handler.then(job, &end)).catch_unwind();
+        let error = match tokio::time::timeout_at(then_by, then).await {
+            Ok(Ok(Ok(follow_ups))) => {
+                finish.follow_ups = follow_ups;
+                return finish;
+            }
+            Ok(Ok(Err(error))) => error.to_string(),
+            Ok(Err(_)) => break "the handler's `then` panicked".to_owned(),
+            Err(_) => break "the handler's `then` did not answer in time".to_owned(),
+        };
+        // Asked again: the job ending pending instead would run its handler again, which a
+        // provider that does not deduplicate (plain SMTP) delivers a second time.
+        let Some(delay) = backoff.next() else {
+            break error;
+        };
+        tracing::warn!(job = job.id, %error, retry_in = ?delay, "naming an attempt's follow-ups failed; asking again");
+        metrics::counter!("oncely_outbox_then_retries_total").increment(1);
+        tokio::time::sleep(delay).await;
     };
     let status = end.status().as_str();
     let error = format!(

@@ -14,6 +14,7 @@ use crate::job::{DeliveryFuture, Ended, FreezeFuture, Job, ThenFuture};
 use crate::policy::RetryPolicy;
 use crate::store::{JobStore, OutboxError};
 
+mod backoff;
 mod completer;
 mod executor;
 mod holds;
@@ -57,12 +58,15 @@ pub trait Handler: Send + Sync + 'static {
     /// enqueue. Asked once per final status: never for a retry; again when a re-driven job ends
     /// anew (name its follow-ups so that they differ, if they should).
     ///
-    /// `Err` (it may read a database that is down), a panic, or no answer before the lease's
-    /// last 5 %: nothing is lost — the final status is *not* recorded without its follow-ups.
-    /// The job stays pending instead, its attempt recorded as `unknown` spending no attempt of
-    /// the budget, and is retried after the policy's first delay under the same delivery key
-    /// (and frozen payload): the handler runs again — a provider that deduplicates by the key
-    /// does not deliver twice — and `then` is asked again when it ends.
+    /// `Err` (it may read a database that is down, or meet a connection the server ended) is
+    /// asked again, with backoff from 50 ms to 2 s, until the lease's last 5 %: a blip or one
+    /// dead connection costs a moment, not a second delivery. If it still fails then (or
+    /// panics, or does not answer in time), nothing is lost — the final status is *not*
+    /// recorded without its follow-ups. The job stays pending instead, its attempt recorded as
+    /// `unknown` spending no attempt of the budget, and is retried after the policy's first
+    /// delay under the same delivery key (and frozen payload): the handler runs again — a
+    /// provider that deduplicates by the key does not deliver twice; one that does not (plain
+    /// SMTP) may — and `then` is asked again when it ends.
     ///
     /// The default: no follow-ups.
     fn then<'a>(&'a self, job: &'a Job, end: &'a Ended) -> ThenFuture<'a> {

@@ -23,6 +23,7 @@ use crate::support::{Backend, LEASE, Spy, both_stores, idle, kinds};
 both_stores!(
     follow_ups_come_once_with_each_final_status_and_never_with_a_retry,
     a_failing_then_leaves_the_job_pending_and_loses_nothing,
+    a_then_that_fails_once_is_asked_again_and_the_job_runs_once,
     no_follow_ups_when_the_lease_was_lost,
     a_re_driven_job_gets_the_follow_ups_of_its_new_end,
     follow_ups_wake_the_workers_of_their_kind,
@@ -198,13 +199,19 @@ async fn follow_ups_come_once_with_each_final_status_and_never_with_a_retry<S: B
     );
 }
 
+/// A `then` that fails until the lease's last 5 % (asked again meanwhile): the job is not
+/// recorded as ended without its follow-ups. (A 2 s lease: the worker asks for that long.)
 async fn a_failing_then_leaves_the_job_pending_and_loses_nothing<S: Backend>(
     store: S,
     _db: TestDb,
 ) {
-    let handler = Email::new();
-    handler.then_failures.store(1, Ordering::SeqCst);
-    let worker = Worker::new(store.clone(), WorkerConfig::default()).handle("email", handler);
+    let handler = Arc::new(Email::new());
+    handler.then_failures.store(u32::MAX, Ordering::SeqCst);
+    let config = WorkerConfig {
+        lease: Duration::from_secs(2),
+        ..WorkerConfig::default()
+    };
+    let worker = Worker::new(store.clone(), config).handle("email", Shared(handler.clone()));
     store
         .enqueue_with_business_row(email("k", "sent"), true)
         .await
@@ -230,13 +237,43 @@ async fn a_failing_then_leaves_the_job_pending_and_loses_nothing<S: Backend>(
     let attempts = store.attempts(job.id).await.unwrap();
     assert_eq!(attempts[0].result.as_deref(), Some("unknown"));
     assert!(events(&store).await.is_empty());
+    let asked = handler.ends.lock().unwrap().len();
+    assert!(
+        asked > 3,
+        "`then` was asked again before giving up: {asked}"
+    );
 
     // Retried soon (the policy's first delay: at most 2 s), under the same key.
+    handler.then_failures.store(0, Ordering::SeqCst);
     store.clock().advance(Duration::from_secs(2));
     assert_eq!(worker.drain().await.unwrap(), 1);
     let job = store.job("k").await.unwrap().unwrap();
     assert_eq!(job.status, JobStatus::Sent);
     assert_eq!(job.delivery_key, before.delivery_key);
+    assert_eq!(events(&store).await, ["event:k:sent"]);
+}
+
+/// Review of issue 20 (F3): a `then` that failed once (its first statement met a connection
+/// the database server had ended) left the job pending, and its retry sent the email again
+/// over plain SMTP. It is asked again at once: one run, one final status, one follow-up.
+async fn a_then_that_fails_once_is_asked_again_and_the_job_runs_once<S: Backend>(
+    store: S,
+    _db: TestDb,
+) {
+    let handler = Arc::new(Email::new());
+    handler.then_failures.store(1, Ordering::SeqCst);
+    let worker = Worker::new(store.clone(), WorkerConfig::default())
+        .handle("email", Shared(handler.clone()));
+    store
+        .enqueue_with_business_row(email("k", "sent"), true)
+        .await
+        .unwrap();
+    assert_eq!(worker.drain().await.unwrap(), 1);
+    let job = store.job("k").await.unwrap().unwrap();
+    assert_eq!(job.status, JobStatus::Sent);
+    assert_eq!((job.attempts, job.free_attempts), (1, 0));
+    assert_eq!(handler.runs.load(Ordering::SeqCst), 1, "sent once");
+    assert_eq!(handler.ends.lock().unwrap().len(), 2, "`then` asked twice");
     assert_eq!(events(&store).await, ["event:k:sent"]);
 }
 

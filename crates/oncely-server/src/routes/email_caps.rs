@@ -55,7 +55,8 @@ pub struct MailLimits {
 ///
 /// Each `oncely serve` process counts its own clients: behind a load balancer that spreads one
 /// client over `n` processes, the client gets up to `n` times the cap. An email counted here
-/// whose request then fails stays counted.
+/// whose request then fails (its handler answers an error: its transaction rolls back) is given
+/// back ([`ClientCharge`]); one whose commit fails after its handler succeeded stays counted.
 #[derive(Clone)]
 pub struct ClientMail {
     /// Each client's theoretical arrival time (nanoseconds since `epoch`); `None`: a cap of 0.
@@ -94,12 +95,10 @@ impl ClientMail {
         }
     }
 
-    /// Counts one email of `client` in `tenant`: `false` if it is over the cap (then it is not
+    /// Counts one email of `client` in `tenant`: `None` if it is over the cap (then it is not
     /// counted).
-    fn allows(&self, tenant: &TenantId, client: &str) -> bool {
-        let Some(clients) = &self.clients else {
-            return false;
-        };
+    fn charge(&self, tenant: &TenantId, client: &str) -> Option<ClientCharge> {
+        let clients = self.clients.as_ref()?;
         let arrival = clients.get_with((tenant.as_str().to_owned(), client.to_owned()), || {
             Arc::new(AtomicU64::new(0))
         });
@@ -108,13 +107,21 @@ impl ClientMail {
         loop {
             let next = seen.max(now).saturating_add(self.interval);
             if next - now > self.tolerance {
-                return false;
+                return None;
             }
             match arrival.compare_exchange(seen, next, Ordering::AcqRel, Ordering::Acquire) {
-                Ok(_) => return true,
+                Ok(_) => return Some(ClientCharge(Some((arrival, self.interval)))),
                 Err(current) => seen = current,
             }
         }
+    }
+
+    /// [`ClientMail::charge`], kept.
+    #[cfg(test)]
+    fn allows(&self, tenant: &TenantId, client: &str) -> bool {
+        self.charge(tenant, client)
+            .map(ClientCharge::keep)
+            .is_some()
     }
 
     /// How many clients it remembers (tests).
@@ -124,6 +131,39 @@ impl ClientMail {
             clients.run_pending_tasks();
             clients.entry_count()
         })
+    }
+}
+
+/// One email counted against its client's cap in this process ([`ClientMail`]), given back when
+/// dropped unless [`ClientCharge::keep`] was called: a handler keeps it once it has written
+/// everything (then its transaction commits). A request that fails after counting — a lock not
+/// free in time, the database gone: 503, "retry with the same key" — rolls back and stores no
+/// email, so the retries a client is told to make must not use up its own emails.
+#[must_use = "dropped, the email is given back: keep it once the request has succeeded"]
+#[derive(Debug)]
+pub struct ClientCharge(Option<(Arc<AtomicU64>, u64)>);
+
+impl ClientCharge {
+    /// Nothing counted (an unknown client, or one over its cap).
+    pub fn nothing() -> Self {
+        Self(None)
+    }
+
+    /// The request succeeded: the email stays counted.
+    pub fn keep(mut self) {
+        self.0 = None;
+    }
+}
+
+impl Drop for ClientCharge {
+    fn drop(&mut self) {
+        if let Some((arrival, interval)) = self.0.take() {
+            // The client's arrival time moves back by one email (never below zero): the next
+            // email is due one interval sooner, as if this one had not been counted.
+            let _ = arrival.fetch_update(Ordering::AcqRel, Ordering::Acquire, |seen| {
+                Some(seen.saturating_sub(interval))
+            });
+        }
     }
 }
 
@@ -148,17 +188,18 @@ pub async fn suppression<A: Accounts>(
     tenant: &TenantId,
     email: &EmailAddress,
     caller: &CallerAddr,
-) -> anyhow::Result<Option<String>> {
+) -> anyhow::Result<(Option<String>, ClientCharge)> {
     let count = EmailCount::new(state, tenant, email, caller);
     let counted = count.count_in::<A>(conn, tenant.as_str()).await?;
-    count.verdict(state, counted)
+    let verdict = count.verdict(state, counted)?;
+    Ok((verdict, count.charge))
 }
 
 /// One email to count against the caps: the per-client cap already counted (in this process),
 /// the per-address counters to count in the request's transaction — by [`suppression`], or by
 /// a statement that writes them along with others ([`Accounts::signup_user_counted`]) — and
 /// then [`EmailCount::verdict`] on their counts.
-#[derive(Debug, Clone)]
+#[derive(Debug)]
 pub struct EmailCount {
     /// The counter of this address from this client; `None`: the client is unknown (only the
     /// address's total counts).
@@ -171,6 +212,9 @@ pub struct EmailCount {
     pub per_address: i64,
     /// Whether the client's own cap let this email through (`true` for an unknown client).
     pub client_allowed: bool,
+    /// The email as the client's cap counted it: [`ClientCharge::keep`] it once the request
+    /// has succeeded.
+    pub charge: ClientCharge,
 }
 
 impl EmailCount {
@@ -194,22 +238,23 @@ impl EmailCount {
         // The email to the address from this client, and — only if the client's own caps let
         // it through — to the address from all clients: a client hammering one address past
         // its share cannot use up everyone else's.
-        let (pair, client_allowed) = match caller.bucket() {
+        let (pair, charge) = match caller.bucket() {
             Some(client) => (
                 Some(bucket(
                     "address-client",
                     &format!("{}\n{client}", email.as_str()),
                 )),
-                state.client_mail.allows(tenant, &client),
+                state.client_mail.charge(tenant, &client),
             ),
-            None => (None, true),
+            None => (None, Some(ClientCharge::nothing())),
         };
         Self {
             pair,
             address: bucket("address", email.as_str()),
             window_start,
             per_address: i64::from(limits.per_address),
-            client_allowed,
+            client_allowed: charge.is_some(),
+            charge: charge.unwrap_or_else(ClientCharge::nothing),
         }
     }
 
@@ -310,6 +355,18 @@ mod tests {
             "the same client in another tenant"
         );
         assert_eq!(caps.clients(), 3);
+    }
+
+    #[test]
+    fn an_email_whose_request_failed_is_given_back_and_a_kept_one_is_not() {
+        let caps = ClientMail::new(&limits(1, Duration::from_secs(3600)));
+        let tenant = TenantId::default();
+        let failed = caps.charge(&tenant, "a").expect("the first email");
+        assert!(caps.charge(&tenant, "a").is_none(), "the cap is one");
+        drop(failed);
+        let kept = caps.charge(&tenant, "a").expect("given back");
+        kept.keep();
+        assert!(caps.charge(&tenant, "a").is_none(), "kept");
     }
 
     #[test]

@@ -78,11 +78,13 @@ pub async fn request<A: Accounts>(
     }
     // The same statements whether or not the new address is taken: the caller learns nothing.
     let taken_by = A::find_user(&mut conn, tenant.as_str(), &new).await?;
-    let suppressed_new = suppression(&mut *conn, &state, &tenant, &new, &caller).await?;
+    let (suppressed_new, charge_new) =
+        suppression(&mut *conn, &state, &tenant, &new, &caller).await?;
     let old_address = EmailAddress::parse(&old).map_err(|_| {
         anyhow::anyhow!("the stored address of a user does not parse as an address")
     })?;
-    let suppressed_old = suppression(&mut *conn, &state, &tenant, &old_address, &caller).await?;
+    let (suppressed_old, charge_old) =
+        suppression(&mut *conn, &state, &tenant, &old_address, &caller).await?;
     let owner = match taken_by {
         None => Owner {
             user: Some(user),
@@ -140,6 +142,8 @@ pub async fn request<A: Accounts>(
         state.jobs.enqueue(&mut conn, &taken).await?;
     }
     tracing::info!(email = %new.masked(), tenant = %tenant, user = %user, "email change requested");
+    charge_new.keep();
+    charge_old.keep();
     Ok(accepted())
 }
 

@@ -88,7 +88,8 @@ impl<A: Accounts> LinkRequest<A> {
         let return_to = return_url(&state, &tenant, body.return_to.as_deref()).await?;
         let mut conn = tx.lock().await?;
         let user = A::find_user(&mut conn, tenant.as_str(), &email).await?;
-        let suppressed = suppression(&mut *conn, &state, &tenant, &email, &caller).await?;
+        let (suppressed, charge) =
+            suppression(&mut *conn, &state, &tenant, &email, &caller).await?;
         let owner = match (user, target) {
             (user, Target::Address) => Owner {
                 user: user.map(|u| u.id),
@@ -107,6 +108,7 @@ impl<A: Accounts> LinkRequest<A> {
         };
         issue_link(&mut *conn, &state, &tenant, link, suppressed, None).await?;
         tracing::info!(email = %email.masked(), tenant = %tenant, flow = flow.as_str(), "link requested");
+        charge.keep();
         Ok(accepted())
     }
 }

@@ -149,5 +149,6 @@ pub async fn signup<A: Accounts>(
         state.jobs.enqueue(&mut conn, &job).await?;
     }
     tracing::info!(email = %email.masked(), tenant = %tenant, "signup accepted");
+    count.charge.keep();
     Ok(accepted())
 }

@@ -178,6 +178,7 @@ fn email_count(
         window_start: 0,
         per_address,
         client_allowed,
+        charge: oncely_server::routes::email_caps::ClientCharge::nothing(),
     }
 }
 

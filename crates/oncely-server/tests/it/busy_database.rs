@@ -191,3 +191,31 @@ async fn a_sending_route_whose_connection_the_server_ends_is_a_503_then_retries(
         1
     );
 }
+
+/// Review of issue 20 (F2's follow-up): each 503 "nothing was changed; retry with the same key"
+/// used one of the client's emails (the per-client cap, counted in the process before the
+/// transaction failed), so a client that retried as told through a few busy seconds found its
+/// email suppressed — under a 202 that said it was on its way. A failed request gives the email
+/// back.
+#[tokio::test]
+async fn retries_through_503s_do_not_use_up_the_clients_emails() {
+    let (url, _db) = crate::support::postgres_db().await;
+    let app = app_with_mail_caps(&url, 100, 3, |_| {}).await;
+    let mut holder = PgConnection::connect(&url).await.unwrap();
+    let mut held = holder.begin().await.unwrap();
+    sqlx::query("LOCK TABLE oncely_outbox IN EXCLUSIVE MODE")
+        .execute(&mut *held)
+        .await
+        .unwrap();
+    let body = email("carol@example.com");
+    for _ in 0..4 {
+        let answer = app.post("/v1/signup", "capped", &body).await;
+        assert_storage_unavailable(answer, "/v1/signup").await;
+    }
+    held.rollback().await.unwrap();
+    let retried = app.post("/v1/signup", "capped", &body).await;
+    assert_eq!(retried.status(), 202);
+    assert_eq!(app.emails_to("carol@example.com", 1).await.len(), 1);
+    let suppressed = "SELECT count(*) FROM oncely_outbox WHERE last_error LIKE 'suppressed%'";
+    assert_eq!(app.count(suppressed).await, 0);
+}

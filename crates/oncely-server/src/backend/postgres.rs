@@ -132,11 +132,14 @@ impl Backend for Postgres {
 /// [`super::cannot_serve_now`] for an error PostgreSQL returned.
 pub(super) fn cannot_serve_now(error: &dyn sqlx::error::DatabaseError) -> bool {
     // SQLSTATE classes 08 (connection exception), 53 (insufficient resources: too many
-    // connections, disk full) and 57P (the server is shutting down or restarting), and
-    // 55P03 (lock_not_available: the request's lock_timeout ran out while another
-    // transaction held a row it needs, e.g. a concurrent signup of the same address).
+    // connections, disk full) and 57P (the server is shutting down or restarting); 55P03
+    // (lock_not_available: the request's lock_timeout ran out while another transaction held
+    // a row it needs, e.g. a concurrent signup of the same address); 40P01 (deadlock_detected:
+    // two transactions waited on each other, as a verification and a resend of one account
+    // can, and PostgreSQL ended this one) and 40001 (serialization_failure). Each rolled the
+    // transaction back; the same request run again succeeds.
     error.code().is_some_and(|code| {
-        ["08", "53", "57P", "55P03"]
+        ["08", "53", "57P", "55P03", "40P01", "40001"]
             .iter()
             .any(|c| code.starts_with(c))
     })

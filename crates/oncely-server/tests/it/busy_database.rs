@@ -219,3 +219,71 @@ async fn retries_through_503s_do_not_use_up_the_clients_emails() {
     let suppressed = "SELECT count(*) FROM oncely_outbox WHERE last_error LIKE 'suppressed%'";
     assert_eq!(app.count(suppressed).await, 0);
 }
+
+/// Review of issue 20 (F2's follow-up): a verification and a resend of one account take their
+/// rows in opposite orders, and PostgreSQL broke the occasional deadlock by ending one of them
+/// (40P01), answered 500. It is a 503 like any "cannot serve now": nothing was kept, and the
+/// same request retried succeeds. Made certain here: another session holds the account's links
+/// (as a verification does), the resend waits on them, and that session then waits on the
+/// resend's idempotency key; the resend's deadlock check (after 1 s) ends the resend.
+#[tokio::test]
+async fn a_resend_that_postgres_ends_to_break_a_deadlock_is_a_503_then_retries() {
+    let (url, _db) = crate::support::postgres_db().await;
+    let app = app_with_mail_caps(&url, 100, 1000, |_| {}).await;
+    let owner = "locked@example.com";
+    assert_eq!(
+        app.post("/v1/signup", "s", &email(owner)).await.status(),
+        202
+    );
+    assert_eq!(app.emails_to(owner, 1).await.len(), 1);
+    let mut holder = PgConnection::connect(&url).await.unwrap();
+    let mut held = holder.begin().await.unwrap();
+    // This session never runs the check itself: the resend does, and is the one ended.
+    sqlx::query("SET LOCAL deadlock_timeout = '20s'")
+        .execute(&mut *held)
+        .await
+        .unwrap();
+    sqlx::query(
+        "SELECT 1 FROM oncely_tokens t JOIN oncely_users u ON u.id = t.user_id
+          WHERE u.email = $1 FOR UPDATE OF t",
+    )
+    .bind(owner)
+    .execute(&mut *held)
+    .await
+    .unwrap();
+    let body = email(owner);
+    let resend = app.post("/v1/verification/resend", "dead", &body);
+    let close_the_cycle = async {
+        let mut admin = PgConnection::connect(&url).await.unwrap();
+        let waiting = "SELECT count(*) FROM pg_stat_activity
+                        WHERE datname = current_database() AND wait_event_type = 'Lock'";
+        while sqlx::query_scalar::<_, i64>(waiting)
+            .fetch_one(&mut admin)
+            .await
+            .unwrap()
+            == 0
+        {
+            tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+        }
+        // Waits on the resend's uncommitted claim of its key: the cycle.
+        sqlx::query(
+            "INSERT INTO oncely_idempotency_keys
+                    (tenant, method, route, idem_key, fingerprint, state, fence, lease_until,
+                     expires_at, created_at)
+             VALUES ('default', 'POST', '/v1/verification/resend', 'dead', '\\x00'::bytea,
+                     'in_progress', gen_random_uuid(), now(), now(), now())
+             ON CONFLICT DO NOTHING",
+        )
+        .execute(&mut *held)
+        .await
+        .unwrap();
+    };
+    let (answer, ()) = tokio::join!(resend, close_the_cycle);
+    assert_storage_unavailable(answer, "/v1/verification/resend").await;
+    held.rollback().await.unwrap();
+    let retried = app
+        .post("/v1/verification/resend", "dead", &email(owner))
+        .await;
+    assert_eq!(retried.status(), 202);
+    assert_eq!(app.emails_to(owner, 2).await.len(), 2);
+}

@@ -342,9 +342,10 @@ impl fmt::Display for Migrated {
 /// development), and says what changed.
 pub async fn migrate<B: Accounts>(backend: &B) -> anyhow::Result<Migrated> {
     let before = Schema::read(backend).await?;
+    let pool = backend.migration_pool();
     for (library, migrator) in MIGRATION_LIBRARIES.into_iter().zip(B::migrators()) {
         migrator
-            .run(backend.pool())
+            .run(&pool)
             .await
             .map_err(|error| migration_error(library, &error))?;
     }

@@ -118,6 +118,13 @@ pub trait Backend: Clone + Send + Sync + 'static {
         &self.stores().pool
     }
 
+    /// Where migrations run: a pool whose sessions wait for locks as long as it takes (a
+    /// migration waits for another process's migration, or for a table's lock, rather than
+    /// fail the deploy), unlike [`Backend::pool`]'s.
+    fn migration_pool(&self) -> sqlx::Pool<Self::Database> {
+        self.pool().clone()
+    }
+
     /// The idempotency key store.
     fn keys(&self) -> &Self::Keys {
         &self.stores().keys

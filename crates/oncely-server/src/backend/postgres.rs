@@ -43,7 +43,10 @@ impl Backend for Postgres {
             .map_err(|e| anyhow::anyhow!("DATABASE_URL={}: {e}", redact(url)))?
             // PostgreSQL's NOTICEs ("relation … already exists, skipping" when a migration
             // re-checks what exists) are no news to anyone: warnings and errors only.
-            .options([("client_min_messages", "warning")]);
+            .options([
+                ("client_min_messages", "warning"),
+                ("lock_timeout", LOCK_TIMEOUT),
+            ]);
         // One connection first, for its error: the pool retries a refused connection until
         // its timeout and then says only "pool timed out".
         match tokio::time::timeout(CONNECT_TIMEOUT, PgConnection::connect_with(&options)).await {
@@ -67,6 +70,13 @@ impl Backend for Postgres {
             .acquire_timeout(CONNECT_TIMEOUT)
             .connect_lazy_with(options);
         Ok(Self(Stores::new(pool, PgKeyStore::new)))
+    }
+
+    fn migration_pool(&self) -> sqlx::Pool<sqlx::Postgres> {
+        let options = self.pool().connect_options().as_ref().clone();
+        sqlx::postgres::PgPoolOptions::new()
+            .max_connections(1)
+            .connect_lazy_with(options.options([("lock_timeout", "0")]))
     }
 
     fn has_table(table: &str) -> String {
@@ -144,6 +154,14 @@ pub(super) fn cannot_serve_now(error: &dyn sqlx::error::DatabaseError) -> bool {
             .any(|c| code.starts_with(c))
     })
 }
+
+/// How long a statement of the pool waits for a lock another transaction holds before it fails
+/// (55P03: 503 `storage-unavailable`, retry later), as the idempotency layer's transactions do
+/// (their own `SET LOCAL lock_timeout`): statements outside them — a password attempt counted,
+/// a login's transaction, a tenant's lookup, the worker's writes — would otherwise wait as long
+/// as the lock is held, each holding one of the pool's connections. Migrations wait as long as
+/// it takes ([`Backend::migration_pool`]).
+const LOCK_TIMEOUT: &str = "1500ms";
 
 /// How long connecting (and, once serving, waiting for a free connection) may take.
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(5);

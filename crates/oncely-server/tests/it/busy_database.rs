@@ -287,3 +287,57 @@ async fn a_resend_that_postgres_ends_to_break_a_deadlock_is_a_503_then_retries()
     assert_eq!(retried.status(), 202);
     assert_eq!(app.emails_to(owner, 2).await.len(), 2);
 }
+
+/// Review of issue 20 (F2's follow-up): statements outside the idempotency layer's transaction
+/// had no lock timeout — a verify's password attempt, counted on the pool, waited as long as
+/// another session held the links table (the review saw 62 s for a login), holding a pool
+/// connection all along. Every statement of the pool now gives up after 1.5 s: 503.
+#[tokio::test]
+async fn a_password_attempt_waiting_on_a_held_lock_is_a_503_in_seconds() {
+    let (url, _db) = crate::support::postgres_db().await;
+    let app = app_with_mail_caps(&url, 100, 1000, |_| {}).await;
+    let owner = "waits@example.com";
+    let signup = json!({ "email": owner, "password": "owner password" });
+    assert_eq!(app.post("/v1/signup", "s", &signup).await.status(), 202);
+    let link = crate::requests::nth_link(&app, owner, 1).await;
+    let mut holder = PgConnection::connect(&url).await.unwrap();
+    let mut held = holder.begin().await.unwrap();
+    sqlx::query("LOCK TABLE oncely_tokens IN EXCLUSIVE MODE")
+        .execute(&mut *held)
+        .await
+        .unwrap();
+    let click = crate::requests::click(&app, &link, Some("owner password"));
+    let (status, body) = tokio::time::timeout(std::time::Duration::from_secs(10), click)
+        .await
+        .expect("the attempt gave up on the lock");
+    assert_eq!(
+        (status, problem_type(&body)),
+        (503, "storage-unavailable"),
+        "{body}"
+    );
+    held.rollback().await.unwrap();
+    let (status, body) = crate::requests::click(&app, &link, Some("owner password")).await;
+    assert_eq!(status, 200, "{body}");
+    assert_eq!(body["password_set"], true);
+}
+
+/// The pool's sessions give up on a lock after 1.5 s; the migrations' wait as long as it takes
+/// (for another process's migration, or a table's lock, rather than fail a deploy).
+#[tokio::test]
+async fn the_pool_gives_up_on_locks_and_the_migrations_wait() {
+    use oncely_server::backend::{Backend, COMMAND_POOL, Postgres};
+
+    let (url, _db) = crate::support::postgres_db().await;
+    let backend = Postgres::connect(&url, COMMAND_POOL).await.unwrap();
+    let show = "SHOW lock_timeout";
+    let pooled: String = sqlx::query_scalar(show)
+        .fetch_one(backend.pool())
+        .await
+        .unwrap();
+    assert_eq!(pooled, "1500ms");
+    let migrating: String = sqlx::query_scalar(show)
+        .fetch_one(&backend.migration_pool())
+        .await
+        .unwrap();
+    assert_eq!(migrating, "0");
+}

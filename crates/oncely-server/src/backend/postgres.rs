@@ -73,10 +73,7 @@ impl Backend for Postgres {
     }
 
     fn migration_pool(&self) -> sqlx::Pool<sqlx::Postgres> {
-        let options = self.pool().connect_options().as_ref().clone();
-        sqlx::postgres::PgPoolOptions::new()
-            .max_connections(1)
-            .connect_lazy_with(options.options([("lock_timeout", "0")]))
+        self.waiting_pool(1)
     }
 
     fn has_table(table: &str) -> String {
@@ -126,7 +123,11 @@ impl Backend for Postgres {
     }
 
     fn jobs(&self, poll_only: bool) -> PgJobStore {
-        let jobs = PgJobStore::new(self.pool().clone());
+        // The worker's own statements wait for locks: a write that records a sent email and
+        // gave up on a row another session holds (an operator, a migration) past the lease
+        // would have the email sent again. Its claims skip locked rows anyway. (Enqueues run
+        // on the request's connection, inside its transaction.)
+        let jobs = PgJobStore::new(self.waiting_pool(self.pool().options().get_max_connections()));
         if poll_only { jobs.poll_only() } else { jobs }
     }
 
@@ -136,6 +137,18 @@ impl Backend for Postgres {
 
     fn rows_affected(result: &PgQueryResult) -> u64 {
         result.rows_affected()
+    }
+}
+
+impl Postgres {
+    /// A pool of at most `max` connections to the same database whose sessions wait for locks
+    /// as long as it takes (no [`LOCK_TIMEOUT`]), opened as it is used.
+    fn waiting_pool(&self, max: u32) -> sqlx::Pool<sqlx::Postgres> {
+        let options = self.pool().connect_options().as_ref().clone();
+        oncely::store::postgres::pool_options()
+            .max_connections(max)
+            .acquire_timeout(CONNECT_TIMEOUT)
+            .connect_lazy_with(options.options([("lock_timeout", "0")]))
     }
 }
 
@@ -158,9 +171,11 @@ pub(super) fn cannot_serve_now(error: &dyn sqlx::error::DatabaseError) -> bool {
 /// How long a statement of the pool waits for a lock another transaction holds before it fails
 /// (55P03: 503 `storage-unavailable`, retry later), as the idempotency layer's transactions do
 /// (their own `SET LOCAL lock_timeout`): statements outside them — a password attempt counted,
-/// a login's transaction, a tenant's lookup, the worker's writes — would otherwise wait as long
-/// as the lock is held, each holding one of the pool's connections. Migrations wait as long as
-/// it takes ([`Backend::migration_pool`]).
+/// a login's transaction, a tenant's lookup — would otherwise wait as long
+/// as the lock is held, each holding one of the pool's connections. Migrations
+/// ([`Backend::migration_pool`]) and the outbox worker's statements ([`Backend::jobs`]: a
+/// record of a sent email must not give up, or the email is sent again) run on pools of their
+/// own that wait as long as it takes.
 const LOCK_TIMEOUT: &str = "1500ms";
 
 /// How long connecting (and, once serving, waiting for a free connection) may take.

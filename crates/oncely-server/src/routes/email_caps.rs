@@ -110,7 +110,14 @@ impl ClientMail {
                 return None;
             }
             match arrival.compare_exchange(seen, next, Ordering::AcqRel, Ordering::Acquire) {
-                Ok(_) => return Some(ClientCharge(Some((arrival, self.interval)))),
+                Ok(_) => {
+                    return Some(ClientCharge(Some(Charged {
+                        arrival,
+                        interval: self.interval,
+                        next,
+                        epoch: self.epoch,
+                    })));
+                }
                 Err(current) => seen = current,
             }
         }
@@ -141,7 +148,16 @@ impl ClientMail {
 /// email, so the retries a client is told to make must not use up its own emails.
 #[must_use = "dropped, the email is given back: keep it once the request has succeeded"]
 #[derive(Debug)]
-pub struct ClientCharge(Option<(Arc<AtomicU64>, u64)>);
+pub struct ClientCharge(Option<Charged>);
+
+/// What a [`ClientCharge`] counted: the client's arrival time, moved by `interval` to `next`.
+#[derive(Debug)]
+struct Charged {
+    arrival: Arc<AtomicU64>,
+    interval: u64,
+    next: u64,
+    epoch: std::time::Instant,
+}
 
 impl ClientCharge {
     /// Nothing counted (an unknown client, or one over its cap).
@@ -157,12 +173,20 @@ impl ClientCharge {
 
 impl Drop for ClientCharge {
     fn drop(&mut self) {
-        if let Some((arrival, interval)) = self.0.take() {
-            // The client's arrival time moves back by one email (never below zero): the next
-            // email is due one interval sooner, as if this one had not been counted.
-            let _ = arrival.fetch_update(Ordering::AcqRel, Ordering::Acquire, |seen| {
-                Some(seen.saturating_sub(interval))
-            });
+        if let Some(charged) = self.0.take() {
+            // Give back only what of this email the client's arrival time still holds: the part
+            // of its interval not yet elapsed. Once its interval has passed, the bucket refilled
+            // it anyway, and later emails counted from "now" — moving their time back would give
+            // the client an email it never had (second review).
+            let now = u64::try_from(charged.epoch.elapsed().as_nanos()).unwrap_or(u64::MAX);
+            let back = charged.next.saturating_sub(now).min(charged.interval);
+            if back > 0 {
+                let _ = charged
+                    .arrival
+                    .fetch_update(Ordering::AcqRel, Ordering::Acquire, |seen| {
+                        Some(seen.saturating_sub(back))
+                    });
+            }
         }
     }
 }
@@ -367,6 +391,22 @@ mod tests {
         let kept = caps.charge(&tenant, "a").expect("given back");
         kept.keep();
         assert!(caps.charge(&tenant, "a").is_none(), "kept");
+    }
+
+    /// Second review: a request that failed after its email's interval had passed gave back a
+    /// whole interval, which later emails (counted from "now") had not borrowed: one email over
+    /// the cap. Only what the failed email still holds is given back.
+    #[test]
+    fn a_late_failure_gives_back_nothing_the_bucket_refilled_already() {
+        // Two per 2 s: one email's interval is 1 s (and the client is remembered for 2 s).
+        let caps = ClientMail::new(&limits(2, Duration::from_secs(2)));
+        let tenant = TenantId::default();
+        let failed = caps.charge(&tenant, "a").expect("the first email");
+        std::thread::sleep(Duration::from_millis(1100));
+        // The failed email's interval has passed: the bucket holds two again.
+        assert!(caps.allows(&tenant, "a") && caps.allows(&tenant, "a"));
+        drop(failed);
+        assert!(caps.charge(&tenant, "a").is_none(), "two per 2 s");
     }
 
     #[test]

@@ -321,8 +321,9 @@ async fn a_password_attempt_waiting_on_a_held_lock_is_a_503_in_seconds() {
     assert_eq!(body["password_set"], true);
 }
 
-/// The pool's sessions give up on a lock after 1.5 s; the migrations' wait as long as it takes
-/// (for another process's migration, or a table's lock, rather than fail a deploy).
+/// The pool's sessions give up on a lock after 1.5 s; the migrations' and the worker's wait as
+/// long as it takes (for another process's migration, or a table's lock, rather than fail a
+/// deploy; a sent email's record rather than send it again).
 #[tokio::test]
 async fn the_pool_gives_up_on_locks_and_the_migrations_wait() {
     use oncely_server::backend::{Backend, COMMAND_POOL, Postgres};
@@ -340,4 +341,11 @@ async fn the_pool_gives_up_on_locks_and_the_migrations_wait() {
         .await
         .unwrap();
     assert_eq!(migrating, "0");
+    // Second review: the worker's record of a sent email gave up on a job row held past the
+    // lease (an operator's transaction, a migration), and the email went out again.
+    let working: String = sqlx::query_scalar(show)
+        .fetch_one(backend.jobs(false).pool())
+        .await
+        .unwrap();
+    assert_eq!(working, "0");
 }

@@ -135,8 +135,8 @@ pub trait Backend: Clone + Send + Sync + 'static {
 /// unreachable, its connection gone, out of connections, shutting down, its write lock
 /// (SQLite) or a lock another transaction holds (PostgreSQL, past the request's
 /// `lock_timeout`) not free in time, a deadlock PostgreSQL broke by ending this transaction —
-/// rather than that the statement failed. Nothing the
-/// statement did was kept; the same request may succeed later (503 with `Retry-After`).
+/// rather than that the statement failed. Nothing the statement did was kept; the same
+/// request may succeed later (503 with `Retry-After`).
 pub fn cannot_serve_now(error: &sqlx::Error) -> bool {
     use sqlx::Error as E;
     match error {

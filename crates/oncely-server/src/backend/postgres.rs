@@ -17,7 +17,12 @@ use crate::accounts::Statements;
 
 /// The PostgreSQL backend.
 #[derive(Debug, Clone)]
-pub struct Postgres(Stores<PgKeyStore>);
+pub struct Postgres {
+    stores: Stores<PgKeyStore>,
+    /// The same database, its sessions waiting for locks as long as it takes (no
+    /// [`LOCK_TIMEOUT`]): for migrations and the outbox worker. Opened as it is used.
+    waiting: sqlx::PgPool,
+}
 
 impl Backend for Postgres {
     const NAME: &'static str = "postgres";
@@ -69,11 +74,23 @@ impl Backend for Postgres {
             // A database that stops answering fails a request in seconds, not half a minute.
             .acquire_timeout(CONNECT_TIMEOUT)
             .connect_lazy_with(options);
-        Ok(Self(Stores::new(pool, PgKeyStore::new)))
+        let waiting = oncely::store::postgres::pool_options()
+            .max_connections(max_connections)
+            .acquire_timeout(CONNECT_TIMEOUT)
+            .connect_lazy_with(
+                pool.connect_options()
+                    .as_ref()
+                    .clone()
+                    .options([("lock_timeout", "0")]),
+            );
+        Ok(Self {
+            stores: Stores::new(pool, PgKeyStore::new),
+            waiting,
+        })
     }
 
     fn migration_pool(&self) -> sqlx::Pool<sqlx::Postgres> {
-        self.waiting_pool(1)
+        self.waiting.clone()
     }
 
     fn has_table(table: &str) -> String {
@@ -119,7 +136,7 @@ impl Backend for Postgres {
     }
 
     fn stores(&self) -> &Stores<PgKeyStore> {
-        &self.0
+        &self.stores
     }
 
     fn jobs(&self, poll_only: bool) -> PgJobStore {
@@ -127,7 +144,7 @@ impl Backend for Postgres {
         // gave up on a row another session holds (an operator, a migration) past the lease
         // would have the email sent again. Its claims skip locked rows anyway. (Enqueues run
         // on the request's connection, inside its transaction.)
-        let jobs = PgJobStore::new(self.waiting_pool(self.pool().options().get_max_connections()));
+        let jobs = PgJobStore::new(self.waiting.clone());
         if poll_only { jobs.poll_only() } else { jobs }
     }
 
@@ -137,18 +154,6 @@ impl Backend for Postgres {
 
     fn rows_affected(result: &PgQueryResult) -> u64 {
         result.rows_affected()
-    }
-}
-
-impl Postgres {
-    /// A pool of at most `max` connections to the same database whose sessions wait for locks
-    /// as long as it takes (no [`LOCK_TIMEOUT`]), opened as it is used.
-    fn waiting_pool(&self, max: u32) -> sqlx::Pool<sqlx::Postgres> {
-        let options = self.pool().connect_options().as_ref().clone();
-        oncely::store::postgres::pool_options()
-            .max_connections(max)
-            .acquire_timeout(CONNECT_TIMEOUT)
-            .connect_lazy_with(options.options([("lock_timeout", "0")]))
     }
 }
 

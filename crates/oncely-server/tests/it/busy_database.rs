@@ -82,6 +82,50 @@ async fn assert_storage_unavailable(response: reqwest::Response, route: &str) {
     assert_eq!(retry_after.unwrap(), "1", "{route}");
 }
 
+/// Another session's transaction, which ran `statements` and holds their locks until
+/// [`Held::release`] (a rollback).
+struct Held(PgConnection);
+
+impl Held {
+    async fn open(url: &str, statements: &[&str]) -> Self {
+        let mut held = Self(PgConnection::connect(url).await.unwrap());
+        held.run("BEGIN").await;
+        for statement in statements {
+            held.run(statement).await;
+        }
+        held
+    }
+
+    async fn run(&mut self, statement: &str) {
+        sqlx::raw_sql(AssertSqlSafe(statement.to_owned()))
+            .execute(&mut self.0)
+            .await
+            .unwrap();
+    }
+
+    async fn release(mut self) {
+        self.run("ROLLBACK").await;
+    }
+}
+
+/// The backends of this database that wait on a lock, once there is one (a request that
+/// [`Held`] holds up).
+async fn lock_waiters(url: &str) -> Vec<i32> {
+    let mut admin = PgConnection::connect(url).await.unwrap();
+    let waiting = "SELECT pid FROM pg_stat_activity
+                    WHERE datname = current_database() AND wait_event_type = 'Lock'";
+    loop {
+        let pids: Vec<i32> = sqlx::query_scalar(waiting)
+            .fetch_all(&mut admin)
+            .await
+            .unwrap();
+        if !pids.is_empty() {
+            return pids;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+    }
+}
+
 /// While `lock` (statements run in a transaction of another session) holds what the routes
 /// must write, each sending route answers 503 and sends nothing; once it is released, the same
 /// keys send one email each.
@@ -94,19 +138,12 @@ async fn each_sending_route_is_a_503_while(lock: &[&str]) {
         .iter()
         .map(|(_, _, to)| app.inbox.messages(Some(to)).len())
         .collect();
-    let mut holder = PgConnection::connect(&url).await.unwrap();
-    let mut held = holder.begin().await.unwrap();
-    for statement in lock {
-        sqlx::query(AssertSqlSafe(statement.to_string()))
-            .execute(&mut *held)
-            .await
-            .unwrap();
-    }
+    let held = Held::open(&url, lock).await;
     for (i, (path, body, _)) in routes.iter().enumerate() {
         let answer = app.post_as(&key, path, &format!("busy-{i}"), body).await;
         assert_storage_unavailable(answer, path).await;
     }
-    held.rollback().await.unwrap();
+    held.release().await;
     for (i, (path, body, _)) in routes.iter().enumerate() {
         let answer = app.post_as(&key, path, &format!("busy-{i}"), body).await;
         assert!(answer.status().is_success(), "{path}: {}", answer.status());
@@ -156,32 +193,23 @@ async fn a_sending_route_whose_connection_the_server_ends_is_a_503_then_retries(
     let (url, _db) = crate::support::postgres_db().await;
     let app = app_with_mail_caps(&url, 100, 1000, |_| {}).await;
     let (key, _) = accounts(&app).await;
-    let mut holder = PgConnection::connect(&url).await.unwrap();
-    let mut held = holder.begin().await.unwrap();
-    sqlx::query("LOCK TABLE oncely_outbox IN EXCLUSIVE MODE")
-        .execute(&mut *held)
-        .await
-        .unwrap();
+    let held = Held::open(&url, &["LOCK TABLE oncely_outbox IN EXCLUSIVE MODE"]).await;
     let body = email("ended@example.com");
     let waiting = app.post_as(&key, "/v1/signup", "ended", &body);
     let terminate = async {
         let mut admin = PgConnection::connect(&url).await.unwrap();
-        let waiter = "SELECT pg_terminate_backend(pid) FROM pg_stat_activity
-                      WHERE datname = current_database() AND wait_event_type = 'Lock'";
-        loop {
-            let ended: Vec<bool> = sqlx::query_scalar(waiter)
-                .fetch_all(&mut admin)
+        for pid in lock_waiters(&url).await {
+            let ended: bool = sqlx::query_scalar("SELECT pg_terminate_backend($1)")
+                .bind(pid)
+                .fetch_one(&mut admin)
                 .await
                 .unwrap();
-            if ended.contains(&true) {
-                break;
-            }
-            tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+            assert!(ended);
         }
     };
     let (answer, ()) = tokio::join!(waiting, terminate);
     assert_storage_unavailable(answer, "/v1/signup").await;
-    held.rollback().await.unwrap();
+    held.release().await;
     let retried = app.post_as(&key, "/v1/signup", "ended", &body).await;
     assert_eq!(retried.status(), 202);
     assert_eq!(app.emails_to("ended@example.com", 1).await.len(), 1);
@@ -201,18 +229,13 @@ async fn a_sending_route_whose_connection_the_server_ends_is_a_503_then_retries(
 async fn retries_through_503s_do_not_use_up_the_clients_emails() {
     let (url, _db) = crate::support::postgres_db().await;
     let app = app_with_mail_caps(&url, 100, 3, |_| {}).await;
-    let mut holder = PgConnection::connect(&url).await.unwrap();
-    let mut held = holder.begin().await.unwrap();
-    sqlx::query("LOCK TABLE oncely_outbox IN EXCLUSIVE MODE")
-        .execute(&mut *held)
-        .await
-        .unwrap();
+    let held = Held::open(&url, &["LOCK TABLE oncely_outbox IN EXCLUSIVE MODE"]).await;
     let body = email("carol@example.com");
     for _ in 0..4 {
         let answer = app.post("/v1/signup", "capped", &body).await;
         assert_storage_unavailable(answer, "/v1/signup").await;
     }
-    held.rollback().await.unwrap();
+    held.release().await;
     let retried = app.post("/v1/signup", "capped", &body).await;
     assert_eq!(retried.status(), 202);
     assert_eq!(app.emails_to("carol@example.com", 1).await.len(), 1);
@@ -236,37 +259,18 @@ async fn a_resend_that_postgres_ends_to_break_a_deadlock_is_a_503_then_retries()
         202
     );
     assert_eq!(app.emails_to(owner, 1).await.len(), 1);
-    let mut holder = PgConnection::connect(&url).await.unwrap();
-    let mut held = holder.begin().await.unwrap();
-    // This session never runs the check itself: the resend does, and is the one ended.
-    sqlx::query("SET LOCAL deadlock_timeout = '20s'")
-        .execute(&mut *held)
-        .await
-        .unwrap();
-    sqlx::query(
+    let hold_links = format!(
         "SELECT 1 FROM oncely_tokens t JOIN oncely_users u ON u.id = t.user_id
-          WHERE u.email = $1 FOR UPDATE OF t",
-    )
-    .bind(owner)
-    .execute(&mut *held)
-    .await
-    .unwrap();
+          WHERE u.email = '{owner}' FOR UPDATE OF t"
+    );
+    // This session never runs the check itself: the resend does, and is the one ended.
+    let mut held = Held::open(&url, &["SET LOCAL deadlock_timeout = '20s'", &hold_links]).await;
     let body = email(owner);
     let resend = app.post("/v1/verification/resend", "dead", &body);
     let close_the_cycle = async {
-        let mut admin = PgConnection::connect(&url).await.unwrap();
-        let waiting = "SELECT count(*) FROM pg_stat_activity
-                        WHERE datname = current_database() AND wait_event_type = 'Lock'";
-        while sqlx::query_scalar::<_, i64>(waiting)
-            .fetch_one(&mut admin)
-            .await
-            .unwrap()
-            == 0
-        {
-            tokio::time::sleep(std::time::Duration::from_millis(20)).await;
-        }
+        lock_waiters(&url).await;
         // Waits on the resend's uncommitted claim of its key: the cycle.
-        sqlx::query(
+        held.run(
             "INSERT INTO oncely_idempotency_keys
                     (tenant, method, route, idem_key, fingerprint, state, fence, lease_until,
                      expires_at, created_at)
@@ -274,13 +278,11 @@ async fn a_resend_that_postgres_ends_to_break_a_deadlock_is_a_503_then_retries()
                      'in_progress', gen_random_uuid(), now(), now(), now())
              ON CONFLICT DO NOTHING",
         )
-        .execute(&mut *held)
-        .await
-        .unwrap();
+        .await;
     };
     let (answer, ()) = tokio::join!(resend, close_the_cycle);
     assert_storage_unavailable(answer, "/v1/verification/resend").await;
-    held.rollback().await.unwrap();
+    held.release().await;
     let retried = app
         .post("/v1/verification/resend", "dead", &email(owner))
         .await;
@@ -300,12 +302,7 @@ async fn a_password_attempt_waiting_on_a_held_lock_is_a_503_in_seconds() {
     let signup = json!({ "email": owner, "password": "owner password" });
     assert_eq!(app.post("/v1/signup", "s", &signup).await.status(), 202);
     let link = crate::requests::nth_link(&app, owner, 1).await;
-    let mut holder = PgConnection::connect(&url).await.unwrap();
-    let mut held = holder.begin().await.unwrap();
-    sqlx::query("LOCK TABLE oncely_tokens IN EXCLUSIVE MODE")
-        .execute(&mut *held)
-        .await
-        .unwrap();
+    let held = Held::open(&url, &["LOCK TABLE oncely_tokens IN EXCLUSIVE MODE"]).await;
     let click = crate::requests::click(&app, &link, Some("owner password"));
     let (status, body) = tokio::time::timeout(std::time::Duration::from_secs(10), click)
         .await
@@ -315,7 +312,7 @@ async fn a_password_attempt_waiting_on_a_held_lock_is_a_503_in_seconds() {
         (503, "storage-unavailable"),
         "{body}"
     );
-    held.rollback().await.unwrap();
+    held.release().await;
     let (status, body) = crate::requests::click(&app, &link, Some("owner password")).await;
     assert_eq!(status, 200, "{body}");
     assert_eq!(body["password_set"], true);

@@ -93,6 +93,10 @@ pub struct Job {
     pub frozen: Option<Value>,
     /// See [`NewJob::partition`].
     pub partition: Option<String>,
+    /// The job was parked and then settled as sent ([`Settlement::Sent`](crate::Settlement)):
+    /// the worker records it sent without running its handler, naming its follow-ups
+    /// ([`Handler::then`](crate::Handler::then)) as for any sent job.
+    pub settled_as_sent: bool,
 }
 
 impl Job {
@@ -209,20 +213,32 @@ pub enum JobStatus {
     /// Deliberately not run ([`Delivery::Skipped`]: nobody to send to, rate-limited), with the
     /// reason. Not a failure: never re-driven.
     Skipped,
+    /// Parked: an attempt may or may not have reached the provider (an unknown outcome, an
+    /// attempt its worker abandoned), and its kind reconciles instead of resending
+    /// ([`OnUnknown::Reconcile`](crate::OnUnknown)). It waits, its attempts kept, until it is
+    /// settled ([`JobStore::settle`](crate::JobStore::settle)): sent, or pending again.
+    Unknown,
 }
 
 impl JobStatus {
     /// Every status (`oncely outbox list --status` offers these): a new status is listed here
     /// too, beside its arm in [`JobStatus::as_str`].
-    pub const ALL: [JobStatus; 4] = [Self::Pending, Self::Sent, Self::Dead, Self::Skipped];
+    pub const ALL: [JobStatus; 5] = [
+        Self::Pending,
+        Self::Sent,
+        Self::Dead,
+        Self::Skipped,
+        Self::Unknown,
+    ];
 
-    /// The stored text: `pending`, `sent`, `dead`, `skipped`.
+    /// The stored text: `pending`, `sent`, `dead`, `skipped`, `unknown`.
     pub fn as_str(self) -> &'static str {
         match self {
             Self::Pending => "pending",
             Self::Sent => "sent",
             Self::Dead => "dead",
             Self::Skipped => "skipped",
+            Self::Unknown => "unknown",
         }
     }
 
@@ -239,6 +255,7 @@ impl From<String> for JobStatus {
             "sent" => Self::Sent,
             "dead" => Self::Dead,
             "skipped" => Self::Skipped,
+            "unknown" => Self::Unknown,
             _ => Self::Pending,
         }
     }
@@ -268,6 +285,10 @@ pub enum AttemptResult {
     /// The other side refused the credentials or configuration ([`Delivery::Refused`]): the
     /// job waits for its kind to resume, no attempt spent.
     Paused,
+    /// Not run: the attempt before it was abandoned by its worker (it may have reached the
+    /// provider) and the kind reconciles instead of resending
+    /// ([`OnUnknown::Reconcile`](crate::OnUnknown)): the job parked, no attempt spent.
+    Parked,
 }
 
 impl AttemptResult {
@@ -282,6 +303,7 @@ impl AttemptResult {
             Self::Skipped => "skipped",
             Self::Throttled => "throttled",
             Self::Paused => "paused",
+            Self::Parked => "parked",
         }
     }
 }
@@ -340,6 +362,9 @@ pub struct JobRecord {
     /// When an operator last re-drove it ([`Job::redriven_at`]).
     #[serde(with = "time::serde::rfc3339::option")]
     pub redriven_at: Option<OffsetDateTime>,
+    /// Parked jobs ([`JobStatus::Unknown`]): since when.
+    #[serde(with = "time::serde::rfc3339::option")]
+    pub parked_at: Option<OffsetDateTime>,
 }
 
 /// One attempt as recorded: the history an incident review needs.

@@ -57,6 +57,6 @@ pub use job::{
     AttemptResult, Delivery, DeliveryFuture, Ended, Enqueued, FreezeFuture, Job, JobRecord,
     JobStatus, NewJob, ThenError, ThenFuture,
 };
-pub use policy::RetryPolicy;
-pub use store::{JobStore, OutboxError};
+pub use policy::{OnUnknown, RetryPolicy};
+pub use store::{JobStore, OutboxError, Settlement};
 pub use worker::{Handler, KindOptions, Worker, WorkerConfig};

@@ -146,6 +146,42 @@ impl RetryPolicy {
     }
 }
 
+/// What a worker does with a job whose attempt may or may not have reached the provider: an
+/// unknown outcome ([`Delivery::Unknown`]: a timeout after the message was handed over, a broken
+/// connection, a handler that ran past its time) or an attempt its worker abandoned (it died or
+/// lost its lease mid-send).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub enum OnUnknown {
+    /// Send again under the same delivery key, as the retry policy says: right for transports
+    /// that deduplicate by that key (an email API with `Idempotency-Key`), where a resend is at
+    /// most one delivery. Over a transport that does not (plain SMTP), each such resend may be a
+    /// duplicate.
+    #[default]
+    Resend,
+    /// Park the job ([`JobStatus::Unknown`](crate::JobStatus)), its attempts kept, and send
+    /// nothing more until it is settled ([`JobStore::settle`](crate::JobStore::settle)) by
+    /// whoever can tell whether the provider accepted it: a reconciler asking the provider by
+    /// delivery key, or an operator. A parked job is in no due index: it never holds up others.
+    Reconcile,
+}
+
+impl OnUnknown {
+    /// The name used in configuration: `resend`, `reconcile`.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Resend => "resend",
+            Self::Reconcile => "reconcile",
+        }
+    }
+
+    /// The policy named `s` (`resend`, `reconcile`), if any.
+    pub fn parse(s: &str) -> Option<Self> {
+        [Self::Resend, Self::Reconcile]
+            .into_iter()
+            .find(|policy| policy.as_str() == s)
+    }
+}
+
 impl Default for RetryPolicy {
     fn default() -> Self {
         Self::DEFAULT
@@ -221,6 +257,7 @@ mod tests {
             lease_token: uuid::Uuid::nil(),
             frozen: None,
             partition: None,
+            settled_as_sent: false,
         }
     }
 

@@ -486,6 +486,9 @@ async fn metrics<B: Backend>(
             metrics::gauge!("oncely_outbox_pending").set(backlog.pending as f64);
             metrics::gauge!("oncely_outbox_oldest_pending_seconds")
                 .set(backlog.oldest_pending_seconds);
+            metrics::gauge!("oncely_outbox_parked").set(backlog.parked as f64);
+            metrics::gauge!("oncely_outbox_oldest_parked_seconds")
+                .set(backlog.oldest_parked_seconds);
         }
         Err(error) => tracing::warn!(%error, "reading the outbox backlog for /metrics"),
     }

@@ -5,8 +5,8 @@ use std::net::SocketAddr;
 use std::time::Duration;
 
 use clap::{ArgGroup, Args, Parser, Subcommand, ValueEnum};
-use oncely_outbox::JobStatus;
 use oncely_outbox::mail::IdempotencyHeader;
+use oncely_outbox::{JobStatus, OnUnknown};
 use secrecy::SecretString;
 use time::OffsetDateTime;
 
@@ -338,6 +338,47 @@ pub enum OutboxCommand {
         #[allow(missing_docs)]
         output: OutputArgs,
     },
+    /// List parked jobs (`list --status unknown`): jobs of a kind that reconciles unknown
+    /// outcomes (`--on-unknown reconcile`) whose attempt may or may not have reached the
+    /// provider. Nothing more is sent for them until they are settled (`outbox settle`).
+    Unknown {
+        /// Only this kind.
+        #[arg(long)]
+        kind: Option<String>,
+        /// At most this many.
+        #[arg(long, default_value_t = 50)]
+        limit: u32,
+        #[command(flatten)]
+        #[allow(missing_docs)]
+        database: DatabaseArgs,
+        #[command(flatten)]
+        #[allow(missing_docs)]
+        output: OutputArgs,
+    },
+    /// Settle a parked job, once you know whether the provider accepted it (its log, its
+    /// dashboard, the recipient): --sent records it sent (a worker of its kind records it
+    /// without sending, with its follow-up events); --resend sends it again, under the same
+    /// delivery key and payload, with a fresh attempt budget and horizon.
+    #[command(group(ArgGroup::new("settlement").required(true).args(["sent", "resend"])))]
+    Settle {
+        /// The job: its operation key, or its id (what `unknown` prints first).
+        job: String,
+        /// Read JOB only as this (when a number is both an operation key and another job's id).
+        #[arg(long, value_enum)]
+        by: Option<JobRefKind>,
+        /// The provider accepted it.
+        #[arg(long)]
+        sent: bool,
+        /// The provider did not accept it: send it again.
+        #[arg(long)]
+        resend: bool,
+        #[command(flatten)]
+        #[allow(missing_docs)]
+        database: DatabaseArgs,
+        #[command(flatten)]
+        #[allow(missing_docs)]
+        output: OutputArgs,
+    },
     /// Show a job and every attempt of its life: when each started and ended, numbered across
     /// re-drives, and where a re-drive happened.
     Show {
@@ -422,6 +463,8 @@ impl OutboxCommand {
         match self {
             Self::List { database, .. }
             | Self::Dead { database, .. }
+            | Self::Unknown { database, .. }
+            | Self::Settle { database, .. }
             | Self::Show { database, .. }
             | Self::Retry { database, .. } => database,
         }
@@ -432,10 +475,19 @@ impl OutboxCommand {
         match self {
             Self::List { output, .. }
             | Self::Dead { output, .. }
+            | Self::Unknown { output, .. }
+            | Self::Settle { output, .. }
             | Self::Show { output, .. }
             | Self::Retry { output, .. } => *output,
         }
     }
+}
+
+/// `--on-unknown`: `resend` or `reconcile`.
+fn on_unknown() -> impl clap::builder::TypedValueParser<Value = OnUnknown> {
+    use clap::builder::{PossibleValuesParser, TypedValueParser};
+    PossibleValuesParser::new([OnUnknown::Resend, OnUnknown::Reconcile].map(OnUnknown::as_str))
+        .map(|s: String| OnUnknown::parse(&s).expect("the parser offers only the policies' names"))
 }
 
 /// `--status`: every [`JobStatus`] the outbox knows, by its stored name.
@@ -867,6 +919,15 @@ pub struct CommonArgs {
     #[arg(long, env = "ONCELY_PAUSE_PROBE", default_value = defaults::PAUSE_PROBE, value_parser = parse_duration)]
     pub pause_probe: Duration,
 
+    /// What an email whose outcome is unknown (the answer to a handed-over message was lost, a
+    /// worker died mid-send) leads to: `resend` sends it again under the same delivery key —
+    /// one email where the provider deduplicates by that key, maybe two over a plain SMTP relay
+    /// — or `reconcile` parks it until it is settled (`oncely outbox unknown`, `oncely outbox
+    /// settle`), so that nothing is sent twice. Webhook deliveries always resend: their
+    /// receivers deduplicate by the event's id.
+    #[arg(long, env = "ONCELY_ON_UNKNOWN", default_value = "resend", value_parser = on_unknown())]
+    pub on_unknown: OnUnknown,
+
     /// Workers only poll for jobs (for PostgreSQL behind a transaction-mode pooler, where
     /// LISTEN does not work).
     #[arg(long, env = "ONCELY_POLL_ONLY", value_parser = clap::builder::BoolishValueParser::new())]
@@ -970,6 +1031,7 @@ impl std::fmt::Debug for CommonArgs {
             .field("lease", &self.lease)
             .field("retry_base", &self.retry_base)
             .field("pause_probe", &self.pause_probe)
+            .field("on_unknown", &self.on_unknown)
             .field("poll_only", &self.poll_only)
             .field("webhooks", &self.webhooks)
             .field("emails", &self.emails)

@@ -17,7 +17,7 @@ use std::process::ExitCode;
 use anyhow::bail;
 use oncely_outbox::job::AttemptRecord;
 use oncely_outbox::store::{BulkRedrive, DeadFilter, JobFilter, PROVIDER_DEDUPE_WINDOW};
-use oncely_outbox::{JobRecord, JobStatus, JobStore};
+use oncely_outbox::{JobRecord, JobStatus, JobStore, Settlement};
 use serde::Serialize;
 use serde_json::{Value, json};
 use time::OffsetDateTime;
@@ -53,6 +53,8 @@ pub enum Failure {
     TenantExists,
     /// A JOB that is both an operation key and another job's id (exit 4).
     Ambiguous,
+    /// `outbox settle` of a job that is not parked, or `outbox retry` of one that is (exit 4).
+    Parked,
 }
 
 impl Failure {
@@ -73,6 +75,7 @@ impl Failure {
             Self::CountDiffers => "count_differs",
             Self::TenantExists => "tenant_exists",
             Self::Ambiguous => "ambiguous",
+            Self::Parked => "parked",
         }
     }
 }
@@ -202,7 +205,7 @@ pub struct JobView {
     pub operation_key: String,
     /// The handler kind.
     pub kind: String,
-    /// `pending`, `sent`, `dead`.
+    /// `pending`, `sent`, `dead`, `skipped`, `unknown` (parked).
     pub status: &'static str,
     /// Attempts over the job's whole life, every re-drive included.
     pub attempts: i64,
@@ -228,6 +231,9 @@ pub struct JobView {
     /// When it was last re-driven.
     #[serde(with = "time::serde::rfc3339::option")]
     pub redriven_at: Option<OffsetDateTime>,
+    /// Parked jobs: since when (they wait to be settled).
+    #[serde(with = "time::serde::rfc3339::option")]
+    pub parked_at: Option<OffsetDateTime>,
     /// The last error, or why it is dead.
     pub last_error: Option<String>,
     /// The provider's id of the delivery.
@@ -252,6 +258,7 @@ impl From<&JobRecord> for JobView {
             dead_at: job.dead_at,
             skipped_at: job.skipped_at,
             redriven_at: job.redriven_at,
+            parked_at: job.parked_at,
             last_error: job.last_error.clone(),
             provider_message_id: job.provider_message_id.clone(),
             delivery_key: job.delivery_key,
@@ -353,7 +360,7 @@ fn redriven_since(redriven_at: Option<OffsetDateTime>, history: &[AttemptView]) 
 
 /// Runs an outbox command on backend `B` and returns what to print.
 pub async fn outbox<B: Accounts>(command: OutboxCommand) -> anyhow::Result<String> {
-    // `dead` is `list --status dead`.
+    // `dead` is `list --status dead`, `unknown` is `list --status unknown`.
     let command = match command {
         OutboxCommand::Dead {
             kind,
@@ -363,6 +370,18 @@ pub async fn outbox<B: Accounts>(command: OutboxCommand) -> anyhow::Result<Strin
         } => OutboxCommand::List {
             kind,
             status: Some(JobStatus::Dead),
+            limit,
+            database,
+            output,
+        },
+        OutboxCommand::Unknown {
+            kind,
+            limit,
+            database,
+            output,
+        } => OutboxCommand::List {
+            kind,
+            status: Some(JobStatus::Unknown),
             limit,
             database,
             output,
@@ -379,7 +398,23 @@ async fn run_outbox_command<S: JobStore>(
     command: OutboxCommand,
 ) -> anyhow::Result<String> {
     match command {
-        OutboxCommand::Dead { .. } => unreachable!("`outbox` turns it into a list"),
+        OutboxCommand::Dead { .. } | OutboxCommand::Unknown { .. } => {
+            unreachable!("`outbox` turns it into a list")
+        }
+        OutboxCommand::Settle {
+            job,
+            by,
+            sent,
+            output,
+            ..
+        } => {
+            let settlement = if sent {
+                Settlement::Sent
+            } else {
+                Settlement::Resend
+            };
+            settle_one(jobs, &job, by, settlement, output).await
+        }
         OutboxCommand::List {
             kind,
             status,
@@ -459,7 +494,8 @@ fn list_table(jobs: &[JobView], out: &mut String) -> anyhow::Result<()> {
                 .next_run_at
                 .or(job.sent_at)
                 .or(job.dead_at)
-                .or(job.skipped_at);
+                .or(job.skipped_at)
+                .or(job.parked_at);
             vec![
                 job.id.to_string(),
                 clean(&job.kind),
@@ -479,7 +515,7 @@ fn list_table(jobs: &[JobView], out: &mut String) -> anyhow::Result<()> {
         "attempts",
         "operation key",
         "created",
-        "next run / ended",
+        "next run / ended / parked",
         "last error",
     ];
     for line in table(&header, &rows) {
@@ -502,6 +538,13 @@ fn show(view: &ShowView, out: &mut String) -> anyhow::Result<()> {
         (Some(at), _, _) if job.status == "sent" => format!("sent at {}", when(at)),
         (_, Some(at), _) if job.status == "dead" => format!("dead since {}", when(at)),
         (_, _, Some(at)) if job.status == "skipped" => format!("skipped at {}", when(at)),
+        _ if job.status == "unknown" => match job.parked_at {
+            Some(at) => format!(
+                "parked since {} (settle it: oncely outbox settle)",
+                when(at)
+            ),
+            None => "parked (settle it: oncely outbox settle)".to_owned(),
+        },
         _ => job.status.to_owned(),
     };
     let mut fields = vec![("status", status), ("created", when(job.created_at))];
@@ -669,11 +712,69 @@ async fn redrive_one<S: JobStore>(
                 job.last_error.as_deref().map_or("skipped".into(), clean)
             ),
         )),
+        Some(job) if job.status == JobStatus::Unknown => Err(refuse(
+            Failure::Parked,
+            format!(
+                "{named} is parked (the provider may have accepted it): settle it with `oncely \
+                 outbox settle {} --sent` or `--resend`",
+                found.id
+            ),
+        )),
         Some(job) => bail!(
             "{named} is {} but was not re-driven (it changed meanwhile): try again",
             job.status.as_str()
         ),
     }
+}
+
+/// `oncely outbox settle JOB --sent|--resend`: settles one parked job, or says what it is now.
+async fn settle_one<S: JobStore>(
+    jobs: &S,
+    job: &str,
+    by: Option<JobRefKind>,
+    settlement: Settlement,
+    output: OutputArgs,
+) -> anyhow::Result<String> {
+    let found = find_job(jobs, job, by).await?;
+    let named = format!("job {} ({})", found.id, clean(&found.operation_key));
+    if jobs.settle(found.id, settlement).await? {
+        let value = json!({
+            "id": found.id,
+            "operation_key": found.operation_key,
+            "settled": settlement.as_str(),
+        });
+        return render(output, &value, |out| {
+            match settlement {
+                Settlement::Sent => writeln!(
+                    out,
+                    "settled as sent: {named} is recorded sent by the next worker of its kind, \
+                     without sending it again"
+                )?,
+                Settlement::Resend => writeln!(
+                    out,
+                    "settled for resending: {named} is due now, under the same delivery key, \
+                     with a fresh attempt budget and horizon"
+                )?,
+            }
+            Ok(())
+        });
+    }
+    let status = match jobs.job_by_id(found.id).await? {
+        None => {
+            return Err(refuse(
+                Failure::NotFound,
+                format!("{named} is gone (pruned meanwhile)"),
+            ));
+        }
+        Some(job) => job.status,
+    };
+    Err(refuse(
+        Failure::Parked,
+        format!(
+            "{named} is {}, not parked: only parked jobs (`oncely outbox unknown`) are settled",
+            status.as_str()
+        ),
+    ))
 }
 
 /// How many dead jobs a bulk re-drive's dry run shows.

@@ -14,6 +14,7 @@ use oncely::ServerSecret;
 
 use crate::branding::ServiceBrand;
 use crate::webhooks::WebhookSettings;
+use oncely_outbox::OnUnknown;
 use oncely_outbox::mail::IdempotencyHeader;
 use rand::RngCore;
 use secrecy::{ExposeSecret, SecretString};
@@ -153,6 +154,8 @@ pub struct Settings {
     /// How often a worker probes an email kind it paused because the provider refused our
     /// credentials.
     pub pause_probe: Duration,
+    /// What an email's unknown outcome leads to: a resend, or a parked job.
+    pub on_unknown: OnUnknown,
     /// Outbox workers in the process (0: API only).
     pub workers: usize,
     /// How often an idle worker looks for due jobs when nothing woke it (the outbox wakes its
@@ -205,6 +208,7 @@ impl Settings {
             replay_cache_bytes: defaults::REPLAY_CACHE_BYTES,
             retry_base: default_duration(defaults::RETRY_BASE),
             pause_probe: default_duration(defaults::PAUSE_PROBE),
+            on_unknown: OnUnknown::default(),
             workers: defaults::WORKERS,
             poll_interval: oncely_outbox::WorkerConfig::default().poll_interval,
             poll_only: false,
@@ -255,6 +259,7 @@ impl Settings {
             replay_cache_bytes: args.replay_cache_bytes,
             retry_base: common.retry_base,
             pause_probe: common.pause_probe,
+            on_unknown: common.on_unknown,
             workers: args.workers,
             poll_interval: oncely_outbox::WorkerConfig::default().poll_interval,
             poll_only: common.poll_only,
@@ -301,6 +306,7 @@ impl Settings {
             Vec::new(),
         );
         plan.config.poll_interval = self.poll_interval;
+        plan.options.on_unknown = self.on_unknown;
         plan.webhooks = self.webhooks;
         plan
     }
@@ -373,14 +379,16 @@ impl WorkerSettings {
             mailer,
             brand: common.service_brand()?,
             templates: common.emails.templates.clone(),
-            plan: WorkerPlan {
-                webhooks: common.webhook_settings(),
-                ..WorkerPlan::new(
+            plan: {
+                let mut plan = WorkerPlan::new(
                     args.workers,
                     common.lease,
                     (common.retry_base, common.pause_probe),
                     args.kinds,
-                )
+                );
+                plan.options.on_unknown = common.on_unknown;
+                plan.webhooks = common.webhook_settings();
+                plan
             },
             poll_only: common.poll_only,
         })

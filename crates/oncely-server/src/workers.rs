@@ -5,7 +5,7 @@ use std::future::Future;
 use std::sync::Arc;
 use std::time::Duration;
 
-use oncely_outbox::{KindOptions, OutboxError, RetryPolicy, Worker, WorkerConfig};
+use oncely_outbox::{KindOptions, OnUnknown, OutboxError, RetryPolicy, Worker, WorkerConfig};
 use tokio::task::JoinHandle;
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
@@ -59,7 +59,8 @@ pub fn email_worker<A: Accounts>(
     worker
 }
 
-/// How the `webhook` kind runs: the email kinds' retry policy, a concurrency of its own
+/// How the `webhook` kind runs: the email kinds' retry policy, resent after an unknown outcome
+/// (receivers deduplicate by the event's id; [`OnUnknown::Resend`]), a concurrency of its own
 /// ([`WEBHOOK_CONCURRENCY`]: the worker claims webhook jobs on their own, so slow endpoints
 /// never take the email kinds' slots), and at most [`WEBHOOK_PER_ENDPOINT`] deliveries to one
 /// endpoint at once (its partition), so one slow endpoint never takes the others' slots.
@@ -67,6 +68,7 @@ pub fn webhook_options(email: KindOptions) -> KindOptions {
     KindOptions {
         concurrency: Some(WEBHOOK_CONCURRENCY),
         per_partition: Some(WEBHOOK_PER_ENDPOINT),
+        on_unknown: OnUnknown::Resend,
         ..email
     }
 }
@@ -188,6 +190,7 @@ impl WorkerPlan {
                 concurrency: None,
                 probe_interval,
                 per_partition: None,
+                on_unknown: OnUnknown::default(),
             },
             kinds,
             webhooks: WebhookSettings::development(),

@@ -20,7 +20,7 @@ use super::rows::{AttemptRow, Done, FollowUp, JobRow, Moment, RecordRow, Skipped
 use super::sql::Statements;
 use super::{
     Backlog, BulkRedrive, Clock, DeadFilter, DeadJob, DeadJobs, Finish, JobFilter, JobStore,
-    OutboxError, SkippedJob, Wakeup,
+    OutboxError, Settlement, SkippedJob, Wakeup,
 };
 use crate::job::{AttemptRecord, Enqueued, Job, JobRecord, NewJob};
 
@@ -447,6 +447,20 @@ where
             self.wake();
         }
         Ok(redriven)
+    }
+
+    async fn settle(&self, id: i64, settlement: Settlement) -> Result<bool, OutboxError> {
+        let settled: Option<i64> = sqlx::query_scalar(D::SETTLE)
+            .bind(id)
+            .bind(settlement.as_str())
+            .bind(self.now_param())
+            .fetch_optional(&self.pool)
+            .await?;
+        let settled = settled.is_some();
+        if settled {
+            self.wake();
+        }
+        Ok(settled)
     }
 
     async fn dead_jobs(

@@ -141,7 +141,7 @@ impl Finish {
     pub fn ended(&self) -> Option<Ended> {
         let reason = || self.error.clone().unwrap_or_default();
         match self.status {
-            JobStatus::Pending => None,
+            JobStatus::Pending | JobStatus::Unknown => None,
             JobStatus::Sent => Some(Ended::Sent {
                 provider_message_id: self.provider_message_id.clone(),
             }),
@@ -150,6 +150,25 @@ impl Finish {
                 reason: reason(),
             }),
             JobStatus::Skipped => Some(Ended::Skipped { reason: reason() }),
+        }
+    }
+
+    /// This finish, parked instead ([`JobStatus::Unknown`]): the attempt's outcome is unknown
+    /// and the kind reconciles ([`OnUnknown::Reconcile`](crate::OnUnknown)). It keeps its
+    /// result, provider message id and budget accounting; a reconciler looks at it again after
+    /// `retry_in`; follow-ups wait for its settlement.
+    pub fn parked(self) -> Self {
+        let error = match self.error {
+            Some(error) => {
+                format!("{error}; parked until settled: the provider may have accepted it")
+            }
+            None => "parked until settled: the provider may have accepted it".to_owned(),
+        };
+        Self {
+            status: JobStatus::Unknown,
+            error: Some(error),
+            follow_ups: Vec::new(),
+            ..self
         }
     }
 
@@ -327,6 +346,17 @@ pub trait JobStore: Clone + Send + Sync + 'static {
         operation_key: &str,
     ) -> impl Future<Output = Result<bool, OutboxError>> + Send;
 
+    /// Settles a parked job ([`JobStatus::Unknown`]) by its id, as `settlement` says, and wakes
+    /// idle workers. `false` if no parked job has this id (it was settled already, or never
+    /// parked). A job parks when its kind reconciles unknown outcomes
+    /// ([`OnUnknown::Reconcile`](crate::OnUnknown)); what settles it is whoever can tell whether
+    /// the provider accepted it: a reconciler that asks the provider, or an operator.
+    fn settle(
+        &self,
+        id: i64,
+        settlement: Settlement,
+    ) -> impl Future<Output = Result<bool, OutboxError>> + Send;
+
     /// The dead jobs `filter` matches (an inspection tool, not a hot path): how many, a sample
     /// of up to `sample` of them (most recently dead first) and how many of them had an attempt
     /// with an unknown outcome (`unknown` or `abandoned`) that ended more than `window` ago —
@@ -436,6 +466,31 @@ pub struct Backlog {
     pub pending: i64,
     /// Seconds since the oldest pending job was enqueued (0 when none).
     pub oldest_pending_seconds: f64,
+    /// Parked jobs ([`JobStatus::Unknown`]): waiting to be settled.
+    pub parked: i64,
+    /// Seconds since the oldest parked job was parked (0 when none).
+    pub oldest_parked_seconds: f64,
+}
+
+/// How a parked job ([`JobStatus::Unknown`]) is settled ([`JobStore::settle`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Settlement {
+    /// The provider accepted it: recorded sent, by the next worker of its kind that claims it,
+    /// without running its handler again; its follow-ups are named as for any sent job.
+    Sent,
+    /// The provider did not accept it: sent again, as a re-drive does — under the same
+    /// delivery key and frozen payload, with a fresh attempt budget and retry horizon.
+    Resend,
+}
+
+impl Settlement {
+    /// The stored text.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Sent => "sent",
+            Self::Resend => "resend",
+        }
+    }
 }
 
 /// Which jobs [`JobStore::list`] returns.

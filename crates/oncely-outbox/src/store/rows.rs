@@ -62,6 +62,7 @@ pub(crate) struct JobRow<T> {
     #[sqlx(json(nullable))]
     frozen: Option<Value>,
     partition_key: Option<String>,
+    settled: Option<String>,
 }
 
 impl<T: Moment> JobRow<T> {
@@ -81,6 +82,7 @@ impl<T: Moment> JobRow<T> {
             lease_token,
             frozen: self.frozen,
             partition: self.partition_key,
+            settled_as_sent: self.settled.as_deref() == Some("sent"),
         }
     }
 }
@@ -109,6 +111,7 @@ pub(crate) struct RecordRow<T> {
     dead_at: Option<T>,
     skipped_at: Option<T>,
     redriven_at: Option<T>,
+    parked_at: Option<T>,
 }
 
 impl<T: Moment> From<RecordRow<T>> for JobRecord {
@@ -133,6 +136,7 @@ impl<T: Moment> From<RecordRow<T>> for JobRecord {
             dead_at: row.dead_at.map(Moment::into_time),
             skipped_at: row.skipped_at.map(Moment::into_time),
             redriven_at: row.redriven_at.map(Moment::into_time),
+            parked_at: row.parked_at.map(Moment::into_time),
         }
     }
 }

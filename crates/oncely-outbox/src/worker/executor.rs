@@ -13,6 +13,7 @@ use super::backoff::Backoff;
 use super::holds::{Holds, Verdict};
 use super::{Registered, Worker};
 use crate::job::{AttemptResult, Delivery, Ended, Job, JobStatus};
+use crate::policy::{OnUnknown, RetryPolicy};
 use crate::store::{Finish, JobStore};
 
 /// A job whose attempt ended, and what to record of it (`None`: handed back unstarted).
@@ -52,10 +53,12 @@ impl<S: JobStore> Worker<S> {
     }
 }
 
-/// Runs one job. A job past its deadline is not run (`expired`), nor a retry claimed after its
-/// retry horizon (`dead`); a handler that panics or runs past `deadline` is an unknown outcome,
-/// retried with the same delivery key. A final status comes with the handler's follow-ups,
-/// named by `then_by` ([`with_follow_ups`]).
+/// Runs one job. A job settled as sent is recorded sent without running; a job past its deadline
+/// is not run (`expired`), nor a retry claimed after its retry horizon (`dead`); a handler that
+/// panics or runs past `deadline` is an unknown outcome, retried with the same delivery key —
+/// or, if its kind reconciles ([`OnUnknown::Reconcile`]), parked, as is a retry whose previous
+/// attempt its worker abandoned ([`parked_after_abandoned`]). A final status comes with the
+/// handler's follow-ups, named by `then_by` ([`with_follow_ups`]).
 async fn attempt<S: JobStore>(
     registered: Option<Registered>,
     (store, holds): (S, Arc<Mutex<Holds>>),
@@ -76,7 +79,22 @@ async fn attempt<S: JobStore>(
     let now = store.now();
     let horizon = options.policy.horizon;
     let then = handler.clone();
-    let (mut finish, verdict) = if job.not_after.is_some_and(|deadline| deadline <= now) {
+    let reconciles = options.on_unknown == OnUnknown::Reconcile;
+    let (mut finish, verdict) = if job.settled_as_sent {
+        let why = "not run: settled as sent (the provider accepted an earlier attempt)";
+        let settled = Finish {
+            error: Some(why.to_owned()),
+            ..Finish::sent(None)
+        };
+        (settled, None)
+    } else if let Some(parked) = match reconciles {
+        // Before the deadline and horizon checks: an attempt that may have been delivered is
+        // parked (the truth about it), not reported dead.
+        true => parked_after_abandoned(&store, &job, &options.policy).await,
+        false => None,
+    } {
+        (parked, None)
+    } else if job.not_after.is_some_and(|deadline| deadline <= now) {
         let why = "not run: its deadline passed before delivery".to_owned();
         (Finish::dead(AttemptResult::Expired, why), None)
     } else if job.attempt - job.free_attempts > 1 && now - job.horizon_from() > horizon {
@@ -106,11 +124,20 @@ async fn attempt<S: JobStore>(
                     finish.result,
                     AttemptResult::Throttled | AttemptResult::Paused
                 ));
+        if reconciles && finish.result == AttemptResult::Unknown {
+            // Retried or dead, it may have reached the provider: neither resent nor given up.
+            finish = finish.parked();
+        }
         (finish, Some(verdict))
     };
     if let Some(end) = finish.ended() {
         let retry_in = options.policy.delay(1);
         finish = with_follow_ups(&*then, &job, end, finish, then_by, retry_in).await;
+        if reconciles && finish.status == JobStatus::Pending {
+            // Its final status could not be recorded (the follow-ups failed): not run again
+            // blindly either. Settled as sent, its follow-ups are asked for then.
+            finish = finish.parked();
+        }
     }
     report(&job, &finish);
     Ran {
@@ -118,6 +145,44 @@ async fn attempt<S: JobStore>(
         finish: Some(finish),
         verdict,
     }
+}
+
+/// Under [`OnUnknown::Reconcile`], a retry whose previous attempt was abandoned by its worker
+/// (it died, or lost its lease, mid-attempt: the provider may have accepted it) is not run but
+/// parked, spending no attempt. `None`: run it. A first attempt (of the job, or since it was
+/// re-driven or settled for resending) has no previous attempt of its own to look at. If the
+/// history cannot be read, nothing is sent: a retry, spending no attempt.
+async fn parked_after_abandoned<S: JobStore>(
+    store: &S,
+    job: &Job,
+    policy: &RetryPolicy,
+) -> Option<Finish> {
+    if job.attempt <= 1 {
+        return None;
+    }
+    let attempts = match store.attempts(job.id).await {
+        Ok(attempts) => attempts,
+        Err(error) => {
+            let why = format!("not run: its attempt history could not be read: {error}");
+            return Some(Finish::retry_free(
+                AttemptResult::Retry,
+                policy.delay(1),
+                why,
+            ));
+        }
+    };
+    // In id order: this claim's attempt (open) last, the one before it just ahead.
+    let mut latest = attempts.iter().rev();
+    let this = latest.next()?;
+    let previous = latest.next()?;
+    let abandoned = this.finished_at.is_none() && previous.result.as_deref() == Some("abandoned");
+    abandoned.then(|| {
+        let why = format!(
+            "not run: attempt {} was abandoned by its worker mid-attempt",
+            previous.attempt
+        );
+        Finish::retry_free(AttemptResult::Parked, policy.delay(1), why).parked()
+    })
 }
 
 /// `finish`, a final status, with the follow-up jobs the handler names for it
@@ -254,9 +319,15 @@ fn report(job: &Job, finish: &Finish) {
     metrics::counter!("oncely_outbox_attempts_total", "kind" => job.kind.clone(), "result" => result)
         .increment(1);
     let error = finish.error.as_deref();
-    if finish.status != JobStatus::Dead {
-        tracing::info!(job = job.id, kind = %job.kind, attempt = job.attempt, result, error, "outbox attempt");
-    } else {
-        tracing::warn!(job = job.id, kind = %job.kind, attempt = job.attempt, result, error, "outbox job is dead");
+    match finish.status {
+        JobStatus::Dead => {
+            tracing::warn!(job = job.id, kind = %job.kind, attempt = job.attempt, result, error, "outbox job is dead");
+        }
+        JobStatus::Unknown => {
+            tracing::warn!(job = job.id, kind = %job.kind, attempt = job.attempt, result, error, "outbox job parked: settle it");
+        }
+        _ => {
+            tracing::info!(job = job.id, kind = %job.kind, attempt = job.attempt, result, error, "outbox attempt");
+        }
     }
 }

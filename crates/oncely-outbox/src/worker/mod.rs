@@ -131,6 +131,9 @@ pub struct KindOptions {
     /// ([`JobStore::claim_partitioned`]). Jobs without a partition have only the kind's limits;
     /// `concurrency` still bounds the whole kind (the batch size when `None`).
     pub per_partition: Option<u32>,
+    /// What an unknown outcome leads to ([`OnUnknown`](crate::OnUnknown)): a resend under the
+    /// same delivery key (the default), or a parked job that waits to be settled.
+    pub on_unknown: crate::OnUnknown,
 }
 
 impl KindOptions {
@@ -145,6 +148,7 @@ impl Default for KindOptions {
             concurrency: None,
             probe_interval: Self::DEFAULT_PROBE_INTERVAL,
             per_partition: None,
+            on_unknown: crate::OnUnknown::Resend,
         }
     }
 }

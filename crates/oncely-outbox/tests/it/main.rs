@@ -19,4 +19,5 @@ mod skipped;
 mod store_conformance;
 mod support;
 mod throttling;
+mod unknown_outcomes;
 mod wakeups;

@@ -537,3 +537,104 @@ async fn sqlite_partitions_keep_the_previous_release_s_jobs() {
         assert!(!plan.contains("TEMP B-TREE"), "no sort: {plan}");
     }
 }
+
+/// A dead job with a partition, a frozen payload and an attempt, as the release before 0009
+/// wrote it, on PostgreSQL and on SQLite; then its attempt (both dialects alike).
+const PREVIOUS_DEAD_JOB: [&str; 3] = [
+    "INSERT INTO oncely_outbox
+            (operation_key, kind, payload, delivery_key, run_after, created_at, partition_key,
+             frozen, status, dead_at, last_error, attempts, free_attempts)
+     VALUES ($1, 'webhook', '{\"a\":1}', $2, now(), now(), 'endpoint-1', '{\"f\":2}', 'dead',
+             now(), 'gave up', 3, 1)",
+    "INSERT INTO oncely_outbox
+            (operation_key, kind, payload, delivery_key, run_after, created_at, partition_key,
+             frozen, status, dead_at, last_error, attempts, free_attempts)
+     VALUES ($1, 'webhook', '{\"a\":1}', $2, 0, 0, 'endpoint-1', '{\"f\":2}', 'dead', 0,
+             'gave up', 3, 1)",
+    "INSERT INTO oncely_outbox_attempts
+            (job_id, attempt, worker, lease_token, started_at, finished_at, result, error)
+     SELECT id, 1, 'w', delivery_key, created_at, created_at, 'retry', 'busy'
+       FROM oncely_outbox WHERE operation_key = $1",
+];
+
+/// 0009 (parked jobs) keeps every job and attempt the previous release (up to 0008) wrote, every
+/// column of them (on SQLite it rebuilds both tables to widen their checks); the previous
+/// release's enqueue still runs on the migrated database, and its jobs can be parked.
+async fn parking_keeps_the_previous_release_s_jobs<D: Dialect>(pool: Pool<D>, dialect: usize)
+where
+    SqlJobStore<D>: JobStore<Database = D>,
+    D::Connection: Migrate,
+    for<'c> &'c Pool<D>: Executor<'c, Database = D>,
+    D::Arguments: IntoArguments<D>,
+    for<'q> &'q str: sqlx::Encode<'q, D> + sqlx::Type<D>,
+    for<'q> uuid::Uuid: sqlx::Encode<'q, D> + sqlx::Type<D>,
+{
+    release_up_to(&D::migrator(), 8).run(&pool).await.unwrap();
+    let delivery_key = uuid::Uuid::new_v4();
+    sqlx::query(AssertSqlSafe(PREVIOUS_DEAD_JOB[dialect].to_owned()))
+        .bind("old")
+        .bind(delivery_key)
+        .execute(&pool)
+        .await
+        .unwrap();
+    sqlx::query(AssertSqlSafe(PREVIOUS_DEAD_JOB[2].to_owned()))
+        .bind("old")
+        .execute(&pool)
+        .await
+        .unwrap();
+    let store = SqlJobStore::new(pool.clone());
+    store.migrate().await.unwrap();
+    let old = store.job("old").await.unwrap().unwrap();
+    assert_eq!(old.status, oncely_outbox::JobStatus::Dead);
+    assert_eq!(old.kind, "webhook");
+    assert_eq!(old.payload, serde_json::json!({ "a": 1 }));
+    assert_eq!(old.frozen, Some(serde_json::json!({ "f": 2 })));
+    assert_eq!(old.partition.as_deref(), Some("endpoint-1"));
+    assert_eq!(old.delivery_key, delivery_key);
+    assert_eq!(old.last_error.as_deref(), Some("gave up"));
+    assert_eq!((old.attempts, old.free_attempts), (3, 1));
+    let attempts = store.attempts(old.id).await.unwrap();
+    assert_eq!(attempts.len(), 1);
+    assert_eq!(attempts[0].result.as_deref(), Some("retry"));
+    assert_eq!(attempts[0].error.as_deref(), Some("busy"));
+    // The previous release's enqueue runs; the job parks (the widened check takes 'unknown').
+    sqlx::query(AssertSqlSafe(PREVIOUS_ENQUEUE[dialect].to_owned()))
+        .bind("new")
+        .bind(uuid::Uuid::new_v4())
+        .execute(&pool)
+        .await
+        .unwrap();
+    let claimed = store
+        .claim(
+            "w",
+            &["webhook".to_owned()],
+            10,
+            std::time::Duration::from_secs(30),
+        )
+        .await
+        .unwrap();
+    assert_eq!(claimed.len(), 1);
+    let finish = oncely_outbox::store::Finish::retry(
+        oncely_outbox::AttemptResult::Unknown,
+        std::time::Duration::from_secs(1),
+        "lost".into(),
+    )
+    .parked();
+    assert_eq!(store.finish(&claimed[0], &finish).await.unwrap(), true);
+    assert_eq!(
+        store.job("new").await.unwrap().unwrap().status,
+        oncely_outbox::JobStatus::Unknown
+    );
+}
+
+#[tokio::test]
+async fn postgres_parking_keeps_the_previous_release_s_jobs() {
+    let db = TestPostgres::new().await;
+    parking_keeps_the_previous_release_s_jobs(db.pool(2).await, 0).await;
+}
+
+#[tokio::test]
+async fn sqlite_parking_keeps_the_previous_release_s_jobs() {
+    let db = TestSqlite::new();
+    parking_keeps_the_previous_release_s_jobs(db.pool(2).await, 1).await;
+}

@@ -11,8 +11,8 @@ use oncely_outbox::job::AttemptRecord;
 use oncely_outbox::store::postgres::PgJobStore;
 use oncely_outbox::store::sqlite::SqliteJobStore;
 use oncely_outbox::store::{
-    Backlog, BulkRedrive, Clock, DeadFilter, DeadJobs, Dialect, Finish, JobFilter, SkippedJob,
-    SqlJobStore, Wakeup,
+    Backlog, BulkRedrive, Clock, DeadFilter, DeadJobs, Dialect, Finish, JobFilter, Settlement,
+    SkippedJob, SqlJobStore, Wakeup,
 };
 use oncely_outbox::{Enqueued, Job, JobRecord, JobStore, NewJob, OutboxError};
 use oncely_testdb::{TestDb, TestPostgres, TestSqlite};
@@ -282,6 +282,9 @@ impl<S: Backend> JobStore for Spy<S> {
     }
     async fn redrive(&self, operation_key: &str) -> Result<bool, OutboxError> {
         self.inner.redrive(operation_key).await
+    }
+    async fn settle(&self, id: i64, settlement: Settlement) -> Result<bool, OutboxError> {
+        self.inner.settle(id, settlement).await
     }
     async fn dead_jobs(
         &self,

@@ -1191,3 +1191,124 @@ async fn a_tenant_s_key_is_rotated_at_once_or_after_a_grace_and_never_listed(
         "refusals changed nothing"
     );
 }
+
+both_databases!(an_email_whose_answer_was_lost_is_parked_listed_and_settled_without_a_second_copy);
+
+/// Polls `outbox ARGS… --json` until `done` holds for what it prints (10 s at most).
+async fn outbox_until(url: &str, args: &[&str], done: impl Fn(&Value) -> bool) -> Value {
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        let (code, value, _) = oncely_json(url, args).await;
+        if code == 0 && done(&value) {
+            return value;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "{args:?} never got there: {value}"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+/// Issue 21, item 1: with `--on-unknown reconcile`, an email whose SMTP answer was lost after
+/// the relay accepted it is parked, not sent again: `outbox unknown` lists it, `/metrics` counts
+/// it, `outbox retry` refuses it; `outbox settle --sent` records it sent without a second copy
+/// (and settles nothing twice); another, settled `--resend`, is sent again under the same
+/// delivery key (`Message-ID`).
+async fn an_email_whose_answer_was_lost_is_parked_listed_and_settled_without_a_second_copy(
+    url: String,
+    _db: TestDb,
+) {
+    let (inbox, running) = start_inbox(Faults {
+        drop_after_accept: 1,
+        ..Faults::default()
+    })
+    .await;
+    let app = spawn_app_with_inbox(&url, inbox, running, |s| {
+        s.on_unknown = oncely_outbox::OnUnknown::Reconcile;
+    })
+    .await;
+    app.post(
+        "/v1/signup",
+        "lost-1",
+        &json!({ "email": "lost@example.com" }),
+    )
+    .await;
+    assert_eq!(app.emails_to("lost@example.com", 1).await.len(), 1);
+    let parked = outbox_until(&url, &["outbox", "unknown"], |v| {
+        v.as_array().is_some_and(|jobs| jobs.len() == 1)
+    })
+    .await;
+    let job = &parked[0];
+    assert_eq!(job["status"], "unknown", "{parked}");
+    assert!(
+        job["last_error"].as_str().unwrap().contains("parked"),
+        "{parked}"
+    );
+    let id = job["id"].as_i64().unwrap().to_string();
+    let metrics = app.get("/metrics").await.text().await.unwrap();
+    assert!(
+        metrics.lines().any(|l| l == "oncely_outbox_parked 1"),
+        "{metrics}"
+    );
+
+    let (code, _, error) = oncely_json(&url, &["outbox", "retry", &id]).await;
+    assert_eq!((code, &error["error"]), (4, &json!("parked")), "{error}");
+    let (code, _, _) = oncely_json(&url, &["outbox", "settle", &id]).await;
+    assert_eq!(code, 2, "--sent or --resend is required");
+    let (code, settled, _) = oncely_json(&url, &["outbox", "settle", &id, "--sent"]).await;
+    assert_eq!(
+        (code, &settled["settled"]),
+        (0, &json!("sent")),
+        "{settled}"
+    );
+    let shown = outbox_until(&url, &["outbox", "show", &id], |v| v["status"] == "sent").await;
+    let results: Vec<_> = shown["history"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|a| a["result"].as_str().unwrap())
+        .collect();
+    assert_eq!(results, ["unknown", "sent"], "{shown}");
+    assert_eq!(
+        app.emails_to("lost@example.com", 1).await.len(),
+        1,
+        "settled as sent: no second copy"
+    );
+    let (code, _, error) = oncely_json(&url, &["outbox", "settle", &id, "--resend"]).await;
+    assert_eq!((code, &error["error"]), (4, &json!("parked")), "{error}");
+    let (_, parked, _) = oncely_json(&url, &["outbox", "unknown"]).await;
+    assert_eq!(parked, json!([]));
+
+    // Another answer lost; this one is settled for resending: a second copy, same Message-ID.
+    app.inbox.set_faults(Faults {
+        drop_after_accept: 1,
+        ..Faults::default()
+    });
+    app.post(
+        "/v1/signup",
+        "lost-2",
+        &json!({ "email": "again@example.com" }),
+    )
+    .await;
+    let parked = outbox_until(&url, &["outbox", "unknown"], |v| {
+        v.as_array().is_some_and(|jobs| jobs.len() == 1)
+    })
+    .await;
+    let id = parked[0]["id"].as_i64().unwrap().to_string();
+    let (code, settled, _) = oncely_json(&url, &["outbox", "settle", &id, "--resend"]).await;
+    assert_eq!(
+        (code, &settled["settled"]),
+        (0, &json!("resend")),
+        "{settled}"
+    );
+    outbox_until(&url, &["outbox", "show", &id], |v| v["status"] == "sent").await;
+    let copies = app.emails_to("again@example.com", 2).await;
+    assert_eq!(copies.len(), 2, "resent once");
+    let message_ids: Vec<_> = copies.iter().map(|m| m.message_id.clone()).collect();
+    assert!(message_ids[0].is_some(), "{copies:?}");
+    assert_eq!(
+        message_ids[0], message_ids[1],
+        "under the same delivery key"
+    );
+}

@@ -27,7 +27,7 @@ macro_rules! record {
                    AS all_attempts,
                o.last_error, o.provider_message_id, o.payload, o.delivery_key, o.frozen,
                o.partition_key, o.created_at, o.run_after, o.sent_at, o.dead_at, o.skipped_at,
-               o.redriven_at
+               o.redriven_at, o.parked_at
           FROM oncely_outbox o"
     };
 }
@@ -105,8 +105,9 @@ pub trait Statements {
     /// How many jobs are pending.
     const PENDING: &'static str = "SELECT count(*) FROM oncely_outbox WHERE status = 'pending'";
 
-    /// Pending jobs and the age of the oldest in seconds (`pending`, `oldest_pending_seconds`).
-    /// Binds: 1 now.
+    /// Pending jobs and the age of the oldest in seconds (`pending`, `oldest_pending_seconds`),
+    /// parked jobs and how long the oldest has been parked (`parked`, `oldest_parked_seconds`).
+    /// Binds: 1 now. Index: the parked ones by `oncely_outbox_parked`.
     const BACKLOG: &'static str;
 
     /// Deletes a batch of jobs that finished (sent, dead or skipped) before a retention (their
@@ -126,6 +127,14 @@ pub trait Statements {
     /// `free_attempts` back to 0), a fresh horizon (`redriven_at` now), the same delivery key.
     /// Binds: 1 operation key, 2 now. Returns its id if it was dead.
     const REDRIVE: &'static str;
+
+    /// Settles a parked job (`unknown`): pending and due now, its lease token and `parked_at`
+    /// cleared. `sent`: its attempt count kept and `settled = 'sent'`, which the next claim
+    /// carries to the worker (recorded sent without running). `resend`: as a re-drive — a fresh
+    /// attempt budget and horizon, the same delivery key and frozen payload. Binds: 1 id,
+    /// 2 the settlement (`sent` or `resend`), 3 now. Returns its id if it was parked. Index:
+    /// the primary key.
+    const SETTLE: &'static str;
 
     /// The dead jobs a filter matches (`matching`), how many of them had an attempt with an
     /// unknown outcome (`unknown`, `abandoned`) that ended before a window

@@ -24,7 +24,7 @@ macro_rules! claimed {
              WHERE o.id = ANY (ARRAY(SELECT id FROM due))
             RETURNING o.id, o.operation_key, o.kind, o.payload, o.delivery_key, o.attempts,
                       o.free_attempts, o.created_at, o.redriven_at, o.not_after, o.frozen,
-                      o.partition_key
+                      o.partition_key, o.settled
         ), abandoned AS (
             -- `= ANY (ARRAY(…))`, not `IN (SELECT …)`: the planner knows nothing of how many
             -- rows a CTE returns and chose a hash join over a scan of every attempt ever kept
@@ -143,7 +143,7 @@ impl super::Statements for Postgres {
         ), job AS (
             UPDATE oncely_outbox o
                SET status = d.status, lease_token = NULL, last_error = d.error,
-                   run_after = CASE WHEN d.status = 'pending'
+                   run_after = CASE WHEN d.status IN ('pending', 'unknown')
                                     THEN COALESCE($2, now()) + d.retry_ms * interval '1 millisecond'
                                     ELSE o.run_after END,
                    free_attempts = o.free_attempts + CASE WHEN d.free THEN 1 ELSE 0 END,
@@ -151,6 +151,8 @@ impl super::Statements for Postgres {
                    sent_at = CASE WHEN d.status = 'sent' THEN COALESCE($2, now()) END,
                    dead_at = CASE WHEN d.status = 'dead' THEN COALESCE($2, now()) END,
                    skipped_at = CASE WHEN d.status = 'skipped' THEN COALESCE($2, now()) END,
+                   parked_at = CASE WHEN d.status = 'unknown' THEN COALESCE($2, now()) END,
+                   settled = NULL,
                    provider_message_id = COALESCE(d.provider_message_id, o.provider_message_id)
               FROM done d
              WHERE o.id = d.id AND o.lease_token = d.lease_token AND o.status = 'pending'
@@ -194,12 +196,17 @@ impl super::Statements for Postgres {
         )
         SELECT id FROM job";
 
-    // Differs: the age is an interval, computed by the database.
+    // Differs: the ages are intervals, computed by the database.
     const BACKLOG: &'static str = "
-        SELECT count(*) AS pending,
-               COALESCE(EXTRACT(EPOCH FROM COALESCE($1, now()) - min(created_at))::float8, 0)
-                   AS oldest_pending_seconds
-          FROM oncely_outbox WHERE status = 'pending'";
+        SELECT p.pending, p.oldest_pending_seconds, u.parked, u.oldest_parked_seconds
+          FROM (SELECT count(*) AS pending,
+                       COALESCE(EXTRACT(EPOCH FROM COALESCE($1, now()) - min(created_at))::float8, 0)
+                           AS oldest_pending_seconds
+                  FROM oncely_outbox WHERE status = 'pending') p,
+               (SELECT count(*) AS parked,
+                       COALESCE(EXTRACT(EPOCH FROM COALESCE($1, now()) - min(parked_at))::float8, 0)
+                           AS oldest_parked_seconds
+                  FROM oncely_outbox WHERE status = 'unknown') u";
 
     // Differs: SKIP LOCKED, so pruning never waits for a worker holding a row.
     const PRUNE: &'static str = "
@@ -219,6 +226,17 @@ impl super::Statements for Postgres {
                free_attempts = 0, redriven_at = COALESCE($2, now()), dead_at = NULL,
                lease_token = NULL, last_error = NULL
          WHERE operation_key = $1 AND status = 'dead'
+        RETURNING id";
+
+    const SETTLE: &'static str = "
+        UPDATE oncely_outbox
+           SET status = 'pending', run_after = COALESCE($3, now()), parked_at = NULL,
+               lease_token = NULL, last_error = NULL,
+               settled = CASE WHEN $2 = 'sent' THEN 'sent' END,
+               attempts = CASE WHEN $2 = 'sent' THEN attempts ELSE 0 END,
+               free_attempts = CASE WHEN $2 = 'sent' THEN free_attempts ELSE 0 END,
+               redriven_at = CASE WHEN $2 = 'sent' THEN redriven_at ELSE COALESCE($3, now()) END
+         WHERE id = $1 AND status = 'unknown'
         RETURNING id";
 
     // Differs: `count(*) FILTER`, `strpos` (SQLite: `instr`), an interval; `lower` folds every

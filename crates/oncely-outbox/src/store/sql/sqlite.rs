@@ -21,7 +21,7 @@ macro_rules! attempts {
     () => {
         concat!(
             " id, operation_key, kind, payload, delivery_key, attempts, free_attempts,
-                  created_at, redriven_at, not_after, frozen, partition_key;
+                  created_at, redriven_at, not_after, frozen, partition_key, settled;
         UPDATE oncely_outbox_attempts
            SET finished_at = ?1, result = 'abandoned',
                error = 'the worker''s lease ended before the attempt finished'
@@ -179,13 +179,15 @@ impl super::Statements for Sqlite {
         "
         UPDATE oncely_outbox AS o
            SET status = d.status, lease_token = NULL, last_error = d.error,
-               run_after = CASE WHEN d.status = 'pending' THEN ?2 + d.retry_ms
+               run_after = CASE WHEN d.status IN ('pending', 'unknown') THEN ?2 + d.retry_ms
                                 ELSE o.run_after END,
                free_attempts = o.free_attempts + CASE WHEN d.free THEN 1 ELSE 0 END,
                frozen = CASE WHEN d.thaw THEN NULL ELSE o.frozen END,
                sent_at = CASE WHEN d.status = 'sent' THEN ?2 END,
                dead_at = CASE WHEN d.status = 'dead' THEN ?2 END,
                skipped_at = CASE WHEN d.status = 'skipped' THEN ?2 END,
+               parked_at = CASE WHEN d.status = 'unknown' THEN ?2 END,
+               settled = NULL,
                provider_message_id = COALESCE(d.provider_message_id, o.provider_message_id)
           FROM done AS d
          WHERE o.id = d.id AND o.lease_token = d.lease_token AND o.status = 'pending'
@@ -205,9 +207,13 @@ impl super::Statements for Sqlite {
 
     // Differs: milliseconds to seconds by hand; never negative.
     const BACKLOG: &'static str = "
-        SELECT count(*) AS pending,
-               COALESCE(max(?1 - min(created_at), 0) / 1000.0, 0.0) AS oldest_pending_seconds
-          FROM oncely_outbox WHERE status = 'pending'";
+        SELECT p.pending, p.oldest_pending_seconds, u.parked, u.oldest_parked_seconds
+          FROM (SELECT count(*) AS pending,
+                       COALESCE(max(?1 - min(created_at), 0) / 1000.0, 0.0) AS oldest_pending_seconds
+                  FROM oncely_outbox WHERE status = 'pending') p,
+               (SELECT count(*) AS parked,
+                       COALESCE(max(?1 - min(parked_at), 0) / 1000.0, 0.0) AS oldest_parked_seconds
+                  FROM oncely_outbox WHERE status = 'unknown') u";
 
     // Differs: no SKIP LOCKED (nor any need: the delete waits for the one writer lock).
     const PRUNE: &'static str = "
@@ -223,6 +229,17 @@ impl super::Statements for Sqlite {
            SET status = 'pending', run_after = ?2, attempts = 0, free_attempts = 0,
                redriven_at = ?2, dead_at = NULL, lease_token = NULL, last_error = NULL
          WHERE operation_key = ?1 AND status = 'dead'
+        RETURNING id";
+
+    const SETTLE: &'static str = "
+        UPDATE oncely_outbox
+           SET status = 'pending', run_after = ?3, parked_at = NULL, lease_token = NULL,
+               last_error = NULL,
+               settled = CASE WHEN ?2 = 'sent' THEN 'sent' END,
+               attempts = CASE WHEN ?2 = 'sent' THEN attempts ELSE 0 END,
+               free_attempts = CASE WHEN ?2 = 'sent' THEN free_attempts ELSE 0 END,
+               redriven_at = CASE WHEN ?2 = 'sent' THEN redriven_at ELSE ?3 END
+         WHERE id = ?1 AND status = 'unknown'
         RETURNING id";
 
     // Differs: no `FILTER` needed (`count` of a CASE), `instr` (PostgreSQL: `strpos`),

@@ -1,0 +1,347 @@
+//! Issue 21, item 1: no blind resends. A kind that reconciles unknown outcomes
+//! ([`OnUnknown::Reconcile`]) parks a job whose attempt may have reached the provider (an
+//! unknown outcome, an attempt its worker abandoned) instead of sending it again; a parked job
+//! holds up no other; it is settled as sent (recorded without running, with its follow-ups) or
+//! for resending (under the same delivery key, with a fresh budget). A kind that resends keeps
+//! today's behaviour.
+
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use oncely_outbox::store::JobFilter;
+use oncely_outbox::{
+    AttemptResult, Delivery, Ended, Handler, Job, JobStatus, KindOptions, NewJob, OnUnknown,
+    RetryPolicy, Settlement, ThenFuture, Worker, WorkerConfig,
+};
+use oncely_testdb::TestDb;
+use serde_json::json;
+use uuid::Uuid;
+
+use crate::support::{Backend, LEASE, both_stores, kinds};
+
+both_stores!(
+    an_unknown_outcome_parks_the_job_under_reconcile_and_is_resent_under_resend,
+    an_unknown_outcome_that_spends_the_last_attempt_parks_rather_than_dies,
+    settled_as_sent_is_recorded_without_running_and_names_its_follow_ups,
+    settled_for_resending_runs_again_under_the_same_key_with_a_fresh_budget,
+    a_retry_after_an_abandoned_attempt_is_parked_not_run,
+);
+
+/// Runs each job as its payload's `"do"` says, in order of its attempts: `"unknown,sent"` is an
+/// unknown outcome on the first run, sent on the second. Notes every run's delivery key; a sent
+/// job whose payload says `"follow_up": true` has the follow-up `event:<key>`.
+#[derive(Clone, Default)]
+struct Scripted {
+    runs: Arc<Mutex<Vec<(String, Uuid)>>>,
+}
+
+impl Scripted {
+    fn runs_of(&self, key: &str) -> Vec<Uuid> {
+        let runs = self.runs.lock().unwrap();
+        runs.iter()
+            .filter(|(k, _)| k == key)
+            .map(|(_, d)| *d)
+            .collect()
+    }
+}
+
+impl Handler for Scripted {
+    fn run<'a>(&'a self, job: &'a Job) -> Pin<Box<dyn Future<Output = Delivery> + Send + 'a>> {
+        let runs = {
+            let mut runs = self.runs.lock().unwrap();
+            runs.push((job.operation_key.clone(), job.delivery_key));
+            runs.iter().filter(|(k, _)| *k == job.operation_key).count()
+        };
+        let script = job.payload["do"].as_str().unwrap_or("sent").to_owned();
+        let step = script.split(',').nth(runs - 1).unwrap_or("sent").to_owned();
+        Box::pin(async move {
+            match step.as_str() {
+                "unknown" => Delivery::Unknown("the answer to DATA was lost".into()),
+                _ => Delivery::Sent {
+                    provider_message_id: Some(format!("msg-{runs}")),
+                },
+            }
+        })
+    }
+
+    fn then<'a>(&'a self, job: &'a Job, end: &'a Ended) -> ThenFuture<'a> {
+        let follow_ups = match end {
+            Ended::Sent { .. } if job.payload["follow_up"] == true => vec![NewJob::new(
+                format!("event:{}", job.operation_key),
+                "event",
+                json!({}),
+            )],
+            _ => Vec::new(),
+        };
+        Box::pin(async move { Ok(follow_ups) })
+    }
+}
+
+fn options(on_unknown: OnUnknown) -> KindOptions {
+    KindOptions {
+        on_unknown,
+        ..KindOptions::default()
+    }
+}
+
+/// A worker of kind `r` (reconciles) and kind `s` (resends), both run by `handler`.
+fn worker<S: Backend>(store: &S, handler: &Scripted) -> Worker<S> {
+    Worker::new(store.clone(), WorkerConfig::default())
+        .handle_with("r", handler.clone(), options(OnUnknown::Reconcile))
+        .handle_with("s", handler.clone(), options(OnUnknown::Resend))
+}
+
+async fn enqueue<S: Backend>(store: &S, key: &str, kind: &str, script: &str) -> i64 {
+    enqueue_payload(store, key, kind, json!({ "do": script })).await
+}
+
+/// As [`enqueue`], with a follow-up (`event:<key>`) once it is sent.
+async fn enqueue_followed<S: Backend>(store: &S, key: &str, kind: &str, script: &str) -> i64 {
+    enqueue_payload(store, key, kind, json!({ "do": script, "follow_up": true })).await
+}
+
+async fn enqueue_payload<S: Backend>(
+    store: &S,
+    key: &str,
+    kind: &str,
+    payload: serde_json::Value,
+) -> i64 {
+    let job = NewJob::new(key, kind, payload);
+    store.enqueue_with_business_row(job, true).await.unwrap();
+    store.job(key).await.unwrap().unwrap().id
+}
+
+fn results(attempts: &[oncely_outbox::job::AttemptRecord]) -> Vec<&str> {
+    attempts
+        .iter()
+        .map(|a| a.result.as_deref().unwrap_or("open"))
+        .collect()
+}
+
+async fn an_unknown_outcome_parks_the_job_under_reconcile_and_is_resent_under_resend<S: Backend>(
+    store: S,
+    _db: TestDb,
+) {
+    let handler = Scripted::default();
+    let worker = worker(&store, &handler);
+    let parked = enqueue(&store, "r:1", "r", "unknown,sent").await;
+    enqueue(&store, "r:2", "r", "sent").await;
+    enqueue(&store, "s:1", "s", "unknown,sent").await;
+    assert_eq!(worker.drain().await.unwrap(), 3);
+
+    let record = store.job("r:1").await.unwrap().unwrap();
+    assert_eq!(record.status, JobStatus::Unknown, "{record:?}");
+    assert_eq!(record.attempts, 1);
+    let error = record.last_error.as_deref().unwrap_or_default();
+    assert!(
+        error.contains("the answer to DATA was lost") && error.contains("parked"),
+        "{error}"
+    );
+    assert_eq!(results(&store.attempts(parked).await.unwrap()), ["unknown"]);
+    // A parked job holds up no other of its kind; the kind that resends retries as before.
+    assert_eq!(
+        store.job("r:2").await.unwrap().unwrap().status,
+        JobStatus::Sent
+    );
+    assert_eq!(
+        store.job("s:1").await.unwrap().unwrap().status,
+        JobStatus::Pending
+    );
+    let backlog = store.backlog().await.unwrap();
+    assert_eq!((backlog.pending, backlog.parked), (1, 1), "{backlog:?}");
+
+    // Long after every retry delay: the resending kind sent its job again; the parked job was
+    // never run again, nor is it due.
+    store.clock().advance(Duration::from_secs(3 * 3600));
+    assert_eq!(worker.drain().await.unwrap(), 1);
+    assert_eq!(
+        store.job("s:1").await.unwrap().unwrap().status,
+        JobStatus::Sent
+    );
+    assert_eq!(handler.runs_of("s:1").len(), 2);
+    assert_eq!(handler.runs_of("r:1").len(), 1, "a parked job is not run");
+    assert_eq!(
+        store.job("r:1").await.unwrap().unwrap().status,
+        JobStatus::Unknown
+    );
+    assert!(
+        store
+            .claim("w", &kinds(&["r"]), 10, LEASE)
+            .await
+            .unwrap()
+            .is_empty(),
+        "a parked job is never claimed"
+    );
+    let backlog = store.backlog().await.unwrap();
+    assert_eq!((backlog.pending, backlog.parked), (0, 1), "{backlog:?}");
+    assert!(
+        (3.0 * 3600.0..3.1 * 3600.0).contains(&backlog.oldest_parked_seconds),
+        "parked three hours ago: {backlog:?}"
+    );
+    // Operators find it by its status, and the list of every status shows it.
+    let listed = store
+        .list(&JobFilter {
+            status: Some(JobStatus::Unknown),
+            ..JobFilter::default()
+        })
+        .await
+        .unwrap();
+    let keys: Vec<_> = listed.iter().map(|j| j.operation_key.as_str()).collect();
+    assert_eq!(keys, ["r:1"]);
+}
+
+async fn an_unknown_outcome_that_spends_the_last_attempt_parks_rather_than_dies<S: Backend>(
+    store: S,
+    _db: TestDb,
+) {
+    let handler = Scripted::default();
+    let one_attempt = |on_unknown| KindOptions {
+        policy: RetryPolicy {
+            max_attempts: 1,
+            ..RetryPolicy::DEFAULT
+        },
+        on_unknown,
+        ..KindOptions::default()
+    };
+    let worker = Worker::new(store.clone(), WorkerConfig::default())
+        .handle_with("r", handler.clone(), one_attempt(OnUnknown::Reconcile))
+        .handle_with("s", handler.clone(), one_attempt(OnUnknown::Resend));
+    enqueue_followed(&store, "r:1", "r", "unknown").await;
+    enqueue(&store, "s:1", "s", "unknown").await;
+    assert_eq!(worker.drain().await.unwrap(), 2);
+    assert_eq!(
+        store.job("s:1").await.unwrap().unwrap().status,
+        JobStatus::Dead,
+        "the resending kind gives up as before"
+    );
+    let record = store.job("r:1").await.unwrap().unwrap();
+    assert_eq!(
+        record.status,
+        JobStatus::Unknown,
+        "it may have been sent: neither dead nor resent: {record:?}"
+    );
+    assert!(
+        store.job("event:r:1").await.unwrap().is_none(),
+        "no follow-up for a parked job"
+    );
+}
+
+async fn settled_as_sent_is_recorded_without_running_and_names_its_follow_ups<S: Backend>(
+    store: S,
+    _db: TestDb,
+) {
+    let handler = Scripted::default();
+    let worker = worker(&store, &handler);
+    let id = enqueue_followed(&store, "r:1", "r", "unknown,sent").await;
+    worker.drain().await.unwrap();
+    assert_eq!(
+        store.job("r:1").await.unwrap().unwrap().status,
+        JobStatus::Unknown
+    );
+    assert!(store.job("event:r:1").await.unwrap().is_none());
+
+    assert!(store.settle(id, Settlement::Sent).await.unwrap());
+    assert!(
+        !store.settle(id, Settlement::Sent).await.unwrap(),
+        "settled once: no longer parked"
+    );
+    assert!(!store.settle(id, Settlement::Resend).await.unwrap());
+    assert_eq!(worker.drain().await.unwrap(), 1);
+    let record = store.job("r:1").await.unwrap().unwrap();
+    assert_eq!(record.status, JobStatus::Sent, "{record:?}");
+    assert_eq!(
+        handler.runs_of("r:1").len(),
+        1,
+        "recorded sent without sending again"
+    );
+    let attempts = store.attempts(id).await.unwrap();
+    assert_eq!(results(&attempts), ["unknown", "sent"]);
+    assert!(
+        attempts[1]
+            .error
+            .as_deref()
+            .is_some_and(|e| e.contains("settled as sent")),
+        "{attempts:?}"
+    );
+    assert!(
+        store.job("event:r:1").await.unwrap().is_some(),
+        "its follow-up comes with its final status"
+    );
+    // Settling a job that is not parked (sent now, or unknown) changes nothing.
+    assert!(!store.settle(id, Settlement::Resend).await.unwrap());
+    assert!(!store.settle(id + 1000, Settlement::Sent).await.unwrap());
+    assert_eq!(
+        store.job("r:1").await.unwrap().unwrap().status,
+        JobStatus::Sent
+    );
+}
+
+async fn settled_for_resending_runs_again_under_the_same_key_with_a_fresh_budget<S: Backend>(
+    store: S,
+    _db: TestDb,
+) {
+    let handler = Scripted::default();
+    let worker = worker(&store, &handler);
+    let id = enqueue(&store, "r:1", "r", "unknown,sent").await;
+    worker.drain().await.unwrap();
+    store.clock().advance(Duration::from_secs(60));
+    assert!(store.settle(id, Settlement::Resend).await.unwrap());
+    let record = store.job("r:1").await.unwrap().unwrap();
+    assert_eq!(record.status, JobStatus::Pending);
+    assert_eq!(record.attempts, 0, "a fresh attempt budget");
+    assert!(record.redriven_at.is_some(), "a fresh horizon");
+    assert_eq!(worker.drain().await.unwrap(), 1);
+    let record = store.job("r:1").await.unwrap().unwrap();
+    assert_eq!(record.status, JobStatus::Sent, "{record:?}");
+    let keys = handler.runs_of("r:1");
+    assert_eq!(keys.len(), 2);
+    assert_eq!(keys[0], keys[1], "the same delivery key");
+    assert_eq!(
+        results(&store.attempts(id).await.unwrap()),
+        ["unknown", "sent"]
+    );
+}
+
+async fn a_retry_after_an_abandoned_attempt_is_parked_not_run<S: Backend>(store: S, _db: TestDb) {
+    let handler = Scripted::default();
+    let worker = worker(&store, &handler);
+    let reconciled = enqueue(&store, "r:1", "r", "sent").await;
+    let resent = enqueue(&store, "s:1", "s", "sent").await;
+    // A worker claims both and dies mid-send: its attempts never end.
+    let claimed = store
+        .claim("dying", &kinds(&["r", "s"]), 10, LEASE)
+        .await
+        .unwrap();
+    assert_eq!(claimed.len(), 2);
+    store.clock().advance(LEASE + Duration::from_secs(1));
+
+    assert_eq!(worker.drain().await.unwrap(), 2);
+    let record = store.job("r:1").await.unwrap().unwrap();
+    assert_eq!(record.status, JobStatus::Unknown, "{record:?}");
+    assert!(
+        handler.runs_of("r:1").is_empty(),
+        "the reconciling kind does not run it again"
+    );
+    let attempts = store.attempts(reconciled).await.unwrap();
+    assert_eq!(results(&attempts), ["abandoned", "parked"]);
+    assert_eq!(record.free_attempts, 1, "the parked attempt spent nothing");
+    // The resending kind runs it again (same key), as before.
+    assert_eq!(handler.runs_of("s:1").len(), 1);
+    assert_eq!(
+        results(&store.attempts(resent).await.unwrap()),
+        ["abandoned", "sent"]
+    );
+    assert_eq!(AttemptResult::Parked.as_str(), "parked");
+
+    // Settled for resending, it runs: a first attempt of its new drive has nothing abandoned
+    // before it.
+    assert!(store.settle(reconciled, Settlement::Resend).await.unwrap());
+    assert_eq!(worker.drain().await.unwrap(), 1);
+    assert_eq!(
+        store.job("r:1").await.unwrap().unwrap().status,
+        JobStatus::Sent
+    );
+    assert_eq!(handler.runs_of("r:1").len(), 1);
+}

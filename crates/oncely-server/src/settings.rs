@@ -1619,6 +1619,44 @@ mod tests {
     }
 
     #[test]
+    fn on_unknown_reaches_the_email_kinds_of_both_worker_plans_and_never_the_webhooks() {
+        let settings =
+            Settings::from_args(serve(&["--on-unknown", "reconcile"])).expect("valid settings");
+        let plan = settings.worker_plan();
+        assert_eq!(plan.options.on_unknown, OnUnknown::Reconcile);
+        assert_eq!(
+            crate::workers::webhook_options(plan.options).on_unknown,
+            OnUnknown::Resend,
+            "webhook receivers deduplicate by the event's id"
+        );
+        let default = Settings::from_args(serve(&[])).expect("valid settings");
+        assert_eq!(default.worker_plan().options.on_unknown, OnUnknown::Resend);
+        let Command::Worker(args) = Cli::try_parse_from([
+            "oncely",
+            "worker",
+            "--database-url",
+            "postgres://db/oncely",
+            "--mailer",
+            "smtp://127.0.0.1:2525",
+            "--on-unknown",
+            "reconcile",
+        ])
+        .expect("valid flags")
+        .command
+        else {
+            panic!("not the worker command");
+        };
+        let worker = WorkerSettings::from_args(args).expect("valid settings");
+        assert_eq!(worker.plan.options.on_unknown, OnUnknown::Reconcile);
+        for bad in ["Reconcile", "skip", ""] {
+            assert!(
+                Cli::try_parse_from(["oncely", "serve", "--on-unknown", bad]).is_err(),
+                "{bad:?}"
+            );
+        }
+    }
+
+    #[test]
     fn the_mailer_defaults_to_dev_in_development_and_is_required_in_production() {
         assert_eq!(
             serve(&[]).common.mailer_choice().unwrap(),

@@ -7,6 +7,7 @@
 
 use std::future::Future;
 use std::pin::Pin;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -27,6 +28,7 @@ both_stores!(
     settled_as_sent_is_recorded_without_running_and_names_its_follow_ups,
     settled_for_resending_runs_again_under_the_same_key_with_a_fresh_budget,
     a_retry_after_an_abandoned_attempt_is_parked_not_run,
+    a_sent_job_whose_follow_ups_cannot_be_named_is_parked_not_run_again,
 );
 
 /// Runs each job as its payload's `"do"` says, in order of its attempts: `"unknown,sent"` is an
@@ -35,6 +37,8 @@ both_stores!(
 #[derive(Clone, Default)]
 struct Scripted {
     runs: Arc<Mutex<Vec<(String, Uuid)>>>,
+    /// `then` fails while this holds.
+    then_fails: Arc<AtomicBool>,
 }
 
 impl Scripted {
@@ -67,6 +71,9 @@ impl Handler for Scripted {
     }
 
     fn then<'a>(&'a self, job: &'a Job, end: &'a Ended) -> ThenFuture<'a> {
+        if self.then_fails.load(Ordering::SeqCst) {
+            return Box::pin(async { Err("accounts database unreachable".into()) });
+        }
         let follow_ups = match end {
             Ended::Sent { .. } if job.payload["follow_up"] == true => vec![NewJob::new(
                 format!("event:{}", job.operation_key),
@@ -343,5 +350,46 @@ async fn a_retry_after_an_abandoned_attempt_is_parked_not_run<S: Backend>(store:
         store.job("r:1").await.unwrap().unwrap().status,
         JobStatus::Sent
     );
+    assert_eq!(handler.runs_of("r:1").len(), 1);
+}
+
+async fn a_sent_job_whose_follow_ups_cannot_be_named_is_parked_not_run_again<S: Backend>(
+    store: S,
+    _db: TestDb,
+) {
+    let handler = Scripted::default();
+    handler.then_fails.store(true, Ordering::SeqCst);
+    // A short lease: `then` is asked again until 95 % of it.
+    let config = WorkerConfig {
+        lease: Duration::from_secs(2),
+        ..WorkerConfig::default()
+    };
+    let worker = Worker::new(store.clone(), config).handle_with(
+        "r",
+        handler.clone(),
+        options(OnUnknown::Reconcile),
+    );
+    let id = enqueue_followed(&store, "r:1", "r", "sent").await;
+    assert_eq!(worker.drain().await.unwrap(), 1);
+    let record = store.job("r:1").await.unwrap().unwrap();
+    assert_eq!(
+        record.status,
+        JobStatus::Unknown,
+        "sent, but not recorded: parked rather than sent again: {record:?}"
+    );
+    assert_eq!(record.provider_message_id.as_deref(), Some("msg-1"));
+    assert!(store.job("event:r:1").await.unwrap().is_none());
+    store.clock().advance(Duration::from_secs(3600));
+    assert_eq!(worker.drain().await.unwrap(), 0, "not due: parked");
+
+    // Settled as sent once the accounts database is back: recorded, with its follow-up, and
+    // the email was sent once.
+    handler.then_fails.store(false, Ordering::SeqCst);
+    assert!(store.settle(id, Settlement::Sent).await.unwrap());
+    assert_eq!(worker.drain().await.unwrap(), 1);
+    let record = store.job("r:1").await.unwrap().unwrap();
+    assert_eq!(record.status, JobStatus::Sent);
+    assert_eq!(record.provider_message_id.as_deref(), Some("msg-1"));
+    assert!(store.job("event:r:1").await.unwrap().is_some());
     assert_eq!(handler.runs_of("r:1").len(), 1);
 }

@@ -132,10 +132,13 @@ async fn attempt<S: JobStore>(
     };
     if let Some(end) = finish.ended() {
         let retry_in = options.policy.delay(1);
+        let sent = matches!(end, Ended::Sent { .. });
         finish = with_follow_ups(&*then, &job, end, finish, then_by, retry_in).await;
-        if reconciles && finish.status == JobStatus::Pending {
-            // Its final status could not be recorded (the follow-ups failed): not run again
-            // blindly either. Settled as sent, its follow-ups are asked for then.
+        if reconciles && sent && !job.settled_as_sent && finish.status == JobStatus::Pending {
+            // Sent, but its final status could not be recorded (the follow-ups failed): not run
+            // again blindly either. Settled as sent, its follow-ups are asked for then. (A job
+            // that died or was skipped reached no one: it is run again as under `Resend`; a job
+            // settled as sent stays pending with its settlement, which the next claim carries.)
             finish = finish.parked();
         }
     }
@@ -219,7 +222,10 @@ async fn with_follow_ups(
         metrics::counter!("oncely_outbox_then_retries_total").increment(1);
         tokio::time::sleep(delay).await;
     };
-    let status = end.status().as_str();
+    let status = match &finish.error {
+        Some(reason) => format!("{} ({reason})", end.status().as_str()),
+        None => end.status().as_str().to_owned(),
+    };
     let error = format!(
         "{status}, but not recorded: its follow-up jobs could not be named ({why}); retried \
          under the same delivery key, spending no attempt"

@@ -34,6 +34,9 @@ pub trait Backend: JobStore {
     fn business_rows(&self) -> impl Future<Output = i64> + Send;
     /// The store's (manual) clock.
     fn clock(&self) -> &Clock;
+    /// Runs `sql` with `id` bound as `$1`: what no store method writes (a previous release's
+    /// leftovers).
+    fn execute_for_test(&self, sql: &'static str, id: i64) -> impl Future<Output = ()> + Send;
 }
 
 const BUSINESS: &str = "CREATE TABLE business (note TEXT NOT NULL)";
@@ -66,6 +69,7 @@ where
     for<'c> &'c Pool<D>: Executor<'c, Database = D>,
     D::Arguments: IntoArguments<D>,
     for<'q> &'q str: Encode<'q, D> + Type<D>,
+    for<'q> i64: Encode<'q, D> + Type<D>,
     for<'r> (i64,): sqlx::FromRow<'r, D::Row>,
 {
     async fn enqueue_with_business_row(
@@ -97,6 +101,14 @@ where
 
     fn clock(&self) -> &Clock {
         SqlJobStore::clock(self)
+    }
+
+    async fn execute_for_test(&self, sql: &'static str, id: i64) {
+        sqlx::query(sql)
+            .bind(id)
+            .execute(self.pool())
+            .await
+            .unwrap();
     }
 }
 
@@ -177,6 +189,9 @@ impl<S: Backend> Backend for Spy<S> {
     }
     fn clock(&self) -> &Clock {
         self.inner.clock()
+    }
+    async fn execute_for_test(&self, sql: &'static str, id: i64) {
+        self.inner.execute_for_test(sql, id).await;
     }
 }
 

@@ -29,6 +29,9 @@ both_stores!(
     settled_for_resending_runs_again_under_the_same_key_with_a_fresh_budget,
     a_retry_after_an_abandoned_attempt_is_parked_not_run,
     a_sent_job_whose_follow_ups_cannot_be_named_is_parked_not_run_again,
+    a_dead_job_whose_follow_ups_cannot_be_named_is_not_parked_and_keeps_its_reason,
+    a_settlement_survives_follow_ups_that_fail_under_either_policy,
+    a_redrive_drops_a_settlement_left_on_a_dead_job,
 );
 
 /// Runs each job as its payload's `"do"` says, in order of its attempts: `"unknown,sent"` is an
@@ -63,6 +66,7 @@ impl Handler for Scripted {
         Box::pin(async move {
             match step.as_str() {
                 "unknown" => Delivery::Unknown("the answer to DATA was lost".into()),
+                "dead" => Delivery::Permanent("550 mailbox unavailable".into()),
                 _ => Delivery::Sent {
                     provider_message_id: Some(format!("msg-{runs}")),
                 },
@@ -392,4 +396,133 @@ async fn a_sent_job_whose_follow_ups_cannot_be_named_is_parked_not_run_again<S: 
     assert_eq!(record.provider_message_id.as_deref(), Some("msg-1"));
     assert!(store.job("event:r:1").await.unwrap().is_some());
     assert_eq!(handler.runs_of("r:1").len(), 1);
+}
+
+/// A worker of kind `r` with `on_unknown` and a 2 s lease (`then` is asked again until 95 % of
+/// it).
+fn short_lease_worker<S: Backend>(
+    store: &S,
+    handler: &Scripted,
+    on_unknown: OnUnknown,
+) -> Worker<S> {
+    let config = WorkerConfig {
+        lease: Duration::from_secs(2),
+        ..WorkerConfig::default()
+    };
+    Worker::new(store.clone(), config).handle_with("r", handler.clone(), options(on_unknown))
+}
+
+/// Review of cb88ae4, finding 1: a job that died (a permanent 550) and whose follow-ups could
+/// not be named reached no one: it was parked as "the provider may have accepted it", its 550
+/// lost, and `settle --sent` then recorded a refused email as sent. It is retried as under
+/// `Resend` (only to name its follow-ups), and its reason stays.
+async fn a_dead_job_whose_follow_ups_cannot_be_named_is_not_parked_and_keeps_its_reason<
+    S: Backend,
+>(
+    store: S,
+    _db: TestDb,
+) {
+    let handler = Scripted::default();
+    handler.then_fails.store(true, Ordering::SeqCst);
+    let worker = short_lease_worker(&store, &handler, OnUnknown::Reconcile);
+    enqueue(&store, "r:1", "r", "dead,dead").await;
+    assert_eq!(worker.drain().await.unwrap(), 1);
+    let record = store.job("r:1").await.unwrap().unwrap();
+    assert_eq!(record.status, JobStatus::Pending, "{record:?}");
+    let error = record.last_error.as_deref().unwrap_or_default();
+    assert!(
+        error.contains("550 mailbox unavailable") && !error.contains("parked"),
+        "{error}"
+    );
+    handler.then_fails.store(false, Ordering::SeqCst);
+    store.clock().advance(Duration::from_secs(60));
+    assert_eq!(worker.drain().await.unwrap(), 1);
+    assert_eq!(
+        store.job("r:1").await.unwrap().unwrap().status,
+        JobStatus::Dead
+    );
+}
+
+/// Review of cb88ae4, finding 2: the claim that carried a settlement ("sent") cleared it even
+/// when it ended pending (its follow-ups failed), so a worker that resends then ran the handler:
+/// a second email after the operator said the first arrived. The settlement now stays until a
+/// final status is recorded, under either policy.
+async fn a_settlement_survives_follow_ups_that_fail_under_either_policy<S: Backend>(
+    store: S,
+    _db: TestDb,
+) {
+    for on_unknown in [OnUnknown::Resend, OnUnknown::Reconcile] {
+        let handler = Scripted::default();
+        let key = format!("r:{}", on_unknown.as_str());
+        let id = enqueue_followed(&store, &key, "r", "unknown,sent").await;
+        short_lease_worker(&store, &handler, OnUnknown::Reconcile)
+            .drain()
+            .await
+            .unwrap();
+        assert_eq!(
+            store.job(&key).await.unwrap().unwrap().status,
+            JobStatus::Unknown
+        );
+        assert!(store.settle(id, Settlement::Sent).await.unwrap());
+
+        // The worker that carries out the settlement cannot name the follow-ups this time.
+        handler.then_fails.store(true, Ordering::SeqCst);
+        let worker = short_lease_worker(&store, &handler, on_unknown);
+        assert_eq!(worker.drain().await.unwrap(), 1);
+        let record = store.job(&key).await.unwrap().unwrap();
+        assert_eq!(
+            record.status,
+            JobStatus::Pending,
+            "{on_unknown:?}: {record:?}"
+        );
+        handler.then_fails.store(false, Ordering::SeqCst);
+        store.clock().advance(Duration::from_secs(60));
+        assert_eq!(worker.drain().await.unwrap(), 1);
+        let record = store.job(&key).await.unwrap().unwrap();
+        assert_eq!(record.status, JobStatus::Sent, "{on_unknown:?}: {record:?}");
+        assert_eq!(
+            handler.runs_of(&key).len(),
+            1,
+            "{on_unknown:?}: settled as sent, never sent again"
+        );
+        assert!(store.job(&format!("event:{key}")).await.unwrap().is_some());
+    }
+}
+
+/// Review of cb88ae4, finding 4: a previous release's worker ignores a settlement (and does not
+/// clear it); if that job then dies, a re-drive must run it, not record it sent unrun.
+async fn a_redrive_drops_a_settlement_left_on_a_dead_job<S: Backend>(store: S, _db: TestDb) {
+    let handler = Scripted::default();
+    let worker = worker(&store, &handler);
+    for key in ["r:one", "r:bulk"] {
+        let id = enqueue(&store, key, "r", "unknown,sent").await;
+        worker.drain().await.unwrap();
+        assert!(store.settle(id, Settlement::Sent).await.unwrap());
+        // What a previous release's worker leaves: it ran the job (ignoring the settlement),
+        // which died, with `settled` still set.
+        let claimed = store.claim("old", &kinds(&["r"]), 1, LEASE).await.unwrap();
+        assert_eq!(claimed.len(), 1);
+        assert!(claimed[0].settled_as_sent);
+        let dead = oncely_outbox::store::Finish::dead(AttemptResult::Dead, "550".into());
+        assert!(store.finish(&claimed[0], &dead).await.unwrap());
+        // (This release's finish clears it; a previous release's did not.)
+        store
+            .execute_for_test(
+                "UPDATE oncely_outbox SET settled = 'sent' WHERE id = $1",
+                id,
+            )
+            .await;
+    }
+    assert!(store.redrive("r:one").await.unwrap());
+    let bulk = oncely_outbox::store::DeadFilter {
+        kind: Some("r".into()),
+        ..oncely_outbox::store::DeadFilter::default()
+    };
+    store.redrive_dead(&bulk, None).await.unwrap();
+    let claimed = store.claim("w", &kinds(&["r"]), 10, LEASE).await.unwrap();
+    assert_eq!(claimed.len(), 2);
+    assert!(
+        claimed.iter().all(|job| !job.settled_as_sent),
+        "a re-drive runs the job"
+    );
 }

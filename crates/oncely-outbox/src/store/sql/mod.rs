@@ -56,7 +56,9 @@ pub trait Statements {
     const CLAIM_PARTITIONED: &'static str;
 
     /// Ends a batch of attempts: each job by primary key, guarded by its lease token and
-    /// `pending` (setting `sent_at`, `dead_at` or `skipped_at` by its new status), and its open
+    /// `pending` (setting `sent_at`, `dead_at`, `skipped_at` or `parked_at` by its new status;
+    /// `unknown`: parked, due for a look after `retry_ms`; a settlement kept only while the job
+    /// stays pending, so that a retry still carries it), and its open
     /// attempt row (`oncely_outbox_attempts_job`). Binds: 1 the batch
     /// (a JSON array of `{id, lease_token, status, retry_ms, result, provider_message_id,
     /// error, free, thaw}`; `free` adds one to the job's `free_attempts`, `thaw` empties its
@@ -124,7 +126,8 @@ pub trait Statements {
          ORDER BY skipped_at DESC, id DESC LIMIT $1";
 
     /// Re-drives a dead job: pending and due now, a fresh attempt budget (`attempts` and
-    /// `free_attempts` back to 0), a fresh horizon (`redriven_at` now), the same delivery key.
+    /// `free_attempts` back to 0), a fresh horizon (`redriven_at` now), the same delivery key,
+    /// no settlement (`settled`: one that a previous release's worker left would skip the run).
     /// Binds: 1 operation key, 2 now. Returns its id if it was dead.
     const REDRIVE: &'static str;
 

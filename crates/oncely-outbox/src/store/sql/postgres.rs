@@ -152,7 +152,7 @@ impl super::Statements for Postgres {
                    dead_at = CASE WHEN d.status = 'dead' THEN COALESCE($2, now()) END,
                    skipped_at = CASE WHEN d.status = 'skipped' THEN COALESCE($2, now()) END,
                    parked_at = CASE WHEN d.status = 'unknown' THEN COALESCE($2, now()) END,
-                   settled = NULL,
+                   settled = CASE WHEN d.status = 'pending' THEN o.settled END,
                    provider_message_id = COALESCE(d.provider_message_id, o.provider_message_id)
               FROM done d
              WHERE o.id = d.id AND o.lease_token = d.lease_token AND o.status = 'pending'
@@ -224,7 +224,7 @@ impl super::Statements for Postgres {
         UPDATE oncely_outbox
            SET status = 'pending', run_after = COALESCE($2, now()), attempts = 0,
                free_attempts = 0, redriven_at = COALESCE($2, now()), dead_at = NULL,
-               lease_token = NULL, last_error = NULL
+               lease_token = NULL, last_error = NULL, settled = NULL
          WHERE operation_key = $1 AND status = 'dead'
         RETURNING id";
 
@@ -278,7 +278,7 @@ impl super::Statements for Postgres {
         UPDATE oncely_outbox
            SET status = 'pending', run_after = COALESCE($2, now()), attempts = 0,
                free_attempts = 0, redriven_at = COALESCE($2, now()), dead_at = NULL,
-               lease_token = NULL, last_error = NULL
+               lease_token = NULL, last_error = NULL, settled = NULL
          WHERE id IN (SELECT value::int8 FROM jsonb_array_elements_text($1))
            AND status = 'dead'
         RETURNING id";

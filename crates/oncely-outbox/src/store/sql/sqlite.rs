@@ -187,7 +187,7 @@ impl super::Statements for Sqlite {
                dead_at = CASE WHEN d.status = 'dead' THEN ?2 END,
                skipped_at = CASE WHEN d.status = 'skipped' THEN ?2 END,
                parked_at = CASE WHEN d.status = 'unknown' THEN ?2 END,
-               settled = NULL,
+               settled = CASE WHEN d.status = 'pending' THEN o.settled END,
                provider_message_id = COALESCE(d.provider_message_id, o.provider_message_id)
           FROM done AS d
          WHERE o.id = d.id AND o.lease_token = d.lease_token AND o.status = 'pending'
@@ -227,7 +227,8 @@ impl super::Statements for Sqlite {
     const REDRIVE: &'static str = "
         UPDATE oncely_outbox
            SET status = 'pending', run_after = ?2, attempts = 0, free_attempts = 0,
-               redriven_at = ?2, dead_at = NULL, lease_token = NULL, last_error = NULL
+               redriven_at = ?2, dead_at = NULL, lease_token = NULL, last_error = NULL,
+               settled = NULL
          WHERE operation_key = ?1 AND status = 'dead'
         RETURNING id";
 
@@ -278,7 +279,8 @@ impl super::Statements for Sqlite {
     const REDRIVE_IDS: &'static str = "
         UPDATE oncely_outbox
            SET status = 'pending', run_after = ?2, attempts = 0, free_attempts = 0,
-               redriven_at = ?2, dead_at = NULL, lease_token = NULL, last_error = NULL
+               redriven_at = ?2, dead_at = NULL, lease_token = NULL, last_error = NULL,
+               settled = NULL
          WHERE id IN (SELECT value FROM json_each(?1)) AND status = 'dead'
         RETURNING id";
 }

@@ -620,7 +620,7 @@ where
         "lost".into(),
     )
     .parked();
-    assert_eq!(store.finish(&claimed[0], &finish).await.unwrap(), true);
+    assert!(store.finish(&claimed[0], &finish).await.unwrap());
     assert_eq!(
         store.job("new").await.unwrap().unwrap().status,
         oncely_outbox::JobStatus::Unknown

@@ -52,6 +52,7 @@ pub fn router_with(inbox: Inbox, options: Options, extra: Router) -> Router {
         .route("/messages/{id}", get(one).delete(delete_one))
         .route("/messages/{id}/raw", get(page::raw))
         .route("/stats", get(stats))
+        .route("/deliveries/{key}", get(delivery))
         .route("/faults", get(faults).put(set_faults))
         .route("/reset", post(reset))
         .route("/webhooks", get(list_webhooks).delete(delete_webhooks))
@@ -304,6 +305,12 @@ async fn list(State(inbox): State<Inbox>, Query(q): Query<ListQuery>) -> Json<Ve
     Json(inbox.messages(q.to.as_deref()))
 }
 
+/// `GET /deliveries/{key}`: whether a message under this delivery key was accepted
+/// ([`Inbox::delivery`]); always 200, `accepted: false` for a key never accepted.
+async fn delivery(State(inbox): State<Inbox>, Path(key): Path<String>) -> Json<crate::Delivery> {
+    Json(inbox.delivery(&key))
+}
+
 async fn one(State(inbox): State<Inbox>, Path(id): Path<String>) -> Response {
     match inbox.message(&id) {
         Some(message) => Json(message).into_response(),
@@ -363,7 +370,7 @@ async fn delete(State(inbox): State<Inbox>, body: Bytes) -> Response {
 }
 
 /// `POST /reset` with a JSON body (`{}`): a fresh inbox for the next test ([`Inbox::clear`]):
-/// every message, counter and provider mode's key forgotten; the faults stay. Another content
+/// every message, counter, provider mode's key and accepted delivery key forgotten; the faults stay. Another content
 /// type is refused (415): a web page can post a form to a developer's loopback inbox, but not
 /// JSON without the browser asking first.
 async fn reset(State(inbox): State<Inbox>, headers: HeaderMap) -> StatusCode {

@@ -74,8 +74,8 @@ use time::OffsetDateTime;
 
 pub use clock::Clock;
 pub use faults::{Conflict, Faults, Rejection};
-pub use messages::Retention;
-use messages::{ByArrival, Messages, SeenKeys, fingerprint};
+use messages::{ByArrival, Deliveries, Messages, SeenKeys, fingerprint};
+pub use messages::{Delivery, Retention};
 pub use webhooks::{
     Headers as WebhookHeaders, Problem, SecretError, SecretsResolver, Verification, Webhook,
     WebhookStats,
@@ -247,6 +247,8 @@ struct State {
     seen: SeenKeys,
     /// Provider mode: the keys of requests being answered now.
     in_flight: HashSet<String>,
+    /// The delivery keys of every accepted message ([`Inbox::delivery`]).
+    deliveries: Deliveries,
     /// The webhooks received.
     webhooks: Webhooks,
     /// The signing keys set per endpoint name ([`Inbox::set_webhook_secrets`]).
@@ -267,6 +269,7 @@ impl State {
             stats: Stats::default(),
             seen: SeenKeys::default(),
             in_flight: HashSet::new(),
+            deliveries: Deliveries::default(),
             webhooks: Webhooks::default(),
             webhook_keys: HashMap::new(),
             webhook_resolver: None,
@@ -542,7 +545,8 @@ impl Inbox {
     }
 
     /// A full reset, for a test that wants a fresh inbox (`POST /reset`): forgets every
-    /// message, webhook, counter and provider mode's seen key. The faults, the config and the
+    /// message, webhook, counter, provider mode's seen key and accepted delivery key
+    /// ([`Inbox::delivery`]). The faults, the config and the
     /// webhook secrets stay. A real
     /// provider never forgets a key early; [`Inbox::delete_all`] is what a mailbox cleanup
     /// does.
@@ -552,6 +556,18 @@ impl Inbox {
         state.webhooks.clear();
         state.stats = Stats::default();
         state.seen.clear();
+        state.deliveries.clear();
+    }
+
+    /// Whether the inbox accepted a message under the delivery key `key` — its idempotency key,
+    /// its `Message-ID` as the inbox shows it (`key@host`), or the `key` of that — and how many
+    /// copies
+    /// (`GET /deliveries/{key}`). The question a sender asks its provider when an answer was
+    /// lost: deleting messages ([`Inbox::delete_all`]) or their retention does not change the
+    /// answer, only a full reset ([`Inbox::clear`]) does. A message accepted and then its
+    /// connection dropped ([`Faults::drop_after_accept`]) was accepted.
+    pub fn delivery(&self, key: &str) -> Delivery {
+        self.lock().deliveries.get(key)
     }
 
     /// The counters.
@@ -647,6 +663,7 @@ impl Inbox {
                 .seen
                 .insert(key, id.clone(), fingerprint, now + window);
         }
+        state.deliveries.accepted(&message);
         if state.messages.insert(message) {
             state.stats.duplicates += 1;
         }

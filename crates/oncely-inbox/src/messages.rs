@@ -307,3 +307,155 @@ impl SeenKeys {
         self.order.clear();
     }
 }
+
+/// What the inbox accepted under one delivery key, as [`Inbox::delivery`](crate::Inbox::delivery)
+/// answers it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Delivery {
+    /// The key asked about.
+    pub key: String,
+    /// Whether any message under this key was accepted.
+    pub accepted: bool,
+    /// How many copies were accepted under it (a repeat that provider mode deduplicated is no
+    /// copy of its own).
+    pub copies: u64,
+    /// The id of the first copy.
+    pub first_id: Option<String>,
+    /// When the first copy was accepted.
+    #[serde(with = "time::serde::rfc3339::option")]
+    pub first_accepted_at: Option<OffsetDateTime>,
+}
+
+/// The delivery keys of every accepted message, kept apart from the mailbox: deleting messages
+/// or their retention never turns "accepted" into "not accepted", as a provider remembers what
+/// it took. Bounded: beyond [`Deliveries::MAX_KEYS`] keys the oldest are forgotten.
+pub(crate) struct Deliveries {
+    keys: HashMap<String, (u64, String, OffsetDateTime)>,
+    /// Keys in the order they were first accepted, to forget the oldest first.
+    order: VecDeque<String>,
+    /// How many keys are remembered at most.
+    max: usize,
+}
+
+impl Default for Deliveries {
+    fn default() -> Self {
+        Self::with_max(Self::MAX_KEYS)
+    }
+}
+
+impl Deliveries {
+    /// How many keys are remembered at most, by default.
+    pub(crate) const MAX_KEYS: usize = 1_000_000;
+
+    fn with_max(max: usize) -> Self {
+        Self {
+            keys: HashMap::new(),
+            order: VecDeque::new(),
+            max,
+        }
+    }
+
+    /// Notes that `message` (its id and arrival set) was accepted: under its idempotency key
+    /// and under its `Message-ID` (whole, and the part before `@` without the brackets: the
+    /// delivery key of `<key@host>`).
+    pub(crate) fn accepted(&mut self, message: &Message) {
+        let mut keys: Vec<&str> = Vec::new();
+        if let Some(key) = message.idempotency_key.as_deref() {
+            keys.push(key);
+        }
+        if let Some(id) = message.message_id.as_deref() {
+            keys.push(id);
+            let bare = id.trim().trim_start_matches('<').trim_end_matches('>');
+            keys.push(bare.split('@').next().unwrap_or(bare));
+        }
+        keys.sort_unstable();
+        keys.dedup();
+        for key in keys.into_iter().filter(|k| !k.is_empty()) {
+            match self.keys.get_mut(key) {
+                Some((copies, _, _)) => *copies += 1,
+                None => {
+                    self.keys
+                        .insert(key.to_owned(), (1, message.id.clone(), message.received_at));
+                    self.order.push_back(key.to_owned());
+                }
+            }
+        }
+        while self.order.len() > self.max {
+            if let Some(oldest) = self.order.pop_front() {
+                self.keys.remove(&oldest);
+            }
+        }
+    }
+
+    /// What was accepted under `key`.
+    pub(crate) fn get(&self, key: &str) -> Delivery {
+        match self.keys.get(key) {
+            Some((copies, first_id, at)) => Delivery {
+                key: key.to_owned(),
+                accepted: true,
+                copies: *copies,
+                first_id: Some(first_id.clone()),
+                first_accepted_at: Some(*at),
+            },
+            None => Delivery {
+                key: key.to_owned(),
+                accepted: false,
+                copies: 0,
+                first_id: None,
+                first_accepted_at: None,
+            },
+        }
+    }
+
+    /// Forgets every key.
+    pub(crate) fn clear(&mut self) {
+        self.keys.clear();
+        self.order.clear();
+    }
+}
+
+#[cfg(test)]
+mod delivery_tests {
+    use super::*;
+
+    fn message(id: &str, key: Option<&str>, message_id: Option<&str>) -> Message {
+        Message {
+            id: id.to_owned(),
+            intake: crate::Intake::Http,
+            received_at: OffsetDateTime::UNIX_EPOCH,
+            from: "a@x.io".into(),
+            to: vec!["b@x.io".into()],
+            subject: "s".into(),
+            text: "t".into(),
+            html: None,
+            reply_to: None,
+            message_id: message_id.map(str::to_owned),
+            idempotency_key: key.map(str::to_owned),
+            raw: String::new(),
+        }
+    }
+
+    #[test]
+    fn keys_are_remembered_by_idempotency_key_and_message_id_and_the_oldest_forgotten_first() {
+        let mut deliveries = Deliveries::with_max(4);
+        deliveries.accepted(&message("1", Some("a"), Some("<b@oncely>")));
+        for key in ["a", "<b@oncely>", "b"] {
+            let found = deliveries.get(key);
+            assert!(found.accepted && found.copies == 1, "{key}: {found:?}");
+            assert_eq!(found.first_id.as_deref(), Some("1"));
+        }
+        deliveries.accepted(&message("2", Some("a"), None));
+        assert_eq!(deliveries.get("a").copies, 2);
+        assert_eq!(deliveries.get("a").first_id.as_deref(), Some("1"));
+        // Two more keys: the bound of 4 forgets the oldest ("a").
+        deliveries.accepted(&message("3", Some("c"), Some("d@x")));
+        assert!(
+            !deliveries.get("a").accepted,
+            "the oldest is forgotten first"
+        );
+        assert!(deliveries.get("d").accepted && deliveries.get("c").accepted);
+        assert!(!deliveries.get("").accepted, "no empty key");
+        deliveries.clear();
+        assert!(!deliveries.get("c").accepted);
+    }
+}

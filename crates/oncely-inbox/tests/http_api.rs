@@ -877,3 +877,117 @@ async fn the_html_part_is_framed_sandboxed_and_served_with_a_policy_that_lets_it
         403
     );
 }
+
+/// One SMTP transaction of `data` to `to`, whose answer to the message may never come (the
+/// inbox drops the connection after accepting): the reply to DATA's end, if any.
+async fn smtp_send_maybe_dropped(
+    addr: std::net::SocketAddr,
+    to: &str,
+    data: &str,
+) -> Option<String> {
+    use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader};
+    let stream = tokio::net::TcpStream::connect(addr).await.unwrap();
+    let (read, mut write) = stream.into_split();
+    let mut lines = BufReader::new(read).lines();
+    lines.next_line().await.unwrap();
+    for command in [
+        "HELO test".to_owned(),
+        "MAIL FROM:<a@example.com>".to_owned(),
+        format!("RCPT TO:<{to}>"),
+        "DATA".to_owned(),
+    ] {
+        write
+            .write_all(format!("{command}\r\n").as_bytes())
+            .await
+            .unwrap();
+        lines.next_line().await.unwrap().unwrap();
+    }
+    write
+        .write_all(format!("{data}.\r\n").as_bytes())
+        .await
+        .unwrap();
+    lines.next_line().await.ok().flatten()
+}
+
+/// Issue 21, item 1: a sender whose answer was lost asks the inbox, as it would ask a provider,
+/// whether it accepted delivery key K (`GET /deliveries/{K}`): by idempotency key (HTTP) or by
+/// `Message-ID` `<K@host>` (SMTP), accepted-then-dropped included, a rejected one not; deleting
+/// messages does not change the answer, a full reset does.
+#[tokio::test]
+async fn a_delivery_key_is_looked_up_as_a_provider_would_answer_for_it() {
+    let (inbox, running) = Inbox::start_local(Faults::default()).await.unwrap();
+    let base = format!("http://{}", running.http_addr);
+    let http = oncely_testdb::http();
+    let lookup = |key: &str| get_json::<Value>(format!("{base}/deliveries/{key}"));
+
+    let never = lookup("never-sent").await;
+    assert_eq!(
+        (&never["accepted"], &never["copies"]),
+        (&json!(false), &json!(0)),
+        "{never}"
+    );
+    // Over HTTP, by idempotency key: rejected once (not accepted), then accepted twice.
+    inbox.set_faults(Faults {
+        reject_next: 1,
+        ..Faults::default()
+    });
+    let send = || {
+        http.post(format!("{base}/emails"))
+            .header("idempotency-key", "k-http")
+            .json(&email("h@example.com"))
+    };
+    assert_eq!(status_of(send()).await, 503);
+    assert_eq!(lookup("k-http").await["accepted"], json!(false));
+    assert_eq!(status_of(send()).await, 200);
+    assert_eq!(status_of(send()).await, 200);
+    let http_key = lookup("k-http").await;
+    assert_eq!(
+        (&http_key["accepted"], &http_key["copies"]),
+        (&json!(true), &json!(2)),
+        "{http_key}"
+    );
+    let first = inbox.messages(Some("h@example.com"))[0].id.clone();
+    assert_eq!(http_key["first_id"], json!(first));
+    assert!(http_key["first_accepted_at"].is_string(), "{http_key}");
+
+    // Over SMTP, accepted and then the connection dropped before the answer: accepted, found
+    // by the Message-ID's key and by the whole Message-ID.
+    inbox.set_faults(Faults {
+        drop_after_accept: 1,
+        ..Faults::default()
+    });
+    let data = "From: a@example.com\r\nTo: s@example.com\r\nSubject: Lost answer\r\n\
+                Message-ID: <k-smtp@oncely>\r\n\r\nBody\r\n";
+    let reply = smtp_send_maybe_dropped(running.smtp_addr, "s@example.com", data).await;
+    assert!(
+        reply.as_deref().is_none_or(|r| !r.starts_with("250")),
+        "the answer was dropped: {reply:?}"
+    );
+    assert_eq!(lookup("k-smtp").await["accepted"], json!(true));
+    assert_eq!(lookup("k-smtp@oncely").await["accepted"], json!(true));
+    assert_eq!(lookup("other@oncely").await["accepted"], json!(false));
+    assert_eq!(
+        lookup("k-smt").await["accepted"],
+        json!(false),
+        "exact keys only"
+    );
+
+    // The mailbox emptied: the answer stands. A full reset forgets it.
+    let deleted = http
+        .delete(format!("{base}/messages"))
+        .send()
+        .await
+        .unwrap();
+    assert!(deleted.status().is_success());
+    assert!(inbox.messages(None).is_empty());
+    assert_eq!(lookup("k-http").await["copies"], json!(2));
+    assert_eq!(lookup("k-smtp").await["accepted"], json!(true));
+    let reset = http
+        .post(format!("{base}/reset"))
+        .json(&json!({}))
+        .send()
+        .await
+        .unwrap();
+    assert!(reset.status().is_success());
+    assert_eq!(lookup("k-http").await["accepted"], json!(false));
+}

@@ -344,8 +344,10 @@ impl Default for Deliveries {
 }
 
 impl Deliveries {
-    /// How many keys are remembered at most, by default.
-    pub(crate) const MAX_KEYS: usize = 1_000_000;
+    /// How many keys are remembered at most, by default: ten times the default mailbox (a
+    /// message leaves up to three: its idempotency key, its Message-ID and that ID's key), about
+    /// 30 MiB at most.
+    pub(crate) const MAX_KEYS: usize = 100_000;
 
     fn with_max(max: usize) -> Self {
         Self {

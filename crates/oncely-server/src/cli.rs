@@ -324,37 +324,11 @@ pub enum OutboxCommand {
     },
     /// List dead jobs — real failures — with their reasons (`list --status dead`; skipped jobs
     /// are `list --status skipped`).
-    Dead {
-        /// Only this kind.
-        #[arg(long)]
-        kind: Option<String>,
-        /// At most this many.
-        #[arg(long, default_value_t = 50)]
-        limit: u32,
-        #[command(flatten)]
-        #[allow(missing_docs)]
-        database: DatabaseArgs,
-        #[command(flatten)]
-        #[allow(missing_docs)]
-        output: OutputArgs,
-    },
+    Dead(StatusListArgs),
     /// List parked jobs (`list --status unknown`): jobs of a kind that reconciles unknown
     /// outcomes (`--on-unknown reconcile`) whose attempt may or may not have reached the
     /// provider. Nothing more is sent for them until they are settled (`outbox settle`).
-    Unknown {
-        /// Only this kind.
-        #[arg(long)]
-        kind: Option<String>,
-        /// At most this many.
-        #[arg(long, default_value_t = 50)]
-        limit: u32,
-        #[command(flatten)]
-        #[allow(missing_docs)]
-        database: DatabaseArgs,
-        #[command(flatten)]
-        #[allow(missing_docs)]
-        output: OutputArgs,
-    },
+    Unknown(StatusListArgs),
     /// Settle a parked job, once you know whether the provider accepted it (its log, its
     /// dashboard, the recipient): --sent records it sent (a worker of its kind records it
     /// without sending, with its follow-up events); --resend sends it again, under the same
@@ -462,11 +436,10 @@ impl OutboxCommand {
     pub fn database(&self) -> &DatabaseArgs {
         match self {
             Self::List { database, .. }
-            | Self::Dead { database, .. }
-            | Self::Unknown { database, .. }
             | Self::Settle { database, .. }
             | Self::Show { database, .. }
             | Self::Retry { database, .. } => database,
+            Self::Dead(args) | Self::Unknown(args) => &args.database,
         }
     }
 
@@ -474,11 +447,40 @@ impl OutboxCommand {
     pub fn output(&self) -> OutputArgs {
         match self {
             Self::List { output, .. }
-            | Self::Dead { output, .. }
-            | Self::Unknown { output, .. }
             | Self::Settle { output, .. }
             | Self::Show { output, .. }
             | Self::Retry { output, .. } => *output,
+            Self::Dead(args) | Self::Unknown(args) => args.output,
+        }
+    }
+}
+
+/// `outbox dead` and `outbox unknown`: `outbox list` of one status.
+#[derive(Debug, Args)]
+pub struct StatusListArgs {
+    /// Only this kind.
+    #[arg(long)]
+    pub kind: Option<String>,
+    /// At most this many.
+    #[arg(long, default_value_t = 50)]
+    pub limit: u32,
+    #[command(flatten)]
+    #[allow(missing_docs)]
+    pub database: DatabaseArgs,
+    #[command(flatten)]
+    #[allow(missing_docs)]
+    pub output: OutputArgs,
+}
+
+impl StatusListArgs {
+    /// The `outbox list` it stands for.
+    pub fn list(self, status: JobStatus) -> OutboxCommand {
+        OutboxCommand::List {
+            kind: self.kind,
+            status: Some(status),
+            limit: self.limit,
+            database: self.database,
+            output: self.output,
         }
     }
 }

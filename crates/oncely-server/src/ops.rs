@@ -362,30 +362,8 @@ fn redriven_since(redriven_at: Option<OffsetDateTime>, history: &[AttemptView]) 
 pub async fn outbox<B: Accounts>(command: OutboxCommand) -> anyhow::Result<String> {
     // `dead` is `list --status dead`, `unknown` is `list --status unknown`.
     let command = match command {
-        OutboxCommand::Dead {
-            kind,
-            limit,
-            database,
-            output,
-        } => OutboxCommand::List {
-            kind,
-            status: Some(JobStatus::Dead),
-            limit,
-            database,
-            output,
-        },
-        OutboxCommand::Unknown {
-            kind,
-            limit,
-            database,
-            output,
-        } => OutboxCommand::List {
-            kind,
-            status: Some(JobStatus::Unknown),
-            limit,
-            database,
-            output,
-        },
+        OutboxCommand::Dead(args) => args.list(JobStatus::Dead),
+        OutboxCommand::Unknown(args) => args.list(JobStatus::Unknown),
         other => other,
     };
     let backend: B =
@@ -398,7 +376,7 @@ async fn run_outbox_command<S: JobStore>(
     command: OutboxCommand,
 ) -> anyhow::Result<String> {
     match command {
-        OutboxCommand::Dead { .. } | OutboxCommand::Unknown { .. } => {
+        OutboxCommand::Dead(_) | OutboxCommand::Unknown(_) => {
             unreachable!("`outbox` turns it into a list")
         }
         OutboxCommand::Settle {

@@ -87,12 +87,11 @@ async fn attempt<S: JobStore>(
             ..Finish::sent(None)
         };
         (settled, None)
-    } else if let Some(parked) = match reconciles {
+    } else if reconciles
         // Before the deadline and horizon checks: an attempt that may have been delivered is
         // parked (the truth about it), not reported dead.
-        true => parked_after_abandoned(&store, &job, &options.policy).await,
-        false => None,
-    } {
+        && let Some(parked) = parked_after_abandoned(&store, &job, &options.policy).await
+    {
         (parked, None)
     } else if job.not_after.is_some_and(|deadline| deadline <= now) {
         let why = "not run: its deadline passed before delivery".to_owned();

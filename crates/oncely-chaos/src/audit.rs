@@ -49,6 +49,29 @@ pub(crate) async fn audit(
             .attempts_by_result
             .insert(row.try_get("result")?, row.try_get::<i64, _>("n")? as u64);
     }
+    // Unknown outcomes of the email jobs and how they were settled: a job settled as sent has
+    // an attempt recorded sent without a run; one settled for resending got a fresh horizon
+    // (`redriven_at`: the run re-drives nothing by hand); a parked one has a `parked` attempt
+    // (after an abandoned one) or an `unknown` attempt and was settled since.
+    let (unknown_outcomes, settled_sent, settled_resend, still_parked): (i64, i64, i64, i64) =
+        sqlx::query_as(
+            "SELECT count(*) FILTER (WHERE EXISTS (SELECT 1 FROM oncely_outbox_attempts a
+                                       WHERE a.job_id = o.id
+                                         AND a.result IN ('unknown', 'abandoned'))),
+                    count(*) FILTER (WHERE EXISTS (SELECT 1 FROM oncely_outbox_attempts a
+                                       WHERE a.job_id = o.id AND a.result = 'sent'
+                                         AND a.error LIKE 'not run: settled as sent%')),
+                    count(*) FILTER (WHERE o.redriven_at IS NOT NULL),
+                    count(*) FILTER (WHERE o.status = 'unknown')
+               FROM oncely_outbox o WHERE o.kind <> $1",
+        )
+        .bind(WEBHOOK_KIND)
+        .fetch_one(pool)
+        .await?;
+    report.unknown_outcomes = unknown_outcomes as u64;
+    report.settled_sent = settled_sent as u64;
+    report.settled_resend = settled_resend as u64;
+    report.parked = (settled_sent + settled_resend + still_parked) as u64;
     let email_dead = sqlx::query_scalar::<_, i64>(
         "SELECT count(*) FROM oncely_outbox WHERE status = 'dead' AND kind <> $1",
     )

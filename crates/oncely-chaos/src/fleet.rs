@@ -78,8 +78,14 @@ impl Fleet {
 }
 
 /// Migrates the database, then starts three APIs (no workers of their own) and two worker
-/// processes delivering through `mailer`, logging into `logs`.
-pub(crate) async fn start(config: &Config, mailer: &str, logs: &Path) -> anyhow::Result<Fleet> {
+/// processes delivering through `mailer` (with the flags `unknown` about unknown outcomes),
+/// logging into `logs`.
+pub(crate) async fn start(
+    config: &Config,
+    mailer: &str,
+    unknown: &[String],
+    logs: &Path,
+) -> anyhow::Result<Fleet> {
     let status = Command::new(&config.oncely)
         .args(["migrate", "--database-url", &config.database_url])
         .env("ONCELY_SECRET", SECRET)
@@ -112,6 +118,8 @@ pub(crate) async fn start(config: &Config, mailer: &str, logs: &Path) -> anyhow:
             .iter()
             .map(|s| s.to_string()),
         );
+        // What an unknown outcome leads to (`--on-unknown`, `--mailer-lookup`).
+        args.extend(unknown.iter().cloned());
         args
     };
     let mut procs = Vec::new();

@@ -45,8 +45,10 @@ pub enum Delivery {
     /// The inbox's Resend-compatible API, deduplicating by the idempotency key (like real
     /// providers): expected 0 duplicates.
     Provider,
-    /// Plain SMTP, which cannot deduplicate: a send whose answer was lost is sent again, and the
-    /// duplicates are counted.
+    /// Plain SMTP, which cannot deduplicate. The workers reconcile (the service's default over
+    /// SMTP): a send whose answer was lost is parked and settled by asking the inbox's delivery
+    /// lookup (`--mailer-lookup`), never resent blindly — expected 0 duplicates. With
+    /// [`Config::resend_unknown`], they resend it instead, and the duplicates are counted.
     Smtp,
 }
 
@@ -71,6 +73,9 @@ pub struct Config {
     pub fault_rate: f64,
     /// How the workers deliver.
     pub delivery: Delivery,
+    /// Over SMTP, resend an email whose outcome is unknown (`--on-unknown resend`, the
+    /// behaviour before reconciling) instead of reconciling it: what the duplicates cost.
+    pub resend_unknown: bool,
     /// The provider throttles every this-many-th delivery attempt (HTTP 429 / SMTP 450, with
     /// `Retry-After: retry_after_s`), from the start to the end of the drain; 0: never.
     pub throttle_every: u32,
@@ -103,6 +108,7 @@ impl Config {
             restart_postgres: None,
             fault_rate: 0.1,
             delivery: Delivery::Provider,
+            resend_unknown: false,
             throttle_every: 10,
             retry_after_s: 1,
             credentials_outage: Some(Duration::from_secs(2)),
@@ -120,6 +126,9 @@ impl Config {
 pub struct Report {
     /// How the workers delivered.
     pub delivery: Option<Delivery>,
+    /// Whether the workers resent emails whose outcome was unknown (plain SMTP, the old way):
+    /// then duplicates are counted, not failed.
+    pub resends_unknown: bool,
     /// Intents sent.
     pub intents: u64,
     /// Intents that got a 2xx.
@@ -146,6 +155,15 @@ pub struct Report {
     pub duplicates_per_million: f64,
     /// Outbox rows by status.
     pub jobs: BTreeMap<String, u64>,
+    /// Email jobs with an attempt whose outcome was unknown (`unknown`: the answer was lost;
+    /// `abandoned`: the worker died mid-attempt).
+    pub unknown_outcomes: u64,
+    /// Email jobs that were parked instead of resent (their kind reconciles).
+    pub parked: u64,
+    /// Parked jobs settled as sent (the provider had accepted them): recorded, not resent.
+    pub settled_sent: u64,
+    /// Parked jobs settled for resending (the provider had not accepted them).
+    pub settled_resend: u64,
     /// Attempts by result (`sent`, `retry`, `unknown`, `throttled`, `paused`, …).
     pub attempts_by_result: BTreeMap<String, u64>,
     /// How long the provider refused our credentials (milliseconds; 0: not at all).
@@ -217,11 +235,13 @@ impl Report {
             && self.unanswered == 0
             && self.rejected == 0
             && self.jobs.get("pending").copied().unwrap_or(0) == 0
+            // Nothing left parked: the reconciler settled every unknown outcome.
+            && self.jobs.get("unknown").copied().unwrap_or(0) == 0
             && self.addresses_in_logs == 0
             && self.tokens_in_logs == 0
             && self.tokens_in_database == 0
             && self.addresses_in_key_table == 0
-            && (self.delivery != Some(Delivery::Provider) || self.duplicates == 0)
+            && (self.resends_unknown || self.duplicates == 0)
             // One key, one payload: the provider never saw another payload under a key.
             && self.inbox.get("mismatched").copied().unwrap_or(0) == 0
             // Webhooks: every created account's one event arrived signed; duplicates by id are
@@ -269,7 +289,17 @@ pub async fn run(config: &Config) -> anyhow::Result<Report> {
         Delivery::Provider => format!("http://{}/emails", running.http_addr),
         Delivery::Smtp => format!("smtp://{}", running.smtp_addr),
     };
-    let fleet = fleet::start(config, &mailer, &logs).await?;
+    let resends_unknown = config.delivery == Delivery::Smtp && config.resend_unknown;
+    let unknown = match config.delivery {
+        Delivery::Smtp if resends_unknown => vec!["--on-unknown".to_owned(), "resend".to_owned()],
+        // Reconciling, the SMTP default: asking the inbox what it accepted.
+        Delivery::Smtp => vec![
+            "--mailer-lookup".to_owned(),
+            format!("http://{}/deliveries/{{key}}", running.http_addr),
+        ],
+        Delivery::Provider => Vec::new(),
+    };
+    let fleet = fleet::start(config, &mailer, &unknown, &logs).await?;
     let webhook_url = format!("http://{}/webhooks/{WEBHOOK_NAME}", running.http_addr);
     let secret = fleet::add_webhook(config, &webhook_url).await?;
     inbox.set_webhook_secrets(WEBHOOK_NAME, [secret.as_str()])?;
@@ -295,6 +325,7 @@ pub async fn run(config: &Config) -> anyhow::Result<Report> {
 
     let mut report = Report {
         delivery: Some(config.delivery),
+        resends_unknown,
         credentials_outage_ms: config
             .credentials_outage
             .map_or(0, |outage| outage.as_millis() as u64),

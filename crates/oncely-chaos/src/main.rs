@@ -45,6 +45,10 @@ struct Args {
     /// How the workers deliver.
     #[arg(long, value_enum, default_value = "provider")]
     delivery: Mode,
+    /// Over SMTP, resend an email whose outcome is unknown instead of reconciling it with the
+    /// inbox's delivery lookup (the behaviour before reconciling: duplicates are counted).
+    #[arg(long)]
+    resend_unknown: bool,
     /// The provider throttles every this-many-th delivery attempt (429 / SMTP 450); 0: never.
     #[arg(long, default_value_t = 10)]
     throttle_every: u32,
@@ -87,6 +91,7 @@ async fn main() -> anyhow::Result<()> {
             Mode::Provider => Delivery::Provider,
             Mode::Smtp => Delivery::Smtp,
         },
+        resend_unknown: args.resend_unknown,
         throttle_every: args.throttle_every,
         retry_after_s: args.retry_after,
         credentials_outage: (args.credentials_outage_ms > 0)

@@ -72,7 +72,10 @@ pub(crate) async fn run(
 pub(crate) async fn drain(pool: &PgPool, deadline: Instant) {
     loop {
         let pending: Result<i64, _> =
-            sqlx::query_scalar("SELECT count(*) FROM oncely_outbox WHERE status = 'pending'")
+            // Parked jobs too: the reconciler settles them, then they are sent.
+            sqlx::query_scalar(
+                "SELECT count(*) FROM oncely_outbox WHERE status IN ('pending', 'unknown')",
+            )
                 .fetch_one(pool)
                 .await;
         if pending.is_ok_and(|n| n == 0) || Instant::now() >= deadline {

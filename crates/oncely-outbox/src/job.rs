@@ -200,6 +200,32 @@ pub enum Delivery {
     Skipped(String),
 }
 
+/// What a reconciler learned of a parked job ([`JobStatus::Unknown`]) from its provider
+/// ([`Handler::reconcile`](crate::Handler::reconcile)): did the provider accept a message
+/// under the job's delivery key?
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Reconciled {
+    /// It did: the job is settled as sent ([`Settlement::Sent`](crate::Settlement)), nothing is
+    /// sent again.
+    Accepted {
+        /// The provider's id of the delivery, if it gave one.
+        provider_message_id: Option<String>,
+    },
+    /// It did not: once the job has been parked for a lease (a message the provider was still
+    /// taking when the attempt gave up has been taken or refused by then), the job is settled
+    /// for resending ([`Settlement::Resend`](crate::Settlement)); before that it is asked again
+    /// then.
+    NotAccepted,
+    /// It cannot say now (the lookup failed, timed out, answered something else): asked again
+    /// later, less and less often.
+    Unknown(String),
+}
+
+/// What [`Handler::reconcile`](crate::Handler::reconcile) and
+/// [`Mailer::look_up`](crate::mail::Mailer::look_up) return, boxed.
+pub type ReconcileFuture<'a> =
+    std::pin::Pin<Box<dyn std::future::Future<Output = Reconciled> + Send + 'a>>;
+
 /// Where a job stands.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
 #[serde(rename_all = "lowercase")]

@@ -55,8 +55,8 @@ pub mod worker;
 
 pub use job::{
     AttemptResult, Delivery, DeliveryFuture, Ended, Enqueued, FreezeFuture, Job, JobRecord,
-    JobStatus, NewJob, ThenError, ThenFuture,
+    JobStatus, NewJob, ReconcileFuture, Reconciled, ThenError, ThenFuture,
 };
 pub use policy::{OnUnknown, RetryPolicy};
-pub use store::{JobStore, OutboxError, Settlement};
-pub use worker::{Handler, KindOptions, Worker, WorkerConfig};
+pub use store::{JobStore, OutboxError, ParkedJob, Settlement};
+pub use worker::{Handler, KindOptions, Reconciliation, Worker, WorkerConfig};

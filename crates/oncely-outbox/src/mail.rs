@@ -13,7 +13,7 @@ use secrecy::SecretString;
 use serde::{Deserialize, Serialize};
 use serde_json::json;
 
-use crate::job::{Delivery, DeliveryFuture};
+use crate::job::{Delivery, DeliveryFuture, ReconcileFuture, Reconciled};
 
 /// An email to send.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
@@ -39,6 +39,119 @@ pub struct Email {
 pub trait Mailer: Send + Sync + 'static {
     /// Sends once and reports what happened.
     fn send<'a>(&'a self, email: &'a Email, delivery_key: &'a str) -> DeliveryFuture<'a>;
+
+    /// Whether [`Mailer::look_up`] can ask the provider about a delivery key ([`LookedUp`]).
+    /// The default: it cannot (neither plain SMTP nor Resend's API can be asked by key).
+    fn looks_up(&self) -> bool {
+        false
+    }
+
+    /// Whether the provider accepted a message under `delivery_key`: what a reconciler asks
+    /// about a job whose attempt may or may not have reached it ([`crate::Handler::reconcile`]).
+    fn look_up<'a>(&'a self, delivery_key: &'a str) -> ReconcileFuture<'a> {
+        let _ = delivery_key;
+        Box::pin(std::future::ready(Reconciled::Unknown(
+            "this mailer cannot look up a delivery".to_owned(),
+        )))
+    }
+}
+
+/// A mailer that can also be asked, by delivery key, whether its provider accepted a message
+/// ([`Mailer::look_up`]): a `GET` of a URL made from a template by putting the key where it says
+/// `{key}` (`http://127.0.0.1:8025/deliveries/{key}`: the test inbox's lookup, which the
+/// `oncely` service's `ONCELY_MAILER_LOOKUP` names). The answer must be `200` with a JSON object
+/// whose `accepted` is `true` or `false` (and, optionally, `first_id`: the provider's id of the
+/// message); anything else — another status, another body, no answer within the timeout — is
+/// [`Reconciled::Unknown`]. A provider whose API answers otherwise needs a lookup of its own
+/// (implement [`Mailer::look_up`]).
+pub struct LookedUp {
+    mailer: Arc<dyn Mailer>,
+    template: String,
+    client: reqwest::Client,
+}
+
+impl LookedUp {
+    /// `mailer`, asked about delivery keys at `template` (`http://` or `https://`, with
+    /// `{key}`), each question bounded by `timeout`.
+    pub fn new(
+        mailer: Arc<dyn Mailer>,
+        template: &str,
+        timeout: Duration,
+    ) -> Result<Self, MailerError> {
+        Self::check(template)?;
+        install_crypto_provider();
+        let client = reqwest::Client::builder()
+            .timeout(timeout)
+            .redirect(reqwest::redirect::Policy::none())
+            .build()?;
+        Ok(Self {
+            mailer,
+            template: template.to_owned(),
+            client,
+        })
+    }
+
+    /// Whether `template` can be used: `http://` or `https://`, with `{key}`, a URL once the
+    /// key is in.
+    pub fn check(template: &str) -> Result<(), MailerError> {
+        let bad = |why: &str| MailerError::Lookup(template.to_owned(), why.to_owned());
+        if !(template.starts_with("http://") || template.starts_with("https://")) {
+            return Err(bad("it must start with http:// or https://"));
+        }
+        if !template.contains("{key}") {
+            return Err(bad("it must say {key} where the delivery key goes"));
+        }
+        let example = template.replace("{key}", "00000000-0000-0000-0000-000000000000");
+        reqwest::Url::parse(&example).map_err(|e| bad(&e.to_string()))?;
+        Ok(())
+    }
+
+    async fn ask(&self, key: &str) -> Reconciled {
+        #[derive(Deserialize)]
+        struct Answer {
+            accepted: bool,
+            #[serde(default)]
+            first_id: Option<String>,
+        }
+        // A delivery key is a UUID: nothing in it needs escaping in a path or a query.
+        let url = self.template.replace("{key}", key);
+        let response = match self.client.get(&url).send().await {
+            Ok(response) => response,
+            Err(error) => return Reconciled::Unknown(format!("delivery lookup: {error}")),
+        };
+        let status = response.status();
+        if status != reqwest::StatusCode::OK {
+            return Reconciled::Unknown(format!("delivery lookup answered {status}"));
+        }
+        match response.json::<Answer>().await {
+            Ok(Answer {
+                accepted: true,
+                first_id,
+            }) => Reconciled::Accepted {
+                provider_message_id: first_id,
+            },
+            Ok(Answer {
+                accepted: false, ..
+            }) => Reconciled::NotAccepted,
+            Err(error) => {
+                Reconciled::Unknown(format!("delivery lookup answered no verdict: {error}"))
+            }
+        }
+    }
+}
+
+impl Mailer for LookedUp {
+    fn send<'a>(&'a self, email: &'a Email, delivery_key: &'a str) -> DeliveryFuture<'a> {
+        self.mailer.send(email, delivery_key)
+    }
+
+    fn looks_up(&self) -> bool {
+        true
+    }
+
+    fn look_up<'a>(&'a self, delivery_key: &'a str) -> ReconcileFuture<'a> {
+        Box::pin(self.ask(delivery_key))
+    }
 }
 
 /// A mailer URL that cannot be used.
@@ -56,6 +169,9 @@ pub enum MailerError {
     /// The idempotency header's name cannot be used.
     #[error("invalid idempotency header name {0:?}: {1}")]
     IdempotencyHeader(String, &'static str),
+    /// The delivery lookup's URL template cannot be used ([`LookedUp`]).
+    #[error("invalid delivery lookup URL {0:?}: {1}")]
+    Lookup(String, String),
 }
 
 /// The header that carries a job's delivery key to the provider. Which one a provider reads
@@ -485,6 +601,14 @@ impl crate::Handler for EmailHandler {
                 .send(&email, &job.delivery_key.to_string())
                 .await
         })
+    }
+
+    fn reconciles(&self) -> bool {
+        self.mailer.looks_up()
+    }
+
+    fn reconcile<'a>(&'a self, job: &'a crate::Job) -> ReconcileFuture<'a> {
+        Box::pin(async move { self.mailer.look_up(&job.delivery_key.to_string()).await })
     }
 }
 

@@ -11,6 +11,7 @@ use axum::extract::State;
 use axum::http::StatusCode;
 use axum::routing::get;
 use oncely_inbox::{Inbox, Running};
+use oncely_outbox::OnUnknown;
 use oncely_outbox::mail::{self, IdempotencyHeader, Mailer};
 use tokio::net::TcpListener;
 use tokio_util::sync::CancellationToken;
@@ -86,6 +87,10 @@ pub async fn mailer(
                         url.split("://").next().unwrap_or_default()
                     )
                 })?;
+            let mailer = match &settings.lookup {
+                Some(template) => looked_up(mailer, template).context("ONCELY_MAILER_LOOKUP")?,
+                None => mailer,
+            };
             Ok((mailer, None))
         }
         MailerChoice::Dev => {
@@ -104,9 +109,32 @@ pub async fn mailer(
                 .context("starting the dev inbox")?;
             let url = format!("smtp://{}", running.smtp_addr);
             let mailer = mail::from_url(&url, None, SEND_TIMEOUT, Some(header))?;
+            // The dev inbox answers for what it accepted: a parked email is settled by asking it.
+            let own = format!("http://{}/deliveries/{{key}}", running.http_addr);
+            let template = settings.lookup.as_deref().unwrap_or(&own);
+            let mailer = looked_up(mailer, template).context("ONCELY_MAILER_LOOKUP")?;
             Ok((mailer, Some((inbox, running))))
         }
     }
+}
+
+/// Says at start-up that parked emails wait for an operator when they reconcile
+/// ([`OnUnknown::Reconcile`]) and nothing can ask the provider about them.
+pub fn warn_unless_reconciled(on_unknown: OnUnknown, mailer: &dyn Mailer) {
+    if on_unknown == OnUnknown::Reconcile && !mailer.looks_up() {
+        tracing::warn!(
+            "an email whose outcome is unknown is parked until an operator settles it (`oncely outbox unknown`, `oncely outbox settle`): nothing can ask the mailer's provider whether it accepted it; set ONCELY_MAILER_LOOKUP where it can answer, or ONCELY_ON_UNKNOWN=resend to send it again"
+        );
+    }
+}
+
+/// `mailer`, asked about delivery keys at `template` ([`mail::LookedUp`]).
+fn looked_up(mailer: Arc<dyn Mailer>, template: &str) -> anyhow::Result<Arc<dyn Mailer>> {
+    Ok(Arc::new(mail::LookedUp::new(
+        mailer,
+        template,
+        SEND_TIMEOUT,
+    )?))
 }
 
 impl<B: Accounts> Application<B> {
@@ -173,6 +201,10 @@ impl<B: Accounts> Application<B> {
             }
         };
         let (mailer, dev_inbox) = mailer(&settings.mailer).await?;
+        if settings.workers > 0 {
+            let on_unknown = settings.mailer.on_unknown(settings.on_unknown);
+            warn_unless_reconciled(on_unknown, &*mailer);
+        }
         let dev_inbox_status = match (not_served, &dev_inbox) {
             (Some(status), _) => status,
             (None, Some((_, running))) => DevInbox::Served {

@@ -924,11 +924,21 @@ pub struct CommonArgs {
     /// What an email whose outcome is unknown (the answer to a handed-over message was lost, a
     /// worker died mid-send) leads to: `resend` sends it again under the same delivery key —
     /// one email where the provider deduplicates by that key, maybe two over a plain SMTP relay
-    /// — or `reconcile` parks it until it is settled (`oncely outbox unknown`, `oncely outbox
-    /// settle`), so that nothing is sent twice. Webhook deliveries always resend: their
-    /// receivers deduplicate by the event's id.
-    #[arg(long, env = "ONCELY_ON_UNKNOWN", default_value = "resend", value_parser = on_unknown())]
-    pub on_unknown: OnUnknown,
+    /// — or `reconcile` parks it until it is settled, by the delivery lookup
+    /// (ONCELY_MAILER_LOOKUP) or an operator (`oncely outbox unknown`, `oncely outbox settle`),
+    /// so that nothing is sent twice. Default: `reconcile` over SMTP and the dev inbox,
+    /// `resend` over an HTTP API (which deduplicates by the key). Webhook deliveries always
+    /// resend: their receivers deduplicate by the event's id.
+    #[arg(long, env = "ONCELY_ON_UNKNOWN", value_parser = on_unknown())]
+    pub on_unknown: Option<OnUnknown>,
+
+    /// Where to ask whether the mailer's provider accepted an email, by its delivery key: a URL
+    /// with `{key}` where the key goes, answering JSON with `accepted` (true or false) — the
+    /// test inbox's `http://host:port/deliveries/{key}`. A parked email (see --on-unknown) is
+    /// then settled automatically: sent if accepted, else sent again. The dev inbox is asked
+    /// without it.
+    #[arg(long, env = "ONCELY_MAILER_LOOKUP")]
+    pub mailer_lookup: Option<String>,
 
     /// Workers only poll for jobs (for PostgreSQL behind a transaction-mode pooler, where
     /// LISTEN does not work).
@@ -1034,6 +1044,7 @@ impl std::fmt::Debug for CommonArgs {
             .field("retry_base", &self.retry_base)
             .field("pause_probe", &self.pause_probe)
             .field("on_unknown", &self.on_unknown)
+            .field("mailer_lookup", &self.mailer_lookup)
             .field("poll_only", &self.poll_only)
             .field("webhooks", &self.webhooks)
             .field("emails", &self.emails)

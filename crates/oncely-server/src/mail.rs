@@ -25,7 +25,9 @@ use std::sync::Arc;
 
 use oncely::ServerSecret;
 use oncely_outbox::mail::{Email, Mailer};
-use oncely_outbox::{Delivery, Ended, FreezeFuture, Handler, Job, NewJob, ThenError, ThenFuture};
+use oncely_outbox::{
+    Delivery, Ended, FreezeFuture, Handler, Job, NewJob, ReconcileFuture, ThenError, ThenFuture,
+};
 use serde::{Deserialize, Serialize};
 use serde_json::{Map, Value, json};
 use sha2::{Digest, Sha256};
@@ -76,6 +78,18 @@ pub struct MailContext {
 }
 
 impl MailContext {
+    /// Whether the mailer can be asked whether it accepted a delivery key (a delivery lookup:
+    /// `ONCELY_MAILER_LOOKUP`, or the dev inbox's own).
+    fn reconciles(&self) -> bool {
+        self.mailer.looks_up()
+    }
+
+    /// Asks the mailer whether it accepted `job`'s delivery key (an email handed to webhooks
+    /// instead was never mailed: not accepted, so it is handed over again, as its retry would).
+    fn reconcile<'a>(&'a self, job: &'a Job) -> ReconcileFuture<'a> {
+        Box::pin(async move { self.mailer.look_up(&job.delivery_key.to_string()).await })
+    }
+
     /// The sender of `tenant`'s emails now: its branding (read from the database) over the
     /// service's.
     async fn sender<A: Accounts>(&self, accounts: &A, tenant: &str) -> Result<Sender, Delivery> {
@@ -454,6 +468,14 @@ impl<A: Accounts> Handler for TokenEmail<A> {
     fn then<'a>(&'a self, job: &'a Job, end: &'a Ended) -> ThenFuture<'a> {
         Box::pin(self.then(job, end))
     }
+
+    fn reconciles(&self) -> bool {
+        self.context.reconciles()
+    }
+
+    fn reconcile<'a>(&'a self, job: &'a Job) -> ReconcileFuture<'a> {
+        self.context.reconcile(job)
+    }
 }
 
 /// Which notice: an email without a link, telling an account what someone tried.
@@ -623,6 +645,14 @@ impl<A: Accounts> Handler for NoticeEmail<A> {
 
     fn then<'a>(&'a self, job: &'a Job, end: &'a Ended) -> ThenFuture<'a> {
         Box::pin(self.then(job, end))
+    }
+
+    fn reconciles(&self) -> bool {
+        self.context.reconciles()
+    }
+
+    fn reconcile<'a>(&'a self, job: &'a Job) -> ReconcileFuture<'a> {
+        self.context.reconcile(job)
     }
 }
 

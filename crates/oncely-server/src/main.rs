@@ -218,6 +218,7 @@ async fn run_workers<B: Accounts>(settings: WorkerSettings) -> anyhow::Result<()
     };
     startup::check_secret(&backend, &secret).await?;
     let (mailer, _) = app::mailer(&settings.mailer).await?;
+    app::warn_unless_reconciled(settings.plan.options.on_unknown, &*mailer);
     let context = Arc::new(MailContext {
         secret,
         public_url: settings.public_url,

@@ -154,8 +154,9 @@ pub struct Settings {
     /// How often a worker probes an email kind it paused because the provider refused our
     /// credentials.
     pub pause_probe: Duration,
-    /// What an email's unknown outcome leads to: a resend, or a parked job.
-    pub on_unknown: OnUnknown,
+    /// What an email's unknown outcome leads to: a resend, or a parked job; `None`: by the
+    /// mailer's transport ([`MailerSettings::on_unknown`]).
+    pub on_unknown: Option<OnUnknown>,
     /// Outbox workers in the process (0: API only).
     pub workers: usize,
     /// How often an idle worker looks for due jobs when nothing woke it (the outbox wakes its
@@ -202,13 +203,14 @@ impl Settings {
                 choice: MailerChoice::Dev,
                 api_key: None,
                 idempotency_header: None,
+                lookup: None,
             },
             lease: default_duration(defaults::LEASE),
             key_retention: default_duration(defaults::KEY_RETENTION),
             replay_cache_bytes: defaults::REPLAY_CACHE_BYTES,
             retry_base: default_duration(defaults::RETRY_BASE),
             pause_probe: default_duration(defaults::PAUSE_PROBE),
-            on_unknown: OnUnknown::default(),
+            on_unknown: None,
             workers: defaults::WORKERS,
             poll_interval: oncely_outbox::WorkerConfig::default().poll_interval,
             poll_only: false,
@@ -306,7 +308,7 @@ impl Settings {
             Vec::new(),
         );
         plan.config.poll_interval = self.poll_interval;
-        plan.options.on_unknown = self.on_unknown;
+        plan.options.on_unknown = self.mailer.on_unknown(self.on_unknown);
         plan.webhooks = self.webhooks;
         plan
     }
@@ -370,6 +372,7 @@ impl WorkerSettings {
         }
         let (secret, generated_secret) = common.server_secret()?;
         let public_url = common.public_url(None)?;
+        let on_unknown = mailer.on_unknown(common.on_unknown);
         Ok(Self {
             database,
             secret,
@@ -386,7 +389,7 @@ impl WorkerSettings {
                     (common.retry_base, common.pause_probe),
                     args.kinds,
                 );
-                plan.options.on_unknown = common.on_unknown;
+                plan.options.on_unknown = on_unknown;
                 plan.webhooks = common.webhook_settings();
                 plan
             },
@@ -460,14 +463,37 @@ pub struct MailerSettings {
     /// The header that carries the delivery key (`ONCELY_MAILER_IDEMPOTENCY_HEADER`); `None`:
     /// the transport's default (HTTP `Idempotency-Key`, SMTP `Resend-Idempotency-Key`).
     pub idempotency_header: Option<IdempotencyHeader>,
+    /// Where to ask whether the provider accepted a delivery key (`ONCELY_MAILER_LOOKUP`: a
+    /// URL with `{key}`); the dev inbox is asked without it.
+    pub lookup: Option<String>,
 }
 
 impl MailerSettings {
     fn from_args(common: &CommonArgs) -> anyhow::Result<Self> {
+        let choice = common.mailer_choice()?;
+        if let Some(template) = &common.mailer_lookup {
+            // The check the mailer makes when it is built, made now: a bad value stops start-up
+            // with its variable's name.
+            oncely_outbox::mail::LookedUp::check(template)
+                .map_err(|error| anyhow::anyhow!("ONCELY_MAILER_LOOKUP: {error}"))?;
+        }
         Ok(Self {
-            choice: common.mailer_choice()?,
+            choice,
             api_key: common.mailer_api_key.clone(),
             idempotency_header: common.mailer_idempotency_header.clone(),
+            lookup: common.mailer_lookup.clone(),
+        })
+    }
+
+    /// What an email's unknown outcome leads to: `ONCELY_ON_UNKNOWN` if set, else by transport —
+    /// `reconcile` over SMTP (no deduplication by key: a resend may be a second copy) and the
+    /// dev inbox, `resend` over an HTTP API (it deduplicates by the key).
+    pub fn on_unknown(&self, set: Option<OnUnknown>) -> OnUnknown {
+        set.unwrap_or(match &self.choice {
+            MailerChoice::Url(url) if url.starts_with("http://") || url.starts_with("https://") => {
+                OnUnknown::Resend
+            }
+            MailerChoice::Url(_) | MailerChoice::Dev => OnUnknown::Reconcile,
         })
     }
 }
@@ -1619,6 +1645,32 @@ mod tests {
     }
 
     #[test]
+    fn the_mailer_lookup_is_checked_at_start_and_named_in_its_error() {
+        let lookup = |value: &str| {
+            Settings::from_args(serve(&["--mailer-lookup", value]))
+                .map(|s| s.mailer.lookup)
+                .map_err(|e| e.to_string())
+        };
+        assert_eq!(
+            lookup("http://127.0.0.1:8025/deliveries/{key}").unwrap(),
+            Some("http://127.0.0.1:8025/deliveries/{key}".to_owned())
+        );
+        for (bad, why) in [
+            ("http://127.0.0.1:8025/deliveries/", "{key}"),
+            ("ftp://h/{key}", "http://"),
+            ("127.0.0.1:8025/{key}", "http://"),
+            ("http://[bad/{key}", "invalid"),
+        ] {
+            let error = lookup(bad).unwrap_err();
+            assert!(
+                error.contains("ONCELY_MAILER_LOOKUP") && error.contains(why),
+                "{bad}: {error}"
+            );
+        }
+        assert_eq!(Settings::from_args(serve(&[])).unwrap().mailer.lookup, None);
+    }
+
+    #[test]
     fn on_unknown_reaches_the_email_kinds_of_both_worker_plans_and_never_the_webhooks() {
         let settings =
             Settings::from_args(serve(&["--on-unknown", "reconcile"])).expect("valid settings");
@@ -1629,8 +1681,27 @@ mod tests {
             OnUnknown::Resend,
             "webhook receivers deduplicate by the event's id"
         );
-        let default = Settings::from_args(serve(&[])).expect("valid settings");
-        assert_eq!(default.worker_plan().options.on_unknown, OnUnknown::Resend);
+        // Unset: by transport — SMTP (no deduplication by key) and the dev inbox reconcile, an
+        // HTTP API (it deduplicates by the key) resends.
+        let by_mailer = |mailer: &str| {
+            Settings::from_args(serve(&["--mailer", mailer]))
+                .expect("valid settings")
+                .worker_plan()
+                .options
+                .on_unknown
+        };
+        assert_eq!(by_mailer("smtp://127.0.0.1:2525"), OnUnknown::Reconcile);
+        assert_eq!(by_mailer("smtps://m.example:465"), OnUnknown::Reconcile);
+        assert_eq!(by_mailer("dev"), OnUnknown::Reconcile);
+        assert_eq!(by_mailer("https://api.example/emails"), OnUnknown::Resend);
+        let set = Settings::from_args(serve(&[
+            "--mailer",
+            "smtp://127.0.0.1:2525",
+            "--on-unknown",
+            "resend",
+        ]))
+        .expect("valid settings");
+        assert_eq!(set.worker_plan().options.on_unknown, OnUnknown::Resend);
         let Command::Worker(args) = Cli::try_parse_from([
             "oncely",
             "worker",
@@ -1648,6 +1719,21 @@ mod tests {
         };
         let worker = WorkerSettings::from_args(args).expect("valid settings");
         assert_eq!(worker.plan.options.on_unknown, OnUnknown::Reconcile);
+        let Command::Worker(args) = Cli::try_parse_from([
+            "oncely",
+            "worker",
+            "--database-url",
+            "postgres://db/oncely",
+            "--mailer",
+            "https://api.example/emails",
+        ])
+        .expect("valid flags")
+        .command
+        else {
+            panic!("not the worker command");
+        };
+        let worker = WorkerSettings::from_args(args).expect("valid settings");
+        assert_eq!(worker.plan.options.on_unknown, OnUnknown::Resend);
         for bad in ["Reconcile", "skip", ""] {
             assert!(
                 Cli::try_parse_from(["oncely", "serve", "--on-unknown", bad]).is_err(),

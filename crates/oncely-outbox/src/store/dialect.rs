@@ -16,11 +16,13 @@ use sqlx::{Database, Decode, Encode, Executor, IntoArguments, Pool, Transaction,
 use time::OffsetDateTime;
 use uuid::Uuid;
 
-use super::rows::{AttemptRow, Done, FollowUp, JobRow, Moment, RecordRow, SkippedRow, millis};
+use super::rows::{
+    AttemptRow, Done, FollowUp, JobRow, Moment, ParkedRow, RecordRow, SkippedRow, millis,
+};
 use super::sql::Statements;
 use super::{
     Backlog, BulkRedrive, Clock, DeadFilter, DeadJob, DeadJobs, Finish, JobFilter, JobStore,
-    OutboxError, Settlement, SkippedJob, Wakeup,
+    OutboxError, ParkedJob, Settlement, SkippedJob, Wakeup,
 };
 use crate::job::{AttemptRecord, Enqueued, Job, JobRecord, NewJob};
 
@@ -129,6 +131,41 @@ impl<D: Dialect> SqlJobStore<D> {
     }
 }
 
+impl<D: Dialect> SqlJobStore<D>
+where
+    for<'c> &'c Pool<D>: Executor<'c, Database = D>,
+    D::Arguments: IntoArguments<D>,
+    for<'q> i64: Encode<'q, D> + Type<D>,
+    for<'q> &'q str: Encode<'q, D> + Type<D>,
+    for<'q> Option<&'q str>: Encode<'q, D> + Type<D>,
+    for<'q> Option<D::Moment>: Encode<'q, D> + Type<D>,
+    for<'q> Option<Uuid>: Encode<'q, D> + Type<D>,
+    for<'r> (i64,): sqlx::FromRow<'r, D::Row>,
+{
+    /// [`JobStore::settle`] by an operator (`look`: `None`) or by a look holding the job.
+    async fn settle_as(
+        &self,
+        id: i64,
+        settlement: Settlement,
+        look: Option<Uuid>,
+        provider_message_id: Option<&str>,
+    ) -> Result<bool, OutboxError> {
+        let settled: Option<i64> = sqlx::query_scalar(D::SETTLE)
+            .bind(id)
+            .bind(settlement.as_str())
+            .bind(self.now_param())
+            .bind(look)
+            .bind(provider_message_id)
+            .fetch_optional(&self.pool)
+            .await?;
+        let settled = settled.is_some();
+        if settled {
+            D::wake(&self.waker);
+        }
+        Ok(settled)
+    }
+}
+
 impl<D: Dialect> Clone for SqlJobStore<D> {
     fn clone(&self) -> Self {
         Self {
@@ -197,6 +234,7 @@ where
     for<'q> Option<&'q str>: Encode<'q, D> + Type<D>,
     for<'q> Option<D::Moment>: Encode<'q, D> + Type<D>,
     for<'q> Uuid: Encode<'q, D> + Type<D>,
+    for<'q> Option<Uuid>: Encode<'q, D> + Type<D>,
     for<'q, 'j> Json<&'j serde_json::Value>: Encode<'q, D> + Type<D>,
     for<'q, 'j> Json<&'j [String]>: Encode<'q, D> + Type<D>,
     for<'q, 'j> Json<&'j [i64]>: Encode<'q, D> + Type<D>,
@@ -210,6 +248,7 @@ where
     for<'r> (Json<serde_json::Value>,): sqlx::FromRow<'r, D::Row>,
     for<'r> SkippedRow<D::Moment>: sqlx::FromRow<'r, D::Row>,
     for<'r> JobRow<D::Moment>: sqlx::FromRow<'r, D::Row>,
+    for<'r> ParkedRow<D::Moment>: sqlx::FromRow<'r, D::Row>,
     for<'r> RecordRow<D::Moment>: sqlx::FromRow<'r, D::Row>,
     for<'r> AttemptRow<D::Moment>: sqlx::FromRow<'r, D::Row>,
     for<'r> Backlog: sqlx::FromRow<'r, D::Row>,
@@ -450,17 +489,57 @@ where
     }
 
     async fn settle(&self, id: i64, settlement: Settlement) -> Result<bool, OutboxError> {
-        let settled: Option<i64> = sqlx::query_scalar(D::SETTLE)
-            .bind(id)
-            .bind(settlement.as_str())
+        self.settle_as(id, settlement, None, None).await
+    }
+
+    async fn claim_parked(
+        &self,
+        kinds: &[String],
+        limit: u32,
+        look: Duration,
+    ) -> Result<Vec<ParkedJob>, OutboxError> {
+        let token = Uuid::new_v4();
+        let mut write = self.write().await?;
+        let rows: Vec<ParkedRow<D::Moment>> = sqlx::query_as(D::CLAIM_PARKED)
             .bind(self.now_param())
+            .bind(millis(look))
+            .bind(token)
+            .bind(Json(kinds))
+            .bind(i64::from(limit))
+            .fetch_all(&mut *write)
+            .await?;
+        write.commit().await?;
+        let mut parked: Vec<ParkedJob> =
+            rows.into_iter().map(|row| row.into_parked(token)).collect();
+        parked.sort_by_key(|p| p.job.id);
+        Ok(parked)
+    }
+
+    async fn settle_looked(
+        &self,
+        parked: &ParkedJob,
+        settlement: Settlement,
+        provider_message_id: Option<&str>,
+    ) -> Result<bool, OutboxError> {
+        let job = &parked.job;
+        self.settle_as(
+            job.id,
+            settlement,
+            Some(job.lease_token),
+            provider_message_id,
+        )
+        .await
+    }
+
+    async fn look_later(&self, parked: &ParkedJob, after: Duration) -> Result<bool, OutboxError> {
+        let released: Option<i64> = sqlx::query_scalar(D::LOOK_LATER)
+            .bind(parked.job.id)
+            .bind(parked.job.lease_token)
+            .bind(self.now_param())
+            .bind(millis(after))
             .fetch_optional(&self.pool)
             .await?;
-        let settled = settled.is_some();
-        if settled {
-            self.wake();
-        }
-        Ok(settled)
+        Ok(released.is_some())
     }
 
     async fn dead_jobs(

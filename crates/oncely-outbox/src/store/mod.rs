@@ -357,6 +357,39 @@ pub trait JobStore: Clone + Send + Sync + 'static {
         settlement: Settlement,
     ) -> impl Future<Output = Result<bool, OutboxError>> + Send;
 
+    /// Takes up to `limit` parked jobs of `kinds` that are due for a look (their `run_after`
+    /// passed; the oldest first) for a reconciler to ask their provider about, under a look
+    /// lease of `look`: their `run_after` is pushed to its end (a reconciler that dies leaves
+    /// them to the next look then) and a fresh lease token marks the look. They stay parked:
+    /// only [`JobStore::settle_looked`] or [`JobStore::look_later`] under that token, or an
+    /// operator's [`JobStore::settle`], changes them. Concurrent looks take other jobs
+    /// (PostgreSQL: `FOR UPDATE SKIP LOCKED`).
+    fn claim_parked(
+        &self,
+        kinds: &[String],
+        limit: u32,
+        look: Duration,
+    ) -> impl Future<Output = Result<Vec<ParkedJob>, OutboxError>> + Send;
+
+    /// Settles a job a look took ([`JobStore::claim_parked`]) as [`JobStore::settle`] does,
+    /// recording the provider's message id (if it gave one) — only while the look still holds
+    /// it (its lease token) and it is still parked: an operator's settlement meanwhile, or a
+    /// later look, wins. `false` if it did not hold.
+    fn settle_looked(
+        &self,
+        parked: &ParkedJob,
+        settlement: Settlement,
+        provider_message_id: Option<&str>,
+    ) -> impl Future<Output = Result<bool, OutboxError>> + Send;
+
+    /// Leaves a job a look took parked, due for its next look in `after`, releasing the look
+    /// (guarded as [`JobStore::settle_looked`]). `false` if the look no longer held it.
+    fn look_later(
+        &self,
+        parked: &ParkedJob,
+        after: Duration,
+    ) -> impl Future<Output = Result<bool, OutboxError>> + Send;
+
     /// The dead jobs `filter` matches (an inspection tool, not a hot path): how many, a sample
     /// of up to `sample` of them (most recently dead first) and how many of them had an attempt
     /// with an unknown outcome (`unknown` or `abandoned`) that ended more than `window` ago —
@@ -470,6 +503,15 @@ pub struct Backlog {
     pub parked: i64,
     /// Seconds since the oldest parked job was parked (0 when none).
     pub oldest_parked_seconds: f64,
+}
+
+/// A parked job ([`JobStatus::Unknown`]) a look took ([`JobStore::claim_parked`]).
+#[derive(Debug, Clone)]
+pub struct ParkedJob {
+    /// The job as its attempts saw it; its [`Job::lease_token`] is the look's.
+    pub job: Job,
+    /// Since when it is parked.
+    pub parked_at: OffsetDateTime,
 }
 
 /// How a parked job ([`JobStatus::Unknown`]) is settled ([`JobStore::settle`]).

@@ -87,6 +87,25 @@ impl<T: Moment> JobRow<T> {
     }
 }
 
+/// A parked job as a look takes it ([`Statements::CLAIM_PARKED`](super::sql::Statements)).
+#[derive(sqlx::FromRow)]
+pub(crate) struct ParkedRow<T> {
+    #[sqlx(flatten)]
+    job: JobRow<T>,
+    parked_at: Option<T>,
+}
+
+impl<T: Moment> ParkedRow<T> {
+    /// The job, taken by a look under `lease_token`.
+    pub(crate) fn into_parked(self, lease_token: Uuid) -> super::ParkedJob {
+        let job = self.job.into_job(lease_token);
+        // Every parked job has a `parked_at` (FINISH sets it with the status); a row parked by
+        // hand without one counts as parked since it was enqueued.
+        let parked_at = self.parked_at.map_or(job.created_at, Moment::into_time);
+        super::ParkedJob { job, parked_at }
+    }
+}
+
 /// A job as operators read it ([`Statements::JOB`](super::sql::Statements::JOB), `LIST`).
 #[derive(sqlx::FromRow)]
 pub(crate) struct RecordRow<T> {

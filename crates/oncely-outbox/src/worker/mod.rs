@@ -10,7 +10,9 @@ use std::collections::HashMap;
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use std::time::Duration;
 
-use crate::job::{DeliveryFuture, Ended, FreezeFuture, Job, ThenFuture};
+use crate::job::{
+    DeliveryFuture, Ended, FreezeFuture, Job, ReconcileFuture, Reconciled, ThenFuture,
+};
 use crate::policy::RetryPolicy;
 use crate::store::{JobStore, OutboxError};
 
@@ -19,6 +21,9 @@ mod completer;
 mod executor;
 mod holds;
 mod producer;
+mod reconciler;
+
+pub use reconciler::Reconciliation;
 
 /// Runs the jobs of one kind.
 pub trait Handler: Send + Sync + 'static {
@@ -72,6 +77,26 @@ pub trait Handler: Send + Sync + 'static {
     fn then<'a>(&'a self, job: &'a Job, end: &'a Ended) -> ThenFuture<'a> {
         let _ = (job, end);
         Box::pin(std::future::ready(Ok(Vec::new())))
+    }
+
+    /// Whether [`Handler::reconcile`] can ask the provider about a job. A worker looks at the
+    /// parked jobs ([`JobStatus::Unknown`](crate::JobStatus)) of a kind that reconciles
+    /// ([`OnUnknown::Reconcile`](crate::OnUnknown)) only if its handler can; otherwise they wait
+    /// for an operator (`oncely outbox settle`). The default: it cannot.
+    fn reconciles(&self) -> bool {
+        false
+    }
+
+    /// Asks the provider whether it accepted a message under `job`'s delivery key (the job was
+    /// parked: an attempt may or may not have reached it). The worker settles the job by the
+    /// answer ([`Reconciled`]): as sent, for resending, or asks again later. Bounded by 90 % of
+    /// the worker's lease (no answer by then: [`Reconciled::Unknown`]); a panic is an
+    /// `Unknown` too. Asked only when [`Handler::reconciles`] says it can.
+    fn reconcile<'a>(&'a self, job: &'a Job) -> ReconcileFuture<'a> {
+        let _ = job;
+        Box::pin(std::future::ready(Reconciled::Unknown(
+            "this handler cannot ask its provider".to_owned(),
+        )))
     }
 }
 

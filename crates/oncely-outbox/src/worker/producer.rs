@@ -69,6 +69,11 @@ impl<S: JobStore> Worker<S> {
     pub async fn run(self, shutdown: CancellationToken) -> Result<(), OutboxError> {
         let mut wakeup = self.store.wakeup(&self.kinds());
         tracing::info!(worker = %self.config.id, kinds = ?self.kinds(), "outbox worker started");
+        // Parked jobs are looked at beside the claims, every poll interval, in a task of their
+        // own: a slow provider lookup never holds up a claim.
+        let reconciler = self
+            .reconciler()
+            .map(|reconciler| tokio::spawn(reconciler.run(shutdown.clone())));
         let groups = self.claim_groups();
         let mut flight = InFlight::default();
         // A retry this worker scheduled is due before the next poll: wake for it, not later.
@@ -123,6 +128,11 @@ impl<S: JobStore> Worker<S> {
                     "outbox attempts not recorded; they run again when their lease ends"
                 ),
             }
+        }
+        if let Some(reconciler) = reconciler
+            && let Err(error) = reconciler.await
+        {
+            tracing::error!(%error, "outbox reconciler task failed");
         }
         tracing::info!(worker = %self.config.id, "outbox worker stopped");
         Ok(())

@@ -13,6 +13,7 @@ mod migrations;
 mod partitions;
 mod pausing;
 mod provider;
+mod reconciling;
 mod recording;
 mod redrive;
 mod skipped;

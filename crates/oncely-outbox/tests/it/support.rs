@@ -11,8 +11,8 @@ use oncely_outbox::job::AttemptRecord;
 use oncely_outbox::store::postgres::PgJobStore;
 use oncely_outbox::store::sqlite::SqliteJobStore;
 use oncely_outbox::store::{
-    Backlog, BulkRedrive, Clock, DeadFilter, DeadJobs, Dialect, Finish, JobFilter, Settlement,
-    SkippedJob, SqlJobStore, Wakeup,
+    Backlog, BulkRedrive, Clock, DeadFilter, DeadJobs, Dialect, Finish, JobFilter, ParkedJob,
+    Settlement, SkippedJob, SqlJobStore, Wakeup,
 };
 use oncely_outbox::{Enqueued, Job, JobRecord, JobStore, NewJob, OutboxError};
 use oncely_testdb::{TestDb, TestPostgres, TestSqlite};
@@ -300,6 +300,27 @@ impl<S: Backend> JobStore for Spy<S> {
     }
     async fn settle(&self, id: i64, settlement: Settlement) -> Result<bool, OutboxError> {
         self.inner.settle(id, settlement).await
+    }
+    async fn claim_parked(
+        &self,
+        kinds: &[String],
+        limit: u32,
+        look: Duration,
+    ) -> Result<Vec<ParkedJob>, OutboxError> {
+        self.inner.claim_parked(kinds, limit, look).await
+    }
+    async fn settle_looked(
+        &self,
+        parked: &ParkedJob,
+        settlement: Settlement,
+        provider_message_id: Option<&str>,
+    ) -> Result<bool, OutboxError> {
+        self.inner
+            .settle_looked(parked, settlement, provider_message_id)
+            .await
+    }
+    async fn look_later(&self, parked: &ParkedJob, after: Duration) -> Result<bool, OutboxError> {
+        self.inner.look_later(parked, after).await
     }
     async fn dead_jobs(
         &self,

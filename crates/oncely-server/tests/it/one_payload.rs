@@ -30,6 +30,9 @@ async fn serve(
     configure: impl FnOnce(&mut Settings),
 ) -> (String, oneshot::Sender<()>, JoinHandle<()>) {
     let mut settings = settings(url, &format!("smtp://{}", running.smtp_addr));
+    // The inbox deduplicates by the key (provider mode, as Resend's SMTP does): unknown outcomes
+    // are resent, and the resend must carry the first attempt's payload.
+    settings.on_unknown = Some(oncely_outbox::OnUnknown::Resend);
     configure(&mut settings);
     let (stop, stopped) = oneshot::channel::<()>();
     let stopped = async move {

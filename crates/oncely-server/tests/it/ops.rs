@@ -1225,7 +1225,7 @@ async fn an_email_whose_answer_was_lost_is_parked_listed_and_settled_without_a_s
     })
     .await;
     let app = spawn_app_with_inbox(&url, inbox, running, |s| {
-        s.on_unknown = oncely_outbox::OnUnknown::Reconcile;
+        s.on_unknown = Some(oncely_outbox::OnUnknown::Reconcile);
     })
     .await;
     app.post(

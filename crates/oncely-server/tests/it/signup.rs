@@ -3,6 +3,7 @@
 use std::time::Duration;
 
 use oncely_inbox::{Faults, Rejection};
+use oncely_outbox::OnUnknown;
 use oncely_testdb::TestDb;
 use serde_json::{Value, json};
 
@@ -28,6 +29,7 @@ both_databases!(
     the_server_killed_after_commit_replays_on_retry_and_one_email_arrives,
     a_worker_that_loses_the_answer_sends_one_email_to_a_deduplicating_provider,
     a_worker_that_loses_the_answer_over_plain_smtp_records_the_duplicate,
+    a_worker_that_loses_the_answer_over_plain_smtp_reconciles_and_sends_one_email,
     three_rejections_then_delivered_with_four_attempts_and_a_permanent_one_is_dead,
     a_verification_link_works_once_and_its_token_is_in_no_log_and_no_column,
     an_expired_link_gets_the_same_generic_400_as_a_used_one,
@@ -239,12 +241,21 @@ async fn the_server_killed_after_commit_replays_on_retry_and_one_email_arrives(
 /// An app whose inbox (otherwise `faults`) drops the connection once, after accepting the
 /// first email: the worker does not know whether it was sent. A signup for `email`, and then
 /// the wait until its job counts as sent.
-async fn a_signup_whose_answer_is_lost(url: &str, faults: Faults, email: &str) -> TestApp {
+/// A signup whose email's answer is dropped after the inbox accepted it, the workers resending
+/// unknown outcomes (`ONCELY_ON_UNKNOWN=resend`) or, `None`, by the default (over SMTP:
+/// reconciling, with the inbox's lookup).
+async fn a_signup_whose_answer_is_lost(
+    url: &str,
+    faults: Faults,
+    email: &str,
+    on_unknown: Option<OnUnknown>,
+) -> TestApp {
     let faults = Faults {
         drop_after_accept: 1,
         ..faults
     };
-    let app = app_with_faults(url, faults).await;
+    let (inbox, running) = start_inbox(faults).await;
+    let app = spawn_app_with_inbox(url, inbox, running, |s| s.on_unknown = on_unknown).await;
     app.post("/v1/signup", "k", &signup_body(email)).await;
     wait_for_count(&app, SENT_JOBS, Duration::from_secs(10), |n| n >= 1).await;
     app
@@ -254,8 +265,10 @@ async fn a_worker_that_loses_the_answer_sends_one_email_to_a_deduplicating_provi
     url: String,
     _db: TestDb,
 ) {
+    // A provider that deduplicates by the key, over SMTP as Resend's does: resending is right.
     let provider = Faults::provider();
-    let app = a_signup_whose_answer_is_lost(&url, provider, "drop@example.com").await;
+    let resend = Some(OnUnknown::Resend);
+    let app = a_signup_whose_answer_is_lost(&url, provider, "drop@example.com", resend).await;
     assert_eq!(app.emails_to("drop@example.com", 1).await.len(), 1);
     assert_eq!(
         app.inbox.stats().deduplicated,
@@ -269,8 +282,10 @@ async fn a_worker_that_loses_the_answer_over_plain_smtp_records_the_duplicate(
     url: String,
     _db: TestDb,
 ) {
+    // Resending (not the default over SMTP) over a plain relay: the cost of it.
     let plain = Faults::default();
-    let app = a_signup_whose_answer_is_lost(&url, plain, "plain@example.com").await;
+    let resend = Some(OnUnknown::Resend);
+    let app = a_signup_whose_answer_is_lost(&url, plain, "plain@example.com", resend).await;
     assert_eq!(
         app.emails_to("plain@example.com", 2).await.len(),
         2,
@@ -281,6 +296,23 @@ async fn a_worker_that_loses_the_answer_over_plain_smtp_records_the_duplicate(
         .count("SELECT count(*) FROM oncely_outbox_attempts WHERE result = 'unknown'")
         .await;
     assert_eq!(unknown, 1, "the attempt history shows why");
+}
+
+async fn a_worker_that_loses_the_answer_over_plain_smtp_reconciles_and_sends_one_email(
+    url: String,
+    _db: TestDb,
+) {
+    // The default over SMTP: the job parks, the worker asks the inbox whether it accepted the
+    // delivery key, and records it sent without a second copy.
+    let plain = Faults::default();
+    let app = a_signup_whose_answer_is_lost(&url, plain, "once@example.com", None).await;
+    assert_eq!(app.emails_to("once@example.com", 1).await.len(), 1);
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert_eq!(app.inbox.messages(Some("once@example.com")).len(), 1);
+    assert_eq!(app.inbox.stats().duplicates, 0);
+    let settled = "SELECT count(*) FROM oncely_outbox_attempts
+                    WHERE result = 'sent' AND error LIKE 'not run: settled as sent%'";
+    assert_eq!(app.count(settled).await, 1, "recorded sent without a run");
 }
 
 async fn three_rejections_then_delivered_with_four_attempts_and_a_permanent_one_is_dead(

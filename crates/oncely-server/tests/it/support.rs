@@ -68,6 +68,9 @@ pub async fn spawn_app_with_inbox(
     configure: impl FnOnce(&mut Settings),
 ) -> TestApp {
     let mut settings = settings(database_url, &format!("smtp://{}", running.smtp_addr));
+    // Over SMTP the workers reconcile unknown outcomes (the default): asking the inbox, as a
+    // deployment with ONCELY_MAILER_LOOKUP does.
+    settings.mailer.lookup = Some(format!("http://{}/deliveries/{{key}}", running.http_addr));
     configure(&mut settings);
     let base = if database_url.starts_with("postgres") {
         start::<Postgres>(settings).await

@@ -135,9 +135,22 @@ pub trait Statements {
     /// cleared. `sent`: its attempt count kept and `settled = 'sent'`, which the next claim
     /// carries to the worker (recorded sent without running). `resend`: as a re-drive — a fresh
     /// attempt budget and horizon, the same delivery key and frozen payload. Binds: 1 id,
-    /// 2 the settlement (`sent` or `resend`), 3 now. Returns its id if it was parked. Index:
-    /// the primary key.
+    /// 2 the settlement (`sent` or `resend`), 3 now, 4 a look's lease token (`NULL`: an
+    /// operator's, whatever holds the job), 5 the provider's message id (`NULL`: keep). Returns
+    /// its id if it was parked (and, with a token, the look held it). Index: the primary key.
     const SETTLE: &'static str;
+
+    /// Takes parked jobs due for a look: `run_after` pushed to the look lease's end, a fresh
+    /// lease token; they stay `unknown`. Binds: 1 now, 2 look lease (ms), 3 lease token,
+    /// 4 kinds (JSON array), 5 limit. Returns the jobs' rows as a claim does, with `parked_at`.
+    /// Index: `oncely_outbox_parked` (partial, parked only: `run_after`, `id`).
+    const CLAIM_PARKED: &'static str;
+
+    /// Leaves a job a look took parked, due for its next look later: `run_after` = now + the
+    /// delay, the look's lease token cleared; only while the look holds it and it is parked.
+    /// Binds: 1 id, 2 the look's lease token, 3 now, 4 the delay (ms). Returns its id if the
+    /// look held it. Index: the primary key.
+    const LOOK_LATER: &'static str;
 
     /// The dead jobs a filter matches (`matching`), how many of them had an attempt with an
     /// unknown outcome (`unknown`, `abandoned`) that ended before a window

@@ -235,8 +235,32 @@ impl super::Statements for Postgres {
                settled = CASE WHEN $2 = 'sent' THEN 'sent' END,
                attempts = CASE WHEN $2 = 'sent' THEN attempts ELSE 0 END,
                free_attempts = CASE WHEN $2 = 'sent' THEN free_attempts ELSE 0 END,
-               redriven_at = CASE WHEN $2 = 'sent' THEN redriven_at ELSE COALESCE($3, now()) END
-         WHERE id = $1 AND status = 'unknown'
+               redriven_at = CASE WHEN $2 = 'sent' THEN redriven_at ELSE COALESCE($3, now()) END,
+               provider_message_id = COALESCE($5, provider_message_id)
+         WHERE id = $1 AND status = 'unknown' AND ($4::uuid IS NULL OR lease_token = $4)
+        RETURNING id";
+
+    // Differs: SKIP LOCKED (two reconcilers take different jobs), an interval.
+    const CLAIM_PARKED: &'static str = "
+        UPDATE oncely_outbox o
+           SET run_after = COALESCE($1, now()) + $2 * interval '1 millisecond', lease_token = $3
+         WHERE o.id = ANY (ARRAY(
+            SELECT id FROM oncely_outbox
+             WHERE status = 'unknown' AND run_after <= COALESCE($1, now())
+               AND kind IN (SELECT jsonb_array_elements_text($4))
+             ORDER BY run_after, id
+             LIMIT $5
+               FOR UPDATE SKIP LOCKED))
+           AND o.status = 'unknown'
+        RETURNING o.id, o.operation_key, o.kind, o.payload, o.delivery_key, o.attempts,
+                  o.free_attempts, o.created_at, o.redriven_at, o.not_after, o.frozen,
+                  o.partition_key, o.settled, o.parked_at";
+
+    // Differs: an interval.
+    const LOOK_LATER: &'static str = "
+        UPDATE oncely_outbox
+           SET run_after = COALESCE($3, now()) + $4 * interval '1 millisecond', lease_token = NULL
+         WHERE id = $1 AND lease_token = $2 AND status = 'unknown'
         RETURNING id";
 
     // Differs: `count(*) FILTER`, `strpos` (SQLite: `instr`), an interval; `lower` folds every

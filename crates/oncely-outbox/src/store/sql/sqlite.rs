@@ -239,8 +239,27 @@ impl super::Statements for Sqlite {
                settled = CASE WHEN ?2 = 'sent' THEN 'sent' END,
                attempts = CASE WHEN ?2 = 'sent' THEN attempts ELSE 0 END,
                free_attempts = CASE WHEN ?2 = 'sent' THEN free_attempts ELSE 0 END,
-               redriven_at = CASE WHEN ?2 = 'sent' THEN redriven_at ELSE ?3 END
-         WHERE id = ?1 AND status = 'unknown'
+               redriven_at = CASE WHEN ?2 = 'sent' THEN redriven_at ELSE ?3 END,
+               provider_message_id = COALESCE(?5, provider_message_id)
+         WHERE id = ?1 AND status = 'unknown' AND (?4 IS NULL OR lease_token = ?4)
+        RETURNING id";
+
+    // Differs: no row locks to skip (the store's write transaction holds the one write lock).
+    const CLAIM_PARKED: &'static str = "
+        UPDATE oncely_outbox SET run_after = ?1 + ?2, lease_token = ?3
+         WHERE id IN (
+            SELECT id FROM oncely_outbox
+             WHERE status = 'unknown' AND run_after <= ?1
+               AND kind IN (SELECT value FROM json_each(?4))
+             ORDER BY run_after, id
+             LIMIT ?5)
+        RETURNING id, operation_key, kind, payload, delivery_key, attempts, free_attempts,
+                  created_at, redriven_at, not_after, frozen, partition_key, settled, parked_at";
+
+    // Differs: milliseconds.
+    const LOOK_LATER: &'static str = "
+        UPDATE oncely_outbox SET run_after = ?3 + ?4, lease_token = NULL
+         WHERE id = ?1 AND lease_token = ?2 AND status = 'unknown'
         RETURNING id";
 
     // Differs: no `FILTER` needed (`count` of a CASE), `instr` (PostgreSQL: `strpos`),

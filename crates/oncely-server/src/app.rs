@@ -40,6 +40,7 @@ pub struct Application<B> {
     _dev_inbox_hold: Option<DevInboxHold>,
     shutdown: CancellationToken,
     workers: WorkerHandles,
+    connections: crate::connections::ConnectionLimits,
 }
 
 /// Where this process's emails can be read: what `serve` prints on its `dev inbox:` line.
@@ -321,6 +322,7 @@ impl<B: Accounts> Application<B> {
             .method_not_allowed_fallback(|| async {
                 crate::routes::error::ApiError::MethodNotAllowed
             });
+        let connections = settings.connections;
         let router = telemetry::layer(router).layer(axum::Extension(TrustedProxies::new(
             settings.trusted_proxies,
         )));
@@ -333,6 +335,7 @@ impl<B: Accounts> Application<B> {
             _dev_inbox_hold: dev_inbox_hold,
             shutdown,
             workers,
+            connections,
         })
     }
 
@@ -372,14 +375,10 @@ impl<B: Accounts> Application<B> {
             stop_workers.cancel();
             tracing::info!("shutting down: workers stop claiming, in-flight requests finish");
         };
-        // With the peer address: the per-client email cap keys on it.
-        let served = axum::serve(
-            self.listener,
-            self.router
-                .into_make_service_with_connect_info::<SocketAddr>(),
-        )
-        .with_graceful_shutdown(signal)
-        .await;
+        // With the peer address (the per-client email cap keys on it), bounded against slow and
+        // hostile clients.
+        let served =
+            crate::connections::serve(self.listener, self.router, self.connections, signal).await;
         self.shutdown.cancel();
         for worker in self.workers {
             if let Err(error) = worker.await {

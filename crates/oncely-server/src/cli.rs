@@ -25,7 +25,7 @@ pub struct Cli {
 #[derive(Debug, Subcommand)]
 pub enum Command {
     /// Run the HTTP API (and, unless `--workers 0`, outbox workers in the same process).
-    Serve(ServeArgs),
+    Serve(Box<ServeArgs>),
     /// Run outbox workers only.
     Worker(WorkerArgs),
     /// Apply the database migrations and exit.
@@ -1246,6 +1246,25 @@ pub struct ServeArgs {
     /// How often `serve` prunes expired rows (see `oncely prune`).
     #[arg(long, env = "ONCELY_PRUNE_INTERVAL", default_value = defaults::PRUNE_INTERVAL, value_parser = parse_duration)]
     pub prune_interval: Duration,
+
+    /// Connections served at once; past it new ones wait in the kernel's backlog until one
+    /// closes. The process raises its open-file limit for them where the hard limit allows.
+    #[arg(long, env = "ONCELY_MAX_CONNECTIONS", default_value_t = defaults::MAX_CONNECTIONS, value_parser = clap::value_parser!(u32).range(1..))]
+    pub max_connections: u32,
+
+    /// Time a client has to send a request's headers, from its connection or its previous
+    /// response (a slowloris client, or an idle keep-alive connection, is closed then).
+    #[arg(long, env = "ONCELY_HEADER_READ_TIMEOUT", default_value = defaults::HEADER_READ_TIMEOUT, value_parser = parse_duration)]
+    pub header_read_timeout: Duration,
+
+    /// Time a client has to send a request's whole body (408 `request-body-timeout` after it).
+    #[arg(long, env = "ONCELY_BODY_READ_TIMEOUT", default_value = defaults::BODY_READ_TIMEOUT, value_parser = parse_duration)]
+    pub body_read_timeout: Duration,
+
+    /// Time a response may wait for a client that reads none of it (the connection is closed
+    /// after it).
+    #[arg(long, env = "ONCELY_WRITE_TIMEOUT", default_value = defaults::WRITE_TIMEOUT, value_parser = parse_duration)]
+    pub write_timeout: Duration,
 }
 
 /// How long rows are kept (used by `serve`'s pruner and by `oncely prune`).

@@ -33,6 +33,7 @@ pub mod check;
 pub mod cli;
 pub mod client_addr;
 pub mod code;
+pub mod connections;
 pub mod demo;
 pub mod email;
 pub mod gateway;

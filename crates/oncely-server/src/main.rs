@@ -71,7 +71,7 @@ async fn run(cli: Cli, demo_log: Option<PathBuf>) -> anyhow::Result<()> {
         Command::Demo { intents, .. } => return run_demo(intents, demo_log).await,
         Command::Check(args) => return run_check(args).await,
         Command::Gateway(args) => Task::Gateway(args),
-        Command::Serve(args) => Task::Serve(Settings::from_args(args)?),
+        Command::Serve(args) => Task::Serve(Settings::from_args(*args)?),
         Command::Worker(args) => Task::Worker(WorkerSettings::from_args(args)?),
         Command::Migrate(args) => Task::Migrate(args),
         Command::Tenant(command) => Task::Tenant(command),

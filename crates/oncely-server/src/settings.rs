@@ -13,6 +13,7 @@ use clap::ValueEnum;
 use oncely::ServerSecret;
 
 use crate::branding::ServiceBrand;
+use crate::connections::ConnectionLimits;
 use crate::webhooks::WebhookSettings;
 use oncely_outbox::OnUnknown;
 use oncely_outbox::mail::IdempotencyHeader;
@@ -73,6 +74,14 @@ pub mod defaults {
     pub const OUTBOX_RETENTION: &str = "7d";
     /// `ONCELY_PRUNE_INTERVAL`.
     pub const PRUNE_INTERVAL: &str = "10m";
+    /// `ONCELY_MAX_CONNECTIONS`.
+    pub const MAX_CONNECTIONS: u32 = 16_384;
+    /// `ONCELY_HEADER_READ_TIMEOUT`.
+    pub const HEADER_READ_TIMEOUT: &str = "10s";
+    /// `ONCELY_BODY_READ_TIMEOUT`.
+    pub const BODY_READ_TIMEOUT: &str = "30s";
+    /// `ONCELY_WRITE_TIMEOUT`.
+    pub const WRITE_TIMEOUT: &str = "30s";
     /// `--replay-cache-bytes` of `oncely serve` and `oncely gateway` (8 MiB: about 5,000 small
     /// answers).
     pub const REPLAY_CACHE_BYTES: u64 = 8 * 1024 * 1024;
@@ -174,6 +183,8 @@ pub struct Settings {
     pub prune_interval: Duration,
     /// Proxies whose forwarding headers name the client.
     pub trusted_proxies: Vec<ipnet::IpNet>,
+    /// What slow and hostile clients may hold ([`ConnectionLimits`]).
+    pub connections: ConnectionLimits,
     /// The bearer token `GET /metrics` requires.
     pub metrics_token: Option<SecretString>,
     /// What webhook deliveries may reach, and their timeout.
@@ -228,6 +239,12 @@ impl Settings {
             outbox_retention: default_duration(defaults::OUTBOX_RETENTION),
             prune_interval: default_duration(defaults::PRUNE_INTERVAL),
             trusted_proxies: Vec::new(),
+            connections: ConnectionLimits {
+                max_connections: defaults::MAX_CONNECTIONS as usize,
+                header_read_timeout: default_duration(defaults::HEADER_READ_TIMEOUT),
+                body_read_timeout: default_duration(defaults::BODY_READ_TIMEOUT),
+                write_timeout: default_duration(defaults::WRITE_TIMEOUT),
+            },
             metrics_token: None,
             webhooks: WebhookSettings::development(),
             brand: ServiceBrand {
@@ -283,6 +300,12 @@ impl Settings {
             outbox_retention: args.retention.outbox_retention,
             prune_interval: args.prune_interval,
             trusted_proxies: args.trusted_proxies,
+            connections: ConnectionLimits {
+                max_connections: args.max_connections as usize,
+                header_read_timeout: args.header_read_timeout,
+                body_read_timeout: args.body_read_timeout,
+                write_timeout: args.write_timeout,
+            },
             metrics_token: args.metrics_token,
             webhooks: common.webhook_settings(),
             brand: common.service_brand()?,
@@ -907,7 +930,7 @@ mod tests {
         let mut argv = vec!["oncely", "serve"];
         argv.extend_from_slice(args);
         match Cli::try_parse_from(argv).unwrap().command {
-            Command::Serve(args) => args,
+            Command::Serve(args) => *args,
             _ => unreachable!(),
         }
     }

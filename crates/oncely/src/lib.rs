@@ -66,6 +66,7 @@
 #![deny(unsafe_code)]
 #![warn(missing_docs, unreachable_pub)]
 
+pub mod body;
 pub mod fingerprint;
 pub mod key;
 pub mod layer;

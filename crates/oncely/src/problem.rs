@@ -81,6 +81,9 @@ problem_types! {
     /// The request body could not be read.
     RequestBodyUnreadable = ("request-body-unreadable", BAD_REQUEST, "Request body unreadable",
         "the body could not be read"),
+    /// The request body did not arrive in time ([`crate::body::Deadline`]).
+    RequestBodyTimeout = ("request-body-timeout", REQUEST_TIMEOUT, "Request body too slow",
+        "the body did not arrive within the time allowed; send it again, faster"),
     /// The key store failed; nothing ran.
     StorageUnavailable = ("storage-unavailable", SERVICE_UNAVAILABLE, "Service unavailable",
         "the key store failed; nothing ran"),

@@ -78,6 +78,8 @@ pub enum BodyError {
     NotJson,
     /// Over the route's limit.
     TooLarge,
+    /// Not all there by the body deadline (`ONCELY_BODY_READ_TIMEOUT`).
+    TimedOut,
 }
 
 /// Why a request is not authorized; both are `unauthorized` with `WWW-Authenticate: Bearer`,
@@ -103,6 +105,8 @@ impl ApiError {
             Self::Body(BodyError::NotJson) => server(ServerProblem::UnsupportedMediaType)
                 .with_detail("the request needs Content-Type: application/json"),
             Self::Body(BodyError::TooLarge) => layer(LayerProblem::RequestTooLarge),
+            Self::Body(BodyError::TimedOut) => layer(LayerProblem::RequestBodyTimeout)
+                .with_detail("the request body did not arrive in time; send it again, faster"),
             Self::InvalidToken => server(ServerProblem::TokenInvalid).with_detail(
                 "the link is invalid, was already used, or has expired; request a new one",
             ),
@@ -240,6 +244,7 @@ mod tests {
             ApiError::invalid_request("x"),
             ApiError::Body(BodyError::NotJson),
             ApiError::Body(BodyError::TooLarge),
+            ApiError::Body(BodyError::TimedOut),
             ApiError::InvalidToken,
             ApiError::PasswordMismatch,
             ApiError::ReturnUrlNotAllowed,
@@ -259,7 +264,7 @@ mod tests {
         for error in &all {
             match error {
                 ApiError::InvalidRequest(_)
-                | ApiError::Body(BodyError::NotJson | BodyError::TooLarge)
+                | ApiError::Body(BodyError::NotJson | BodyError::TooLarge | BodyError::TimedOut)
                 | ApiError::InvalidToken
                 | ApiError::PasswordMismatch
                 | ApiError::ReturnUrlNotAllowed

@@ -33,9 +33,17 @@ impl<S: Send + Sync, T: DeserializeOwned> FromRequest<S> for JsonBody<T> {
             Err(rejection) if rejection.status() == StatusCode::PAYLOAD_TOO_LARGE => {
                 Err(ApiError::Body(BodyError::TooLarge))
             }
+            Err(rejection) if timed_out(&rejection) => Err(ApiError::Body(BodyError::TimedOut)),
             Err(rejection) => Err(ApiError::invalid_request(rejection.body_text())),
         }
     }
+}
+
+/// Whether `rejection` comes of a body that did not arrive by its deadline
+/// ([`oncely::body::Deadline`]).
+fn timed_out(rejection: &JsonRejection) -> bool {
+    std::iter::successors(Some(rejection as &dyn std::error::Error), |e| e.source())
+        .any(|e| e.is::<oncely::body::BodyTimedOut>())
 }
 
 /// A `POST` under `/v1` with a JSON body `T`, behind the transactional idempotency layer (an

@@ -32,6 +32,7 @@ mod requests;
 mod schema;
 mod security;
 mod signup;
+mod slow_clients;
 mod startup;
 mod support;
 mod webhooks_crash;

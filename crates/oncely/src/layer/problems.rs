@@ -19,14 +19,20 @@ pub(crate) fn key_problem(error: &KeyError) -> Answer {
     (Outcome::Invalid, problem.into_response())
 }
 
-/// 413 or 400: the request body is over `limit`, or could not be read.
+/// 413, 408 or 400: the request body is over `limit`, did not arrive in time
+/// ([`crate::body::Deadline`]), or could not be read.
 pub(crate) fn request_body_problem(error: &axum::Error, limit: usize) -> Answer {
-    let too_large = std::iter::successors(Some(error as &dyn std::error::Error), |e| e.source())
-        .any(|e| e.is::<http_body_util::LengthLimitError>());
+    let causes = || std::iter::successors(Some(error as &dyn std::error::Error), |e| e.source());
+    let too_large = causes().any(|e| e.is::<http_body_util::LengthLimitError>());
+    let too_slow = causes().find_map(|e| e.downcast_ref::<crate::body::BodyTimedOut>());
     let problem = if too_large {
         ProblemType::RequestTooLarge
             .problem()
             .with_detail(format!("the body is larger than {limit} bytes"))
+    } else if let Some(timed_out) = too_slow {
+        ProblemType::RequestBodyTimeout
+            .problem()
+            .with_detail(timed_out.to_string())
     } else {
         ProblemType::RequestBodyUnreadable.problem()
     };

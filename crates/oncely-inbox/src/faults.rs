@@ -66,6 +66,12 @@ pub struct Faults {
     /// the copy, then close the connection without an answer (the sender cannot know it was
     /// accepted).
     pub webhook_drop_after_accept: u32,
+    /// The link scanner: when a message is kept, `GET` every `http://` link in it (loopback
+    /// hosts only; any other is recorded as skipped, never fetched), as a provider's security
+    /// scanner or a mail client's preview does before the person clicks — to prove that opening
+    /// a link's page consumes nothing. What it fetched and the statuses show in
+    /// `GET /messages/{id}/links` under `scanned`.
+    pub link_scanner: bool,
 }
 
 impl Default for Faults {
@@ -86,6 +92,7 @@ impl Default for Faults {
             webhook_reject_status: 503,
             webhook_delay_ms: 0,
             webhook_drop_after_accept: 0,
+            link_scanner: false,
         }
     }
 }

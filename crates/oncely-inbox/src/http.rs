@@ -1,6 +1,7 @@
 //! The HTTP side: a Resend-compatible intake, the read/fault API, and the pages.
 
 use std::sync::Arc;
+use std::time::Duration;
 
 use axum::body::Bytes;
 use axum::extract::{Path, Query, Request, State};
@@ -49,8 +50,12 @@ pub fn router_with(inbox: Inbox, options: Options, extra: Router) -> Router {
         .route("/assets/inbox.css", get(page::style))
         .route("/emails", post(send_email))
         .route("/messages", get(list).delete(delete))
+        .route("/messages/wait", get(wait))
         .route("/messages/{id}", get(one).delete(delete_one))
         .route("/messages/{id}/raw", get(page::raw))
+        .route("/messages/{id}/links", get(links))
+        .route("/runs", get(list_runs).post(create_run))
+        .route("/runs/{id}", get(one_run).delete(delete_run))
         .route("/stats", get(stats))
         .route("/deliveries/{key}", get(delivery))
         .route("/faults", get(faults).put(set_faults))
@@ -296,13 +301,180 @@ fn raw_request(headers: &HeaderMap, key_header: &str, body: &[u8]) -> String {
     raw
 }
 
+/// `GET /messages?to=&run=`.
 #[derive(Debug, Deserialize)]
 struct ListQuery {
     to: Option<String>,
+    run: Option<String>,
 }
 
-async fn list(State(inbox): State<Inbox>, Query(q): Query<ListQuery>) -> Json<Vec<Message>> {
-    Json(inbox.messages(q.to.as_deref()))
+/// `GET /messages?to=&run=`: the kept copies, oldest first, to `to` and of the run `run`
+/// (whichever are given); 404 for a run that does not exist.
+async fn list(State(inbox): State<Inbox>, Query(q): Query<ListQuery>) -> Response {
+    if let Some(unknown) = unknown_run(&inbox, q.run.as_deref()) {
+        return unknown;
+    }
+    Json(inbox.matching(q.to.as_deref(), q.run.as_deref())).into_response()
+}
+
+/// The 404 answer for `run`, if it is given and does not exist.
+fn unknown_run(inbox: &Inbox, run: Option<&str>) -> Option<Response> {
+    let run = run?;
+    inbox.run(run).is_none().then(|| {
+        problem(
+            StatusCode::NOT_FOUND,
+            "Unknown run",
+            "unknown_run",
+            &format!(
+                "there is no run {run:?}: create one with POST /runs (a run is forgotten when it \
+                 is deleted, after the inbox's max age, beyond the newest {} runs, or by POST /reset)",
+                crate::runs::MAX_RUNS
+            ),
+        )
+    })
+}
+
+/// The longest `GET /messages/wait` waits.
+pub const MAX_WAIT: Duration = Duration::from_secs(60);
+
+/// `GET /messages/wait?to=&run=&count=&timeout=`.
+#[derive(Debug, Deserialize)]
+struct WaitQuery {
+    to: Option<String>,
+    run: Option<String>,
+    count: Option<String>,
+    timeout: Option<String>,
+}
+
+/// A wait's timeout: a number with a unit, `ms`, `s`, `m` or `h` (`250ms`, `10s`, `1m`), or a bare
+/// number of seconds; at most [`MAX_WAIT`].
+pub fn parse_timeout(text: &str) -> Result<Duration, String> {
+    let text = text.trim();
+    let digits = text
+        .find(|c: char| !c.is_ascii_digit())
+        .unwrap_or(text.len());
+    let (number, unit) = text.split_at(digits);
+    let bad = || format!("timeout={text:?}: expected a duration such as 500ms, 10s or 1m");
+    let number: u64 = number.parse().map_err(|_| bad())?;
+    let timeout = match unit {
+        "ms" => Duration::from_millis(number),
+        "" | "s" => Duration::from_secs(number),
+        "m" => Duration::from_secs(number.saturating_mul(60)),
+        "h" => Duration::from_secs(number.saturating_mul(3600)),
+        _ => return Err(bad()),
+    };
+    if timeout > MAX_WAIT {
+        return Err(format!(
+            "timeout={text:?}: at most {}s (wait again for longer)",
+            MAX_WAIT.as_secs()
+        ));
+    }
+    Ok(timeout)
+}
+
+/// `GET /messages/wait?to=&run=&count=N&timeout=10s`: answers as soon as at least `count`
+/// (default 1) kept copies are to `to` and of the run `run` (at least one of them given) —
+/// 200 `{"complete": true, "count", "wanted", "messages"}` — or, when `timeout` (default 10s,
+/// at most 60s) has passed, what there is: 408 with `"complete": false`. A bad parameter is 400
+/// and an unknown run 404, each with a problem body saying what to change.
+async fn wait(State(inbox): State<Inbox>, Query(q): Query<WaitQuery>) -> Response {
+    let bad = |detail: String| {
+        problem(
+            StatusCode::BAD_REQUEST,
+            "Bad wait",
+            "invalid_parameter",
+            &detail,
+        )
+    };
+    if q.to.is_none() && q.run.is_none() {
+        return bad("name what to wait for: to=<address>, run=<run id>, or both".into());
+    }
+    let wanted = match q.count.as_deref().map(str::parse::<usize>) {
+        None => 1,
+        Some(Ok(n)) if (1..=10_000).contains(&n) => n,
+        Some(_) => {
+            return bad(format!(
+                "count={:?}: expected a number of messages from 1 to 10000",
+                q.count.unwrap_or_default()
+            ));
+        }
+    };
+    let timeout = match q.timeout.as_deref().map(parse_timeout) {
+        None => Duration::from_secs(10),
+        Some(Ok(timeout)) => timeout,
+        Some(Err(why)) => return bad(why),
+    };
+    if let Some(unknown) = unknown_run(&inbox, q.run.as_deref()) {
+        return unknown;
+    }
+    let waited = inbox
+        .wait(q.to.as_deref(), q.run.as_deref(), wanted, timeout)
+        .await;
+    let status = if waited.complete {
+        StatusCode::OK
+    } else {
+        StatusCode::REQUEST_TIMEOUT
+    };
+    let body = json!({
+        "complete": waited.complete,
+        "count": waited.messages.len(),
+        "wanted": wanted,
+        "messages": waited.messages,
+    });
+    (status, Json(body)).into_response()
+}
+
+/// `GET /messages/{id}/links`: the message's links and one-time codes, and what the link
+/// scanner did with them ([`crate::Links`]); 404 if there is no such message.
+async fn links(State(inbox): State<Inbox>, Path(id): Path<String>) -> Response {
+    match inbox.links(&id) {
+        Some(links) => Json(links).into_response(),
+        None => problem(
+            StatusCode::NOT_FOUND,
+            "Unknown message",
+            "unknown_message",
+            "there is no such message (deleted, or beyond the inbox's retention)",
+        ),
+    }
+}
+
+/// `POST /runs`: a new run, 201 with its id, domain and tag ([`crate::Run`]).
+async fn create_run(State(inbox): State<Inbox>) -> Response {
+    let run = inbox.create_run();
+    let location = format!("/runs/{}", run.run);
+    let mut answer = (StatusCode::CREATED, Json(run)).into_response();
+    if let Ok(location) = axum::http::HeaderValue::from_str(&location) {
+        answer.headers_mut().insert(header::LOCATION, location);
+    }
+    answer
+}
+
+/// `GET /runs`: every run, oldest first, each with how many of its messages are kept.
+async fn list_runs(State(inbox): State<Inbox>) -> Json<Vec<crate::Run>> {
+    Json(inbox.runs())
+}
+
+/// `GET /runs/{id}`: the run with how many of its messages are kept, or 404.
+async fn one_run(State(inbox): State<Inbox>, Path(id): Path<String>) -> Response {
+    match inbox.run(&id) {
+        Some(run) => Json(run).into_response(),
+        None => {
+            unknown_run(&inbox, Some(&id)).unwrap_or_else(|| StatusCode::NOT_FOUND.into_response())
+        }
+    }
+}
+
+/// `DELETE /runs/{id}`: deletes the run and its messages: 200 `{"deleted": n}`, or 404.
+async fn delete_run(State(inbox): State<Inbox>, Path(id): Path<String>) -> Response {
+    match inbox.delete_run(&id) {
+        Some(deleted) => Json(json!({ "run": id, "deleted": deleted })).into_response(),
+        None => problem(
+            StatusCode::NOT_FOUND,
+            "Unknown run",
+            "unknown_run",
+            &format!("there is no run {id:?} (already deleted, or forgotten)"),
+        ),
+    }
 }
 
 /// `GET /deliveries/{key}`: whether a message under this delivery key was accepted

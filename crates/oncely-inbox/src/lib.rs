@@ -12,6 +12,14 @@
 //!   `GET /faults`, `PUT /faults` (changes the fields it names), `POST /reset` (a fresh inbox
 //!   for the next test: [`Inbox::clear`]). A browser's cross-origin request that would change
 //!   something is refused ([`http::router`]).
+//! - For CI ([`runs`], [`links`]): `POST /runs` makes a run whose mail (to any address at
+//!   `<id>.run.test`, or `anyone+<id>@any.domain`) is kept apart: `GET /messages?run=`,
+//!   `GET /runs/{id}` (its count), `GET /runs`, `DELETE /runs/{id}` (it and its mail);
+//!   `GET /messages/wait?to=&run=&count=&timeout=` answers as soon as `count` messages are kept
+//!   (200), or at the timeout with what there is (408) ([`Inbox::wait`], woken by each
+//!   arrival); `GET /messages/{id}/links` gives a message's links and one-time codes
+//!   ([`Inbox::links`]); the link scanner ([`Faults::link_scanner`]) fetches every loopback
+//!   link of a message when it arrives.
 //! - [`webhooks`]: `POST /webhooks/{name}` receives Standard Webhooks deliveries: it checks the
 //!   signature (`webhook-id`, `webhook-timestamp` within 5 minutes of the inbox's clock,
 //!   `webhook-signature`: any `v1` signature of any secret of `name`; HMAC-SHA256 over
@@ -59,8 +67,10 @@
 mod clock;
 mod faults;
 pub mod http;
+pub mod links;
 mod messages;
 pub mod page;
+pub mod runs;
 pub mod smtp;
 pub mod webhooks;
 
@@ -74,8 +84,11 @@ use time::OffsetDateTime;
 
 pub use clock::Clock;
 pub use faults::{Conflict, Faults, Rejection};
+pub use links::{Extracted, Scan};
 use messages::{ByArrival, Deliveries, Messages, SeenKeys, fingerprint};
 pub use messages::{Delivery, Retention};
+pub use runs::Run;
+use runs::Runs;
 pub use webhooks::{
     Headers as WebhookHeaders, Problem, SecretError, SecretsResolver, Verification, Webhook,
     WebhookStats,
@@ -87,6 +100,29 @@ pub const HTTP_IDEMPOTENCY_HEADER: &str = "Idempotency-Key";
 
 /// The idempotency header the SMTP intake reads by default (Resend's SMTP service).
 pub const SMTP_IDEMPOTENCY_HEADER: &str = "Resend-Idempotency-Key";
+
+/// What [`Inbox::wait`] found.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Waited {
+    /// The matching copies, oldest first.
+    pub messages: Vec<Message>,
+    /// Whether as many as were asked for came in time.
+    pub complete: bool,
+}
+
+/// A message's links and codes ([`Inbox::links`], `GET /messages/{id}/links`).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Links {
+    /// The message's id.
+    pub id: String,
+    /// Its `http(s)` links, in order ([`links`]).
+    pub links: Vec<String>,
+    /// Its one-time codes, in order ([`links`]).
+    pub codes: Vec<String>,
+    /// What the link scanner did with each link, once it has ([`Faults::link_scanner`]);
+    /// `null` when it has not (off when the message came, or still fetching).
+    pub scanned: Option<Vec<Scan>>,
+}
 
 /// How a message reached the inbox.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
@@ -255,6 +291,8 @@ struct State {
     webhook_keys: HashMap<String, Vec<Key>>,
     /// Where to ask for the secrets of a name with none set.
     webhook_resolver: Option<SecretsResolver>,
+    /// The runs created ([`Inbox::create_run`]).
+    runs: Runs,
 }
 
 impl State {
@@ -273,6 +311,7 @@ impl State {
             webhooks: Webhooks::default(),
             webhook_keys: HashMap::new(),
             webhook_resolver: None,
+            runs: Runs::default(),
         }
     }
 
@@ -292,6 +331,7 @@ impl State {
         self.stats.evicted += self.messages.evict(&self.config.retention, now);
         self.stats.webhooks.evicted += self.webhooks.evict(&self.config.retention, now);
         self.seen.expire(now);
+        self.runs.expire(now - self.config.retention.max_age);
     }
 
     /// The injected fault this attempt meets before its message is looked at, if any.
@@ -333,6 +373,8 @@ impl State {
 #[derive(Clone)]
 pub struct Inbox {
     state: Arc<Mutex<State>>,
+    /// Woken whenever a copy is kept, for those waiting for messages ([`Inbox::wait`]).
+    arrived: Arc<tokio::sync::Notify>,
 }
 
 impl Default for Inbox {
@@ -372,6 +414,7 @@ impl Inbox {
     pub fn with_config(config: Config) -> Self {
         Self {
             state: Arc::new(Mutex::new(State::new(config))),
+            arrived: Arc::new(tokio::sync::Notify::new()),
         }
     }
 
@@ -557,6 +600,7 @@ impl Inbox {
         state.stats = Stats::default();
         state.seen.clear();
         state.deliveries.clear();
+        state.runs.clear();
     }
 
     /// Whether the inbox accepted a message under the delivery key `key` — its idempotency key,
@@ -587,14 +631,126 @@ impl Inbox {
 
     /// Waits until `n` copies to `to` are kept, or `timeout` passes; returns what is there.
     pub async fn wait_for(&self, to: &str, n: usize, timeout: Duration) -> Vec<Message> {
-        let deadline = Instant::now() + timeout;
+        self.wait(Some(to), None, n, timeout).await.messages
+    }
+
+    /// The kept copies to `to` (case-insensitive) and of `run`, whichever are given (both: the
+    /// run's copies to `to`; neither: every copy), oldest first. A run that does not exist has
+    /// none ([`Inbox::run`] tells whether it does).
+    pub fn matching(&self, to: Option<&str>, run: Option<&str>) -> Vec<Message> {
+        let to = to.map(str::to_lowercase);
+        let mut state = self.lock();
+        let now = state.clock.now();
+        state.expire(now);
+        state.messages.matching(to.as_deref(), run)
+    }
+
+    /// Waits until at least `n` copies match `to` and `run` (as [`Inbox::matching`]: kept
+    /// copies count, those kept before the wait began included), or `timeout` passes; returns
+    /// what matches then, and whether there were `n`. Woken by each arrival, never polling.
+    ///
+    /// ```
+    /// # #[tokio::main(flavor = "current_thread")] async fn main() {
+    /// # use std::time::Duration;
+    /// let inbox = oncely_inbox::Inbox::new();
+    /// let waited = inbox.wait(Some("ada@example.com"), None, 1, Duration::from_millis(10)).await;
+    /// assert!(!waited.complete && waited.messages.is_empty());
+    /// # }
+    /// ```
+    pub async fn wait(
+        &self,
+        to: Option<&str>,
+        run: Option<&str>,
+        n: usize,
+        timeout: Duration,
+    ) -> Waited {
+        let deadline = tokio::time::Instant::now() + timeout;
         loop {
-            let found = self.messages(Some(to));
-            if found.len() >= n || Instant::now() >= deadline {
-                return found;
+            // Registered before looking, so that an arrival in between is not missed.
+            let arrived = self.arrived.notified();
+            tokio::pin!(arrived);
+            arrived.as_mut().enable();
+            let messages = self.matching(to, run);
+            if messages.len() >= n {
+                return Waited {
+                    messages,
+                    complete: true,
+                };
             }
-            tokio::time::sleep(Duration::from_millis(20)).await;
+            if tokio::time::timeout_at(deadline, arrived).await.is_err() {
+                let messages = self.matching(to, run);
+                return Waited {
+                    complete: messages.len() >= n,
+                    messages,
+                };
+            }
         }
+    }
+
+    /// Creates a run ([`runs`]): mail to its domain or plus tag is kept apart under it.
+    pub fn create_run(&self) -> Run {
+        let mut state = self.lock();
+        let now = state.clock.now();
+        state.expire(now);
+        let id = state.runs.create(now);
+        runs::summary(&id, now, state.messages.count_run(&id))
+    }
+
+    /// The run `id` with how many of its messages are kept, if it exists.
+    pub fn run(&self, id: &str) -> Option<Run> {
+        let mut state = self.lock();
+        let now = state.clock.now();
+        state.expire(now);
+        let created_at = state.runs.created_at(id)?;
+        Some(runs::summary(id, created_at, state.messages.count_run(id)))
+    }
+
+    /// Every run that exists, oldest first.
+    pub fn runs(&self) -> Vec<Run> {
+        let mut state = self.lock();
+        let now = state.clock.now();
+        state.expire(now);
+        let state = &*state;
+        state
+            .runs
+            .ids()
+            .filter_map(|id| {
+                let created_at = state.runs.created_at(id)?;
+                Some(runs::summary(id, created_at, state.messages.count_run(id)))
+            })
+            .collect()
+    }
+
+    /// Deletes the run `id` and its kept messages; how many messages went, or `None` if there
+    /// is no such run. Counters and provider mode's keys stay, as with [`Inbox::delete`].
+    pub fn delete_run(&self, id: &str) -> Option<usize> {
+        let mut state = self.lock();
+        if !state.runs.remove(id) {
+            return None;
+        }
+        let ids = state.messages.ids_of_run(id);
+        Some(ids.iter().filter(|id| state.messages.remove(id)).count())
+    }
+
+    /// The links and one-time codes of message `id` ([`links`]), and what the link scanner did
+    /// with them, if it has; `None` if there is no such message.
+    pub fn links(&self, id: &str) -> Option<Links> {
+        let mut state = self.lock();
+        let now = state.clock.now();
+        state.expire(now);
+        let message = state.messages.get(id)?;
+        let Extracted { links, codes } = links::extract(message);
+        Some(Links {
+            id: id.to_owned(),
+            links,
+            codes,
+            scanned: state.messages.scans(id).cloned(),
+        })
+    }
+
+    /// Keeps what the link scanner did with the links of message `id`.
+    fn record_scans(&self, id: &str, scans: Vec<Scan>) {
+        self.lock().messages.set_scans(id, scans);
     }
 
     /// Answers one delivery attempt as both intakes do: in provider mode, a key already in
@@ -664,11 +820,19 @@ impl Inbox {
                 .insert(key, id.clone(), fingerprint, now + window);
         }
         state.deliveries.accepted(&message);
+        let to_scan = state
+            .faults
+            .link_scanner
+            .then(|| links::extract(&message).links);
         if state.messages.insert(message) {
             state.stats.duplicates += 1;
         }
         state.stats.delivered += 1;
         state.expire(now);
+        self.arrived.notify_waiters();
+        if let Some(to_scan) = to_scan {
+            links::spawn_scan(self.clone(), id.clone(), to_scan);
+        }
         if state.faults.drop_after_accept > 0 {
             state.faults.drop_after_accept -= 1;
             state.stats.dropped += 1;
@@ -1055,6 +1219,55 @@ mod tests {
         assert_eq!(inbox.lock().webhooks.index_sizes(), (0, 0, 0));
         assert_eq!(inbox.stats().webhooks.evicted, 6);
         assert_eq!(inbox.lock().messages.len(), 0, "messages are another store");
+    }
+
+    /// Issue 21, item 2: runs keep a CI job's mail apart, and stay bounded.
+    #[test]
+    fn a_runs_mail_is_kept_apart_and_goes_with_it_and_runs_are_bounded() {
+        let (inbox, clock) = bounded(3, Duration::from_secs(3600));
+        let (a, b) = (inbox.create_run(), inbox.create_run());
+        assert_ne!(a.run, b.run);
+        inbox.receive(to(None, &format!("x@{}", a.domain.to_uppercase())));
+        inbox.receive(to(None, &format!("y+{}@x.io", a.tag)));
+        inbox.receive(to(None, &format!("x@{}", b.domain)));
+        assert_eq!(inbox.run(&a.run).unwrap().messages, 2);
+        assert_eq!(inbox.matching(None, Some(&b.run)).len(), 1);
+        let x_of_a = inbox.matching(Some(&format!("X@{}", a.domain)), Some(&a.run));
+        assert_eq!(x_of_a.len(), 1, "to and run together");
+        assert_eq!(
+            inbox
+                .matching(Some(&format!("x@{}", a.domain)), Some(&b.run))
+                .len(),
+            0
+        );
+        assert_eq!(inbox.delete_run(&a.run), Some(2));
+        assert_eq!((inbox.run(&a.run), inbox.delete_run(&a.run)), (None, None));
+        assert_eq!(
+            inbox.matching(None, Some(&b.run)).len(),
+            1,
+            "b keeps its mail"
+        );
+        for n in 0..3 {
+            inbox.receive(numbered(n, "z@x.io"));
+        }
+        assert_eq!(
+            inbox.lock().messages.run_index_sizes(),
+            (0, 0),
+            "evicted, unindexed"
+        );
+        clock.advance(Duration::from_secs(3600));
+        assert!(
+            inbox.run(&b.run).is_none(),
+            "forgotten after the retention's age"
+        );
+        let first = inbox.create_run();
+        for _ in 0..runs::MAX_RUNS {
+            inbox.create_run();
+        }
+        assert!(inbox.run(&first.run).is_none());
+        assert_eq!(inbox.runs().len(), runs::MAX_RUNS);
+        inbox.clear();
+        assert!(inbox.runs().is_empty(), "a full reset forgets them");
     }
 
     #[test]

@@ -10,6 +10,8 @@ use serde::{Deserialize, Serialize};
 use time::OffsetDateTime;
 
 use crate::Message;
+use crate::links::Scan;
+use crate::runs::run_of;
 
 /// How much the inbox keeps: the oldest messages go first, when there are more than
 /// `max_messages` or when they are older than `max_age`.
@@ -68,6 +70,15 @@ pub(crate) struct Messages {
     by_to: HashMap<String, BTreeSet<u64>>,
     /// Duplicate key (idempotency key, else `Message-ID`) → arrivals.
     by_key: HashMap<String, BTreeSet<u64>>,
+    /// Run a recipient names ([`crate::runs`]) → arrivals.
+    by_run: HashMap<String, BTreeSet<u64>>,
+    /// What the link scanner did with each message's links, by arrival (when it has finished).
+    scans: HashMap<u64, Vec<Scan>>,
+}
+
+/// The runs `message`'s recipients name, each once.
+fn runs_of(message: &Message) -> BTreeSet<&str> {
+    message.to.iter().filter_map(|to| run_of(to)).collect()
 }
 
 /// What counts two copies as the same message in normal mode: the idempotency key the intake
@@ -93,6 +104,12 @@ impl Messages {
         for to in &message.to {
             self.by_to.entry(to.clone()).or_default().insert(arrival);
         }
+        for run in runs_of(&message) {
+            self.by_run
+                .entry(run.to_owned())
+                .or_default()
+                .insert(arrival);
+        }
         self.by_id.insert(message.id.clone(), arrival);
         self.by_arrival.insert(arrival, message);
         duplicate
@@ -115,6 +132,59 @@ impl Messages {
                     .collect()
             }),
         }
+    }
+
+    /// The messages to `to` (lower case) and of `run`, whichever are given (both: those of the
+    /// run to `to`), oldest first.
+    pub(crate) fn matching(&self, to: Option<&str>, run: Option<&str>) -> Vec<Message> {
+        let arrivals = |index: &HashMap<String, BTreeSet<u64>>, key: &str| {
+            index.get(key).cloned().unwrap_or_default()
+        };
+        let chosen = match (to, run) {
+            (None, None) => return self.list(None),
+            (Some(to), None) => arrivals(&self.by_to, to),
+            (None, Some(run)) => arrivals(&self.by_run, run),
+            (Some(to), Some(run)) => {
+                let of_run = arrivals(&self.by_run, run);
+                arrivals(&self.by_to, to)
+                    .intersection(&of_run)
+                    .copied()
+                    .collect()
+            }
+        };
+        chosen
+            .iter()
+            .filter_map(|a| self.by_arrival.get(a))
+            .cloned()
+            .collect()
+    }
+
+    /// How many kept messages are of `run`.
+    pub(crate) fn count_run(&self, run: &str) -> usize {
+        self.by_run.get(run).map_or(0, BTreeSet::len)
+    }
+
+    /// The ids of the kept messages of `run`.
+    pub(crate) fn ids_of_run(&self, run: &str) -> Vec<String> {
+        self.by_run.get(run).map_or_else(Vec::new, |arrivals| {
+            arrivals
+                .iter()
+                .filter_map(|a| self.by_arrival.get(a))
+                .map(|m| m.id.clone())
+                .collect()
+        })
+    }
+
+    /// Records what the link scanner did with the links of message `id`, if it is still kept.
+    pub(crate) fn set_scans(&mut self, id: &str, scans: Vec<Scan>) {
+        if let Some(&arrival) = self.by_id.get(id) {
+            self.scans.insert(arrival, scans);
+        }
+    }
+
+    /// What the link scanner did with the links of message `id`, once it has finished.
+    pub(crate) fn scans(&self, id: &str) -> Option<&Vec<Scan>> {
+        self.by_id.get(id).and_then(|a| self.scans.get(a))
     }
 
     /// The newest messages that `query` matches, at most `limit`, newest first, each with how
@@ -179,6 +249,10 @@ impl Messages {
         for to in &message.to {
             unindex(&mut self.by_to, to, arrival);
         }
+        for run in runs_of(&message) {
+            unindex(&mut self.by_run, run, arrival);
+        }
+        self.scans.remove(&arrival);
         if let Some(key) = duplicate_key(&message) {
             unindex(&mut self.by_key, key, arrival);
         }
@@ -188,6 +262,13 @@ impl Messages {
     #[cfg(test)]
     pub(crate) fn index_sizes(&self) -> (usize, usize, usize) {
         (self.by_to.len(), self.by_key.len(), self.by_id.len())
+    }
+
+    /// How many runs the run index holds, and how many scans are recorded, for tests of their
+    /// upkeep.
+    #[cfg(test)]
+    pub(crate) fn run_index_sizes(&self) -> (usize, usize) {
+        (self.by_run.len(), self.scans.len())
     }
 }
 

@@ -411,6 +411,9 @@ fn faults_summary(f: &Faults) -> String {
             f.webhook_drop_after_accept
         ));
     }
+    if f.link_scanner {
+        on.push("the link scanner GETs each message's loopback links".to_owned());
+    }
     if on.is_empty() {
         "none".to_owned()
     } else {

@@ -976,3 +976,333 @@ async fn a_delivery_key_is_looked_up_as_a_provider_would_answer_for_it() {
     assert!(reset.status().is_success());
     assert_eq!(lookup("k-http").await["accepted"], json!(false));
 }
+
+/// Creates a run over HTTP; its JSON.
+async fn create_run(base: &str) -> Value {
+    let response = oncely_testdb::http()
+        .post(format!("{base}/runs"))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(response.status(), 201);
+    let run: Value = response.json().await.unwrap();
+    run
+}
+
+/// Sends `email(to)` over HTTP, expecting it accepted.
+async fn send_to(base: &str, to: &str) {
+    let status = status_of(
+        oncely_testdb::http()
+            .post(format!("{base}/emails"))
+            .json(&email(to)),
+    )
+    .await;
+    assert_eq!(status, 200, "{to}");
+}
+
+/// Issue 21, item 2: two CI jobs sharing one inbox never see each other's mail.
+#[tokio::test]
+async fn runs_keep_each_jobs_mail_apart_and_are_listed_counted_and_deleted_by_run() {
+    let (_inbox, base) = start().await;
+    let http = oncely_testdb::http();
+    let response = http.post(format!("{base}/runs")).send().await.unwrap();
+    assert_eq!(response.status(), 201);
+    let location = response.headers()["location"].to_str().unwrap().to_owned();
+    let a: Value = response.json().await.unwrap();
+    let b = create_run(&base).await;
+    let (a_id, b_id) = (a["run"].as_str().unwrap(), b["run"].as_str().unwrap());
+    assert_eq!(location, format!("/runs/{a_id}"));
+    assert_eq!(a["domain"], format!("{a_id}.run.test"));
+    assert_eq!(a["tag"], a_id);
+    send_to(&base, &format!("ada@{a_id}.run.test")).await;
+    send_to(&base, &format!("bob+{a_id}@example.com")).await;
+    send_to(&base, &format!("ada@{b_id}.run.test")).await;
+    send_to(&base, "someone@example.com").await;
+    // A throttled attempt to a run's address is answered 429 with Retry-After, and not kept.
+    http.put(format!("{base}/faults"))
+        .json(&json!({ "throttle_next": 1, "retry_after_s": 7 }))
+        .send()
+        .await
+        .unwrap();
+    let (status, retry_after, _) =
+        post_email(&base, "t", &email(&format!("carol@{a_id}.run.test"))).await;
+    assert_eq!((status, retry_after.as_deref()), (429, Some("7")));
+
+    let of_a: Vec<Value> = get_json(format!("{base}/messages?run={a_id}")).await;
+    let to: Vec<&str> = of_a.iter().map(|m| m["to"][0].as_str().unwrap()).collect();
+    assert_eq!(
+        to,
+        [
+            format!("ada@{a_id}.run.test"),
+            format!("bob+{a_id}@example.com")
+        ]
+    );
+    let of_b: Vec<Value> = get_json(format!("{base}/messages?run={b_id}")).await;
+    assert_eq!(of_b.len(), 1);
+    let ada_of_b: Vec<Value> =
+        get_json(format!("{base}/messages?run={b_id}&to=ADA@{a_id}.run.test")).await;
+    assert!(
+        ada_of_b.is_empty(),
+        "to and run together: a's address is not b's"
+    );
+    let counted: Value = get_json(format!("{base}/runs/{a_id}")).await;
+    assert_eq!(counted["messages"], 2);
+    let runs: Vec<Value> = get_json(format!("{base}/runs")).await;
+    assert_eq!(runs.len(), 2);
+
+    let deleted = http
+        .delete(format!("{base}/runs/{a_id}"))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(deleted.status(), 200);
+    assert_eq!(deleted.json::<Value>().await.unwrap()["deleted"], 2);
+    for gone in [
+        http.get(format!("{base}/runs/{a_id}")),
+        http.get(format!("{base}/messages?run={a_id}")),
+        http.delete(format!("{base}/runs/{a_id}")),
+    ] {
+        let response = gone.send().await.unwrap();
+        assert_eq!(response.status(), 404);
+        assert_eq!(
+            response.headers()["content-type"],
+            "application/problem+json"
+        );
+        let problem: Value = response.json().await.unwrap();
+        assert!(problem["problem"] == "unknown_run", "{problem}");
+    }
+    let all: Vec<Value> = get_json(format!("{base}/messages")).await;
+    assert_eq!(all.len(), 2, "b's message and the one outside any run stay");
+}
+
+/// The answer to `GET /messages/wait?{query}`: its status, body, and how long it took.
+async fn wait(base: &str, query: &str) -> (u16, Value, Duration) {
+    let started = Instant::now();
+    let response = oncely_testdb::http()
+        .get(format!("{base}/messages/wait?{query}"))
+        .send()
+        .await
+        .unwrap();
+    let status = response.status().as_u16();
+    (status, response.json().await.unwrap(), started.elapsed())
+}
+
+#[tokio::test]
+async fn a_wait_answers_as_soon_as_the_messages_arrive_and_at_its_timeout_what_there_is() {
+    let (_inbox, base) = start().await;
+    let run = create_run(&base).await;
+    let id = run["run"].as_str().unwrap().to_owned();
+    let waiting = tokio::spawn({
+        let base = base.clone();
+        let id = id.clone();
+        async move { wait(&base, &format!("run={id}&count=2&timeout=30s")).await }
+    });
+    tokio::time::sleep(Duration::from_millis(50)).await;
+    send_to(&base, &format!("ada@{id}.run.test")).await;
+    send_to(&base, "elsewhere@example.com").await;
+    send_to(&base, &format!("bob@{id}.run.test")).await;
+    let (status, body, took) = waiting.await.unwrap();
+    assert_eq!(status, 200, "{body}");
+    assert!(
+        took < Duration::from_secs(5),
+        "answered on arrival: {took:?}"
+    );
+    assert_eq!(
+        (body["complete"].as_bool(), body["count"].as_u64()),
+        (Some(true), Some(2))
+    );
+    assert_eq!(body["messages"][1]["to"][0], format!("bob@{id}.run.test"));
+
+    let (status, body, took) = wait(
+        &base,
+        &format!("to=ADA@{id}.run.test&count=2&timeout=200ms"),
+    )
+    .await;
+    assert_eq!(status, 408, "{body}");
+    assert!(took >= Duration::from_millis(200));
+    assert_eq!(
+        (
+            body["complete"].as_bool(),
+            body["count"].as_u64(),
+            body["wanted"].as_u64()
+        ),
+        (Some(false), Some(1), Some(2)),
+        "what there is, at the timeout"
+    );
+    let (status, body, _) = wait(&base, &format!("to=ada@{id}.run.test&timeout=0")).await;
+    assert_eq!(
+        (status, body["count"].as_u64()),
+        (200, Some(1)),
+        "count defaults to 1"
+    );
+}
+
+#[tokio::test]
+async fn a_wait_with_a_bad_parameter_is_refused_with_the_reason() {
+    let (_inbox, base) = start().await;
+    for (query, reason) in [
+        ("count=1", "name what to wait for"),
+        ("to=a@x.io&count=0", "count=\"0\""),
+        ("to=a@x.io&count=many", "count=\"many\""),
+        ("to=a@x.io&timeout=61s", "at most 60s"),
+        ("to=a@x.io&timeout=2h", "at most 60s"),
+        ("to=a@x.io&timeout=soon", "such as 500ms"),
+        ("to=a@x.io&timeout=-1s", "such as 500ms"),
+    ] {
+        let (status, body, _) = wait(&base, query).await;
+        assert_eq!(status, 400, "{query}");
+        let detail = body["detail"].as_str().unwrap();
+        assert!(detail.contains(reason), "{query}: {detail}");
+    }
+    let (status, body, _) = wait(&base, "run=nosuchrun&timeout=1s").await;
+    assert_eq!(
+        (status, body["problem"].as_str()),
+        (404, Some("unknown_run"))
+    );
+}
+
+#[tokio::test]
+async fn a_messages_links_and_one_time_codes_are_extracted_from_its_text_and_html() {
+    let (inbox, base) = start().await;
+    let body = json!({
+        "from": "a@example.com", "to": ["ada@example.com"], "subject": "Verify",
+        "text": "Confirm: http://127.0.0.1:8080/v1/verify?token=Ab_9-x.\nYour code is 493817.",
+        "html": "<p><a href=\"http://127.0.0.1:8080/v1/verify?token=Ab_9-x\">Confirm</a> \
+                 <a href='https://example.com/help?a=1&amp;code=XY12'>help</a></p>",
+    });
+    let sent: Value = oncely_testdb::http()
+        .post(format!("{base}/emails"))
+        .json(&body)
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    let id = sent["id"].as_str().unwrap();
+    let links: Value = get_json(format!("{base}/messages/{id}/links")).await;
+    assert_eq!(
+        links,
+        json!({
+            "id": id,
+            "links": [
+                "http://127.0.0.1:8080/v1/verify?token=Ab_9-x",
+                "https://example.com/help?a=1&code=XY12",
+            ],
+            "codes": ["493817", "XY12"],
+            "scanned": null,
+        })
+    );
+    assert_eq!(inbox.links(id).unwrap().links.len(), 2);
+    let unknown = oncely_testdb::http()
+        .get(format!("{base}/messages/nope/links"))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(unknown.status(), 404);
+}
+
+/// A loopback site that records the path and query of every request it gets.
+async fn recording_site() -> (String, std::sync::Arc<std::sync::Mutex<Vec<String>>>) {
+    let seen = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));
+    let app = axum::Router::new().fallback({
+        let seen = seen.clone();
+        move |request: axum::extract::Request| async move {
+            let what = format!("{} {}", request.method(), request.uri());
+            seen.lock().unwrap().push(what);
+            if request.uri().path() == "/missing" {
+                axum::http::StatusCode::NOT_FOUND
+            } else {
+                axum::http::StatusCode::OK
+            }
+        }
+    });
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    tokio::spawn(async move { axum::serve(listener, app).await.unwrap() });
+    (format!("http://{addr}"), seen)
+}
+
+/// The scanner's record of message `id`, once it has one (within 5 s).
+async fn scanned(base: &str, id: &str) -> Vec<Value> {
+    for _ in 0..250 {
+        let links: Value = get_json(format!("{base}/messages/{id}/links")).await;
+        if let Some(scans) = links["scanned"].as_array() {
+            return scans.clone();
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    panic!("the scanner recorded nothing for {id}");
+}
+
+#[tokio::test]
+async fn the_link_scanner_gets_every_loopback_link_on_arrival_and_never_another_host() {
+    let (_inbox, base) = start().await;
+    let (site, seen) = recording_site().await;
+    let (status, set) = put_faults(&base, json!({ "link_scanner": true })).await;
+    assert_eq!((status, set.map(|f| f.link_scanner)), (200, Some(true)));
+    let body = json!({
+        "from": "a@example.com", "to": ["ada@example.com"], "subject": "Links",
+        "text": format!("{site}/verify?token=t1 and {site}/missing and \
+                         http://example.com/never and https://127.0.0.1:1/tls"),
+        "html": format!("<a href=\"{site}/verify?token=t1\">again, once</a>"),
+    });
+    let sent: Value = oncely_testdb::http()
+        .post(format!("{base}/emails"))
+        .json(&body)
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    let scans = scanned(&base, sent["id"].as_str().unwrap()).await;
+    let outcome: Vec<(String, Value, bool)> = scans
+        .iter()
+        .map(|s| {
+            (
+                s["url"].as_str().unwrap().to_owned(),
+                s["status"].clone(),
+                s["error"]
+                    .as_str()
+                    .is_some_and(|e| e.starts_with("skipped")),
+            )
+        })
+        .collect();
+    assert_eq!(
+        outcome,
+        [
+            (format!("{site}/verify?token=t1"), json!(200), false),
+            (format!("{site}/missing"), json!(404), false),
+            ("http://example.com/never".to_owned(), Value::Null, true),
+            ("https://127.0.0.1:1/tls".to_owned(), Value::Null, true),
+        ]
+    );
+    assert_eq!(
+        *seen.lock().unwrap(),
+        ["GET /verify?token=t1", "GET /missing"],
+        "each loopback link once, with GET"
+    );
+
+    // Off again: a message's links are not fetched.
+    put_faults(&base, json!({ "link_scanner": false })).await;
+    let quiet = json!({ "from": "a@example.com", "to": ["b@example.com"], "subject": "s",
+                        "text": format!("{site}/quiet") });
+    let sent: Value = oncely_testdb::http()
+        .post(format!("{base}/emails"))
+        .json(&quiet)
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    let links: Value = get_json(format!(
+        "{base}/messages/{}/links",
+        sent["id"].as_str().unwrap()
+    ))
+    .await;
+    assert!(links["scanned"].is_null());
+    assert_eq!(seen.lock().unwrap().len(), 2);
+}

@@ -82,11 +82,10 @@ impl Command {
             Self::Prune(args) => args.output.json,
             Self::Key(KeyCommand::Show { output, .. }) => output.json,
             Self::Check(args) => args.json,
-            Self::Serve(_)
-            | Self::Worker(_)
-            | Self::Inbox(_)
-            | Self::Demo { .. }
-            | Self::Gateway(_) => false,
+            Self::Inbox(args) => {
+                matches!(&args.command, Some(InboxCommand::Expect(expect)) if expect.json)
+            }
+            Self::Serve(_) | Self::Worker(_) | Self::Demo { .. } | Self::Gateway(_) => false,
         }
     }
 }
@@ -1323,12 +1322,17 @@ pub struct WorkerArgs {
 
 /// Settings of `oncely inbox`.
 #[derive(Debug, Clone, Args)]
+#[command(args_conflicts_with_subcommands = true)]
 pub struct InboxArgs {
+    /// Ask a running inbox instead of running one.
+    #[command(subcommand)]
+    pub command: Option<InboxCommand>,
     /// SMTP listen address.
     #[arg(long, default_value = "127.0.0.1:2525")]
     pub smtp: SocketAddr,
     /// HTTP listen address (`POST /emails`, `GET /messages`, `DELETE /messages`, `GET /stats`,
-    /// `PUT /faults`: changes the fields it names, `POST /reset` with `{}`).
+    /// `PUT /faults`: changes the fields it names, `POST /reset` with `{}`; for CI: `POST /runs`,
+    /// `GET /messages/wait`, `GET /messages/{id}/links`: docs/inbox.md).
     #[arg(long, default_value = "127.0.0.1:8025")]
     pub http: SocketAddr,
     /// Behave like a real provider (Resend): a repeat of an idempotency key within 24 h is
@@ -1347,6 +1351,77 @@ pub struct InboxArgs {
     /// How long a message is kept (`24h`, `90m`, …).
     #[arg(long, default_value = "24h", value_parser = parse_duration)]
     pub max_age: Duration,
+}
+
+/// `oncely inbox …`: what is asked of a running inbox.
+#[derive(Debug, Clone, Subcommand)]
+pub enum InboxCommand {
+    /// Wait for mail in a running inbox, for shell scripts in CI: exits 0 and prints one line —
+    /// the first link that matches --link-matches, or else the ids of the messages — once
+    /// --count messages to --to (and/or of --run) are there; else one line on stderr saying
+    /// why: exit 3 when fewer came within --within (or the run does not exist), 4 when none of
+    /// their links matches, 1 when the inbox cannot be reached, 2 for a bad flag or regex
+    /// (docs/inbox.md).
+    Expect(ExpectArgs),
+}
+
+/// `oncely inbox expect`.
+#[derive(Debug, Clone, Args)]
+#[command(group(ArgGroup::new("what").required(true).multiple(true).args(["to", "run"])))]
+pub struct ExpectArgs {
+    /// The recipient to wait for (any case).
+    #[arg(long, value_name = "ADDR")]
+    pub to: Option<String>,
+    /// The run (`POST /runs`) whose mail to wait for; with --to, the run's mail to that address.
+    #[arg(long, value_name = "ID")]
+    pub run: Option<String>,
+    /// How many messages (those already there count).
+    #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u64).range(1..=10_000))]
+    pub count: u64,
+    /// How long to wait (`10s`, `500ms`, `2m`).
+    #[arg(long, default_value = "10s", value_parser = parse_duration)]
+    pub within: Duration,
+    /// Print the first link of the messages (oldest message first, in each in order) that this
+    /// regular expression matches somewhere, e.g. `/v1/verify\?token=`; exit 4 if none does.
+    #[arg(long, value_name = "REGEX", value_parser = parse_regex)]
+    pub link_matches: Option<regex_automata::meta::Regex>,
+    /// The inbox's HTTP address, as `oncely inbox --http` was given it (`host:port`, or a URL
+    /// such as `http://127.0.0.1:8025` or the dev inbox's `http://localhost:8080/_dev/inbox`).
+    #[arg(long, default_value = "127.0.0.1:8025", value_parser = parse_inbox_url)]
+    pub http: url::Url,
+    /// Print one JSON document on stdout: `complete`, the `messages` (`id`, `to`, `subject`,
+    /// `links`, `codes`), and the `link` --link-matches chose (or null); a failure is one JSON
+    /// line on stderr. The exit codes stay the same.
+    #[arg(long)]
+    pub json: bool,
+}
+
+fn parse_regex(s: &str) -> Result<regex_automata::meta::Regex, String> {
+    regex_automata::meta::Regex::new(s).map_err(|e| {
+        // The parser's message spans lines (the pattern, a caret, then `error: why`): its last.
+        let why = e
+            .syntax_error()
+            .and_then(|syntax| {
+                let text = syntax.to_string();
+                let last = text.lines().last()?.trim();
+                Some(last.strip_prefix("error: ").unwrap_or(last).to_owned())
+            })
+            .unwrap_or_else(|| e.to_string());
+        format!("not a regular expression: {why}")
+    })
+}
+
+fn parse_inbox_url(s: &str) -> Result<url::Url, String> {
+    let with_scheme = if s.contains("://") {
+        s.to_owned()
+    } else {
+        format!("http://{s}")
+    };
+    let url = url::Url::parse(&with_scheme).map_err(|e| format!("{s:?}: {e}"))?;
+    if !matches!(url.scheme(), "http" | "https") || url.host_str().is_none() {
+        return Err(format!("{s:?}: expected host:port or an http(s) URL"));
+    }
+    Ok(url)
 }
 
 impl InboxArgs {

@@ -19,6 +19,7 @@
 //! - [`gateway`]: `oncely gateway`, the contract in front of an application in any language.
 //! - [`telemetry`]: logs, request ids, metrics; [`prune`]: retention; [`demo`]: `oncely demo`.
 //! - [`check`]: `oncely check URL`, the contract run against any API (no database).
+//! - [`expect`]: `oncely inbox expect`, waiting for mail in a running test inbox (CI scripts).
 //!
 //! `main.rs` parses and resolves the command line, picks the backend once, and calls into these.
 
@@ -36,6 +37,7 @@ pub mod code;
 pub mod connections;
 pub mod demo;
 pub mod email;
+pub mod expect;
 pub mod gateway;
 pub mod identity;
 pub mod mail;

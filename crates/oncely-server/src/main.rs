@@ -10,8 +10,9 @@ use oncely_server::accounts::Accounts;
 use oncely_server::app::{self, Application};
 use oncely_server::backend::{self, Backend, COMMAND_POOL, Postgres, Sqlite};
 use oncely_server::cli::{
-    CheckArgs, Cli, Command, DatabaseArgs, GatewayArgs, InboxArgs, KeyCommand, MigrateArgs,
-    OutboxCommand, OutputArgs, PreviewArgs, PruneArgs, TemplatesCommand, TenantCommand,
+    CheckArgs, Cli, Command, DatabaseArgs, GatewayArgs, InboxArgs, InboxCommand, KeyCommand,
+    MigrateArgs, OutboxCommand, OutputArgs, PreviewArgs, PruneArgs, TemplatesCommand,
+    TenantCommand,
 };
 use oncely_server::mail::MailContext;
 use oncely_server::settings::{Environment, Settings, WorkerSettings};
@@ -67,6 +68,13 @@ enum Task {
 
 async fn run(cli: Cli, demo_log: Option<PathBuf>) -> anyhow::Result<()> {
     let task = match cli.command {
+        Command::Inbox(InboxArgs {
+            command: Some(InboxCommand::Expect(expect)),
+            ..
+        }) => {
+            print!("{}", oncely_server::expect::run(&expect).await?);
+            return Ok(());
+        }
         Command::Inbox(args) => return run_inbox(args).await,
         Command::Demo { intents, .. } => return run_demo(intents, demo_log).await,
         Command::Check(args) => return run_check(args).await,
@@ -256,7 +264,8 @@ async fn run_inbox(args: InboxArgs) -> anyhow::Result<()> {
     let running = inbox.start(args.smtp, args.http).await?;
     println!(
         "oncely inbox: SMTP {}  HTTP http://{}  (GET /messages, DELETE /messages, GET /stats, \
-         PUT /faults with the fields to change, POST /reset with {{}})",
+         PUT /faults with the fields to change, POST /reset with {{}}; for CI: POST /runs, \
+         GET /messages/wait, `oncely inbox expect`)",
         running.smtp_addr, running.http_addr
     );
     println!("the page: http://{}/", running.http_addr);

@@ -55,13 +55,17 @@ pub enum Failure {
     Ambiguous,
     /// `outbox settle` of a job that is not parked, or `outbox retry` of one that is (exit 4).
     Parked,
+    /// `inbox expect`: fewer messages came than were expected, in the time given (exit 3).
+    Timeout,
+    /// `inbox expect`: the messages came, but none has a link that matches (exit 4).
+    NoMatchingLink,
 }
 
 impl Failure {
     /// The process's exit code.
     pub fn exit_code(self) -> u8 {
         match self {
-            Self::NotFound => 3,
+            Self::NotFound | Self::Timeout => 3,
             _ => 4,
         }
     }
@@ -76,6 +80,8 @@ impl Failure {
             Self::TenantExists => "tenant_exists",
             Self::Ambiguous => "ambiguous",
             Self::Parked => "parked",
+            Self::Timeout => "timeout",
+            Self::NoMatchingLink => "no_matching_link",
         }
     }
 }
@@ -91,7 +97,7 @@ pub struct CommandError {
     pub message: String,
 }
 
-fn refuse(failure: Failure, message: impl Into<String>) -> anyhow::Error {
+pub(crate) fn refuse(failure: Failure, message: impl Into<String>) -> anyhow::Error {
     CommandError {
         failure,
         message: message.into(),

@@ -23,6 +23,7 @@ mod gateway;
 mod gateway_express;
 mod health;
 mod hostile;
+mod inbox_ci;
 mod link_in_a_browser;
 mod login;
 mod one_payload;

@@ -1,0 +1,235 @@
+//! The test inbox as a CI tool (issue 21, item 2): `oncely inbox expect` against a real
+//! `oncely inbox` process, and the link scanner against a real signup.
+
+use std::time::Duration;
+
+use oncely_inbox::Faults;
+use serde_json::{Value, json};
+
+use crate::requests::{VERIFIED_USERS, app_with_faults};
+use crate::support::{sqlite_db, token_in};
+
+/// `oncely inbox` on free ports: the process and its HTTP base URL.
+async fn spawn_inbox() -> (tokio::process::Child, String) {
+    let mut child = tokio::process::Command::new(env!("CARGO_BIN_EXE_oncely"))
+        .args(["inbox", "--smtp", "127.0.0.1:0", "--http", "127.0.0.1:0"])
+        .stdout(std::process::Stdio::piped())
+        .kill_on_drop(true)
+        .spawn()
+        .unwrap();
+    let mut lines = tokio::io::BufReader::new(child.stdout.take().unwrap());
+    let mut first = String::new();
+    tokio::io::AsyncBufReadExt::read_line(&mut lines, &mut first)
+        .await
+        .unwrap();
+    let base = first
+        .split_whitespace()
+        .find(|w| w.starts_with("http://"))
+        .expect("the HTTP address")
+        .to_owned();
+    // Read the rest, so that the inbox's next lines do not meet a closed pipe.
+    tokio::spawn(async move { tokio::io::copy(&mut lines, &mut tokio::io::sink()).await });
+    (child, base)
+}
+
+/// `oncely inbox expect --http <base> <args>`: its exit code, stdout and stderr.
+async fn expect(base: &str, args: &[&str]) -> (i32, String, String) {
+    let output = tokio::process::Command::new(env!("CARGO_BIN_EXE_oncely"))
+        .args(["inbox", "expect", "--http", base])
+        .args(args)
+        .output()
+        .await
+        .unwrap();
+    (
+        output.status.code().unwrap(),
+        String::from_utf8(output.stdout).unwrap(),
+        String::from_utf8(output.stderr).unwrap(),
+    )
+}
+
+/// Sends a message with `text` to `to` through the inbox's HTTP intake.
+async fn send(base: &str, to: &str, text: &str) {
+    let response = oncely_testdb::http()
+        .post(format!("{base}/emails"))
+        .json(&json!({ "from": "app@example.com", "to": [to], "subject": "Verify", "text": text }))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(response.status(), 200);
+}
+
+#[tokio::test]
+async fn inbox_expect_prints_the_matching_link_once_mail_arrives_and_exits_distinctly_for_each_failure()
+ {
+    let (_inbox, base) = spawn_inbox().await;
+    let run: Value = oncely_testdb::http()
+        .post(format!("{base}/runs"))
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    let id = run["run"].as_str().unwrap().to_owned();
+    let ada = format!("ada@{id}.run.test");
+    // Waiting before the mail is sent: it answers when it arrives.
+    let waiting = tokio::spawn({
+        let (base, ada) = (base.clone(), ada.clone());
+        async move {
+            expect(
+                &base,
+                &[
+                    "--to",
+                    &ada,
+                    "--within",
+                    "20s",
+                    "--link-matches",
+                    r"/v1/verify\?token=",
+                ],
+            )
+            .await
+        }
+    });
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    send(
+        &base,
+        &ada,
+        "Help: http://127.0.0.1:9/help\nVerify: http://127.0.0.1:9/v1/verify?token=T0k-en_1.",
+    )
+    .await;
+    let (code, stdout, stderr) = waiting.await.unwrap();
+    assert_eq!(
+        (code, stdout.as_str()),
+        (0, "http://127.0.0.1:9/v1/verify?token=T0k-en_1\n"),
+        "{stderr}"
+    );
+
+    let (code, stdout, _) = expect(&base, &["--run", &id, "--json"]).await;
+    assert_eq!(code, 0);
+    let document: Value = serde_json::from_str(&stdout).unwrap();
+    assert_eq!(document["messages"][0]["to"][0], ada.as_str());
+    assert_eq!(
+        document["messages"][0]["links"].as_array().unwrap().len(),
+        2
+    );
+    let (code, stdout, _) = expect(&base, &["--run", &id]).await;
+    assert_eq!(
+        (code, stdout.trim()),
+        (0, document["messages"][0]["id"].as_str().unwrap()),
+        "the ids"
+    );
+
+    for (args, want, reason) in [
+        (
+            vec!["--run", id.as_str(), "--count", "2", "--within", "300ms"],
+            3,
+            "1 of 2 message(s) of run",
+        ),
+        (
+            vec!["--to", "nobody@example.com", "--within", "100ms"],
+            3,
+            "0 of 1 message(s) to nobody@example.com",
+        ),
+        (vec!["--run", "nosuchrun"], 3, "has no run \"nosuchrun\""),
+        (
+            vec!["--to", ada.as_str(), "--link-matches", "/reset"],
+            4,
+            "no link matches",
+        ),
+        (
+            vec!["--to", ada.as_str(), "--link-matches", "verify("],
+            2,
+            "not a regular expression",
+        ),
+    ] {
+        let (code, stdout, stderr) = expect(&base, &args).await;
+        assert_eq!(code, want, "{args:?}: {stderr}");
+        assert!(stdout.is_empty(), "{args:?}: {stdout}");
+        assert!(
+            stderr.lines().next().unwrap().contains(reason),
+            "{args:?}: {stderr}"
+        );
+    }
+    let (code, _, stderr) = expect(
+        &base,
+        &["--run", &id, "--count", "2", "--within", "100ms", "--json"],
+    )
+    .await;
+    let failure: Value = serde_json::from_str(stderr.trim()).unwrap();
+    assert_eq!((code, failure["error"].as_str()), (3, Some("timeout")));
+
+    // An inbox that is not there: a port just freed.
+    let free = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap();
+    let (code, _, stderr) = expect(&format!("{free}"), &["--to", "a@example.com"]).await;
+    assert_eq!(code, 1, "{stderr}");
+    assert_eq!(stderr.lines().count(), 1, "{stderr}");
+    assert!(stderr.contains("cannot reach the inbox"), "{stderr}");
+}
+
+/// A provider's link scanner (or a mail client's preview) opens every link of a message before
+/// the person does: the verification page it gets verifies nobody, and the link still works
+/// for the person afterwards — only the POST from the page verifies.
+#[tokio::test]
+async fn a_link_scanner_opening_the_verification_link_verifies_nobody_and_the_link_still_works() {
+    let (url, _db) = sqlite_db().await;
+    let app = app_with_faults(
+        &url,
+        Faults {
+            link_scanner: true,
+            ..Faults::default()
+        },
+    )
+    .await;
+    let password = "correct horse battery";
+    let signup = app
+        .post(
+            "/v1/signup",
+            "s1",
+            &json!({ "email": "ada@example.com", "password": password }),
+        )
+        .await;
+    assert_eq!(signup.status(), 202);
+    let email = app
+        .inbox
+        .wait_for("ada@example.com", 1, Duration::from_secs(10))
+        .await
+        .remove(0);
+    let mut links = app.inbox.links(&email.id).unwrap();
+    for _ in 0..250 {
+        if links.scanned.is_some() {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+        links = app.inbox.links(&email.id).unwrap();
+    }
+    let token = token_in(&email);
+    let link = links
+        .links
+        .iter()
+        .find(|l| l.contains("/v1/verify?token=") && l.contains(&token))
+        .expect("the verification link is extracted");
+    let scans = links.scanned.expect("the scanner finished");
+    assert!(
+        scans
+            .iter()
+            .any(|s| &s.url == link && s.status == Some(200)),
+        "the scanner got the page: {scans:?}"
+    );
+    assert_eq!(app.count(VERIFIED_USERS).await, 0, "a GET verifies nobody");
+
+    let page = app.client.get(link).send().await.unwrap();
+    assert_eq!(page.status(), 200, "the link still works for the person");
+    let verified = app
+        .post(
+            "/v1/verify",
+            "v1",
+            &json!({ "token": token, "password": password }),
+        )
+        .await;
+    let body: Value = verified.json().await.unwrap();
+    assert_eq!(body["status"], "verified", "{body}");
+    assert_eq!(app.count(VERIFIED_USERS).await, 1);
+}

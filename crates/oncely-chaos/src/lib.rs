@@ -76,6 +76,10 @@ pub struct Config {
     /// Over SMTP, resend an email whose outcome is unknown (`--on-unknown resend`, the
     /// behaviour before reconciling) instead of reconciling it: what the duplicates cost.
     pub resend_unknown: bool,
+    /// Reconciling over SMTP: how long the workers wait before they believe the inbox's "not
+    /// accepted" (`--lookup-grace`; the service's default is 10 minutes, the inbox here decides
+    /// at once: no delay fault holds a message).
+    pub lookup_grace: Duration,
     /// The provider throttles every this-many-th delivery attempt (HTTP 429 / SMTP 450, with
     /// `Retry-After: retry_after_s`), from the start to the end of the drain; 0: never.
     pub throttle_every: u32,
@@ -109,6 +113,7 @@ impl Config {
             fault_rate: 0.1,
             delivery: Delivery::Provider,
             resend_unknown: false,
+            lookup_grace: Duration::from_secs(5),
             throttle_every: 10,
             retry_after_s: 1,
             credentials_outage: Some(Duration::from_secs(2)),
@@ -296,6 +301,8 @@ pub async fn run(config: &Config) -> anyhow::Result<Report> {
         Delivery::Smtp => vec![
             "--mailer-lookup".to_owned(),
             format!("http://{}/deliveries/{{key}}", running.http_addr),
+            "--lookup-grace".to_owned(),
+            format!("{}ms", config.lookup_grace.as_millis()),
         ],
         Delivery::Provider => Vec::new(),
     };

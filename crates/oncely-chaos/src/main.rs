@@ -49,6 +49,9 @@ struct Args {
     /// inbox's delivery lookup (the behaviour before reconciling: duplicates are counted).
     #[arg(long)]
     resend_unknown: bool,
+    /// Reconciling over SMTP: milliseconds before the inbox's "not accepted" is believed.
+    #[arg(long, default_value_t = 5_000)]
+    lookup_grace_ms: u64,
     /// The provider throttles every this-many-th delivery attempt (429 / SMTP 450); 0: never.
     #[arg(long, default_value_t = 10)]
     throttle_every: u32,
@@ -92,6 +95,7 @@ async fn main() -> anyhow::Result<()> {
             Mode::Smtp => Delivery::Smtp,
         },
         resend_unknown: args.resend_unknown,
+        lookup_grace: Duration::from_millis(args.lookup_grace_ms),
         throttle_every: args.throttle_every,
         retry_after_s: args.retry_after,
         credentials_outage: (args.credentials_outage_ms > 0)

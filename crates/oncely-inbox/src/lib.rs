@@ -404,6 +404,29 @@ impl Drop for InFlight {
     }
 }
 
+/// A message being decided ([`Delivery::deciding`]) until this is dropped (also when the
+/// attempt's task is cancelled mid-delay).
+struct Deciding {
+    inbox: Inbox,
+    message: Message,
+}
+
+impl Deciding {
+    fn new(inbox: &Inbox, message: &Message) -> Self {
+        inbox.lock().deliveries.deciding(message, true);
+        Self {
+            inbox: inbox.clone(),
+            message: message.clone(),
+        }
+    }
+}
+
+impl Drop for Deciding {
+    fn drop(&mut self) {
+        self.inbox.lock().deliveries.deciding(&self.message, false);
+    }
+}
+
 impl Inbox {
     /// An empty inbox with no faults and the default [`Config`].
     pub fn new() -> Self {
@@ -599,7 +622,8 @@ impl Inbox {
         state.webhooks.clear();
         state.stats = Stats::default();
         state.seen.clear();
-        state.deliveries.clear();
+        let now = state.clock.now();
+        state.deliveries.clear(now);
         state.runs.clear();
     }
 
@@ -762,11 +786,14 @@ impl Inbox {
             Ok(in_flight) => in_flight,
             Err(verdict) => return verdict,
         };
+        // Being decided until the verdict: a lookup of its key meanwhile says so.
+        let deciding = Deciding::new(self, &message);
         let delay = self.delay();
         if !delay.is_zero() {
             tokio::time::sleep(delay).await;
         }
         let verdict = self.receive(message);
+        drop(deciding);
         drop(in_flight);
         verdict
     }

@@ -294,7 +294,11 @@ pub(crate) fn loopback_target(url: &str) -> Result<(SocketAddr, String, String),
             "skipped: {authority} is not a loopback host (the scanner never leaves the machine)"
         )
     };
-    if authority.contains('@') || path.chars().any(|c| c.is_control() || c == ' ') {
+    let unsafe_char = |c: char| c.is_control() || c == ' ';
+    if authority.contains('@')
+        || authority.chars().any(unsafe_char)
+        || path.chars().any(unsafe_char)
+    {
         return Err(not_loopback());
     }
     let (host, port) = match authority.rsplit_once(':') {
@@ -445,6 +449,9 @@ mod tests {
             "http://evil.test@127.0.0.1/",
             "http://127.0.0.1:x/",
             "http://2130706433/",
+            // No header injection through the host.
+            "http://a\r\nX-Injected: 1\r\n.localhost/",
+            "http://a b.localhost/",
         ] {
             assert!(target(refused).is_err(), "{refused}");
         }

@@ -405,6 +405,14 @@ pub struct Delivery {
     /// When the first copy was accepted.
     #[serde(with = "time::serde::rfc3339::option")]
     pub first_accepted_at: Option<OffsetDateTime>,
+    /// A message under this key is being decided now (received, not yet accepted or refused:
+    /// a delay fault holds it): `accepted: false` is no answer yet.
+    pub deciding: bool,
+    /// Keys first accepted at or before this moment may have been forgotten (the oldest beyond
+    /// the inbox's bound, or all of them at a reset): for a message that may have been sent by
+    /// then, `accepted: false` is no answer. `null`: nothing was ever forgotten.
+    #[serde(with = "time::serde::rfc3339::option")]
+    pub forgotten_through: Option<OffsetDateTime>,
 }
 
 /// The delivery keys of every accepted message, kept apart from the mailbox: deleting messages
@@ -416,6 +424,10 @@ pub(crate) struct Deliveries {
     order: VecDeque<String>,
     /// How many keys are remembered at most.
     max: usize,
+    /// See [`Delivery::forgotten_through`].
+    forgotten_through: Option<OffsetDateTime>,
+    /// Keys of the messages being decided now, with how many of them.
+    deciding: HashMap<String, u32>,
 }
 
 impl Default for Deliveries {
@@ -435,13 +447,14 @@ impl Deliveries {
             keys: HashMap::new(),
             order: VecDeque::new(),
             max,
+            forgotten_through: None,
+            deciding: HashMap::new(),
         }
     }
 
-    /// Notes that `message` (its id and arrival set) was accepted: under its idempotency key
-    /// and under its `Message-ID` (whole, and the part before `@` without the brackets: the
-    /// delivery key of `<key@host>`).
-    pub(crate) fn accepted(&mut self, message: &Message) {
+    /// The keys `message` is known by: its idempotency key, its `Message-ID` whole, and the
+    /// part before `@` without the brackets (the delivery key of `<key@host>`).
+    fn keys_of(message: &Message) -> Vec<&str> {
         let mut keys: Vec<&str> = Vec::new();
         if let Some(key) = message.idempotency_key.as_deref() {
             keys.push(key);
@@ -453,7 +466,29 @@ impl Deliveries {
         }
         keys.sort_unstable();
         keys.dedup();
-        for key in keys.into_iter().filter(|k| !k.is_empty()) {
+        keys.retain(|k| !k.is_empty());
+        keys
+    }
+
+    /// Notes that `message` is being decided (`true`) or no longer is (`false`).
+    pub(crate) fn deciding(&mut self, message: &Message, now: bool) {
+        for key in Self::keys_of(message) {
+            if now {
+                *self.deciding.entry(key.to_owned()).or_default() += 1;
+            } else if let Some(n) = self.deciding.get_mut(key) {
+                *n -= 1;
+                if *n == 0 {
+                    self.deciding.remove(key);
+                }
+            }
+        }
+    }
+
+    /// Notes that `message` (its id and arrival set) was accepted: under its idempotency key
+    /// and under its `Message-ID` (whole, and the part before `@` without the brackets: the
+    /// delivery key of `<key@host>`).
+    pub(crate) fn accepted(&mut self, message: &Message) {
+        for key in Self::keys_of(message) {
             match self.keys.get_mut(key) {
                 Some((copies, _, _)) => *copies += 1,
                 None => {
@@ -464,8 +499,10 @@ impl Deliveries {
             }
         }
         while self.order.len() > self.max {
-            if let Some(oldest) = self.order.pop_front() {
-                self.keys.remove(&oldest);
+            if let Some(oldest) = self.order.pop_front()
+                && let Some((_, _, at)) = self.keys.remove(&oldest)
+            {
+                self.forgotten_through = self.forgotten_through.max(Some(at));
             }
         }
     }
@@ -479,6 +516,8 @@ impl Deliveries {
                 copies: *copies,
                 first_id: Some(first_id.clone()),
                 first_accepted_at: Some(*at),
+                deciding: self.deciding.contains_key(key),
+                forgotten_through: self.forgotten_through,
             },
             None => Delivery {
                 key: key.to_owned(),
@@ -486,14 +525,17 @@ impl Deliveries {
                 copies: 0,
                 first_id: None,
                 first_accepted_at: None,
+                deciding: self.deciding.contains_key(key),
+                forgotten_through: self.forgotten_through,
             },
         }
     }
 
-    /// Forgets every key.
-    pub(crate) fn clear(&mut self) {
+    /// Forgets every key (at `now`: a key accepted until then may have been sent).
+    pub(crate) fn clear(&mut self, now: OffsetDateTime) {
         self.keys.clear();
         self.order.clear();
+        self.forgotten_through = Some(now);
     }
 }
 
@@ -521,7 +563,9 @@ mod delivery_tests {
     #[test]
     fn keys_are_remembered_by_idempotency_key_and_message_id_and_the_oldest_forgotten_first() {
         let mut deliveries = Deliveries::with_max(4);
+        assert_eq!(deliveries.get("a").forgotten_through, None);
         deliveries.accepted(&message("1", Some("a"), Some("<b@oncely>")));
+        let first_at = deliveries.get("a").first_accepted_at;
         for key in ["a", "<b@oncely>", "b"] {
             let found = deliveries.get(key);
             assert!(found.accepted && found.copies == 1, "{key}: {found:?}");
@@ -538,7 +582,26 @@ mod delivery_tests {
         );
         assert!(deliveries.get("d").accepted && deliveries.get("c").accepted);
         assert!(!deliveries.get("").accepted, "no empty key");
-        deliveries.clear();
+        // A "no" for a key as old as the forgotten one is no answer: the watermark says so.
+        assert_eq!(deliveries.get("a").forgotten_through, first_at);
+        let reset_at = OffsetDateTime::now_utc();
+        deliveries.clear(reset_at);
         assert!(!deliveries.get("c").accepted);
+        assert_eq!(deliveries.get("c").forgotten_through, Some(reset_at));
+    }
+
+    #[test]
+    fn a_message_being_decided_is_said_so_until_its_verdict() {
+        let mut deliveries = Deliveries::with_max(10);
+        let slow = message("1", Some("k"), Some("<k@oncely>"));
+        deliveries.deciding(&slow, true);
+        deliveries.deciding(&slow, true);
+        assert!(deliveries.get("k").deciding && !deliveries.get("k").accepted);
+        deliveries.deciding(&slow, false);
+        assert!(deliveries.get("k").deciding, "the other attempt still is");
+        deliveries.deciding(&slow, false);
+        deliveries.accepted(&slow);
+        let found = deliveries.get("k");
+        assert!(found.accepted && !found.deciding, "{found:?}");
     }
 }

@@ -12,6 +12,7 @@ use lettre::{AsyncSmtpTransport, AsyncTransport, Tokio1Executor};
 use secrecy::SecretString;
 use serde::{Deserialize, Serialize};
 use serde_json::json;
+use time::OffsetDateTime;
 
 use crate::job::{Delivery, DeliveryFuture, ReconcileFuture, Reconciled};
 
@@ -46,10 +47,11 @@ pub trait Mailer: Send + Sync + 'static {
         false
     }
 
-    /// Whether the provider accepted a message under `delivery_key`: what a reconciler asks
-    /// about a job whose attempt may or may not have reached it ([`crate::Handler::reconcile`]).
-    fn look_up<'a>(&'a self, delivery_key: &'a str) -> ReconcileFuture<'a> {
-        let _ = delivery_key;
+    /// Whether the provider accepted a message under `delivery_key`, which it can have been
+    /// given at `since` at the earliest (the job's enqueue): what a reconciler asks about a job
+    /// whose attempt may or may not have reached it ([`crate::Handler::reconcile`]).
+    fn look_up<'a>(&'a self, delivery_key: &'a str, since: OffsetDateTime) -> ReconcileFuture<'a> {
+        let _ = (delivery_key, since);
         Box::pin(std::future::ready(Reconciled::Unknown(
             "this mailer cannot look up a delivery".to_owned(),
         )))
@@ -60,10 +62,14 @@ pub trait Mailer: Send + Sync + 'static {
 /// ([`Mailer::look_up`]): a `GET` of a URL made from a template by putting the key where it says
 /// `{key}` (`http://127.0.0.1:8025/deliveries/{key}`: the test inbox's lookup, which the
 /// `oncely` service's `ONCELY_MAILER_LOOKUP` names). The answer must be `200` with a JSON object
-/// whose `accepted` is `true` or `false` (and, optionally, `first_id`: the provider's id of the
-/// message); anything else — another status, another body, no answer within the timeout — is
-/// [`Reconciled::Unknown`]. A provider whose API answers otherwise needs a lookup of its own
-/// (implement [`Mailer::look_up`]).
+/// whose `accepted` is `true` or `false`, and optionally `first_id` (the provider's id of the
+/// message), `deciding` (`true`: a message under the key is being decided now) and
+/// `forgotten_through` (RFC 3339: keys accepted until then may have been forgotten). A `false`
+/// is [`Reconciled::NotAccepted`] only when nothing is being decided under the key and nothing
+/// the job can have sent (since its enqueue) may have been forgotten; anything else — another
+/// status, another body, no answer within the timeout — is [`Reconciled::Unknown`]. A provider
+/// whose API answers otherwise needs a lookup of its own (implement [`Mailer::look_up`]). The
+/// URL may carry a credential: errors and logs show only its scheme and host.
 pub struct LookedUp {
     mailer: Arc<dyn Mailer>,
     template: String,
@@ -94,7 +100,8 @@ impl LookedUp {
     /// Whether `template` can be used: `http://` or `https://`, with `{key}`, a URL once the
     /// key is in.
     pub fn check(template: &str) -> Result<(), MailerError> {
-        let bad = |why: &str| MailerError::Lookup(template.to_owned(), why.to_owned());
+        // Named by scheme and host only: the URL may carry a credential.
+        let bad = |why: &str| MailerError::Lookup(Self::shown(template), why.to_owned());
         if !(template.starts_with("http://") || template.starts_with("https://")) {
             return Err(bad("it must start with http:// or https://"));
         }
@@ -106,36 +113,76 @@ impl LookedUp {
         Ok(())
     }
 
-    async fn ask(&self, key: &str) -> Reconciled {
+    async fn ask(&self, key: &str, since: OffsetDateTime) -> Reconciled {
         #[derive(Deserialize)]
         struct Answer {
             accepted: bool,
             #[serde(default)]
             first_id: Option<String>,
+            #[serde(default)]
+            deciding: bool,
+            #[serde(default, with = "time::serde::rfc3339::option")]
+            forgotten_through: Option<OffsetDateTime>,
         }
         // A delivery key is a UUID: nothing in it needs escaping in a path or a query.
         let url = self.template.replace("{key}", key);
+        let at = Self::shown(&self.template);
         let response = match self.client.get(&url).send().await {
             Ok(response) => response,
-            Err(error) => return Reconciled::Unknown(format!("delivery lookup: {error}")),
+            // Without the URL: it may carry a credential.
+            Err(error) => {
+                let error = error.without_url();
+                return Reconciled::Unknown(format!("delivery lookup at {at}: {error}"));
+            }
         };
         let status = response.status();
         if status != reqwest::StatusCode::OK {
-            return Reconciled::Unknown(format!("delivery lookup answered {status}"));
+            return Reconciled::Unknown(format!("delivery lookup at {at} answered {status}"));
         }
-        match response.json::<Answer>().await {
-            Ok(Answer {
-                accepted: true,
-                first_id,
-            }) => Reconciled::Accepted {
-                provider_message_id: first_id,
-            },
-            Ok(Answer {
-                accepted: false, ..
-            }) => Reconciled::NotAccepted,
-            Err(error) => {
-                Reconciled::Unknown(format!("delivery lookup answered no verdict: {error}"))
+        // Bounded: a verdict is a few hundred bytes.
+        let body = match response.bytes().await {
+            Ok(body) if body.len() <= 64 * 1024 => body,
+            Ok(_) => {
+                return Reconciled::Unknown(format!(
+                    "delivery lookup at {at} answered over 64 KiB"
+                ));
             }
+            Err(error) => {
+                let error = error.without_url();
+                return Reconciled::Unknown(format!("delivery lookup at {at}: {error}"));
+            }
+        };
+        match serde_json::from_slice::<Answer>(&body) {
+            Ok(answer) if answer.accepted => Reconciled::Accepted {
+                provider_message_id: answer.first_id,
+            },
+            Ok(answer) if answer.deciding => Reconciled::Unknown(
+                "the provider is still deciding on a message under this key".to_owned(),
+            ),
+            Ok(Answer {
+                forgotten_through: Some(through),
+                ..
+            }) if through >= since => Reconciled::Unknown(format!(
+                "the lookup may have forgotten this key: it forgets keys accepted through {through}"
+            )),
+            Ok(_) => Reconciled::NotAccepted,
+            Err(error) => Reconciled::Unknown(format!(
+                "delivery lookup at {at} answered no verdict: {error}"
+            )),
+        }
+    }
+
+    /// What errors and logs show of a lookup URL: its scheme and host, never a credential
+    /// (userinfo, a path or query token).
+    pub fn shown(template: &str) -> String {
+        match reqwest::Url::parse(&template.replace("{key}", "k")) {
+            Ok(url) => format!(
+                "{}://{}{}",
+                url.scheme(),
+                url.host_str().unwrap_or("?"),
+                url.port().map(|p| format!(":{p}")).unwrap_or_default()
+            ),
+            Err(_) => "an unreadable URL".to_owned(),
         }
     }
 }
@@ -149,8 +196,8 @@ impl Mailer for LookedUp {
         true
     }
 
-    fn look_up<'a>(&'a self, delivery_key: &'a str) -> ReconcileFuture<'a> {
-        Box::pin(self.ask(delivery_key))
+    fn look_up<'a>(&'a self, delivery_key: &'a str, since: OffsetDateTime) -> ReconcileFuture<'a> {
+        Box::pin(self.ask(delivery_key, since))
     }
 }
 
@@ -169,8 +216,9 @@ pub enum MailerError {
     /// The idempotency header's name cannot be used.
     #[error("invalid idempotency header name {0:?}: {1}")]
     IdempotencyHeader(String, &'static str),
-    /// The delivery lookup's URL template cannot be used ([`LookedUp`]).
-    #[error("invalid delivery lookup URL {0:?}: {1}")]
+    /// The delivery lookup's URL template cannot be used ([`LookedUp`]): named by its scheme
+    /// and host only (it may carry a credential).
+    #[error("invalid delivery lookup URL ({0}): {1}")]
     Lookup(String, String),
 }
 
@@ -608,7 +656,10 @@ impl crate::Handler for EmailHandler {
     }
 
     fn reconcile<'a>(&'a self, job: &'a crate::Job) -> ReconcileFuture<'a> {
-        Box::pin(async move { self.mailer.look_up(&job.delivery_key.to_string()).await })
+        Box::pin(async move {
+            let key = job.delivery_key.to_string();
+            self.mailer.look_up(&key, job.created_at).await
+        })
     }
 }
 

@@ -122,6 +122,11 @@ pub async fn mailer(
 /// Says at start-up that parked emails wait for an operator when they reconcile
 /// ([`OnUnknown::Reconcile`]) and nothing can ask the provider about them.
 pub fn warn_unless_reconciled(on_unknown: OnUnknown, mailer: &dyn Mailer) {
+    if on_unknown == OnUnknown::Resend && mailer.looks_up() {
+        tracing::warn!(
+            "ONCELY_MAILER_LOOKUP is set but emails whose outcome is unknown are resent (ONCELY_ON_UNKNOWN=resend, the default over HTTP): the lookup is never asked; set ONCELY_ON_UNKNOWN=reconcile to use it"
+        );
+    }
     if on_unknown == OnUnknown::Reconcile && !mailer.looks_up() {
         tracing::warn!(
             "an email whose outcome is unknown is parked until an operator settles it (`oncely outbox unknown`, `oncely outbox settle`): nothing can ask the mailer's provider whether it accepted it; set ONCELY_MAILER_LOOKUP where it can answer, or ONCELY_ON_UNKNOWN=resend to send it again"

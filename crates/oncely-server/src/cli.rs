@@ -935,9 +935,15 @@ pub struct CommonArgs {
     /// with `{key}` where the key goes, answering JSON with `accepted` (true or false) — the
     /// test inbox's `http://host:port/deliveries/{key}`. A parked email (see --on-unknown) is
     /// then settled automatically: sent if accepted, else sent again. The dev inbox is asked
-    /// without it.
-    #[arg(long, env = "ONCELY_MAILER_LOOKUP")]
+    /// without it. May carry a credential (never printed).
+    #[arg(long, env = "ONCELY_MAILER_LOOKUP", hide_env_values = true)]
     pub mailer_lookup: Option<String>,
+
+    /// How long a parked email waits before the lookup's "not accepted" is believed and it is
+    /// sent again: a message still in the provider's hands when the answer was lost (slow, not
+    /// lost) may be accepted after. An "accepted" settles it at once.
+    #[arg(long, env = "ONCELY_LOOKUP_GRACE", default_value = defaults::LOOKUP_GRACE, value_parser = parse_duration)]
+    pub lookup_grace: Duration,
 
     /// Workers only poll for jobs (for PostgreSQL behind a transaction-mode pooler, where
     /// LISTEN does not work).
@@ -1043,7 +1049,14 @@ impl std::fmt::Debug for CommonArgs {
             .field("retry_base", &self.retry_base)
             .field("pause_probe", &self.pause_probe)
             .field("on_unknown", &self.on_unknown)
-            .field("mailer_lookup", &self.mailer_lookup)
+            .field(
+                "mailer_lookup",
+                &self
+                    .mailer_lookup
+                    .as_deref()
+                    .map(oncely_outbox::mail::LookedUp::shown),
+            )
+            .field("lookup_grace", &self.lookup_grace)
             .field("poll_only", &self.poll_only)
             .field("webhooks", &self.webhooks)
             .field("emails", &self.emails)

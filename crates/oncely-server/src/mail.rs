@@ -87,7 +87,10 @@ impl MailContext {
     /// Asks the mailer whether it accepted `job`'s delivery key (an email handed to webhooks
     /// instead was never mailed: not accepted, so it is handed over again, as its retry would).
     fn reconcile<'a>(&'a self, job: &'a Job) -> ReconcileFuture<'a> {
-        Box::pin(async move { self.mailer.look_up(&job.delivery_key.to_string()).await })
+        Box::pin(async move {
+            let key = job.delivery_key.to_string();
+            self.mailer.look_up(&key, job.created_at).await
+        })
     }
 
     /// The sender of `tenant`'s emails now: its branding (read from the database) over the

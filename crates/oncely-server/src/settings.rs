@@ -74,6 +74,8 @@ pub mod defaults {
     pub const OUTBOX_RETENTION: &str = "7d";
     /// `ONCELY_PRUNE_INTERVAL`.
     pub const PRUNE_INTERVAL: &str = "10m";
+    /// `ONCELY_LOOKUP_GRACE`: SMTP's longest wait for the answer to a message's data.
+    pub const LOOKUP_GRACE: &str = "10m";
     /// `ONCELY_MAX_CONNECTIONS`.
     pub const MAX_CONNECTIONS: u32 = 16_384;
     /// `ONCELY_HEADER_READ_TIMEOUT`.
@@ -215,6 +217,7 @@ impl Settings {
                 api_key: None,
                 idempotency_header: None,
                 lookup: None,
+                lookup_grace: default_duration(defaults::LOOKUP_GRACE),
             },
             lease: default_duration(defaults::LEASE),
             key_retention: default_duration(defaults::KEY_RETENTION),
@@ -332,6 +335,7 @@ impl Settings {
         );
         plan.config.poll_interval = self.poll_interval;
         plan.options.on_unknown = self.mailer.on_unknown(self.on_unknown);
+        plan.options.reconcile_grace = self.mailer.lookup_grace;
         plan.webhooks = self.webhooks;
         plan
     }
@@ -413,6 +417,7 @@ impl WorkerSettings {
                     args.kinds,
                 );
                 plan.options.on_unknown = on_unknown;
+                plan.options.reconcile_grace = common.lookup_grace;
                 plan.webhooks = common.webhook_settings();
                 plan
             },
@@ -476,8 +481,8 @@ impl std::fmt::Debug for DatabaseSettings {
     }
 }
 
-/// Where email goes (whom from: [`Settings::brand`]).
-#[derive(Debug, Clone)]
+/// Where email goes (whom from: [`Settings::brand`]). Its `Debug` shows no credential.
+#[derive(Clone)]
 pub struct MailerSettings {
     /// The dev inbox or a mailer URL (with `ONCELY_SMTP_PASSWORD` filled in).
     pub choice: MailerChoice,
@@ -489,6 +494,27 @@ pub struct MailerSettings {
     /// Where to ask whether the provider accepted a delivery key (`ONCELY_MAILER_LOOKUP`: a
     /// URL with `{key}`); the dev inbox is asked without it.
     pub lookup: Option<String>,
+    /// How long a parked email waits before the lookup's "not accepted" is believed
+    /// (`ONCELY_LOOKUP_GRACE`; [`oncely_outbox::KindOptions::reconcile_grace`]).
+    pub lookup_grace: Duration,
+}
+
+impl std::fmt::Debug for MailerSettings {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("MailerSettings")
+            .field("choice", &self.choice)
+            .field("api_key", &self.api_key)
+            .field("idempotency_header", &self.idempotency_header)
+            .field(
+                "lookup",
+                &self
+                    .lookup
+                    .as_deref()
+                    .map(oncely_outbox::mail::LookedUp::shown),
+            )
+            .field("lookup_grace", &self.lookup_grace)
+            .finish()
+    }
 }
 
 impl MailerSettings {
@@ -505,6 +531,7 @@ impl MailerSettings {
             api_key: common.mailer_api_key.clone(),
             idempotency_header: common.mailer_idempotency_header.clone(),
             lookup: common.mailer_lookup.clone(),
+            lookup_grace: common.lookup_grace,
         })
     }
 
@@ -1691,6 +1718,28 @@ mod tests {
             );
         }
         assert_eq!(Settings::from_args(serve(&[])).unwrap().mailer.lookup, None);
+        // A lookup URL may carry a credential: neither the settings' Debug nor an error shows it.
+        let with_secret = "https://user:SuperSecret@lookup.example/d/{key}?token=QSECRET";
+        let settings = Settings::from_args(serve(&["--mailer-lookup", with_secret])).unwrap();
+        let shown = format!("{settings:?}");
+        assert!(shown.contains("https://lookup.example"), "{shown}");
+        assert!(
+            !shown.contains("SuperSecret") && !shown.contains("QSECRET"),
+            "{shown}"
+        );
+        let error = lookup("https://user:SuperSecret@lookup.example/d/?token=QSECRET").unwrap_err();
+        assert!(
+            !error.contains("SuperSecret") && !error.contains("QSECRET"),
+            "{error}"
+        );
+        assert_eq!(
+            Settings::from_args(serve(&["--lookup-grace", "30s"]))
+                .unwrap()
+                .worker_plan()
+                .options
+                .reconcile_grace,
+            Duration::from_secs(30)
+        );
     }
 
     #[test]

@@ -191,6 +191,7 @@ impl WorkerPlan {
                 probe_interval,
                 per_partition: None,
                 on_unknown: OnUnknown::default(),
+                reconcile_grace: KindOptions::DEFAULT_RECONCILE_GRACE,
             },
             kinds,
             webhooks: WebhookSettings::development(),

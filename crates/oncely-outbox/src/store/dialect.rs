@@ -140,14 +140,16 @@ where
     for<'q> Option<&'q str>: Encode<'q, D> + Type<D>,
     for<'q> Option<D::Moment>: Encode<'q, D> + Type<D>,
     for<'q> Option<Uuid>: Encode<'q, D> + Type<D>,
+    for<'q> Option<i64>: Encode<'q, D> + Type<D>,
     for<'r> (i64,): sqlx::FromRow<'r, D::Row>,
 {
-    /// [`JobStore::settle`] by an operator (`look`: `None`) or by a look holding the job.
+    /// [`JobStore::settle`] by an operator (`look`: `(None, None)`) or by a look holding the
+    /// job (its lease token, and how long the job must have been parked, if at all).
     async fn settle_as(
         &self,
         id: i64,
         settlement: Settlement,
-        look: Option<Uuid>,
+        (look, parked_at_least): (Option<Uuid>, Option<Duration>),
         provider_message_id: Option<&str>,
     ) -> Result<bool, OutboxError> {
         let settled: Option<i64> = sqlx::query_scalar(D::SETTLE)
@@ -156,6 +158,7 @@ where
             .bind(self.now_param())
             .bind(look)
             .bind(provider_message_id)
+            .bind(parked_at_least.map(millis))
             .fetch_optional(&self.pool)
             .await?;
         let settled = settled.is_some();
@@ -235,6 +238,7 @@ where
     for<'q> Option<D::Moment>: Encode<'q, D> + Type<D>,
     for<'q> Uuid: Encode<'q, D> + Type<D>,
     for<'q> Option<Uuid>: Encode<'q, D> + Type<D>,
+    for<'q> Option<i64>: Encode<'q, D> + Type<D>,
     for<'q, 'j> Json<&'j serde_json::Value>: Encode<'q, D> + Type<D>,
     for<'q, 'j> Json<&'j [String]>: Encode<'q, D> + Type<D>,
     for<'q, 'j> Json<&'j [i64]>: Encode<'q, D> + Type<D>,
@@ -489,7 +493,7 @@ where
     }
 
     async fn settle(&self, id: i64, settlement: Settlement) -> Result<bool, OutboxError> {
-        self.settle_as(id, settlement, None, None).await
+        self.settle_as(id, settlement, (None, None), None).await
     }
 
     async fn claim_parked(
@@ -520,15 +524,12 @@ where
         parked: &ParkedJob,
         settlement: Settlement,
         provider_message_id: Option<&str>,
+        parked_at_least: Option<Duration>,
     ) -> Result<bool, OutboxError> {
         let job = &parked.job;
-        self.settle_as(
-            job.id,
-            settlement,
-            Some(job.lease_token),
-            provider_message_id,
-        )
-        .await
+        let look = (Some(job.lease_token), parked_at_least);
+        self.settle_as(job.id, settlement, look, provider_message_id)
+            .await
     }
 
     async fn look_later(&self, parked: &ParkedJob, after: Duration) -> Result<bool, OutboxError> {

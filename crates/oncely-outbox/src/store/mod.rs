@@ -373,13 +373,15 @@ pub trait JobStore: Clone + Send + Sync + 'static {
 
     /// Settles a job a look took ([`JobStore::claim_parked`]) as [`JobStore::settle`] does,
     /// recording the provider's message id (if it gave one) — only while the look still holds
-    /// it (its lease token) and it is still parked: an operator's settlement meanwhile, or a
-    /// later look, wins. `false` if it did not hold.
+    /// it (its lease token), it is still parked (an operator's settlement meanwhile, or a later
+    /// look, wins) and, with `parked_at_least`, it has been parked that long by the store's
+    /// clock (the one that wrote `parked_at`). `false` if one of those did not hold.
     fn settle_looked(
         &self,
         parked: &ParkedJob,
         settlement: Settlement,
         provider_message_id: Option<&str>,
+        parked_at_least: Option<Duration>,
     ) -> impl Future<Output = Result<bool, OutboxError>> + Send;
 
     /// Leaves a job a look took parked, due for its next look in `after`, releasing the look
@@ -512,6 +514,9 @@ pub struct ParkedJob {
     pub job: Job,
     /// Since when it is parked.
     pub parked_at: OffsetDateTime,
+    /// How long it has been parked when the look took it, by the store's clock (on PostgreSQL
+    /// the database's, which wrote `parked_at`): never a worker's clock against the database's.
+    pub parked_for: Duration,
 }
 
 /// How a parked job ([`JobStatus::Unknown`]) is settled ([`JobStore::settle`]).

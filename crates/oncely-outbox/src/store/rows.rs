@@ -93,6 +93,7 @@ pub(crate) struct ParkedRow<T> {
     #[sqlx(flatten)]
     job: JobRow<T>,
     parked_at: Option<T>,
+    parked_ms: i64,
 }
 
 impl<T: Moment> ParkedRow<T> {
@@ -102,7 +103,12 @@ impl<T: Moment> ParkedRow<T> {
         // Every parked job has a `parked_at` (FINISH sets it with the status); a row parked by
         // hand without one counts as parked since it was enqueued.
         let parked_at = self.parked_at.map_or(job.created_at, Moment::into_time);
-        super::ParkedJob { job, parked_at }
+        let parked_for = std::time::Duration::from_millis(self.parked_ms.max(0).unsigned_abs());
+        super::ParkedJob {
+            job,
+            parked_at,
+            parked_for,
+        }
     }
 }
 

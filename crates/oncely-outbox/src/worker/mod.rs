@@ -159,11 +159,21 @@ pub struct KindOptions {
     /// What an unknown outcome leads to ([`OnUnknown`](crate::OnUnknown)): a resend under the
     /// same delivery key (the default), or a parked job that waits to be settled.
     pub on_unknown: crate::OnUnknown,
+    /// Under [`OnUnknown::Reconcile`](crate::OnUnknown), a provider's answer that it has *not*
+    /// accepted a parked job ([`Reconciled::NotAccepted`]) is believed only once the job has
+    /// been parked this long (by the store's clock): a message still in the provider's hands
+    /// when the attempt gave up — its answer slow, not lost — may be accepted after, and a
+    /// resend before then would be a second copy. 10 minutes by default: the longest an SMTP
+    /// client waits for the answer to a message's data (RFC 5321, 4.5.3.2.6). An answer that it
+    /// *has* accepted is believed at once.
+    pub reconcile_grace: Duration,
 }
 
 impl KindOptions {
     /// The default [`KindOptions::probe_interval`].
     pub const DEFAULT_PROBE_INTERVAL: Duration = Duration::from_secs(30);
+    /// The default [`KindOptions::reconcile_grace`].
+    pub const DEFAULT_RECONCILE_GRACE: Duration = Duration::from_secs(600);
 }
 
 impl Default for KindOptions {
@@ -174,6 +184,7 @@ impl Default for KindOptions {
             probe_interval: Self::DEFAULT_PROBE_INTERVAL,
             per_partition: None,
             on_unknown: crate::OnUnknown::Resend,
+            reconcile_grace: Self::DEFAULT_RECONCILE_GRACE,
         }
     }
 }

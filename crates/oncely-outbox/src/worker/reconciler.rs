@@ -6,16 +6,21 @@
 //!
 //! - **accepted**: settled as sent ([`Settlement::Sent`]) — the next claim records it sent
 //!   without running it, naming its follow-ups;
-//! - **not accepted**, once the job has been parked for a lease: settled for resending
-//!   ([`Settlement::Resend`]) under the same delivery key. Sooner, a "no" is not believed yet: a
-//!   message the provider was still taking when the attempt gave up (its answer slow, not lost)
-//!   may be accepted after the attempt ended, and a resend then would be a second copy. It is
-//!   asked again when the lease has passed;
+//! - **not accepted**, once the job has been parked for its kind's
+//!   [`KindOptions::reconcile_grace`](super::KindOptions::reconcile_grace) (10 minutes by
+//!   default): settled for resending ([`Settlement::Resend`]) under the same delivery key.
+//!   Sooner, a "no" is not believed yet: a message the provider was still taking when the
+//!   attempt gave up (its answer slow, not lost) may be accepted after the attempt ended, and a
+//!   resend then would be a second copy. It is asked again when the grace has passed. The age is
+//!   the store's (on PostgreSQL the database's clock, which wrote `parked_at`), and the
+//!   settlement checks it again in the same statement;
 //! - **cannot say** (the lookup failed, timed out, panicked): asked again later, after as long
 //!   as the job has been parked (from the policy's first delay up to its longest).
 //!
 //! Every change is guarded by the look's lease token and the parked status: an operator's
-//! `oncely outbox settle` meanwhile wins, and a look that outlived its lease changes nothing.
+//! `oncely outbox settle` meanwhile wins, and a look that outlived its lease changes nothing. A
+//! round that took a full batch is followed by another at once; otherwise the next comes after
+//! the poll interval.
 
 use std::collections::HashMap;
 use std::panic::AssertUnwindSafe;
@@ -25,7 +30,7 @@ use futures::FutureExt;
 use futures::future::join_all;
 use tokio_util::sync::CancellationToken;
 
-use super::{Registered, Worker};
+use super::{KindOptions, Registered, Worker};
 use crate::job::Reconciled;
 use crate::policy::OnUnknown;
 use crate::store::{JobStore, OutboxError, ParkedJob, Settlement};
@@ -88,11 +93,17 @@ impl<S: JobStore> Worker<S> {
 }
 
 impl<S: JobStore> Reconciler<S> {
-    /// Looks every poll interval until `shutdown`.
+    /// Looks every poll interval until `shutdown` (at once again after a full batch).
     pub(super) async fn run(self, shutdown: CancellationToken) {
         loop {
-            if let Err(error) = self.once().await {
-                tracing::error!(%error, "outbox reconciler could not look at parked jobs; retrying");
+            match self.once().await {
+                Ok(done) if done.looked >= self.batch as usize && !shutdown.is_cancelled() => {
+                    continue;
+                }
+                Ok(_) => {}
+                Err(error) => {
+                    tracing::error!(%error, "outbox reconciler could not look at parked jobs; retrying");
+                }
             }
             tokio::select! {
                 () = shutdown.cancelled() => return,
@@ -143,16 +154,23 @@ impl<S: JobStore> Reconciler<S> {
         done: &mut Reconciliation,
     ) -> Result<(), OutboxError> {
         let job = &parked.job;
-        let parked_for = (self.store.now() - parked.parked_at)
-            .try_into()
-            .unwrap_or(Duration::ZERO);
+        let parked_for = parked.parked_for;
+        let grace = self
+            .kinds
+            .get(&job.kind)
+            .map_or(KindOptions::DEFAULT_RECONCILE_GRACE, |r| {
+                r.options.reconcile_grace
+            });
         let settlement = match answer {
             Reconciled::Accepted {
                 provider_message_id,
-            } => Ok((Settlement::Sent, provider_message_id)),
-            Reconciled::NotAccepted if parked_for >= self.lease => Ok((Settlement::Resend, None)),
-            // Too early to believe a "no": asked again once it has been parked a lease.
-            Reconciled::NotAccepted => Err(self.lease - parked_for),
+            } => Ok((Settlement::Sent, provider_message_id, None)),
+            // Checked again by the settlement itself, on the clock that wrote `parked_at`.
+            Reconciled::NotAccepted if parked_for >= grace => {
+                Ok((Settlement::Resend, None, Some(grace)))
+            }
+            // Too early to believe a "no": asked again once the grace has passed.
+            Reconciled::NotAccepted => Err(grace - parked_for),
             Reconciled::Unknown(reason) => {
                 let policy = self.kinds.get(&job.kind).map(|r| r.options.policy);
                 let policy = policy.unwrap_or_default();
@@ -162,9 +180,13 @@ impl<S: JobStore> Reconciler<S> {
             }
         };
         match settlement {
-            Ok((settlement, provider_message_id)) => {
+            Ok((settlement, provider_message_id, parked_at_least)) => {
                 let id = provider_message_id.as_deref();
-                if self.store.settle_looked(parked, settlement, id).await? {
+                if self
+                    .store
+                    .settle_looked(parked, settlement, id, parked_at_least)
+                    .await?
+                {
                     match settlement {
                         Settlement::Sent => done.sent += 1,
                         Settlement::Resend => done.resend += 1,
@@ -172,6 +194,7 @@ impl<S: JobStore> Reconciler<S> {
                     tracing::info!(job = job.id, kind = %job.kind, settlement = settlement.as_str(), "parked job settled by asking its provider");
                     return Ok(());
                 }
+                tracing::info!(job = job.id, kind = %job.kind, settlement = settlement.as_str(), "parked job not settled by its look: settled meanwhile by an operator, taken over by a later look, or not parked long enough yet");
             }
             Err(after) => {
                 self.store.look_later(parked, after).await?;

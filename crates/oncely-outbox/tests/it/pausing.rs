@@ -208,6 +208,7 @@ fn hourly_worker<S: Backend>(store: &S, api: &FakeApi) -> Worker<S> {
         probe_interval: INTERVAL,
         per_partition: None,
         on_unknown: oncely_outbox::OnUnknown::Resend,
+        reconcile_grace: oncely_outbox::KindOptions::DEFAULT_RECONCILE_GRACE,
     };
     let mailer = from_url(&api.url, None, Duration::from_secs(5), None).unwrap();
     Worker::new(store.clone(), WorkerConfig::default()).handle_with(

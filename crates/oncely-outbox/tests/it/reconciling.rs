@@ -21,14 +21,18 @@ use uuid::Uuid;
 
 use crate::support::{Backend, LEASE, both_stores, kinds};
 
+/// How long a "no" waits to be believed: the kinds' default grace.
+const GRACE: Duration = KindOptions::DEFAULT_RECONCILE_GRACE;
+
 both_stores!(
     a_parked_job_the_provider_accepted_is_settled_as_sent_and_never_run_again,
-    a_no_is_believed_only_after_a_lease_then_the_job_is_resent_under_its_key,
+    a_no_is_believed_only_after_the_grace_then_the_job_is_resent_under_its_key,
     a_provider_that_cannot_say_is_asked_again_less_and_less_often,
     a_lookup_that_panics_or_hangs_is_a_provider_that_cannot_say,
     an_operator_s_settlement_or_a_later_look_wins_over_a_look,
     a_kind_that_cannot_ask_or_resends_is_not_looked_at,
     a_running_worker_settles_parked_jobs_by_itself,
+    a_running_worker_looks_again_at_once_after_a_full_batch,
     over_smtp_a_dropped_answer_is_settled_by_the_inbox_s_lookup_with_one_copy,
     a_slow_answer_is_not_taken_for_a_no_and_a_broken_lookup_says_nothing,
 );
@@ -187,7 +191,7 @@ async fn a_parked_job_the_provider_accepted_is_settled_as_sent_and_never_run_aga
     assert_eq!(provider.looks_at("r:1"), 1);
 }
 
-async fn a_no_is_believed_only_after_a_lease_then_the_job_is_resent_under_its_key<S: Backend>(
+async fn a_no_is_believed_only_after_the_grace_then_the_job_is_resent_under_its_key<S: Backend>(
     store: S,
     _db: TestDb,
 ) {
@@ -199,11 +203,11 @@ async fn a_no_is_believed_only_after_a_lease_then_the_job_is_resent_under_its_ke
     assert_eq!(
         (done.looked, done.resend, done.later),
         (1, 0, 1),
-        "a no within a lease of the parking is not believed yet: {done:?}"
+        "a no within the grace of the parking is not believed yet: {done:?}"
     );
     assert_eq!(status(&store, "r:1").await, JobStatus::Unknown);
-    // Asked again only once the lease has passed since it parked.
-    store.clock().advance(LEASE - Duration::from_secs(5));
+    // Asked again only once the grace has passed since it parked.
+    store.clock().advance(GRACE - Duration::from_secs(5));
     assert_eq!(worker.reconcile_once().await.unwrap().looked, 0);
     assert_eq!(worker.drain().await.unwrap(), 0, "still parked: not run");
     store.clock().advance(Duration::from_secs(3));
@@ -307,10 +311,18 @@ async fn an_operator_s_settlement_or_a_later_look_wins_over_a_look<S: Backend>(
             .is_empty()
     );
     // The operator settles it meanwhile: the look's answer changes nothing.
+    // Not parked long enough for a resend: the settlement itself refuses (the store's clock).
+    assert!(
+        !store
+            .settle_looked(&looked[0], Settlement::Resend, None, Some(GRACE))
+            .await
+            .unwrap()
+    );
+    assert_eq!(status(&store, "r:1").await, JobStatus::Unknown);
     assert!(store.settle(id, Settlement::Resend).await.unwrap());
     assert!(
         !store
-            .settle_looked(&looked[0], Settlement::Sent, Some("x"))
+            .settle_looked(&looked[0], Settlement::Sent, Some("x"), None)
             .await
             .unwrap()
     );
@@ -335,14 +347,14 @@ async fn an_operator_s_settlement_or_a_later_look_wins_over_a_look<S: Backend>(
     assert_eq!(fresh.len(), 1, "due again when the look's lease ended");
     assert!(
         !store
-            .settle_looked(&stale[0], Settlement::Resend, None)
+            .settle_looked(&stale[0], Settlement::Resend, None, None)
             .await
             .unwrap(),
         "the stale look changes nothing"
     );
     assert!(
         store
-            .settle_looked(&fresh[0], Settlement::Sent, Some("accepted-2"))
+            .settle_looked(&fresh[0], Settlement::Sent, Some("accepted-2"), None)
             .await
             .unwrap()
     );
@@ -415,6 +427,41 @@ async fn a_running_worker_settles_parked_jobs_by_itself<S: Backend>(store: S, _d
     running.await.unwrap().unwrap();
     assert_eq!(provider.runs_of("r:1").len(), 1);
     assert_eq!(provider.looks_at("r:1"), 1);
+}
+
+async fn a_running_worker_looks_again_at_once_after_a_full_batch<S: Backend>(
+    store: S,
+    _db: TestDb,
+) {
+    let provider = Provider::default();
+    // Batches of 2, and a poll interval of an hour: only looking again at once after a full
+    // batch settles all five in time.
+    let config = WorkerConfig {
+        batch: 2,
+        poll_interval: Duration::from_secs(3600),
+        ..WorkerConfig::default()
+    };
+    let worker = worker_with(&store, &provider, config);
+    for n in 0..5 {
+        parked(&store, &worker, &format!("r:{n}"), "accepted").await;
+    }
+    store.clock().advance(Duration::from_secs(3));
+    let shutdown = CancellationToken::new();
+    let running = tokio::spawn(worker.run(shutdown.clone()));
+    let deadline = std::time::Instant::now() + Duration::from_secs(20);
+    loop {
+        let parked = store.backlog().await.unwrap().parked;
+        if parked == 0 {
+            break;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "{parked} still parked: the reconciler waited a poll interval after a full batch"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    shutdown.cancel();
+    running.await.unwrap().unwrap();
 }
 
 async fn results<S: Backend>(store: &S, id: i64) -> Vec<String> {
@@ -524,7 +571,7 @@ async fn a_slow_answer_is_not_taken_for_a_no_and_a_broken_lookup_says_nothing<S:
     // Meanwhile the inbox takes it; asked again once the lease has passed: accepted.
     tokio::time::sleep(Duration::from_millis(1800)).await;
     assert_eq!(inbox.messages(None).len(), 1);
-    store.clock().advance(LEASE);
+    store.clock().advance(GRACE);
     let done = worker.reconcile_once().await.unwrap();
     assert_eq!((done.looked, done.sent), (1, 1), "{done:?}");
     worker.drain().await.unwrap();
@@ -555,11 +602,67 @@ async fn a_slow_answer_is_not_taken_for_a_no_and_a_broken_lookup_says_nothing<S:
         enqueue_email(&store, key, "bob@example.com").await;
         worker.drain().await.unwrap();
         assert_eq!(status(&store, key).await, JobStatus::Unknown);
-        store.clock().advance(LEASE * 2);
+        store.clock().advance(GRACE * 2);
         let done = worker.reconcile_once().await.unwrap();
         // (The first job again too: asked again once its delay passed.)
         assert!(done.looked >= 1, "{key}: {done:?}");
         assert_eq!(done.later, done.looked, "{key}: {done:?}");
         assert_eq!(status(&store, key).await, JobStatus::Unknown, "{key}");
     }
+}
+
+/// The test inbox's lookup, asked through [`oncely_outbox::mail::LookedUp`]: a message being
+/// decided (a delay fault holds it) is no "no"; nor is a "no" for a key the inbox may have
+/// forgotten (a reset after the job was enqueued); a "no" for a job enqueued after the reset is.
+#[tokio::test]
+async fn the_inbox_lookup_says_no_only_when_it_can_know() {
+    use oncely_outbox::mail::Mailer;
+    let faults = oncely_inbox::Faults {
+        delay_ms: 1500,
+        ..oncely_inbox::Faults::default()
+    };
+    let (inbox, running) = oncely_inbox::Inbox::start_local(faults).await.unwrap();
+    let smtp = oncely_outbox::mail::from_url(
+        &format!("smtp://{}", running.smtp_addr),
+        None,
+        Duration::from_millis(300),
+        None,
+    )
+    .unwrap();
+    let lookup = format!("http://{}/deliveries/{{key}}", running.http_addr);
+    let mailer = oncely_outbox::mail::LookedUp::new(smtp, &lookup, Duration::from_secs(2)).unwrap();
+    let enqueued = time::OffsetDateTime::now_utc();
+    let email = oncely_outbox::mail::Email {
+        from: "oncely@localhost".into(),
+        to: "ada@example.com".into(),
+        subject: "Hello".into(),
+        text: "hi".into(),
+        ..Default::default()
+    };
+    let key = Uuid::new_v4().to_string();
+    let sent = mailer.send(&email, &key).await;
+    assert!(matches!(sent, Delivery::Unknown(_)), "{sent:?}");
+    let deciding = mailer.look_up(&key, enqueued).await;
+    assert!(
+        matches!(&deciding, Reconciled::Unknown(why) if why.contains("deciding")),
+        "{deciding:?}"
+    );
+    tokio::time::sleep(Duration::from_millis(1800)).await;
+    assert!(matches!(
+        mailer.look_up(&key, enqueued).await,
+        Reconciled::Accepted { .. }
+    ));
+
+    // A reset forgets every key: a job enqueued before it gets no "no".
+    inbox.clear();
+    let forgotten = mailer.look_up(&key, enqueued).await;
+    assert!(
+        matches!(&forgotten, Reconciled::Unknown(why) if why.contains("forgotten")),
+        "{forgotten:?}"
+    );
+    let later = time::OffsetDateTime::now_utc() + Duration::from_millis(10);
+    assert_eq!(
+        mailer.look_up(&Uuid::new_v4().to_string(), later).await,
+        Reconciled::NotAccepted
+    );
 }

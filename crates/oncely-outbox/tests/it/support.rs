@@ -314,9 +314,10 @@ impl<S: Backend> JobStore for Spy<S> {
         parked: &ParkedJob,
         settlement: Settlement,
         provider_message_id: Option<&str>,
+        parked_at_least: Option<Duration>,
     ) -> Result<bool, OutboxError> {
         self.inner
-            .settle_looked(parked, settlement, provider_message_id)
+            .settle_looked(parked, settlement, provider_message_id, parked_at_least)
             .await
     }
     async fn look_later(&self, parked: &ParkedJob, after: Duration) -> Result<bool, OutboxError> {

@@ -109,7 +109,7 @@ pub trait Statements {
 
     /// Pending jobs and the age of the oldest in seconds (`pending`, `oldest_pending_seconds`),
     /// parked jobs and how long the oldest has been parked (`parked`, `oldest_parked_seconds`).
-    /// Binds: 1 now. Index: the parked ones by `oncely_outbox_parked`.
+    /// Binds: 1 now. Index: the parked ones by `oncely_outbox_parked_by_kind`.
     const BACKLOG: &'static str;
 
     /// Deletes a batch of jobs that finished (sent, dead or skipped) before a retention (their
@@ -136,14 +136,17 @@ pub trait Statements {
     /// carries to the worker (recorded sent without running). `resend`: as a re-drive — a fresh
     /// attempt budget and horizon, the same delivery key and frozen payload. Binds: 1 id,
     /// 2 the settlement (`sent` or `resend`), 3 now, 4 a look's lease token (`NULL`: an
-    /// operator's, whatever holds the job), 5 the provider's message id (`NULL`: keep). Returns
-    /// its id if it was parked (and, with a token, the look held it). Index: the primary key.
+    /// operator's, whatever holds the job), 5 the provider's message id (`NULL`: keep), 6 how
+    /// long it must have been parked, in ms (`NULL`: any time; by the database's clock, as
+    /// `parked_at` was written). Returns its id if it was parked (and, with a token, the look
+    /// held it, and it was parked long enough). Index: the primary key.
     const SETTLE: &'static str;
 
     /// Takes parked jobs due for a look: `run_after` pushed to the look lease's end, a fresh
     /// lease token; they stay `unknown`. Binds: 1 now, 2 look lease (ms), 3 lease token,
-    /// 4 kinds (JSON array), 5 limit. Returns the jobs' rows as a claim does, with `parked_at`.
-    /// Index: `oncely_outbox_parked` (partial, parked only: `run_after`, `id`).
+    /// 4 kinds (JSON array), 5 limit. Returns the jobs' rows as a claim does, with `parked_at`
+    /// and `parked_ms` (how long it has been parked, by the database's clock). Index:
+    /// `oncely_outbox_parked_by_kind` (partial, parked only: `kind`, `run_after`, `id`).
     const CLAIM_PARKED: &'static str;
 
     /// Leaves a job a look took parked, due for its next look later: `run_after` = now + the

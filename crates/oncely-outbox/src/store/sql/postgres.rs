@@ -238,23 +238,34 @@ impl super::Statements for Postgres {
                redriven_at = CASE WHEN $2 = 'sent' THEN redriven_at ELSE COALESCE($3, now()) END,
                provider_message_id = COALESCE($5, provider_message_id)
          WHERE id = $1 AND status = 'unknown' AND ($4::uuid IS NULL OR lease_token = $4)
+           AND ($6::int8 IS NULL
+                OR parked_at <= COALESCE($3, now()) - $6 * interval '1 millisecond')
         RETURNING id";
 
-    // Differs: SKIP LOCKED (two reconcilers take different jobs), an interval.
+    // Differs: a lateral walk per kind (as CLAIM), SKIP LOCKED (two reconcilers take different
+    // jobs), the age in milliseconds from the database's clock.
     const CLAIM_PARKED: &'static str = "
+        WITH due AS (
+            SELECT d.id, d.run_after FROM jsonb_array_elements_text($4) AS k(kind)
+            CROSS JOIN LATERAL (
+                SELECT id, run_after FROM oncely_outbox
+                 WHERE status = 'unknown' AND kind = k.kind
+                   AND run_after <= COALESCE($1, now())
+                 ORDER BY run_after, id
+                 LIMIT $5
+                   FOR UPDATE SKIP LOCKED
+            ) d
+            ORDER BY d.run_after, d.id
+            LIMIT $5
+        )
         UPDATE oncely_outbox o
            SET run_after = COALESCE($1, now()) + $2 * interval '1 millisecond', lease_token = $3
-         WHERE o.id = ANY (ARRAY(
-            SELECT id FROM oncely_outbox
-             WHERE status = 'unknown' AND run_after <= COALESCE($1, now())
-               AND kind IN (SELECT jsonb_array_elements_text($4))
-             ORDER BY run_after, id
-             LIMIT $5
-               FOR UPDATE SKIP LOCKED))
-           AND o.status = 'unknown'
+         WHERE o.id = ANY (ARRAY(SELECT id FROM due)) AND o.status = 'unknown'
         RETURNING o.id, o.operation_key, o.kind, o.payload, o.delivery_key, o.attempts,
                   o.free_attempts, o.created_at, o.redriven_at, o.not_after, o.frozen,
-                  o.partition_key, o.settled, o.parked_at";
+                  o.partition_key, o.settled, o.parked_at,
+                  GREATEST(EXTRACT(EPOCH FROM COALESCE($1, now()) - o.parked_at) * 1000, 0)::int8
+                      AS parked_ms";
 
     // Differs: an interval.
     const LOOK_LATER: &'static str = "

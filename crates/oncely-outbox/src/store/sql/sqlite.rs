@@ -242,6 +242,7 @@ impl super::Statements for Sqlite {
                redriven_at = CASE WHEN ?2 = 'sent' THEN redriven_at ELSE ?3 END,
                provider_message_id = COALESCE(?5, provider_message_id)
          WHERE id = ?1 AND status = 'unknown' AND (?4 IS NULL OR lease_token = ?4)
+           AND (?6 IS NULL OR parked_at <= ?3 - ?6)
         RETURNING id";
 
     // Differs: no row locks to skip (the store's write transaction holds the one write lock).
@@ -254,7 +255,8 @@ impl super::Statements for Sqlite {
              ORDER BY run_after, id
              LIMIT ?5)
         RETURNING id, operation_key, kind, payload, delivery_key, attempts, free_attempts,
-                  created_at, redriven_at, not_after, frozen, partition_key, settled, parked_at";
+                  created_at, redriven_at, not_after, frozen, partition_key, settled, parked_at,
+                  max(?1 - coalesce(parked_at, created_at), 0) AS parked_ms";
 
     // Differs: milliseconds.
     const LOOK_LATER: &'static str = "

@@ -752,23 +752,26 @@ impl Inbox {
         if !state.runs.remove(id) {
             return None;
         }
-        let ids = state.messages.ids_of_run(id);
-        Some(ids.iter().filter(|id| state.messages.remove(id)).count())
+        Some(state.messages.delete_run(id))
     }
 
     /// The links and one-time codes of message `id` ([`links`]), and what the link scanner did
     /// with them, if it has; `None` if there is no such message.
     pub fn links(&self, id: &str) -> Option<Links> {
-        let mut state = self.lock();
-        let now = state.clock.now();
-        state.expire(now);
-        let message = state.messages.get(id)?;
-        let Extracted { links, codes } = links::extract(message);
+        let (message, scanned) = {
+            let mut state = self.lock();
+            let now = state.clock.now();
+            state.expire(now);
+            let message = state.messages.get(id)?.clone();
+            (message, state.messages.scans(id).cloned())
+        };
+        // Outside the lock: a large message takes a while, and nothing else waits for it.
+        let Extracted { links, codes } = links::extract(&message);
         Some(Links {
             id: id.to_owned(),
             links,
             codes,
-            scanned: state.messages.scans(id).cloned(),
+            scanned,
         })
     }
 
@@ -847,10 +850,8 @@ impl Inbox {
                 .insert(key, id.clone(), fingerprint, now + window);
         }
         state.deliveries.accepted(&message);
-        let to_scan = state
-            .faults
-            .link_scanner
-            .then(|| links::extract(&message).links);
+        // Its links are extracted by the scan's task, outside the lock.
+        let to_scan = state.faults.link_scanner.then(|| message.clone());
         if state.messages.insert(message) {
             state.stats.duplicates += 1;
         }
@@ -1274,6 +1275,13 @@ mod tests {
             1,
             "b keeps its mail"
         );
+        // A message to two runs: deleting one run leaves it to the other.
+        let c = inbox.create_run();
+        let mut both = to(None, &format!("x@{}", b.domain));
+        both.to.push(format!("y@{}", c.domain));
+        inbox.receive(both);
+        assert_eq!(inbox.delete_run(&c.run), Some(0), "shared with b: kept");
+        assert_eq!(inbox.matching(None, Some(&b.run)).len(), 2);
         for n in 0..3 {
             inbox.receive(numbered(n, "z@x.io"));
         }

@@ -30,12 +30,17 @@ pub struct Extracted {
     pub codes: Vec<String>,
 }
 
-/// The links and codes of `message` (the rules: the [module docs](self)).
+/// At most this many links and codes are extracted from one message (the first ones).
+pub const MAX_EXTRACTED: usize = 1_000;
+
+/// The links and codes of `message` (the rules: the [module docs](self)), at most
+/// [`MAX_EXTRACTED`] of each; linear in the message's size.
 pub fn extract(message: &Message) -> Extracted {
     let html = message.html.as_deref().unwrap_or("");
     let mut links = Vec::new();
+    let mut seen = std::collections::HashSet::new();
     let mut push = |link: String| {
-        if !links.contains(&link) {
+        if links.len() < MAX_EXTRACTED && seen.insert(link.clone()) {
             links.push(link);
         }
     };
@@ -49,11 +54,12 @@ pub fn extract(message: &Message) -> Extracted {
         message.text.clone()
     };
     let mut codes = Vec::new();
+    let mut seen = std::collections::HashSet::new();
     for code in standalone_codes(&without_urls(&prose))
         .into_iter()
         .chain(links.iter().filter_map(|l| query_param(l, "code")))
     {
-        if !codes.contains(&code) {
+        if codes.len() < MAX_EXTRACTED && seen.insert(code.clone()) {
             codes.push(code);
         }
     }
@@ -165,12 +171,23 @@ fn strip_tags(html: &str) -> String {
     decode_entities(&out)
 }
 
-/// `text` with its URLs blanked out (their digits are not codes).
+/// `text` with its URLs blanked out (their digits are not codes), in one pass.
 fn without_urls(text: &str) -> String {
-    let mut out = text.to_owned();
-    for url in bare_urls(text) {
-        out = out.replace(&url, " ");
+    let lower = text.to_ascii_lowercase();
+    let mut out = String::with_capacity(text.len());
+    let (mut copied, mut from) = (0, 0);
+    while let Some(at) = lower[from..].find("http").map(|i| from + i) {
+        from = at + 4;
+        let rest = &lower[at..];
+        if !(rest.starts_with("http://") || rest.starts_with("https://")) {
+            continue;
+        }
+        let end = text[at..].find(ends_url).map_or(text.len(), |i| at + i);
+        out.push_str(&text[copied..at]);
+        out.push(' ');
+        (copied, from) = (end, end);
     }
+    out.push_str(&text[copied..]);
     out
 }
 
@@ -353,12 +370,16 @@ async fn get(addr: SocketAddr, host: &str, path: &str) -> Result<u16, String> {
         .ok_or_else(|| "the answer is not HTTP".to_owned())
 }
 
-/// Runs the scanner on `links` of the message `id` and records what it did in `inbox`.
-pub(crate) fn spawn_scan(inbox: crate::Inbox, id: String, links: Vec<String>) {
+/// Runs the scanner on the links of `message` (kept as `id`) and records what it did in
+/// `inbox`; the links are extracted in the task, outside the inbox's lock.
+pub(crate) fn spawn_scan(inbox: crate::Inbox, id: String, message: Message) {
     let Ok(runtime) = tokio::runtime::Handle::try_current() else {
         return;
     };
     runtime.spawn(async move {
+        let links = tokio::task::spawn_blocking(move || extract(&message).links)
+            .await
+            .unwrap_or_default();
         let scans = scan(links).await;
         inbox.record_scans(&id, scans);
     });
@@ -420,6 +441,18 @@ mod tests {
             Some("<p>Code <b>424242</b></p><img src=\"http://h/424243.png\">"),
         ));
         assert_eq!(html_only.codes, ["424242"]);
+    }
+
+    #[test]
+    fn a_message_of_a_hundred_thousand_links_gives_the_first_thousand_once_each() {
+        let text: String = (0..100_000)
+            .map(|n| format!("http://a/{} 123456 ", n % 50_000))
+            .collect();
+        let found = extract(&message(&text, None));
+        assert_eq!(found.links.len(), MAX_EXTRACTED);
+        assert_eq!(found.links[0], "http://a/0");
+        assert_eq!(found.links[999], "http://a/999");
+        assert_eq!(found.codes, ["123456"]);
     }
 
     #[test]

@@ -164,17 +164,6 @@ impl Messages {
         self.by_run.get(run).map_or(0, BTreeSet::len)
     }
 
-    /// The ids of the kept messages of `run`.
-    pub(crate) fn ids_of_run(&self, run: &str) -> Vec<String> {
-        self.by_run.get(run).map_or_else(Vec::new, |arrivals| {
-            arrivals
-                .iter()
-                .filter_map(|a| self.by_arrival.get(a))
-                .map(|m| m.id.clone())
-                .collect()
-        })
-    }
-
     /// Records what the link scanner did with the links of message `id`, if it is still kept.
     pub(crate) fn set_scans(&mut self, id: &str, scans: Vec<Scan>) {
         if let Some(&arrival) = self.by_id.get(id) {
@@ -239,6 +228,24 @@ impl Messages {
             next: self.next,
             ..Self::default()
         };
+    }
+
+    /// Deletes the messages of `run` that belong to no other run; a message also addressed to
+    /// another run stays there (it leaves only this run's index). How many went.
+    pub(crate) fn delete_run(&mut self, run: &str) -> usize {
+        let arrivals = self.by_run.remove(run).unwrap_or_default();
+        let mut deleted = 0;
+        for arrival in arrivals {
+            let shared = self
+                .by_arrival
+                .get(&arrival)
+                .is_some_and(|message| runs_of(message).into_iter().any(|r| r != run));
+            if !shared {
+                self.forget(arrival);
+                deleted += 1;
+            }
+        }
+        deleted
     }
 
     fn forget(&mut self, arrival: u64) {

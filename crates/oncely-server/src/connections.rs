@@ -67,8 +67,9 @@ pub async fn serve(
     limits: ConnectionLimits,
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> io::Result<()> {
-    raise_open_file_limit(limits.max_connections);
-    let slots = Arc::new(Semaphore::new(limits.max_connections.max(1)));
+    let slots = Arc::new(Semaphore::new(connections_that_fit(
+        limits.max_connections.max(1),
+    )));
     let graceful = hyper_util::server::graceful::GracefulShutdown::new();
     let mut shutdown = std::pin::pin!(shutdown);
     loop {
@@ -111,9 +112,22 @@ pub async fn serve(
         });
     }
     drop(listener);
-    graceful.shutdown().await;
+    // Bounded, below the 30 s most orchestrators wait before a SIGKILL: a client still sending
+    // its headers or a trickled body does not hold the exit (nor the workers' own shutdown).
+    if tokio::time::timeout(SHUTDOWN_GRACE, graceful.shutdown())
+        .await
+        .is_err()
+    {
+        tracing::warn!(
+            grace = ?SHUTDOWN_GRACE,
+            "shutting down: connections still open after the grace are dropped"
+        );
+    }
     Ok(())
 }
+
+/// How long a shutdown waits for the open connections' requests to be answered.
+pub const SHUTDOWN_GRACE: Duration = Duration::from_secs(20);
 
 /// An accept that failed: a connection reset before it was accepted is nothing; a full file
 /// table (or any other error) is logged and waited out briefly, so the loop never spins.
@@ -129,38 +143,43 @@ async fn accept_failed(error: &io::Error) {
     tokio::time::sleep(Duration::from_millis(100)).await;
 }
 
-/// Raises the process's soft open-file limit towards its hard limit when `connections` (and a
-/// margin for the database pool, logs and listeners) need more than the soft limit allows, as
-/// servers usually do; says so when even the hard limit is too low.
-fn raise_open_file_limit(connections: usize) {
-    let wanted = u64::try_from(connections)
-        .unwrap_or(u64::MAX)
-        .saturating_add(256);
+/// Open files kept for the process's own work beside client connections: its database pool,
+/// its outbox workers' SMTP and HTTP connections, the dev inbox, listeners, logs.
+const OWN_FILES: u64 = 256;
+
+/// Raises the process's soft open-file limit towards its hard limit when `connections` (and
+/// [`OWN_FILES`] for the process's own work) need more than the soft limit allows, as servers
+/// usually do; returns how many connections fit then — fewer than asked when even the hard
+/// limit is too low (then it says so): idle clients must never take the files the process needs
+/// for its own database and mail connections.
+fn connections_that_fit(connections: usize) -> usize {
     use rustix::process::{Resource, Rlimit, getrlimit, setrlimit};
+    let asked = u64::try_from(connections).unwrap_or(u64::MAX);
+    let wanted = asked.saturating_add(OWN_FILES);
     let limit = getrlimit(Resource::Nofile);
-    let soft = limit.current.unwrap_or(u64::MAX);
+    let mut soft = limit.current.unwrap_or(u64::MAX);
     let hard = limit.maximum.unwrap_or(u64::MAX);
-    if soft >= wanted {
-        return;
+    if soft < wanted {
+        let raised = wanted.min(hard);
+        let new = Rlimit {
+            current: Some(raised),
+            maximum: limit.maximum,
+        };
+        if raised > soft && setrlimit(Resource::Nofile, new).is_ok() {
+            soft = raised;
+        }
     }
-    let raised = wanted.min(hard);
-    let ok = raised > soft
-        && setrlimit(
-            Resource::Nofile,
-            Rlimit {
-                current: Some(raised),
-                maximum: limit.maximum,
-            },
-        )
-        .is_ok();
-    if !ok || raised < wanted {
+    let fit = soft.saturating_sub(OWN_FILES).max(1).min(asked);
+    if fit < asked {
         tracing::warn!(
-            soft = if ok { raised } else { soft },
+            soft,
             hard,
-            connections,
-            "the open-file limit is below ONCELY_MAX_CONNECTIONS: past it, new connections wait (raise `ulimit -n`, or LimitNOFILE in systemd)"
+            asked,
+            serving = fit,
+            "the open-file limit leaves room for fewer connections than ONCELY_MAX_CONNECTIONS: serving at most that many at once, keeping the rest of the files for the process's own database and mail connections (raise `ulimit -n`, or LimitNOFILE in systemd)"
         );
     }
+    usize::try_from(fit).unwrap_or(usize::MAX)
 }
 
 /// A stream whose writes fail with `TimedOut` when one cannot make progress for `within` (the

@@ -18,22 +18,23 @@ use tokio::time::{Instant, Sleep};
 pub struct BodyTimedOut(pub Duration);
 
 /// `body`, ended with [`BodyTimedOut`] if it has not been read to its end within `within` of
-/// [`Deadline::new`] (the request's arrival). The whole body counts, not the time between two
-/// reads.
+/// its first read (not of the request's arrival: a handler that waits before reading — a busy
+/// pool — does not use up the client's time, and an `Expect: 100-continue` client sends nothing
+/// until then). The whole body counts, not the time between two reads.
 pub struct Deadline<B> {
     body: B,
     within: Duration,
-    sleep: Pin<Box<Sleep>>,
+    sleep: Option<Pin<Box<Sleep>>>,
     done: bool,
 }
 
 impl<B> Deadline<B> {
-    /// `body`, due in full within `within` from now.
+    /// `body`, due in full within `within` of its first read.
     pub fn new(body: B, within: Duration) -> Self {
         Self {
             body,
             within,
-            sleep: Box::pin(tokio::time::sleep_until(Instant::now() + within)),
+            sleep: None,
             done: false,
         }
     }
@@ -55,12 +56,16 @@ where
         if this.done {
             return Poll::Ready(None);
         }
+        let within = this.within;
+        let sleep = this
+            .sleep
+            .get_or_insert_with(|| Box::pin(tokio::time::sleep_until(Instant::now() + within)));
         match Pin::new(&mut this.body).poll_frame(cx) {
             Poll::Ready(frame) => Poll::Ready(frame.map(|f| f.map_err(Into::into))),
-            Poll::Pending => match this.sleep.as_mut().poll(cx) {
+            Poll::Pending => match sleep.as_mut().poll(cx) {
                 Poll::Ready(()) => {
                     this.done = true;
-                    Poll::Ready(Some(Err(Box::new(BodyTimedOut(this.within)))))
+                    Poll::Ready(Some(Err(Box::new(BodyTimedOut(within)))))
                 }
                 Poll::Pending => Poll::Pending,
             },
@@ -136,5 +141,15 @@ mod tests {
         );
         let error = body.collect().await.unwrap_err();
         assert!(error.is::<BodyTimedOut>(), "{error}");
+
+        // The time counts from the first read, not from the request's arrival: a handler that
+        // waited (a busy pool) does not use up the client's time.
+        let late = Deadline::new(
+            trickle(3, Duration::from_millis(10)),
+            Duration::from_millis(200),
+        );
+        tokio::time::sleep(Duration::from_millis(400)).await;
+        let read = late.collect().await;
+        assert_eq!(read.unwrap().to_bytes(), Bytes::from_static(b"xxx"));
     }
 }

@@ -669,6 +669,15 @@ impl Inbox {
         state.messages.matching(to.as_deref(), run)
     }
 
+    /// How many kept messages match `to` and `run` (as [`Inbox::matching`]), copying none.
+    fn count_matching(&self, to: Option<&str>, run: Option<&str>) -> usize {
+        let to = to.map(str::to_lowercase);
+        let mut state = self.lock();
+        let now = state.clock.now();
+        state.expire(now);
+        state.messages.count_matching(to.as_deref(), run)
+    }
+
     /// Waits until at least `n` copies match `to` and `run` (as [`Inbox::matching`]: kept
     /// copies count, those kept before the wait began included), or `timeout` passes; returns
     /// what matches then, and whether there were `n`. Woken by each arrival, never polling.
@@ -694,12 +703,17 @@ impl Inbox {
             let arrived = self.arrived.notified();
             tokio::pin!(arrived);
             arrived.as_mut().enable();
-            let messages = self.matching(to, run);
-            if messages.len() >= n {
-                return Waited {
-                    messages,
-                    complete: true,
-                };
+            // Counted, not copied: every arrival wakes every wait, and a wait's matches may be
+            // many and large; they are copied once, when it answers.
+            if self.count_matching(to, run) >= n {
+                let messages = self.matching(to, run);
+                // (Unless some expired in between: then it waits on.)
+                if messages.len() >= n {
+                    return Waited {
+                        messages,
+                        complete: true,
+                    };
+                }
             }
             if tokio::time::timeout_at(deadline, arrived).await.is_err() {
                 let messages = self.matching(to, run);
@@ -1260,6 +1274,23 @@ mod tests {
         inbox.receive(to(None, &format!("x@{}", b.domain)));
         assert_eq!(inbox.run(&a.run).unwrap().messages, 2);
         assert_eq!(inbox.matching(None, Some(&b.run)).len(), 1);
+        // What a wait counts is what it would answer, for every filter.
+        let x_of = |d: &str| format!("x@{d}");
+        for (to, run) in [
+            (None, None),
+            (Some(x_of(&a.domain)), None),
+            (None, Some(a.run.clone())),
+            (Some(x_of(&a.domain)), Some(a.run.clone())),
+            (Some(x_of(&a.domain)), Some(b.run.clone())),
+            (Some("nobody@x.io".to_owned()), None),
+        ] {
+            let (to, run) = (to.as_deref(), run.as_deref());
+            assert_eq!(
+                inbox.count_matching(to, run),
+                inbox.matching(to, run).len(),
+                "{to:?} {run:?}"
+            );
+        }
         let x_of_a = inbox.matching(Some(&format!("X@{}", a.domain)), Some(&a.run));
         assert_eq!(x_of_a.len(), 1, "to and run together");
         assert_eq!(

@@ -159,6 +159,22 @@ impl Messages {
             .collect()
     }
 
+    /// How many messages [`Messages::matching`] would give, without copying one.
+    pub(crate) fn count_matching(&self, to: Option<&str>, run: Option<&str>) -> usize {
+        let len = |index: &HashMap<String, BTreeSet<u64>>, key: &str| {
+            index.get(key).map_or(0, BTreeSet::len)
+        };
+        match (to, run) {
+            (None, None) => self.by_arrival.len(),
+            (Some(to), None) => len(&self.by_to, to),
+            (None, Some(run)) => len(&self.by_run, run),
+            (Some(to), Some(run)) => match (self.by_to.get(to), self.by_run.get(run)) {
+                (Some(of_to), Some(of_run)) => of_to.intersection(of_run).count(),
+                _ => 0,
+            },
+        }
+    }
+
     /// How many kept messages are of `run`.
     pub(crate) fn count_run(&self, run: &str) -> usize {
         self.by_run.get(run).map_or(0, BTreeSet::len)

@@ -18,7 +18,7 @@ use time::format_description::well_known::Rfc3339;
 use crate::browser::Browser;
 use crate::ops::oncely;
 use crate::requests::{assert_drained, email, wait_for_count};
-use crate::support::{TestApp, mail_caps, settings, spawn_app_on};
+use crate::support::{TestApp, mail_caps, settings, spawn_app_on, spawn_inbox};
 
 /// The service on SQLite with the dev mailer (its inbox mounted at `/_dev/inbox`).
 async fn dev_app(database_url: &str, configure: impl FnOnce(&mut Settings)) -> TestApp {
@@ -406,22 +406,7 @@ async fn the_standalone_inbox_serves_the_page_at_its_root_with_every_action() {
     let Some(mut browser) = Browser::launch("the standalone inbox page test", &[]).await else {
         return;
     };
-    let mut child = tokio::process::Command::new(env!("CARGO_BIN_EXE_oncely"))
-        .args(["inbox", "--smtp", "127.0.0.1:0", "--http", "127.0.0.1:0"])
-        .stdout(std::process::Stdio::piped())
-        .kill_on_drop(true)
-        .spawn()
-        .unwrap();
-    let mut lines = tokio::io::BufReader::new(child.stdout.take().unwrap());
-    let mut first = String::new();
-    tokio::io::AsyncBufReadExt::read_line(&mut lines, &mut first)
-        .await
-        .unwrap();
-    let base = first
-        .split_whitespace()
-        .find(|w| w.starts_with("http://"))
-        .expect("the HTTP address")
-        .to_owned();
+    let (mut child, base) = spawn_inbox().await;
     let client = oncely_testdb::http();
     for (key, to, subject) in [
         ("k1", "one@example.com", "First"),

@@ -492,3 +492,26 @@ pub fn capture_logs() -> (Logs, tracing::subscriber::DefaultGuard) {
     tracing::callsite::rebuild_interest_cache();
     (logs, guard)
 }
+
+/// `oncely inbox` on free ports: the process and its HTTP base URL.
+pub async fn spawn_inbox() -> (tokio::process::Child, String) {
+    let mut child = tokio::process::Command::new(env!("CARGO_BIN_EXE_oncely"))
+        .args(["inbox", "--smtp", "127.0.0.1:0", "--http", "127.0.0.1:0"])
+        .stdout(std::process::Stdio::piped())
+        .kill_on_drop(true)
+        .spawn()
+        .unwrap();
+    let mut lines = tokio::io::BufReader::new(child.stdout.take().unwrap());
+    let mut first = String::new();
+    tokio::io::AsyncBufReadExt::read_line(&mut lines, &mut first)
+        .await
+        .unwrap();
+    let base = first
+        .split_whitespace()
+        .find(|w| w.starts_with("http://"))
+        .expect("the HTTP address")
+        .to_owned();
+    // Read the rest, so that the inbox's next lines do not meet a closed pipe.
+    tokio::spawn(async move { tokio::io::copy(&mut lines, &mut tokio::io::sink()).await });
+    (child, base)
+}

@@ -29,6 +29,7 @@ use oncely_inbox::{Faults, Inbox, Rejection};
 use serde::Serialize;
 
 mod audit;
+pub mod failover;
 mod fleet;
 mod monkey;
 mod storm;
@@ -67,6 +68,9 @@ pub struct Config {
     pub kill_every: (Duration, Duration),
     /// A shell command that restarts PostgreSQL, run once in the middle of the storm.
     pub restart_postgres: Option<String>,
+    /// A primary and its standby (`database_url` leads through their proxy): in the middle of
+    /// the storm the primary is SIGKILLed and the standby promoted.
+    pub failover: Option<Arc<failover::Pair>>,
     /// Share of delivery attempts the inbox fails, during the storm and the drain after it (half
     /// rejected with a temporary error, half accepted and then the connection dropped); the
     /// same share of webhook deliveries (half rejected with a 503, half accepted then dropped).
@@ -110,6 +114,7 @@ impl Config {
             concurrency: 12,
             kill_every: (Duration::from_millis(300), Duration::from_millis(800)),
             restart_postgres: None,
+            failover: None,
             fault_rate: 0.1,
             delivery: Delivery::Provider,
             resend_unknown: false,
@@ -181,6 +186,8 @@ pub struct Report {
     pub worker_kills: u64,
     /// PostgreSQL restarts.
     pub postgres_restarts: u64,
+    /// The failover, when the run had a primary and a standby.
+    pub failover: Option<failover::FailoverReport>,
     /// Inbox counters: attempts, rejected, dropped after accept, deduplicated.
     pub inbox: BTreeMap<String, u64>,
     /// Log lines that contain one of the run's addresses.
@@ -195,6 +202,8 @@ pub struct Report {
     pub webhooks: WebhookReport,
     /// Seconds from the first intent to the end of the drain.
     pub seconds: f64,
+    /// Seconds from the first intent to the last answer of the storm.
+    pub storm_seconds: f64,
 }
 
 /// What the audit found of the webhook endpoint `chaos` (the default tenant's, `user.created`).
@@ -242,6 +251,8 @@ impl Report {
             && self.jobs.get("pending").copied().unwrap_or(0) == 0
             // Nothing left parked: the reconciler settled every unknown outcome.
             && self.jobs.get("unknown").copied().unwrap_or(0) == 0
+            // A failover asked for took place.
+            && self.failover.as_ref().is_none_or(|f| f.failovers == 1)
             && self.addresses_in_logs == 0
             && self.tokens_in_logs == 0
             && self.tokens_in_database == 0
@@ -321,7 +332,7 @@ pub async fn run(config: &Config) -> anyhow::Result<Report> {
         .collect();
 
     let progress = monkey::Progress::default();
-    let monkey = monkey::spawn(config, fleet, progress.clone());
+    let mut monkey = monkey::spawn(config, fleet, progress.clone());
     let drained = Arc::new(AtomicBool::new(false));
     let outage = config.credentials_outage.map(|outage| monkey::Outage {
         after_answers: (config.intents / 3) as u64,
@@ -338,16 +349,24 @@ pub async fn run(config: &Config) -> anyhow::Result<Report> {
             .map_or(0, |outage| outage.as_millis() as u64),
         ..Report::default()
     };
-    let stormed = storm::run(
-        endpoints,
-        &addresses,
-        config.concurrency,
-        deadline,
-        &progress,
-        &mut report,
-    )
-    .await;
+    // The monkey ends with the storm, or before it only when it failed (a process that would
+    // not restart, a failed failover): then the run stops at once.
+    let stormed = tokio::select! {
+        stormed = storm::run(
+            endpoints,
+            &addresses,
+            config.concurrency,
+            deadline,
+            &progress,
+            &mut report,
+        ) => stormed,
+        ended = &mut monkey => {
+            ended??;
+            anyhow::bail!("the monkey stopped before the storm ended");
+        }
+    };
     progress.storm_over.store(true, Ordering::Relaxed);
+    report.storm_seconds = started.elapsed().as_secs_f64();
     let (mischief, mut fleet) = monkey.await??;
     stormed?;
     mischief.add_to(&mut report);
@@ -363,6 +382,7 @@ pub async fn run(config: &Config) -> anyhow::Result<Report> {
     inbox.set_faults(faults(0, 0, 0));
     report.seconds = started.elapsed().as_secs_f64();
     fleet.stop().await;
+    report.failover = config.failover.as_ref().map(|pair| pair.report());
 
     audit::audit(&mut report, &pool, &inbox, &addresses, &logs, run_id).await?;
     pool.close().await;

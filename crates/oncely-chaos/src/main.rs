@@ -2,10 +2,21 @@
 //! exits 1 if the run broke the promise.
 
 use std::path::PathBuf;
+use std::sync::Arc;
 use std::time::Duration;
 
+use anyhow::Context;
 use clap::{Parser, ValueEnum};
+use oncely_chaos::failover::{Pair, Replication};
 use oncely_chaos::{Config, Delivery, run};
+
+#[derive(Debug, Clone, Copy, ValueEnum)]
+enum Standby {
+    /// `synchronous_standby_names` names the standby: a commit is acknowledged once it holds it.
+    Sync,
+    /// No synchronous standby: a commit is acknowledged at once.
+    Async,
+}
 
 #[derive(Debug, Clone, Copy, ValueEnum)]
 enum Mode {
@@ -22,8 +33,18 @@ struct Args {
     #[arg(long, default_value = "target/release/oncely")]
     oncely: PathBuf,
     /// A PostgreSQL database for the run (it is migrated, and should be empty).
-    #[arg(long, env = "DATABASE_URL")]
-    database_url: String,
+    #[arg(long, env = "DATABASE_URL", required_unless_present = "failover")]
+    database_url: Option<String>,
+    /// Instead of `--database-url` (then not used): a primary and a streaming standby of their own on this
+    /// machine (initdb, pg_basebackup; `ONCELY_PG_BIN` names the programs' directory if they
+    /// are not found), behind a proxy; midway the primary is SIGKILLed and the standby
+    /// promoted.
+    #[arg(long, value_enum, conflicts_with = "restart_postgres")]
+    failover: Option<Standby>,
+    /// With --failover: the round-trip time the standby's link to the primary adds, in
+    /// milliseconds (a standby in another zone: 1–2; in another region: 50–100).
+    #[arg(long, default_value_t = 0, requires = "failover")]
+    replication_rtt_ms: u64,
     /// Logical intents (signups).
     #[arg(long, default_value_t = 2000)]
     intents: usize,
@@ -79,9 +100,30 @@ struct Args {
 #[tokio::main]
 async fn main() -> anyhow::Result<()> {
     let args = Args::parse();
+    // With --failover: the pair first, the run's database made on its primary.
+    let pair = match args.failover {
+        Some(standby) => {
+            let replication = match standby {
+                Standby::Sync => Replication::Synchronous,
+                Standby::Async => Replication::Asynchronous,
+            };
+            if let Some(logs) = &args.logs {
+                std::fs::create_dir_all(logs)?;
+            }
+            let rtt = Duration::from_millis(args.replication_rtt_ms);
+            let pair = Pair::start(replication, rtt, args.logs.as_deref()).await?;
+            pair.create_database("oncely_chaos").await?;
+            Some(Arc::new(pair))
+        }
+        None => None,
+    };
+    let database_url = match &pair {
+        Some(pair) => pair.url("oncely_chaos"),
+        None => args.database_url.context("--database-url or --failover")?,
+    };
     let config = Config {
         oncely: args.oncely,
-        database_url: args.database_url,
+        database_url,
         intents: args.intents,
         concurrency: args.concurrency,
         kill_every: (
@@ -89,6 +131,7 @@ async fn main() -> anyhow::Result<()> {
             Duration::from_millis(args.kill_max_ms),
         ),
         restart_postgres: args.restart_postgres,
+        failover: pair,
         fault_rate: args.fault_rate,
         delivery: match args.delivery {
             Mode::Provider => Delivery::Provider,
@@ -113,6 +156,8 @@ async fn main() -> anyhow::Result<()> {
         _ = term.recv() => anyhow::bail!("terminated; the processes were stopped"),
     };
     println!("{}", serde_json::to_string_pretty(&report)?);
+    // Stops the failover pair's clusters (exit skips destructors).
+    drop(config);
     if !report.passed() {
         eprintln!("chaos: the run broke the promise (see the report)");
         std::process::exit(1);

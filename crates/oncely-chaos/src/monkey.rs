@@ -14,7 +14,7 @@ use crate::fleet::{Fleet, Role};
 use crate::{Config, Report};
 
 /// What the storm shares with the monkey: whether it is over, how many intents have a final
-/// answer (PostgreSQL is restarted once half of them do).
+/// answer (PostgreSQL is restarted, or the primary failed over, once half of them do).
 #[derive(Clone, Default)]
 pub(crate) struct Progress {
     pub(crate) storm_over: Arc<AtomicBool>,
@@ -49,6 +49,16 @@ pub(crate) fn spawn(
         let mut mischief = Mischief::default();
         let mut restarted_pg = config.restart_postgres.is_none();
         let halfway = (config.intents / 2) as u64;
+        // The failover runs beside the kills, as soon as half the storm is answered.
+        let mut failover = config.failover.clone().map(|pair| {
+            let progress = progress.clone();
+            tokio::spawn(async move {
+                while progress.answered.load(Ordering::Relaxed) < halfway {
+                    tokio::time::sleep(Duration::from_millis(10)).await;
+                }
+                pair.fail_over().await
+            })
+        });
         let over = || progress.storm_over.load(Ordering::Relaxed);
         while !over() {
             let (low, high) = config.kill_every;
@@ -57,12 +67,17 @@ pub(crate) fn spawn(
             if over() {
                 break;
             }
+            // A failed failover ends the run now, not at the storm's deadline.
+            if let Some(done) = failover.take_if(|f| f.is_finished()) {
+                done.await??;
+            }
             if !restarted_pg && progress.answered.load(Ordering::Relaxed) >= halfway {
                 restart_postgres(config.restart_postgres.as_deref().unwrap_or_default()).await?;
                 mischief.postgres_restarts += 1;
                 restarted_pg = true;
                 continue;
             }
+
             let victim = rand::rng().random_range(0..fleet.procs.len());
             let proc = &mut fleet.procs[victim];
             proc.kill().await;
@@ -81,6 +96,9 @@ pub(crate) fn spawn(
                 }
                 tokio::time::sleep(Duration::from_millis(250)).await;
             }
+        }
+        if let Some(failover) = failover {
+            failover.await??;
         }
         Ok((mischief, fleet))
     })

@@ -3,12 +3,16 @@
 //! (every 10th attempt, `Retry-After: 1`) and a 2 s period of refused credentials — then the
 //! audit (see `docs/reliability.md`). The storm's tenant has a webhook endpoint at the inbox
 //! (`user.created`), whose intake is faulted too (503s, accepted-then-dropped): every created
-//! account's one event id arrives signed, duplicates by id counted. The two runs take turns: each starts five processes with
-//! their pools, listeners and notifiers, and together they would crowd PostgreSQL's 100
-//! connections that the rest of the suite shares.
+//! account's one event id arrives signed, duplicates by id counted. One run takes the database
+//! away: a primary of its own SIGKILLed midway and its synchronous standby promoted. The runs take
+//! turns: each starts five processes with their pools, listeners and notifiers, and together they
+//! would crowd PostgreSQL's 100 connections that the rest of the suite shares.
 
 use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::Duration;
 
+use oncely_chaos::failover::{Binaries, Pair, Replication};
 use oncely_chaos::{Config, Delivery, Report, run};
 use oncely_testdb::TestPostgres;
 use tokio::sync::Mutex;
@@ -77,6 +81,44 @@ async fn over_plain_smtp_a_dropped_answer_is_reconciled_not_resent_and_nothing_i
     assert!(report.parked >= report.settled_sent + report.settled_resend);
     assert_eq!(report.jobs.get("unknown"), None, "{shown}");
     assert_webhooks_delivered(&report, &shown);
+    assert!(report.passed(), "{shown}");
+}
+
+/// The short form of `scripts/chaos --failover sync`: the run's database on a primary of its own
+/// with a synchronous standby, both behind the proxy; midway the primary's processes are
+/// SIGKILLed and the standby promoted. Every acknowledged signup has its account and its one
+/// email on the promoted standby. Needs PostgreSQL's server programs (initdb, pg_basebackup):
+/// without them it says SKIPPED.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_primary_killed_midway_loses_nothing_its_synchronous_standby_promoted() {
+    let _turn = ONE_AT_A_TIME.lock().await;
+    if let Err(error) = Binaries::find() {
+        eprintln!("SKIPPED: the failover chaos run: {error:#}");
+        return;
+    }
+    let pair = Pair::start(Replication::Synchronous, Duration::ZERO, None)
+        .await
+        .unwrap();
+    pair.create_database("oncely_chaos").await.unwrap();
+    let config = Config {
+        failover: Some(Arc::new(pair)),
+        ..Config::short(oncely(), String::new())
+    };
+    let config = Config {
+        database_url: config.failover.as_ref().unwrap().url("oncely_chaos"),
+        ..config
+    };
+    let report = run(&config).await.unwrap();
+    let shown = serde_json::to_string_pretty(&report).unwrap();
+    let failover = report.failover.clone().expect("a failover report");
+    assert_eq!(failover.failovers, 1, "no failover: {shown}");
+    assert_eq!(failover.sync_state, "sync", "{shown}");
+    assert_eq!(report.acknowledged, report.intents, "{shown}");
+    assert_eq!(report.users, report.intents, "{shown}");
+    assert_eq!(report.users_missing, 0, "{shown}");
+    assert_eq!(report.lost, 0, "{shown}");
+    assert_eq!(report.emails, report.intents, "{shown}");
+    assert_eq!(report.webhooks.lost, 0, "{shown}");
     assert!(report.passed(), "{shown}");
 }
 

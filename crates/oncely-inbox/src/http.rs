@@ -389,6 +389,11 @@ async fn wait(State(inbox): State<Inbox>, Query(q): Query<WaitQuery>) -> Respons
     if q.to.is_none() && q.run.is_none() {
         return bad("name what to wait for: to=<address>, run=<run id>, or both".into());
     }
+    // An empty `to=` (a shell variable that was not set) matches no address: refused, not a
+    // wait that can only time out.
+    if q.to.as_deref().is_some_and(|to| to.trim().is_empty()) {
+        return bad("to=\"\": an address to wait for (or leave to= out and give run=)".into());
+    }
     let wanted = match q.count.as_deref().map(str::parse::<usize>) {
         None => 1,
         Some(Ok(n)) if (1..=10_000).contains(&n) => n,

@@ -1142,6 +1142,8 @@ async fn a_wait_with_a_bad_parameter_is_refused_with_the_reason() {
     let (_inbox, base) = start().await;
     for (query, reason) in [
         ("count=1", "name what to wait for"),
+        ("to=&count=1", "an address to wait for"),
+        ("to=%20&run=abc", "an address to wait for"),
         ("to=a@x.io&count=0", "count=\"0\""),
         ("to=a@x.io&count=many", "count=\"many\""),
         ("to=a@x.io&timeout=61s", "at most 60s"),

@@ -26,6 +26,29 @@ use serde_json::Value;
 
 use crate::job::Delivery;
 
+/// The most of an answer's body anything here reads (a verdict, a provider's id, an error's
+/// text are a few hundred bytes): the other side may be misconfigured or hostile — a webhook
+/// endpoint is a tenant's — and a body read whole is memory it chooses.
+pub const MAX_ANSWER: usize = 64 * 1024;
+
+/// Reads `response`'s body up to `limit` bytes: the bytes and whether that was all of it (a
+/// longer body is left unread beyond the limit, and the connection dropped with it).
+pub async fn read_at_most(
+    mut response: reqwest::Response,
+    limit: usize,
+) -> Result<(Vec<u8>, bool), reqwest::Error> {
+    let mut body = Vec::new();
+    while let Some(chunk) = response.chunk().await? {
+        let room = limit - body.len();
+        if chunk.len() > room {
+            body.extend_from_slice(&chunk[..room]);
+            return Ok((body, false));
+        }
+        body.extend_from_slice(&chunk);
+    }
+    Ok((body, true))
+}
+
 /// POSTs `body` to `url` with `Idempotency-Key: key` (and a bearer token if given). `Ok` holds
 /// the JSON answer of a 2xx (`Null` if it was not JSON); `Err` the outcome to report (see the
 /// module's table). The answer's text in an error is cut to 200 characters, and the bearer
@@ -92,11 +115,19 @@ async fn post(
     };
     let status = response.status();
     if status.is_success() {
-        return Ok(response.json::<Value>().await.unwrap_or(Value::Null));
+        // A JSON answer within MAX_ANSWER, else Null: the job is done either way.
+        return Ok(match read_at_most(response, MAX_ANSWER).await {
+            Ok((body, true)) => serde_json::from_slice(&body).unwrap_or(Value::Null),
+            _ => Value::Null,
+        });
     }
     let headers = response.headers().clone();
     let after = retry_after(&headers, SystemTime::now());
-    let mut body = response.text().await.unwrap_or_default();
+    // The start of the answer's text is enough to say what went wrong.
+    let mut body = match read_at_most(response, MAX_ANSWER).await {
+        Ok((body, _)) => String::from_utf8_lossy(&body).into_owned(),
+        Err(_) => String::new(),
+    };
     // Blanked out before the cut: a key that straddled the cut would leave a piece behind.
     if let Some(token) = bearer.map(ExposeSecret::expose_secret)
         && !token.is_empty()

@@ -139,10 +139,10 @@ impl LookedUp {
         if status != reqwest::StatusCode::OK {
             return Reconciled::Unknown(format!("delivery lookup at {at} answered {status}"));
         }
-        // Bounded: a verdict is a few hundred bytes.
-        let body = match response.bytes().await {
-            Ok(body) if body.len() <= 64 * 1024 => body,
-            Ok(_) => {
+        // Bounded: a verdict is a few hundred bytes; a longer answer is not read beyond that.
+        let body = match crate::http::read_at_most(response, crate::http::MAX_ANSWER).await {
+            Ok((body, true)) => body,
+            Ok((_, false)) => {
                 return Reconciled::Unknown(format!(
                     "delivery lookup at {at} answered over 64 KiB"
                 ));

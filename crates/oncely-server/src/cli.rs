@@ -1383,10 +1383,10 @@ pub enum InboxCommand {
 #[command(group(ArgGroup::new("what").required(true).multiple(true).args(["to", "run"])))]
 pub struct ExpectArgs {
     /// The recipient to wait for (any case).
-    #[arg(long, value_name = "ADDR")]
+    #[arg(long, value_name = "ADDR", value_parser = clap::builder::NonEmptyStringValueParser::new())]
     pub to: Option<String>,
     /// The run (`POST /runs`) whose mail to wait for; with --to, the run's mail to that address.
-    #[arg(long, value_name = "ID")]
+    #[arg(long, value_name = "ID", value_parser = clap::builder::NonEmptyStringValueParser::new())]
     pub run: Option<String>,
     /// How many messages (those already there count).
     #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u64).range(1..=10_000))]

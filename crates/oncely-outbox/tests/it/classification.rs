@@ -4,6 +4,8 @@
 //! key used with another payload can never accept it (permanent); one whose first request with
 //! the key still runs is worth a retry.
 
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
 use oncely_inbox::{Faults, Inbox};
@@ -350,4 +352,87 @@ async fn a_see_other_after_the_post_is_an_unknown_outcome() {
         panic!("not refused")
     };
     assert!(reason.contains("Location: /v2/emails"), "{reason}");
+}
+
+/// A server whose every answer is `status` with a body that never ends (chunked, 64 KiB at a
+/// time); the count of body bytes it managed to write before the client hung up.
+async fn endless_answer(status: u16) -> (String, Arc<AtomicU64>) {
+    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    let written = Arc::new(AtomicU64::new(0));
+    let counted = written.clone();
+    tokio::spawn(async move {
+        while let Ok((mut stream, _)) = listener.accept().await {
+            let counted = counted.clone();
+            tokio::spawn(async move {
+                let mut request = [0; 16 * 1024];
+                let _ = stream.read(&mut request).await;
+                let head = format!(
+                    "HTTP/1.1 {status} Answer\r\ncontent-type: application/json\r\n\
+                     transfer-encoding: chunked\r\n\r\n"
+                );
+                if stream.write_all(head.as_bytes()).await.is_err() {
+                    return;
+                }
+                let chunk = format!("10000\r\n{}\r\n", " ".repeat(0x10000));
+                while stream.write_all(chunk.as_bytes()).await.is_ok() {
+                    counted.fetch_add(0x10000, Ordering::Relaxed);
+                }
+            });
+        }
+    });
+    (format!("http://{addr}"), written)
+}
+
+/// More than a bounded reader and the sockets' buffers can hold; far less than an unbounded
+/// read takes from loopback in the 2 s the calls below may last.
+const READ_WHOLE: u64 = 64 * 1024 * 1024;
+
+/// Review of issue 21: an answer's body is read up to 64 KiB, never whole — a provider, a
+/// delivery lookup or a tenant's webhook endpoint that answers without end costs the worker
+/// 64 KiB, not its memory (a lookup answering 800 MiB took a worker to 1.6 GB).
+#[tokio::test]
+async fn an_endless_answer_is_read_no_further_than_64_kib() {
+    use oncely_outbox::mail::{LookedUp, Mailer};
+    // A provider's 200 (the job is done: the answer's JSON is only informative) and its 500
+    // (retried; the error quotes the start of the text).
+    for (status, expected) in [
+        (
+            200,
+            Delivery::Sent {
+                provider_message_id: None,
+            },
+        ),
+        (500, Delivery::Retry(String::new())),
+    ] {
+        let (url, written) = endless_answer(status).await;
+        let mailer =
+            from_url(&format!("{url}/emails"), None, Duration::from_secs(2), None).unwrap();
+        let outcome = mailer.send(&email(), "key-1").await;
+        assert_eq!(
+            std::mem::discriminant(&outcome),
+            std::mem::discriminant(&expected),
+            "{status}: {outcome:?}"
+        );
+        let written = written.load(Ordering::Relaxed);
+        assert!(written < READ_WHOLE, "{status}: read {written} bytes");
+    }
+    // A delivery lookup: no verdict in 64 KiB is no answer.
+    let (url, written) = endless_answer(200).await;
+    let smtp = from_url("smtp://127.0.0.1:9", None, Duration::from_secs(2), None).unwrap();
+    let lookup = LookedUp::new(
+        smtp,
+        &format!("{url}/deliveries/{{key}}"),
+        Duration::from_secs(2),
+    )
+    .unwrap();
+    let verdict = lookup
+        .look_up("key-1", time::OffsetDateTime::now_utc())
+        .await;
+    assert!(
+        matches!(&verdict, oncely_outbox::Reconciled::Unknown(why) if why.contains("over 64 KiB")),
+        "{verdict:?}"
+    );
+    let written = written.load(Ordering::Relaxed);
+    assert!(written < READ_WHOLE, "lookup: read {written} bytes");
 }

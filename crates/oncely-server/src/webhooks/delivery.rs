@@ -240,7 +240,7 @@ impl<A: Accounts> WebhookDelivery<A> {
             .header("webhook-signature", signature)
             .header("idempotency-key", event_id)
             .body(body);
-        let mut response = match request.send().await {
+        let response = match request.send().await {
             Ok(response) => response,
             Err(error) => {
                 if let Some(refused) = refused_address(&error) {
@@ -263,15 +263,10 @@ impl<A: Accounts> WebhookDelivery<A> {
             return Attempted::Gone;
         }
         // The first bytes of the answer only: a receiver may send anything, of any size.
-        let mut head = Vec::new();
-        while head.len() < BODY_CAP {
-            match response.chunk().await {
-                Ok(Some(chunk)) => head.extend_from_slice(&chunk),
-                Ok(None) | Err(_) => break,
-            }
-        }
-        head.truncate(BODY_CAP);
-        drop(response);
+        let head = oncely_outbox::http::read_at_most(response, BODY_CAP)
+            .await
+            .map(|(head, _)| head)
+            .unwrap_or_default();
         let text: String = String::from_utf8_lossy(&head)
             .chars()
             .take(REASON_BODY_CHARS)

@@ -108,6 +108,9 @@ async fn inbox_expect_prints_the_matching_link_once_mail_arrives_and_exits_disti
             "0 of 1 message(s) to nobody@example.com",
         ),
         (vec!["--run", "nosuchrun"], 3, "has no run \"nosuchrun\""),
+        // An empty address (a shell variable that was not set) is a usage error, not a wait.
+        (vec!["--to", ""], 2, "'--to <ADDR>'"),
+        (vec!["--run", ""], 2, "'--run <ID>'"),
         (
             vec!["--to", ada.as_str(), "--link-matches", "/reset"],
             4,

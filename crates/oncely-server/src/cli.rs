@@ -1391,8 +1391,8 @@ pub struct ExpectArgs {
     /// How many messages (those already there count).
     #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u64).range(1..=10_000))]
     pub count: u64,
-    /// How long to wait (`10s`, `500ms`, `2m`).
-    #[arg(long, default_value = "10s", value_parser = parse_duration)]
+    /// How long to wait (`10s`, `500ms`, `2m`; at most 24h).
+    #[arg(long, default_value = "10s", value_parser = parse_within)]
     pub within: Duration,
     /// Print the first link of the messages (oldest message first, in each in order) that this
     /// regular expression matches somewhere, e.g. `/v1/verify\?token=`; exit 4 if none does.
@@ -1467,6 +1467,15 @@ fn parse_max_messages(s: &str) -> Result<usize, String> {
         Ok(n) => Ok(n),
         Err(e) => Err(e.to_string()),
     }
+}
+
+/// `inbox expect --within`: a duration up to a day (a CI step that waits longer is stuck).
+fn parse_within(s: &str) -> Result<Duration, String> {
+    let within = parse_duration(s)?;
+    if within > Duration::from_secs(24 * 3600) {
+        return Err("at most 24h".into());
+    }
+    Ok(within)
 }
 
 pub(crate) fn parse_duration(s: &str) -> Result<Duration, String> {

@@ -13,6 +13,7 @@ use std::time::Duration;
 use anyhow::{Context, bail};
 use serde_json::{Value, json};
 
+use crate::backend::redact;
 use crate::cli::ExpectArgs;
 use crate::ops::{Failure, refuse};
 
@@ -35,7 +36,9 @@ pub async fn run(args: &ExpectArgs) -> anyhow::Result<String> {
             .await?
             .json()
             .await
-            .with_context(|| format!("{base}/messages/{id}/links did not answer JSON"))?;
+            .with_context(|| {
+                format!("{}/messages/{id}/links did not answer JSON", redact(&base))
+            })?;
         found.push(json!({
             "id": id,
             "to": message["to"],
@@ -112,7 +115,7 @@ async fn wait(http: &reqwest::Client, base: &str, args: &ExpectArgs) -> anyhow::
         query.extend(args.to.clone().map(|to| ("to", to)));
         query.extend(args.run.clone().map(|run| ("run", run)));
         let mut url = url::Url::parse(&format!("{base}/messages/wait"))
-            .with_context(|| format!("{base} is not a URL"))?;
+            .with_context(|| format!("{} is not a URL", redact(base)))?;
         url.query_pairs_mut().extend_pairs(&query);
         let response = http
             .get(url.clone())
@@ -139,18 +142,21 @@ async fn wait(http: &reqwest::Client, base: &str, args: &ExpectArgs) -> anyhow::
                 return Err(refuse(
                     Failure::NotFound,
                     format!(
-                        "the inbox at {base} has no run {:?}: create one with POST {base}/runs",
-                        args.run.as_deref().unwrap_or_default()
+                        "the inbox at {shown} has no run {:?}: create one with POST {shown}/runs",
+                        args.run.as_deref().unwrap_or_default(),
+                        shown = redact(base),
                     ),
                 ));
             }
             400 => bail!(
-                "the inbox at {base} refused the wait: {}",
+                "the inbox at {} refused the wait: {}",
+                redact(base),
                 body["detail"].as_str().unwrap_or("400")
             ),
             _ => bail!(
-                "{url} answered {status}: is --http the address of an oncely inbox (`oncely inbox \
-                 --http host:port`), or of a server's dev inbox (http://host:port/_dev/inbox)?"
+                "{} answered {status}: is --http the address of an oncely inbox (`oncely inbox \
+                 --http host:port`), or of a server's dev inbox (http://host:port/_dev/inbox)?",
+                redact(url.as_str())
             ),
         }
     }
@@ -164,7 +170,7 @@ async fn get(http: &reqwest::Client, url: &str) -> anyhow::Result<reqwest::Respo
         .await
         .map_err(|e| unreachable_inbox(url, &e))?;
     if !response.status().is_success() {
-        bail!("{url} answered {}", response.status());
+        bail!("{} answered {}", redact(url), response.status());
     }
     Ok(response)
 }
@@ -179,7 +185,8 @@ fn unreachable_inbox(base: &str, error: &reqwest::Error) -> anyhow::Error {
         source = cause.source();
     }
     anyhow::anyhow!(
-        "cannot reach the inbox at {base} ({why}): is `oncely inbox` running there (--http names \
-         its HTTP address)?"
+        "cannot reach the inbox at {} ({why}): is `oncely inbox` running there (--http names \
+         its HTTP address)?",
+        redact(base)
     )
 }

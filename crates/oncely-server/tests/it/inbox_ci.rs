@@ -147,6 +147,24 @@ async fn inbox_expect_prints_the_matching_link_once_mail_arrives_and_exits_disti
     assert_eq!(code, 1, "{stderr}");
     assert_eq!(stderr.lines().count(), 1, "{stderr}");
     assert!(stderr.contains("cannot reach the inbox"), "{stderr}");
+    // A password in --http (an inbox behind basic auth) never reaches the output: CI logs.
+    let (code, _, stderr) = expect(
+        &format!("http://ci:hunter2secret@{free}"),
+        &["--to", "a@example.com"],
+    )
+    .await;
+    assert_eq!(code, 1, "{stderr}");
+    assert!(!stderr.contains("hunter2secret"), "{stderr}");
+    assert!(
+        stderr.contains("cannot reach the inbox at http://ci:***@"),
+        "{stderr}"
+    );
+    // A wait longer than a day is a mistake (a CI step stuck), refused as usage, not a panic.
+    for within in ["25h", "18446744073709551615s"] {
+        let (code, _, stderr) = expect(&base, &["--to", "a@example.com", "--within", within]).await;
+        assert_eq!(code, 2, "{within}: {stderr}");
+        assert!(stderr.contains("--within"), "{within}: {stderr}");
+    }
 }
 
 /// A provider's link scanner (or a mail client's preview) opens every link of a message before

@@ -19,17 +19,31 @@ pub(crate) async fn audit(
     report: &mut Report,
     pool: &PgPool,
     inbox: &Inbox,
-    addresses: &[String],
+    (addresses, acknowledged): (&[String], &[bool]),
     logs: &Path,
     run_id: u32,
 ) -> anyhow::Result<()> {
     let prefix = format!("chaos-{run_id}-%");
-    report.users =
-        sqlx::query_scalar::<_, i64>("SELECT count(*) FROM oncely_users WHERE email LIKE $1")
+    let users: HashSet<String> =
+        sqlx::query_scalar::<_, String>("SELECT email FROM oncely_users WHERE email LIKE $1")
             .bind(&prefix)
-            .fetch_one(pool)
-            .await? as u64;
-    report.users_missing = report.acknowledged.saturating_sub(report.users);
+            .fetch_all(pool)
+            .await?
+            .into_iter()
+            .collect();
+    report.users = users.len() as u64;
+    // Address by address: an account of an intent that was not acknowledged does not make up
+    // for one of an acknowledged intent that is missing.
+    let acknowledged: Vec<&str> = addresses
+        .iter()
+        .zip(acknowledged)
+        .filter(|(_, acked)| **acked)
+        .map(|(address, _)| address.as_str())
+        .collect();
+    report.users_missing = acknowledged
+        .iter()
+        .filter(|address| !users.contains(**address))
+        .count() as u64;
     for row in sqlx::query("SELECT status, count(*) AS n FROM oncely_outbox GROUP BY status")
         .fetch_all(pool)
         .await?
@@ -104,12 +118,12 @@ pub(crate) async fn audit(
         tokens.iter().all(|t| t.len() == 43),
         "a link carried a token that is not 43 characters"
     );
-    let dead = email_dead;
-    let received = addresses
+    // Acknowledged intents whose address got no email, less the dead jobs that explain some.
+    let without_email = acknowledged
         .iter()
-        .filter(|a| per_address.contains_key(a.as_str()))
+        .filter(|address| !per_address.contains_key(**address))
         .count() as u64;
-    report.lost = report.acknowledged.saturating_sub(received + dead);
+    report.lost = without_email.saturating_sub(email_dead);
     report.duplicates = per_address.values().map(|n| n.saturating_sub(1)).sum();
     report.duplicates_per_million = if report.acknowledged == 0 {
         0.0

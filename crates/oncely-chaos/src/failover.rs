@@ -137,6 +137,7 @@ impl Binaries {
         let output = Command::from(self.command(tool))
             .args(args)
             .stdin(Stdio::null())
+            .kill_on_drop(true)
             .output()
             .await
             .with_context(|| format!("cannot run {tool}"))?;
@@ -231,13 +232,14 @@ impl Pair {
                 "cannot give the work directory to postgres"
             );
         }
+        let [primary_port, standby_port] = free_ports()?;
         let primary = Cluster {
             data: work.path().join("primary"),
-            port: free_port()?,
+            port: primary_port,
         };
         let standby = Cluster {
             data: work.path().join("standby"),
-            port: free_port()?,
+            port: standby_port,
         };
         let proxy = TcpListener::bind("127.0.0.1:0").await?;
         let link = TcpListener::bind("127.0.0.1:0").await?;
@@ -425,22 +427,28 @@ impl Pair {
         let behind = self.wal_behind().await.unwrap_or(-1);
         self.link.abort();
         let postmaster = self.primary.postmaster()?;
+        let signal = |pid: u32, signal: rustix::process::Signal| -> anyhow::Result<()> {
+            let pid = rustix::process::Pid::from_raw(pid as i32).context("a pid of 0")?;
+            match rustix::process::kill_process(pid, signal) {
+                // One that has exited in between is gone already.
+                Ok(()) | Err(rustix::io::Errno::SRCH) => Ok(()),
+                Err(error) => bail!("cannot signal the primary's process {pid:?}: {error}"),
+            }
+        };
+        let killed = Instant::now();
+        // The postmaster stopped first: it forks no child after its children are listed (one
+        // forked in between would outlive the kill) and starts no crash recovery; then all of
+        // them killed.
+        signal(postmaster, rustix::process::Signal::STOP)?;
         let mut victims = vec![postmaster];
         victims.extend(children(postmaster));
+        for &pid in &victims {
+            signal(pid, rustix::process::Signal::KILL)?;
+        }
         eprintln!(
-            "chaos: failover: SIGKILL to the primary's {} processes, then promoting the standby",
+            "chaos: failover: SIGKILLed the primary's {} processes, promoting the standby",
             victims.len()
         );
-        let killed = Instant::now();
-        // The postmaster first (it forks no more and cannot start a crash recovery), then every
-        // child; one that has exited in between is gone already.
-        for &pid in &victims {
-            let pid = rustix::process::Pid::from_raw(pid as i32).context("a pid of 0")?;
-            match rustix::process::kill_process(pid, rustix::process::Signal::KILL) {
-                Ok(()) | Err(rustix::io::Errno::SRCH) => {}
-                Err(error) => bail!("cannot SIGKILL the primary's process {pid:?}: {error}"),
-            }
-        }
         let deadline = Instant::now() + Duration::from_secs(10);
         while victims
             .iter()
@@ -449,6 +457,10 @@ impl Pair {
             ensure!(Instant::now() < deadline, "the primary's processes live on");
             tokio::time::sleep(Duration::from_millis(10)).await;
         }
+        // Its pid file names a pid the system may give another process: nothing may stop that
+        // one for the dead primary (the pair's drop stops a cluster with a pid file).
+        std::fs::remove_file(self.primary.data.join("postmaster.pid"))
+            .context("cannot remove the dead primary's postmaster.pid")?;
         let standby = self.standby.data.to_str().context("work path")?;
         self.binaries
             .run("pg_ctl", &["-D", standby, "-w", "promote"])
@@ -669,8 +681,10 @@ fn append(path: &Path, text: &str) -> anyhow::Result<()> {
     Ok(())
 }
 
-fn free_port() -> anyhow::Result<u16> {
-    Ok(std::net::TcpListener::bind("127.0.0.1:0")?
-        .local_addr()?
-        .port())
+/// Two ports free now, and different: both are held at once while they are found (one freed
+/// before the other is asked for can be handed out again).
+fn free_ports() -> anyhow::Result<[u16; 2]> {
+    let first = std::net::TcpListener::bind("127.0.0.1:0")?;
+    let second = std::net::TcpListener::bind("127.0.0.1:0")?;
+    Ok([first.local_addr()?.port(), second.local_addr()?.port()])
 }

@@ -368,7 +368,7 @@ pub async fn run(config: &Config) -> anyhow::Result<Report> {
     progress.storm_over.store(true, Ordering::Relaxed);
     report.storm_seconds = started.elapsed().as_secs_f64();
     let (mischief, mut fleet) = monkey.await??;
-    stormed?;
+    let acknowledged = stormed?;
     mischief.add_to(&mut report);
 
     // Drain: every worker up, faults still on, until nothing is pending.
@@ -384,7 +384,15 @@ pub async fn run(config: &Config) -> anyhow::Result<Report> {
     fleet.stop().await;
     report.failover = config.failover.as_ref().map(|pair| pair.report());
 
-    audit::audit(&mut report, &pool, &inbox, &addresses, &logs, run_id).await?;
+    audit::audit(
+        &mut report,
+        &pool,
+        &inbox,
+        (&addresses, &acknowledged),
+        &logs,
+        run_id,
+    )
+    .await?;
     pool.close().await;
     Ok(report)
 }

@@ -100,6 +100,25 @@ struct Args {
 #[tokio::main]
 async fn main() -> anyhow::Result<()> {
     let args = Args::parse();
+    // On Ctrl-C or SIGTERM — from the first moment, the failover pair's set-up included —
+    // return: dropping the run kills every process it started and stops the pair's clusters.
+    let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())?;
+    let report = tokio::select! {
+        report = set_up_and_run(args) => report?,
+        _ = tokio::signal::ctrl_c() => anyhow::bail!("interrupted; the processes were stopped"),
+        _ = term.recv() => anyhow::bail!("terminated; the processes were stopped"),
+    };
+    println!("{}", serde_json::to_string_pretty(&report)?);
+    if !report.passed() {
+        eprintln!("chaos: the run broke the promise (see the report)");
+        std::process::exit(1);
+    }
+    Ok(())
+}
+
+/// Makes the failover pair if asked, then runs; the pair is stopped when this returns or is
+/// dropped.
+async fn set_up_and_run(args: Args) -> anyhow::Result<oncely_chaos::Report> {
     // With --failover: the pair first, the run's database made on its primary.
     let pair = match args.failover {
         Some(standby) => {
@@ -148,19 +167,5 @@ async fn main() -> anyhow::Result<()> {
         time_limit: Duration::from_secs(args.time_limit),
         logs: args.logs,
     };
-    // On Ctrl-C or SIGTERM, return: dropping the run kills every process it started.
-    let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())?;
-    let report = tokio::select! {
-        report = run(&config) => report?,
-        _ = tokio::signal::ctrl_c() => anyhow::bail!("interrupted; the processes were stopped"),
-        _ = term.recv() => anyhow::bail!("terminated; the processes were stopped"),
-    };
-    println!("{}", serde_json::to_string_pretty(&report)?);
-    // Stops the failover pair's clusters (exit skips destructors).
-    drop(config);
-    if !report.passed() {
-        eprintln!("chaos: the run broke the promise (see the report)");
-        std::process::exit(1);
-    }
-    Ok(())
+    run(&config).await
 }

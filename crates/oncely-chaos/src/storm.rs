@@ -13,7 +13,8 @@ use crate::Report;
 use crate::monkey::Progress;
 
 /// Sends every address's signup, `concurrency` at once, each retried with its key until a final
-/// answer or `deadline`; counts the answers into `report`.
+/// answer or `deadline`; counts the answers into `report`. Returns, for each address, whether
+/// its signup was acknowledged (a 2xx).
 pub(crate) async fn run(
     endpoints: Vec<reqwest::Url>,
     addresses: &[String],
@@ -21,7 +22,7 @@ pub(crate) async fn run(
     deadline: Instant,
     progress: &Progress,
     report: &mut Report,
-) -> anyhow::Result<()> {
+) -> anyhow::Result<Vec<bool>> {
     let client = Client::with_endpoints(endpoints).policy(RetryPolicy {
         max_attempts: u32::MAX,
         initial_delay: Duration::from_millis(50),
@@ -31,8 +32,8 @@ pub(crate) async fn run(
         attempt_timeout: Duration::from_secs(10),
     });
     let attempts = Arc::new(AtomicU64::new(0));
-    let answers: Vec<_> = futures::stream::iter(addresses.iter().cloned())
-        .map(|email| {
+    let answers: Vec<_> = futures::stream::iter(addresses.iter().cloned().enumerate())
+        .map(|(i, email)| {
             let client = client.clone();
             let attempts = attempts.clone();
             let answered = progress.answered.clone();
@@ -46,7 +47,7 @@ pub(crate) async fn run(
                 } else if let Err(oncely_client::Error::GaveUp { attempts: n, .. }) = &answer {
                     attempts.fetch_add(u64::from(*n), Ordering::Relaxed);
                 }
-                anyhow::Ok(answer)
+                anyhow::Ok((i, answer))
             }
         })
         .buffer_unordered(concurrency.max(1))
@@ -54,9 +55,12 @@ pub(crate) async fn run(
         .await;
     report.intents = addresses.len() as u64;
     report.attempts = attempts.load(Ordering::Relaxed);
+    let mut acknowledged = vec![false; addresses.len()];
     for answer in answers {
-        match answer? {
+        let (i, answer) = answer?;
+        match answer {
             Ok(a) if a.is_success() => {
+                acknowledged[i] = true;
                 report.acknowledged += 1;
                 report.replayed += u64::from(a.replayed);
             }
@@ -64,7 +68,7 @@ pub(crate) async fn run(
             Err(_) => report.unanswered += 1,
         }
     }
-    Ok(())
+    Ok(acknowledged)
 }
 
 /// Waits until no outbox job is pending (a job failed by a fault waits for its retry delay:

@@ -69,6 +69,8 @@ pub struct FailoverReport {
 #[derive(Debug, Clone)]
 pub struct Binaries {
     dir: PathBuf,
+    /// Whom to run them as (uid, gid): `postgres` when this process is root.
+    user: Option<(u32, u32)>,
 }
 
 impl Binaries {
@@ -87,7 +89,10 @@ impl Binaries {
                 "ONCELY_PG_BIN={} lacks initdb, pg_ctl or pg_basebackup",
                 dir.display()
             );
-            return Ok(Self { dir });
+            return Ok(Self {
+                dir,
+                user: running_as_root().then(postgres_user).flatten(),
+            });
         }
         let on_path = std::env::var_os("PATH")
             .into_iter()
@@ -113,7 +118,10 @@ impl Binaries {
             .into_iter()
             .chain(debian.into_iter().rev())
             .find(|dir| has_all(dir))
-            .map(|dir| Self { dir })
+            .map(|dir| Self {
+                dir,
+                user: running_as_root().then(postgres_user).flatten(),
+            })
             .context(
                 "no PostgreSQL server programs (initdb, pg_ctl, pg_basebackup) found: install \
                  PostgreSQL or set ONCELY_PG_BIN to their directory",
@@ -121,26 +129,47 @@ impl Binaries {
     }
 
     /// `tool args…`, as the `postgres` user when this process is root (PostgreSQL refuses to
-    /// run as root).
+    /// run as root) — the tool itself, no wrapper in between, so that killing it kills it.
     fn command(&self, tool: &str) -> std::process::Command {
-        let program = self.dir.join(tool);
-        if running_as_root() {
-            let mut command = std::process::Command::new("runuser");
-            command.args(["-u", "postgres", "--"]).arg(program);
-            command
-        } else {
-            std::process::Command::new(program)
+        use std::os::unix::process::CommandExt;
+        let mut command = std::process::Command::new(self.dir.join(tool));
+        command.current_dir("/");
+        if let Some((uid, gid)) = self.user {
+            command.uid(uid).gid(gid);
         }
+        command
     }
 
+    /// Runs `tool` to its end in a process group of its own; dropped before that (the pair's
+    /// set-up cancelled), the whole group is killed — `initdb`'s bootstrap backend too, which
+    /// would go on writing into a directory being removed.
     async fn run(&self, tool: &str, args: &[&str]) -> anyhow::Result<()> {
-        let output = Command::from(self.command(tool))
+        struct Group(Option<rustix::process::Pid>);
+        impl Drop for Group {
+            fn drop(&mut self) {
+                if let Some(group) = self.0 {
+                    let _ =
+                        rustix::process::kill_process_group(group, rustix::process::Signal::KILL);
+                }
+            }
+        }
+        let child = Command::from(self.command(tool))
             .args(args)
             .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .process_group(0)
             .kill_on_drop(true)
-            .output()
-            .await
+            .spawn()
             .with_context(|| format!("cannot run {tool}"))?;
+        let mut group = Group(
+            child
+                .id()
+                .and_then(|pid| rustix::process::Pid::from_raw(pid as i32)),
+        );
+        let output = child.wait_with_output().await;
+        group.0 = None;
+        let output = output.with_context(|| format!("cannot run {tool}"))?;
         ensure!(
             output.status.success(),
             "{tool} {} failed: {}",
@@ -149,6 +178,17 @@ impl Binaries {
         );
         Ok(())
     }
+}
+
+/// The `postgres` user's uid and gid (from `/etc/passwd`).
+fn postgres_user() -> Option<(u32, u32)> {
+    let passwd = std::fs::read_to_string("/etc/passwd").ok()?;
+    passwd.lines().find_map(|line| {
+        let fields: Vec<&str> = line.split(':').collect();
+        (fields.first() == Some(&"postgres") && fields.len() > 3)
+            .then(|| Some((fields[2].parse().ok()?, fields[3].parse().ok()?)))
+            .flatten()
+    })
 }
 
 fn running_as_root() -> bool {
@@ -222,15 +262,11 @@ impl Pair {
             .prefix("oncely-failover-")
             .tempdir()?;
         if running_as_root() {
-            let status = Command::new("chown")
-                .args(["postgres:"])
-                .arg(work.path())
-                .status()
-                .await?;
-            ensure!(
-                status.success(),
-                "cannot give the work directory to postgres"
-            );
+            let (uid, gid) = binaries
+                .user
+                .context("running as root, and there is no postgres user to run PostgreSQL as")?;
+            std::os::unix::fs::chown(work.path(), Some(uid), Some(gid))
+                .context("cannot give the work directory to postgres")?;
         }
         let [primary_port, standby_port] = free_ports()?;
         let primary = Cluster {
@@ -517,10 +553,26 @@ impl Drop for Pair {
                     .status();
             }
         }
+        // Whatever else of the pair's still runs — a postmaster that a cancelled `pg_ctl start`
+        // forked, an `initdb` cut short — names the work directory on its command line.
+        let work = self.work.path().to_string_lossy().into_owned();
+        for pid in processes_naming(&work) {
+            if let Some(pid) = rustix::process::Pid::from_raw(pid as i32) {
+                let _ = rustix::process::kill_process(pid, rustix::process::Signal::KILL);
+            }
+        }
         if let Some(logs) = &self.logs {
             for name in ["primary.log", "standby.log"] {
                 let _ = std::fs::copy(self.work.path().join(name), logs.join(name));
             }
+        }
+        // A process killed a moment ago may still finish a write: retry the removal a while
+        // (the directory's own drop gives up at the first error).
+        for _ in 0..40 {
+            if std::fs::remove_dir_all(self.work.path()).is_ok() || !self.work.path().exists() {
+                break;
+            }
+            std::thread::sleep(Duration::from_millis(50));
         }
     }
 }
@@ -643,6 +695,26 @@ async fn held(mut from: OwnedReadHalf, mut to: OwnedWriteHalf, delay: Duration) 
         let _ = to.shutdown().await;
     };
     tokio::join!(read, write);
+}
+
+/// The pids of the processes whose command line contains `text` (from `/proc`).
+pub fn processes_naming(text: &str) -> Vec<u32> {
+    let mut found = Vec::new();
+    for entry in std::fs::read_dir("/proc").into_iter().flatten().flatten() {
+        let Some(pid) = entry
+            .file_name()
+            .to_str()
+            .and_then(|s| s.parse::<u32>().ok())
+        else {
+            continue;
+        };
+        if let Ok(cmdline) = std::fs::read(entry.path().join("cmdline"))
+            && String::from_utf8_lossy(&cmdline).contains(text)
+        {
+            found.push(pid);
+        }
+    }
+    found
 }
 
 /// The pids whose parent is `pid` (from `/proc`).

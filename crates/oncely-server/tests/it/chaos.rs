@@ -122,6 +122,52 @@ async fn a_primary_killed_midway_loses_nothing_its_synchronous_standby_promoted(
     assert!(report.passed(), "{shown}");
 }
 
+/// Review of issue 21: a pair dropped at any moment of its set-up — `oncely-chaos --failover`
+/// interrupted by Ctrl-C or a CI timeout — leaves no PostgreSQL process running and no work
+/// directory behind (a cluster started before the signal handlers were installed outlived the
+/// harness).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_failover_pair_dropped_during_its_set_up_leaves_nothing_running() {
+    let _turn = ONE_AT_A_TIME.lock().await;
+    if let Err(error) = Binaries::find() {
+        eprintln!("SKIPPED: the failover pair's clean-up: {error:#}");
+        return;
+    }
+    let processes = || -> Vec<String> {
+        oncely_chaos::failover::processes_naming("/oncely-failover-")
+            .into_iter()
+            .filter_map(|pid| std::fs::read(format!("/proc/{pid}/cmdline")).ok())
+            .map(|cmdline| String::from_utf8_lossy(&cmdline).replace('\0', " "))
+            .collect()
+    };
+    let dirs = || -> Vec<String> {
+        std::fs::read_dir(std::env::temp_dir())
+            .unwrap()
+            .flatten()
+            .map(|e| e.file_name().to_string_lossy().into_owned())
+            .filter(|name| name.starts_with("oncely-failover-"))
+            .collect()
+    };
+    // What another run on this machine left is not this test's.
+    let (processes_before, dirs_before) = (processes(), dirs());
+    let new = |now: Vec<String>, before: &[String]| -> Vec<String> {
+        now.into_iter().filter(|n| !before.contains(n)).collect()
+    };
+    // During initdb, around the primary's start and the base backup, and once it streams.
+    for after in [200, 900, 1600, 30_000] {
+        let started = tokio::time::timeout(
+            Duration::from_millis(after),
+            Pair::start(Replication::Synchronous, Duration::ZERO, None),
+        )
+        .await;
+        drop(started);
+        let left = new(processes(), &processes_before);
+        assert!(left.is_empty(), "after {after} ms: {left:?}");
+        let left = new(dirs(), &dirs_before);
+        assert!(left.is_empty(), "after {after} ms: {left:?}");
+    }
+}
+
 /// The provider throttled and refused our credentials, and the workers recorded both as such
 /// (attempts that spent no budget): the run cannot pass by not meeting them.
 fn assert_met_throttling_and_refusals(report: &Report, shown: &str) {

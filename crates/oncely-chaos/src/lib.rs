@@ -157,7 +157,8 @@ pub struct Report {
     pub users_missing: u64,
     /// Emails received by the inbox (distinct deliveries).
     pub emails: u64,
-    /// Acknowledged intents with no email (and no dead job to explain it).
+    /// Acknowledged intents with no email (address by address; a dead job explains none: dead
+    /// jobs fail the run on their own).
     pub lost: u64,
     /// Emails beyond the first per address.
     pub duplicates: u64,
@@ -249,6 +250,8 @@ impl Report {
             && self.unanswered == 0
             && self.rejected == 0
             && self.jobs.get("pending").copied().unwrap_or(0) == 0
+            // None of the run's faults is the message's: nothing may die of them.
+            && self.jobs.get("dead").copied().unwrap_or(0) == 0
             // Nothing left parked: the reconciler settled every unknown outcome.
             && self.jobs.get("unknown").copied().unwrap_or(0) == 0
             // A failover asked for took place.

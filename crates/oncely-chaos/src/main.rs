@@ -100,13 +100,17 @@ struct Args {
 #[tokio::main]
 async fn main() -> anyhow::Result<()> {
     let args = Args::parse();
-    // On Ctrl-C or SIGTERM — from the first moment, the failover pair's set-up included —
-    // return: dropping the run kills every process it started and stops the pair's clusters.
-    let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())?;
+    // On Ctrl-C, SIGTERM or SIGHUP (the terminal closed) — from the first moment, the failover
+    // pair's set-up included — return: dropping the run kills every process it started and
+    // stops the pair's clusters (which run in sessions of their own: no signal reaches them).
+    use tokio::signal::unix::{SignalKind, signal};
+    let mut term = signal(SignalKind::terminate())?;
+    let mut hangup = signal(SignalKind::hangup())?;
     let report = tokio::select! {
         report = set_up_and_run(args) => report?,
         _ = tokio::signal::ctrl_c() => anyhow::bail!("interrupted; the processes were stopped"),
         _ = term.recv() => anyhow::bail!("terminated; the processes were stopped"),
+        _ = hangup.recv() => anyhow::bail!("hung up; the processes were stopped"),
     };
     println!("{}", serde_json::to_string_pretty(&report)?);
     if !report.passed() {

@@ -31,22 +31,56 @@ use crate::job::Delivery;
 /// endpoint is a tenant's — and a body read whole is memory it chooses.
 pub const MAX_ANSWER: usize = 64 * 1024;
 
-/// Reads `response`'s body up to `limit` bytes: the bytes and whether that was all of it (a
-/// longer body is left unread beyond the limit, and the connection dropped with it).
-pub async fn read_at_most(
-    mut response: reqwest::Response,
-    limit: usize,
-) -> Result<(Vec<u8>, bool), reqwest::Error> {
+/// What [`read_at_most`] read: the bytes, and how the reading ended.
+pub struct ReadAtMost {
+    /// At most the limit: all of the body, or its start.
+    pub body: Vec<u8>,
+    /// How it ended.
+    pub end: ReadEnd,
+}
+
+/// How [`read_at_most`] ended.
+pub enum ReadEnd {
+    /// The body was all read.
+    Complete,
+    /// The body is longer than the limit (the rest was left unread).
+    TooLong,
+    /// Reading failed (a timeout, a broken connection) after `body`.
+    Failed(reqwest::Error),
+}
+
+/// Reads `response`'s body up to `limit` bytes. A longer body is left unread beyond the limit
+/// and the connection dropped with it; what was read before a failure is kept (an error's text
+/// says what it can).
+pub async fn read_at_most(mut response: reqwest::Response, limit: usize) -> ReadAtMost {
     let mut body = Vec::new();
-    while let Some(chunk) = response.chunk().await? {
-        let room = limit - body.len();
-        if chunk.len() > room {
-            body.extend_from_slice(&chunk[..room]);
-            return Ok((body, false));
+    loop {
+        match response.chunk().await {
+            Ok(Some(chunk)) => {
+                let room = limit - body.len();
+                if chunk.len() > room {
+                    body.extend_from_slice(&chunk[..room]);
+                    return ReadAtMost {
+                        body,
+                        end: ReadEnd::TooLong,
+                    };
+                }
+                body.extend_from_slice(&chunk);
+            }
+            Ok(None) => {
+                return ReadAtMost {
+                    body,
+                    end: ReadEnd::Complete,
+                };
+            }
+            Err(error) => {
+                return ReadAtMost {
+                    body,
+                    end: ReadEnd::Failed(error),
+                };
+            }
         }
-        body.extend_from_slice(&chunk);
     }
-    Ok((body, true))
 }
 
 /// POSTs `body` to `url` with `Idempotency-Key: key` (and a bearer token if given). `Ok` holds
@@ -116,18 +150,17 @@ async fn post(
     let status = response.status();
     if status.is_success() {
         // A JSON answer within MAX_ANSWER, else Null: the job is done either way.
-        return Ok(match read_at_most(response, MAX_ANSWER).await {
-            Ok((body, true)) => serde_json::from_slice(&body).unwrap_or(Value::Null),
+        let read = read_at_most(response, MAX_ANSWER).await;
+        return Ok(match read.end {
+            ReadEnd::Complete => serde_json::from_slice(&read.body).unwrap_or(Value::Null),
             _ => Value::Null,
         });
     }
     let headers = response.headers().clone();
     let after = retry_after(&headers, SystemTime::now());
     // The start of the answer's text is enough to say what went wrong.
-    let mut body = match read_at_most(response, MAX_ANSWER).await {
-        Ok((body, _)) => String::from_utf8_lossy(&body).into_owned(),
-        Err(_) => String::new(),
-    };
+    let mut body =
+        String::from_utf8_lossy(&read_at_most(response, MAX_ANSWER).await.body).into_owned();
     // Blanked out before the cut: a key that straddled the cut would leave a piece behind.
     if let Some(token) = bearer.map(ExposeSecret::expose_secret)
         && !token.is_empty()

@@ -140,14 +140,15 @@ impl LookedUp {
             return Reconciled::Unknown(format!("delivery lookup at {at} answered {status}"));
         }
         // Bounded: a verdict is a few hundred bytes; a longer answer is not read beyond that.
-        let body = match crate::http::read_at_most(response, crate::http::MAX_ANSWER).await {
-            Ok((body, true)) => body,
-            Ok((_, false)) => {
+        let read = crate::http::read_at_most(response, crate::http::MAX_ANSWER).await;
+        let body = match read.end {
+            crate::http::ReadEnd::Complete => read.body,
+            crate::http::ReadEnd::TooLong => {
                 return Reconciled::Unknown(format!(
                     "delivery lookup at {at} answered over 64 KiB"
                 ));
             }
-            Err(error) => {
+            crate::http::ReadEnd::Failed(error) => {
                 let error = error.without_url();
                 return Reconciled::Unknown(format!("delivery lookup at {at}: {error}"));
             }

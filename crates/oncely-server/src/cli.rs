@@ -1383,10 +1383,10 @@ pub enum InboxCommand {
 #[command(group(ArgGroup::new("what").required(true).multiple(true).args(["to", "run"])))]
 pub struct ExpectArgs {
     /// The recipient to wait for (any case).
-    #[arg(long, value_name = "ADDR", value_parser = clap::builder::NonEmptyStringValueParser::new())]
+    #[arg(long, value_name = "ADDR", value_parser = non_blank)]
     pub to: Option<String>,
     /// The run (`POST /runs`) whose mail to wait for; with --to, the run's mail to that address.
-    #[arg(long, value_name = "ID", value_parser = clap::builder::NonEmptyStringValueParser::new())]
+    #[arg(long, value_name = "ID", value_parser = non_blank)]
     pub run: Option<String>,
     /// How many messages (those already there count).
     #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u64).range(1..=10_000))]
@@ -1400,7 +1400,7 @@ pub struct ExpectArgs {
     pub link_matches: Option<regex_automata::meta::Regex>,
     /// The inbox's HTTP address, as `oncely inbox --http` was given it (`host:port`, or a URL
     /// such as `http://127.0.0.1:8025` or the dev inbox's `http://localhost:8080/_dev/inbox`).
-    #[arg(long, default_value = "127.0.0.1:8025", value_parser = parse_inbox_url)]
+    #[arg(long, default_value = "127.0.0.1:8025", value_parser = InboxUrl)]
     pub http: url::Url,
     /// Print one JSON document on stdout: `complete`, the `messages` (`id`, `to`, `subject`,
     /// `links`, `codes`), and the `link` --link-matches chose (or null); a failure is one JSON
@@ -1424,17 +1424,47 @@ fn parse_regex(s: &str) -> Result<regex_automata::meta::Regex, String> {
     })
 }
 
-fn parse_inbox_url(s: &str) -> Result<url::Url, String> {
-    let with_scheme = if s.contains("://") {
-        s.to_owned()
-    } else {
-        format!("http://{s}")
-    };
-    let url = url::Url::parse(&with_scheme).map_err(|e| format!("{s:?}: {e}"))?;
-    if !matches!(url.scheme(), "http" | "https") || url.host_str().is_none() {
-        return Err(format!("{s:?}: expected host:port or an http(s) URL"));
+/// `inbox expect --http`: `host:port` or an http(s) URL. Its errors never repeat the value (clap's
+/// own would): it may carry a password.
+#[derive(Clone)]
+struct InboxUrl;
+
+impl clap::builder::TypedValueParser for InboxUrl {
+    type Value = url::Url;
+
+    fn parse_ref(
+        &self,
+        cmd: &clap::Command,
+        _arg: Option<&clap::Arg>,
+        value: &std::ffi::OsStr,
+    ) -> Result<url::Url, clap::Error> {
+        let refuse = |why: String| {
+            clap::Error::raw(
+                clap::error::ErrorKind::ValueValidation,
+                format!("invalid value for '--http <HTTP>': {why}\n"),
+            )
+            .with_cmd(cmd)
+        };
+        let s = value.to_str().ok_or_else(|| refuse("not UTF-8".into()))?;
+        let with_scheme = if s.contains("://") {
+            s.to_owned()
+        } else {
+            format!("http://{s}")
+        };
+        let url = url::Url::parse(&with_scheme).map_err(|e| refuse(e.to_string()))?;
+        if !matches!(url.scheme(), "http" | "https") || url.host_str().is_none() {
+            return Err(refuse("expected host:port or an http(s) URL".into()));
+        }
+        Ok(url)
     }
-    Ok(url)
+}
+
+/// A value that is not blank (`--to ""`: a shell variable that was not set).
+fn non_blank(s: &str) -> Result<String, String> {
+    if s.trim().is_empty() {
+        return Err("must not be empty".into());
+    }
+    Ok(s.to_owned())
 }
 
 impl InboxArgs {

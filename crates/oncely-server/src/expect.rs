@@ -13,7 +13,6 @@ use std::time::Duration;
 use anyhow::{Context, bail};
 use serde_json::{Value, json};
 
-use crate::backend::redact;
 use crate::cli::ExpectArgs;
 use crate::ops::{Failure, refuse};
 
@@ -36,9 +35,7 @@ pub async fn run(args: &ExpectArgs) -> anyhow::Result<String> {
             .await?
             .json()
             .await
-            .with_context(|| {
-                format!("{}/messages/{id}/links did not answer JSON", redact(&base))
-            })?;
+            .with_context(|| format!("{}/messages/{id}/links did not answer JSON", shown(&base)))?;
         found.push(json!({
             "id": id,
             "to": message["to"],
@@ -115,7 +112,7 @@ async fn wait(http: &reqwest::Client, base: &str, args: &ExpectArgs) -> anyhow::
         query.extend(args.to.clone().map(|to| ("to", to)));
         query.extend(args.run.clone().map(|run| ("run", run)));
         let mut url = url::Url::parse(&format!("{base}/messages/wait"))
-            .with_context(|| format!("{} is not a URL", redact(base)))?;
+            .with_context(|| format!("{} is not a URL", shown(base)))?;
         url.query_pairs_mut().extend_pairs(&query);
         let response = http
             .get(url.clone())
@@ -144,19 +141,19 @@ async fn wait(http: &reqwest::Client, base: &str, args: &ExpectArgs) -> anyhow::
                     format!(
                         "the inbox at {shown} has no run {:?}: create one with POST {shown}/runs",
                         args.run.as_deref().unwrap_or_default(),
-                        shown = redact(base),
+                        shown = shown(base),
                     ),
                 ));
             }
             400 => bail!(
                 "the inbox at {} refused the wait: {}",
-                redact(base),
+                shown(base),
                 body["detail"].as_str().unwrap_or("400")
             ),
             _ => bail!(
                 "{} answered {status}: is --http the address of an oncely inbox (`oncely inbox \
                  --http host:port`), or of a server's dev inbox (http://host:port/_dev/inbox)?",
-                redact(url.as_str())
+                shown(url.as_str())
             ),
         }
     }
@@ -170,9 +167,23 @@ async fn get(http: &reqwest::Client, url: &str) -> anyhow::Result<reqwest::Respo
         .await
         .map_err(|e| unreachable_inbox(url, &e))?;
     if !response.status().is_success() {
-        bail!("{} answered {}", redact(url), response.status());
+        bail!("{} answered {}", shown(url), response.status());
     }
     Ok(response)
+}
+
+/// What messages show of a URL: any user or password in it as `***` (an inbox behind basic
+/// auth, or a token as the user name, must not reach CI logs).
+fn shown(url: &str) -> String {
+    match url::Url::parse(url) {
+        Ok(mut url) if !url.username().is_empty() || url.password().is_some() => {
+            let _ = url.set_username("***");
+            let _ = url.set_password(None);
+            url.to_string().trim_end_matches('/').to_owned()
+        }
+        Ok(_) => url.to_owned(),
+        Err(_) => "the inbox".to_owned(),
+    }
 }
 
 /// Why the inbox at `base` could not be asked, and what to check.
@@ -187,6 +198,6 @@ fn unreachable_inbox(base: &str, error: &reqwest::Error) -> anyhow::Error {
     anyhow::anyhow!(
         "cannot reach the inbox at {} ({why}): is `oncely inbox` running there (--http names \
          its HTTP address)?",
-        redact(base)
+        shown(base)
     )
 }

@@ -436,3 +436,36 @@ async fn an_endless_answer_is_read_no_further_than_64_kib() {
     let written = written.load(Ordering::Relaxed);
     assert!(written < READ_WHOLE, "lookup: read {written} bytes");
 }
+
+/// Review of issue 21: an error answer whose body stalls keeps what arrived in its reason (the
+/// bounded reader dropped it on the timeout).
+#[tokio::test]
+async fn an_error_answer_that_stalls_keeps_what_arrived_in_its_reason() {
+    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    tokio::spawn(async move {
+        while let Ok((mut stream, _)) = listener.accept().await {
+            tokio::spawn(async move {
+                let mut request = [0; 16 * 1024];
+                let _ = stream.read(&mut request).await;
+                let _ = stream
+                    .write_all(b"HTTP/1.1 500 Oops\r\ncontent-length: 1000\r\n\r\nprovider says no")
+                    .await;
+                // The other 984 bytes never come.
+                tokio::time::sleep(Duration::from_secs(30)).await;
+            });
+        }
+    });
+    let mailer = from_url(
+        &format!("http://{addr}/emails"),
+        None,
+        Duration::from_millis(500),
+        None,
+    )
+    .unwrap();
+    let outcome = mailer.send(&email(), "key-1").await;
+    assert!(
+        matches!(&outcome, Delivery::Retry(reason) if reason.contains("provider says no")),
+        "{outcome:?}"
+    );
+}

@@ -265,8 +265,7 @@ impl<A: Accounts> WebhookDelivery<A> {
         // The first bytes of the answer only: a receiver may send anything, of any size.
         let head = oncely_outbox::http::read_at_most(response, BODY_CAP)
             .await
-            .map(|(head, _)| head)
-            .unwrap_or_default();
+            .body;
         let text: String = String::from_utf8_lossy(&head)
             .chars()
             .take(REASON_BODY_CHARS)

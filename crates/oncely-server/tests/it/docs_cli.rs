@@ -15,6 +15,7 @@ const NOT_THE_BINARYS: &[(&str, &str)] = &[
         "crates/oncely-server/tests/it/properties.rs",
     ),
     ("ONCELY_BIN", "scripts/schemathesis"),
+    ("ONCELY_PG_BIN", "crates/oncely-chaos/src/failover.rs"),
 ];
 
 fn workspace(path: &str) -> String {

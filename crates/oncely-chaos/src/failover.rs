@@ -77,6 +77,14 @@ impl Binaries {
     /// `ONCELY_PG_BIN`, else the directory `initdb` on the `PATH` resolves to, else the newest
     /// `/usr/lib/postgresql/*/bin` (Debian's layout, where `initdb` is not on the `PATH`).
     pub fn find() -> anyhow::Result<Self> {
+        let dir = Self::find_dir()?;
+        Ok(Self {
+            dir,
+            user: running_as_root().then(postgres_user).flatten(),
+        })
+    }
+
+    fn find_dir() -> anyhow::Result<PathBuf> {
         let has_all = |dir: &Path| {
             ["initdb", "pg_ctl", "pg_basebackup"]
                 .iter()
@@ -89,10 +97,7 @@ impl Binaries {
                 "ONCELY_PG_BIN={} lacks initdb, pg_ctl or pg_basebackup",
                 dir.display()
             );
-            return Ok(Self {
-                dir,
-                user: running_as_root().then(postgres_user).flatten(),
-            });
+            return Ok(dir);
         }
         let on_path = std::env::var_os("PATH")
             .into_iter()
@@ -118,10 +123,6 @@ impl Binaries {
             .into_iter()
             .chain(debian.into_iter().rev())
             .find(|dir| has_all(dir))
-            .map(|dir| Self {
-                dir,
-                user: running_as_root().then(postgres_user).flatten(),
-            })
             .context(
                 "no PostgreSQL server programs (initdb, pg_ctl, pg_basebackup) found: install \
                  PostgreSQL or set ONCELY_PG_BIN to their directory",
@@ -699,6 +700,26 @@ async fn held(mut from: OwnedReadHalf, mut to: OwnedWriteHalf, delay: Duration) 
 
 /// The pids of the processes whose command line contains `text` (from `/proc`).
 pub fn processes_naming(text: &str) -> Vec<u32> {
+    processes_whose("cmdline", |cmdline| {
+        String::from_utf8_lossy(cmdline).contains(text)
+    })
+}
+
+/// The pids whose parent is `pid` (from `/proc`).
+fn children(pid: u32) -> Vec<u32> {
+    processes_whose("stat", |stat| {
+        // `pid (comm) state ppid …`: comm may hold spaces and parentheses; the last `)` ends it.
+        let stat = String::from_utf8_lossy(stat);
+        let parent = stat
+            .rsplit_once(')')
+            .and_then(|(_, rest)| rest.split_whitespace().nth(1))
+            .and_then(|ppid| ppid.parse::<u32>().ok());
+        parent == Some(pid)
+    })
+}
+
+/// The pids of the processes whose `/proc/<pid>/<file>` satisfies `keep`.
+fn processes_whose(file: &str, keep: impl Fn(&[u8]) -> bool) -> Vec<u32> {
     let mut found = Vec::new();
     for entry in std::fs::read_dir("/proc").into_iter().flatten().flatten() {
         let Some(pid) = entry
@@ -708,36 +729,10 @@ pub fn processes_naming(text: &str) -> Vec<u32> {
         else {
             continue;
         };
-        if let Ok(cmdline) = std::fs::read(entry.path().join("cmdline"))
-            && String::from_utf8_lossy(&cmdline).contains(text)
+        if let Ok(content) = std::fs::read(entry.path().join(file))
+            && keep(&content)
         {
             found.push(pid);
-        }
-    }
-    found
-}
-
-/// The pids whose parent is `pid` (from `/proc`).
-fn children(pid: u32) -> Vec<u32> {
-    let mut found = Vec::new();
-    for entry in std::fs::read_dir("/proc").into_iter().flatten().flatten() {
-        let Some(child) = entry
-            .file_name()
-            .to_str()
-            .and_then(|s| s.parse::<u32>().ok())
-        else {
-            continue;
-        };
-        let Ok(stat) = std::fs::read_to_string(entry.path().join("stat")) else {
-            continue;
-        };
-        // `pid (comm) state ppid …`: comm may hold spaces and parentheses; the last `)` ends it.
-        let parent = stat
-            .rsplit_once(')')
-            .and_then(|(_, rest)| rest.split_whitespace().nth(1))
-            .and_then(|ppid| ppid.parse::<u32>().ok());
-        if parent == Some(pid) {
-            found.push(child);
         }
     }
     found

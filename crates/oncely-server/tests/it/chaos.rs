@@ -101,12 +101,9 @@ async fn a_primary_killed_midway_loses_nothing_its_synchronous_standby_promoted(
         .unwrap();
     pair.create_database("oncely_chaos").await.unwrap();
     let config = Config {
+        database_url: pair.url("oncely_chaos"),
         failover: Some(Arc::new(pair)),
         ..Config::short(oncely(), String::new())
-    };
-    let config = Config {
-        database_url: config.failover.as_ref().unwrap().url("oncely_chaos"),
-        ..config
     };
     let report = run(&config).await.unwrap();
     let shown = serde_json::to_string_pretty(&report).unwrap();

@@ -4,19 +4,25 @@
 //! client, per address, per client) and past a limit the next attempts are refused (429) before
 //! any password is checked, the same way for addresses with and without an account.
 //!
-//! The Idempotency-Key is optional: with one, a retry replays the identity; without one, each
-//! request runs. The counters and a re-hashed password are written in statements of their own,
-//! so that a 401 (whose transaction the layer rolls back) still counts. A success writes its
-//! `user.signed_in` event (`method: password`) in the layer's transaction, with the key's claim
-//! (a concurrent retry that claimed the key first answers from it, and this request writes
-//! nothing), or without a key in a transaction of its own.
+//! The check is [`authenticate`], a middleware in front of the idempotency layer: it runs for
+//! every request, a retry under the same Idempotency-Key included, so that a key reused with
+//! other passwords is no way around the count, and a replay never hands out an identity that a
+//! check now would refuse (a password changed since, an account gone). The layer's fingerprint
+//! leaves the password out ([`fingerprinted`]): a repeat is the same login when it names the same
+//! address and its password checks out now. With a key, a retry replays the identity (its
+//! `authenticated_at` and event are the first request's); without one, each request runs. The
+//! counters and a re-hashed password are written in statements of their own. A success writes
+//! its `user.signed_in` event (`method: password`) in the layer's transaction, with the key's
+//! claim (a concurrent retry that claimed the key first answers from it, and this request
+//! writes nothing), or without a key in a transaction of its own.
 
 use std::time::Duration;
 
-use axum::extract::State;
-use axum::http::HeaderMap;
+use axum::extract::{FromRequestParts, Request, State};
+use axum::middleware::Next;
+use axum::response::{IntoResponse, Response};
 use axum::{Extension, Json};
-use oncely::{IdempotentTx, TenantId};
+use oncely::{CanonicalJson, IdempotentTx, TenantId};
 use secrecy::SecretString;
 use serde::Deserialize;
 use serde_json::{Value, json};
@@ -27,11 +33,11 @@ use super::email_caps::HARD_CEILING;
 use super::error::ApiError;
 use super::events::{SignInMethod, account_event};
 use super::exchange::without_email;
-use super::post::JsonBody;
+use super::post::peek_json;
 use super::tenants::Tenant;
 use crate::accounts::{AccountError, Accounts};
 use crate::client_addr::CallerAddr;
-use crate::email::EmailAddress;
+use crate::email::{EmailAddress, normalize_json_email};
 use crate::identity::{self, Identity, Proof};
 use crate::password::{self, Checked};
 use crate::webhooks::EventType;
@@ -59,22 +65,60 @@ pub struct LoginRequest {
     /// The address (normalized as at signup).
     #[schema(example = "ada@example.com")]
     email: String,
-    /// The password.
+    /// The password (at most 128 characters, as every password oncely sets).
     password: String,
 }
 
-/// `POST /v1/login`: the identity of the verified account whose password this is.
-pub async fn login<A: Accounts>(
+/// A login's body as the idempotency layer fingerprints it: the address normalized, the
+/// password left out — [`authenticate`] checks it on every request, so a repeat under the same
+/// key is the same login when its password is right now, and no keyed hash of a password is
+/// stored with the key.
+pub fn fingerprinted(body: &mut CanonicalJson) {
+    normalize_json_email(body);
+    if let CanonicalJson::Object(fields) = body {
+        fields.remove("password");
+    }
+}
+
+/// The identity [`authenticate`] proved, for the handler.
+#[derive(Clone)]
+pub struct Authenticated(Identity);
+
+/// Middleware of `POST /v1/login`, in front of the idempotency layer: counts the attempt,
+/// refuses it (429) past a limit, and checks the password — for every request, with or without a
+/// key, a retry or a repeat under a reused key alike. Only a request whose password checks out
+/// now reaches the layer (which replays, or runs [`login`]).
+pub async fn authenticate<A: Accounts>(
     State(state): State<AppState<A>>,
-    tenant: Tenant,
-    headers: HeaderMap,
-    tx: Option<Extension<IdempotentTx<A::Database>>>,
-    JsonBody(request): JsonBody<LoginRequest>,
-) -> Result<Json<Value>, ApiError> {
+    request: Request,
+    next: Next,
+) -> Response {
+    match authenticated(&state, request).await {
+        Ok(request) => next.run(request).await,
+        Err(error) => error.into_response(),
+    }
+}
+
+/// [`authenticate`]'s check: the request, with the identity it proved, or the answer.
+async fn authenticated<A: Accounts>(
+    state: &AppState<A>,
+    request: Request,
+) -> Result<Request, ApiError> {
+    let (mut parts, body) = request.into_parts();
+    let Ok(tenant) = Tenant::from_request_parts(&mut parts, state).await;
     tenant.require_proven()?;
     // The backend's users' address, named in Oncely-Client-IP (else unknown: only the
     // per-address total applies).
-    let caller = CallerAddr::named_by_backend(&headers).map_err(ApiError::invalid_request)?;
+    let caller = CallerAddr::named_by_backend(&parts.headers).map_err(ApiError::invalid_request)?;
+    let (request, mut request_parts): (LoginRequest, _) =
+        peek_json(Request::from_parts(parts, body)).await?;
+    // No password oncely sets is longer: a longer one cannot match, and is not worth hashing.
+    if request.password.chars().count() > *password::LENGTH.end() {
+        return Err(ApiError::invalid_request(format!(
+            "password must be at most {} characters",
+            password::LENGTH.end()
+        )));
+    }
     let tenant = tenant.id;
     let address = EmailAddress::parse(&request.email).ok();
     // An address that does not parse is throttled under what was sent, as a parsed one is
@@ -83,7 +127,7 @@ pub async fn login<A: Accounts>(
         Some(address) => address.as_str().to_owned(),
         None => request.email.trim().to_lowercase(),
     };
-    let attempt = match Attempt::start(&state, &tenant, &throttled_as, &caller).await {
+    let attempt = match Attempt::start(state, &tenant, &throttled_as, &caller).await {
         Ok(attempt) => attempt,
         Err(error) => {
             if matches!(error, ApiError::LoginThrottled { .. }) {
@@ -92,32 +136,44 @@ pub async fn login<A: Accounts>(
             return Err(error);
         }
     };
-    let answer = match check(&state, &tenant, address.as_ref(), request.password, &caller).await {
-        Ok(identity) => signed_in(&state, tx.as_ref().map(|Extension(tx)| tx), &identity)
-            .await
-            .map(|()| identity),
-        Err(error) => Err(error),
-    };
+    let checked = check(state, &tenant, address.as_ref(), request.password, &caller).await;
     let masked = address
         .as_ref()
         .map_or_else(|| "(invalid)".into(), EmailAddress::masked);
-    match &answer {
+    match checked {
         Err(ApiError::LoginFailed) => {
             // The failure stays counted.
             metrics::counter!("oncely_logins_total", "outcome" => "failed").increment(1);
             tracing::info!(email = %masked, tenant = %tenant, "login failed");
+            Err(ApiError::LoginFailed)
         }
-        _ => {
-            // A success (or a check that did not happen: busy, an error) is no failure.
+        Err(error) => {
+            // A check that did not happen (busy, an error) is no failure.
             attempt.undo().await;
-            if answer.is_ok() {
-                metrics::counter!("oncely_logins_total", "outcome" => "succeeded").increment(1);
-                tracing::info!(email = %masked, tenant = %tenant, "login succeeded");
-            }
+            Err(error)
+        }
+        Ok(identity) => {
+            attempt.undo().await;
+            metrics::counter!("oncely_logins_total", "outcome" => "succeeded").increment(1);
+            tracing::info!(email = %masked, tenant = %tenant, "login succeeded");
+            request_parts
+                .extensions_mut()
+                .insert(Authenticated(identity));
+            Ok(request_parts)
         }
     }
+}
+
+/// `POST /v1/login`: the identity of the verified account whose password this is — proved by
+/// [`authenticate`] in front of the layer; here its `user.signed_in` event is written.
+pub async fn login<A: Accounts>(
+    State(state): State<AppState<A>>,
+    Extension(Authenticated(identity)): Extension<Authenticated>,
+    tx: Option<Extension<IdempotentTx<A::Database>>>,
+) -> Result<Json<Value>, ApiError> {
+    signed_in(&state, tx.as_ref().map(|Extension(tx)| tx), &identity).await?;
     // Stored without the address, like the exchange's identity (added on the way out).
-    answer.and_then(without_email)
+    without_email(identity)
 }
 
 /// Writes the `user.signed_in` event of a successful login: in the key's transaction when the

@@ -5,6 +5,7 @@ use std::time::Duration;
 
 use axum::Router;
 
+use axum::extract::DefaultBodyLimit;
 use axum::middleware;
 
 use axum::routing::{MethodRouter, post};
@@ -84,6 +85,10 @@ impl<A: Accounts> Clone for AppState<A> {
     }
 }
 
+/// The largest request body of every `/v1` route (larger: 413 `request-too-large`, nothing
+/// read further, nothing stored) — with a key or without, on every route alike.
+pub const MAX_BODY: usize = 16 * 1024;
+
 /// Idempotency settings of the `/v1` routes.
 #[derive(Debug, Clone, Copy)]
 pub struct KeyPolicy {
@@ -100,7 +105,7 @@ pub fn v1<A: Accounts>(state: AppState<A>, policy: KeyPolicy) -> Router {
     let keys = IdempotencyLayer::transactional(state.accounts.keys().clone(), state.secret.clone())
         .lease(policy.lease)
         .retention(policy.retention)
-        .max_request_body(16 * 1024)
+        .max_request_body(MAX_BODY)
         .normalize_json(Arc::new(normalize_json_email));
     let keys = match policy.replay_cache_bytes {
         0 => keys,
@@ -161,10 +166,20 @@ pub fn v1<A: Accounts>(state: AppState<A>, policy: KeyPolicy) -> Router {
         .route_layer(with_email.clone())
         .route_layer(tenant.clone());
     // Login's key is optional: with one a retry replays the identity, without one each
-    // request runs (a failure is never stored either way). Its stored answer, like the
-    // exchange's, holds no address.
+    // request runs (a failure is never stored either way). Every request — a replay too — is
+    // counted, throttled and its password checked first, outside the layer, whose fingerprint
+    // leaves the password out (login.rs). Its stored answer, like the exchange's, holds no
+    // address.
+    let login_keys = keys
+        .clone()
+        .optional()
+        .normalize_json(Arc::new(login::fingerprinted));
     let login = post(login::login::<A>)
-        .route_layer(keys.clone().optional())
+        .route_layer(login_keys)
+        .route_layer(middleware::from_fn_with_state(
+            state.clone(),
+            login::authenticate::<A>,
+        ))
         .route_layer(with_email.clone())
         .route_layer(tenant.clone());
     let router = routes
@@ -179,5 +194,6 @@ pub fn v1<A: Accounts>(state: AppState<A>, policy: KeyPolicy) -> Router {
         .fold(router, |router, (path, route)| {
             router.route(path, redirecting(route))
         })
+        .layer(DefaultBodyLimit::max(MAX_BODY))
         .with_state(state)
 }

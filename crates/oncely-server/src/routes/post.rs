@@ -3,6 +3,7 @@
 //! problems).
 
 use axum::Json;
+use axum::body::{Body, Bytes};
 use axum::extract::rejection::JsonRejection;
 use axum::extract::{FromRequest, FromRequestParts, Request};
 use axum::http::StatusCode;
@@ -41,9 +42,27 @@ impl<S: Send + Sync, T: DeserializeOwned> FromRequest<S> for JsonBody<T> {
 
 /// Whether `rejection` comes of a body that did not arrive by its deadline
 /// ([`oncely::body::Deadline`]).
-fn timed_out(rejection: &JsonRejection) -> bool {
-    std::iter::successors(Some(rejection as &dyn std::error::Error), |e| e.source())
+fn timed_out(rejection: &(dyn std::error::Error + 'static)) -> bool {
+    std::iter::successors(Some(rejection), |e| e.source())
         .any(|e| e.is::<oncely::body::BodyTimedOut>())
+}
+
+/// The JSON body of a request, read by a middleware in front of the idempotency layer (which
+/// reads it again): `T` with [`JsonBody`]'s answers, and the request with the same bytes. The
+/// bytes are read up to the `/v1` routes' limit ([`super::MAX_BODY`], set on the router).
+pub async fn peek_json<T: DeserializeOwned>(request: Request) -> Result<(T, Request), ApiError> {
+    let (parts, body) = request.into_parts();
+    let bytes = match Bytes::from_request(Request::from_parts(parts.clone(), body), &()).await {
+        Ok(bytes) => bytes,
+        Err(rejection) if rejection.status() == StatusCode::PAYLOAD_TOO_LARGE => {
+            return Err(ApiError::Body(BodyError::TooLarge));
+        }
+        Err(rejection) if timed_out(&rejection) => return Err(ApiError::Body(BodyError::TimedOut)),
+        Err(rejection) => return Err(ApiError::invalid_request(rejection.body_text())),
+    };
+    let copy = Request::from_parts(parts.clone(), Body::from(bytes.clone()));
+    let JsonBody(value) = JsonBody::from_request(copy, &()).await?;
+    Ok((value, Request::from_parts(parts, Body::from(bytes))))
 }
 
 /// A `POST` under `/v1` with a JSON body `T`, behind the transactional idempotency layer (an

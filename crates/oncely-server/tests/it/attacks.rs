@@ -34,6 +34,8 @@ both_databases!(
     a_strangers_resend_does_not_cancel_the_owners_signup_link,
     a_stranger_cannot_use_up_the_owners_emails,
     whoever_sees_a_link_cannot_guess_the_signup_password_online,
+    a_reused_login_key_is_no_password_oracle_and_replays_no_stale_identity,
+    every_v1_route_reads_at_most_16_kib_with_a_key_or_without,
 );
 
 /// `/metrics` counts emails sent and skipped by kind: from outside, a before/after scrape
@@ -561,4 +563,193 @@ async fn the_right_password_retried_through_503s_does_not_use_up_the_links_attem
     assert_eq!(status, 200, "{body}");
     assert_eq!(body["password_set"], true);
     assert!(password_hash_of(&app, owner).await.is_some());
+}
+
+/// A backend that reuses an Idempotency-Key on `POST /v1/login` (one per user, say) must give an
+/// attacker at one client no more guesses than without a key: each guess under the key is
+/// counted and throttled like any other (429 after the per-address limit), never answered 422
+/// uncounted; and the right password under the key replays the identity only while it is
+/// still the right password.
+async fn a_reused_login_key_is_no_password_oracle_and_replays_no_stale_identity(
+    url: String,
+    _db: TestDb,
+) {
+    let app = spawn_app_on(&url, |s| {
+        s.login.per_address = 5;
+        s.login.per_address_total = 20;
+        s.login.per_client = 100;
+        s.limits.per_address = 100;
+        s.limits.per_client = 1000;
+    })
+    .await;
+    let acme = app.create_tenant("acme").await;
+    let ada = "ada@acme.test";
+    let password = "correct horse battery";
+    let signup = json!({ "email": ada, "password": password });
+    assert_eq!(
+        app.post_as(&acme, "/v1/signup", "s-ada", &signup)
+            .await
+            .status(),
+        202
+    );
+    let confirm = json!({ "token": nth_token(&app, ada, 1).await, "password": password });
+    assert_eq!(
+        app.post_as(&acme, "/v1/verify", "v-ada", &confirm)
+            .await
+            .status(),
+        200
+    );
+
+    // The backend's login for its user at 198.51.100.7, with the key it reuses.
+    let login = |client: &'static str, guess: &'static str| {
+        let request = app
+            .client
+            .post(format!("{}/v1/login", app.base))
+            .bearer_auth(&acme)
+            .header("idempotency-key", "login-ada")
+            .header("oncely-client-ip", client)
+            .json(&json!({ "email": ada, "password": guess }));
+        async move {
+            loop {
+                let response = request.try_clone().unwrap().send().await.unwrap();
+                // 503 busy: the hashing pool, shared by the tests running at once.
+                if response.status() != 503 {
+                    return response;
+                }
+                tokio::time::sleep(Duration::from_millis(20)).await;
+            }
+        }
+    };
+    let first = login("198.51.100.7", password).await;
+    assert_eq!(first.status(), 200);
+    let identity: Value = first.json().await.unwrap();
+
+    // 30 guesses under the same key from one client: 401 up to the limit, then 429.
+    let mut statuses = Vec::new();
+    for _ in 0..30 {
+        statuses.push(
+            login("198.51.100.8", "a wrong guess")
+                .await
+                .status()
+                .as_u16(),
+        );
+    }
+    assert!(
+        !statuses.contains(&422),
+        "a reused key is no uncounted answer: {statuses:?}"
+    );
+    assert_eq!(&statuses[..5], &[401; 5], "{statuses:?}");
+    assert!(statuses[5..].iter().all(|s| *s == 429), "{statuses:?}");
+    // The right password, from the throttled client: refused before any check too.
+    assert_eq!(login("198.51.100.8", password).await.status(), 429);
+
+    // From the owner's client the key still replays the identity…
+    let replayed = login("198.51.100.7", password).await;
+    assert_eq!(replayed.status(), 200);
+    assert_eq!(replayed.headers()["idempotent-replayed"], "true");
+    assert_eq!(
+        replayed.json::<Value>().await.unwrap()["user_id"],
+        identity["user_id"]
+    );
+    // …until the password changes: then the old one under the same key is a failure.
+    let reset = app
+        .post_as(
+            &acme,
+            "/v1/password-reset",
+            "r-ada",
+            &json!({ "email": ada }),
+        )
+        .await;
+    assert_eq!(reset.status(), 202);
+    let new_password = "a brand new battery";
+    let confirm = json!({ "token": nth_token(&app, ada, 2).await, "password": new_password });
+    let confirmed = app
+        .post_as(&acme, "/v1/password-reset/confirm", "rc-ada", &confirm)
+        .await;
+    assert_eq!(confirmed.status(), 200);
+    let stale = login("198.51.100.7", password).await;
+    assert_eq!(
+        stale.status(),
+        401,
+        "a replay of an identity its password no longer proves"
+    );
+    assert!(stale.headers().get("idempotent-replayed").is_none());
+    let renewed = login("198.51.100.7", new_password).await;
+    assert_eq!(renewed.status(), 200);
+    assert_eq!(
+        renewed.json::<Value>().await.unwrap()["user_id"],
+        identity["user_id"]
+    );
+
+    // A password no account could have is refused before any hashing, under a key or not.
+    let long = "x".repeat(129);
+    let refused = app
+        .client
+        .post(format!("{}/v1/login", app.base))
+        .bearer_auth(&acme)
+        .json(&json!({ "email": ada, "password": long }))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(refused.status(), 400);
+}
+
+/// One body limit for every `/v1` route: a body over 16 KiB is 413 `request-too-large` with or
+/// without a key, with or without an API key (login took ~2 MB and hashed a 1.5 MB password).
+async fn every_v1_route_reads_at_most_16_kib_with_a_key_or_without(url: String, _db: TestDb) {
+    let app = spawn_app_on(&url, |_| {}).await;
+    let acme = app.create_tenant("acme").await;
+    let big = json!({ "email": "ada@acme.test", "password": "p".repeat(17 * 1024) });
+    let routes = [
+        "/v1/signup",
+        "/v1/login",
+        "/v1/exchange",
+        "/v1/verify",
+        "/v1/verification/resend",
+        "/v1/password-reset",
+        "/v1/password-reset/confirm",
+        "/v1/magic-link",
+        "/v1/magic-link/consume",
+        "/v1/invites",
+        "/v1/invites/accept",
+        "/v1/email-change/confirm",
+    ];
+    for route in routes {
+        for key in [Some("big-1"), None] {
+            for api_key in [Some(acme.as_str()), None] {
+                let mut request = app.client.post(format!("{}{route}", app.base)).json(&big);
+                if let Some(key) = key {
+                    request = request.header("idempotency-key", key);
+                }
+                if let Some(api_key) = api_key {
+                    request = request.bearer_auth(api_key);
+                }
+                let response = request.send().await.unwrap();
+                let status = response.status().as_u16();
+                let what = format!("{route} key {key:?} api key {}", api_key.is_some());
+                // Without a key a keyed route may say 400 (key missing) first: it read nothing.
+                if key.is_none() && status == 400 && route != "/v1/login" {
+                    continue;
+                }
+                // Without an API key login and exchange are 401 before any body is read.
+                if api_key.is_none() && status == 401 {
+                    continue;
+                }
+                assert_eq!(status, 413, "{what}");
+                let problem: Value = response.json().await.unwrap();
+                assert_eq!(problem_type(&problem), "request-too-large", "{what}");
+            }
+        }
+    }
+    // Just under the limit, login answers as for any wrong password: the limit is the body's.
+    let fits = json!({ "email": "ada@acme.test", "password": "p".repeat(100) });
+    let response = app
+        .client
+        .post(format!("{}/v1/login", app.base))
+        .bearer_auth(&acme)
+        .json(&fits)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(response.status(), 401);
 }

@@ -635,6 +635,13 @@ pub trait Accounts: Backend {
         hash: &'c [u8],
     ) -> impl Future<Output = Result<Option<ExchangedCode>, AccountError>> + Send + 'c;
 
+    /// Whether `tenant` has a code with this hash whose lifetime has not ended, used or not.
+    fn code_live(
+        &self,
+        tenant: &str,
+        hash: &[u8],
+    ) -> impl Future<Output = Result<bool, AccountError>> + Send;
+
     /// Deletes up to `limit` codes that expired before `now` (`None`: the database's clock);
     /// returns how many.
     fn prune_codes(
@@ -1420,6 +1427,17 @@ where
             .fetch_optional(conn)
             .await
             .map_err(AccountError::of)
+    }
+
+    async fn code_live(&self, tenant: &str, hash: &[u8]) -> Result<bool, AccountError> {
+        let live: Option<i64> = sqlx::query_scalar(B::ACCOUNT_SQL.code_live)
+            .bind(hash)
+            .bind(tenant)
+            .bind(B::at(None))
+            .fetch_optional(self.pool())
+            .await
+            .map_err(AccountError::of)?;
+        Ok(live.is_some())
     }
 
     async fn prune_codes(

@@ -244,6 +244,9 @@ pub const STATEMENTS: Statements = Statements {
                               flow,
                               floor(extract(epoch FROM authenticated_at) * 1000)::int8
                                   AS authenticated_at_ms",
+    // Index: code_hash (primary key).
+    code_live: "SELECT 1::int8 AS live FROM oncely_codes
+                 WHERE code_hash = $1 AND tenant = $2 AND expires_at > COALESCE($3, now())",
     // Index: oncely_codes_expires_at.
     prune_codes: "DELETE FROM oncely_codes WHERE code_hash = ANY (ARRAY(
                       SELECT code_hash FROM oncely_codes WHERE expires_at < COALESCE($1, now())

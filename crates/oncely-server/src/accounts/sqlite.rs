@@ -168,6 +168,9 @@ pub const STATEMENTS: Statements = Statements {
                               (SELECT u.status = 'verified' FROM oncely_users u WHERE u.id = user_id)
                                   AS email_verified,
                               flow, authenticated_at AS authenticated_at_ms",
+    // Index: code_hash (primary key).
+    code_live: "SELECT 1 AS live FROM oncely_codes
+                 WHERE code_hash = ?1 AND tenant = ?2 AND expires_at > ?3",
     // Index: oncely_codes_expires_at.
     prune_codes: "DELETE FROM oncely_codes WHERE rowid IN (
                       SELECT rowid FROM oncely_codes WHERE expires_at < ?1

@@ -151,6 +151,9 @@ pub struct Statements {
     /// `email` and `email_verified` (the user's now), `flow`, `authenticated_at_ms` (Unix
     /// milliseconds).
     pub exchange_code: &'static str,
+    /// Binds code_hash, tenant, now. Whether the tenant has a code with this hash whose
+    /// lifetime has not ended (used or not): a row (`live`, 1) if so, none if not.
+    pub code_live: &'static str,
     /// Binds now, limit. Deletes up to `limit` codes that expired before `now`.
     pub prune_codes: &'static str,
     /// Binds tenant. The tenant's enabled webhook endpoints, oldest first: `id`, `events` (a

@@ -6,7 +6,7 @@
 
 use axum::Json;
 use axum::body::Body;
-use axum::extract::{Request, State};
+use axum::extract::{FromRequestParts, Request, State};
 use axum::http::response::Parts;
 use axum::http::{StatusCode, header};
 use axum::middleware::Next;
@@ -17,7 +17,8 @@ use uuid::Uuid;
 
 use super::AppState;
 use super::error::ApiError;
-use super::post::IdempotentPost;
+use super::post::{IdempotentPost, peek_json};
+use super::tenants::Tenant;
 use super::use_link::{CODE_ID, CODE_TENANT, RETURN_TO};
 use crate::accounts::{Accounts, from_millis};
 use crate::code::{self, Code};
@@ -58,6 +59,35 @@ pub async fn exchange<A: Accounts>(
         authenticated_at: from_millis(found.authenticated_at_ms),
     };
     without_email(identity)
+}
+
+/// Middleware of `POST /v1/exchange`, in front of the idempotency layer: a code whose lifetime
+/// is over (or that the tenant never had) is 400 `code-invalid` for every request, a retry under
+/// the key of the exchange that used it included. The layer replays a used code's identity to a
+/// retry only while the code would still be good: a backend that keys the exchange by the code
+/// (natural for a callback that may be reloaded) does not turn a one-minute code into a bearer
+/// for the key's retention.
+pub async fn live_code<A: Accounts>(
+    State(state): State<AppState<A>>,
+    request: Request,
+    next: Next,
+) -> Response {
+    let checked = async {
+        let (mut parts, body) = request.into_parts();
+        let Ok(tenant) = Tenant::from_request_parts(&mut parts, &state).await;
+        tenant.require_proven()?;
+        let (exchange, request): (ExchangeRequest, _) =
+            peek_json(Request::from_parts(parts, body)).await?;
+        let hash = token::hash(&exchange.code);
+        match state.accounts.code_live(tenant.id.as_str(), &hash).await? {
+            true => Ok(request),
+            false => Err(ApiError::InvalidCode),
+        }
+    };
+    match checked.await {
+        Ok(request) => next.run(request).await,
+        Err(error) => error.into_response(),
+    }
 }
 
 /// The answer of a route that proves an identity (exchange, login), as the idempotency layer

@@ -161,8 +161,13 @@ pub fn v1<A: Accounts>(state: AppState<A>, policy: KeyPolicy) -> Router {
     ];
     // The exchange's stored answer holds no address: added outside the layer, on every answer.
     let with_email = middleware::from_fn_with_state(state.clone(), exchange::with_email::<A>);
+    // A used code's identity replays only while the code is alive (exchange.rs `live_code`).
     let exchange = post(exchange::exchange::<A>)
         .route_layer(keys.clone())
+        .route_layer(middleware::from_fn_with_state(
+            state.clone(),
+            exchange::live_code::<A>,
+        ))
         .route_layer(with_email.clone())
         .route_layer(tenant.clone());
     // Login's key is optional: with one a retry replays the identity, without one each

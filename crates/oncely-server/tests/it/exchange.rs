@@ -146,6 +146,7 @@ both_databases!(
     a_link_whose_return_url_was_removed_since_returns_nowhere,
     return_url_tricks_are_refused_before_anything_is_written,
     the_cli_sets_checks_lists_and_clears_return_urls,
+    an_exchange_keyed_by_its_code_replays_only_while_the_code_lives,
 );
 
 /// A link requested without a return URL stores the tenant's first, which the token's insert
@@ -736,4 +737,50 @@ async fn the_cli_sets_checks_lists_and_clears_return_urls(url: String, _db: Test
     let (_, out, _) = oncely_tenant(&app, &["list", "--json"]).await;
     let list: Value = serde_json::from_str(&out).unwrap();
     assert_eq!(list[0]["return_urls"], json!([]));
+}
+
+/// A backend that derives the exchange's Idempotency-Key from the code (a callback that may be
+/// reloaded) gets the identity again while the code would still be good — and `code-invalid`
+/// once its 60 s are over: a spent code is no bearer for the key's 24 h retention.
+async fn an_exchange_keyed_by_its_code_replays_only_while_the_code_lives(url: String, _db: TestDb) {
+    let app = app(&url).await;
+    let acme = tenant_with_return_urls(&app, "acme", &[CALLBACK]).await;
+    let ada = "ada@example.com";
+    app.post_as(&acme, "/v1/signup", "s1", &email(ada)).await;
+    let presented = token(&nth_token(&app, ada, 1).await);
+    let (_, body, _) = use_link(&app, "/v1/verify", "v1", &presented).await;
+    let code = code_of(&body["redirect"], CALLBACK);
+    let key = format!("exchange-{code}");
+    let (status, identity) = exchange(&app, &acme, &key, &code).await;
+    assert_eq!(status, 200, "{identity}");
+    let reloaded = app
+        .post_as(&acme, "/v1/exchange", &key, &json!({ "code": code }))
+        .await;
+    assert_eq!(reloaded.status(), 200);
+    assert_eq!(reloaded.headers()["idempotent-replayed"], "true");
+    assert_eq!(reloaded.json::<Value>().await.unwrap(), identity);
+    // As if its 60 s had passed: the same key, the same body, now refused.
+    let past = if url.starts_with("postgres") {
+        "now() - interval '1 second'"
+    } else {
+        "CAST(strftime('%s', 'now') AS INTEGER) * 1000 - 1000"
+    };
+    execute(
+        &url,
+        &format!("UPDATE oncely_codes SET expires_at = {past}"),
+    )
+    .await;
+    for _ in 0..2 {
+        let (status, problem) = exchange(&app, &acme, &key, &code).await;
+        assert_eq!(
+            (status, problem_type(&problem)),
+            (400, "code-invalid"),
+            "{problem}"
+        );
+        assert!(problem.get("user_id").is_none());
+    }
+    // Another tenant's key never learns whether the code lived.
+    let other = tenant_with_return_urls(&app, "other", &[CALLBACK]).await;
+    let (status, problem) = exchange(&app, &other, &key, &code).await;
+    assert_eq!((status, problem_type(&problem)), (400, "code-invalid"));
 }

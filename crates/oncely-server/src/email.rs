@@ -6,7 +6,8 @@ use std::fmt;
 /// Uniqueness of accounts is on this form.
 ///
 /// Strict on purpose: no display names (`Ada <a@x.io>`), no domain literals (`a@[1.2.3.4]`),
-/// a dot in the domain, at most 254 characters.
+/// a dot in the domain, at most 254 characters, and only what the mailer can address
+/// ([`oncely_outbox::mail::recipient`]: no quoted local parts).
 #[derive(Clone, PartialEq, Eq, Hash)]
 pub struct EmailAddress(String);
 
@@ -39,6 +40,9 @@ impl EmailAddress {
             .without_domain_literal();
         email_address::EmailAddress::parse_with_options(&address, options)
             .map_err(|_| InvalidEmail("syntax"))?;
+        // And what the mailer can send to (RFC 5322 allows quoted local parts it refuses): an
+        // address accepted here must never die in the worker.
+        oncely_outbox::mail::recipient(&address).map_err(|_| InvalidEmail("not deliverable"))?;
         Ok(Self(address))
     }
 
@@ -109,6 +113,10 @@ mod tests {
             "a b@x.io",
             "ada@x..io",
             "ada@.x.io",
+            // Quoted local parts: valid RFC 5322, refused by the mailer.
+            "\"<img src=x onerror=alert(1)>\"@acme.test",
+            "\"ada lovelace\"@acme.test",
+            "\"a@b\"@acme.test",
         ] {
             assert!(
                 EmailAddress::parse(bad).is_err(),

@@ -36,6 +36,7 @@ both_databases!(
     whoever_sees_a_link_cannot_guess_the_signup_password_online,
     a_reused_login_key_is_no_password_oracle_and_replays_no_stale_identity,
     every_v1_route_reads_at_most_16_kib_with_a_key_or_without,
+    an_address_the_mailer_cannot_send_to_is_refused_at_the_door,
 );
 
 /// `/metrics` counts emails sent and skipped by kind: from outside, a before/after scrape
@@ -752,4 +753,43 @@ async fn every_v1_route_reads_at_most_16_kib_with_a_key_or_without(url: String, 
         .await
         .unwrap();
     assert_eq!(response.status(), 401);
+}
+
+/// A quoted local part is a valid RFC 5322 address that the mailer refuses: accepted at
+/// signup, it died in the worker ("Invalid email user") with markup in its address. Every
+/// route that names an address refuses it 400 before anything is written.
+async fn an_address_the_mailer_cannot_send_to_is_refused_at_the_door(url: String, _db: TestDb) {
+    let app = spawn_app_on(&url, |_| {}).await;
+    let acme = app.create_tenant("acme").await;
+    for (n, address) in [
+        "\"<img src=x onerror=alert(1)>\"@acme.test",
+        "\"ada lovelace\"@acme.test",
+    ]
+    .into_iter()
+    .enumerate()
+    {
+        for (route, body) in [
+            (
+                "/v1/signup",
+                json!({ "email": address, "password": "correct horse battery" }),
+            ),
+            ("/v1/verification/resend", email(address)),
+            ("/v1/password-reset", email(address)),
+            ("/v1/magic-link", email(address)),
+            ("/v1/invites", email(address)),
+        ] {
+            let response = app
+                .post_as(&acme, route, &format!("{route}-{n}"), &body)
+                .await;
+            assert_eq!(response.status(), 400, "{route} {address}");
+            let problem: Value = response.json().await.unwrap();
+            assert_eq!(
+                problem_type(&problem),
+                "invalid-request",
+                "{route} {address}"
+            );
+        }
+    }
+    assert_eq!(app.count("SELECT count(*) FROM oncely_users").await, 0);
+    assert_eq!(app.count("SELECT count(*) FROM oncely_outbox").await, 0);
 }

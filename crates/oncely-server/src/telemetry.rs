@@ -32,11 +32,15 @@ fn filter() -> tracing_subscriber::EnvFilter {
     EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new("info"))
 }
 
-/// Installs the log subscriber on stderr: JSON lines in production, readable text otherwise.
-/// `RUST_LOG` filters (default `info`).
+/// Installs the log subscriber on stderr: JSON lines in production, readable text otherwise —
+/// coloured only on a terminal (and not under `NO_COLOR`): a pipe or a file gets no escape
+/// codes. `RUST_LOG` filters (default `info`).
 pub fn init_tracing(json: bool) {
+    use std::io::IsTerminal;
+    let colour = std::io::stderr().is_terminal() && std::env::var_os("NO_COLOR").is_none();
     let builder = tracing_subscriber::fmt()
         .with_env_filter(filter())
+        .with_ansi(colour)
         .with_writer(std::io::stderr);
     if json {
         builder

@@ -128,3 +128,23 @@ async fn production_logs_are_json_lines_with_request_id_route_outcome_and_a_mask
     assert_eq!(signup["fields"]["email"], "l***@example.com");
     assert!(!logs.contains("logged@example.com"));
 }
+
+/// Text logs (development) written to a pipe or a file carry no ANSI colour codes: a log
+/// collector would store `\x1b[32m INFO\x1b[0m` otherwise.
+#[tokio::test]
+async fn logs_to_a_pipe_carry_no_colour_codes() {
+    let db = TestSqlite::new();
+    let (_inbox, mailer) = smtp_inbox().await;
+    let mut process = spawn_binary(db.url(), &mailer, &[], &[]).await;
+    let client = oncely_testdb::http();
+    let response = idempotent_post(&client, &process.base, "/v1/signup", "plain-logs")
+        .json(&email("plain@example.com"))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(response.status(), 202);
+    process.child.kill().await.unwrap();
+    let logs = process.stderr.await.unwrap();
+    assert!(logs.contains("INFO"), "text logs: {logs}");
+    assert!(!logs.contains('\x1b'), "no escape codes: {logs}");
+}

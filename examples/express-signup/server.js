@@ -4,6 +4,7 @@
 'use strict';
 
 const express = require('express');
+const methodOverride = require('method-override');
 const fs = require('node:fs');
 const path = require('node:path');
 
@@ -14,6 +15,23 @@ const emailsFile = path.join(dataDir, 'emails.log');
 
 const app = express();
 app.use(express.json());
+app.use(express.urlencoded({ extended: false }));
+// Method overrides, as apps with HTML forms configure them: a POST becomes the method named in
+// a header (the first of comma-separated values), a `_method` query parameter (decoded), or a
+// form field. The gateway must not let any of them reach a protected route unprotected.
+app.use(methodOverride('X-HTTP-Method-Override'));
+app.use(methodOverride('X-HTTP-Method'));
+app.use(methodOverride('_method'));
+app.use(
+  methodOverride((req) => {
+    const method = req.body && req.body._method;
+    if (typeof method === 'string') {
+      delete req.body._method;
+      return method;
+    }
+    return undefined;
+  }),
+);
 
 let nextId = 1;
 const sleep = (ms) => new Promise((resolve) => setTimeout(resolve, ms));
@@ -37,9 +55,20 @@ app.post('/signup', async (req, res) => {
   res.status(201).location(`/users/${id}`).json({ id, email });
 });
 
+// An update that is not idempotent either: each PUT appends a line ("charges" the order again).
+const ordersFile = path.join(dataDir, 'orders.log');
+app.put('/orders/:id', (req, res) => {
+  fs.appendFileSync(ordersFile, `order=${req.params.id} via=${req.originalMethod}\n`);
+  res.json({ id: req.params.id, updates: lines(ordersFile).length });
+});
+
 // The probe `oncely check --probe` reads: it changes whenever a signup runs.
 app.get('/count', (req, res) => {
-  res.json({ rows: lines(rowsFile).length, emails: lines(emailsFile).length });
+  res.json({
+    rows: lines(rowsFile).length,
+    emails: lines(emailsFile).length,
+    order_updates: lines(ordersFile).length,
+  });
 });
 
 // What the application received: for tests of the gateway's forwarding.

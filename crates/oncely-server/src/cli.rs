@@ -1085,6 +1085,14 @@ pub struct GatewayArgs {
     #[arg(long, env = "ONCELY_GATEWAY_ROUTES", value_name = "FILE")]
     pub routes_file: Option<std::path::PathBuf>,
 
+    /// A route (`'POST /path/{param}'`: a request's own method and path) whose requests may
+    /// carry a method override (`X-HTTP-Method-Override`, `X-HTTP-Method`, `X-Method-Override`,
+    /// a `_method` parameter) — for an application whose forms need one there. Elsewhere any
+    /// override is 400 `request-ambiguous`; here only one that names a method protected at
+    /// the path. Repeat for more.
+    #[arg(long = "allow-method-override", value_name = "'METHOD /path'")]
+    pub allow_method_override: Vec<String>,
+
     /// Listen address.
     #[arg(long, env = "ONCELY_GATEWAY_BIND", default_value = defaults::GATEWAY_BIND)]
     pub bind: SocketAddr,

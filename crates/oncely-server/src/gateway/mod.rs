@@ -13,6 +13,7 @@
 //! Its database is an oncely database (`oncely migrate`, `oncely prune` and `oncely key show`
 //! work on it); it keeps only idempotency keys there.
 
+pub mod overrides;
 pub mod routes;
 pub mod upstream;
 
@@ -22,7 +23,7 @@ use std::time::Duration;
 
 use anyhow::Context;
 use axum::Router;
-use axum::body::Body;
+use axum::body::{Body, Bytes};
 use axum::extract::State;
 use axum::http::{HeaderMap, HeaderName, Request, StatusCode};
 use axum::response::{IntoResponse, Response};
@@ -151,6 +152,9 @@ pub struct Plan {
     pub max_in_flight: usize,
     /// How long a client may take to send a protected request's body.
     pub body_timeout: Duration,
+    /// The routes (a request's own method and path) where a method override is let through
+    /// unless it names a protected method.
+    pub allow_method_override: Vec<Route>,
 }
 
 impl Plan {
@@ -215,6 +219,13 @@ impl Plan {
                 "--tenant-header {tenant} is a header clients send for another purpose: name the header your proxy sets (X-Tenant-Id)"
             );
         }
+        let allow_method_override = args
+            .allow_method_override
+            .iter()
+            .map(|spec| {
+                Route::parse(spec).map_err(|e| anyhow::anyhow!("--allow-method-override: {e}"))
+            })
+            .collect::<anyhow::Result<_>>()?;
         let upstream = Upstream::new(
             &args.upstream,
             args.upstream_timeout,
@@ -237,6 +248,7 @@ impl Plan {
             max_stored_body: args.max_stored_body,
             max_in_flight: args.max_in_flight,
             body_timeout: args.body_timeout,
+            allow_method_override,
         })
     }
 }
@@ -313,17 +325,12 @@ async fn entry<K: KeyStore>(
             "methods are upper case: an application could take this one for a protected one",
         );
     }
-    // A POST that names another method (Rails, Laravel, Spring and Express' method-override
-    // honour these) is that method to the application.
-    if let Some(named) = method_override(&req)
-        && routes
-            .iter()
-            .any(|r| r.method().as_str().eq_ignore_ascii_case(&named))
-    {
-        return GatewayProblem::RequestAmbiguous.answer(&format!(
-            "a method override names {named}, a protected method: send {named} itself"
-        ));
-    }
+    // A request that names another method (Rails, Laravel, Symfony, Spring and Express'
+    // method-override turn a POST into it) is refused, however it names it (overrides.rs).
+    let req = match method_override(&gateway, req).await {
+        Ok(req) => req,
+        Err(refused) => return refused,
+    };
     let Some(route) = routes.matching(req.method(), req.uri().path()) else {
         return gateway.plan.upstream.pass(req).await;
     };
@@ -352,48 +359,80 @@ async fn entry<K: KeyStore>(
     })
 }
 
-/// The method a request names in an override header or a `_method` query parameter.
-fn method_override(req: &Request<Body>) -> Option<String> {
-    const HEADERS: [&str; 3] = [
-        "x-http-method-override",
-        "x-http-method",
-        "x-method-override",
-    ];
-    let header = HEADERS
+/// `req`, unless it names a method besides its own (overrides.rs): then 400
+/// `request-ambiguous` — on a route of `--allow-method-override` only if a method it names is
+/// protected at its path. A body that can name one (a form, JSON) is read where a protected
+/// route's path is (elsewhere no override reaches one, and bodies stream), up to
+/// `--max-request-body`.
+async fn method_override<K: KeyStore>(
+    gateway: &Gateway<K>,
+    req: Request<Body>,
+) -> Result<Request<Body>, Response> {
+    let routes = &gateway.plan.routes;
+    let path = req.uri().path().to_owned();
+    let mut named = overrides::in_head(req.headers(), req.uri().query());
+    let content_type = req
+        .headers()
+        .get(http::header::CONTENT_TYPE)
+        .map(|v| String::from_utf8_lossy(v.as_bytes()).into_owned());
+    let req = match overrides::body_may_name(content_type.as_deref()) && routes.at_path(&path) {
+        true => {
+            let (parts, body) = read_body(gateway, req).await?.into_parts();
+            named.extend(overrides::in_body(
+                content_type.as_deref().unwrap_or_default(),
+                &body,
+            ));
+            Request::from_parts(parts, Body::from(body))
+        }
+        false => req,
+    };
+    if named.is_empty() {
+        return Ok(req);
+    }
+    let allowed = gateway
+        .plan
+        .allow_method_override
         .iter()
-        .find_map(|name| req.headers().get(*name)?.to_str().ok().map(str::to_owned));
-    header
-        .or_else(|| {
-            req.uri()
-                .query()?
-                .split('&')
-                .find_map(|pair| pair.strip_prefix("_method="))
-                .map(str::to_owned)
-        })
-        .map(|m| m.trim().to_owned())
+        .any(|route| route.matches(req.method(), &path));
+    if allowed && !overrides::names_protected(&named, &path, routes) {
+        return Ok(req);
+    }
+    Err(GatewayProblem::RequestAmbiguous.answer(
+        "the request names another method (an X-HTTP-Method-Override, X-HTTP-Method or X-Method-Override header, or a _method parameter), which an application could act on unprotected: send the method itself",
+    ))
 }
 
-/// A protected request: its body read (bounded), its tenant and route named, then the layer.
-async fn protect<K: KeyStore>(gateway: &Gateway<K>, route: &Route, req: Request<Body>) -> Response {
+/// `req` with its body read: at most `--max-request-body` (413 beyond), within
+/// `--body-timeout` (408 past it).
+async fn read_body<K: KeyStore>(
+    gateway: &Gateway<K>,
+    req: Request<Body>,
+) -> Result<Request<Bytes>, Response> {
     let declared = req
         .headers()
         .get(http::header::CONTENT_LENGTH)
         .and_then(|v| v.to_str().ok()?.parse::<u64>().ok());
     let limit = gateway.plan.max_request_body;
     if declared.is_some_and(|length| length > limit as u64) {
-        return too_large(limit);
+        return Err(too_large(limit));
     }
     let (parts, body) = req.into_parts();
     let deadline = gateway.plan.body_timeout;
-    let body = match tokio::time::timeout(deadline, oncely::layer::read_body(body, limit)).await {
-        Ok(Ok(bytes)) => bytes,
-        Ok(Err(refused)) => return refused,
-        Err(_) => {
-            return GatewayProblem::RequestTimeout.answer(&format!(
-                "the body did not arrive within {}",
-                humantime::format_duration(deadline)
-            ));
-        }
+    match tokio::time::timeout(deadline, oncely::layer::read_body(body, limit)).await {
+        Ok(Ok(bytes)) => Ok(Request::from_parts(parts, bytes)),
+        Ok(Err(refused)) => Err(refused),
+        Err(_) => Err(GatewayProblem::RequestTimeout.answer(&format!(
+            "the body did not arrive within {}",
+            humantime::format_duration(deadline)
+        ))),
+    }
+}
+
+/// A protected request: its body read (bounded), its tenant and route named, then the layer.
+async fn protect<K: KeyStore>(gateway: &Gateway<K>, route: &Route, req: Request<Body>) -> Response {
+    let (parts, body) = match read_body(gateway, req).await {
+        Ok(req) => req.into_parts(),
+        Err(refused) => return refused,
     };
     let mut req = Request::from_parts(parts, Body::from(body));
     let tenant = match gateway.tenant(req.headers(), route).await {

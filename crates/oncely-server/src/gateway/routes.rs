@@ -106,10 +106,12 @@ impl Route {
     }
 
     /// Whether `method` and `path` are this route.
-    fn matches(&self, method: &Method, path: &str) -> bool {
-        if method != self.method {
-            return false;
-        }
+    pub fn matches(&self, method: &Method, path: &str) -> bool {
+        method == self.method && self.matches_path(path)
+    }
+
+    /// Whether `path` is this route's, whatever the method.
+    fn matches_path(&self, path: &str) -> bool {
         let path = path
             .strip_suffix('/')
             .filter(|p| !p.is_empty())
@@ -185,6 +187,12 @@ impl Routes {
     /// The protected route `method path` is, if any.
     pub fn matching(&self, method: &Method, path: &str) -> Option<&Route> {
         self.0.iter().find(|r| r.matches(method, path))
+    }
+
+    /// Whether some route is at `path`, whatever the method: where a request with another
+    /// method could reach a protected route by naming that method.
+    pub fn at_path(&self, path: &str) -> bool {
+        self.0.iter().any(|r| r.matches_path(path))
     }
 
     /// Every route, most specific first.

@@ -222,10 +222,13 @@ impl Answer {
 }
 
 async fn post_to(url: &str, key: Option<&str>, body: &str, headers: &[(&str, &str)]) -> Answer {
-    let mut req = oncely_testdb::http()
-        .post(url)
-        .header("content-type", "application/json")
-        .body(body.to_owned());
+    let mut req = oncely_testdb::http().post(url).body(body.to_owned());
+    if !headers
+        .iter()
+        .any(|(name, _)| name.eq_ignore_ascii_case("content-type"))
+    {
+        req = req.header("content-type", "application/json");
+    }
     if let Some(key) = key {
         req = req.header("idempotency-key", key);
     }
@@ -985,36 +988,98 @@ async fn a_client_that_sends_its_headers_too_slowly_is_disconnected() {
     assert_eq!(up.last_seen()["x-forwarded-for"], "127.0.0.1");
 }
 
-/// A POST that names a protected method in an override header or `_method` is that method to
-/// Rails, Laravel, Spring or Express' method-override: refused, never passed through unprotected.
+/// A request that names another method — in an override header (any value, comma-separated or
+/// repeated) or a `_method` parameter (query or body, names and values percent-decoded) — is
+/// that method to Rails, Laravel, Spring or Express' method-override: refused on every route,
+/// never passed through unprotected.
 #[tokio::test]
-async fn a_method_override_naming_a_protected_method_is_refused() {
+async fn a_method_override_is_refused_however_it_is_spelled() {
     let (upstream, up) = start_upstream().await;
     let (gw, _db) = start_gateway(&upstream, &["--route", "PATCH /echo"]).await;
-    for (path, headers) in [
-        ("/echo", &[("x-http-method-override", "PATCH")][..]),
-        ("/echo", &[("x-http-method", "patch")][..]),
-        ("/echo", &[("x-method-override", "POST")][..]),
-        ("/echo?_method=PATCH", &[][..]),
-    ] {
-        post_to(&format!("{gw}{path}"), Some(&new_key()), "{}", headers)
-            .await
-            .assert_problem(400, "request-ambiguous");
+    let form = ("content-type", "application/x-www-form-urlencoded");
+    let cases: &[(&str, &[(&str, &str)], &str)] = &[
+        ("/echo", &[("x-http-method-override", "PATCH")], "{}"),
+        ("/echo", &[("x-http-method", "patch")], "{}"),
+        ("/echo", &[("x-method-override", "POST")], "{}"),
+        ("/echo", &[("x-http-method-override", "PATCH, GET")], "{}"),
+        ("/echo", &[("x-http-method-override", "GET, PATCH")], "{}"),
+        (
+            "/echo",
+            &[
+                ("x-http-method-override", "GET"),
+                ("x-http-method", "PATCH"),
+            ],
+            "{}",
+        ),
+        ("/echo", &[("x-http-method-override", "DELETE")], "{}"),
+        ("/echo", &[("x-http-method-override", "")], "{}"),
+        ("/echo?_method=PATCH", &[], "{}"),
+        ("/echo?%5Fmethod=PATCH", &[], "{}"),
+        ("/echo?_method=P%41TCH", &[], "{}"),
+        ("/echo?_method=DELETE", &[], "{}"),
+        ("/elsewhere?_method=PATCH", &[], "{}"),
+        ("/echo", &[form], "_method=PATCH"),
+        ("/echo", &[form], "a=1&%5Fmethod=P%41TCH"),
+        ("/echo", &[], r#"{"_method":"PATCH"}"#),
+    ];
+    for (path, headers, body) in cases {
+        let answer = post_to(&format!("{gw}{path}"), None, body, headers).await;
+        assert_eq!(
+            answer.status,
+            StatusCode::BAD_REQUEST,
+            "{path} {headers:?} {body}"
+        );
+        answer.assert_problem(400, "request-ambiguous");
     }
-    assert_eq!(up.calls(), 0);
-    // Naming a method nobody protects passes.
+    assert_eq!(up.calls(), 0, "nothing reached the application");
+    // A form without `_method`, and a field whose value (not name) is `_method`, pass.
+    let echoed = post_to(&format!("{gw}/echo"), None, "note=_method", &[form]).await;
+    assert_eq!(echoed.body, "echoed");
+    assert_eq!(up.calls(), 1);
+}
+
+/// `--allow-method-override` lets overrides through on the routes an operator names — but
+/// never one that names a method protected at the path.
+#[tokio::test]
+async fn an_operator_allows_overrides_on_a_route_but_never_to_a_protected_method() {
+    let (upstream, up) = start_upstream().await;
+    let (gw, _db) = start_gateway(
+        &upstream,
+        &[
+            "--route",
+            "PATCH /echo",
+            "--allow-method-override",
+            "POST /echo",
+        ],
+    )
+    .await;
     let echoed = post_to(
-        &format!("{gw}/echo"),
+        &format!("{gw}/echo?_method=DELETE"),
         None,
         "{}",
-        &[
-            ("x-http-method-override", "DELETE"),
-            ("x-forwarded-host", "evil.example"),
-        ],
+        &[("x-forwarded-host", "evil.example")],
     )
     .await;
     assert_eq!(echoed.body, "echoed");
     assert_ne!(up.last_seen()["x-forwarded-host"], "evil.example");
+    for (path, headers) in [
+        ("/echo?_method=P%41TCH", &[][..]),
+        ("/echo", &[("x-http-method-override", "DELETE, patch")][..]),
+    ] {
+        post_to(&format!("{gw}{path}"), None, "{}", headers)
+            .await
+            .assert_problem(400, "request-ambiguous");
+    }
+    assert_eq!(up.calls(), 1);
+    // Only on that route: a PUT elsewhere with an override is refused.
+    post_to(
+        &format!("{gw}/other"),
+        None,
+        "{}",
+        &[("x-http-method-override", "DELETE")],
+    )
+    .await
+    .assert_problem(400, "request-ambiguous");
 }
 
 /// A POST of `{}` with `key` whose client gives up after 300 ms (before the answer).

@@ -36,7 +36,12 @@ impl Express {
             .arg("--version")
             .output()
             .is_ok_and(|o| o.status.success());
-        if !node || !dir.join("node_modules/express").is_dir() {
+        let packages = ["express", "method-override"];
+        if !node
+            || !packages
+                .iter()
+                .all(|p| dir.join("node_modules").join(p).is_dir())
+        {
             eprintln!(
                 "SKIPPED: node or the npm packages of examples/express-signup are missing (cd examples/express-signup && npm ci); {test} did not run"
             );
@@ -82,6 +87,11 @@ impl Express {
     /// The rows the application inserted.
     pub fn rows(&self) -> usize {
         self.lines("users.jsonl").len()
+    }
+
+    /// The updates of orders it made (each `PUT /orders/:id`, however it was named).
+    pub fn order_updates(&self) -> usize {
+        self.lines("orders.log").len()
     }
 
     /// The emails it "sent".
@@ -279,4 +289,86 @@ async fn a_gateway_killed_before_the_upstream_answered_forwards_the_same_key_aga
         .map(|l| l.rsplit("key=").next().unwrap().to_owned())
         .collect();
     assert_eq!(keys.len(), 1, "one forwarded key: {keys:?}");
+}
+
+/// Every way the review reached a protected `PUT /orders/{id}` through a POST that Express'
+/// `method-override` turns into a PUT — a header of two values, two different override
+/// headers, a percent-escaped `_method` name or value in the query, a form field — does
+/// update the order when sent straight to the application, and is refused behind the gateway:
+/// the order is never updated unprotected.
+#[tokio::test]
+async fn method_overrides_express_honours_never_reach_a_protected_route() {
+    let Some(express) = Express::start("method_overrides_express_honours…").await else {
+        return;
+    };
+    let form = "application/x-www-form-urlencoded";
+    let json = "application/json";
+    let tricks: [(&str, &[(&str, &str)], &str, &str); 7] = [
+        ("", &[("x-http-method-override", "PUT, GET")], json, "{}"),
+        (
+            "",
+            // The last override the application reads wins; a gateway that read only the
+            // first header would see GET.
+            &[("x-http-method-override", "GET"), ("x-http-method", "PUT")],
+            json,
+            "{}",
+        ),
+        ("", &[("x-http-method", "put")], json, "{}"),
+        ("?%5Fmethod=PUT", &[], json, "{}"),
+        ("?_method=P%55T", &[], json, "{}"),
+        ("", &[], form, "note=x&_method=PUT"),
+        ("", &[], form, "%5Fmethod=P%55T"),
+    ];
+    let post =
+        |base: String,
+         (query, headers, content_type, body): (&str, &[(&str, &str)], &str, &str)| {
+            let mut request = oncely_testdb::http()
+                .post(format!("{base}/orders/7{query}"))
+                .header("content-type", content_type)
+                .header("idempotency-key", uuid::Uuid::new_v4().to_string())
+                .body(body.to_owned());
+            for (name, value) in headers {
+                request = request.header(*name, *value);
+            }
+            async move {
+                let response = request.send().await.unwrap();
+                (response.status().as_u16(), response.text().await.unwrap())
+            }
+        };
+    // Straight to the application, each is a PUT: the reproduction is real.
+    for (n, trick) in tricks.iter().enumerate() {
+        let (status, body) = post(express.base.clone(), *trick).await;
+        assert_eq!(status, 200, "{trick:?}: {body}");
+        assert_eq!(
+            express.order_updates(),
+            n + 1,
+            "{trick:?} is a PUT to Express"
+        );
+    }
+    let db = TestSqlite::new();
+    let gateway = spawn_gateway(db.url(), &express.base, &["--route", "PUT /orders/{id}"]).await;
+    for trick in tricks {
+        let (status, body) = post(gateway.base.clone(), trick).await;
+        assert_eq!(status, 400, "{trick:?}: {body}");
+        assert!(body.contains("request-ambiguous"), "{trick:?}: {body}");
+    }
+    assert_eq!(
+        express.order_updates(),
+        tricks.len(),
+        "none reached the application"
+    );
+    // The PUT itself is protected: retried, it updates the order once.
+    let key = "update-order-7";
+    for _ in 0..3 {
+        let response = oncely_testdb::http()
+            .put(format!("{}/orders/7", gateway.base))
+            .header("idempotency-key", key)
+            .header("content-type", json)
+            .body("{}")
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(response.status(), 200);
+    }
+    assert_eq!(express.order_updates(), tricks.len() + 1);
 }

@@ -967,11 +967,32 @@ fn describe(filter: &DeadFilter) -> String {
 // ---------------------------------------------------------------------------------------------
 // oncely tenant …
 
-/// The name of a new tenant: a valid tenant id other than `default`.
+/// The name of a tenant a command acts on: a valid tenant id other than `default`.
 pub fn tenant_name(name: &str) -> anyhow::Result<oncely::TenantId> {
     let tenant = oncely::TenantId::parse(name).map_err(|e| anyhow::anyhow!("{e}"))?;
     if tenant == oncely::TenantId::default() {
         bail!("`default` is the tenant of requests without an API key; choose another name");
+    }
+    Ok(tenant)
+}
+
+/// The name of a new tenant: a [`tenant_name`] other than the reserved ones — `gateway:…` (the
+/// tenants of `oncely gateway`, which may share the database: a tenant named so would share
+/// keys with a gateway's callers) and `_default` (the templates' folder of tenants without
+/// their own), in any case.
+pub fn new_tenant_name(name: &str) -> anyhow::Result<oncely::TenantId> {
+    let tenant = tenant_name(name)?;
+    let prefix = crate::gateway::TENANT_PREFIX;
+    if name
+        .get(..prefix.len())
+        .is_some_and(|start| start.eq_ignore_ascii_case(prefix))
+    {
+        bail!("names starting with `{prefix}` are the gateway's tenants; choose another name");
+    }
+    if name.eq_ignore_ascii_case("_default") {
+        bail!(
+            "`_default` is the templates' folder of tenants without their own; choose another name"
+        );
     }
     Ok(tenant)
 }
@@ -1093,9 +1114,8 @@ pub async fn tenant<B: Accounts>(command: TenantCommand) -> anyhow::Result<Strin
     let output = command.output();
     // Checked before anything connects.
     let named = match &command {
-        TenantCommand::Create { name, .. } | TenantCommand::RotateKey { name, .. } => {
-            Some(tenant_name(name)?)
-        }
+        TenantCommand::Create { name, .. } => Some(new_tenant_name(name)?),
+        TenantCommand::RotateKey { name, .. } => Some(tenant_name(name)?),
         TenantCommand::List { .. } | TenantCommand::Webhook(_) => None,
         TenantCommand::Set {
             name,

@@ -13,8 +13,12 @@ use crate::IdempotencyKey;
 /// assert_eq!(TenantId::parse("acme").unwrap().as_str(), "acme");
 /// assert!(TenantId::parse("a b").is_err());
 /// ```
-#[derive(Debug, Clone, PartialEq, Eq, Hash)]
-pub struct TenantId(String);
+#[derive(Clone)]
+pub struct TenantId {
+    id: String,
+    /// How many leading bytes of `id` logs show (all but a secret suffix).
+    shown: usize,
+}
 
 /// A tenant name that [`TenantId::parse`] refused.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -24,33 +28,83 @@ pub struct InvalidTenant;
 impl TenantId {
     /// Validates a tenant id.
     pub fn parse(value: impl Into<String>) -> Result<Self, InvalidTenant> {
-        let value = value.into();
-        let valid = (1..=128).contains(&value.len())
-            && value
+        let id = value.into();
+        let valid = (1..=128).contains(&id.len())
+            && id
                 .bytes()
                 .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'-' | b'_' | b'.' | b':'));
         if valid {
-            Ok(Self(value))
+            Ok(Self {
+                shown: id.len(),
+                id,
+            })
         } else {
             Err(InvalidTenant)
         }
     }
 
+    /// `prefix` followed by `secret` (a keyed hash of a credential, say): the tenant is both, but
+    /// logs and `Debug` show only `prefix` and `…` ([`TenantId::for_logs`]). Validated as
+    /// [`TenantId::parse`].
+    ///
+    /// ```
+    /// use oncely::TenantId;
+    /// let tenant = TenantId::with_secret_suffix("caller-", "3fa9c2").unwrap();
+    /// assert_eq!(tenant.as_str(), "caller-3fa9c2");
+    /// assert_eq!(tenant.for_logs(), "caller-…");
+    /// assert!(!format!("{tenant:?}").contains("3fa9"));
+    /// ```
+    pub fn with_secret_suffix(prefix: &str, secret: &str) -> Result<Self, InvalidTenant> {
+        let mut tenant = Self::parse(format!("{prefix}{secret}"))?;
+        tenant.shown = prefix.len();
+        Ok(tenant)
+    }
+
     /// The id as text.
     pub fn as_str(&self) -> &str {
-        &self.0
+        &self.id
+    }
+
+    /// The id as logs show it: whole, or without its secret suffix
+    /// ([`TenantId::with_secret_suffix`]).
+    pub fn for_logs(&self) -> std::borrow::Cow<'_, str> {
+        match self.shown < self.id.len() {
+            true => format!("{}…", &self.id[..self.shown]).into(),
+            false => self.id.as_str().into(),
+        }
+    }
+}
+
+// Equal ids are one tenant, however they were made.
+impl PartialEq for TenantId {
+    fn eq(&self, other: &Self) -> bool {
+        self.id == other.id
+    }
+}
+
+impl Eq for TenantId {}
+
+impl std::hash::Hash for TenantId {
+    fn hash<H: std::hash::Hasher>(&self, state: &mut H) {
+        self.id.hash(state);
+    }
+}
+
+impl fmt::Debug for TenantId {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_tuple("TenantId").field(&self.for_logs()).finish()
     }
 }
 
 impl Default for TenantId {
     fn default() -> Self {
-        Self("default".to_owned())
+        Self::parse("default").expect("a valid tenant id")
     }
 }
 
 impl fmt::Display for TenantId {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(&self.0)
+        f.write_str(&self.id)
     }
 }
 

@@ -468,11 +468,11 @@ impl<K: KeyStore> Gateway<K> {
                 .to_str()
                 .ok()
                 .filter(|v| !v.is_empty())
-                .and_then(|v| TenantId::parse(format!("{TENANT_PREFIX}{v}")).ok())
+                .and_then(|v| TenantId::parse(format!("{HEADER_TENANT_PREFIX}{v}")).ok())
                 .ok_or_else(|| {
                     GatewayProblem::TenantInvalid.answer(&format!(
                         "{name} must be 1-{} characters of A-Z a-z 0-9 - _ . :",
-                        128 - TENANT_PREFIX.len()
+                        128 - HEADER_TENANT_PREFIX.len()
                     ))
                 });
         }
@@ -519,21 +519,27 @@ fn credential<'a>(headers: &'a HeaderMap, scoping: &Scoping) -> Option<&'a [u8]>
 }
 
 /// Every tenant of the gateway starts with this: its keys never meet those of an `oncely serve`
-/// on the same database (whose `/v1/signup` keys live in `default`).
+/// on the same database (whose tenants `oncely tenant create` makes, never with this prefix).
 pub const TENANT_PREFIX: &str = "gateway:";
+
+/// The tenants a trusted header names start with this, and no other tenant of the gateway
+/// does: whatever a header says, its keys never meet the anonymous caller's or a credential's
+/// (`anonymous` or `credential-<hex>` in the header is `gateway:tenant:anonymous`, …).
+pub const HEADER_TENANT_PREFIX: &str = "gateway:tenant:";
 
 /// The tenant of requests with no credential.
 fn anonymous() -> TenantId {
     TenantId::parse(format!("{TENANT_PREFIX}anonymous")).expect("a valid tenant id")
 }
 
-/// The tenant of a credential: 128 bits of a keyed hash (the credential is never stored).
+/// The tenant of a credential: 128 bits of a keyed hash (the credential is never stored, and
+/// logs show only `gateway:credential-…`).
 fn credential_tenant(secret: &ServerSecret, credential: &[u8]) -> TenantId {
     let mac = secret.mac("oncely-gateway-credential", &[credential]);
-    TenantId::parse(format!(
-        "{TENANT_PREFIX}credential-{}",
-        hex::encode(&mac[..16])
-    ))
+    TenantId::with_secret_suffix(
+        &format!("{TENANT_PREFIX}credential-"),
+        &hex::encode(&mac[..16]),
+    )
     .expect("a hex digest is a valid tenant id")
 }
 

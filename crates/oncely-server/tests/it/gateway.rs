@@ -617,10 +617,56 @@ async fn a_trusted_tenant_header_scopes_keys() {
     // Under the gateway's own prefix: never an `oncely serve`'s keys on the same database.
     let tenants: i64 = crate::support::scalar(
         db.url(),
-        "SELECT COUNT(DISTINCT tenant) FROM oncely_idempotency_keys WHERE tenant IN ('gateway:acme', 'gateway:globex')",
+        "SELECT COUNT(DISTINCT tenant) FROM oncely_idempotency_keys WHERE tenant IN ('gateway:tenant:acme', 'gateway:tenant:globex')",
     )
     .await;
     assert_eq!(tenants, 2);
+}
+
+/// A trusted header's tenants, the anonymous caller's and each credential's live apart by
+/// construction: a header naming `anonymous` or `credential-<hex>` (the hex of another
+/// caller's tenant) gets a namespace of its own, never their stored answers; and the
+/// credential's hash is in no log line.
+#[tokio::test]
+async fn header_tenants_never_meet_the_anonymous_or_a_credentials_keys() {
+    let (logs, _guard) = crate::support::capture_logs();
+    let (upstream, up) = start_upstream().await;
+    let (gw, db) = start_gateway(&upstream, &["--tenant-header", "x-tenant-id"]).await;
+    let key = new_key();
+    let url = format!("{gw}/pay");
+    let credential = [("authorization", "Bearer the-victims-key")];
+    let victim = post_to(&url, Some(&key), "{}", &credential).await;
+    assert_eq!(victim.status, StatusCode::CREATED);
+    let anonymous = post_to(&url, Some(&key), "{}", &[]).await;
+    assert_eq!(anonymous.status, StatusCode::CREATED);
+    assert_eq!(up.calls(), 2);
+    let stored: String = crate::support::scalar(
+        db.url(),
+        "SELECT tenant FROM oncely_idempotency_keys WHERE tenant LIKE 'gateway:credential-%'",
+    )
+    .await;
+    let hex = stored.trim_start_matches("gateway:credential-");
+    assert_eq!(hex.len(), 32, "{stored}");
+    for named in ["anonymous".to_owned(), format!("credential-{hex}")] {
+        let header = [("x-tenant-id", named.as_str())];
+        let answer = post_to(&url, Some(&key), "{}", &header).await;
+        assert_eq!(answer.status, StatusCode::CREATED, "{named}");
+        assert!(
+            !answer.replayed(),
+            "{named}: another caller's stored answer"
+        );
+    }
+    assert_eq!(up.calls(), 4, "each header tenant ran its own");
+    // (The header's own tenant is logged as the header named it.)
+    let text = logs
+        .text()
+        .replace(&format!("gateway:tenant:credential-{hex}"), "header tenant");
+    assert!(text.contains("gateway:credential-…"), "{text}");
+    let leaks: Vec<&str> = text.lines().filter(|l| l.contains(hex)).collect();
+    assert!(
+        leaks.is_empty(),
+        "the credential's hash is never logged: {leaks:#?}"
+    );
 }
 
 #[tokio::test]

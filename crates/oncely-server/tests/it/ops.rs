@@ -542,6 +542,19 @@ async fn tenant_create_tells_a_taken_name_from_an_unavailable_database(url: Stri
         !ok && again.contains("tenant acme already exists"),
         "{again}"
     );
+    // The gateway's namespace and the templates' default folder are no tenant names.
+    for reserved in [
+        "gateway:tenant:acme",
+        "gateway:anonymous",
+        "Gateway:x",
+        "_default",
+    ] {
+        let (ok, refused) = oncely(&["tenant", "create", reserved, "--database-url", &url]).await;
+        assert!(
+            !ok && refused.contains("choose another name"),
+            "{reserved}: {refused}"
+        );
+    }
     let unavailable = if url.starts_with("postgres") {
         create_tenant_without_a_database::<Postgres>(&url).await
     } else {

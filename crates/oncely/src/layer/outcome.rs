@@ -99,7 +99,7 @@ pub(crate) fn finish(
     tracing::info!(
         idempotency_outcome = outcome.as_str(),
         route,
-        tenant = scope.map(|s| s.tenant.as_str()),
+        tenant = scope.map(|s| s.tenant.for_logs()).as_deref(),
         status = response.status().as_u16(),
         "idempotent request"
     );

@@ -40,12 +40,7 @@ pub fn body_may_name(content_type: Option<&str>) -> bool {
     let Some(content_type) = content_type else {
         return false;
     };
-    let essence = content_type
-        .split(';')
-        .next()
-        .unwrap_or("")
-        .trim()
-        .to_ascii_lowercase();
+    let essence = essence(content_type);
     essence == "application/x-www-form-urlencoded"
         || essence == "multipart/form-data"
         || essence == "application/json"
@@ -56,12 +51,7 @@ pub fn body_may_name(content_type: Option<&str>) -> bool {
 /// multipart form's parts (any part whose headers mention `_method`: its value is not read,
 /// the part names an override), a JSON object's top-level member.
 pub fn in_body(content_type: &str, body: &[u8]) -> Vec<String> {
-    let essence = content_type
-        .split(';')
-        .next()
-        .unwrap_or("")
-        .trim()
-        .to_ascii_lowercase();
+    let essence = essence(content_type);
     if essence == "application/x-www-form-urlencoded" {
         return in_form(body);
     }
@@ -81,6 +71,12 @@ pub fn in_body(content_type: &str, body: &[u8]) -> Vec<String> {
             .collect(),
         _ => Vec::new(),
     }
+}
+
+/// A media type without its parameters, lower case (`multipart/form-data`).
+fn essence(content_type: &str) -> String {
+    let essence = content_type.split(';').next().unwrap_or("");
+    essence.trim().to_ascii_lowercase()
 }
 
 /// Whether `method` (as a request names it: any case, with blanks) is protected at `path`.

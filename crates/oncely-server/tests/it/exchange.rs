@@ -430,6 +430,16 @@ async fn a_link_used_concurrently_with_one_key_mints_one_code(url: String, _db: 
     exchanges_once(&app, &acme, &code, ada, "magic_link").await;
 }
 
+/// Every code of the database as if its 60 s had passed.
+async fn expire_codes(url: &str) {
+    let past = if url.starts_with("postgres") {
+        "now() - interval '1 second'"
+    } else {
+        "CAST(strftime('%s', 'now') AS INTEGER) * 1000 - 1000"
+    };
+    execute(url, &format!("UPDATE oncely_codes SET expires_at = {past}")).await;
+}
+
 async fn a_code_expires_after_60_seconds_and_is_pruned(url: String, _db: TestDb) {
     let app = app(&url).await;
     let acme = tenant_with_return_urls(&app, "acme", &[CALLBACK]).await;
@@ -453,16 +463,7 @@ async fn a_code_expires_after_60_seconds_and_is_pruned(url: String, _db: TestDb)
     };
     assert_counts(&app, &[(lifetime, 1)]).await;
     // As if its 60 s had passed.
-    let past = if postgres {
-        "now() - interval '1 second'"
-    } else {
-        "CAST(strftime('%s', 'now') AS INTEGER) * 1000 - 1000"
-    };
-    execute(
-        &url,
-        &format!("UPDATE oncely_codes SET expires_at = {past}"),
-    )
-    .await;
+    expire_codes(&url).await;
     let (status, problem) = exchange(&app, &acme, "x1", &code).await;
     assert_eq!((status, problem_type(&problem)), (400, "code-invalid"));
     let unknown = exchange(
@@ -760,16 +761,7 @@ async fn an_exchange_keyed_by_its_code_replays_only_while_the_code_lives(url: St
     assert_eq!(reloaded.headers()["idempotent-replayed"], "true");
     assert_eq!(reloaded.json::<Value>().await.unwrap(), identity);
     // As if its 60 s had passed: the same key, the same body, now refused.
-    let past = if url.starts_with("postgres") {
-        "now() - interval '1 second'"
-    } else {
-        "CAST(strftime('%s', 'now') AS INTEGER) * 1000 - 1000"
-    };
-    execute(
-        &url,
-        &format!("UPDATE oncely_codes SET expires_at = {past}"),
-    )
-    .await;
+    expire_codes(&url).await;
     for _ in 0..2 {
         let (status, problem) = exchange(&app, &acme, &key, &code).await;
         assert_eq!(

@@ -1034,6 +1034,9 @@ async fn a_client_that_sends_its_headers_too_slowly_is_disconnected() {
     assert_eq!(up.last_seen()["x-forwarded-for"], "127.0.0.1");
 }
 
+/// Headers of a request, as name and value.
+type Headers<'a> = &'a [(&'a str, &'a str)];
+
 /// A request that names another method — in an override header (any value, comma-separated or
 /// repeated) or a `_method` parameter (query or body, names and values percent-decoded) — is
 /// that method to Rails, Laravel, Spring or Express' method-override: refused on every route,
@@ -1043,7 +1046,7 @@ async fn a_method_override_is_refused_however_it_is_spelled() {
     let (upstream, up) = start_upstream().await;
     let (gw, _db) = start_gateway(&upstream, &["--route", "PATCH /echo"]).await;
     let form = ("content-type", "application/x-www-form-urlencoded");
-    let cases: &[(&str, &[(&str, &str)], &str)] = &[
+    let cases: &[(&str, Headers, &str)] = &[
         ("/echo", &[("x-http-method-override", "PATCH")], "{}"),
         ("/echo", &[("x-http-method", "patch")], "{}"),
         ("/echo", &[("x-method-override", "POST")], "{}"),

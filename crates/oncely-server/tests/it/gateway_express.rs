@@ -291,6 +291,9 @@ async fn a_gateway_killed_before_the_upstream_answered_forwards_the_same_key_aga
     assert_eq!(keys.len(), 1, "one forwarded key: {keys:?}");
 }
 
+/// A POST's query, headers, content type and body.
+type Trick<'a> = (&'a str, &'a [(&'a str, &'a str)], &'a str, &'a str);
+
 /// Every way the review reached a protected `PUT /orders/{id}` through a POST that Express'
 /// `method-override` turns into a PUT — a header of two values, two different override
 /// headers, a percent-escaped `_method` name or value in the query, a form field — does
@@ -303,7 +306,7 @@ async fn method_overrides_express_honours_never_reach_a_protected_route() {
     };
     let form = "application/x-www-form-urlencoded";
     let json = "application/json";
-    let tricks: [(&str, &[(&str, &str)], &str, &str); 7] = [
+    let tricks: [Trick; 7] = [
         ("", &[("x-http-method-override", "PUT, GET")], json, "{}"),
         (
             "",

@@ -55,7 +55,8 @@ pub mod worker;
 
 pub use job::{
     AttemptResult, Delivery, DeliveryFuture, Ended, Enqueued, FreezeFuture, Job, JobRecord,
-    JobStatus, NewJob, ReconcileFuture, Reconciled, ThenError, ThenFuture,
+    JobStatus, MarkFuture, NewJob, PointOfNoReturn, ReconcileFuture, Reconciled, ThenError,
+    ThenFuture, Unrecorded,
 };
 pub use policy::{OnUnknown, RetryPolicy};
 pub use store::{JobStore, OutboxError, ParkedJob, Settlement};

@@ -180,26 +180,38 @@ async fn parked_after_abandoned<S: JobStore>(
             ));
         }
     };
-    // In id order: this claim's attempt (open) last, the one before it just ahead.
+    // In id order: this claim's attempt (open) last, the ones before it just ahead.
     let mut latest = attempts.iter().rev();
-    let this = latest.next()?;
-    let previous = latest.next()?;
-    let abandoned = this.finished_at.is_none() && previous.result.as_deref() == Some("abandoned");
-    if abandoned && previous.handed_nothing_over() {
+    if latest.next()?.finished_at.is_some() {
+        return None;
+    }
+    // Every abandoned attempt since the last one that ended with a result: a worker can be
+    // killed after its claim closed an abandoned attempt and before it parked the job, and the
+    // attempt it leaves (still `ahead`, it never ran) says nothing of the one before it, which
+    // may have passed its point of no return.
+    let abandoned: Vec<_> = latest
+        .take_while(|a| a.result.as_deref() == Some("abandoned"))
+        .collect();
+    let previous = abandoned.first()?;
+    let Some(reached) = abandoned.iter().find(|a| !a.handed_nothing_over()) else {
         tracing::info!(
             job = job.id,
             attempt = previous.attempt,
             "an abandoned attempt had not reached its point of no return (nothing was handed over): retried, not parked"
         );
         return None;
-    }
-    abandoned.then(|| {
-        let why = format!(
+    };
+    let why = match reached.point_of_no_return {
+        Some(_) => format!(
+            "not run: attempt {} was abandoned by its worker past its point of no return",
+            reached.attempt
+        ),
+        None => format!(
             "not run: attempt {} was abandoned by its worker mid-attempt",
-            previous.attempt
-        );
-        Finish::retry_free(AttemptResult::Parked, policy.delay(1), why).parked()
-    })
+            reached.attempt
+        ),
+    };
+    Some(Finish::retry_free(AttemptResult::Parked, policy.delay(1), why).parked())
 }
 
 /// `finish`, a final status, with the follow-up jobs the handler names for it

@@ -27,6 +27,7 @@ both_stores!(
     an_abandoned_attempt_parks_unless_it_was_still_ahead_of_its_mark,
     a_mark_that_cannot_be_written_sends_nothing,
     a_send_that_times_out_before_data_is_answered_is_a_plain_retry,
+    an_attempt_past_its_mark_still_parks_behind_a_later_abandoned_claim,
 );
 
 const KIND: &str = "email";
@@ -355,4 +356,38 @@ async fn a_send_that_times_out_before_data_is_answered_is_a_plain_retry<S: Backe
     let attempts = store.attempts(id).await.unwrap();
     assert_eq!(results(&attempts), ["retry"]);
     assert_eq!(marks(&attempts), [Some("ahead")]);
+}
+
+/// Found by the chaos run: a worker killed past its mark (attempt 1), then the worker that
+/// claimed the job next killed too, before it parked it (attempt 2, which never ran: still
+/// `ahead`). Attempt 2 handed nothing over, but attempt 1 may have: the job parks.
+async fn an_attempt_past_its_mark_still_parks_behind_a_later_abandoned_claim<S: Backend>(
+    store: S,
+    _db: TestDb,
+) {
+    let id = enqueue(&store, "signup:1", "ada@example.com").await;
+    let email = kinds(&[KIND]);
+    let first = store
+        .claim_marking("dying", &email, 10, LEASE, &email)
+        .await
+        .unwrap();
+    assert!(store.pass_point_of_no_return(&first[0]).await.unwrap());
+    store.clock().advance(LEASE + Duration::from_secs(1));
+    let second = store
+        .claim_marking("dying too", &email, 10, LEASE, &email)
+        .await
+        .unwrap();
+    assert_eq!(second.len(), 1);
+    store.clock().advance(LEASE + Duration::from_secs(1));
+
+    let (inbox, running) = inbox().await;
+    assert_eq!(worker(&store, running.smtp_addr).drain().await.unwrap(), 1);
+    let record = store.job("signup:1").await.unwrap().unwrap();
+    assert_eq!(record.status, JobStatus::Unknown, "parked: {record:?}");
+    let attempts = store.attempts(id).await.unwrap();
+    assert_eq!(results(&attempts), ["abandoned", "abandoned", "parked"]);
+    assert_eq!(marks(&attempts)[..2], [Some("passed"), Some("ahead")]);
+    let error = record.last_error.unwrap_or_default();
+    assert!(error.contains("attempt 1 was abandoned"), "{error}");
+    assert!(inbox.messages(None).is_empty(), "not sent again");
 }

@@ -100,6 +100,7 @@ pub(crate) async fn audit(
 
     let messages = inbox.messages(None);
     report.emails = messages.len() as u64;
+    report.abandoned = abandoned(pool, &messages).await?;
     let mut per_address: HashMap<&str, u64> = HashMap::new();
     let mut tokens = HashSet::new();
     for message in &messages {
@@ -169,6 +170,81 @@ pub(crate) async fn audit(
         }
     }
     Ok(())
+}
+
+/// The email attempts that killed workers abandoned (issue 36), by where they stood with their
+/// point of no return, and what the inbox received during each: a copy under the job's delivery
+/// key (its idempotency header, else its `Message-ID`) received between the attempt's start and
+/// its end (when the next claim closed it) came from that attempt.
+async fn abandoned(
+    pool: &PgPool,
+    messages: &[oncely_inbox::Message],
+) -> anyhow::Result<crate::Abandoned> {
+    let mut received: HashMap<String, Vec<i64>> = HashMap::new();
+    for message in messages {
+        let at = i64::try_from(message.received_at.unix_timestamp_nanos() / 1_000_000)?;
+        let key = message.idempotency_key.clone().or_else(|| {
+            let id = message.message_id.as_deref()?;
+            Some(
+                id.trim_start_matches('<')
+                    .trim_end_matches("@oncely>")
+                    .to_owned(),
+            )
+        });
+        if let Some(key) = key {
+            received.entry(key).or_default().push(at);
+        }
+    }
+    let rows = sqlx::query(
+        "SELECT o.delivery_key::text AS key, a.point_of_no_return AS mark,
+                (EXTRACT(EPOCH FROM a.started_at) * 1000)::int8 AS started,
+                (EXTRACT(EPOCH FROM a.handed_over_at) * 1000)::int8 AS handed_over,
+                (EXTRACT(EPOCH FROM a.finished_at) * 1000)::int8 AS finished
+           FROM oncely_outbox_attempts a JOIN oncely_outbox o ON o.id = a.job_id
+          WHERE o.kind <> $1 AND a.result = 'abandoned'",
+    )
+    .bind(WEBHOOK_KIND)
+    .fetch_all(pool)
+    .await?;
+    let mut report = crate::Abandoned::default();
+    for row in rows {
+        let key: String = row.try_get("key")?;
+        let mark: Option<String> = row.try_get("mark")?;
+        let started: i64 = row.try_get("started")?;
+        let handed_over: Option<i64> = row.try_get("handed_over")?;
+        let finished: i64 = row.try_get("finished")?;
+        let got = |from: i64| {
+            received
+                .get(&key)
+                .is_some_and(|times| times.iter().any(|t| (from..=finished).contains(t)))
+        };
+        report.attempts += 1;
+        match (mark.as_deref(), handed_over) {
+            (Some("passed"), Some(at)) => {
+                report.after_handover += 1;
+                if got(at) {
+                    report.after_handover_received += 1;
+                } else {
+                    report.cut_during_data += 1;
+                }
+            }
+            (Some("ahead"), _) => {
+                report.before_handover += 1;
+                report.before_handover_received += u64::from(got(started));
+            }
+            _ => report.unmarked += 1,
+        }
+    }
+    let parked: i64 = sqlx::query_scalar(
+        "SELECT count(*) FROM oncely_outbox_attempts a
+           JOIN oncely_outbox o ON o.id = a.job_id
+          WHERE o.kind <> $1 AND a.result = 'parked'",
+    )
+    .bind(WEBHOOK_KIND)
+    .fetch_one(pool)
+    .await?;
+    report.parked = parked as u64;
+    Ok(report)
 }
 
 /// The webhook half of the audit: the run's accounts (`prefix`), the event ids their webhook

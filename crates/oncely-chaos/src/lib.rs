@@ -175,6 +175,8 @@ pub struct Report {
     pub settled_sent: u64,
     /// Parked jobs settled for resending (the provider had not accepted them).
     pub settled_resend: u64,
+    /// The email attempts killed workers abandoned, by their point of no return.
+    pub abandoned: Abandoned,
     /// Attempts by result (`sent`, `retry`, `unknown`, `throttled`, `paused`, …).
     pub attempts_by_result: BTreeMap<String, u64>,
     /// How long the provider refused our credentials (milliseconds; 0: not at all).
@@ -205,6 +207,33 @@ pub struct Report {
     pub seconds: f64,
     /// Seconds from the first intent to the last answer of the storm.
     pub storm_seconds: f64,
+}
+
+/// The email attempts that killed workers abandoned (`abandoned`: the next claim found them
+/// open), by where they stood with their point of no return — the moment the message's data is
+/// handed over (SMTP: after `DATA` was accepted, before the content) — which each attempt
+/// records in its row before it sends anything; and what the inbox received during each (a copy
+/// under the job's key, received between the attempt's start and its end).
+#[derive(Debug, Clone, Default, Serialize)]
+pub struct Abandoned {
+    /// Abandoned email attempts.
+    pub attempts: u64,
+    /// Still ahead of their point of no return: nothing was handed over; retried as any retry.
+    pub before_handover: u64,
+    /// Of those, the inbox received a copy during the attempt: 0, or the mark is wrong.
+    pub before_handover_received: u64,
+    /// Past their point of no return: the message may have arrived; parked.
+    pub after_handover: u64,
+    /// Of those, the inbox had the whole message (the worker died after the end of `DATA`,
+    /// before its answer was recorded).
+    pub after_handover_received: u64,
+    /// Of those, the inbox had no copy: sends cut off during `DATA`.
+    pub cut_during_data: u64,
+    /// With no mark (an earlier release's attempt, a handler without the hook): parked.
+    pub unmarked: u64,
+    /// Email attempts recorded `parked`: each is the claim after an abandoned attempt that
+    /// passed its point of no return or has no mark (`after_handover + unmarked`).
+    pub parked: u64,
 }
 
 /// What the audit found of the webhook endpoint `chaos` (the default tenant's, `user.created`).
@@ -254,6 +283,9 @@ impl Report {
             && self.jobs.get("dead").copied().unwrap_or(0) == 0
             // Nothing left parked: the reconciler settled every unknown outcome.
             && self.jobs.get("unknown").copied().unwrap_or(0) == 0
+            // Nothing reached the inbox from an attempt abandoned before its point of no
+            // return: it was retried as any retry, which is right only if so.
+            && self.abandoned.before_handover_received == 0
             // A failover asked for took place.
             && self.failover.as_ref().is_none_or(|f| f.failovers == 1)
             && self.addresses_in_logs == 0

@@ -111,6 +111,42 @@ impl Job {
 pub type DeliveryFuture<'a> =
     std::pin::Pin<Box<dyn std::future::Future<Output = Delivery> + Send + 'a>>;
 
+/// What [`PointOfNoReturn::reached`] returns, boxed: `Ok(())` when the moment is recorded (hand
+/// the message over), `Err(why)` when it is not (hand nothing over: the attempt ends as a plain
+/// retry, [`Delivery::Retry`]).
+pub type MarkFuture<'a> =
+    std::pin::Pin<Box<dyn std::future::Future<Output = Result<(), String>> + Send + 'a>>;
+
+/// An attempt's point of no return: the moment its message is handed over to the provider —
+/// over SMTP once `MAIL`, `RCPT` and `DATA` were accepted, before the message's content is
+/// sent; over HTTP before the request is sent. A transport that can tell that moment calls
+/// [`PointOfNoReturn::reached`] there, waits for it, and hands nothing over if it fails
+/// ([`Mailer::send_marked`](crate::mail::Mailer::send_marked)).
+///
+/// In a worker ([`Handler::run_marked`](crate::Handler::run_marked)) it is a durable write to
+/// the attempt's row, fenced by the claim's lease token (one round trip to the database per
+/// send): so a worker killed mid-attempt leaves a row that says whether the message may have
+/// reached the provider. An attempt abandoned before the moment is retried as any retry; one
+/// abandoned after it — or whose mark is unknown (an earlier release, a transport without the
+/// hook) — is parked under [`OnUnknown::Reconcile`](crate::OnUnknown), as it may have been
+/// delivered. The write fails when the database cannot be reached or the claim's lease was
+/// lost: then nothing is sent, never a message without its mark.
+pub trait PointOfNoReturn: Send + Sync {
+    /// Records that the message is about to be handed over; `Err`: hand nothing over.
+    fn reached(&self) -> MarkFuture<'_>;
+}
+
+/// A point of no return recorded nowhere: for a send outside a worker, where nobody asks
+/// afterwards ([`Mailer::send`](crate::mail::Mailer::send) uses it).
+#[derive(Debug, Clone, Copy, Default)]
+pub struct Unrecorded;
+
+impl PointOfNoReturn for Unrecorded {
+    fn reached(&self) -> MarkFuture<'_> {
+        Box::pin(std::future::ready(Ok(())))
+    }
+}
+
 /// What [`Handler::freeze`](crate::Handler::freeze) returns, boxed: `Ok(Some(value))` to freeze
 /// `value`, `Ok(None)` when there is nothing to freeze, `Err(outcome)` to end the attempt with
 /// `outcome` without running it.
@@ -417,4 +453,22 @@ pub struct AttemptRecord {
     /// When it ended (`None` while running).
     #[serde(with = "time::serde::rfc3339::option")]
     pub finished_at: Option<OffsetDateTime>,
+    /// Where it stands with its point of no return ([`PointOfNoReturn`]): `ahead` (its worker
+    /// records the moment its message is handed over, and had not reached it), `passed` (it
+    /// had: the message may have reached the provider), or `None` — unknown: an attempt of an
+    /// earlier release, or of a handler that does not record the moment. Kept as text, as
+    /// `result`.
+    pub point_of_no_return: Option<String>,
+    /// When it passed its point of no return.
+    #[serde(with = "time::serde::rfc3339::option")]
+    pub handed_over_at: Option<OffsetDateTime>,
+}
+
+impl AttemptRecord {
+    /// Whether this attempt surely handed nothing over: its worker records its point of no
+    /// return and had not reached it (`ahead`). An attempt that passed it, or whose mark is
+    /// unknown, may have reached the provider.
+    pub fn handed_nothing_over(&self) -> bool {
+        self.point_of_no_return.as_deref() == Some("ahead")
+    }
 }

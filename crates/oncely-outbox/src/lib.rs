@@ -35,7 +35,12 @@
 //! deduplicate (an email API's `Idempotency-Key`, SMTP `Message-ID`). An *unknown* outcome
 //! (timeout after the request was handed over) is retried with the same key — and, for a
 //! handler that freezes its payload at the first attempt ([`Handler::freeze`],
-//! [`Job::frozen`]), with the same payload, as a deduplicating provider requires.
+//! [`Job::frozen`]), with the same payload, as a deduplicating provider requires. Under
+//! [`OnUnknown::Reconcile`] such a job is parked instead, until someone knows — but only if the
+//! attempt may have reached the provider: a handler whose transport can tell the moment its data
+//! is handed over (the mailers: SMTP after `DATA`'s 354, HTTP before the request) records that
+//! *point of no return* in the attempt's row first ([`PointOfNoReturn`],
+//! [`Handler::run_marked`]), so an attempt abandoned before it is retried as any retry.
 //!
 //! Map: [`job`] (jobs, outcomes, attempt results), [`http`] (calling an API with the job's key),
 //! [`policy`] (the retry policy and its decision), [`store`] (the [`JobStore`] trait, written
@@ -55,7 +60,8 @@ pub mod worker;
 
 pub use job::{
     AttemptResult, Delivery, DeliveryFuture, Ended, Enqueued, FreezeFuture, Job, JobRecord,
-    JobStatus, NewJob, ReconcileFuture, Reconciled, ThenError, ThenFuture,
+    JobStatus, MarkFuture, NewJob, PointOfNoReturn, ReconcileFuture, Reconciled, ThenError,
+    ThenFuture, Unrecorded,
 };
 pub use policy::{OnUnknown, RetryPolicy};
 pub use store::{JobStore, OutboxError, ParkedJob, Settlement};

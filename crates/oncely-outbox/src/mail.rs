@@ -8,13 +8,21 @@ use std::time::Duration;
 
 use lettre::message::MultiPart;
 use lettre::message::header::{ContentType, HeaderName, HeaderValue};
-use lettre::{AsyncSmtpTransport, AsyncTransport, Tokio1Executor};
+use lettre::transport::smtp::authentication::{Credentials, DEFAULT_MECHANISMS};
+use lettre::transport::smtp::client::{AsyncSmtpConnection, Tls, TlsParameters};
+use lettre::transport::smtp::commands::{Data, Mail, Rcpt};
+use lettre::transport::smtp::extension::{ClientId, Extension, MailBodyParameter, MailParameter};
+use lettre::transport::smtp::response::Response as SmtpResponse;
+use lettre::transport::smtp::{Error as SmtpError, SMTP_PORT, SUBMISSION_PORT, SUBMISSIONS_PORT};
+use lettre::{AsyncSmtpTransport, Tokio1Executor};
 use secrecy::SecretString;
 use serde::{Deserialize, Serialize};
 use serde_json::json;
 use time::OffsetDateTime;
 
-use crate::job::{Delivery, DeliveryFuture, ReconcileFuture, Reconciled};
+use crate::job::{
+    Delivery, DeliveryFuture, PointOfNoReturn, ReconcileFuture, Reconciled, Unrecorded,
+};
 
 /// An email to send.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
@@ -40,6 +48,28 @@ pub struct Email {
 pub trait Mailer: Send + Sync + 'static {
     /// Sends once and reports what happened.
     fn send<'a>(&'a self, email: &'a Email, delivery_key: &'a str) -> DeliveryFuture<'a>;
+
+    /// Whether [`Mailer::send_marked`] records the send's point of no return. The default: it
+    /// does not (a worker then parks an abandoned attempt of it under
+    /// [`OnUnknown::Reconcile`](crate::OnUnknown), as it may have reached the provider).
+    fn marks_point_of_no_return(&self) -> bool {
+        false
+    }
+
+    /// [`Mailer::send`], calling `point` ([`PointOfNoReturn::reached`]) just before the
+    /// message's data is handed over — SMTP: once `MAIL`, `RCPT` and `DATA` were accepted,
+    /// before the content; HTTP: before the request is sent — and handing nothing over if it
+    /// fails ([`Delivery::Retry`] with its reason). Never sends without it. The default: sends
+    /// with [`Mailer::send`], never calling `point`.
+    fn send_marked<'a>(
+        &'a self,
+        email: &'a Email,
+        delivery_key: &'a str,
+        point: &'a dyn PointOfNoReturn,
+    ) -> DeliveryFuture<'a> {
+        let _ = point;
+        self.send(email, delivery_key)
+    }
 
     /// Whether [`Mailer::look_up`] can ask the provider about a delivery key ([`LookedUp`]).
     /// The default: it cannot (neither plain SMTP nor Resend's API can be asked by key).
@@ -193,6 +223,19 @@ impl Mailer for LookedUp {
         self.mailer.send(email, delivery_key)
     }
 
+    fn marks_point_of_no_return(&self) -> bool {
+        self.mailer.marks_point_of_no_return()
+    }
+
+    fn send_marked<'a>(
+        &'a self,
+        email: &'a Email,
+        delivery_key: &'a str,
+        point: &'a dyn PointOfNoReturn,
+    ) -> DeliveryFuture<'a> {
+        self.mailer.send_marked(email, delivery_key, point)
+    }
+
     fn looks_up(&self) -> bool {
         true
     }
@@ -211,6 +254,9 @@ pub enum MailerError {
     /// lettre refused the SMTP URL.
     #[error("invalid SMTP URL: {0}")]
     Smtp(#[from] lettre::transport::smtp::Error),
+    /// The SMTP URL, which lettre took, could not be read into a server.
+    #[error("invalid SMTP URL: {0}")]
+    SmtpUrl(String),
     /// reqwest could not build a client.
     #[error("cannot build the HTTP client: {0}")]
     Http(#[from] reqwest::Error),
@@ -402,24 +448,217 @@ pub fn from_url(
 
 /// SMTP with lettre: `Message-ID: <delivery_key@oncely>` and the delivery key in the
 /// idempotency header (`Resend-Idempotency-Key` unless told otherwise).
+///
+/// It speaks SMTP with lettre's connection ([`AsyncSmtpConnection`]) step by step, as lettre's
+/// `AsyncSmtpTransport` does in one call — connect (TLS or STARTTLS as the URL says), `EHLO`,
+/// `AUTH`, `MAIL`, `RCPT`, `DATA`, the message, `QUIT` — so that it can record the point of no
+/// return ([`Mailer::send_marked`]) between the server's `354` to `DATA` and the message's
+/// content: before it, nothing of the message has reached the server.
 pub struct SmtpMailer {
-    transport: AsyncSmtpTransport<Tokio1Executor>,
+    server: SmtpServer,
     timeout: Duration,
     idempotency_header: IdempotencyHeader,
+}
+
+/// Where and how the SMTP mailer connects: what lettre's `AsyncSmtpTransport::from_url` makes of
+/// the URL ([`SmtpServer::of`]).
+struct SmtpServer {
+    host: String,
+    port: u16,
+    tls: Tls,
+    hello_name: ClientId,
+    credentials: Option<Credentials>,
+}
+
+impl SmtpServer {
+    /// The server a URL names, read as lettre reads it (`from_connection_url`, lettre 0.11):
+    /// `smtp://` plain on port 25, `?tls=required` STARTTLS (587), `?tls=opportunistic`
+    /// STARTTLS if offered (587), `smtps://` TLS (465); the path as the `EHLO` name (else the
+    /// host's name); a user and password (percent-decoded) to `AUTH` with, by `PLAIN` or
+    /// `LOGIN`. The URL was checked by lettre first ([`SmtpMailer::new`]), so it parses.
+    fn of(url: &str) -> Result<Self, String> {
+        let url = reqwest::Url::parse(url).map_err(|error| error.to_string())?;
+        let host = url.host_str().ok_or("smtp host undefined")?.to_owned();
+        let tls_query = url
+            .query_pairs()
+            .find(|(k, _)| k == "tls")
+            .map(|(_, v)| v.to_string());
+        let parameters = || TlsParameters::new(host.clone()).map_err(|e| e.to_string());
+        let (port, tls) = match (url.scheme(), tls_query.as_deref()) {
+            ("smtp", None) => (SMTP_PORT, Tls::None),
+            ("smtp", Some("required")) => (SUBMISSION_PORT, Tls::Required(parameters()?)),
+            ("smtp", Some("opportunistic")) => (SUBMISSION_PORT, Tls::Opportunistic(parameters()?)),
+            ("smtps", _) => (SUBMISSIONS_PORT, Tls::Wrapper(parameters()?)),
+            (scheme, tls) => return Err(format!("unknown scheme {scheme:?} or tls {tls:?}")),
+        };
+        let hello_name = if url.path().len() > 1 {
+            ClientId::Domain(url.path().trim_matches('/').to_owned())
+        } else {
+            ClientId::default()
+        };
+        let credentials = match url.password() {
+            Some(password) => Some(Credentials::new(
+                percent_decoded(url.username())?,
+                percent_decoded(password)?,
+            )),
+            None => None,
+        };
+        Ok(Self {
+            port: url.port().unwrap_or(port),
+            host,
+            tls,
+            hello_name,
+            credentials,
+        })
+    }
+
+    /// A connection, as lettre's transport opens one: TCP (TLS at once for `smtps://`), `EHLO`,
+    /// STARTTLS as the URL asks, `AUTH` with the URL's credentials.
+    async fn connect(&self, timeout: Duration) -> Result<AsyncSmtpConnection, SmtpError> {
+        let wrapper = match &self.tls {
+            Tls::Wrapper(parameters) => Some(parameters.clone()),
+            _ => None,
+        };
+        let address = (self.host.as_str(), self.port);
+        let mut conn = AsyncSmtpConnection::connect_tokio1(
+            address,
+            Some(timeout),
+            &self.hello_name,
+            wrapper,
+            None,
+        )
+        .await?;
+        match &self.tls {
+            Tls::Opportunistic(parameters) if conn.can_starttls() => {
+                conn.starttls(parameters.clone(), &self.hello_name).await?;
+            }
+            Tls::Required(parameters) => {
+                conn.starttls(parameters.clone(), &self.hello_name).await?;
+            }
+            _ => {}
+        }
+        if let Some(credentials) = &self.credentials {
+            conn.auth(DEFAULT_MECHANISMS, credentials).await?;
+        }
+        Ok(conn)
+    }
+}
+
+/// `%XX` sequences decoded, as UTF-8 (a user name or password in a URL).
+fn percent_decoded(text: &str) -> Result<String, String> {
+    let bytes = text.as_bytes();
+    let mut out = Vec::with_capacity(bytes.len());
+    let mut i = 0;
+    while i < bytes.len() {
+        let hex = bytes
+            .get(i + 1..i + 3)
+            .and_then(|h| std::str::from_utf8(h).ok())
+            .and_then(|h| u8::from_str_radix(h, 16).ok());
+        match (bytes[i], hex) {
+            (b'%', Some(byte)) => {
+                out.push(byte);
+                i += 3;
+            }
+            (byte, _) => {
+                out.push(byte);
+                i += 1;
+            }
+        }
+    }
+    String::from_utf8(out).map_err(|error| error.to_string())
+}
+
+/// How a send ended short of the server's answer to the message.
+enum Cut {
+    /// lettre's error: classified as the transport's always were.
+    Smtp(SmtpError),
+    /// A check lettre's transport makes before `MAIL` failed: what it reported, as its client
+    /// error says it.
+    Client(&'static str),
+    /// The point of no return could not be recorded: nothing of the message was sent.
+    NotMarked(String),
+}
+
+impl From<SmtpError> for Cut {
+    fn from(error: SmtpError) -> Self {
+        Self::Smtp(error)
+    }
 }
 
 impl SmtpMailer {
     /// See [`from_url`].
     pub fn new(url: &str, timeout: Duration) -> Result<Self, MailerError> {
         install_crypto_provider();
-        let transport = AsyncSmtpTransport::<Tokio1Executor>::from_url(url)?
-            .timeout(Some(timeout))
-            .build();
+        // lettre checks the URL (its errors, as before); the server is read from it the same way.
+        AsyncSmtpTransport::<Tokio1Executor>::from_url(url)?;
+        let server = SmtpServer::of(url).map_err(MailerError::SmtpUrl)?;
         Ok(Self {
-            transport,
+            server,
             timeout,
             idempotency_header: IdempotencyHeader(IdempotencyHeader::SMTP_DEFAULT.to_owned()),
         })
+    }
+
+    /// One SMTP conversation for `message`, recording `point` once `DATA` was accepted and
+    /// before the content is sent. The steps and their errors are lettre's
+    /// (`AsyncSmtpConnection::send`, lettre 0.11): `MAIL` (with `SMTPUTF8` / `8BITMIME` when
+    /// needed), one `RCPT` per recipient, `DATA`, the content; a failed step ends with `QUIT`;
+    /// the end `QUIT`s as the transport did.
+    async fn converse(
+        &self,
+        message: &lettre::Message,
+        point: &dyn PointOfNoReturn,
+    ) -> Result<SmtpResponse, Cut> {
+        let envelope = message.envelope();
+        let email = message.formatted();
+        let mut conn = self.server.connect(self.timeout).await?;
+        let mut options = Vec::new();
+        let non_ascii_address = envelope
+            .from()
+            .into_iter()
+            .chain(envelope.to())
+            .any(|address| !AsRef::<str>::as_ref(address).is_ascii());
+        if non_ascii_address {
+            if !conn.server_info().supports_feature(Extension::SmtpUtfEight) {
+                conn.abort().await;
+                return Err(Cut::Client(
+                    "Envelope contains non-ascii chars but server does not support SMTPUTF8",
+                ));
+            }
+            options.push(MailParameter::SmtpUtfEight);
+        }
+        if !email.is_ascii() {
+            if !conn.server_info().supports_feature(Extension::EightBitMime) {
+                conn.abort().await;
+                return Err(Cut::Client(
+                    "Message contains non-ascii chars but server does not support 8BITMIME",
+                ));
+            }
+            options.push(MailParameter::Body(MailBodyParameter::EightBitMime));
+        }
+        let mail = Mail::new(envelope.from().cloned(), options);
+        let commands = async {
+            conn.command(mail).await?;
+            for to in envelope.to() {
+                conn.command(Rcpt::new(to.clone(), Vec::new())).await?;
+            }
+            conn.command(Data).await
+        };
+        if let Err(error) = commands.await {
+            conn.abort().await;
+            return Err(Cut::Smtp(error));
+        }
+        // The point of no return: the server waits for the content. If it cannot be recorded,
+        // nothing more is written — not even QUIT, which would be read as content — and the
+        // connection is closed without the content's final dot, so the server discards the
+        // message (RFC 5321, 4.1.1.4: a transaction ends only at the final dot).
+        if let Err(why) = point.reached().await {
+            drop(conn);
+            return Err(Cut::NotMarked(why));
+        }
+        let answer = conn.message(&email).await;
+        conn.abort().await;
+        Ok(answer?)
     }
 
     /// Sends the delivery key in `header` instead.
@@ -428,12 +667,23 @@ impl SmtpMailer {
         self
     }
 
-    async fn deliver(&self, email: &Email, key: &str) -> Delivery {
+    async fn deliver(&self, email: &Email, key: &str, point: &dyn PointOfNoReturn) -> Delivery {
         let message = match build_message(email, key, &self.idempotency_header) {
             Ok(message) => message,
             Err(error) => return Delivery::Permanent(format!("cannot build the message: {error}")),
         };
-        match tokio::time::timeout(self.timeout, self.transport.send(message)).await {
+        let sent = match tokio::time::timeout(self.timeout, self.converse(&message, point)).await {
+            Ok(Err(Cut::NotMarked(why))) => return Delivery::Retry(why),
+            // As lettre's transport reported it (its client error): an unknown outcome, as it
+            // always was (before the point of no return, the worker makes it a plain retry).
+            Ok(Err(Cut::Client(why))) => {
+                return Delivery::Unknown(format!("SMTP: internal client error: {why}"));
+            }
+            Ok(Err(Cut::Smtp(error))) => Ok(Err(error)),
+            Ok(Ok(response)) => Ok(Ok(response)),
+            Err(elapsed) => Err(elapsed),
+        };
+        match sent {
             Err(_) => Delivery::Unknown(format!("SMTP send took longer than {:?}", self.timeout)),
             Ok(Ok(response)) => Delivery::Sent {
                 provider_message_id: response.message().next().map(|line| line.trim().to_owned()),
@@ -543,7 +793,20 @@ pub fn formatted(email: &Email, delivery_key: &str) -> Result<Vec<u8>, String> {
 
 impl Mailer for SmtpMailer {
     fn send<'a>(&'a self, email: &'a Email, delivery_key: &'a str) -> DeliveryFuture<'a> {
-        Box::pin(self.deliver(email, delivery_key))
+        Box::pin(self.deliver(email, delivery_key, &Unrecorded))
+    }
+
+    fn marks_point_of_no_return(&self) -> bool {
+        true
+    }
+
+    fn send_marked<'a>(
+        &'a self,
+        email: &'a Email,
+        delivery_key: &'a str,
+        point: &'a dyn PointOfNoReturn,
+    ) -> DeliveryFuture<'a> {
+        Box::pin(self.deliver(email, delivery_key, point))
     }
 }
 
@@ -579,10 +842,16 @@ impl HttpMailer {
         self
     }
 
-    async fn deliver(&self, email: &Email, key: &str) -> Delivery {
+    async fn deliver(&self, email: &Email, key: &str, point: &dyn PointOfNoReturn) -> Delivery {
         let body = http_body(email, key);
         let header = self.idempotency_header.as_str();
         let api_key = self.api_key.as_ref();
+        // The point of no return: reqwest connects and writes the request in one call, so the
+        // mark comes before the connection too (an attempt abandoned while connecting parks,
+        // as one whose request was written does).
+        if let Err(why) = point.reached().await {
+            return Delivery::Retry(why);
+        }
         match crate::http::post_json_to_endpoint(
             &self.client,
             &self.url,
@@ -622,7 +891,20 @@ fn http_body(email: &Email, key: &str) -> serde_json::Value {
 
 impl Mailer for HttpMailer {
     fn send<'a>(&'a self, email: &'a Email, delivery_key: &'a str) -> DeliveryFuture<'a> {
-        Box::pin(self.deliver(email, delivery_key))
+        Box::pin(self.deliver(email, delivery_key, &Unrecorded))
+    }
+
+    fn marks_point_of_no_return(&self) -> bool {
+        true
+    }
+
+    fn send_marked<'a>(
+        &'a self,
+        email: &'a Email,
+        delivery_key: &'a str,
+        point: &'a dyn PointOfNoReturn,
+    ) -> DeliveryFuture<'a> {
+        Box::pin(self.deliver(email, delivery_key, point))
     }
 }
 
@@ -646,6 +928,14 @@ impl EmailHandler {
 
 impl crate::Handler for EmailHandler {
     fn run<'a>(&'a self, job: &'a crate::Job) -> DeliveryFuture<'a> {
+        self.run_marked(job, &Unrecorded)
+    }
+
+    fn run_marked<'a>(
+        &'a self,
+        job: &'a crate::Job,
+        point: &'a dyn PointOfNoReturn,
+    ) -> DeliveryFuture<'a> {
         Box::pin(async move {
             let email: Email = match serde_json::from_value(job.payload.clone()) {
                 Ok(email) => email,
@@ -654,9 +944,13 @@ impl crate::Handler for EmailHandler {
                 }
             };
             self.mailer
-                .send(&email, &job.delivery_key.to_string())
+                .send_marked(&email, &job.delivery_key.to_string(), point)
                 .await
         })
+    }
+
+    fn marks_point_of_no_return(&self) -> bool {
+        self.mailer.marks_point_of_no_return()
     }
 
     fn reconciles(&self) -> bool {

@@ -26,7 +26,8 @@ use std::sync::Arc;
 use oncely::ServerSecret;
 use oncely_outbox::mail::{Email, Mailer};
 use oncely_outbox::{
-    Delivery, Ended, FreezeFuture, Handler, Job, NewJob, ReconcileFuture, ThenError, ThenFuture,
+    Delivery, Ended, FreezeFuture, Handler, Job, NewJob, PointOfNoReturn, ReconcileFuture,
+    ThenError, ThenFuture, Unrecorded,
 };
 use serde::{Deserialize, Serialize};
 use serde_json::{Map, Value, json};
@@ -374,7 +375,7 @@ impl<A: Accounts> TokenEmail<A> {
         self.compose(&current).await?.freeze()
     }
 
-    async fn send(&self, job: &Job) -> Delivery {
+    async fn send(&self, job: &Job, point: &dyn PointOfNoReturn) -> Delivery {
         let current = match self.current(job).await {
             Ok(current) => current,
             Err(delivery) => return delivery,
@@ -397,7 +398,7 @@ impl<A: Accounts> TokenEmail<A> {
         };
         self.context
             .mailer
-            .send(&email, &job.delivery_key.to_string())
+            .send_marked(&email, &job.delivery_key.to_string(), point)
             .await
     }
 }
@@ -465,7 +466,22 @@ impl<A: Accounts> Handler for TokenEmail<A> {
     }
 
     fn run<'a>(&'a self, job: &'a Job) -> Pin<Box<dyn Future<Output = Delivery> + Send + 'a>> {
-        Box::pin(self.send(job))
+        Box::pin(self.send(job, &Unrecorded))
+    }
+
+    // The mailer's point of no return (SMTP: before the content; HTTP: before the request).
+    // The paths that hand nothing to the mailer (skipped, handed to the tenant's webhooks by
+    // the follow-ups written with the finish) reach nothing outside before their finish.
+    fn marks_point_of_no_return(&self) -> bool {
+        self.context.mailer.marks_point_of_no_return()
+    }
+
+    fn run_marked<'a>(
+        &'a self,
+        job: &'a Job,
+        point: &'a dyn PointOfNoReturn,
+    ) -> Pin<Box<dyn Future<Output = Delivery> + Send + 'a>> {
+        Box::pin(self.send(job, point))
     }
 
     fn then<'a>(&'a self, job: &'a Job, end: &'a Ended) -> ThenFuture<'a> {
@@ -567,7 +583,7 @@ impl<A: Accounts> NoticeEmail<A> {
         self.compose(job, &to, locale.as_ref()).await?.freeze()
     }
 
-    async fn send(&self, job: &Job) -> Delivery {
+    async fn send(&self, job: &Job, point: &dyn PointOfNoReturn) -> Delivery {
         let (to, locale) = match self.recipient(job).await {
             Ok(recipient) => recipient,
             Err(delivery) => return delivery,
@@ -591,7 +607,7 @@ impl<A: Accounts> NoticeEmail<A> {
         }
         self.context
             .mailer
-            .send(&email, &job.delivery_key.to_string())
+            .send_marked(&email, &job.delivery_key.to_string(), point)
             .await
     }
 
@@ -643,7 +659,22 @@ impl<A: Accounts> Handler for NoticeEmail<A> {
     }
 
     fn run<'a>(&'a self, job: &'a Job) -> Pin<Box<dyn Future<Output = Delivery> + Send + 'a>> {
-        Box::pin(self.send(job))
+        Box::pin(self.send(job, &Unrecorded))
+    }
+
+    // The mailer's point of no return (SMTP: before the content; HTTP: before the request).
+    // The paths that hand nothing to the mailer (skipped, handed to the tenant's webhooks by
+    // the follow-ups written with the finish) reach nothing outside before their finish.
+    fn marks_point_of_no_return(&self) -> bool {
+        self.context.mailer.marks_point_of_no_return()
+    }
+
+    fn run_marked<'a>(
+        &'a self,
+        job: &'a Job,
+        point: &'a dyn PointOfNoReturn,
+    ) -> Pin<Box<dyn Future<Output = Delivery> + Send + 'a>> {
+        Box::pin(self.send(job, point))
     }
 
     fn then<'a>(&'a self, job: &'a Job, end: &'a Ended) -> ThenFuture<'a> {

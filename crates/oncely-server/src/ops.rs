@@ -305,12 +305,19 @@ pub struct AttemptView {
     #[serde(with = "time::serde::rfc3339::option")]
     pub finished_at: Option<OffsetDateTime>,
     /// `sent`, `retry`, `unknown`, `dead`, `expired`, `skipped`, `throttled`, `paused`,
-    /// `abandoned`; `null` while it runs.
+    /// `abandoned`, `parked`; `null` while it runs.
     pub result: Option<String>,
     /// The provider's id, if it sent.
     pub provider_message_id: Option<String>,
     /// What went wrong.
     pub error: Option<String>,
+    /// Its point of no return: `ahead` (its message not handed over yet — abandoned so, it
+    /// reached no one), `passed` (handed over: it may have reached the provider), `null`
+    /// (unknown: not recorded by the attempt).
+    pub point_of_no_return: Option<String>,
+    /// When it passed its point of no return.
+    #[serde(with = "time::serde::rfc3339::option")]
+    pub handed_over_at: Option<OffsetDateTime>,
 }
 
 /// A job's payload as operators see it: ids; the recipient a development payload names (for
@@ -340,6 +347,8 @@ impl ShowView {
                 result: attempt.result,
                 provider_message_id: attempt.provider_message_id,
                 error: attempt.error,
+                point_of_no_return: attempt.point_of_no_return,
+                handed_over_at: attempt.handed_over_at,
             });
         }
         let redrives = history.iter().filter(|a| a.after_redrive).count()

@@ -293,6 +293,17 @@ where
         limit: u32,
         lease: Duration,
     ) -> Result<Vec<Job>, OutboxError> {
+        self.claim_marking(worker, kinds, limit, lease, &[]).await
+    }
+
+    async fn claim_marking(
+        &self,
+        worker: &str,
+        kinds: &[String],
+        limit: u32,
+        lease: Duration,
+        marking: &[String],
+    ) -> Result<Vec<Job>, OutboxError> {
         let token = Uuid::new_v4();
         let mut write = self.write().await?;
         let rows: Vec<JobRow<D::Moment>> = sqlx::query_as(D::CLAIM)
@@ -302,6 +313,7 @@ where
             .bind(Json(kinds))
             .bind(i64::from(limit))
             .bind(worker)
+            .bind(Json(marking))
             .fetch_all(&mut *write)
             .await?;
         write.commit().await?;
@@ -319,8 +331,23 @@ where
         running: &HashMap<String, u32>,
         lease: Duration,
     ) -> Result<Vec<Job>, OutboxError> {
+        self.claim_partitioned_marking(worker, kind, limit, per_partition, running, lease, false)
+            .await
+    }
+
+    async fn claim_partitioned_marking(
+        &self,
+        worker: &str,
+        kind: &str,
+        limit: u32,
+        per_partition: u32,
+        running: &HashMap<String, u32>,
+        lease: Duration,
+        marking: bool,
+    ) -> Result<Vec<Job>, OutboxError> {
         let token = Uuid::new_v4();
         let kinds = [kind.to_owned()];
+        let marking: &[String] = if marking { &kinds } else { &[] };
         let mut write = self.write().await?;
         let rows: Vec<JobRow<D::Moment>> = sqlx::query_as(D::CLAIM_PARTITIONED)
             .bind(self.now_param())
@@ -331,6 +358,7 @@ where
             .bind(worker)
             .bind(i64::from(per_partition))
             .bind(Json(running))
+            .bind(Json(marking))
             .fetch_all(&mut *write)
             .await?;
         write.commit().await?;
@@ -385,6 +413,16 @@ where
             .fetch_optional(&self.pool)
             .await?;
         Ok(stored.map(|Json(value)| value))
+    }
+
+    async fn pass_point_of_no_return(&self, job: &Job) -> Result<bool, OutboxError> {
+        let passed: Option<i64> = sqlx::query_scalar(D::PASS)
+            .bind(job.id)
+            .bind(job.lease_token)
+            .bind(self.now_param())
+            .fetch_optional(&self.pool)
+            .await?;
+        Ok(passed.is_some())
     }
 
     async fn release(&self, job: &Job) -> Result<bool, OutboxError> {

@@ -229,6 +229,58 @@ pub trait JobStore: Clone + Send + Sync + 'static {
         lease: Duration,
     ) -> impl Future<Output = Result<Vec<Job>, OutboxError>> + Send;
 
+    /// Claims as [`JobStore::claim`] does; the attempt it opens for a job whose kind is in
+    /// `marking` is ready to record its point of no return ([`crate::PointOfNoReturn`],
+    /// [`JobStore::pass_point_of_no_return`]): its row says `ahead` until its worker records
+    /// the moment, so that if the worker dies first, the next claim knows that nothing was
+    /// handed over. Other attempts' mark is unknown. The worker names in `marking` only the
+    /// kinds whose handler records the moment ([`crate::Handler::marks_point_of_no_return`])
+    /// and which reconcile. The default ignores `marking` (every mark unknown: the safe
+    /// answer).
+    fn claim_marking(
+        &self,
+        worker: &str,
+        kinds: &[String],
+        limit: u32,
+        lease: Duration,
+        marking: &[String],
+    ) -> impl Future<Output = Result<Vec<Job>, OutboxError>> + Send {
+        let _ = marking;
+        self.claim(worker, kinds, limit, lease)
+    }
+
+    /// Claims as [`JobStore::claim_partitioned`] does, with the attempts of the kind ready to
+    /// record their point of no return if `marking` (see [`JobStore::claim_marking`]).
+    #[allow(clippy::too_many_arguments)]
+    fn claim_partitioned_marking(
+        &self,
+        worker: &str,
+        kind: &str,
+        limit: u32,
+        per_partition: u32,
+        running: &HashMap<String, u32>,
+        lease: Duration,
+        marking: bool,
+    ) -> impl Future<Output = Result<Vec<Job>, OutboxError>> + Send {
+        let _ = marking;
+        self.claim_partitioned(worker, kind, limit, per_partition, running, lease)
+    }
+
+    /// Records that a claimed job's attempt reached its point of no return
+    /// ([`crate::PointOfNoReturn`]): its message is about to be handed over. One write, fenced
+    /// by the claim's lease token, before anything of the message leaves. `false` if the claim
+    /// no longer owns the job (its lease ended and another worker took it): then nothing may
+    /// be handed over. The default records nothing and says `true`: a store that does not arm
+    /// attempts ([`JobStore::claim_marking`]) leaves every mark unknown, which parks an
+    /// abandoned attempt as if it had passed.
+    fn pass_point_of_no_return(
+        &self,
+        job: &Job,
+    ) -> impl Future<Output = Result<bool, OutboxError>> + Send {
+        let _ = job;
+        std::future::ready(Ok(true))
+    }
+
     /// Ends the attempts of claimed jobs, all in one write, with their follow-up jobs
     /// ([`Finish::follow_ups`]: inserted only for the jobs this write finishes, each unless its
     /// operation key exists; their kinds' idle workers are woken as by [`JobStore::enqueue`]).

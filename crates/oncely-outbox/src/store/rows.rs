@@ -176,6 +176,8 @@ pub(crate) struct AttemptRow<T> {
     error: Option<String>,
     started_at: T,
     finished_at: Option<T>,
+    point_of_no_return: Option<String>,
+    handed_over_at: Option<T>,
 }
 
 impl<T: Moment> From<AttemptRow<T>> for AttemptRecord {
@@ -189,6 +191,8 @@ impl<T: Moment> From<AttemptRow<T>> for AttemptRecord {
             finished: row.finished_at.is_some(),
             started_at: row.started_at.into_time(),
             finished_at: row.finished_at.map(Moment::into_time),
+            point_of_no_return: row.point_of_no_return,
+            handed_over_at: row.handed_over_at.map(Moment::into_time),
         }
     }
 }

@@ -1,6 +1,7 @@
 //! Running one attempt: the job's handler in a task of its own, outside any transaction, bounded
 //! by the lease; its outcome turned into what to record by the kind's retry policy.
 
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
 
 use futures::FutureExt;
@@ -12,7 +13,7 @@ use tracing::Instrument;
 use super::backoff::Backoff;
 use super::holds::{Holds, Verdict};
 use super::{Registered, Worker};
-use crate::job::{AttemptResult, Delivery, Ended, Job, JobStatus};
+use crate::job::{AttemptResult, Delivery, Ended, Job, JobStatus, MarkFuture, PointOfNoReturn};
 use crate::policy::{OnUnknown, RetryPolicy};
 use crate::store::{Finish, JobStore};
 
@@ -65,6 +66,7 @@ async fn attempt<S: JobStore>(
     (deadline, then_by): (Instant, Instant),
     job: Job,
 ) -> Ran {
+    let marks = registered.as_ref().is_some_and(Registered::marks);
     let Some(Registered { handler, options }) = registered else {
         // Claims only ask for registered kinds; keep the job for a worker that has it.
         if let Err(error) = store.release(&job).await {
@@ -108,7 +110,7 @@ async fn attempt<S: JobStore>(
         (Finish::dead(AttemptResult::Dead, why), None)
     } else {
         let frozen_at_claim = job.frozen.is_some();
-        let delivery = run(handler, &store, job.clone(), deadline).await;
+        let delivery = run(handler, &store, job.clone(), deadline, marks).await;
         let refused = matches!(delivery, Delivery::Refused(_));
         let delivery = judge(&holds, &job.kind, now, delivery, store.now());
         let verdict = Verdict::of(&delivery, &options.policy);
@@ -150,10 +152,15 @@ async fn attempt<S: JobStore>(
 }
 
 /// Under [`OnUnknown::Reconcile`], a retry whose previous attempt was abandoned by its worker
-/// (it died, or lost its lease, mid-attempt: the provider may have accepted it) is not run but
-/// parked, spending no attempt. `None`: run it. A first attempt (of the job, or since it was
-/// re-driven or settled for resending) has no previous attempt of its own to look at. If the
-/// history cannot be read, nothing is sent: a retry, spending no attempt.
+/// (it died, or lost its lease, mid-attempt) after its point of no return — the provider may
+/// have accepted it — is not run but parked, spending no attempt. So is one whose previous
+/// attempt's mark is unknown (an earlier release's, or a handler's that does not record it:
+/// [`Handler::marks_point_of_no_return`](super::Handler::marks_point_of_no_return)): it may
+/// have reached the provider at any moment. An abandoned attempt that was still `ahead` of its
+/// point of no return handed nothing over (the mark is written, and must succeed, before
+/// anything is): the retry runs as any retry. `None`: run it. A first attempt (of the job, or
+/// since it was re-driven or settled for resending) has no previous attempt of its own to look
+/// at. If the history cannot be read, nothing is sent: a retry, spending no attempt.
 async fn parked_after_abandoned<S: JobStore>(
     store: &S,
     job: &Job,
@@ -173,18 +180,38 @@ async fn parked_after_abandoned<S: JobStore>(
             ));
         }
     };
-    // In id order: this claim's attempt (open) last, the one before it just ahead.
+    // In id order: this claim's attempt (open) last, the ones before it just ahead.
     let mut latest = attempts.iter().rev();
-    let this = latest.next()?;
-    let previous = latest.next()?;
-    let abandoned = this.finished_at.is_none() && previous.result.as_deref() == Some("abandoned");
-    abandoned.then(|| {
-        let why = format!(
-            "not run: attempt {} was abandoned by its worker mid-attempt",
-            previous.attempt
+    if latest.next()?.finished_at.is_some() {
+        return None;
+    }
+    // Every abandoned attempt since the last one that ended with a result: a worker can be
+    // killed after its claim closed an abandoned attempt and before it parked the job, and the
+    // attempt it leaves (still `ahead`, it never ran) says nothing of the one before it, which
+    // may have passed its point of no return.
+    let abandoned: Vec<_> = latest
+        .take_while(|a| a.result.as_deref() == Some("abandoned"))
+        .collect();
+    let previous = abandoned.first()?;
+    let Some(reached) = abandoned.iter().find(|a| !a.handed_nothing_over()) else {
+        tracing::info!(
+            job = job.id,
+            attempt = previous.attempt,
+            "an abandoned attempt had not reached its point of no return (nothing was handed over): retried, not parked"
         );
-        Finish::retry_free(AttemptResult::Parked, policy.delay(1), why).parked()
-    })
+        return None;
+    };
+    let why = match reached.point_of_no_return {
+        Some(_) => format!(
+            "not run: attempt {} was abandoned by its worker past its point of no return",
+            reached.attempt
+        ),
+        None => format!(
+            "not run: attempt {} was abandoned by its worker mid-attempt",
+            reached.attempt
+        ),
+    };
+    Some(Finish::retry_free(AttemptResult::Parked, policy.delay(1), why).parked())
 }
 
 /// `finish`, a final status, with the follow-up jobs the handler names for it
@@ -265,27 +292,75 @@ fn judge(
 }
 
 /// The handler's outcome, on the job as frozen ([`frozen`]); a panic or running past
-/// `deadline` is unknown.
+/// `deadline` is unknown. With `marks` (the claim armed the attempt: [`Registered::marks`]),
+/// the handler records its point of no return in the attempt's row ([`Mark`]); an unknown
+/// outcome before that point is a plain retry — nothing was handed over, so nothing can have
+/// reached the provider (a connection lost before `DATA`, a timeout while connecting).
 async fn run<S: JobStore>(
     handler: Arc<dyn super::Handler>,
     store: &S,
     job: Job,
     deadline: Instant,
+    marks: bool,
 ) -> Delivery {
     let limit = deadline.saturating_duration_since(Instant::now());
+    let mark = Mark {
+        store,
+        job: job.clone(),
+        passed: AtomicBool::new(false),
+    };
+    let unrecorded = crate::job::Unrecorded;
+    let point: &dyn PointOfNoReturn = if marks { &mark } else { &unrecorded };
     let attempt = async move {
         match frozen(&*handler, store, job).await {
-            Ok(job) => handler.run(&job).await,
+            Ok(job) => handler.run_marked(&job, point).await,
             Err(outcome) => outcome,
         }
     };
     let run = std::panic::AssertUnwindSafe(attempt).catch_unwind();
-    match tokio::time::timeout_at(deadline, run).await {
+    let delivery = match tokio::time::timeout_at(deadline, run).await {
         Ok(Ok(delivery)) => delivery,
         Ok(Err(_)) => Delivery::Unknown("the handler panicked".into()),
         Err(_) => Delivery::Unknown(format!(
             "the handler did not finish within {limit:.1?} (90 % of the lease, counted from the claim)"
         )),
+    };
+    match delivery {
+        Delivery::Unknown(why) if marks && !mark.passed.load(Ordering::SeqCst) => Delivery::Retry(
+            format!("{why}; before its point of no return: nothing was handed over"),
+        ),
+        delivery => delivery,
+    }
+}
+
+/// An attempt's point of no return, recorded in its row ([`JobStore::pass_point_of_no_return`]:
+/// one write, fenced by the claim's lease token) before the handler hands anything over. If the
+/// write fails — the database is unreachable, or the lease ended and another worker took the
+/// job — the handler is told so and hands nothing over: never a message without its mark.
+/// `passed` says whether it was recorded (an unknown outcome before that is a plain retry).
+struct Mark<'a, S> {
+    store: &'a S,
+    job: Job,
+    passed: AtomicBool,
+}
+
+impl<S: JobStore> PointOfNoReturn for Mark<'_, S> {
+    fn reached(&self) -> MarkFuture<'_> {
+        Box::pin(async move {
+            match self.store.pass_point_of_no_return(&self.job).await {
+                Ok(true) => {
+                    self.passed.store(true, Ordering::SeqCst);
+                    Ok(())
+                }
+                Ok(false) => Err(
+                    "not sent: the claim's lease ended before the point of no return was recorded"
+                        .to_owned(),
+                ),
+                Err(error) => Err(format!(
+                    "not sent: the point of no return could not be recorded: {error}"
+                )),
+            }
+        })
     }
 }
 

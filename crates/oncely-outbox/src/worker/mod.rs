@@ -11,7 +11,8 @@ use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use std::time::Duration;
 
 use crate::job::{
-    DeliveryFuture, Ended, FreezeFuture, Job, ReconcileFuture, Reconciled, ThenFuture,
+    DeliveryFuture, Ended, FreezeFuture, Job, PointOfNoReturn, ReconcileFuture, Reconciled,
+    ThenFuture,
 };
 use crate::policy::RetryPolicy;
 use crate::store::{JobStore, OutboxError};
@@ -31,6 +32,28 @@ pub trait Handler: Send + Sync + 'static {
     /// that deduplicates, and reports what happened. What it sends should be what
     /// [`Job::frozen`] says, when the handler freezes ([`Handler::freeze`]).
     fn run<'a>(&'a self, job: &'a Job) -> DeliveryFuture<'a>;
+
+    /// Whether [`Handler::run_marked`] records the attempt's point of no return — calls
+    /// [`PointOfNoReturn::reached`] before anything of the job's effect can reach the other
+    /// side, waits for it, and does nothing that could reach it if it fails — on every path that
+    /// can reach it. The worker asks once per claim: for a kind that reconciles
+    /// ([`OnUnknown::Reconcile`](crate::OnUnknown)) and whose handler says so, an attempt its
+    /// worker abandoned before that moment is retried as any retry instead of parked (nothing
+    /// was handed over). The default: it does not (an abandoned attempt may have reached the
+    /// provider at any moment: parked). [`EmailHandler`](crate::mail::EmailHandler) answers
+    /// for its mailer ([`Mailer::marks_point_of_no_return`](crate::mail::Mailer)).
+    fn marks_point_of_no_return(&self) -> bool {
+        false
+    }
+
+    /// [`Handler::run`], told where to record its point of no return: a handler that says it
+    /// records it ([`Handler::marks_point_of_no_return`]) calls `mark` just before its effect's
+    /// data is handed over (a mailer: [`Mailer::send_marked`](crate::mail::Mailer)), and hands
+    /// nothing over if it fails. The default runs [`Handler::run`] and records nothing.
+    fn run_marked<'a>(&'a self, job: &'a Job, mark: &'a dyn PointOfNoReturn) -> DeliveryFuture<'a> {
+        let _ = mark;
+        self.run(job)
+    }
 
     /// What this job would send if it ran now, read from current state: the parts of the
     /// payload that must not change between attempts under the job's delivery key — a
@@ -194,6 +217,18 @@ impl Default for KindOptions {
 struct Registered {
     handler: Arc<dyn Handler>,
     options: KindOptions,
+}
+
+impl Registered {
+    /// Whether this kind's attempts record their point of no return: its handler can
+    /// ([`Handler::marks_point_of_no_return`]) and the kind reconciles — the mark decides only
+    /// whether an abandoned attempt parks, which a kind that resends never does, so it costs
+    /// such a kind nothing. The claim arms these attempts (`ahead`) and the executor hands these
+    /// handlers the mark that records it: both ask here, so they always agree.
+    fn marks(&self) -> bool {
+        self.options.on_unknown == crate::OnUnknown::Reconcile
+            && self.handler.marks_point_of_no_return()
+    }
 }
 
 /// `restrict_to` named a kind this worker has no handler for.

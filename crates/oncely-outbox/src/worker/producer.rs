@@ -11,8 +11,8 @@ use tokio::task::JoinHandle;
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
-use super::Worker;
 use super::executor::Ran;
+use super::{Registered, Worker};
 use crate::job::Job;
 use crate::store::{JobStore, OutboxError};
 
@@ -231,13 +231,32 @@ impl<S: JobStore> Worker<S> {
         running: &HashMap<String, u32>,
     ) -> Result<Vec<Job>, OutboxError> {
         let (id, lease) = (&self.config.id, self.config.lease);
+        // The kinds whose attempts record their point of no return: armed by the claim.
+        let marking: Vec<String> = kinds
+            .iter()
+            .filter(|kind| self.handlers.get(*kind).is_some_and(Registered::marks))
+            .cloned()
+            .collect();
         match (group.per_partition, kinds) {
             (Some(per_partition), [kind]) => {
+                let marks = !marking.is_empty();
                 self.store
-                    .claim_partitioned(id, kind, limit, per_partition, running, lease)
+                    .claim_partitioned_marking(
+                        id,
+                        kind,
+                        limit,
+                        per_partition,
+                        running,
+                        lease,
+                        marks,
+                    )
                     .await
             }
-            _ => self.store.claim(id, kinds, limit, lease).await,
+            _ => {
+                self.store
+                    .claim_marking(id, kinds, limit, lease, &marking)
+                    .await
+            }
         }
     }
 }

@@ -12,6 +12,7 @@ mod html;
 mod migrations;
 mod partitions;
 mod pausing;
+mod point_of_no_return;
 mod provider;
 mod reconciling;
 mod recording;

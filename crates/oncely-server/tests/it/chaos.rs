@@ -80,6 +80,18 @@ async fn over_plain_smtp_a_dropped_answer_is_reconciled_not_resent_and_nothing_i
     );
     assert!(report.parked >= report.settled_sent + report.settled_resend);
     assert_eq!(report.jobs.get("unknown"), None, "{shown}");
+    // Issue 36: every email attempt records its point of no return; only the attempts that a
+    // killed worker abandoned past it were parked, and none abandoned before it had handed the
+    // inbox anything.
+    let abandoned = &report.abandoned;
+    assert_eq!(abandoned.unmarked, 0, "{shown}");
+    assert_eq!(abandoned.parked, abandoned.after_handover, "{shown}");
+    assert_eq!(abandoned.before_handover_received, 0, "{shown}");
+    assert_eq!(
+        abandoned.attempts,
+        abandoned.before_handover + abandoned.after_handover,
+        "{shown}"
+    );
     assert_webhooks_delivered(&report, &shown);
     assert!(report.passed(), "{shown}");
 }

@@ -42,16 +42,18 @@ pub trait Statements {
     /// Claims due jobs: pushes `run_after` to the lease's end (a dead worker's job is due again
     /// then), sets the lease token, counts the attempt (returned with `free_attempts` and
     /// `redriven_at` for the policy), closes an unfinished earlier attempt as
-    /// `abandoned` and opens one for this claim. Binds: 1 now, 2 lease (ms), 3 lease token,
-    /// 4 kinds (JSON array), 5 limit, 6 worker. Returns the claimed jobs' rows. Index:
+    /// `abandoned` and opens one for this claim — ready to record its point of no return
+    /// (`point_of_no_return = 'ahead'`) if its kind is among the marking kinds, else `NULL`
+    /// (unknown). Binds: 1 now, 2 lease (ms), 3 lease token, 4 kinds (JSON array), 5 limit,
+    /// 6 worker, 7 the marking kinds (JSON array). Returns the claimed jobs' rows. Index:
     /// `oncely_outbox_due_by_kind` (partial, pending only), once per kind.
     const CLAIM: &'static str;
 
     /// Claims due jobs of one kind as [`Statements::CLAIM`] does, at most a partition's room of
     /// each partition: its limit minus the jobs of it the worker runs. Binds: 1–6 as `CLAIM`
     /// (4: a JSON array of the one kind), 7 the limit per partition, 8 the jobs the worker runs
-    /// per partition (a JSON object, partition to count; absent: none). Returns the claimed
-    /// jobs' rows. Index: `oncely_outbox_due_by_partition` (partial, pending only); each
+    /// per partition (a JSON object, partition to count; absent: none), 9 the marking kinds (a
+    /// JSON array: the one kind, or none). Returns the claimed jobs' rows. Index: `oncely_outbox_due_by_partition` (partial, pending only); each
     /// dialect's comment says what it reads.
     const CLAIM_PARTITIONED: &'static str;
 
@@ -78,6 +80,14 @@ pub trait Statements {
          WHERE id = $1 AND lease_token = $2 AND status = 'pending'
         RETURNING frozen";
 
+    /// Records that a claimed job's open attempt reached its point of no return (its message is
+    /// about to be handed over): `point_of_no_return = 'passed'`, `handed_over_at` now (kept if
+    /// set), guarded by the attempt's and the job's lease token, the attempt open and the job
+    /// `pending`. Binds: 1 id, 2 lease token, 3 now. Returns the job id if the claim still owns
+    /// the job (no row: nothing may be handed over). Index: `oncely_outbox_attempts_job`, the
+    /// job by its primary key.
+    const PASS: &'static str;
+
     /// Hands a claimed job back unstarted: due now, the attempt uncounted and its row deleted.
     /// Binds: 1 id, 2 lease token, 3 now. Returns the id if the claim still owned the job.
     const RELEASE: &'static str;
@@ -98,10 +108,11 @@ pub trait Statements {
          ORDER BY o.id DESC LIMIT $3"
     );
 
-    /// A job's attempts in order (`started_at`, `finished_at` in the dialect's moments). Binds:
-    /// 1 job id. Index: `oncely_outbox_attempts_job`.
+    /// A job's attempts in order (`started_at`, `finished_at`, `handed_over_at` in the
+    /// dialect's moments). Binds: 1 job id. Index: `oncely_outbox_attempts_job`.
     const ATTEMPTS: &'static str = "
-        SELECT attempt, worker, result, provider_message_id, error, started_at, finished_at
+        SELECT attempt, worker, result, provider_message_id, error, started_at, finished_at,
+               point_of_no_return, handed_over_at
           FROM oncely_outbox_attempts WHERE job_id = $1 ORDER BY id";
 
     /// How many jobs are pending.

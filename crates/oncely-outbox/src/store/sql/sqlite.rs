@@ -16,9 +16,11 @@ macro_rules! claimed {
 }
 
 /// The end of a claim, after its `UPDATE … RETURNING`: the claimed rows' columns, then their
-/// unfinished earlier attempts closed as `abandoned` and this claim's opened.
+/// unfinished earlier attempts closed as `abandoned` and this claim's opened — `point_of_no_return
+/// = 'ahead'` for the jobs whose kind is in the JSON array bound at `$marking` (their worker
+/// records the point of no return), `NULL` (unknown) for the others.
 macro_rules! attempts {
-    () => {
+    ($marking:literal) => {
         concat!(
             " id, operation_key, kind, payload, delivery_key, attempts, free_attempts,
                   created_at, redriven_at, not_after, frozen, partition_key, settled;
@@ -28,8 +30,13 @@ macro_rules! attempts {
          WHERE finished_at IS NULL AND job_id IN (",
             claimed!(),
             ");
-        INSERT INTO oncely_outbox_attempts (job_id, attempt, worker, lease_token, started_at)
-        SELECT id, attempts, ?6, ?3, ?1 FROM oncely_outbox WHERE id IN (",
+        INSERT INTO oncely_outbox_attempts
+               (job_id, attempt, worker, lease_token, started_at, point_of_no_return)
+        SELECT id, attempts, ?6, ?3, ?1,
+               CASE WHEN kind IN (SELECT value FROM json_each(",
+            $marking,
+            ")) THEN 'ahead' END
+          FROM oncely_outbox WHERE id IN (",
             claimed!(),
             ") ORDER BY id"
         )
@@ -87,7 +94,7 @@ impl super::Statements for Sqlite {
              ORDER BY run_after, id
              LIMIT ?5)
         RETURNING",
-        attempts!()
+        attempts!("?7")
     );
 
     // Differs: three statements in the write transaction, as `CLAIM`; no LATERAL and no
@@ -146,7 +153,7 @@ impl super::Statements for Sqlite {
              ORDER BY o.run_after, o.id
              LIMIT ?5)
         RETURNING",
-        attempts!()
+        attempts!("?9")
     );
 
     // Differs: three statements in the write transaction. The attempt rows and the follow-ups
@@ -193,6 +200,15 @@ impl super::Statements for Sqlite {
          WHERE o.id = d.id AND o.lease_token = d.lease_token AND o.status = 'pending'
         RETURNING id, NULL AS kind"
     );
+
+    // Differs: the clock's time is bound.
+    const PASS: &'static str = "
+        UPDATE oncely_outbox_attempts
+           SET point_of_no_return = 'passed', handed_over_at = COALESCE(handed_over_at, ?3)
+         WHERE job_id = ?1 AND lease_token = ?2 AND finished_at IS NULL
+           AND EXISTS (SELECT 1 FROM oncely_outbox o
+                        WHERE o.id = ?1 AND o.lease_token = ?2 AND o.status = 'pending')
+        RETURNING job_id";
 
     // Differs: two statements in the write transaction; the attempt row goes first, if the
     // claim still owns the job.

@@ -1308,3 +1308,61 @@ async fn the_link_scanner_gets_every_loopback_link_on_arrival_and_never_another_
     assert!(links["scanned"].is_null());
     assert_eq!(seen.lock().unwrap().len(), 2);
 }
+
+/// Issue 36, item 4: over HTTP, a message over the per-message limit is 413 (not read in full),
+/// and the kept messages stay within the byte budget, the oldest going first, while
+/// `/deliveries/{key}` still answers for them.
+#[tokio::test]
+async fn the_http_intake_refuses_a_message_over_the_limit_and_keeps_within_the_byte_budget() {
+    // A budget of 1 MiB: messages of at most 256 KiB as sent.
+    let config = oncely_inbox::Config {
+        retention: oncely_inbox::Retention {
+            max_bytes: 1024 * 1024,
+            ..oncely_inbox::Retention::default()
+        },
+        ..oncely_inbox::Config::default()
+    };
+    let (inbox, running) = Inbox::with_config(config)
+        .start_local_with(Faults::default())
+        .await
+        .unwrap();
+    let base = format!("http://{}", running.http_addr);
+    let http = oncely_testdb::http();
+    let send = |n: usize, len: usize| {
+        http.post(format!("{base}/emails"))
+            .header("idempotency-key", format!("k{n}"))
+            .json(&json!({ "from": "a@example.com", "to": ["b@example.com"],
+                           "subject": format!("m{n}"), "text": "t".repeat(len) }))
+            .send()
+    };
+    let refused = send(0, 300 * 1024).await.unwrap();
+    assert_eq!(refused.status(), 413);
+    let body: Value = refused.json().await.unwrap();
+    assert_eq!(body["name"], "message_too_large", "{body}");
+    assert!(
+        body["message"].as_str().unwrap().contains("262144"),
+        "{body}"
+    );
+    // 20 messages of 100 KiB (each kept as its text and its source: about 200 KiB).
+    for n in 1..=20 {
+        assert_eq!(send(n, 100 * 1024).await.unwrap().status(), 200, "m{n}");
+    }
+    let stats: Value = get_json(format!("{base}/stats")).await;
+    let kept = stats["kept"].as_u64().unwrap();
+    assert!((1..=5).contains(&kept), "within 1 MiB: {stats}");
+    assert_eq!(stats["evicted"].as_u64().unwrap(), 20 - kept, "{stats}");
+    assert_eq!(stats["too_large"], 1, "{stats}");
+    let kept_bytes: usize = inbox
+        .messages(None)
+        .iter()
+        .map(|m| m.text.len() + m.raw.len())
+        .sum();
+    assert!(kept_bytes <= 1024 * 1024, "{kept_bytes}");
+    let newest = inbox.messages(None).pop().unwrap();
+    assert_eq!(newest.subject, "m20", "the newest stays");
+    let first: Value = get_json(format!("{base}/deliveries/k1")).await;
+    assert_eq!(first["accepted"], true, "an evicted message's key: {first}");
+    assert!(inbox.message(first["first_id"].as_str().unwrap()).is_none());
+    let never: Value = get_json(format!("{base}/deliveries/k0")).await;
+    assert_eq!(never["accepted"], false, "the refused one was not accepted");
+}

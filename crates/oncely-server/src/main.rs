@@ -278,7 +278,7 @@ async fn run_inbox(args: InboxArgs) -> anyhow::Result<()> {
     }
     let config = inbox.config();
     println!(
-        "idempotency keys read from {} (HTTP) and {} (SMTP){}; keeps the newest {} messages of the last {}",
+        "idempotency keys read from {} (HTTP) and {} (SMTP){}; keeps the newest {} messages of the last {}, within {} (one message at most {} as sent)",
         config.http_idempotency_header,
         config.smtp_idempotency_header,
         if args.provider_mode {
@@ -288,9 +288,20 @@ async fn run_inbox(args: InboxArgs) -> anyhow::Result<()> {
         },
         config.retention.max_messages,
         humantime::format_duration(config.retention.max_age),
+        bytes(config.retention.max_bytes),
+        bytes(config.retention.max_message_bytes()),
     );
     shutdown_signal().await;
     Ok(())
+}
+
+/// A size for people: whole MiB, KiB, or bytes.
+fn bytes(n: usize) -> String {
+    match n {
+        n if n >= 1 << 20 && n % (1 << 20) == 0 => format!("{} MiB", n >> 20),
+        n if n >= 1 << 10 && n % (1 << 10) == 0 => format!("{} KiB", n >> 10),
+        n => format!("{n} bytes"),
+    }
 }
 
 async fn shutdown_signal() {

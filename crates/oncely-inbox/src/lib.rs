@@ -18,8 +18,8 @@
 //!   `GET /messages/wait?to=&run=&count=&timeout=` answers as soon as `count` messages are kept
 //!   (200), or at the timeout with what there is (408) ([`Inbox::wait`], woken by each
 //!   arrival); `GET /messages/{id}/links` gives a message's links and one-time codes
-//!   ([`Inbox::links`]); the link scanner ([`Faults::link_scanner`]) fetches every loopback
-//!   link of a message when it arrives.
+//!   ([`Inbox::links`]); the link scanner ([`Faults::link_scanner`]) fetches every link of a
+//!   message when it arrives whose origin is one its operator named ([`Config::scan_origins`]).
 //! - [`webhooks`]: `POST /webhooks/{name}` receives Standard Webhooks deliveries: it checks the
 //!   signature (`webhook-id`, `webhook-timestamp` within 5 minutes of the inbox's clock,
 //!   `webhook-signature`: any `v1` signature of any secret of `name`; HMAC-SHA256 over
@@ -87,7 +87,7 @@ use time::OffsetDateTime;
 
 pub use clock::Clock;
 pub use faults::{Conflict, Faults, Rejection};
-pub use links::{Extracted, Scan};
+pub use links::{Extracted, Origin, Scan};
 use messages::{ByArrival, Deliveries, Messages, SeenKeys, fingerprint};
 pub use messages::{DEFAULT_MAX_BYTES, Delivery, MAX_MESSAGE_BYTES, Retention};
 pub use runs::Run;
@@ -193,6 +193,13 @@ pub struct Config {
     /// The header the SMTP intake reads the idempotency key from ([`SMTP_IDEMPOTENCY_HEADER`]).
     /// Only this one: a sender that sends another (or none) is not deduplicated.
     pub smtp_idempotency_header: String,
+    /// The origins whose links the link scanner opens ([`Faults::link_scanner`]); it opens no
+    /// other link, and with none named it cannot be switched on over HTTP (`PUT /faults` is 400)
+    /// and opens nothing. Named by the operator (`oncely inbox --scan-origin`, the dev inbox:
+    /// its service's public URL; [`Inbox::set_scan_origins`]), never over the inbox's HTTP API:
+    /// whoever can reach that must not make the inbox fetch another service of the machine.
+    #[serde(default)]
+    pub scan_origins: Vec<Origin>,
 }
 
 impl Default for Config {
@@ -201,6 +208,7 @@ impl Default for Config {
             retention: Retention::default(),
             http_idempotency_header: HTTP_IDEMPOTENCY_HEADER.to_owned(),
             smtp_idempotency_header: SMTP_IDEMPOTENCY_HEADER.to_owned(),
+            scan_origins: Vec::new(),
         }
     }
 }
@@ -525,6 +533,13 @@ impl Inbox {
         self.lock().config.clone()
     }
 
+    /// Names the origins whose links the link scanner opens ([`Config::scan_origins`]),
+    /// replacing those named before: for a test that learns its service's address after
+    /// starting the inbox. Messages already being scanned keep the origins of their arrival.
+    pub fn set_scan_origins(&self, origins: impl IntoIterator<Item = Origin>) {
+        self.lock().config.scan_origins = origins.into_iter().collect();
+    }
+
     /// The largest message the intakes take as sent ([`Retention::max_message_bytes`]).
     pub fn max_message_bytes(&self) -> usize {
         self.lock().config.retention.max_message_bytes()
@@ -578,6 +593,15 @@ impl Inbox {
             fields.extend(patch.clone());
         }
         let faults: Faults = serde_json::from_value(merged)?;
+        let switched_on = patch.get("link_scanner") == Some(&serde_json::Value::Bool(true));
+        if switched_on && state.config.scan_origins.is_empty() {
+            return Err(serde::de::Error::custom(
+                "link_scanner: the link scanner opens only links to the origins its operator \
+                 named, and none is named: start the inbox with --scan-origin URL (e.g. \
+                 http://127.0.0.1:8080, the service whose links it should open); the dev inbox \
+                 names its service's public URL when that is http:// on loopback",
+            ));
+        }
         if !(400..=599).contains(&faults.webhook_reject_status) {
             return Err(serde::de::Error::custom(
                 "webhook_reject_status must be an HTTP error status (400 to 599)",
@@ -920,15 +944,18 @@ impl Inbox {
         }
         state.deliveries.accepted(&message);
         // Its links are extracted by the scan's task, outside the lock.
-        let to_scan = state.faults.link_scanner.then(|| message.clone());
+        let to_scan = state
+            .faults
+            .link_scanner
+            .then(|| (message.clone(), state.config.scan_origins.clone()));
         if state.messages.insert(message) {
             state.stats.duplicates += 1;
         }
         state.stats.delivered += 1;
         state.expire(now);
         self.arrived.notify_waiters();
-        if let Some(to_scan) = to_scan {
-            links::spawn_scan(self.clone(), id.clone(), to_scan);
+        if let Some((to_scan, origins)) = to_scan {
+            links::spawn_scan(self.clone(), id.clone(), to_scan, origins);
         }
         if state.faults.drop_after_accept > 0 {
             state.faults.drop_after_accept -= 1;

@@ -1370,6 +1370,12 @@ pub struct InboxArgs {
     /// is at most 10 MiB as sent and a quarter of this (larger: HTTP 413, SMTP 552).
     #[arg(long, default_value = "256MiB", value_parser = parse_max_bytes)]
     pub max_bytes: usize,
+    /// An origin whose links the link scanner opens (`PUT /faults {"link_scanner": true}`):
+    /// `http://` and a loopback host and port, e.g. `http://127.0.0.1:8080`, the service whose
+    /// emails come here (repeat for more). It opens no other link; with none named it cannot
+    /// be switched on.
+    #[arg(long = "scan-origin", value_name = "URL", value_parser = parse_scan_origin)]
+    pub scan_origins: Vec<oncely_inbox::Origin>,
 }
 
 /// `oncely inbox …`: what is asked of a running inbox.
@@ -1490,6 +1496,7 @@ impl InboxArgs {
             },
             http_idempotency_header: header(defaults.http_idempotency_header),
             smtp_idempotency_header: header(defaults.smtp_idempotency_header),
+            scan_origins: self.scan_origins.clone(),
         }
     }
 }
@@ -1534,6 +1541,10 @@ pub(crate) fn parse_size(s: &str) -> Result<usize, String> {
         .checked_mul(factor)
         .and_then(|bytes| usize::try_from(bytes).ok())
         .ok_or_else(|| format!("{s:?} is too large"))
+}
+
+fn parse_scan_origin(s: &str) -> Result<oncely_inbox::Origin, String> {
+    oncely_inbox::Origin::parse(s)
 }
 
 /// `inbox --max-bytes`: a size ([`parse_size`]) of at least 1 MiB.

@@ -291,6 +291,21 @@ async fn run_inbox(args: InboxArgs) -> anyhow::Result<()> {
         bytes(config.retention.max_bytes),
         bytes(config.retention.max_message_bytes()),
     );
+    if config.scan_origins.is_empty() {
+        println!(
+            "the link scanner (PUT /faults {{\"link_scanner\": true}}) opens no link: name the origins it may open with --scan-origin"
+        );
+    } else {
+        let origins: Vec<String> = config
+            .scan_origins
+            .iter()
+            .map(ToString::to_string)
+            .collect();
+        println!(
+            "the link scanner, when on, opens links to {} only",
+            origins.join(", ")
+        );
+    }
     shutdown_signal().await;
     Ok(())
 }

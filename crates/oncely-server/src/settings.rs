@@ -1297,6 +1297,31 @@ mod tests {
                 .contains("at least 1")
         );
         assert!(inbox(&["--idempotency-header", "a:b"]).is_err());
+        // The link scanner's origins: none unless named, compared as parsed.
+        assert!(inbox(&[]).unwrap().scan_origins.is_empty());
+        let named = inbox(&[
+            "--scan-origin",
+            "http://127.0.0.1:8080/",
+            "--scan-origin",
+            "HTTP://LOCALHOST:3000",
+        ])
+        .unwrap()
+        .scan_origins;
+        let shown: Vec<String> = named.iter().map(ToString::to_string).collect();
+        assert_eq!(shown, ["http://127.0.0.1:8080", "http://localhost:3000"]);
+        for bad in [
+            "https://127.0.0.1:8080",
+            "http://example.com",
+            "http://127.0.0.1:8080/v1",
+            "http://u@127.0.0.1:8080",
+            "127.0.0.1:8080",
+        ] {
+            let error = inbox(&["--scan-origin", bad]).unwrap_err();
+            assert!(
+                error.contains("--scan-origin") && error.contains("origin"),
+                "{bad}: {error}"
+            );
+        }
     }
 
     #[test]

@@ -327,23 +327,34 @@ async fn send_email(
     }
 }
 
+/// The largest `POST /emails` body the raw source shows indented; a larger one is kept as it
+/// came: indenting copies it twice more (the parsed document and the text it grows into) while
+/// the request is answered, and a large message is read by a program rather than a person.
+const INDENTED_UP_TO: usize = 64 * 1024;
+
 /// A `POST /emails` as it came in: the headers the intake reads, then the JSON body
-/// (indented, when it parses).
+/// (indented, when it parses and is at most [`INDENTED_UP_TO`] bytes; else as it came).
 fn raw_request(headers: &HeaderMap, key_header: &str, body: &[u8]) -> String {
-    let mut raw = String::from("POST /emails\n");
+    let mut head = String::from("POST /emails\n");
     for name in [header::CONTENT_TYPE.as_str(), key_header] {
         if let Some(value) = headers.get(name.to_ascii_lowercase()) {
-            raw.push_str(&format!(
+            head.push_str(&format!(
                 "{name}: {}\n",
                 String::from_utf8_lossy(value.as_bytes())
             ));
         }
     }
-    raw.push('\n');
-    match serde_json::from_slice::<serde_json::Value>(body) {
-        Ok(json) => raw.push_str(&serde_json::to_string_pretty(&json).unwrap_or_default()),
-        Err(_) => raw.push_str(&String::from_utf8_lossy(body)),
+    head.push('\n');
+    if body.len() <= INDENTED_UP_TO
+        && let Ok(json) = serde_json::from_slice::<serde_json::Value>(body)
+    {
+        head.push_str(&serde_json::to_string_pretty(&json).unwrap_or_default());
+        return head;
     }
+    let body = String::from_utf8_lossy(body);
+    let mut raw = String::with_capacity(head.len() + body.len());
+    raw.push_str(&head);
+    raw.push_str(&body);
     raw
 }
 

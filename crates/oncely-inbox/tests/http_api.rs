@@ -1368,6 +1368,10 @@ async fn the_http_intake_refuses_a_message_over_the_limit_and_keeps_within_the_b
     assert!(kept_bytes <= 1024 * 1024, "{kept_bytes}");
     let newest = inbox.messages(None).pop().unwrap();
     assert_eq!(newest.subject, "m20", "the newest stays");
+    assert!(
+        newest.raw.contains(r#""subject":"m20""#),
+        "a large body's source is kept as it came, not indented"
+    );
     let first: Value = get_json(format!("{base}/deliveries/k1")).await;
     assert_eq!(first["accepted"], true, "an evicted message's key: {first}");
     assert!(inbox.message(first["first_id"].as_str().unwrap()).is_none());

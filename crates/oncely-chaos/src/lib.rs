@@ -330,6 +330,7 @@ pub async fn run(config: &Config) -> anyhow::Result<Report> {
         retention: oncely_inbox::Retention {
             max_messages: usize::MAX,
             max_age: Duration::from_secs(7 * 24 * 3600),
+            max_bytes: usize::MAX,
         },
         ..oncely_inbox::Config::default()
     });

@@ -66,11 +66,13 @@ pub struct Faults {
     /// the copy, then close the connection without an answer (the sender cannot know it was
     /// accepted).
     pub webhook_drop_after_accept: u32,
-    /// The link scanner: when a message is kept, `GET` every `http://` link in it (loopback
-    /// hosts only; any other is recorded as skipped, never fetched), as a provider's security
-    /// scanner or a mail client's preview does before the person clicks — to prove that opening
-    /// a link's page consumes nothing. What it fetched and the statuses show in
-    /// `GET /messages/{id}/links` under `scanned`.
+    /// The link scanner: when a message is kept, `GET` every link in it whose origin is one
+    /// the operator named ([`crate::Config::scan_origins`], loopback `http://` only; any other
+    /// link is recorded as skipped, never fetched; a redirect is not followed), as a
+    /// provider's security scanner or a mail client's preview does before the person clicks —
+    /// to prove that opening a link's page consumes nothing. What it fetched and the statuses
+    /// show in `GET /messages/{id}/links` under `scanned`. `PUT /faults` refuses to switch it
+    /// on while no origin is named.
     pub link_scanner: bool,
 }
 

@@ -4,7 +4,8 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use axum::body::Bytes;
-use axum::extract::{Path, Query, Request, State};
+use axum::extract::rejection::{BytesRejection, FailedToBufferBody};
+use axum::extract::{DefaultBodyLimit, Path, Query, Request, State};
 use axum::http::{HeaderMap, Method, StatusCode, header};
 use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
@@ -42,13 +43,20 @@ pub fn router(inbox: Inbox) -> Router {
 /// [`router`], with the pages' `options` and `extra` routes (their state given) behind the same
 /// guards.
 pub fn router_with(inbox: Inbox, options: Options, extra: Router) -> Router {
+    // One message as sent, at most ([`crate::Retention::max_message_bytes`]); a webhook at most
+    // axum's default, 2 MiB, and no more than that either.
+    let message_limit = inbox.max_message_bytes();
+    let webhook_limit = WEBHOOK_MAX_BODY.min(message_limit);
     Router::new()
         .route("/", get(page::list))
         .route("/view/{id}", get(page::view))
         .route("/view/{id}/html", get(page::html))
         .route("/assets/inbox.js", get(page::script))
         .route("/assets/inbox.css", get(page::style))
-        .route("/emails", post(send_email))
+        .route(
+            "/emails",
+            post(send_email).layer(DefaultBodyLimit::max(message_limit)),
+        )
         .route("/messages", get(list).delete(delete))
         .route("/messages/wait", get(wait))
         .route("/messages/{id}", get(one).delete(delete_one))
@@ -61,7 +69,12 @@ pub fn router_with(inbox: Inbox, options: Options, extra: Router) -> Router {
         .route("/faults", get(faults).put(set_faults))
         .route("/reset", post(reset))
         .route("/webhooks", get(list_webhooks).delete(delete_webhooks))
-        .route("/webhooks/{id}", get(one_webhook).post(receive_webhook))
+        .route(
+            "/webhooks/{id}",
+            get(one_webhook)
+                .post(receive_webhook)
+                .layer(DefaultBodyLimit::max(webhook_limit)),
+        )
         .route("/webhooks/{id}/secrets", put(set_webhook_secrets))
         .layer(Extension(Arc::new(options)))
         .with_state(inbox)
@@ -69,6 +82,10 @@ pub fn router_with(inbox: Inbox, options: Options, extra: Router) -> Router {
         .layer(axum::middleware::from_fn(same_origin))
         .layer(axum::middleware::from_fn(no_rebinding))
 }
+
+/// The largest webhook body taken (axum's default limit, which the inbox always had), unless
+/// the largest message is smaller.
+pub const WEBHOOK_MAX_BODY: usize = 2 * 1024 * 1024;
 
 /// Refuses what a page at a rebindable name could ask (see [`router`]).
 async fn no_rebinding(request: Request, next: Next) -> Response {
@@ -202,7 +219,26 @@ fn says_json(headers: &HeaderMap) -> bool {
         })
 }
 
-async fn send_email(State(inbox): State<Inbox>, headers: HeaderMap, bytes: Bytes) -> Response {
+/// The answer to a message larger than the inbox takes.
+fn too_large(inbox: &Inbox) -> Response {
+    error(
+        StatusCode::PAYLOAD_TOO_LARGE,
+        "message_too_large",
+        &format!(
+            "The message is larger than this inbox takes: at most {} bytes as sent, and what it \
+             keeps of one message must fit its byte budget (oncely inbox --max-bytes).",
+            inbox.max_message_bytes()
+        ),
+    )
+}
+
+/// `POST /emails`: a body over [`Inbox::max_message_bytes`] is refused (413) as soon as it
+/// passes the limit (the route's [`DefaultBodyLimit`]), never read in full.
+async fn send_email(
+    State(inbox): State<Inbox>,
+    headers: HeaderMap,
+    bytes: Result<Bytes, BytesRejection>,
+) -> Response {
     if !says_json(&headers) {
         return (
             StatusCode::UNSUPPORTED_MEDIA_TYPE,
@@ -210,6 +246,14 @@ async fn send_email(State(inbox): State<Inbox>, headers: HeaderMap, bytes: Bytes
         )
             .into_response();
     }
+    let bytes = match bytes {
+        Ok(bytes) => bytes,
+        Err(BytesRejection::FailedToBufferBody(FailedToBufferBody::LengthLimitError(_))) => {
+            inbox.count_too_large();
+            return too_large(&inbox);
+        }
+        Err(other) => return other.into_response(),
+    };
     let body = match Json::<SendEmail>::from_bytes(&bytes) {
         Ok(Json(body)) => body,
         Err(rejection) => return rejection.into_response(),
@@ -221,6 +265,7 @@ async fn send_email(State(inbox): State<Inbox>, headers: HeaderMap, bytes: Bytes
         .and_then(|v| v.to_str().ok())
         .map(str::to_owned);
     let raw = raw_request(&headers, &key_header, &bytes);
+    drop(bytes);
     let message = Message {
         id: String::new(),
         intake: Intake::Http,
@@ -278,26 +323,38 @@ async fn send_email(State(inbox): State<Inbox>, headers: HeaderMap, bytes: Bytes
         Verdict::Conflict(conflict) => {
             error(StatusCode::CONFLICT, conflict.name(), conflict.message())
         }
+        Verdict::TooLarge => too_large(&inbox),
     }
 }
 
+/// The largest `POST /emails` body the raw source shows indented; a larger one is kept as it
+/// came: indenting copies it twice more (the parsed document and the text it grows into) while
+/// the request is answered, and a large message is read by a program rather than a person.
+const INDENTED_UP_TO: usize = 64 * 1024;
+
 /// A `POST /emails` as it came in: the headers the intake reads, then the JSON body
-/// (indented, when it parses).
+/// (indented, when it parses and is at most [`INDENTED_UP_TO`] bytes; else as it came).
 fn raw_request(headers: &HeaderMap, key_header: &str, body: &[u8]) -> String {
-    let mut raw = String::from("POST /emails\n");
+    let mut head = String::from("POST /emails\n");
     for name in [header::CONTENT_TYPE.as_str(), key_header] {
         if let Some(value) = headers.get(name.to_ascii_lowercase()) {
-            raw.push_str(&format!(
+            head.push_str(&format!(
                 "{name}: {}\n",
                 String::from_utf8_lossy(value.as_bytes())
             ));
         }
     }
-    raw.push('\n');
-    match serde_json::from_slice::<serde_json::Value>(body) {
-        Ok(json) => raw.push_str(&serde_json::to_string_pretty(&json).unwrap_or_default()),
-        Err(_) => raw.push_str(&String::from_utf8_lossy(body)),
+    head.push('\n');
+    if body.len() <= INDENTED_UP_TO
+        && let Ok(json) = serde_json::from_slice::<serde_json::Value>(body)
+    {
+        head.push_str(&serde_json::to_string_pretty(&json).unwrap_or_default());
+        return head;
     }
+    let body = String::from_utf8_lossy(body);
+    let mut raw = String::with_capacity(head.len() + body.len());
+    raw.push_str(&head);
+    raw.push_str(&body);
     raw
 }
 

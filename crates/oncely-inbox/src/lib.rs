@@ -18,8 +18,8 @@
 //!   `GET /messages/wait?to=&run=&count=&timeout=` answers as soon as `count` messages are kept
 //!   (200), or at the timeout with what there is (408) ([`Inbox::wait`], woken by each
 //!   arrival); `GET /messages/{id}/links` gives a message's links and one-time codes
-//!   ([`Inbox::links`]); the link scanner ([`Faults::link_scanner`]) fetches every loopback
-//!   link of a message when it arrives.
+//!   ([`Inbox::links`]); the link scanner ([`Faults::link_scanner`]) fetches every link of a
+//!   message when it arrives whose origin is one its operator named ([`Config::scan_origins`]).
 //! - [`webhooks`]: `POST /webhooks/{name}` receives Standard Webhooks deliveries: it checks the
 //!   signature (`webhook-id`, `webhook-timestamp` within 5 minutes of the inbox's clock,
 //!   `webhook-signature`: any `v1` signature of any secret of `name`; HMAC-SHA256 over
@@ -50,8 +50,11 @@
 //! another one (409 `concurrent_idempotent_requests`); see [`Conflict`].
 //!
 //! Messages are indexed by id, recipient and key; the oldest go when there are more than
-//! [`Retention::max_messages`] or they are older than [`Retention::max_age`], and provider
-//! mode forgets a key when its window ends.
+//! [`Retention::max_messages`], they are older than [`Retention::max_age`], or what the inbox
+//! holds of them and of the webhooks would take more than [`Retention::max_bytes`] (one message
+//! larger than [`Retention::max_message_bytes`] as sent, or alone larger than the budget as
+//! kept, is refused: [`Verdict::TooLarge`]); provider mode forgets a key when its window ends.
+//! The accepted delivery keys ([`Inbox::delivery`]) are kept apart and outlive the messages.
 //!
 //! ```no_run
 //! # async fn demo() -> std::io::Result<()> {
@@ -84,9 +87,9 @@ use time::OffsetDateTime;
 
 pub use clock::Clock;
 pub use faults::{Conflict, Faults, Rejection};
-pub use links::{Extracted, Scan};
+pub use links::{Extracted, Origin, Scan};
 use messages::{ByArrival, Deliveries, Messages, SeenKeys, fingerprint};
-pub use messages::{Delivery, Retention};
+pub use messages::{DEFAULT_MAX_BYTES, Delivery, MAX_MESSAGE_BYTES, Retention};
 pub use runs::Run;
 use runs::Runs;
 pub use webhooks::{
@@ -190,6 +193,13 @@ pub struct Config {
     /// The header the SMTP intake reads the idempotency key from ([`SMTP_IDEMPOTENCY_HEADER`]).
     /// Only this one: a sender that sends another (or none) is not deduplicated.
     pub smtp_idempotency_header: String,
+    /// The origins whose links the link scanner opens ([`Faults::link_scanner`]); it opens no
+    /// other link, and with none named it cannot be switched on over HTTP (`PUT /faults` is 400)
+    /// and opens nothing. Named by the operator (`oncely inbox --scan-origin`, the dev inbox:
+    /// its service's public URL; [`Inbox::set_scan_origins`]), never over the inbox's HTTP API:
+    /// whoever can reach that must not make the inbox fetch another service of the machine.
+    #[serde(default)]
+    pub scan_origins: Vec<Origin>,
 }
 
 impl Default for Config {
@@ -198,6 +208,7 @@ impl Default for Config {
             retention: Retention::default(),
             http_idempotency_header: HTTP_IDEMPOTENCY_HEADER.to_owned(),
             smtp_idempotency_header: SMTP_IDEMPOTENCY_HEADER.to_owned(),
+            scan_origins: Vec::new(),
         }
     }
 }
@@ -231,8 +242,12 @@ pub struct Stats {
     pub unauthorized: u64,
     /// Accepted messages whose connection was dropped before the answer.
     pub dropped: u64,
-    /// Copies removed by the retention bound (count or age).
+    /// Copies removed by the retention bound (count, age or bytes).
     pub evicted: u64,
+    /// Attempts refused because the message is larger than the inbox takes
+    /// ([`Verdict::TooLarge`]).
+    #[serde(default)]
+    pub too_large: u64,
     /// The webhooks' counters (`POST /webhooks/{name}`).
     #[serde(default)]
     pub webhooks: WebhookStats,
@@ -253,6 +268,11 @@ pub enum Verdict {
     Unauthorized,
     /// Provider mode refused the key.
     Conflict(Conflict),
+    /// Refused: as the inbox would keep it, the message alone takes more than its byte budget
+    /// ([`Retention::max_bytes`]); HTTP 413, SMTP 552. (A message larger than
+    /// [`Retention::max_message_bytes`] as sent is refused by the intake before it is read in
+    /// full, with the same answer.)
+    TooLarge,
 }
 
 /// The answer the inbox gives one webhook delivery ([`Inbox::receive_webhook`]).
@@ -326,10 +346,29 @@ impl State {
         }
     }
 
-    /// Applies the retention bound and forgets keys whose window ended.
+    /// Applies the retention bound and forgets keys whose window ended. The byte budget covers
+    /// messages and webhooks together: beyond it the older of the two oldest entries goes
+    /// first (a message on a tie).
     fn expire(&mut self, now: OffsetDateTime) {
         self.stats.evicted += self.messages.evict(&self.config.retention, now);
         self.stats.webhooks.evicted += self.webhooks.evict(&self.config.retention, now);
+        while self.messages.bytes() + self.webhooks.bytes() > self.config.retention.max_bytes {
+            match (self.messages.oldest(), self.webhooks.oldest()) {
+                (None, None) => break,
+                (Some((_, message_at)), Some((webhook, webhook_at))) if webhook_at < message_at => {
+                    self.webhooks.remove_arrival(webhook);
+                    self.stats.webhooks.evicted += 1;
+                }
+                (Some((message, _)), _) => {
+                    self.messages.remove_arrival(message);
+                    self.stats.evicted += 1;
+                }
+                (None, Some((webhook, _))) => {
+                    self.webhooks.remove_arrival(webhook);
+                    self.stats.webhooks.evicted += 1;
+                }
+            }
+        }
         self.seen.expire(now);
         self.runs.expire(now - self.config.retention.max_age);
     }
@@ -405,25 +444,27 @@ impl Drop for InFlight {
 }
 
 /// A message being decided ([`Delivery::deciding`]) until this is dropped (also when the
-/// attempt's task is cancelled mid-delay).
+/// attempt's task is cancelled mid-delay). It holds the message's delivery keys, not a copy of
+/// the message.
 struct Deciding {
     inbox: Inbox,
-    message: Message,
+    keys: Vec<String>,
 }
 
 impl Deciding {
     fn new(inbox: &Inbox, message: &Message) -> Self {
-        inbox.lock().deliveries.deciding(message, true);
+        let keys = Deliveries::keys_of(message);
+        inbox.lock().deliveries.deciding(&keys, true);
         Self {
             inbox: inbox.clone(),
-            message: message.clone(),
+            keys,
         }
     }
 }
 
 impl Drop for Deciding {
     fn drop(&mut self) {
-        self.inbox.lock().deliveries.deciding(&self.message, false);
+        self.inbox.lock().deliveries.deciding(&self.keys, false);
     }
 }
 
@@ -492,6 +533,26 @@ impl Inbox {
         self.lock().config.clone()
     }
 
+    /// Names the origins whose links the link scanner opens ([`Config::scan_origins`]),
+    /// replacing those named before: for a test that learns its service's address after
+    /// starting the inbox. Messages already being scanned keep the origins of their arrival.
+    pub fn set_scan_origins(&self, origins: impl IntoIterator<Item = Origin>) {
+        self.lock().config.scan_origins = origins.into_iter().collect();
+    }
+
+    /// The largest message the intakes take as sent ([`Retention::max_message_bytes`]).
+    pub fn max_message_bytes(&self) -> usize {
+        self.lock().config.retention.max_message_bytes()
+    }
+
+    /// Counts an attempt an intake refused as larger than [`Inbox::max_message_bytes`] before
+    /// reading all of it ([`Stats::too_large`]).
+    pub(crate) fn count_too_large(&self) {
+        let mut state = self.lock();
+        state.stats.attempts += 1;
+        state.stats.too_large += 1;
+    }
+
     /// The header `intake` reads the idempotency key from.
     pub fn idempotency_header(&self, intake: Intake) -> String {
         let state = self.lock();
@@ -532,6 +593,15 @@ impl Inbox {
             fields.extend(patch.clone());
         }
         let faults: Faults = serde_json::from_value(merged)?;
+        let switched_on = patch.get("link_scanner") == Some(&serde_json::Value::Bool(true));
+        if switched_on && state.config.scan_origins.is_empty() {
+            return Err(serde::de::Error::custom(
+                "link_scanner: the link scanner opens only links to the origins its operator \
+                 named, and none is named: start the inbox with --scan-origin URL (e.g. \
+                 http://127.0.0.1:8080, the service whose links it should open); the dev inbox \
+                 names its service's public URL when that is http:// on loopback",
+            ));
+        }
         if !(400..=599).contains(&faults.webhook_reject_status) {
             return Err(serde::de::Error::custom(
                 "webhook_reject_status must be an HTTP error status (400 to 599)",
@@ -789,9 +859,13 @@ impl Inbox {
         })
     }
 
-    /// Keeps what the link scanner did with the links of message `id`.
+    /// Keeps what the link scanner did with the links of message `id` (counted in the byte
+    /// budget: the oldest go if it is exceeded).
     fn record_scans(&self, id: &str, scans: Vec<Scan>) {
-        self.lock().messages.set_scans(id, scans);
+        let mut state = self.lock();
+        state.messages.set_scans(id, scans);
+        let now = state.clock.now();
+        state.expire(now);
     }
 
     /// Answers one delivery attempt as both intakes do: in provider mode, a key already in
@@ -839,10 +913,16 @@ impl Inbox {
         let now = state.clock.now();
         state.expire(now);
         state.stats.attempts += 1;
+        message.to = message.to.iter().map(|t| t.to_lowercase()).collect();
+        message.id = uuid::Uuid::new_v4().to_string();
+        // Before any fault: a message that cannot be kept consumes none.
+        if messages::kept_size(&message) > state.config.retention.max_bytes {
+            state.stats.too_large += 1;
+            return Verdict::TooLarge;
+        }
         if let Some(refused) = state.refusal(now) {
             return refused;
         }
-        message.to = message.to.iter().map(|t| t.to_lowercase()).collect();
         let fingerprint = fingerprint(&message);
         let window = state.faults.dedupe_window();
         let key = message.idempotency_key.clone().filter(|_| window.is_some());
@@ -855,7 +935,6 @@ impl Inbox {
             state.stats.deduplicated += 1;
             return Verdict::Accepted(id);
         }
-        message.id = uuid::Uuid::new_v4().to_string();
         message.received_at = now;
         let id = message.id.clone();
         if let (Some(key), Some(window)) = (key, window) {
@@ -865,15 +944,18 @@ impl Inbox {
         }
         state.deliveries.accepted(&message);
         // Its links are extracted by the scan's task, outside the lock.
-        let to_scan = state.faults.link_scanner.then(|| message.clone());
+        let to_scan = state
+            .faults
+            .link_scanner
+            .then(|| (message.clone(), state.config.scan_origins.clone()));
         if state.messages.insert(message) {
             state.stats.duplicates += 1;
         }
         state.stats.delivered += 1;
         state.expire(now);
         self.arrived.notify_waiters();
-        if let Some(to_scan) = to_scan {
-            links::spawn_scan(self.clone(), id.clone(), to_scan);
+        if let Some((to_scan, origins)) = to_scan {
+            links::spawn_scan(self.clone(), id.clone(), to_scan, origins);
         }
         if state.faults.drop_after_accept > 0 {
             state.faults.drop_after_accept -= 1;
@@ -1135,6 +1217,7 @@ mod tests {
             retention: Retention {
                 max_messages,
                 max_age,
+                ..Retention::default()
             },
             ..Config::default()
         };
@@ -1471,6 +1554,125 @@ mod tests {
         // An evicted copy's key no longer makes a new copy a duplicate.
         inbox.receive(numbered(0, "even@x.io"));
         assert_eq!(inbox.stats().duplicates, 0);
+    }
+
+    /// An inbox keeping at most `max_bytes` (and 100 messages, an hour).
+    fn budget(max_bytes: usize) -> (Inbox, Clock) {
+        let clock = Clock::manual(OffsetDateTime::now_utc());
+        let config = Config {
+            retention: Retention {
+                max_messages: 100,
+                max_age: Duration::from_secs(3600),
+                max_bytes,
+            },
+            ..Config::default()
+        };
+        (Inbox::with_config(config).with_clock(clock.clone()), clock)
+    }
+
+    /// Message `n` with a text part of `len` bytes, its source as long again.
+    fn sized(n: usize, len: usize) -> Message {
+        Message {
+            text: "x".repeat(len),
+            raw: "r".repeat(len),
+            ..numbered(n, "a@x.io")
+        }
+    }
+
+    /// Issue 36, item 4: 300 messages of 1.9 MB took the inbox to 1.16 GB, whatever it was
+    /// asked to keep. What it holds of its messages is bounded in bytes: the oldest go first
+    /// (their delivery keys stay), and the count holds it to the budget.
+    #[test]
+    fn the_oldest_messages_go_beyond_the_byte_budget_and_their_delivery_keys_stay() {
+        let one = messages::kept_size(&Message {
+            id: uuid::Uuid::new_v4().to_string(),
+            ..sized(0, 10_000)
+        });
+        assert!(one > 20_000, "the source and the text both count: {one}");
+        let (inbox, _clock) = budget(3 * one + one / 2);
+        let ids: Vec<String> = (0..6)
+            .map(|n| accepted(inbox.receive(sized(n, 10_000))))
+            .collect();
+        assert_eq!(subjects(&inbox.messages(None)), ["m3", "m4", "m5"]);
+        assert!(inbox.message(&ids[0]).is_none());
+        assert_eq!(inbox.stats().evicted, 3);
+        assert!(inbox.lock().messages.bytes() <= 3 * one + one / 2);
+        let first = inbox.delivery("k0");
+        assert!(
+            first.accepted && first.first_id.as_deref() == Some(ids[0].as_str()),
+            "an evicted message's key still answers: {first:?}"
+        );
+        // Every way out gives its bytes back.
+        inbox.delete(&ids[3..4]);
+        assert_eq!(inbox.lock().messages.bytes(), 2 * one);
+        inbox.delete_all();
+        assert_eq!(inbox.lock().messages.bytes(), 0);
+    }
+
+    /// One budget covers the messages and the webhooks: the older goes first, whichever it is.
+    #[test]
+    fn messages_and_webhooks_share_the_byte_budget_oldest_first() {
+        let one = messages::kept_size(&Message {
+            id: uuid::Uuid::new_v4().to_string(),
+            ..sized(0, 10_000)
+        });
+        let (inbox, clock) = budget(3 * one);
+        let body = format!("{{\"type\":\"t\",\"pad\":\"{}\"}}", "p".repeat(15_000));
+        let hook = WebhookHeaders {
+            id: Some("w1".into()),
+            ..WebhookHeaders::default()
+        };
+        futures::executor::block_on(inbox.receive_webhook("app", hook, body.as_bytes()));
+        assert!(inbox.lock().webhooks.bytes() > body.len());
+        clock.advance(Duration::from_secs(1));
+        for n in 0..2 {
+            accepted(inbox.receive(sized(n, 10_000)));
+        }
+        assert_eq!(inbox.webhooks(None, None).len(), 1, "all three fit");
+        accepted(inbox.receive(sized(2, 10_000)));
+        assert!(inbox.webhooks(None, None).is_empty(), "the oldest went");
+        assert_eq!(subjects(&inbox.messages(None)), ["m0", "m1", "m2"]);
+        assert_eq!(inbox.stats().webhooks.evicted, 1);
+        assert_eq!(inbox.lock().webhooks.bytes(), 0);
+    }
+
+    /// A message that alone would take more than the budget is refused, not kept (nor its key
+    /// remembered), and consumes no fault; the intakes answer 413 / 552.
+    #[test]
+    fn a_message_larger_than_the_whole_budget_is_refused_before_any_fault() {
+        let (inbox, _clock) = budget(30_000);
+        inbox.set_faults(Faults {
+            reject_next: 1,
+            ..Faults::default()
+        });
+        assert_eq!(inbox.receive(sized(0, 20_000)), Verdict::TooLarge);
+        assert_eq!(inbox.faults().reject_next, 1, "no fault consumed");
+        assert!(inbox.messages(None).is_empty());
+        assert!(!inbox.delivery("k0").accepted);
+        let stats = inbox.stats();
+        assert_eq!((stats.too_large, stats.delivered), (1, 0));
+        assert_eq!(
+            inbox.receive(sized(1, 1_000)),
+            Verdict::Rejected(Rejection::Temporary)
+        );
+        accepted(inbox.receive(sized(2, 1_000)));
+    }
+
+    /// What one message may be as sent follows the budget: 10 MiB, at most a quarter of it.
+    #[test]
+    fn the_largest_message_is_ten_mebibytes_and_a_quarter_of_the_budget_at_most() {
+        let of = |max_bytes| {
+            Retention {
+                max_bytes,
+                ..Retention::default()
+            }
+            .max_message_bytes()
+        };
+        assert_eq!(Retention::default().max_bytes, 256 * 1024 * 1024);
+        assert_eq!(of(DEFAULT_MAX_BYTES), MAX_MESSAGE_BYTES);
+        assert_eq!(MAX_MESSAGE_BYTES, 10 * 1024 * 1024);
+        assert_eq!(of(4 * 1024 * 1024), 1024 * 1024);
+        assert_eq!(of(0), 0);
     }
 
     #[test]

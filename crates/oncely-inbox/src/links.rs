@@ -7,6 +7,12 @@
 //! whitespace, a quote or `<`/`>`, without trailing `.,;:!?` (nor a `)` it does not open) —
 //! `http(s)` only, de-duplicated, in the order they first appear (the text part first).
 //!
+//! The scanner opens only the links whose origin is one its operator named ([`Origin`],
+//! [`crate::Config::scan_origins`]: `oncely inbox --scan-origin`, the dev inbox's own service):
+//! whoever can put a link in a message must not make the inbox fetch another service of the
+//! machine. Origins are compared as parsed — by the one parser that also gives the address the
+//! scanner connects to — and a redirect is never followed.
+//!
 //! Codes: a run of 6 to 8 ASCII digits that stands alone in the text (the HTML part with its tags
 //! removed, if there is no text part) once the links are taken out — not part of a longer
 //! word or number — and the value of a `code` query parameter of a link; de-duplicated, in
@@ -257,10 +263,82 @@ const SCAN_TIMEOUT: Duration = Duration::from_secs(5);
 /// The most fetches at once, over every message.
 static SCAN_PERMITS: Semaphore = Semaphore::const_new(4);
 
-/// Fetches every link of a message with `GET`, the way a provider's link scanner does, loopback
-/// only: a link to any other host is recorded as skipped, never fetched, so that the inbox
-/// cannot reach anything outside the machine; `https` is skipped too (no TLS client).
-pub(crate) async fn scan(links: Vec<String>) -> Vec<Scan> {
+/// An origin the link scanner may open: `http://`, a loopback host — an IPv4 literal in
+/// `127.0.0.0/8`, `[::1]`, `localhost` or a name under `.localhost` — and a port. Written as a
+/// URL (`http://127.0.0.1:8080`, a trailing `/` allowed; no user, path, query or fragment).
+/// Compared as parsed: the case of the scheme and host, the spelling of an IP literal and an
+/// explicit default port (80) make no difference; anything else does (`localhost` is not
+/// `127.0.0.1`).
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub struct Origin {
+    /// The host, in lower case; an IP literal as Rust writes it (an IPv6 one in brackets).
+    host: String,
+    port: u16,
+}
+
+impl Origin {
+    /// Parses an origin (see [`Origin`]); the error says what is wrong.
+    pub fn parse(text: &str) -> Result<Self, String> {
+        let target = target(text).map_err(|why| {
+            format!(
+                "{text:?} is not an origin the link scanner can open ({}): expected \
+                 http://<loopback host>:<port>, e.g. http://127.0.0.1:8080",
+                why.trim_start_matches("skipped: ")
+            )
+        })?;
+        let after = &text.trim()[text.trim().find("://").map_or(0, |i| i + 3)..];
+        let rest = after.find('/').map_or("", |i| &after[i..]);
+        if !(rest.is_empty() || rest == "/") || after.contains(['?', '#']) {
+            return Err(format!(
+                "{text:?} is not an origin: an origin has no path, query or fragment (e.g. http://127.0.0.1:8080)"
+            ));
+        }
+        Ok(target.origin)
+    }
+
+    /// The origin of `url` (a link, the service's public URL with its path), if the scanner
+    /// could open it.
+    pub fn of_url(url: &str) -> Result<Self, String> {
+        target(url).map(|target| target.origin)
+    }
+}
+
+impl std::fmt::Display for Origin {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self.port {
+            80 => write!(f, "http://{}", self.host),
+            port => write!(f, "http://{}:{port}", self.host),
+        }
+    }
+}
+
+impl std::str::FromStr for Origin {
+    type Err = String;
+
+    fn from_str(text: &str) -> Result<Self, String> {
+        Self::parse(text)
+    }
+}
+
+impl Serialize for Origin {
+    fn serialize<S: serde::Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+        serializer.collect_str(self)
+    }
+}
+
+impl<'de> Deserialize<'de> for Origin {
+    fn deserialize<D: serde::Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        let text = String::deserialize(deserializer)?;
+        Self::parse(&text).map_err(serde::de::Error::custom)
+    }
+}
+
+/// Fetches every link of a message with `GET`, the way a provider's link scanner does, only
+/// those whose origin is one of `origins` (all loopback, [`Origin`]): any other link is
+/// recorded as skipped, never fetched, so that the inbox cannot reach another service, on the
+/// machine or outside it; `https` is skipped too (no TLS client). The answer's status is
+/// recorded; a redirect is not followed.
+pub(crate) async fn scan(links: Vec<String>, origins: &[Origin]) -> Vec<Scan> {
     let mut scans = Vec::with_capacity(links.len());
     for (n, url) in links.into_iter().enumerate() {
         let outcome = if n >= SCAN_MAX_LINKS {
@@ -268,8 +346,13 @@ pub(crate) async fn scan(links: Vec<String>) -> Vec<Scan> {
                 "skipped: the scanner fetches the first {SCAN_MAX_LINKS} links of a message"
             ))
         } else {
-            match loopback_target(&url) {
-                Ok((addr, host, path)) => {
+            match target(&url) {
+                Ok(target) if !origins.contains(&target.origin) => {
+                    Err(not_allowed(&target.origin, origins))
+                }
+                Ok(Target {
+                    addr, host, path, ..
+                }) => {
                     let _permit = SCAN_PERMITS.acquire().await.ok();
                     match tokio::time::timeout(SCAN_TIMEOUT, get(addr, &host, &path)).await {
                         Ok(result) => result,
@@ -288,9 +371,37 @@ pub(crate) async fn scan(links: Vec<String>) -> Vec<Scan> {
     scans
 }
 
-/// Where an `http://` link to a loopback host points: the address to connect to, the `Host`
-/// header, and the path with its query; or why the scanner does not fetch it.
-pub(crate) fn loopback_target(url: &str) -> Result<(SocketAddr, String, String), String> {
+/// Why a link to `origin` is not fetched.
+fn not_allowed(origin: &Origin, origins: &[Origin]) -> String {
+    if origins.is_empty() {
+        return format!(
+            "skipped: {origin} is not an origin the scanner opens: none is named (oncely inbox \
+             --scan-origin URL; Config::scan_origins)"
+        );
+    }
+    let named: Vec<String> = origins.iter().map(ToString::to_string).collect();
+    format!(
+        "skipped: {origin} is not an origin the scanner opens (it opens {})",
+        named.join(", ")
+    )
+}
+
+/// Where an `http://` link to a loopback host points.
+pub(crate) struct Target {
+    /// The address to connect to.
+    pub(crate) addr: SocketAddr,
+    /// The `Host` header: the link's authority as written.
+    pub(crate) host: String,
+    /// The path with its query.
+    pub(crate) path: String,
+    /// Its origin, normalized.
+    pub(crate) origin: Origin,
+}
+
+/// Where an `http://` link to a loopback host points ([`Target`]); or why the scanner does not
+/// fetch it. The one parser of links: what the origin check sees is what is fetched.
+pub(crate) fn target(url: &str) -> Result<Target, String> {
+    let url = url.trim();
     let Some(rest) = url
         .get(..7)
         .filter(|s| s.eq_ignore_ascii_case("http://"))
@@ -312,7 +423,7 @@ pub(crate) fn loopback_target(url: &str) -> Result<(SocketAddr, String, String),
         )
     };
     let unsafe_char = |c: char| c.is_control() || c == ' ';
-    if authority.contains('@')
+    if authority.contains(['@', '\\'])
         || authority.chars().any(unsafe_char)
         || path.chars().any(unsafe_char)
     {
@@ -320,21 +431,42 @@ pub(crate) fn loopback_target(url: &str) -> Result<(SocketAddr, String, String),
     }
     let (host, port) = match authority.rsplit_once(':') {
         Some((host, port)) if !port.contains(']') => {
-            (host, port.parse::<u16>().map_err(|_| not_loopback())?)
+            let digits = !port.is_empty() && port.bytes().all(|b| b.is_ascii_digit());
+            match port.parse::<u16>() {
+                Ok(port) if digits && port > 0 => (host, port),
+                _ => return Err(not_loopback()),
+            }
         }
         _ => (authority, 80),
     };
     let lower = host.to_ascii_lowercase();
-    let ip = if lower == "localhost" || lower.ends_with(".localhost") {
-        IpAddr::V4(Ipv4Addr::LOCALHOST)
+    let (ip, canonical) = if lower == "localhost" || lower.ends_with(".localhost") {
+        let label =
+            |l: &str| !l.is_empty() && l.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'-');
+        if !lower.split('.').all(label) {
+            return Err(not_loopback());
+        }
+        (IpAddr::V4(Ipv4Addr::LOCALHOST), lower)
     } else {
-        let literal = lower.trim_start_matches('[').trim_end_matches(']');
-        match literal.parse::<IpAddr>() {
-            Ok(ip) if ip.is_loopback() => ip,
+        let literal = match lower.strip_prefix('[') {
+            Some(inner) => inner.strip_suffix(']').ok_or_else(not_loopback)?,
+            None => lower.as_str(),
+        };
+        match (literal.parse::<IpAddr>(), lower.starts_with('[')) {
+            (Ok(ip @ IpAddr::V4(_)), false) if ip.is_loopback() => (ip, ip.to_string()),
+            (Ok(ip @ IpAddr::V6(_)), true) if ip.is_loopback() => (ip, format!("[{ip}]")),
             _ => return Err(not_loopback()),
         }
     };
-    Ok((SocketAddr::new(ip, port), authority.to_owned(), path))
+    Ok(Target {
+        addr: SocketAddr::new(ip, port),
+        host: authority.to_owned(),
+        path,
+        origin: Origin {
+            host: canonical,
+            port,
+        },
+    })
 }
 
 /// One `GET` over HTTP/1.1: the status of the answer.
@@ -372,7 +504,7 @@ async fn get(addr: SocketAddr, host: &str, path: &str) -> Result<u16, String> {
 
 /// Runs the scanner on the links of `message` (kept as `id`) and records what it did in
 /// `inbox`; the links are extracted in the task, outside the inbox's lock.
-pub(crate) fn spawn_scan(inbox: crate::Inbox, id: String, message: Message) {
+pub(crate) fn spawn_scan(inbox: crate::Inbox, id: String, message: Message, origins: Vec<Origin>) {
     let Ok(runtime) = tokio::runtime::Handle::try_current() else {
         return;
     };
@@ -380,7 +512,7 @@ pub(crate) fn spawn_scan(inbox: crate::Inbox, id: String, message: Message) {
         let links = tokio::task::spawn_blocking(move || extract(&message).links)
             .await
             .unwrap_or_default();
-        let scans = scan(links).await;
+        let scans = scan(links, &origins).await;
         inbox.record_scans(&id, scans);
     });
 }
@@ -457,9 +589,7 @@ mod tests {
 
     #[test]
     fn the_scanner_reaches_loopback_http_only() {
-        let target = |url: &str| {
-            loopback_target(url).map(|(addr, host, path)| (addr.to_string(), host, path))
-        };
+        let target = |url: &str| target(url).map(|t| (t.addr.to_string(), t.host, t.path));
         assert_eq!(
             target("http://127.0.0.1:8080/v1/verify?token=t#f"),
             Ok((
@@ -474,6 +604,12 @@ mod tests {
         );
         assert_eq!(target("http://[::1]:9/").unwrap().0, "[::1]:9");
         for refused in [
+            "http://[127.0.0.1]/",
+            "http://127.0.0.1:+80/",
+            "http://127.0.0.1:0/",
+            "http://127.0.0.1:/",
+            "http://127.0.0.1:8080\\@127.0.0.1:9/",
+            "http://a..localhost/",
             "https://127.0.0.1/",
             "http://example.com/",
             "http://10.0.0.1/",
@@ -488,5 +624,64 @@ mod tests {
         ] {
             assert!(target(refused).is_err(), "{refused}");
         }
+    }
+
+    /// Issue 36, item 5: origins are compared as parsed, not as text.
+    #[test]
+    fn origins_are_compared_as_parsed() {
+        let origin = |text: &str| Origin::parse(text).unwrap();
+        for (same, as_) in [
+            ("HTTP://LocalHost:80/", "http://localhost"),
+            ("http://127.0.0.1:08080", "http://127.0.0.1:8080/"),
+            ("http://[0:0::1]:8080", "http://[::1]:8080"),
+            ("http://App.Localhost:3000", "http://app.localhost:3000"),
+        ] {
+            assert_eq!(origin(same), origin(as_), "{same} is {as_}");
+        }
+        assert_eq!(origin("HTTP://[0::1]:80/").to_string(), "http://[::1]");
+        assert_eq!(
+            origin("http://127.0.0.1:8080").to_string(),
+            "http://127.0.0.1:8080"
+        );
+        for (other, than) in [
+            ("http://localhost:8080", "http://127.0.0.1:8080"),
+            ("http://127.0.0.1:8081", "http://127.0.0.1:8080"),
+            ("http://127.0.0.2:8080", "http://127.0.0.1:8080"),
+        ] {
+            assert_ne!(origin(other), origin(than), "{other} is not {than}");
+        }
+        for refused in [
+            "https://127.0.0.1:8080",
+            "http://example.com",
+            "http://127.0.0.1:8080/v1",
+            "http://127.0.0.1:8080?x",
+            "http://127.0.0.1:8080#x",
+            "http://u@127.0.0.1:8080",
+            "127.0.0.1:8080",
+            "",
+        ] {
+            let error = Origin::parse(refused).unwrap_err();
+            assert!(error.contains("origin"), "{refused}: {error}");
+        }
+        // A link's origin is what the scanner would connect to, whatever tricks it holds.
+        let allowed = origin("http://127.0.0.1:8080");
+        for link in [
+            "http://127.0.0.1:8080.evil/",
+            "http://127.0.0.1:80800/",
+            "http://127.0.0.1:8080@127.0.0.1:21445/",
+            "http://127.0.0.1:21445/http://127.0.0.1:8080/",
+            "http://127.0.0.1:21445?http://127.0.0.1:8080",
+            "http://127.0.0.1:21445#@127.0.0.1:8080",
+            "http://localhost:8080/",
+        ] {
+            assert!(
+                Origin::of_url(link).is_err() || Origin::of_url(link).unwrap() != allowed,
+                "{link}"
+            );
+        }
+        let json = serde_json::to_string(&allowed).unwrap();
+        assert_eq!(json, "\"http://127.0.0.1:8080\"");
+        assert_eq!(serde_json::from_str::<Origin>(&json).unwrap(), allowed);
+        assert!(serde_json::from_str::<Origin>("\"http://10.0.0.1\"").is_err());
     }
 }

@@ -1,6 +1,6 @@
 //! What the inbox keeps: the messages in arrival order with their indexes (by id, by recipient,
-//! by key), bounded by count and age; and, in provider mode, the idempotency keys seen within
-//! the window. No request scans every message.
+//! by key), bounded by count, age and bytes; and, in provider mode, the idempotency keys seen
+//! within the window. No request scans every message.
 
 use std::collections::{BTreeMap, BTreeSet, HashMap, VecDeque};
 use std::hash::{Hash, Hasher};
@@ -14,23 +14,109 @@ use crate::links::Scan;
 use crate::runs::run_of;
 
 /// How much the inbox keeps: the oldest messages go first, when there are more than
-/// `max_messages` or when they are older than `max_age`.
+/// `max_messages`, when they are older than `max_age`, or when what the inbox holds of them
+/// (and of the webhooks it received) would take more than `max_bytes`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Retention {
     /// The most messages kept.
     pub max_messages: usize,
     /// How long a message is kept.
     pub max_age: Duration,
+    /// The most bytes the kept messages and webhooks take, counted as the inbox holds them
+    /// ([`kept_size`]: a message's source, its decoded text and HTML parts, its headers and
+    /// addresses, what the link scanner recorded, and a fixed amount per entry for its indexes;
+    /// a webhook's body and headers). Beyond it the oldest go first; one message that alone
+    /// would take more is refused (HTTP 413, SMTP 552), as is one larger than
+    /// [`Retention::max_message_bytes`] as sent. 0 keeps nothing and refuses every message.
+    #[serde(default = "default_max_bytes")]
+    pub max_bytes: usize,
+}
+
+/// The default byte budget: 256 MiB, which a CI container has to spare.
+pub const DEFAULT_MAX_BYTES: usize = 256 * 1024 * 1024;
+
+/// The largest message either intake takes as sent (an SMTP DATA section, a `POST /emails`
+/// body), whatever the budget: 10 MiB.
+pub const MAX_MESSAGE_BYTES: usize = 10 * 1024 * 1024;
+
+fn default_max_bytes() -> usize {
+    DEFAULT_MAX_BYTES
 }
 
 impl Default for Retention {
-    /// 10,000 messages, 24 hours.
+    /// 10,000 messages, 24 hours, 256 MiB.
     fn default() -> Self {
         Self {
             max_messages: 10_000,
             max_age: Duration::from_secs(24 * 60 * 60),
+            max_bytes: DEFAULT_MAX_BYTES,
         }
     }
+}
+
+impl Retention {
+    /// The largest message either intake takes as sent: [`MAX_MESSAGE_BYTES`], and at most a
+    /// quarter of [`Retention::max_bytes`] (what the inbox keeps of a message — its source and
+    /// its decoded parts — is about twice what was sent, so that even the largest leaves room
+    /// for another). SMTP advertises it (`SIZE`) and answers 552 beyond it; HTTP answers 413.
+    pub fn max_message_bytes(&self) -> usize {
+        MAX_MESSAGE_BYTES.min(self.max_bytes / 4)
+    }
+}
+
+/// What the inbox is taken to hold per kept message or webhook beyond its strings: the entry
+/// itself and its places in the indexes.
+const ENTRY_OVERHEAD: usize = 512;
+
+/// What the inbox is taken to hold per recipient of a message: the address, its copy as an
+/// index key, and the index entry.
+const RECIPIENT_OVERHEAD: usize = 64;
+
+/// What the inbox holds for `message`, in bytes, as the byte budget counts it
+/// ([`Retention::max_bytes`]): every string it keeps (the source, the text and HTML parts, the
+/// sender, recipients, subject, `Reply-To`, `Message-ID`, the idempotency key), the copies of
+/// its id, recipients and key the indexes hold, and [`ENTRY_OVERHEAD`]. (Its links are not kept:
+/// they are extracted when asked for; what the scanner did with them is counted when recorded:
+/// [`scans_size`].)
+pub(crate) fn kept_size(message: &Message) -> usize {
+    let optional = |s: &Option<String>| s.as_ref().map_or(0, String::len);
+    ENTRY_OVERHEAD
+        + 2 * message.id.len()
+        + message.from.len()
+        + message
+            .to
+            .iter()
+            .map(|to| 2 * to.len() + RECIPIENT_OVERHEAD)
+            .sum::<usize>()
+        + message.subject.len()
+        + message.text.len()
+        + optional(&message.html)
+        + optional(&message.reply_to)
+        + 2 * optional(&message.message_id)
+        + 2 * optional(&message.idempotency_key)
+        + message.raw.len()
+}
+
+/// What the link scanner's record of one message holds, in bytes.
+pub(crate) fn scans_size(scans: &[Scan]) -> usize {
+    scans
+        .iter()
+        .map(|s| RECIPIENT_OVERHEAD + s.url.len() + s.error.as_ref().map_or(0, String::len))
+        .sum()
+}
+
+/// What the inbox holds for a webhook copy, in bytes: its strings, its name and `webhook-id`
+/// again as index keys, and [`ENTRY_OVERHEAD`].
+pub(crate) fn webhook_size(webhook: &crate::Webhook) -> usize {
+    let optional = |s: &Option<String>| s.as_ref().map_or(0, String::len);
+    ENTRY_OVERHEAD
+        + 2 * webhook.id.len()
+        + 2 * webhook.name.len()
+        + 2 * optional(&webhook.webhook_id)
+        + optional(&webhook.timestamp)
+        + optional(&webhook.signature)
+        + optional(&webhook.event_type)
+        + webhook.body.len()
 }
 
 /// What is kept in arrival order (messages, webhook copies) and dropped oldest first beyond a
@@ -40,10 +126,13 @@ pub(crate) trait ByArrival {
     fn oldest(&self) -> Option<(u64, OffsetDateTime)>;
     /// How many entries are kept.
     fn kept(&self) -> usize;
+    /// How many bytes the kept entries take, as the byte budget counts them.
+    fn bytes(&self) -> usize;
     /// Forgets the entry of `arrival` (and its indexes).
     fn remove_arrival(&mut self, arrival: u64);
 
-    /// Drops the oldest entries beyond `retention` at `now`; returns how many.
+    /// Drops the oldest entries beyond `retention`'s count and age at `now`; returns how many.
+    /// (The byte budget covers messages and webhooks together: `State::expire`.)
     fn evict(&mut self, retention: &Retention, now: OffsetDateTime) -> u64 {
         let mut evicted = 0;
         while let Some((arrival, received_at)) = self.oldest() {
@@ -74,6 +163,8 @@ pub(crate) struct Messages {
     by_run: HashMap<String, BTreeSet<u64>>,
     /// What the link scanner did with each message's links, by arrival (when it has finished).
     scans: HashMap<u64, Vec<Scan>>,
+    /// What the kept messages and their scans take ([`kept_size`], [`scans_size`]).
+    bytes: usize,
 }
 
 /// The runs `message`'s recipients name, each once.
@@ -91,8 +182,15 @@ fn duplicate_key(message: &Message) -> Option<&str> {
 }
 
 impl Messages {
-    /// Keeps `message`; `true` if a kept copy already had its duplicate key.
-    pub(crate) fn insert(&mut self, message: Message) -> bool {
+    /// Keeps `message`; `true` if a kept copy already had its duplicate key. Its large strings
+    /// are shrunk to their length: what is counted is what is held.
+    pub(crate) fn insert(&mut self, mut message: Message) -> bool {
+        message.raw.shrink_to_fit();
+        message.text.shrink_to_fit();
+        if let Some(html) = message.html.as_mut() {
+            html.shrink_to_fit();
+        }
+        self.bytes += kept_size(&message);
         let arrival = self.next;
         self.next += 1;
         let mut duplicate = false;
@@ -183,7 +281,10 @@ impl Messages {
     /// Records what the link scanner did with the links of message `id`, if it is still kept.
     pub(crate) fn set_scans(&mut self, id: &str, scans: Vec<Scan>) {
         if let Some(&arrival) = self.by_id.get(id) {
-            self.scans.insert(arrival, scans);
+            self.bytes += scans_size(&scans);
+            if let Some(old) = self.scans.insert(arrival, scans) {
+                self.bytes -= scans_size(&old);
+            }
         }
     }
 
@@ -268,6 +369,7 @@ impl Messages {
         let Some(message) = self.by_arrival.remove(&arrival) else {
             return;
         };
+        self.bytes -= kept_size(&message);
         self.by_id.remove(&message.id);
         for to in &message.to {
             unindex(&mut self.by_to, to, arrival);
@@ -275,7 +377,9 @@ impl Messages {
         for run in runs_of(&message) {
             unindex(&mut self.by_run, run, arrival);
         }
-        self.scans.remove(&arrival);
+        if let Some(scans) = self.scans.remove(&arrival) {
+            self.bytes -= scans_size(&scans);
+        }
         if let Some(key) = duplicate_key(&message) {
             unindex(&mut self.by_key, key, arrival);
         }
@@ -328,6 +432,10 @@ impl ByArrival for Messages {
 
     fn kept(&self) -> usize {
         self.by_arrival.len()
+    }
+
+    fn bytes(&self) -> usize {
+        self.bytes
     }
 
     fn remove_arrival(&mut self, arrival: u64) {
@@ -477,7 +585,7 @@ impl Deliveries {
 
     /// The keys `message` is known by: its idempotency key, its `Message-ID` whole, and the
     /// part before `@` without the brackets (the delivery key of `<key@host>`).
-    fn keys_of(message: &Message) -> Vec<&str> {
+    pub(crate) fn keys_of(message: &Message) -> Vec<String> {
         let mut keys: Vec<&str> = Vec::new();
         if let Some(key) = message.idempotency_key.as_deref() {
             keys.push(key);
@@ -490,14 +598,15 @@ impl Deliveries {
         keys.sort_unstable();
         keys.dedup();
         keys.retain(|k| !k.is_empty());
-        keys
+        keys.into_iter().map(str::to_owned).collect()
     }
 
-    /// Notes that `message` is being decided (`true`) or no longer is (`false`).
-    pub(crate) fn deciding(&mut self, message: &Message, now: bool) {
-        for key in Self::keys_of(message) {
+    /// Notes that a message known by `keys` ([`Deliveries::keys_of`]) is being decided
+    /// (`true`) or no longer is (`false`).
+    pub(crate) fn deciding(&mut self, keys: &[String], now: bool) {
+        for key in keys {
             if now {
-                *self.deciding.entry(key.to_owned()).or_default() += 1;
+                *self.deciding.entry(key.clone()).or_default() += 1;
             } else if let Some(n) = self.deciding.get_mut(key) {
                 *n -= 1;
                 if *n == 0 {
@@ -512,12 +621,12 @@ impl Deliveries {
     /// delivery key of `<key@host>`).
     pub(crate) fn accepted(&mut self, message: &Message) {
         for key in Self::keys_of(message) {
-            match self.keys.get_mut(key) {
+            match self.keys.get_mut(&key) {
                 Some((copies, _, _)) => *copies += 1,
                 None => {
                     self.keys
-                        .insert(key.to_owned(), (1, message.id.clone(), message.received_at));
-                    self.order.push_back(key.to_owned());
+                        .insert(key.clone(), (1, message.id.clone(), message.received_at));
+                    self.order.push_back(key);
                 }
             }
         }
@@ -617,12 +726,13 @@ mod delivery_tests {
     fn a_message_being_decided_is_said_so_until_its_verdict() {
         let mut deliveries = Deliveries::with_max(10);
         let slow = message("1", Some("k"), Some("<k@oncely>"));
-        deliveries.deciding(&slow, true);
-        deliveries.deciding(&slow, true);
+        let keys = Deliveries::keys_of(&slow);
+        deliveries.deciding(&keys, true);
+        deliveries.deciding(&keys, true);
         assert!(deliveries.get("k").deciding && !deliveries.get("k").accepted);
-        deliveries.deciding(&slow, false);
+        deliveries.deciding(&keys, false);
         assert!(deliveries.get("k").deciding, "the other attempt still is");
-        deliveries.deciding(&slow, false);
+        deliveries.deciding(&keys, false);
         deliveries.accepted(&slow);
         let found = deliveries.get("k");
         assert!(found.accepted && !found.deciding, "{found:?}");

@@ -412,7 +412,7 @@ fn faults_summary(f: &Faults) -> String {
         ));
     }
     if f.link_scanner {
-        on.push("the link scanner GETs each message's loopback links".to_owned());
+        on.push("the link scanner GETs each message's links to the origins named".to_owned());
     }
     if on.is_empty() {
         "none".to_owned()

@@ -1,17 +1,31 @@
 //! The SMTP intake: greeting, EHLO/HELO, MAIL, RCPT, DATA, RSET, NOOP, QUIT. No TLS, no AUTH:
 //! it listens on loopback for tests and development.
+//!
+//! Bounded: EHLO advertises the largest message it takes (`SIZE`,
+//! [`crate::Retention::max_message_bytes`]); a `MAIL FROM` whose `SIZE=` is larger, and a DATA
+//! section that turns out larger (read to its end, not kept), are answered `552 5.3.4`, and so
+//! is a message that, as the inbox would keep it, alone takes more than its byte budget. No line
+//! is held beyond its bound: a command line over [`MAX_COMMAND_LINE`] is answered `500`.
 
 use std::time::Duration;
 
 use mail_parser::MessageParser;
 use time::OffsetDateTime;
-use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader};
+use tokio::io::{AsyncBufRead, AsyncBufReadExt, AsyncWriteExt, BufReader};
 use tokio::net::{TcpListener, TcpStream};
 
 use crate::{Conflict, Inbox, Intake, Message, Rejection, Verdict};
 
-/// The largest message accepted (bytes).
-pub const MAX_MESSAGE: usize = 10 * 1024 * 1024;
+/// The largest message accepted as sent (bytes), whatever the budget
+/// ([`crate::MAX_MESSAGE_BYTES`]; the inbox's own limit is
+/// [`crate::Retention::max_message_bytes`]).
+pub const MAX_MESSAGE: usize = crate::MAX_MESSAGE_BYTES;
+
+/// The longest command line read (bytes, with its CRLF); RFC 5321 allows 512.
+pub const MAX_COMMAND_LINE: usize = 4096;
+
+/// The answer to a message larger than the inbox takes (RFC 1870).
+const TOO_LARGE: &str = "552 5.3.4 Message size exceeds fixed maximum message size\r\n";
 
 /// Accepts connections until the listener fails.
 pub async fn serve(listener: TcpListener, inbox: Inbox) {
@@ -37,64 +51,128 @@ async fn session(stream: TcpStream, inbox: Inbox) -> std::io::Result<()> {
     let (read, mut write) = stream.into_split();
     let mut lines = BufReader::new(read);
     write.write_all(b"220 oncely-inbox ESMTP ready\r\n").await?;
+    let limit = inbox.max_message_bytes();
     let mut from = String::new();
     let mut to: Vec<String> = Vec::new();
-    let mut line = String::new();
+    let mut line = Vec::new();
     loop {
         line.clear();
-        if lines.read_line(&mut line).await? == 0 {
+        let read = read_line_bounded(&mut lines, &mut line, MAX_COMMAND_LINE).await?;
+        if read == 0 {
             return Ok(());
         }
+        if read > line.len() {
+            write.write_all(b"500 5.5.2 Line too long\r\n").await?;
+            continue;
+        }
+        let line = String::from_utf8_lossy(&line);
         let command = line.trim_end();
         let verb = command
             .split_whitespace()
             .next()
             .unwrap_or("")
             .to_ascii_uppercase();
-        let reply: &[u8] = match verb.as_str() {
-            "EHLO" => b"250-oncely-inbox\r\n250-8BITMIME\r\n250-SMTPUTF8\r\n250 SIZE 10485760\r\n",
-            "HELO" => b"250 oncely-inbox\r\n",
+        let reply: String = match verb.as_str() {
+            "EHLO" => {
+                format!("250-oncely-inbox\r\n250-8BITMIME\r\n250-SMTPUTF8\r\n250 SIZE {limit}\r\n")
+            }
+            "HELO" => "250 oncely-inbox\r\n".into(),
+            "MAIL" if declared_size(command).is_some_and(|size| size > limit) => {
+                from.clear();
+                to.clear();
+                TOO_LARGE.into()
+            }
             "MAIL" => {
                 from = address_of(command);
                 to.clear();
-                b"250 2.1.0 Ok\r\n"
+                "250 2.1.0 Ok\r\n".into()
             }
             "RCPT" => {
                 to.push(address_of(command));
-                b"250 2.1.5 Ok\r\n"
+                "250 2.1.5 Ok\r\n".into()
             }
             "DATA" => {
                 if to.is_empty() {
-                    b"503 5.5.1 RCPT first\r\n"
+                    "503 5.5.1 RCPT first\r\n".into()
                 } else {
                     write
                         .write_all(b"354 End data with <CR><LF>.<CR><LF>\r\n")
                         .await?;
-                    let data = read_data(&mut lines).await?;
-                    let header = inbox.idempotency_header(Intake::Smtp);
-                    let verdict = inbox.attempt(parse(&data, &from, &to, &header)).await;
+                    let data = read_data(&mut lines, limit).await?;
+                    let verdict = match data {
+                        Some(data) => {
+                            let header = inbox.idempotency_header(Intake::Smtp);
+                            let message = parse(&data, &from, &to, &header);
+                            drop(data);
+                            inbox.attempt(message).await
+                        }
+                        None => {
+                            inbox.count_too_large();
+                            Verdict::TooLarge
+                        }
+                    };
                     to.clear();
                     // Kept but dropped: the sender never hears so (the unknown outcome).
                     let Some(reply) = reply(&verdict) else {
                         return Ok(());
                     };
-                    write.write_all(reply.as_bytes()).await?;
-                    continue;
+                    reply
                 }
             }
             "RSET" => {
                 from.clear();
                 to.clear();
-                b"250 2.0.0 Ok\r\n"
+                "250 2.0.0 Ok\r\n".into()
             }
-            "NOOP" => b"250 2.0.0 Ok\r\n",
+            "NOOP" => "250 2.0.0 Ok\r\n".into(),
             "QUIT" => {
                 write.write_all(b"221 2.0.0 Bye\r\n").await?;
                 return Ok(());
             }
-            _ => b"502 5.5.2 Command not recognized\r\n",
+            _ => "502 5.5.2 Command not recognized\r\n".into(),
         };
-        write.write_all(reply).await?;
+        write.write_all(reply.as_bytes()).await?;
+    }
+}
+
+/// The `SIZE=` a `MAIL FROM` declares (RFC 1870), if it declares one that is a number.
+fn declared_size(command: &str) -> Option<usize> {
+    let params = &command[command.find('>').map_or(command.len(), |i| i + 1)..];
+    params.split_whitespace().find_map(|param| {
+        let (name, value) = param.split_once('=')?;
+        // A size beyond usize is larger than any limit.
+        name.eq_ignore_ascii_case("SIZE")
+            .then(|| value.parse::<u128>().ok())
+            .flatten()
+            .map(|size| usize::try_from(size).unwrap_or(usize::MAX))
+    })
+}
+
+/// Reads one line (through `\n`, or to the end of the stream) and keeps at most `max` bytes of
+/// it in `line`: the rest is read and dropped. Returns how many bytes the line had (0: the end
+/// of the stream); more than `line` holds when it was cut.
+async fn read_line_bounded<R: AsyncBufRead + Unpin>(
+    reader: &mut R,
+    line: &mut Vec<u8>,
+    max: usize,
+) -> std::io::Result<usize> {
+    let mut total = 0;
+    loop {
+        let available = reader.fill_buf().await?;
+        if available.is_empty() {
+            return Ok(total);
+        }
+        let (taken, done) = match available.iter().position(|&b| b == b'\n') {
+            Some(end) => (end + 1, true),
+            None => (available.len(), false),
+        };
+        let room = max.saturating_sub(line.len());
+        line.extend_from_slice(&available[..taken.min(room)]);
+        reader.consume(taken);
+        total += taken;
+        if done {
+            return Ok(total);
+        }
     }
 }
 
@@ -125,28 +203,42 @@ fn reply(verdict: &Verdict) -> Option<String> {
         Verdict::Conflict(conflict @ Conflict::ConcurrentIdempotentRequests) => {
             format!("451 4.7.0 {}: {}\r\n", conflict.name(), conflict.message())
         }
+        Verdict::TooLarge => TOO_LARGE.into(),
     })
 }
 
-/// Reads the message up to the lone `.` line, undoing dot-stuffing.
-async fn read_data<R: AsyncBufReadExt + Unpin>(lines: &mut R) -> std::io::Result<Vec<u8>> {
+/// Reads the message up to the lone `.` line, undoing dot-stuffing: `None` if it is larger
+/// than `limit` (then read to its end and dropped, so that the session goes on; at most `limit`
+/// bytes of it are ever held).
+async fn read_data<R: AsyncBufRead + Unpin>(
+    lines: &mut R,
+    limit: usize,
+) -> std::io::Result<Option<Vec<u8>>> {
     let mut data = Vec::new();
+    let mut too_large = false;
     let mut line = Vec::new();
     loop {
         line.clear();
-        if lines.read_until(b'\n', &mut line).await? == 0 {
+        // A line longer than the limit (plus its dot and CRLF) makes the message too large.
+        let read = read_line_bounded(lines, &mut line, limit.saturating_add(3)).await?;
+        if read == 0 {
             return Err(std::io::ErrorKind::UnexpectedEof.into());
         }
         if line == b".\r\n" || line == b".\n" {
-            return Ok(data);
+            return Ok((!too_large).then_some(data));
+        }
+        if too_large {
+            continue;
         }
         let unstuffed = if line.starts_with(b"..") {
             &line[1..]
         } else {
             &line[..]
         };
-        if data.len() + unstuffed.len() > MAX_MESSAGE {
-            return Err(std::io::Error::other("message too large"));
+        if read > line.len() || data.len() + unstuffed.len() > limit {
+            too_large = true;
+            data = Vec::new();
+            continue;
         }
         data.extend_from_slice(unstuffed);
     }
@@ -294,6 +386,108 @@ Content-Type: multipart/mixed; boundary=\"XX\"\r\n\r\n\
         assert_eq!(m.text.trim_end(), "hello <b>");
         assert_eq!(m.html, None);
         assert_eq!(m.reply_to, None);
+    }
+
+    /// An SMTP session on an inbox keeping at most `max_bytes`: the inbox and a function that
+    /// sends `what` and reads one reply (all its lines).
+    async fn session_with(max_bytes: usize) -> (Inbox, tokio::net::TcpStream) {
+        let inbox = Inbox::with_config(crate::Config {
+            retention: crate::Retention {
+                max_bytes,
+                ..crate::Retention::default()
+            },
+            ..crate::Config::default()
+        });
+        let (inbox, running) = inbox
+            .start_local_with(crate::Faults::default())
+            .await
+            .unwrap();
+        let mut stream = tokio::net::TcpStream::connect(running.smtp_addr)
+            .await
+            .unwrap();
+        assert!(said(&mut stream, b"").await.starts_with("220"));
+        (inbox, stream)
+    }
+
+    /// Sends `what`, then reads one reply (up to a line whose code is followed by a space).
+    async fn said(stream: &mut tokio::net::TcpStream, what: &[u8]) -> String {
+        use tokio::io::AsyncReadExt;
+        stream.write_all(what).await.unwrap();
+        let mut reply = Vec::new();
+        let mut byte = [0u8; 1];
+        loop {
+            let n = tokio::time::timeout(Duration::from_secs(10), stream.read(&mut byte))
+                .await
+                .expect("a reply within 10 s")
+                .unwrap();
+            assert_eq!(n, 1, "the connection closed after {reply:?}");
+            reply.push(byte[0]);
+            let text = String::from_utf8_lossy(&reply);
+            if let Some(last) = text
+                .strip_suffix("\r\n")
+                .and_then(|t| t.rsplit("\r\n").next())
+                && last.as_bytes().get(3) == Some(&b' ')
+            {
+                return text.into_owned();
+            }
+        }
+    }
+
+    /// Issue 36, item 4: a message larger than the inbox takes is answered 552 — declared too
+    /// large in `MAIL FROM … SIZE=`, or found so in DATA (read to its end, never held whole, in
+    /// lines or in one line) — and the session goes on; a message within the limit is kept.
+    #[tokio::test]
+    async fn a_message_over_the_limit_is_refused_with_552_and_the_session_goes_on() {
+        // A budget of 400 KiB: messages of at most 100 KiB as sent.
+        let (inbox, mut smtp) = session_with(400 * 1024).await;
+        let ehlo = said(&mut smtp, b"EHLO t\r\n").await;
+        assert!(ehlo.contains("250 SIZE 102400\r\n"), "{ehlo}");
+        let declared = said(&mut smtp, b"MAIL FROM:<a@x.io> SIZE=102401\r\n").await;
+        assert!(declared.starts_with("552 5.3.4"), "{declared}");
+        let big_in_lines = format!("Subject: big\r\n\r\n{}", "y".repeat(998) + "\r\n")
+            .repeat(110)
+            .into_bytes();
+        let one_long_line = [
+            b"Subject: long\r\n\r\n".as_slice(),
+            &[b'z'; 1024 * 1024],
+            b"\r\n",
+        ]
+        .concat();
+        for body in [big_in_lines, one_long_line] {
+            assert!(
+                said(&mut smtp, b"MAIL FROM:<a@x.io> SIZE=1000\r\n")
+                    .await
+                    .starts_with("250")
+            );
+            assert!(
+                said(&mut smtp, b"RCPT TO:<b@x.io>\r\n")
+                    .await
+                    .starts_with("250")
+            );
+            assert!(said(&mut smtp, b"DATA\r\n").await.starts_with("354"));
+            let reply = said(&mut smtp, &[body.as_slice(), b".\r\n"].concat()).await;
+            assert!(reply.starts_with("552 5.3.4"), "{reply}");
+        }
+        let long_command = [b"NOOP ".as_slice(), &[b'n'; 5000], b"\r\n"].concat();
+        assert!(said(&mut smtp, &long_command).await.starts_with("500"));
+        assert!(
+            said(&mut smtp, b"MAIL FROM:<a@x.io>\r\n")
+                .await
+                .starts_with("250")
+        );
+        assert!(
+            said(&mut smtp, b"RCPT TO:<b@x.io>\r\n")
+                .await
+                .starts_with("250")
+        );
+        assert!(said(&mut smtp, b"DATA\r\n").await.starts_with("354"));
+        let small = format!("Subject: small\r\n\r\n{}\r\n.\r\n", "s".repeat(50_000));
+        let kept = said(&mut smtp, small.as_bytes()).await;
+        assert!(kept.starts_with("250"), "{kept}");
+        let messages = inbox.messages(None);
+        assert_eq!(messages.len(), 1);
+        assert_eq!(messages[0].subject, "small");
+        assert_eq!(inbox.stats().too_large, 2);
     }
 
     #[test]

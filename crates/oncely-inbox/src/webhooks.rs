@@ -265,11 +265,15 @@ pub(crate) struct Webhooks {
     by_id: HashMap<String, u64>,
     by_name: HashMap<String, BTreeSet<u64>>,
     by_key: HashMap<(String, String), BTreeSet<u64>>,
+    /// What the kept copies take ([`crate::messages::webhook_size`]).
+    bytes: usize,
 }
 
 impl Webhooks {
     /// Keeps `webhook`; `true` if a kept copy already had its duplicate key.
-    pub(crate) fn insert(&mut self, webhook: Webhook) -> bool {
+    pub(crate) fn insert(&mut self, mut webhook: Webhook) -> bool {
+        webhook.body.shrink_to_fit();
+        self.bytes += crate::messages::webhook_size(&webhook);
         let arrival = self.next;
         self.next += 1;
         let mut duplicate = false;
@@ -368,6 +372,7 @@ impl Webhooks {
         let Some(webhook) = self.by_arrival.remove(&arrival) else {
             return;
         };
+        self.bytes -= crate::messages::webhook_size(&webhook);
         self.by_id.remove(&webhook.id);
         if let Some(arrivals) = self.by_name.get_mut(&webhook.name) {
             arrivals.remove(&arrival);
@@ -399,6 +404,10 @@ impl ByArrival for Webhooks {
 
     fn kept(&self) -> usize {
         self.by_arrival.len()
+    }
+
+    fn bytes(&self) -> usize {
+        self.bytes
     }
 
     fn remove_arrival(&mut self, arrival: u64) {

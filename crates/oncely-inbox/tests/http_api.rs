@@ -1204,18 +1204,25 @@ async fn a_messages_links_and_one_time_codes_are_extracted_from_its_text_and_htm
     assert_eq!(unknown.status(), 404);
 }
 
-/// A loopback site that records the path and query of every request it gets.
+/// A loopback site that records the path and query of every request it gets; `/missing` is
+/// 404, `/redirect?to=URL` a 302 to `URL`.
 async fn recording_site() -> (String, std::sync::Arc<std::sync::Mutex<Vec<String>>>) {
+    use axum::response::IntoResponse;
     let seen = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));
     let app = axum::Router::new().fallback({
         let seen = seen.clone();
         move |request: axum::extract::Request| async move {
             let what = format!("{} {}", request.method(), request.uri());
             seen.lock().unwrap().push(what);
-            if request.uri().path() == "/missing" {
-                axum::http::StatusCode::NOT_FOUND
-            } else {
-                axum::http::StatusCode::OK
+            let to = request.uri().query().and_then(|q| q.strip_prefix("to="));
+            match (request.uri().path(), to) {
+                ("/missing", _) => axum::http::StatusCode::NOT_FOUND.into_response(),
+                ("/redirect", Some(to)) => (
+                    axum::http::StatusCode::FOUND,
+                    [(axum::http::header::LOCATION, to.to_owned())],
+                )
+                    .into_response(),
+                _ => axum::http::StatusCode::OK.into_response(),
             }
         }
     });
@@ -1239,8 +1246,9 @@ async fn scanned(base: &str, id: &str) -> Vec<Value> {
 
 #[tokio::test]
 async fn the_link_scanner_gets_every_loopback_link_on_arrival_and_never_another_host() {
-    let (_inbox, base) = start().await;
+    let (inbox, base) = start().await;
     let (site, seen) = recording_site().await;
+    inbox.set_scan_origins([oncely_inbox::Origin::parse(&site).unwrap()]);
     let (status, set) = put_faults(&base, json!({ "link_scanner": true })).await;
     assert_eq!((status, set.map(|f| f.link_scanner)), (200, Some(true)));
     let body = json!({
@@ -1307,4 +1315,167 @@ async fn the_link_scanner_gets_every_loopback_link_on_arrival_and_never_another_
     .await;
     assert!(links["scanned"].is_null());
     assert_eq!(seen.lock().unwrap().len(), 2);
+}
+
+/// Issue 36, item 4: over HTTP, a message over the per-message limit is 413 (not read in full),
+/// and the kept messages stay within the byte budget, the oldest going first, while
+/// `/deliveries/{key}` still answers for them.
+#[tokio::test]
+async fn the_http_intake_refuses_a_message_over_the_limit_and_keeps_within_the_byte_budget() {
+    // A budget of 1 MiB: messages of at most 256 KiB as sent.
+    let config = oncely_inbox::Config {
+        retention: oncely_inbox::Retention {
+            max_bytes: 1024 * 1024,
+            ..oncely_inbox::Retention::default()
+        },
+        ..oncely_inbox::Config::default()
+    };
+    let (inbox, running) = Inbox::with_config(config)
+        .start_local_with(Faults::default())
+        .await
+        .unwrap();
+    let base = format!("http://{}", running.http_addr);
+    let http = oncely_testdb::http();
+    let send = |n: usize, len: usize| {
+        http.post(format!("{base}/emails"))
+            .header("idempotency-key", format!("k{n}"))
+            .json(&json!({ "from": "a@example.com", "to": ["b@example.com"],
+                           "subject": format!("m{n}"), "text": "t".repeat(len) }))
+            .send()
+    };
+    let refused = send(0, 300 * 1024).await.unwrap();
+    assert_eq!(refused.status(), 413);
+    let body: Value = refused.json().await.unwrap();
+    assert_eq!(body["name"], "message_too_large", "{body}");
+    assert!(
+        body["message"].as_str().unwrap().contains("262144"),
+        "{body}"
+    );
+    // 20 messages of 100 KiB (each kept as its text and its source: about 200 KiB).
+    for n in 1..=20 {
+        assert_eq!(send(n, 100 * 1024).await.unwrap().status(), 200, "m{n}");
+    }
+    let stats: Value = get_json(format!("{base}/stats")).await;
+    let kept = stats["kept"].as_u64().unwrap();
+    assert!((1..=5).contains(&kept), "within 1 MiB: {stats}");
+    assert_eq!(stats["evicted"].as_u64().unwrap(), 20 - kept, "{stats}");
+    assert_eq!(stats["too_large"], 1, "{stats}");
+    let kept_bytes: usize = inbox
+        .messages(None)
+        .iter()
+        .map(|m| m.text.len() + m.raw.len())
+        .sum();
+    assert!(kept_bytes <= 1024 * 1024, "{kept_bytes}");
+    let newest = inbox.messages(None).pop().unwrap();
+    assert_eq!(newest.subject, "m20", "the newest stays");
+    assert!(
+        newest.raw.contains(r#""subject":"m20""#),
+        "a large body's source is kept as it came, not indented"
+    );
+    let first: Value = get_json(format!("{base}/deliveries/k1")).await;
+    assert_eq!(first["accepted"], true, "an evicted message's key: {first}");
+    assert!(inbox.message(first["first_id"].as_str().unwrap()).is_none());
+    let never: Value = get_json(format!("{base}/deliveries/k0")).await;
+    assert_eq!(never["accepted"], false, "the refused one was not accepted");
+}
+
+/// Issue 36, item 5: with the link scanner on, anyone who could post to the inbox made it GET
+/// any loopback URL on any port (`http://127.0.0.1:21445/admin/delete?all=1`). It opens only
+/// the origins its operator named: not another port of the machine, not through a user-info,
+/// suffix or longer-port trick, not by a redirect; and it cannot be switched on over HTTP
+/// while none is named.
+#[tokio::test]
+async fn the_link_scanner_opens_only_the_origins_its_operator_named() {
+    let (inbox, base) = start().await;
+    let (site, seen) = recording_site().await;
+    let (other, other_seen) = recording_site().await;
+    let (status, _) = put_faults(&base, json!({ "link_scanner": true })).await;
+    assert_eq!(status, 400, "no origin named: it cannot be switched on");
+    let refused = oncely_testdb::http()
+        .put(format!("{base}/faults"))
+        .body(r#"{"link_scanner": true}"#)
+        .send()
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    assert!(refused.contains("--scan-origin"), "{refused}");
+    assert!(!inbox.faults().link_scanner);
+    // Named as the operator writes it: the case and a trailing slash make no difference.
+    inbox.set_scan_origins([
+        oncely_inbox::Origin::parse(&format!("{}/", site.to_uppercase())).unwrap(),
+    ]);
+    let (status, _) = put_faults(&base, json!({ "link_scanner": true })).await;
+    assert_eq!(status, 200);
+    let (site_port, other_port) = (
+        site.rsplit(':').next().unwrap(),
+        other.rsplit(':').next().unwrap(),
+    );
+    let links = [
+        format!("{other}/admin/delete?all=1"),
+        format!("http://127.0.0.1:{site_port}@127.0.0.1:{other_port}/userinfo"),
+        format!("http://127.0.0.1:{site_port}.evil/suffix"),
+        format!("http://127.0.0.1:{site_port}0/longer-port"),
+        format!("http://localhost:{other_port}/by-name"),
+        format!("http://127.0.0.2:{other_port}/another-loopback-address"),
+        format!("{site}/redirect?to={other}/redirected"),
+        format!("{site}/verify?token=t2"),
+    ];
+    let body = json!({
+        "from": "a@example.com", "to": ["ada@example.com"], "subject": "Links",
+        "text": links.join(" \n"),
+    });
+    let sent: Value = oncely_testdb::http()
+        .post(format!("{base}/emails"))
+        .json(&body)
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    let scans = scanned(&base, sent["id"].as_str().unwrap()).await;
+    let outcome: Vec<(String, Value)> = scans
+        .iter()
+        .map(|s| (s["url"].as_str().unwrap().to_owned(), s["status"].clone()))
+        .collect();
+    let expected: Vec<(String, Value)> = links
+        .iter()
+        .map(|link| {
+            let status = if link.ends_with("/redirected") {
+                json!(302)
+            } else if link.ends_with("token=t2") {
+                json!(200)
+            } else {
+                Value::Null
+            };
+            (link.clone(), status)
+        })
+        .collect();
+    assert_eq!(outcome, expected, "{scans:?}");
+    for skipped in &scans[..6] {
+        let error = skipped["error"].as_str().unwrap();
+        assert!(error.starts_with("skipped"), "{error}");
+    }
+    assert!(
+        scans[0]["error"]
+            .as_str()
+            .unwrap()
+            .contains(&format!("it opens {site}")),
+        "{scans:?}"
+    );
+    assert_eq!(
+        *seen.lock().unwrap(),
+        [
+            format!("GET /redirect?to={other}/redirected"),
+            "GET /verify?token=t2".to_owned()
+        ],
+        "the named origin's links, each once"
+    );
+    assert!(
+        other_seen.lock().unwrap().is_empty(),
+        "another port of the machine was fetched: {:?}",
+        other_seen.lock().unwrap()
+    );
 }

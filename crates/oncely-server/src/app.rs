@@ -207,6 +207,14 @@ impl<B: Accounts> Application<B> {
             }
         };
         let (mailer, dev_inbox) = mailer(&settings.mailer).await?;
+        if let Some((inbox, _)) = &dev_inbox {
+            // The dev inbox's link scanner opens this service's own links only: the origin of
+            // its public URL (when that is http:// on loopback; else it opens nothing).
+            match oncely_inbox::Origin::of_url(&settings.public_url_at(addr)) {
+                Ok(origin) => inbox.set_scan_origins([origin]),
+                Err(why) => tracing::debug!(%why, "the dev inbox's link scanner opens no link"),
+            }
+        }
         if settings.workers > 0 {
             let on_unknown = settings.mailer.on_unknown(settings.on_unknown);
             warn_unless_reconciled(on_unknown, &*mailer);

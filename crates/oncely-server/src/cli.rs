@@ -1372,6 +1372,18 @@ pub struct InboxArgs {
     /// How long a message is kept (`24h`, `90m`, …).
     #[arg(long, default_value = "24h", value_parser = parse_duration)]
     pub max_age: Duration,
+    /// The most memory the kept messages and webhooks take, counted as the inbox holds them
+    /// (a message's source, its decoded text and HTML parts, its headers and addresses): the
+    /// oldest go first beyond it. `256MiB`, `64MB`, `1GiB` or bytes; at least 1MiB. One message
+    /// is at most 10 MiB as sent and a quarter of this (larger: HTTP 413, SMTP 552).
+    #[arg(long, default_value = "256MiB", value_parser = parse_max_bytes)]
+    pub max_bytes: usize,
+    /// An origin whose links the link scanner opens (`PUT /faults {"link_scanner": true}`):
+    /// `http://` and a loopback host and port, e.g. `http://127.0.0.1:8080`, the service whose
+    /// emails come here (repeat for more). It opens no other link; with none named it cannot
+    /// be switched on.
+    #[arg(long = "scan-origin", value_name = "URL", value_parser = parse_scan_origin)]
+    pub scan_origins: Vec<oncely_inbox::Origin>,
 }
 
 /// `oncely inbox …`: what is asked of a running inbox.
@@ -1488,9 +1500,11 @@ impl InboxArgs {
             retention: oncely_inbox::Retention {
                 max_messages: self.max_messages,
                 max_age: self.max_age,
+                max_bytes: self.max_bytes,
             },
             http_idempotency_header: header(defaults.http_idempotency_header),
             smtp_idempotency_header: header(defaults.smtp_idempotency_header),
+            scan_origins: self.scan_origins.clone(),
         }
     }
 }
@@ -1505,6 +1519,51 @@ fn parse_max_messages(s: &str) -> Result<usize, String> {
         Ok(n) => Ok(n),
         Err(e) => Err(e.to_string()),
     }
+}
+
+/// A size in bytes: a whole number, with or without a unit — `B`, `KB`, `MB`, `GB` (powers of
+/// 1000), `KiB`, `MiB`, `GiB` (powers of 1024), in any case, a space allowed before it.
+pub(crate) fn parse_size(s: &str) -> Result<usize, String> {
+    let text = s.trim();
+    let digits = text
+        .find(|c: char| !c.is_ascii_digit())
+        .unwrap_or(text.len());
+    let (number, unit) = text.split_at(digits);
+    let bad = || {
+        format!(
+            "{s:?} is not a size: expected bytes or a whole number with a unit, e.g. 256MiB, 64MB, 1GiB, 1048576"
+        )
+    };
+    let number: u64 = number.parse().map_err(|_| bad())?;
+    let factor: u64 = match unit.trim_start().to_ascii_lowercase().as_str() {
+        "" | "b" => 1,
+        "kb" => 1_000,
+        "mb" => 1_000_000,
+        "gb" => 1_000_000_000,
+        "kib" => 1 << 10,
+        "mib" => 1 << 20,
+        "gib" => 1 << 30,
+        _ => return Err(bad()),
+    };
+    number
+        .checked_mul(factor)
+        .and_then(|bytes| usize::try_from(bytes).ok())
+        .ok_or_else(|| format!("{s:?} is too large"))
+}
+
+fn parse_scan_origin(s: &str) -> Result<oncely_inbox::Origin, String> {
+    oncely_inbox::Origin::parse(s)
+}
+
+/// `inbox --max-bytes`: a size ([`parse_size`]) of at least 1 MiB.
+fn parse_max_bytes(s: &str) -> Result<usize, String> {
+    let bytes = parse_size(s)?;
+    if bytes < 1 << 20 {
+        return Err(format!(
+            "{s:?}: at least 1MiB (1048576 bytes): the inbox needs room for a message (0 does not mean unbounded)"
+        ));
+    }
+    Ok(bytes)
 }
 
 /// `inbox expect --within`: a duration up to a day (a CI step that waits longer is stuck).

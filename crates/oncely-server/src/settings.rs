@@ -1237,6 +1237,8 @@ mod tests {
             "5",
             "--max-age",
             "1h",
+            "--max-bytes",
+            "64MB",
         ])
         .unwrap();
         assert_eq!(
@@ -1250,15 +1252,76 @@ mod tests {
             one.retention,
             oncely_inbox::Retention {
                 max_messages: 5,
-                max_age: Duration::from_secs(3600)
+                max_age: Duration::from_secs(3600),
+                max_bytes: 64_000_000,
             }
         );
+        let bytes =
+            |value: &str| inbox(&[&format!("--max-bytes={value}")]).map(|c| c.retention.max_bytes);
+        assert_eq!(
+            inbox(&[]).unwrap().retention.max_bytes,
+            256 * 1024 * 1024,
+            "the default fits a CI container"
+        );
+        for (value, expected) in [
+            ("256MiB", 256 << 20),
+            ("256 mib", 256 << 20),
+            ("1GiB", 1 << 30),
+            ("2GB", 2_000_000_000),
+            ("1048576", 1 << 20),
+            ("1048576B", 1 << 20),
+            ("1500KiB", 1500 << 10),
+        ] {
+            assert_eq!(bytes(value), Ok(expected), "{value}");
+        }
+        for (bad, why) in [
+            ("0", "at least 1MiB"),
+            ("1000KB", "at least 1MiB"),
+            ("1.5GiB", "not a size"),
+            ("-1", "not a size"),
+            ("64 megabytes", "not a size"),
+            ("MiB", "not a size"),
+            ("", "not a size"),
+            ("99999999999999999999GiB", "not a size"),
+            ("99999999999GiB", "too large"),
+        ] {
+            let error = bytes(bad).unwrap_err();
+            assert!(
+                error.contains(why) && error.contains("--max-bytes"),
+                "{bad}: {error}"
+            );
+        }
         assert!(
             inbox(&["--max-messages", "0"])
                 .unwrap_err()
                 .contains("at least 1")
         );
         assert!(inbox(&["--idempotency-header", "a:b"]).is_err());
+        // The link scanner's origins: none unless named, compared as parsed.
+        assert!(inbox(&[]).unwrap().scan_origins.is_empty());
+        let named = inbox(&[
+            "--scan-origin",
+            "http://127.0.0.1:8080/",
+            "--scan-origin",
+            "HTTP://LOCALHOST:3000",
+        ])
+        .unwrap()
+        .scan_origins;
+        let shown: Vec<String> = named.iter().map(ToString::to_string).collect();
+        assert_eq!(shown, ["http://127.0.0.1:8080", "http://localhost:3000"]);
+        for bad in [
+            "https://127.0.0.1:8080",
+            "http://example.com",
+            "http://127.0.0.1:8080/v1",
+            "http://u@127.0.0.1:8080",
+            "127.0.0.1:8080",
+        ] {
+            let error = inbox(&["--scan-origin", bad]).unwrap_err();
+            assert!(
+                error.contains("--scan-origin") && error.contains("origin"),
+                "{bad}: {error}"
+            );
+        }
     }
 
     #[test]

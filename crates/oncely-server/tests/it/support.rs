@@ -495,8 +495,14 @@ pub fn capture_logs() -> (Logs, tracing::subscriber::DefaultGuard) {
 
 /// `oncely inbox` on free ports: the process and its HTTP base URL.
 pub async fn spawn_inbox() -> (tokio::process::Child, String) {
+    spawn_inbox_with(&[]).await
+}
+
+/// [`spawn_inbox`] with these flags too.
+pub async fn spawn_inbox_with(args: &[&str]) -> (tokio::process::Child, String) {
     let mut child = tokio::process::Command::new(env!("CARGO_BIN_EXE_oncely"))
         .args(["inbox", "--smtp", "127.0.0.1:0", "--http", "127.0.0.1:0"])
+        .args(args)
         .stdout(std::process::Stdio::piped())
         .kill_on_drop(true)
         .spawn()

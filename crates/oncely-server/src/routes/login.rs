@@ -7,9 +7,11 @@
 //! The check is [`authenticate`], a middleware in front of the idempotency layer: it runs for
 //! every request, a retry under the same Idempotency-Key included, so that a key reused with
 //! other passwords is no way around the count, and a replay never hands out an identity that a
-//! check now would refuse (a password changed since, an account gone). The layer's fingerprint
-//! leaves the password out ([`fingerprinted`]): a repeat is the same login when it names the same
-//! address and its password checks out now. With a key, a retry replays the identity (its
+//! check now would refuse (a password changed since, an account gone). The layer fingerprints
+//! what was proved, not what was sent ([`proved`]): the address and the account, never the
+//! password — a repeat is the same login when its password proves the same account now (the
+//! address's next owner, after an email change, is another login: 422). With a key, a retry
+//! replays the identity (its
 //! `authenticated_at` and event are the first request's); without one, each request runs. The
 //! counters and a re-hashed password are written in statements of their own. A success writes
 //! its `user.signed_in` event (`method: password`) in the layer's transaction, with the key's
@@ -18,11 +20,13 @@
 
 use std::time::Duration;
 
+use axum::body::Body;
 use axum::extract::{FromRequestParts, Request, State};
+use axum::http::header;
 use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
 use axum::{Extension, Json};
-use oncely::{CanonicalJson, IdempotentTx, TenantId};
+use oncely::{IdempotentTx, TenantId};
 use secrecy::SecretString;
 use serde::Deserialize;
 use serde_json::{Value, json};
@@ -37,7 +41,7 @@ use super::post::peek_json;
 use super::tenants::Tenant;
 use crate::accounts::{AccountError, Accounts};
 use crate::client_addr::CallerAddr;
-use crate::email::{EmailAddress, normalize_json_email};
+use crate::email::EmailAddress;
 use crate::identity::{self, Identity, Proof};
 use crate::password::{self, Checked};
 use crate::webhooks::EventType;
@@ -67,17 +71,6 @@ pub struct LoginRequest {
     email: String,
     /// The password (at most 128 characters, as every password oncely sets).
     password: String,
-}
-
-/// A login's body as the idempotency layer fingerprints it: the address normalized, the
-/// password left out — [`authenticate`] checks it on every request, so a repeat under the same
-/// key is the same login when its password is right now, and no keyed hash of a password is
-/// stored with the key.
-pub fn fingerprinted(body: &mut CanonicalJson) {
-    normalize_json_email(body);
-    if let CanonicalJson::Object(fields) = body {
-        fields.remove("password");
-    }
 }
 
 /// The identity [`authenticate`] proved, for the handler.
@@ -110,7 +103,7 @@ async fn authenticated<A: Accounts>(
     // The backend's users' address, named in Oncely-Client-IP (else unknown: only the
     // per-address total applies).
     let caller = CallerAddr::named_by_backend(&parts.headers).map_err(ApiError::invalid_request)?;
-    let (request, mut request_parts): (LoginRequest, _) =
+    let (request, request_parts): (LoginRequest, _) =
         peek_json(Request::from_parts(parts, body)).await?;
     // No password oncely sets is longer: a longer one cannot match, and is not worth hashing.
     if request.password.chars().count() > *password::LENGTH.end() {
@@ -156,12 +149,25 @@ async fn authenticated<A: Accounts>(
             attempt.undo().await;
             metrics::counter!("oncely_logins_total", "outcome" => "succeeded").increment(1);
             tracing::info!(email = %masked, tenant = %tenant, "login succeeded");
-            request_parts
-                .extensions_mut()
-                .insert(Authenticated(identity));
-            Ok(request_parts)
+            let (mut parts, _) = request_parts.into_parts();
+            let body = proved(&request.email, &identity);
+            parts
+                .headers
+                .insert(header::CONTENT_LENGTH, body.len().into());
+            parts.extensions.insert(Authenticated(identity));
+            Ok(Request::from_parts(parts, Body::from(body)))
         }
     }
+}
+
+/// The body the idempotency layer gets in place of the login's: what the check proved — the
+/// address as sent (normalized by the layer) and the account — never the password. Its
+/// fingerprint makes a repeat under the same key the same login only when its password proves
+/// the same account now: a key reused after the address moved to another account is a 422,
+/// never the earlier account's identity; and no keyed hash of a password is stored with a key.
+fn proved(email: &str, identity: &Identity) -> Vec<u8> {
+    let body = json!({ "email": email, "user_id": identity.user_id });
+    serde_json::to_vec(&body).expect("JSON of a string and a UUID")
 }
 
 /// `POST /v1/login`: the identity of the verified account whose password this is — proved by

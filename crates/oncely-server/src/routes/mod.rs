@@ -172,15 +172,11 @@ pub fn v1<A: Accounts>(state: AppState<A>, policy: KeyPolicy) -> Router {
         .route_layer(tenant.clone());
     // Login's key is optional: with one a retry replays the identity, without one each
     // request runs (a failure is never stored either way). Every request — a replay too — is
-    // counted, throttled and its password checked first, outside the layer, whose fingerprint
-    // leaves the password out (login.rs). Its stored answer, like the exchange's, holds no
+    // counted, throttled and its password checked first, outside the layer, which fingerprints
+    // what the check proved (login.rs). Its stored answer, like the exchange's, holds no
     // address.
-    let login_keys = keys
-        .clone()
-        .optional()
-        .normalize_json(Arc::new(login::fingerprinted));
     let login = post(login::login::<A>)
-        .route_layer(login_keys)
+        .route_layer(keys.clone().optional())
         .route_layer(middleware::from_fn_with_state(
             state.clone(),
             login::authenticate::<A>,

@@ -37,6 +37,7 @@ both_databases!(
     a_reused_login_key_is_no_password_oracle_and_replays_no_stale_identity,
     every_v1_route_reads_at_most_16_kib_with_a_key_or_without,
     an_address_the_mailer_cannot_send_to_is_refused_at_the_door,
+    a_login_key_reused_after_the_address_moved_replays_no_other_account,
 );
 
 /// `/metrics` counts emails sent and skipped by kind: from outside, a before/after scrape
@@ -792,4 +793,91 @@ async fn an_address_the_mailer_cannot_send_to_is_refused_at_the_door(url: String
     }
     assert_eq!(app.count("SELECT count(*) FROM oncely_users").await, 0);
     assert_eq!(app.count("SELECT count(*) FROM oncely_outbox").await, 0);
+}
+
+/// A login key reused after its address moved to another account (an email change freed it, a
+/// stranger signed up with it) must not replay the first account's identity to the stranger:
+/// the key's fingerprint covers the account the password proved, so it is a 422.
+async fn a_login_key_reused_after_the_address_moved_replays_no_other_account(
+    url: String,
+    _db: TestDb,
+) {
+    let app = spawn_app_on(&url, |s| {
+        s.limits.per_address = 100;
+        s.limits.per_client = 1000;
+    })
+    .await;
+    let acme = app.create_tenant("acme").await;
+    let (ada, moved) = ("ada@acme.test", "ada2@acme.test");
+    let (hers, his) = ("correct horse battery", "mallory's own battery");
+    let login = |key: &'static str, password: &'static str| {
+        let body = json!({ "email": ada, "password": password });
+        let (app, acme) = (&app, &acme);
+        async move { app.post_as(acme, "/v1/login", key, &body).await }
+    };
+    let signup = json!({ "email": ada, "password": hers });
+    assert_eq!(
+        app.post_as(&acme, "/v1/signup", "s-ada", &signup)
+            .await
+            .status(),
+        202
+    );
+    let confirm = json!({ "token": nth_token(&app, ada, 1).await, "password": hers });
+    assert_eq!(
+        app.post_as(&acme, "/v1/verify", "v-ada", &confirm)
+            .await
+            .status(),
+        200
+    );
+    let first = login("swap-1", hers).await;
+    assert_eq!(first.status(), 200);
+    let ada_id = first.json::<Value>().await.unwrap()["user_id"].clone();
+
+    // Ada moves to another address; the old one is free.
+    let change = format!("/v1/users/{}/email-change", ada_id.as_str().unwrap());
+    let asked = app
+        .post_as(&acme, &change, "c-ada", &json!({ "new_email": moved }))
+        .await;
+    assert_eq!(asked.status(), 202);
+    let moving = json!({ "token": nth_token(&app, moved, 1).await });
+    let confirmed = app
+        .post_as(&acme, "/v1/email-change/confirm", "cc-ada", &moving)
+        .await;
+    assert_eq!(confirmed.status(), 200);
+    // Mallory takes the old address, with a password of his own.
+    crate::requests::assert_drained(&app, Duration::from_secs(10)).await;
+    app.inbox.clear();
+    let signup = json!({ "email": ada, "password": his });
+    assert_eq!(
+        app.post_as(&acme, "/v1/signup", "s-mal", &signup)
+            .await
+            .status(),
+        202
+    );
+    let confirm = json!({ "token": nth_token(&app, ada, 1).await, "password": his });
+    assert_eq!(
+        app.post_as(&acme, "/v1/verify", "v-mal", &confirm)
+            .await
+            .status(),
+        200
+    );
+    let fresh = login("swap-2", his).await;
+    assert_eq!(fresh.status(), 200);
+    let mallory_id = fresh.json::<Value>().await.unwrap()["user_id"].clone();
+    assert_ne!(mallory_id, ada_id);
+
+    // The first key, his password: not Ada's identity.
+    let reused = login("swap-1", his).await;
+    let status = reused.status().as_u16();
+    let body: Value = reused.json().await.unwrap();
+    assert_ne!(
+        body.get("user_id"),
+        Some(&ada_id),
+        "another account's identity: {body}"
+    );
+    assert_eq!(
+        (status, problem_type(&body)),
+        (422, "idempotency-key-reused"),
+        "{body}"
+    );
 }

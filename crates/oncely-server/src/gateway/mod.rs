@@ -219,13 +219,21 @@ impl Plan {
                 "--tenant-header {tenant} is a header clients send for another purpose: name the header your proxy sets (X-Tenant-Id)"
             );
         }
-        let allow_method_override = args
+        let allow_method_override: Vec<Route> = args
             .allow_method_override
             .iter()
             .map(|spec| {
                 Route::parse(spec).map_err(|e| anyhow::anyhow!("--allow-method-override: {e}"))
             })
             .collect::<anyhow::Result<_>>()?;
+        if let Some(protected) = allow_method_override
+            .iter()
+            .find(|allowed| routes.iter().any(|route| route.same_as(allowed)))
+        {
+            anyhow::bail!(
+                "--allow-method-override {protected} is a protected route: name the route whose requests carry the override (a form's POST), not the method it names"
+            );
+        }
         let upstream = Upstream::new(
             &args.upstream,
             args.upstream_timeout,
@@ -361,9 +369,11 @@ async fn entry<K: KeyStore>(
 
 /// `req`, unless it names a method besides its own (overrides.rs): then 400
 /// `request-ambiguous` — on a route of `--allow-method-override` only if a method it names is
-/// protected at its path. A body that can name one (a form, JSON) is read where a protected
-/// route's path is (elsewhere no override reaches one, and bodies stream), up to
-/// `--max-request-body`.
+/// protected at its path. Where a protected route's path is (elsewhere no override reaches
+/// one, and bodies stream), the body is read too, up to `--max-request-body`; a request that is
+/// not itself protected there is refused the same way if the gateway cannot read its body as
+/// the application would (encoded, another charset, JSON it cannot parse): what it cannot
+/// read, it cannot clear.
 async fn method_override<K: KeyStore>(
     gateway: &Gateway<K>,
     req: Request<Body>,
@@ -371,17 +381,29 @@ async fn method_override<K: KeyStore>(
     let routes = &gateway.plan.routes;
     let path = req.uri().path().to_owned();
     let mut named = overrides::in_head(req.headers(), req.uri().query());
-    let content_type = req
-        .headers()
-        .get(http::header::CONTENT_TYPE)
-        .map(|v| String::from_utf8_lossy(v.as_bytes()).into_owned());
-    let req = match overrides::body_may_name(content_type.as_deref()) && routes.at_path(&path) {
+    let req = match routes.at_path(&path) {
         true => {
             let (parts, body) = read_body(gateway, req).await?.into_parts();
-            named.extend(overrides::in_body(
-                content_type.as_deref().unwrap_or_default(),
-                &body,
-            ));
+            let header = |name| {
+                parts
+                    .headers
+                    .get(name)
+                    .map(|v: &http::HeaderValue| String::from_utf8_lossy(v.as_bytes()))
+            };
+            let encoding = header(http::header::CONTENT_ENCODING);
+            let content_type = header(http::header::CONTENT_TYPE);
+            // A protected request goes through the layer whatever its body says: only another
+            // method's request must be cleared.
+            let protected = routes.matching(&parts.method, &path).is_some();
+            match overrides::in_body(encoding.as_deref(), content_type.as_deref(), &body) {
+                Ok(in_body) => named.extend(in_body),
+                Err(_) if protected => {}
+                Err(unreadable) => {
+                    return Err(GatewayProblem::RequestAmbiguous.answer(&format!(
+                        "{unreadable} where a protected route is: the gateway cannot tell whether it names another method; send it plainly"
+                    )));
+                }
+            }
             Request::from_parts(parts, Body::from(body))
         }
         false => req,

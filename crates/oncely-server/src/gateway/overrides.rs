@@ -34,43 +34,66 @@ pub fn in_head(headers: &HeaderMap, query: Option<&str>) -> Vec<String> {
     named
 }
 
-/// Whether a body of this `Content-Type` can carry a `_method` an application reads: a form
-/// (urlencoded or multipart) or JSON (a body parser's `req.body._method`).
-pub fn body_may_name(content_type: Option<&str>) -> bool {
-    let Some(content_type) = content_type else {
-        return false;
-    };
-    let essence = essence(content_type);
-    essence == "application/x-www-form-urlencoded"
-        || essence == "multipart/form-data"
-        || essence == "application/json"
-        || essence.ends_with("+json")
-}
+/// Why a body cannot be read for overrides as the application would read it: refused where a
+/// protected route's path is (failing closed — what the gateway cannot read, it cannot clear).
+pub type Unreadable = &'static str;
 
-/// The methods a body names in a `_method` field: a urlencoded form's parameters (decoded), a
-/// multipart form's parts (any part whose headers mention `_method`: its value is not read,
-/// the part names an override), a JSON object's top-level member.
-pub fn in_body(content_type: &str, body: &[u8]) -> Vec<String> {
+/// The methods a body names in a `_method` field, read as body parsers read it, or why it
+/// cannot be read so. `content_encoding`: the request's `Content-Encoding`, if any (body
+/// parsers inflate gzip, deflate and br: an encoded body is [`Unreadable`]); `content_type`:
+/// its `Content-Type` (a charset other than UTF-8 is unreadable; a UTF-8 byte order mark is
+/// skipped, as body parsers skip it).
+///
+/// - multipart: each part whose headers mention `_method` (its value unread: the part names
+///   an override);
+/// - JSON (by its type, or any body that starts like an object): a top-level member read as
+///   `_method` — JSON that does not parse is unreadable (a JavaScript parser takes lone
+///   surrogates, `1e400` and any nesting that this one refuses);
+/// - anything else: the parameters of a urlencoded form (decoded) — every body parses as one.
+pub fn in_body(
+    content_encoding: Option<&str>,
+    content_type: Option<&str>,
+    body: &[u8],
+) -> Result<Vec<String>, Unreadable> {
+    if body.is_empty() {
+        return Ok(Vec::new());
+    }
+    if content_encoding.is_some_and(|coding| !coding.trim().eq_ignore_ascii_case("identity")) {
+        return Err("an encoded body (Content-Encoding)");
+    }
+    let content_type = content_type.unwrap_or_default();
+    let charset = content_type.split(';').skip(1).find_map(|param| {
+        let (name, value) = param.split_once('=')?;
+        name.trim()
+            .eq_ignore_ascii_case("charset")
+            .then(|| value.trim().trim_matches('"').to_ascii_lowercase())
+    });
+    if charset.is_some_and(|charset| charset != "utf-8" && charset != "utf8") {
+        return Err("a body in a charset other than UTF-8");
+    }
+    let body = body.strip_prefix(b"\xEF\xBB\xBF").unwrap_or(body);
     let essence = essence(content_type);
-    if essence == "application/x-www-form-urlencoded" {
-        return in_form(body);
-    }
     if essence == "multipart/form-data" {
-        return in_multipart(content_type, body);
+        return Ok(in_multipart(content_type, body));
     }
-    // JSON: a member whose name reads as `_method`, its value as text (a string, or anything
-    // else as written).
-    match serde_json::from_slice::<serde_json::Value>(body) {
-        Ok(serde_json::Value::Object(fields)) => fields
-            .iter()
-            .filter(|(name, _)| is_method_parameter(name))
-            .map(|(_, value)| match value {
-                serde_json::Value::String(text) => text.trim().to_owned(),
-                other => other.to_string(),
-            })
-            .collect(),
-        _ => Vec::new(),
+    let json_typed =
+        essence == "application/json" || essence == "text/json" || essence.ends_with("+json");
+    let object_like = body.iter().find(|b| !b.is_ascii_whitespace()) == Some(&b'{');
+    if json_typed || object_like {
+        return match serde_json::from_slice::<serde_json::Value>(body) {
+            Ok(serde_json::Value::Object(fields)) => Ok(fields
+                .iter()
+                .filter(|(name, _)| is_method_parameter(name))
+                .map(|(_, value)| match value {
+                    serde_json::Value::String(text) => text.trim().to_owned(),
+                    other => other.to_string(),
+                })
+                .collect()),
+            Ok(_) => Ok(Vec::new()),
+            Err(_) => Err("JSON the gateway cannot read"),
+        };
     }
+    Ok(in_form(body))
 }
 
 /// A media type without its parameters, lower case (`multipart/form-data`).
@@ -96,16 +119,17 @@ fn in_form(text: &[u8]) -> Vec<String> {
 }
 
 /// Whether a parameter named `name` (decoded) is read as `_method` by some framework: without
-/// regard to case or surrounding blanks, with PHP's `.` and space as `_`, and an array's
-/// brackets (`_method[]`) ignored.
+/// regard to case or surrounding blanks, with PHP's `.` and space as `_`, and any bracketed or
+/// dotted segment of it (`_method[]`, `[_method]` — qs reads it as `_method` —, `a[_method]`,
+/// `_method.x`) counting.
 fn is_method_parameter(name: &str) -> bool {
-    let name: String = name
-        .trim()
+    let name = name.trim();
+    let php: String = name
         .chars()
         .map(|c| if matches!(c, '.' | ' ') { '_' } else { c })
         .collect();
-    let base = name.split('[').next().unwrap_or("");
-    base.eq_ignore_ascii_case("_method")
+    let is_method = |segment: &str| segment.trim().eq_ignore_ascii_case("_method");
+    php.split(['[', ']']).any(is_method) || name.split(['[', ']', '.']).any(is_method)
 }
 
 /// The parts of a multipart body whose headers mention `_method` (any case): each names an
@@ -201,23 +225,69 @@ mod tests {
 
     #[test]
     fn bodies_name_overrides_in_forms_multipart_and_json() {
-        let form = "application/x-www-form-urlencoded";
-        assert_eq!(in_body(form, b"name=ada&%5Fmethod=P%55T"), ["PUT"]);
-        assert!(in_body(form, b"name=ada").is_empty());
-        let multipart = "multipart/form-data; boundary=XyZ";
-        let body =
-            b"--XyZ\r\nContent-Disposition: form-data; name=\"_METHOD\"\r\n\r\nPUT\r\n--XyZ--\r\n";
-        assert_eq!(in_body(multipart, body).len(), 1);
-        let plain = b"--XyZ\r\nContent-Disposition: form-data; name=\"title\"\r\n\r\n_method\r\n--XyZ--\r\n";
-        assert!(in_body(multipart, plain).is_empty(), "a value is no name");
+        let form = Some("application/x-www-form-urlencoded");
+        let body = |content_type, bytes: &[u8]| in_body(None, content_type, bytes);
         assert_eq!(
-            in_body("application/json", br#"{"_method":"put"}"#),
-            ["put"]
+            body(form, b"name=ada&%5Fmethod=P%55T"),
+            Ok(vec!["PUT".into()])
         );
-        assert!(in_body("application/json", br#"{"method":"put"}"#).is_empty());
-        assert!(body_may_name(Some("Application/JSON; charset=utf-8")));
-        assert!(body_may_name(Some("application/vnd.api+json")));
-        assert!(!body_may_name(Some("text/plain")));
-        assert!(!body_may_name(None));
+        assert_eq!(body(form, b"%5B_method%5D=PUT"), Ok(vec!["PUT".into()]));
+        assert_eq!(body(form, b"[_method]=PUT"), Ok(vec!["PUT".into()]));
+        assert_eq!(body(form, b"name=ada"), Ok(vec![]));
+        let multipart = Some("multipart/form-data; boundary=XyZ");
+        let parts =
+            b"--XyZ\r\nContent-Disposition: form-data; name=\"_METHOD\"\r\n\r\nPUT\r\n--XyZ--\r\n";
+        assert_eq!(body(multipart, parts).unwrap().len(), 1);
+        let plain = b"--XyZ\r\nContent-Disposition: form-data; name=\"title\"\r\n\r\n_method\r\n--XyZ--\r\n";
+        assert_eq!(body(multipart, plain), Ok(vec![]), "a value is no name");
+        let json = Some("application/json");
+        assert_eq!(body(json, br#"{"_method":"put"}"#), Ok(vec!["put".into()]));
+        assert_eq!(
+            body(json, br#"{"\u005fmethod":"put"}"#),
+            Ok(vec!["put".into()])
+        );
+        assert_eq!(
+            body(json, b"\xEF\xBB\xBF{\"_method\":\"put\"}"),
+            Ok(vec!["put".into()])
+        );
+        assert_eq!(body(json, br#"{"method":"put"}"#), Ok(vec![]));
+        // Any body that starts like an object is read as JSON, whatever its type says.
+        assert_eq!(
+            body(Some("text/plain"), br#" {"_method":"put"}"#),
+            Ok(vec!["put".into()])
+        );
+        assert_eq!(body(None, b"_method=PUT"), Ok(vec!["PUT".into()]));
+    }
+
+    #[test]
+    fn what_cannot_be_read_as_the_application_reads_it_is_unreadable() {
+        let json = Some("application/json");
+        for bytes in [
+            &br#"{"x":"\ud800","_method":"PUT"}"#[..],
+            br#"{"x":1e400,"_method":"PUT"}"#,
+            br#"{"_method":"PUT""#,
+        ] {
+            assert!(
+                in_body(None, json, bytes).is_err(),
+                "{}",
+                String::from_utf8_lossy(bytes)
+            );
+        }
+        let deep = format!(
+            "{{\"_method\":\"PUT\",\"x\":{}{}}}",
+            "[".repeat(200),
+            "]".repeat(200)
+        );
+        assert!(in_body(None, json, deep.as_bytes()).is_err());
+        assert!(in_body(Some("gzip"), json, b"\x1f\x8b").is_err());
+        assert!(in_body(Some("identity"), json, b"{}").is_ok());
+        let utf16 = Some("application/json; charset=utf-16le");
+        assert!(in_body(None, utf16, b"{\0}\0").is_err());
+        assert!(in_body(None, Some("application/json; charset=UTF-8"), b"{}").is_ok());
+        assert_eq!(
+            in_body(Some("gzip"), json, b""),
+            Ok(vec![]),
+            "no body, nothing to read"
+        );
     }
 }

@@ -105,6 +105,11 @@ impl Route {
         &self.method
     }
 
+    /// Whether `other` matches exactly the requests this one does (`{id}` and `{n}` alike).
+    pub fn same_as(&self, other: &Route) -> bool {
+        self.method == other.method && self.segments == other.segments
+    }
+
     /// Whether `method` and `path` are this route.
     pub fn matches(&self, method: &Method, path: &str) -> bool {
         method == self.method && self.matches_path(path)
@@ -152,10 +157,7 @@ impl Routes {
     pub fn new(specs: &[String], file: Option<(&str, &str)>) -> Result<Self, String> {
         let mut routes: Vec<Route> = Vec::new();
         let mut add = |route: Route, origin: String| {
-            if routes
-                .iter()
-                .any(|r| r.method == route.method && r.segments == route.segments)
-            {
+            if routes.iter().any(|r| r.same_as(&route)) {
                 return Err(format!("{origin}: route {route} is named twice"));
             }
             routes.push(route);

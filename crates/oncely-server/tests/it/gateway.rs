@@ -787,6 +787,28 @@ fn the_command_line_refuses_what_it_cannot_do() {
             &[up[0], up[1], "--routes-file", "/nonexistent/routes"][..],
             "--routes-file",
         ),
+        (
+            &[
+                up[0],
+                up[1],
+                "--route",
+                "PUT /orders/{id}",
+                "--allow-method-override",
+                "PUT /orders/{n}",
+            ][..],
+            "is a protected route",
+        ),
+        (
+            &[
+                up[0],
+                up[1],
+                "--route",
+                "PUT /a",
+                "--allow-method-override",
+                "GET /a",
+            ][..],
+            "--allow-method-override",
+        ),
     ] {
         let error = plan(args).unwrap_or_else(|| panic!("{args:?} was accepted"));
         assert!(error.contains(says), "{args:?}: {error}");

@@ -292,11 +292,29 @@ async fn a_gateway_killed_before_the_upstream_answered_forwards_the_same_key_aga
 }
 
 /// A POST's query, headers, content type and body.
-type Trick<'a> = (&'a str, &'a [(&'a str, &'a str)], &'a str, &'a str);
+type Trick<'a> = (&'a str, &'a [(&'a str, &'a str)], &'a str, &'a [u8]);
 
-/// Every way the review reached a protected `PUT /orders/{id}` through a POST that Express'
-/// `method-override` turns into a PUT — a header of two values, two different override
-/// headers, a percent-escaped `_method` name or value in the query, a form field — does
+/// `_method=PUT`, gzipped.
+const GZIPPED_FORM: &[u8] = &[
+    31, 139, 8, 0, 0, 0, 0, 0, 2, 3, 139, 207, 77, 45, 201, 200, 79, 177, 13, 8, 13, 1, 0, 255, 16,
+    72, 114, 11, 0, 0, 0,
+];
+/// `{"_method":"PUT"}`, deflated (zlib).
+const DEFLATED_JSON: &[u8] = &[
+    120, 156, 171, 86, 138, 207, 77, 45, 201, 200, 79, 81, 178, 82, 10, 8, 13, 81, 170, 5, 0, 52,
+    217, 5, 148,
+];
+/// `{"_method":"PUT"}` in UTF-16LE.
+const UTF16_JSON: &[u8] = &[
+    123, 0, 34, 0, 95, 0, 109, 0, 101, 0, 116, 0, 104, 0, 111, 0, 100, 0, 34, 0, 58, 0, 34, 0, 80,
+    0, 85, 0, 84, 0, 34, 0, 125, 0,
+];
+
+/// Every way two reviews reached a protected `PUT /orders/{id}` through a POST that Express'
+/// `method-override` (and body-parser) turns into a PUT — a header of two values, two
+/// different override headers, a percent-escaped `_method` name or value in the query, a form
+/// field, qs' `[_method]`, a gzipped or deflated body, a byte order mark, UTF-16, JSON that
+/// JavaScript parses and serde does not (a lone surrogate, `1e400`, deep nesting) — does
 /// update the order when sent straight to the application, and is refused behind the gateway:
 /// the order is never updated unprotected.
 #[tokio::test]
@@ -306,41 +324,53 @@ async fn method_overrides_express_honours_never_reach_a_protected_route() {
     };
     let form = "application/x-www-form-urlencoded";
     let json = "application/json";
-    let tricks: [Trick; 7] = [
-        ("", &[("x-http-method-override", "PUT, GET")], json, "{}"),
+    let deep = format!(
+        "{{\"_method\":\"PUT\",\"x\":{}{}}}",
+        "[".repeat(200),
+        "]".repeat(200)
+    );
+    let tricks: Vec<Trick> = vec![
+        ("", &[("x-http-method-override", "PUT, GET")], json, b"{}"),
         (
             "",
             // The last override the application reads wins; a gateway that read only the
             // first header would see GET.
             &[("x-http-method-override", "GET"), ("x-http-method", "PUT")],
             json,
-            "{}",
+            b"{}",
         ),
-        ("", &[("x-http-method", "put")], json, "{}"),
-        ("?%5Fmethod=PUT", &[], json, "{}"),
-        ("?_method=P%55T", &[], json, "{}"),
-        ("", &[], form, "note=x&_method=PUT"),
-        ("", &[], form, "%5Fmethod=P%55T"),
+        ("", &[("x-http-method", "put")], json, b"{}"),
+        ("?%5Fmethod=PUT", &[], json, b"{}"),
+        ("?_method=P%55T", &[], json, b"{}"),
+        ("", &[], form, b"note=x&_method=PUT"),
+        ("", &[], form, b"%5Fmethod=P%55T"),
+        ("", &[], form, b"[_method]=PUT"),
+        ("", &[], form, b"%5B_method%5D=PUT"),
+        ("", &[("content-encoding", "gzip")], form, GZIPPED_FORM),
+        ("", &[("content-encoding", "deflate")], json, DEFLATED_JSON),
+        ("", &[], json, b"\xEF\xBB\xBF{\"_method\":\"PUT\"}"),
+        ("", &[], "application/json; charset=utf-16le", UTF16_JSON),
+        ("", &[], json, br#"{"x":"\ud800","_method":"PUT"}"#),
+        ("", &[], json, br#"{"x":1e400,"_method":"PUT"}"#),
+        ("", &[], json, deep.as_bytes()),
     ];
-    let post =
-        |base: String,
-         (query, headers, content_type, body): (&str, &[(&str, &str)], &str, &str)| {
-            let mut request = oncely_testdb::http()
-                .post(format!("{base}/orders/7{query}"))
-                .header("content-type", content_type)
-                .header("idempotency-key", uuid::Uuid::new_v4().to_string())
-                .body(body.to_owned());
-            for (name, value) in headers {
-                request = request.header(*name, *value);
-            }
-            async move {
-                let response = request.send().await.unwrap();
-                (response.status().as_u16(), response.text().await.unwrap())
-            }
-        };
+    let post = |base: String, (query, headers, content_type, body): Trick| {
+        let mut request = oncely_testdb::http()
+            .post(format!("{base}/orders/7{query}"))
+            .header("content-type", content_type)
+            .body(body.to_owned());
+        for (name, value) in headers {
+            request = request.header(*name, *value);
+        }
+        async move {
+            let response = request.send().await.unwrap();
+            (response.status().as_u16(), response.text().await.unwrap())
+        }
+    };
     // Straight to the application, each is a PUT: the reproduction is real.
     for (n, trick) in tricks.iter().enumerate() {
         let (status, body) = post(express.base.clone(), *trick).await;
+        let trick = (trick.0, trick.1, trick.2, String::from_utf8_lossy(trick.3));
         assert_eq!(status, 200, "{trick:?}: {body}");
         assert_eq!(
             express.order_updates(),
@@ -350,8 +380,9 @@ async fn method_overrides_express_honours_never_reach_a_protected_route() {
     }
     let db = TestSqlite::new();
     let gateway = spawn_gateway(db.url(), &express.base, &["--route", "PUT /orders/{id}"]).await;
-    for trick in tricks {
-        let (status, body) = post(gateway.base.clone(), trick).await;
+    for trick in &tricks {
+        let (status, body) = post(gateway.base.clone(), *trick).await;
+        let trick = (trick.0, trick.1, trick.2, String::from_utf8_lossy(trick.3));
         assert_eq!(status, 400, "{trick:?}: {body}");
         assert!(body.contains("request-ambiguous"), "{trick:?}: {body}");
     }

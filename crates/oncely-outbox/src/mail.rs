@@ -674,10 +674,11 @@ impl SmtpMailer {
         };
         let sent = match tokio::time::timeout(self.timeout, self.converse(&message, point)).await {
             Ok(Err(Cut::NotMarked(why))) => return Delivery::Retry(why),
-            // As lettre's transport reported it (its client error): an unknown outcome, as it
-            // always was (before the point of no return, the worker makes it a plain retry).
+            // The server cannot take this message as it is (an address that needs SMTPUTF8, a
+            // body that needs 8BITMIME, which it does not offer): nothing was sent, and no retry
+            // would go otherwise — it dies with the reason (re-driven once the mailer changes).
             Ok(Err(Cut::Client(why))) => {
-                return Delivery::Unknown(format!("SMTP: internal client error: {why}"));
+                return Delivery::Permanent(format!("SMTP: the server cannot take it: {why}"));
             }
             Ok(Err(Cut::Smtp(error))) => Ok(Err(error)),
             Ok(Ok(response)) => Ok(Ok(response)),

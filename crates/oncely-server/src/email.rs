@@ -7,7 +7,8 @@ use std::fmt;
 ///
 /// Strict on purpose: no display names (`Ada <a@x.io>`), no domain literals (`a@[1.2.3.4]`),
 /// a dot in the domain, at most 254 characters, and only what the mailer can address
-/// ([`oncely_outbox::mail::recipient`]: no quoted local parts).
+/// ([`oncely_outbox::mail::recipient`]: no quoted local parts) through any SMTP server (a local
+/// part in ASCII: SMTPUTF8 is not everywhere; the domain may be international, as IDNA).
 #[derive(Clone, PartialEq, Eq, Hash)]
 pub struct EmailAddress(String);
 
@@ -41,8 +42,12 @@ impl EmailAddress {
         email_address::EmailAddress::parse_with_options(&address, options)
             .map_err(|_| InvalidEmail("syntax"))?;
         // And what the mailer can send to (RFC 5322 allows quoted local parts it refuses): an
-        // address accepted here must never die in the worker.
+        // address accepted here must never die in the worker. A local part beyond ASCII needs
+        // a server that offers SMTPUTF8 (RFC 6531), which not every one does: refused too.
         oncely_outbox::mail::recipient(&address).map_err(|_| InvalidEmail("not deliverable"))?;
+        if !local.is_ascii() {
+            return Err(InvalidEmail("local part beyond ASCII"));
+        }
         Ok(Self(address))
     }
 
@@ -117,6 +122,9 @@ mod tests {
             "\"<img src=x onerror=alert(1)>\"@acme.test",
             "\"ada lovelace\"@acme.test",
             "\"a@b\"@acme.test",
+            // Beyond ASCII, a local part needs SMTPUTF8 of every server on the way.
+            "jörg@acme.test",
+            "用户@acme.test",
         ] {
             assert!(
                 EmailAddress::parse(bad).is_err(),

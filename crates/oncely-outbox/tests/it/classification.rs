@@ -469,3 +469,29 @@ async fn an_error_answer_that_stalls_keeps_what_arrived_in_its_reason() {
         "{outcome:?}"
     );
 }
+
+/// An address that needs SMTPUTF8 (a local part beyond ASCII), sent to a server that does not
+/// offer it: nothing is sent, and no retry would go otherwise — permanent, with the reason.
+/// (It was an unknown outcome, parked for an operator to settle though nothing had left.)
+#[tokio::test]
+async fn an_address_the_smtp_server_cannot_take_is_permanent_not_unknown() {
+    use crate::provider::smtp_answering;
+    // The server's EHLO offers AUTH only: no SMTPUTF8.
+    let addr = smtp_answering("NOOP", "250 ok").await;
+    let mailer = from_url(
+        &format!("smtp://{addr}"),
+        None,
+        Duration::from_secs(5),
+        None,
+    )
+    .unwrap();
+    let to_joerg = Email {
+        to: "jörg@example.com".into(),
+        ..email()
+    };
+    let outcome = mailer.send(&to_joerg, "key-utf8").await;
+    let Delivery::Permanent(reason) = &outcome else {
+        panic!("{outcome:?}")
+    };
+    assert!(reason.contains("SMTPUTF8"), "{reason}");
+}

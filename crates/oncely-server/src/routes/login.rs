@@ -113,7 +113,9 @@ async fn authenticated<A: Accounts>(
         )));
     }
     let tenant = tenant.id;
-    let address = EmailAddress::parse(&request.email).ok();
+    // Any address an account may have (an earlier release took some the mailer cannot send
+    // to: a login sends nothing).
+    let address = EmailAddress::parse_stored(&request.email).ok();
     // An address that does not parse is throttled under what was sent, as a parsed one is
     // under its normalized form: the answer must not tell them apart.
     let throttled_as = match &address {

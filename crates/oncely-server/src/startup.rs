@@ -406,9 +406,24 @@ pub async fn open_to_serve<B: Accounts>(
             if let Some(warning) = B::PRODUCTION_WARNING {
                 tracing::warn!("{warning}");
             }
+            warn_if_commits_are_not_durable(&backend).await?;
             Ok(backend)
         }
     }
+}
+
+/// Warns when the database acknowledges commits it may lose in a crash (`synchronous_commit =
+/// off`): an acknowledged signup could vanish, and an outbox attempt's point of no return be
+/// forgotten after its email left — then sent again.
+async fn warn_if_commits_are_not_durable<B: Accounts>(backend: &B) -> anyhow::Result<()> {
+    if let Some(statement) = B::LOSES_ACKNOWLEDGED_COMMITS
+        && backend.scalar(statement.to_owned()).await? > 0
+    {
+        tracing::warn!(
+            "synchronous_commit is off on this database: a crash can lose commits oncely already acknowledged — a signup answered 202, an email's point of no return (then sent twice); set it to on (the default) for oncely's role or database"
+        );
+    }
+    Ok(())
 }
 
 /// Opens the database for an operator command (`outbox …`, `key show`, `tenant create`,

@@ -185,14 +185,24 @@ async fn parked_after_abandoned<S: JobStore>(
     if latest.next()?.finished_at.is_some() {
         return None;
     }
-    // Every abandoned attempt since the last one that ended with a result: a worker can be
-    // killed after its claim closed an abandoned attempt and before it parked the job, and the
-    // attempt it leaves (still `ahead`, it never ran) says nothing of the one before it, which
-    // may have passed its point of no return.
+    // Every abandoned attempt since the last one that ended with a result that settles them: a
+    // worker can be killed after its claim closed an abandoned attempt and before it parked the
+    // job, and the attempt it leaves (still `ahead`, it never ran) says nothing of the one
+    // before it, which may have passed its point of no return. Nor does a retry that handed
+    // nothing over (`ahead`: a claim that could not read this history, a send refused before
+    // its mark) — the scan goes on past it; only a claim that read the history and parked, or
+    // an attempt that may have handed something over, ends it.
     let abandoned: Vec<_> = latest
-        .take_while(|a| a.result.as_deref() == Some("abandoned"))
+        .take_while(|a| match a.result.as_deref() {
+            Some("abandoned") => true,
+            Some("retry") => a.handed_nothing_over(),
+            _ => false,
+        })
         .collect();
-    let previous = abandoned.first()?;
+    // Only abandoned attempts can leave the outcome open.
+    let previous = abandoned
+        .iter()
+        .find(|a| a.result.as_deref() == Some("abandoned"))?;
     let Some(reached) = abandoned.iter().find(|a| !a.handed_nothing_over()) else {
         tracing::info!(
             job = job.id,

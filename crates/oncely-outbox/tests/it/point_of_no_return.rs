@@ -28,6 +28,8 @@ both_stores!(
     a_mark_that_cannot_be_written_sends_nothing,
     a_send_that_times_out_before_data_is_answered_is_a_plain_retry,
     an_attempt_past_its_mark_still_parks_behind_a_later_abandoned_claim,
+    an_attempt_past_its_mark_still_parks_behind_a_claim_that_could_not_read_the_history,
+    only_attempts_that_may_have_handed_something_over_count_as_maybe_delivered,
 );
 
 const KIND: &str = "email";
@@ -390,4 +392,84 @@ async fn an_attempt_past_its_mark_still_parks_behind_a_later_abandoned_claim<S: 
     let error = record.last_error.unwrap_or_default();
     assert!(error.contains("attempt 1 was abandoned"), "{error}");
     assert!(inbox.messages(None).is_empty(), "not sent again");
+}
+
+/// A claim that could not read the history (a database blip) ends its attempt as a retry that
+/// ran nothing — which must not hide the abandoned attempt before it that passed its mark: the
+/// next claim that can read parks the job (a review sent the email twice: the scan stopped at
+/// the retry).
+async fn an_attempt_past_its_mark_still_parks_behind_a_claim_that_could_not_read_the_history<
+    S: Backend,
+>(
+    store: S,
+    _db: TestDb,
+) {
+    use oncely_outbox::job::AttemptResult;
+    use oncely_outbox::store::Finish;
+    let id = enqueue(&store, "signup:1", "ada@example.com").await;
+    let email = kinds(&[KIND]);
+    let first = store
+        .claim_marking("dying", &email, 10, LEASE, &email)
+        .await
+        .unwrap();
+    assert!(store.pass_point_of_no_return(&first[0]).await.unwrap());
+    store.clock().advance(LEASE + Duration::from_secs(1));
+    let second = store
+        .claim_marking("blind", &email, 10, LEASE, &email)
+        .await
+        .unwrap();
+    assert_eq!(second.len(), 1);
+    // What the executor records when it cannot read the attempts.
+    let blind = Finish::retry_free(
+        AttemptResult::Retry,
+        Duration::from_secs(1),
+        "not run: its attempt history could not be read: simulated".into(),
+    );
+    store.finish(&second[0], &blind).await.unwrap();
+    store.clock().advance(Duration::from_secs(2));
+
+    let (inbox, running) = inbox().await;
+    assert_eq!(worker(&store, running.smtp_addr).drain().await.unwrap(), 1);
+    let record = store.job("signup:1").await.unwrap().unwrap();
+    assert_eq!(record.status, JobStatus::Unknown, "parked: {record:?}");
+    let attempts = store.attempts(id).await.unwrap();
+    assert_eq!(results(&attempts), ["abandoned", "retry", "parked"]);
+    let error = record.last_error.unwrap_or_default();
+    assert!(error.contains("attempt 1 was abandoned"), "{error}");
+    assert!(inbox.messages(None).is_empty(), "not sent again");
+}
+
+/// `oncely outbox retry`'s warning counts dead jobs with an attempt that may have reached the
+/// provider: one abandoned before its mark handed nothing over and is not counted; one
+/// abandoned past it is.
+async fn only_attempts_that_may_have_handed_something_over_count_as_maybe_delivered<S: Backend>(
+    store: S,
+    _db: TestDb,
+) {
+    use oncely_outbox::job::AttemptResult;
+    use oncely_outbox::store::{DeadFilter, Finish, PROVIDER_DEDUPE_WINDOW};
+    let email = kinds(&[KIND]);
+    for (key, passed) in [("ahead:1", false), ("passed:1", true)] {
+        enqueue(&store, key, "ada@example.com").await;
+        let first = store
+            .claim_marking("dying", &email, 1, LEASE, &email)
+            .await
+            .unwrap();
+        if passed {
+            assert!(store.pass_point_of_no_return(&first[0]).await.unwrap());
+        }
+        store.clock().advance(LEASE + Duration::from_secs(1));
+        let second = store
+            .claim_marking("w", &email, 1, LEASE, &email)
+            .await
+            .unwrap();
+        let dead = Finish::dead(AttemptResult::Dead, "550 no such user".into());
+        assert!(store.finish(&second[0], &dead).await.unwrap());
+    }
+    store.clock().advance(Duration::from_secs(25 * 3600));
+    let found = store
+        .dead_jobs(&DeadFilter::default(), 10, PROVIDER_DEDUPE_WINDOW)
+        .await
+        .unwrap();
+    assert_eq!((found.matching, found.unknown_past_window), (2, 1));
 }

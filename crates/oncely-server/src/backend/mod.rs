@@ -60,6 +60,10 @@ pub trait Backend: Clone + Send + Sync + 'static {
     /// What production on this database should know, logged when it starts there.
     const PRODUCTION_WARNING: Option<&'static str>;
 
+    /// A statement whose one number is 1 if commits are acknowledged before they are durable
+    /// (PostgreSQL's `synchronous_commit` off or local), else 0; `None`: nothing to ask.
+    const LOSES_ACKNOWLEDGED_COMMITS: Option<&'static str>;
+
     /// Whether `url` names this database (by its scheme).
     fn accepts(url: &str) -> bool;
 

@@ -34,6 +34,10 @@ impl Backend for Postgres {
     type Jobs = PgJobStore;
     const ACCOUNT_SQL: Statements = crate::accounts::postgres::STATEMENTS;
     const PRODUCTION_WARNING: Option<&'static str> = None;
+    const LOSES_ACKNOWLEDGED_COMMITS: Option<&'static str> = Some(
+        "SELECT CASE WHEN current_setting('synchronous_commit') IN ('off', 'local')
+                THEN 1 ELSE 0 END::int8",
+    );
 
     fn accepts(url: &str) -> bool {
         url.starts_with("postgres://") || url.starts_with("postgresql://")

@@ -38,6 +38,9 @@ impl Backend for Sqlite {
     type Keys = SqliteKeyStore;
     type Jobs = SqliteJobStore;
     const ACCOUNT_SQL: Statements = crate::accounts::sqlite::STATEMENTS;
+    // WAL with `synchronous = NORMAL`: a commit survives a crash of the process, not always a
+    // power loss — what PRODUCTION_WARNING's single machine already says.
+    const LOSES_ACKNOWLEDGED_COMMITS: Option<&'static str> = None;
     const PRODUCTION_WARNING: Option<&'static str> = Some(
         "production on SQLite: every serve and worker must run on this machine, on this one file; more machines need PostgreSQL",
     );

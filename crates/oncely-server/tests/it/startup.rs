@@ -627,3 +627,40 @@ async fn secret_check<B: oncely_server::accounts::Accounts>(url: &str) {
         .await
         .expect_err("a secret two rotations old");
 }
+
+/// A production start on a PostgreSQL database that acknowledges commits before they are
+/// durable (`synchronous_commit = off`) says so: a crash could lose an acknowledged signup,
+/// or an email's point of no return (then sent twice). On the default, it says nothing.
+#[tokio::test]
+async fn production_warns_when_the_database_may_lose_acknowledged_commits() {
+    let db = oncely_testdb::TestPostgres::new().await;
+    crate::support::migrate(db.url()).await;
+    let (_inbox, mailer) = crate::requests::smtp_inbox().await;
+    let production = [
+        ("ONCELY_ENV", "production"),
+        ("ONCELY_PUBLIC_URL", "https://accounts.example.com"),
+    ];
+    let warning = "synchronous_commit is off";
+    let logs = async || {
+        let mut process = crate::support::spawn_binary(db.url(), &mailer, &[], &production).await;
+        process.child.kill().await.unwrap();
+        process.stderr.await.unwrap()
+    };
+    let durable = logs().await;
+    assert!(!durable.contains(warning), "{durable}");
+    let name = db
+        .url()
+        .rsplit('/')
+        .next()
+        .unwrap()
+        .split('?')
+        .next()
+        .unwrap();
+    crate::support::execute(
+        db.url(),
+        &format!("ALTER DATABASE \"{name}\" SET synchronous_commit = off"),
+    )
+    .await;
+    let lossy = logs().await;
+    assert!(lossy.contains(warning), "{lossy}");
+}

@@ -301,6 +301,7 @@ impl super::Statements for Postgres {
                count(*) FILTER (WHERE EXISTS (
                    SELECT 1 FROM oncely_outbox_attempts a
                     WHERE a.job_id = o.id AND a.result IN ('unknown', 'abandoned')
+                      AND a.point_of_no_return IS DISTINCT FROM 'ahead'
                       AND a.finished_at < COALESCE($5, now()) - $6 * interval '1 millisecond'
                )) AS unknown_past_window,
                COALESCE($5, now()) AS as_of

@@ -288,6 +288,7 @@ impl super::Statements for Sqlite {
                count(CASE WHEN EXISTS (
                    SELECT 1 FROM oncely_outbox_attempts a
                     WHERE a.job_id = o.id AND a.result IN ('unknown', 'abandoned')
+                      AND a.point_of_no_return IS NOT 'ahead'
                       AND a.finished_at < ?5 - ?6
                ) THEN 1 END) AS unknown_past_window,
                ?5 AS as_of

@@ -448,7 +448,7 @@ impl Drop for InFlight {
 /// the message.
 struct Deciding {
     inbox: Inbox,
-    keys: Vec<String>,
+    keys: Vec<messages::KeyDigest>,
 }
 
 impl Deciding {

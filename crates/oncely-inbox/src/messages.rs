@@ -546,19 +546,31 @@ pub struct Delivery {
     pub forgotten_through: Option<OffsetDateTime>,
 }
 
+/// A delivery key as [`Deliveries`] remembers it: its SHA-256, 32 bytes whatever the key's
+/// length (a 9 MB `Message-ID` costs what a UUID does).
+pub(crate) type KeyDigest = [u8; 32];
+
+/// The digest [`Deliveries`] remembers `key` by.
+pub(crate) fn key_digest(key: &str) -> KeyDigest {
+    use sha2::Digest;
+    sha2::Sha256::digest(key.as_bytes()).into()
+}
+
 /// The delivery keys of every accepted message, kept apart from the mailbox: deleting messages
 /// or their retention never turns "accepted" into "not accepted", as a provider remembers what
-/// it took. Bounded: beyond [`Deliveries::MAX_KEYS`] keys the oldest are forgotten.
+/// it took. Bounded: beyond [`Deliveries::MAX_KEYS`] keys the oldest are forgotten. Each key is
+/// remembered by its digest ([`key_digest`]), not as sent, so the memory is bounded in bytes too
+/// (a few MiB), however long the keys.
 pub(crate) struct Deliveries {
-    keys: HashMap<String, (u64, String, OffsetDateTime)>,
+    keys: HashMap<KeyDigest, (u64, String, OffsetDateTime)>,
     /// Keys in the order they were first accepted, to forget the oldest first.
-    order: VecDeque<String>,
+    order: VecDeque<KeyDigest>,
     /// How many keys are remembered at most.
     max: usize,
     /// See [`Delivery::forgotten_through`].
     forgotten_through: Option<OffsetDateTime>,
     /// Keys of the messages being decided now, with how many of them.
-    deciding: HashMap<String, u32>,
+    deciding: HashMap<KeyDigest, u32>,
 }
 
 impl Default for Deliveries {
@@ -570,7 +582,8 @@ impl Default for Deliveries {
 impl Deliveries {
     /// How many keys are remembered at most, by default: ten times the default mailbox (a
     /// message leaves up to three: its idempotency key, its Message-ID and that ID's key), about
-    /// 30 MiB at most.
+    /// 20 MiB at most (a digest twice, the first copy's id, the map's entry), whatever the keys'
+    /// length.
     pub(crate) const MAX_KEYS: usize = 100_000;
 
     fn with_max(max: usize) -> Self {
@@ -583,9 +596,10 @@ impl Deliveries {
         }
     }
 
-    /// The keys `message` is known by: its idempotency key, its `Message-ID` whole, and the
-    /// part before `@` without the brackets (the delivery key of `<key@host>`).
-    pub(crate) fn keys_of(message: &Message) -> Vec<String> {
+    /// The keys `message` is known by, as digests ([`key_digest`]): its idempotency key, its
+    /// `Message-ID` whole, and the part before `@` without the brackets (the delivery key of
+    /// `<key@host>`).
+    pub(crate) fn keys_of(message: &Message) -> Vec<KeyDigest> {
         let mut keys: Vec<&str> = Vec::new();
         if let Some(key) = message.idempotency_key.as_deref() {
             keys.push(key);
@@ -598,15 +612,15 @@ impl Deliveries {
         keys.sort_unstable();
         keys.dedup();
         keys.retain(|k| !k.is_empty());
-        keys.into_iter().map(str::to_owned).collect()
+        keys.into_iter().map(key_digest).collect()
     }
 
     /// Notes that a message known by `keys` ([`Deliveries::keys_of`]) is being decided
     /// (`true`) or no longer is (`false`).
-    pub(crate) fn deciding(&mut self, keys: &[String], now: bool) {
+    pub(crate) fn deciding(&mut self, keys: &[KeyDigest], now: bool) {
         for key in keys {
             if now {
-                *self.deciding.entry(key.clone()).or_default() += 1;
+                *self.deciding.entry(*key).or_default() += 1;
             } else if let Some(n) = self.deciding.get_mut(key) {
                 *n -= 1;
                 if *n == 0 {
@@ -625,7 +639,7 @@ impl Deliveries {
                 Some((copies, _, _)) => *copies += 1,
                 None => {
                     self.keys
-                        .insert(key.clone(), (1, message.id.clone(), message.received_at));
+                        .insert(key, (1, message.id.clone(), message.received_at));
                     self.order.push_back(key);
                 }
             }
@@ -641,14 +655,16 @@ impl Deliveries {
 
     /// What was accepted under `key`.
     pub(crate) fn get(&self, key: &str) -> Delivery {
-        match self.keys.get(key) {
+        let digest = key_digest(key);
+        let deciding = self.deciding.contains_key(&digest);
+        match self.keys.get(&digest) {
             Some((copies, first_id, at)) => Delivery {
                 key: key.to_owned(),
                 accepted: true,
                 copies: *copies,
                 first_id: Some(first_id.clone()),
                 first_accepted_at: Some(*at),
-                deciding: self.deciding.contains_key(key),
+                deciding,
                 forgotten_through: self.forgotten_through,
             },
             None => Delivery {
@@ -657,7 +673,7 @@ impl Deliveries {
                 copies: 0,
                 first_id: None,
                 first_accepted_at: None,
-                deciding: self.deciding.contains_key(key),
+                deciding,
                 forgotten_through: self.forgotten_through,
             },
         }
@@ -665,8 +681,8 @@ impl Deliveries {
 
     /// Forgets every key (at `now`: a key accepted until then may have been sent).
     pub(crate) fn clear(&mut self, now: OffsetDateTime) {
-        self.keys.clear();
-        self.order.clear();
+        self.keys = HashMap::new();
+        self.order = VecDeque::new();
         self.forgotten_through = Some(now);
     }
 }

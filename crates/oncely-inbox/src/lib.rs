@@ -89,7 +89,7 @@ pub use clock::Clock;
 pub use faults::{Conflict, Faults, Rejection};
 pub use links::{Extracted, Origin, Scan};
 use messages::{ByArrival, Deliveries, Messages, SeenKeys, fingerprint};
-pub use messages::{DEFAULT_MAX_BYTES, Delivery, MAX_MESSAGE_BYTES, Retention};
+pub use messages::{DEFAULT_MAX_BYTES, Delivery, MAX_MESSAGE_BYTES, MAX_RECIPIENTS, Retention};
 pub use runs::Run;
 use runs::Runs;
 pub use webhooks::{

@@ -39,6 +39,12 @@ pub const DEFAULT_MAX_BYTES: usize = 256 * 1024 * 1024;
 /// body), whatever the budget: 10 MiB.
 pub const MAX_MESSAGE_BYTES: usize = 10 * 1024 * 1024;
 
+/// The most recipients one message may have, whichever the intake: 1,000 (RFC 5321 has an SMTP
+/// server take at least 100; Resend takes 50). SMTP answers `452 4.5.3` to a `RCPT TO` beyond
+/// it, HTTP 422 `validation_error`. (What they take in bytes counts against the message's size:
+/// [`Retention::max_message_bytes`].)
+pub const MAX_RECIPIENTS: usize = 1_000;
+
 fn default_max_bytes() -> usize {
     DEFAULT_MAX_BYTES
 }

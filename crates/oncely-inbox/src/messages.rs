@@ -63,8 +63,9 @@ impl Default for Retention {
 impl Retention {
     /// The largest message either intake takes as sent: [`MAX_MESSAGE_BYTES`], and at most a
     /// quarter of [`Retention::max_bytes`] (what the inbox keeps of a message — its source and
-    /// its decoded parts — is about twice what was sent, so that even the largest leaves room
-    /// for another). SMTP advertises it (`SIZE`) and answers 552 beyond it; HTTP answers 413.
+    /// its decoded parts — is often about twice what was sent, up to about nine times for a body
+    /// whose every byte becomes a 3-byte character in the source, the text and the HTML; the
+    /// budget counts what is kept, and refuses a message that alone would exceed it). SMTP advertises it (`SIZE`) and answers 552 beyond it; HTTP answers 413.
     pub fn max_message_bytes(&self) -> usize {
         MAX_MESSAGE_BYTES.min(self.max_bytes / 4)
     }
@@ -74,14 +75,31 @@ impl Retention {
 /// itself and its places in the indexes.
 const ENTRY_OVERHEAD: usize = 512;
 
-/// What the inbox is taken to hold per recipient of a message: the address, its copy as an
-/// index key, and the index entry.
-const RECIPIENT_OVERHEAD: usize = 64;
+/// What a string-keyed index (by recipient, by run) is taken to hold per entry beyond its key's
+/// bytes: the key's own allocation, the hash table's slot with its spare room (up to half the
+/// table after it grows), the set of arrivals and its tree node (about 110 bytes for one). Its
+/// full size even when another message shares the entry: generous, never under.
+const INDEX_ENTRY_OVERHEAD: usize = 256;
+
+/// What a kept string is taken to hold beyond its bytes: its header and the allocator's
+/// rounding.
+const STRING_OVERHEAD: usize = 32;
+
+/// What the link scanner's record of one link is taken to hold beyond its strings.
+const SCAN_OVERHEAD: usize = 64;
+
+/// What the inbox holds per recipient `to` of a message: the address in the message, and its
+/// entry in the recipient index ([`INDEX_ENTRY_OVERHEAD`]).
+fn recipient_size(to: &str) -> usize {
+    STRING_OVERHEAD + to.len() + INDEX_ENTRY_OVERHEAD + to.len()
+}
 
 /// What the inbox holds for `message`, in bytes, as the byte budget counts it
 /// ([`Retention::max_bytes`]): every string it keeps (the source, the text and HTML parts, the
 /// sender, recipients, subject, `Reply-To`, `Message-ID`, the idempotency key), the copies of
-/// its id, recipients and key the indexes hold, and [`ENTRY_OVERHEAD`]. (Its links are not kept:
+/// its id and key the indexes hold, each recipient's entry in the recipient index and each run
+/// its recipients name in the run index ([`INDEX_ENTRY_OVERHEAD`] each, with the key), and
+/// [`ENTRY_OVERHEAD`]. (Its links are not kept:
 /// they are extracted when asked for; what the scanner did with them is counted when recorded:
 /// [`scans_size`].)
 pub(crate) fn kept_size(message: &Message) -> usize {
@@ -92,7 +110,11 @@ pub(crate) fn kept_size(message: &Message) -> usize {
         + message
             .to
             .iter()
-            .map(|to| 2 * to.len() + RECIPIENT_OVERHEAD)
+            .map(|to| recipient_size(to))
+            .sum::<usize>()
+        + runs_of(message)
+            .into_iter()
+            .map(|run| INDEX_ENTRY_OVERHEAD + run.len())
             .sum::<usize>()
         + message.subject.len()
         + message.text.len()
@@ -107,7 +129,7 @@ pub(crate) fn kept_size(message: &Message) -> usize {
 pub(crate) fn scans_size(scans: &[Scan]) -> usize {
     scans
         .iter()
-        .map(|s| RECIPIENT_OVERHEAD + s.url.len() + s.error.as_ref().map_or(0, String::len))
+        .map(|s| SCAN_OVERHEAD + s.url.len() + s.error.as_ref().map_or(0, String::len))
         .sum()
 }
 

@@ -65,7 +65,8 @@ impl Retention {
     /// quarter of [`Retention::max_bytes`] (what the inbox keeps of a message — its source and
     /// its decoded parts — is often about twice what was sent, up to about nine times for a body
     /// whose every byte becomes a 3-byte character in the source, the text and the HTML; the
-    /// budget counts what is kept, and refuses a message that alone would exceed it). SMTP advertises it (`SIZE`) and answers 552 beyond it; HTTP answers 413.
+    /// budget counts what is kept, and refuses a message that alone would exceed it). SMTP
+    /// advertises it (`SIZE`) and answers 552 beyond it; HTTP answers 413.
     pub fn max_message_bytes(&self) -> usize {
         MAX_MESSAGE_BYTES.min(self.max_bytes / 4)
     }

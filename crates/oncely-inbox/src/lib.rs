@@ -940,7 +940,7 @@ impl Inbox {
         if let (Some(key), Some(window)) = (key, window) {
             state
                 .seen
-                .insert(key, id.clone(), fingerprint, now + window);
+                .insert(&key, id.clone(), fingerprint, now + window);
         }
         state.deliveries.accepted(&message);
         // Its links are extracted by the scan's task, outside the lock.

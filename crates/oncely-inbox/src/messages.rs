@@ -483,14 +483,16 @@ pub(crate) struct SeenKey {
     until: OffsetDateTime,
 }
 
-/// Provider mode's memory: the keys seen within the window, forgotten when it ends.
+/// Provider mode's memory: the keys seen within the window, forgotten when it ends. Each key
+/// is remembered by its digest ([`key_digest`]), not as sent: however long the keys, an entry
+/// takes a fixed few dozen bytes.
 #[derive(Default)]
 pub(crate) struct SeenKeys {
-    keys: HashMap<String, SeenKey>,
+    keys: HashMap<KeyDigest, SeenKey>,
     /// Keys in the order they were seen, with when each is forgotten, to forget the oldest
     /// first. (After the window shrank an entry may end before the ones ahead of it: `get` does
     /// not return a key whose time is up, whatever is still queued.)
-    order: VecDeque<(OffsetDateTime, String)>,
+    order: VecDeque<(OffsetDateTime, KeyDigest)>,
 }
 
 impl SeenKeys {
@@ -514,18 +516,21 @@ impl SeenKeys {
 
     /// The key, if remembered at `now`.
     pub(crate) fn get(&self, key: &str, now: OffsetDateTime) -> Option<&SeenKey> {
-        self.keys.get(key).filter(|seen| seen.until > now)
+        self.keys
+            .get(&key_digest(key))
+            .filter(|seen| seen.until > now)
     }
 
     /// Remembers `key` as delivered by the copy `id`, until `until`.
     pub(crate) fn insert(
         &mut self,
-        key: String,
+        key: &str,
         id: String,
         fingerprint: u64,
         until: OffsetDateTime,
     ) {
-        self.order.push_back((until, key.clone()));
+        let key = key_digest(key);
+        self.order.push_back((until, key));
         self.keys.insert(
             key,
             SeenKey {

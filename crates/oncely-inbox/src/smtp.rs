@@ -276,9 +276,16 @@ async fn read_data<R: AsyncBufRead + Unpin>(
     }
 }
 
-/// `MAIL FROM:<a@b>` → `a@b`.
+/// `MAIL FROM:<a@b>` → `a@b`; unbracketed, `MAIL FROM:a@b SIZE=1` → `a@b` (the word after
+/// the colon).
 fn address_of(command: &str) -> String {
-    let start = command.find('<').map_or(0, |i| i + 1);
+    let Some(start) = command.find('<').map(|i| i + 1) else {
+        return command
+            .split_once(':')
+            .and_then(|(_, rest)| rest.split_whitespace().next())
+            .unwrap_or("")
+            .to_owned();
+    };
     let end = command[start..]
         .find('>')
         .map_or(command.len(), |i| start + i);
@@ -349,6 +356,9 @@ mod tests {
     fn envelope_addresses_are_unwrapped() {
         assert_eq!(address_of("MAIL FROM:<a@b.io> SIZE=10"), "a@b.io");
         assert_eq!(address_of("RCPT TO:<c@d.io>"), "c@d.io");
+        // Unbracketed (review 3, F10: its SIZE= is read too): the address alone.
+        assert_eq!(address_of("MAIL FROM:a@b.io SIZE=10"), "a@b.io");
+        assert_eq!(address_of("RCPT TO: c@d.io"), "c@d.io");
     }
 
     #[test]

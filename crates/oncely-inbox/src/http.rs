@@ -190,6 +190,12 @@ struct SendEmail {
     html: Option<String>,
     #[serde(default)]
     reply_to: Option<OneOrMany>,
+    /// Counted with `to` against [`crate::MAX_RECIPIENTS`]; not kept.
+    #[serde(default)]
+    cc: Option<OneOrMany>,
+    /// Counted with `to` against [`crate::MAX_RECIPIENTS`]; not kept.
+    #[serde(default)]
+    bcc: Option<OneOrMany>,
     #[serde(default)]
     headers: std::collections::HashMap<String, String>,
 }
@@ -199,6 +205,15 @@ struct SendEmail {
 enum OneOrMany {
     One(String),
     Many(Vec<String>),
+}
+
+impl OneOrMany {
+    fn len(&self) -> usize {
+        match self {
+            Self::One(_) => 1,
+            Self::Many(many) => many.len(),
+        }
+    }
 }
 
 /// A Resend-style error answer: `{"statusCode", "name", "message"}`.
@@ -258,6 +273,20 @@ async fn send_email(
         Ok(Json(body)) => body,
         Err(rejection) => return rejection.into_response(),
     };
+    let recipients = body.to.len()
+        + body.cc.as_ref().map_or(0, OneOrMany::len)
+        + body.bcc.as_ref().map_or(0, OneOrMany::len);
+    if recipients > crate::MAX_RECIPIENTS {
+        return error(
+            StatusCode::UNPROCESSABLE_ENTITY,
+            "validation_error",
+            &format!(
+                "Too many recipients: {recipients} in `to`, `cc` and `bcc`; this inbox takes at \
+                 most {} per email.",
+                crate::MAX_RECIPIENTS
+            ),
+        );
+    }
     // Only the header this intake is configured to read (Resend's API: `Idempotency-Key`).
     let key_header = inbox.idempotency_header(Intake::Http);
     let key = headers

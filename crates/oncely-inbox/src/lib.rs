@@ -89,7 +89,7 @@ pub use clock::Clock;
 pub use faults::{Conflict, Faults, Rejection};
 pub use links::{Extracted, Origin, Scan};
 use messages::{ByArrival, Deliveries, Messages, SeenKeys, fingerprint};
-pub use messages::{DEFAULT_MAX_BYTES, Delivery, MAX_MESSAGE_BYTES, Retention};
+pub use messages::{DEFAULT_MAX_BYTES, Delivery, MAX_MESSAGE_BYTES, MAX_RECIPIENTS, Retention};
 pub use runs::Run;
 use runs::Runs;
 pub use webhooks::{
@@ -448,7 +448,7 @@ impl Drop for InFlight {
 /// the message.
 struct Deciding {
     inbox: Inbox,
-    keys: Vec<String>,
+    keys: Vec<messages::KeyDigest>,
 }
 
 impl Deciding {
@@ -940,7 +940,7 @@ impl Inbox {
         if let (Some(key), Some(window)) = (key, window) {
             state
                 .seen
-                .insert(key, id.clone(), fingerprint, now + window);
+                .insert(&key, id.clone(), fingerprint, now + window);
         }
         state.deliveries.accepted(&message);
         // Its links are extracted by the scan's task, outside the lock.

@@ -39,6 +39,12 @@ pub const DEFAULT_MAX_BYTES: usize = 256 * 1024 * 1024;
 /// body), whatever the budget: 10 MiB.
 pub const MAX_MESSAGE_BYTES: usize = 10 * 1024 * 1024;
 
+/// The most recipients one message may have, whichever the intake: 1,000 (RFC 5321 has an SMTP
+/// server take at least 100; Resend takes 50). SMTP answers `452 4.5.3` to a `RCPT TO` beyond
+/// it, HTTP 422 `validation_error`. (What they take in bytes counts against the message's size:
+/// [`Retention::max_message_bytes`].)
+pub const MAX_RECIPIENTS: usize = 1_000;
+
 fn default_max_bytes() -> usize {
     DEFAULT_MAX_BYTES
 }
@@ -57,8 +63,10 @@ impl Default for Retention {
 impl Retention {
     /// The largest message either intake takes as sent: [`MAX_MESSAGE_BYTES`], and at most a
     /// quarter of [`Retention::max_bytes`] (what the inbox keeps of a message — its source and
-    /// its decoded parts — is about twice what was sent, so that even the largest leaves room
-    /// for another). SMTP advertises it (`SIZE`) and answers 552 beyond it; HTTP answers 413.
+    /// its decoded parts — is often about twice what was sent, up to about nine times for a body
+    /// whose every byte becomes a 3-byte character in the source, the text and the HTML; the
+    /// budget counts what is kept, and refuses a message that alone would exceed it). SMTP
+    /// advertises it (`SIZE`) and answers 552 beyond it; HTTP answers 413.
     pub fn max_message_bytes(&self) -> usize {
         MAX_MESSAGE_BYTES.min(self.max_bytes / 4)
     }
@@ -68,14 +76,31 @@ impl Retention {
 /// itself and its places in the indexes.
 const ENTRY_OVERHEAD: usize = 512;
 
-/// What the inbox is taken to hold per recipient of a message: the address, its copy as an
-/// index key, and the index entry.
-const RECIPIENT_OVERHEAD: usize = 64;
+/// What a string-keyed index (by recipient, by run) is taken to hold per entry beyond its key's
+/// bytes: the key's own allocation, the hash table's slot with its spare room (up to half the
+/// table after it grows), the set of arrivals and its tree node (about 110 bytes for one). Its
+/// full size even when another message shares the entry: generous, never under.
+const INDEX_ENTRY_OVERHEAD: usize = 256;
+
+/// What a kept string is taken to hold beyond its bytes: its header and the allocator's
+/// rounding.
+const STRING_OVERHEAD: usize = 32;
+
+/// What the link scanner's record of one link is taken to hold beyond its strings.
+const SCAN_OVERHEAD: usize = 64;
+
+/// What the inbox holds per recipient `to` of a message: the address in the message, and its
+/// entry in the recipient index ([`INDEX_ENTRY_OVERHEAD`]).
+fn recipient_size(to: &str) -> usize {
+    STRING_OVERHEAD + to.len() + INDEX_ENTRY_OVERHEAD + to.len()
+}
 
 /// What the inbox holds for `message`, in bytes, as the byte budget counts it
 /// ([`Retention::max_bytes`]): every string it keeps (the source, the text and HTML parts, the
 /// sender, recipients, subject, `Reply-To`, `Message-ID`, the idempotency key), the copies of
-/// its id, recipients and key the indexes hold, and [`ENTRY_OVERHEAD`]. (Its links are not kept:
+/// its id and key the indexes hold, each recipient's entry in the recipient index and each run
+/// its recipients name in the run index ([`INDEX_ENTRY_OVERHEAD`] each, with the key), and
+/// [`ENTRY_OVERHEAD`]. (Its links are not kept:
 /// they are extracted when asked for; what the scanner did with them is counted when recorded:
 /// [`scans_size`].)
 pub(crate) fn kept_size(message: &Message) -> usize {
@@ -86,7 +111,11 @@ pub(crate) fn kept_size(message: &Message) -> usize {
         + message
             .to
             .iter()
-            .map(|to| 2 * to.len() + RECIPIENT_OVERHEAD)
+            .map(|to| recipient_size(to))
+            .sum::<usize>()
+        + runs_of(message)
+            .into_iter()
+            .map(|run| INDEX_ENTRY_OVERHEAD + run.len())
             .sum::<usize>()
         + message.subject.len()
         + message.text.len()
@@ -101,7 +130,7 @@ pub(crate) fn kept_size(message: &Message) -> usize {
 pub(crate) fn scans_size(scans: &[Scan]) -> usize {
     scans
         .iter()
-        .map(|s| RECIPIENT_OVERHEAD + s.url.len() + s.error.as_ref().map_or(0, String::len))
+        .map(|s| SCAN_OVERHEAD + s.url.len() + s.error.as_ref().map_or(0, String::len))
         .sum()
 }
 
@@ -454,14 +483,16 @@ pub(crate) struct SeenKey {
     until: OffsetDateTime,
 }
 
-/// Provider mode's memory: the keys seen within the window, forgotten when it ends.
+/// Provider mode's memory: the keys seen within the window, forgotten when it ends. Each key
+/// is remembered by its digest ([`key_digest`]), not as sent: however long the keys, an entry
+/// takes a fixed few dozen bytes.
 #[derive(Default)]
 pub(crate) struct SeenKeys {
-    keys: HashMap<String, SeenKey>,
+    keys: HashMap<KeyDigest, SeenKey>,
     /// Keys in the order they were seen, with when each is forgotten, to forget the oldest
     /// first. (After the window shrank an entry may end before the ones ahead of it: `get` does
     /// not return a key whose time is up, whatever is still queued.)
-    order: VecDeque<(OffsetDateTime, String)>,
+    order: VecDeque<(OffsetDateTime, KeyDigest)>,
 }
 
 impl SeenKeys {
@@ -485,18 +516,21 @@ impl SeenKeys {
 
     /// The key, if remembered at `now`.
     pub(crate) fn get(&self, key: &str, now: OffsetDateTime) -> Option<&SeenKey> {
-        self.keys.get(key).filter(|seen| seen.until > now)
+        self.keys
+            .get(&key_digest(key))
+            .filter(|seen| seen.until > now)
     }
 
     /// Remembers `key` as delivered by the copy `id`, until `until`.
     pub(crate) fn insert(
         &mut self,
-        key: String,
+        key: &str,
         id: String,
         fingerprint: u64,
         until: OffsetDateTime,
     ) {
-        self.order.push_back((until, key.clone()));
+        let key = key_digest(key);
+        self.order.push_back((until, key));
         self.keys.insert(
             key,
             SeenKey {
@@ -546,19 +580,31 @@ pub struct Delivery {
     pub forgotten_through: Option<OffsetDateTime>,
 }
 
+/// A delivery key as [`Deliveries`] remembers it: its SHA-256, 32 bytes whatever the key's
+/// length (a 9 MB `Message-ID` costs what a UUID does).
+pub(crate) type KeyDigest = [u8; 32];
+
+/// The digest [`Deliveries`] remembers `key` by.
+pub(crate) fn key_digest(key: &str) -> KeyDigest {
+    use sha2::Digest;
+    sha2::Sha256::digest(key.as_bytes()).into()
+}
+
 /// The delivery keys of every accepted message, kept apart from the mailbox: deleting messages
 /// or their retention never turns "accepted" into "not accepted", as a provider remembers what
-/// it took. Bounded: beyond [`Deliveries::MAX_KEYS`] keys the oldest are forgotten.
+/// it took. Bounded: beyond [`Deliveries::MAX_KEYS`] keys the oldest are forgotten. Each key is
+/// remembered by its digest ([`key_digest`]), not as sent, so the memory is bounded in bytes too
+/// (a few MiB), however long the keys.
 pub(crate) struct Deliveries {
-    keys: HashMap<String, (u64, String, OffsetDateTime)>,
+    keys: HashMap<KeyDigest, (u64, String, OffsetDateTime)>,
     /// Keys in the order they were first accepted, to forget the oldest first.
-    order: VecDeque<String>,
+    order: VecDeque<KeyDigest>,
     /// How many keys are remembered at most.
     max: usize,
     /// See [`Delivery::forgotten_through`].
     forgotten_through: Option<OffsetDateTime>,
     /// Keys of the messages being decided now, with how many of them.
-    deciding: HashMap<String, u32>,
+    deciding: HashMap<KeyDigest, u32>,
 }
 
 impl Default for Deliveries {
@@ -570,7 +616,8 @@ impl Default for Deliveries {
 impl Deliveries {
     /// How many keys are remembered at most, by default: ten times the default mailbox (a
     /// message leaves up to three: its idempotency key, its Message-ID and that ID's key), about
-    /// 30 MiB at most.
+    /// 20 MiB at most (a digest twice, the first copy's id, the map's entry), whatever the keys'
+    /// length.
     pub(crate) const MAX_KEYS: usize = 100_000;
 
     fn with_max(max: usize) -> Self {
@@ -583,9 +630,10 @@ impl Deliveries {
         }
     }
 
-    /// The keys `message` is known by: its idempotency key, its `Message-ID` whole, and the
-    /// part before `@` without the brackets (the delivery key of `<key@host>`).
-    pub(crate) fn keys_of(message: &Message) -> Vec<String> {
+    /// The keys `message` is known by, as digests ([`key_digest`]): its idempotency key, its
+    /// `Message-ID` whole, and the part before `@` without the brackets (the delivery key of
+    /// `<key@host>`).
+    pub(crate) fn keys_of(message: &Message) -> Vec<KeyDigest> {
         let mut keys: Vec<&str> = Vec::new();
         if let Some(key) = message.idempotency_key.as_deref() {
             keys.push(key);
@@ -598,15 +646,15 @@ impl Deliveries {
         keys.sort_unstable();
         keys.dedup();
         keys.retain(|k| !k.is_empty());
-        keys.into_iter().map(str::to_owned).collect()
+        keys.into_iter().map(key_digest).collect()
     }
 
     /// Notes that a message known by `keys` ([`Deliveries::keys_of`]) is being decided
     /// (`true`) or no longer is (`false`).
-    pub(crate) fn deciding(&mut self, keys: &[String], now: bool) {
+    pub(crate) fn deciding(&mut self, keys: &[KeyDigest], now: bool) {
         for key in keys {
             if now {
-                *self.deciding.entry(key.clone()).or_default() += 1;
+                *self.deciding.entry(*key).or_default() += 1;
             } else if let Some(n) = self.deciding.get_mut(key) {
                 *n -= 1;
                 if *n == 0 {
@@ -625,7 +673,7 @@ impl Deliveries {
                 Some((copies, _, _)) => *copies += 1,
                 None => {
                     self.keys
-                        .insert(key.clone(), (1, message.id.clone(), message.received_at));
+                        .insert(key, (1, message.id.clone(), message.received_at));
                     self.order.push_back(key);
                 }
             }
@@ -641,14 +689,16 @@ impl Deliveries {
 
     /// What was accepted under `key`.
     pub(crate) fn get(&self, key: &str) -> Delivery {
-        match self.keys.get(key) {
+        let digest = key_digest(key);
+        let deciding = self.deciding.contains_key(&digest);
+        match self.keys.get(&digest) {
             Some((copies, first_id, at)) => Delivery {
                 key: key.to_owned(),
                 accepted: true,
                 copies: *copies,
                 first_id: Some(first_id.clone()),
                 first_accepted_at: Some(*at),
-                deciding: self.deciding.contains_key(key),
+                deciding,
                 forgotten_through: self.forgotten_through,
             },
             None => Delivery {
@@ -657,7 +707,7 @@ impl Deliveries {
                 copies: 0,
                 first_id: None,
                 first_accepted_at: None,
-                deciding: self.deciding.contains_key(key),
+                deciding,
                 forgotten_through: self.forgotten_through,
             },
         }
@@ -665,8 +715,8 @@ impl Deliveries {
 
     /// Forgets every key (at `now`: a key accepted until then may have been sent).
     pub(crate) fn clear(&mut self, now: OffsetDateTime) {
-        self.keys.clear();
-        self.order.clear();
+        self.keys = HashMap::new();
+        self.order = VecDeque::new();
         self.forgotten_through = Some(now);
     }
 }

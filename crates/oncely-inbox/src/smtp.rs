@@ -5,7 +5,11 @@
 //! [`crate::Retention::max_message_bytes`]); a `MAIL FROM` whose `SIZE=` is larger, and a DATA
 //! section that turns out larger (read to its end, not kept), are answered `552 5.3.4`, and so
 //! is a message that, as the inbox would keep it, alone takes more than its byte budget. No line
-//! is held beyond its bound: a command line over [`MAX_COMMAND_LINE`] is answered `500`.
+//! is held beyond its bound: a command line over [`MAX_COMMAND_LINE`] is answered `500`. A
+//! message has at most [`crate::MAX_RECIPIENTS`] recipients (a `RCPT TO` beyond is answered
+//! `452 4.5.3`, the session going on), and its recipients' bytes count against its size: a
+//! `RCPT TO` that would take them past the limit is answered `552 5.3.4`, and the DATA section
+//! may take only what they leave.
 
 use std::time::Duration;
 
@@ -26,6 +30,9 @@ pub const MAX_COMMAND_LINE: usize = 4096;
 
 /// The answer to a message larger than the inbox takes (RFC 1870).
 const TOO_LARGE: &str = "552 5.3.4 Message size exceeds fixed maximum message size\r\n";
+
+/// The answer to a `RCPT TO` beyond [`crate::MAX_RECIPIENTS`] (RFC 5321, 4.5.3.1.10).
+const TOO_MANY_RECIPIENTS: &str = "452 4.5.3 Too many recipients\r\n";
 
 /// Accepts connections until the listener fails.
 pub async fn serve(listener: TcpListener, inbox: Inbox) {
@@ -54,6 +61,8 @@ async fn session(stream: TcpStream, inbox: Inbox) -> std::io::Result<()> {
     let limit = inbox.max_message_bytes();
     let mut from = String::new();
     let mut to: Vec<String> = Vec::new();
+    // The bytes of `to`, counted against the message's size.
+    let mut to_bytes = 0usize;
     let mut line = Vec::new();
     loop {
         line.clear();
@@ -80,16 +89,25 @@ async fn session(stream: TcpStream, inbox: Inbox) -> std::io::Result<()> {
             "MAIL" if declared_size(command).is_some_and(|size| size > limit) => {
                 from.clear();
                 to.clear();
+                to_bytes = 0;
                 TOO_LARGE.into()
             }
             "MAIL" => {
                 from = address_of(command);
                 to.clear();
+                to_bytes = 0;
                 "250 2.1.0 Ok\r\n".into()
             }
+            "RCPT" if to.len() >= crate::MAX_RECIPIENTS => TOO_MANY_RECIPIENTS.into(),
             "RCPT" => {
-                to.push(address_of(command));
-                "250 2.1.5 Ok\r\n".into()
+                let address = address_of(command);
+                if to_bytes + address.len() > limit {
+                    TOO_LARGE.into()
+                } else {
+                    to_bytes += address.len();
+                    to.push(address);
+                    "250 2.1.5 Ok\r\n".into()
+                }
             }
             "DATA" => {
                 if to.is_empty() {
@@ -98,7 +116,7 @@ async fn session(stream: TcpStream, inbox: Inbox) -> std::io::Result<()> {
                     write
                         .write_all(b"354 End data with <CR><LF>.<CR><LF>\r\n")
                         .await?;
-                    let data = read_data(&mut lines, limit).await?;
+                    let data = read_data(&mut lines, limit - to_bytes).await?;
                     let verdict = match data {
                         Some(data) => {
                             let header = inbox.idempotency_header(Intake::Smtp);
@@ -112,6 +130,7 @@ async fn session(stream: TcpStream, inbox: Inbox) -> std::io::Result<()> {
                         }
                     };
                     to.clear();
+                    to_bytes = 0;
                     // Kept but dropped: the sender never hears so (the unknown outcome).
                     let Some(reply) = reply(&verdict) else {
                         return Ok(());
@@ -122,6 +141,7 @@ async fn session(stream: TcpStream, inbox: Inbox) -> std::io::Result<()> {
             "RSET" => {
                 from.clear();
                 to.clear();
+                to_bytes = 0;
                 "250 2.0.0 Ok\r\n".into()
             }
             "NOOP" => "250 2.0.0 Ok\r\n".into(),
@@ -135,9 +155,21 @@ async fn session(stream: TcpStream, inbox: Inbox) -> std::io::Result<()> {
     }
 }
 
-/// The `SIZE=` a `MAIL FROM` declares (RFC 1870), if it declares one that is a number.
+/// The `SIZE=` a `MAIL FROM` declares (RFC 1870), if it declares one that is a number: after
+/// the `<address>`, or, unbracketed (`MAIL FROM:a@b SIZE=…`), after the address.
 fn declared_size(command: &str) -> Option<usize> {
-    let params = &command[command.find('>').map_or(command.len(), |i| i + 1)..];
+    let params = match command.find('>') {
+        Some(i) => &command[i + 1..],
+        None => {
+            // `MAIL FROM:` and the address, possibly after a space: the parameters follow.
+            let after = command
+                .find(':')
+                .map_or("", |i| command[i + 1..].trim_start());
+            after
+                .split_once(char::is_whitespace)
+                .map_or("", |(_, rest)| rest)
+        }
+    };
     params.split_whitespace().find_map(|param| {
         let (name, value) = param.split_once('=')?;
         // A size beyond usize is larger than any limit.
@@ -244,9 +276,16 @@ async fn read_data<R: AsyncBufRead + Unpin>(
     }
 }
 
-/// `MAIL FROM:<a@b>` → `a@b`.
+/// `MAIL FROM:<a@b>` → `a@b`; unbracketed, `MAIL FROM:a@b SIZE=1` → `a@b` (the word after
+/// the colon).
 fn address_of(command: &str) -> String {
-    let start = command.find('<').map_or(0, |i| i + 1);
+    let Some(start) = command.find('<').map(|i| i + 1) else {
+        return command
+            .split_once(':')
+            .and_then(|(_, rest)| rest.split_whitespace().next())
+            .unwrap_or("")
+            .to_owned();
+    };
     let end = command[start..]
         .find('>')
         .map_or(command.len(), |i| start + i);
@@ -317,6 +356,9 @@ mod tests {
     fn envelope_addresses_are_unwrapped() {
         assert_eq!(address_of("MAIL FROM:<a@b.io> SIZE=10"), "a@b.io");
         assert_eq!(address_of("RCPT TO:<c@d.io>"), "c@d.io");
+        // Unbracketed (review 3, F10: its SIZE= is read too): the address alone.
+        assert_eq!(address_of("MAIL FROM:a@b.io SIZE=10"), "a@b.io");
+        assert_eq!(address_of("RCPT TO: c@d.io"), "c@d.io");
     }
 
     #[test]
@@ -488,6 +530,97 @@ Content-Type: multipart/mixed; boundary=\"XX\"\r\n\r\n\
         assert_eq!(messages.len(), 1);
         assert_eq!(messages[0].subject, "small");
         assert_eq!(inbox.stats().too_large, 2);
+    }
+
+    /// Review 3, F2: a message takes at most [`crate::MAX_RECIPIENTS`] recipients (300,000
+    /// `RCPT TO` of 4 KB reached 1.16 GB): one more is answered `452 4.5.3`, and the session
+    /// goes on with those taken.
+    #[tokio::test]
+    async fn a_recipient_beyond_the_limit_is_answered_452_and_the_session_goes_on() {
+        let (inbox, mut smtp) = session_with(crate::DEFAULT_MAX_BYTES).await;
+        assert!(said(&mut smtp, b"EHLO t\r\n").await.starts_with("250"));
+        assert!(
+            said(&mut smtp, b"MAIL FROM:<a@x.io>\r\n")
+                .await
+                .starts_with("250")
+        );
+        let rcpts: String = (0..crate::MAX_RECIPIENTS)
+            .map(|n| format!("RCPT TO:<r{n}@x.io>\r\n"))
+            .collect();
+        // Pipelined: one reply each, all 250.
+        use tokio::io::AsyncReadExt;
+        smtp.write_all(rcpts.as_bytes()).await.unwrap();
+        let expected = (0..crate::MAX_RECIPIENTS)
+            .map(|_| "250 2.1.5 Ok\r\n")
+            .collect::<String>();
+        let mut replies = vec![0u8; expected.len()];
+        smtp.read_exact(&mut replies).await.unwrap();
+        assert_eq!(String::from_utf8_lossy(&replies), expected);
+        for _ in 0..3 {
+            let more = said(&mut smtp, b"RCPT TO:<more@x.io>\r\n").await;
+            assert_eq!(more, "452 4.5.3 Too many recipients\r\n");
+        }
+        assert!(said(&mut smtp, b"DATA\r\n").await.starts_with("354"));
+        let kept = said(&mut smtp, b"Subject: many\r\n\r\nhi\r\n.\r\n").await;
+        assert!(kept.starts_with("250"), "{kept}");
+        let messages = inbox.messages(None);
+        assert_eq!(messages.len(), 1);
+        assert_eq!(messages[0].to.len(), crate::MAX_RECIPIENTS);
+        assert!(!messages[0].to.contains(&"more@x.io".to_owned()));
+        // The next transaction starts afresh.
+        assert!(
+            said(&mut smtp, b"MAIL FROM:<a@x.io>\r\n")
+                .await
+                .starts_with("250")
+        );
+        assert!(
+            said(&mut smtp, b"RCPT TO:<b@x.io>\r\n")
+                .await
+                .starts_with("250")
+        );
+    }
+
+    /// Review 3, F2: the recipients' bytes count against the message's size — a `RCPT TO` that
+    /// takes them past the limit is `552 5.3.4`, and a DATA section that fits the limit alone
+    /// but not with them is too.
+    #[tokio::test]
+    async fn the_recipients_bytes_count_against_the_message_size() {
+        // A budget of 400 KiB: messages of at most 100 KiB (102,400 bytes) as sent.
+        let (inbox, mut smtp) = session_with(400 * 1024).await;
+        assert!(said(&mut smtp, b"EHLO t\r\n").await.starts_with("250"));
+        assert!(
+            said(&mut smtp, b"MAIL FROM:<a@x.io>\r\n")
+                .await
+                .starts_with("250")
+        );
+        // 25 recipients of 4,000 bytes: 100,000.
+        let long = |n: usize| format!("RCPT TO:<{n:02}{}@x.io>\r\n", "l".repeat(3993));
+        for n in 0..25 {
+            let reply = said(&mut smtp, long(n).as_bytes()).await;
+            assert!(reply.starts_with("250"), "{n}: {reply}");
+        }
+        let past = said(&mut smtp, long(25).as_bytes()).await;
+        assert!(past.starts_with("552 5.3.4"), "{past}");
+        assert!(said(&mut smtp, b"DATA\r\n").await.starts_with("354"));
+        let body = format!("Subject: s\r\n\r\n{}\r\n.\r\n", "b".repeat(10_000));
+        let reply = said(&mut smtp, body.as_bytes()).await;
+        assert!(reply.starts_with("552 5.3.4"), "{reply}");
+        assert!(inbox.messages(None).is_empty());
+    }
+
+    /// Review 3, F10: `SIZE=` is read whether the address is bracketed or not.
+    #[test]
+    fn the_declared_size_is_read_with_or_without_brackets() {
+        for command in [
+            "MAIL FROM:<a@x.io> SIZE=99999999",
+            "MAIL FROM:a@x.io SIZE=99999999",
+            "MAIL FROM: a@x.io SIZE=99999999",
+            "MAIL FROM:a@x.io BODY=8BITMIME SIZE=99999999",
+        ] {
+            assert_eq!(declared_size(command), Some(99_999_999), "{command}");
+        }
+        assert_eq!(declared_size("MAIL FROM:size=5@x.io"), None);
+        assert_eq!(declared_size("MAIL FROM:a@x.io"), None);
     }
 
     #[test]

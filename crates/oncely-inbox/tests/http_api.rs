@@ -1479,3 +1479,36 @@ async fn the_link_scanner_opens_only_the_origins_its_operator_named() {
         other_seen.lock().unwrap()
     );
 }
+
+/// Review 3, F2: `POST /emails` takes at most `MAX_RECIPIENTS` recipients in `to`, `cc` and
+/// `bcc` together (8 posts of ~715k recipients reached 888 MB): one more is 422
+/// `validation_error` saying so, nothing kept; at the limit, the message is kept.
+#[tokio::test]
+async fn the_http_intake_refuses_more_recipients_than_the_limit() {
+    let (inbox, base) = start().await;
+    let max = oncely_inbox::MAX_RECIPIENTS;
+    let addresses = |n: usize, tag: &str| -> Vec<String> {
+        (0..n).map(|i| format!("{tag}{i}@example.com")).collect()
+    };
+    for body in [
+        json!({ "from": "a@example.com", "to": addresses(max + 1, "t"), "subject": "s", "text": "t" }),
+        json!({ "from": "a@example.com", "to": addresses(max - 1, "t"), "cc": "c@example.com",
+                "bcc": ["b@example.com"], "subject": "s", "text": "t" }),
+    ] {
+        let (status, _, answer) = post_email(&base, "", &body).await;
+        assert_eq!(status, 422, "{answer}");
+        assert_eq!(answer["name"], "validation_error", "{answer}");
+        let message = answer["message"].as_str().unwrap();
+        assert!(
+            message.contains("Too many recipients") && message.contains(&max.to_string()),
+            "{answer}"
+        );
+    }
+    assert!(inbox.messages(None).is_empty());
+    let at_limit = json!({ "from": "a@example.com", "to": addresses(max - 2, "t"),
+                           "cc": ["c@example.com"], "bcc": "b@example.com",
+                           "subject": "s", "text": "t" });
+    let (status, _, answer) = post_email(&base, "", &at_limit).await;
+    assert_eq!(status, 200, "{answer}");
+    assert_eq!(inbox.messages(None)[0].to.len(), max - 2);
+}

@@ -272,15 +272,62 @@ fn with_fixed_mmap_threshold() {
     if std::env::var_os(VARIABLE).is_some() {
         return;
     }
-    let Ok(me) = std::env::current_exe() else {
-        return;
+    // argv[0] resolved, when it names a path (not a name found on PATH).
+    let argv0 = std::env::args_os()
+        .next()
+        .filter(|a| a.as_encoded_bytes().contains(&b'/'))
+        .and_then(|a| std::fs::canonicalize(a).ok());
+    let me = match restart_target(std::env::current_exe(), argv0) {
+        Ok(me) => me,
+        Err(reason) => {
+            eprintln!(
+                "warning: oncely inbox runs with glibc's moving malloc mmap threshold ({reason}; set {VARIABLE}=131072 to fix it): it may hold more memory than --max-bytes"
+            );
+            return;
+        }
     };
     let error = std::process::Command::new(me)
         .args(std::env::args_os().skip(1))
         .env(VARIABLE, "131072")
         .exec();
     // Only on failure: the inbox runs on, with glibc's moving threshold.
-    tracing::warn!(%error, "cannot restart with a fixed malloc mmap threshold; the inbox may hold more memory than --max-bytes");
+    eprintln!(
+        "warning: oncely inbox cannot restart with a fixed malloc mmap threshold ({error}; set {VARIABLE}=131072 to fix it): it may hold more memory than --max-bytes"
+    );
+}
+
+/// The program `oncely inbox` restarts itself as ([`with_fixed_mmap_threshold`]): this
+/// executable (`exe`, `/proc/self/exe`), unless it is not this program — started through the
+/// dynamic loader (`ld-linux-x86-64.so.2 oncely inbox`), `exe` is the loader, which would run
+/// `inbox` (exit 127) — or it cannot be found. `argv0`: argv[0] resolved, when it names a path.
+/// Err: why not, for the warning.
+#[cfg_attr(not(all(target_os = "linux", target_env = "gnu")), allow(dead_code))]
+fn restart_target(
+    exe: std::io::Result<std::path::PathBuf>,
+    argv0: Option<std::path::PathBuf>,
+) -> Result<std::path::PathBuf, String> {
+    let exe = exe.map_err(|error| format!("cannot find this program's path: {error}"))?;
+    let exe = std::fs::canonicalize(&exe).unwrap_or(exe);
+    let name = exe
+        .file_name()
+        .map(|n| n.to_string_lossy().into_owned())
+        .unwrap_or_default();
+    if name.starts_with("ld-") || name.starts_with("ld.so") {
+        return Err(format!(
+            "started through the dynamic loader {}",
+            exe.display()
+        ));
+    }
+    if let Some(argv0) = argv0
+        && argv0 != exe
+    {
+        return Err(format!(
+            "this program's path {} is not {}, the one it was started as",
+            exe.display(),
+            argv0.display()
+        ));
+    }
+    Ok(exe)
 }
 
 #[cfg(not(all(target_os = "linux", target_env = "gnu")))]
@@ -365,4 +412,63 @@ async fn shutdown_signal() {
     #[cfg(not(unix))]
     let terminate = std::future::pending::<()>();
     tokio::select! { () = ctrl_c => {}, () = terminate => {} }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::restart_target;
+
+    /// Review 3, F8 and F9: `oncely inbox` restarts itself only as itself — started through the
+    /// dynamic loader, `/proc/self/exe` is the loader, and restarting it ran `ld-linux inbox`
+    /// (exit 127); it says why it does not, also when its path cannot be found (it said
+    /// nothing).
+    #[test]
+    fn the_inbox_restarts_only_as_itself_and_says_why_not() {
+        let dir = std::env::temp_dir().join(format!("oncely-restart-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let program = dir.join("oncely");
+        let other = dir.join("other");
+        let loader = dir.join("ld-linux-x86-64.so.2");
+        let link = dir.join("oncely-link");
+        for file in [&program, &other, &loader] {
+            std::fs::write(file, b"").unwrap();
+        }
+        let _ = std::fs::remove_file(&link);
+        std::os::unix::fs::symlink(&program, &link).unwrap();
+        let real = std::fs::canonicalize(&program).unwrap();
+
+        assert_eq!(restart_target(Ok(program.clone()), None), Ok(real.clone()));
+        assert_eq!(
+            restart_target(Ok(program.clone()), Some(real.clone())),
+            Ok(real.clone())
+        );
+        assert_eq!(
+            restart_target(Ok(link.clone()), Some(real.clone())),
+            Ok(real.clone()),
+            "the same file by another path"
+        );
+        // `/lib64/ld-linux-x86-64.so.2 target/release/oncely inbox`: argv[0] is the program.
+        let through_loader = restart_target(Ok(loader.clone()), Some(real.clone()));
+        assert!(
+            through_loader
+                .as_ref()
+                .is_err_and(|why| why.contains("dynamic loader")),
+            "{through_loader:?}"
+        );
+        let as_loader = restart_target(Ok(loader), None);
+        assert!(as_loader.is_err(), "{as_loader:?}");
+        let elsewhere = restart_target(
+            Ok(other.clone()),
+            Some(std::fs::canonicalize(&program).unwrap()),
+        );
+        assert!(elsewhere.is_err(), "{elsewhere:?}");
+        let unknown = restart_target(Err(std::io::ErrorKind::NotFound.into()), None);
+        assert!(
+            unknown
+                .as_ref()
+                .is_err_and(|why| why.contains("cannot find this program's path")),
+            "{unknown:?}"
+        );
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
 }

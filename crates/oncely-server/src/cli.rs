@@ -877,8 +877,9 @@ pub struct CommonArgs {
     pub database: DatabaseArgs,
 
     /// PostgreSQL connections of this process's one pool; a process whose workers LISTEN opens one
-    /// more (the listener). Keep the sum over all `serve` and `worker` processes under the
-    /// server's (or the pooler's) limit: see docs/deploying.md.
+    /// more (the listener), and in development the `serve` that serves the dev inbox one more
+    /// (its lock). Keep the sum over all `serve` and `worker` processes under the server's (or
+    /// the pooler's) limit: see docs/deploying.md.
     #[arg(long, env = "ONCELY_DATABASE_POOL", default_value_t = defaults::DATABASE_POOL, value_parser = clap::value_parser!(u32).range(2..=1000))]
     pub database_pool: u32,
 

@@ -153,12 +153,25 @@ impl<DB: Database> Db<DB> {
     /// A transaction begun with `begin` (`BEGIN`, `BEGIN IMMEDIATE`, or `BEGIN; SET LOCAL …`),
     /// then what this pool's transactions run first.
     pub async fn begin_with(&self, begin: &str) -> Result<Transaction<'static, DB>, sqlx::Error> {
-        let statement = if self.after_begin.is_empty() {
-            begin.to_owned()
-        } else {
-            format!("{begin}; {}", self.after_begin.trim_end_matches("; "))
-        };
-        noticed(self.pool.begin_with(AssertSqlSafe(statement)).await)
+        noticed(
+            self.pool
+                .begin_with(AssertSqlSafe(self.begin_statement(begin)))
+                .await,
+        )
+    }
+
+    /// `begin` with what this pool's transactions run first put right after its `BEGIN`, so
+    /// that `begin`'s own `SET LOCAL`s come after (and win over) the session's.
+    fn begin_statement(&self, begin: &str) -> String {
+        if self.after_begin.is_empty() {
+            return begin.to_owned();
+        }
+        let (head, rest) = begin.split_once(';').unwrap_or((begin, ""));
+        let first = self.after_begin.trim_end_matches("; ");
+        match rest.trim() {
+            "" => format!("{head}; {first}"),
+            rest => format!("{head}; {first}; {rest}"),
+        }
     }
 
     /// [`begin_with`](Self::begin_with) `BEGIN`.
@@ -317,6 +330,20 @@ pub fn notice(error: &sqlx::Error) {
             lost();
         }
         sqlx::Error::Io(_) | sqlx::Error::PoolTimedOut | sqlx::Error::Tls(_) => lost(),
+        // duplicate_prepared_statement, invalid_sql_statement_name: prepared statements that
+        // vanish or collide never happen on a server session of our own — a pooler in
+        // transaction mode stands in between, unannounced. Said once.
+        sqlx::Error::Database(e) if matches!(e.code().as_deref(), Some("42P05" | "26000")) => {
+            static SAID: std::sync::Once = std::sync::Once::new();
+            SAID.call_once(|| {
+                tracing::error!(
+                    error = %e,
+                    "prepared statements collide or vanish: a pooler in transaction mode stands \
+                     between this process and PostgreSQL; say so (ONCELY_DATABASE_POOLER=\
+                     transaction, or Pooling::Transaction for the libraries)"
+                );
+            });
+        }
         _ => {}
     }
 }
@@ -363,6 +390,34 @@ pub fn losses() -> &'static tokio::sync::watch::Sender<u64> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[cfg(feature = "sqlite")]
+    #[tokio::test]
+    async fn a_begin_s_own_settings_come_after_the_pool_s() {
+        let pool = sqlx::sqlite::SqlitePoolOptions::new()
+            .connect_lazy("sqlite::memory:")
+            .unwrap();
+        let session = Settings::new().set("lock_timeout", "1500ms");
+        let db = Db::new(pool, Pooling::Transaction, session);
+        assert_eq!(
+            db.begin_statement("BEGIN; SET LOCAL lock_timeout = 7"),
+            "BEGIN; DEALLOCATE ALL; SET LOCAL lock_timeout = '1500ms'; SET LOCAL lock_timeout = 7"
+        );
+        assert_eq!(
+            db.begin_statement("BEGIN IMMEDIATE"),
+            "BEGIN IMMEDIATE; DEALLOCATE ALL; SET LOCAL lock_timeout = '1500ms'"
+        );
+        let worker = db.with_local(Settings::new().set("lock_timeout", "0"));
+        assert_eq!(
+            worker.begin_statement("BEGIN"),
+            "BEGIN; DEALLOCATE ALL; SET LOCAL lock_timeout = '1500ms'; SET LOCAL lock_timeout = '0'"
+        );
+        let direct = Db::direct(db.pool().clone());
+        assert_eq!(
+            direct.begin_statement("BEGIN; SET LOCAL x = 1"),
+            "BEGIN; SET LOCAL x = 1"
+        );
+    }
 
     #[test]
     fn settings_render_quoted_and_last_wins() {

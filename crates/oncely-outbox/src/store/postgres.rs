@@ -96,12 +96,14 @@ impl PgJobStore {
         self
     }
 
-    /// The listener connects with `options` (e.g. straight to the server, when the pool goes
-    /// through a pooler in transaction mode) instead of the pool's. Configure before cloning.
-    pub fn listen_at(mut self, options: PgConnectOptions) -> Self {
+    /// The listener connects where `pool` does (read at each attempt: a pool that follows a
+    /// primary may move) instead of where the store's pool does — e.g. straight to the server
+    /// when the store's pool goes through a pooler in transaction mode. `pool` itself opens no
+    /// connection for it. Configure before cloning.
+    pub fn listen_through(mut self, pool: PgPool) -> Self {
         self.waker = Arc::new(PgWaker {
             poll_only: self.waker.poll_only,
-            listen_at: Some(options),
+            listen_at: Some(pool),
             ..PgWaker::new(self.db(), self.waker.window)
         });
         self
@@ -127,8 +129,10 @@ impl PgJobStore {
 pub struct PgWaker {
     db: Db<Postgres>,
     poll_only: bool,
-    /// Where the listener connects (`None`: where the pool does).
-    listen_at: Option<PgConnectOptions>,
+    /// Where the listener connects (`None`: where the store's pool does).
+    listen_at: Option<PgPool>,
+    /// Whether a worker was told it polls because of the pooler (said once).
+    said_polls: std::sync::Once,
     window: Duration,
     due: Arc<Mutex<Due>>,
     kick: OnceLock<mpsc::Sender<()>>,
@@ -205,6 +209,7 @@ impl PgWaker {
             db: db.clone(),
             poll_only: false,
             listen_at: None,
+            said_polls: std::sync::Once::new(),
             window,
             due: Arc::default(),
             kick: OnceLock::new(),
@@ -248,10 +253,10 @@ impl PgWaker {
         self.listening.get_or_init(|| {
             let stop = CancellationToken::new();
             if let Ok(runtime) = tokio::runtime::Handle::try_current() {
-                let at = Listen {
-                    pool: self.db.pool().clone(),
-                    at: self.listen_at.clone(),
-                };
+                let at = self
+                    .listen_at
+                    .clone()
+                    .unwrap_or_else(|| self.db.pool().clone());
                 runtime.spawn(listener(at, self.hub.clone(), stop.clone()));
             }
             stop.drop_guard()
@@ -297,23 +302,15 @@ async fn notify(db: &Db<Postgres>, payload: &str) {
     }
 }
 
-/// Where the listener connects: `at`, or where the pool does (read at each attempt: a pool
-/// that follows a primary may have moved).
-struct Listen {
-    pool: PgPool,
-    at: Option<PgConnectOptions>,
-}
-
-/// Listens on [`CHANNEL`] on a connection of its own (`at`, as [`LISTENER_APPLICATION_NAME`]) and wakes the workers of the kinds each NOTIFY names, until
+/// Listens on [`CHANNEL`] on a connection of its own (where `at` connects, read at each
+/// attempt, as [`LISTENER_APPLICATION_NAME`]) and wakes the workers of the kinds each NOTIFY names, until
 /// `stop`. Reconnects with backoff; wakes every worker whenever it (re)starts listening.
-async fn listener(at: Listen, hub: Arc<Hub>, stop: CancellationToken) {
+async fn listener(at: PgPool, hub: Arc<Hub>, stop: CancellationToken) {
     let mut retry_in = LISTEN_RETRY_FIRST;
     loop {
-        let options = match &at.at {
-            Some(options) => options.clone(),
-            None => (*at.pool.connect_options()).clone(),
-        }
-        .application_name(LISTENER_APPLICATION_NAME);
+        let options = (*at.connect_options())
+            .clone()
+            .application_name(LISTENER_APPLICATION_NAME);
         let connected = tokio::select! {
             () = stop.cancelled() => return,
             connected = connect_listener(options) => connected,
@@ -345,9 +342,11 @@ async fn listener(at: Listen, hub: Arc<Hub>, stop: CancellationToken) {
                     }
                 };
                 metrics::gauge!("oncely_outbox_listening").set(0.0);
+                oncely_sql::notice(&error);
                 tracing::warn!(%error, retry_in = ?retry_in, "outbox listener failed; workers poll until it listens again");
             }
             Err(error) => {
+                oncely_sql::notice(&error);
                 tracing::warn!(%error, retry_in = ?retry_in, "outbox listener cannot connect; workers poll until it listens");
             }
         }
@@ -414,9 +413,16 @@ impl Dialect for Postgres {
     fn wakeup(waker: &PgWaker, kinds: &[String]) -> Wakeup {
         // Behind a transaction-mode pooler a LISTEN would hear nothing: poll, unless the
         // listener has a server of its own.
-        if waker.poll_only
-            || (waker.db.pooling() == Pooling::Transaction && waker.listen_at.is_none())
-        {
+        let pooled = waker.db.pooling() == Pooling::Transaction && waker.listen_at.is_none();
+        if pooled {
+            waker.said_polls.call_once(|| {
+                tracing::info!(
+                    "outbox workers poll for jobs: a pooler in transaction mode stands in \
+                     between, and no server was named to LISTEN on (ONCELY_DATABASE_DIRECT_URL)"
+                );
+            });
+        }
+        if waker.poll_only || pooled {
             return Wakeup::poll();
         }
         let wakeup = waker.hub.subscribe(kinds);

@@ -24,6 +24,10 @@ pub struct Postgres {
     location: Location,
     /// `ONCELY_DATABASE_DIRECT_URL`, read.
     direct: Option<Target>,
+    /// Where the workers' listener connects behind a transaction-mode pooler: a pool on
+    /// `direct` that opens no connection itself (the listener reads where it points, which
+    /// follows the primary among its hosts).
+    listen: Option<sqlx::PgPool>,
 }
 
 impl Backend for Postgres {
@@ -63,6 +67,15 @@ impl Backend for Postgres {
             Pooler::Transaction => Pooling::Transaction,
             Pooler::None | Pooler::Session => Pooling::Direct,
         };
+        // Review: the same URL twice sends migrations and LISTEN through the transaction
+        // pooler after all (the migrations' advisory lock then stays held by a server
+        // connection nobody owns, and the next migration waits for ever).
+        if pooling == Pooling::Transaction && at.direct_url.as_deref() == Some(at.url.as_str()) {
+            bail!(
+                "ONCELY_DATABASE_DIRECT_URL is DATABASE_URL, the pooler in transaction mode: it \
+                 must reach the server without one (or through the pooler's session mode)"
+            );
+        }
         // Set on each connection after it is made (transaction pooling: in each transaction),
         // never as startup parameters a pooler refuses or drops. PostgreSQL's NOTICEs
         // ("relation … already exists, skipping" when a migration re-checks what exists) are no
@@ -78,10 +91,27 @@ impl Backend for Postgres {
         let db = open(&target, pooling, session, max_connections, CONNECT_TIMEOUT)
             .await
             .map_err(|e| connect_error("DATABASE_URL", &at.url, &e))?;
+        let listen = match (&direct, pooling) {
+            (Some(direct), Pooling::Transaction) => Some(
+                open(direct, Pooling::Direct, Settings::new(), 1, CONNECT_TIMEOUT)
+                    .await
+                    .map_err(|e| {
+                        connect_error(
+                            "ONCELY_DATABASE_DIRECT_URL",
+                            at.direct_url.as_deref().unwrap_or_default(),
+                            &e,
+                        )
+                    })?
+                    .pool()
+                    .clone(),
+            ),
+            _ => None,
+        };
         Ok(Self {
             stores: Stores::new(db, PgKeyStore::on),
             location: at.clone(),
             direct,
+            listen,
         })
     }
 
@@ -155,18 +185,11 @@ impl Backend for Postgres {
             self.db()
                 .with_local(Settings::new().set("lock_timeout", "0")),
         );
-        let jobs = match (&self.direct, self.db().pooling()) {
-            // LISTEN needs a session: straight to the server (its first host).
-            (Some(direct), Pooling::Transaction) => jobs.listen_at(direct.hosts[0].clone()),
-            // Without one, the store polls by itself behind a transaction-mode pooler.
-            (None, Pooling::Transaction) => {
-                tracing::info!(
-                    "ONCELY_DATABASE_POOLER=transaction without ONCELY_DATABASE_DIRECT_URL: \
-                     workers poll for jobs (LISTEN needs a session straight to the server)"
-                );
-                jobs
-            }
-            _ => jobs,
+        // LISTEN needs a session: straight to the server behind a transaction-mode pooler;
+        // without a URL for it the store polls by itself (and says so when a worker runs).
+        let jobs = match &self.listen {
+            Some(pool) => jobs.listen_through(pool.clone()),
+            None => jobs,
         };
         if poll_only { jobs.poll_only() } else { jobs }
     }
@@ -188,9 +211,9 @@ impl Postgres {
         match (&self.direct, &self.location.direct_url) {
             (Some(direct), Some(url)) => Ok(("ONCELY_DATABASE_DIRECT_URL", url, direct.clone())),
             _ if self.db().pooling() == Pooling::Transaction => bail!(
-                "{what} needs one server session, which a pooler in transaction mode does not \
-                 keep (ONCELY_DATABASE_POOLER=transaction): set ONCELY_DATABASE_DIRECT_URL to a \
-                 URL straight to the server (or to a pooler in session mode)"
+                "ONCELY_DATABASE_POOLER=transaction: {what} cannot go through a pooler in \
+                 transaction mode (it keeps no server session); set ONCELY_DATABASE_DIRECT_URL \
+                 to a URL straight to the server (or to the pooler's session mode)"
             ),
             _ => Ok((
                 "DATABASE_URL",

@@ -232,6 +232,24 @@ async fn serve_worker_and_migrations_run_through_pgbouncer_in_transaction_mode()
     assert!(!refused.status.success());
     assert!(stderr.contains("ONCELY_DATABASE_DIRECT_URL"), "{stderr}");
     assert_eq!(stderr.trim().lines().count(), 1, "{stderr}");
+    // Review: the pooler's URL as the direct one sent the migrations' advisory lock through
+    // it (held for ever by a server connection nobody owns).
+    let same = oncely(&[
+        "migrate",
+        "--database-url",
+        &tx,
+        "--database-pooler",
+        "transaction",
+        "--database-direct-url",
+        &tx,
+    ])
+    .await;
+    let stderr = String::from_utf8_lossy(&same.stderr);
+    assert!(!same.status.success());
+    assert!(
+        stderr.contains("ONCELY_DATABASE_DIRECT_URL is DATABASE_URL"),
+        "{stderr}"
+    );
     let migrated = oncely(&[
         "migrate",
         "--database-url",
@@ -509,6 +527,35 @@ async fn several_hosts_pass_over_refused_and_read_only_ones_and_follow_a_loss() 
     let (inbox, mailer) = smtp_inbox().await;
     let api = spawn_binary(&writable, &mailer, &[], &[]).await;
     retried_signups(&api.base, &inbox, "hosts").await;
+
+    // Review: with a read-only host listed before the one in use, a loss set the follower
+    // probing (and discarding the pool) without end — hundreds of sessions a second.
+    let pinned = Postgres::connect(&Location::url(writable.clone()), COMMAND_POOL)
+        .await
+        .unwrap();
+    let one: i32 = sqlx::query_scalar("SELECT 1")
+        .fetch_one(pinned.db())
+        .await
+        .unwrap();
+    assert_eq!(one, 1);
+    execute(&url, "SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE datname = current_database() AND pid <> pg_backend_pid()").await;
+    let _ = sqlx::query_scalar::<_, i32>("SELECT 1")
+        .fetch_one(pinned.db())
+        .await;
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    let sessions = "SELECT sessions FROM pg_stat_database WHERE datname = current_database()";
+    let before = count(&url, sessions).await;
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    let during = count(&url, sessions).await - before;
+    assert!(
+        during < 50,
+        "{during} new sessions in 2 s after one loss: the follower spins"
+    );
+    let one: i32 = sqlx::query_scalar("SELECT 1")
+        .fetch_one(pinned.db())
+        .await
+        .unwrap();
+    assert_eq!(one, 1);
 
     // Following a loss: the host in use is a PgBouncer (session mode) in front of the real
     // server; it goes away, and the pool follows to the real server by itself.

@@ -146,6 +146,18 @@ impl Bouncer {
     }
 }
 
+/// A fresh database, migrated, with a [`Bouncer`] in front (`None` without PgBouncer).
+async fn migrated_behind_a_bouncer() -> Option<(String, oncely_testdb::TestDb, Bouncer)> {
+    let (url, db) = crate::support::postgres_db().await;
+    let bouncer = Bouncer::start(&url).await?;
+    crate::support::migrate(&url).await;
+    Some((url, db, bouncer))
+}
+
+async fn select_one(backend: &Postgres) -> Result<i32, sqlx::Error> {
+    sqlx::query_scalar("SELECT 1").fetch_one(backend.db()).await
+}
+
 fn signup(email: &str) -> Value {
     json!({ "email": email, "password": "correct horse battery" })
 }
@@ -234,32 +246,27 @@ async fn serve_worker_and_migrations_run_through_pgbouncer_in_transaction_mode()
     assert_eq!(stderr.trim().lines().count(), 1, "{stderr}");
     // Review: the pooler's URL as the direct one sent the migrations' advisory lock through
     // it (held for ever by a server connection nobody owns).
-    let same = oncely(&[
-        "migrate",
-        "--database-url",
-        &tx,
-        "--database-pooler",
-        "transaction",
-        "--database-direct-url",
-        &tx,
-    ])
-    .await;
+    let migrate_through = |direct: &str| {
+        let args = [
+            "migrate",
+            "--database-url",
+            &tx,
+            "--database-pooler",
+            "transaction",
+            "--database-direct-url",
+            direct,
+        ]
+        .map(str::to_owned);
+        async move { oncely(&args.each_ref().map(String::as_str)).await }
+    };
+    let same = migrate_through(&tx).await;
     let stderr = String::from_utf8_lossy(&same.stderr);
     assert!(!same.status.success());
     assert!(
         stderr.contains("ONCELY_DATABASE_DIRECT_URL is DATABASE_URL"),
         "{stderr}"
     );
-    let migrated = oncely(&[
-        "migrate",
-        "--database-url",
-        &tx,
-        "--database-pooler",
-        "transaction",
-        "--database-direct-url",
-        &sess,
-    ])
-    .await;
+    let migrated = migrate_through(&sess).await;
     assert!(
         migrated.status.success(),
         "{}",
@@ -302,11 +309,9 @@ async fn serve_worker_and_migrations_run_through_pgbouncer_in_transaction_mode()
 /// transaction (no pooler can drop them).
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn statements_through_a_transaction_pooler_keep_their_settings_and_never_collide() {
-    let (url, _db) = crate::support::postgres_db().await;
-    let Some(bouncer) = Bouncer::start(&url).await else {
+    let Some((url, _db, bouncer)) = migrated_behind_a_bouncer().await else {
         return;
     };
-    crate::support::migrate(&url).await;
     let at = Location {
         url: bouncer.url("tx"),
         direct_url: Some(bouncer.url("sess")),
@@ -501,11 +506,9 @@ async fn a_read_only_server_is_a_503_and_its_connections_are_discarded() {
 /// next that fits — no proxy in between.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn several_hosts_pass_over_refused_and_read_only_ones_and_follow_a_loss() {
-    let (url, _db) = crate::support::postgres_db().await;
-    let Some(bouncer) = Bouncer::start(&url).await else {
+    let Some((url, _db, bouncer)) = migrated_behind_a_bouncer().await else {
         return;
     };
-    crate::support::migrate(&url).await;
     let real = PgConnectOptions::from_str(&url).unwrap();
     let database = bouncer.database.clone();
     let real_host = format!("{}:{}", real.get_host(), real.get_port());
@@ -519,6 +522,7 @@ async fn several_hosts_pass_over_refused_and_read_only_ones_and_follow_a_loss() 
         .fetch_one(any.db())
         .await
         .unwrap();
+    drop(any);
     assert_eq!(
         mode, "on",
         "target_session_attrs=any takes the first host that answers"
@@ -533,15 +537,9 @@ async fn several_hosts_pass_over_refused_and_read_only_ones_and_follow_a_loss() 
     let pinned = Postgres::connect(&Location::url(writable.clone()), COMMAND_POOL)
         .await
         .unwrap();
-    let one: i32 = sqlx::query_scalar("SELECT 1")
-        .fetch_one(pinned.db())
-        .await
-        .unwrap();
-    assert_eq!(one, 1);
+    assert_eq!(select_one(&pinned).await.unwrap(), 1);
     execute(&url, "SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE datname = current_database() AND pid <> pg_backend_pid()").await;
-    let _ = sqlx::query_scalar::<_, i32>("SELECT 1")
-        .fetch_one(pinned.db())
-        .await;
+    let _ = select_one(&pinned).await;
     tokio::time::sleep(Duration::from_secs(1)).await;
     let sessions = "SELECT sessions FROM pg_stat_database WHERE datname = current_database()";
     let before = count(&url, sessions).await;
@@ -551,11 +549,7 @@ async fn several_hosts_pass_over_refused_and_read_only_ones_and_follow_a_loss() 
         during < 50,
         "{during} new sessions in 2 s after one loss: the follower spins"
     );
-    let one: i32 = sqlx::query_scalar("SELECT 1")
-        .fetch_one(pinned.db())
-        .await
-        .unwrap();
-    assert_eq!(one, 1);
+    assert_eq!(select_one(&pinned).await.unwrap(), 1);
 
     // Following a loss: the host in use is a PgBouncer (session mode) in front of the real
     // server; it goes away, and the pool follows to the real server by itself.
@@ -567,13 +561,12 @@ async fn several_hosts_pass_over_refused_and_read_only_ones_and_follow_a_loss() 
     let backend = Postgres::connect(&Location::url(hosts), COMMAND_POOL)
         .await
         .unwrap();
-    let one = || sqlx::query_scalar::<_, i32>("SELECT 1").fetch_one(backend.db());
-    assert_eq!(one().await.unwrap(), 1);
+    assert_eq!(select_one(&backend).await.unwrap(), 1);
     front.child.kill().await.unwrap();
     let _ = front.child.wait().await;
     let started = Instant::now();
     loop {
-        match one().await {
+        match select_one(&backend).await {
             Ok(1) => break,
             other => {
                 assert!(

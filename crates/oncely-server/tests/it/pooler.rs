@@ -309,7 +309,7 @@ async fn serve_worker_and_migrations_run_through_pgbouncer_in_transaction_mode()
 /// transaction (no pooler can drop them).
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn statements_through_a_transaction_pooler_keep_their_settings_and_never_collide() {
-    let Some((url, _db, bouncer)) = migrated_behind_a_bouncer().await else {
+    let Some((_url, _db, bouncer)) = migrated_behind_a_bouncer().await else {
         return;
     };
     let at = Location {

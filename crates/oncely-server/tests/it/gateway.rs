@@ -1169,3 +1169,46 @@ async fn give_up(url: impl reqwest::IntoUrl, key: impl AsRef<str>) {
         .await;
     assert!(gave_up.is_err(), "the client gave up before the answer");
 }
+
+/// `oncely gateway` through PgBouncer in transaction mode (its keys' store on the pooler, its
+/// start-up's migrations over the direct URL): retries and concurrent duplicates still reach
+/// the upstream once per key.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn the_gateway_runs_through_pgbouncer_in_transaction_mode() {
+    let Some((_url, _db, bouncer)) = crate::pooler::migrated_behind_a_bouncer().await else {
+        return;
+    };
+    let (upstream, up) = start_upstream().await;
+    let sess = bouncer.url("sess");
+    let args = [
+        "--route",
+        "POST /pay",
+        "--database-pooler",
+        "transaction",
+        "--database-direct-url",
+        sess.as_str(),
+    ];
+    let gateway = crate::support::spawn_gateway(&bouncer.url("tx"), &upstream, &args).await;
+    let pay = format!("{}/pay", gateway.base);
+    let key = new_key();
+    let first = post_to(&pay, Some(&key), r#"{"amount":10}"#, &[]).await;
+    assert_eq!(first.status, StatusCode::CREATED, "{}", first.body);
+    for _ in 0..10 {
+        let retry = post_to(&pay, Some(&key), r#"{"amount":10}"#, &[]).await;
+        assert!(retry.replayed(), "{}", retry.body);
+        assert_eq!(retry.body, first.body);
+    }
+    let other = new_key();
+    let storm = futures::future::join_all(
+        (0..30).map(|_| post_to(&pay, Some(&other), r#"{"amount":5}"#, &[])),
+    )
+    .await;
+    for answer in &storm {
+        assert!(
+            matches!(answer.status.as_u16(), 201 | 409),
+            "{}",
+            answer.body
+        );
+    }
+    assert_eq!(up.calls(), 2, "one run per key");
+}

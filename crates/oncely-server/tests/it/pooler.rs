@@ -18,7 +18,7 @@ use crate::support::{count, execute, spawn_binary, spawn_worker_with};
 /// read-only (a standby's stand-in). Three server connections for the transaction pool, so
 /// that clients share them (a session pool needs one per client connection). Stopped when
 /// dropped.
-struct Bouncer {
+pub(crate) struct Bouncer {
     child: tokio::process::Child,
     port: u16,
     database: String,
@@ -137,7 +137,7 @@ impl Bouncer {
         })
     }
 
-    fn url(&self, alias: &str) -> String {
+    pub(crate) fn url(&self, alias: &str) -> String {
         format!("postgres://postgres@127.0.0.1:{}/{alias}", self.port)
     }
 
@@ -147,7 +147,8 @@ impl Bouncer {
 }
 
 /// A fresh database, migrated, with a [`Bouncer`] in front (`None` without PgBouncer).
-async fn migrated_behind_a_bouncer() -> Option<(String, oncely_testdb::TestDb, Bouncer)> {
+pub(crate) async fn migrated_behind_a_bouncer() -> Option<(String, oncely_testdb::TestDb, Bouncer)>
+{
     let (url, db) = crate::support::postgres_db().await;
     let bouncer = Bouncer::start(&url).await?;
     crate::support::migrate(&url).await;

@@ -213,8 +213,8 @@ pub struct Report {
     /// PostgreSQL restarts.
     pub postgres_restarts: u64,
     /// Processes of oncely that had to be restarted without having been killed: exited by
-    /// themselves, not ready 30 s after the storm, or (workers) not draining the outbox within
-    /// 60 s of it. Counted when the run does not kill ([`Config::kills`]); goal 0.
+    /// themselves, not ready 30 s after the storm, or (workers) with jobs pending and none sent
+    /// for 30 s after it. Counted when the run does not kill ([`Config::kills`]); goal 0.
     pub restarts_needed: u64,
     /// What the storm's client met, attempt by attempt (retries included).
     pub availability: Availability,
@@ -485,9 +485,8 @@ pub async fn run(config: &Config) -> anyhow::Result<Report> {
                 monkey::restart(proc, config).await?;
             }
         }
-        let patience = (Instant::now() + Duration::from_secs(60)).min(deadline);
-        if !storm::drain(&pool, patience).await {
-            eprintln!("chaos: the outbox does not drain: restarting the workers");
+        if !storm::drain_moving(&pool, deadline, Duration::from_secs(30)).await {
+            eprintln!("chaos: the outbox stopped moving for 30 s: restarting the workers");
             for proc in fleet
                 .procs
                 .iter_mut()

@@ -145,3 +145,34 @@ pub(crate) async fn drain(pool: &PgPool, deadline: Instant) -> bool {
         tokio::time::sleep(Duration::from_millis(200)).await;
     }
 }
+
+/// Waits like [`drain`], but gives up early when the outbox stops moving: no job sent for
+/// `stall` while some job is more than 10 s overdue (a job waiting out its retry delay, a
+/// throttle or a paused kind is not). Returns whether none is pending.
+pub(crate) async fn drain_moving(pool: &PgPool, deadline: Instant, stall: Duration) -> bool {
+    let mut sent_before = -1i64;
+    let mut moved = Instant::now();
+    loop {
+        let counts: Result<(i64, i64, i64), _> = sqlx::query_as(
+            "SELECT count(*) FILTER (WHERE status IN ('pending', 'unknown')), \
+                    count(*) FILTER (WHERE status IN ('pending', 'unknown') \
+                                     AND run_after < now() - interval '10 seconds'), \
+                    count(*) FILTER (WHERE status = 'sent') FROM oncely_outbox",
+        )
+        .fetch_one(pool)
+        .await;
+        if let Ok((pending, overdue, sent)) = counts {
+            if pending == 0 {
+                return true;
+            }
+            if sent != sent_before || overdue == 0 {
+                sent_before = sent;
+                moved = Instant::now();
+            }
+        }
+        if Instant::now() >= deadline || moved.elapsed() >= stall {
+            return false;
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+}

@@ -140,7 +140,6 @@ struct Args {
 #[tokio::main]
 async fn main() -> anyhow::Result<()> {
     let args = Args::parse();
-    let _ = rustls::crypto::ring::default_provider().install_default();
     // On Ctrl-C, SIGTERM or SIGHUP (the terminal closed) — from the first moment, the failover
     // pair's set-up included — return: dropping the run kills every process it started and
     // stops the pair's clusters (which run in sessions of their own: no signal reaches them).

@@ -218,6 +218,9 @@ impl Cluster {
     /// Starts the cluster for `route` and waits until it has a leader, a synchronous standby
     /// and HAProxy routes to the leader. The daemons' logs are copied into `logs` when it stops.
     pub async fn start(route: Route, logs: Option<&Path>) -> anyhow::Result<Self> {
+        // reqwest is built without a default TLS crypto provider (the REST checks are plain
+        // HTTP, but the client wants one).
+        let _ = rustls::crypto::ring::default_provider().install_default();
         let tools = Tools::find()?;
         let work = tempfile::Builder::new()
             .prefix("oncely-patroni-")

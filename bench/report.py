@@ -13,7 +13,7 @@ import tempfile
 env = os.environ
 load = {k: json.loads(env[k]) for k in ["SIGNUP", "REPLAY", "MIX", "PLAIN", "KEYED", "GW_NEW", "GW_PASS", "GW_REPLAY", "SCALE_BEFORE", "SCALE_AFTER", "DURING_PRUNE",
                                          "SIGNUP_ADDRS", "SIGNUP_PROXY", "ARGON2", "PASSWORD", "PASSWORD_BURST",
-                                         "REPLAY_2", "REPLAY_3"]}
+                                         "REPLAY_2", "REPLAY_3", "SIGNUP_POOLED"]}
 pg_signup, pg_replay = float(env["PG_SIGNUP"] or 0), float(env["PG_REPLAY"] or 0)
 pg_signup_min, pg_layer = float(env["PG_SIGNUP_MIN"] or 0), float(env["PG_LAYER"] or 0)
 rss_mib = int(env["RSS_KB"] or 0) / 1024
@@ -69,6 +69,13 @@ results = {
         "source_addresses": {"oncely": load["SIGNUP_ADDRS"], "ratio": ratio(load["SIGNUP_ADDRS"]["rate"], pg_signup_min)},
         "trusted_proxy_forwarded_for": {"oncely": load["SIGNUP_PROXY"], "ratio": ratio(load["SIGNUP_PROXY"]["rate"], pg_signup_min)},
         "target": 0.8,
+    },
+    # The same signups through PgBouncer in transaction mode (every statement in a transaction,
+    # nothing prepared across them) against direct, in the same run; null without PgBouncer.
+    "signup_transaction_pooler": {
+        "oncely": load["SIGNUP_POOLED"],
+        "direct": load["SIGNUP"],
+        "ratio": ratio(load["SIGNUP_POOLED"]["rate"], load["SIGNUP"]["rate"]) if load["SIGNUP_POOLED"] else None,
     },
     "passwords": {
         "concurrency": int(env["PC"]),
@@ -176,6 +183,9 @@ table = "\n".join([
     row(f"signups from {addrs} client addresses (req/s)", f"{sa['rate']:.0f} (p99 {sa['p99_ms']:.1f} ms)", minimal, cl["source_addresses"]["ratio"], 0.8),
     row(f"signups through a trusted proxy, X-Forwarded-For of {addrs} addresses (req/s)", f"{sp['rate']:.0f} (p99 {sp['p99_ms']:.1f} ms)", minimal,
         cl["trusted_proxy_forwarded_for"]["ratio"], 0.8),
+    row("signup through PgBouncer, transaction mode (req/s)",
+        f"{load['SIGNUP_POOLED']['rate']:.0f} (p99 {load['SIGNUP_POOLED']['p99_ms']:.1f} ms)" if load["SIGNUP_POOLED"] else "skipped (no pgbouncer)",
+        f"direct: {s['rate']:.0f} (p99 {s['p99_ms']:.1f} ms)", results["signup_transaction_pooler"]["ratio"], None),
     row(f"signups with passwords, {pws['concurrency']} clients, {addrs} addresses (req/s)", f"{pw['rate']:.0f} (p99 {pw['p99_ms']:.1f} ms)",
         f"argon2_loop, same parameters, {a2['threads']} threads: {a2['rate']:.0f} hashes/s", pws["ratio"], 0.85),
     row("peak RSS of a fresh oncely serve under password signups and a 64-client burst", f"{pw_rss_mib:.1f} MiB", "—", None, "≤ 256 MiB"),

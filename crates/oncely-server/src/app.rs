@@ -151,7 +151,7 @@ impl<B: Accounts> Application<B> {
         // Before anything connects: a broken template stops start-up, never a send.
         let templates = crate::templates::Templates::for_start(settings.templates.as_deref())?;
         let backend: B = startup::open_to_serve(
-            &settings.database.url,
+            &settings.database.location(),
             settings.database.pool,
             settings.environment,
         )

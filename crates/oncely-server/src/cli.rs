@@ -822,7 +822,9 @@ fn parse_grace(s: &str) -> Result<Duration, String> {
 /// Where the data lives. Prints its URL without the password.
 #[derive(Clone, Args)]
 pub struct DatabaseArgs {
-    /// `postgres://…` or `sqlite://…`.
+    /// `postgres://…` or `sqlite://…`. PostgreSQL: several hosts (`user@h1:5432,h2:5432/db`)
+    /// are tried in order, and `target_session_attrs=read-write` (or `primary`) takes the one
+    /// that accepts writes, as libpq does, and follows it after a failover.
     #[arg(
         long,
         env = "DATABASE_URL",
@@ -830,12 +832,39 @@ pub struct DatabaseArgs {
         hide_env_values = true
     )]
     pub database_url: String,
+
+    /// What stands between oncely and PostgreSQL: `none`, `session` (a pooler in session mode)
+    /// or `transaction` (PgBouncer's `pool_mode = transaction` and the hosted poolers like it).
+    #[arg(
+        long,
+        env = "ONCELY_DATABASE_POOLER",
+        value_enum,
+        default_value = "none"
+    )]
+    pub database_pooler: crate::backend::Pooler,
+
+    /// A `postgres://` URL straight to the server (not through a transaction-mode pooler), for
+    /// what needs one session: migrations, the workers' LISTEN, the dev inbox's lock. Behind a
+    /// transaction-mode pooler without it, workers poll and migrations are refused.
+    #[arg(long, env = "ONCELY_DATABASE_DIRECT_URL", hide_env_values = true)]
+    pub database_direct_url: Option<String>,
+}
+
+impl DatabaseArgs {
+    /// Where the database is.
+    pub fn location(&self) -> crate::backend::Location {
+        crate::backend::Location {
+            url: self.database_url.clone(),
+            direct_url: self.database_direct_url.clone(),
+            pooler: self.database_pooler,
+        }
+    }
 }
 
 impl std::fmt::Debug for DatabaseArgs {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("DatabaseArgs")
-            .field("database_url", &crate::backend::redact(&self.database_url))
+            .field("location", &self.location())
             .finish()
     }
 }
@@ -847,8 +876,9 @@ pub struct CommonArgs {
     #[allow(missing_docs)]
     pub database: DatabaseArgs,
 
-    /// Most PostgreSQL connections this process opens. Keep the sum over all `serve` and `worker`
-    /// processes under the server's `max_connections` (100 by default).
+    /// PostgreSQL connections of this process's one pool; a process whose workers LISTEN opens one
+    /// more (the listener). Keep the sum over all `serve` and `worker` processes under the
+    /// server's (or the pooler's) limit: see docs/deploying.md.
     #[arg(long, env = "ONCELY_DATABASE_POOL", default_value_t = defaults::DATABASE_POOL, value_parser = clap::value_parser!(u32).range(2..=1000))]
     pub database_pool: u32,
 

@@ -125,7 +125,7 @@ impl Task {
             Self::Serve(settings) => serve::<B>(settings).await,
             Self::Worker(settings) => run_workers::<B>(settings).await,
             Self::Migrate(args) => {
-                let backend = B::connect(&args.database.database_url, COMMAND_POOL).await?;
+                let backend = B::connect(&args.database.location(), COMMAND_POOL).await?;
                 let migrated = startup::migrate(&backend).await?;
                 print!("{}", ops::migrated::<B>(&migrated, args.output)?);
                 Ok(())
@@ -213,7 +213,7 @@ async fn run_check(args: CheckArgs) -> anyhow::Result<()> {
 async fn run_workers<B: Accounts>(settings: WorkerSettings) -> anyhow::Result<()> {
     let templates = Templates::for_start(settings.templates.as_deref())?;
     let backend: B = startup::open_to_serve(
-        &settings.database.url,
+        &settings.database.location(),
         settings.database.pool,
         settings.environment,
     )

@@ -382,7 +382,7 @@ pub async fn outbox<B: Accounts>(command: OutboxCommand) -> anyhow::Result<Strin
         other => other,
     };
     let backend: B =
-        crate::startup::open_existing(&command.database().database_url, COMMAND_POOL).await?;
+        crate::startup::open_existing(&command.database().location(), COMMAND_POOL).await?;
     run_outbox_command(&backend.jobs(true), command).await
 }
 
@@ -1138,7 +1138,7 @@ pub async fn tenant<B: Accounts>(command: TenantCommand) -> anyhow::Result<Strin
         }
     };
     let backend: B =
-        crate::startup::open_existing(&command.database().database_url, COMMAND_POOL).await?;
+        crate::startup::open_existing(&command.database().location(), COMMAND_POOL).await?;
     match (command, named) {
         (TenantCommand::Create { .. }, Some(tenant)) => {
             let key = create_tenant(&backend, &tenant).await?;
@@ -1535,8 +1535,8 @@ pub async fn webhook<B: Accounts>(command: WebhookCommand) -> anyhow::Result<Str
         }
         _ => (None, String::new()),
     };
-    let database_url = command.database().database_url.clone();
-    let backend: B = crate::startup::open_existing(&database_url, COMMAND_POOL).await?;
+    let location = command.database().location();
+    let backend: B = crate::startup::open_existing(&location, COMMAND_POOL).await?;
     match command {
         WebhookCommand::Add { url, secrets, .. } => {
             let tenant = tenant.expect("parsed above");
@@ -1552,7 +1552,7 @@ pub async fn webhook<B: Accounts>(command: WebhookCommand) -> anyhow::Result<Str
                     format!("no tenant {tenant} (`oncely tenant list` shows them)"),
                 ));
             }
-            let server = command_secret(&backend, &secrets, &database_url).await?;
+            let server = command_secret(&backend, &secrets, &location.url).await?;
             let id = Uuid::new_v4();
             let signing = SigningSecret::generate();
             let sealed = seal(&server, id, &signing);
@@ -1684,7 +1684,7 @@ pub async fn webhook<B: Accounts>(command: WebhookCommand) -> anyhow::Result<Str
             if backend.webhook_endpoint(uuid).await?.is_none() {
                 return Err(no_endpoint(&id));
             }
-            let server = command_secret(&backend, &secrets, &database_url).await?;
+            let server = command_secret(&backend, &secrets, &location.url).await?;
             let signing = SigningSecret::generate();
             let sealed = seal(&server, uuid, &signing);
             let grace = grace.unwrap_or(crate::cli::WEBHOOK_GRACE);
@@ -1783,7 +1783,7 @@ pub async fn key_show<B: Accounts>(command: KeyCommand) -> anyhow::Result<String
     let tenant = TenantId::parse(tenant).map_err(|e| anyhow::anyhow!("{e}"))?;
     let key = IdempotencyKey::parse(&key).map_err(|e| anyhow::anyhow!("{e}"))?;
     let scope = Scope::new(tenant, method.to_uppercase(), route, key);
-    let backend: B = crate::startup::open_existing(&database.database_url, COMMAND_POOL).await?;
+    let backend: B = crate::startup::open_existing(&database.location(), COMMAND_POOL).await?;
     let title = format!(
         "tenant {} · {} {} · key {:?}",
         scope.tenant,
@@ -1866,8 +1866,7 @@ pub async fn key_show<B: Accounts>(command: KeyCommand) -> anyhow::Result<String
 /// `--json`), and what it deleted.
 pub async fn prune<B: Accounts>(args: PruneArgs) -> anyhow::Result<String> {
     use indicatif::{ProgressBar, ProgressStyle};
-    let backend: B =
-        crate::startup::open_existing(&args.database.database_url, COMMAND_POOL).await?;
+    let backend: B = crate::startup::open_existing(&args.database.location(), COMMAND_POOL).await?;
     let bar = if args.output.json {
         ProgressBar::hidden()
     } else {

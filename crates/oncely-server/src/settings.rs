@@ -205,6 +205,8 @@ impl Settings {
             database: DatabaseSettings {
                 url: database_url.into(),
                 pool: defaults::DATABASE_POOL,
+                direct_url: None,
+                pooler: crate::backend::Pooler::None,
             },
             bind: defaults::BIND
                 .parse()
@@ -431,8 +433,13 @@ impl WorkerSettings {
 pub struct DatabaseSettings {
     /// `postgres://…` or `sqlite://…`.
     pub url: String,
-    /// Most connections of the process (PostgreSQL).
+    /// Most connections of the process (PostgreSQL): its pool. A process whose workers LISTEN
+    /// opens one more, for the listener (see docs/deploying.md).
     pub pool: u32,
+    /// `ONCELY_DATABASE_DIRECT_URL`.
+    pub direct_url: Option<String>,
+    /// `ONCELY_DATABASE_POOLER`.
+    pub pooler: crate::backend::Pooler,
 }
 
 impl DatabaseSettings {
@@ -450,7 +457,18 @@ impl DatabaseSettings {
         Ok(Self {
             url: url.clone(),
             pool: common.database_pool,
+            direct_url: common.database.database_direct_url.clone(),
+            pooler: common.database.database_pooler,
         })
+    }
+
+    /// Where the database is.
+    pub fn location(&self) -> crate::backend::Location {
+        crate::backend::Location {
+            url: self.url.clone(),
+            direct_url: self.direct_url.clone(),
+            pooler: self.pooler,
+        }
     }
 }
 

@@ -19,7 +19,7 @@ use secrecy::{ExposeSecret, SecretString};
 use sqlx::migrate::MigrateError;
 
 use crate::accounts::Accounts;
-use crate::backend::{Create, MIGRATION_LIBRARIES, MIGRATION_TABLES, redact};
+use crate::backend::{Create, Location, MIGRATION_LIBRARIES, MIGRATION_TABLES, redact};
 use crate::cli::Cli;
 use crate::settings::Environment;
 
@@ -342,13 +342,14 @@ impl fmt::Display for Migrated {
 /// development), and says what changed.
 pub async fn migrate<B: Accounts>(backend: &B) -> anyhow::Result<Migrated> {
     let before = Schema::read(backend).await?;
-    let pool = backend.migration_pool();
+    let pool = backend.migration_pool().await?;
     for (library, migrator) in MIGRATION_LIBRARIES.into_iter().zip(B::migrators()) {
-        migrator
-            .run(&pool)
-            .await
-            .map_err(|error| migration_error(library, &error))?;
+        if let Err(error) = migrator.run(&pool).await {
+            B::done_migrating(pool).await;
+            return Err(migration_error(library, &error));
+        }
     }
+    B::done_migrating(pool).await;
     let after = Schema::read(backend).await?;
     Ok(Migrated { before, after })
 }
@@ -377,13 +378,14 @@ fn migration_error(library: &str, error: &MigrateError) -> anyhow::Error {
 /// created or migrated, and a schema behind this binary's is refused (a newer release's is
 /// served with a warning: migrations only add, and a rolling upgrade restarts old processes).
 pub async fn open_to_serve<B: Accounts>(
-    url: &str,
+    at: &Location,
     pool: u32,
     environment: Environment,
 ) -> anyhow::Result<B> {
+    let url = at.url.as_str();
     match environment {
         Environment::Development => {
-            let backend = B::open(url, pool, Create::IfMissing).await?;
+            let backend = B::open(at, pool, Create::IfMissing).await?;
             let migrated = migrate(&backend).await?;
             for (applied, after) in migrated.libraries() {
                 if applied > 0 {
@@ -399,7 +401,7 @@ pub async fn open_to_serve<B: Accounts>(
             Ok(backend)
         }
         Environment::Production => {
-            let backend = B::open(url, pool, Create::Never).await?;
+            let backend = B::open(at, pool, Create::Never).await?;
             // A newer release's schema is served (with a warning): during a rolling upgrade an
             // old process that restarts after `oncely migrate` must still start.
             Schema::read(&backend).await?.check(url)?;
@@ -429,9 +431,9 @@ async fn warn_if_commits_are_not_durable<B: Accounts>(backend: &B) -> anyhow::Re
 /// Opens the database for an operator command (`outbox …`, `key show`, `tenant create`,
 /// `prune`): nothing is created or migrated; a database without oncely's tables, or behind
 /// this binary, is refused in one line.
-pub async fn open_existing<B: Accounts>(url: &str, pool: u32) -> anyhow::Result<B> {
-    let backend = B::open(url, pool, Create::Never).await?;
-    Schema::read(&backend).await?.check(url)?;
+pub async fn open_existing<B: Accounts>(at: &Location, pool: u32) -> anyhow::Result<B> {
+    let backend = B::open(at, pool, Create::Never).await?;
+    Schema::read(&backend).await?.check(&at.url)?;
     Ok(backend)
 }
 

@@ -5,14 +5,13 @@
 use std::collections::HashMap;
 use std::fmt;
 use std::future::Future;
-use std::ops::{Deref, DerefMut};
 use std::sync::Arc;
 use std::time::Duration;
 
+use oncely_sql::{Conn, Db};
 use sqlx::migrate::{Migrate, Migrator};
-use sqlx::pool::PoolConnection;
 use sqlx::types::Json;
-use sqlx::{Database, Decode, Encode, Executor, IntoArguments, Pool, Transaction, Type};
+use sqlx::{Database, Decode, Encode, Executor, IntoArguments, Pool, Type};
 use time::OffsetDateTime;
 use uuid::Uuid;
 
@@ -62,7 +61,7 @@ pub trait Dialect: Database + Statements {
     fn migrator() -> Migrator;
 
     /// A new store's waker.
-    fn waker(pool: &Pool<Self>) -> Self::Waker;
+    fn waker(db: &Db<Self>) -> Self::Waker;
 
     /// The `now` every time-dependent statement binds: on PostgreSQL `None` unless the clock is
     /// manual (the statements say `COALESCE($n, now())`: the database's clock), on SQLite the
@@ -87,7 +86,7 @@ pub trait Dialect: Database + Statements {
 /// A [`JobStore`] on a database pool: [`PgJobStore`](super::postgres::PgJobStore) or
 /// [`SqliteJobStore`](super::sqlite::SqliteJobStore).
 pub struct SqlJobStore<D: Dialect> {
-    pool: Pool<D>,
+    db: Db<D>,
     clock: Clock,
     pub(super) waker: Arc<D::Waker>,
 }
@@ -95,9 +94,16 @@ pub struct SqlJobStore<D: Dialect> {
 impl<D: Dialect> SqlJobStore<D> {
     /// A store on `pool`, on the system clock.
     pub fn new(pool: Pool<D>) -> Self {
+        Self::on(Db::direct(pool))
+    }
+
+    /// A store on `db`: a pool as [`Db`] says how to use it (e.g. behind a transaction-mode
+    /// pooler, see [`oncely_sql::Pooling`]; or with settings of its own, such as a worker's
+    /// `lock_timeout`), on the system clock.
+    pub fn on(db: Db<D>) -> Self {
         Self {
-            waker: Arc::new(D::waker(&pool)),
-            pool,
+            waker: Arc::new(D::waker(&db)),
+            db,
             clock: Clock::system(),
         }
     }
@@ -110,7 +116,12 @@ impl<D: Dialect> SqlJobStore<D> {
 
     /// The pool.
     pub fn pool(&self) -> &Pool<D> {
-        &self.pool
+        self.db.pool()
+    }
+
+    /// The pool as this store uses it.
+    pub fn db(&self) -> &Db<D> {
+        &self.db
     }
 
     /// The clock it reads.
@@ -123,16 +134,17 @@ impl<D: Dialect> SqlJobStore<D> {
     }
 
     /// A connection for one write; see [`Dialect::WRITE_TRANSACTION`].
-    async fn write(&self) -> Result<Write<D>, sqlx::Error> {
-        Ok(match D::WRITE_TRANSACTION {
-            Some(begin) => Write::Transaction(self.pool.begin_with(begin).await?),
-            None => Write::Single(self.pool.acquire().await?),
-        })
+    async fn write(&self) -> Result<Conn<D>, sqlx::Error> {
+        match D::WRITE_TRANSACTION {
+            Some(begin) => Ok(Conn::Transaction(self.db.begin_with(begin).await?)),
+            None => self.db.connection().await,
+        }
     }
 }
 
 impl<D: Dialect> SqlJobStore<D>
 where
+    for<'c> &'c mut D::Connection: Executor<'c, Database = D>,
     for<'c> &'c Pool<D>: Executor<'c, Database = D>,
     D::Arguments: IntoArguments<D>,
     for<'q> i64: Encode<'q, D> + Type<D>,
@@ -159,7 +171,7 @@ where
             .bind(look)
             .bind(provider_message_id)
             .bind(parked_at_least.map(millis))
-            .fetch_optional(&self.pool)
+            .fetch_optional(&self.db)
             .await?;
         let settled = settled.is_some();
         if settled {
@@ -172,7 +184,7 @@ where
 impl<D: Dialect> Clone for SqlJobStore<D> {
     fn clone(&self) -> Self {
         Self {
-            pool: self.pool.clone(),
+            db: self.db.clone(),
             clock: self.clock.clone(),
             waker: self.waker.clone(),
         }
@@ -186,43 +198,6 @@ impl<D: Dialect> fmt::Debug for SqlJobStore<D> {
             .field("clock", &self.clock)
             .field("waker", &self.waker)
             .finish_non_exhaustive()
-    }
-}
-
-/// The connection of one write.
-enum Write<D: Database> {
-    /// A connection for a single statement.
-    Single(PoolConnection<D>),
-    /// A transaction for several.
-    Transaction(Transaction<'static, D>),
-}
-
-impl<D: Database> Write<D> {
-    async fn commit(self) -> Result<(), sqlx::Error> {
-        match self {
-            Self::Single(_) => Ok(()),
-            Self::Transaction(tx) => tx.commit().await,
-        }
-    }
-}
-
-impl<D: Database> Deref for Write<D> {
-    type Target = D::Connection;
-
-    fn deref(&self) -> &D::Connection {
-        match self {
-            Self::Single(conn) => conn,
-            Self::Transaction(tx) => tx,
-        }
-    }
-}
-
-impl<D: Database> DerefMut for Write<D> {
-    fn deref_mut(&mut self) -> &mut D::Connection {
-        match self {
-            Self::Single(conn) => conn,
-            Self::Transaction(tx) => tx,
-        }
     }
 }
 
@@ -260,7 +235,7 @@ where
     type Database = D;
 
     async fn migrate(&self) -> Result<(), OutboxError> {
-        D::migrator().run(&self.pool).await?;
+        D::migrator().run(self.db.pool()).await?;
         Ok(())
     }
 
@@ -316,7 +291,7 @@ where
             .bind(Json(marking))
             .fetch_all(&mut *write)
             .await?;
-        write.commit().await?;
+        write.done().await?;
         let mut jobs: Vec<Job> = rows.into_iter().map(|row| row.into_job(token)).collect();
         jobs.sort_by_key(|job| job.id);
         Ok(jobs)
@@ -361,7 +336,7 @@ where
             .bind(Json(marking))
             .fetch_all(&mut *write)
             .await?;
-        write.commit().await?;
+        write.done().await?;
         let mut jobs: Vec<Job> = rows.into_iter().map(|row| row.into_job(token)).collect();
         jobs.sort_by_key(|job| job.id);
         Ok(jobs)
@@ -394,7 +369,7 @@ where
                 tracing::warn!(%error, kind, "could not wake the workers of follow-up jobs; they find them at their next poll");
             }
         }
-        write.commit().await?;
+        write.done().await?;
         Ok(done
             .iter()
             .map(|(job, _)| finished.contains(&job.id))
@@ -410,7 +385,7 @@ where
             .bind(job.id)
             .bind(job.lease_token)
             .bind(Json(frozen))
-            .fetch_optional(&self.pool)
+            .fetch_optional(&self.db)
             .await?;
         Ok(stored.map(|Json(value)| value))
     }
@@ -420,7 +395,7 @@ where
             .bind(job.id)
             .bind(job.lease_token)
             .bind(self.now_param())
-            .fetch_optional(&self.pool)
+            .fetch_optional(&self.db)
             .await?;
         Ok(passed.is_some())
     }
@@ -433,7 +408,7 @@ where
             .bind(self.now_param())
             .fetch_all(&mut *write)
             .await?;
-        write.commit().await?;
+        write.done().await?;
         if released.is_empty() {
             return Ok(false);
         }
@@ -457,7 +432,7 @@ where
     async fn job(&self, operation_key: &str) -> Result<Option<JobRecord>, OutboxError> {
         let row: Option<RecordRow<D::Moment>> = sqlx::query_as(D::JOB)
             .bind(operation_key)
-            .fetch_optional(&self.pool)
+            .fetch_optional(&self.db)
             .await?;
         Ok(row.map(JobRecord::from))
     }
@@ -465,7 +440,7 @@ where
     async fn job_by_id(&self, id: i64) -> Result<Option<JobRecord>, OutboxError> {
         let row: Option<RecordRow<D::Moment>> = sqlx::query_as(D::JOB_BY_ID)
             .bind(id)
-            .fetch_optional(&self.pool)
+            .fetch_optional(&self.db)
             .await?;
         Ok(row.map(JobRecord::from))
     }
@@ -473,13 +448,13 @@ where
     async fn attempts(&self, job_id: i64) -> Result<Vec<AttemptRecord>, OutboxError> {
         let rows: Vec<AttemptRow<D::Moment>> = sqlx::query_as(D::ATTEMPTS)
             .bind(job_id)
-            .fetch_all(&self.pool)
+            .fetch_all(&self.db)
             .await?;
         Ok(rows.into_iter().map(AttemptRecord::from).collect())
     }
 
     async fn pending(&self) -> Result<i64, OutboxError> {
-        Ok(sqlx::query_scalar(D::PENDING).fetch_one(&self.pool).await?)
+        Ok(sqlx::query_scalar(D::PENDING).fetch_one(&self.db).await?)
     }
 
     async fn prune(&self, older_than: Duration, limit: u32) -> Result<u64, OutboxError> {
@@ -487,7 +462,7 @@ where
             .bind(millis(older_than))
             .bind(i64::from(limit))
             .bind(self.now_param())
-            .fetch_all(&self.pool)
+            .fetch_all(&self.db)
             .await?;
         Ok(pruned.len() as u64)
     }
@@ -495,7 +470,7 @@ where
     async fn skipped(&self, limit: u32) -> Result<Vec<SkippedJob>, OutboxError> {
         let rows: Vec<SkippedRow<D::Moment>> = sqlx::query_as(D::SKIPPED)
             .bind(i64::from(limit))
-            .fetch_all(&self.pool)
+            .fetch_all(&self.db)
             .await?;
         Ok(rows.into_iter().map(SkippedRow::into_job).collect())
     }
@@ -503,7 +478,7 @@ where
     async fn backlog(&self) -> Result<Backlog, OutboxError> {
         Ok(sqlx::query_as(D::BACKLOG)
             .bind(self.now_param())
-            .fetch_one(&self.pool)
+            .fetch_one(&self.db)
             .await?)
     }
 
@@ -512,7 +487,7 @@ where
             .bind(filter.kind.as_deref())
             .bind(filter.status())
             .bind(filter.limit())
-            .fetch_all(&self.pool)
+            .fetch_all(&self.db)
             .await?;
         Ok(rows.into_iter().map(JobRecord::from).collect())
     }
@@ -521,7 +496,7 @@ where
         let redriven: Option<i64> = sqlx::query_scalar(D::REDRIVE)
             .bind(operation_key)
             .bind(self.now_param())
-            .fetch_optional(&self.pool)
+            .fetch_optional(&self.db)
             .await?;
         let redriven = redriven.is_some();
         if redriven {
@@ -550,7 +525,7 @@ where
             .bind(i64::from(limit))
             .fetch_all(&mut *write)
             .await?;
-        write.commit().await?;
+        write.done().await?;
         let mut parked: Vec<ParkedJob> =
             rows.into_iter().map(|row| row.into_parked(token)).collect();
         parked.sort_by_key(|p| p.job.id);
@@ -576,7 +551,7 @@ where
             .bind(parked.job.lease_token)
             .bind(self.now_param())
             .bind(millis(after))
-            .fetch_optional(&self.pool)
+            .fetch_optional(&self.db)
             .await?;
         Ok(released.is_some())
     }
@@ -591,11 +566,11 @@ where
             bind_filter!(sqlx::query_as(D::DEAD_COUNT), filter)
                 .bind(self.now_param())
                 .bind(millis(window))
-                .fetch_one(&self.pool)
+                .fetch_one(&self.db)
                 .await?;
         let sample = bind_filter!(sqlx::query_as(D::DEAD_SAMPLE), filter)
             .bind(i64::from(sample))
-            .fetch_all(&self.pool)
+            .fetch_all(&self.db)
             .await?;
         Ok(DeadJobs {
             as_of: as_of.into_time(),
@@ -612,7 +587,7 @@ where
     ) -> Result<BulkRedrive, OutboxError> {
         // One transaction for the count and the re-drive; see `Statements::DEAD_IDS`.
         let begin = D::WRITE_TRANSACTION.unwrap_or("BEGIN");
-        let mut tx = self.pool.begin_with(begin).await?;
+        let mut tx = self.db.begin_with(begin).await?;
         let ids: Vec<i64> = bind_filter!(sqlx::query_scalar(D::DEAD_IDS), filter)
             .fetch_all(&mut *tx)
             .await?;

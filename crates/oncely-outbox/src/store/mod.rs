@@ -42,13 +42,22 @@ pub const CHANNEL: &str = "oncely_outbox";
 pub enum OutboxError {
     /// The database refused or could not be reached.
     #[error("database error: {0}")]
-    Database(#[from] sqlx::Error),
+    Database(#[source] sqlx::Error),
     /// The schema could not be migrated.
     #[error("migration error: {0}")]
     Migrate(#[from] sqlx::migrate::MigrateError),
     /// A payload is not valid JSON.
     #[error("payload is not JSON: {0}")]
     Payload(#[from] serde_json::Error),
+}
+
+impl From<sqlx::Error> for OutboxError {
+    /// Also tells [`oncely_sql::notice`] (a read-only answer: the connections to that server are
+    /// discarded; a lost server: the primary is looked for again).
+    fn from(error: sqlx::Error) -> Self {
+        oncely_sql::notice(&error);
+        OutboxError::Database(error)
+    }
 }
 
 /// How an attempt ends, as the store writes it.

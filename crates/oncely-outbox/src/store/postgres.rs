@@ -41,9 +41,10 @@ use std::collections::BTreeSet;
 use std::sync::{Arc, Mutex, OnceLock};
 use std::time::Duration;
 
+use oncely_sql::{Db, Pooling};
 use sqlx::migrate::Migrator;
 use sqlx::postgres::{PgConnectOptions, PgListener, PgPoolOptions};
-use sqlx::{Connection, PgConnection, PgPool, Postgres};
+use sqlx::{PgConnection, PgPool, Postgres};
 use time::OffsetDateTime;
 use tokio::sync::mpsc;
 use tokio::time::Instant;
@@ -84,11 +85,24 @@ pub const LISTEN_CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
 
 impl PgJobStore {
     /// Workers only poll: for connection poolers in transaction mode, where LISTEN does not
-    /// work. (Enqueues still notify: harmless without listeners.) Configure before cloning.
+    /// work. (Enqueues still notify: harmless without listeners.) A store on a [`Db`] of
+    /// [`Pooling::Transaction`] polls unless [`listen_at`](Self::listen_at) names a server to
+    /// listen on. Configure before cloning.
     pub fn poll_only(mut self) -> Self {
         self.waker = Arc::new(PgWaker {
             poll_only: true,
-            ..PgWaker::new(self.pool(), self.waker.window)
+            ..PgWaker::new(self.db(), self.waker.window)
+        });
+        self
+    }
+
+    /// The listener connects with `options` (e.g. straight to the server, when the pool goes
+    /// through a pooler in transaction mode) instead of the pool's. Configure before cloning.
+    pub fn listen_at(mut self, options: PgConnectOptions) -> Self {
+        self.waker = Arc::new(PgWaker {
+            poll_only: self.waker.poll_only,
+            listen_at: Some(options),
+            ..PgWaker::new(self.db(), self.waker.window)
         });
         self
     }
@@ -98,7 +112,8 @@ impl PgJobStore {
     pub fn notify_window(mut self, window: Duration) -> Self {
         self.waker = Arc::new(PgWaker {
             poll_only: self.waker.poll_only,
-            ..PgWaker::new(self.pool(), window)
+            listen_at: self.waker.listen_at.clone(),
+            ..PgWaker::new(self.db(), window)
         });
         self
     }
@@ -110,8 +125,10 @@ impl PgJobStore {
 /// last clone of the store goes.
 #[derive(Debug)]
 pub struct PgWaker {
-    pool: PgPool,
+    db: Db<Postgres>,
     poll_only: bool,
+    /// Where the listener connects (`None`: where the pool does).
+    listen_at: Option<PgConnectOptions>,
     window: Duration,
     due: Arc<Mutex<Due>>,
     kick: OnceLock<mpsc::Sender<()>>,
@@ -183,10 +200,11 @@ impl Due {
 }
 
 impl PgWaker {
-    fn new(pool: &PgPool, window: Duration) -> Self {
+    fn new(db: &Db<Postgres>, window: Duration) -> Self {
         Self {
-            pool: pool.clone(),
+            db: db.clone(),
             poll_only: false,
+            listen_at: None,
             window,
             due: Arc::default(),
             kick: OnceLock::new(),
@@ -217,7 +235,7 @@ impl PgWaker {
         let kick = self.kick.get_or_init(|| {
             let (kick, kicks) = mpsc::channel(1);
             if let Ok(runtime) = tokio::runtime::Handle::try_current() {
-                runtime.spawn(notifier(self.pool.clone(), self.due.clone(), kicks));
+                runtime.spawn(notifier(self.db.clone(), self.due.clone(), kicks));
             }
             kick
         });
@@ -230,18 +248,20 @@ impl PgWaker {
         self.listening.get_or_init(|| {
             let stop = CancellationToken::new();
             if let Ok(runtime) = tokio::runtime::Handle::try_current() {
-                runtime.spawn(listener(self.pool.clone(), self.hub.clone(), stop.clone()));
+                let at = Listen {
+                    pool: self.db.pool().clone(),
+                    at: self.listen_at.clone(),
+                };
+                runtime.spawn(listener(at, self.hub.clone(), stop.clone()));
             }
             stop.drop_guard()
         });
     }
 }
 
-/// Sends the NOTIFYs that come due, on a connection of its own, at most one per
-/// [`NOTIFY_INTERVAL`]. When the store is gone (no more kicks can come) it sends what it still
-/// owes, then ends.
-async fn notifier(pool: PgPool, due: Arc<Mutex<Due>>, mut kicks: mpsc::Receiver<()>) {
-    let mut conn: Option<PgConnection> = None;
+/// Sends the NOTIFYs that come due, at most one per [`NOTIFY_INTERVAL`], on the pool. When the
+/// store is gone (no more kicks can come) it sends what it still owes, then ends.
+async fn notifier(db: Db<Postgres>, due: Arc<Mutex<Due>>, mut kicks: mpsc::Receiver<()>) {
     let mut store_gone = false;
     loop {
         let next = due.lock().unwrap_or_else(|p| p.into_inner()).next();
@@ -259,41 +279,41 @@ async fn notifier(pool: PgPool, due: Arc<Mutex<Due>>, mut kicks: mpsc::Receiver<
                     .lock()
                     .unwrap_or_else(|p| p.into_inner())
                     .take(Instant::now());
-                notify(&pool, &mut conn, &payload).await;
+                notify(&db, &payload).await;
                 tokio::time::sleep(NOTIFY_INTERVAL).await;
             }
         }
     }
 }
 
-async fn notify(pool: &PgPool, conn: &mut Option<PgConnection>, payload: &str) {
-    if conn.is_none() {
-        match PgConnection::connect_with(&pool.connect_options()).await {
-            Ok(c) => *conn = Some(c),
-            Err(error) => tracing::warn!(%error, "outbox notifier cannot connect; workers poll"),
-        }
-    }
-    if let Some(c) = conn.as_mut()
-        && let Err(error) = sqlx::query(NOTIFY)
-            .bind(CHANNEL)
-            .bind(payload)
-            .execute(&mut *c)
-            .await
+async fn notify(db: &Db<Postgres>, payload: &str) {
+    if let Err(error) = sqlx::query(NOTIFY)
+        .bind(CHANNEL)
+        .bind(payload)
+        .execute(db)
+        .await
     {
         tracing::warn!(%error, "outbox NOTIFY failed; workers poll until it works again");
-        *conn = None;
     }
 }
 
-/// Listens on [`CHANNEL`] on a connection of its own (the pool's options, read at each attempt,
-/// as [`LISTENER_APPLICATION_NAME`]) and wakes the workers of the kinds each NOTIFY names, until
+/// Where the listener connects: `at`, or where the pool does (read at each attempt: a pool
+/// that follows a primary may have moved).
+struct Listen {
+    pool: PgPool,
+    at: Option<PgConnectOptions>,
+}
+
+/// Listens on [`CHANNEL`] on a connection of its own (`at`, as [`LISTENER_APPLICATION_NAME`]) and wakes the workers of the kinds each NOTIFY names, until
 /// `stop`. Reconnects with backoff; wakes every worker whenever it (re)starts listening.
-async fn listener(pool: PgPool, hub: Arc<Hub>, stop: CancellationToken) {
+async fn listener(at: Listen, hub: Arc<Hub>, stop: CancellationToken) {
     let mut retry_in = LISTEN_RETRY_FIRST;
     loop {
-        let options = (*pool.connect_options())
-            .clone()
-            .application_name(LISTENER_APPLICATION_NAME);
+        let options = match &at.at {
+            Some(options) => options.clone(),
+            None => (*at.pool.connect_options()).clone(),
+        }
+        .application_name(LISTENER_APPLICATION_NAME);
         let connected = tokio::select! {
             () = stop.cancelled() => return,
             connected = connect_listener(options) => connected,
@@ -363,8 +383,8 @@ impl Dialect for Postgres {
         migrator()
     }
 
-    fn waker(pool: &PgPool) -> PgWaker {
-        PgWaker::new(pool, NOTIFY_WINDOW)
+    fn waker(db: &Db<Postgres>) -> PgWaker {
+        PgWaker::new(db, NOTIFY_WINDOW)
     }
 
     fn now(clock: &Clock) -> Option<OffsetDateTime> {
@@ -392,7 +412,11 @@ impl Dialect for Postgres {
     }
 
     fn wakeup(waker: &PgWaker, kinds: &[String]) -> Wakeup {
-        if waker.poll_only {
+        // Behind a transaction-mode pooler a LISTEN would hear nothing: poll, unless the
+        // listener has a server of its own.
+        if waker.poll_only
+            || (waker.db.pooling() == Pooling::Transaction && waker.listen_at.is_none())
+        {
             return Wakeup::poll();
         }
         let wakeup = waker.hub.subscribe(kinds);

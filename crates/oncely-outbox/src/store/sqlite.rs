@@ -9,7 +9,7 @@
 //! prompt pickup without knowing about it.
 
 use sqlx::migrate::Migrator;
-use sqlx::{Sqlite, SqliteConnection, SqlitePool};
+use sqlx::{Sqlite, SqliteConnection};
 
 use super::wakeups::Hub;
 use super::{Clock, Dialect, OutboxError, SqlJobStore, Wakeup};
@@ -40,7 +40,7 @@ impl Dialect for Sqlite {
         migrator()
     }
 
-    fn waker(_pool: &SqlitePool) -> SqliteWaker {
+    fn waker(_db: &oncely_sql::Db<Sqlite>) -> SqliteWaker {
         SqliteWaker::default()
     }
 

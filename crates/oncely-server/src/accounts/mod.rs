@@ -336,6 +336,9 @@ pub enum AccountError {
 impl AccountError {
     /// Sorts an error of the database.
     pub fn of(error: sqlx::Error) -> Self {
+        // A read-only answer discards the connections to that server; a lost one has the
+        // primary looked for again.
+        oncely_sql::notice(&error);
         let unique = matches!(&error, sqlx::Error::Database(e) if e.is_unique_violation());
         if unique {
             Self::Conflict(error)
@@ -1012,7 +1015,7 @@ where
         sqlx::query_as(B::ACCOUNT_SQL.login_user)
             .bind(tenant)
             .bind(email.as_str())
-            .fetch_optional(self.pool())
+            .fetch_optional(self.db())
             .await
             .map_err(AccountError::of)
     }
@@ -1027,7 +1030,7 @@ where
             .bind(tenant)
             .bind(bucket)
             .bind(window_start)
-            .fetch_one(self.pool())
+            .fetch_one(self.db())
             .await
             .map_err(AccountError::of)
     }
@@ -1042,7 +1045,7 @@ where
             .bind(tenant)
             .bind(bucket)
             .bind(window_start)
-            .execute(self.pool())
+            .execute(self.db())
             .await
             .map_err(AccountError::of)?;
         Ok(())
@@ -1058,7 +1061,7 @@ where
             .bind(user_id)
             .bind(old)
             .bind(new)
-            .execute(self.pool())
+            .execute(self.db())
             .await
             .map_err(AccountError::of)?;
         Ok(B::rows_affected(&done) == 1)
@@ -1145,7 +1148,7 @@ where
             .bind(hash)
             .bind(tenant)
             .bind(B::at(None))
-            .fetch_optional(self.pool())
+            .fetch_optional(self.db())
             .await
             .map_err(AccountError::of)
     }
@@ -1153,7 +1156,7 @@ where
     async fn signup_password_unattempt(&self, hash: &[u8]) -> Result<(), AccountError> {
         sqlx::query(B::ACCOUNT_SQL.signup_password_unattempt)
             .bind(hash)
-            .execute(self.pool())
+            .execute(self.db())
             .await
             .map_err(AccountError::of)?;
         Ok(())
@@ -1309,7 +1312,7 @@ where
         sqlx::query_as(B::ACCOUNT_SQL.token_for_send)
             .bind(token_id)
             .bind(B::at(None))
-            .fetch_optional(self.pool())
+            .fetch_optional(self.db())
             .await
             .map_err(AccountError::of)
     }
@@ -1317,7 +1320,7 @@ where
     async fn user_email(&self, user_id: Uuid) -> Result<Option<String>, AccountError> {
         sqlx::query_scalar(B::ACCOUNT_SQL.user_email)
             .bind(user_id)
-            .fetch_optional(self.pool())
+            .fetch_optional(self.db())
             .await
             .map_err(AccountError::of)
     }
@@ -1329,7 +1332,7 @@ where
         let row: Option<(String, Option<String>)> =
             sqlx::query_as(B::ACCOUNT_SQL.user_email_and_locale)
                 .bind(user_id)
-                .fetch_optional(self.pool())
+                .fetch_optional(self.db())
                 .await
                 .map_err(AccountError::of)?;
         Ok(row)
@@ -1345,7 +1348,7 @@ where
             .bind(B::at(now))
             .bind(expired_for.as_secs_f64())
             .bind(i64::from(limit))
-            .execute(self.pool())
+            .execute(self.db())
             .await
             .map_err(AccountError::of)?;
         Ok(B::rows_affected(&done))
@@ -1355,7 +1358,7 @@ where
         let done = sqlx::query(B::ACCOUNT_SQL.prune_rate_limits)
             .bind(before_window)
             .bind(i64::from(limit))
-            .execute(self.pool())
+            .execute(self.db())
             .await
             .map_err(AccountError::of)?;
         Ok(B::rows_affected(&done))
@@ -1366,7 +1369,7 @@ where
             .bind(id)
             .bind(api_key_hash)
             .bind(B::at(None))
-            .execute(self.pool())
+            .execute(self.db())
             .await
             .map_err(AccountError::of)?;
         Ok(())
@@ -1376,7 +1379,7 @@ where
         sqlx::query_scalar(B::ACCOUNT_SQL.tenant_by_key)
             .bind(api_key_hash)
             .bind(B::at(None))
-            .fetch_optional(self.pool())
+            .fetch_optional(self.db())
             .await
             .map_err(AccountError::of)
     }
@@ -1392,7 +1395,7 @@ where
             .bind(api_key_hash)
             .bind(grace.as_secs_f64())
             .bind(B::at(None))
-            .fetch_optional(self.pool())
+            .fetch_optional(self.db())
             .await
             .map_err(AccountError::of)?;
         Ok(rotated.map(|(until,)| KeyRotation {
@@ -1434,7 +1437,7 @@ where
             .bind(hash)
             .bind(tenant)
             .bind(B::at(None))
-            .fetch_optional(self.pool())
+            .fetch_optional(self.db())
             .await
             .map_err(AccountError::of)?;
         Ok(live.is_some())
@@ -1448,7 +1451,7 @@ where
         let done = sqlx::query(B::ACCOUNT_SQL.prune_codes)
             .bind(B::at(now))
             .bind(i64::from(limit))
-            .execute(self.pool())
+            .execute(self.db())
             .await
             .map_err(AccountError::of)?;
         Ok(B::rows_affected(&done))
@@ -1457,20 +1460,20 @@ where
     async fn return_urls(&self, tenant: &str) -> Result<Vec<String>, AccountError> {
         sqlx::query_scalar(B::ACCOUNT_SQL.return_urls)
             .bind(tenant)
-            .fetch_all(self.pool())
+            .fetch_all(self.db())
             .await
             .map_err(AccountError::of)
     }
 
     async fn all_return_urls(&self) -> Result<Vec<(String, String)>, AccountError> {
         sqlx::query_as(B::ACCOUNT_SQL.all_return_urls)
-            .fetch_all(self.pool())
+            .fetch_all(self.db())
             .await
             .map_err(AccountError::of)
     }
 
     async fn set_return_urls(&self, id: &str, urls: &[String]) -> Result<bool, AccountError> {
-        let mut tx = self.pool().begin().await.map_err(AccountError::of)?;
+        let mut tx = self.db().begin().await.map_err(AccountError::of)?;
         let found: Option<String> = sqlx::query_scalar(B::ACCOUNT_SQL.lock_tenant)
             .bind(id)
             .fetch_optional(&mut *tx)
@@ -1511,7 +1514,7 @@ where
     async fn webhook_targets_now(&self, tenant: &str) -> Result<Vec<(Uuid, String)>, AccountError> {
         sqlx::query_as(B::ACCOUNT_SQL.webhook_targets)
             .bind(tenant)
-            .fetch_all(self.pool())
+            .fetch_all(self.db())
             .await
             .map_err(AccountError::of)
     }
@@ -1519,7 +1522,7 @@ where
     async fn email_delivery(&self, tenant: &str) -> Result<String, AccountError> {
         let found: Option<String> = sqlx::query_scalar(B::ACCOUNT_SQL.email_delivery)
             .bind(tenant)
-            .fetch_optional(self.pool())
+            .fetch_optional(self.db())
             .await
             .map_err(AccountError::of)?;
         Ok(found.unwrap_or_else(|| "mail".to_owned()))
@@ -1528,7 +1531,7 @@ where
     async fn branding(&self, tenant: &str) -> Result<Branding, AccountError> {
         let found: Option<Branding> = sqlx::query_as(B::ACCOUNT_SQL.branding)
             .bind(tenant)
-            .fetch_optional(self.pool())
+            .fetch_optional(self.db())
             .await
             .map_err(AccountError::of)?;
         Ok(found.unwrap_or_default())
@@ -1540,7 +1543,7 @@ where
             .bind(branding.product_name.as_deref())
             .bind(branding.mail_from.as_deref())
             .bind(branding.support_email.as_deref())
-            .execute(self.pool())
+            .execute(self.db())
             .await
             .map_err(AccountError::of)?;
         Ok(B::rows_affected(&done) == 1)
@@ -1550,7 +1553,7 @@ where
         let done = sqlx::query(B::ACCOUNT_SQL.set_email_delivery)
             .bind(id)
             .bind(delivery)
-            .execute(self.pool())
+            .execute(self.db())
             .await
             .map_err(AccountError::of)?;
         Ok(B::rows_affected(&done) == 1)
@@ -1564,7 +1567,7 @@ where
             .bind(endpoint.events)
             .bind(endpoint.secret_sealed)
             .bind(B::at(None))
-            .execute(self.pool())
+            .execute(self.db())
             .await
             .map_err(AccountError::of)?;
         Ok(())
@@ -1574,7 +1577,7 @@ where
         sqlx::query_as(B::ACCOUNT_SQL.webhook_endpoint)
             .bind(id)
             .bind(B::at(None))
-            .fetch_optional(self.pool())
+            .fetch_optional(self.db())
             .await
             .map_err(AccountError::of)
     }
@@ -1586,7 +1589,7 @@ where
         sqlx::query_as(B::ACCOUNT_SQL.webhook_endpoints)
             .bind(tenant)
             .bind(B::at(None))
-            .fetch_all(self.pool())
+            .fetch_all(self.db())
             .await
             .map_err(AccountError::of)
     }
@@ -1600,7 +1603,7 @@ where
             .bind(id)
             .bind(B::at(None))
             .bind(reason)
-            .execute(self.pool())
+            .execute(self.db())
             .await
             .map_err(AccountError::of)?;
         Ok(B::rows_affected(&done) == 1)
@@ -1616,7 +1619,7 @@ where
             .bind(id)
             .bind(old)
             .bind(new)
-            .execute(self.pool())
+            .execute(self.db())
             .await
             .map_err(AccountError::of)?;
         Ok(B::rows_affected(&done) > 0)
@@ -1633,7 +1636,7 @@ where
             .bind(secret_sealed)
             .bind(grace.as_secs_f64())
             .bind(B::at(None))
-            .fetch_optional(self.pool())
+            .fetch_optional(self.db())
             .await
             .map_err(AccountError::of)?;
         Ok(rotated.map(|(until,)| KeyRotation {
@@ -1644,7 +1647,7 @@ where
     async fn remove_webhook_endpoint(&self, id: Uuid) -> Result<bool, AccountError> {
         let done = sqlx::query(B::ACCOUNT_SQL.remove_webhook_endpoint)
             .bind(id)
-            .execute(self.pool())
+            .execute(self.db())
             .await
             .map_err(AccountError::of)?;
         Ok(B::rows_affected(&done) == 1)
@@ -1653,7 +1656,7 @@ where
     async fn tenants(&self) -> Result<Vec<TenantRecord>, AccountError> {
         sqlx::query_as(B::ACCOUNT_SQL.tenants)
             .bind(B::at(None))
-            .fetch_all(self.pool())
+            .fetch_all(self.db())
             .await
             .map_err(AccountError::of)
     }
@@ -1661,7 +1664,7 @@ where
     async fn development_secret(&self, candidate: &str) -> Result<String, AccountError> {
         sqlx::query_scalar(B::ACCOUNT_SQL.development_secret)
             .bind(candidate)
-            .fetch_one(self.pool())
+            .fetch_one(self.db())
             .await
             .map_err(AccountError::of)
     }
@@ -1669,7 +1672,7 @@ where
     async fn secret_check(&self) -> Result<Option<SecretCheck>, AccountError> {
         let row: Option<(String, Option<String>, String)> =
             sqlx::query_as(B::ACCOUNT_SQL.secret_check)
-                .fetch_optional(self.pool())
+                .fetch_optional(self.db())
                 .await
                 .map_err(AccountError::of)?;
         Ok(row.map(|(current, previous, retired)| SecretCheck {
@@ -1700,13 +1703,13 @@ where
         if let Some(stored) = replacing {
             query = query.bind(stored);
         }
-        let done = query.execute(self.pool()).await.map_err(AccountError::of)?;
+        let done = query.execute(self.db()).await.map_err(AccountError::of)?;
         Ok(B::rows_affected(&done) == 1)
     }
 
     async fn scalar(&self, sql: String) -> Result<i64, sqlx::Error> {
         sqlx::query_scalar(AssertSqlSafe(sql))
-            .fetch_one(self.pool())
+            .fetch_one(self.db())
             .await
     }
 }

@@ -16,6 +16,7 @@ use std::future::Future;
 
 use oncely::store::KeyStore;
 use oncely_outbox::JobStore;
+use oncely_sql::Db;
 use sqlx::migrate::{Migrate, Migrator};
 use time::OffsetDateTime;
 
@@ -71,17 +72,17 @@ pub trait Backend: Clone + Send + Sync + 'static {
     /// to spare), creating a SQLite file that does not exist yet; the error is one line that
     /// names `DATABASE_URL` (never its password) and says what was wrong.
     fn connect(
-        url: &str,
+        at: &Location,
         max_connections: u32,
     ) -> impl Future<Output = anyhow::Result<Self>> + Send {
-        Self::open(url, max_connections, Create::IfMissing)
+        Self::open(at, max_connections, Create::IfMissing)
     }
 
     /// [`connect`](Self::connect), with `create` saying whether a missing SQLite file is made
     /// (`oncely migrate`, development) or is an error (every other command: a mistyped
     /// `DATABASE_URL` must not leave an empty database behind).
     fn open(
-        url: &str,
+        at: &Location,
         max_connections: u32,
         create: Create,
     ) -> impl Future<Output = anyhow::Result<Self>> + Send;
@@ -117,16 +118,30 @@ pub trait Backend: Clone + Send + Sync + 'static {
     /// Rows a statement changed.
     fn rows_affected(result: &<Self::Database as sqlx::Database>::QueryResult) -> u64;
 
-    /// The pool.
+    /// The pool (for what needs the pool itself; statements go through [`Backend::db`]).
     fn pool(&self) -> &sqlx::Pool<Self::Database> {
-        &self.stores().pool
+        self.stores().db.pool()
     }
 
-    /// Where migrations run: a pool whose sessions wait for locks as long as it takes (a
+    /// The pool as every statement uses it: single statements (`&Db` is an executor) and
+    /// transactions ([`Db::begin_with`]) right for what is in between (see [`Pooler`]).
+    fn db(&self) -> &Db<Self::Database> {
+        &self.stores().db
+    }
+
+    /// Where migrations run: one session that waits for locks as long as it takes (a
     /// migration waits for another process's migration, or for a table's lock, rather than
-    /// fail the deploy), unlike [`Backend::pool`]'s.
-    fn migration_pool(&self) -> sqlx::Pool<Self::Database> {
-        self.pool().clone()
+    /// fail the deploy), unlike [`Backend::db`]'s; straight to the server (never through a
+    /// pooler in transaction mode). Closed after use.
+    fn migration_pool(
+        &self,
+    ) -> impl Future<Output = anyhow::Result<sqlx::Pool<Self::Database>>> + Send {
+        std::future::ready(Ok(self.pool().clone()))
+    }
+
+    /// Ends what [`Backend::migration_pool`] opened (nothing where it was the service's pool).
+    fn done_migrating(_pool: sqlx::Pool<Self::Database>) -> impl Future<Output = ()> + Send {
+        std::future::ready(())
     }
 
     /// The idempotency key store.
@@ -144,6 +159,8 @@ pub trait Backend: Clone + Send + Sync + 'static {
 pub fn cannot_serve_now(error: &sqlx::Error) -> bool {
     use sqlx::Error as E;
     match error {
+        // A session that is not what `target_session_attrs` asks for (any database type).
+        E::Database(e) if e.code().as_deref() == Some(oncely_sql::READ_ONLY) => true,
         E::Database(e) => {
             let e = e.as_ref();
             if e.try_downcast_ref::<sqlx::postgres::PgDatabaseError>()
@@ -190,29 +207,74 @@ impl std::fmt::Debug for DevInboxHold {
 /// What a connected backend holds: the pool, and the idempotency key store on it.
 #[derive(Debug)]
 pub struct Stores<K: KeyStore> {
-    pool: sqlx::Pool<K::Database>,
+    db: Db<K::Database>,
     keys: K,
 }
 
 impl<K: KeyStore> Clone for Stores<K> {
     fn clone(&self) -> Self {
         Self {
-            pool: self.pool.clone(),
+            db: self.db.clone(),
             keys: self.keys.clone(),
         }
     }
 }
 
 impl<K: KeyStore> Stores<K> {
-    /// The key store `keys` makes on `pool`, beside it.
-    pub fn new(
-        pool: sqlx::Pool<K::Database>,
-        keys: impl FnOnce(sqlx::Pool<K::Database>) -> K,
-    ) -> Self {
+    /// The key store `keys` makes on `db`, beside it.
+    pub fn new(db: Db<K::Database>, keys: impl FnOnce(Db<K::Database>) -> K) -> Self {
         Self {
-            keys: keys(pool.clone()),
-            pool,
+            keys: keys(db.clone()),
+            db,
         }
+    }
+}
+
+/// What stands between oncely and PostgreSQL (`ONCELY_DATABASE_POOLER`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, clap::ValueEnum)]
+pub enum Pooler {
+    /// Nothing, or a TCP proxy (HAProxy): each connection is one server session.
+    #[default]
+    None,
+    /// A pooler in session mode (PgBouncer's `pool_mode = session`): the same as `none`.
+    Session,
+    /// A pooler in transaction mode (PgBouncer's `pool_mode = transaction`, Supabase's port
+    /// 6543, RDS Proxy, Neon's pooled host): every statement runs in a transaction, nothing is
+    /// prepared across transactions, settings are set per transaction; LISTEN, the dev inbox's
+    /// lock and migrations need `ONCELY_DATABASE_DIRECT_URL` (workers poll without it).
+    Transaction,
+}
+
+/// Where the database is: `DATABASE_URL`, and for PostgreSQL what stands in between and the
+/// URL straight to the server.
+#[derive(Clone, Default, PartialEq, Eq)]
+pub struct Location {
+    /// `DATABASE_URL`.
+    pub url: String,
+    /// `ONCELY_DATABASE_DIRECT_URL`: straight to the server, for what needs one session
+    /// (LISTEN, advisory locks, migrations).
+    pub direct_url: Option<String>,
+    /// `ONCELY_DATABASE_POOLER`.
+    pub pooler: Pooler,
+}
+
+impl Location {
+    /// `url`, with nothing in between.
+    pub fn url(url: impl Into<String>) -> Self {
+        Self {
+            url: url.into(),
+            ..Self::default()
+        }
+    }
+}
+
+impl std::fmt::Debug for Location {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Location")
+            .field("url", &redact(&self.url))
+            .field("direct_url", &self.direct_url.as_deref().map(redact))
+            .field("pooler", &self.pooler)
+            .finish()
     }
 }
 

@@ -1,27 +1,29 @@
 //! PostgreSQL: production. Times come from the database clock (`now()`), so that many API and
 //! worker processes on many machines agree on when a token expires.
 
-use std::str::FromStr;
 use std::time::Duration;
 
 use anyhow::bail;
 use oncely::store::postgres::PgKeyStore;
 use oncely_outbox::store::postgres::PgJobStore;
+use oncely_sql::postgres::{OpenError, Target, first_fitting, open};
+use oncely_sql::{Pooling, Settings};
 use sqlx::Connection;
 use sqlx::migrate::Migrator;
-use sqlx::postgres::{PgConnectOptions, PgConnection, PgQueryResult};
+use sqlx::postgres::{PgConnection, PgQueryResult};
 use time::OffsetDateTime;
 
-use super::{Backend, Create, DevInboxHold, Stores, redact};
+use super::{Backend, Create, DevInboxHold, Location, Pooler, Stores, redact};
 use crate::accounts::Statements;
 
 /// The PostgreSQL backend.
 #[derive(Debug, Clone)]
 pub struct Postgres {
     stores: Stores<PgKeyStore>,
-    /// The same database, its sessions waiting for locks as long as it takes (no
-    /// [`LOCK_TIMEOUT`]): for migrations and the outbox worker. Opened as it is used.
-    waiting: sqlx::PgPool,
+    /// `DATABASE_URL` and the rest of where the database is.
+    location: Location,
+    /// `ONCELY_DATABASE_DIRECT_URL`, read.
+    direct: Option<Target>,
 }
 
 impl Backend for Postgres {
@@ -47,54 +49,55 @@ impl Backend for Postgres {
         super::migrators!(postgres, "./migrations/postgres")
     }
 
-    async fn open(url: &str, max_connections: u32, _create: Create) -> anyhow::Result<Self> {
-        let options = PgConnectOptions::from_str(url)
-            .map_err(|e| anyhow::anyhow!("DATABASE_URL={}: {e}", redact(url)))?
-            // PostgreSQL's NOTICEs ("relation … already exists, skipping" when a migration
-            // re-checks what exists) are no news to anyone: warnings and errors only.
-            .options([
-                ("client_min_messages", "warning"),
-                ("lock_timeout", LOCK_TIMEOUT),
-            ]);
-        // One connection first, for its error: the pool retries a refused connection until
-        // its timeout and then says only "pool timed out".
-        match tokio::time::timeout(CONNECT_TIMEOUT, PgConnection::connect_with(&options)).await {
-            Ok(Ok(conn)) => {
-                let _ = conn.close().await;
-            }
-            Ok(Err(error)) => return Err(connect_error(url, &options, &error)),
-            Err(_) => bail!(
-                "DATABASE_URL={}: no answer from {} within {} s",
-                redact(url),
-                server(&options),
-                CONNECT_TIMEOUT.as_secs()
-            ),
-        }
-        // No ping before every acquire (a round trip per request): only a connection that
-        // sat idle is pinged. One that died under load fails its request (nothing committed; a
-        // retry with the same key runs) and is discarded.
-        let pool = oncely::store::postgres::pool_options()
-            .max_connections(max_connections)
-            // A database that stops answering fails a request in seconds, not half a minute.
-            .acquire_timeout(CONNECT_TIMEOUT)
-            .connect_lazy_with(options);
-        let waiting = oncely::store::postgres::pool_options()
-            .max_connections(max_connections)
-            .acquire_timeout(CONNECT_TIMEOUT)
-            .connect_lazy_with(
-                pool.connect_options()
-                    .as_ref()
-                    .clone()
-                    .options([("lock_timeout", "0")]),
-            );
+    async fn open(at: &Location, max_connections: u32, _create: Create) -> anyhow::Result<Self> {
+        let target = Target::parse(&at.url)
+            .map_err(|e| anyhow::anyhow!("DATABASE_URL={}: {e}", redact(&at.url)))?;
+        let direct =
+            match &at.direct_url {
+                Some(url) => Some(Target::parse(url).map_err(|e| {
+                    anyhow::anyhow!("ONCELY_DATABASE_DIRECT_URL={}: {e}", redact(url))
+                })?),
+                None => None,
+            };
+        let pooling = match at.pooler {
+            Pooler::Transaction => Pooling::Transaction,
+            Pooler::None | Pooler::Session => Pooling::Direct,
+        };
+        // Set on each connection after it is made (transaction pooling: in each transaction),
+        // never as startup parameters a pooler refuses or drops. PostgreSQL's NOTICEs
+        // ("relation … already exists, skipping" when a migration re-checks what exists) are no
+        // news to anyone: warnings and errors only.
+        let session = Settings::new()
+            .set("client_min_messages", "warning")
+            .set("lock_timeout", LOCK_TIMEOUT);
+        // The first connection is made at once, for its error: the pool retries a refused
+        // connection until its timeout and then says only "pool timed out". No ping before
+        // every acquire (a round trip per request): only a connection that sat idle is pinged.
+        // One that died under load fails its request (nothing committed; a retry with the same
+        // key runs) and is discarded.
+        let db = open(&target, pooling, session, max_connections, CONNECT_TIMEOUT)
+            .await
+            .map_err(|e| connect_error("DATABASE_URL", &at.url, &e))?;
         Ok(Self {
-            stores: Stores::new(pool, PgKeyStore::new),
-            waiting,
+            stores: Stores::new(db, PgKeyStore::on),
+            location: at.clone(),
+            direct,
         })
     }
 
-    fn migration_pool(&self) -> sqlx::Pool<sqlx::Postgres> {
-        self.waiting.clone()
+    async fn migration_pool(&self) -> anyhow::Result<sqlx::PgPool> {
+        let (name, url, target) = self.session_target("migrations")?;
+        let waiting = Settings::new()
+            .set("client_min_messages", "warning")
+            .set("lock_timeout", "0");
+        let db = open(&target, Pooling::Direct, waiting, 1, CONNECT_TIMEOUT)
+            .await
+            .map_err(|e| connect_error(name, url, &e))?;
+        Ok(db.pool().clone())
+    }
+
+    async fn done_migrating(pool: sqlx::PgPool) {
+        pool.close().await;
     }
 
     fn has_table(table: &str) -> String {
@@ -104,11 +107,10 @@ impl Backend for Postgres {
     async fn hold_dev_inbox(&self, description: &str) -> anyhow::Result<DevInboxHold> {
         // A session of its own holds the lock: PostgreSQL releases it when the session ends,
         // a crash included. Its application_name tells the next process who serves the inbox.
-        let options = self
-            .pool()
-            .connect_options()
-            .as_ref()
-            .clone()
+        let (name, url, target) = self.session_target("the dev inbox's lock")?;
+        let options = first_fitting(&target, CONNECT_TIMEOUT)
+            .await
+            .map_err(|e| connect_error(name, url, &e))?
             .application_name(&format!("{DEV_INBOX_APPLICATION} {description}"));
         let mut conn = PgConnection::connect_with(&options).await?;
         let held: bool = sqlx::query_scalar("SELECT pg_try_advisory_lock($1, $2)")
@@ -147,8 +149,25 @@ impl Backend for Postgres {
         // The worker's own statements wait for locks: a write that records a sent email and
         // gave up on a row another session holds (an operator, a migration) past the lease
         // would have the email sent again. Its claims skip locked rows anyway. (Enqueues run
-        // on the request's connection, inside its transaction.)
-        let jobs = PgJobStore::new(self.waiting.clone());
+        // on the request's connection, inside its transaction.) On the one pool, with a lock
+        // timeout of its own: each of its statements runs in a transaction that sets it.
+        let jobs = PgJobStore::on(
+            self.db()
+                .with_local(Settings::new().set("lock_timeout", "0")),
+        );
+        let jobs = match (&self.direct, self.db().pooling()) {
+            // LISTEN needs a session: straight to the server (its first host).
+            (Some(direct), Pooling::Transaction) => jobs.listen_at(direct.hosts[0].clone()),
+            // Without one, the store polls by itself behind a transaction-mode pooler.
+            (None, Pooling::Transaction) => {
+                tracing::info!(
+                    "ONCELY_DATABASE_POOLER=transaction without ONCELY_DATABASE_DIRECT_URL: \
+                     workers poll for jobs (LISTEN needs a session straight to the server)"
+                );
+                jobs
+            }
+            _ => jobs,
+        };
         if poll_only { jobs.poll_only() } else { jobs }
     }
 
@@ -161,6 +180,27 @@ impl Backend for Postgres {
     }
 }
 
+impl Postgres {
+    /// Where `what` (which needs one server session) connects: `ONCELY_DATABASE_DIRECT_URL`,
+    /// or `DATABASE_URL` when no pooler in transaction mode stands in between (then the
+    /// setting's name, its URL and its target).
+    fn session_target(&self, what: &str) -> anyhow::Result<(&'static str, &str, Target)> {
+        match (&self.direct, &self.location.direct_url) {
+            (Some(direct), Some(url)) => Ok(("ONCELY_DATABASE_DIRECT_URL", url, direct.clone())),
+            _ if self.db().pooling() == Pooling::Transaction => bail!(
+                "{what} needs one server session, which a pooler in transaction mode does not \
+                 keep (ONCELY_DATABASE_POOLER=transaction): set ONCELY_DATABASE_DIRECT_URL to a \
+                 URL straight to the server (or to a pooler in session mode)"
+            ),
+            _ => Ok((
+                "DATABASE_URL",
+                &self.location.url,
+                Target::parse(&self.location.url).map_err(|e| anyhow::anyhow!("{e}"))?,
+            )),
+        }
+    }
+}
+
 /// [`super::cannot_serve_now`] for an error PostgreSQL returned.
 pub(super) fn cannot_serve_now(error: &dyn sqlx::error::DatabaseError) -> bool {
     // SQLSTATE classes 08 (connection exception), 53 (insufficient resources: too many
@@ -168,12 +208,22 @@ pub(super) fn cannot_serve_now(error: &dyn sqlx::error::DatabaseError) -> bool {
     // (lock_not_available: the request's lock_timeout ran out while another transaction held
     // a row it needs, e.g. a concurrent signup of the same address); 40P01 (deadlock_detected:
     // two transactions waited on each other, as a verification and a resend of one account
-    // can, and PostgreSQL ended this one) and 40001 (serialization_failure). Each rolled the
-    // transaction back; the same request run again succeeds.
+    // can, and PostgreSQL ended this one), 40001 (serialization_failure) and 25006
+    // (read_only_sql_transaction: the server is a standby now, after a failover or a
+    // switchover; the connections to it are discarded, see `oncely_sql::notice`). Each rolled
+    // the transaction back; the same request run again succeeds.
     error.code().is_some_and(|code| {
-        ["08", "53", "57P", "55P03", "40P01", "40001"]
-            .iter()
-            .any(|c| code.starts_with(c))
+        [
+            "08",
+            "53",
+            "57P",
+            "55P03",
+            "40P01",
+            "40001",
+            oncely_sql::READ_ONLY,
+        ]
+        .iter()
+        .any(|c| code.starts_with(c))
     })
 }
 
@@ -182,9 +232,9 @@ pub(super) fn cannot_serve_now(error: &dyn sqlx::error::DatabaseError) -> bool {
 /// (their own `SET LOCAL lock_timeout`): statements outside them — a password attempt counted,
 /// a login's transaction, a tenant's lookup — would otherwise wait as long
 /// as the lock is held, each holding one of the pool's connections. Migrations
-/// ([`Backend::migration_pool`]) and the outbox worker's statements ([`Backend::jobs`]: a
-/// record of a sent email must not give up, or the email is sent again) run on pools of their
-/// own that wait as long as it takes.
+/// ([`Backend::migration_pool`]: a session of their own) and the outbox worker's statements
+/// ([`Backend::jobs`]: a record of a sent email must not give up, or the email is sent again;
+/// `SET LOCAL` in each of its transactions) wait as long as it takes.
 const LOCK_TIMEOUT: &str = "1500ms";
 
 /// How long connecting (and, once serving, waiting for a free connection) may take.
@@ -196,18 +246,10 @@ const DEV_INBOX_LOCK: (i32, i32) = (0x6f6e_6365, 0x6465_7669);
 /// The start of the application_name of the session that holds [`DEV_INBOX_LOCK`].
 const DEV_INBOX_APPLICATION: &str = "oncely-dev-inbox";
 
-/// `host:port` (or the socket directory) the options name.
-fn server(options: &PgConnectOptions) -> String {
-    match options.get_socket() {
-        Some(socket) => format!("{}", socket.display()),
-        None => format!("{}:{}", options.get_host(), options.get_port()),
-    }
-}
-
 /// One line for a failed first connection: what the server (or the network) said, where.
-fn connect_error(url: &str, options: &PgConnectOptions, error: &sqlx::Error) -> anyhow::Error {
-    let at = server(options);
-    let why = match error {
+fn connect_error(name: &str, url: &str, failed: &OpenError) -> anyhow::Error {
+    let at = &failed.at;
+    let why = match &failed.error {
         sqlx::Error::Io(e) if e.kind() == std::io::ErrorKind::ConnectionRefused => {
             format!("connection refused to {at} (is PostgreSQL running there?)")
         }
@@ -221,9 +263,16 @@ fn connect_error(url: &str, options: &PgConnectOptions, error: &sqlx::Error) -> 
                 "{} on {at} (create it, e.g. `createdb`, or fix the name)",
                 e.message()
             ),
+            // A pooler that refuses a startup parameter (PgBouncer: "unsupported startup
+            // parameter"): oncely sends none of its own; the URL's `options=` is one.
+            Some("08P01") if e.message().contains("startup parameter") => format!(
+                "{at}: {} (a pooler: remove `options=` from the URL, or add it to the \
+                 pooler's ignore_startup_parameters)",
+                e.message()
+            ),
             _ => format!("{at}: {}", e.message()),
         },
         other => format!("{at}: {other}"),
     };
-    anyhow::anyhow!("DATABASE_URL={}: {why}", redact(url))
+    anyhow::anyhow!("{name}={}: {why}", redact(url))
 }

@@ -10,7 +10,9 @@ use sqlx::migrate::Migrator;
 use sqlx::sqlite::{SqliteConnectOptions, SqlitePoolOptions, SqliteQueryResult};
 use time::OffsetDateTime;
 
-use super::{Backend, Create, DevInboxHold, Stores};
+use oncely_sql::Db;
+
+use super::{Backend, Create, DevInboxHold, Location, Pooler, Stores};
 use crate::accounts::Statements;
 
 /// The SQLite backend.
@@ -54,7 +56,15 @@ impl Backend for Sqlite {
     }
 
     /// At most 8 connections: one writer at a time anyway.
-    async fn open(url: &str, max_connections: u32, create: Create) -> anyhow::Result<Self> {
+    async fn open(at: &Location, max_connections: u32, create: Create) -> anyhow::Result<Self> {
+        // No setting is dropped silently: these are PostgreSQL's.
+        if at.direct_url.is_some() {
+            bail!("ONCELY_DATABASE_DIRECT_URL is for PostgreSQL; DATABASE_URL names SQLite");
+        }
+        if at.pooler != Pooler::None {
+            bail!("ONCELY_DATABASE_POOLER is for PostgreSQL; DATABASE_URL names SQLite");
+        }
+        let url = at.url.as_str();
         let mut options = connect_options(url)
             .map_err(|e| anyhow::anyhow!("DATABASE_URL={url}: {e}"))?
             .create_if_missing(create == Create::IfMissing);
@@ -95,7 +105,7 @@ impl Backend for Sqlite {
             .connect_with(options)
             .await
             .map_err(|e| anyhow::anyhow!("DATABASE_URL={url}: cannot open the database: {e}"))?;
-        Ok(Self(Stores::new(pool, SqliteKeyStore::new)))
+        Ok(Self(Stores::new(Db::direct(pool), SqliteKeyStore::on)))
     }
 
     fn has_table(table: &str) -> String {
@@ -150,7 +160,7 @@ impl Backend for Sqlite {
 
     /// `poll_only` has no meaning here: in-process workers are signalled, never LISTEN.
     fn jobs(&self, _poll_only: bool) -> SqliteJobStore {
-        SqliteJobStore::new(self.pool().clone())
+        SqliteJobStore::on(self.db().clone())
     }
 
     fn at(at: Option<OffsetDateTime>) -> i64 {

@@ -579,8 +579,12 @@ pub async fn run<B: Accounts>(
 ) -> anyhow::Result<()> {
     let plan = Plan::from_args(&args)?;
     let url = &args.database.database_url;
-    let backend: B =
-        startup::open_to_serve(url, args.database_pool, args.secrets.environment).await?;
+    let backend: B = startup::open_to_serve(
+        &args.database.location(),
+        args.database_pool,
+        args.secrets.environment,
+    )
+    .await?;
     let secret = crate::ops::command_secret(&backend, &args.secrets, url).await?;
     startup::check_secret(&backend, &secret).await?;
     let listener = tokio::net::TcpListener::bind(args.bind)

@@ -201,8 +201,9 @@ async fn signed_in<A: Accounts>(
             account_event(&mut *conn, state, tenant, kind, user, email, method).await
         }
         None => {
-            let pool = state.accounts.pool();
-            let mut tx = pool
+            let mut tx = state
+                .accounts
+                .db()
                 .begin_with(A::BEGIN_WRITE)
                 .await
                 .map_err(AccountError::of)?;

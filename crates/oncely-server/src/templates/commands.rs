@@ -41,7 +41,7 @@ pub async fn check<B: Accounts>(
         })
     });
     if let (true, Some(templates)) = (folders, &templates) {
-        match crate::startup::open_existing::<B>(&database.database_url, COMMAND_POOL).await {
+        match crate::startup::open_existing::<B>(&database.location(), COMMAND_POOL).await {
             Ok(backend) => {
                 let tenants: Vec<String> =
                     backend.tenants().await?.into_iter().map(|t| t.id).collect();
@@ -135,7 +135,7 @@ pub async fn preview<B: Accounts>(args: PreviewArgs) -> anyhow::Result<()> {
         true => Branding::default(),
         false => {
             let backend: B =
-                crate::startup::open_existing(&database.database_url, COMMAND_POOL).await?;
+                crate::startup::open_existing(&database.location(), COMMAND_POOL).await?;
             let tenants: Vec<String> = backend.tenants().await?.into_iter().map(|t| t.id).collect();
             if !tenants.iter().any(|t| t == tenant.as_str()) {
                 bail!("no tenant {tenant} (`oncely tenant list` shows them)");

@@ -103,7 +103,9 @@ async fn a_database_the_previous_release_migrated_migrates_and_is_ready(url: Str
 }
 
 async fn migrated_by_the_previous_release<B: Accounts>(url: &str, previous: Migrator) {
-    let backend = B::connect(url, COMMAND_POOL).await.unwrap();
+    let backend = B::connect(&oncely_server::backend::Location::url(url), COMMAND_POOL)
+        .await
+        .unwrap();
     previous.run(backend.pool()).await.unwrap();
     oncely_server::startup::migrate(&backend)
         .await
@@ -120,7 +122,9 @@ async fn expired_tokens_are_pruned_by_the_given_clock(url: String, _db: TestDb) 
 }
 
 async fn prune_tokens_at<B: Accounts>(url: &str) {
-    let backend = B::connect(url, COMMAND_POOL).await.unwrap();
+    let backend = B::connect(&oncely_server::backend::Location::url(url), COMMAND_POOL)
+        .await
+        .unwrap();
     oncely_server::startup::migrate(&backend).await.unwrap();
     let now = OffsetDateTime::now_utc();
     let token = NewToken {
@@ -202,7 +206,9 @@ async fn signup_user_counted_on<B: Accounts>(url: &str) {
     use oncely_server::email::EmailAddress;
     use oncely_server::routes::email_caps::EmailCount;
 
-    let backend = B::connect(url, COMMAND_POOL).await.unwrap();
+    let backend = B::connect(&oncely_server::backend::Location::url(url), COMMAND_POOL)
+        .await
+        .unwrap();
     oncely_server::startup::migrate(&backend).await.unwrap();
     let mut conn = backend.pool().acquire().await.unwrap();
     let ada = EmailAddress::parse("ada@example.com").unwrap();
@@ -304,7 +310,12 @@ async fn a_signup_racing_another_for_its_address_finds_the_account_the_other_com
     use oncely_server::email::EmailAddress;
 
     let (url, _db) = crate::support::postgres_db().await;
-    let backend = Postgres::connect(&url, COMMAND_POOL).await.unwrap();
+    let backend = Postgres::connect(
+        &oncely_server::backend::Location::url(url.as_str()),
+        COMMAND_POOL,
+    )
+    .await
+    .unwrap();
     oncely_server::startup::migrate(&backend).await.unwrap();
     let count = email_count(Some("pair"), 10, true);
     let ada = EmailAddress::parse("ada@example.com").unwrap();
@@ -338,7 +349,12 @@ async fn a_signup_racing_a_verification_of_its_address_finds_the_account_verifie
     use oncely_server::email::EmailAddress;
 
     let (url, _db) = crate::support::postgres_db().await;
-    let backend = Postgres::connect(&url, COMMAND_POOL).await.unwrap();
+    let backend = Postgres::connect(
+        &oncely_server::backend::Location::url(url.as_str()),
+        COMMAND_POOL,
+    )
+    .await
+    .unwrap();
     oncely_server::startup::migrate(&backend).await.unwrap();
     let count = email_count(None, 10, true);
     let ada = EmailAddress::parse("ada@example.com").unwrap();
@@ -378,7 +394,12 @@ async fn a_change_racing_to_one_address_is_refused_like_a_taken_one() {
     use oncely_server::email::EmailAddress;
 
     let (url, _db) = crate::support::postgres_db().await;
-    let backend = Postgres::connect(&url, COMMAND_POOL).await.unwrap();
+    let backend = Postgres::connect(
+        &oncely_server::backend::Location::url(url.as_str()),
+        COMMAND_POOL,
+    )
+    .await
+    .unwrap();
     oncely_server::startup::migrate(&backend).await.unwrap();
     let mut conn = backend.pool().acquire().await.unwrap();
     let mut user = async |address: &str| {
@@ -423,7 +444,12 @@ async fn two_links_of_one_account_used_at_once_run_one_after_the_other() {
     use oncely_server::email::EmailAddress;
 
     let (url, _db) = crate::support::postgres_db().await;
-    let backend = Postgres::connect(&url, COMMAND_POOL).await.unwrap();
+    let backend = Postgres::connect(
+        &oncely_server::backend::Location::url(url.as_str()),
+        COMMAND_POOL,
+    )
+    .await
+    .unwrap();
     oncely_server::startup::migrate(&backend).await.unwrap();
     let mut conn = backend.pool().acquire().await.unwrap();
     let address = EmailAddress::parse("ada@example.com").unwrap();

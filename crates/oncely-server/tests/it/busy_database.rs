@@ -326,23 +326,37 @@ async fn the_pool_gives_up_on_locks_and_the_migrations_wait() {
     use oncely_server::backend::{Backend, COMMAND_POOL, Postgres};
 
     let (url, _db) = crate::support::postgres_db().await;
-    let backend = Postgres::connect(&url, COMMAND_POOL).await.unwrap();
+    let backend = Postgres::connect(
+        &oncely_server::backend::Location::url(url.as_str()),
+        COMMAND_POOL,
+    )
+    .await
+    .unwrap();
     let show = "SHOW lock_timeout";
     let pooled: String = sqlx::query_scalar(show)
         .fetch_one(backend.pool())
         .await
         .unwrap();
     assert_eq!(pooled, "1500ms");
+    let migrations = backend.migration_pool().await.unwrap();
     let migrating: String = sqlx::query_scalar(show)
-        .fetch_one(&backend.migration_pool())
+        .fetch_one(&migrations)
         .await
         .unwrap();
     assert_eq!(migrating, "0");
+    Postgres::done_migrating(migrations).await;
     // Second review: the worker's record of a sent email gave up on a job row held past the
     // lease (an operator's transaction, a migration), and the email went out again.
-    let working: String = sqlx::query_scalar(show)
-        .fetch_one(backend.jobs(false).pool())
+    // One pool: the worker sets its own in each of its transactions.
+    let jobs = backend.jobs(false);
+    let working: String = sqlx::query_scalar(show).fetch_one(jobs.db()).await.unwrap();
+    assert_eq!(working, "0");
+    let after: String = sqlx::query_scalar(show)
+        .fetch_one(backend.pool())
         .await
         .unwrap();
-    assert_eq!(working, "0");
+    assert_eq!(
+        after, "1500ms",
+        "the worker's setting stayed in its transaction"
+    );
 }

@@ -52,10 +52,14 @@ async fn endpoint(url: &str, tenant: &str, address: &str, events: &str) -> Signi
         secret_sealed: &sealed,
     };
     if url.starts_with("postgres") {
-        let backend = Postgres::connect(url, COMMAND_POOL).await.unwrap();
+        let backend = Postgres::connect(&oncely_server::backend::Location::url(url), COMMAND_POOL)
+            .await
+            .unwrap();
         backend.insert_webhook_endpoint(endpoint).await.unwrap();
     } else {
-        let backend = Sqlite::connect(url, COMMAND_POOL).await.unwrap();
+        let backend = Sqlite::connect(&oncely_server::backend::Location::url(url), COMMAND_POOL)
+            .await
+            .unwrap();
         backend.insert_webhook_endpoint(endpoint).await.unwrap();
     }
     signing

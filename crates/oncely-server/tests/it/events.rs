@@ -77,7 +77,9 @@ async fn add_endpoint(url: &str, tenant: &str, address: &str, events: &str) -> S
 }
 
 async fn insert<B: Accounts>(url: &str, endpoint: NewEndpoint<'_>) {
-    let accounts = B::connect(url, 1).await.unwrap();
+    let accounts = B::connect(&oncely_server::backend::Location::url(url), 1)
+        .await
+        .unwrap();
     accounts.insert_webhook_endpoint(endpoint).await.unwrap();
 }
 

@@ -181,9 +181,13 @@ async fn start_gateway_on(
         unreachable!()
     };
     let plan = Plan::from_args(&args).unwrap();
-    let backend: Sqlite = oncely_server::startup::open_to_serve(url, 4, Environment::Development)
-        .await
-        .unwrap();
+    let backend: Sqlite = oncely_server::startup::open_to_serve(
+        &oncely_server::backend::Location::url(url),
+        4,
+        Environment::Development,
+    )
+    .await
+    .unwrap();
     use oncely_server::backend::Backend;
     let app = gateway::router(
         backend.keys().clone(),

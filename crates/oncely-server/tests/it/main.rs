@@ -28,6 +28,7 @@ mod link_in_a_browser;
 mod login;
 mod one_payload;
 mod ops;
+mod pooler;
 mod properties;
 mod requests;
 mod schema;

@@ -569,7 +569,9 @@ async fn tenant_create_tells_a_taken_name_from_an_unavailable_database(url: Stri
 
 /// What creating a tenant says when the database stopped answering (its pool closed).
 async fn create_tenant_without_a_database<B: Accounts>(url: &str) -> String {
-    let backend = B::connect(url, COMMAND_POOL).await.unwrap();
+    let backend = B::connect(&oncely_server::backend::Location::url(url), COMMAND_POOL)
+        .await
+        .unwrap();
     backend.pool().close().await;
     let tenant = ops::tenant_name("other").unwrap();
     let error = ops::create_tenant(&backend, &tenant).await.unwrap_err();

@@ -576,7 +576,9 @@ async fn processes_with_another_server_secret_are_refused(url: String, _db: once
 
 async fn secret_check<B: oncely_server::accounts::Accounts>(url: &str) {
     use oncely_server::startup::check_secret;
-    let backend = B::connect(url, 2).await.unwrap();
+    let backend = B::connect(&oncely_server::backend::Location::url(url), 2)
+        .await
+        .unwrap();
     let secret = |s: &str| crate::support::secret(&format!("{s}-0123456789-0123456789-abcdef"));
     let (a, b, c) = (secret("a"), secret("b"), secret("c"));
     check_secret(&backend, &a)

@@ -399,7 +399,9 @@ async fn counting_listener() -> (Arc<AtomicUsize>, SocketAddr) {
 }
 
 async fn open<B: Accounts>(url: &str) -> B {
-    let backend = B::connect(url, COMMAND_POOL).await.unwrap();
+    let backend = B::connect(&oncely_server::backend::Location::url(url), COMMAND_POOL)
+        .await
+        .unwrap();
     oncely_server::startup::migrate(&backend).await.unwrap();
     backend
 }

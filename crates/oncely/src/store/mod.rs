@@ -236,7 +236,7 @@ impl<DB: sqlx::Database> fmt::Debug for KeyTransaction<DB> {
 pub enum StoreError {
     /// The database refused or could not be reached.
     #[error("database error: {0}")]
-    Database(#[from] sqlx::Error),
+    Database(#[source] sqlx::Error),
     /// The database is busy: its write lock (SQLite) was not free within the wait. Says
     /// nothing about the key; retry later.
     #[error("the database is busy")]
@@ -247,6 +247,15 @@ pub enum StoreError {
     /// The database was migrated by a different version of this library.
     #[error("migration error: {0}")]
     Migrate(#[from] sqlx::migrate::MigrateError),
+}
+
+impl From<sqlx::Error> for StoreError {
+    /// Also tells [`oncely_sql::notice`] (a read-only answer: the connections to that server are
+    /// discarded; a lost server: the primary is looked for again).
+    fn from(error: sqlx::Error) -> Self {
+        oncely_sql::notice(&error);
+        StoreError::Database(error)
+    }
 }
 
 /// A durable key store.

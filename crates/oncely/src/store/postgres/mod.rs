@@ -9,9 +9,10 @@ mod sql;
 
 use std::time::Duration;
 
+use oncely_sql::Db;
 use sqlx::migrate::Migrator;
-use sqlx::postgres::{PgPoolOptions, PgQueryResult};
-use sqlx::{AssertSqlSafe, FromRow, PgConnection, PgPool, Postgres, Transaction};
+use sqlx::postgres::PgQueryResult;
+use sqlx::{FromRow, PgConnection, Postgres, Transaction};
 use time::OffsetDateTime;
 
 use super::sql::{
@@ -27,12 +28,8 @@ pub type PgKeyStore = SqlKeyStore<Postgres>;
 pub use super::sql::MIGRATIONS_TABLE;
 
 /// Pool options for the pool a [`PgKeyStore`] (or any of oncely's PostgreSQL stores) runs on:
-/// sqlx's defaults with no ping before every acquire. By default sqlx pings each connection it
-/// hands out — one more round trip per acquire, so per request (measured in `bench/run`'s
-/// generic-layer scenario: about 18 % fewer requests per second with it). These options ping only a connection that sat
-/// idle for over a second (the one most likely to have been closed by the server or a proxy);
-/// a connection that dies under load fails its statement, and the request is retried with the
-/// same key. Set the size and timeouts on the result as usual:
+/// no ping before every acquire (a round trip per request), only after a second idle; see
+/// [`oncely_sql::postgres::pool_options`]. Set the size and timeouts on the result as usual:
 ///
 /// ```no_run
 /// # async fn run() -> Result<(), sqlx::Error> {
@@ -43,22 +40,7 @@ pub use super::sql::MIGRATIONS_TABLE;
 /// let store = oncely::store::postgres::PgKeyStore::new(pool);
 /// # Ok(()) }
 /// ```
-pub fn pool_options() -> PgPoolOptions {
-    PgPoolOptions::new()
-        .test_before_acquire(false)
-        .before_acquire(|conn, meta| {
-            Box::pin(async move {
-                if meta.idle_for > IDLE_BEFORE_PING {
-                    sqlx::Connection::ping(conn).await?;
-                }
-                Ok(true)
-            })
-        })
-}
-
-/// How long a pooled connection may sit idle before [`pool_options`] pings it when handing it
-/// out.
-pub const IDLE_BEFORE_PING: Duration = Duration::from_secs(1);
+pub use oncely_sql::postgres::{IDLE_BEFORE_PING, pool_options};
 
 /// This store's migrations, for callers that run them with their own tooling.
 pub fn migrator() -> Migrator {
@@ -99,12 +81,14 @@ impl Dialect for Postgres {
     }
 
     async fn claim(store: &PgKeyStore, req: &ClaimRequest<'_>) -> Result<Claim, StoreError> {
-        let mut conn = store.pool().acquire().await?;
-        Self::claim_on(&mut conn, req, store.clock()).await
+        let mut conn = store.db().connection().await?;
+        let claim = Self::claim_on(&mut conn, req, store.clock()).await?;
+        conn.done().await?;
+        Ok(claim)
     }
 
     async fn begin_claim(
-        pool: &PgPool,
+        db: &Db<Postgres>,
         req: &ClaimRequest<'_>,
         wait: Duration,
     ) -> Result<Transaction<'static, Postgres>, sqlx::Error> {
@@ -118,7 +102,7 @@ impl Dialect for Postgres {
             millis(req.lease).max(1),
             millis(req.lease).max(1),
         );
-        pool.begin_with(AssertSqlSafe(begin)).await
+        db.begin_with(&begin).await
     }
 
     async fn insert_or_read(

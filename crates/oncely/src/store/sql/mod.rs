@@ -13,6 +13,7 @@ use std::fmt;
 use std::future::Future;
 use std::time::Duration;
 
+use oncely_sql::Db;
 use sqlx::migrate::{Migrate, Migrator};
 use sqlx::query::Query;
 use sqlx::{Database, Encode, Executor, IntoArguments, Pool, Transaction, Type};
@@ -46,7 +47,7 @@ pub(crate) fn with_history_table(mut migrator: Migrator) -> Migrator {
 /// A [`KeyStore`] on a SQL database: [`PgKeyStore`](super::postgres::PgKeyStore) is the one on
 /// PostgreSQL, [`SqliteKeyStore`](super::sqlite::SqliteKeyStore) the one on SQLite.
 pub struct SqlKeyStore<DB: Dialect> {
-    pool: Pool<DB>,
+    db: Db<DB>,
     clock: Clock,
     held: DB::Held,
 }
@@ -54,8 +55,14 @@ pub struct SqlKeyStore<DB: Dialect> {
 impl<DB: Dialect> SqlKeyStore<DB> {
     /// A store on `pool`, on the real clock. Call [`KeyStore::migrate`] once before use.
     pub fn new(pool: Pool<DB>) -> Self {
+        Self::on(Db::direct(pool))
+    }
+
+    /// A store on `db`: a pool as [`Db`] says how to use it (e.g. behind a transaction-mode
+    /// pooler, see [`oncely_sql::Pooling`]).
+    pub fn on(db: Db<DB>) -> Self {
         Self {
-            pool,
+            db,
             clock: Clock::default(),
             held: DB::Held::default(),
         }
@@ -72,7 +79,12 @@ impl<DB: Dialect> SqlKeyStore<DB> {
 
     /// The pool this store uses.
     pub fn pool(&self) -> &Pool<DB> {
-        &self.pool
+        self.db.pool()
+    }
+
+    /// The pool as this store uses it.
+    pub fn db(&self) -> &Db<DB> {
+        &self.db
     }
 
     /// The clock this store reads the time from.
@@ -84,7 +96,7 @@ impl<DB: Dialect> SqlKeyStore<DB> {
 impl<DB: Dialect> Clone for SqlKeyStore<DB> {
     fn clone(&self) -> Self {
         Self {
-            pool: self.pool.clone(),
+            db: self.db.clone(),
             clock: self.clock.clone(),
             held: self.held.clone(),
         }
@@ -94,7 +106,7 @@ impl<DB: Dialect> Clone for SqlKeyStore<DB> {
 impl<DB: Dialect> fmt::Debug for SqlKeyStore<DB> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("SqlKeyStore")
-            .field("pool", &self.pool)
+            .field("pool", self.db.pool())
             .field("clock", &self.clock)
             .finish_non_exhaustive()
     }
@@ -222,7 +234,7 @@ pub trait Dialect: Database + sealed::Sealed {
     /// Begins the transaction of a transactional claim, bounded by `wait` and `req.lease`.
     #[doc(hidden)]
     fn begin_claim(
-        pool: &Pool<Self>,
+        db: &Db<Self>,
         req: &ClaimRequest<'_>,
         wait: Duration,
     ) -> impl Future<Output = Result<Transaction<'static, Self>, sqlx::Error>> + Send;
@@ -254,7 +266,7 @@ impl<DB: Dialect + Queries> KeyStore for SqlKeyStore<DB> {
     type Database = DB;
 
     async fn migrate(&self) -> Result<(), StoreError> {
-        DB::migrate(&self.pool).await
+        DB::migrate(self.db.pool()).await
     }
 
     async fn claim(&self, req: &ClaimRequest<'_>) -> Result<Claim, StoreError> {
@@ -268,8 +280,10 @@ impl<DB: Dialect + Queries> KeyStore for SqlKeyStore<DB> {
         completion: &Completion,
     ) -> Result<bool, StoreError> {
         let write = FencedWrite::Complete(completion);
-        let mut conn = self.pool.acquire().await?;
-        DB::fenced_write(&mut conn, scope, token, write, &self.clock).await
+        let mut conn = self.db.connection().await?;
+        let done = DB::fenced_write(&mut conn, scope, token, write, &self.clock).await?;
+        conn.done().await?;
+        Ok(done)
     }
 
     async fn renew(
@@ -279,13 +293,18 @@ impl<DB: Dialect + Queries> KeyStore for SqlKeyStore<DB> {
         lease: Duration,
     ) -> Result<bool, StoreError> {
         let write = FencedWrite::Renew(lease);
-        let mut conn = self.pool.acquire().await?;
-        DB::fenced_write(&mut conn, scope, token, write, &self.clock).await
+        let mut conn = self.db.connection().await?;
+        let done = DB::fenced_write(&mut conn, scope, token, write, &self.clock).await?;
+        conn.done().await?;
+        Ok(done)
     }
 
     async fn release(&self, scope: &Scope, token: FencingToken) -> Result<bool, StoreError> {
-        let mut conn = self.pool.acquire().await?;
-        DB::fenced_write(&mut conn, scope, token, FencedWrite::Release, &self.clock).await
+        let mut conn = self.db.connection().await?;
+        let done =
+            DB::fenced_write(&mut conn, scope, token, FencedWrite::Release, &self.clock).await?;
+        conn.done().await?;
+        Ok(done)
     }
 
     fn now(&self) -> std::time::SystemTime {
@@ -293,16 +312,19 @@ impl<DB: Dialect + Queries> KeyStore for SqlKeyStore<DB> {
     }
 
     async fn get(&self, scope: &Scope) -> Result<Option<Record>, StoreError> {
-        let mut conn = self.pool.acquire().await?;
+        let mut conn = self.db.connection().await?;
         let read_at = whole_millis(self.clock.now());
         let row = DB::select(&mut conn, scope, DB::now(&self.clock)).await?;
+        conn.done().await?;
         let found = row.map(|row| row.into_found(read_at)).transpose()?;
         Ok(found.filter(|f| !f.expired).map(|f| f.record))
     }
 
     async fn prune(&self, limit: u32) -> Result<u64, StoreError> {
-        let mut conn = self.pool.acquire().await?;
-        DB::prune_on(&mut conn, limit, &self.clock).await
+        let mut conn = self.db.connection().await?;
+        let pruned = DB::prune_on(&mut conn, limit, &self.clock).await?;
+        conn.done().await?;
+        Ok(pruned)
     }
 
     async fn claim_in_transaction(
@@ -310,7 +332,7 @@ impl<DB: Dialect + Queries> KeyStore for SqlKeyStore<DB> {
         req: &ClaimRequest<'_>,
         wait: Duration,
     ) -> Result<Claim<KeyTransaction<DB>>, StoreError> {
-        let mut tx = match DB::begin_claim(&self.pool, req, wait).await {
+        let mut tx = match DB::begin_claim(&self.db, req, wait).await {
             Ok(tx) => tx,
             Err(error) => return DB::contended(&self.held, req.scope, error),
         };

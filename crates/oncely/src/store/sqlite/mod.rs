@@ -13,9 +13,10 @@ use std::collections::HashMap;
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use std::time::{Duration, UNIX_EPOCH};
 
+use oncely_sql::Db;
 use sqlx::migrate::Migrator;
 use sqlx::sqlite::{SqliteConnectOptions, SqliteQueryResult};
-use sqlx::{Sqlite, SqliteConnection, SqlitePool, Transaction};
+use sqlx::{Sqlite, SqliteConnection, Transaction};
 
 use super::sql::{ClaimArgs, Dialect, InsertOrRead, Queries, Statements, millis, statements};
 use super::{Claim, ClaimRequest, Clock, SqlKeyStore, StoreError};
@@ -55,8 +56,8 @@ fn is_busy(err: &sqlx::Error) -> bool {
 }
 
 /// Begins a write transaction at once (`BEGIN IMMEDIATE`): the claim's steps are atomic.
-async fn begin_immediate(pool: &SqlitePool) -> Result<Transaction<'static, Sqlite>, sqlx::Error> {
-    pool.begin_with("BEGIN IMMEDIATE").await
+async fn begin_immediate(db: &Db<Sqlite>) -> Result<Transaction<'static, Sqlite>, sqlx::Error> {
+    db.begin_with("BEGIN IMMEDIATE").await
 }
 
 /// The scopes this process holds in open transactional claims, each with how many claims
@@ -126,7 +127,7 @@ impl Dialect for Sqlite {
     }
 
     async fn claim(store: &SqliteKeyStore, req: &ClaimRequest<'_>) -> Result<Claim, StoreError> {
-        let mut tx = match begin_immediate(store.pool()).await {
+        let mut tx = match begin_immediate(store.db()).await {
             Ok(tx) => tx,
             Err(e) if is_busy(&e) => return Err(StoreError::Busy),
             Err(e) => return Err(e.into()),
@@ -137,14 +138,14 @@ impl Dialect for Sqlite {
     }
 
     async fn begin_claim(
-        pool: &SqlitePool,
+        db: &Db<Sqlite>,
         _: &ClaimRequest<'_>,
         _wait: Duration,
     ) -> Result<Transaction<'static, Sqlite>, sqlx::Error> {
         // One writer at a time: a concurrent owner of the same key holds the write lock until it
         // commits, so waiting for the lock (the pool's busy timeout) may be waiting for that
         // owner — or for any other writer (see `contended`).
-        begin_immediate(pool).await
+        begin_immediate(db).await
     }
 
     async fn insert_or_read(

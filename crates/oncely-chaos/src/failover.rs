@@ -11,7 +11,10 @@
 //! new client waits up to 10 s for one. A connection to the old primary breaks with it.
 //! HAProxy (Debian's) was the other candidate; its `pgsql-check` cannot tell a primary from a
 //! standby (both answer), and its usual companion, a health endpoint such as Patroni's, is a
-//! failover manager of its own — more than the run needs to show the processes follow.
+//! failover manager of its own: that is `--patroni` ([`crate::patroni`]), which replaces this
+//! pair for failovers. The pair stays for what Patroni's `synchronous_mode` does not let the run
+//! control: an asynchronous standby behind a link of a chosen round trip, cut at the kill — what
+//! asynchronous replication loses.
 //!
 //! Synchronous replication (`synchronous_standby_names = 'standby'`, `synchronous_commit = on`):
 //! the primary acknowledges a commit once the standby has flushed it, so the promoted standby
@@ -129,9 +132,19 @@ impl Binaries {
             )
     }
 
+    /// The directory of the programs.
+    pub fn dir(&self) -> &Path {
+        &self.dir
+    }
+
+    /// Whom the programs run as (uid, gid): `postgres` when this process is root.
+    pub fn user(&self) -> Option<(u32, u32)> {
+        self.user
+    }
+
     /// `tool args…`, as the `postgres` user when this process is root (PostgreSQL refuses to
     /// run as root) — the tool itself, no wrapper in between, so that killing it kills it.
-    fn command(&self, tool: &str) -> std::process::Command {
+    pub(crate) fn command(&self, tool: &str) -> std::process::Command {
         use std::os::unix::process::CommandExt;
         let mut command = std::process::Command::new(self.dir.join(tool));
         command.current_dir("/");
@@ -192,7 +205,7 @@ fn postgres_user() -> Option<(u32, u32)> {
     })
 }
 
-fn running_as_root() -> bool {
+pub(crate) fn running_as_root() -> bool {
     use std::os::unix::fs::MetadataExt;
     std::fs::metadata("/proc/self").is_ok_and(|m| m.uid() == 0)
 }
@@ -706,7 +719,7 @@ pub fn processes_naming(text: &str) -> Vec<u32> {
 }
 
 /// The pids whose parent is `pid` (from `/proc`).
-fn children(pid: u32) -> Vec<u32> {
+pub(crate) fn children(pid: u32) -> Vec<u32> {
     processes_whose("stat", |stat| {
         // `pid (comm) state ppid …`: comm may hold spaces and parentheses; the last `)` ends it.
         let stat = String::from_utf8_lossy(stat);

@@ -24,6 +24,7 @@ pub(crate) enum Role {
 pub(crate) struct Proc {
     pub(crate) role: Role,
     args: Vec<String>,
+    env: Vec<(String, String)>,
     log: PathBuf,
     addr: Option<SocketAddr>,
     child: Option<Child>,
@@ -37,6 +38,7 @@ impl Proc {
             .open(&self.log)?;
         let child = Command::new(oncely)
             .args(&self.args)
+            .envs(self.env.iter().map(|(k, v)| (k, v)))
             .env("ONCELY_SECRET", SECRET)
             // The webhook endpoint is the inbox on loopback: allowed in development (the
             // fleet's mode), and in production only with this.
@@ -53,6 +55,21 @@ impl Proc {
             wait_ready(addr).await?;
         }
         Ok(())
+    }
+
+    /// Whether the process has exited (by itself: a killed one has no child left).
+    pub(crate) fn exited(&mut self) -> bool {
+        self.child
+            .as_mut()
+            .is_some_and(|child| child.try_wait().is_ok_and(|status| status.is_some()))
+    }
+
+    /// Whether an API answers `/readyz` within `within` (a worker: whether it runs).
+    pub(crate) async fn ready_within(&mut self, within: Duration) -> bool {
+        match self.addr {
+            Some(addr) => wait_ready_within(addr, within).await.is_ok(),
+            None => !self.exited(),
+        }
     }
 
     pub(crate) async fn kill(&mut self) {
@@ -88,6 +105,7 @@ pub(crate) async fn start(
 ) -> anyhow::Result<Fleet> {
     let status = Command::new(&config.oncely)
         .args(["migrate", "--database-url", &config.database_url])
+        .envs(config.env.iter().map(|(k, v)| (k, v)))
         .env("ONCELY_SECRET", SECRET)
         .stdout(Stdio::null())
         .status()
@@ -139,6 +157,7 @@ pub(crate) async fn start(
                 "--mail-cap-per-address",
                 "1000000000",
             ]),
+            env: config.env.clone(),
             log: logs.join(format!("api-{i}.log")),
             addr: Some(addr),
             child: None,
@@ -148,6 +167,7 @@ pub(crate) async fn start(
         procs.push(Proc {
             role: Role::Worker,
             args: common(&["worker", "--workers", "2"]),
+            env: config.env.clone(),
             log: logs.join(format!("worker-{i}.log")),
             addr: None,
             child: None,
@@ -172,6 +192,7 @@ pub(crate) async fn add_webhook(config: &Config, url: &str) -> anyhow::Result<St
         .args(["tenant", "webhook", "add", "default", url])
         .args(["--events", "user.created", "--json"])
         .args(["--database-url", &config.database_url])
+        .envs(config.env.iter().map(|(k, v)| (k, v)))
         .env("ONCELY_SECRET", SECRET)
         .env("ONCELY_WEBHOOK_ALLOW_PRIVATE", "true")
         .stdin(Stdio::null())
@@ -191,8 +212,14 @@ pub(crate) async fn add_webhook(config: &Config, url: &str) -> anyhow::Result<St
 }
 
 async fn wait_ready(addr: SocketAddr) -> anyhow::Result<()> {
-    let http = reqwest::Client::new();
-    let deadline = Instant::now() + Duration::from_secs(20);
+    wait_ready_within(addr, Duration::from_secs(20)).await
+}
+
+async fn wait_ready_within(addr: SocketAddr, within: Duration) -> anyhow::Result<()> {
+    let http = reqwest::Client::builder()
+        .timeout(Duration::from_secs(2))
+        .build()?;
+    let deadline = Instant::now() + within;
     while Instant::now() < deadline {
         if let Ok(r) = http.get(format!("http://{addr}/readyz")).send().await
             && r.status().is_success()

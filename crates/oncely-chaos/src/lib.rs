@@ -32,6 +32,7 @@ mod audit;
 pub mod failover;
 mod fleet;
 mod monkey;
+pub mod patroni;
 mod storm;
 
 pub use audit::tokens_in;
@@ -64,6 +65,14 @@ pub struct Config {
     pub intents: usize,
     /// Intents in flight at once.
     pub concurrency: usize,
+    /// At most this many new intents per second (`None`: as fast as `concurrency` allows) — a
+    /// steady load whose second half outlasts a fault made in its middle.
+    pub rate: Option<f64>,
+    /// Whether oncely's processes are SIGKILLed and restarted at random moments. Without kills
+    /// the monkey watches them instead: one that exits by itself is restarted and counted in
+    /// [`Report::restarts_needed`], and so is one that is not ready or does not drain after
+    /// the storm.
+    pub kills: bool,
     /// Time between two kills: drawn from this range.
     pub kill_every: (Duration, Duration),
     /// A shell command that restarts PostgreSQL, run once in the middle of the storm.
@@ -71,6 +80,15 @@ pub struct Config {
     /// A primary and its standby (`database_url` leads through their proxy): in the middle of
     /// the storm the primary is SIGKILLed and the standby promoted.
     pub failover: Option<Arc<failover::Pair>>,
+    /// A fault of a Patroni cluster (`database_url` leads to it by one of its routes), made in
+    /// the middle of the storm.
+    pub patroni: Option<Arc<patroni::Fault>>,
+    /// Settings every `oncely` process gets besides `--database-url` (a route's pooler
+    /// settings).
+    pub env: Vec<(String, String)>,
+    /// The URL this process itself uses for the drain and the audit, if not `database_url`
+    /// (behind a pooler, or a multi-host URL its driver cannot take).
+    pub own_url: Option<String>,
     /// Share of delivery attempts the inbox fails, during the storm and the drain after it (half
     /// rejected with a temporary error, half accepted and then the connection dropped); the
     /// same share of webhook deliveries (half rejected with a 503, half accepted then dropped).
@@ -112,9 +130,14 @@ impl Config {
             database_url,
             intents: 150,
             concurrency: 12,
+            rate: None,
+            kills: true,
             kill_every: (Duration::from_millis(300), Duration::from_millis(800)),
             restart_postgres: None,
             failover: None,
+            patroni: None,
+            env: Vec::new(),
+            own_url: None,
             fault_rate: 0.1,
             delivery: Delivery::Provider,
             resend_unknown: false,
@@ -189,6 +212,14 @@ pub struct Report {
     pub worker_kills: u64,
     /// PostgreSQL restarts.
     pub postgres_restarts: u64,
+    /// Processes of oncely that had to be restarted without having been killed: exited by
+    /// themselves, not ready 30 s after the storm, or (workers) with jobs pending and none sent
+    /// for 30 s after it. Counted when the run does not kill ([`Config::kills`]); goal 0.
+    pub restarts_needed: u64,
+    /// What the storm's client met, attempt by attempt (retries included).
+    pub availability: Availability,
+    /// The Patroni cluster's fault, when the run had one.
+    pub patroni: Option<patroni::FaultReport>,
     /// The failover, when the run had a primary and a standby.
     pub failover: Option<failover::FailoverReport>,
     /// Inbox counters: attempts, rejected, dropped after accept, deduplicated.
@@ -207,6 +238,26 @@ pub struct Report {
     pub seconds: f64,
     /// Seconds from the first intent to the last answer of the storm.
     pub storm_seconds: f64,
+}
+
+/// What the storm's client met, attempt by attempt: the figures of a failover as a client sees
+/// them.
+#[derive(Debug, Clone, Default, Serialize)]
+pub struct Availability {
+    /// Attempts answered 2xx.
+    pub answers_2xx: u64,
+    /// Attempts answered 503 (storage unavailable, commit failed: retried with the key).
+    pub answers_503: u64,
+    /// Attempts answered with another 5xx.
+    pub answers_other_5xx: u64,
+    /// Attempts answered 409 or 429 (the key in flight, busy).
+    pub answers_409_429: u64,
+    /// Attempts with no answer (connection refused or broken, timed out).
+    pub no_answer: u64,
+    /// The longest stretch of the storm without any 2xx answer, in seconds.
+    pub longest_without_2xx_s: f64,
+    /// When it began, in seconds from the storm's start.
+    pub longest_without_2xx_from_s: f64,
 }
 
 /// The email attempts that killed workers abandoned (`abandoned`: the next claim found them
@@ -288,6 +339,13 @@ impl Report {
             && self.abandoned.before_handover_received == 0
             // A failover asked for took place.
             && self.failover.as_ref().is_none_or(|f| f.failovers == 1)
+            // A Patroni fault asked for took place, and no oncely process needed a restart.
+            // (and the storm outlasted it: its figures cover the fault)
+            && self
+                .patroni
+                .as_ref()
+                .is_none_or(|p| p.faults == 1 && p.answered_at_writable < self.intents)
+            && self.restarts_needed == 0
             && self.addresses_in_logs == 0
             && self.tokens_in_logs == 0
             && self.tokens_in_database == 0
@@ -392,6 +450,7 @@ pub async fn run(config: &Config) -> anyhow::Result<Report> {
             endpoints,
             &addresses,
             config.concurrency,
+            config.rate,
             deadline,
             &progress,
             &mut report,
@@ -407,18 +466,45 @@ pub async fn run(config: &Config) -> anyhow::Result<Report> {
     let acknowledged = stormed?;
     mischief.add_to(&mut report);
 
-    // Drain: every worker up, faults still on, until nothing is pending.
     let pool = sqlx::postgres::PgPoolOptions::new()
         .max_connections(2)
-        .connect(&config.database_url)
+        .connect(config.own_url.as_deref().unwrap_or(&config.database_url))
         .await?;
-    storm::drain(&pool, deadline).await;
+    if config.kills {
+        // Drain: every worker up, faults still on, until nothing is pending.
+        storm::drain(&pool, deadline).await;
+    } else {
+        // Nothing was killed: every process must be ready and the workers must drain on their
+        // own; one that is not, or does not, is restarted and counted.
+        for proc in &mut fleet.procs {
+            if !proc.ready_within(Duration::from_secs(30)).await {
+                eprintln!(
+                    "chaos: an oncely process is not ready 30 s after the storm: restarting it"
+                );
+                report.restarts_needed += 1;
+                monkey::restart(proc, config).await?;
+            }
+        }
+        if !storm::drain_moving(&pool, deadline, Duration::from_secs(30)).await {
+            eprintln!("chaos: the outbox stopped moving for 30 s: restarting the workers");
+            for proc in fleet
+                .procs
+                .iter_mut()
+                .filter(|p| p.role == fleet::Role::Worker)
+            {
+                report.restarts_needed += 1;
+                monkey::restart(proc, config).await?;
+            }
+            storm::drain(&pool, deadline).await;
+        }
+    }
     drained.store(true, Ordering::Relaxed);
     injector.await?;
     inbox.set_faults(faults(0, 0, 0));
     report.seconds = started.elapsed().as_secs_f64();
     fleet.stop().await;
     report.failover = config.failover.as_ref().map(|pair| pair.report());
+    report.patroni = config.patroni.as_ref().map(|fault| fault.report());
 
     audit::audit(
         &mut report,

@@ -27,6 +27,7 @@ pub(crate) struct Mischief {
     api_kills: u64,
     worker_kills: u64,
     postgres_restarts: u64,
+    restarts_needed: u64,
 }
 
 impl Mischief {
@@ -34,11 +35,14 @@ impl Mischief {
         report.api_kills += self.api_kills;
         report.worker_kills += self.worker_kills;
         report.postgres_restarts += self.postgres_restarts;
+        report.restarts_needed += self.restarts_needed;
     }
 }
 
 /// Kills a random process every `config.kill_every` and restarts it after up to 300 ms, until
-/// the storm is over; hands the fleet back with what it did.
+/// the storm is over; hands the fleet back with what it did. Without kills (`config.kills`
+/// false) it watches instead: a process that exited by itself is restarted and counted as a
+/// restart needed.
 pub(crate) fn spawn(
     config: &Config,
     mut fleet: Fleet,
@@ -49,20 +53,39 @@ pub(crate) fn spawn(
         let mut mischief = Mischief::default();
         let mut restarted_pg = config.restart_postgres.is_none();
         let halfway = (config.intents / 2) as u64;
-        // The failover runs beside the kills, as soon as half the storm is answered.
-        let mut failover = config.failover.clone().map(|pair| {
-            let progress = progress.clone();
-            tokio::spawn(async move {
-                while progress.answered.load(Ordering::Relaxed) < halfway {
-                    tokio::time::sleep(Duration::from_millis(10)).await;
-                }
-                pair.fail_over().await
-            })
-        });
+        // The failover (or the Patroni cluster's fault) runs beside the kills, as soon as half
+        // the storm is answered.
+        let at_halfway = |progress: Progress| async move {
+            while progress.answered.load(Ordering::Relaxed) < halfway {
+                tokio::time::sleep(Duration::from_millis(10)).await;
+            }
+        };
+        let mut failover = match (config.failover.clone(), config.patroni.clone()) {
+            (Some(pair), _) => {
+                let halfway = at_halfway(progress.clone());
+                Some(tokio::spawn(async move {
+                    halfway.await;
+                    pair.fail_over().await
+                }))
+            }
+            (None, Some(fault)) => {
+                let halfway = at_halfway(progress.clone());
+                let answered = progress.answered.clone();
+                Some(tokio::spawn(async move {
+                    halfway.await;
+                    fault.make(&answered).await
+                }))
+            }
+            (None, None) => None,
+        };
         let over = || progress.storm_over.load(Ordering::Relaxed);
         while !over() {
             let (low, high) = config.kill_every;
-            let pause = rand::rng().random_range(low..=high.max(low));
+            let pause = if config.kills {
+                rand::rng().random_range(low..=high.max(low))
+            } else {
+                Duration::from_millis(250)
+            };
             tokio::time::sleep(pause).await;
             if over() {
                 break;
@@ -70,6 +93,16 @@ pub(crate) fn spawn(
             // A failed failover ends the run now, not at the storm's deadline.
             if let Some(done) = failover.take_if(|f| f.is_finished()) {
                 done.await??;
+            }
+            if !config.kills {
+                for proc in &mut fleet.procs {
+                    if proc.exited() {
+                        eprintln!("chaos: an oncely process exited by itself: restarting it");
+                        mischief.restarts_needed += 1;
+                        restart(proc, &config).await?;
+                    }
+                }
+                continue;
             }
             if !restarted_pg && progress.answered.load(Ordering::Relaxed) >= halfway {
                 restart_postgres(config.restart_postgres.as_deref().unwrap_or_default()).await?;
@@ -87,21 +120,28 @@ pub(crate) fn spawn(
             }
             let down = Duration::from_millis(rand::rng().random_range(0..300));
             tokio::time::sleep(down).await;
-            // After a PostgreSQL restart a process may fail to start for a moment: retry.
-            let mut tries = 0;
-            while let Err(error) = proc.start(&config.oncely).await {
-                tries += 1;
-                if tries > 20 {
-                    return Err(error.context("a process would not restart"));
-                }
-                tokio::time::sleep(Duration::from_millis(250)).await;
-            }
+            restart(proc, &config).await?;
         }
         if let Some(failover) = failover {
             failover.await??;
         }
         Ok((mischief, fleet))
     })
+}
+
+/// Starts `proc` again. After a PostgreSQL restart a process may fail to start for a moment:
+/// retried.
+pub(crate) async fn restart(proc: &mut crate::fleet::Proc, config: &Config) -> anyhow::Result<()> {
+    proc.kill().await;
+    let mut tries = 0;
+    while let Err(error) = proc.start(&config.oncely).await {
+        tries += 1;
+        if tries > 20 {
+            return Err(error.context("a process would not restart"));
+        }
+        tokio::time::sleep(Duration::from_millis(250)).await;
+    }
+    Ok(())
 }
 
 async fn restart_postgres(command: &str) -> anyhow::Result<()> {

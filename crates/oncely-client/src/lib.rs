@@ -204,13 +204,36 @@ pub enum Error {
     Key,
 }
 
+/// What one attempt came to, as [`Client::on_attempt`] reports it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Attempted {
+    /// The server answered with this status (final or to be retried).
+    Answered(StatusCode),
+    /// No answer: the connection failed, timed out, or broke before the whole answer arrived.
+    NoAnswer,
+}
+
+/// A function told of every attempt (see [`Client::on_attempt`]).
+type Observer = Arc<dyn Fn(Attempted) + Send + Sync>;
+
 /// Calls an Idempotency-Key API. Cheap to clone; share one per process.
-#[derive(Debug, Clone)]
+#[derive(Clone)]
 pub struct Client {
     http: reqwest::Client,
     endpoints: Arc<[Url]>,
     next: Arc<AtomicUsize>,
     policy: RetryPolicy,
+    observer: Option<Observer>,
+}
+
+impl std::fmt::Debug for Client {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Client")
+            .field("endpoints", &self.endpoints)
+            .field("policy", &self.policy)
+            .field("observer", &self.observer.is_some())
+            .finish_non_exhaustive()
+    }
 }
 
 impl Client {
@@ -233,6 +256,20 @@ impl Client {
             endpoints: bases.into(),
             next: Arc::new(AtomicUsize::new(0)),
             policy: RetryPolicy::DEFAULT,
+            observer: None,
+        }
+    }
+
+    /// Calls `observer` after every attempt, retried ones included, with what it came to — for
+    /// measuring what a retrying client meets (how many `503`s, how long without a `2xx`).
+    pub fn on_attempt(mut self, observer: impl Fn(Attempted) + Send + Sync + 'static) -> Self {
+        self.observer = Some(Arc::new(observer));
+        self
+    }
+
+    fn observe(&self, attempted: Attempted) {
+        if let Some(observer) = &self.observer {
+            observer(attempted);
         }
     }
 
@@ -272,7 +309,12 @@ impl Client {
                 Ok(response) => {
                     let status = response.status();
                     let headers = response.headers().clone();
-                    match response.bytes().await {
+                    let body = response.bytes().await;
+                    self.observe(match body {
+                        Ok(_) => Attempted::Answered(status),
+                        Err(_) => Attempted::NoAnswer,
+                    });
+                    match body {
                         Ok(body) if !retryable(status) => {
                             let replayed = headers
                                 .get(IDEMPOTENT_REPLAYED)
@@ -293,7 +335,10 @@ impl Client {
                         Err(error) => (format!("reading the answer: {error}"), None, None),
                     }
                 }
-                Err(error) => (describe(&error), None, None),
+                Err(error) => {
+                    self.observe(Attempted::NoAnswer);
+                    (describe(&error), None, None)
+                }
             };
             let wait = self.wait_before(attempt + 1, retry_after);
             let out_of_time = started.elapsed() + wait >= self.policy.deadline;

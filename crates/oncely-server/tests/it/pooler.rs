@@ -96,21 +96,23 @@ impl Bouncer {
             .arg("-u")
             .output()
             .is_ok_and(|o| o.stdout.starts_with(b"0\n"));
-        let mut command = if root {
-            let uid = std::process::Command::new("id")
-                .args(["-u", "postgres"])
-                .output()
-                .unwrap();
-            let uid: u32 = String::from_utf8_lossy(&uid.stdout).trim().parse().unwrap();
+        // Set the user on the child itself (no `runuser`, which would fork: killing it on
+        // drop left PgBouncer running).
+        let mut command = tokio::process::Command::new(binary);
+        if root {
+            let id = |flag: &str| -> u32 {
+                let out = std::process::Command::new("id")
+                    .args([flag, "postgres"])
+                    .output()
+                    .unwrap();
+                String::from_utf8_lossy(&out.stdout).trim().parse().unwrap()
+            };
+            let (uid, gid) = (id("-u"), id("-g"));
             for path in [dir.path().to_path_buf(), config.clone()] {
                 std::os::unix::fs::chown(&path, Some(uid), None).unwrap();
             }
-            let mut c = tokio::process::Command::new("runuser");
-            c.args(["-u", "postgres", "--", binary]);
-            c
-        } else {
-            tokio::process::Command::new(binary)
-        };
+            command.uid(uid).gid(gid);
+        }
         let child = command
             .arg(&config)
             .stdout(Stdio::null())

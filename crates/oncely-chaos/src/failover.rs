@@ -455,20 +455,7 @@ impl Pair {
 
     /// Creates `database` on the primary (the standby receives it by replication).
     pub async fn create_database(&self, database: &str) -> anyhow::Result<()> {
-        ensure!(
-            !database.is_empty()
-                && database
-                    .bytes()
-                    .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'_'),
-            "a database name of lowercase letters, digits and _: {database:?}"
-        );
-        let mut conn = PgConnection::connect(&self.url("postgres")).await?;
-        // The name is checked above: letters, digits and underscores only.
-        sqlx::query(sqlx::AssertSqlSafe(format!("CREATE DATABASE {database}")))
-            .execute(&mut conn)
-            .await?;
-        conn.close().await?;
-        Ok(())
+        create_database(&self.url("postgres"), database).await
     }
 
     /// Cuts the replication link (what is in flight on it is lost), SIGKILLs every process of
@@ -767,4 +754,23 @@ fn free_ports() -> anyhow::Result<[u16; 2]> {
     let first = std::net::TcpListener::bind("127.0.0.1:0")?;
     let second = std::net::TcpListener::bind("127.0.0.1:0")?;
     Ok([first.local_addr()?.port(), second.local_addr()?.port()])
+}
+
+/// Creates `database` (lowercase letters, digits and `_` only) through `url`, a maintenance
+/// database's URL.
+pub(crate) async fn create_database(url: &str, database: &str) -> anyhow::Result<()> {
+    ensure!(
+        !database.is_empty()
+            && database
+                .bytes()
+                .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'_'),
+        "a database name of lowercase letters, digits and _: {database:?}"
+    );
+    let mut conn = PgConnection::connect(url).await?;
+    // The name is checked above: letters, digits and underscores only.
+    sqlx::query(sqlx::AssertSqlSafe(format!("CREATE DATABASE {database}")))
+        .execute(&mut conn)
+        .await?;
+    conn.close().await?;
+    Ok(())
 }

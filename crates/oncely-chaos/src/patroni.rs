@@ -559,20 +559,7 @@ impl Cluster {
 
     /// Creates `database` on the leader.
     pub async fn create_database(&self, database: &str) -> anyhow::Result<()> {
-        ensure!(
-            !database.is_empty()
-                && database
-                    .bytes()
-                    .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'_'),
-            "a database name of lowercase letters, digits and _: {database:?}"
-        );
-        let mut conn = PgConnection::connect(&self.direct_url("postgres")).await?;
-        // The name is checked above: letters, digits and underscores only.
-        sqlx::query(sqlx::AssertSqlSafe(format!("CREATE DATABASE {database}")))
-            .execute(&mut conn)
-            .await?;
-        conn.close().await?;
-        Ok(())
+        crate::failover::create_database(&self.direct_url("postgres"), database).await
     }
 
     fn node(&self, name: &str) -> anyhow::Result<&Node> {

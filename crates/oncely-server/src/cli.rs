@@ -111,7 +111,7 @@ pub struct CheckArgs {
     /// A header sent with every request and the probe, `Name: value` (repeatable), e.g.
     /// `-H 'Authorization: Bearer …'`. Its value is never printed.
     #[arg(short = 'H', long = "header", value_name = "NAME: VALUE", value_parser = parse_header)]
-    pub headers: Vec<HeaderArg>,
+    pub headers: Vec<oncely_check::Header>,
     /// Another idempotent route: the first request's key, sent there, must not get the first
     /// route's stored answer (without it the key-per-route row is n/a).
     #[arg(long, value_name = "URL", value_parser = parse_http_url)]
@@ -137,29 +137,24 @@ pub struct CheckArgs {
     pub json: bool,
 }
 
-/// A header `oncely check` sends: `-H 'Name: value'`. Its value is marked sensitive (Debug
-/// does not print it).
-#[derive(Debug, Clone)]
-pub struct HeaderArg {
-    /// The name.
-    pub name: http::HeaderName,
-    /// The value.
-    pub value: http::HeaderValue,
+impl From<CheckArgs> for oncely_check::CheckConfig {
+    fn from(args: CheckArgs) -> Self {
+        Self {
+            url: args.url,
+            method: args.method,
+            body: args.body.or(args.body_file),
+            headers: args.headers,
+            other_url: args.other_url,
+            other_body: args.other_body,
+            probe: args.probe,
+            concurrency: usize::from(args.concurrency),
+            timeout: args.timeout,
+        }
+    }
 }
 
-fn parse_header(text: &str) -> Result<HeaderArg, String> {
-    let Some((name, value)) = text.split_once(':') else {
-        return Err("expected `Name: value` (a colon after the header's name)".into());
-    };
-    let name = http::HeaderName::from_bytes(name.trim().as_bytes())
-        .map_err(|_| format!("`{}` is not a header name", name.trim()))?;
-    if name == "idempotency-key" {
-        return Err("the checker sends its own Idempotency-Key (a fresh one per row)".into());
-    }
-    let mut value = http::HeaderValue::from_str(value.trim())
-        .map_err(|_| format!("the value of {name} is not a valid header value"))?;
-    value.set_sensitive(true);
-    Ok(HeaderArg { name, value })
+fn parse_header(text: &str) -> Result<oncely_check::Header, String> {
+    text.parse()
 }
 
 fn parse_http_url(text: &str) -> Result<url::Url, String> {

@@ -18,7 +18,6 @@
 //! - [`ops`]: operator commands (`oncely outbox list|show|retry`, `key show`, `tenant create`).
 //! - [`gateway`]: `oncely gateway`, the contract in front of an application in any language.
 //! - [`telemetry`]: logs, request ids, metrics; [`prune`]: retention; [`demo`]: `oncely demo`.
-//! - [`check`]: `oncely check URL`, the contract run against any API (no database).
 //! - [`expect`]: `oncely inbox expect`, waiting for mail in a running test inbox (CI scripts).
 //!
 //! `main.rs` parses and resolves the command line, picks the backend once, and calls into these.
@@ -30,7 +29,6 @@ pub mod accounts;
 pub mod app;
 pub mod backend;
 pub mod branding;
-pub mod check;
 pub mod cli;
 pub mod client_addr;
 pub mod code;

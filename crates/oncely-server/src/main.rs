@@ -17,7 +17,7 @@ use oncely_server::cli::{
 use oncely_server::mail::MailContext;
 use oncely_server::settings::{Environment, Settings, WorkerSettings};
 use oncely_server::templates::{self, Templates};
-use oncely_server::{check, demo, gateway, ops, startup, workers};
+use oncely_server::{demo, gateway, ops, startup, workers};
 use tokio_util::sync::CancellationToken;
 
 #[tokio::main]
@@ -192,7 +192,7 @@ async fn run_demo(intents: usize, log: Option<PathBuf>) -> anyhow::Result<()> {
 /// `oncely check URL`: the table (or one JSON document) on stdout; exit 1 if a row failed.
 async fn run_check(args: CheckArgs) -> anyhow::Result<()> {
     let json = args.json;
-    let report = check::run(&args.into()).await?;
+    let report = oncely_check::run(&args.into()).await?;
     if json {
         println!("{}", serde_json::to_string_pretty(&report)?);
     } else {

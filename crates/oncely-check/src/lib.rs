@@ -18,7 +18,6 @@ use serde::Serialize;
 use serde_json::Value;
 use url::Url;
 
-use crate::cli::{CheckArgs, HeaderArg};
 
 /// The request header that carries the key.
 const KEY_HEADER: HeaderName = HeaderName::from_static("idempotency-key");
@@ -37,7 +36,7 @@ pub struct CheckConfig {
     /// The sample body, `{{unique}}` replaced per row; `None`: no body.
     pub body: Option<String>,
     /// Headers sent with every request (and the probe), e.g. `Authorization`.
-    pub headers: Vec<HeaderArg>,
+    pub headers: Vec<Header>,
     /// Another idempotent route, for the key-per-route row.
     pub other_url: Option<Url>,
     /// The body for `other_url`; `None`: the sample body.
@@ -85,19 +84,34 @@ impl CheckConfig {
     }
 }
 
-impl From<CheckArgs> for CheckConfig {
-    fn from(args: CheckArgs) -> Self {
-        Self {
-            url: args.url,
-            method: args.method,
-            body: args.body.or(args.body_file),
-            headers: args.headers,
-            other_url: args.other_url,
-            other_body: args.other_body,
-            probe: args.probe,
-            concurrency: usize::from(args.concurrency),
-            timeout: args.timeout,
+/// A header the checker sends with every request and the probe (`-H 'Name: value'`). Its
+/// value is marked sensitive (Debug does not print it), and never appears in a report.
+#[derive(Debug, Clone)]
+pub struct Header {
+    /// The name.
+    pub name: HeaderName,
+    /// The value.
+    pub value: HeaderValue,
+}
+
+impl std::str::FromStr for Header {
+    type Err = String;
+
+    /// `Name: value`; refused: no colon, a bad name or value, and `Idempotency-Key` (the
+    /// checker sends its own, a fresh one per row).
+    fn from_str(text: &str) -> Result<Self, String> {
+        let Some((name, value)) = text.split_once(':') else {
+            return Err("expected `Name: value` (a colon after the header's name)".into());
+        };
+        let name = HeaderName::from_bytes(name.trim().as_bytes())
+            .map_err(|_| format!("`{}` is not a header name", name.trim()))?;
+        if name == KEY_HEADER {
+            return Err("the checker sends its own Idempotency-Key (a fresh one per row)".into());
         }
+        let mut value = HeaderValue::from_str(value.trim())
+            .map_err(|_| format!("the value of {name} is not a valid header value"))?;
+        value.set_sensitive(true);
+        Ok(Self { name, value })
     }
 }
 

@@ -18,7 +18,6 @@ use serde::Serialize;
 use serde_json::Value;
 use url::Url;
 
-
 /// The request header that carries the key.
 const KEY_HEADER: HeaderName = HeaderName::from_static("idempotency-key");
 /// The response header that marks a replay.

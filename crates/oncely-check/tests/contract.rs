@@ -3,8 +3,6 @@
 
 mod support;
 
-use std::collections::BTreeSet;
-
 use oncely_check::Verdict;
 
 use support::*;
@@ -64,7 +62,7 @@ async fn a_server_that_ignores_the_key_fails_the_rows_that_need_one() {
         6,
     )
     .await;
-    let report = check::run(&fixture_config(&base, 6)).await.unwrap();
+    let report = oncely_check::run(&fixture_config(&base, 6)).await.unwrap();
     assert_eq!(
         failures(&report),
         set(&IGNORES_THE_KEY),
@@ -79,7 +77,7 @@ async fn a_server_that_ignores_the_key_fails_the_rows_that_need_one() {
     // Without a probe, the answers differ (a fresh id each): still a failure.
     let mut config = fixture_config(&base, 6);
     config.probe = None;
-    let report = check::run(&config).await.unwrap();
+    let report = oncely_check::run(&config).await.unwrap();
     assert!(
         failures(&report).contains("concurrent"),
         "{}",
@@ -108,7 +106,7 @@ async fn only_the_probe_catches_a_server_that_runs_every_duplicate_with_the_same
         6,
     )
     .await;
-    let report = check::run(&fixture_config(&base, 6)).await.unwrap();
+    let report = oncely_check::run(&fixture_config(&base, 6)).await.unwrap();
     let concurrent = report.row("concurrent").unwrap();
     assert_eq!(concurrent.verdict, Verdict::Fail, "{}", report.table());
     assert!(
@@ -124,7 +122,7 @@ async fn only_the_probe_catches_a_server_that_runs_every_duplicate_with_the_same
 
     let mut config = fixture_config(&base, 6);
     config.probe = None;
-    let report = check::run(&config).await.unwrap();
+    let report = oncely_check::run(&config).await.unwrap();
     let concurrent = report.row("concurrent").unwrap();
     assert_eq!(concurrent.verdict, Verdict::Pass, "{}", report.table());
     assert!(
@@ -146,7 +144,7 @@ async fn a_server_that_stores_by_key_only_fails_reuse_with_another_body() {
         6,
     )
     .await;
-    let report = check::run(&fixture_config(&base, 6)).await.unwrap();
+    let report = oncely_check::run(&fixture_config(&base, 6)).await.unwrap();
     assert_eq!(
         failures(&report),
         set(&["reuse-other-body"]),
@@ -183,7 +181,7 @@ async fn a_server_that_stores_by_key_only_fails_reuse_with_another_body() {
         6,
     )
     .await;
-    let report = check::run(&fixture_config(&base, 6)).await.unwrap();
+    let report = oncely_check::run(&fixture_config(&base, 6)).await.unwrap();
     assert_eq!(
         failures(&report),
         set(&["reuse-other-body", "key-per-route"]),
@@ -219,7 +217,7 @@ async fn conflicts_in_the_burst_pass_with_retry_after_and_fail_without() {
         5,
     )
     .await;
-    let report = check::run(&fixture_config(&base, 5)).await.unwrap();
+    let report = oncely_check::run(&fixture_config(&base, 5)).await.unwrap();
     assert_eq!(
         failures(&report),
         set(&["retry-after"]),
@@ -233,4 +231,3 @@ async fn conflicts_in_the_burst_pass_with_retry_after_and_fail_without() {
         report.table()
     );
 }
-

@@ -146,7 +146,7 @@ fn looked_up(mailer: Arc<dyn Mailer>, template: &str) -> anyhow::Result<Arc<dyn 
 impl<B: Accounts> Application<B> {
     /// Connects; migrates in development, checks the schema in production
     /// ([`startup::open_to_serve`]); binds; starts the workers and the pruner. `settings` were
-    /// checked when they were resolved ([`Settings::from_args`]).
+    /// checked when they were resolved (by `oncely_cli::resolve`).
     pub async fn build(mut settings: Settings) -> anyhow::Result<Self> {
         // Before anything connects: a broken template stops start-up, never a send.
         let templates = crate::templates::Templates::for_start(settings.templates.as_deref())?;

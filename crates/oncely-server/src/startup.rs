@@ -12,124 +12,13 @@
 use std::fmt;
 
 use anyhow::bail;
-use clap::Parser;
-use clap::error::{ContextKind, ContextValue, ErrorKind};
 use oncely::ServerSecret;
 use secrecy::{ExposeSecret, SecretString};
 use sqlx::migrate::MigrateError;
 
 use crate::accounts::Accounts;
 use crate::backend::{Create, Location, MIGRATION_LIBRARIES, MIGRATION_TABLES, redact};
-use crate::cli::Cli;
 use crate::settings::Environment;
-
-/// The command line, or the process exits with clap's status: help and version print as
-/// usual; an invalid value that came from an environment variable is one line naming that
-/// variable (`oncely: ONCELY_POLL_ONLY=maybe: …`), not only the flag nobody typed.
-pub fn parse_command_line() -> Cli {
-    match Cli::try_parse() {
-        Ok(cli) => cli,
-        Err(error) => match from_environment(&error, std::env::args_os().skip(1)) {
-            Some(line) => {
-                eprintln!("oncely: {line}");
-                std::process::exit(error.exit_code());
-            }
-            None => error.exit(),
-        },
-    }
-}
-
-/// The line for a clap `error` about an argument whose value came from its environment
-/// variable (set, and the flag not in `args`); `None` for any other error.
-pub fn from_environment(
-    error: &clap::Error,
-    args: impl IntoIterator<Item = std::ffi::OsString>,
-) -> Option<String> {
-    if !matches!(
-        error.kind(),
-        ErrorKind::InvalidValue | ErrorKind::ValueValidation
-    ) {
-        return None;
-    }
-    let Some(ContextValue::String(arg)) = error.get(ContextKind::InvalidArg) else {
-        return None;
-    };
-    // "--poll-only <POLL_ONLY>"
-    let long = arg.split_whitespace().next()?.strip_prefix("--")?;
-    let command = <Cli as clap::CommandFactory>::command();
-    let arg = find_arg(&command, long)?;
-    let variable = arg.get_env()?.to_str()?.to_owned();
-    let value = std::env::var_os(&variable)?;
-    let flag = format!("--{long}");
-    let given_as_flag = args.into_iter().any(|a| {
-        let a = a.to_string_lossy();
-        a == flag || a.starts_with(&format!("{flag}="))
-    });
-    if given_as_flag {
-        return None;
-    }
-    let problem = match error.get(ContextKind::ValidValue) {
-        Some(ContextValue::Strings(valid)) => {
-            format!("invalid value (possible values: {})", valid.join(", "))
-        }
-        _ => {
-            let problem = std::error::Error::source(error)
-                .map_or_else(|| "invalid value".to_owned(), |e| e.to_string());
-            // A boolean's accepted spellings are hidden from --help; say them here.
-            let accepted: Vec<String> = arg
-                .get_possible_values()
-                .iter()
-                .map(|v| v.get_name().to_owned())
-                .collect();
-            if accepted.is_empty() {
-                problem
-            } else {
-                format!("{problem} (accepted: {})", accepted.join(", "))
-            }
-        }
-    };
-    Some(if arg.is_hide_env_values_set() {
-        format!("{variable}: {problem}")
-    } else {
-        format!("{variable}={}: {problem}", value.to_string_lossy())
-    })
-}
-
-fn find_arg<'c>(command: &'c clap::Command, long: &str) -> Option<&'c clap::Arg> {
-    command
-        .get_arguments()
-        .find(|a| a.get_long() == Some(long) && a.get_env().is_some())
-        .or_else(|| {
-            command
-                .get_subcommands()
-                .find_map(|sub| find_arg(sub, long))
-        })
-}
-
-/// An error as one line: each cause once (a cause whose text an outer message already holds
-/// is not repeated), without the driver's framing ("error returned from database: ").
-pub fn one_line(error: &anyhow::Error) -> String {
-    let mut line = String::new();
-    for cause in error.chain() {
-        let mut text = cause.to_string();
-        for noise in [
-            "while executing migrations: ",
-            "error returned from database: ",
-            "error communicating with database: ",
-        ] {
-            text = text.replace(noise, "");
-        }
-        let text = text.trim();
-        if text.is_empty() || line.contains(text) {
-            continue;
-        }
-        if !line.is_empty() {
-            line.push_str(": ");
-        }
-        line.push_str(text);
-    }
-    line.replace(['\n', '\r'], " ")
-}
 
 /// Where one library's migration history stands.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -453,6 +342,22 @@ pub async fn development_secret<A: Accounts>(
     Ok(ServerSecret::new(stored.into_bytes())?.with_previous(secret.previous().to_vec()))
 }
 
+/// The server secret of a process that is not `serve` (the gateway, the commands that seal
+/// webhook secrets), resolved as `serve` resolves it: given, or in development the one its
+/// database stores.
+pub async fn command_secret<B: Accounts>(
+    backend: &B,
+    environment: Environment,
+    secrets: (Option<&SecretString>, Option<&SecretString>),
+    database_url: &str,
+) -> anyhow::Result<ServerSecret> {
+    let (secret, generated) = crate::settings::server_secret(environment, secrets, database_url)?;
+    match generated {
+        Some(generated) => development_secret(backend, &generated, &secret).await,
+        None => Ok(secret),
+    }
+}
+
 /// Refuses a process whose server secret is not the one the other processes of its database
 /// use: its fingerprints would not match theirs (their retries answered 422 here), nor its
 /// links, nor — where keys are scoped by a credential hashed with the secret (`oncely
@@ -546,34 +451,4 @@ pub async fn check_secret<A: Accounts>(accounts: &A, secret: &ServerSecret) -> a
     anyhow::bail!(
         "the secret check of the database kept changing while this process started; start it again"
     )
-}
-
-#[cfg(test)]
-mod tests {
-    use super::one_line;
-
-    #[derive(Debug, thiserror::Error)]
-    #[error("error returned from database: (code: 1) no such table: oncely_outbox")]
-    struct Driver;
-
-    /// A library error that prints its source and also returns it as `source()`.
-    #[derive(Debug, thiserror::Error)]
-    #[error("database error: {0}")]
-    struct Library(#[source] Driver);
-
-    /// Regression: `oncely outbox list` on an unmigrated database printed "no such table"
-    /// three times, framed by the driver each time.
-    #[test]
-    fn each_cause_appears_once_without_the_drivers_framing() {
-        let error = anyhow::Error::new(Library(Driver)).context("listing jobs");
-        assert_eq!(
-            one_line(&error),
-            "listing jobs: database error: (code: 1) no such table: oncely_outbox"
-        );
-        let io = std::io::Error::other("line one\nline two");
-        assert_eq!(
-            one_line(&anyhow::Error::new(io).context("reading")),
-            "reading: line one line two"
-        );
-    }
 }

@@ -274,4 +274,3 @@ pub fn fixture_config(base: &str, burst: usize) -> CheckConfig {
     config.concurrency = burst;
     config
 }
-

@@ -231,7 +231,7 @@ impl<K: KeyStore> Stores<K> {
 }
 
 /// What stands between oncely and PostgreSQL (`ONCELY_DATABASE_POOLER`).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, clap::ValueEnum)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub enum Pooler {
     /// Nothing, or a TCP proxy (HAProxy): each connection is one server session.
     #[default]
@@ -243,6 +243,35 @@ pub enum Pooler {
     /// prepared across transactions, settings are set per transaction; LISTEN, the dev inbox's
     /// lock and migrations need `ONCELY_DATABASE_DIRECT_URL` (workers poll without it).
     Transaction,
+}
+
+impl Pooler {
+    /// Every kind, as written in `ONCELY_DATABASE_POOLER`.
+    pub const ALL: [Self; 3] = [Self::None, Self::Session, Self::Transaction];
+
+    /// As written in `ONCELY_DATABASE_POOLER`.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::None => "none",
+            Self::Session => "session",
+            Self::Transaction => "transaction",
+        }
+    }
+
+    /// What it means, for `--help`.
+    pub fn meaning(self) -> &'static str {
+        match self {
+            Self::None => {
+                "Nothing, or a TCP proxy (HAProxy): each connection is one server session"
+            }
+            Self::Session => {
+                "A pooler in session mode (PgBouncer's `pool_mode = session`): the same as `none`"
+            }
+            Self::Transaction => {
+                "A pooler in transaction mode (PgBouncer's `pool_mode = transaction`, Supabase's port 6543, RDS Proxy, Neon's pooled host): every statement runs in a transaction, nothing is prepared across transactions, settings are set per transaction; LISTEN, the dev inbox's lock and migrations need `ONCELY_DATABASE_DIRECT_URL` (workers poll without it)"
+            }
+        }
+    }
 }
 
 /// Where the database is: `DATABASE_URL`, and for PostgreSQL what stands in between and the

@@ -34,9 +34,11 @@ use tower::util::BoxCloneSyncService;
 use tower::{Layer, ServiceExt};
 
 use crate::accounts::Accounts;
-use crate::cli::GatewayArgs;
+use crate::backend::Location;
+use crate::settings::Environment;
 use crate::startup;
 pub use routes::{Route, Routes};
+use secrecy::SecretString;
 pub use upstream::Upstream;
 
 /// The problems the gateway itself answers with (the layer's are `oncely`'s).
@@ -155,110 +157,6 @@ pub struct Plan {
     /// The routes (a request's own method and path) where a method override is let through
     /// unless it names a protected method.
     pub allow_method_override: Vec<Route>,
-}
-
-impl Plan {
-    /// Checks the command line (reading `--routes-file`): every mistake in one line.
-    pub fn from_args(args: &GatewayArgs) -> anyhow::Result<Self> {
-        let file = match &args.routes_file {
-            Some(path) => Some((
-                path.display().to_string(),
-                std::fs::read_to_string(path)
-                    .with_context(|| format!("reading --routes-file {}", path.display()))?,
-            )),
-            None => None,
-        };
-        let routes = Routes::new(
-            &args.routes,
-            file.as_ref()
-                .map(|(name, text)| (name.as_str(), text.as_str())),
-        )
-        .map_err(anyhow::Error::msg)?;
-        if let Some(cookie) = &args.credential_cookie {
-            let valid = !cookie.is_empty()
-                && cookie
-                    .bytes()
-                    .all(|b| b.is_ascii_graphic() && !b"()<>@,;:\\\"/[]?={}".contains(&b));
-            anyhow::ensure!(valid, "--credential-cookie {cookie:?} is not a cookie name");
-        }
-        anyhow::ensure!(
-            args.lease >= Duration::from_millis(500),
-            "--lease must be at least 500ms (a live request renews it every third of it)"
-        );
-        anyhow::ensure!(
-            args.max_stored_body > 0 && args.max_request_body > 0 && args.max_in_flight > 0,
-            "--max-request-body, --max-stored-body and --max-in-flight must be above zero"
-        );
-        let forward = &args.forward_key_header;
-        let reserved = [
-            http::header::AUTHORIZATION,
-            http::header::COOKIE,
-            http::header::HOST,
-            http::header::CONTENT_LENGTH,
-            http::header::CONTENT_TYPE,
-            http::header::CONNECTION,
-            http::header::TRANSFER_ENCODING,
-            http::header::TE,
-            http::header::UPGRADE,
-            HeaderName::from_static("keep-alive"),
-            HeaderName::from_static("proxy-connection"),
-            http::header::PROXY_AUTHORIZATION,
-            HeaderName::from_static("x-forwarded-for"),
-            HeaderName::from_static("x-forwarded-host"),
-            HeaderName::from_static("x-forwarded-proto"),
-        ];
-        anyhow::ensure!(
-            !reserved.contains(forward)
-                && *forward != args.credential_header
-                && args.tenant_header.as_ref() != Some(forward),
-            "--forward-key-header {forward} would replace a header the request or the connection needs: name a header of its own (the default is idempotency-key)"
-        );
-        if let Some(tenant) = &args.tenant_header {
-            anyhow::ensure!(
-                !reserved.contains(tenant) && *tenant != args.credential_header,
-                "--tenant-header {tenant} is a header clients send for another purpose: name the header your proxy sets (X-Tenant-Id)"
-            );
-        }
-        let allow_method_override: Vec<Route> = args
-            .allow_method_override
-            .iter()
-            .map(|spec| {
-                Route::parse(spec).map_err(|e| anyhow::anyhow!("--allow-method-override: {e}"))
-            })
-            .collect::<anyhow::Result<_>>()?;
-        if let Some(protected) = allow_method_override
-            .iter()
-            .find(|allowed| routes.iter().any(|route| route.same_as(allowed)))
-        {
-            anyhow::bail!(
-                "--allow-method-override {protected} is a protected route: name the route whose requests carry the override (a form's POST), not the method it names"
-            );
-        }
-        let upstream = Upstream::new(
-            &args.upstream,
-            args.upstream_timeout,
-            args.forward_key_header.clone(),
-            args.max_stored_body,
-        )
-        .map_err(anyhow::Error::msg)?;
-        Ok(Self {
-            routes,
-            upstream,
-            scoping: Scoping {
-                tenant_header: args.tenant_header.clone(),
-                credential_header: args.credential_header.clone(),
-                credential_cookie: args.credential_cookie.clone(),
-            },
-            lease: args.lease,
-            retention: args.key_retention,
-            replay_cache_bytes: args.replay_cache_bytes,
-            max_request_body: args.max_request_body,
-            max_stored_body: args.max_stored_body,
-            max_in_flight: args.max_in_flight,
-            body_timeout: args.body_timeout,
-            allow_method_override,
-        })
-    }
 }
 
 /// The protected path: the idempotency layer around the forwarding.
@@ -572,20 +470,37 @@ impl GatewayProblem {
     }
 }
 
+/// Where and how `oncely gateway` runs, besides its [`Plan`].
+pub struct Start {
+    /// Where the keys are.
+    pub database: Location,
+    /// Most connections to it.
+    pub pool: u32,
+    /// Development or production (the secret and the start-up follow it).
+    pub environment: Environment,
+    /// `ONCELY_SECRET` and `ONCELY_SECRET_PREVIOUS`.
+    pub secrets: (Option<SecretString>, Option<SecretString>),
+    /// The address to listen on.
+    pub bind: std::net::SocketAddr,
+    /// How long a client may take to send a request's head.
+    pub header_timeout: Duration,
+}
+
 /// Runs `oncely gateway` on backend `B` until `shutdown`.
 pub async fn run<B: Accounts>(
-    args: GatewayArgs,
+    plan: Plan,
+    start: Start,
     shutdown: impl std::future::Future<Output = ()> + Send + 'static,
 ) -> anyhow::Result<()> {
-    let plan = Plan::from_args(&args)?;
-    let url = &args.database.database_url;
-    let backend: B = startup::open_to_serve(
-        &args.database.location(),
-        args.database_pool,
-        args.secrets.environment,
+    let args = start;
+    let backend: B = startup::open_to_serve(&args.database, args.pool, args.environment).await?;
+    let secret = startup::command_secret(
+        &backend,
+        args.environment,
+        (args.secrets.0.as_ref(), args.secrets.1.as_ref()),
+        &args.database.url,
     )
     .await?;
-    let secret = crate::ops::command_secret(&backend, &args.secrets, url).await?;
     startup::check_secret(&backend, &secret).await?;
     let listener = tokio::net::TcpListener::bind(args.bind)
         .await

@@ -13,7 +13,6 @@
 //! what is checked is what is sent. A template that still fails at send time (data no sample
 //! had) fails its job with the reason; nothing half-rendered is sent.
 
-pub mod commands;
 mod html;
 pub mod locale;
 
@@ -489,6 +488,16 @@ fn template_name(scope: &str, locale: &str, file: &str) -> String {
 }
 
 impl Templates {
+    /// How many files of `ONCELY_TEMPLATES` override an embedded template.
+    pub fn override_count(&self) -> usize {
+        self.sources.overrides.len()
+    }
+
+    /// How many tenant folders `ONCELY_TEMPLATES` has.
+    pub fn tenant_folder_count(&self) -> usize {
+        self.sources.tenant_scopes().len()
+    }
+
     /// The embedded defaults alone.
     pub fn embedded() -> Self {
         Self::new(Sources {

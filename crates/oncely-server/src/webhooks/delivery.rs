@@ -156,7 +156,7 @@ impl<A: Accounts> WebhookDelivery<A> {
             Attempted::Gone => {
                 let reason = format!(
                     "410 Gone at {}",
-                    crate::ops::when(OffsetDateTime::now_utc())
+                    crate::display::when(OffsetDateTime::now_utc())
                 );
                 tracing::warn!(endpoint = %endpoint_id, event = %event_id, "the webhook endpoint answered 410 Gone: disabled");
                 if let Err(error) = self
@@ -247,7 +247,7 @@ impl<A: Accounts> WebhookDelivery<A> {
                     return Attempted::Dead(refused.to_string());
                 }
                 let connect = error.is_connect();
-                let text = crate::startup::one_line(&anyhow::Error::new(error.without_url()));
+                let text = crate::display::one_line(&anyhow::Error::new(error.without_url()));
                 return if connect {
                     Attempted::Failed(format!("connecting: {text}"), None)
                 } else {

@@ -3,18 +3,21 @@
 //! takes), then each message's `GET /messages/{id}/links`, and prints one line — the link
 //! `--link-matches` chose, or the messages' ids — or one JSON document with `--json`.
 //!
-//! Failures are errors that [`crate::ops::failed`] prints as one line: fewer messages than
+//! Failures are errors that [`crate::output::failed`] prints as one line: fewer messages than
 //! expected in time or an unknown run exit 3 ([`Failure::Timeout`], [`Failure::NotFound`]), no
 //! matching link 4 ([`Failure::NoMatchingLink`]), an inbox that cannot be reached or answers
 //! something else 1.
 
 use std::time::Duration;
 
-use anyhow::{Context, bail};
-use serde_json::{Value, json};
+use anyhow::Context;
+use anyhow::bail;
+use serde_json::Value;
+use serde_json::json;
 
-use crate::cli::ExpectArgs;
-use crate::ops::{Failure, refuse};
+use crate::commands::inbox::ExpectArgs;
+use crate::output::Failure;
+use crate::output::refuse;
 
 /// The longest one `GET /messages/wait` may be asked to wait (the inbox's bound).
 const MAX_WAIT: Duration = Duration::from_secs(60);

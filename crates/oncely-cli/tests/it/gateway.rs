@@ -12,9 +12,9 @@ use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use axum::{Json, Router};
 use clap::Parser;
+use oncely_cli::cli::{Cli, Command};
 use oncely_server::backend::Sqlite;
-use oncely_server::cli::{Cli, Command};
-use oncely_server::gateway::{self, Plan};
+use oncely_server::gateway;
 use oncely_server::settings::Environment;
 use oncely_testdb::TestSqlite;
 use serde_json::{Value, json};
@@ -180,7 +180,7 @@ async fn start_gateway_on(
     let Command::Gateway(args) = Cli::try_parse_from(argv).unwrap().command else {
         unreachable!()
     };
-    let plan = Plan::from_args(&args).unwrap();
+    let plan = args.plan().unwrap();
     let backend: Sqlite = oncely_server::startup::open_to_serve(
         &oncely_server::backend::Location::url(url),
         4,
@@ -750,7 +750,7 @@ fn the_command_line_refuses_what_it_cannot_do() {
         argv.extend_from_slice(args);
         match Cli::try_parse_from(argv) {
             Ok(cli) => match cli.command {
-                Command::Gateway(args) => Plan::from_args(&args).err().map(|e| e.to_string()),
+                Command::Gateway(args) => args.plan().err().map(|e| e.to_string()),
                 _ => unreachable!(),
             },
             Err(error) => Some(error.to_string()),
@@ -994,7 +994,7 @@ fn headers_the_gateway_needs_cannot_be_its_key_or_tenant_header() {
         let Command::Gateway(args) = Cli::try_parse_from(argv).unwrap().command else {
             unreachable!()
         };
-        Plan::from_args(&args).err().map(|e| e.to_string())
+        args.plan().err().map(|e| e.to_string())
     };
     for (args, says) in [
         (

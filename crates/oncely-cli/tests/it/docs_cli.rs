@@ -6,13 +6,13 @@
 use std::collections::{BTreeMap, BTreeSet};
 
 use clap::CommandFactory;
-use oncely_server::cli::Cli;
+use oncely_cli::cli::Cli;
 
 /// Variables the docs may name that are not the binary's, and who reads them.
 const NOT_THE_BINARYS: &[(&str, &str)] = &[
     (
         "ONCELY_FUZZ_CASES",
-        "crates/oncely-server/tests/it/properties.rs",
+        "crates/oncely-cli/tests/it/properties.rs",
     ),
     ("ONCELY_BIN", "scripts/schemathesis"),
     ("ONCELY_PG_BIN", "crates/oncely-chaos/src/failover.rs"),

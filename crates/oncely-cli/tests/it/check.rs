@@ -2,12 +2,11 @@
 //! `payments` example, an Express app behind the gateway) and the `oncely check` binary: exit
 //! codes, output, input errors. The checker against fixtures is `oncely-check`'s own test.
 
-use std::collections::BTreeSet;
 use std::process::Stdio;
 
 use oncely_check::{CheckConfig, Verdict};
 use oncely_testdb::TestDb;
-use serde_json::Value;
+use serde_json::{Value, json};
 use tokio::io::{AsyncBufReadExt, BufReader};
 
 use crate::gateway_express::Express;
@@ -17,7 +16,7 @@ use crate::support::{both_databases, spawn_app_on, spawn_gateway};
 #[path = "../../../oncely-check/tests/support/mod.rs"]
 pub mod fixtures;
 pub use fixtures::assert_conforms;
-use fixtures::{CORRECT, Behaviour, IGNORES_THE_KEY, failures, set, spawn_fixture, url};
+use fixtures::{Behaviour, CORRECT, IGNORES_THE_KEY, failures, set, spawn_fixture, url};
 
 // ---------------------------------------------------------------------------------------------
 // Servers that keep the contract

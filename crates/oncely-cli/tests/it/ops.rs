@@ -2,10 +2,10 @@
 
 use std::time::{Duration, Instant};
 
+use oncely_cli::commands::tenant as ops;
 use oncely_inbox::{Faults, Rejection};
 use oncely_server::accounts::Accounts;
 use oncely_server::backend::{COMMAND_POOL, Postgres, Sqlite};
-use oncely_server::ops;
 use oncely_server::settings::Settings;
 use oncely_testdb::TestDb;
 use serde_json::{Value, json};

@@ -3,15 +3,105 @@
 use std::fmt::Write;
 use std::path::Path;
 
-use anyhow::{Context, bail};
+use anyhow::Context;
+use anyhow::bail;
+use clap::Args;
+use clap::Subcommand;
+use clap::ValueEnum;
 use oncely_outbox::mail::Email;
+use oncely_server::accounts::Accounts;
+use oncely_server::accounts::Branding;
+use oncely_server::backend::COMMAND_POOL;
+use oncely_server::branding::ServiceBrand;
+use oncely_server::branding::site_of;
+use oncely_server::settings::defaults;
+use oncely_server::templates::Locale;
+use oncely_server::templates::Message;
+use oncely_server::templates::Problems;
+use oncely_server::templates::Templates;
+use oncely_server::templates::Vars;
+use oncely_server::templates::escape_link;
 use serde_json::json;
 
-use super::{Locale, Message, Problems, Templates, Vars, escape_link};
-use crate::accounts::{Accounts, Branding};
-use crate::backend::COMMAND_POOL;
-use crate::branding::{ServiceBrand, site_of};
-use crate::cli::{DatabaseArgs, OutputArgs, PreviewArgs, PreviewPart};
+use crate::args::BrandArgs;
+use crate::args::DatabaseArgs;
+use crate::args::parse_templates_dir;
+use crate::output::OutputArgs;
+
+/// `oncely templates …`.
+#[derive(Debug, Subcommand)]
+pub enum TemplatesCommand {
+    /// Render every template of every tenant folder and locale with sample data, and check
+    /// each: syntax, unknown variables, well-formed HTML, the link in both parts. Each problem
+    /// is one line `file:line: reason`; exit 1 if there is any (`serve` and `worker` refuse to
+    /// start on the same problems).
+    Check {
+        /// The templates' directory (docs/emails.md); without it, the embedded templates.
+        #[arg(long, env = "ONCELY_TEMPLATES", value_name = "DIR", value_parser = parse_templates_dir)]
+        dir: Option<std::path::PathBuf>,
+        /// Where the tenants are: each tenant folder must name one (if the database cannot be
+        /// opened, the folders are not checked, and the output says so).
+        #[command(flatten)]
+        #[allow(missing_docs)]
+        database: DatabaseArgs,
+        #[command(flatten)]
+        #[allow(missing_docs)]
+        output: OutputArgs,
+    },
+    /// Render one message as it would be sent, with a sample recipient and link: the tenant's
+    /// folder and locale (with the fallbacks), its branding from the database (`default`: the
+    /// service's, ONCELY_PRODUCT_NAME …).
+    Preview(Box<PreviewArgs>),
+}
+
+/// `oncely templates preview`.
+#[derive(Debug, Args)]
+pub struct PreviewArgs {
+    /// The message: verification, password_reset, magic_link, invite, email_change,
+    /// signup_notice, email_change_notice or email_taken_notice.
+    pub message: String,
+    /// Whose templates and branding.
+    #[arg(long, default_value = "default")]
+    pub tenant: String,
+    /// The locale (BCP 47), as a request would ask for it.
+    #[arg(long)]
+    pub locale: Option<String>,
+    /// What to write: the whole message (`eml`, as sent over SMTP: open it in a mail
+    /// client) or one part.
+    #[arg(long, value_enum, default_value = "eml")]
+    pub part: PreviewPart,
+    /// Write to this file instead of stdout.
+    #[arg(long, short, value_name = "FILE")]
+    pub out: Option<std::path::PathBuf>,
+    /// The templates' directory; without it, the embedded templates.
+    #[arg(long, env = "ONCELY_TEMPLATES", value_name = "DIR", value_parser = parse_templates_dir)]
+    pub dir: Option<std::path::PathBuf>,
+    /// The base of the sample link (as ONCELY_PUBLIC_URL). Default: `http://127.0.0.1:8080`.
+    #[arg(long, env = "ONCELY_PUBLIC_URL")]
+    pub public_url: Option<String>,
+    /// The service's sender.
+    #[arg(long = "mail-from", env = "ONCELY_MAIL_FROM", default_value = defaults::MAIL_FROM)]
+    pub mail_from: String,
+    #[command(flatten)]
+    #[allow(missing_docs)]
+    pub brand: BrandArgs,
+    #[command(flatten)]
+    #[allow(missing_docs)]
+    pub database: DatabaseArgs,
+}
+
+/// Which part `oncely templates preview` writes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum PreviewPart {
+    /// The whole message, MIME (`multipart/alternative`), as sent over SMTP.
+    Eml,
+    /// The subject line.
+    Subject,
+    /// The text part.
+    Text,
+    /// The HTML part (open it in a browser).
+    Html,
+}
 
 /// `oncely templates check [--dir]`: every problem on its own line (`file:line: reason`), on
 /// stdout; an error (exit 1) if there is any. Tenant folders are checked against the tenants of
@@ -36,17 +126,17 @@ pub async fn check<B: Accounts>(
             entries.filter_map(Result::ok).any(|e| {
                 let name = e.file_name();
                 let name = name.to_string_lossy();
-                !name.starts_with('.') && name != super::DEFAULT_SCOPE
+                !name.starts_with('.') && name != oncely_server::templates::DEFAULT_SCOPE
             })
         })
     });
     if let (true, Some(templates)) = (folders, &templates) {
-        match crate::startup::open_existing::<B>(&database.location(), COMMAND_POOL).await {
+        match oncely_server::startup::open_existing::<B>(&database.location(), COMMAND_POOL).await {
             Ok(backend) => {
                 let tenants: Vec<String> =
                     backend.tenants().await?.into_iter().map(|t| t.id).collect();
                 if let Err(line) = templates.check_tenants(&tenants) {
-                    problems.push(super::Problem {
+                    problems.push(oncely_server::templates::Problem {
                         file: dir.map(|d| d.display().to_string()).unwrap_or_default(),
                         line: None,
                         reason: line,
@@ -56,15 +146,15 @@ pub async fn check<B: Accounts>(
             Err(error) => {
                 tenants_note = Some(format!(
                     "tenant folders not checked against the tenants (DATABASE_URL: {})",
-                    crate::startup::one_line(&error)
+                    oncely_server::display::one_line(&error)
                 ));
             }
         }
     }
     if problems.is_empty() {
         let templates = templates.expect("loaded without problems");
-        let files = templates.sources.overrides.len();
-        let tenants = templates.sources.tenant_scopes().len();
+        let files = templates.override_count();
+        let tenants = templates.tenant_folder_count();
         if output.json {
             let value = json!({
                 "ok": true, "overrides": files, "tenant_folders": tenants, "problems": [],
@@ -135,7 +225,7 @@ pub async fn preview<B: Accounts>(args: PreviewArgs) -> anyhow::Result<()> {
         true => Branding::default(),
         false => {
             let backend: B =
-                crate::startup::open_existing(&database.location(), COMMAND_POOL).await?;
+                oncely_server::startup::open_existing(&database.location(), COMMAND_POOL).await?;
             let tenants: Vec<String> = backend.tenants().await?.into_iter().map(|t| t.id).collect();
             if !tenants.iter().any(|t| t == tenant.as_str()) {
                 bail!("no tenant {tenant} (`oncely tenant list` shows them)");

@@ -40,24 +40,28 @@ fn previous_release(files: [&'static str; 5]) -> Migrator {
 macro_rules! account_migrations {
     ($dialect:literal) => {
         previous_release([
-            include_str!(concat!("../../migrations/", $dialect, "/0001_accounts.sql")),
             include_str!(concat!(
-                "../../migrations/",
+                "../../../oncely-server/migrations/",
+                $dialect,
+                "/0001_accounts.sql"
+            )),
+            include_str!(concat!(
+                "../../../oncely-server/migrations/",
                 $dialect,
                 "/0002_tenants_invites_limits.sql"
             )),
             include_str!(concat!(
-                "../../migrations/",
+                "../../../oncely-server/migrations/",
                 $dialect,
                 "/0003_prune_indexes.sql"
             )),
             include_str!(concat!(
-                "../../migrations/",
+                "../../../oncely-server/migrations/",
                 $dialect,
                 "/0004_signup_password_on_token.sql"
             )),
             include_str!(concat!(
-                "../../migrations/",
+                "../../../oncely-server/migrations/",
                 $dialect,
                 "/0005_signup_password_attempts.sql"
             )),

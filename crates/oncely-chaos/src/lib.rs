@@ -362,6 +362,28 @@ impl Report {
     }
 }
 
+/// The harness's own connections, for draining and the audit. Through a proxy in front of a
+/// cluster that has just switched over (HAProxy closes its sessions when the old primary's
+/// check fails; on a loaded machine that can come after the storm), a first connection may be
+/// cut: it is tried again for up to a minute, as an operator's audit would.
+async fn audit_pool(url: &str) -> anyhow::Result<sqlx::PgPool> {
+    let until = Instant::now() + Duration::from_secs(60);
+    loop {
+        let attempt = sqlx::postgres::PgPoolOptions::new()
+            .max_connections(2)
+            .connect(url)
+            .await;
+        match attempt {
+            Ok(pool) => return Ok(pool),
+            Err(error) if Instant::now() < until => {
+                eprintln!("chaos: connecting for the audit failed ({error}); trying again");
+                tokio::time::sleep(Duration::from_millis(500)).await;
+            }
+            Err(error) => return Err(error.into()),
+        }
+    }
+}
+
 /// Runs the chaos and the audit: [`fleet::start`], then the [`storm`] while the [`monkey`]
 /// kills, then the drain and the [`audit`].
 pub async fn run(config: &Config) -> anyhow::Result<Report> {
@@ -466,10 +488,7 @@ pub async fn run(config: &Config) -> anyhow::Result<Report> {
     let acknowledged = stormed?;
     mischief.add_to(&mut report);
 
-    let pool = sqlx::postgres::PgPoolOptions::new()
-        .max_connections(2)
-        .connect(config.own_url.as_deref().unwrap_or(&config.database_url))
-        .await?;
+    let pool = audit_pool(config.own_url.as_deref().unwrap_or(&config.database_url)).await?;
     if config.kills {
         // Drain: every worker up, faults still on, until nothing is pending.
         storm::drain(&pool, deadline).await;

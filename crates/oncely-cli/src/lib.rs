@@ -39,7 +39,7 @@ enum Task {
     Migrate(MigrateArgs),
     Tenant(TenantCommand),
     Preview(Box<PreviewArgs>),
-    Check(Option<PathBuf>, DatabaseArgs, OutputArgs),
+    ValidateTemplates(Option<PathBuf>, DatabaseArgs, OutputArgs),
     Prune(PruneArgs),
     Key(KeyCommand),
     Outbox(OutboxCommand),
@@ -69,7 +69,7 @@ pub async fn run(cli: Cli, demo_log: Option<PathBuf>) -> anyhow::Result<()> {
             dir,
             database,
             output,
-        }) => Task::Check(dir, database, output),
+        }) => Task::ValidateTemplates(dir, database, output),
         Command::Templates(TemplatesCommand::Preview(args)) => Task::Preview(args),
         Command::Prune(args) => Task::Prune(args),
         Command::Key(command) => Task::Key(command),
@@ -94,7 +94,7 @@ impl Task {
             Self::Migrate(args) => &args.database.database_url,
             Self::Tenant(command) => &command.database().database_url,
             Self::Preview(args) => &args.database.database_url,
-            Self::Check(_, database, _) => &database.database_url,
+            Self::ValidateTemplates(_, database, _) => &database.database_url,
             Self::Prune(args) => &args.database.database_url,
             Self::Key(KeyCommand::Show { database, .. }) => &database.database_url,
             Self::Outbox(command) => &command.database().database_url,
@@ -112,8 +112,8 @@ impl Task {
                 Ok(())
             }
             Self::Preview(args) => run_::templates::preview::<B>(*args).await,
-            Self::Check(dir, database, output) => {
-                let report = run_::templates::check::<B>(dir.as_deref(), &database, output);
+            Self::ValidateTemplates(dir, database, output) => {
+                let report = run_::templates::validate::<B>(dir.as_deref(), &database, output);
                 print!("{}", report.await?);
                 Ok(())
             }

@@ -11,9 +11,9 @@ use http::HeaderName;
 
 use anyhow::bail;
 use oncely::ServerSecret;
+use oncely_gateway::{Plan, Route, Routes, Scoping, Upstream};
 use oncely_server::branding::ServiceBrand;
 use oncely_server::connections::ConnectionLimits;
-use oncely_server::gateway::{Plan, Route, Routes, Scoping, Upstream};
 use oncely_server::routes::login::LoginLimits;
 use oncely_server::settings::{
     DatabaseSettings, Environment, MailerChoice, MailerSettings, Settings, WorkerSettings,

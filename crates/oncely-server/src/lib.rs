@@ -16,7 +16,6 @@
 //! - [`mail`]: the emails and the outbox handlers that send them; [`workers`]: starting them.
 //! - [`openapi`]: the OpenAPI description (`/openapi.json`).
 //! - [`ops`]: operator commands (`oncely outbox list|show|retry`, `key show`, `tenant create`).
-//! - [`gateway`]: `oncely gateway`, the contract in front of an application in any language.
 //! - [`telemetry`]: logs, request ids, metrics; [`prune`]: retention; [`demo`]: `oncely demo`.
 //! - [`expect`]: `oncely inbox expect`, waiting for mail in a running test inbox (CI scripts).
 //!
@@ -35,7 +34,6 @@ pub mod connections;
 pub mod demo;
 pub mod display;
 pub mod email;
-pub mod gateway;
 pub mod identity;
 pub mod mail;
 pub mod openapi;

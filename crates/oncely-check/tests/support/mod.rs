@@ -1,5 +1,5 @@
 //! Test support for the checker: small servers kept as fixtures (one broken way each), and the
-//! assertions the tests share. Also used by the service's tests (`oncely-server/tests/it/check.rs`:
+//! assertions the tests share. Also used by the end-to-end tests (`oncely-cli/tests/it/check.rs`:
 //! the checker against oncely itself, the gateway, and the `oncely check` binary).
 
 #![allow(dead_code, unreachable_pub)]
@@ -14,7 +14,6 @@ use axum::extract::State;
 use axum::http::{HeaderMap, StatusCode, Uri};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
-use oncely::IdempotencyKey;
 use oncely_check::{CheckConfig, Report, Verdict};
 use serde_json::{Value, json};
 use url::Url;
@@ -174,12 +173,14 @@ pub async fn fixture_post(
         }
         return created(id, false, echo.as_deref());
     }
-    let key = match IdempotencyKey::from_headers(&headers) {
-        Ok(key) => key.as_str().to_owned(),
-        Err(oncely::KeyError::Missing) => {
+    let key = match fixture_key(&headers) {
+        Ok(key) => key,
+        Err(KeyProblem::Missing) => {
             return problem(StatusCode::BAD_REQUEST, "idempotency-key-missing");
         }
-        Err(_) => return problem(StatusCode::BAD_REQUEST, "idempotency-key-invalid"),
+        Err(KeyProblem::Invalid) => {
+            return problem(StatusCode::BAD_REQUEST, "idempotency-key-invalid");
+        }
     };
     let scope = (
         if b.per_route {
@@ -273,4 +274,32 @@ pub fn fixture_config(base: &str, burst: usize) -> CheckConfig {
         .probe(url(&format!("{base}/count")));
     config.concurrency = burst;
     config
+}
+
+/// Why a fixture refuses a request's key.
+pub enum KeyProblem {
+    /// No `Idempotency-Key`.
+    Missing,
+    /// Two of them, an empty one, one over 255 characters, or one with other than visible
+    /// ASCII (a quoted key, `"k"`, counts without its quotes).
+    Invalid,
+}
+
+/// The fixtures' own reading of the key (not oncely's: the checker is tested against servers
+/// it does not share code with).
+pub fn fixture_key(headers: &HeaderMap) -> Result<String, KeyProblem> {
+    let mut values = headers.get_all("idempotency-key").iter();
+    let value = values.next().ok_or(KeyProblem::Missing)?;
+    if values.next().is_some() {
+        return Err(KeyProblem::Invalid);
+    }
+    let text = value.to_str().map_err(|_| KeyProblem::Invalid)?;
+    let key = text
+        .strip_prefix('"')
+        .and_then(|t| t.strip_suffix('"'))
+        .unwrap_or(text);
+    if key.is_empty() || key.len() > 255 || !key.bytes().all(|b| b.is_ascii_graphic()) {
+        return Err(KeyProblem::Invalid);
+    }
+    Ok(key.to_owned())
 }

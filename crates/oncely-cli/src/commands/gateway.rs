@@ -3,10 +3,11 @@
 use std::net::SocketAddr;
 use std::time::Duration;
 
+use anyhow::Context;
 use clap::Args;
 use oncely_server::accounts::Accounts;
-use oncely_server::gateway;
 use oncely_server::settings::defaults;
+use oncely_server::startup;
 
 use crate::args::DatabaseArgs;
 use crate::args::SecretArgs;
@@ -132,19 +133,35 @@ pub struct GatewayArgs {
     pub secrets: SecretArgs,
 }
 
-/// Runs `oncely gateway` on backend `B` until Ctrl-C or SIGTERM.
+/// Runs `oncely gateway` on backend `B` until Ctrl-C or SIGTERM. The database opens as
+/// `serve`'s does (in development, migrated; in production, checked), with the same server
+/// secret rules and the same check that every process of the database uses one secret.
 pub async fn run<B: Accounts>(args: GatewayArgs) -> anyhow::Result<()> {
     let plan = args.plan()?;
-    let start = gateway::Start {
-        database: args.database.location(),
-        pool: args.database_pool,
-        environment: args.secrets.environment,
-        secrets: (
-            args.secrets.secret.clone(),
-            args.secrets.secret_previous.clone(),
+    let environment = args.secrets.environment;
+    let location = args.database.location();
+    let backend: B = startup::open_to_serve(&location, args.database_pool, environment).await?;
+    let secret = startup::command_secret(
+        &backend,
+        environment,
+        (
+            args.secrets.secret.as_ref(),
+            args.secrets.secret_previous.as_ref(),
         ),
-        bind: args.bind,
-        header_timeout: args.header_timeout,
-    };
-    gateway::run::<B>(plan, start, crate::shutdown_signal()).await
+        &location.url,
+    )
+    .await?;
+    startup::check_secret(&backend, &secret).await?;
+    let listener = tokio::net::TcpListener::bind(args.bind)
+        .await
+        .with_context(|| format!("cannot listen on {} (ONCELY_GATEWAY_BIND)", args.bind))?;
+    oncely_gateway::serve(
+        listener,
+        backend.keys().clone(),
+        secret,
+        plan,
+        (args.header_timeout, B::NAME),
+        crate::shutdown_signal(),
+    )
+    .await
 }

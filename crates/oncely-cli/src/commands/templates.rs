@@ -106,7 +106,7 @@ pub enum PreviewPart {
 /// `oncely templates check [--dir]`: every problem on its own line (`file:line: reason`), on
 /// stdout; an error (exit 1) if there is any. Tenant folders are checked against the tenants of
 /// the database if it opens (else the report says they were not).
-pub async fn check<B: Accounts>(
+pub async fn validate<B: Accounts>(
     dir: Option<&Path>,
     database: &DatabaseArgs,
     output: OutputArgs,

@@ -193,7 +193,7 @@ pub fn tenant_name(name: &str) -> anyhow::Result<oncely::TenantId> {
 /// their own), in any case.
 pub fn new_tenant_name(name: &str) -> anyhow::Result<oncely::TenantId> {
     let tenant = tenant_name(name)?;
-    let prefix = oncely_server::gateway::TENANT_PREFIX;
+    let prefix = oncely_gateway::TENANT_PREFIX;
     if name
         .get(..prefix.len())
         .is_some_and(|start| start.eq_ignore_ascii_case(prefix))

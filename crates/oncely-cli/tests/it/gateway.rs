@@ -14,7 +14,7 @@ use axum::{Json, Router};
 use clap::Parser;
 use oncely_cli::cli::{Cli, Command};
 use oncely_server::backend::Sqlite;
-use oncely_server::gateway;
+
 use oncely_server::settings::Environment;
 use oncely_testdb::TestSqlite;
 use serde_json::{Value, json};
@@ -189,7 +189,7 @@ async fn start_gateway_on(
     .await
     .unwrap();
     use oncely_server::backend::Backend;
-    let app = gateway::router(
+    let app = oncely_gateway::router(
         backend.keys().clone(),
         secret,
         plan,
@@ -836,7 +836,7 @@ fn the_documented_problem_types_are_the_gateways() {
             Some((slug.to_owned(), cells.get(2)?.parse().ok()?))
         })
         .collect();
-    let code: Vec<(String, u16)> = gateway::GatewayProblem::ALL
+    let code: Vec<(String, u16)> = oncely_gateway::GatewayProblem::ALL
         .iter()
         .map(|p| (p.slug().to_owned(), p.status().as_u16()))
         .collect();

@@ -21,7 +21,6 @@ use std::convert::Infallible;
 use std::sync::Arc;
 use std::time::Duration;
 
-use anyhow::Context;
 use axum::Router;
 use axum::body::{Body, Bytes};
 use axum::extract::State;
@@ -33,12 +32,7 @@ use oncely::{IdempotencyKey, IdempotencyLayer, Problem, Scope, ServerSecret, Ten
 use tower::util::BoxCloneSyncService;
 use tower::{Layer, ServiceExt};
 
-use crate::accounts::Accounts;
-use crate::backend::Location;
-use crate::settings::Environment;
-use crate::startup;
 pub use routes::{Route, Routes};
-use secrecy::SecretString;
 pub use upstream::Upstream;
 
 /// The problems the gateway itself answers with (the layer's are `oncely`'s).
@@ -470,55 +464,28 @@ impl GatewayProblem {
     }
 }
 
-/// Where and how `oncely gateway` runs, besides its [`Plan`].
-pub struct Start {
-    /// Where the keys are.
-    pub database: Location,
-    /// Most connections to it.
-    pub pool: u32,
-    /// Development or production (the secret and the start-up follow it).
-    pub environment: Environment,
-    /// `ONCELY_SECRET` and `ONCELY_SECRET_PREVIOUS`.
-    pub secrets: (Option<SecretString>, Option<SecretString>),
-    /// The address to listen on.
-    pub bind: std::net::SocketAddr,
-    /// How long a client may take to send a request's head.
-    pub header_timeout: Duration,
-}
-
-/// Runs `oncely gateway` on backend `B` until `shutdown`.
-pub async fn run<B: Accounts>(
+/// Serves the gateway on `listener` with the keys in `keys` until `shutdown`: prints what it
+/// protects, prunes expired keys every 10 minutes, and on shutdown lets the requests in flight
+/// finish (their answers are stored first). `database`: the backend's name, for the banner.
+pub async fn serve<K: KeyStore>(
+    listener: tokio::net::TcpListener,
+    keys: K,
+    secret: ServerSecret,
     plan: Plan,
-    start: Start,
+    (header_timeout, database): (Duration, &str),
     shutdown: impl std::future::Future<Output = ()> + Send + 'static,
 ) -> anyhow::Result<()> {
-    let args = start;
-    let backend: B = startup::open_to_serve(&args.database, args.pool, args.environment).await?;
-    let secret = startup::command_secret(
-        &backend,
-        args.environment,
-        (args.secrets.0.as_ref(), args.secrets.1.as_ref()),
-        &args.database.url,
-    )
-    .await?;
-    startup::check_secret(&backend, &secret).await?;
-    let listener = tokio::net::TcpListener::bind(args.bind)
-        .await
-        .with_context(|| format!("cannot listen on {} (ONCELY_GATEWAY_BIND)", args.bind))?;
     let addr = listener.local_addr()?;
     println!(
-        "oncely gateway: http://{addr} -> {} (keys in {})",
+        "oncely gateway: http://{addr} -> {} (keys in {database})",
         plan.upstream.origin(),
-        B::NAME
     );
     for route in plan.routes.iter() {
         println!("  protects {route}");
     }
     println!("  every other request passes through");
     tracing::info!(%addr, upstream = plan.upstream.origin(), "oncely gateway is serving");
-    let keys = backend.keys().clone();
     let pruner = tokio::spawn(prune_periodically(keys.clone()));
-    let header_timeout = args.header_timeout;
     // On shutdown a connection gets this long to finish (a stream passed through may never).
     let grace = plan.upstream.timeout() + Duration::from_secs(5);
     let work = tokio_util::task::TaskTracker::new();
@@ -605,11 +572,14 @@ pub async fn serve_bounded(
     }
 }
 
+/// Keys deleted per statement when pruning (as `oncely prune`).
+const PRUNE_BATCH: u32 = 500;
+
 /// Deletes expired keys every 10 minutes, in small batches.
 async fn prune_periodically<K: KeyStore>(keys: K) {
     loop {
         tokio::time::sleep(Duration::from_secs(600)).await;
-        match oncely::store::prune_all(&keys, crate::prune::BATCH).await {
+        match oncely::store::prune_all(&keys, PRUNE_BATCH).await {
             Ok(0) => {}
             Ok(pruned) => tracing::info!(pruned, "pruned expired idempotency keys"),
             Err(error) => tracing::warn!(%error, "pruning expired idempotency keys failed"),

@@ -231,36 +231,14 @@ async fn run_patroni(args: Args) -> anyhow::Result<PatroniRuns> {
         cluster.create_database(&database).await?;
         let fault = Arc::new(Fault::new(cluster.clone(), scenario).await?);
         let config = Config {
-            oncely: args.oncely.clone(),
             database_url: cluster.url(&database),
             own_url: Some(cluster.direct_url(&database)),
             env: cluster.env(&database),
-            intents: args.intents,
-            concurrency: args.concurrency,
             rate: args.rate.or(Some(100.0)),
             kills: false,
-            kill_every: (
-                Duration::from_millis(args.kill_min_ms),
-                Duration::from_millis(args.kill_max_ms),
-            ),
-            restart_postgres: None,
-            failover: None,
             patroni: Some(fault),
-            fault_rate: args.fault_rate,
-            delivery: match args.delivery {
-                Mode::Provider => Delivery::Provider,
-                Mode::Smtp => Delivery::Smtp,
-            },
-            resend_unknown: args.resend_unknown,
-            lookup_grace: Duration::from_millis(args.lookup_grace_ms),
-            throttle_every: args.throttle_every,
-            retry_after_s: args.retry_after,
-            credentials_outage: (args.credentials_outage_ms > 0)
-                .then(|| Duration::from_millis(args.credentials_outage_ms)),
-            pause_probe: Duration::from_millis(args.pause_probe_ms),
-            retry_base: Duration::from_millis(args.retry_base_ms),
-            time_limit: Duration::from_secs(args.time_limit),
             logs: args.logs.as_ref().map(|logs| logs.join(&name)),
+            ..args.config()
         };
         let report = run(&config).await?;
         let passed = report.passed();
@@ -282,6 +260,45 @@ async fn run_patroni(args: Args) -> anyhow::Result<PatroniRuns> {
         });
     }
     Ok(runs)
+}
+
+impl Args {
+    /// The run's settings every mode takes from the command line (the storm, the provider's
+    /// faults, the retry timings); each mode sets its database, its faults and its logs.
+    fn config(&self) -> Config {
+        Config {
+            oncely: self.oncely.clone(),
+            database_url: String::new(),
+            intents: self.intents,
+            concurrency: self.concurrency,
+            rate: self.rate,
+            kills: false,
+            kill_every: (
+                Duration::from_millis(self.kill_min_ms),
+                Duration::from_millis(self.kill_max_ms),
+            ),
+            restart_postgres: None,
+            failover: None,
+            patroni: None,
+            env: Vec::new(),
+            own_url: None,
+            fault_rate: self.fault_rate,
+            delivery: match self.delivery {
+                Mode::Provider => Delivery::Provider,
+                Mode::Smtp => Delivery::Smtp,
+            },
+            resend_unknown: self.resend_unknown,
+            lookup_grace: Duration::from_millis(self.lookup_grace_ms),
+            throttle_every: self.throttle_every,
+            retry_after_s: self.retry_after,
+            credentials_outage: (self.credentials_outage_ms > 0)
+                .then(|| Duration::from_millis(self.credentials_outage_ms)),
+            pause_probe: Duration::from_millis(self.pause_probe_ms),
+            retry_base: Duration::from_millis(self.retry_base_ms),
+            time_limit: Duration::from_secs(self.time_limit),
+            logs: None,
+        }
+    }
 }
 
 /// Makes the failover pair if asked, then runs; the pair is stopped when this returns or is
@@ -306,39 +323,19 @@ async fn set_up_and_run(args: Args) -> anyhow::Result<oncely_chaos::Report> {
     };
     let database_url = match &pair {
         Some(pair) => pair.url("oncely_chaos"),
-        None => args.database_url.context("--database-url or --failover")?,
+        None => args
+            .database_url
+            .clone()
+            .context("--database-url or --failover")?,
     };
+    let shared = args.config();
     let config = Config {
-        oncely: args.oncely,
         database_url,
-        intents: args.intents,
-        concurrency: args.concurrency,
-        rate: args.rate,
         kills: true,
-        kill_every: (
-            Duration::from_millis(args.kill_min_ms),
-            Duration::from_millis(args.kill_max_ms),
-        ),
         restart_postgres: args.restart_postgres,
         failover: pair,
-        patroni: None,
-        env: Vec::new(),
-        own_url: None,
-        fault_rate: args.fault_rate,
-        delivery: match args.delivery {
-            Mode::Provider => Delivery::Provider,
-            Mode::Smtp => Delivery::Smtp,
-        },
-        resend_unknown: args.resend_unknown,
-        lookup_grace: Duration::from_millis(args.lookup_grace_ms),
-        throttle_every: args.throttle_every,
-        retry_after_s: args.retry_after,
-        credentials_outage: (args.credentials_outage_ms > 0)
-            .then(|| Duration::from_millis(args.credentials_outage_ms)),
-        pause_probe: Duration::from_millis(args.pause_probe_ms),
-        retry_base: Duration::from_millis(args.retry_base_ms),
-        time_limit: Duration::from_secs(args.time_limit),
         logs: args.logs,
+        ..shared
     };
     run(&config).await
 }

@@ -42,6 +42,24 @@ pub struct SecretArgs {
     pub secret_previous: Option<SecretString>,
 }
 
+impl SecretArgs {
+    /// The server secret, resolved as `serve` resolves it (given; in development without one,
+    /// the one `backend` stores).
+    pub async fn server_secret<B: oncely_server::accounts::Accounts>(
+        &self,
+        backend: &B,
+        database_url: &str,
+    ) -> anyhow::Result<oncely::ServerSecret> {
+        oncely_server::startup::command_secret(
+            backend,
+            self.environment,
+            (self.secret.as_ref(), self.secret_previous.as_ref()),
+            database_url,
+        )
+        .await
+    }
+}
+
 impl std::fmt::Debug for SecretArgs {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("SecretArgs")

@@ -4,6 +4,7 @@
 //! found, 4 refused ([`Failure`]), 1 anything else (clap's usage errors: 2). The views each
 //! command prints are documented field by field in docs/operations.md.
 
+use std::fmt::Write;
 use std::process::ExitCode;
 
 use oncely_server::display::when;
@@ -143,6 +144,28 @@ pub(crate) fn clean(text: &str) -> String {
             escaped
         })
         .collect()
+}
+
+/// A list: with `--json` the array, for people a table of `header` and one row per item, or
+/// the line `empty` when there is none.
+pub(crate) fn render_list<T: Serialize>(
+    output: OutputArgs,
+    items: &[T],
+    empty: &str,
+    header: &[&str],
+    row: impl Fn(&T) -> Vec<String>,
+) -> anyhow::Result<String> {
+    render(output, &items, |out| {
+        if items.is_empty() {
+            writeln!(out, "{empty}")?;
+            return Ok(());
+        }
+        let rows: Vec<Vec<String>> = items.iter().map(row).collect();
+        for line in table(header, &rows) {
+            writeln!(out, "{line}")?;
+        }
+        Ok(())
+    })
 }
 
 /// Lines of a table: the header and then each row, every column as wide as its widest cell

@@ -141,16 +141,7 @@ pub async fn run<B: Accounts>(args: GatewayArgs) -> anyhow::Result<()> {
     let environment = args.secrets.environment;
     let location = args.database.location();
     let backend: B = startup::open_to_serve(&location, args.database_pool, environment).await?;
-    let secret = startup::command_secret(
-        &backend,
-        environment,
-        (
-            args.secrets.secret.as_ref(),
-            args.secrets.secret_previous.as_ref(),
-        ),
-        &location.url,
-    )
-    .await?;
+    let secret = args.secrets.server_secret(&backend, &location.url).await?;
     startup::check_secret(&backend, &secret).await?;
     let listener = tokio::net::TcpListener::bind(args.bind)
         .await

@@ -30,7 +30,7 @@ use crate::output::OutputArgs;
 use crate::output::clean;
 use crate::output::refuse;
 use crate::output::render;
-use crate::output::table;
+use crate::output::render_list;
 
 /// `oncely tenant …`.
 #[derive(Debug, Subcommand)]
@@ -552,48 +552,37 @@ pub async fn tenant<B: Accounts>(command: TenantCommand) -> anyhow::Result<Strin
                     view.return_urls.push(url);
                 }
             }
-            render(output, &tenants, |out| {
-                if tenants.is_empty() {
-                    writeln!(
-                        out,
-                        "no tenants (requests without an API key act for `default`)"
-                    )?;
-                    return Ok(());
-                }
-                let rows: Vec<Vec<String>> = tenants
-                    .iter()
-                    .map(|t| {
-                        vec![
-                            t.tenant.clone(),
-                            when(t.created_at),
-                            t.key_fingerprint.clone(),
-                            match (&t.previous_key_fingerprint, t.previous_key_valid_until) {
-                                (Some(previous), Some(until)) => {
-                                    format!("{previous} until {}", when(until))
-                                }
-                                _ => "-".into(),
-                            },
-                            match t.return_urls.as_slice() {
-                                [] => "-".into(),
-                                urls => clean(&urls.join(" ")),
-                            },
-                            t.email_delivery.clone(),
-                        ]
-                    })
-                    .collect();
-                let header = [
+            render_list(
+                output,
+                &tenants,
+                "no tenants (requests without an API key act for `default`)",
+                &[
                     "tenant",
                     "created",
                     "key (sha256)",
                     "previous key",
                     "return URLs",
                     "emails",
-                ];
-                for line in table(&header, &rows) {
-                    writeln!(out, "{line}")?;
-                }
-                Ok(())
-            })
+                ],
+                |t| {
+                    vec![
+                        t.tenant.clone(),
+                        when(t.created_at),
+                        t.key_fingerprint.clone(),
+                        match (&t.previous_key_fingerprint, t.previous_key_valid_until) {
+                            (Some(previous), Some(until)) => {
+                                format!("{previous} until {}", when(until))
+                            }
+                            _ => "-".into(),
+                        },
+                        match t.return_urls.as_slice() {
+                            [] => "-".into(),
+                            urls => clean(&urls.join(" ")),
+                        },
+                        t.email_delivery.clone(),
+                    ]
+                },
+            )
         }
         (
             TenantCommand::Create { .. }

@@ -25,7 +25,7 @@ use crate::output::OutputArgs;
 use crate::output::clean;
 use crate::output::refuse;
 use crate::output::render;
-use crate::output::table;
+use crate::output::render_list;
 
 /// `oncely tenant webhook …`: where a tenant's events are delivered (Standard Webhooks).
 #[derive(Debug, Subcommand)]
@@ -288,13 +288,7 @@ pub async fn webhook<B: Accounts>(command: WebhookCommand) -> anyhow::Result<Str
                     format!("no tenant {tenant} (`oncely tenant list` shows them)"),
                 ));
             }
-            let server = oncely_server::startup::command_secret(
-                &backend,
-                secrets.environment,
-                (secrets.secret.as_ref(), secrets.secret_previous.as_ref()),
-                &location.url,
-            )
-            .await?;
+            let server = secrets.server_secret(&backend, &location.url).await?;
             let id = Uuid::new_v4();
             let signing = SigningSecret::generate();
             let sealed = seal(&server, id, &signing);
@@ -337,43 +331,11 @@ pub async fn webhook<B: Accounts>(command: WebhookCommand) -> anyhow::Result<Str
                 .into_iter()
                 .map(EndpointView::from)
                 .collect();
-            render(output, &endpoints, |out| {
-                if endpoints.is_empty() {
-                    writeln!(
-                        out,
-                        "no webhook endpoints (`oncely tenant webhook add` adds one)"
-                    )?;
-                    return Ok(());
-                }
-                let rows: Vec<Vec<String>> = endpoints
-                    .iter()
-                    .map(|e| {
-                        vec![
-                            e.id.to_string(),
-                            e.tenant.clone(),
-                            if e.events.is_empty() {
-                                "all".into()
-                            } else {
-                                e.events.join(",")
-                            },
-                            match (e.disabled_at, &e.disabled_reason) {
-                                (None, _) => "enabled".into(),
-                                (Some(at), reason) => format!(
-                                    "disabled {} ({})",
-                                    when(at),
-                                    clean(reason.as_deref().unwrap_or(DISABLED_BY_OPERATOR))
-                                ),
-                            },
-                            when(e.created_at),
-                            match e.previous_secret_valid_until {
-                                Some(until) => format!("until {}", when(until)),
-                                None => "-".into(),
-                            },
-                            clean(&e.url),
-                        ]
-                    })
-                    .collect();
-                let header = [
+            render_list(
+                output,
+                &endpoints,
+                "no webhook endpoints (`oncely tenant webhook add` adds one)",
+                &[
                     "id",
                     "tenant",
                     "events",
@@ -381,12 +343,33 @@ pub async fn webhook<B: Accounts>(command: WebhookCommand) -> anyhow::Result<Str
                     "created",
                     "previous secret",
                     "url",
-                ];
-                for line in table(&header, &rows) {
-                    writeln!(out, "{line}")?;
-                }
-                Ok(())
-            })
+                ],
+                |e| {
+                    vec![
+                        e.id.to_string(),
+                        e.tenant.clone(),
+                        if e.events.is_empty() {
+                            "all".into()
+                        } else {
+                            e.events.join(",")
+                        },
+                        match (e.disabled_at, &e.disabled_reason) {
+                            (None, _) => "enabled".into(),
+                            (Some(at), reason) => format!(
+                                "disabled {} ({})",
+                                when(at),
+                                clean(reason.as_deref().unwrap_or(DISABLED_BY_OPERATOR))
+                            ),
+                        },
+                        when(e.created_at),
+                        match e.previous_secret_valid_until {
+                            Some(until) => format!("until {}", when(until)),
+                            None => "-".into(),
+                        },
+                        clean(&e.url),
+                    ]
+                },
+            )
         }
         WebhookCommand::Disable { id, .. } => {
             let uuid = endpoint_id(&id)?;
@@ -426,13 +409,7 @@ pub async fn webhook<B: Accounts>(command: WebhookCommand) -> anyhow::Result<Str
             if backend.webhook_endpoint(uuid).await?.is_none() {
                 return Err(no_endpoint(&id));
             }
-            let server = oncely_server::startup::command_secret(
-                &backend,
-                secrets.environment,
-                (secrets.secret.as_ref(), secrets.secret_previous.as_ref()),
-                &location.url,
-            )
-            .await?;
+            let server = secrets.server_secret(&backend, &location.url).await?;
             let signing = SigningSecret::generate();
             let sealed = seal(&server, uuid, &signing);
             let grace = grace.unwrap_or(WEBHOOK_GRACE);

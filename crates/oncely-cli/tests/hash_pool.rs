@@ -5,12 +5,10 @@
 #![allow(unreachable_pub)]
 
 #[allow(dead_code, unused)]
-#[path = "it/support.rs"]
+#[path = "support/mod.rs"]
 mod support;
 
-#[allow(dead_code, unused)]
-#[path = "it/requests.rs"]
-mod requests;
+use support::requests;
 
 use std::sync::{Arc, Mutex, mpsc};
 

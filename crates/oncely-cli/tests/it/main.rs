@@ -2,10 +2,14 @@
 
 #![allow(unreachable_pub)]
 
+// Test support (the app, requests, a browser) lives in ../support, shared with hash_pool.rs.
+#[path = "../support/mod.rs"]
+mod support;
+pub use support::{browser, requests};
+
 mod accounts;
 mod api_description;
 mod attacks;
-mod browser;
 mod busy_database;
 mod chaos;
 mod check;
@@ -30,13 +34,11 @@ mod one_payload;
 mod ops;
 mod pooler;
 mod properties;
-mod requests;
 mod schema;
 mod security;
 mod signup;
 mod slow_clients;
 mod startup;
-mod support;
 mod webhooks_crash;
 mod webhooks_docs;
 mod webhooks_endpoints;

@@ -1,5 +1,8 @@
 //! `spawn_app`: the service on a random port with a fresh database and the test inbox.
 
+pub mod browser;
+pub mod requests;
+
 use std::process::Stdio;
 use std::time::Duration;
 

@@ -16,7 +16,7 @@ pub mod postgres;
 pub mod sqlite;
 mod statements;
 
-pub use statements::Statements;
+pub use statements::{AccountSql, Statements};
 
 /// What a signup found.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -356,7 +356,7 @@ impl AccountError {
 ///
 /// Written once, for every backend whose database sqlx can bind and read these types (the
 /// `where` clause of the one `impl` below: `B: Accounts` holds for PostgreSQL and SQLite). The
-/// statements come from [`Backend::ACCOUNT_SQL`]; the Rust that binds their parameters and reads
+/// statements come from [`AccountSql::ACCOUNT_SQL`]; the Rust that binds their parameters and reads
 /// their rows is this. (Generic rather than a macro per dialect: the bounds fit in one `where`
 /// clause, and code that only needs account storage asks for `A: Accounts` without repeating
 /// them.) The readiness check, which reads the migration tables the same way, lives here too.
@@ -818,7 +818,7 @@ pub trait Accounts: Backend {
 /// pool of `B`'s database, bind these parameter types, and read these rows.
 impl<B> Accounts for B
 where
-    B: Backend,
+    B: AccountSql,
     for<'c> &'c mut Connection<B>: Executor<'c, Database = B::Database>,
     <B::Database as sqlx::Database>::Arguments: IntoArguments<B::Database>,
     for<'q> Uuid: Encode<'q, B::Database> + Type<B::Database>,
@@ -1720,7 +1720,7 @@ async fn supersede_verification<B>(
     user_id: Uuid,
 ) -> Result<(), AccountError>
 where
-    B: Backend,
+    B: AccountSql,
     for<'c> &'c mut Connection<B>: Executor<'c, Database = B::Database>,
     <B::Database as sqlx::Database>::Arguments: IntoArguments<B::Database>,
     for<'q> Uuid: Encode<'q, B::Database> + Type<B::Database>,

@@ -2,7 +2,12 @@
 //! Times are `timestamptz`; `COALESCE($n, now())` reads the database clock unless the caller
 //! bound an instant.
 
-use super::Statements;
+use super::{AccountSql, Statements};
+use crate::backend::Postgres;
+
+impl AccountSql for Postgres {
+    const ACCOUNT_SQL: Statements = STATEMENTS;
+}
 
 /// The statements.
 pub const STATEMENTS: Statements = Statements {

@@ -1,7 +1,12 @@
 //! The account statements in SQLite's dialect (see [`Statements`] for what each binds). Times
 //! are Unix milliseconds from the process clock, always bound: one process owns the file.
 
-use super::Statements;
+use super::{AccountSql, Statements};
+use crate::backend::Sqlite;
+
+impl AccountSql for Sqlite {
+    const ACCOUNT_SQL: Statements = STATEMENTS;
+}
 
 /// The statements.
 pub const STATEMENTS: Statements = Statements {

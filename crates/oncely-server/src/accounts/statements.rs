@@ -7,6 +7,16 @@
 //! PostgreSQL, which then reads its own clock (`COALESCE($n, now())`); on SQLite the process
 //! clock, in Unix milliseconds.
 
+use crate::backend::Backend;
+
+/// A backend's account statements, in its dialect: implemented beside them (in
+/// `accounts/postgres.rs` and `accounts/sqlite.rs`), so that the backend seam names no
+/// statement of the account flows.
+pub trait AccountSql: Backend {
+    /// The account statements in this database's dialect.
+    const ACCOUNT_SQL: Statements;
+}
+
 /// The SQL of the account flows in one dialect.
 #[derive(Debug, Clone, Copy)]
 pub struct Statements {

@@ -14,7 +14,7 @@ use oncely::ServerSecret;
 use oncely_server::branding::ServiceBrand;
 use oncely_server::connections::ConnectionLimits;
 use oncely_server::gateway::{Plan, Route, Routes, Scoping, Upstream};
-use oncely_server::routes::login::LoginLimits;
+use oncely_server::limits::login::LoginLimits;
 use oncely_server::settings::{
     DatabaseSettings, Environment, MailerChoice, MailerSettings, Settings, WorkerSettings,
     defaults, development_public_url, mail_limits, server_secret,

@@ -279,7 +279,7 @@ impl<B: Accounts> Application<B> {
             jobs: jobs.clone(),
             secret: settings.secret.clone(),
             limits: settings.limits,
-            client_mail: routes::email_caps::ClientMail::new(&settings.limits),
+            client_mail: crate::limits::email::ClientMail::new(&settings.limits),
             login: settings.login,
             recipient_in_payload: dev_inbox_page.is_some(),
             templates,

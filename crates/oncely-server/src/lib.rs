@@ -37,6 +37,7 @@ pub mod display;
 pub mod email;
 pub mod gateway;
 pub mod identity;
+pub mod limits;
 pub mod mail;
 pub mod openapi;
 pub mod password;

@@ -19,10 +19,10 @@ use oncely_outbox::mail::IdempotencyHeader;
 use rand::RngCore;
 use secrecy::{ExposeSecret, SecretString};
 
+use crate::limits::email::MailLimits;
+use crate::limits::login::LoginLimits;
 use crate::prune::Retention;
 use crate::routes::KeyPolicy;
-use crate::routes::email_caps::MailLimits;
-use crate::routes::login::LoginLimits;
 use crate::workers::WorkerPlan;
 
 /// The defaults of the command line (and of [`Settings::new`]).

@@ -10,7 +10,7 @@ use uuid::Uuid;
 
 use crate::backend::{Backend, Connection, MIGRATION_TABLES};
 use crate::email::EmailAddress;
-use crate::routes::email_caps::EmailCount;
+use crate::limits::email::EmailCount;
 
 pub mod postgres;
 pub mod sqlite;
@@ -891,7 +891,7 @@ where
         let Some(sql) = B::ACCOUNT_SQL.signup_user_counted else {
             let outcome = Self::signup_user(&mut *conn, tenant, email, source).await?;
             let targets = Self::webhook_targets(&mut *conn, tenant).await?;
-            let counts = count.count_in::<B>(conn, tenant).await?;
+            let counts = count_in::<B>(conn, tenant, count).await?;
             return Ok(SignupCounted {
                 outcome,
                 counts,
@@ -1711,6 +1711,29 @@ where
         sqlx::query_scalar(AssertSqlSafe(sql))
             .fetch_one(self.db())
             .await
+    }
+}
+
+/// Counts `count`'s email on the per-address counters in `conn`'s transaction: this address
+/// from this client (0 for an unknown client) and, unless the client's caps stopped it, this address
+/// from all clients ([`Accounts::count_email_pair`], or [`Accounts::count_email`] of the
+/// address alone for an unknown client).
+pub async fn count_in<A: Accounts>(
+    conn: &mut <A::Database as sqlx::Database>::Connection,
+    tenant: &str,
+    count: &EmailCount,
+) -> Result<(i64, Option<i64>), AccountError> {
+    match &count.pair {
+        Some(pair) => {
+            let buckets = (pair.as_str(), count.address.as_str());
+            let caps = (count.per_address, count.client_allowed);
+            A::count_email_pair(conn, tenant, buckets, count.window_start, caps).await
+        }
+        None => {
+            let to_address =
+                A::count_email(conn, tenant, &count.address, count.window_start).await?;
+            Ok((0, Some(to_address)))
+        }
     }
 }
 

@@ -8,7 +8,7 @@ use clap::builder::TypedValueParser as _;
 use oncely_outbox::OnUnknown;
 use oncely_outbox::mail::IdempotencyHeader;
 use oncely_server::backend::Pooler;
-use oncely_server::settings::Environment;
+use oncely_server::environment::Environment;
 use oncely_server::settings::defaults;
 use secrecy::SecretString;
 use time::OffsetDateTime;

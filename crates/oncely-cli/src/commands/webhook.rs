@@ -249,7 +249,7 @@ pub(crate) fn no_endpoint(id: &str) -> anyhow::Error {
 
 /// `oncely tenant webhook add|list|disable|enable|rotate|remove` on backend `B`: what to print.
 pub async fn webhook<B: Accounts>(command: WebhookCommand) -> anyhow::Result<String> {
-    use oncely_server::webhooks::secret::{SigningSecret, seal};
+    use oncely_server::secret::signing::{SigningSecret, seal};
     let output = command.output();
     // Checked before anything connects.
     let (tenant, events) = match &command {
@@ -288,7 +288,7 @@ pub async fn webhook<B: Accounts>(command: WebhookCommand) -> anyhow::Result<Str
                     format!("no tenant {tenant} (`oncely tenant list` shows them)"),
                 ));
             }
-            let server = oncely_server::startup::command_secret(
+            let server = oncely_server::secret::command_secret(
                 &backend,
                 secrets.environment,
                 (secrets.secret.as_ref(), secrets.secret_previous.as_ref()),
@@ -426,7 +426,7 @@ pub async fn webhook<B: Accounts>(command: WebhookCommand) -> anyhow::Result<Str
             if backend.webhook_endpoint(uuid).await?.is_none() {
                 return Err(no_endpoint(&id));
             }
-            let server = oncely_server::startup::command_secret(
+            let server = oncely_server::secret::command_secret(
                 &backend,
                 secrets.environment,
                 (secrets.secret.as_ref(), secrets.secret_previous.as_ref()),

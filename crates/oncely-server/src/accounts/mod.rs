@@ -4,6 +4,8 @@
 
 use std::future::Future;
 
+use oncely::ServerSecret;
+use oncely_outbox::Delivery;
 use sqlx::{AssertSqlSafe, Encode, Executor, FromRow, IntoArguments, Type};
 use time::OffsetDateTime;
 use uuid::Uuid;
@@ -11,6 +13,7 @@ use uuid::Uuid;
 use crate::backend::{Backend, Connection, MIGRATION_TABLES};
 use crate::email::EmailAddress;
 use crate::limits::email::EmailCount;
+use crate::token::{Flow, Token};
 
 pub mod postgres;
 pub mod sqlite;
@@ -213,7 +216,7 @@ pub struct TenantRecord {
     /// Until when the previous key is valid (Unix milliseconds).
     pub previous_key_expires_at_ms: Option<i64>,
     /// How its emails go out: `mail` (oncely sends them) or `webhook` (an `email.requested`
-    /// event to its endpoints: [`crate::mail`]).
+    /// event to its endpoints, carrying the email).
     pub email_delivery: String,
     /// Its product name in emails (`None`: the service's).
     pub product_name: Option<String>,
@@ -289,8 +292,8 @@ pub fn from_millis(ms: i64) -> OffsetDateTime {
         .unwrap_or(OffsetDateTime::UNIX_EPOCH)
 }
 
-/// What the database keeps of the server secret its processes use: keyed hashes, never the
-/// secret ([`crate::startup::check_secret`]).
+/// What the database keeps of the server secret its processes use, to check at start that
+/// they all use the same one: keyed hashes, never the secret.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct SecretCheck {
     /// The MAC of the current secret, hex.
@@ -777,7 +780,7 @@ pub trait Accounts: Backend {
     ) -> impl Future<Output = Result<String, AccountError>> + Send;
 
     /// The secret check: the MACs of the current and previous server secret of the process
-    /// that wrote it last ([`crate::startup::check_secret`]).
+    /// that wrote it last.
     fn secret_check(
         &self,
     ) -> impl Future<Output = Result<Option<SecretCheck>, AccountError>> + Send;
@@ -1735,6 +1738,59 @@ pub async fn count_in<A: Accounts>(
             Ok((0, Some(to_address)))
         }
     }
+}
+
+/// The token of record `token_id` if its email is still to be sent, read now: the record, its
+/// flow and the token derived again from the server secret that derived its stored hash (the
+/// current one, or a previous one when the job was written before a rotation). The one check
+/// of a link before it leaves: the email handler before it mails it, the `webhook` handler
+/// before it delivers an `email.requested` event carrying it.
+/// A decoy (no recipient) or a link used or superseded since is [`Delivery::Skipped`].
+pub async fn live_token<A: Accounts>(
+    accounts: &A,
+    secret: &ServerSecret,
+    token_id: Uuid,
+) -> Result<(TokenForSend, Flow, Token), Delivery> {
+    let record = match accounts.token_for_send(token_id).await {
+        Ok(Some(record)) => record,
+        Ok(None) => {
+            return Err(Delivery::Permanent(
+                "the token record no longer exists".into(),
+            ));
+        }
+        Err(error) => {
+            return Err(Delivery::Retry(format!(
+                "reading the token record: {error:#}"
+            )));
+        }
+    };
+    if record.recipient.is_none() {
+        return Err(Delivery::Skipped(
+            "no account for this address: nothing to send".into(),
+        ));
+    }
+    if !record.live {
+        return Err(Delivery::Skipped(
+            "the link was superseded or used before delivery: not sent".into(),
+        ));
+    }
+    let Some(flow) = Flow::parse(&record.flow) else {
+        return Err(Delivery::Permanent(format!(
+            "unknown token flow {:?}",
+            record.flow
+        )));
+    };
+    let Some(token) = secret
+        .all()
+        .map(|secret| Token::derive(secret, flow, token_id))
+        .find(|token| token.hash() == record.hash)
+    else {
+        return Err(Delivery::Permanent(
+            "no configured server secret derives this link (rotated out of ONCELY_SECRET_PREVIOUS, or written by a process with another ONCELY_SECRET?): not sent"
+                .into(),
+        ));
+    };
+    Ok((record, flow, token))
 }
 
 /// Supersedes a user's live verification tokens once the address is proven.

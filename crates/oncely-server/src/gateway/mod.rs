@@ -35,7 +35,7 @@ use tower::{Layer, ServiceExt};
 
 use crate::accounts::Accounts;
 use crate::backend::Location;
-use crate::settings::Environment;
+use crate::environment::Environment;
 use crate::startup;
 pub use routes::{Route, Routes};
 use secrecy::SecretString;
@@ -494,14 +494,14 @@ pub async fn run<B: Accounts>(
 ) -> anyhow::Result<()> {
     let args = start;
     let backend: B = startup::open_to_serve(&args.database, args.pool, args.environment).await?;
-    let secret = startup::command_secret(
+    let secret = crate::secret::command_secret(
         &backend,
         args.environment,
         (args.secrets.0.as_ref(), args.secrets.1.as_ref()),
         &args.database.url,
     )
     .await?;
-    startup::check_secret(&backend, &secret).await?;
+    crate::secret::check_secret(&backend, &secret).await?;
     let listener = tokio::net::TcpListener::bind(args.bind)
         .await
         .with_context(|| format!("cannot listen on {} (ONCELY_GATEWAY_BIND)", args.bind))?;

@@ -1,11 +1,14 @@
 //! Account storage: the SQL of the account flows, its statements once per dialect
 //! ([`postgres`], [`sqlite`], under the names of [`Statements`]) and its Rust once ([`Accounts`],
 //! for every [`Backend`]). Handlers run it inside the idempotency layer's transaction.
+//!
+//! What each aggregate's rows are, and the Rust around them, is in a file of its own: `users`,
+//! `tokens` (with a link's live check, [`live_token`]), `codes`, `tenants`, `endpoints`
+//! (webhooks), `limits` (the email caps' counters), `secret_check`; the one [`Accounts`] trait
+//! and its one implementation are here.
 
 use std::future::Future;
 
-use oncely::ServerSecret;
-use oncely_outbox::Delivery;
 use sqlx::{AssertSqlSafe, Encode, Executor, FromRow, IntoArguments, Type};
 use time::OffsetDateTime;
 use uuid::Uuid;
@@ -13,307 +16,32 @@ use uuid::Uuid;
 use crate::backend::{Backend, Connection, MIGRATION_TABLES};
 use crate::email::EmailAddress;
 use crate::limits::email::EmailCount;
-use crate::token::{Flow, Token};
 
+mod codes;
+mod endpoints;
+mod limits;
 pub mod postgres;
+mod secret_check;
 pub mod sqlite;
 mod statements;
+mod tenants;
+mod tokens;
+mod users;
 
+pub use codes::{ExchangedCode, NewCode};
+pub use endpoints::{EndpointRecord, NewEndpoint};
+pub use limits::count_in;
+pub use secret_check::SecretCheck;
 pub use statements::{AccountSql, Statements};
-
-/// What a signup found.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum SignupOutcome {
-    /// A new account.
-    Created(Uuid),
-    /// The address has an account that is not verified yet.
-    Pending(Uuid),
-    /// The address has a verified account.
-    Verified(Uuid),
-}
-
-/// A user found by address.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, FromRow)]
-pub struct User {
-    /// The user.
-    pub id: Uuid,
-    /// Whether the address is verified.
-    pub verified: bool,
-}
-
-/// What [`Accounts::signup_user_counted`] found and counted: the signup's account, the
-/// counts of its email (as [`Accounts::count_email_pair`] returns them), and the tenant's
-/// enabled webhook endpoints (as [`Accounts::webhook_targets`]).
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct SignupCounted {
-    /// The account.
-    pub outcome: SignupOutcome,
-    /// This address from this client (0: the client is unknown), this address from all
-    /// clients (`None`: not counted).
-    pub counts: (i64, Option<i64>),
-    /// The tenant's enabled webhook endpoints: `(id, events)`.
-    pub targets: Vec<(Uuid, String)>,
-}
-
-/// The row of [`Statements::signup_user_counted`].
-#[derive(Debug, FromRow)]
-pub struct SignupRow {
-    inserted: Option<Uuid>,
-    found: Option<Uuid>,
-    verified: Option<bool>,
-    from_client: i64,
-    to_address: Option<i64>,
-    targets: Option<String>,
-}
-
-/// A user found by address for a login.
-#[derive(Debug, Clone, PartialEq, Eq, FromRow)]
-pub struct LoginUser {
-    /// The user.
-    pub id: Uuid,
-    /// Whether the address is verified.
-    pub verified: bool,
-    /// Its password's PHC string, if it has one.
-    pub password_hash: Option<String>,
-}
-
-/// What accepting an invitation did ([`Accounts::accept_invite`]).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct InviteAcceptance {
-    /// The account.
-    pub user_id: Uuid,
-    /// Whether the account was created now (the address had none).
-    pub created: bool,
-    /// Whether an existing account went from pending to verified now.
-    pub verified: bool,
-}
-
-/// A token to store (its hash only).
-#[derive(Debug, Clone)]
-pub struct NewToken<'a> {
-    /// Random record id (the token is derived from it).
-    pub id: Uuid,
-    /// Owner tenant.
-    pub tenant: &'a str,
-    /// Owner user, if any. A token with neither user nor email is a decoy: never consumable.
-    pub user_id: Option<Uuid>,
-    /// The invited address (invites only).
-    pub email: Option<&'a str>,
-    /// `verification`, `password_reset`, `magic_link`, `invite`.
-    pub flow: &'a str,
-    /// SHA-256 of the token.
-    pub hash: &'a [u8],
-    /// End of validity.
-    pub expires_at: OffsetDateTime,
-    /// Verification tokens of a signup that chose a password: its Argon2id hash. It is set on
-    /// the account only if the verifier re-enters the same password, so that whoever proves the
-    /// address never adopts a password a stranger chose.
-    pub password_hash: Option<&'a str>,
-    /// Whether this token supersedes the user's live tokens of the same flow (not when its
-    /// email will be suppressed: the user's current link must keep working). A signup's link
-    /// that carries a password is never superseded (by a resend anyone can request): it lives
-    /// until it expires or the address is verified.
-    pub supersede: bool,
-    /// Where the flow returns once the link is used.
-    pub return_to: ReturnTo<'a>,
-    /// The locale its email was asked in (a BCP 47 tag); `None`: the account's.
-    pub locale: Option<&'a str>,
-}
-
-/// Where a link's flow returns once the link is used: a code is minted for a return URL.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum ReturnTo<'a> {
-    /// Nowhere, no code is minted (an email change: the account is signed in already).
-    Nowhere,
-    /// This one of the tenant's return URLs (the request named it; checked before the
-    /// transaction, so that a refused request writes nothing).
-    Url(&'a str),
-    /// The tenant's first return URL (none if it has none), read by the token's insert itself:
-    /// a request that names none costs no read of its own.
-    TenantsFirst,
-}
-
-/// A token that was consumed.
-#[derive(Debug, Clone, PartialEq, Eq, FromRow)]
-pub struct ConsumedToken {
-    /// The tenant the token was issued in (a link names its tenant through its token).
-    pub tenant: String,
-    /// The password hash a signup stored with its verification token, if any.
-    pub password_hash: Option<String>,
-    /// Its user, if it had one.
-    pub user_id: Option<Uuid>,
-    /// Its address (invites).
-    pub email: Option<String>,
-    /// The return URL chosen when the link was requested, if any: using the link mints a code.
-    pub return_to: Option<String>,
-    /// The locale its email was written in, if the request named one: using the link makes it
-    /// the account's (the address owner read it).
-    pub locale: Option<String>,
-}
-
-/// A one-time code to store (its hash only): minted when a link with a return URL is used.
-#[derive(Debug, Clone)]
-pub struct NewCode<'a> {
-    /// SHA-256 of the code.
-    pub hash: &'a [u8],
-    /// SHA-256 of the token just consumed: the code takes its tenant (whose API key may
-    /// exchange it), its flow and its consumption time (`authenticated_at`).
-    pub token_hash: &'a [u8],
-    /// The user the link proved.
-    pub user_id: Uuid,
-    /// How long it can be exchanged.
-    pub lifetime: std::time::Duration,
-}
-
-/// A code that was exchanged: who it proves, as the user is now.
-#[derive(Debug, Clone, PartialEq, Eq, FromRow)]
-pub struct ExchangedCode {
-    /// The user.
-    pub user_id: Uuid,
-    /// Its address now.
-    pub email: String,
-    /// Whether the address is verified now.
-    pub email_verified: bool,
-    /// The flow that minted the code.
-    pub flow: String,
-    /// When the link was used (Unix milliseconds).
-    pub authenticated_at_ms: i64,
-}
-
-/// What the worker needs to send a token's email.
-#[derive(Debug, Clone, FromRow)]
-pub struct TokenForSend {
-    /// The flow.
-    pub flow: String,
-    /// The tenant the token belongs to (an invitation's is the one to join).
-    pub tenant: String,
-    /// The account the token is for, if it has one (an invitation to a new address has none).
-    pub user_id: Option<Uuid>,
-    /// The recipient: the token's own address (the invited one, an email change's new one),
-    /// else its user's; `None` for a decoy.
-    pub recipient: Option<String>,
-    /// Still usable (not consumed, not superseded, not expired).
-    pub live: bool,
-    /// SHA-256 of the token: tells which server secret (current or previous) derived it.
-    #[sqlx(rename = "token_hash")]
-    pub hash: Vec<u8>,
-    /// The locale to write its email in: the link's, else its account's if the account is
-    /// verified (`None`: English).
-    pub locale: Option<String>,
-}
-
-/// A tenant as operators see it (`oncely tenant list`): never its key, only hashes.
-#[derive(Debug, Clone, PartialEq, Eq, FromRow)]
-pub struct TenantRecord {
-    /// The tenant's id.
-    pub id: String,
-    /// SHA-256 of its API key.
-    pub api_key_hash: Vec<u8>,
-    /// When it was created, in Unix milliseconds.
-    pub created_at_ms: i64,
-    /// SHA-256 of its previous API key, while that key is still valid.
-    pub previous_key_hash: Option<Vec<u8>>,
-    /// Until when the previous key is valid (Unix milliseconds).
-    pub previous_key_expires_at_ms: Option<i64>,
-    /// How its emails go out: `mail` (oncely sends them) or `webhook` (an `email.requested`
-    /// event to its endpoints, carrying the email).
-    pub email_delivery: String,
-    /// Its product name in emails (`None`: the service's).
-    pub product_name: Option<String>,
-    /// The sender of its emails (`None`: the service's).
-    pub mail_from: Option<String>,
-    /// Where its users write with questions (`None`: the service's, if any).
-    pub support_email: Option<String>,
-}
-
-/// A tenant's branding of its emails (`oncely tenant set --product-name --mail-from
-/// --support-email`); each `None` is the service's.
-#[derive(Debug, Clone, Default, PartialEq, Eq, FromRow)]
-pub struct Branding {
-    /// The product name.
-    pub product_name: Option<String>,
-    /// The sender, `Name <address>` or an address.
-    pub mail_from: Option<String>,
-    /// The support address.
-    pub support_email: Option<String>,
-}
-
-/// A webhook endpoint to store ([`Accounts::insert_webhook_endpoint`]).
-#[derive(Debug, Clone, Copy)]
-pub struct NewEndpoint<'a> {
-    /// Its id.
-    pub id: Uuid,
-    /// The tenant whose events it receives.
-    pub tenant: &'a str,
-    /// Where they are delivered.
-    pub url: &'a str,
-    /// A JSON array of the event types it receives (`[]`: every event).
-    pub events: &'a str,
-    /// Its signing secret, sealed with the server secret.
-    pub secret_sealed: &'a str,
-}
-
-/// A webhook endpoint as stored (`oncely tenant webhook list`, every delivery): its secrets
-/// sealed only.
-#[derive(Debug, Clone, PartialEq, Eq, FromRow)]
-pub struct EndpointRecord {
-    /// Its id.
-    pub id: Uuid,
-    /// The tenant whose events it receives.
-    pub tenant: String,
-    /// Where they are delivered.
-    pub url: String,
-    /// A JSON array of the event types it receives (`[]`: every event).
-    pub events: String,
-    /// Its signing secret, sealed with the server secret.
-    pub secret_sealed: String,
-    /// The previous signing secret (sealed), while a rotation's grace runs.
-    pub previous_secret_sealed: Option<String>,
-    /// Until when the previous secret signs too (Unix milliseconds), while it does.
-    pub previous_secret_expires_at_ms: Option<i64>,
-    /// When it was added (Unix milliseconds).
-    pub created_at_ms: i64,
-    /// When it was disabled (Unix milliseconds), if it is.
-    pub disabled_at_ms: Option<i64>,
-    /// Why: `disabled by an operator`, or the 410 Gone it answered.
-    pub disabled_reason: Option<String>,
-}
-
-/// What a key rotation did.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct KeyRotation {
-    /// Until when the replaced key keeps working (`None`: it stopped at once).
-    pub previous_valid_until: Option<OffsetDateTime>,
-}
+pub use tenants::{Branding, KeyRotation, TenantRecord};
+use tokens::supersede_verification;
+pub use tokens::{ConsumedToken, NewToken, ReturnTo, TokenForSend, live_token};
+pub use users::{InviteAcceptance, LoginUser, SignupCounted, SignupOutcome, SignupRow, User};
 
 /// A moment read as Unix milliseconds.
 pub fn from_millis(ms: i64) -> OffsetDateTime {
     OffsetDateTime::from_unix_timestamp_nanos(i128::from(ms) * 1_000_000)
         .unwrap_or(OffsetDateTime::UNIX_EPOCH)
-}
-
-/// What the database keeps of the server secret its processes use, to check at start that
-/// they all use the same one: keyed hashes, never the secret.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct SecretCheck {
-    /// The MAC of the current secret, hex.
-    pub current: String,
-    /// The MAC of the previous secret, during a rotation, hex.
-    pub previous: Option<String>,
-    /// The MACs of the secrets of rotations that ended: never accepted again.
-    pub retired: Vec<String>,
-}
-
-impl SecretCheck {
-    /// The check of `secret` (its current secret and its first previous one).
-    pub fn of(secret: &oncely::ServerSecret) -> Self {
-        let mac = |s: &oncely::ServerSecret| hex::encode(s.mac("oncely-secret-check", &[]));
-        Self {
-            current: mac(secret),
-            previous: secret.previous().first().map(mac),
-            retired: Vec::new(),
-        }
-    }
 }
 
 /// Why account storage failed: a row that exists already, a database that cannot serve now, or
@@ -1715,100 +1443,4 @@ where
             .fetch_one(self.db())
             .await
     }
-}
-
-/// Counts `count`'s email on the per-address counters in `conn`'s transaction: this address
-/// from this client (0 for an unknown client) and, unless the client's caps stopped it, this address
-/// from all clients ([`Accounts::count_email_pair`], or [`Accounts::count_email`] of the
-/// address alone for an unknown client).
-pub async fn count_in<A: Accounts>(
-    conn: &mut <A::Database as sqlx::Database>::Connection,
-    tenant: &str,
-    count: &EmailCount,
-) -> Result<(i64, Option<i64>), AccountError> {
-    match &count.pair {
-        Some(pair) => {
-            let buckets = (pair.as_str(), count.address.as_str());
-            let caps = (count.per_address, count.client_allowed);
-            A::count_email_pair(conn, tenant, buckets, count.window_start, caps).await
-        }
-        None => {
-            let to_address =
-                A::count_email(conn, tenant, &count.address, count.window_start).await?;
-            Ok((0, Some(to_address)))
-        }
-    }
-}
-
-/// The token of record `token_id` if its email is still to be sent, read now: the record, its
-/// flow and the token derived again from the server secret that derived its stored hash (the
-/// current one, or a previous one when the job was written before a rotation). The one check
-/// of a link before it leaves: the email handler before it mails it, the `webhook` handler
-/// before it delivers an `email.requested` event carrying it.
-/// A decoy (no recipient) or a link used or superseded since is [`Delivery::Skipped`].
-pub async fn live_token<A: Accounts>(
-    accounts: &A,
-    secret: &ServerSecret,
-    token_id: Uuid,
-) -> Result<(TokenForSend, Flow, Token), Delivery> {
-    let record = match accounts.token_for_send(token_id).await {
-        Ok(Some(record)) => record,
-        Ok(None) => {
-            return Err(Delivery::Permanent(
-                "the token record no longer exists".into(),
-            ));
-        }
-        Err(error) => {
-            return Err(Delivery::Retry(format!(
-                "reading the token record: {error:#}"
-            )));
-        }
-    };
-    if record.recipient.is_none() {
-        return Err(Delivery::Skipped(
-            "no account for this address: nothing to send".into(),
-        ));
-    }
-    if !record.live {
-        return Err(Delivery::Skipped(
-            "the link was superseded or used before delivery: not sent".into(),
-        ));
-    }
-    let Some(flow) = Flow::parse(&record.flow) else {
-        return Err(Delivery::Permanent(format!(
-            "unknown token flow {:?}",
-            record.flow
-        )));
-    };
-    let Some(token) = secret
-        .all()
-        .map(|secret| Token::derive(secret, flow, token_id))
-        .find(|token| token.hash() == record.hash)
-    else {
-        return Err(Delivery::Permanent(
-            "no configured server secret derives this link (rotated out of ONCELY_SECRET_PREVIOUS, or written by a process with another ONCELY_SECRET?): not sent"
-                .into(),
-        ));
-    };
-    Ok((record, flow, token))
-}
-
-/// Supersedes a user's live verification tokens once the address is proven.
-async fn supersede_verification<B>(
-    conn: &mut Connection<B>,
-    user_id: Uuid,
-) -> Result<(), AccountError>
-where
-    B: AccountSql,
-    for<'c> &'c mut Connection<B>: Executor<'c, Database = B::Database>,
-    <B::Database as sqlx::Database>::Arguments: IntoArguments<B::Database>,
-    for<'q> Uuid: Encode<'q, B::Database> + Type<B::Database>,
-{
-    sqlx::query(B::ACCOUNT_SQL.supersede_verification)
-        .bind(user_id)
-        .bind(B::at(None))
-        .execute(conn)
-        .await
-        .map_err(AccountError::of)?;
-    Ok(())
 }

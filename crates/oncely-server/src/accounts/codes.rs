@@ -31,3 +31,22 @@ pub struct ExchangedCode {
     /// When the link was used (Unix milliseconds).
     pub authenticated_at_ms: i64,
 }
+
+/// The statements of one-time codes. One set per dialect (`postgres.rs`, `sqlite.rs`), in
+/// [`Statements`](super::Statements).
+#[derive(Debug, Clone, Copy)]
+pub struct CodeStatements {
+    /// Binds code_hash, token_hash, user_id, lifetime (seconds, a float). Stores a code of the
+    /// consumed token's tenant and flow, authenticated when the token was consumed, valid until
+    /// then + lifetime — unless the token's return URL is no longer one of its tenant's (no row).
+    pub insert_code: &'static str,
+    /// Binds code_hash, tenant, now. Consumes a live code of the tenant; returns `user_id`,
+    /// `email` and `email_verified` (the user's now), `flow`, `authenticated_at_ms` (Unix
+    /// milliseconds).
+    pub exchange_code: &'static str,
+    /// Binds code_hash, tenant, now. Whether the tenant has a code with this hash whose
+    /// lifetime has not ended (used or not): a row (`live`, 1) if so, none if not.
+    pub code_live: &'static str,
+    /// Binds now, limit. Deletes up to `limit` codes that expired before `now`.
+    pub prune_codes: &'static str,
+}

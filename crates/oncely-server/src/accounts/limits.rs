@@ -25,3 +25,23 @@ pub async fn count_in<A: Accounts>(
         }
     }
 }
+
+/// The statements of the email and login caps' counters. One set per dialect (`postgres.rs`,
+/// `sqlite.rs`), in [`Statements`](super::Statements).
+#[derive(Debug, Clone, Copy)]
+pub struct LimitStatements {
+    /// Binds tenant, bucket, window_start. Takes one back from a counter (an attempt that
+    /// turned out not to count); never below 0.
+    pub uncount: &'static str,
+    /// Binds tenant, bucket, window_start. Counts one more email; returns the count (64-bit).
+    pub count_email: &'static str,
+    /// Where the dialect can in one statement (data-modifying CTEs): binds tenant, the
+    /// address-and-client bucket, the address bucket, window_start, the per-address cap
+    /// (64-bit), whether the client's own cap let the email through. Counts one more email to
+    /// the address from the client, and — if that is within the cap and the client's cap let
+    /// it through — one more to the address; returns both counts (64-bit; the second NULL if
+    /// not counted). `None`: [`Self::count_email`] twice.
+    pub count_email_pair: Option<&'static str>,
+    /// Binds before_window, limit. Deletes up to `limit` counters of earlier windows.
+    pub prune_rate_limits: &'static str,
+}

@@ -28,15 +28,17 @@ mod tenants;
 mod tokens;
 mod users;
 
-pub use codes::{ExchangedCode, NewCode};
-pub use endpoints::{EndpointRecord, NewEndpoint};
-pub use limits::count_in;
-pub use secret_check::SecretCheck;
+pub use codes::{CodeStatements, ExchangedCode, NewCode};
+pub use endpoints::{EndpointRecord, EndpointStatements, NewEndpoint};
+pub use limits::{LimitStatements, count_in};
+pub use secret_check::{SecretCheck, SecretCheckStatements};
 pub use statements::{AccountSql, Statements};
-pub use tenants::{Branding, KeyRotation, TenantRecord};
+pub use tenants::{Branding, KeyRotation, TenantRecord, TenantStatements};
 use tokens::supersede_verification;
-pub use tokens::{ConsumedToken, NewToken, ReturnTo, TokenForSend, live_token};
-pub use users::{InviteAcceptance, LoginUser, SignupCounted, SignupOutcome, SignupRow, User};
+pub use tokens::{ConsumedToken, NewToken, ReturnTo, TokenForSend, TokenStatements, live_token};
+pub use users::{
+    InviteAcceptance, LoginUser, SignupCounted, SignupOutcome, SignupRow, User, UserStatements,
+};
 
 /// A moment read as Unix milliseconds.
 pub fn from_millis(ms: i64) -> OffsetDateTime {
@@ -587,7 +589,7 @@ where
         source: Option<&str>,
     ) -> Result<SignupOutcome, AccountError> {
         let new_id = Uuid::new_v4();
-        let inserted: Option<Uuid> = sqlx::query_scalar(B::ACCOUNT_SQL.insert_user)
+        let inserted: Option<Uuid> = sqlx::query_scalar(B::ACCOUNT_SQL.users.insert_user)
             .bind(new_id)
             .bind(tenant)
             .bind(email.as_str())
@@ -619,7 +621,7 @@ where
         source: Option<&str>,
         count: &EmailCount,
     ) -> Result<SignupCounted, AccountError> {
-        let Some(sql) = B::ACCOUNT_SQL.signup_user_counted else {
+        let Some(sql) = B::ACCOUNT_SQL.users.signup_user_counted else {
             let outcome = Self::signup_user(&mut *conn, tenant, email, source).await?;
             let targets = Self::webhook_targets(&mut *conn, tenant).await?;
             let counts = count_in::<B>(conn, tenant, count).await?;
@@ -675,7 +677,7 @@ where
         tenant: &str,
         email: &EmailAddress,
     ) -> Result<Option<User>, AccountError> {
-        sqlx::query_as(B::ACCOUNT_SQL.find_user)
+        sqlx::query_as(B::ACCOUNT_SQL.users.find_user)
             .bind(tenant)
             .bind(email.as_str())
             .fetch_optional(conn)
@@ -688,7 +690,7 @@ where
         tenant: &str,
         email: &str,
     ) -> Result<Option<User>, AccountError> {
-        sqlx::query_as(B::ACCOUNT_SQL.lock_user)
+        sqlx::query_as(B::ACCOUNT_SQL.users.lock_user)
             .bind(tenant)
             .bind(email)
             .fetch_optional(conn)
@@ -702,7 +704,7 @@ where
         bucket: &str,
         window_start: i64,
     ) -> Result<i64, AccountError> {
-        sqlx::query_scalar(B::ACCOUNT_SQL.count_email)
+        sqlx::query_scalar(B::ACCOUNT_SQL.limits.count_email)
             .bind(tenant)
             .bind(bucket)
             .bind(window_start)
@@ -718,7 +720,7 @@ where
         window_start: i64,
         (per_address, client_allowed): (i64, bool),
     ) -> Result<(i64, Option<i64>), AccountError> {
-        if let Some(sql) = B::ACCOUNT_SQL.count_email_pair {
+        if let Some(sql) = B::ACCOUNT_SQL.limits.count_email_pair {
             return sqlx::query_as(sql)
                 .bind(tenant)
                 .bind(pair)
@@ -743,7 +745,7 @@ where
         tenant: &str,
         email: &EmailAddress,
     ) -> Result<Option<LoginUser>, AccountError> {
-        sqlx::query_as(B::ACCOUNT_SQL.login_user)
+        sqlx::query_as(B::ACCOUNT_SQL.users.login_user)
             .bind(tenant)
             .bind(email.as_str())
             .fetch_optional(self.db())
@@ -757,7 +759,7 @@ where
         bucket: &str,
         window_start: i64,
     ) -> Result<i64, AccountError> {
-        sqlx::query_scalar(B::ACCOUNT_SQL.count_email)
+        sqlx::query_scalar(B::ACCOUNT_SQL.limits.count_email)
             .bind(tenant)
             .bind(bucket)
             .bind(window_start)
@@ -772,7 +774,7 @@ where
         bucket: &str,
         window_start: i64,
     ) -> Result<(), AccountError> {
-        sqlx::query(B::ACCOUNT_SQL.uncount)
+        sqlx::query(B::ACCOUNT_SQL.limits.uncount)
             .bind(tenant)
             .bind(bucket)
             .bind(window_start)
@@ -788,7 +790,7 @@ where
         old: &str,
         new: &str,
     ) -> Result<bool, AccountError> {
-        let done = sqlx::query(B::ACCOUNT_SQL.rehash_password)
+        let done = sqlx::query(B::ACCOUNT_SQL.users.rehash_password)
             .bind(user_id)
             .bind(old)
             .bind(new)
@@ -823,7 +825,7 @@ where
                 .bind(token.locale)
                 .bind(token.return_to == ReturnTo::TenantsFirst)
         };
-        if let Some(sql) = B::ACCOUNT_SQL.supersede_and_insert_token {
+        if let Some(sql) = B::ACCOUNT_SQL.tokens.supersede_and_insert_token {
             insert(sql)
                 .bind(token.supersede)
                 .execute(conn)
@@ -831,7 +833,7 @@ where
                 .map_err(AccountError::of)?;
             return Ok(());
         }
-        sqlx::query(B::ACCOUNT_SQL.supersede_flow)
+        sqlx::query(B::ACCOUNT_SQL.tokens.supersede_flow)
             .bind(token.user_id)
             .bind(token.flow)
             .bind(token.supersede)
@@ -839,7 +841,7 @@ where
             .execute(&mut *conn)
             .await
             .map_err(AccountError::of)?;
-        insert(B::ACCOUNT_SQL.insert_token)
+        insert(B::ACCOUNT_SQL.tokens.insert_token)
             .execute(conn)
             .await
             .map_err(AccountError::of)?;
@@ -854,12 +856,12 @@ where
     ) -> Result<Option<ConsumedToken>, AccountError> {
         // The account first (see `lock_token_account`), so that two links of one account used
         // at once do not deadlock.
-        sqlx::query(B::ACCOUNT_SQL.lock_token_account)
+        sqlx::query(B::ACCOUNT_SQL.tokens.lock_token_account)
             .bind(hash)
             .execute(&mut *conn)
             .await
             .map_err(AccountError::of)?;
-        sqlx::query_as(B::ACCOUNT_SQL.consume_token)
+        sqlx::query_as(B::ACCOUNT_SQL.tokens.consume_token)
             .bind(hash)
             .bind(tenant)
             .bind(flow)
@@ -875,7 +877,7 @@ where
         hash: &[u8],
     ) -> Result<Option<(Option<String>, i64)>, AccountError> {
         // Its own statement on the pool: the count survives the request's rollback.
-        sqlx::query_as(B::ACCOUNT_SQL.signup_password_attempt)
+        sqlx::query_as(B::ACCOUNT_SQL.tokens.signup_password_attempt)
             .bind(hash)
             .bind(tenant)
             .bind(B::at(None))
@@ -885,7 +887,7 @@ where
     }
 
     async fn signup_password_unattempt(&self, hash: &[u8]) -> Result<(), AccountError> {
-        sqlx::query(B::ACCOUNT_SQL.signup_password_unattempt)
+        sqlx::query(B::ACCOUNT_SQL.tokens.signup_password_unattempt)
             .bind(hash)
             .execute(self.db())
             .await
@@ -899,7 +901,7 @@ where
         password_hash: Option<&str>,
         locale: Option<&str>,
     ) -> Result<bool, AccountError> {
-        let updated = sqlx::query(B::ACCOUNT_SQL.mark_verified)
+        let updated = sqlx::query(B::ACCOUNT_SQL.users.mark_verified)
             .bind(user_id)
             .bind(B::at(None))
             .bind(password_hash)
@@ -920,7 +922,7 @@ where
         user_id: Uuid,
         password_hash: &str,
     ) -> Result<(), AccountError> {
-        sqlx::query(B::ACCOUNT_SQL.set_password)
+        sqlx::query(B::ACCOUNT_SQL.users.set_password)
             .bind(user_id)
             .bind(password_hash)
             .execute(conn)
@@ -940,7 +942,7 @@ where
         let new_id = Uuid::new_v4();
         let mut found = Self::lock_user(conn, tenant, email).await?;
         if found.is_none() {
-            let inserted = sqlx::query(B::ACCOUNT_SQL.insert_invited_user)
+            let inserted = sqlx::query(B::ACCOUNT_SQL.users.insert_invited_user)
                 .bind(new_id)
                 .bind(tenant)
                 .bind(email)
@@ -963,7 +965,7 @@ where
         let id = match found {
             // Created just now, verified: nothing to update.
             None => new_id,
-            Some(_) => sqlx::query_scalar(B::ACCOUNT_SQL.accept_invite)
+            Some(_) => sqlx::query_scalar(B::ACCOUNT_SQL.users.accept_invite)
                 .bind(new_id)
                 .bind(tenant)
                 .bind(email)
@@ -974,7 +976,7 @@ where
                 .await
                 .map_err(AccountError::of)?,
         };
-        sqlx::query(B::ACCOUNT_SQL.add_membership)
+        sqlx::query(B::ACCOUNT_SQL.users.add_membership)
             .bind(tenant)
             .bind(id)
             .bind(now())
@@ -994,7 +996,7 @@ where
         tenant: &str,
         user_id: Uuid,
     ) -> Result<Option<String>, AccountError> {
-        sqlx::query_scalar(B::ACCOUNT_SQL.user_in_tenant)
+        sqlx::query_scalar(B::ACCOUNT_SQL.users.user_in_tenant)
             .bind(user_id)
             .bind(tenant)
             .fetch_optional(conn)
@@ -1007,7 +1009,7 @@ where
         user_id: Uuid,
         email: &str,
     ) -> Result<bool, AccountError> {
-        let changed = sqlx::query(B::ACCOUNT_SQL.change_email)
+        let changed = sqlx::query(B::ACCOUNT_SQL.users.change_email)
             .bind(user_id)
             .bind(email)
             .bind(B::at(None))
@@ -1029,7 +1031,7 @@ where
         user_id: Uuid,
         invites: bool,
     ) -> Result<(), AccountError> {
-        sqlx::query(B::ACCOUNT_SQL.supersede_user_tokens)
+        sqlx::query(B::ACCOUNT_SQL.tokens.supersede_user_tokens)
             .bind(user_id)
             .bind(B::at(None))
             .bind(invites)
@@ -1040,7 +1042,7 @@ where
     }
 
     async fn token_for_send(&self, token_id: Uuid) -> Result<Option<TokenForSend>, AccountError> {
-        sqlx::query_as(B::ACCOUNT_SQL.token_for_send)
+        sqlx::query_as(B::ACCOUNT_SQL.tokens.token_for_send)
             .bind(token_id)
             .bind(B::at(None))
             .fetch_optional(self.db())
@@ -1049,7 +1051,7 @@ where
     }
 
     async fn user_email(&self, user_id: Uuid) -> Result<Option<String>, AccountError> {
-        sqlx::query_scalar(B::ACCOUNT_SQL.user_email)
+        sqlx::query_scalar(B::ACCOUNT_SQL.users.user_email)
             .bind(user_id)
             .fetch_optional(self.db())
             .await
@@ -1061,7 +1063,7 @@ where
         user_id: Uuid,
     ) -> Result<Option<(String, Option<String>)>, AccountError> {
         let row: Option<(String, Option<String>)> =
-            sqlx::query_as(B::ACCOUNT_SQL.user_email_and_locale)
+            sqlx::query_as(B::ACCOUNT_SQL.users.user_email_and_locale)
                 .bind(user_id)
                 .fetch_optional(self.db())
                 .await
@@ -1075,7 +1077,7 @@ where
         expired_for: std::time::Duration,
         limit: u32,
     ) -> Result<u64, AccountError> {
-        let done = sqlx::query(B::ACCOUNT_SQL.prune_tokens)
+        let done = sqlx::query(B::ACCOUNT_SQL.tokens.prune_tokens)
             .bind(B::at(now))
             .bind(expired_for.as_secs_f64())
             .bind(i64::from(limit))
@@ -1086,7 +1088,7 @@ where
     }
 
     async fn prune_rate_limits(&self, before_window: i64, limit: u32) -> Result<u64, AccountError> {
-        let done = sqlx::query(B::ACCOUNT_SQL.prune_rate_limits)
+        let done = sqlx::query(B::ACCOUNT_SQL.limits.prune_rate_limits)
             .bind(before_window)
             .bind(i64::from(limit))
             .execute(self.db())
@@ -1096,7 +1098,7 @@ where
     }
 
     async fn create_tenant(&self, id: &str, api_key_hash: &[u8]) -> Result<(), AccountError> {
-        sqlx::query(B::ACCOUNT_SQL.create_tenant)
+        sqlx::query(B::ACCOUNT_SQL.tenants.create_tenant)
             .bind(id)
             .bind(api_key_hash)
             .bind(B::at(None))
@@ -1107,7 +1109,7 @@ where
     }
 
     async fn tenant_by_key(&self, api_key_hash: &[u8]) -> Result<Option<String>, AccountError> {
-        sqlx::query_scalar(B::ACCOUNT_SQL.tenant_by_key)
+        sqlx::query_scalar(B::ACCOUNT_SQL.tenants.tenant_by_key)
             .bind(api_key_hash)
             .bind(B::at(None))
             .fetch_optional(self.db())
@@ -1121,14 +1123,15 @@ where
         api_key_hash: &[u8],
         grace: std::time::Duration,
     ) -> Result<Option<KeyRotation>, AccountError> {
-        let rotated: Option<(Option<i64>,)> = sqlx::query_as(B::ACCOUNT_SQL.rotate_tenant_key)
-            .bind(id)
-            .bind(api_key_hash)
-            .bind(grace.as_secs_f64())
-            .bind(B::at(None))
-            .fetch_optional(self.db())
-            .await
-            .map_err(AccountError::of)?;
+        let rotated: Option<(Option<i64>,)> =
+            sqlx::query_as(B::ACCOUNT_SQL.tenants.rotate_tenant_key)
+                .bind(id)
+                .bind(api_key_hash)
+                .bind(grace.as_secs_f64())
+                .bind(B::at(None))
+                .fetch_optional(self.db())
+                .await
+                .map_err(AccountError::of)?;
         Ok(rotated.map(|(until,)| KeyRotation {
             previous_valid_until: until.map(from_millis),
         }))
@@ -1138,7 +1141,7 @@ where
         conn: &mut Connection<B>,
         code: &NewCode<'_>,
     ) -> Result<bool, AccountError> {
-        let done = sqlx::query(B::ACCOUNT_SQL.insert_code)
+        let done = sqlx::query(B::ACCOUNT_SQL.codes.insert_code)
             .bind(code.hash)
             .bind(code.token_hash)
             .bind(code.user_id)
@@ -1154,7 +1157,7 @@ where
         tenant: &str,
         hash: &[u8],
     ) -> Result<Option<ExchangedCode>, AccountError> {
-        sqlx::query_as(B::ACCOUNT_SQL.exchange_code)
+        sqlx::query_as(B::ACCOUNT_SQL.codes.exchange_code)
             .bind(hash)
             .bind(tenant)
             .bind(B::at(None))
@@ -1164,7 +1167,7 @@ where
     }
 
     async fn code_live(&self, tenant: &str, hash: &[u8]) -> Result<bool, AccountError> {
-        let live: Option<i64> = sqlx::query_scalar(B::ACCOUNT_SQL.code_live)
+        let live: Option<i64> = sqlx::query_scalar(B::ACCOUNT_SQL.codes.code_live)
             .bind(hash)
             .bind(tenant)
             .bind(B::at(None))
@@ -1179,7 +1182,7 @@ where
         now: Option<OffsetDateTime>,
         limit: u32,
     ) -> Result<u64, AccountError> {
-        let done = sqlx::query(B::ACCOUNT_SQL.prune_codes)
+        let done = sqlx::query(B::ACCOUNT_SQL.codes.prune_codes)
             .bind(B::at(now))
             .bind(i64::from(limit))
             .execute(self.db())
@@ -1189,7 +1192,7 @@ where
     }
 
     async fn return_urls(&self, tenant: &str) -> Result<Vec<String>, AccountError> {
-        sqlx::query_scalar(B::ACCOUNT_SQL.return_urls)
+        sqlx::query_scalar(B::ACCOUNT_SQL.tenants.return_urls)
             .bind(tenant)
             .fetch_all(self.db())
             .await
@@ -1197,7 +1200,7 @@ where
     }
 
     async fn all_return_urls(&self) -> Result<Vec<(String, String)>, AccountError> {
-        sqlx::query_as(B::ACCOUNT_SQL.all_return_urls)
+        sqlx::query_as(B::ACCOUNT_SQL.tenants.all_return_urls)
             .fetch_all(self.db())
             .await
             .map_err(AccountError::of)
@@ -1205,7 +1208,7 @@ where
 
     async fn set_return_urls(&self, id: &str, urls: &[String]) -> Result<bool, AccountError> {
         let mut tx = self.db().begin().await.map_err(AccountError::of)?;
-        let found: Option<String> = sqlx::query_scalar(B::ACCOUNT_SQL.lock_tenant)
+        let found: Option<String> = sqlx::query_scalar(B::ACCOUNT_SQL.tenants.lock_tenant)
             .bind(id)
             .fetch_optional(&mut *tx)
             .await
@@ -1213,13 +1216,13 @@ where
         if found.is_none() {
             return Ok(false);
         }
-        sqlx::query(B::ACCOUNT_SQL.clear_return_urls)
+        sqlx::query(B::ACCOUNT_SQL.tenants.clear_return_urls)
             .bind(id)
             .execute(&mut *tx)
             .await
             .map_err(AccountError::of)?;
         for (position, url) in (0_i64..).zip(urls) {
-            sqlx::query(B::ACCOUNT_SQL.add_return_url)
+            sqlx::query(B::ACCOUNT_SQL.tenants.add_return_url)
                 .bind(id)
                 .bind(position)
                 .bind(url.as_str())
@@ -1235,7 +1238,7 @@ where
         conn: &mut Connection<B>,
         tenant: &str,
     ) -> Result<Vec<(Uuid, String)>, AccountError> {
-        sqlx::query_as(B::ACCOUNT_SQL.webhook_targets)
+        sqlx::query_as(B::ACCOUNT_SQL.endpoints.webhook_targets)
             .bind(tenant)
             .fetch_all(&mut *conn)
             .await
@@ -1243,7 +1246,7 @@ where
     }
 
     async fn webhook_targets_now(&self, tenant: &str) -> Result<Vec<(Uuid, String)>, AccountError> {
-        sqlx::query_as(B::ACCOUNT_SQL.webhook_targets)
+        sqlx::query_as(B::ACCOUNT_SQL.endpoints.webhook_targets)
             .bind(tenant)
             .fetch_all(self.db())
             .await
@@ -1251,7 +1254,7 @@ where
     }
 
     async fn email_delivery(&self, tenant: &str) -> Result<String, AccountError> {
-        let found: Option<String> = sqlx::query_scalar(B::ACCOUNT_SQL.email_delivery)
+        let found: Option<String> = sqlx::query_scalar(B::ACCOUNT_SQL.tenants.email_delivery)
             .bind(tenant)
             .fetch_optional(self.db())
             .await
@@ -1260,7 +1263,7 @@ where
     }
 
     async fn branding(&self, tenant: &str) -> Result<Branding, AccountError> {
-        let found: Option<Branding> = sqlx::query_as(B::ACCOUNT_SQL.branding)
+        let found: Option<Branding> = sqlx::query_as(B::ACCOUNT_SQL.tenants.branding)
             .bind(tenant)
             .fetch_optional(self.db())
             .await
@@ -1269,7 +1272,7 @@ where
     }
 
     async fn set_branding(&self, id: &str, branding: &Branding) -> Result<bool, AccountError> {
-        let done = sqlx::query(B::ACCOUNT_SQL.set_branding)
+        let done = sqlx::query(B::ACCOUNT_SQL.tenants.set_branding)
             .bind(id)
             .bind(branding.product_name.as_deref())
             .bind(branding.mail_from.as_deref())
@@ -1281,7 +1284,7 @@ where
     }
 
     async fn set_email_delivery(&self, id: &str, delivery: &str) -> Result<bool, AccountError> {
-        let done = sqlx::query(B::ACCOUNT_SQL.set_email_delivery)
+        let done = sqlx::query(B::ACCOUNT_SQL.tenants.set_email_delivery)
             .bind(id)
             .bind(delivery)
             .execute(self.db())
@@ -1291,7 +1294,7 @@ where
     }
 
     async fn insert_webhook_endpoint(&self, endpoint: NewEndpoint<'_>) -> Result<(), AccountError> {
-        sqlx::query(B::ACCOUNT_SQL.insert_webhook_endpoint)
+        sqlx::query(B::ACCOUNT_SQL.endpoints.insert_webhook_endpoint)
             .bind(endpoint.id)
             .bind(endpoint.tenant)
             .bind(endpoint.url)
@@ -1305,7 +1308,7 @@ where
     }
 
     async fn webhook_endpoint(&self, id: Uuid) -> Result<Option<EndpointRecord>, AccountError> {
-        sqlx::query_as(B::ACCOUNT_SQL.webhook_endpoint)
+        sqlx::query_as(B::ACCOUNT_SQL.endpoints.webhook_endpoint)
             .bind(id)
             .bind(B::at(None))
             .fetch_optional(self.db())
@@ -1317,7 +1320,7 @@ where
         &self,
         tenant: Option<&str>,
     ) -> Result<Vec<EndpointRecord>, AccountError> {
-        sqlx::query_as(B::ACCOUNT_SQL.webhook_endpoints)
+        sqlx::query_as(B::ACCOUNT_SQL.endpoints.webhook_endpoints)
             .bind(tenant)
             .bind(B::at(None))
             .fetch_all(self.db())
@@ -1330,7 +1333,7 @@ where
         id: Uuid,
         reason: Option<&str>,
     ) -> Result<bool, AccountError> {
-        let done = sqlx::query(B::ACCOUNT_SQL.set_webhook_disabled)
+        let done = sqlx::query(B::ACCOUNT_SQL.endpoints.set_webhook_disabled)
             .bind(id)
             .bind(B::at(None))
             .bind(reason)
@@ -1346,7 +1349,7 @@ where
         old: &str,
         new: &str,
     ) -> Result<bool, AccountError> {
-        let done = sqlx::query(B::ACCOUNT_SQL.reseal_webhook_secret)
+        let done = sqlx::query(B::ACCOUNT_SQL.endpoints.reseal_webhook_secret)
             .bind(id)
             .bind(old)
             .bind(new)
@@ -1362,21 +1365,22 @@ where
         secret_sealed: &str,
         grace: std::time::Duration,
     ) -> Result<Option<KeyRotation>, AccountError> {
-        let rotated: Option<(Option<i64>,)> = sqlx::query_as(B::ACCOUNT_SQL.rotate_webhook_secret)
-            .bind(id)
-            .bind(secret_sealed)
-            .bind(grace.as_secs_f64())
-            .bind(B::at(None))
-            .fetch_optional(self.db())
-            .await
-            .map_err(AccountError::of)?;
+        let rotated: Option<(Option<i64>,)> =
+            sqlx::query_as(B::ACCOUNT_SQL.endpoints.rotate_webhook_secret)
+                .bind(id)
+                .bind(secret_sealed)
+                .bind(grace.as_secs_f64())
+                .bind(B::at(None))
+                .fetch_optional(self.db())
+                .await
+                .map_err(AccountError::of)?;
         Ok(rotated.map(|(until,)| KeyRotation {
             previous_valid_until: until.map(from_millis),
         }))
     }
 
     async fn remove_webhook_endpoint(&self, id: Uuid) -> Result<bool, AccountError> {
-        let done = sqlx::query(B::ACCOUNT_SQL.remove_webhook_endpoint)
+        let done = sqlx::query(B::ACCOUNT_SQL.endpoints.remove_webhook_endpoint)
             .bind(id)
             .execute(self.db())
             .await
@@ -1385,7 +1389,7 @@ where
     }
 
     async fn tenants(&self) -> Result<Vec<TenantRecord>, AccountError> {
-        sqlx::query_as(B::ACCOUNT_SQL.tenants)
+        sqlx::query_as(B::ACCOUNT_SQL.tenants.tenants)
             .bind(B::at(None))
             .fetch_all(self.db())
             .await
@@ -1393,7 +1397,7 @@ where
     }
 
     async fn development_secret(&self, candidate: &str) -> Result<String, AccountError> {
-        sqlx::query_scalar(B::ACCOUNT_SQL.development_secret)
+        sqlx::query_scalar(B::ACCOUNT_SQL.secret_check.development_secret)
             .bind(candidate)
             .fetch_one(self.db())
             .await
@@ -1402,7 +1406,7 @@ where
 
     async fn secret_check(&self) -> Result<Option<SecretCheck>, AccountError> {
         let row: Option<(String, Option<String>, String)> =
-            sqlx::query_as(B::ACCOUNT_SQL.secret_check)
+            sqlx::query_as(B::ACCOUNT_SQL.secret_check.secret_check)
                 .fetch_optional(self.db())
                 .await
                 .map_err(AccountError::of)?;
@@ -1424,8 +1428,8 @@ where
     ) -> Result<bool, AccountError> {
         let retired = check.retired.join(",");
         let statement = match replacing {
-            None => B::ACCOUNT_SQL.add_secret_check,
-            Some(_) => B::ACCOUNT_SQL.replace_secret_check,
+            None => B::ACCOUNT_SQL.secret_check.add_secret_check,
+            Some(_) => B::ACCOUNT_SQL.secret_check.replace_secret_check,
         };
         let mut query = sqlx::query(statement)
             .bind(check.current.as_str())

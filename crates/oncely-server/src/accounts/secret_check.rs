@@ -23,3 +23,20 @@ impl SecretCheck {
         }
     }
 }
+
+/// The statements of the secret check and the development secret. One set per dialect
+/// (`postgres.rs`, `sqlite.rs`), in [`Statements`](super::Statements).
+#[derive(Debug, Clone, Copy)]
+pub struct SecretCheckStatements {
+    /// Binds secret. Stores the development secret of the database unless one is stored;
+    /// returns the stored one.
+    pub development_secret: &'static str,
+    /// Binds nothing. The secret check: `current_mac`, `previous_mac`, `retired_macs` (no row:
+    /// none yet).
+    pub secret_check: &'static str,
+    /// Binds current, previous, retired. Stores the secret check unless one is stored.
+    pub add_secret_check: &'static str,
+    /// Binds current, previous, retired, the current MAC it replaces. Replaces the secret check
+    /// if it still holds that one.
+    pub replace_secret_check: &'static str,
+}

@@ -160,11 +160,50 @@ where
     <B::Database as sqlx::Database>::Arguments: IntoArguments<B::Database>,
     for<'q> Uuid: Encode<'q, B::Database> + Type<B::Database>,
 {
-    sqlx::query(B::ACCOUNT_SQL.supersede_verification)
+    sqlx::query(B::ACCOUNT_SQL.tokens.supersede_verification)
         .bind(user_id)
         .bind(B::at(None))
         .execute(conn)
         .await
         .map_err(AccountError::of)?;
     Ok(())
+}
+
+/// The statements of token records. One set per dialect (`postgres.rs`, `sqlite.rs`), in
+/// [`Statements`](super::Statements).
+#[derive(Debug, Clone, Copy)]
+pub struct TokenStatements {
+    /// Binds user_id, flow, supersede (bool), now. Supersedes the user's live tokens of the
+    /// flow that carry no signup password, if `supersede`.
+    pub supersede_flow: &'static str,
+    /// Binds id, tenant, user_id, email, flow, token_hash, expires_at, now, password_hash,
+    /// return_to, locale, tenants_first (bool: store the tenant's first return URL, read in the
+    /// statement, instead of return_to).
+    pub insert_token: &'static str,
+    /// Where the dialect can in one statement: [`Self::supersede_flow`] then
+    /// [`Self::insert_token`]; binds as `insert_token`, then supersede (bool). `None`: the two.
+    pub supersede_and_insert_token: Option<&'static str>,
+    /// Binds token_hash. Locks the account the token belongs to (if any) until the transaction
+    /// ends, before the token is consumed.
+    pub lock_token_account: &'static str,
+    /// Binds token_hash, tenant (or NULL: any), flow, now. Consumes a live, owned token;
+    /// returns `tenant`, `user_id`, `email`, `password_hash`, `return_to`, `locale`.
+    pub consume_token: &'static str,
+    /// Binds token_hash, tenant (or NULL: any), now. Counts an attempt at the signup password
+    /// of a live verification token; returns `password_hash`, `password_attempts` (64-bit).
+    pub signup_password_attempt: &'static str,
+    /// Binds token_hash. Takes back one attempt at the token's signup password (never below 0).
+    pub signup_password_unattempt: &'static str,
+    /// Binds user_id, now. Supersedes the user's live verification tokens.
+    pub supersede_verification: &'static str,
+    /// Binds token_id, now. Returns `flow`, `tenant`, `user_id`, `token_hash`, `recipient` (the
+    /// token's own address if it has one, else its user's), `locale` (the token's, else its
+    /// user's if the user is verified), `live`.
+    pub token_for_send: &'static str,
+    /// Binds user_id, now, invites (bool). Supersedes every live token of the user — its
+    /// invitations only if `invites`.
+    pub supersede_user_tokens: &'static str,
+    /// Binds now, expired_for (seconds, a float), limit. Deletes up to `limit` tokens that
+    /// expired more than `expired_for` before `now`.
+    pub prune_tokens: &'static str,
 }

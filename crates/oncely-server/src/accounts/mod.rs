@@ -32,6 +32,7 @@ pub use codes::{CodeStatements, ExchangedCode, NewCode};
 pub use endpoints::{EndpointRecord, EndpointStatements, NewEndpoint};
 pub use limits::{LimitStatements, count_in};
 pub use secret_check::{SecretCheck, SecretCheckStatements};
+use statements::statements;
 pub use statements::{AccountSql, Statements};
 pub use tenants::{Branding, KeyRotation, TenantRecord, TenantStatements};
 use tokens::supersede_verification;

@@ -3,24 +3,13 @@
 
 use super::{
     AccountSql, CodeStatements, EndpointStatements, LimitStatements, SecretCheckStatements,
-    Statements, TenantStatements, TokenStatements, UserStatements,
+    Statements, TenantStatements, TokenStatements, UserStatements, statements,
 };
 use crate::backend::Sqlite;
 
 impl AccountSql for Sqlite {
-    const ACCOUNT_SQL: Statements = STATEMENTS;
+    const ACCOUNT_SQL: Statements = statements!();
 }
-
-/// The statements.
-pub const STATEMENTS: Statements = Statements {
-    users: USERS,
-    limits: LIMITS,
-    tokens: TOKENS,
-    tenants: TENANTS,
-    codes: CODES,
-    endpoints: ENDPOINTS,
-    secret_check: SECRET_CHECK,
-};
 
 /// The statements of users.
 const USERS: UserStatements = UserStatements {

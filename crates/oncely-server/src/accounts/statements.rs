@@ -1,5 +1,5 @@
-//! The account statements: one set per dialect ([`super::postgres::STATEMENTS`],
-//! [`super::sqlite::STATEMENTS`]), per aggregate, under the names of the aggregate's statements
+//! The account statements: one set per dialect ([`AccountSql::ACCOUNT_SQL`], in
+//! `accounts/postgres.rs` and `accounts/sqlite.rs`), per aggregate, under the names of the aggregate's statements
 //! (beside its rows: [`UserStatements`], [`TokenStatements`], …). Each field says what the Rust
 //! binds, in order ($1, $2, … on PostgreSQL; ?1, ?2, … on SQLite): the binding is written once,
 //! in [`super::Accounts`], so both dialects must take the same parameters in the same order.
@@ -40,3 +40,20 @@ pub struct Statements {
     /// The statements of the secret check and the development secret.
     pub secret_check: SecretCheckStatements,
 }
+
+/// A dialect's [`Statements`]: its aggregates' sets, the consts `USERS`, `LIMITS`, `TOKENS`,
+/// `TENANTS`, `CODES`, `ENDPOINTS` and `SECRET_CHECK` of the module it is written in.
+macro_rules! statements {
+    () => {
+        Statements {
+            users: USERS,
+            limits: LIMITS,
+            tokens: TOKENS,
+            tenants: TENANTS,
+            codes: CODES,
+            endpoints: ENDPOINTS,
+            secret_check: SECRET_CHECK,
+        }
+    };
+}
+pub(super) use statements;

@@ -16,6 +16,7 @@ use uuid::Uuid;
 use crate::backend::{Backend, Connection, MIGRATION_TABLES};
 use crate::email::EmailAddress;
 use crate::limits::email::EmailCount;
+use oncely_sql::Db;
 
 mod codes;
 mod endpoints;
@@ -40,6 +41,51 @@ pub use tokens::{ConsumedToken, NewToken, ReturnTo, TokenForSend, TokenStatement
 pub use users::{
     InviteAcceptance, LoginUser, SignupCounted, SignupOutcome, SignupRow, User, UserStatements,
 };
+
+/// Runs `query` on the pool, a statement of its own: the rows it changed.
+async fn changed<B>(
+    db: &Db<B::Database>,
+    query: sqlx::query::Query<'_, B::Database, <B::Database as sqlx::Database>::Arguments>,
+) -> Result<u64, AccountError>
+where
+    B: Backend,
+    <B::Database as sqlx::Database>::Arguments: IntoArguments<B::Database>,
+    for<'c> &'c Db<B::Database>: Executor<'c, Database = B::Database>,
+{
+    let done = query.execute(db).await.map_err(AccountError::of)?;
+    Ok(B::rows_affected(&done))
+}
+
+/// Runs a key rotation's statement, `query` with the row's id and the new key bound, on the
+/// pool (binding the grace in seconds and now): `None` if there was no row to rotate, else until
+/// when the replaced key keeps working.
+async fn rotation<B>(
+    db: &Db<B::Database>,
+    query: sqlx::query::QueryAs<
+        '_,
+        B::Database,
+        (Option<i64>,),
+        <B::Database as sqlx::Database>::Arguments,
+    >,
+    grace: std::time::Duration,
+) -> Result<Option<KeyRotation>, AccountError>
+where
+    B: Backend,
+    <B::Database as sqlx::Database>::Arguments: IntoArguments<B::Database>,
+    for<'c> &'c Db<B::Database>: Executor<'c, Database = B::Database>,
+    for<'q> f64: Encode<'q, B::Database> + Type<B::Database>,
+    for<'r> (Option<i64>,): FromRow<'r, <B::Database as sqlx::Database>::Row>,
+{
+    let rotated = query
+        .bind(grace.as_secs_f64())
+        .bind(B::at(None))
+        .fetch_optional(db)
+        .await
+        .map_err(AccountError::of)?;
+    Ok(rotated.map(|(until,)| KeyRotation {
+        previous_valid_until: until.map(from_millis),
+    }))
+}
 
 /// A moment read as Unix milliseconds.
 pub fn from_millis(ms: i64) -> OffsetDateTime {
@@ -791,14 +837,11 @@ where
         old: &str,
         new: &str,
     ) -> Result<bool, AccountError> {
-        let done = sqlx::query(B::ACCOUNT_SQL.users.rehash_password)
+        let query = sqlx::query(B::ACCOUNT_SQL.users.rehash_password)
             .bind(user_id)
             .bind(old)
-            .bind(new)
-            .execute(self.db())
-            .await
-            .map_err(AccountError::of)?;
-        Ok(B::rows_affected(&done) == 1)
+            .bind(new);
+        Ok(changed::<B>(self.db(), query).await? == 1)
     }
 
     async fn insert_token(
@@ -1078,24 +1121,18 @@ where
         expired_for: std::time::Duration,
         limit: u32,
     ) -> Result<u64, AccountError> {
-        let done = sqlx::query(B::ACCOUNT_SQL.tokens.prune_tokens)
+        let query = sqlx::query(B::ACCOUNT_SQL.tokens.prune_tokens)
             .bind(B::at(now))
             .bind(expired_for.as_secs_f64())
-            .bind(i64::from(limit))
-            .execute(self.db())
-            .await
-            .map_err(AccountError::of)?;
-        Ok(B::rows_affected(&done))
+            .bind(i64::from(limit));
+        changed::<B>(self.db(), query).await
     }
 
     async fn prune_rate_limits(&self, before_window: i64, limit: u32) -> Result<u64, AccountError> {
-        let done = sqlx::query(B::ACCOUNT_SQL.limits.prune_rate_limits)
+        let query = sqlx::query(B::ACCOUNT_SQL.limits.prune_rate_limits)
             .bind(before_window)
-            .bind(i64::from(limit))
-            .execute(self.db())
-            .await
-            .map_err(AccountError::of)?;
-        Ok(B::rows_affected(&done))
+            .bind(i64::from(limit));
+        changed::<B>(self.db(), query).await
     }
 
     async fn create_tenant(&self, id: &str, api_key_hash: &[u8]) -> Result<(), AccountError> {
@@ -1124,18 +1161,10 @@ where
         api_key_hash: &[u8],
         grace: std::time::Duration,
     ) -> Result<Option<KeyRotation>, AccountError> {
-        let rotated: Option<(Option<i64>,)> =
-            sqlx::query_as(B::ACCOUNT_SQL.tenants.rotate_tenant_key)
-                .bind(id)
-                .bind(api_key_hash)
-                .bind(grace.as_secs_f64())
-                .bind(B::at(None))
-                .fetch_optional(self.db())
-                .await
-                .map_err(AccountError::of)?;
-        Ok(rotated.map(|(until,)| KeyRotation {
-            previous_valid_until: until.map(from_millis),
-        }))
+        let query = sqlx::query_as(B::ACCOUNT_SQL.tenants.rotate_tenant_key)
+            .bind(id)
+            .bind(api_key_hash);
+        rotation::<B>(self.db(), query, grace).await
     }
 
     async fn insert_code(
@@ -1183,13 +1212,10 @@ where
         now: Option<OffsetDateTime>,
         limit: u32,
     ) -> Result<u64, AccountError> {
-        let done = sqlx::query(B::ACCOUNT_SQL.codes.prune_codes)
+        let query = sqlx::query(B::ACCOUNT_SQL.codes.prune_codes)
             .bind(B::at(now))
-            .bind(i64::from(limit))
-            .execute(self.db())
-            .await
-            .map_err(AccountError::of)?;
-        Ok(B::rows_affected(&done))
+            .bind(i64::from(limit));
+        changed::<B>(self.db(), query).await
     }
 
     async fn return_urls(&self, tenant: &str) -> Result<Vec<String>, AccountError> {
@@ -1273,25 +1299,19 @@ where
     }
 
     async fn set_branding(&self, id: &str, branding: &Branding) -> Result<bool, AccountError> {
-        let done = sqlx::query(B::ACCOUNT_SQL.tenants.set_branding)
+        let query = sqlx::query(B::ACCOUNT_SQL.tenants.set_branding)
             .bind(id)
             .bind(branding.product_name.as_deref())
             .bind(branding.mail_from.as_deref())
-            .bind(branding.support_email.as_deref())
-            .execute(self.db())
-            .await
-            .map_err(AccountError::of)?;
-        Ok(B::rows_affected(&done) == 1)
+            .bind(branding.support_email.as_deref());
+        Ok(changed::<B>(self.db(), query).await? == 1)
     }
 
     async fn set_email_delivery(&self, id: &str, delivery: &str) -> Result<bool, AccountError> {
-        let done = sqlx::query(B::ACCOUNT_SQL.tenants.set_email_delivery)
+        let query = sqlx::query(B::ACCOUNT_SQL.tenants.set_email_delivery)
             .bind(id)
-            .bind(delivery)
-            .execute(self.db())
-            .await
-            .map_err(AccountError::of)?;
-        Ok(B::rows_affected(&done) == 1)
+            .bind(delivery);
+        Ok(changed::<B>(self.db(), query).await? == 1)
     }
 
     async fn insert_webhook_endpoint(&self, endpoint: NewEndpoint<'_>) -> Result<(), AccountError> {
@@ -1334,14 +1354,11 @@ where
         id: Uuid,
         reason: Option<&str>,
     ) -> Result<bool, AccountError> {
-        let done = sqlx::query(B::ACCOUNT_SQL.endpoints.set_webhook_disabled)
+        let query = sqlx::query(B::ACCOUNT_SQL.endpoints.set_webhook_disabled)
             .bind(id)
             .bind(B::at(None))
-            .bind(reason)
-            .execute(self.db())
-            .await
-            .map_err(AccountError::of)?;
-        Ok(B::rows_affected(&done) == 1)
+            .bind(reason);
+        Ok(changed::<B>(self.db(), query).await? == 1)
     }
 
     async fn reseal_webhook_secret(
@@ -1350,14 +1367,11 @@ where
         old: &str,
         new: &str,
     ) -> Result<bool, AccountError> {
-        let done = sqlx::query(B::ACCOUNT_SQL.endpoints.reseal_webhook_secret)
+        let query = sqlx::query(B::ACCOUNT_SQL.endpoints.reseal_webhook_secret)
             .bind(id)
             .bind(old)
-            .bind(new)
-            .execute(self.db())
-            .await
-            .map_err(AccountError::of)?;
-        Ok(B::rows_affected(&done) > 0)
+            .bind(new);
+        Ok(changed::<B>(self.db(), query).await? > 0)
     }
 
     async fn rotate_webhook_secret(
@@ -1366,27 +1380,15 @@ where
         secret_sealed: &str,
         grace: std::time::Duration,
     ) -> Result<Option<KeyRotation>, AccountError> {
-        let rotated: Option<(Option<i64>,)> =
-            sqlx::query_as(B::ACCOUNT_SQL.endpoints.rotate_webhook_secret)
-                .bind(id)
-                .bind(secret_sealed)
-                .bind(grace.as_secs_f64())
-                .bind(B::at(None))
-                .fetch_optional(self.db())
-                .await
-                .map_err(AccountError::of)?;
-        Ok(rotated.map(|(until,)| KeyRotation {
-            previous_valid_until: until.map(from_millis),
-        }))
+        let query = sqlx::query_as(B::ACCOUNT_SQL.endpoints.rotate_webhook_secret)
+            .bind(id)
+            .bind(secret_sealed);
+        rotation::<B>(self.db(), query, grace).await
     }
 
     async fn remove_webhook_endpoint(&self, id: Uuid) -> Result<bool, AccountError> {
-        let done = sqlx::query(B::ACCOUNT_SQL.endpoints.remove_webhook_endpoint)
-            .bind(id)
-            .execute(self.db())
-            .await
-            .map_err(AccountError::of)?;
-        Ok(B::rows_affected(&done) == 1)
+        let query = sqlx::query(B::ACCOUNT_SQL.endpoints.remove_webhook_endpoint).bind(id);
+        Ok(changed::<B>(self.db(), query).await? == 1)
     }
 
     async fn tenants(&self) -> Result<Vec<TenantRecord>, AccountError> {

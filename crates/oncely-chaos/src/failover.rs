@@ -11,7 +11,7 @@
 //! new client waits up to 10 s for one. A connection to the old primary breaks with it.
 //! HAProxy (Debian's) was the other candidate; its `pgsql-check` cannot tell a primary from a
 //! standby (both answer), and its usual companion, a health endpoint such as Patroni's, is a
-//! failover manager of its own: that is `--patroni` ([`crate::patroni`]), which replaces this
+//! failover manager of its own: that is `--patroni` (`patroni.rs`), which replaces this
 //! pair for failovers. The pair stays for what Patroni's `synchronous_mode` does not let the run
 //! control: an asynchronous standby behind a link of a chosen round trip, cut at the kill — what
 //! asynchronous replication loses.

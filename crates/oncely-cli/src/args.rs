@@ -8,7 +8,7 @@ use clap::builder::TypedValueParser as _;
 use oncely_outbox::OnUnknown;
 use oncely_outbox::mail::IdempotencyHeader;
 use oncely_server::backend::Pooler;
-use oncely_server::settings::Environment;
+use oncely_server::environment::Environment;
 use oncely_server::settings::defaults;
 use secrecy::SecretString;
 use time::OffsetDateTime;
@@ -50,7 +50,7 @@ impl SecretArgs {
         backend: &B,
         database_url: &str,
     ) -> anyhow::Result<oncely::ServerSecret> {
-        oncely_server::startup::command_secret(
+        oncely_server::secret::command_secret(
             backend,
             self.environment,
             (self.secret.as_ref(), self.secret_previous.as_ref()),

@@ -2,7 +2,7 @@
 
 use oncely_cli::cli::Command;
 use oncely_server::demo;
-use oncely_server::settings::Environment;
+use oncely_server::environment::Environment;
 
 #[tokio::main]
 async fn main() -> std::process::ExitCode {

@@ -14,10 +14,12 @@ use oncely::ServerSecret;
 use oncely_gateway::{Plan, Route, Routes, Scoping, Upstream};
 use oncely_server::branding::ServiceBrand;
 use oncely_server::connections::ConnectionLimits;
-use oncely_server::routes::login::LoginLimits;
+use oncely_server::environment::Environment;
+use oncely_server::limits::login::LoginLimits;
+use oncely_server::secret::server_secret;
 use oncely_server::settings::{
-    DatabaseSettings, Environment, MailerChoice, MailerSettings, Settings, WorkerSettings,
-    defaults, development_public_url, mail_limits, server_secret,
+    DatabaseSettings, MailerChoice, MailerSettings, Settings, WorkerSettings, defaults,
+    development_public_url, mail_limits,
 };
 use oncely_server::webhooks::WebhookSettings;
 use oncely_server::workers::WorkerPlan;
@@ -553,7 +555,7 @@ mod tests {
     use std::path::PathBuf;
 
     use oncely_outbox::OnUnknown;
-    use oncely_server::settings::data_dir;
+    use oncely_server::secret::data_dir;
 
     use super::*;
     use crate::cli::{Cli, Command};

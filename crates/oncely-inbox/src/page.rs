@@ -10,7 +10,7 @@
 //! Pages are sent with a Content-Security-Policy that allows no inline script and no other
 //! origin; the page's actions are `fetch` calls with `DELETE`, `PUT` or a JSON body, which a
 //! form on another site cannot send, and the router refuses a browser's cross-origin request
-//! that would change something (see [`crate::http::router`]).
+//! that would change something (see the router in `http.rs`).
 
 use std::sync::Arc;
 

@@ -13,7 +13,7 @@
 //! | a timeout or a broken connection after sending | [`Delivery::Unknown`] (retried with the same key, which a deduplicating API turns into one effect) |
 //!
 //! An API whose URL is fixed by configuration rather than by the job (an email provider's
-//! `/emails`: [`crate::mail::HttpMailer`]) reads three more answers as configuration errors,
+//! `/emails`: the HTTP mailer) reads three more answers as configuration errors,
 //! [`Delivery::Refused`] (the kind pauses until it is fixed) rather than the job's fault: a
 //! redirect (but 303), 404 and 405 — the URL is wrong for every job alike; the reason carries a
 //! redirect's `Location`.
@@ -228,12 +228,17 @@ fn key_used_with_another_payload(body: &str) -> bool {
         .is_ok_and(|answer| answer["name"] == "invalid_idempotent_request")
 }
 
+/// TLS uses rustls with the ring provider; install it once per process.
+pub(crate) fn install_crypto_provider() {
+    let _ = rustls::crypto::ring::default_provider().install_default();
+}
+
 /// A client with `timeout` on connecting and on the whole request (TLS via rustls and ring)
 /// that never follows a redirect: a followed 301/302 turns the POST into a GET elsewhere, a
 /// followed 307/308 sends the job a second time to an address nobody configured. A redirect is
 /// answered as what it is — the API's URL is wrong — and retried (never sent on).
 pub fn client(timeout: std::time::Duration) -> Result<reqwest::Client, reqwest::Error> {
-    crate::mail::install_crypto_provider();
+    install_crypto_provider();
     reqwest::Client::builder()
         .timeout(timeout)
         .connect_timeout(timeout)

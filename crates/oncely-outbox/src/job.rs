@@ -121,7 +121,7 @@ pub type MarkFuture<'a> =
 /// over SMTP once `MAIL`, `RCPT` and `DATA` were accepted, before the message's content is
 /// sent; over HTTP before the request is sent. A transport that can tell that moment calls
 /// [`PointOfNoReturn::reached`] there, waits for it, and hands nothing over if it fails
-/// ([`Mailer::send_marked`](crate::mail::Mailer::send_marked)).
+/// (the mailer's `send_marked`).
 ///
 /// In a worker ([`Handler::run_marked`](crate::Handler::run_marked)) it is a durable write to
 /// the attempt's row, fenced by the claim's lease token (one round trip to the database per
@@ -137,7 +137,7 @@ pub trait PointOfNoReturn: Send + Sync {
 }
 
 /// A point of no return recorded nowhere: for a send outside a worker, where nobody asks
-/// afterwards ([`Mailer::send`](crate::mail::Mailer::send) uses it).
+/// afterwards (the mailer's `send` uses it).
 #[derive(Debug, Clone, Copy, Default)]
 pub struct Unrecorded;
 
@@ -258,7 +258,7 @@ pub enum Reconciled {
 }
 
 /// What [`Handler::reconcile`](crate::Handler::reconcile) and
-/// [`Mailer::look_up`](crate::mail::Mailer::look_up) return, boxed.
+/// the mailer's `look_up` return, boxed.
 pub type ReconcileFuture<'a> =
     std::pin::Pin<Box<dyn std::future::Future<Output = Reconciled> + Send + 'a>>;
 

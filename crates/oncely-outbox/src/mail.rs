@@ -115,7 +115,7 @@ impl LookedUp {
         timeout: Duration,
     ) -> Result<Self, MailerError> {
         Self::check(template)?;
-        install_crypto_provider();
+        crate::http::install_crypto_provider();
         let client = reqwest::Client::builder()
             .timeout(timeout)
             .redirect(reqwest::redirect::Policy::none())
@@ -588,7 +588,7 @@ impl From<SmtpError> for Cut {
 impl SmtpMailer {
     /// See [`from_url`].
     pub fn new(url: &str, timeout: Duration) -> Result<Self, MailerError> {
-        install_crypto_provider();
+        crate::http::install_crypto_provider();
         // lettre checks the URL (its errors, as before); the server is read from it the same way.
         AsyncSmtpTransport::<Tokio1Executor>::from_url(url)?;
         let server = SmtpServer::of(url).map_err(MailerError::SmtpUrl)?;
@@ -907,11 +907,6 @@ impl Mailer for HttpMailer {
     ) -> DeliveryFuture<'a> {
         Box::pin(self.deliver(email, delivery_key, point))
     }
-}
-
-/// TLS uses rustls with the ring provider; install it once per process.
-pub(crate) fn install_crypto_provider() {
-    let _ = rustls::crypto::ring::default_provider().install_default();
 }
 
 /// A [`Handler`](crate::Handler) for jobs whose payload is an [`Email`]: sends it with the job's

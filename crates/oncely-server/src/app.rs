@@ -19,9 +19,10 @@ use tokio_util::sync::CancellationToken;
 use crate::accounts::Accounts;
 use crate::backend::{Backend, DevInboxHold};
 use crate::client_addr::TrustedProxies;
+use crate::environment::Environment;
 use crate::mail::MailContext;
 use crate::routes::{self, AppState};
-use crate::settings::{Environment, MailerChoice, MailerSettings, Settings};
+use crate::settings::{MailerChoice, MailerSettings, Settings};
 use crate::workers::{self, WorkerHandles};
 use crate::{startup, telemetry};
 
@@ -158,9 +159,9 @@ impl<B: Accounts> Application<B> {
         .await?;
         if let Some(generated) = &settings.generated_secret {
             settings.secret =
-                startup::development_secret(&backend, generated, &settings.secret).await?;
+                crate::secret::development_secret(&backend, generated, &settings.secret).await?;
         }
-        startup::check_secret(&backend, &settings.secret).await?;
+        crate::secret::check_secret(&backend, &settings.secret).await?;
         crate::webhooks::delivery::reseal_at_start(&backend, &settings.secret).await;
         let tenants: Vec<String> = backend.tenants().await?.into_iter().map(|t| t.id).collect();
         templates
@@ -279,7 +280,7 @@ impl<B: Accounts> Application<B> {
             jobs: jobs.clone(),
             secret: settings.secret.clone(),
             limits: settings.limits,
-            client_mail: routes::email_caps::ClientMail::new(&settings.limits),
+            client_mail: crate::limits::email::ClientMail::new(&settings.limits),
             login: settings.login,
             recipient_in_payload: dev_inbox_page.is_some(),
             templates,

@@ -5,9 +5,9 @@
 //! of the server secret over a random code id, base64url; only SHA-256 of the code is stored,
 //! bound to the tenant, the flow and the user, for [`LIFETIME`], usable once
 //! (`POST /v1/exchange`). The handler answers the code's id and the return URL; a middleware
-//! outside the idempotency layer ([`crate::routes::exchange::redirect`]) derives the code again
-//! and answers the redirect — so the stored response (replayed to a retry) holds only the id,
-//! useless without the server secret, and the code is stored in clear nowhere.
+//! outside the idempotency layer derives the code again and answers the redirect — so the
+//! stored response (replayed to a retry) holds only the id, useless without the server secret,
+//! and the code is stored in clear nowhere.
 
 use std::net::IpAddr;
 

@@ -34,7 +34,7 @@ use serde_json::{Map, Value, json};
 use sha2::{Digest, Sha256};
 use uuid::Uuid;
 
-use crate::accounts::{Accounts, TokenForSend};
+use crate::accounts::{Accounts, live_token};
 use crate::branding::{Sender, ServiceBrand, site_of};
 use crate::templates::{Locale, Message, Templates, Vars, escape_link};
 use crate::token::{Flow, Token};
@@ -289,59 +289,6 @@ struct Current {
     token: Token,
     /// The link's locale, else the account's.
     locale: Option<Locale>,
-}
-
-/// The token of record `token_id` if its email is still to be sent, read now: the record, its
-/// flow and the token derived again from the server secret that derived its stored hash (the
-/// current one, or a previous one when the job was written before a rotation). The one check
-/// of a link before it leaves: [`TokenEmail`] before it mails it, the `webhook` handler
-/// ([`crate::webhooks::delivery`]) before it delivers an `email.requested` event carrying it.
-/// A decoy (no recipient) or a link used or superseded since is [`Delivery::Skipped`].
-pub(crate) async fn live_token<A: Accounts>(
-    accounts: &A,
-    secret: &ServerSecret,
-    token_id: Uuid,
-) -> Result<(TokenForSend, Flow, Token), Delivery> {
-    let record = match accounts.token_for_send(token_id).await {
-        Ok(Some(record)) => record,
-        Ok(None) => {
-            return Err(Delivery::Permanent(
-                "the token record no longer exists".into(),
-            ));
-        }
-        Err(error) => {
-            return Err(Delivery::Retry(format!(
-                "reading the token record: {error:#}"
-            )));
-        }
-    };
-    if record.recipient.is_none() {
-        return Err(Delivery::Skipped(
-            "no account for this address: nothing to send".into(),
-        ));
-    }
-    if !record.live {
-        return Err(Delivery::Skipped(
-            "the link was superseded or used before delivery: not sent".into(),
-        ));
-    }
-    let Some(flow) = Flow::parse(&record.flow) else {
-        return Err(Delivery::Permanent(format!(
-            "unknown token flow {:?}",
-            record.flow
-        )));
-    };
-    let Some(token) = secret
-        .all()
-        .map(|secret| Token::derive(secret, flow, token_id))
-        .find(|token| token.hash() == record.hash)
-    else {
-        return Err(Delivery::Permanent(
-            "no configured server secret derives this link (rotated out of ONCELY_SECRET_PREVIOUS, or written by a process with another ONCELY_SECRET?): not sent"
-                .into(),
-        ));
-    };
-    Ok((record, flow, token))
 }
 
 impl<A: Accounts> TokenEmail<A> {
@@ -822,7 +769,7 @@ async fn follow_ups<A: Accounts>(
 /// null), `link` (null for a notice). A token email's link is not in the job: each
 /// delivery carries the body in parts around it (`body_parts`) and the token record's id
 /// (`token_id`); the `webhook` handler derives the token at each attempt, checks the link is
-/// still live ([`live_token`]) and joins the parts with it — the same bytes on every attempt.
+/// still live ([`crate::accounts::live_token`]) and joins the parts with it — the same bytes on every attempt.
 fn requested(
     job: &Job,
     template: &str,

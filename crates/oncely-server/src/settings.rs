@@ -1,28 +1,29 @@
 //! Settings: what the command line and the environment resolve to, checked once at start-up
 //! — the server secret and the previous ones, the mailer, the public URL, the key policy, the
 //! email caps, pruning, trusted proxies, the metrics token, the environment. `oncely serve`
-//! hands [`Settings`] to [`crate::app::Application::build`], `oncely worker` runs on
-//! [`WorkerSettings`]; tests build them directly ([`Settings::new`] and its public fields).
+//! builds the application from [`Settings`], `oncely worker` runs on [`WorkerSettings`]; tests
+//! build them directly ([`Settings::new`] and its public fields). The server secret is resolved
+//! by the `secret` module.
 
 use std::net::SocketAddr;
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::time::Duration;
 
-use anyhow::bail;
 use oncely::ServerSecret;
 
 use crate::branding::ServiceBrand;
+// Where it was before it had a module of its own (the end-to-end suite names it here).
 use crate::connections::ConnectionLimits;
+pub use crate::environment::Environment;
 use crate::webhooks::WebhookSettings;
 use oncely_outbox::OnUnknown;
 use oncely_outbox::mail::IdempotencyHeader;
-use rand::RngCore;
-use secrecy::{ExposeSecret, SecretString};
+use secrecy::SecretString;
 
+use crate::limits::email::MailLimits;
+use crate::limits::login::LoginLimits;
 use crate::prune::Retention;
 use crate::routes::KeyPolicy;
-use crate::routes::email_caps::MailLimits;
-use crate::routes::login::LoginLimits;
 use crate::workers::WorkerPlan;
 
 /// The defaults of the command line (and of [`Settings::new`]).
@@ -408,55 +409,6 @@ impl MailerSettings {
     }
 }
 
-/// The deployment environment.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Environment {
-    /// A developer's machine.
-    Development,
-    /// Real traffic: no generated secrets, no dev pages.
-    Production,
-}
-
-impl Environment {
-    /// Every environment, as written in `ONCELY_ENV`.
-    pub const ALL: [Self; 2] = [Self::Development, Self::Production];
-
-    /// As written in `ONCELY_ENV`.
-    pub fn as_str(self) -> &'static str {
-        match self {
-            Self::Development => "development",
-            Self::Production => "production",
-        }
-    }
-
-    /// What it means, for `--help`.
-    pub fn meaning(self) -> &'static str {
-        match self {
-            Self::Development => "A developer's machine",
-            Self::Production => "Real traffic: no generated secrets, no dev pages",
-        }
-    }
-}
-
-impl std::str::FromStr for Environment {
-    type Err = String;
-
-    fn from_str(text: &str) -> Result<Self, String> {
-        Self::ALL
-            .into_iter()
-            .find(|e| e.as_str() == text)
-            .ok_or_else(|| format!("expected development or production, not {text:?}"))
-    }
-}
-
-/// The shortest `ONCELY_SECRET` accepted.
-pub const MIN_SECRET_CHARS: usize = 32;
-
-/// The fewest different characters an `ONCELY_SECRET` has: 32 spaces or one repeated
-/// character is a placeholder. (Not asked of `ONCELY_SECRET_PREVIOUS`: rotating away from a
-/// weak secret must stay possible.)
-pub const MIN_SECRET_DISTINCT_CHARS: usize = 8;
-
 /// Where email goes. Its `Debug` shows no password.
 #[derive(Clone, PartialEq, Eq)]
 pub enum MailerChoice {
@@ -478,19 +430,6 @@ impl std::fmt::Debug for MailerChoice {
     }
 }
 
-/// The length of the piece `secret` repeats (`change-me-change-me-…`: 10), if it is one piece
-/// of at most half its length written again and again (the last copy may be cut short).
-fn repeated_piece(secret: &str) -> Option<usize> {
-    let bytes = secret.as_bytes();
-    (1..=bytes.len() / 2).find(|&period| {
-        bytes
-            .iter()
-            .enumerate()
-            .skip(period)
-            .all(|(i, b)| *b == bytes[i - period])
-    })
-}
-
 /// `http://` and the address bound; a wildcard bind is no address to click: development
 /// links go to loopback.
 pub fn development_public_url(bind: SocketAddr) -> String {
@@ -499,90 +438,4 @@ pub fn development_public_url(bind: SocketAddr) -> String {
     } else {
         format!("http://{bind}")
     }
-}
-
-/// Where development state (the generated secret) lives: beside the SQLite file, else here.
-pub fn data_dir(database_url: &str) -> PathBuf {
-    crate::backend::Sqlite::directory(database_url).unwrap_or_else(|| PathBuf::from("."))
-}
-
-/// A development secret for a process given none: the `.oncely-secret` an earlier release
-/// generated into `data_dir`, if there is one (its database's links keep working), else 32
-/// random bytes in hex. The database keeps the first one a process stored
-/// ([`crate::startup::development_secret`]); nothing is written here.
-fn generated_secret(data_dir: &Path) -> String {
-    if let Ok(existing) = std::fs::read_to_string(data_dir.join(".oncely-secret")) {
-        let existing = existing.trim();
-        if existing.len() >= MIN_SECRET_CHARS {
-            return existing.to_owned();
-        }
-    }
-    let mut bytes = [0u8; 32];
-    rand::rng().fill_bytes(&mut bytes);
-    hex::encode(bytes)
-}
-
-/// The server secret: given, or (development only) read from or generated into the data
-/// directory, so that it survives restarts.
-/// With `ONCELY_SECRET_PREVIOUS`, the previous secret verifies what it made (see
-/// [`ServerSecret::with_previous`]).
-/// The second value is the generated secret, when none was given (development). Used by
-/// `serve`, `worker` and the commands that seal webhook secrets.
-pub fn server_secret(
-    environment: Environment,
-    (secret, secret_previous): (Option<&SecretString>, Option<&SecretString>),
-    database_url: &str,
-) -> anyhow::Result<(ServerSecret, Option<SecretString>)> {
-    let (current, generated) = current_secret(environment, secret, database_url)?;
-    let Some(previous) = secret_previous else {
-        return Ok((current, generated));
-    };
-    let previous = previous.expose_secret();
-    if previous.len() < MIN_SECRET_CHARS {
-        bail!("ONCELY_SECRET_PREVIOUS must be at least {MIN_SECRET_CHARS} characters");
-    }
-    if secret.map(ExposeSecret::expose_secret) == Some(previous) {
-        bail!(
-            "ONCELY_SECRET_PREVIOUS is the same as ONCELY_SECRET; set it to the secret before the rotation"
-        );
-    }
-    let ring = current.with_previous(vec![ServerSecret::new(previous.as_bytes().to_vec())?]);
-    Ok((ring, generated))
-}
-
-fn current_secret(
-    environment: Environment,
-    secret: Option<&SecretString>,
-    database_url: &str,
-) -> anyhow::Result<(ServerSecret, Option<SecretString>)> {
-    if let Some(secret) = secret {
-        let secret = secret.expose_secret();
-        if secret.len() < MIN_SECRET_CHARS {
-            bail!("ONCELY_SECRET must be at least {MIN_SECRET_CHARS} characters");
-        }
-        let distinct = secret
-            .chars()
-            .collect::<std::collections::HashSet<_>>()
-            .len();
-        if distinct < MIN_SECRET_DISTINCT_CHARS {
-            bail!(
-                "ONCELY_SECRET is a placeholder, not a secret (only {distinct} different character{}): use at least {MIN_SECRET_CHARS} random characters, e.g. `openssl rand -hex 32`",
-                if distinct == 1 { "" } else { "s" }
-            );
-        }
-        if let Some(period) = repeated_piece(secret) {
-            bail!(
-                "ONCELY_SECRET is a placeholder, not a secret (one piece of {period} characters repeated): use at least {MIN_SECRET_CHARS} random characters, e.g. `openssl rand -hex 32`"
-            );
-        }
-        return Ok((ServerSecret::new(secret.as_bytes().to_vec())?, None));
-    }
-    if environment == Environment::Production {
-        bail!(
-            "ONCELY_SECRET is required in production (at least {MIN_SECRET_CHARS} random characters)"
-        );
-    }
-    let generated = generated_secret(&data_dir(database_url));
-    let secret = ServerSecret::new(generated.as_bytes().to_vec())?;
-    Ok((secret, Some(generated.into())))
 }

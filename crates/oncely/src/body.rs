@@ -1,7 +1,6 @@
 //! A request body with a deadline: a client that sends its body too slowly — a byte now and
 //! then, never enough to trip a timeout between reads — is cut off when the whole body has not
-//! arrived by the deadline, and answered 408 ([`ProblemType::RequestBodyTimeout`](
-//! crate::problem::ProblemType)) instead of holding its connection and a worker's attention.
+//! arrived by the deadline, and answered 408 (the problem type `request-body-timeout`) instead of holding its connection and a worker's attention.
 
 use std::future::Future as _;
 use std::pin::Pin;

@@ -142,7 +142,7 @@ pub async fn run<B: Accounts>(args: GatewayArgs) -> anyhow::Result<()> {
     let location = args.database.location();
     let backend: B = startup::open_to_serve(&location, args.database_pool, environment).await?;
     let secret = args.secrets.server_secret(&backend, &location.url).await?;
-    startup::check_secret(&backend, &secret).await?;
+    oncely_server::secret::check_secret(&backend, &secret).await?;
     let listener = tokio::net::TcpListener::bind(args.bind)
         .await
         .with_context(|| format!("cannot listen on {} (ONCELY_GATEWAY_BIND)", args.bind))?;

@@ -249,7 +249,7 @@ pub(crate) fn no_endpoint(id: &str) -> anyhow::Error {
 
 /// `oncely tenant webhook add|list|disable|enable|rotate|remove` on backend `B`: what to print.
 pub async fn webhook<B: Accounts>(command: WebhookCommand) -> anyhow::Result<String> {
-    use oncely_server::webhooks::secret::{SigningSecret, seal};
+    use oncely_server::secret::signing::{SigningSecret, seal};
     let output = command.output();
     // Checked before anything connects.
     let (tenant, events) = match &command {

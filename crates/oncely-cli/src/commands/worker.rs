@@ -8,9 +8,9 @@ use oncely_server::app;
 use oncely_server::mail::MailContext;
 use oncely_server::settings::WorkerSettings;
 use oncely_server::settings::defaults;
-use oncely_server::startup;
 use oncely_server::templates::Templates;
 use oncely_server::workers;
+use oncely_server::{secret, startup};
 use tokio_util::sync::CancellationToken;
 
 use crate::args::CommonArgs;
@@ -42,11 +42,11 @@ pub async fn run<B: Accounts>(settings: WorkerSettings) -> anyhow::Result<()> {
     .await?;
     let secret = match &settings.generated_secret {
         Some(generated) => {
-            startup::development_secret(&backend, generated, &settings.secret).await?
+            secret::development_secret(&backend, generated, &settings.secret).await?
         }
         None => settings.secret,
     };
-    startup::check_secret(&backend, &secret).await?;
+    secret::check_secret(&backend, &secret).await?;
     let (mailer, _) = app::mailer(&settings.mailer).await?;
     app::warn_unless_reconciled(settings.plan.options.on_unknown, &*mailer);
     let context = Arc::new(MailContext {

@@ -1,6 +1,11 @@
 //! Account storage: the SQL of the account flows, its statements once per dialect
 //! ([`postgres`], [`sqlite`], under the names of [`Statements`]) and its Rust once ([`Accounts`],
 //! for every [`Backend`]). Handlers run it inside the idempotency layer's transaction.
+//!
+//! What each aggregate's rows are, and the Rust around them, is in a file of its own: `users`,
+//! `tokens` (with a link's live check, [`live_token`]), `codes`, `tenants`, `endpoints`
+//! (webhooks), `limits` (the email caps' counters), `secret_check`; the one [`Accounts`] trait
+//! and its one implementation are here.
 
 use std::future::Future;
 
@@ -10,307 +15,82 @@ use uuid::Uuid;
 
 use crate::backend::{Backend, Connection, MIGRATION_TABLES};
 use crate::email::EmailAddress;
-use crate::routes::email_caps::EmailCount;
+use crate::limits::email::EmailCount;
+use oncely_sql::Db;
 
+mod codes;
+mod endpoints;
+mod limits;
 pub mod postgres;
+mod secret_check;
 pub mod sqlite;
 mod statements;
+mod tenants;
+mod tokens;
+mod users;
 
-pub use statements::Statements;
+pub use codes::{CodeStatements, ExchangedCode, NewCode};
+pub use endpoints::{EndpointRecord, EndpointStatements, NewEndpoint};
+pub use limits::{LimitStatements, count_in};
+pub use secret_check::{SecretCheck, SecretCheckStatements};
+use statements::statements;
+pub use statements::{AccountSql, Statements};
+pub use tenants::{Branding, KeyRotation, TenantRecord, TenantStatements};
+use tokens::supersede_verification;
+pub use tokens::{ConsumedToken, NewToken, ReturnTo, TokenForSend, TokenStatements, live_token};
+pub use users::{
+    InviteAcceptance, LoginUser, SignupCounted, SignupOutcome, SignupRow, User, UserStatements,
+};
 
-/// What a signup found.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum SignupOutcome {
-    /// A new account.
-    Created(Uuid),
-    /// The address has an account that is not verified yet.
-    Pending(Uuid),
-    /// The address has a verified account.
-    Verified(Uuid),
+/// Runs `query` on the pool, a statement of its own: the rows it changed.
+async fn changed<B>(
+    db: &Db<B::Database>,
+    query: sqlx::query::Query<'_, B::Database, <B::Database as sqlx::Database>::Arguments>,
+) -> Result<u64, AccountError>
+where
+    B: Backend,
+    <B::Database as sqlx::Database>::Arguments: IntoArguments<B::Database>,
+    for<'c> &'c Db<B::Database>: Executor<'c, Database = B::Database>,
+{
+    let done = query.execute(db).await.map_err(AccountError::of)?;
+    Ok(B::rows_affected(&done))
 }
 
-/// A user found by address.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, FromRow)]
-pub struct User {
-    /// The user.
-    pub id: Uuid,
-    /// Whether the address is verified.
-    pub verified: bool,
-}
-
-/// What [`Accounts::signup_user_counted`] found and counted: the signup's account, the
-/// counts of its email (as [`Accounts::count_email_pair`] returns them), and the tenant's
-/// enabled webhook endpoints (as [`Accounts::webhook_targets`]).
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct SignupCounted {
-    /// The account.
-    pub outcome: SignupOutcome,
-    /// This address from this client (0: the client is unknown), this address from all
-    /// clients (`None`: not counted).
-    pub counts: (i64, Option<i64>),
-    /// The tenant's enabled webhook endpoints: `(id, events)`.
-    pub targets: Vec<(Uuid, String)>,
-}
-
-/// The row of [`Statements::signup_user_counted`].
-#[derive(Debug, FromRow)]
-pub struct SignupRow {
-    inserted: Option<Uuid>,
-    found: Option<Uuid>,
-    verified: Option<bool>,
-    from_client: i64,
-    to_address: Option<i64>,
-    targets: Option<String>,
-}
-
-/// A user found by address for a login.
-#[derive(Debug, Clone, PartialEq, Eq, FromRow)]
-pub struct LoginUser {
-    /// The user.
-    pub id: Uuid,
-    /// Whether the address is verified.
-    pub verified: bool,
-    /// Its password's PHC string, if it has one.
-    pub password_hash: Option<String>,
-}
-
-/// What accepting an invitation did ([`Accounts::accept_invite`]).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct InviteAcceptance {
-    /// The account.
-    pub user_id: Uuid,
-    /// Whether the account was created now (the address had none).
-    pub created: bool,
-    /// Whether an existing account went from pending to verified now.
-    pub verified: bool,
-}
-
-/// A token to store (its hash only).
-#[derive(Debug, Clone)]
-pub struct NewToken<'a> {
-    /// Random record id (the token is derived from it).
-    pub id: Uuid,
-    /// Owner tenant.
-    pub tenant: &'a str,
-    /// Owner user, if any. A token with neither user nor email is a decoy: never consumable.
-    pub user_id: Option<Uuid>,
-    /// The invited address (invites only).
-    pub email: Option<&'a str>,
-    /// `verification`, `password_reset`, `magic_link`, `invite`.
-    pub flow: &'a str,
-    /// SHA-256 of the token.
-    pub hash: &'a [u8],
-    /// End of validity.
-    pub expires_at: OffsetDateTime,
-    /// Verification tokens of a signup that chose a password: its Argon2id hash. It is set on
-    /// the account only if the verifier re-enters the same password, so that whoever proves the
-    /// address never adopts a password a stranger chose.
-    pub password_hash: Option<&'a str>,
-    /// Whether this token supersedes the user's live tokens of the same flow (not when its
-    /// email will be suppressed: the user's current link must keep working). A signup's link
-    /// that carries a password is never superseded (by a resend anyone can request): it lives
-    /// until it expires or the address is verified.
-    pub supersede: bool,
-    /// Where the flow returns once the link is used.
-    pub return_to: ReturnTo<'a>,
-    /// The locale its email was asked in (a BCP 47 tag); `None`: the account's.
-    pub locale: Option<&'a str>,
-}
-
-/// Where a link's flow returns once the link is used: a code is minted for a return URL.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum ReturnTo<'a> {
-    /// Nowhere, no code is minted (an email change: the account is signed in already).
-    Nowhere,
-    /// This one of the tenant's return URLs (the request named it; checked before the
-    /// transaction, so that a refused request writes nothing).
-    Url(&'a str),
-    /// The tenant's first return URL (none if it has none), read by the token's insert itself:
-    /// a request that names none costs no read of its own.
-    TenantsFirst,
-}
-
-/// A token that was consumed.
-#[derive(Debug, Clone, PartialEq, Eq, FromRow)]
-pub struct ConsumedToken {
-    /// The tenant the token was issued in (a link names its tenant through its token).
-    pub tenant: String,
-    /// The password hash a signup stored with its verification token, if any.
-    pub password_hash: Option<String>,
-    /// Its user, if it had one.
-    pub user_id: Option<Uuid>,
-    /// Its address (invites).
-    pub email: Option<String>,
-    /// The return URL chosen when the link was requested, if any: using the link mints a code.
-    pub return_to: Option<String>,
-    /// The locale its email was written in, if the request named one: using the link makes it
-    /// the account's (the address owner read it).
-    pub locale: Option<String>,
-}
-
-/// A one-time code to store (its hash only): minted when a link with a return URL is used.
-#[derive(Debug, Clone)]
-pub struct NewCode<'a> {
-    /// SHA-256 of the code.
-    pub hash: &'a [u8],
-    /// SHA-256 of the token just consumed: the code takes its tenant (whose API key may
-    /// exchange it), its flow and its consumption time (`authenticated_at`).
-    pub token_hash: &'a [u8],
-    /// The user the link proved.
-    pub user_id: Uuid,
-    /// How long it can be exchanged.
-    pub lifetime: std::time::Duration,
-}
-
-/// A code that was exchanged: who it proves, as the user is now.
-#[derive(Debug, Clone, PartialEq, Eq, FromRow)]
-pub struct ExchangedCode {
-    /// The user.
-    pub user_id: Uuid,
-    /// Its address now.
-    pub email: String,
-    /// Whether the address is verified now.
-    pub email_verified: bool,
-    /// The flow that minted the code.
-    pub flow: String,
-    /// When the link was used (Unix milliseconds).
-    pub authenticated_at_ms: i64,
-}
-
-/// What the worker needs to send a token's email.
-#[derive(Debug, Clone, FromRow)]
-pub struct TokenForSend {
-    /// The flow.
-    pub flow: String,
-    /// The tenant the token belongs to (an invitation's is the one to join).
-    pub tenant: String,
-    /// The account the token is for, if it has one (an invitation to a new address has none).
-    pub user_id: Option<Uuid>,
-    /// The recipient: the token's own address (the invited one, an email change's new one),
-    /// else its user's; `None` for a decoy.
-    pub recipient: Option<String>,
-    /// Still usable (not consumed, not superseded, not expired).
-    pub live: bool,
-    /// SHA-256 of the token: tells which server secret (current or previous) derived it.
-    #[sqlx(rename = "token_hash")]
-    pub hash: Vec<u8>,
-    /// The locale to write its email in: the link's, else its account's if the account is
-    /// verified (`None`: English).
-    pub locale: Option<String>,
-}
-
-/// A tenant as operators see it (`oncely tenant list`): never its key, only hashes.
-#[derive(Debug, Clone, PartialEq, Eq, FromRow)]
-pub struct TenantRecord {
-    /// The tenant's id.
-    pub id: String,
-    /// SHA-256 of its API key.
-    pub api_key_hash: Vec<u8>,
-    /// When it was created, in Unix milliseconds.
-    pub created_at_ms: i64,
-    /// SHA-256 of its previous API key, while that key is still valid.
-    pub previous_key_hash: Option<Vec<u8>>,
-    /// Until when the previous key is valid (Unix milliseconds).
-    pub previous_key_expires_at_ms: Option<i64>,
-    /// How its emails go out: `mail` (oncely sends them) or `webhook` (an `email.requested`
-    /// event to its endpoints: [`crate::mail`]).
-    pub email_delivery: String,
-    /// Its product name in emails (`None`: the service's).
-    pub product_name: Option<String>,
-    /// The sender of its emails (`None`: the service's).
-    pub mail_from: Option<String>,
-    /// Where its users write with questions (`None`: the service's, if any).
-    pub support_email: Option<String>,
-}
-
-/// A tenant's branding of its emails (`oncely tenant set --product-name --mail-from
-/// --support-email`); each `None` is the service's.
-#[derive(Debug, Clone, Default, PartialEq, Eq, FromRow)]
-pub struct Branding {
-    /// The product name.
-    pub product_name: Option<String>,
-    /// The sender, `Name <address>` or an address.
-    pub mail_from: Option<String>,
-    /// The support address.
-    pub support_email: Option<String>,
-}
-
-/// A webhook endpoint to store ([`Accounts::insert_webhook_endpoint`]).
-#[derive(Debug, Clone, Copy)]
-pub struct NewEndpoint<'a> {
-    /// Its id.
-    pub id: Uuid,
-    /// The tenant whose events it receives.
-    pub tenant: &'a str,
-    /// Where they are delivered.
-    pub url: &'a str,
-    /// A JSON array of the event types it receives (`[]`: every event).
-    pub events: &'a str,
-    /// Its signing secret, sealed with the server secret.
-    pub secret_sealed: &'a str,
-}
-
-/// A webhook endpoint as stored (`oncely tenant webhook list`, every delivery): its secrets
-/// sealed only.
-#[derive(Debug, Clone, PartialEq, Eq, FromRow)]
-pub struct EndpointRecord {
-    /// Its id.
-    pub id: Uuid,
-    /// The tenant whose events it receives.
-    pub tenant: String,
-    /// Where they are delivered.
-    pub url: String,
-    /// A JSON array of the event types it receives (`[]`: every event).
-    pub events: String,
-    /// Its signing secret, sealed with the server secret.
-    pub secret_sealed: String,
-    /// The previous signing secret (sealed), while a rotation's grace runs.
-    pub previous_secret_sealed: Option<String>,
-    /// Until when the previous secret signs too (Unix milliseconds), while it does.
-    pub previous_secret_expires_at_ms: Option<i64>,
-    /// When it was added (Unix milliseconds).
-    pub created_at_ms: i64,
-    /// When it was disabled (Unix milliseconds), if it is.
-    pub disabled_at_ms: Option<i64>,
-    /// Why: `disabled by an operator`, or the 410 Gone it answered.
-    pub disabled_reason: Option<String>,
-}
-
-/// What a key rotation did.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct KeyRotation {
-    /// Until when the replaced key keeps working (`None`: it stopped at once).
-    pub previous_valid_until: Option<OffsetDateTime>,
+/// Runs a key rotation's statement, `query` with the row's id and the new key bound, on the
+/// pool (binding the grace in seconds and now): `None` if there was no row to rotate, else until
+/// when the replaced key keeps working.
+async fn rotation<B>(
+    db: &Db<B::Database>,
+    query: sqlx::query::QueryAs<
+        '_,
+        B::Database,
+        (Option<i64>,),
+        <B::Database as sqlx::Database>::Arguments,
+    >,
+    grace: std::time::Duration,
+) -> Result<Option<KeyRotation>, AccountError>
+where
+    B: Backend,
+    <B::Database as sqlx::Database>::Arguments: IntoArguments<B::Database>,
+    for<'c> &'c Db<B::Database>: Executor<'c, Database = B::Database>,
+    for<'q> f64: Encode<'q, B::Database> + Type<B::Database>,
+    for<'r> (Option<i64>,): FromRow<'r, <B::Database as sqlx::Database>::Row>,
+{
+    let rotated = query
+        .bind(grace.as_secs_f64())
+        .bind(B::at(None))
+        .fetch_optional(db)
+        .await
+        .map_err(AccountError::of)?;
+    Ok(rotated.map(|(until,)| KeyRotation {
+        previous_valid_until: until.map(from_millis),
+    }))
 }
 
 /// A moment read as Unix milliseconds.
 pub fn from_millis(ms: i64) -> OffsetDateTime {
     OffsetDateTime::from_unix_timestamp_nanos(i128::from(ms) * 1_000_000)
         .unwrap_or(OffsetDateTime::UNIX_EPOCH)
-}
-
-/// What the database keeps of the server secret its processes use: keyed hashes, never the
-/// secret ([`crate::startup::check_secret`]).
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct SecretCheck {
-    /// The MAC of the current secret, hex.
-    pub current: String,
-    /// The MAC of the previous secret, during a rotation, hex.
-    pub previous: Option<String>,
-    /// The MACs of the secrets of rotations that ended: never accepted again.
-    pub retired: Vec<String>,
-}
-
-impl SecretCheck {
-    /// The check of `secret` (its current secret and its first previous one).
-    pub fn of(secret: &oncely::ServerSecret) -> Self {
-        let mac = |s: &oncely::ServerSecret| hex::encode(s.mac("oncely-secret-check", &[]));
-        Self {
-            current: mac(secret),
-            previous: secret.previous().first().map(mac),
-            retired: Vec::new(),
-        }
-    }
 }
 
 /// Why account storage failed: a row that exists already, a database that cannot serve now, or
@@ -356,7 +136,7 @@ impl AccountError {
 ///
 /// Written once, for every backend whose database sqlx can bind and read these types (the
 /// `where` clause of the one `impl` below: `B: Accounts` holds for PostgreSQL and SQLite). The
-/// statements come from [`Backend::ACCOUNT_SQL`]; the Rust that binds their parameters and reads
+/// statements come from [`AccountSql::ACCOUNT_SQL`]; the Rust that binds their parameters and reads
 /// their rows is this. (Generic rather than a macro per dialect: the bounds fit in one `where`
 /// clause, and code that only needs account storage asks for `A: Accounts` without repeating
 /// them.) The readiness check, which reads the migration tables the same way, lives here too.
@@ -777,7 +557,7 @@ pub trait Accounts: Backend {
     ) -> impl Future<Output = Result<String, AccountError>> + Send;
 
     /// The secret check: the MACs of the current and previous server secret of the process
-    /// that wrote it last ([`crate::startup::check_secret`]).
+    /// that wrote it last.
     fn secret_check(
         &self,
     ) -> impl Future<Output = Result<Option<SecretCheck>, AccountError>> + Send;
@@ -818,7 +598,7 @@ pub trait Accounts: Backend {
 /// pool of `B`'s database, bind these parameter types, and read these rows.
 impl<B> Accounts for B
 where
-    B: Backend,
+    B: AccountSql,
     for<'c> &'c mut Connection<B>: Executor<'c, Database = B::Database>,
     <B::Database as sqlx::Database>::Arguments: IntoArguments<B::Database>,
     for<'q> Uuid: Encode<'q, B::Database> + Type<B::Database>,
@@ -856,7 +636,7 @@ where
         source: Option<&str>,
     ) -> Result<SignupOutcome, AccountError> {
         let new_id = Uuid::new_v4();
-        let inserted: Option<Uuid> = sqlx::query_scalar(B::ACCOUNT_SQL.insert_user)
+        let inserted: Option<Uuid> = sqlx::query_scalar(B::ACCOUNT_SQL.users.insert_user)
             .bind(new_id)
             .bind(tenant)
             .bind(email.as_str())
@@ -888,10 +668,10 @@ where
         source: Option<&str>,
         count: &EmailCount,
     ) -> Result<SignupCounted, AccountError> {
-        let Some(sql) = B::ACCOUNT_SQL.signup_user_counted else {
+        let Some(sql) = B::ACCOUNT_SQL.users.signup_user_counted else {
             let outcome = Self::signup_user(&mut *conn, tenant, email, source).await?;
             let targets = Self::webhook_targets(&mut *conn, tenant).await?;
-            let counts = count.count_in::<B>(conn, tenant).await?;
+            let counts = count_in::<B>(conn, tenant, count).await?;
             return Ok(SignupCounted {
                 outcome,
                 counts,
@@ -944,7 +724,7 @@ where
         tenant: &str,
         email: &EmailAddress,
     ) -> Result<Option<User>, AccountError> {
-        sqlx::query_as(B::ACCOUNT_SQL.find_user)
+        sqlx::query_as(B::ACCOUNT_SQL.users.find_user)
             .bind(tenant)
             .bind(email.as_str())
             .fetch_optional(conn)
@@ -957,7 +737,7 @@ where
         tenant: &str,
         email: &str,
     ) -> Result<Option<User>, AccountError> {
-        sqlx::query_as(B::ACCOUNT_SQL.lock_user)
+        sqlx::query_as(B::ACCOUNT_SQL.users.lock_user)
             .bind(tenant)
             .bind(email)
             .fetch_optional(conn)
@@ -971,7 +751,7 @@ where
         bucket: &str,
         window_start: i64,
     ) -> Result<i64, AccountError> {
-        sqlx::query_scalar(B::ACCOUNT_SQL.count_email)
+        sqlx::query_scalar(B::ACCOUNT_SQL.limits.count_email)
             .bind(tenant)
             .bind(bucket)
             .bind(window_start)
@@ -987,7 +767,7 @@ where
         window_start: i64,
         (per_address, client_allowed): (i64, bool),
     ) -> Result<(i64, Option<i64>), AccountError> {
-        if let Some(sql) = B::ACCOUNT_SQL.count_email_pair {
+        if let Some(sql) = B::ACCOUNT_SQL.limits.count_email_pair {
             return sqlx::query_as(sql)
                 .bind(tenant)
                 .bind(pair)
@@ -1012,7 +792,7 @@ where
         tenant: &str,
         email: &EmailAddress,
     ) -> Result<Option<LoginUser>, AccountError> {
-        sqlx::query_as(B::ACCOUNT_SQL.login_user)
+        sqlx::query_as(B::ACCOUNT_SQL.users.login_user)
             .bind(tenant)
             .bind(email.as_str())
             .fetch_optional(self.db())
@@ -1026,7 +806,7 @@ where
         bucket: &str,
         window_start: i64,
     ) -> Result<i64, AccountError> {
-        sqlx::query_scalar(B::ACCOUNT_SQL.count_email)
+        sqlx::query_scalar(B::ACCOUNT_SQL.limits.count_email)
             .bind(tenant)
             .bind(bucket)
             .bind(window_start)
@@ -1041,7 +821,7 @@ where
         bucket: &str,
         window_start: i64,
     ) -> Result<(), AccountError> {
-        sqlx::query(B::ACCOUNT_SQL.uncount)
+        sqlx::query(B::ACCOUNT_SQL.limits.uncount)
             .bind(tenant)
             .bind(bucket)
             .bind(window_start)
@@ -1057,14 +837,11 @@ where
         old: &str,
         new: &str,
     ) -> Result<bool, AccountError> {
-        let done = sqlx::query(B::ACCOUNT_SQL.rehash_password)
+        let query = sqlx::query(B::ACCOUNT_SQL.users.rehash_password)
             .bind(user_id)
             .bind(old)
-            .bind(new)
-            .execute(self.db())
-            .await
-            .map_err(AccountError::of)?;
-        Ok(B::rows_affected(&done) == 1)
+            .bind(new);
+        Ok(changed::<B>(self.db(), query).await? == 1)
     }
 
     async fn insert_token(
@@ -1092,7 +869,7 @@ where
                 .bind(token.locale)
                 .bind(token.return_to == ReturnTo::TenantsFirst)
         };
-        if let Some(sql) = B::ACCOUNT_SQL.supersede_and_insert_token {
+        if let Some(sql) = B::ACCOUNT_SQL.tokens.supersede_and_insert_token {
             insert(sql)
                 .bind(token.supersede)
                 .execute(conn)
@@ -1100,7 +877,7 @@ where
                 .map_err(AccountError::of)?;
             return Ok(());
         }
-        sqlx::query(B::ACCOUNT_SQL.supersede_flow)
+        sqlx::query(B::ACCOUNT_SQL.tokens.supersede_flow)
             .bind(token.user_id)
             .bind(token.flow)
             .bind(token.supersede)
@@ -1108,7 +885,7 @@ where
             .execute(&mut *conn)
             .await
             .map_err(AccountError::of)?;
-        insert(B::ACCOUNT_SQL.insert_token)
+        insert(B::ACCOUNT_SQL.tokens.insert_token)
             .execute(conn)
             .await
             .map_err(AccountError::of)?;
@@ -1123,12 +900,12 @@ where
     ) -> Result<Option<ConsumedToken>, AccountError> {
         // The account first (see `lock_token_account`), so that two links of one account used
         // at once do not deadlock.
-        sqlx::query(B::ACCOUNT_SQL.lock_token_account)
+        sqlx::query(B::ACCOUNT_SQL.tokens.lock_token_account)
             .bind(hash)
             .execute(&mut *conn)
             .await
             .map_err(AccountError::of)?;
-        sqlx::query_as(B::ACCOUNT_SQL.consume_token)
+        sqlx::query_as(B::ACCOUNT_SQL.tokens.consume_token)
             .bind(hash)
             .bind(tenant)
             .bind(flow)
@@ -1144,7 +921,7 @@ where
         hash: &[u8],
     ) -> Result<Option<(Option<String>, i64)>, AccountError> {
         // Its own statement on the pool: the count survives the request's rollback.
-        sqlx::query_as(B::ACCOUNT_SQL.signup_password_attempt)
+        sqlx::query_as(B::ACCOUNT_SQL.tokens.signup_password_attempt)
             .bind(hash)
             .bind(tenant)
             .bind(B::at(None))
@@ -1154,7 +931,7 @@ where
     }
 
     async fn signup_password_unattempt(&self, hash: &[u8]) -> Result<(), AccountError> {
-        sqlx::query(B::ACCOUNT_SQL.signup_password_unattempt)
+        sqlx::query(B::ACCOUNT_SQL.tokens.signup_password_unattempt)
             .bind(hash)
             .execute(self.db())
             .await
@@ -1168,7 +945,7 @@ where
         password_hash: Option<&str>,
         locale: Option<&str>,
     ) -> Result<bool, AccountError> {
-        let updated = sqlx::query(B::ACCOUNT_SQL.mark_verified)
+        let updated = sqlx::query(B::ACCOUNT_SQL.users.mark_verified)
             .bind(user_id)
             .bind(B::at(None))
             .bind(password_hash)
@@ -1189,7 +966,7 @@ where
         user_id: Uuid,
         password_hash: &str,
     ) -> Result<(), AccountError> {
-        sqlx::query(B::ACCOUNT_SQL.set_password)
+        sqlx::query(B::ACCOUNT_SQL.users.set_password)
             .bind(user_id)
             .bind(password_hash)
             .execute(conn)
@@ -1209,7 +986,7 @@ where
         let new_id = Uuid::new_v4();
         let mut found = Self::lock_user(conn, tenant, email).await?;
         if found.is_none() {
-            let inserted = sqlx::query(B::ACCOUNT_SQL.insert_invited_user)
+            let inserted = sqlx::query(B::ACCOUNT_SQL.users.insert_invited_user)
                 .bind(new_id)
                 .bind(tenant)
                 .bind(email)
@@ -1232,7 +1009,7 @@ where
         let id = match found {
             // Created just now, verified: nothing to update.
             None => new_id,
-            Some(_) => sqlx::query_scalar(B::ACCOUNT_SQL.accept_invite)
+            Some(_) => sqlx::query_scalar(B::ACCOUNT_SQL.users.accept_invite)
                 .bind(new_id)
                 .bind(tenant)
                 .bind(email)
@@ -1243,7 +1020,7 @@ where
                 .await
                 .map_err(AccountError::of)?,
         };
-        sqlx::query(B::ACCOUNT_SQL.add_membership)
+        sqlx::query(B::ACCOUNT_SQL.users.add_membership)
             .bind(tenant)
             .bind(id)
             .bind(now())
@@ -1263,7 +1040,7 @@ where
         tenant: &str,
         user_id: Uuid,
     ) -> Result<Option<String>, AccountError> {
-        sqlx::query_scalar(B::ACCOUNT_SQL.user_in_tenant)
+        sqlx::query_scalar(B::ACCOUNT_SQL.users.user_in_tenant)
             .bind(user_id)
             .bind(tenant)
             .fetch_optional(conn)
@@ -1276,7 +1053,7 @@ where
         user_id: Uuid,
         email: &str,
     ) -> Result<bool, AccountError> {
-        let changed = sqlx::query(B::ACCOUNT_SQL.change_email)
+        let changed = sqlx::query(B::ACCOUNT_SQL.users.change_email)
             .bind(user_id)
             .bind(email)
             .bind(B::at(None))
@@ -1298,7 +1075,7 @@ where
         user_id: Uuid,
         invites: bool,
     ) -> Result<(), AccountError> {
-        sqlx::query(B::ACCOUNT_SQL.supersede_user_tokens)
+        sqlx::query(B::ACCOUNT_SQL.tokens.supersede_user_tokens)
             .bind(user_id)
             .bind(B::at(None))
             .bind(invites)
@@ -1309,7 +1086,7 @@ where
     }
 
     async fn token_for_send(&self, token_id: Uuid) -> Result<Option<TokenForSend>, AccountError> {
-        sqlx::query_as(B::ACCOUNT_SQL.token_for_send)
+        sqlx::query_as(B::ACCOUNT_SQL.tokens.token_for_send)
             .bind(token_id)
             .bind(B::at(None))
             .fetch_optional(self.db())
@@ -1318,7 +1095,7 @@ where
     }
 
     async fn user_email(&self, user_id: Uuid) -> Result<Option<String>, AccountError> {
-        sqlx::query_scalar(B::ACCOUNT_SQL.user_email)
+        sqlx::query_scalar(B::ACCOUNT_SQL.users.user_email)
             .bind(user_id)
             .fetch_optional(self.db())
             .await
@@ -1330,7 +1107,7 @@ where
         user_id: Uuid,
     ) -> Result<Option<(String, Option<String>)>, AccountError> {
         let row: Option<(String, Option<String>)> =
-            sqlx::query_as(B::ACCOUNT_SQL.user_email_and_locale)
+            sqlx::query_as(B::ACCOUNT_SQL.users.user_email_and_locale)
                 .bind(user_id)
                 .fetch_optional(self.db())
                 .await
@@ -1344,28 +1121,22 @@ where
         expired_for: std::time::Duration,
         limit: u32,
     ) -> Result<u64, AccountError> {
-        let done = sqlx::query(B::ACCOUNT_SQL.prune_tokens)
+        let query = sqlx::query(B::ACCOUNT_SQL.tokens.prune_tokens)
             .bind(B::at(now))
             .bind(expired_for.as_secs_f64())
-            .bind(i64::from(limit))
-            .execute(self.db())
-            .await
-            .map_err(AccountError::of)?;
-        Ok(B::rows_affected(&done))
+            .bind(i64::from(limit));
+        changed::<B>(self.db(), query).await
     }
 
     async fn prune_rate_limits(&self, before_window: i64, limit: u32) -> Result<u64, AccountError> {
-        let done = sqlx::query(B::ACCOUNT_SQL.prune_rate_limits)
+        let query = sqlx::query(B::ACCOUNT_SQL.limits.prune_rate_limits)
             .bind(before_window)
-            .bind(i64::from(limit))
-            .execute(self.db())
-            .await
-            .map_err(AccountError::of)?;
-        Ok(B::rows_affected(&done))
+            .bind(i64::from(limit));
+        changed::<B>(self.db(), query).await
     }
 
     async fn create_tenant(&self, id: &str, api_key_hash: &[u8]) -> Result<(), AccountError> {
-        sqlx::query(B::ACCOUNT_SQL.create_tenant)
+        sqlx::query(B::ACCOUNT_SQL.tenants.create_tenant)
             .bind(id)
             .bind(api_key_hash)
             .bind(B::at(None))
@@ -1376,7 +1147,7 @@ where
     }
 
     async fn tenant_by_key(&self, api_key_hash: &[u8]) -> Result<Option<String>, AccountError> {
-        sqlx::query_scalar(B::ACCOUNT_SQL.tenant_by_key)
+        sqlx::query_scalar(B::ACCOUNT_SQL.tenants.tenant_by_key)
             .bind(api_key_hash)
             .bind(B::at(None))
             .fetch_optional(self.db())
@@ -1390,24 +1161,17 @@ where
         api_key_hash: &[u8],
         grace: std::time::Duration,
     ) -> Result<Option<KeyRotation>, AccountError> {
-        let rotated: Option<(Option<i64>,)> = sqlx::query_as(B::ACCOUNT_SQL.rotate_tenant_key)
+        let query = sqlx::query_as(B::ACCOUNT_SQL.tenants.rotate_tenant_key)
             .bind(id)
-            .bind(api_key_hash)
-            .bind(grace.as_secs_f64())
-            .bind(B::at(None))
-            .fetch_optional(self.db())
-            .await
-            .map_err(AccountError::of)?;
-        Ok(rotated.map(|(until,)| KeyRotation {
-            previous_valid_until: until.map(from_millis),
-        }))
+            .bind(api_key_hash);
+        rotation::<B>(self.db(), query, grace).await
     }
 
     async fn insert_code(
         conn: &mut Connection<B>,
         code: &NewCode<'_>,
     ) -> Result<bool, AccountError> {
-        let done = sqlx::query(B::ACCOUNT_SQL.insert_code)
+        let done = sqlx::query(B::ACCOUNT_SQL.codes.insert_code)
             .bind(code.hash)
             .bind(code.token_hash)
             .bind(code.user_id)
@@ -1423,7 +1187,7 @@ where
         tenant: &str,
         hash: &[u8],
     ) -> Result<Option<ExchangedCode>, AccountError> {
-        sqlx::query_as(B::ACCOUNT_SQL.exchange_code)
+        sqlx::query_as(B::ACCOUNT_SQL.codes.exchange_code)
             .bind(hash)
             .bind(tenant)
             .bind(B::at(None))
@@ -1433,7 +1197,7 @@ where
     }
 
     async fn code_live(&self, tenant: &str, hash: &[u8]) -> Result<bool, AccountError> {
-        let live: Option<i64> = sqlx::query_scalar(B::ACCOUNT_SQL.code_live)
+        let live: Option<i64> = sqlx::query_scalar(B::ACCOUNT_SQL.codes.code_live)
             .bind(hash)
             .bind(tenant)
             .bind(B::at(None))
@@ -1448,17 +1212,14 @@ where
         now: Option<OffsetDateTime>,
         limit: u32,
     ) -> Result<u64, AccountError> {
-        let done = sqlx::query(B::ACCOUNT_SQL.prune_codes)
+        let query = sqlx::query(B::ACCOUNT_SQL.codes.prune_codes)
             .bind(B::at(now))
-            .bind(i64::from(limit))
-            .execute(self.db())
-            .await
-            .map_err(AccountError::of)?;
-        Ok(B::rows_affected(&done))
+            .bind(i64::from(limit));
+        changed::<B>(self.db(), query).await
     }
 
     async fn return_urls(&self, tenant: &str) -> Result<Vec<String>, AccountError> {
-        sqlx::query_scalar(B::ACCOUNT_SQL.return_urls)
+        sqlx::query_scalar(B::ACCOUNT_SQL.tenants.return_urls)
             .bind(tenant)
             .fetch_all(self.db())
             .await
@@ -1466,7 +1227,7 @@ where
     }
 
     async fn all_return_urls(&self) -> Result<Vec<(String, String)>, AccountError> {
-        sqlx::query_as(B::ACCOUNT_SQL.all_return_urls)
+        sqlx::query_as(B::ACCOUNT_SQL.tenants.all_return_urls)
             .fetch_all(self.db())
             .await
             .map_err(AccountError::of)
@@ -1474,7 +1235,7 @@ where
 
     async fn set_return_urls(&self, id: &str, urls: &[String]) -> Result<bool, AccountError> {
         let mut tx = self.db().begin().await.map_err(AccountError::of)?;
-        let found: Option<String> = sqlx::query_scalar(B::ACCOUNT_SQL.lock_tenant)
+        let found: Option<String> = sqlx::query_scalar(B::ACCOUNT_SQL.tenants.lock_tenant)
             .bind(id)
             .fetch_optional(&mut *tx)
             .await
@@ -1482,13 +1243,13 @@ where
         if found.is_none() {
             return Ok(false);
         }
-        sqlx::query(B::ACCOUNT_SQL.clear_return_urls)
+        sqlx::query(B::ACCOUNT_SQL.tenants.clear_return_urls)
             .bind(id)
             .execute(&mut *tx)
             .await
             .map_err(AccountError::of)?;
         for (position, url) in (0_i64..).zip(urls) {
-            sqlx::query(B::ACCOUNT_SQL.add_return_url)
+            sqlx::query(B::ACCOUNT_SQL.tenants.add_return_url)
                 .bind(id)
                 .bind(position)
                 .bind(url.as_str())
@@ -1504,7 +1265,7 @@ where
         conn: &mut Connection<B>,
         tenant: &str,
     ) -> Result<Vec<(Uuid, String)>, AccountError> {
-        sqlx::query_as(B::ACCOUNT_SQL.webhook_targets)
+        sqlx::query_as(B::ACCOUNT_SQL.endpoints.webhook_targets)
             .bind(tenant)
             .fetch_all(&mut *conn)
             .await
@@ -1512,7 +1273,7 @@ where
     }
 
     async fn webhook_targets_now(&self, tenant: &str) -> Result<Vec<(Uuid, String)>, AccountError> {
-        sqlx::query_as(B::ACCOUNT_SQL.webhook_targets)
+        sqlx::query_as(B::ACCOUNT_SQL.endpoints.webhook_targets)
             .bind(tenant)
             .fetch_all(self.db())
             .await
@@ -1520,7 +1281,7 @@ where
     }
 
     async fn email_delivery(&self, tenant: &str) -> Result<String, AccountError> {
-        let found: Option<String> = sqlx::query_scalar(B::ACCOUNT_SQL.email_delivery)
+        let found: Option<String> = sqlx::query_scalar(B::ACCOUNT_SQL.tenants.email_delivery)
             .bind(tenant)
             .fetch_optional(self.db())
             .await
@@ -1529,7 +1290,7 @@ where
     }
 
     async fn branding(&self, tenant: &str) -> Result<Branding, AccountError> {
-        let found: Option<Branding> = sqlx::query_as(B::ACCOUNT_SQL.branding)
+        let found: Option<Branding> = sqlx::query_as(B::ACCOUNT_SQL.tenants.branding)
             .bind(tenant)
             .fetch_optional(self.db())
             .await
@@ -1538,29 +1299,23 @@ where
     }
 
     async fn set_branding(&self, id: &str, branding: &Branding) -> Result<bool, AccountError> {
-        let done = sqlx::query(B::ACCOUNT_SQL.set_branding)
+        let query = sqlx::query(B::ACCOUNT_SQL.tenants.set_branding)
             .bind(id)
             .bind(branding.product_name.as_deref())
             .bind(branding.mail_from.as_deref())
-            .bind(branding.support_email.as_deref())
-            .execute(self.db())
-            .await
-            .map_err(AccountError::of)?;
-        Ok(B::rows_affected(&done) == 1)
+            .bind(branding.support_email.as_deref());
+        Ok(changed::<B>(self.db(), query).await? == 1)
     }
 
     async fn set_email_delivery(&self, id: &str, delivery: &str) -> Result<bool, AccountError> {
-        let done = sqlx::query(B::ACCOUNT_SQL.set_email_delivery)
+        let query = sqlx::query(B::ACCOUNT_SQL.tenants.set_email_delivery)
             .bind(id)
-            .bind(delivery)
-            .execute(self.db())
-            .await
-            .map_err(AccountError::of)?;
-        Ok(B::rows_affected(&done) == 1)
+            .bind(delivery);
+        Ok(changed::<B>(self.db(), query).await? == 1)
     }
 
     async fn insert_webhook_endpoint(&self, endpoint: NewEndpoint<'_>) -> Result<(), AccountError> {
-        sqlx::query(B::ACCOUNT_SQL.insert_webhook_endpoint)
+        sqlx::query(B::ACCOUNT_SQL.endpoints.insert_webhook_endpoint)
             .bind(endpoint.id)
             .bind(endpoint.tenant)
             .bind(endpoint.url)
@@ -1574,7 +1329,7 @@ where
     }
 
     async fn webhook_endpoint(&self, id: Uuid) -> Result<Option<EndpointRecord>, AccountError> {
-        sqlx::query_as(B::ACCOUNT_SQL.webhook_endpoint)
+        sqlx::query_as(B::ACCOUNT_SQL.endpoints.webhook_endpoint)
             .bind(id)
             .bind(B::at(None))
             .fetch_optional(self.db())
@@ -1586,7 +1341,7 @@ where
         &self,
         tenant: Option<&str>,
     ) -> Result<Vec<EndpointRecord>, AccountError> {
-        sqlx::query_as(B::ACCOUNT_SQL.webhook_endpoints)
+        sqlx::query_as(B::ACCOUNT_SQL.endpoints.webhook_endpoints)
             .bind(tenant)
             .bind(B::at(None))
             .fetch_all(self.db())
@@ -1599,14 +1354,11 @@ where
         id: Uuid,
         reason: Option<&str>,
     ) -> Result<bool, AccountError> {
-        let done = sqlx::query(B::ACCOUNT_SQL.set_webhook_disabled)
+        let query = sqlx::query(B::ACCOUNT_SQL.endpoints.set_webhook_disabled)
             .bind(id)
             .bind(B::at(None))
-            .bind(reason)
-            .execute(self.db())
-            .await
-            .map_err(AccountError::of)?;
-        Ok(B::rows_affected(&done) == 1)
+            .bind(reason);
+        Ok(changed::<B>(self.db(), query).await? == 1)
     }
 
     async fn reseal_webhook_secret(
@@ -1615,14 +1367,11 @@ where
         old: &str,
         new: &str,
     ) -> Result<bool, AccountError> {
-        let done = sqlx::query(B::ACCOUNT_SQL.reseal_webhook_secret)
+        let query = sqlx::query(B::ACCOUNT_SQL.endpoints.reseal_webhook_secret)
             .bind(id)
             .bind(old)
-            .bind(new)
-            .execute(self.db())
-            .await
-            .map_err(AccountError::of)?;
-        Ok(B::rows_affected(&done) > 0)
+            .bind(new);
+        Ok(changed::<B>(self.db(), query).await? > 0)
     }
 
     async fn rotate_webhook_secret(
@@ -1631,30 +1380,19 @@ where
         secret_sealed: &str,
         grace: std::time::Duration,
     ) -> Result<Option<KeyRotation>, AccountError> {
-        let rotated: Option<(Option<i64>,)> = sqlx::query_as(B::ACCOUNT_SQL.rotate_webhook_secret)
+        let query = sqlx::query_as(B::ACCOUNT_SQL.endpoints.rotate_webhook_secret)
             .bind(id)
-            .bind(secret_sealed)
-            .bind(grace.as_secs_f64())
-            .bind(B::at(None))
-            .fetch_optional(self.db())
-            .await
-            .map_err(AccountError::of)?;
-        Ok(rotated.map(|(until,)| KeyRotation {
-            previous_valid_until: until.map(from_millis),
-        }))
+            .bind(secret_sealed);
+        rotation::<B>(self.db(), query, grace).await
     }
 
     async fn remove_webhook_endpoint(&self, id: Uuid) -> Result<bool, AccountError> {
-        let done = sqlx::query(B::ACCOUNT_SQL.remove_webhook_endpoint)
-            .bind(id)
-            .execute(self.db())
-            .await
-            .map_err(AccountError::of)?;
-        Ok(B::rows_affected(&done) == 1)
+        let query = sqlx::query(B::ACCOUNT_SQL.endpoints.remove_webhook_endpoint).bind(id);
+        Ok(changed::<B>(self.db(), query).await? == 1)
     }
 
     async fn tenants(&self) -> Result<Vec<TenantRecord>, AccountError> {
-        sqlx::query_as(B::ACCOUNT_SQL.tenants)
+        sqlx::query_as(B::ACCOUNT_SQL.tenants.tenants)
             .bind(B::at(None))
             .fetch_all(self.db())
             .await
@@ -1662,7 +1400,7 @@ where
     }
 
     async fn development_secret(&self, candidate: &str) -> Result<String, AccountError> {
-        sqlx::query_scalar(B::ACCOUNT_SQL.development_secret)
+        sqlx::query_scalar(B::ACCOUNT_SQL.secret_check.development_secret)
             .bind(candidate)
             .fetch_one(self.db())
             .await
@@ -1671,7 +1409,7 @@ where
 
     async fn secret_check(&self) -> Result<Option<SecretCheck>, AccountError> {
         let row: Option<(String, Option<String>, String)> =
-            sqlx::query_as(B::ACCOUNT_SQL.secret_check)
+            sqlx::query_as(B::ACCOUNT_SQL.secret_check.secret_check)
                 .fetch_optional(self.db())
                 .await
                 .map_err(AccountError::of)?;
@@ -1693,8 +1431,8 @@ where
     ) -> Result<bool, AccountError> {
         let retired = check.retired.join(",");
         let statement = match replacing {
-            None => B::ACCOUNT_SQL.add_secret_check,
-            Some(_) => B::ACCOUNT_SQL.replace_secret_check,
+            None => B::ACCOUNT_SQL.secret_check.add_secret_check,
+            Some(_) => B::ACCOUNT_SQL.secret_check.replace_secret_check,
         };
         let mut query = sqlx::query(statement)
             .bind(check.current.as_str())
@@ -1712,24 +1450,4 @@ where
             .fetch_one(self.db())
             .await
     }
-}
-
-/// Supersedes a user's live verification tokens once the address is proven.
-async fn supersede_verification<B>(
-    conn: &mut Connection<B>,
-    user_id: Uuid,
-) -> Result<(), AccountError>
-where
-    B: Backend,
-    for<'c> &'c mut Connection<B>: Executor<'c, Database = B::Database>,
-    <B::Database as sqlx::Database>::Arguments: IntoArguments<B::Database>,
-    for<'q> Uuid: Encode<'q, B::Database> + Type<B::Database>,
-{
-    sqlx::query(B::ACCOUNT_SQL.supersede_verification)
-        .bind(user_id)
-        .bind(B::at(None))
-        .execute(conn)
-        .await
-        .map_err(AccountError::of)?;
-    Ok(())
 }

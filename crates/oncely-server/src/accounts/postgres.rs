@@ -2,10 +2,18 @@
 //! Times are `timestamptz`; `COALESCE($n, now())` reads the database clock unless the caller
 //! bound an instant.
 
-use super::Statements;
+use super::{
+    AccountSql, CodeStatements, EndpointStatements, LimitStatements, SecretCheckStatements,
+    Statements, TenantStatements, TokenStatements, UserStatements, statements,
+};
+use crate::backend::Postgres;
 
-/// The statements.
-pub const STATEMENTS: Statements = Statements {
+impl AccountSql for Postgres {
+    const ACCOUNT_SQL: Statements = statements!();
+}
+
+/// The statements of users.
+const USERS: UserStatements = UserStatements {
     insert_user: "INSERT INTO oncely_users (id, tenant, email, source, created_at)
                   VALUES ($1, $2, $3, $4, COALESCE($5, now())) ON CONFLICT (tenant, email) DO NOTHING
                   RETURNING id",
@@ -51,10 +59,50 @@ pub const STATEMENTS: Statements = Statements {
     // Index: oncely_users (tenant, email) unique.
     login_user: "SELECT id, status = 'verified' AS verified, password_hash FROM oncely_users
                   WHERE tenant = $1 AND email = $2",
-    uncount: "UPDATE oncely_rate_limits SET count = count - 1
-               WHERE tenant = $1 AND bucket = $2 AND window_start = $3 AND count > 0",
     rehash_password: "UPDATE oncely_users SET password_hash = $3
                        WHERE id = $1 AND password_hash = $2",
+    mark_verified: "UPDATE oncely_users SET status = 'verified', verified_at = COALESCE($2, now()),
+                           password_hash = $3, locale = $4
+                     WHERE id = $1 AND status = 'pending'",
+    set_password: "UPDATE oncely_users SET password_hash = $2 WHERE id = $1",
+    // Columns of the existing row need the table's alias (`u`) beside `excluded`.
+    accept_invite: "INSERT INTO oncely_users AS u
+                        (id, tenant, email, password_hash, source, status, verified_at, created_at, locale)
+                    VALUES ($1, $2, $3, $4, 'invite', 'verified', COALESCE($5, now()), COALESCE($5, now()), $6)
+                    ON CONFLICT (tenant, email) DO UPDATE
+                       SET status = 'verified', verified_at = COALESCE(u.verified_at, excluded.verified_at),
+                           locale = CASE WHEN u.status = 'pending' THEN excluded.locale
+                                         ELSE COALESCE(u.locale, excluded.locale) END,
+                           password_hash = CASE WHEN u.status = 'pending' THEN excluded.password_hash
+                                            ELSE u.password_hash END
+                    RETURNING id",
+    insert_invited_user: "INSERT INTO oncely_users
+                              (id, tenant, email, password_hash, source, status, verified_at, created_at, locale)
+                          VALUES ($1, $2, $3, $4, 'invite', 'verified', COALESCE($5, now()), COALESCE($5, now()), $6)
+                          ON CONFLICT (tenant, email) DO NOTHING",
+    add_membership: "INSERT INTO oncely_memberships (tenant, user_id, created_at)
+                     VALUES ($1, $2, COALESCE($3, now())) ON CONFLICT DO NOTHING",
+    user_email: "SELECT email FROM oncely_users WHERE id = $1",
+    // A pending account's locale came from a signup nobody has proven the address for yet.
+    user_email_and_locale: "SELECT email, CASE WHEN status = 'verified' THEN locale END AS locale
+                             FROM oncely_users WHERE id = $1",
+    user_in_tenant: "SELECT email FROM oncely_users WHERE id = $1 AND tenant = $2",
+    // The NOT EXISTS sees committed rows only: a concurrent change or signup to the same
+    // address is stopped by the unique index instead (AccountError::Conflict).
+    change_email: "UPDATE oncely_users AS u
+                      SET email = $2, status = 'verified',
+                          verified_at = COALESCE(u.verified_at, COALESCE($3, now())),
+                          password_hash = CASE WHEN u.status = 'pending' THEN NULL
+                                          ELSE u.password_hash END
+                    WHERE u.id = $1
+                      AND NOT EXISTS (SELECT 1 FROM oncely_users o
+                                       WHERE o.tenant = u.tenant AND o.email = $2)",
+};
+
+/// The statements of the email and login caps' counters.
+const LIMITS: LimitStatements = LimitStatements {
+    uncount: "UPDATE oncely_rate_limits SET count = count - 1
+               WHERE tenant = $1 AND bucket = $2 AND window_start = $3 AND count > 0",
     // `count` is an integer column: widened, as SQLite returns it.
     count_email: "INSERT INTO oncely_rate_limits AS r (tenant, bucket, window_start, count)
                   VALUES ($1, $2, $3, 1)
@@ -75,6 +123,14 @@ pub const STATEMENTS: Statements = Statements {
          )
          SELECT (SELECT count FROM pair)::bigint, (SELECT count FROM total)::bigint",
     ),
+    // Index: oncely_rate_limits_window. The table has no id: rows by `ctid`.
+    prune_rate_limits: "DELETE FROM oncely_rate_limits WHERE ctid = ANY (ARRAY(
+                            SELECT ctid FROM oncely_rate_limits WHERE window_start < $1
+                             LIMIT $2 FOR UPDATE SKIP LOCKED))",
+};
+
+/// The statements of token records.
+const TOKENS: TokenStatements = TokenStatements {
     supersede_flow: "UPDATE oncely_tokens SET superseded_at = COALESCE($4, now())
                       WHERE user_id = $1 AND flow = $2 AND $3
                         AND consumed_at IS NULL AND superseded_at IS NULL
@@ -128,52 +184,16 @@ pub const STATEMENTS: Statements = Statements {
                               RETURNING password_hash, password_attempts::bigint",
     signup_password_unattempt: "UPDATE oncely_tokens SET password_attempts = password_attempts - 1
                                  WHERE token_hash = $1 AND password_attempts > 0",
-    mark_verified: "UPDATE oncely_users SET status = 'verified', verified_at = COALESCE($2, now()),
-                           password_hash = $3, locale = $4
-                     WHERE id = $1 AND status = 'pending'",
     // Index: oncely_tokens_live.
     supersede_verification: "UPDATE oncely_tokens SET superseded_at = COALESCE($2, now())
                               WHERE user_id = $1 AND flow = 'verification'
                                 AND consumed_at IS NULL AND superseded_at IS NULL",
-    set_password: "UPDATE oncely_users SET password_hash = $2 WHERE id = $1",
-    // Columns of the existing row need the table's alias (`u`) beside `excluded`.
-    accept_invite: "INSERT INTO oncely_users AS u
-                        (id, tenant, email, password_hash, source, status, verified_at, created_at, locale)
-                    VALUES ($1, $2, $3, $4, 'invite', 'verified', COALESCE($5, now()), COALESCE($5, now()), $6)
-                    ON CONFLICT (tenant, email) DO UPDATE
-                       SET status = 'verified', verified_at = COALESCE(u.verified_at, excluded.verified_at),
-                           locale = CASE WHEN u.status = 'pending' THEN excluded.locale
-                                         ELSE COALESCE(u.locale, excluded.locale) END,
-                           password_hash = CASE WHEN u.status = 'pending' THEN excluded.password_hash
-                                            ELSE u.password_hash END
-                    RETURNING id",
-    insert_invited_user: "INSERT INTO oncely_users
-                              (id, tenant, email, password_hash, source, status, verified_at, created_at, locale)
-                          VALUES ($1, $2, $3, $4, 'invite', 'verified', COALESCE($5, now()), COALESCE($5, now()), $6)
-                          ON CONFLICT (tenant, email) DO NOTHING",
-    add_membership: "INSERT INTO oncely_memberships (tenant, user_id, created_at)
-                     VALUES ($1, $2, COALESCE($3, now())) ON CONFLICT DO NOTHING",
     token_for_send: "SELECT t.flow, t.tenant, t.user_id, t.token_hash, COALESCE(t.email, u.email) AS recipient,
                             COALESCE(t.locale, CASE WHEN u.status = 'verified' THEN u.locale END) AS locale,
                             (t.consumed_at IS NULL AND t.superseded_at IS NULL
                              AND t.expires_at > COALESCE($2, now())) AS live
                        FROM oncely_tokens t LEFT JOIN oncely_users u ON u.id = t.user_id
                       WHERE t.id = $1",
-    user_email: "SELECT email FROM oncely_users WHERE id = $1",
-    // A pending account's locale came from a signup nobody has proven the address for yet.
-    user_email_and_locale: "SELECT email, CASE WHEN status = 'verified' THEN locale END AS locale
-                             FROM oncely_users WHERE id = $1",
-    user_in_tenant: "SELECT email FROM oncely_users WHERE id = $1 AND tenant = $2",
-    // The NOT EXISTS sees committed rows only: a concurrent change or signup to the same
-    // address is stopped by the unique index instead (AccountError::Conflict).
-    change_email: "UPDATE oncely_users AS u
-                      SET email = $2, status = 'verified',
-                          verified_at = COALESCE(u.verified_at, COALESCE($3, now())),
-                          password_hash = CASE WHEN u.status = 'pending' THEN NULL
-                                          ELSE u.password_hash END
-                    WHERE u.id = $1
-                      AND NOT EXISTS (SELECT 1 FROM oncely_users o
-                                       WHERE o.tenant = u.tenant AND o.email = $2)",
     // Index: oncely_tokens_live.
     supersede_user_tokens: "UPDATE oncely_tokens SET superseded_at = COALESCE($2, now())
                              WHERE user_id = $1 AND ($3 OR flow <> 'invite')
@@ -183,10 +203,10 @@ pub const STATEMENTS: Statements = Statements {
                        SELECT id FROM oncely_tokens
                         WHERE expires_at < COALESCE($1, now()) - make_interval(secs => $2)
                         ORDER BY expires_at LIMIT $3 FOR UPDATE SKIP LOCKED))",
-    // Index: oncely_rate_limits_window. The table has no id: rows by `ctid`.
-    prune_rate_limits: "DELETE FROM oncely_rate_limits WHERE ctid = ANY (ARRAY(
-                            SELECT ctid FROM oncely_rate_limits WHERE window_start < $1
-                             LIMIT $2 FOR UPDATE SKIP LOCKED))",
+};
+
+/// The statements of tenants.
+const TENANTS: TenantStatements = TenantStatements {
     create_tenant: "INSERT INTO oncely_tenants (id, api_key_hash, created_at)
                     VALUES ($1, $2, COALESCE($3, now()))",
     // Index: api_key_hash unique, or oncely_tenants_previous_key (a bitmap OR of the two).
@@ -211,20 +231,21 @@ pub const STATEMENTS: Statements = Statements {
                      END AS previous_key_expires_at_ms
                      , email_delivery, product_name, mail_from, support_email
                 FROM oncely_tenants ORDER BY id",
-    // The no-op update makes RETURNING give the stored row when it exists.
-    development_secret: "INSERT INTO oncely_development_secret (id, secret) VALUES (1, $1)
-                         ON CONFLICT (id) DO UPDATE SET secret = oncely_development_secret.secret
-                         RETURNING secret",
-    secret_check: "SELECT current_mac, previous_mac, retired_macs FROM oncely_secret_check WHERE id = 1",
-    add_secret_check: "INSERT INTO oncely_secret_check (id, current_mac, previous_mac, retired_macs) VALUES (1, $1, $2, $3)
-                       ON CONFLICT (id) DO NOTHING",
-    replace_secret_check: "UPDATE oncely_secret_check SET current_mac = $1, previous_mac = $2, retired_macs = $3
-                           WHERE id = 1 AND current_mac = $4",
     return_urls: "SELECT url FROM oncely_return_urls WHERE tenant = $1 ORDER BY position",
     all_return_urls: "SELECT tenant, url FROM oncely_return_urls ORDER BY tenant, position",
     lock_tenant: "SELECT id FROM oncely_tenants WHERE id = $1 FOR UPDATE",
     clear_return_urls: "DELETE FROM oncely_return_urls WHERE tenant = $1",
     add_return_url: "INSERT INTO oncely_return_urls (tenant, position, url) VALUES ($1, $2, $3)",
+    // Index: oncely_webhook_endpoints_tenant.
+    email_delivery: "SELECT email_delivery FROM oncely_tenants WHERE id = $1",
+    branding: "SELECT product_name, mail_from, support_email FROM oncely_tenants WHERE id = $1",
+    set_branding: "UPDATE oncely_tenants SET product_name = $2, mail_from = $3, support_email = $4
+                   WHERE id = $1",
+    set_email_delivery: "UPDATE oncely_tenants SET email_delivery = $2 WHERE id = $1",
+};
+
+/// The statements of one-time codes.
+const CODES: CodeStatements = CodeStatements {
     // The token's own tenant, flow and consumption time: the code cannot say otherwise.
     insert_code: "INSERT INTO oncely_codes
                       (code_hash, tenant, user_id, flow, authenticated_at, expires_at)
@@ -251,12 +272,10 @@ pub const STATEMENTS: Statements = Statements {
     prune_codes: "DELETE FROM oncely_codes WHERE code_hash = ANY (ARRAY(
                       SELECT code_hash FROM oncely_codes WHERE expires_at < COALESCE($1, now())
                        ORDER BY expires_at LIMIT $2 FOR UPDATE SKIP LOCKED))",
-    // Index: oncely_webhook_endpoints_tenant.
-    email_delivery: "SELECT email_delivery FROM oncely_tenants WHERE id = $1",
-    branding: "SELECT product_name, mail_from, support_email FROM oncely_tenants WHERE id = $1",
-    set_branding: "UPDATE oncely_tenants SET product_name = $2, mail_from = $3, support_email = $4
-                   WHERE id = $1",
-    set_email_delivery: "UPDATE oncely_tenants SET email_delivery = $2 WHERE id = $1",
+};
+
+/// The statements of webhook endpoints.
+const ENDPOINTS: EndpointStatements = EndpointStatements {
     webhook_targets: "SELECT id, events FROM oncely_webhook_endpoints
                       WHERE tenant = $1 AND disabled_at IS NULL
                       ORDER BY created_at, id",
@@ -307,4 +326,17 @@ pub const STATEMENTS: Statements = Statements {
                                                                  THEN $3 ELSE previous_secret_sealed END
                              WHERE id = $1",
     remove_webhook_endpoint: "DELETE FROM oncely_webhook_endpoints WHERE id = $1",
+};
+
+/// The statements of the secret check and the development secret.
+const SECRET_CHECK: SecretCheckStatements = SecretCheckStatements {
+    // The no-op update makes RETURNING give the stored row when it exists.
+    development_secret: "INSERT INTO oncely_development_secret (id, secret) VALUES (1, $1)
+                         ON CONFLICT (id) DO UPDATE SET secret = oncely_development_secret.secret
+                         RETURNING secret",
+    secret_check: "SELECT current_mac, previous_mac, retired_macs FROM oncely_secret_check WHERE id = 1",
+    add_secret_check: "INSERT INTO oncely_secret_check (id, current_mac, previous_mac, retired_macs) VALUES (1, $1, $2, $3)
+                       ON CONFLICT (id) DO NOTHING",
+    replace_secret_check: "UPDATE oncely_secret_check SET current_mac = $1, previous_mac = $2, retired_macs = $3
+                           WHERE id = 1 AND current_mac = $4",
 };

@@ -1,10 +1,18 @@
 //! The account statements in SQLite's dialect (see [`Statements`] for what each binds). Times
 //! are Unix milliseconds from the process clock, always bound: one process owns the file.
 
-use super::Statements;
+use super::{
+    AccountSql, CodeStatements, EndpointStatements, LimitStatements, SecretCheckStatements,
+    Statements, TenantStatements, TokenStatements, UserStatements, statements,
+};
+use crate::backend::Sqlite;
 
-/// The statements.
-pub const STATEMENTS: Statements = Statements {
+impl AccountSql for Sqlite {
+    const ACCOUNT_SQL: Statements = statements!();
+}
+
+/// The statements of users.
+const USERS: UserStatements = UserStatements {
     insert_user: "INSERT INTO oncely_users (id, tenant, email, source, created_at)
                   VALUES (?1, ?2, ?3, ?4, ?5) ON CONFLICT (tenant, email) DO NOTHING
                   RETURNING id",
@@ -18,16 +26,62 @@ pub const STATEMENTS: Statements = Statements {
     // Index: oncely_users (tenant, email) unique.
     login_user: "SELECT id, status = 'verified' AS verified, password_hash FROM oncely_users
                   WHERE tenant = ?1 AND email = ?2",
-    uncount: "UPDATE oncely_rate_limits SET count = count - 1
-               WHERE tenant = ?1 AND bucket = ?2 AND window_start = ?3 AND count > 0",
     rehash_password: "UPDATE oncely_users SET password_hash = ?3
                        WHERE id = ?1 AND password_hash = ?2",
+    mark_verified: "UPDATE oncely_users SET status = 'verified', verified_at = ?2, password_hash = ?3,
+                                          locale = ?4
+                     WHERE id = ?1 AND status = 'pending'",
+    set_password: "UPDATE oncely_users SET password_hash = ?2 WHERE id = ?1",
+    // Unqualified columns in DO UPDATE are the existing row's.
+    accept_invite: "INSERT INTO oncely_users
+                        (id, tenant, email, password_hash, source, status, verified_at, created_at, locale)
+                    VALUES (?1, ?2, ?3, ?4, 'invite', 'verified', ?5, ?5, ?6)
+                    ON CONFLICT (tenant, email) DO UPDATE
+                       SET status = 'verified', verified_at = COALESCE(verified_at, excluded.verified_at),
+                           locale = CASE WHEN status = 'pending' THEN excluded.locale
+                                         ELSE COALESCE(locale, excluded.locale) END,
+                           password_hash = CASE WHEN status = 'pending' THEN excluded.password_hash
+                                            ELSE password_hash END
+                    RETURNING id",
+    insert_invited_user: "INSERT INTO oncely_users
+                              (id, tenant, email, password_hash, source, status, verified_at, created_at, locale)
+                          VALUES (?1, ?2, ?3, ?4, 'invite', 'verified', ?5, ?5, ?6)
+                          ON CONFLICT (tenant, email) DO NOTHING",
+    add_membership: "INSERT INTO oncely_memberships (tenant, user_id, created_at)
+                     VALUES (?1, ?2, ?3) ON CONFLICT DO NOTHING",
+    user_email: "SELECT email FROM oncely_users WHERE id = ?1",
+    // A pending account's locale came from a signup nobody has proven the address for yet.
+    user_email_and_locale: "SELECT email, CASE WHEN status = 'verified' THEN locale END AS locale
+                             FROM oncely_users WHERE id = ?1",
+    user_in_tenant: "SELECT email FROM oncely_users WHERE id = ?1 AND tenant = ?2",
+    // Unqualified columns in SET are the row's own; one writer at a time: no race past the
+    // NOT EXISTS.
+    change_email: "UPDATE oncely_users
+                      SET email = ?2, status = 'verified', verified_at = COALESCE(verified_at, ?3),
+                          password_hash = CASE WHEN status = 'pending' THEN NULL
+                                          ELSE password_hash END
+                    WHERE id = ?1
+                      AND NOT EXISTS (SELECT 1 FROM oncely_users o
+                                       WHERE o.tenant = oncely_users.tenant AND o.email = ?2)",
+};
+
+/// The statements of the email and login caps' counters.
+const LIMITS: LimitStatements = LimitStatements {
+    uncount: "UPDATE oncely_rate_limits SET count = count - 1
+               WHERE tenant = ?1 AND bucket = ?2 AND window_start = ?3 AND count > 0",
     count_email: "INSERT INTO oncely_rate_limits (tenant, bucket, window_start, count)
                   VALUES (?1, ?2, ?3, 1)
                   ON CONFLICT (tenant, bucket, window_start) DO UPDATE SET count = count + 1
                   RETURNING count",
     // Differs: no data-modifying CTEs (two statements, in-process).
     count_email_pair: None,
+    // Index: oncely_rate_limits_window.
+    prune_rate_limits: "DELETE FROM oncely_rate_limits WHERE rowid IN (
+                            SELECT rowid FROM oncely_rate_limits WHERE window_start < ?1 LIMIT ?2)",
+};
+
+/// The statements of token records.
+const TOKENS: TokenStatements = TokenStatements {
     supersede_flow: "UPDATE oncely_tokens SET superseded_at = ?4
                       WHERE user_id = ?1 AND flow = ?2 AND ?3
                         AND consumed_at IS NULL AND superseded_at IS NULL
@@ -58,51 +112,16 @@ pub const STATEMENTS: Statements = Statements {
                               RETURNING password_hash, password_attempts",
     signup_password_unattempt: "UPDATE oncely_tokens SET password_attempts = password_attempts - 1
                                  WHERE token_hash = ?1 AND password_attempts > 0",
-    mark_verified: "UPDATE oncely_users SET status = 'verified', verified_at = ?2, password_hash = ?3,
-                                          locale = ?4
-                     WHERE id = ?1 AND status = 'pending'",
     // Index: oncely_tokens_live.
     supersede_verification: "UPDATE oncely_tokens SET superseded_at = ?2
                               WHERE user_id = ?1 AND flow = 'verification'
                                 AND consumed_at IS NULL AND superseded_at IS NULL",
-    set_password: "UPDATE oncely_users SET password_hash = ?2 WHERE id = ?1",
-    // Unqualified columns in DO UPDATE are the existing row's.
-    accept_invite: "INSERT INTO oncely_users
-                        (id, tenant, email, password_hash, source, status, verified_at, created_at, locale)
-                    VALUES (?1, ?2, ?3, ?4, 'invite', 'verified', ?5, ?5, ?6)
-                    ON CONFLICT (tenant, email) DO UPDATE
-                       SET status = 'verified', verified_at = COALESCE(verified_at, excluded.verified_at),
-                           locale = CASE WHEN status = 'pending' THEN excluded.locale
-                                         ELSE COALESCE(locale, excluded.locale) END,
-                           password_hash = CASE WHEN status = 'pending' THEN excluded.password_hash
-                                            ELSE password_hash END
-                    RETURNING id",
-    insert_invited_user: "INSERT INTO oncely_users
-                              (id, tenant, email, password_hash, source, status, verified_at, created_at, locale)
-                          VALUES (?1, ?2, ?3, ?4, 'invite', 'verified', ?5, ?5, ?6)
-                          ON CONFLICT (tenant, email) DO NOTHING",
-    add_membership: "INSERT INTO oncely_memberships (tenant, user_id, created_at)
-                     VALUES (?1, ?2, ?3) ON CONFLICT DO NOTHING",
     token_for_send: "SELECT t.flow, t.tenant, t.user_id, t.token_hash, COALESCE(t.email, u.email) AS recipient,
                             COALESCE(t.locale, CASE WHEN u.status = 'verified' THEN u.locale END) AS locale,
                             (t.consumed_at IS NULL AND t.superseded_at IS NULL
                              AND t.expires_at > ?2) AS live
                        FROM oncely_tokens t LEFT JOIN oncely_users u ON u.id = t.user_id
                       WHERE t.id = ?1",
-    user_email: "SELECT email FROM oncely_users WHERE id = ?1",
-    // A pending account's locale came from a signup nobody has proven the address for yet.
-    user_email_and_locale: "SELECT email, CASE WHEN status = 'verified' THEN locale END AS locale
-                             FROM oncely_users WHERE id = ?1",
-    user_in_tenant: "SELECT email FROM oncely_users WHERE id = ?1 AND tenant = ?2",
-    // Unqualified columns in SET are the row's own; one writer at a time: no race past the
-    // NOT EXISTS.
-    change_email: "UPDATE oncely_users
-                      SET email = ?2, status = 'verified', verified_at = COALESCE(verified_at, ?3),
-                          password_hash = CASE WHEN status = 'pending' THEN NULL
-                                          ELSE password_hash END
-                    WHERE id = ?1
-                      AND NOT EXISTS (SELECT 1 FROM oncely_users o
-                                       WHERE o.tenant = oncely_users.tenant AND o.email = ?2)",
     // Index: oncely_tokens_live.
     supersede_user_tokens: "UPDATE oncely_tokens SET superseded_at = ?2
                              WHERE user_id = ?1 AND (?3 OR flow <> 'invite')
@@ -113,9 +132,10 @@ pub const STATEMENTS: Statements = Statements {
                        SELECT rowid FROM oncely_tokens
                         WHERE expires_at < ?1 - CAST(?2 * 1000 AS INTEGER)
                         ORDER BY expires_at LIMIT ?3)",
-    // Index: oncely_rate_limits_window.
-    prune_rate_limits: "DELETE FROM oncely_rate_limits WHERE rowid IN (
-                            SELECT rowid FROM oncely_rate_limits WHERE window_start < ?1 LIMIT ?2)",
+};
+
+/// The statements of tenants.
+const TENANTS: TenantStatements = TenantStatements {
     create_tenant: "INSERT INTO oncely_tenants (id, api_key_hash, created_at) VALUES (?1, ?2, ?3)",
     // Index: api_key_hash unique, or oncely_tenants_previous_key (SQLite's OR optimization).
     tenant_by_key: "SELECT id FROM oncely_tenants
@@ -136,21 +156,22 @@ pub const STATEMENTS: Statements = Statements {
                          AS previous_key_expires_at_ms
                      , email_delivery, product_name, mail_from, support_email
                 FROM oncely_tenants ORDER BY id",
-    // See PostgreSQL's.
-    development_secret: "INSERT INTO oncely_development_secret (id, secret) VALUES (1, ?1)
-                         ON CONFLICT (id) DO UPDATE SET secret = oncely_development_secret.secret
-                         RETURNING secret",
-    secret_check: "SELECT current_mac, previous_mac, retired_macs FROM oncely_secret_check WHERE id = 1",
-    add_secret_check: "INSERT INTO oncely_secret_check (id, current_mac, previous_mac, retired_macs) VALUES (1, ?1, ?2, ?3)
-                       ON CONFLICT (id) DO NOTHING",
-    replace_secret_check: "UPDATE oncely_secret_check SET current_mac = ?1, previous_mac = ?2, retired_macs = ?3
-                           WHERE id = 1 AND current_mac = ?4",
     return_urls: "SELECT url FROM oncely_return_urls WHERE tenant = ?1 ORDER BY position",
     all_return_urls: "SELECT tenant, url FROM oncely_return_urls ORDER BY tenant, position",
     // One writer at a time: nothing to lock.
     lock_tenant: "SELECT id FROM oncely_tenants WHERE id = ?1",
     clear_return_urls: "DELETE FROM oncely_return_urls WHERE tenant = ?1",
     add_return_url: "INSERT INTO oncely_return_urls (tenant, position, url) VALUES (?1, ?2, ?3)",
+    // Index: oncely_webhook_endpoints_tenant.
+    email_delivery: "SELECT email_delivery FROM oncely_tenants WHERE id = ?1",
+    branding: "SELECT product_name, mail_from, support_email FROM oncely_tenants WHERE id = ?1",
+    set_branding: "UPDATE oncely_tenants SET product_name = ?2, mail_from = ?3, support_email = ?4
+                   WHERE id = ?1",
+    set_email_delivery: "UPDATE oncely_tenants SET email_delivery = ?2 WHERE id = ?1",
+};
+
+/// The statements of one-time codes.
+const CODES: CodeStatements = CodeStatements {
     // See PostgreSQL's. Milliseconds: the lifetime is seconds × 1000.
     insert_code: "INSERT INTO oncely_codes
                       (code_hash, tenant, user_id, flow, authenticated_at, expires_at)
@@ -175,12 +196,10 @@ pub const STATEMENTS: Statements = Statements {
     prune_codes: "DELETE FROM oncely_codes WHERE rowid IN (
                       SELECT rowid FROM oncely_codes WHERE expires_at < ?1
                        ORDER BY expires_at LIMIT ?2)",
-    // Index: oncely_webhook_endpoints_tenant.
-    email_delivery: "SELECT email_delivery FROM oncely_tenants WHERE id = ?1",
-    branding: "SELECT product_name, mail_from, support_email FROM oncely_tenants WHERE id = ?1",
-    set_branding: "UPDATE oncely_tenants SET product_name = ?2, mail_from = ?3, support_email = ?4
-                   WHERE id = ?1",
-    set_email_delivery: "UPDATE oncely_tenants SET email_delivery = ?2 WHERE id = ?1",
+};
+
+/// The statements of webhook endpoints.
+const ENDPOINTS: EndpointStatements = EndpointStatements {
     webhook_targets: "SELECT id, events FROM oncely_webhook_endpoints
                       WHERE tenant = ?1 AND disabled_at IS NULL
                       ORDER BY created_at, id",
@@ -224,4 +243,17 @@ pub const STATEMENTS: Statements = Statements {
                                                                  THEN ?3 ELSE previous_secret_sealed END
                              WHERE id = ?1",
     remove_webhook_endpoint: "DELETE FROM oncely_webhook_endpoints WHERE id = ?1",
+};
+
+/// The statements of the secret check and the development secret.
+const SECRET_CHECK: SecretCheckStatements = SecretCheckStatements {
+    // See PostgreSQL's.
+    development_secret: "INSERT INTO oncely_development_secret (id, secret) VALUES (1, ?1)
+                         ON CONFLICT (id) DO UPDATE SET secret = oncely_development_secret.secret
+                         RETURNING secret",
+    secret_check: "SELECT current_mac, previous_mac, retired_macs FROM oncely_secret_check WHERE id = 1",
+    add_secret_check: "INSERT INTO oncely_secret_check (id, current_mac, previous_mac, retired_macs) VALUES (1, ?1, ?2, ?3)
+                       ON CONFLICT (id) DO NOTHING",
+    replace_secret_check: "UPDATE oncely_secret_check SET current_mac = ?1, previous_mac = ?2, retired_macs = ?3
+                           WHERE id = 1 AND current_mac = ?4",
 };

@@ -3,13 +3,12 @@
 //! SQLite ([`Sqlite`]).
 //!
 //! A backend carries everything that differs between the two databases: how to connect (pool
-//! options), the idempotency key store and outbox job store on that database, the account
-//! statements in its dialect ([`crate::accounts::Statements`]), how it stores an instant, and
-//! which errors mean it is unavailable. Everything else — migrations, the account logic and
-//! readiness ([`crate::accounts::Accounts`], implemented once for every backend), the app, the
-//! workers, the operator commands — is written once, generic over it: code that needs account
-//! storage asks for `B: Accounts` (every backend is), code that needs only the stores for
-//! `B: Backend`. Nothing outside `backend/postgres.rs` and `backend/sqlite.rs` asks which
+//! options), the idempotency key store and outbox job store on that database, how it stores an
+//! instant, and which errors mean it is unavailable. Everything else — migrations, the account
+//! logic and readiness (account storage, which brings its statements per dialect and implements
+//! itself once for every backend), the app, the workers, the operator commands — is written
+//! once, generic over it: code that needs account storage asks for `B: Accounts` (every backend
+//! is), code that needs only the stores for `B: Backend`. Nothing outside `backend/postgres.rs` and `backend/sqlite.rs` asks which
 //! database it runs on, except `main`, once.
 
 use std::future::Future;
@@ -19,8 +18,6 @@ use oncely_outbox::JobStore;
 use oncely_sql::Db;
 use sqlx::migrate::{Migrate, Migrator};
 use time::OffsetDateTime;
-
-use crate::accounts::Statements;
 
 mod postgres;
 mod sqlite;
@@ -49,9 +46,6 @@ pub trait Backend: Clone + Send + Sync + 'static {
 
     /// An instant as this database's account statements take it (see [`Self::at`]).
     type Instant: for<'q> sqlx::Encode<'q, Self::Database> + sqlx::Type<Self::Database> + Send;
-
-    /// The account statements in this database's dialect.
-    const ACCOUNT_SQL: Statements;
 
     /// How a transaction that writes begins on the pool (outside the idempotency layer's):
     /// SQLite's takes the write lock at once, so that a read before its first write cannot

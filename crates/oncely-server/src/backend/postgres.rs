@@ -14,7 +14,6 @@ use sqlx::postgres::{PgConnection, PgQueryResult};
 use time::OffsetDateTime;
 
 use super::{Backend, Create, DevInboxHold, Location, Pooler, Stores, redact};
-use crate::accounts::Statements;
 
 /// The PostgreSQL backend.
 #[derive(Debug, Clone)]
@@ -38,7 +37,6 @@ impl Backend for Postgres {
     const BEGIN_WRITE: &'static str = "BEGIN";
     type Keys = PgKeyStore;
     type Jobs = PgJobStore;
-    const ACCOUNT_SQL: Statements = crate::accounts::postgres::STATEMENTS;
     const PRODUCTION_WARNING: Option<&'static str> = None;
     const LOSES_ACKNOWLEDGED_COMMITS: Option<&'static str> = Some(
         "SELECT CASE WHEN current_setting('synchronous_commit') IN ('off', 'local')

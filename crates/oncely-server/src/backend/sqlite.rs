@@ -13,7 +13,6 @@ use time::OffsetDateTime;
 use oncely_sql::Db;
 
 use super::{Backend, Create, DevInboxHold, Location, Pooler, Stores};
-use crate::accounts::Statements;
 
 /// The SQLite backend.
 #[derive(Debug, Clone)]
@@ -39,7 +38,6 @@ impl Backend for Sqlite {
     const BEGIN_WRITE: &'static str = "BEGIN IMMEDIATE";
     type Keys = SqliteKeyStore;
     type Jobs = SqliteJobStore;
-    const ACCOUNT_SQL: Statements = crate::accounts::sqlite::STATEMENTS;
     // WAL with `synchronous = NORMAL`: a commit survives a crash of the process, not always a
     // power loss — what PRODUCTION_WARNING's single machine already says.
     const LOSES_ACKNOWLEDGED_COMMITS: Option<&'static str> = None;

@@ -18,8 +18,6 @@
 //! claim (a concurrent retry that claimed the key first answers from it, and this request
 //! writes nothing), or without a key in a transaction of its own.
 
-use std::time::Duration;
-
 use axum::body::Body;
 use axum::extract::{FromRequestParts, Request, State};
 use axum::http::header;
@@ -33,7 +31,6 @@ use serde_json::{Value, json};
 use time::OffsetDateTime;
 
 use super::AppState;
-use super::email_caps::HARD_CEILING;
 use super::error::ApiError;
 use super::events::{SignInMethod, account_event};
 use super::exchange::without_email;
@@ -43,24 +40,11 @@ use crate::accounts::{AccountError, Accounts};
 use crate::client_addr::CallerAddr;
 use crate::email::EmailAddress;
 use crate::identity::{self, Identity, Proof};
+// The end-to-end suite names it here.
+pub use crate::limits::login::LoginLimits;
+use crate::limits::{HARD_CEILING, bucket};
 use crate::password::{self, Checked};
 use crate::webhooks::EventType;
-
-/// Caps on failed logins per window.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct LoginLimits {
-    /// Failures per window for one address from one client (whether or not it has an
-    /// account): small, and a stranger who reaches it has used up only its own attempts.
-    pub per_address: u32,
-    /// Failures per window for one address from all clients. A client with no failure of its
-    /// own for the address in the window still gets its attempt: strangers cannot lock the
-    /// owner out, and each client address they control buys them one guess per window.
-    pub per_address_total: u32,
-    /// Failures per window from one client, whatever the addresses (credential stuffing).
-    pub per_client: u32,
-    /// The window.
-    pub window: Duration,
-}
 
 /// The login request.
 #[derive(Deserialize, utoipa::ToSchema)]
@@ -321,14 +305,9 @@ impl<'a, A: Accounts> Attempt<'a, A> {
         Ok(attempt)
     }
 
-    /// Counts one more in a bucket, in a statement of its own. Buckets are keyed hashes: the
-    /// limits table never holds an address.
+    /// Counts one more in a bucket ([`bucket`]), in a statement of its own.
     async fn count(&mut self, kind: &str, value: &str) -> Result<i64, ApiError> {
-        let mac = self
-            .state
-            .secret
-            .mac("oncely/rate-limit/v1", &[kind.as_bytes(), value.as_bytes()]);
-        let bucket = format!("{kind}:{}", hex::encode(&mac[..16]));
+        let bucket = bucket(&self.state.secret, kind, value);
         let count = self
             .state
             .accounts

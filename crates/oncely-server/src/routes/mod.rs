@@ -47,11 +47,11 @@ pub struct AppState<A: Accounts> {
     /// Derives tokens.
     pub secret: ServerSecret,
     /// Caps on emails.
-    pub limits: email_caps::MailLimits,
+    pub limits: crate::limits::email::MailLimits,
     /// The per-client email cap, counted in this process.
-    pub client_mail: email_caps::ClientMail,
+    pub client_mail: crate::limits::email::ClientMail,
     /// Caps on failed logins.
-    pub login: login::LoginLimits,
+    pub login: crate::limits::login::LoginLimits,
     /// Email jobs' payloads name their recipient (`"recipient"`), so that the dev inbox can show
     /// to whom the emails that were not sent would have gone: only while it serves its page
     /// (development, the dev mailer, a loopback address). Otherwise payloads hold ids only.

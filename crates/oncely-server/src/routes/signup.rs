@@ -6,7 +6,7 @@ use oncely_outbox::{JobStore, NewJob};
 use serde::Deserialize;
 use serde_json::json;
 
-use super::email_caps::EmailCount;
+use super::email_caps::email_count;
 use super::error::ApiError;
 use super::events::account_event_to;
 use super::new_password::hash_new_password;
@@ -78,7 +78,7 @@ pub async fn signup<A: Accounts>(
     let mut conn = tx.lock().await?;
     // After the claim: a copy of this request that loses it (a replay, a 409, a 422) must not
     // spend the client's email allowance.
-    let count = EmailCount::new(&state, &tenant, &email, &caller);
+    let count = email_count(&state, &tenant, &email, &caller);
     let SignupCounted {
         outcome: row,
         counts,
@@ -106,7 +106,7 @@ pub async fn signup<A: Accounts>(
         )
         .await?;
     }
-    let suppressed = count.verdict(&state, counts)?;
+    let suppressed = count.verdict(&state.limits, counts)?;
     // A pending account's password waits on this signup's own token: the account gets it only
     // when the address owner verifies with this link and re-enters it. For a verified account a
     // decoy token keeps the work the same as for a new address; its email is a notice.

@@ -29,7 +29,7 @@ pub use locale::{ENGLISH, Locale};
 use crate::token::Flow;
 
 /// Where a message's link goes in its rendered parts: the outbox stores the email without its
-/// token and puts the link in at each send ([`crate::mail`]). No value a template shows can
+/// token and puts the link in at each send. No value a template shows can
 /// hold it ([`Vars`]): only the template places the link.
 pub const LINK_MARK: &str = "{{link}}";
 

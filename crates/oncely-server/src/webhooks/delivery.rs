@@ -25,10 +25,9 @@ use serde_json::Value;
 use time::OffsetDateTime;
 use uuid::Uuid;
 
-use super::secret::{SigningSecret, signature_header, unseal};
 use super::url::{CheckingResolver, UrlPolicy, refused_address};
-use crate::accounts::{Accounts, EndpointRecord};
-use crate::mail::live_token;
+use crate::accounts::{Accounts, EndpointRecord, live_token};
+use crate::secret::signing::{self, SigningSecret, signature_header, unseal};
 
 /// How much of an answer's body is read (for the reason of a failure); the rest is dropped.
 pub const BODY_CAP: usize = 4 * 1024;
@@ -181,7 +180,7 @@ impl<A: Accounts> WebhookDelivery<A> {
 
     /// The body to send: the payload's `body` as it is, or — an `email.requested` event of a
     /// token email — its `parts` joined with the token of record `token_id`, derived again now
-    /// after the same live check as the email handlers' ([`crate::mail::live_token`]): a link
+    /// after the same live check as the email handlers' ([`live_token`]): a link
     /// used or superseded since is skipped, never delivered. The token is derived, never read:
     /// the same bytes on every attempt.
     async fn body(&self, job: &Job) -> Result<String, Delivery> {
@@ -304,7 +303,7 @@ impl<A: Accounts> Handler for WebhookDelivery<A> {
 pub fn signing_secrets_of(
     secret: &ServerSecret,
     endpoint: &EndpointRecord,
-) -> Result<Vec<SigningSecret>, super::secret::UnsealError> {
+) -> Result<Vec<SigningSecret>, signing::UnsealError> {
     let mut secrets = vec![unseal(secret, endpoint.id, &endpoint.secret_sealed)?];
     if let Some(previous) = &endpoint.previous_secret_sealed {
         match unseal(secret, endpoint.id, previous) {
@@ -331,7 +330,7 @@ pub async fn reseal_endpoints<A: Accounts>(
 ) -> anyhow::Result<usize> {
     let mut resealed = 0;
     for endpoint in accounts.webhook_endpoints(None).await? {
-        if super::secret::unseal(secret, endpoint.id, &endpoint.secret_sealed).is_err() {
+        if signing::unseal(secret, endpoint.id, &endpoint.secret_sealed).is_err() {
             // Sealed under a server secret this process has neither as current nor previous:
             // its deliveries cannot be signed until a process that has it runs.
             tracing::warn!(
@@ -371,7 +370,7 @@ async fn reseal_endpoint<A: Accounts>(
     let mut resealed = 0;
     let sealed = std::iter::once(&endpoint.secret_sealed).chain(&endpoint.previous_secret_sealed);
     for old in sealed {
-        if let Some(new) = super::secret::reseal(secret, endpoint.id, old)
+        if let Some(new) = signing::reseal(secret, endpoint.id, old)
             && accounts
                 .reseal_webhook_secret(endpoint.id, old, &new)
                 .await?

@@ -126,16 +126,16 @@ pub fn subscribed(events: &str, kind: EventType) -> bool {
 /// [`Accounts::webhook_targets`] reads them): one outbox job of kind [`WEBHOOK_KIND`] per
 /// endpoint that receives its type, with operation key `webhook:<event id>:<endpoint id>`,
 /// payload `{endpoint_id, event_id, type, body}`, and the endpoint's id as its outbox partition
-/// (each endpoint has its own concurrency limit: [`crate::workers::webhook_options`]). The one
-/// place deliveries are built: [`emit`] writes them in a request's transaction, the email
-/// handlers' follow-ups ([`crate::mail`]) hand them to the outbox.
+/// (each endpoint has its own concurrency limit in the worker). The one place deliveries are
+/// built: [`emit`] writes them in a request's transaction, the email handlers' follow-ups hand
+/// them to the outbox.
 pub fn deliveries(event: &Event, targets: &[(Uuid, String)]) -> Vec<NewJob> {
     deliveries_carrying(event, targets, &Value::String(event.body()), &Map::new())
 }
 
 /// As [`deliveries`], each carrying `body` (the body as a string, or what the delivery
-/// assembles it from: `{"parts": […]}` around a token, see [`crate::mail`]) and `extra` payload
-/// fields.
+/// assembles it from: `{"parts": […]}` around a token, as an `email.requested` event of a
+/// token email carries it) and `extra` payload fields.
 pub(crate) fn deliveries_carrying(
     event: &Event,
     targets: &[(Uuid, String)],

@@ -1,7 +1,7 @@
 //! Durable key stores: one trait, one implementation on SQL databases, two dialects.
 //!
 //! The trait ([`KeyStore`]) speaks in scopes, fingerprints and stored responses; HTTP lives in
-//! [`crate::layer`]. `SqlKeyStore<DB>` implements it once, for PostgreSQL (`postgres::PgKeyStore`,
+//! the layer. `SqlKeyStore<DB>` implements it once, for PostgreSQL (`postgres::PgKeyStore`,
 //! feature `postgres`) and SQLite (`sqlite::SqliteKeyStore`, feature `sqlite`); each dialect
 //! keeps its own statements (`store/<dialect>/sql.rs`) and migrations. Both pass the same
 //! conformance suite (`tests/it/store_conformance.rs`). Times come from the store's [`Clock`]:

@@ -570,6 +570,9 @@ async fn accept_then_drop_keeps_the_copy_and_closes_the_connection_without_an_an
         ..Faults::default()
     });
     let body = event(5);
+    // Installs the TLS provider reqwest needs (another test of the process may not have: under
+    // cargo-nextest each test is a process of its own).
+    let _ = oncely_testdb::http();
     let client = reqwest::Client::builder()
         .timeout(Duration::from_secs(30))
         .build()

@@ -8,7 +8,7 @@ use sqlx::SqlSafeStr;
 use sqlx::migrate::{Migration, MigrationType, Migrator};
 use time::{Duration, OffsetDateTime};
 
-use crate::support::both_databases;
+use crate::support::{both_databases, both_empty_databases};
 
 /// The account migrations as the previous release built them by hand (before
 /// `sqlx::migrate!`), with their descriptions: what its databases recorded.
@@ -92,8 +92,10 @@ fn sqlx_migrate_keeps_the_checksums_of_the_previous_release() {
     assert_eq!(versions_and_checksums(&sqlite)[..previous.len()], previous);
 }
 
+// The previous release's migrations first: on an empty database.
+both_empty_databases!(a_database_the_previous_release_migrated_migrates_and_is_ready);
+
 both_databases!(
-    a_database_the_previous_release_migrated_migrates_and_is_ready,
     expired_tokens_are_pruned_by_the_given_clock,
     a_signups_user_counters_and_endpoints_are_written_and_read_as_their_statements_do
 );

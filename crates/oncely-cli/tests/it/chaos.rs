@@ -27,7 +27,7 @@ fn oncely() -> PathBuf {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn under_kills_and_provider_faults_nothing_is_lost_dead_or_duplicated() {
     let _turn = ONE_AT_A_TIME.lock().await;
-    let db = TestPostgres::new().await;
+    let db = TestPostgres::empty().await;
     let config = Config::short(oncely(), db.url().to_owned());
     let report = run(&config).await.unwrap();
     let shown = serde_json::to_string_pretty(&report).unwrap();
@@ -53,7 +53,7 @@ async fn under_kills_and_provider_faults_nothing_is_lost_dead_or_duplicated() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn over_plain_smtp_a_dropped_answer_is_reconciled_not_resent_and_nothing_is_lost() {
     let _turn = ONE_AT_A_TIME.lock().await;
-    let db = TestPostgres::new().await;
+    let db = TestPostgres::empty().await;
     let config = Config {
         intents: 80,
         fault_rate: 0.2,

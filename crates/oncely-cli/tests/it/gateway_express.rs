@@ -11,7 +11,7 @@ use std::path::{Path, PathBuf};
 use std::process::Stdio;
 use std::time::Duration;
 
-use oncely_testdb::{TestPostgres, TestSqlite};
+use oncely_testdb::TestSqlite;
 use serde_json::Value;
 use tokio::io::{AsyncBufReadExt, BufReader};
 
@@ -184,7 +184,7 @@ async fn two_gateways_sharing_postgresql_run_a_storm_once() {
     let Some(express) = Express::start("two_gateways_sharing_postgresql…").await else {
         return;
     };
-    let db = TestPostgres::new().await;
+    let db = crate::support::migrated_postgres().await;
     let route = ["--route", "POST /signup"];
     let a = spawn_gateway(db.url(), &express.base, &route).await;
     let b = spawn_gateway(db.url(), &express.base, &route).await;

@@ -2,7 +2,7 @@
 
 use oncely_server::app::Application;
 use oncely_server::backend::Postgres;
-use oncely_testdb::{TestPostgres, TestSqlite};
+use oncely_testdb::TestSqlite;
 
 use crate::requests::{email, idempotent_post, smtp_inbox};
 use crate::support::{settings, spawn_app_on, spawn_binary};
@@ -19,7 +19,7 @@ async fn health_and_readiness_answer_on_sqlite() {
 
 #[tokio::test]
 async fn readiness_answers_on_postgres() {
-    let db = TestPostgres::new().await;
+    let db = crate::support::migrated_postgres().await;
     let app = spawn_app_on(db.url(), |_| {}).await;
     let ready = app.get("/readyz").await;
     assert_eq!(ready.status(), 200, "{}", ready.text().await.unwrap());

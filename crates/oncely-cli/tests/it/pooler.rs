@@ -230,7 +230,8 @@ async fn oncely(args: &[&str]) -> std::process::Output {
 /// prepared collides; without the direct URL migrations are refused in one line.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn serve_worker_and_migrations_run_through_pgbouncer_in_transaction_mode() {
-    let (url, _db) = crate::support::postgres_db().await;
+    // Empty: the migrations run through PgBouncer.
+    let (url, _db) = crate::support::empty_postgres_db().await;
     let Some(bouncer) = Bouncer::start(&url).await else {
         return;
     };
@@ -367,7 +368,8 @@ async fn statements_through_a_transaction_pooler_keep_their_settings_and_never_c
 /// startup parameter PgBouncer ignored).
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn serve_runs_through_pgbouncer_in_session_mode_with_its_settings() {
-    let (url, _db) = crate::support::postgres_db().await;
+    // Empty: the migrations run through PgBouncer.
+    let (url, _db) = crate::support::empty_postgres_db().await;
     let Some(bouncer) = Bouncer::start(&url).await else {
         return;
     };

@@ -10,7 +10,7 @@ use sqlx::AssertSqlSafe;
 use sqlx::Connection;
 
 use crate::startup::{oncely, refusal};
-use crate::support::{SECRET, both_databases, execute, spawn_binary};
+use crate::support::{SECRET, both_empty_databases, execute, spawn_binary};
 
 /// The versions of the three histories' migrations, as this binary has them, ascending.
 fn versions(url: &str) -> Vec<Vec<i64>> {
@@ -64,7 +64,7 @@ fn production(url: &str) -> Vec<&str> {
     args
 }
 
-both_databases!(
+both_empty_databases!(
     migrate_says_what_it_applied_and_then_that_it_is_up_to_date,
     production_serves_only_the_schema_it_was_built_for
 );
@@ -223,7 +223,7 @@ async fn operator_commands_never_create_or_migrate_a_database() {
     // An empty database (an SQLite file of nobody's, a fresh PostgreSQL database): not migrated
     // behind the user's back either.
     std::fs::write(&file, b"").unwrap();
-    let postgres = TestPostgres::new().await;
+    let postgres = TestPostgres::empty().await;
     for url in [url.as_str(), postgres.url()] {
         for command in commands {
             let args = [command, &["--database-url", url]].concat();
@@ -261,8 +261,8 @@ async fn operator_commands_never_create_or_migrate_a_database() {
 /// database, and on an unmigrated one it is told what to do.
 #[tokio::test]
 async fn a_least_privilege_role_serves_a_migrated_database_in_production() {
-    let migrated = TestPostgres::new().await;
-    let empty = TestPostgres::new().await;
+    let migrated = TestPostgres::empty().await;
+    let empty = TestPostgres::empty().await;
     assert!(
         oncely(&["migrate", "--database-url", migrated.url()], &[])
             .await

@@ -41,6 +41,9 @@ fn addr(base: &str) -> String {
 
 /// Whether the server answers a plain request now.
 async fn answers(base: &str) -> bool {
+    // Installs the TLS provider reqwest needs (another test of the process may not have: under
+    // cargo-nextest each test is a process of its own).
+    let _ = oncely_testdb::http();
     let client = reqwest::Client::builder()
         .timeout(PATIENCE)
         .build()

@@ -426,7 +426,7 @@ async fn the_banner_says_why_the_dev_inbox_is_off() {
 #[tokio::test]
 async fn serve_and_worker_started_from_two_directories_share_the_development_secret() {
     use tokio::io::AsyncBufReadExt;
-    let db = oncely_testdb::TestPostgres::new().await;
+    let db = crate::support::migrated_postgres().await;
     let (inbox, running) = crate::support::start_inbox(oncely_inbox::Faults::default()).await;
     let mailer = format!("smtp://{}", running.smtp_addr);
     let (api_dir, worker_dir) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
@@ -635,7 +635,7 @@ async fn secret_check<B: oncely_server::accounts::Accounts>(url: &str) {
 /// or an email's point of no return (then sent twice). On the default, it says nothing.
 #[tokio::test]
 async fn production_warns_when_the_database_may_lose_acknowledged_commits() {
-    let db = oncely_testdb::TestPostgres::new().await;
+    let db = crate::support::migrated_postgres().await;
     crate::support::migrate(db.url()).await;
     let (_inbox, mailer) = crate::requests::smtp_inbox().await;
     let production = [

@@ -12,7 +12,7 @@ use oncely_server::accounts::Accounts;
 use oncely_server::app::Application;
 use oncely_server::backend::{Postgres, Sqlite};
 use oncely_server::settings::{MailerChoice, Settings};
-use oncely_testdb::{TestDb, TestPostgres, TestSqlite};
+use oncely_testdb::{Migrations, TestDb, TestPostgres, TestSqlite};
 use serde_json::Value;
 use sqlx::{AssertSqlSafe, Connection};
 use tokio::io::{AsyncBufReadExt, BufReader};
@@ -285,9 +285,36 @@ pub fn token_in(message: &Message) -> String {
         .expect("a link with a token")
 }
 
+/// A PostgreSQL database as `oncely migrate` leaves it: cloned from a template this binary's
+/// migrations built (the first test to need it builds it).
 pub async fn postgres_db() -> (String, TestDb) {
-    let db = TestPostgres::new().await;
+    let db = migrated_postgres().await;
     (db.url().to_owned(), TestDb::Postgres(Box::new(db)))
+}
+
+/// An empty PostgreSQL database: for the tests of migrating (a migrated one is
+/// [`postgres_db`]).
+pub async fn empty_postgres_db() -> (String, TestDb) {
+    let db = TestPostgres::empty().await;
+    (db.url().to_owned(), TestDb::Postgres(Box::new(db)))
+}
+
+/// [`postgres_db`]'s database itself.
+pub async fn migrated_postgres() -> TestPostgres {
+    use oncely_server::backend::{Backend, COMMAND_POOL, Location};
+    let migrations = Postgres::migrators()
+        .iter()
+        .fold(Migrations::new("server"), Migrations::migrator);
+    TestPostgres::migrated(&migrations, async |url: String| {
+        let backend = Postgres::connect(&Location::url(url.as_str()), COMMAND_POOL)
+            .await
+            .expect("open the template");
+        oncely_server::startup::migrate(&backend)
+            .await
+            .expect("migrate the template");
+        backend.pool().close().await;
+    })
+    .await
 }
 
 pub async fn sqlite_db() -> (String, TestDb) {
@@ -427,12 +454,24 @@ pub async fn spawn_gateway(database_url: &str, upstream: &str, extra: &[&str]) -
     .await
 }
 
+/// Each case on a migrated PostgreSQL database ([`postgres_db`]) and an SQLite file.
 macro_rules! both_databases {
     ($($name:ident),* $(,)?) => {
         oncely_testdb::both_stores!(crate::support::postgres_db, crate::support::sqlite_db; $($name),*);
     };
 }
 pub(crate) use both_databases;
+
+/// Each case on an empty PostgreSQL database ([`empty_postgres_db`]) and an SQLite file: the
+/// tests of migrating.
+#[allow(unused_macros)]
+macro_rules! both_empty_databases {
+    ($($name:ident),* $(,)?) => {
+        oncely_testdb::both_stores!(crate::support::empty_postgres_db, crate::support::sqlite_db; $($name),*);
+    };
+}
+#[allow(unused_imports)]
+pub(crate) use both_empty_databases;
 
 /// `oncely worker` as a child process; returns once it reports that it runs.
 pub async fn spawn_worker(database_url: &str, mailer: &str) -> tokio::process::Child {

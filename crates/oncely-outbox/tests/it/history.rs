@@ -9,7 +9,6 @@ use std::time::Duration;
 use oncely_outbox::store::Finish;
 use oncely_outbox::store::postgres::PgJobStore;
 use oncely_outbox::{JobStore, NewJob};
-use oncely_testdb::TestPostgres;
 use serde_json::json;
 use sqlx::PgPool;
 
@@ -32,7 +31,7 @@ async fn table_scans(pool: &PgPool) -> (i64, i64) {
 
 #[tokio::test]
 async fn claims_finishes_and_releases_never_scan_a_whole_table() {
-    let db = TestPostgres::new().await;
+    let db = crate::support::migrated_postgres().await;
     let pool = db.pool(1).await;
     let store = PgJobStore::new(pool.clone());
     store.migrate().await.unwrap();

@@ -148,7 +148,7 @@ where
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn postgres_an_earlier_release_s_database_keeps_migrating() {
     // One database, a schema per starting version (creating databases is slow).
-    let db = TestPostgres::new().await;
+    let db = TestPostgres::empty().await;
     let mut pools = Vec::new();
     for version in 1..=4 {
         let schema = format!("from_version_{version}");
@@ -297,7 +297,7 @@ where
 
 #[tokio::test]
 async fn postgres_jobs_an_earlier_release_made_dead_for_a_skip_become_skipped() {
-    let db = TestPostgres::new().await;
+    let db = TestPostgres::empty().await;
     let pool = db.pool(2).await;
     release_up_to(&postgres::migrator(), 6)
         .run(&pool)
@@ -494,7 +494,7 @@ where
 
 #[tokio::test]
 async fn postgres_partitions_keep_the_previous_release_s_jobs() {
-    let db = TestPostgres::new().await;
+    let db = TestPostgres::empty().await;
     let pool = db.pool(2).await;
     partitions_keep_the_previous_release_s_jobs(pool.clone(), PREVIOUS_ENQUEUE[0]).await;
     let indexes: Vec<String> = sqlx::query_scalar(
@@ -629,7 +629,7 @@ where
 
 #[tokio::test]
 async fn postgres_parking_keeps_the_previous_release_s_jobs() {
-    let db = TestPostgres::new().await;
+    let db = TestPostgres::empty().await;
     parking_keeps_the_previous_release_s_jobs(db.pool(2).await, 0).await;
 }
 

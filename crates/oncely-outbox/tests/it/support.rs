@@ -15,7 +15,7 @@ use oncely_outbox::store::{
     Settlement, SkippedJob, SqlJobStore, Wakeup,
 };
 use oncely_outbox::{Enqueued, Job, JobRecord, JobStore, NewJob, OutboxError};
-use oncely_testdb::{TestDb, TestPostgres, TestSqlite};
+use oncely_testdb::{Migrations, TestDb, TestPostgres, TestSqlite};
 use sqlx::{Encode, Executor, IntoArguments, Pool, Type};
 use time::OffsetDateTime;
 use tokio::sync::mpsc;
@@ -42,11 +42,26 @@ pub trait Backend: JobStore {
 const BUSINESS: &str = "CREATE TABLE business (note TEXT NOT NULL)";
 
 pub async fn postgres() -> (PgJobStore, TestDb) {
-    let db = TestPostgres::new().await;
+    let db = migrated_postgres().await;
     let store = PgJobStore::new(db.pool(20).await).with_clock(manual_clock());
+    // Up to date already (and checked so).
     store.migrate().await.unwrap();
-    sqlx::query(BUSINESS).execute(store.pool()).await.unwrap();
     (store, TestDb::Postgres(Box::new(db)))
+}
+
+/// A PostgreSQL database with the outbox migrated and the business table: cloned from a
+/// template (the first test to need it builds it).
+pub async fn migrated_postgres() -> TestPostgres {
+    let migrations = Migrations::new("outbox")
+        .migrator(&oncely_outbox::store::postgres::migrator())
+        .setup(BUSINESS);
+    TestPostgres::migrated(&migrations, async |url: String| {
+        let pool = sqlx::PgPool::connect(&url).await.unwrap();
+        PgJobStore::new(pool.clone()).migrate().await.unwrap();
+        sqlx::query(BUSINESS).execute(&pool).await.unwrap();
+        pool.close().await;
+    })
+    .await
 }
 
 pub async fn sqlite() -> (SqliteJobStore, TestDb) {

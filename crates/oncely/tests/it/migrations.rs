@@ -78,7 +78,7 @@ async fn keeps_migrating_and_works<S: KeyStore>(store: S) {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_postgres_database_migrated_by_the_previous_release_keeps_migrating() {
-    let db = oncely_testdb::TestPostgres::new().await;
+    let db = oncely_testdb::TestPostgres::empty().await;
     let pool = db.pool(4).await;
     previous_release(PREVIOUS_POSTGRES)
         .run(&pool)

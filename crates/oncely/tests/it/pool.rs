@@ -29,7 +29,7 @@ async fn terminate(db: &TestPostgres, pid: i32) {
 /// A pool of one connection built with [`pool_options`], whose connection was used once and
 /// then ended by the server: the database, the pool and the ended backend's pid.
 async fn one_connection_ended() -> (TestPostgres, PgPool, i32) {
-    let db = TestPostgres::new().await;
+    let db = TestPostgres::empty().await;
     let pool = pool_options()
         .max_connections(1)
         .connect(db.url())

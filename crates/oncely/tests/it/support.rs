@@ -6,7 +6,7 @@ use oncely::store::postgres::PgKeyStore;
 use oncely::store::sqlite::SqliteKeyStore;
 use oncely::store::{Clock, Dialect, KeyStore, SqlKeyStore};
 use oncely::{IdempotencyKey, Scope, ServerSecret, TenantId};
-use oncely_testdb::{TestPostgres, TestSqlite};
+use oncely_testdb::{Migrations, TestPostgres, TestSqlite};
 use sqlx::{Database, Encode, Executor, FromRow, IntoArguments, Type};
 
 /// A key store the tests can also write business rows through, and put on another clock.
@@ -29,10 +29,22 @@ pub use oncely_testdb::TestDb as Db;
 const EFFECTS: &str = "CREATE TABLE effects (label TEXT NOT NULL)";
 
 pub async fn postgres() -> (PgKeyStore, Db) {
-    let db = TestPostgres::new().await;
+    let migrations = Migrations::new("keys")
+        .migrator(&oncely::store::postgres::migrator())
+        .setup(EFFECTS);
+    let db = TestPostgres::migrated(&migrations, async |url: String| {
+        let pool = sqlx::PgPool::connect(&url).await.unwrap();
+        PgKeyStore::new(pool.clone())
+            .migrate()
+            .await
+            .expect("migrate");
+        sqlx::query(EFFECTS).execute(&pool).await.unwrap();
+        pool.close().await;
+    })
+    .await;
     let store = PgKeyStore::new(db.pool(30).await);
+    // Up to date already (and checked so).
     store.migrate().await.expect("migrate");
-    sqlx::query(EFFECTS).execute(store.pool()).await.unwrap();
     (store, Db::Postgres(Box::new(db)))
 }
 

@@ -527,3 +527,56 @@ async fn until_a_transaction_waits(url: &str) {
         tokio::time::sleep(std::time::Duration::from_millis(10)).await;
     }
 }
+
+/// Regression (the crate split's CI, under nextest): `oncely tenant set --return-url` on SQLite
+/// while the service wrote failed at once with "database is locked". Its transaction began
+/// deferred, read the tenant, then wrote: when another connection committed in between, SQLite
+/// refuses the upgrade without waiting (the busy timeout does not apply). It now takes the
+/// write lock when it begins, and waits for the other writer like every other write.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn setting_return_urls_on_sqlite_waits_for_the_services_writes() {
+    let db = oncely_testdb::TestSqlite::new();
+    crate::support::migrate(db.url()).await;
+    let backend = Sqlite::connect(
+        &oncely_server::backend::Location::url(db.url()),
+        COMMAND_POOL,
+    )
+    .await
+    .unwrap();
+    let tenant = oncely::TenantId::parse("acme").unwrap();
+    oncely_cli::commands::tenant::create_tenant(&backend, &tenant)
+        .await
+        .unwrap();
+    // The service: another connection committing small writes back to back.
+    let other = db.pool(1).await;
+    sqlx::query("CREATE TABLE busy_writes (n INTEGER)")
+        .execute(&other)
+        .await
+        .unwrap();
+    let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let writer = tokio::spawn({
+        let stop = stop.clone();
+        async move {
+            let mut n = 0_i64;
+            while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                sqlx::query("INSERT INTO busy_writes (n) VALUES (?1)")
+                    .bind(n)
+                    .execute(&other)
+                    .await
+                    .unwrap();
+                n += 1;
+            }
+            n
+        }
+    });
+    for i in 0..100 {
+        let url = format!("https://app.example/callback/{i}");
+        let set = backend
+            .set_return_urls("acme", std::slice::from_ref(&url))
+            .await;
+        assert!(matches!(set, Ok(true)), "attempt {i}: {set:?}");
+    }
+    stop.store(true, std::sync::atomic::Ordering::Relaxed);
+    let writes = writer.await.unwrap();
+    assert!(writes > 0, "the other writer never wrote");
+}

@@ -1234,7 +1234,11 @@ where
     }
 
     async fn set_return_urls(&self, id: &str, urls: &[String]) -> Result<bool, AccountError> {
-        let mut tx = self.db().begin().await.map_err(AccountError::of)?;
+        let mut tx = self
+            .db()
+            .begin_with(B::BEGIN_WRITE)
+            .await
+            .map_err(AccountError::of)?;
         let found: Option<String> = sqlx::query_scalar(B::ACCOUNT_SQL.tenants.lock_tenant)
             .bind(id)
             .fetch_optional(&mut *tx)

@@ -45,7 +45,7 @@ pub struct SecretArgs {
 impl SecretArgs {
     /// The server secret, resolved as `serve` resolves it (given; in development without one,
     /// the one `backend` stores).
-    pub async fn server_secret<B: oncely_server::accounts::Accounts>(
+    pub async fn server_secret<B: oncely_server::backend::Backend>(
         &self,
         backend: &B,
         database_url: &str,

@@ -20,7 +20,6 @@ use oncely_server::backend::{self, Backend, Postgres, Sqlite};
 
 use crate::args::DatabaseArgs;
 use crate::cli::{Cli, Command};
-use crate::commands::gateway::GatewayArgs;
 use crate::commands::inbox::{InboxArgs, InboxCommand};
 use crate::commands::key::KeyCommand;
 use crate::commands::migrate::MigrateArgs;
@@ -43,7 +42,6 @@ enum Task {
     Prune(PruneArgs),
     Key(KeyCommand),
     Outbox(OutboxCommand),
-    Gateway(Box<GatewayArgs>),
 }
 
 /// Runs a command read from the command line; `demo_log`: where `oncely demo`'s embedded
@@ -60,7 +58,7 @@ pub async fn run(cli: Cli, demo_log: Option<PathBuf>) -> anyhow::Result<()> {
         Command::Inbox(args) => return run_::inbox::run(args).await,
         Command::Demo { intents, .. } => return run_::demo::run(intents, demo_log).await,
         Command::Check(args) => return run_::check::run(args).await,
-        Command::Gateway(args) => Task::Gateway(args),
+        Command::Gateway(args) => return run_::gateway::run(*args).await,
         Command::Serve(args) => Task::Serve(args.settings()?),
         Command::Worker(args) => Task::Worker(args.settings()?),
         Command::Migrate(args) => Task::Migrate(args),
@@ -75,14 +73,15 @@ pub async fn run(cli: Cli, demo_log: Option<PathBuf>) -> anyhow::Result<()> {
         Command::Key(command) => Task::Key(command),
         Command::Outbox(command) => Task::Outbox(command),
     };
-    // The one place that asks which database: everything below is generic over it.
+    // The one place that asks which database (the gateway, on the key store alone, asks in its
+    // own start-up): everything below is generic over it.
     let url = task.database_url();
     if Postgres::accepts(url) {
         task.run::<Postgres>().await
     } else if Sqlite::accepts(url) {
         task.run::<Sqlite>().await
     } else {
-        Err(backend::unsupported(url))
+        Err(backend::unsupported(url).into())
     }
 }
 
@@ -98,7 +97,6 @@ impl Task {
             Self::Prune(args) => &args.database.database_url,
             Self::Key(KeyCommand::Show { database, .. }) => &database.database_url,
             Self::Outbox(command) => &command.database().database_url,
-            Self::Gateway(args) => &args.database.database_url,
         }
     }
 
@@ -129,7 +127,6 @@ impl Task {
                 print!("{}", run_::outbox::outbox::<B>(command).await?);
                 Ok(())
             }
-            Self::Gateway(args) => run_::gateway::run::<B>(*args).await,
         }
     }
 }

@@ -7,14 +7,16 @@
 //! - [`upstream`]: forwarding — hop-by-hop headers, `X-Forwarded-*`, the derived key in the
 //!   upstream's header, and failures told apart (nothing sent: the key is released; sent and
 //!   the answer lost: the key is kept).
+//! - [`start`]: its own start-up — the key store's migrations alone, the shared server secret.
 //! - here: the scope (the tenant from a trusted header, or the caller's credential hashed),
-//!   the router, and `run`.
+//!   the router, and `serve`.
 //!
 //! Its database is an oncely database (`oncely migrate`, `oncely prune` and `oncely key show`
-//! work on it); it keeps only idempotency keys there.
+//! work on it); it keeps only idempotency keys and the shared secret's check there.
 
 pub mod overrides;
 pub mod routes;
+pub mod start;
 pub mod upstream;
 
 use std::convert::Infallible;

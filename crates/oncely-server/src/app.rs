@@ -10,6 +10,7 @@ use axum::Router;
 use axum::extract::State;
 use axum::http::StatusCode;
 use axum::routing::get;
+use oncely::store::shared_secret::{development_secret, require_shared_secret};
 use oncely_inbox::{Inbox, Running};
 use oncely_outbox::OnUnknown;
 use oncely_outbox::mail::{self, IdempotencyHeader, Mailer};
@@ -23,6 +24,7 @@ use crate::environment::Environment;
 use crate::mail::MailContext;
 use crate::routes::{self, AppState};
 use crate::settings::{MailerChoice, MailerSettings, Settings};
+use crate::startup::Holds;
 use crate::workers::{self, WorkerHandles};
 use crate::{startup, telemetry};
 
@@ -159,9 +161,9 @@ impl<B: Accounts> Application<B> {
         .await?;
         if let Some(generated) = &settings.generated_secret {
             settings.secret =
-                crate::secret::development_secret(&backend, generated, &settings.secret).await?;
+                development_secret(backend.keys(), generated, &settings.secret).await?;
         }
-        crate::secret::check_secret(&backend, &settings.secret).await?;
+        require_shared_secret(backend.keys(), &settings.secret).await?;
         crate::webhooks::delivery::reseal_at_start(&backend, &settings.secret).await;
         let tenants: Vec<String> = backend.tenants().await?.into_iter().map(|t| t.id).collect();
         templates
@@ -478,7 +480,9 @@ async fn prune_periodically<A: Accounts>(
             () = shutdown.cancelled() => return,
             () = tokio::time::sleep(interval) => {}
         }
-        match crate::prune::prune_all(&accounts, &jobs, retention, |_, _| {}).await {
+        match crate::prune::prune_all(&accounts, &jobs, (retention, Holds::Service), |_, _| {})
+            .await
+        {
             Ok(pruned) if pruned.total() > 0 => tracing::info!(?pruned, "pruned expired rows"),
             Ok(_) => {}
             Err(error) => tracing::warn!(

@@ -19,6 +19,7 @@ use oncely_outbox::JobStore;
 use time::OffsetDateTime;
 
 use crate::accounts::Accounts;
+use crate::startup::Holds;
 
 /// How long each kind of row is kept.
 #[derive(Debug, Clone, Copy)]
@@ -73,13 +74,18 @@ pub const BATCH: u32 = 500;
 pub async fn prune_all<A: Accounts>(
     accounts: &A,
     jobs: &A::Jobs,
-    retention: Retention,
+    (retention, holds): (Retention, Holds),
     mut progress: impl FnMut(&'static str, u64),
 ) -> anyhow::Result<Pruned> {
     let mut pruned = Pruned::default();
     let window = retention.cap_window.as_secs().max(1) as i64;
     let before_window = OffsetDateTime::now_utc().unix_timestamp() - 2 * window;
-    for table in ["keys", "jobs", "tokens", "rate_limits"] {
+    let tables: &[&str] = match holds {
+        Holds::Service => &["keys", "jobs", "tokens", "rate_limits"],
+        // A gateway's database: no outbox, no account table.
+        Holds::KeysOnly => &["keys"],
+    };
+    for &table in tables {
         loop {
             let n = match table {
                 "keys" => accounts.keys().prune(BATCH).await?,

@@ -20,8 +20,10 @@
 //! this process writes to is no longer the primary; every connection made before it is then
 //! discarded as it comes back to the pool ([`notice`]), and the pool looks for the primary again.
 
+pub mod open;
 #[cfg(feature = "postgres")]
 pub mod postgres;
+pub mod schema;
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, OnceLock};

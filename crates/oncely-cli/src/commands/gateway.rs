@@ -5,9 +5,12 @@ use std::time::Duration;
 
 use anyhow::Context;
 use clap::Args;
-use oncely_server::accounts::Accounts;
+use oncely::store::shared_secret::SharedSecretStore;
+use oncely::store::{Dialect, KeyStore, SqlKeyStore};
+use oncely_gateway::start::{self, Schemas};
+use oncely_server::environment::Environment;
 use oncely_server::settings::defaults;
-use oncely_server::startup;
+use oncely_sql::open::{Open, unsupported};
 
 use crate::args::DatabaseArgs;
 use crate::args::SecretArgs;
@@ -133,25 +136,50 @@ pub struct GatewayArgs {
     pub secrets: SecretArgs,
 }
 
-/// Runs `oncely gateway` on backend `B` until Ctrl-C or SIGTERM. The database opens as
-/// `serve`'s does (in development, migrated; in production, checked), with the same server
-/// secret rules and the same check that every process of the database uses one secret.
-pub async fn run<B: Accounts>(args: GatewayArgs) -> anyhow::Result<()> {
+/// Runs `oncely gateway` until Ctrl-C or SIGTERM, on the database `DATABASE_URL` names.
+pub async fn run(args: GatewayArgs) -> anyhow::Result<()> {
+    let url = args.database.database_url.as_str();
+    if sqlx::Postgres::accepts(url) {
+        run_on::<sqlx::Postgres>(args).await
+    } else if sqlx::Sqlite::accepts(url) {
+        run_on::<sqlx::Sqlite>(args).await
+    } else {
+        Err(unsupported(url).into())
+    }
+}
+
+/// Runs `oncely gateway` on database `DB`. The database opens with the key store's migrations
+/// alone (in development, migrated; in production, checked: [`oncely_gateway::start`]), with
+/// `serve`'s server secret rules and the same check that every process of the database uses
+/// one secret.
+async fn run_on<DB>(args: GatewayArgs) -> anyhow::Result<()>
+where
+    DB: Open + Dialect,
+    SqlKeyStore<DB>: KeyStore + SharedSecretStore,
+{
     let plan = args.plan()?;
     let environment = args.secrets.environment;
     let location = args.database.location();
-    let backend: B = startup::open_to_serve(&location, args.database_pool, environment).await?;
-    let secret = args.secrets.server_secret(&backend, &location.url).await?;
-    oncely_server::secret::check_secret(&backend, &secret).await?;
+    let secrets = &args.secrets;
+    let given = oncely_server::secret::server_secret(
+        environment,
+        (secrets.secret.as_ref(), secrets.secret_previous.as_ref()),
+        &location.url,
+    )?;
+    let schemas = match environment {
+        Environment::Development => Schemas::Migrate,
+        Environment::Production => Schemas::Require,
+    };
+    let (keys, secret) = start::open::<DB>(&location, args.database_pool, schemas, given).await?;
     let listener = tokio::net::TcpListener::bind(args.bind)
         .await
         .with_context(|| format!("cannot listen on {} (ONCELY_GATEWAY_BIND)", args.bind))?;
     oncely_gateway::serve(
         listener,
-        backend.keys().clone(),
+        keys,
         secret,
         plan,
-        (args.header_timeout, B::NAME),
+        (args.header_timeout, <DB as Open>::NAME),
         crate::shutdown_signal(),
     )
     .await

@@ -94,8 +94,8 @@ pub async fn key_show<B: Accounts>(command: KeyCommand) -> anyhow::Result<String
     let tenant = TenantId::parse(tenant).map_err(|e| anyhow::anyhow!("{e}"))?;
     let key = IdempotencyKey::parse(&key).map_err(|e| anyhow::anyhow!("{e}"))?;
     let scope = Scope::new(tenant, method.to_uppercase(), route, key);
-    let backend: B =
-        oncely_server::startup::open_existing(&database.location(), COMMAND_POOL).await?;
+    let (backend, _): (B, _) =
+        oncely_server::startup::open_for_keys(&database.location(), COMMAND_POOL).await?;
     let title = format!(
         "tenant {} · {} {} · key {:?}",
         scope.tenant,

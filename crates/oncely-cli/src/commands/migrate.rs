@@ -30,7 +30,7 @@ pub struct MigrateArgs {
 /// [{"library": "outbox", "applied": 1, "schema": "0007", "unknown": 0}, …]}` (`unknown`:
 /// migrations a newer release applied that this binary does not know).
 pub fn migrated<B: Backend>(
-    migrated: &oncely_server::startup::Migrated,
+    migrated: &oncely_sql::schema::Migrated,
     output: OutputArgs,
 ) -> anyhow::Result<String> {
     let libraries: Vec<Value> = migrated
@@ -39,7 +39,7 @@ pub fn migrated<B: Backend>(
             json!({
                 "library": after.library,
                 "applied": applied,
-                "schema": oncely_server::startup::version_name(after.at),
+                "schema": oncely_sql::schema::version_name(after.at),
                 "unknown": after.unknown,
             })
         })

@@ -31,8 +31,8 @@ pub struct PruneArgs {
 /// `--json`), and what it deleted.
 pub async fn prune<B: Accounts>(args: PruneArgs) -> anyhow::Result<String> {
     use indicatif::{ProgressBar, ProgressStyle};
-    let backend: B =
-        oncely_server::startup::open_existing(&args.database.location(), COMMAND_POOL).await?;
+    let (backend, holds): (B, _) =
+        oncely_server::startup::open_for_keys(&args.database.location(), COMMAND_POOL).await?;
     let bar = if args.output.json {
         ProgressBar::hidden()
     } else {
@@ -48,8 +48,13 @@ pub async fn prune<B: Accounts>(args: PruneArgs) -> anyhow::Result<String> {
         args.retention.outbox_retention,
         args.retention.cap_window(),
     );
-    let pruned =
-        oncely_server::prune::prune_all(&backend, &backend.jobs(true), retention, progress).await?;
+    let pruned = oncely_server::prune::prune_all(
+        &backend,
+        &backend.jobs(true),
+        (retention, holds),
+        progress,
+    )
+    .await?;
     bar.finish_and_clear();
     let value = json!({
         "keys": pruned.keys,

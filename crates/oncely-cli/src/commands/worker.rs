@@ -3,14 +3,15 @@
 use std::sync::Arc;
 
 use clap::Args;
+use oncely::store::shared_secret::{development_secret, require_shared_secret};
 use oncely_server::accounts::Accounts;
 use oncely_server::app;
 use oncely_server::mail::MailContext;
 use oncely_server::settings::WorkerSettings;
 use oncely_server::settings::defaults;
+use oncely_server::startup;
 use oncely_server::templates::Templates;
 use oncely_server::workers;
-use oncely_server::{secret, startup};
 use tokio_util::sync::CancellationToken;
 
 use crate::args::CommonArgs;
@@ -41,12 +42,10 @@ pub async fn run<B: Accounts>(settings: WorkerSettings) -> anyhow::Result<()> {
     )
     .await?;
     let secret = match &settings.generated_secret {
-        Some(generated) => {
-            secret::development_secret(&backend, generated, &settings.secret).await?
-        }
+        Some(generated) => development_secret(backend.keys(), generated, &settings.secret).await?,
         None => settings.secret,
     };
-    secret::check_secret(&backend, &secret).await?;
+    require_shared_secret(backend.keys(), &secret).await?;
     let (mailer, _) = app::mailer(&settings.mailer).await?;
     app::warn_unless_reconciled(settings.plan.options.on_unknown, &*mailer);
     let context = Arc::new(MailContext {

@@ -338,13 +338,15 @@ async fn the_pool_gives_up_on_locks_and_the_migrations_wait() {
         .await
         .unwrap();
     assert_eq!(pooled, "1500ms");
-    let migrations = backend.migration_pool().await.unwrap();
+    let migrations = <sqlx::Postgres as oncely_sql::open::Open>::migration_pool(backend.opened())
+        .await
+        .unwrap();
     let migrating: String = sqlx::query_scalar(show)
         .fetch_one(&migrations)
         .await
         .unwrap();
     assert_eq!(migrating, "0");
-    Postgres::done_migrating(migrations).await;
+    <sqlx::Postgres as oncely_sql::open::Open>::done_migrating(migrations).await;
     // Second review: the worker's record of a sent email gave up on a job row held past the
     // lease (an operator's transaction, a migration), and the email went out again.
     // One pool: the worker sets its own in each of its transactions.

@@ -13,9 +13,7 @@ use axum::routing::{get, post};
 use axum::{Json, Router};
 use clap::Parser;
 use oncely_cli::cli::{Cli, Command};
-use oncely_server::backend::Sqlite;
 
-use oncely_server::settings::Environment;
 use oncely_testdb::TestSqlite;
 use serde_json::{Value, json};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
@@ -181,20 +179,15 @@ async fn start_gateway_on(
         unreachable!()
     };
     let plan = args.plan().unwrap();
-    let backend: Sqlite = oncely_server::startup::open_to_serve(
-        &oncely_server::backend::Location::url(url),
+    let (keys, secret) = oncely_gateway::start::open::<sqlx::Sqlite>(
+        &oncely_sql::open::Location::url(url),
         4,
-        Environment::Development,
+        oncely_gateway::start::Schemas::Migrate,
+        (secret, None),
     )
     .await
     .unwrap();
-    use oncely_server::backend::Backend;
-    let app = oncely_gateway::router(
-        backend.keys().clone(),
-        secret,
-        plan,
-        &tokio_util::task::TaskTracker::new(),
-    );
+    let app = oncely_gateway::router(keys, secret, plan, &tokio_util::task::TaskTracker::new());
     serve(app).await
 }
 

@@ -66,8 +66,175 @@ fn production(url: &str) -> Vec<&str> {
 
 both_empty_databases!(
     migrate_says_what_it_applied_and_then_that_it_is_up_to_date,
-    production_serves_only_the_schema_it_was_built_for
+    production_serves_only_the_schema_it_was_built_for,
+    an_upgraded_database_keeps_its_secret_check_and_development_secret,
+    a_gateway_database_holds_the_key_store_alone_and_its_commands_work,
 );
+
+/// The one value `sql` returns on `url`.
+async fn scalar<T>(url: &str, sql: &str) -> T
+where
+    T: Send + Unpin + for<'r> sqlx::Decode<'r, sqlx::Postgres> + sqlx::Type<sqlx::Postgres>,
+    T: for<'r> sqlx::Decode<'r, sqlx::Sqlite> + sqlx::Type<sqlx::Sqlite>,
+{
+    let sql = AssertSqlSafe(sql.to_owned());
+    if url.starts_with("postgres") {
+        let mut conn = sqlx::PgConnection::connect(url).await.unwrap();
+        sqlx::query_scalar(sql).fetch_one(&mut conn).await.unwrap()
+    } else {
+        let mut conn = sqlx::SqliteConnection::connect(url).await.unwrap();
+        sqlx::query_scalar(sql).fetch_one(&mut conn).await.unwrap()
+    }
+}
+
+/// The previous release's schema: the key store at 0001, the accounts at 0011 (where the secret
+/// check and the development secret were the account service's), the outbox complete.
+async fn migrate_as_the_previous_release(url: &str) {
+    if url.starts_with("postgres") {
+        let [keys, outbox, accounts] = Postgres::migrators();
+        let pool = sqlx::PgPool::connect(url).await.unwrap();
+        keys.run_to(1, &pool).await.unwrap();
+        outbox.run(&pool).await.unwrap();
+        accounts.run_to(11, &pool).await.unwrap();
+        pool.close().await;
+    } else {
+        let [keys, outbox, accounts] = Sqlite::migrators();
+        let pool = sqlx::SqlitePool::connect(&format!("{url}?mode=rwc"))
+            .await
+            .unwrap();
+        keys.run_to(1, &pool).await.unwrap();
+        outbox.run(&pool).await.unwrap();
+        accounts.run_to(11, &pool).await.unwrap();
+        pool.close().await;
+    }
+}
+
+/// Upgrading moves the secret check and the development secret to the key store's history
+/// (the gateway has no account table): the rows the previous release wrote are copied, so a
+/// process with another secret is still refused and a development database keeps signing
+/// with the secret it made — links already sent keep working.
+async fn an_upgraded_database_keeps_its_secret_check_and_development_secret(
+    url: String,
+    _db: TestDb,
+) {
+    migrate_as_the_previous_release(&url).await;
+    let theirs = oncely::store::shared_secret::SecretCheck::of(&crate::support::secret(SECRET));
+    let development = "development-secret-of-the-previous-release-0123456789";
+    execute(
+        &url,
+        &format!(
+            "INSERT INTO oncely_secret_check (id, current_mac, previous_mac, retired_macs) \
+             VALUES (1, '{}', NULL, '')",
+            theirs.current
+        ),
+    )
+    .await;
+    execute(
+        &url,
+        &format!("INSERT INTO oncely_development_secret (id, secret) VALUES (1, '{development}')"),
+    )
+    .await;
+    let other = "another-secret-0123456789-0123456789-zyxw";
+    let gateway = || async {
+        oncely(
+            &[
+                "gateway",
+                "--database-url",
+                &url,
+                "--upstream",
+                "http://127.0.0.1:9",
+                "--route",
+                "POST /a",
+                "--secret",
+                other,
+            ],
+            &[],
+        )
+        .await
+    };
+    // (The gateway upgraded first logs its migration before it is refused.)
+    let refused_by_the_check = |output: &std::process::Output| {
+        assert!(!output.status.success());
+        let stderr = String::from_utf8_lossy(&output.stderr);
+        let last = stderr.trim().lines().last().unwrap_or_default();
+        assert!(
+            last.contains("ONCELY_SECRET is not the secret the other processes"),
+            "{stderr}"
+        );
+    };
+    if url.starts_with("postgres") {
+        // A gateway upgraded first migrates the key store's history alone: its migration
+        // copies the rows (SQLite has no conditional statement: the accounts' 0012 does).
+        refused_by_the_check(&gateway().await);
+    }
+    let migrated = oncely(&["migrate", "--database-url", &url], &[]).await;
+    assert!(migrated.status.success(), "{}", stdout(&migrated));
+    refused_by_the_check(&gateway().await);
+    let copied: String = scalar::<String>(
+        &url,
+        "SELECT secret FROM oncely_shared_development_secret WHERE id = 1",
+    )
+    .await;
+    assert_eq!(copied, development);
+}
+
+/// In development the gateway migrates the key store's history alone: no outbox or account
+/// table. `oncely key show` and `oncely prune` work on its database, as the gateway's docs say;
+/// a command that needs the service's tables says to run `oncely migrate`.
+async fn a_gateway_database_holds_the_key_store_alone_and_its_commands_work(
+    url: String,
+    _db: TestDb,
+) {
+    let gateway =
+        crate::support::spawn_gateway(&url, "http://127.0.0.1:9", &["--route", "POST /a"]).await;
+    drop(gateway);
+    let histories = scalar::<i64>(
+        &url,
+        &format!("SELECT COUNT(*) FROM {} WHERE success", MIGRATION_TABLES[0]),
+    )
+    .await;
+    assert_eq!(
+        histories,
+        known(&url)[0].0 as i64,
+        "the key store's history, complete"
+    );
+    for table in &MIGRATION_TABLES[1..] {
+        let exists = if url.starts_with("postgres") {
+            format!("SELECT CASE WHEN to_regclass('{table}') IS NULL THEN 0 ELSE 1 END::int8")
+        } else {
+            format!("SELECT COUNT(*) FROM sqlite_master WHERE name = '{table}'")
+        };
+        assert_eq!(scalar::<i64>(&url, &exists).await, 0, "{table}");
+    }
+    let pruned = oncely(&["prune", "--database-url", &url, "--json"], &[]).await;
+    assert!(pruned.status.success(), "{}", refusal(&pruned));
+    let pruned: serde_json::Value = serde_json::from_slice(&pruned.stdout).unwrap();
+    assert_eq!(pruned["total"], 0, "{pruned}");
+    let shown = oncely(
+        &[
+            "key",
+            "show",
+            "k-1",
+            "--database-url",
+            &url,
+            "--route",
+            "/a",
+        ],
+        &[],
+    )
+    .await;
+    assert!(
+        refusal(&shown).contains("not found"),
+        "the key store is read, the key is not there: {}",
+        refusal(&shown)
+    );
+    let listed = oncely(&["tenant", "list", "--database-url", &url], &[]).await;
+    assert!(
+        refusal(&listed).contains("run `oncely migrate`"),
+        "{}",
+        refusal(&listed)
+    );
+}
 
 async fn migrate_says_what_it_applied_and_then_that_it_is_up_to_date(url: String, _db: TestDb) {
     let known = known(&url);

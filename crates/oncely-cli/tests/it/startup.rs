@@ -532,16 +532,15 @@ crate::support::both_databases!(processes_with_another_server_secret_are_refused
 
 /// Regression (review of issue 19): two processes of one database with different secrets each
 /// answered 422 to the other's retries — and two gateways scoping by credential ran them again.
-/// Now the database keeps a keyed hash of its processes' secret (and of the previous one during
-/// a rotation), and refuses a process with another; a rotation rolls out without a refusal.
+/// The database keeps a keyed hash of its processes' secret (the rules and rotations:
+/// `oncely`'s `tests/it/shared_secret.rs`); the gateway, on the key store alone, checks the
+/// same one as `serve` and `worker`, and the binary refuses another in one line.
 async fn processes_with_another_server_secret_are_refused(url: String, _db: oncely_testdb::TestDb) {
     crate::support::migrate(&url).await;
-    if url.starts_with("postgres") {
-        secret_check::<oncely_server::backend::Postgres>(&url).await;
-    } else {
-        secret_check::<oncely_server::backend::Sqlite>(&url).await;
-    }
-    // The binary says it in one line.
+    // A worker of the database (as `serve` and `worker` check it at start) uses SECRET.
+    let (_inbox, mailer) = crate::requests::smtp_inbox().await;
+    let mut worker = crate::support::spawn_worker(&url, &mailer).await;
+    worker.kill().await.unwrap();
     let upstream = "http://127.0.0.1:9";
     let other = "another-secret-0123456789-0123456789-zyxw";
     let route = ["--route", "POST /a"];
@@ -572,62 +571,6 @@ async fn processes_with_another_server_secret_are_refused(url: String, _db: once
         !stderr.contains(other),
         "the secret is never printed: {stderr}"
     );
-}
-
-async fn secret_check<B: oncely_server::accounts::Accounts>(url: &str) {
-    use oncely_server::startup::check_secret;
-    let backend = B::connect(&oncely_server::backend::Location::url(url), 2)
-        .await
-        .unwrap();
-    let secret = |s: &str| crate::support::secret(&format!("{s}-0123456789-0123456789-abcdef"));
-    let (a, b, c) = (secret("a"), secret("b"), secret("c"));
-    check_secret(&backend, &a)
-        .await
-        .expect("the first process sets it");
-    check_secret(&backend, &a).await.expect("the same secret");
-    check_secret(&backend, &b)
-        .await
-        .expect_err("another secret");
-    // A rotation from a to b. Step 1: every process accepts b (as previous) and still uses a.
-    let accepting = secret("a").with_previous(vec![secret("b")]);
-    check_secret(&backend, &accepting).await.expect("step 1");
-    check_secret(&backend, &a)
-        .await
-        .expect("a process not yet at step 1");
-    // Step 2: processes switch to b, a as previous; a step-1 process restarting meanwhile is
-    // fine (it verifies b), one that knows only a is not (it would run b's keys again).
-    let switched = secret("b").with_previous(vec![secret("a")]);
-    check_secret(&backend, &switched).await.expect("step 2");
-    check_secret(&backend, &accepting)
-        .await
-        .expect("a step-1 process during step 2");
-    let error = check_secret(&backend, &a)
-        .await
-        .expect_err("a process that knows only a");
-    assert!(error.to_string().contains("newer server secret"), "{error}");
-    // Step 3: a is dropped; from then on a is refused, even with b beside it (a stale
-    // replica of step 1 would make keys the others cannot find).
-    check_secret(&backend, &b)
-        .await
-        .expect("the rotation ended");
-    check_secret(&backend, &switched)
-        .await
-        .expect("a step-2 process still running");
-    let error = check_secret(&backend, &accepting)
-        .await
-        .expect_err("a step-1 process after the rotation ended");
-    assert!(error.to_string().contains("retired"), "{error}");
-    check_secret(&backend, &c)
-        .await
-        .expect_err("another secret, again");
-    // The next rotation: a is now two secrets ago.
-    let next = secret("c").with_previous(vec![secret("b")]);
-    check_secret(&backend, &next)
-        .await
-        .expect("the next rotation");
-    check_secret(&backend, &a)
-        .await
-        .expect_err("a secret two rotations old");
 }
 
 /// A production start on a PostgreSQL database that acknowledges commits before they are

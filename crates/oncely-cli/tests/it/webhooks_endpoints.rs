@@ -221,7 +221,7 @@ async fn both_sign_now<B: Accounts>(url: &str, id: &str, expected: [&String; 2])
             .is_err(),
         "the test secret does not open what the CLI sealed"
     );
-    let stored = sqlx_scalar(url, "SELECT secret FROM oncely_development_secret").await;
+    let stored = sqlx_scalar(url, "SELECT secret FROM oncely_shared_development_secret").await;
     let development = ServerSecret::new(stored.into_bytes()).unwrap();
     for which in [EndpointRef::Id(id.parse().unwrap()), by_url] {
         let secrets = signing_secrets(&backend, &development, which)

@@ -4,7 +4,7 @@
 //!
 //! What each aggregate's rows are, and the Rust around them, is in a file of its own: `users`,
 //! `tokens` (with a link's live check, [`live_token`]), `codes`, `tenants`, `endpoints`
-//! (webhooks), `limits` (the email caps' counters), `secret_check`; the one [`Accounts`] trait
+//! (webhooks), `limits` (the email caps' counters); the one [`Accounts`] trait
 //! and its one implementation are here.
 
 use std::future::Future;
@@ -22,7 +22,6 @@ mod codes;
 mod endpoints;
 mod limits;
 pub mod postgres;
-mod secret_check;
 pub mod sqlite;
 mod statements;
 mod tenants;
@@ -32,7 +31,6 @@ mod users;
 pub use codes::{CodeStatements, ExchangedCode, NewCode};
 pub use endpoints::{EndpointRecord, EndpointStatements, NewEndpoint};
 pub use limits::{LimitStatements, count_in};
-pub use secret_check::{SecretCheck, SecretCheckStatements};
 use statements::statements;
 pub use statements::{AccountSql, Statements};
 pub use tenants::{Branding, KeyRotation, TenantRecord, TenantStatements};
@@ -547,28 +545,6 @@ pub trait Accounts: Backend {
 
     /// Every tenant (but `default`, which has no row), by id.
     fn tenants(&self) -> impl Future<Output = Result<Vec<TenantRecord>, AccountError>> + Send;
-
-    /// The development secret of this database: `candidate`, stored now, unless a process
-    /// stored one before (then that one). Every `serve` and `worker` of a development database
-    /// signs with it, wherever it was started.
-    fn development_secret(
-        &self,
-        candidate: &str,
-    ) -> impl Future<Output = Result<String, AccountError>> + Send;
-
-    /// The secret check: the MACs of the current and previous server secret of the process
-    /// that wrote it last.
-    fn secret_check(
-        &self,
-    ) -> impl Future<Output = Result<Option<SecretCheck>, AccountError>> + Send;
-
-    /// Stores `check` if none is stored (`replacing` `None`), or replaces the stored one if it
-    /// still is `replacing`; whether it wrote.
-    fn write_secret_check(
-        &self,
-        check: &SecretCheck,
-        replacing: Option<&str>,
-    ) -> impl Future<Output = Result<bool, AccountError>> + Send;
 
     /// One number: the first column of the first row of `sql` (readiness, the demo's counts).
     fn scalar(&self, sql: String) -> impl Future<Output = Result<i64, sqlx::Error>> + Send;
@@ -1401,52 +1377,6 @@ where
             .fetch_all(self.db())
             .await
             .map_err(AccountError::of)
-    }
-
-    async fn development_secret(&self, candidate: &str) -> Result<String, AccountError> {
-        sqlx::query_scalar(B::ACCOUNT_SQL.secret_check.development_secret)
-            .bind(candidate)
-            .fetch_one(self.db())
-            .await
-            .map_err(AccountError::of)
-    }
-
-    async fn secret_check(&self) -> Result<Option<SecretCheck>, AccountError> {
-        let row: Option<(String, Option<String>, String)> =
-            sqlx::query_as(B::ACCOUNT_SQL.secret_check.secret_check)
-                .fetch_optional(self.db())
-                .await
-                .map_err(AccountError::of)?;
-        Ok(row.map(|(current, previous, retired)| SecretCheck {
-            current,
-            previous,
-            retired: retired
-                .split(',')
-                .filter(|m| !m.is_empty())
-                .map(str::to_owned)
-                .collect(),
-        }))
-    }
-
-    async fn write_secret_check(
-        &self,
-        check: &SecretCheck,
-        replacing: Option<&str>,
-    ) -> Result<bool, AccountError> {
-        let retired = check.retired.join(",");
-        let statement = match replacing {
-            None => B::ACCOUNT_SQL.secret_check.add_secret_check,
-            Some(_) => B::ACCOUNT_SQL.secret_check.replace_secret_check,
-        };
-        let mut query = sqlx::query(statement)
-            .bind(check.current.as_str())
-            .bind(check.previous.as_deref())
-            .bind(retired.as_str());
-        if let Some(stored) = replacing {
-            query = query.bind(stored);
-        }
-        let done = query.execute(self.db()).await.map_err(AccountError::of)?;
-        Ok(B::rows_affected(&done) == 1)
     }
 
     async fn scalar(&self, sql: String) -> Result<i64, sqlx::Error> {

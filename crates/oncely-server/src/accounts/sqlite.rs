@@ -2,8 +2,8 @@
 //! are Unix milliseconds from the process clock, always bound: one process owns the file.
 
 use super::{
-    AccountSql, CodeStatements, EndpointStatements, LimitStatements, SecretCheckStatements,
-    Statements, TenantStatements, TokenStatements, UserStatements, statements,
+    AccountSql, CodeStatements, EndpointStatements, LimitStatements, Statements, TenantStatements,
+    TokenStatements, UserStatements, statements,
 };
 use crate::backend::Sqlite;
 
@@ -243,17 +243,4 @@ const ENDPOINTS: EndpointStatements = EndpointStatements {
                                                                  THEN ?3 ELSE previous_secret_sealed END
                              WHERE id = ?1",
     remove_webhook_endpoint: "DELETE FROM oncely_webhook_endpoints WHERE id = ?1",
-};
-
-/// The statements of the secret check and the development secret.
-const SECRET_CHECK: SecretCheckStatements = SecretCheckStatements {
-    // See PostgreSQL's.
-    development_secret: "INSERT INTO oncely_development_secret (id, secret) VALUES (1, ?1)
-                         ON CONFLICT (id) DO UPDATE SET secret = oncely_development_secret.secret
-                         RETURNING secret",
-    secret_check: "SELECT current_mac, previous_mac, retired_macs FROM oncely_secret_check WHERE id = 1",
-    add_secret_check: "INSERT INTO oncely_secret_check (id, current_mac, previous_mac, retired_macs) VALUES (1, ?1, ?2, ?3)
-                       ON CONFLICT (id) DO NOTHING",
-    replace_secret_check: "UPDATE oncely_secret_check SET current_mac = ?1, previous_mac = ?2, retired_macs = ?3
-                           WHERE id = 1 AND current_mac = ?4",
 };

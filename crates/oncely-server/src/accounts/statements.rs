@@ -9,8 +9,8 @@
 //! clock, in Unix milliseconds.
 
 use super::{
-    CodeStatements, EndpointStatements, LimitStatements, SecretCheckStatements, TenantStatements,
-    TokenStatements, UserStatements,
+    CodeStatements, EndpointStatements, LimitStatements, TenantStatements, TokenStatements,
+    UserStatements,
 };
 use crate::backend::Backend;
 
@@ -37,12 +37,10 @@ pub struct Statements {
     pub codes: CodeStatements,
     /// The statements of webhook endpoints.
     pub endpoints: EndpointStatements,
-    /// The statements of the secret check and the development secret.
-    pub secret_check: SecretCheckStatements,
 }
 
 /// A dialect's [`Statements`]: its aggregates' sets, the consts `USERS`, `LIMITS`, `TOKENS`,
-/// `TENANTS`, `CODES`, `ENDPOINTS` and `SECRET_CHECK` of the module it is written in.
+/// `TENANTS`, `CODES` and `ENDPOINTS` of the module it is written in.
 macro_rules! statements {
     () => {
         Statements {
@@ -52,7 +50,6 @@ macro_rules! statements {
             tenants: TENANTS,
             codes: CODES,
             endpoints: ENDPOINTS,
-            secret_check: SECRET_CHECK,
         }
     };
 }

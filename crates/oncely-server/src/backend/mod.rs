@@ -14,9 +14,14 @@
 use std::future::Future;
 
 use oncely::store::KeyStore;
+use oncely::store::shared_secret::SharedSecretStore;
 use oncely_outbox::JobStore;
 use oncely_sql::Db;
-use sqlx::migrate::{Migrate, Migrator};
+pub use oncely_sql::open::{
+    COMMAND_POOL, Create, Location, Open, Opened, Pooler, redact, unsupported,
+};
+use oncely_sql::schema::Library;
+use sqlx::migrate::Migrator;
 use time::OffsetDateTime;
 
 mod postgres;
@@ -30,16 +35,18 @@ pub use sqlite::Sqlite;
 pub type Connection<B> = <<B as Backend>::Database as sqlx::Database>::Connection;
 
 /// One database the service runs on. Implemented once per database, in `backend/postgres.rs`
-/// and `backend/sqlite.rs`; everything else is generic over it.
+/// and `backend/sqlite.rs`; everything else is generic over it. How it opens, and its
+/// migration histories' tables, are `oncely_sql`'s ([`Open`], [`oncely_sql::schema`]), shared
+/// with the gateway.
 pub trait Backend: Clone + Send + Sync + 'static {
     /// A name for logs: `postgres` or `sqlite`.
-    const NAME: &'static str;
+    const NAME: &'static str = <Self::Database as Open>::NAME;
 
-    /// The sqlx database.
-    type Database: sqlx::Database<Connection: Migrate>;
+    /// The sqlx database, and how it opens.
+    type Database: Open;
 
-    /// The idempotency key store on this database.
-    type Keys: KeyStore<Database = Self::Database>;
+    /// The idempotency key store on this database (where the shared secret's check is kept).
+    type Keys: KeyStore<Database = Self::Database> + SharedSecretStore;
 
     /// The outbox job store on this database.
     type Jobs: JobStore<Database = Self::Database>;
@@ -50,17 +57,12 @@ pub trait Backend: Clone + Send + Sync + 'static {
     /// How a transaction that writes begins on the pool (outside the idempotency layer's):
     /// SQLite's takes the write lock at once, so that a read before its first write cannot
     /// make it fail busy.
-    const BEGIN_WRITE: &'static str;
-
-    /// What production on this database should know, logged when it starts there.
-    const PRODUCTION_WARNING: Option<&'static str>;
-
-    /// A statement whose one number is 1 if commits are acknowledged before they are durable
-    /// (PostgreSQL's `synchronous_commit` off or local), else 0; `None`: nothing to ask.
-    const LOSES_ACKNOWLEDGED_COMMITS: Option<&'static str>;
+    const BEGIN_WRITE: &'static str = <Self::Database as Open>::BEGIN_WRITE;
 
     /// Whether `url` names this database (by its scheme).
-    fn accepts(url: &str) -> bool;
+    fn accepts(url: &str) -> bool {
+        <Self::Database as Open>::accepts(url)
+    }
 
     /// Connects with at most `max_connections` connections (where the database has a server
     /// to spare), creating a SQLite file that does not exist yet; the error is one line that
@@ -79,11 +81,15 @@ pub trait Backend: Clone + Send + Sync + 'static {
         at: &Location,
         max_connections: u32,
         create: Create,
-    ) -> impl Future<Output = anyhow::Result<Self>> + Send;
+    ) -> impl Future<Output = anyhow::Result<Self>> + Send {
+        async move {
+            let opened = <Self::Database as Open>::open(at, max_connections, create).await?;
+            Ok(Self::on(opened))
+        }
+    }
 
-    /// A statement whose one number is 1 if `table` exists (in the schema the migrations
-    /// create their tables in), else 0.
-    fn has_table(table: &str) -> String;
+    /// The backend on an open database.
+    fn on(opened: Opened<Self::Database>) -> Self;
 
     /// Holds the dev inbox of this database for this process while the returned hold lives,
     /// unless another process holds it: then what that process wrote as `description`. A
@@ -94,7 +100,7 @@ pub trait Backend: Clone + Send + Sync + 'static {
         description: &str,
     ) -> impl Future<Output = anyhow::Result<DevInboxHold>> + Send;
 
-    /// The pool and the key store.
+    /// The open database and the key store.
     fn stores(&self) -> &Stores<Self::Keys>;
 
     /// A new outbox store on this database. The app makes one and shares it (workers and the
@@ -102,9 +108,28 @@ pub trait Backend: Clone + Send + Sync + 'static {
     /// (PostgreSQL behind a transaction-mode pooler).
     fn jobs(&self, poll_only: bool) -> Self::Jobs;
 
-    /// The migrations of the three histories, in the order of [`MIGRATION_TABLES`]: idempotency
-    /// keys, outbox, accounts.
+    /// The migrations of the three histories: idempotency keys, outbox, accounts.
     fn migrators() -> [Migrator; 3];
+
+    /// The three histories, named for people.
+    fn libraries() -> [Library; 3] {
+        let [keys, outbox, accounts] = Self::migrators();
+        let [k, o, a] = MIGRATION_LIBRARIES;
+        [
+            Library {
+                name: k,
+                migrator: keys,
+            },
+            Library {
+                name: o,
+                migrator: outbox,
+            },
+            Library {
+                name: a,
+                migrator: accounts,
+            },
+        ]
+    }
 
     /// `at` as the account statements bind it; `None` is "now" by this database's clock.
     fn at(at: Option<OffsetDateTime>) -> Self::Instant;
@@ -112,30 +137,20 @@ pub trait Backend: Clone + Send + Sync + 'static {
     /// Rows a statement changed.
     fn rows_affected(result: &<Self::Database as sqlx::Database>::QueryResult) -> u64;
 
+    /// The open database.
+    fn opened(&self) -> &Opened<Self::Database> {
+        &self.stores().opened
+    }
+
     /// The pool (for what needs the pool itself; statements go through [`Backend::db`]).
     fn pool(&self) -> &sqlx::Pool<Self::Database> {
-        self.stores().db.pool()
+        self.db().pool()
     }
 
     /// The pool as every statement uses it: single statements (`&Db` is an executor) and
     /// transactions ([`Db::begin_with`]) right for what is in between (see [`Pooler`]).
     fn db(&self) -> &Db<Self::Database> {
-        &self.stores().db
-    }
-
-    /// Where migrations run: one session that waits for locks as long as it takes (a
-    /// migration waits for another process's migration, or for a table's lock, rather than
-    /// fail the deploy), unlike [`Backend::db`]'s; straight to the server (never through a
-    /// pooler in transaction mode). Closed after use.
-    fn migration_pool(
-        &self,
-    ) -> impl Future<Output = anyhow::Result<sqlx::Pool<Self::Database>>> + Send {
-        std::future::ready(Ok(self.pool().clone()))
-    }
-
-    /// Ends what [`Backend::migration_pool`] opened (nothing where it was the service's pool).
-    fn done_migrating(_pool: sqlx::Pool<Self::Database>) -> impl Future<Output = ()> + Send {
-        std::future::ready(())
+        &self.stores().opened.db
     }
 
     /// The idempotency key store.
@@ -172,15 +187,6 @@ pub fn cannot_serve_now(error: &sqlx::Error) -> bool {
     }
 }
 
-/// Whether opening a SQLite database creates its file.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Create {
-    /// Create it (`oncely migrate`; `serve` and `worker` in development; tests).
-    IfMissing,
-    /// A missing file is an error that says to check `DATABASE_URL` and run `oncely migrate`.
-    Never,
-}
-
 /// Who serves the dev inbox of a database (see [`Backend::hold_dev_inbox`]).
 pub enum DevInboxHold {
     /// This process, while this value lives.
@@ -198,106 +204,29 @@ impl std::fmt::Debug for DevInboxHold {
     }
 }
 
-/// What a connected backend holds: the pool, and the idempotency key store on it.
+/// What a connected backend holds: the open database, and the idempotency key store on it.
 #[derive(Debug)]
 pub struct Stores<K: KeyStore> {
-    db: Db<K::Database>,
+    opened: Opened<K::Database>,
     keys: K,
 }
 
 impl<K: KeyStore> Clone for Stores<K> {
     fn clone(&self) -> Self {
         Self {
-            db: self.db.clone(),
+            opened: self.opened.clone(),
             keys: self.keys.clone(),
         }
     }
 }
 
 impl<K: KeyStore> Stores<K> {
-    /// The key store `keys` makes on `db`, beside it.
-    pub fn new(db: Db<K::Database>, keys: impl FnOnce(Db<K::Database>) -> K) -> Self {
+    /// The key store `keys` makes on the pool of `opened`, beside it.
+    pub fn new(opened: Opened<K::Database>, keys: impl FnOnce(Db<K::Database>) -> K) -> Self {
         Self {
-            keys: keys(db.clone()),
-            db,
+            keys: keys(opened.db.clone()),
+            opened,
         }
-    }
-}
-
-/// What stands between oncely and PostgreSQL (`ONCELY_DATABASE_POOLER`).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
-pub enum Pooler {
-    /// Nothing, or a TCP proxy (HAProxy): each connection is one server session.
-    #[default]
-    None,
-    /// A pooler in session mode (PgBouncer's `pool_mode = session`): the same as `none`.
-    Session,
-    /// A pooler in transaction mode (PgBouncer's `pool_mode = transaction`, Supabase's port
-    /// 6543, RDS Proxy, Neon's pooled host): every statement runs in a transaction, nothing is
-    /// prepared across transactions, settings are set per transaction; LISTEN, the dev inbox's
-    /// lock and migrations need `ONCELY_DATABASE_DIRECT_URL` (workers poll without it).
-    Transaction,
-}
-
-impl Pooler {
-    /// Every kind, as written in `ONCELY_DATABASE_POOLER`.
-    pub const ALL: [Self; 3] = [Self::None, Self::Session, Self::Transaction];
-
-    /// As written in `ONCELY_DATABASE_POOLER`.
-    pub fn as_str(self) -> &'static str {
-        match self {
-            Self::None => "none",
-            Self::Session => "session",
-            Self::Transaction => "transaction",
-        }
-    }
-
-    /// What it means, for `--help`.
-    pub fn meaning(self) -> &'static str {
-        match self {
-            Self::None => {
-                "Nothing, or a TCP proxy (HAProxy): each connection is one server session"
-            }
-            Self::Session => {
-                "A pooler in session mode (PgBouncer's `pool_mode = session`): the same as `none`"
-            }
-            Self::Transaction => {
-                "A pooler in transaction mode (PgBouncer's `pool_mode = transaction`, Supabase's port 6543, RDS Proxy, Neon's pooled host): every statement runs in a transaction, nothing is prepared across transactions, settings are set per transaction; LISTEN, the dev inbox's lock and migrations need `ONCELY_DATABASE_DIRECT_URL` (workers poll without it)"
-            }
-        }
-    }
-}
-
-/// Where the database is: `DATABASE_URL`, and for PostgreSQL what stands in between and the
-/// URL straight to the server.
-#[derive(Clone, Default, PartialEq, Eq)]
-pub struct Location {
-    /// `DATABASE_URL`.
-    pub url: String,
-    /// `ONCELY_DATABASE_DIRECT_URL`: straight to the server, for what needs one session
-    /// (LISTEN, advisory locks, migrations).
-    pub direct_url: Option<String>,
-    /// `ONCELY_DATABASE_POOLER`.
-    pub pooler: Pooler,
-}
-
-impl Location {
-    /// `url`, with nothing in between.
-    pub fn url(url: impl Into<String>) -> Self {
-        Self {
-            url: url.into(),
-            ..Self::default()
-        }
-    }
-}
-
-impl std::fmt::Debug for Location {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Location")
-            .field("url", &redact(&self.url))
-            .field("direct_url", &self.direct_url.as_deref().map(redact))
-            .field("pooler", &self.pooler)
-            .finish()
     }
 }
 
@@ -335,55 +264,4 @@ pub(crate) fn account_migrator(mut migrator: Migrator) -> Migrator {
     // on a database a newer release already migrated, so versions it does not know are fine.
     migrator.set_ignore_missing(true);
     migrator
-}
-
-/// The pool of one-off commands (`oncely migrate`, `prune`, `outbox …`, `tenant create`).
-pub const COMMAND_POOL: u32 = 4;
-
-/// The error for a `DATABASE_URL` no backend accepts.
-pub fn unsupported(url: &str) -> anyhow::Error {
-    anyhow::anyhow!(
-        "DATABASE_URL must start with postgres:// or sqlite:// (got {})",
-        redact(url)
-    )
-}
-
-/// The URL with any password (in the user info or a `password=` parameter) replaced, for
-/// messages.
-pub fn redact(url: &str) -> String {
-    let mut out = match (url.find("://"), url.rfind('@')) {
-        (Some(scheme), Some(at)) if at > scheme => {
-            let userinfo = &url[scheme + 3..at];
-            match userinfo.split_once(':') {
-                Some((user, _)) => format!("{}{user}:***{}", &url[..scheme + 3], &url[at..]),
-                None => url.to_owned(),
-            }
-        }
-        _ => url.to_owned(),
-    };
-    if let Some(at) = out.find("password=") {
-        let start = at + "password=".len();
-        let end = out[start..].find('&').map_or(out.len(), |e| start + e);
-        out.replace_range(start..end, "***");
-    }
-    out
-}
-
-#[cfg(test)]
-mod tests {
-    use super::redact;
-
-    #[test]
-    fn passwords_are_redacted() {
-        assert_eq!(
-            redact("postgres://u:hunter2@h:5432/d"),
-            "postgres://u:***@h:5432/d"
-        );
-        assert_eq!(redact("postgres://u@h/d"), "postgres://u@h/d");
-        assert_eq!(redact("sqlite://x.db"), "sqlite://x.db");
-        assert_eq!(
-            redact("postgres://h/d?sslmode=require&password=hunter2&x=1"),
-            "postgres://h/d?sslmode=require&password=***&x=1"
-        );
-    }
 }

@@ -1,7 +1,8 @@
 //! The secrets: the server secret — given (`ONCELY_SECRET`, with `ONCELY_SECRET_PREVIOUS` during
-//! a rotation) or, in development, generated and then shared through the database — and the
-//! check that every process of a database uses the same one; and the webhook endpoints' signing
-//! secrets, sealed under it ([`signing`]).
+//! a rotation) or, in development, generated and then shared through the database (the check
+//! that every process of a database uses the same one is the key store's:
+//! `oncely::store::shared_secret`) — and the webhook endpoints' signing secrets, sealed under it
+//! ([`signing`]).
 
 use std::path::{Path, PathBuf};
 
@@ -10,7 +11,9 @@ use oncely::ServerSecret;
 use rand::RngCore;
 use secrecy::{ExposeSecret, SecretString};
 
-use crate::accounts::{AccountError, Accounts, SecretCheck};
+use oncely::store::shared_secret::development_secret;
+
+use crate::backend::Backend;
 use crate::environment::Environment;
 
 pub mod signing;
@@ -38,7 +41,7 @@ fn repeated_piece(secret: &str) -> Option<usize> {
 
 /// Where development state (the generated secret) lives: beside the SQLite file, else here.
 pub fn data_dir(database_url: &str) -> PathBuf {
-    crate::backend::Sqlite::directory(database_url).unwrap_or_else(|| PathBuf::from("."))
+    oncely_sql::open::directory(database_url).unwrap_or_else(|| PathBuf::from("."))
 }
 
 /// A development secret for a process given none: the `.oncely-secret` an earlier release
@@ -122,26 +125,10 @@ fn current_secret(
     Ok((secret, Some(generated.into())))
 }
 
-/// The server secret of a development process that was given none: the one stored in the
-/// database (the first process stored the one it `generated`), with the previous secrets of
-/// `secret` (the process's secret until now). Every process of the database then signs alike,
-/// wherever it was started.
-pub async fn development_secret<A: Accounts>(
-    accounts: &A,
-    generated: &SecretString,
-    secret: &ServerSecret,
-) -> anyhow::Result<ServerSecret> {
-    let stored = accounts
-        .development_secret(generated.expose_secret())
-        .await
-        .map_err(|e| anyhow::anyhow!("reading the development secret: {e}"))?;
-    Ok(ServerSecret::new(stored.into_bytes())?.with_previous(secret.previous().to_vec()))
-}
-
 /// The server secret of a process that is not `serve` (the gateway, the commands that seal
 /// webhook secrets), resolved as `serve` resolves it: given, or in development the one its
 /// database stores.
-pub async fn command_secret<B: Accounts>(
+pub async fn command_secret<B: Backend>(
     backend: &B,
     environment: Environment,
     secrets: (Option<&SecretString>, Option<&SecretString>),
@@ -149,101 +136,7 @@ pub async fn command_secret<B: Accounts>(
 ) -> anyhow::Result<ServerSecret> {
     let (secret, generated) = server_secret(environment, secrets, database_url)?;
     match generated {
-        Some(generated) => development_secret(backend, &generated, &secret).await,
+        Some(generated) => Ok(development_secret(backend.keys(), &generated, &secret).await?),
         None => Ok(secret),
     }
-}
-
-/// Refuses a process whose server secret is not the one the other processes of its database
-/// use: its fingerprints would not match theirs (their retries answered 422 here), nor its
-/// links, nor — where keys are scoped by a credential hashed with the secret (`oncely
-/// gateway`) — its tenants (their retries run again here). The database keeps a keyed hash of
-/// the current secret and of the previous one of the process that wrote it last. Accepted: the
-/// same current secret; a ring whose previous secret is the stored current (the rotation's
-/// switch rolling out: the check moves to the new secret); a current secret that is the stored
-/// previous if the ring also holds the stored current (a process of the rotation's first step,
-/// which verifies what the switched ones write). Refused: a process that knows only the old
-/// secret once any process uses the new one — it would not find their keys; and, once a process
-/// without the previous secret has started (the rotation ended), the old secret for good.
-pub async fn check_secret<A: Accounts>(accounts: &A, secret: &ServerSecret) -> anyhow::Result<()> {
-    let mine = SecretCheck::of(secret);
-    let read = |e: AccountError| anyhow::anyhow!("reading the secret check: {e}");
-    for _ in 0..3 {
-        let Some(stored) = accounts.secret_check().await.map_err(read)? else {
-            if accounts
-                .write_secret_check(&mine, None)
-                .await
-                .map_err(read)?
-            {
-                return Ok(());
-            }
-            continue;
-        };
-        if stored.retired.contains(&mine.current) {
-            anyhow::bail!(
-                "ONCELY_SECRET is a secret this database retired at the end of a rotation: the other processes no longer know it (and would not find its keys). Give this process the current secret"
-            );
-        }
-        if stored.current == mine.current {
-            let Some(old) = stored
-                .previous
-                .clone()
-                .filter(|_| secret.previous().is_empty())
-            else {
-                return Ok(());
-            };
-            // The first process without the previous secret: the rotation has ended, and the
-            // old secret is never accepted again (a stale replica of step 1 would otherwise
-            // make keys the others cannot find).
-            let mut ended = stored.clone();
-            ended.previous = None;
-            ended.retired.push(old);
-            if accounts
-                .write_secret_check(&ended, Some(&stored.current))
-                .await
-                .map_err(read)?
-            {
-                tracing::info!("the server secret's rotation has ended: the old secret is retired");
-                return Ok(());
-            }
-            continue;
-        }
-        let previous: Vec<String> = secret
-            .previous()
-            .iter()
-            .map(|p| SecretCheck::of(p).current)
-            .collect();
-        if stored.previous.as_deref() == Some(mine.current.as_str()) {
-            // A process of the rotation's first step (the old secret, the next one accepted as
-            // previous) while others already use the next one: it reads what they write.
-            if previous.contains(&stored.current) {
-                return Ok(());
-            }
-            anyhow::bail!(
-                "the other processes of this database already use a newer server secret, which this process does not know: it would not find their keys (and run their retries again). Give it the new secret (ONCELY_SECRET, with this one as ONCELY_SECRET_PREVIOUS), or both with the new one as ONCELY_SECRET_PREVIOUS (docs/operations.md, rotating the server secret)"
-            );
-        }
-        if !previous.contains(&stored.current) {
-            anyhow::bail!(
-                "ONCELY_SECRET is not the secret the other processes of this database use (the database keeps a keyed hash of theirs): give every process the same ONCELY_SECRET; to rotate it, see docs/operations.md (rotating the server secret)"
-            );
-        }
-        let switched = SecretCheck {
-            retired: stored.retired.clone(),
-            ..mine.clone()
-        };
-        if accounts
-            .write_secret_check(&switched, Some(&stored.current))
-            .await
-            .map_err(read)?
-        {
-            tracing::info!(
-                "the server secret is rotating: the database's secret check now names the new secret"
-            );
-            return Ok(());
-        }
-    }
-    anyhow::bail!(
-        "the secret check of the database kept changing while this process started; start it again"
-    )
 }

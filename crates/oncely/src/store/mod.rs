@@ -32,6 +32,7 @@ mod clock;
 #[cfg(feature = "postgres")]
 pub mod postgres;
 #[cfg(any(feature = "postgres", feature = "sqlite"))]
+pub mod shared_secret;
 mod sql;
 #[cfg(feature = "sqlite")]
 pub mod sqlite;

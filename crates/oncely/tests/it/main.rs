@@ -7,5 +7,6 @@ mod migrations;
 mod pool;
 mod properties;
 mod replay_cache;
+mod shared_secret;
 mod store_conformance;
 mod support;

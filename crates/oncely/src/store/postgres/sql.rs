@@ -97,3 +97,22 @@ pub(super) const PRUNE: &str = "
          ORDER BY expires_at
          LIMIT $2
            FOR UPDATE SKIP LOCKED))";
+
+// The shared secret (`store::shared_secret`): one row each, `id = 1`.
+// The no-op update makes RETURNING give the stored row when it exists.
+pub(super) const DEVELOPMENT_SECRET: &str = "
+    INSERT INTO oncely_shared_development_secret (id, secret) VALUES (1, $1)
+    ON CONFLICT (id) DO UPDATE SET secret = oncely_shared_development_secret.secret
+    RETURNING secret";
+
+pub(super) const SECRET_CHECK: &str =
+    "SELECT current_mac, previous_mac, retired_macs FROM oncely_shared_secret_check WHERE id = 1";
+
+pub(super) const ADD_SECRET_CHECK: &str = "
+    INSERT INTO oncely_shared_secret_check (id, current_mac, previous_mac, retired_macs)
+    VALUES (1, $1, $2, $3)
+    ON CONFLICT (id) DO NOTHING";
+
+pub(super) const REPLACE_SECRET_CHECK: &str = "
+    UPDATE oncely_shared_secret_check SET current_mac = $1, previous_mac = $2, retired_macs = $3
+     WHERE id = 1 AND current_mac = $4";

@@ -122,6 +122,10 @@ impl<DB: Dialect> fmt::Debug for SqlKeyStore<DB> {
 /// | `RENEW` | 1–4 scope, 5 fence, 6 lease (ms), 7 now |
 /// | `RELEASE` | 1–4 scope, 5 fence |
 /// | `PRUNE` | 1 now, 2 limit |
+/// | `DEVELOPMENT_SECRET` | 1 candidate |
+/// | `SECRET_CHECK` | none |
+/// | `ADD_SECRET_CHECK` | 1 current, 2 previous, 3 retired |
+/// | `REPLACE_SECRET_CHECK` | 1 current, 2 previous, 3 retired, 4 the current it replaces |
 ///
 /// The scope is (tenant, method, route, key), bound by one helper.
 #[derive(Debug)]
@@ -133,6 +137,10 @@ pub struct Statements {
     pub(in crate::store) renew: &'static str,
     pub(in crate::store) release: &'static str,
     pub(in crate::store) prune: &'static str,
+    pub(in crate::store) development_secret: &'static str,
+    pub(in crate::store) secret_check: &'static str,
+    pub(in crate::store) add_secret_check: &'static str,
+    pub(in crate::store) replace_secret_check: &'static str,
 }
 
 /// A dialect's [`Statements`], from the constants of its `sql` module (each dialect names them
@@ -147,6 +155,10 @@ macro_rules! statements {
             renew: $sql::RENEW,
             release: $sql::RELEASE,
             prune: $sql::PRUNE,
+            development_secret: $sql::DEVELOPMENT_SECRET,
+            secret_check: $sql::SECRET_CHECK,
+            add_secret_check: $sql::ADD_SECRET_CHECK,
+            replace_secret_check: $sql::REPLACE_SECRET_CHECK,
         }
     };
 }

@@ -15,7 +15,7 @@ use std::time::{Duration, UNIX_EPOCH};
 
 use oncely_sql::Db;
 use sqlx::migrate::Migrator;
-use sqlx::sqlite::{SqliteConnectOptions, SqliteQueryResult};
+use sqlx::sqlite::SqliteQueryResult;
 use sqlx::{Sqlite, SqliteConnection, Transaction};
 
 use super::sql::{ClaimArgs, Dialect, InsertOrRead, Queries, Statements, millis, statements};
@@ -33,16 +33,7 @@ pub type SqliteKeyStore = SqlKeyStore<Sqlite>;
 /// Options that suit this store: WAL (readers never block the writer), `synchronous = NORMAL`
 /// (durable at each checkpoint, safe against application crashes), a busy timeout, foreign keys,
 /// and the file created if missing.
-pub fn connect_options(url: &str) -> Result<SqliteConnectOptions, sqlx::Error> {
-    use sqlx::sqlite::{SqliteJournalMode, SqliteSynchronous};
-    use std::str::FromStr;
-    Ok(SqliteConnectOptions::from_str(url)?
-        .create_if_missing(true)
-        .journal_mode(SqliteJournalMode::Wal)
-        .synchronous(SqliteSynchronous::Normal)
-        .busy_timeout(Duration::from_secs(5))
-        .foreign_keys(true))
-}
+pub use oncely_sql::open::connect_options;
 
 /// This store's migrations, for callers that run them with their own tooling.
 pub fn migrator() -> Migrator {

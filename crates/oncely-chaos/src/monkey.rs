@@ -156,7 +156,9 @@ async fn restart_postgres(command: &str) -> anyhow::Result<()> {
 }
 
 /// A period during which the provider refuses our credentials: it starts once the storm has
-/// `after_answers` final answers.
+/// `after_answers` final answers or the inbox has seen as many delivery attempts, whichever
+/// comes first (on a starved machine the workers can send every email before the storm's
+/// answers reach a third: then no attempt would meet the outage).
 pub(crate) struct Outage {
     pub(crate) after_answers: u64,
     pub(crate) lasting: Duration,
@@ -186,9 +188,10 @@ pub(crate) fn inject_faults(
             hooks_owed += rate * stats.webhooks.attempts.saturating_sub(hooks_seen) as f64;
             hooks_seen = stats.webhooks.attempts;
             let mut faults = inbox.faults();
-            let due = outage
-                .as_ref()
-                .is_some_and(|o| o.progress.answered.load(Ordering::Relaxed) >= o.after_answers);
+            let due = outage.as_ref().is_some_and(|o| {
+                o.progress.answered.load(Ordering::Relaxed) >= o.after_answers
+                    || stats.attempts >= o.after_answers
+            });
             if due && let Some(o) = outage.take() {
                 eprintln!(
                     "chaos: the provider refuses our credentials for {:?}",

@@ -1,8 +1,9 @@
 //! Opening a process's database: where it is ([`Location`]: `DATABASE_URL`, what stands in
 //! between, the URL straight to the server), how each dialect opens it ([`Open`], implemented
-//! for `sqlx::Postgres` and `sqlx::Sqlite`), and the histories of the migrations that made its
-//! schema ([`schema`](crate::schema)). The service (`oncely serve`, `worker`, the operator
-//! commands) and the gateway open their databases here, each with its own migrations.
+//! for `sqlx::Postgres` and `sqlx::Sqlite`); the histories of the migrations that made its
+//! schema are the `schema` module's, which builds on this one. The service (`oncely serve`,
+//! `worker`, the operator commands) and the gateway open their databases here, each with its own
+//! migrations.
 //!
 //! Every error is one line for people ([`StartError`]): it names the setting (`DATABASE_URL`,
 //! never its password), what was wrong, and what to do.

@@ -1,6 +1,6 @@
 //! The `oncely` command: the command line (clap) and what each command does with the service
 //! library ([`oncely_server`]), the checker ([`oncely_check`]) and the test inbox
-//! ([`oncely_inbox`]). `main.rs` only sets up logging and calls [`run`].
+//! ([`oncely_inbox`]). `main.rs` only calls [`main`]: logging, the runtime, then [`run`].
 //!
 //! - [`cli`]: the commands and reading the command line; [`args`]: flags several commands share.
 //! - [`commands`]: one file per command, its `Args` beside its `run`.
@@ -17,6 +17,8 @@ use std::path::PathBuf;
 
 use oncely_server::accounts::Accounts;
 use oncely_server::backend::{self, Backend, Postgres, Sqlite};
+use oncely_server::demo;
+use oncely_server::environment::Environment;
 
 use crate::args::DatabaseArgs;
 use crate::cli::{Cli, Command};
@@ -42,6 +44,49 @@ enum Task {
     Prune(PruneArgs),
     Key(KeyCommand),
     Outbox(OutboxCommand),
+}
+
+/// The `oncely` binary: logging set up, then the command line read and run on a multi-threaded
+/// runtime; the exit code.
+pub fn main() -> std::process::ExitCode {
+    let cli = cli::parse_command_line();
+    let json = cli.command.json();
+    let production = match &cli.command {
+        Command::Serve(a) => a.common.environment == Environment::Production,
+        Command::Worker(a) => a.common.environment == Environment::Production,
+        _ => false,
+    };
+    let runtime = match tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+    {
+        Ok(runtime) => runtime,
+        Err(error) => return output::failed(&anyhow::Error::new(error), json),
+    };
+    runtime.block_on(async move {
+        // `oncely demo` tells its own story: the embedded service logs to a file unless `-v`.
+        let demo_log = match matches!(cli.command, Command::Demo { verbose: false, .. })
+            .then(demo::log_file)
+        {
+            Some(Ok((file, path))) => {
+                oncely_server::telemetry::init_tracing_to_file(file);
+                Some(path)
+            }
+            Some(Err(error)) => {
+                eprintln!("oncely demo: cannot create a log file ({error}); the service logs here");
+                None
+            }
+            None => None,
+        };
+        if demo_log.is_none() {
+            oncely_server::telemetry::init_tracing(production);
+        }
+        match run(cli, demo_log).await {
+            Ok(()) => std::process::ExitCode::SUCCESS,
+            // One clear line (with --json, one JSON object), never a backtrace.
+            Err(error) => output::failed(&error, json),
+        }
+    })
 }
 
 /// Runs a command read from the command line; `demo_log`: where `oncely demo`'s embedded

@@ -223,13 +223,13 @@ impl CommonArgs {
             );
         }
         if let Some(name) = &emails.product_name {
-            oncely_server::branding::check_product_name(name)
+            oncely_server::branding::validate_product_name(name)
                 .map_err(|why| anyhow::anyhow!("ONCELY_PRODUCT_NAME: {why}"))?;
         }
         let support_email = emails
             .support_email
             .as_deref()
-            .map(oncely_server::branding::check_support_email)
+            .map(oncely_server::branding::parse_support_email)
             .transpose()
             .map_err(|why| anyhow::anyhow!("ONCELY_SUPPORT_EMAIL: {why}"))?;
         for domain in &emails.senders.mail_from_domains {
@@ -386,7 +386,7 @@ impl CommonArgs {
         if let Some(template) = &common.mailer_lookup {
             // The check the mailer makes when it is built, made now: a bad value stops start-up
             // with its variable's name.
-            oncely_outbox::mail::LookedUp::check(template)
+            oncely_outbox::mail::LookedUp::validate(template)
                 .map_err(|error| anyhow::anyhow!("ONCELY_MAILER_LOOKUP: {error}"))?;
         }
         Ok(MailerSettings {

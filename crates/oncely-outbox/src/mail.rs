@@ -114,7 +114,7 @@ impl LookedUp {
         template: &str,
         timeout: Duration,
     ) -> Result<Self, MailerError> {
-        Self::check(template)?;
+        Self::validate(template)?;
         crate::http::install_crypto_provider();
         let client = reqwest::Client::builder()
             .timeout(timeout)
@@ -129,7 +129,7 @@ impl LookedUp {
 
     /// Whether `template` can be used: `http://` or `https://`, with `{key}`, a URL once the
     /// key is in.
-    pub fn check(template: &str) -> Result<(), MailerError> {
+    pub fn validate(template: &str) -> Result<(), MailerError> {
         // Named by scheme and host only: the URL may carry a credential.
         let bad = |why: &str| MailerError::Lookup(Self::shown(template), why.to_owned());
         if !(template.starts_with("http://") || template.starts_with("https://")) {

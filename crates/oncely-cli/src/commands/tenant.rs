@@ -288,7 +288,7 @@ impl From<TenantRecord> for TenantView {
 }
 
 /// The tenant of `tenant set`, and its return URLs, each checked
-/// ([`oncely_server::code::check_return_url`]); the `default` tenant is refused: it has no API key, so
+/// ([`oncely_server::code::validate_return_url`]); the `default` tenant is refused: it has no API key, so
 /// its codes could never be exchanged, and no row for branding (the service's settings are its).
 pub(crate) fn tenant_to_set(
     name: &str,
@@ -307,7 +307,7 @@ pub(crate) fn tenant_to_set(
         }
     }
     for (i, url) in urls.iter().enumerate() {
-        oncely_server::code::check_return_url(url)?;
+        oncely_server::code::validate_return_url(url)?;
         if urls[..i].contains(url) {
             bail!("{url:?} is given twice");
         }
@@ -413,17 +413,17 @@ pub async fn tenant<B: Accounts>(command: TenantCommand) -> anyhow::Result<Strin
             let (product_name, mail_from, support_email) =
                 (given(product_name), given(mail_from), given(support_email));
             if let Some(Some(name)) = &product_name {
-                oncely_server::branding::check_product_name(name)
+                oncely_server::branding::validate_product_name(name)
                     .map_err(|why| anyhow::anyhow!("--product-name: {why}"))?;
             }
             if let Some(Some(from)) = &mail_from {
                 brand
-                    .check_from(from)
+                    .validate_from(from)
                     .map_err(|why| anyhow::anyhow!("--mail-from: {why}"))?;
             }
             let support_email = match support_email {
                 Some(Some(address)) => Some(Some(
-                    oncely_server::branding::check_support_email(&address)
+                    oncely_server::branding::parse_support_email(&address)
                         .map_err(|why| anyhow::anyhow!("--support-email: {why}"))?,
                 )),
                 other => other,

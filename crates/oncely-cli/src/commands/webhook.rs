@@ -264,7 +264,7 @@ pub async fn webhook<B: Accounts>(command: WebhookCommand) -> anyhow::Result<Str
             let tenant = oncely::TenantId::parse(name).map_err(|e| anyhow::anyhow!("{e}"))?;
             webhooks
                 .policy(secrets.environment)
-                .check_resolved(url)
+                .allow_resolved(url)
                 .await
                 .map_err(|e| anyhow::anyhow!("refused webhook URL: {e}"))?;
             (Some(tenant), webhook_events(events)?)

@@ -15,7 +15,7 @@ use uuid::Uuid;
 
 use crate::backend::{Backend, Connection, MIGRATION_TABLES};
 use crate::email::EmailAddress;
-use crate::limits::email::EmailCount;
+use crate::limits::mail::MailCount;
 use oncely_sql::Db;
 
 mod codes;
@@ -162,7 +162,7 @@ pub trait Accounts: Backend {
         tenant: &'c str,
         email: &'c EmailAddress,
         source: Option<&'c str>,
-        count: &'c EmailCount,
+        count: &'c MailCount,
     ) -> impl Future<Output = Result<SignupCounted, AccountError>> + Send + 'c;
 
     /// The user with this address in this tenant.
@@ -642,7 +642,7 @@ where
         tenant: &str,
         email: &EmailAddress,
         source: Option<&str>,
-        count: &EmailCount,
+        count: &MailCount,
     ) -> Result<SignupCounted, AccountError> {
         let Some(sql) = B::ACCOUNT_SQL.users.signup_user_counted else {
             let outcome = Self::signup_user(&mut *conn, tenant, email, source).await?;

@@ -14,9 +14,9 @@ use serde::Deserialize;
 use serde_json::json;
 use uuid::Uuid;
 
-use super::email_caps::suppression;
+use super::account_events::{account_event, address_of};
 use super::error::ApiError;
-use super::events::{account_event, address_of};
+use super::mail_caps::suppression;
 use super::post::IdempotentPost;
 use super::send_link::{Accepted, Link, Owner, accepted, issue_link, request_locale};
 use super::use_link::{LinkUse, LinkUsed};

@@ -3,7 +3,7 @@
 //! never-usable decoy when there is no account — and its email job ([`issue_link`]), and the
 //! request for a link by address ([`LinkRequest::send_link`]). The same statements run
 //! whether or not the address has an account and whether or not the email is suppressed
-//! ([`super::email_caps`]): responses and their timing cannot tell those cases apart.
+//! ([`super::mail_caps`]): responses and their timing cannot tell those cases apart.
 
 use axum::Json;
 use axum::http::StatusCode;
@@ -15,8 +15,8 @@ use time::OffsetDateTime;
 use uuid::Uuid;
 
 use super::AppState;
-use super::email_caps::suppression;
 use super::error::ApiError;
+use super::mail_caps::suppression;
 use super::post::IdempotentPost;
 use crate::accounts::{Accounts, NewToken, ReturnTo};
 use crate::email::EmailAddress;

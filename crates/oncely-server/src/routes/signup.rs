@@ -6,9 +6,9 @@ use oncely_outbox::{JobStore, NewJob};
 use serde::Deserialize;
 use serde_json::json;
 
-use super::email_caps::email_count;
+use super::account_events::account_event_to;
 use super::error::ApiError;
-use super::events::account_event_to;
+use super::mail_caps::email_count;
 use super::new_password::hash_new_password;
 use super::post::IdempotentPost;
 use super::send_link::{

@@ -94,6 +94,14 @@ impl MailContext {
         })
     }
 
+    /// Hands `email` to the mailer under `job`'s delivery key, recording the attempt's point of
+    /// no return at `point`.
+    async fn mail(&self, email: &Email, job: &Job, point: &dyn PointOfNoReturn) -> Delivery {
+        self.mailer
+            .send_marked(email, &job.delivery_key.to_string(), point)
+            .await
+    }
+
     /// The sender of `tenant`'s emails now: its branding (read from the database) over the
     /// service's.
     async fn sender<A: Accounts>(&self, accounts: &A, tenant: &str) -> Result<Sender, Delivery> {
@@ -265,11 +273,88 @@ impl FrozenEmail {
             })
     }
 
+    /// The email the job's first attempt froze, else the one `compose` renders now (not run
+    /// when there is a frozen one).
+    async fn frozen_or(
+        job: &Job,
+        compose: impl Future<Output = Result<Self, Delivery>>,
+    ) -> Result<Self, Delivery> {
+        match Self::of(job)? {
+            Some(frozen) => Ok(frozen),
+            None => compose.await,
+        }
+    }
+
     /// As the job's frozen value.
     fn freeze(&self) -> Result<Option<serde_json::Value>, Delivery> {
         serde_json::to_value(self)
             .map(Some)
             .map_err(|error| Delivery::Permanent(format!("cannot freeze the email: {error}")))
+    }
+}
+
+/// One kind of email, as its [`Emailing`] handler runs it: what it freezes, how it is sent and
+/// its follow-ups; the mailer and its delivery lookups come from its [`MailContext`].
+pub trait EmailJob: Send + Sync + 'static {
+    /// Links, sender, mailer.
+    fn context(&self) -> &MailContext;
+
+    /// The email rendered now, frozen ([`Handler::freeze`]).
+    fn freeze(
+        &self,
+        job: &Job,
+    ) -> impl Future<Output = Result<Option<serde_json::Value>, Delivery>> + Send;
+
+    /// Sends the job's email if it is still to be sent, recording the point of no return at
+    /// `point` ([`Handler::run_marked`]).
+    fn send(&self, job: &Job, point: &dyn PointOfNoReturn)
+    -> impl Future<Output = Delivery> + Send;
+
+    /// The follow-ups of the job, about to end as `end` says ([`Handler::then`]).
+    fn then(
+        &self,
+        job: &Job,
+        end: &Ended,
+    ) -> impl Future<Output = Result<Vec<NewJob>, ThenError>> + Send;
+}
+
+/// The outbox handler of an [`EmailJob`] ([`TokenEmail`], [`NoticeEmail`]).
+pub struct Emailing<E>(pub E);
+
+impl<E: EmailJob> Handler for Emailing<E> {
+    fn freeze<'a>(&'a self, job: &'a Job) -> FreezeFuture<'a> {
+        Box::pin(self.0.freeze(job))
+    }
+
+    fn run<'a>(&'a self, job: &'a Job) -> Pin<Box<dyn Future<Output = Delivery> + Send + 'a>> {
+        Box::pin(self.0.send(job, &Unrecorded))
+    }
+
+    // The mailer's point of no return (SMTP: before the content; HTTP: before the request).
+    // The paths that hand nothing to the mailer (skipped, handed to the tenant's webhooks by
+    // the follow-ups written with the finish) reach nothing outside before their finish.
+    fn marks_point_of_no_return(&self) -> bool {
+        self.0.context().mailer.marks_point_of_no_return()
+    }
+
+    fn run_marked<'a>(
+        &'a self,
+        job: &'a Job,
+        point: &'a dyn PointOfNoReturn,
+    ) -> Pin<Box<dyn Future<Output = Delivery> + Send + 'a>> {
+        Box::pin(self.0.send(job, point))
+    }
+
+    fn then<'a>(&'a self, job: &'a Job, end: &'a Ended) -> ThenFuture<'a> {
+        Box::pin(self.0.then(job, end))
+    }
+
+    fn reconciles(&self) -> bool {
+        self.0.context().reconciles()
+    }
+
+    fn reconcile<'a>(&'a self, job: &'a Job) -> ReconcileFuture<'a> {
+        self.0.context().reconcile(job)
     }
 }
 
@@ -316,6 +401,12 @@ impl<A: Accounts> TokenEmail<A> {
         );
         FrozenEmail::token_email(&self.context, about, &sender, &current.to)
     }
+}
+
+impl<A: Accounts> EmailJob for TokenEmail<A> {
+    fn context(&self) -> &MailContext {
+        &self.context
+    }
 
     async fn freeze(&self, job: &Job) -> Result<Option<serde_json::Value>, Delivery> {
         let current = self.current(job).await?;
@@ -327,12 +418,8 @@ impl<A: Accounts> TokenEmail<A> {
             Ok(current) => current,
             Err(delivery) => return delivery,
         };
-        let frozen = match FrozenEmail::of(job) {
-            Ok(Some(frozen)) => frozen,
-            Ok(None) => match self.compose(&current).await {
-                Ok(frozen) => frozen,
-                Err(delivery) => return delivery,
-            },
+        let frozen = match FrozenEmail::frozen_or(job, self.compose(&current)).await {
+            Ok(frozen) => frozen,
             Err(delivery) => return delivery,
         };
         let Current { tenant, token, .. } = current;
@@ -343,14 +430,9 @@ impl<A: Accounts> TokenEmail<A> {
             Ok(email) => email,
             Err(delivery) => return delivery,
         };
-        self.context
-            .mailer
-            .send_marked(&email, &job.delivery_key.to_string(), point)
-            .await
+        self.context.mail(&email, job, point).await
     }
-}
 
-impl<A: Accounts> TokenEmail<A> {
     /// The follow-ups of a token email (see [`follow_ups`]): its tenant, recipient and account
     /// from the token record (none once the record is pruned: the tenant is unknown).
     async fn then(&self, job: &Job, end: &Ended) -> Result<Vec<NewJob>, ThenError> {
@@ -404,43 +486,6 @@ impl<A: Accounts> TokenEmail<A> {
         };
         let email = email.map(|frozen| (frozen, Some(token_id)));
         follow_ups(&self.accounts, job, end, &about, email).await
-    }
-}
-
-impl<A: Accounts> Handler for TokenEmail<A> {
-    fn freeze<'a>(&'a self, job: &'a Job) -> FreezeFuture<'a> {
-        Box::pin(self.freeze(job))
-    }
-
-    fn run<'a>(&'a self, job: &'a Job) -> Pin<Box<dyn Future<Output = Delivery> + Send + 'a>> {
-        Box::pin(self.send(job, &Unrecorded))
-    }
-
-    // The mailer's point of no return (SMTP: before the content; HTTP: before the request).
-    // The paths that hand nothing to the mailer (skipped, handed to the tenant's webhooks by
-    // the follow-ups written with the finish) reach nothing outside before their finish.
-    fn marks_point_of_no_return(&self) -> bool {
-        self.context.mailer.marks_point_of_no_return()
-    }
-
-    fn run_marked<'a>(
-        &'a self,
-        job: &'a Job,
-        point: &'a dyn PointOfNoReturn,
-    ) -> Pin<Box<dyn Future<Output = Delivery> + Send + 'a>> {
-        Box::pin(self.send(job, point))
-    }
-
-    fn then<'a>(&'a self, job: &'a Job, end: &'a Ended) -> ThenFuture<'a> {
-        Box::pin(self.then(job, end))
-    }
-
-    fn reconciles(&self) -> bool {
-        self.context.reconciles()
-    }
-
-    fn reconcile<'a>(&'a self, job: &'a Job) -> ReconcileFuture<'a> {
-        self.context.reconcile(job)
     }
 }
 
@@ -524,6 +569,12 @@ impl<A: Accounts> NoticeEmail<A> {
         self.context
             .compose(message, (tenant, locale), &sender, &vars)
     }
+}
+
+impl<A: Accounts> EmailJob for NoticeEmail<A> {
+    fn context(&self) -> &MailContext {
+        &self.context
+    }
 
     async fn freeze(&self, job: &Job) -> Result<Option<serde_json::Value>, Delivery> {
         let (to, locale) = self.recipient(job).await?;
@@ -535,12 +586,9 @@ impl<A: Accounts> NoticeEmail<A> {
             Ok(recipient) => recipient,
             Err(delivery) => return delivery,
         };
-        let frozen = match FrozenEmail::of(job) {
-            Ok(Some(frozen)) => frozen,
-            Ok(None) => match self.compose(job, &to, locale.as_ref()).await {
-                Ok(frozen) => frozen,
-                Err(delivery) => return delivery,
-            },
+        let composed = self.compose(job, &to, locale.as_ref());
+        let frozen = match FrozenEmail::frozen_or(job, composed).await {
+            Ok(frozen) => frozen,
             Err(delivery) => return delivery,
         };
         let email = match frozen.email(None) {
@@ -552,10 +600,7 @@ impl<A: Accounts> NoticeEmail<A> {
         {
             return handed;
         }
-        self.context
-            .mailer
-            .send_marked(&email, &job.delivery_key.to_string(), point)
-            .await
+        self.context.mail(&email, job, point).await
     }
 
     /// The follow-ups of a notice (see [`follow_ups`]): its tenant from the payload's
@@ -597,43 +642,6 @@ impl<A: Accounts> NoticeEmail<A> {
         };
         let email = email.map(|frozen| (frozen, None));
         follow_ups(&self.accounts, job, end, &about, email).await
-    }
-}
-
-impl<A: Accounts> Handler for NoticeEmail<A> {
-    fn freeze<'a>(&'a self, job: &'a Job) -> FreezeFuture<'a> {
-        Box::pin(self.freeze(job))
-    }
-
-    fn run<'a>(&'a self, job: &'a Job) -> Pin<Box<dyn Future<Output = Delivery> + Send + 'a>> {
-        Box::pin(self.send(job, &Unrecorded))
-    }
-
-    // The mailer's point of no return (SMTP: before the content; HTTP: before the request).
-    // The paths that hand nothing to the mailer (skipped, handed to the tenant's webhooks by
-    // the follow-ups written with the finish) reach nothing outside before their finish.
-    fn marks_point_of_no_return(&self) -> bool {
-        self.context.mailer.marks_point_of_no_return()
-    }
-
-    fn run_marked<'a>(
-        &'a self,
-        job: &'a Job,
-        point: &'a dyn PointOfNoReturn,
-    ) -> Pin<Box<dyn Future<Output = Delivery> + Send + 'a>> {
-        Box::pin(self.send(job, point))
-    }
-
-    fn then<'a>(&'a self, job: &'a Job, end: &'a Ended) -> ThenFuture<'a> {
-        Box::pin(self.then(job, end))
-    }
-
-    fn reconciles(&self) -> bool {
-        self.context.reconciles()
-    }
-
-    fn reconcile<'a>(&'a self, job: &'a Job) -> ReconcileFuture<'a> {
-        self.context.reconcile(job)
     }
 }
 

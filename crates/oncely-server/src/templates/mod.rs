@@ -236,20 +236,9 @@ impl Vars {
 }
 
 /// A link as it is written in HTML (in an attribute or as text): `&`, `<`, `>`, `"` and `'`
-/// escaped, nothing else.
+/// escaped, nothing else (as the inbox's page escapes text).
 pub fn escape_link(link: &str) -> String {
-    let mut out = String::with_capacity(link.len());
-    for c in link.chars() {
-        match c {
-            '&' => out.push_str("&amp;"),
-            '<' => out.push_str("&lt;"),
-            '>' => out.push_str("&gt;"),
-            '"' => out.push_str("&quot;"),
-            '\'' => out.push_str("&#39;"),
-            c => out.push(c),
-        }
-    }
-    out
+    oncely_inbox::page::escape(link)
 }
 
 /// How long a link works, in words of the locale's language (German or English).

@@ -126,6 +126,15 @@ pub(crate) fn render<T: Serialize>(
     Ok(out)
 }
 
+/// [`render`] of a `value` that people read as one `line`.
+pub(crate) fn render_line<T: Serialize>(
+    output: OutputArgs,
+    value: &T,
+    line: impl std::fmt::Display,
+) -> anyhow::Result<String> {
+    render(output, value, |out| Ok(writeln!(out, "{line}")?))
+}
+
 /// An optional moment for people (`-` when there is none).
 pub(crate) fn when_or_dash(at: Option<OffsetDateTime>) -> String {
     at.map_or_else(|| "-".into(), when)

@@ -147,12 +147,14 @@ impl MailContext {
                 ))
             })?;
         Ok(FrozenEmail {
-            from: sender.from.clone(),
-            to: vars.recipient.clone(),
-            subject: rendered.subject,
-            text: rendered.text,
-            html: Some(rendered.html),
-            reply_to: sender.support_email.clone(),
+            email: Email {
+                from: sender.from.clone(),
+                to: vars.recipient.clone(),
+                subject: rendered.subject,
+                text: rendered.text,
+                html: Some(rendered.html),
+                reply_to: sender.support_email.clone(),
+            },
             link: None,
         })
     }
@@ -195,20 +197,11 @@ const LINK: &str = crate::templates::LINK_MARK;
 /// `html` and no `reply_to`: it is sent as it was frozen, text only.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct FrozenEmail {
-    /// Sender.
-    pub from: String,
-    /// Recipient.
-    pub to: String,
-    /// Subject line.
-    pub subject: String,
-    /// Body, with `{{link}}` where a token email's link goes.
-    pub text: String,
-    /// HTML body, with `{{link}}` where a token email's link goes.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub html: Option<String>,
-    /// `Reply-To`: the support address.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub reply_to: Option<String>,
+    /// The email as it is sent (`Reply-To`: the support address), but that its `text` and
+    /// `html` hold `{{link}}` where a token email's link goes. Its fields are the frozen
+    /// value's own (flattened): the stored JSON is what it was before.
+    #[serde(flatten)]
+    pub email: Email,
     /// A token email's link before its token.
     pub link: Option<String>,
 }
@@ -237,15 +230,16 @@ impl FrozenEmail {
 
     /// The email that is sent: the link completed with `token`.
     fn email(self, token: Option<&Token>) -> Result<Email, Delivery> {
-        let (text, html) = match (&self.link, token) {
-            (Some(link), Some(token)) if self.text.contains(LINK) => {
+        let Self { email, link } = self;
+        let (text, html) = match (&link, token) {
+            (Some(link), Some(token)) if email.text.contains(LINK) => {
                 let link = format!("{link}{}", token.expose());
-                let html = self
+                let html = email
                     .html
                     .map(|html| html.replace(LINK, &escape_link(&link)));
-                (self.text.replace(LINK, &link), html)
+                (email.text.replace(LINK, &link), html)
             }
-            (None, None) => (self.text, self.html),
+            (None, None) => (email.text, email.html),
             _ => {
                 return Err(Delivery::Permanent(
                     "the frozen email's link does not fit".into(),
@@ -253,12 +247,9 @@ impl FrozenEmail {
             }
         };
         Ok(Email {
-            from: self.from,
-            to: self.to,
-            subject: self.subject,
             text,
             html,
-            reply_to: self.reply_to,
+            ..email
         })
     }
 
@@ -455,7 +446,7 @@ impl<A: Accounts> EmailJob for TokenEmail<A> {
         let frozen = FrozenEmail::of(job).ok().flatten();
         let Some(to) = frozen
             .as_ref()
-            .map(|f| f.to.clone())
+            .map(|f| f.email.to.clone())
             .or_else(|| record.recipient.clone())
         else {
             // A decoy: nobody's email.
@@ -615,7 +606,7 @@ impl<A: Accounts> EmailJob for NoticeEmail<A> {
         };
         let frozen = FrozenEmail::of(job).ok().flatten();
         let (to, locale) = match &frozen {
-            Some(frozen) => (frozen.to.clone(), None),
+            Some(frozen) => (frozen.email.to.clone(), None),
             None => match self.recipient(job).await {
                 Ok(recipient) => recipient,
                 Err(Delivery::Retry(why)) => return Err(why.into()),
@@ -788,25 +779,26 @@ fn requested(
     // Where the token goes: a mark no one can write into the email (random, per event).
     let mark = format!("{{{{token:{}}}}}", Uuid::new_v4().simple());
     let link = frozen.link.as_ref().map(|base| format!("{base}{mark}"));
+    let email = &frozen.email;
     let (text, html) = match &link {
         Some(link) => (
-            frozen.text.replace(LINK, link),
-            frozen
+            email.text.replace(LINK, link),
+            email
                 .html
                 .as_ref()
                 .map(|html| html.replace(LINK, &escape_link(link))),
         ),
-        None => (frozen.text.clone(), frozen.html.clone()),
+        None => (email.text.clone(), email.html.clone()),
     };
     let data = json!({
         "email_id": job.delivery_key,
         "template": template,
-        "to": frozen.to,
-        "from": frozen.from,
-        "subject": frozen.subject,
+        "to": email.to,
+        "from": email.from,
+        "subject": email.subject,
         "text": text,
         "html": html,
-        "reply_to": frozen.reply_to,
+        "reply_to": email.reply_to,
         "link": link,
     });
     let kind = EventType::EmailRequested;

@@ -12,8 +12,8 @@ use tokio_util::sync::CancellationToken;
 
 use crate::accounts::Accounts;
 use crate::mail::{
-    EMAIL_CHANGE_NOTICE, EMAIL_TAKEN_NOTICE, Emailing, MailContext, Notice, NoticeEmail, SIGNUP_NOTICE,
-    TokenEmail,
+    EMAIL_CHANGE_NOTICE, EMAIL_TAKEN_NOTICE, Emailing, MailContext, Notice, NoticeEmail,
+    SIGNUP_NOTICE, TokenEmail,
 };
 use crate::token::Flow;
 use crate::webhooks::delivery::{

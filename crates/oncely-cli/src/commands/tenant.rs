@@ -29,6 +29,7 @@ use crate::commands::webhook::webhook;
 use crate::output::Failure;
 use crate::output::OutputArgs;
 use crate::output::clean;
+use crate::output::grace_words;
 use crate::output::refuse;
 use crate::output::render;
 use crate::output::render_line;
@@ -365,10 +366,7 @@ pub async fn tenant<B: Accounts>(command: TenantCommand) -> anyhow::Result<Strin
                 "key_fingerprint": key_fingerprint(&hash_api_key(&key)),
                 "previous_key_valid_until": until.map(rfc3339),
             });
-            let old = match until {
-                Some(at) => format!("keeps working until {}", when(at)),
-                None => "no longer works".to_owned(),
-            };
+            let old = grace_words(until, "keeps working", "no longer works");
             render_line(
                 output,
                 &value,

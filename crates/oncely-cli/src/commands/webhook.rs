@@ -23,6 +23,7 @@ use crate::commands::outbox::rfc3339;
 use crate::output::Failure;
 use crate::output::OutputArgs;
 use crate::output::clean;
+use crate::output::grace_words;
 use crate::output::refuse;
 use crate::output::render_line;
 use crate::output::render_list;
@@ -402,10 +403,7 @@ pub async fn webhook<B: Accounts>(command: WebhookCommand) -> anyhow::Result<Str
                 "secret": signing.expose(),
                 "previous_secret_valid_until": until.map(rfc3339),
             });
-            let old = match until {
-                Some(at) => format!("keeps signing beside it until {}", when(at)),
-                None => "no longer signs".to_owned(),
-            };
+            let old = grace_words(until, "keeps signing beside it", "no longer signs");
             render_line(
                 output,
                 &value,

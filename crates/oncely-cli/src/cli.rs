@@ -89,7 +89,7 @@ impl Command {
             Self::Templates(TemplatesCommand::Preview(_)) => false,
             Self::Outbox(command) => command.output().json,
             Self::Prune(args) => args.output.json,
-            Self::Key(KeyCommand::Show { output, .. }) => output.json,
+            Self::Key(KeyCommand::Show { operator, .. }) => operator.output.json,
             Self::Check(args) => args.json,
             Self::Inbox(args) => {
                 matches!(&args.command, Some(InboxCommand::Expect(expect)) if expect.json)

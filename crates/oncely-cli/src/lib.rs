@@ -140,7 +140,7 @@ impl Task {
             Self::Preview(args) => &args.database.database_url,
             Self::ValidateTemplates(_, database, _) => &database.database_url,
             Self::Prune(args) => &args.database.database_url,
-            Self::Key(KeyCommand::Show { database, .. }) => &database.database_url,
+            Self::Key(KeyCommand::Show { operator, .. }) => &operator.database.database_url,
             Self::Outbox(command) => &command.database().database_url,
         }
     }

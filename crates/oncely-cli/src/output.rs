@@ -126,6 +126,24 @@ pub(crate) fn render<T: Serialize>(
     Ok(out)
 }
 
+/// [`render`] of a `value` that people read as one `line`.
+pub(crate) fn render_line<T: Serialize>(
+    output: OutputArgs,
+    value: &T,
+    line: impl std::fmt::Display,
+) -> anyhow::Result<String> {
+    render(output, value, |out| Ok(writeln!(out, "{line}")?))
+}
+
+/// What becomes of a replaced key or secret, in words: it `keeps` working "until" `until`,
+/// or it `ends` at once (no grace).
+pub(crate) fn grace_words(until: Option<OffsetDateTime>, keeps: &str, ends: &str) -> String {
+    match until {
+        Some(at) => format!("{keeps} until {}", when(at)),
+        None => ends.to_owned(),
+    }
+}
+
 /// An optional moment for people (`-` when there is none).
 pub(crate) fn when_or_dash(at: Option<OffsetDateTime>) -> String {
     at.map_or_else(|| "-".into(), when)

@@ -223,13 +223,13 @@ impl CommonArgs {
             );
         }
         if let Some(name) = &emails.product_name {
-            oncely_server::branding::check_product_name(name)
+            oncely_server::branding::validate_product_name(name)
                 .map_err(|why| anyhow::anyhow!("ONCELY_PRODUCT_NAME: {why}"))?;
         }
         let support_email = emails
             .support_email
             .as_deref()
-            .map(oncely_server::branding::check_support_email)
+            .map(oncely_server::branding::parse_support_email)
             .transpose()
             .map_err(|why| anyhow::anyhow!("ONCELY_SUPPORT_EMAIL: {why}"))?;
         for domain in &emails.senders.mail_from_domains {
@@ -386,7 +386,7 @@ impl CommonArgs {
         if let Some(template) = &common.mailer_lookup {
             // The check the mailer makes when it is built, made now: a bad value stops start-up
             // with its variable's name.
-            oncely_outbox::mail::LookedUp::check(template)
+            oncely_outbox::mail::LookedUp::validate(template)
                 .map_err(|error| anyhow::anyhow!("ONCELY_MAILER_LOOKUP: {error}"))?;
         }
         Ok(MailerSettings {
@@ -569,6 +569,25 @@ mod tests {
         }
     }
 
+    fn worker(args: &[&str]) -> WorkerArgs {
+        let mut argv = vec!["oncely", "worker"];
+        argv.extend_from_slice(args);
+        match Cli::try_parse_from(argv).expect("valid flags").command {
+            Command::Worker(args) => args,
+            _ => unreachable!(),
+        }
+    }
+
+    /// Where `oncely serve ARGS` sends email.
+    fn mailer(args: &[&str]) -> anyhow::Result<MailerChoice> {
+        serve(args).common.mailer_choice()
+    }
+
+    /// Why `oncely serve ARGS` has no mailer, in one line.
+    fn mailer_error(args: &[&str]) -> String {
+        mailer(args).unwrap_err().to_string()
+    }
+
     /// One source of defaults: `oncely serve` without flags resolves to [`Settings::new`].
     #[test]
     fn the_command_line_defaults_are_the_settings_defaults() {
@@ -604,9 +623,7 @@ mod tests {
         let plan = given.worker_plan();
         assert_eq!(plan.webhooks.timeout, Duration::from_millis(300));
         assert!(plan.webhooks.policy.allow_private && !plan.webhooks.policy.production);
-        let worker = Cli::try_parse_from([
-            "oncely",
-            "worker",
+        let args = worker(&[
             "--env",
             "production",
             "--database-url",
@@ -621,11 +638,7 @@ mod tests {
             "2s",
             "--kinds",
             "webhook",
-        ])
-        .unwrap();
-        let Command::Worker(args) = worker.command else {
-            unreachable!()
-        };
+        ]);
         let settings = args.settings().unwrap();
         assert_eq!(settings.plan.webhooks.timeout, Duration::from_secs(2));
         assert!(settings.plan.webhooks.policy.production);
@@ -704,33 +717,15 @@ mod tests {
             (5, 20, 30)
         );
         for env in ["development", "production"] {
+            let set = |flags: &[&str]| {
+                caps(&[&["--env", env, "--mailer", "smtp://m.example:25"], flags].concat())
+            };
             assert_eq!(
-                caps(&[
-                    "--env",
-                    env,
-                    "--mailer",
-                    "smtp://m.example:25",
-                    "--mail-cap-per-address",
-                    "7",
-                    "--mail-cap-per-client",
-                    "9"
-                ]),
+                set(&["--mail-cap-per-address", "7", "--mail-cap-per-client", "9"]),
                 (7, 28, 9),
                 "{env}"
             );
-            assert_eq!(
-                caps(&[
-                    "--env",
-                    env,
-                    "--mailer",
-                    "smtp://m.example:25",
-                    "--mail-cap-per-address-total",
-                    "3"
-                ])
-                .1,
-                3,
-                "{env}"
-            );
+            assert_eq!(set(&["--mail-cap-per-address-total", "3"]).1, 3, "{env}");
         }
     }
 
@@ -790,20 +785,14 @@ mod tests {
         ]
         .concat();
         assert_eq!(header(serve(&given)).unwrap().as_str(), "X-Provider-Key");
-        let worker = Cli::try_parse_from([
-            "oncely",
-            "worker",
+        let args = worker(&[
             "--mailer",
             "smtp://127.0.0.1:2525",
             "--mailer-idempotency-header",
             "Idempotency-Key",
             "--secret",
             secret[1],
-        ])
-        .unwrap();
-        let Command::Worker(args) = worker.command else {
-            unreachable!()
-        };
+        ]);
         let settings = args.settings().unwrap();
         assert_eq!(
             settings.mailer.idempotency_header.unwrap().as_str(),
@@ -956,25 +945,19 @@ mod tests {
             printed.contains("smtps://mailer-user:***@smtp.example.com:465"),
             "{printed}"
         );
-        let choice = serve(&[
+        let choice = mailer(&[
             "--mailer",
             "smtps://mailer-user@smtp.example.com:465",
             "--smtp-password",
             "smtp-password-3",
         ])
-        .common
-        .mailer_choice()
         .unwrap();
         assert!(!format!("{choice:?}").contains("smtp-password-3"));
     }
 
     #[test]
     fn the_smtp_password_fills_in_the_mailer_url_encoded() {
-        let choice = |mailer: &str| {
-            serve(&["--mailer", mailer, "--smtp-password", "p@ss:w/rd %"])
-                .common
-                .mailer_choice()
-        };
+        let choice = |url: &str| mailer(&["--mailer", url, "--smtp-password", "p@ss:w/rd %"]);
         assert_eq!(
             choice("smtps://mailer-user@smtp.example.com:465").unwrap(),
             MailerChoice::Url(
@@ -999,10 +982,7 @@ mod tests {
         }
         // Without it, the URL is used as given.
         assert_eq!(
-            serve(&["--mailer", "smtps://u:given@h:465"])
-                .common
-                .mailer_choice()
-                .unwrap(),
+            mailer(&["--mailer", "smtps://u:given@h:465"]).unwrap(),
             MailerChoice::Url("smtps://u:given@h:465".into())
         );
     }
@@ -1171,11 +1151,7 @@ mod tests {
     #[test]
     fn a_mailer_url_without_a_host_is_refused() {
         for bad in ["https://", "http://", "smtp://", "smtps://", "smtp://:25"] {
-            let error = serve(&["--mailer", bad])
-                .common
-                .mailer_choice()
-                .unwrap_err()
-                .to_string();
+            let error = mailer_error(&["--mailer", bad]);
             let scheme = bad.split("://").next().unwrap();
             assert!(
                 error.starts_with(&format!("ONCELY_MAILER={scheme}://… names no host"))
@@ -1194,24 +1170,11 @@ mod tests {
                 "names no host one can connect to",
             ),
         ] {
-            let error = serve(&["--mailer", bad])
-                .common
-                .mailer_choice()
-                .unwrap_err()
-                .to_string();
+            let error = mailer_error(&["--mailer", bad]);
             assert!(error.contains(why), "{bad}: {error}");
         }
-        assert!(
-            serve(&["--mailer", "smtps://user@smtp.example.com:465"])
-                .common
-                .mailer_choice()
-                .is_ok()
-        );
-        let error = serve(&["--mailer", "smtps://user:hunter2@:465"])
-            .common
-            .mailer_choice()
-            .unwrap_err()
-            .to_string();
+        assert!(mailer(&["--mailer", "smtps://user@smtp.example.com:465"]).is_ok());
+        let error = mailer_error(&["--mailer", "smtps://user:hunter2@:465"]);
         assert!(!error.contains("hunter2"), "{error}");
     }
 
@@ -1221,9 +1184,7 @@ mod tests {
     fn production_refuses_a_sqlite_file_in_the_working_directory_or_in_memory() {
         let secret = "0123456789abcdef0123456789abcdef-production";
         let production = |url: &str| {
-            let worker = Cli::try_parse_from([
-                "oncely",
-                "worker",
+            let args = [
                 "--env",
                 "production",
                 "--database-url",
@@ -1234,23 +1195,8 @@ mod tests {
                 "smtp://127.0.0.1:2525",
                 "--public-url",
                 "https://accounts.example.com",
-            ])
-            .unwrap();
-            let Command::Worker(worker) = worker.command else {
-                unreachable!()
-            };
-            let serve = serve(&[
-                "--env",
-                "production",
-                "--database-url",
-                url,
-                "--secret",
-                secret,
-                "--mailer",
-                "smtp://127.0.0.1:2525",
-                "--public-url",
-                "https://accounts.example.com",
-            ]);
+            ];
+            let (serve, worker) = (serve(&args), worker(&args));
             let serve = serve.settings().map(|_| ());
             let worker = worker.settings().map(|_| ());
             assert_eq!(
@@ -1449,38 +1395,24 @@ mod tests {
         .settings()
         .expect("valid settings");
         assert_eq!(set.worker_plan().options.on_unknown, OnUnknown::Resend);
-        let Command::Worker(args) = Cli::try_parse_from([
-            "oncely",
-            "worker",
+        let args = worker(&[
             "--database-url",
             "postgres://db/oncely",
             "--mailer",
             "smtp://127.0.0.1:2525",
             "--on-unknown",
             "reconcile",
-        ])
-        .expect("valid flags")
-        .command
-        else {
-            panic!("not the worker command");
-        };
-        let worker = args.settings().expect("valid settings");
-        assert_eq!(worker.plan.options.on_unknown, OnUnknown::Reconcile);
-        let Command::Worker(args) = Cli::try_parse_from([
-            "oncely",
-            "worker",
+        ]);
+        let settings = args.settings().expect("valid settings");
+        assert_eq!(settings.plan.options.on_unknown, OnUnknown::Reconcile);
+        let args = worker(&[
             "--database-url",
             "postgres://db/oncely",
             "--mailer",
             "https://api.example/emails",
-        ])
-        .expect("valid flags")
-        .command
-        else {
-            panic!("not the worker command");
-        };
-        let worker = args.settings().expect("valid settings");
-        assert_eq!(worker.plan.options.on_unknown, OnUnknown::Resend);
+        ]);
+        let settings = args.settings().expect("valid settings");
+        assert_eq!(settings.plan.options.on_unknown, OnUnknown::Resend);
         for bad in ["Reconcile", "skip", ""] {
             assert!(
                 Cli::try_parse_from(["oncely", "serve", "--on-unknown", bad]).is_err(),
@@ -1491,36 +1423,17 @@ mod tests {
 
     #[test]
     fn the_mailer_defaults_to_dev_in_development_and_is_required_in_production() {
-        assert_eq!(
-            serve(&[]).common.mailer_choice().unwrap(),
-            MailerChoice::Dev
-        );
-        let production = serve(&["--env", "production"])
-            .common
-            .mailer_choice()
-            .unwrap_err()
-            .to_string();
+        assert_eq!(mailer(&[]).unwrap(), MailerChoice::Dev);
+        let production = mailer_error(&["--env", "production"]);
         assert!(
             production.contains("ONCELY_MAILER is required in production"),
             "{production}"
         );
-        let invalid = serve(&["--mailer", "ftp://x"])
-            .common
-            .mailer_choice()
-            .unwrap_err()
-            .to_string();
+        let invalid = mailer_error(&["--mailer", "ftp://x"]);
         assert!(invalid.contains("must be dev, smtp://"), "{invalid}");
-        assert!(
-            serve(&["--env", "production", "--mailer", "dev"])
-                .common
-                .mailer_choice()
-                .is_err()
-        );
+        assert!(mailer(&["--env", "production", "--mailer", "dev"]).is_err());
         assert_eq!(
-            serve(&["--mailer", "smtp://127.0.0.1:2525"])
-                .common
-                .mailer_choice()
-                .unwrap(),
+            mailer(&["--mailer", "smtp://127.0.0.1:2525"]).unwrap(),
             MailerChoice::Url("smtp://127.0.0.1:2525".into())
         );
     }

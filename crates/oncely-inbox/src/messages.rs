@@ -148,17 +148,40 @@ pub(crate) fn webhook_size(webhook: &crate::Webhook) -> usize {
         + webhook.body.len()
 }
 
+/// An entry kept in arrival order (a message, a webhook copy).
+pub(crate) trait Received {
+    /// When the inbox received it.
+    fn received_at(&self) -> OffsetDateTime;
+}
+
+impl Received for Message {
+    fn received_at(&self) -> OffsetDateTime {
+        self.received_at
+    }
+}
+
 /// What is kept in arrival order (messages, webhook copies) and dropped oldest first beyond a
 /// [`Retention`].
 pub(crate) trait ByArrival {
-    /// The oldest entry's arrival number and when it was received.
-    fn oldest(&self) -> Option<(u64, OffsetDateTime)>;
-    /// How many entries are kept.
-    fn kept(&self) -> usize;
+    /// What is kept.
+    type Entry: Received;
+    /// The kept entries by arrival number.
+    fn by_arrival(&self) -> &BTreeMap<u64, Self::Entry>;
     /// How many bytes the kept entries take, as the byte budget counts them.
     fn bytes(&self) -> usize;
     /// Forgets the entry of `arrival` (and its indexes).
     fn remove_arrival(&mut self, arrival: u64);
+
+    /// The oldest entry's arrival number and when it was received.
+    fn oldest(&self) -> Option<(u64, OffsetDateTime)> {
+        let (&arrival, entry) = self.by_arrival().first_key_value()?;
+        Some((arrival, entry.received_at()))
+    }
+
+    /// How many entries are kept.
+    fn kept(&self) -> usize {
+        self.by_arrival().len()
+    }
 
     /// Drops the oldest entries beyond `retention`'s count and age at `now`; returns how many.
     /// (The byte budget covers messages and webhooks together: `State::expire`.)
@@ -454,13 +477,10 @@ pub(crate) fn fingerprint(message: &Message) -> u64 {
 }
 
 impl ByArrival for Messages {
-    fn oldest(&self) -> Option<(u64, OffsetDateTime)> {
-        let (&arrival, message) = self.by_arrival.first_key_value()?;
-        Some((arrival, message.received_at))
-    }
+    type Entry = Message;
 
-    fn kept(&self) -> usize {
-        self.by_arrival.len()
+    fn by_arrival(&self) -> &BTreeMap<u64, Message> {
+        &self.by_arrival
     }
 
     fn bytes(&self) -> usize {

@@ -452,6 +452,12 @@ Content-Type: multipart/mixed; boundary=\"XX\"\r\n\r\n\
     }
 
     /// Sends `what`, then reads one reply (up to a line whose code is followed by a space).
+    /// Sends `what` and asserts that the reply starts with `code`.
+    async fn answered(stream: &mut tokio::net::TcpStream, what: &[u8], code: &str) {
+        let reply = said(stream, what).await;
+        assert!(reply.starts_with(code), "{reply}");
+    }
+
     async fn said(stream: &mut tokio::net::TcpStream, what: &[u8]) -> String {
         use tokio::io::AsyncReadExt;
         stream.write_all(what).await.unwrap();
@@ -496,33 +502,17 @@ Content-Type: multipart/mixed; boundary=\"XX\"\r\n\r\n\
         ]
         .concat();
         for body in [big_in_lines, one_long_line] {
-            assert!(
-                said(&mut smtp, b"MAIL FROM:<a@x.io> SIZE=1000\r\n")
-                    .await
-                    .starts_with("250")
-            );
-            assert!(
-                said(&mut smtp, b"RCPT TO:<b@x.io>\r\n")
-                    .await
-                    .starts_with("250")
-            );
-            assert!(said(&mut smtp, b"DATA\r\n").await.starts_with("354"));
+            answered(&mut smtp, b"MAIL FROM:<a@x.io> SIZE=1000\r\n", "250").await;
+            answered(&mut smtp, b"RCPT TO:<b@x.io>\r\n", "250").await;
+            answered(&mut smtp, b"DATA\r\n", "354").await;
             let reply = said(&mut smtp, &[body.as_slice(), b".\r\n"].concat()).await;
             assert!(reply.starts_with("552 5.3.4"), "{reply}");
         }
         let long_command = [b"NOOP ".as_slice(), &[b'n'; 5000], b"\r\n"].concat();
-        assert!(said(&mut smtp, &long_command).await.starts_with("500"));
-        assert!(
-            said(&mut smtp, b"MAIL FROM:<a@x.io>\r\n")
-                .await
-                .starts_with("250")
-        );
-        assert!(
-            said(&mut smtp, b"RCPT TO:<b@x.io>\r\n")
-                .await
-                .starts_with("250")
-        );
-        assert!(said(&mut smtp, b"DATA\r\n").await.starts_with("354"));
+        answered(&mut smtp, &long_command, "500").await;
+        answered(&mut smtp, b"MAIL FROM:<a@x.io>\r\n", "250").await;
+        answered(&mut smtp, b"RCPT TO:<b@x.io>\r\n", "250").await;
+        answered(&mut smtp, b"DATA\r\n", "354").await;
         let small = format!("Subject: small\r\n\r\n{}\r\n.\r\n", "s".repeat(50_000));
         let kept = said(&mut smtp, small.as_bytes()).await;
         assert!(kept.starts_with("250"), "{kept}");
@@ -538,12 +528,8 @@ Content-Type: multipart/mixed; boundary=\"XX\"\r\n\r\n\
     #[tokio::test]
     async fn a_recipient_beyond_the_limit_is_answered_452_and_the_session_goes_on() {
         let (inbox, mut smtp) = session_with(crate::DEFAULT_MAX_BYTES).await;
-        assert!(said(&mut smtp, b"EHLO t\r\n").await.starts_with("250"));
-        assert!(
-            said(&mut smtp, b"MAIL FROM:<a@x.io>\r\n")
-                .await
-                .starts_with("250")
-        );
+        answered(&mut smtp, b"EHLO t\r\n", "250").await;
+        answered(&mut smtp, b"MAIL FROM:<a@x.io>\r\n", "250").await;
         let rcpts: String = (0..crate::MAX_RECIPIENTS)
             .map(|n| format!("RCPT TO:<r{n}@x.io>\r\n"))
             .collect();
@@ -560,7 +546,7 @@ Content-Type: multipart/mixed; boundary=\"XX\"\r\n\r\n\
             let more = said(&mut smtp, b"RCPT TO:<more@x.io>\r\n").await;
             assert_eq!(more, "452 4.5.3 Too many recipients\r\n");
         }
-        assert!(said(&mut smtp, b"DATA\r\n").await.starts_with("354"));
+        answered(&mut smtp, b"DATA\r\n", "354").await;
         let kept = said(&mut smtp, b"Subject: many\r\n\r\nhi\r\n.\r\n").await;
         assert!(kept.starts_with("250"), "{kept}");
         let messages = inbox.messages(None);
@@ -568,16 +554,8 @@ Content-Type: multipart/mixed; boundary=\"XX\"\r\n\r\n\
         assert_eq!(messages[0].to.len(), crate::MAX_RECIPIENTS);
         assert!(!messages[0].to.contains(&"more@x.io".to_owned()));
         // The next transaction starts afresh.
-        assert!(
-            said(&mut smtp, b"MAIL FROM:<a@x.io>\r\n")
-                .await
-                .starts_with("250")
-        );
-        assert!(
-            said(&mut smtp, b"RCPT TO:<b@x.io>\r\n")
-                .await
-                .starts_with("250")
-        );
+        answered(&mut smtp, b"MAIL FROM:<a@x.io>\r\n", "250").await;
+        answered(&mut smtp, b"RCPT TO:<b@x.io>\r\n", "250").await;
     }
 
     /// Review 3, F2: the recipients' bytes count against the message's size — a `RCPT TO` that
@@ -587,12 +565,8 @@ Content-Type: multipart/mixed; boundary=\"XX\"\r\n\r\n\
     async fn the_recipients_bytes_count_against_the_message_size() {
         // A budget of 400 KiB: messages of at most 100 KiB (102,400 bytes) as sent.
         let (inbox, mut smtp) = session_with(400 * 1024).await;
-        assert!(said(&mut smtp, b"EHLO t\r\n").await.starts_with("250"));
-        assert!(
-            said(&mut smtp, b"MAIL FROM:<a@x.io>\r\n")
-                .await
-                .starts_with("250")
-        );
+        answered(&mut smtp, b"EHLO t\r\n", "250").await;
+        answered(&mut smtp, b"MAIL FROM:<a@x.io>\r\n", "250").await;
         // 25 recipients of 4,000 bytes: 100,000.
         let long = |n: usize| format!("RCPT TO:<{n:02}{}@x.io>\r\n", "l".repeat(3993));
         for n in 0..25 {
@@ -601,7 +575,7 @@ Content-Type: multipart/mixed; boundary=\"XX\"\r\n\r\n\
         }
         let past = said(&mut smtp, long(25).as_bytes()).await;
         assert!(past.starts_with("552 5.3.4"), "{past}");
-        assert!(said(&mut smtp, b"DATA\r\n").await.starts_with("354"));
+        answered(&mut smtp, b"DATA\r\n", "354").await;
         let body = format!("Subject: s\r\n\r\n{}\r\n.\r\n", "b".repeat(10_000));
         let reply = said(&mut smtp, body.as_bytes()).await;
         assert!(reply.starts_with("552 5.3.4"), "{reply}");

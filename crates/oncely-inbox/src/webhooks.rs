@@ -22,7 +22,7 @@ use serde::{Deserialize, Serialize};
 use sha2::Sha256;
 use time::OffsetDateTime;
 
-use crate::messages::ByArrival;
+use crate::messages::{ByArrival, Received};
 
 /// How far a `webhook-timestamp` may be from the inbox's clock, either way (the reference
 /// libraries' tolerance): 5 minutes.
@@ -396,14 +396,17 @@ impl Webhooks {
     }
 }
 
-impl ByArrival for Webhooks {
-    fn oldest(&self) -> Option<(u64, OffsetDateTime)> {
-        let (&arrival, webhook) = self.by_arrival.first_key_value()?;
-        Some((arrival, webhook.received_at))
+impl Received for Webhook {
+    fn received_at(&self) -> OffsetDateTime {
+        self.received_at
     }
+}
 
-    fn kept(&self) -> usize {
-        self.by_arrival.len()
+impl ByArrival for Webhooks {
+    type Entry = Webhook;
+
+    fn by_arrival(&self) -> &BTreeMap<u64, Webhook> {
+        &self.by_arrival
     }
 
     fn bytes(&self) -> usize {
@@ -457,14 +460,16 @@ mod tests {
     #[test]
     fn a_problem_s_code_is_its_serialized_name() {
         use Problem::*;
-        for p in [
-            MissingHeaders,
-            InvalidTimestamp,
-            TimestampTooOld,
-            TimestampTooNew,
-            NoMatchingSignature,
-            UnusableSecret,
+        // The codes on the wire, pinned: the 401's `problem` and the kept copy's.
+        for (p, code) in [
+            (MissingHeaders, "missing_headers"),
+            (InvalidTimestamp, "invalid_timestamp"),
+            (TimestampTooOld, "timestamp_too_old"),
+            (TimestampTooNew, "timestamp_too_new"),
+            (NoMatchingSignature, "no_matching_signature"),
+            (UnusableSecret, "unusable_secret"),
         ] {
+            assert_eq!(p.code(), code);
             assert_eq!(serde_json::to_value(p).unwrap(), p.code());
         }
     }

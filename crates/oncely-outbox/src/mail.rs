@@ -88,6 +88,39 @@ pub trait Mailer: Send + Sync + 'static {
     }
 }
 
+/// A mailer that records its point of no return on every path that can reach the provider
+/// ([`Mailer::marks_point_of_no_return`]): its one send, told where to record it, is the whole
+/// [`Mailer`] ([`SmtpMailer`], [`HttpMailer`]).
+pub trait MarkingMailer: Send + Sync + 'static {
+    /// Sends `email` under `delivery_key`, calling [`PointOfNoReturn::reached`] just before
+    /// anything of it is handed over, and handing nothing over if that fails.
+    fn deliver(
+        &self,
+        email: &Email,
+        delivery_key: &str,
+        point: &dyn PointOfNoReturn,
+    ) -> impl Future<Output = Delivery> + Send;
+}
+
+impl<M: MarkingMailer> Mailer for M {
+    fn send<'a>(&'a self, email: &'a Email, delivery_key: &'a str) -> DeliveryFuture<'a> {
+        Box::pin(self.deliver(email, delivery_key, &Unrecorded))
+    }
+
+    fn marks_point_of_no_return(&self) -> bool {
+        true
+    }
+
+    fn send_marked<'a>(
+        &'a self,
+        email: &'a Email,
+        delivery_key: &'a str,
+        point: &'a dyn PointOfNoReturn,
+    ) -> DeliveryFuture<'a> {
+        Box::pin(self.deliver(email, delivery_key, point))
+    }
+}
+
 /// A mailer that can also be asked, by delivery key, whether its provider accepted a message
 /// ([`Mailer::look_up`]): a `GET` of a URL made from a template by putting the key where it says
 /// `{key}` (`http://127.0.0.1:8025/deliveries/{key}`: the test inbox's lookup, which the
@@ -114,7 +147,7 @@ impl LookedUp {
         template: &str,
         timeout: Duration,
     ) -> Result<Self, MailerError> {
-        Self::check(template)?;
+        Self::validate(template)?;
         crate::http::install_crypto_provider();
         let client = reqwest::Client::builder()
             .timeout(timeout)
@@ -129,7 +162,7 @@ impl LookedUp {
 
     /// Whether `template` can be used: `http://` or `https://`, with `{key}`, a URL once the
     /// key is in.
-    pub fn check(template: &str) -> Result<(), MailerError> {
+    pub fn validate(template: &str) -> Result<(), MailerError> {
         // Named by scheme and host only: the URL may carry a credential.
         let bad = |why: &str| MailerError::Lookup(Self::shown(template), why.to_owned());
         if !(template.starts_with("http://") || template.starts_with("https://")) {
@@ -666,7 +699,9 @@ impl SmtpMailer {
         self.idempotency_header = header;
         self
     }
+}
 
+impl MarkingMailer for SmtpMailer {
     async fn deliver(&self, email: &Email, key: &str, point: &dyn PointOfNoReturn) -> Delivery {
         let message = match build_message(email, key, &self.idempotency_header) {
             Ok(message) => message,
@@ -792,25 +827,6 @@ pub fn formatted(email: &Email, delivery_key: &str) -> Result<Vec<u8>, String> {
         .map_err(|error| error.to_string())
 }
 
-impl Mailer for SmtpMailer {
-    fn send<'a>(&'a self, email: &'a Email, delivery_key: &'a str) -> DeliveryFuture<'a> {
-        Box::pin(self.deliver(email, delivery_key, &Unrecorded))
-    }
-
-    fn marks_point_of_no_return(&self) -> bool {
-        true
-    }
-
-    fn send_marked<'a>(
-        &'a self,
-        email: &'a Email,
-        delivery_key: &'a str,
-        point: &'a dyn PointOfNoReturn,
-    ) -> DeliveryFuture<'a> {
-        Box::pin(self.deliver(email, delivery_key, point))
-    }
-}
-
 /// A Resend-compatible HTTP API: `POST {url}` with the delivery key in the idempotency header
 /// (`Idempotency-Key` unless told otherwise). A 409 `invalid_idempotent_request` (the key was
 /// used with another payload) is permanent; see [`crate::http::post_json`].
@@ -842,7 +858,9 @@ impl HttpMailer {
         self.idempotency_header = header;
         self
     }
+}
 
+impl MarkingMailer for HttpMailer {
     async fn deliver(&self, email: &Email, key: &str, point: &dyn PointOfNoReturn) -> Delivery {
         let body = http_body(email, key);
         let header = self.idempotency_header.as_str();
@@ -888,25 +906,6 @@ fn http_body(email: &Email, key: &str) -> serde_json::Value {
         body["reply_to"] = json!(reply_to);
     }
     body
-}
-
-impl Mailer for HttpMailer {
-    fn send<'a>(&'a self, email: &'a Email, delivery_key: &'a str) -> DeliveryFuture<'a> {
-        Box::pin(self.deliver(email, delivery_key, &Unrecorded))
-    }
-
-    fn marks_point_of_no_return(&self) -> bool {
-        true
-    }
-
-    fn send_marked<'a>(
-        &'a self,
-        email: &'a Email,
-        delivery_key: &'a str,
-        point: &'a dyn PointOfNoReturn,
-    ) -> DeliveryFuture<'a> {
-        Box::pin(self.deliver(email, delivery_key, point))
-    }
 }
 
 /// A [`Handler`](crate::Handler) for jobs whose payload is an [`Email`]: sends it with the job's

@@ -167,7 +167,7 @@ impl<B: Accounts> Application<B> {
         crate::webhooks::delivery::reseal_at_start(&backend, &settings.secret).await;
         let tenants: Vec<String> = backend.tenants().await?.into_iter().map(|t| t.id).collect();
         templates
-            .check_tenants(&tenants)
+            .validate_tenants(&tenants)
             .map_err(anyhow::Error::msg)?;
         let listener = TcpListener::bind(settings.bind)
             .await
@@ -282,7 +282,7 @@ impl<B: Accounts> Application<B> {
             jobs: jobs.clone(),
             secret: settings.secret.clone(),
             limits: settings.limits,
-            client_mail: crate::limits::email::ClientMail::new(&settings.limits),
+            client_mail: crate::limits::mail::ClientMail::new(&settings.limits),
             login: settings.login,
             recipient_in_payload: dev_inbox_page.is_some(),
             templates,

@@ -42,7 +42,7 @@ impl ServiceBrand {
     /// Whether the mailer may send as `from` (`Name <address>` or an address): its domain is
     /// `ONCELY_MAIL_FROM`'s or one of `ONCELY_MAIL_FROM_DOMAINS`. The error is one line that
     /// says what to do.
-    pub fn check_from(&self, from: &str) -> Result<(), String> {
+    pub fn validate_from(&self, from: &str) -> Result<(), String> {
         let mailbox: Mailbox = from.parse().map_err(|_| {
             format!("{from:?} is not a sender: write an address or \"Name <address>\"")
         })?;
@@ -82,7 +82,7 @@ impl ServiceBrand {
     /// domains changed since `tenant set`) gives way to `ONCELY_MAIL_FROM`, with a warning.
     pub fn sender(&self, tenant: &str, branding: &Branding, site: &str) -> Sender {
         let from = match &branding.mail_from {
-            Some(from) => match self.check_from(from) {
+            Some(from) => match self.validate_from(from) {
                 Ok(()) => from.clone(),
                 Err(why) => {
                     tracing::warn!(tenant, "{why}: sending as ONCELY_MAIL_FROM instead");
@@ -150,7 +150,7 @@ fn looks_like_an_address(name: &str) -> bool {
 
 /// A product name as given: 1–[`MAX_PRODUCT_NAME`] characters, not only spaces, nothing hidden
 /// (no control characters, no direction marks).
-pub fn check_product_name(name: &str) -> Result<(), String> {
+pub fn validate_product_name(name: &str) -> Result<(), String> {
     if name.trim().is_empty() || name.chars().count() > MAX_PRODUCT_NAME {
         return Err(format!("a product name is 1-{MAX_PRODUCT_NAME} characters"));
     }
@@ -165,7 +165,7 @@ pub fn check_product_name(name: &str) -> Result<(), String> {
 
 /// A support address as given: an address the service accepts and the mailers can send as
 /// `Reply-To` (no quoted local part), returned normalized.
-pub fn check_support_email(address: &str) -> Result<String, String> {
+pub fn parse_support_email(address: &str) -> Result<String, String> {
     let refused = || format!("{address:?} is not an email address a mailer can reply to");
     let address = EmailAddress::parse(address).map_err(|_| refused())?;
     // As the SMTP mailer reads a `Reply-To`.
@@ -201,12 +201,14 @@ mod tests {
     #[test]
     fn a_sender_is_allowed_only_on_the_services_domains() {
         let brand = brand();
-        brand.check_from("Acme <hello@acme.test>").unwrap();
-        brand.check_from("team@MAIL.example.com").unwrap();
-        let refused = brand.check_from("Acme <hello@evil.example>").unwrap_err();
+        brand.validate_from("Acme <hello@acme.test>").unwrap();
+        brand.validate_from("team@MAIL.example.com").unwrap();
+        let refused = brand
+            .validate_from("Acme <hello@evil.example>")
+            .unwrap_err();
         assert!(refused.contains("evil.example"), "{refused}");
         assert!(refused.contains("mail.example.com, acme.test"), "{refused}");
-        assert!(brand.check_from("not a mailbox").is_err());
+        assert!(brand.validate_from("not a mailbox").is_err());
         // A name that looks like another sender, or hides characters (review of issue 18).
         for name in [
             "\"Acme <x@evil.example>\" <hello@acme.test>",
@@ -215,18 +217,18 @@ mod tests {
             "\"x\u{ff20}evil.example\" <hello@acme.test>",
             "\"Acme\u{2028}x\" <hello@acme.test>",
         ] {
-            assert!(brand.check_from(name).is_err(), "{name}");
+            assert!(brand.validate_from(name).is_err(), "{name}");
         }
         // An internationalized domain compares in its ASCII form, however it is written.
         let idn = ServiceBrand {
             from_domains: vec!["bücher.example".into()],
             ..brand.clone()
         };
-        idn.check_from("Bücher <hello@bücher.example>").unwrap();
-        idn.check_from("hello@xn--bcher-kva.example").unwrap();
+        idn.validate_from("Bücher <hello@bücher.example>").unwrap();
+        idn.validate_from("hello@xn--bcher-kva.example").unwrap();
         assert!(
             brand
-                .check_from("a@acme.test\r\nBcc: x@evil.example")
+                .validate_from("a@acme.test\r\nBcc: x@evil.example")
                 .is_err()
         );
     }
@@ -262,17 +264,17 @@ mod tests {
 
     #[test]
     fn product_names_and_support_addresses_are_checked() {
-        check_product_name("Acme Accounts").unwrap();
+        validate_product_name("Acme Accounts").unwrap();
         for bad in ["", "   ", "Acme\nBcc: x", &"a".repeat(101)] {
-            assert!(check_product_name(bad).is_err(), "{bad:?}");
+            assert!(validate_product_name(bad).is_err(), "{bad:?}");
         }
         assert_eq!(
-            check_support_email(" Help@Acme.test ").unwrap(),
+            parse_support_email(" Help@Acme.test ").unwrap(),
             "help@acme.test"
         );
-        assert!(check_support_email("nope").is_err());
+        assert!(parse_support_email("nope").is_err());
         // Accepted by the address rules but not sendable as Reply-To: every email would die.
-        assert!(check_support_email("\"a b\"@acme.test").is_err());
+        assert!(parse_support_email("\"a b\"@acme.test").is_err());
         for hidden in [
             "\u{202e}",
             "\u{061c}",
@@ -282,7 +284,7 @@ mod tests {
             "\u{00ad}",
         ] {
             assert!(
-                check_product_name(&format!("Acme {hidden}x")).is_err(),
+                validate_product_name(&format!("Acme {hidden}x")).is_err(),
                 "{hidden:?}"
             );
         }

@@ -121,7 +121,7 @@ pub enum ReturnUrlError {
 /// character; no `code` parameter of its own; at most [`MAX_RETURN_URL`] bytes; and written exactly
 /// as the `url` crate serializes it — requests compare byte for byte, so what is stored is what
 /// a browser would be sent to (no `..`, default port, upper case or stray encoding hides).
-pub fn check_return_url(text: &str) -> Result<(), ReturnUrlError> {
+pub fn validate_return_url(text: &str) -> Result<(), ReturnUrlError> {
     if text.len() > MAX_RETURN_URL {
         return Err(ReturnUrlError::TooLong(text.len()));
     }
@@ -234,9 +234,9 @@ mod tests {
             "http://127.8.0.1:9/cb",
             "http://[::1]:8080/cb",
         ] {
-            assert_eq!(check_return_url(ok), Ok(()), "{ok}");
+            assert_eq!(validate_return_url(ok), Ok(()), "{ok}");
         }
-        let refused = |text: &str| check_return_url(text).unwrap_err();
+        let refused = |text: &str| validate_return_url(text).unwrap_err();
         assert!(matches!(
             refused("/auth/callback"),
             ReturnUrlError::NotAbsolute(_)
@@ -292,7 +292,7 @@ mod tests {
             );
         }
         assert_eq!(
-            check_return_url("https://app.example.com/cb?codes=1"),
+            validate_return_url("https://app.example.com/cb?codes=1"),
             Ok(())
         );
         assert!(matches!(

@@ -203,7 +203,7 @@ impl<T> WriteTimeout<T> {
     }
 
     /// After a write returned `Pending`: `Ready(Err)` once it has waited `within`.
-    fn check(&mut self, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+    fn poll_stalled(&mut self, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
         let within = self.within;
         let stalled = self
             .stalled
@@ -228,7 +228,7 @@ impl<T> WriteTimeout<T> {
                 self.stalled = None;
                 Poll::Ready(ready)
             }
-            Poll::Pending => match self.check(cx) {
+            Poll::Pending => match self.poll_stalled(cx) {
                 Poll::Ready(Err(error)) => Poll::Ready(Err(error)),
                 _ => Poll::Pending,
             },

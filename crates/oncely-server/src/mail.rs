@@ -94,6 +94,14 @@ impl MailContext {
         })
     }
 
+    /// Hands `email` to the mailer under `job`'s delivery key, recording the attempt's point of
+    /// no return at `point`.
+    async fn mail(&self, email: &Email, job: &Job, point: &dyn PointOfNoReturn) -> Delivery {
+        self.mailer
+            .send_marked(email, &job.delivery_key.to_string(), point)
+            .await
+    }
+
     /// The sender of `tenant`'s emails now: its branding (read from the database) over the
     /// service's.
     async fn sender<A: Accounts>(&self, accounts: &A, tenant: &str) -> Result<Sender, Delivery> {
@@ -139,12 +147,14 @@ impl MailContext {
                 ))
             })?;
         Ok(FrozenEmail {
-            from: sender.from.clone(),
-            to: vars.recipient.clone(),
-            subject: rendered.subject,
-            text: rendered.text,
-            html: Some(rendered.html),
-            reply_to: sender.support_email.clone(),
+            email: Email {
+                from: sender.from.clone(),
+                to: vars.recipient.clone(),
+                subject: rendered.subject,
+                text: rendered.text,
+                html: Some(rendered.html),
+                reply_to: sender.support_email.clone(),
+            },
             link: None,
         })
     }
@@ -187,20 +197,11 @@ const LINK: &str = crate::templates::LINK_MARK;
 /// `html` and no `reply_to`: it is sent as it was frozen, text only.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct FrozenEmail {
-    /// Sender.
-    pub from: String,
-    /// Recipient.
-    pub to: String,
-    /// Subject line.
-    pub subject: String,
-    /// Body, with `{{link}}` where a token email's link goes.
-    pub text: String,
-    /// HTML body, with `{{link}}` where a token email's link goes.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub html: Option<String>,
-    /// `Reply-To`: the support address.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub reply_to: Option<String>,
+    /// The email as it is sent (`Reply-To`: the support address), but that its `text` and
+    /// `html` hold `{{link}}` where a token email's link goes. Its fields are the frozen
+    /// value's own (flattened): the stored JSON is what it was before.
+    #[serde(flatten)]
+    pub email: Email,
     /// A token email's link before its token.
     pub link: Option<String>,
 }
@@ -229,15 +230,16 @@ impl FrozenEmail {
 
     /// The email that is sent: the link completed with `token`.
     fn email(self, token: Option<&Token>) -> Result<Email, Delivery> {
-        let (text, html) = match (&self.link, token) {
-            (Some(link), Some(token)) if self.text.contains(LINK) => {
+        let Self { email, link } = self;
+        let (text, html) = match (&link, token) {
+            (Some(link), Some(token)) if email.text.contains(LINK) => {
                 let link = format!("{link}{}", token.expose());
-                let html = self
+                let html = email
                     .html
                     .map(|html| html.replace(LINK, &escape_link(&link)));
-                (self.text.replace(LINK, &link), html)
+                (email.text.replace(LINK, &link), html)
             }
-            (None, None) => (self.text, self.html),
+            (None, None) => (email.text, email.html),
             _ => {
                 return Err(Delivery::Permanent(
                     "the frozen email's link does not fit".into(),
@@ -245,12 +247,9 @@ impl FrozenEmail {
             }
         };
         Ok(Email {
-            from: self.from,
-            to: self.to,
-            subject: self.subject,
             text,
             html,
-            reply_to: self.reply_to,
+            ..email
         })
     }
 
@@ -265,11 +264,88 @@ impl FrozenEmail {
             })
     }
 
+    /// The email the job's first attempt froze, else the one `compose` renders now (not run
+    /// when there is a frozen one).
+    async fn frozen_or(
+        job: &Job,
+        compose: impl Future<Output = Result<Self, Delivery>>,
+    ) -> Result<Self, Delivery> {
+        match Self::of(job)? {
+            Some(frozen) => Ok(frozen),
+            None => compose.await,
+        }
+    }
+
     /// As the job's frozen value.
     fn freeze(&self) -> Result<Option<serde_json::Value>, Delivery> {
         serde_json::to_value(self)
             .map(Some)
             .map_err(|error| Delivery::Permanent(format!("cannot freeze the email: {error}")))
+    }
+}
+
+/// One kind of email, as its [`Emailing`] handler runs it: what it freezes, how it is sent and
+/// its follow-ups; the mailer and its delivery lookups come from its [`MailContext`].
+pub trait EmailJob: Send + Sync + 'static {
+    /// Links, sender, mailer.
+    fn context(&self) -> &MailContext;
+
+    /// The email rendered now, frozen ([`Handler::freeze`]).
+    fn freeze(
+        &self,
+        job: &Job,
+    ) -> impl Future<Output = Result<Option<serde_json::Value>, Delivery>> + Send;
+
+    /// Sends the job's email if it is still to be sent, recording the point of no return at
+    /// `point` ([`Handler::run_marked`]).
+    fn send(&self, job: &Job, point: &dyn PointOfNoReturn)
+    -> impl Future<Output = Delivery> + Send;
+
+    /// The follow-ups of the job, about to end as `end` says ([`Handler::then`]).
+    fn then(
+        &self,
+        job: &Job,
+        end: &Ended,
+    ) -> impl Future<Output = Result<Vec<NewJob>, ThenError>> + Send;
+}
+
+/// The outbox handler of an [`EmailJob`] ([`TokenEmail`], [`NoticeEmail`]).
+pub struct Emailing<E>(pub E);
+
+impl<E: EmailJob> Handler for Emailing<E> {
+    fn freeze<'a>(&'a self, job: &'a Job) -> FreezeFuture<'a> {
+        Box::pin(self.0.freeze(job))
+    }
+
+    fn run<'a>(&'a self, job: &'a Job) -> Pin<Box<dyn Future<Output = Delivery> + Send + 'a>> {
+        Box::pin(self.0.send(job, &Unrecorded))
+    }
+
+    // The mailer's point of no return (SMTP: before the content; HTTP: before the request).
+    // The paths that hand nothing to the mailer (skipped, handed to the tenant's webhooks by
+    // the follow-ups written with the finish) reach nothing outside before their finish.
+    fn marks_point_of_no_return(&self) -> bool {
+        self.0.context().mailer.marks_point_of_no_return()
+    }
+
+    fn run_marked<'a>(
+        &'a self,
+        job: &'a Job,
+        point: &'a dyn PointOfNoReturn,
+    ) -> Pin<Box<dyn Future<Output = Delivery> + Send + 'a>> {
+        Box::pin(self.0.send(job, point))
+    }
+
+    fn then<'a>(&'a self, job: &'a Job, end: &'a Ended) -> ThenFuture<'a> {
+        Box::pin(self.0.then(job, end))
+    }
+
+    fn reconciles(&self) -> bool {
+        self.0.context().reconciles()
+    }
+
+    fn reconcile<'a>(&'a self, job: &'a Job) -> ReconcileFuture<'a> {
+        self.0.context().reconcile(job)
     }
 }
 
@@ -316,6 +392,12 @@ impl<A: Accounts> TokenEmail<A> {
         );
         FrozenEmail::token_email(&self.context, about, &sender, &current.to)
     }
+}
+
+impl<A: Accounts> EmailJob for TokenEmail<A> {
+    fn context(&self) -> &MailContext {
+        &self.context
+    }
 
     async fn freeze(&self, job: &Job) -> Result<Option<serde_json::Value>, Delivery> {
         let current = self.current(job).await?;
@@ -327,12 +409,8 @@ impl<A: Accounts> TokenEmail<A> {
             Ok(current) => current,
             Err(delivery) => return delivery,
         };
-        let frozen = match FrozenEmail::of(job) {
-            Ok(Some(frozen)) => frozen,
-            Ok(None) => match self.compose(&current).await {
-                Ok(frozen) => frozen,
-                Err(delivery) => return delivery,
-            },
+        let frozen = match FrozenEmail::frozen_or(job, self.compose(&current)).await {
+            Ok(frozen) => frozen,
             Err(delivery) => return delivery,
         };
         let Current { tenant, token, .. } = current;
@@ -343,14 +421,9 @@ impl<A: Accounts> TokenEmail<A> {
             Ok(email) => email,
             Err(delivery) => return delivery,
         };
-        self.context
-            .mailer
-            .send_marked(&email, &job.delivery_key.to_string(), point)
-            .await
+        self.context.mail(&email, job, point).await
     }
-}
 
-impl<A: Accounts> TokenEmail<A> {
     /// The follow-ups of a token email (see [`follow_ups`]): its tenant, recipient and account
     /// from the token record (none once the record is pruned: the tenant is unknown).
     async fn then(&self, job: &Job, end: &Ended) -> Result<Vec<NewJob>, ThenError> {
@@ -373,7 +446,7 @@ impl<A: Accounts> TokenEmail<A> {
         let frozen = FrozenEmail::of(job).ok().flatten();
         let Some(to) = frozen
             .as_ref()
-            .map(|f| f.to.clone())
+            .map(|f| f.email.to.clone())
             .or_else(|| record.recipient.clone())
         else {
             // A decoy: nobody's email.
@@ -404,43 +477,6 @@ impl<A: Accounts> TokenEmail<A> {
         };
         let email = email.map(|frozen| (frozen, Some(token_id)));
         follow_ups(&self.accounts, job, end, &about, email).await
-    }
-}
-
-impl<A: Accounts> Handler for TokenEmail<A> {
-    fn freeze<'a>(&'a self, job: &'a Job) -> FreezeFuture<'a> {
-        Box::pin(self.freeze(job))
-    }
-
-    fn run<'a>(&'a self, job: &'a Job) -> Pin<Box<dyn Future<Output = Delivery> + Send + 'a>> {
-        Box::pin(self.send(job, &Unrecorded))
-    }
-
-    // The mailer's point of no return (SMTP: before the content; HTTP: before the request).
-    // The paths that hand nothing to the mailer (skipped, handed to the tenant's webhooks by
-    // the follow-ups written with the finish) reach nothing outside before their finish.
-    fn marks_point_of_no_return(&self) -> bool {
-        self.context.mailer.marks_point_of_no_return()
-    }
-
-    fn run_marked<'a>(
-        &'a self,
-        job: &'a Job,
-        point: &'a dyn PointOfNoReturn,
-    ) -> Pin<Box<dyn Future<Output = Delivery> + Send + 'a>> {
-        Box::pin(self.send(job, point))
-    }
-
-    fn then<'a>(&'a self, job: &'a Job, end: &'a Ended) -> ThenFuture<'a> {
-        Box::pin(self.then(job, end))
-    }
-
-    fn reconciles(&self) -> bool {
-        self.context.reconciles()
-    }
-
-    fn reconcile<'a>(&'a self, job: &'a Job) -> ReconcileFuture<'a> {
-        self.context.reconcile(job)
     }
 }
 
@@ -524,6 +560,12 @@ impl<A: Accounts> NoticeEmail<A> {
         self.context
             .compose(message, (tenant, locale), &sender, &vars)
     }
+}
+
+impl<A: Accounts> EmailJob for NoticeEmail<A> {
+    fn context(&self) -> &MailContext {
+        &self.context
+    }
 
     async fn freeze(&self, job: &Job) -> Result<Option<serde_json::Value>, Delivery> {
         let (to, locale) = self.recipient(job).await?;
@@ -535,12 +577,9 @@ impl<A: Accounts> NoticeEmail<A> {
             Ok(recipient) => recipient,
             Err(delivery) => return delivery,
         };
-        let frozen = match FrozenEmail::of(job) {
-            Ok(Some(frozen)) => frozen,
-            Ok(None) => match self.compose(job, &to, locale.as_ref()).await {
-                Ok(frozen) => frozen,
-                Err(delivery) => return delivery,
-            },
+        let composed = self.compose(job, &to, locale.as_ref());
+        let frozen = match FrozenEmail::frozen_or(job, composed).await {
+            Ok(frozen) => frozen,
             Err(delivery) => return delivery,
         };
         let email = match frozen.email(None) {
@@ -552,10 +591,7 @@ impl<A: Accounts> NoticeEmail<A> {
         {
             return handed;
         }
-        self.context
-            .mailer
-            .send_marked(&email, &job.delivery_key.to_string(), point)
-            .await
+        self.context.mail(&email, job, point).await
     }
 
     /// The follow-ups of a notice (see [`follow_ups`]): its tenant from the payload's
@@ -570,7 +606,7 @@ impl<A: Accounts> NoticeEmail<A> {
         };
         let frozen = FrozenEmail::of(job).ok().flatten();
         let (to, locale) = match &frozen {
-            Some(frozen) => (frozen.to.clone(), None),
+            Some(frozen) => (frozen.email.to.clone(), None),
             None => match self.recipient(job).await {
                 Ok(recipient) => recipient,
                 Err(Delivery::Retry(why)) => return Err(why.into()),
@@ -597,43 +633,6 @@ impl<A: Accounts> NoticeEmail<A> {
         };
         let email = email.map(|frozen| (frozen, None));
         follow_ups(&self.accounts, job, end, &about, email).await
-    }
-}
-
-impl<A: Accounts> Handler for NoticeEmail<A> {
-    fn freeze<'a>(&'a self, job: &'a Job) -> FreezeFuture<'a> {
-        Box::pin(self.freeze(job))
-    }
-
-    fn run<'a>(&'a self, job: &'a Job) -> Pin<Box<dyn Future<Output = Delivery> + Send + 'a>> {
-        Box::pin(self.send(job, &Unrecorded))
-    }
-
-    // The mailer's point of no return (SMTP: before the content; HTTP: before the request).
-    // The paths that hand nothing to the mailer (skipped, handed to the tenant's webhooks by
-    // the follow-ups written with the finish) reach nothing outside before their finish.
-    fn marks_point_of_no_return(&self) -> bool {
-        self.context.mailer.marks_point_of_no_return()
-    }
-
-    fn run_marked<'a>(
-        &'a self,
-        job: &'a Job,
-        point: &'a dyn PointOfNoReturn,
-    ) -> Pin<Box<dyn Future<Output = Delivery> + Send + 'a>> {
-        Box::pin(self.send(job, point))
-    }
-
-    fn then<'a>(&'a self, job: &'a Job, end: &'a Ended) -> ThenFuture<'a> {
-        Box::pin(self.then(job, end))
-    }
-
-    fn reconciles(&self) -> bool {
-        self.context.reconciles()
-    }
-
-    fn reconcile<'a>(&'a self, job: &'a Job) -> ReconcileFuture<'a> {
-        self.context.reconcile(job)
     }
 }
 
@@ -780,25 +779,26 @@ fn requested(
     // Where the token goes: a mark no one can write into the email (random, per event).
     let mark = format!("{{{{token:{}}}}}", Uuid::new_v4().simple());
     let link = frozen.link.as_ref().map(|base| format!("{base}{mark}"));
+    let email = &frozen.email;
     let (text, html) = match &link {
         Some(link) => (
-            frozen.text.replace(LINK, link),
-            frozen
+            email.text.replace(LINK, link),
+            email
                 .html
                 .as_ref()
                 .map(|html| html.replace(LINK, &escape_link(link))),
         ),
-        None => (frozen.text.clone(), frozen.html.clone()),
+        None => (email.text.clone(), email.html.clone()),
     };
     let data = json!({
         "email_id": job.delivery_key,
         "template": template,
-        "to": frozen.to,
-        "from": frozen.from,
-        "subject": frozen.subject,
+        "to": email.to,
+        "from": email.from,
+        "subject": email.subject,
         "text": text,
         "html": html,
-        "reply_to": frozen.reply_to,
+        "reply_to": email.reply_to,
         "link": link,
     });
     let kind = EventType::EmailRequested;

@@ -338,9 +338,9 @@ pub async fn verify(
     Ok(checked.await??)
 }
 
-/// What [`check`] found.
+/// What [`verify_and_rehash`] found.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub enum Checked {
+pub enum Verified {
     /// Not the password.
     Mismatch,
     /// The password; `rehashed` is its hash with our parameters when the stored one
@@ -353,22 +353,22 @@ pub enum Checked {
 
 /// [`verify`], and when the password matches a hash of other parameters, its new hash — in one
 /// job of the pool, within `client`'s share.
-pub async fn check(
+pub async fn verify_and_rehash(
     client: Option<&str>,
     phc: &str,
     password: SecretString,
-) -> Result<Checked, HashError> {
+) -> Result<Verified, HashError> {
     let phc = phc.to_owned();
     let checked = pool().try_run_for(client, move || {
         let password = password.expose_secret().as_bytes();
         if !verify_in_thread_memory(&phc, password)? {
-            return Ok(Checked::Mismatch);
+            return Ok(Verified::Mismatch);
         }
         let rehashed = match needs_rehash(&phc) {
             true => Some(hash_in_thread_memory(password)?),
             false => None,
         };
-        anyhow::Ok(Checked::Match { rehashed })
+        anyhow::Ok(Verified::Match { rehashed })
     })?;
     Ok(checked.await??)
 }
@@ -490,15 +490,15 @@ mod tests {
     async fn the_decoy_never_matches_and_a_weaker_hash_is_upgraded() {
         assert!(!needs_rehash(decoy()), "the decoy has our parameters");
         assert_eq!(decoy(), decoy(), "one per process");
-        let wrong = check(None, decoy(), "any password".to_owned().into());
-        assert_eq!(wrong.await.unwrap(), Checked::Mismatch);
+        let wrong = verify_and_rehash(None, decoy(), "any password".to_owned().into());
+        assert_eq!(wrong.await.unwrap(), Verified::Mismatch);
         let current = pool()
             .hash("a current one".to_owned().into())
             .await
             .unwrap();
         assert!(!needs_rehash(&current));
-        let right = check(None, &current, "a current one".to_owned().into());
-        assert_eq!(right.await.unwrap(), Checked::Match { rehashed: None });
+        let right = verify_and_rehash(None, &current, "a current one".to_owned().into());
+        assert_eq!(right.await.unwrap(), Verified::Match { rehashed: None });
         use argon2::PasswordHasher;
         let weak = Argon2::new(
             Algorithm::Argon2id,
@@ -509,13 +509,13 @@ mod tests {
         .unwrap()
         .to_string();
         assert!(needs_rehash(&weak));
-        let wrong = check(None, &weak, "not it".to_owned().into())
+        let wrong = verify_and_rehash(None, &weak, "not it".to_owned().into())
             .await
             .unwrap();
-        assert_eq!(wrong, Checked::Mismatch, "a mismatch is never re-hashed");
-        let Checked::Match {
+        assert_eq!(wrong, Verified::Mismatch, "a mismatch is never re-hashed");
+        let Verified::Match {
             rehashed: Some(new),
-        } = check(None, &weak, "an old one".to_owned().into())
+        } = verify_and_rehash(None, &weak, "an old one".to_owned().into())
             .await
             .unwrap()
         else {

@@ -20,8 +20,8 @@ use oncely_outbox::OnUnknown;
 use oncely_outbox::mail::IdempotencyHeader;
 use secrecy::SecretString;
 
-use crate::limits::email::MailLimits;
 use crate::limits::login::LoginLimits;
+use crate::limits::mail::MailLimits;
 use crate::prune::Retention;
 use crate::routes::KeyPolicy;
 use crate::workers::WorkerPlan;

@@ -12,8 +12,8 @@ use tokio_util::sync::CancellationToken;
 
 use crate::accounts::Accounts;
 use crate::mail::{
-    EMAIL_CHANGE_NOTICE, EMAIL_TAKEN_NOTICE, MailContext, Notice, NoticeEmail, SIGNUP_NOTICE,
-    TokenEmail,
+    EMAIL_CHANGE_NOTICE, EMAIL_TAKEN_NOTICE, Emailing, MailContext, Notice, NoticeEmail,
+    SIGNUP_NOTICE, TokenEmail,
 };
 use crate::token::Flow;
 use crate::webhooks::delivery::{
@@ -37,10 +37,10 @@ pub fn email_worker<A: Accounts>(
         Flow::Invite,
         Flow::EmailChange,
     ] {
-        let handler = TokenEmail {
+        let handler = Emailing(TokenEmail {
             accounts: accounts.clone(),
             context: context.clone(),
-        };
+        });
         worker = worker.handle_with(flow.job_kind(), handler, options);
     }
     let notices = [
@@ -49,11 +49,11 @@ pub fn email_worker<A: Accounts>(
         (EMAIL_TAKEN_NOTICE, Notice::AddressTaken),
     ];
     for (kind, notice) in notices {
-        let handler = NoticeEmail {
+        let handler = Emailing(NoticeEmail {
             accounts: accounts.clone(),
             context: context.clone(),
             notice,
-        };
+        });
         worker = worker.handle_with(kind, handler, options);
     }
     worker

@@ -8,9 +8,8 @@ use oncely_server::backend::COMMAND_POOL;
 use serde::Serialize;
 use time::OffsetDateTime;
 
-use crate::args::DatabaseArgs;
+use crate::commands::OperatorArgs;
 use crate::output::Failure;
-use crate::output::OutputArgs;
 use crate::output::clean;
 use crate::output::refuse;
 use crate::output::render;
@@ -34,10 +33,7 @@ pub enum KeyCommand {
         tenant: String,
         #[command(flatten)]
         #[allow(missing_docs)]
-        database: DatabaseArgs,
-        #[command(flatten)]
-        #[allow(missing_docs)]
-        output: OutputArgs,
+        operator: OperatorArgs,
     },
 }
 
@@ -88,8 +84,7 @@ pub async fn key_show<B: Accounts>(command: KeyCommand) -> anyhow::Result<String
         route,
         method,
         tenant,
-        database,
-        output,
+        operator: OperatorArgs { database, output },
     } = command;
     let tenant = TenantId::parse(tenant).map_err(|e| anyhow::anyhow!("{e}"))?;
     let key = IdempotencyKey::parse(&key).map_err(|e| anyhow::anyhow!("{e}"))?;

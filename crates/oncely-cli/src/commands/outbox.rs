@@ -27,11 +27,13 @@ use uuid::Uuid;
 
 use crate::args::DatabaseArgs;
 use crate::args::parse_since;
+use crate::commands::OperatorArgs;
 use crate::output::Failure;
 use crate::output::OutputArgs;
 use crate::output::clean;
 use crate::output::refuse;
 use crate::output::render;
+use crate::output::render_line;
 use crate::output::table;
 use crate::output::when_or_dash;
 
@@ -51,10 +53,7 @@ pub enum OutboxCommand {
         limit: u32,
         #[command(flatten)]
         #[allow(missing_docs)]
-        database: DatabaseArgs,
-        #[command(flatten)]
-        #[allow(missing_docs)]
-        output: OutputArgs,
+        operator: OperatorArgs,
     },
     /// List dead jobs — real failures — with their reasons (`list --status dead`; skipped jobs
     /// are `list --status skipped`).
@@ -82,10 +81,7 @@ pub enum OutboxCommand {
         resend: bool,
         #[command(flatten)]
         #[allow(missing_docs)]
-        database: DatabaseArgs,
-        #[command(flatten)]
-        #[allow(missing_docs)]
-        output: OutputArgs,
+        operator: OperatorArgs,
     },
     /// Show a job and every attempt of its life: when each started and ended, numbered across
     /// re-drives, and where a re-drive happened.
@@ -97,10 +93,7 @@ pub enum OutboxCommand {
         by: Option<JobRefKind>,
         #[command(flatten)]
         #[allow(missing_docs)]
-        database: DatabaseArgs,
-        #[command(flatten)]
-        #[allow(missing_docs)]
-        output: OutputArgs,
+        operator: OperatorArgs,
     },
     /// Re-drive dead jobs: one by its operation key (at once), or every dead job that matches
     /// all of --kind, --since, --until and --reason-like given (a dry run unless --yes). A
@@ -158,34 +151,30 @@ pub enum OutboxCommand {
         yes: bool,
         #[command(flatten)]
         #[allow(missing_docs)]
-        database: DatabaseArgs,
-        #[command(flatten)]
-        #[allow(missing_docs)]
-        output: OutputArgs,
+        operator: OperatorArgs,
     },
 }
 
 impl OutboxCommand {
+    /// Where the jobs are, and how it prints.
+    pub fn operator(&self) -> &OperatorArgs {
+        match self {
+            Self::List { operator, .. }
+            | Self::Settle { operator, .. }
+            | Self::Show { operator, .. }
+            | Self::Retry { operator, .. } => operator,
+            Self::Dead(args) | Self::Unknown(args) => &args.operator,
+        }
+    }
+
     /// Where the jobs are.
     pub fn database(&self) -> &DatabaseArgs {
-        match self {
-            Self::List { database, .. }
-            | Self::Settle { database, .. }
-            | Self::Show { database, .. }
-            | Self::Retry { database, .. } => database,
-            Self::Dead(args) | Self::Unknown(args) => &args.database,
-        }
+        &self.operator().database
     }
 
     /// How it prints.
     pub fn output(&self) -> OutputArgs {
-        match self {
-            Self::List { output, .. }
-            | Self::Settle { output, .. }
-            | Self::Show { output, .. }
-            | Self::Retry { output, .. } => *output,
-            Self::Dead(args) | Self::Unknown(args) => args.output,
-        }
+        self.operator().output
     }
 }
 
@@ -200,10 +189,7 @@ pub struct StatusListArgs {
     pub limit: u32,
     #[command(flatten)]
     #[allow(missing_docs)]
-    pub database: DatabaseArgs,
-    #[command(flatten)]
-    #[allow(missing_docs)]
-    pub output: OutputArgs,
+    pub operator: OperatorArgs,
 }
 
 impl StatusListArgs {
@@ -213,8 +199,7 @@ impl StatusListArgs {
             kind: self.kind,
             status: Some(status),
             limit: self.limit,
-            database: self.database,
-            output: self.output,
+            operator: self.operator,
         }
     }
 }
@@ -423,17 +408,12 @@ pub(crate) async fn run_outbox_command<S: JobStore>(
     jobs: &S,
     command: OutboxCommand,
 ) -> anyhow::Result<String> {
+    let output = command.output();
     match command {
         OutboxCommand::Dead(_) | OutboxCommand::Unknown(_) => {
             unreachable!("`outbox` turns it into a list")
         }
-        OutboxCommand::Settle {
-            job,
-            by,
-            sent,
-            output,
-            ..
-        } => {
+        OutboxCommand::Settle { job, by, sent, .. } => {
             let settlement = if sent {
                 Settlement::Sent
             } else {
@@ -445,7 +425,6 @@ pub(crate) async fn run_outbox_command<S: JobStore>(
             kind,
             status,
             limit,
-            output,
             ..
         } => {
             let found = jobs
@@ -458,18 +437,13 @@ pub(crate) async fn run_outbox_command<S: JobStore>(
             let views: Vec<JobView> = found.iter().map(JobView::from).collect();
             render(output, &views, |out| list_table(&views, out))
         }
-        OutboxCommand::Show {
-            job, by, output, ..
-        } => {
+        OutboxCommand::Show { job, by, .. } => {
             let job = find_job(jobs, &job, by).await?;
             let view = ShowView::new(&job, jobs.attempts(job.id).await?);
             render(output, &view, |out| show(&view, out))
         }
         OutboxCommand::Retry {
-            key: Some(key),
-            by,
-            output,
-            ..
+            key: Some(key), by, ..
         } => redrive_one(jobs, &key, by, output).await,
         OutboxCommand::Retry {
             key: None,
@@ -479,7 +453,6 @@ pub(crate) async fn run_outbox_command<S: JobStore>(
             reason_like,
             expect,
             yes,
-            output,
             ..
         } => {
             if let (Some(since), Some(until)) = (since, until)
@@ -698,16 +671,16 @@ pub(crate) async fn redrive_one<S: JobStore>(
     let key = &found.operation_key;
     if jobs.redrive(key).await? {
         let value = json!({ "id": found.id, "operation_key": key, "redriven": true });
-        return render(output, &value, |out| {
-            writeln!(
-                out,
+        return render_line(
+            output,
+            &value,
+            format_args!(
                 "re-driven: {} (job {}) is due now, with a fresh attempt budget and horizon and \
                  the same delivery key",
                 clean(key),
                 found.id
-            )?;
-            Ok(())
-        });
+            ),
+        );
     }
     // It was not dead: say what it is now.
     let now = jobs.job(key).await?;

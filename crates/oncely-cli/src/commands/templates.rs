@@ -135,7 +135,7 @@ pub async fn validate<B: Accounts>(
             Ok(backend) => {
                 let tenants: Vec<String> =
                     backend.tenants().await?.into_iter().map(|t| t.id).collect();
-                if let Err(line) = templates.check_tenants(&tenants) {
+                if let Err(line) = templates.validate_tenants(&tenants) {
                     problems.push(oncely_server::templates::Problem {
                         file: dir.map(|d| d.display().to_string()).unwrap_or_default(),
                         line: None,
@@ -232,7 +232,7 @@ pub async fn preview<B: Accounts>(args: PreviewArgs) -> anyhow::Result<()> {
             }
             // As `serve` would refuse them: a folder that names no tenant is a typo.
             templates
-                .check_tenants(&tenants)
+                .validate_tenants(&tenants)
                 .map_err(anyhow::Error::msg)?;
             backend.branding(tenant.as_str()).await?
         }

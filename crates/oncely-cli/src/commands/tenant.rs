@@ -21,6 +21,7 @@ use time::OffsetDateTime;
 
 use crate::args::DatabaseArgs;
 use crate::args::SenderArgs;
+use crate::commands::OperatorArgs;
 use crate::commands::outbox::rfc3339;
 use crate::commands::webhook::WebhookCommand;
 use crate::commands::webhook::parse_grace;
@@ -28,8 +29,10 @@ use crate::commands::webhook::webhook;
 use crate::output::Failure;
 use crate::output::OutputArgs;
 use crate::output::clean;
+use crate::output::grace_words;
 use crate::output::refuse;
 use crate::output::render;
+use crate::output::render_line;
 use crate::output::render_list;
 
 /// `oncely tenant …`.
@@ -41,20 +44,14 @@ pub enum TenantCommand {
         name: String,
         #[command(flatten)]
         #[allow(missing_docs)]
-        database: DatabaseArgs,
-        #[command(flatten)]
-        #[allow(missing_docs)]
-        output: OutputArgs,
+        operator: OperatorArgs,
     },
     /// List tenants: name, created, the fingerprint of each valid key (never a key), and the
     /// return URLs.
     List {
         #[command(flatten)]
         #[allow(missing_docs)]
-        database: DatabaseArgs,
-        #[command(flatten)]
-        #[allow(missing_docs)]
-        output: OutputArgs,
+        operator: OperatorArgs,
     },
     /// Give a tenant a new API key and print it (once). The old key stops working at once, or
     /// with --grace when that period ends (one previous key at a time: a rotation within a
@@ -68,10 +65,7 @@ pub enum TenantCommand {
         grace: Option<Duration>,
         #[command(flatten)]
         #[allow(missing_docs)]
-        database: DatabaseArgs,
-        #[command(flatten)]
-        #[allow(missing_docs)]
-        output: OutputArgs,
+        operator: OperatorArgs,
     },
     /// Set a tenant's return URLs (where its links send the browser back, with a one-time code
     /// its backend exchanges: `POST /v1/exchange`; the list is replaced, the first is the
@@ -125,10 +119,7 @@ pub enum TenantCommand {
         senders: SenderArgs,
         #[command(flatten)]
         #[allow(missing_docs)]
-        database: DatabaseArgs,
-        #[command(flatten)]
-        #[allow(missing_docs)]
-        output: OutputArgs,
+        operator: OperatorArgs,
     },
     /// Manage the tenant's webhook endpoints: where its events go, signed.
     #[command(subcommand)]
@@ -155,26 +146,25 @@ impl EmailDelivery {
 }
 
 impl TenantCommand {
+    /// Where the tenants are, and how it prints.
+    pub fn operator(&self) -> &OperatorArgs {
+        match self {
+            Self::Create { operator, .. }
+            | Self::List { operator, .. }
+            | Self::RotateKey { operator, .. }
+            | Self::Set { operator, .. } => operator,
+            Self::Webhook(command) => command.operator(),
+        }
+    }
+
     /// Where the tenants are.
     pub fn database(&self) -> &DatabaseArgs {
-        match self {
-            Self::Create { database, .. }
-            | Self::List { database, .. }
-            | Self::RotateKey { database, .. }
-            | Self::Set { database, .. } => database,
-            Self::Webhook(command) => command.database(),
-        }
+        &self.operator().database
     }
 
     /// How it prints.
     pub fn output(&self) -> OutputArgs {
-        match self {
-            Self::Create { output, .. }
-            | Self::List { output, .. }
-            | Self::RotateKey { output, .. }
-            | Self::Set { output, .. } => *output,
-            Self::Webhook(command) => command.output(),
-        }
+        self.operator().output
     }
 }
 
@@ -288,7 +278,7 @@ impl From<TenantRecord> for TenantView {
 }
 
 /// The tenant of `tenant set`, and its return URLs, each checked
-/// ([`oncely_server::code::check_return_url`]); the `default` tenant is refused: it has no API key, so
+/// ([`oncely_server::code::validate_return_url`]); the `default` tenant is refused: it has no API key, so
 /// its codes could never be exchanged, and no row for branding (the service's settings are its).
 pub(crate) fn tenant_to_set(
     name: &str,
@@ -307,7 +297,7 @@ pub(crate) fn tenant_to_set(
         }
     }
     for (i, url) in urls.iter().enumerate() {
-        oncely_server::code::check_return_url(url)?;
+        oncely_server::code::validate_return_url(url)?;
         if urls[..i].contains(url) {
             bail!("{url:?} is given twice");
         }
@@ -349,13 +339,13 @@ pub async fn tenant<B: Accounts>(command: TenantCommand) -> anyhow::Result<Strin
                 "api_key": key,
                 "key_fingerprint": key_fingerprint(&hash_api_key(&key)),
             });
-            render(output, &value, |out| {
-                writeln!(
-                    out,
+            render_line(
+                output,
+                &value,
+                format_args!(
                     "tenant {tenant} created. Its API key (shown once; only a hash is stored):\n{key}"
-                )?;
-                Ok(())
-            })
+                ),
+            )
         }
         (TenantCommand::RotateKey { grace, .. }, Some(tenant)) => {
             let key = new_api_key();
@@ -376,18 +366,15 @@ pub async fn tenant<B: Accounts>(command: TenantCommand) -> anyhow::Result<Strin
                 "key_fingerprint": key_fingerprint(&hash_api_key(&key)),
                 "previous_key_valid_until": until.map(rfc3339),
             });
-            render(output, &value, |out| {
-                let old = match until {
-                    Some(at) => format!("keeps working until {}", when(at)),
-                    None => "no longer works".to_owned(),
-                };
-                writeln!(
-                    out,
+            let old = grace_words(until, "keeps working", "no longer works");
+            render_line(
+                output,
+                &value,
+                format_args!(
                     "tenant {tenant} has a new API key; the old key {old}. The new key (shown \
                      once; only a hash is stored):\n{key}"
-                )?;
-                Ok(())
-            })
+                ),
+            )
         }
         (
             TenantCommand::Set {
@@ -413,17 +400,17 @@ pub async fn tenant<B: Accounts>(command: TenantCommand) -> anyhow::Result<Strin
             let (product_name, mail_from, support_email) =
                 (given(product_name), given(mail_from), given(support_email));
             if let Some(Some(name)) = &product_name {
-                oncely_server::branding::check_product_name(name)
+                oncely_server::branding::validate_product_name(name)
                     .map_err(|why| anyhow::anyhow!("--product-name: {why}"))?;
             }
             if let Some(Some(from)) = &mail_from {
                 brand
-                    .check_from(from)
+                    .validate_from(from)
                     .map_err(|why| anyhow::anyhow!("--mail-from: {why}"))?;
             }
             let support_email = match support_email {
                 Some(Some(address)) => Some(Some(
-                    oncely_server::branding::check_support_email(&address)
+                    oncely_server::branding::parse_support_email(&address)
                         .map_err(|why| anyhow::anyhow!("--support-email: {why}"))?,
                 )),
                 other => other,

@@ -1,6 +1,5 @@
 //! `oncely tenant webhook add|list|disable|enable|rotate|remove`.
 
-use std::fmt::Write;
 use std::time::Duration;
 
 use anyhow::bail;
@@ -19,12 +18,14 @@ use crate::args::DatabaseArgs;
 use crate::args::SecretArgs;
 use crate::args::WebhookArgs;
 use crate::args::parse_duration;
+use crate::commands::OperatorArgs;
 use crate::commands::outbox::rfc3339;
 use crate::output::Failure;
 use crate::output::OutputArgs;
 use crate::output::clean;
+use crate::output::grace_words;
 use crate::output::refuse;
-use crate::output::render;
+use crate::output::render_line;
 use crate::output::render_list;
 
 /// `oncely tenant webhook …`: where a tenant's events are delivered (Standard Webhooks).
@@ -49,10 +50,7 @@ pub enum WebhookCommand {
         webhooks: WebhookArgs,
         #[command(flatten)]
         #[allow(missing_docs)]
-        database: DatabaseArgs,
-        #[command(flatten)]
-        #[allow(missing_docs)]
-        output: OutputArgs,
+        operator: OperatorArgs,
     },
     /// List endpoints: id, tenant, URL, events, enabled or disabled (when, why), created, and
     /// until when a previous secret signs. Never a secret.
@@ -61,10 +59,7 @@ pub enum WebhookCommand {
         name: Option<String>,
         #[command(flatten)]
         #[allow(missing_docs)]
-        database: DatabaseArgs,
-        #[command(flatten)]
-        #[allow(missing_docs)]
-        output: OutputArgs,
+        operator: OperatorArgs,
     },
     /// Stop delivering to an endpoint: it gets no new events, and its pending deliveries end
     /// dead (re-drive them with `oncely outbox retry` after `enable`).
@@ -73,10 +68,7 @@ pub enum WebhookCommand {
         id: String,
         #[command(flatten)]
         #[allow(missing_docs)]
-        database: DatabaseArgs,
-        #[command(flatten)]
-        #[allow(missing_docs)]
-        output: OutputArgs,
+        operator: OperatorArgs,
     },
     /// Deliver to a disabled endpoint again (one that answered 410 Gone too).
     Enable {
@@ -84,10 +76,7 @@ pub enum WebhookCommand {
         id: String,
         #[command(flatten)]
         #[allow(missing_docs)]
-        database: DatabaseArgs,
-        #[command(flatten)]
-        #[allow(missing_docs)]
-        output: OutputArgs,
+        operator: OperatorArgs,
     },
     /// Give an endpoint a new signing secret and print it (once). The previous one keeps
     /// signing beside it until the grace ends (one previous secret at a time).
@@ -103,10 +92,7 @@ pub enum WebhookCommand {
         secrets: SecretArgs,
         #[command(flatten)]
         #[allow(missing_docs)]
-        database: DatabaseArgs,
-        #[command(flatten)]
-        #[allow(missing_docs)]
-        output: OutputArgs,
+        operator: OperatorArgs,
     },
     /// Delete an endpoint (its pending deliveries end dead).
     Remove {
@@ -114,10 +100,7 @@ pub enum WebhookCommand {
         id: String,
         #[command(flatten)]
         #[allow(missing_docs)]
-        database: DatabaseArgs,
-        #[command(flatten)]
-        #[allow(missing_docs)]
-        output: OutputArgs,
+        operator: OperatorArgs,
     },
 }
 
@@ -125,28 +108,26 @@ pub enum WebhookCommand {
 pub const WEBHOOK_GRACE: Duration = Duration::from_secs(24 * 3600);
 
 impl WebhookCommand {
+    /// Where the endpoints are, and how it prints.
+    pub fn operator(&self) -> &OperatorArgs {
+        match self {
+            Self::Add { operator, .. }
+            | Self::List { operator, .. }
+            | Self::Disable { operator, .. }
+            | Self::Enable { operator, .. }
+            | Self::Rotate { operator, .. }
+            | Self::Remove { operator, .. } => operator,
+        }
+    }
+
     /// Where the endpoints are.
     pub fn database(&self) -> &DatabaseArgs {
-        match self {
-            Self::Add { database, .. }
-            | Self::List { database, .. }
-            | Self::Disable { database, .. }
-            | Self::Enable { database, .. }
-            | Self::Rotate { database, .. }
-            | Self::Remove { database, .. } => database,
-        }
+        &self.operator().database
     }
 
     /// How it prints.
     pub fn output(&self) -> OutputArgs {
-        match self {
-            Self::Add { output, .. }
-            | Self::List { output, .. }
-            | Self::Disable { output, .. }
-            | Self::Enable { output, .. }
-            | Self::Rotate { output, .. }
-            | Self::Remove { output, .. } => *output,
-        }
+        self.operator().output
     }
 }
 
@@ -264,7 +245,7 @@ pub async fn webhook<B: Accounts>(command: WebhookCommand) -> anyhow::Result<Str
             let tenant = oncely::TenantId::parse(name).map_err(|e| anyhow::anyhow!("{e}"))?;
             webhooks
                 .policy(secrets.environment)
-                .check_resolved(url)
+                .allow_resolved(url)
                 .await
                 .map_err(|e| anyhow::anyhow!("refused webhook URL: {e}"))?;
             (Some(tenant), webhook_events(events)?)
@@ -309,9 +290,10 @@ pub async fn webhook<B: Accounts>(command: WebhookCommand) -> anyhow::Result<Str
                 "events": types,
                 "secret": signing.expose(),
             });
-            render(output, &value, |out| {
-                writeln!(
-                    out,
+            render_line(
+                output,
+                &value,
+                format_args!(
                     "webhook endpoint {id} added: tenant {tenant}'s {} go to {}.\nIts signing secret (shown once; stored sealed):\n{}",
                     if types.is_empty() {
                         "events".to_owned()
@@ -320,9 +302,8 @@ pub async fn webhook<B: Accounts>(command: WebhookCommand) -> anyhow::Result<Str
                     },
                     clean(&url),
                     signing.expose()
-                )?;
-                Ok(())
-            })
+                ),
+            )
         }
         WebhookCommand::List { name, .. } => {
             let endpoints: Vec<EndpointView> = backend
@@ -380,13 +361,13 @@ pub async fn webhook<B: Accounts>(command: WebhookCommand) -> anyhow::Result<Str
                 return Err(no_endpoint(&id));
             }
             let value = json!({ "id": uuid, "enabled": false });
-            render(output, &value, |out| {
-                writeln!(
-                    out,
+            render_line(
+                output,
+                &value,
+                format_args!(
                     "webhook endpoint {uuid} disabled: it gets no new events, and its pending deliveries end dead"
-                )?;
-                Ok(())
-            })
+                ),
+            )
         }
         WebhookCommand::Enable { id, .. } => {
             let uuid = endpoint_id(&id)?;
@@ -394,13 +375,13 @@ pub async fn webhook<B: Accounts>(command: WebhookCommand) -> anyhow::Result<Str
                 return Err(no_endpoint(&id));
             }
             let value = json!({ "id": uuid, "enabled": true });
-            render(output, &value, |out| {
-                writeln!(
-                    out,
+            render_line(
+                output,
+                &value,
+                format_args!(
                     "webhook endpoint {uuid} enabled (`oncely outbox retry` re-drives deliveries that went dead meanwhile)"
-                )?;
-                Ok(())
-            })
+                ),
+            )
         }
         WebhookCommand::Rotate {
             id, grace, secrets, ..
@@ -422,18 +403,15 @@ pub async fn webhook<B: Accounts>(command: WebhookCommand) -> anyhow::Result<Str
                 "secret": signing.expose(),
                 "previous_secret_valid_until": until.map(rfc3339),
             });
-            render(output, &value, |out| {
-                let old = match until {
-                    Some(at) => format!("keeps signing beside it until {}", when(at)),
-                    None => "no longer signs".to_owned(),
-                };
-                writeln!(
-                    out,
+            let old = grace_words(until, "keeps signing beside it", "no longer signs");
+            render_line(
+                output,
+                &value,
+                format_args!(
                     "webhook endpoint {uuid} has a new signing secret; the previous one {old}. The new secret (shown once; stored sealed):\n{}",
                     signing.expose()
-                )?;
-                Ok(())
-            })
+                ),
+            )
         }
         WebhookCommand::Remove { id, .. } => {
             let uuid = endpoint_id(&id)?;
@@ -441,13 +419,11 @@ pub async fn webhook<B: Accounts>(command: WebhookCommand) -> anyhow::Result<Str
                 return Err(no_endpoint(&id));
             }
             let value = json!({ "id": uuid, "removed": true });
-            render(output, &value, |out| {
-                writeln!(
-                    out,
-                    "webhook endpoint {uuid} removed (its pending deliveries end dead)"
-                )?;
-                Ok(())
-            })
+            render_line(
+                output,
+                &value,
+                format_args!("webhook endpoint {uuid} removed (its pending deliveries end dead)"),
+            )
         }
     }
 }

@@ -59,7 +59,7 @@ pub async fn run<B: Accounts>(settings: WorkerSettings) -> anyhow::Result<()> {
     let tenants: Vec<String> = backend.tenants().await?.into_iter().map(|t| t.id).collect();
     context
         .templates
-        .check_tenants(&tenants)
+        .validate_tenants(&tenants)
         .map_err(anyhow::Error::msg)?;
     let shutdown = CancellationToken::new();
     let jobs = backend.jobs(settings.poll_only);

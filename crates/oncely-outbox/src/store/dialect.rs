@@ -16,7 +16,7 @@ use time::OffsetDateTime;
 use uuid::Uuid;
 
 use super::rows::{
-    AttemptRow, Done, FollowUp, JobRow, Moment, ParkedRow, RecordRow, SkippedRow, millis,
+    AttemptRow, Done, FollowUp, JobRow, Moment, ParkedRow, RecordRow, SkippedRow, claimed, millis,
 };
 use super::sql::Statements;
 use super::{
@@ -292,9 +292,7 @@ where
             .fetch_all(&mut *write)
             .await?;
         write.done().await?;
-        let mut jobs: Vec<Job> = rows.into_iter().map(|row| row.into_job(token)).collect();
-        jobs.sort_by_key(|job| job.id);
-        Ok(jobs)
+        Ok(claimed(rows, token))
     }
 
     async fn claim_partitioned(
@@ -337,9 +335,7 @@ where
             .fetch_all(&mut *write)
             .await?;
         write.done().await?;
-        let mut jobs: Vec<Job> = rows.into_iter().map(|row| row.into_job(token)).collect();
-        jobs.sort_by_key(|job| job.id);
-        Ok(jobs)
+        Ok(claimed(rows, token))
     }
 
     async fn finish_all(&self, done: &[(&Job, &Finish)]) -> Result<Vec<bool>, OutboxError> {

@@ -65,6 +65,16 @@ pub(crate) struct JobRow<T> {
     settled: Option<String>,
 }
 
+/// The jobs of a claim's rows, claimed under `lease_token`, in id order.
+pub(crate) fn claimed<T: Moment>(rows: Vec<JobRow<T>>, lease_token: Uuid) -> Vec<Job> {
+    let mut jobs: Vec<Job> = rows
+        .into_iter()
+        .map(|row| row.into_job(lease_token))
+        .collect();
+    jobs.sort_by_key(|job| job.id);
+    jobs
+}
+
 impl<T: Moment> JobRow<T> {
     /// The job, claimed under `lease_token`.
     pub(crate) fn into_job(self, lease_token: Uuid) -> Job {

@@ -1,7 +1,7 @@
 //! The email caps' counters: one email counted on the per-address rows.
 
 use super::{AccountError, Accounts};
-use crate::limits::email::EmailCount;
+use crate::limits::mail::MailCount;
 
 /// Counts `count`'s email on the per-address counters in `conn`'s transaction: this address
 /// from this client (0 for an unknown client) and, unless the client's caps stopped it, this
@@ -10,7 +10,7 @@ use crate::limits::email::EmailCount;
 pub async fn count_in<A: Accounts>(
     conn: &mut <A::Database as sqlx::Database>::Connection,
     tenant: &str,
-    count: &EmailCount,
+    count: &MailCount,
 ) -> Result<(i64, Option<i64>), AccountError> {
     match &count.pair {
         Some(pair) => {

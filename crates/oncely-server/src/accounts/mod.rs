@@ -15,7 +15,7 @@ use uuid::Uuid;
 
 use crate::backend::{Backend, Connection, MIGRATION_TABLES};
 use crate::email::EmailAddress;
-use crate::limits::email::EmailCount;
+use crate::limits::mail::MailCount;
 use oncely_sql::Db;
 
 mod codes;
@@ -83,6 +83,25 @@ where
     Ok(rotated.map(|(until,)| KeyRotation {
         previous_valid_until: until.map(from_millis),
     }))
+}
+
+/// [`Accounts::count_email`]'s statement, bound: run on a transaction's connection or, for
+/// [`Accounts::count_on_pool`], on the pool.
+fn count_email_statement<'q, B>(
+    tenant: &'q str,
+    bucket: &'q str,
+    window_start: i64,
+) -> sqlx::query::QueryScalar<'q, B::Database, i64, <B::Database as sqlx::Database>::Arguments>
+where
+    B: AccountSql,
+    for<'a> &'a str: Encode<'a, B::Database> + Type<B::Database>,
+    for<'a> i64: Encode<'a, B::Database> + Type<B::Database>,
+    for<'r> (i64,): FromRow<'r, <B::Database as sqlx::Database>::Row>,
+{
+    sqlx::query_scalar(B::ACCOUNT_SQL.limits.count_email)
+        .bind(tenant)
+        .bind(bucket)
+        .bind(window_start)
 }
 
 /// A moment read as Unix milliseconds.
@@ -162,7 +181,7 @@ pub trait Accounts: Backend {
         tenant: &'c str,
         email: &'c EmailAddress,
         source: Option<&'c str>,
-        count: &'c EmailCount,
+        count: &'c MailCount,
     ) -> impl Future<Output = Result<SignupCounted, AccountError>> + Send + 'c;
 
     /// The user with this address in this tenant.
@@ -642,7 +661,7 @@ where
         tenant: &str,
         email: &EmailAddress,
         source: Option<&str>,
-        count: &EmailCount,
+        count: &MailCount,
     ) -> Result<SignupCounted, AccountError> {
         let Some(sql) = B::ACCOUNT_SQL.users.signup_user_counted else {
             let outcome = Self::signup_user(&mut *conn, tenant, email, source).await?;
@@ -727,10 +746,7 @@ where
         bucket: &str,
         window_start: i64,
     ) -> Result<i64, AccountError> {
-        sqlx::query_scalar(B::ACCOUNT_SQL.limits.count_email)
-            .bind(tenant)
-            .bind(bucket)
-            .bind(window_start)
+        count_email_statement::<B>(tenant, bucket, window_start)
             .fetch_one(conn)
             .await
             .map_err(AccountError::of)
@@ -782,10 +798,7 @@ where
         bucket: &str,
         window_start: i64,
     ) -> Result<i64, AccountError> {
-        sqlx::query_scalar(B::ACCOUNT_SQL.limits.count_email)
-            .bind(tenant)
-            .bind(bucket)
-            .bind(window_start)
+        count_email_statement::<B>(tenant, bucket, window_start)
             .fetch_one(self.db())
             .await
             .map_err(AccountError::of)
@@ -960,15 +973,19 @@ where
     ) -> Result<InviteAcceptance, AccountError> {
         let now = || B::at(None);
         let new_id = Uuid::new_v4();
-        let mut found = Self::lock_user(conn, tenant, email).await?;
-        if found.is_none() {
-            let inserted = sqlx::query(B::ACCOUNT_SQL.users.insert_invited_user)
+        // Both statements take the invitation's fields in this order.
+        let invitation = |sql: &'static str| {
+            sqlx::query(sql)
                 .bind(new_id)
                 .bind(tenant)
                 .bind(email)
                 .bind(password_hash)
                 .bind(now())
                 .bind(locale)
+        };
+        let mut found = Self::lock_user(conn, tenant, email).await?;
+        if found.is_none() {
+            let inserted = invitation(B::ACCOUNT_SQL.users.insert_invited_user)
                 .execute(&mut *conn)
                 .await
                 .map_err(AccountError::of)?;
@@ -985,16 +1002,14 @@ where
         let id = match found {
             // Created just now, verified: nothing to update.
             None => new_id,
-            Some(_) => sqlx::query_scalar(B::ACCOUNT_SQL.users.accept_invite)
-                .bind(new_id)
-                .bind(tenant)
-                .bind(email)
-                .bind(password_hash)
-                .bind(now())
-                .bind(locale)
-                .fetch_one(&mut *conn)
-                .await
-                .map_err(AccountError::of)?,
+            Some(_) => {
+                let row = invitation(B::ACCOUNT_SQL.users.accept_invite)
+                    .fetch_one(&mut *conn)
+                    .await
+                    .map_err(AccountError::of)?;
+                let (id,) = <(Uuid,)>::from_row(&row).map_err(AccountError::of)?;
+                id
+            }
         };
         sqlx::query(B::ACCOUNT_SQL.users.add_membership)
             .bind(tenant)

@@ -129,36 +129,57 @@ const LIMITS: LimitStatements = LimitStatements {
                              LIMIT $2 FOR UPDATE SKIP LOCKED))",
 };
 
-/// The statements of token records.
-const TOKENS: TokenStatements = TokenStatements {
-    supersede_flow: "UPDATE oncely_tokens SET superseded_at = COALESCE($4, now())
-                      WHERE user_id = $1 AND flow = $2 AND $3
-                        AND consumed_at IS NULL AND superseded_at IS NULL
-                        AND password_hash IS NULL",
-    insert_token: "INSERT INTO oncely_tokens
-                       (id, tenant, user_id, email, flow, token_hash, expires_at, created_at, password_hash,
-                        return_to, locale)
-                   VALUES ($1, $2, $3, $4, $5, $6, $7, COALESCE($8, now()), $9,
-                           CASE WHEN $12 THEN (SELECT url FROM oncely_return_urls
-                                                WHERE tenant = $2 ORDER BY position LIMIT 1)
-                                ELSE $10 END,
-                           $11)",
-    // Both parts see the statement's snapshot: the update never reaches the inserted row.
-    supersede_and_insert_token: Some(
-        "WITH superseded AS (
-             UPDATE oncely_tokens SET superseded_at = COALESCE($8, now())
-              WHERE user_id = $3 AND flow = $5 AND $13
-                AND consumed_at IS NULL AND superseded_at IS NULL
-                AND password_hash IS NULL
-         )
-         INSERT INTO oncely_tokens
+/// A token's insert (binds 1 id … 9 the signup's password hash, 10 the return URL, 11 the
+/// locale, 12 whether the return URL is the tenant's first); the tail of
+/// `supersede_and_insert_token`.
+macro_rules! insert_token {
+    () => {
+        "INSERT INTO oncely_tokens
                 (id, tenant, user_id, email, flow, token_hash, expires_at, created_at, password_hash,
                  return_to, locale)
          VALUES ($1, $2, $3, $4, $5, $6, $7, COALESCE($8, now()), $9,
                  CASE WHEN $12 THEN (SELECT url FROM oncely_return_urls
                                       WHERE tenant = $2 ORDER BY position LIMIT 1)
                       ELSE $10 END,
-                 $11)",
+                 $11)"
+    };
+}
+
+/// Webhook endpoints as [`EndpointRecord`](super::EndpointRecord)s, `$2` now (a previous
+/// secret only while it signs).
+macro_rules! endpoint_records {
+    () => {
+        "SELECT id, tenant, url, events, secret_sealed,
+                CASE WHEN previous_secret_expires_at > COALESCE($2, now())
+                     THEN previous_secret_sealed END AS previous_secret_sealed,
+                CASE WHEN previous_secret_expires_at > COALESCE($2, now())
+                     THEN floor(extract(epoch FROM previous_secret_expires_at) * 1000)::int8
+                END AS previous_secret_expires_at_ms,
+                floor(extract(epoch FROM created_at) * 1000)::int8 AS created_at_ms,
+                floor(extract(epoch FROM disabled_at) * 1000)::int8 AS disabled_at_ms,
+                disabled_reason
+           FROM oncely_webhook_endpoints"
+    };
+}
+
+/// The statements of token records.
+const TOKENS: TokenStatements = TokenStatements {
+    supersede_flow: "UPDATE oncely_tokens SET superseded_at = COALESCE($4, now())
+                      WHERE user_id = $1 AND flow = $2 AND $3
+                        AND consumed_at IS NULL AND superseded_at IS NULL
+                        AND password_hash IS NULL",
+    insert_token: insert_token!(),
+    // Both parts see the statement's snapshot: the update never reaches the inserted row.
+    supersede_and_insert_token: Some(concat!(
+        "WITH superseded AS (
+             UPDATE oncely_tokens SET superseded_at = COALESCE($8, now())
+              WHERE user_id = $3 AND flow = $5 AND $13
+                AND consumed_at IS NULL AND superseded_at IS NULL
+                AND password_hash IS NULL
+         )
+         ",
+        insert_token!()
+    ),
     ),
     // Index: token_hash unique, then the users' primary key. Every transaction that uses a
     // link locks its account first, then its token, then the account's other tokens (a reset
@@ -282,29 +303,14 @@ const ENDPOINTS: EndpointStatements = EndpointStatements {
     insert_webhook_endpoint: "INSERT INTO oncely_webhook_endpoints
                                   (id, tenant, url, events, secret_sealed, created_at)
                               VALUES ($1, $2, $3, $4, $5, COALESCE($6, now()))",
-    webhook_endpoint: "SELECT id, tenant, url, events, secret_sealed,
-                               CASE WHEN previous_secret_expires_at > COALESCE($2, now())
-                                    THEN previous_secret_sealed END AS previous_secret_sealed,
-                               CASE WHEN previous_secret_expires_at > COALESCE($2, now())
-                                    THEN floor(extract(epoch FROM previous_secret_expires_at) * 1000)::int8
-                               END AS previous_secret_expires_at_ms,
-                               floor(extract(epoch FROM created_at) * 1000)::int8 AS created_at_ms,
-                               floor(extract(epoch FROM disabled_at) * 1000)::int8 AS disabled_at_ms,
-                               disabled_reason
-                          FROM oncely_webhook_endpoints WHERE id = $1",
+    webhook_endpoint: concat!(endpoint_records!(), " WHERE id = $1"),
     // Index: oncely_webhook_endpoints_tenant (one tenant); every tenant: a scan of a small table.
-    webhook_endpoints: "SELECT id, tenant, url, events, secret_sealed,
-                                CASE WHEN previous_secret_expires_at > COALESCE($2, now())
-                                     THEN previous_secret_sealed END AS previous_secret_sealed,
-                                CASE WHEN previous_secret_expires_at > COALESCE($2, now())
-                                     THEN floor(extract(epoch FROM previous_secret_expires_at) * 1000)::int8
-                                END AS previous_secret_expires_at_ms,
-                                floor(extract(epoch FROM created_at) * 1000)::int8 AS created_at_ms,
-                                floor(extract(epoch FROM disabled_at) * 1000)::int8 AS disabled_at_ms,
-                                disabled_reason
-                           FROM oncely_webhook_endpoints
+    webhook_endpoints: concat!(
+        endpoint_records!(),
+        "
                           WHERE $1::text IS NULL OR tenant = $1
-                          ORDER BY tenant, created_at, id",
+                          ORDER BY tenant, created_at, id"
+    ),
     set_webhook_disabled: "UPDATE oncely_webhook_endpoints
                               SET disabled_at = CASE WHEN $3::text IS NULL THEN NULL
                                                      ELSE COALESCE($2, now()) END,

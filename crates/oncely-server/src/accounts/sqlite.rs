@@ -198,6 +198,21 @@ const CODES: CodeStatements = CodeStatements {
                        ORDER BY expires_at LIMIT ?2)",
 };
 
+/// Webhook endpoints as [`EndpointRecord`](super::EndpointRecord)s, `?2` now (a previous
+/// secret only while it signs).
+macro_rules! endpoint_records {
+    () => {
+        "SELECT id, tenant, url, events, secret_sealed,
+                CASE WHEN previous_secret_expires_at > ?2
+                     THEN previous_secret_sealed END AS previous_secret_sealed,
+                CASE WHEN previous_secret_expires_at > ?2
+                     THEN previous_secret_expires_at END AS previous_secret_expires_at_ms,
+                created_at AS created_at_ms, disabled_at AS disabled_at_ms,
+                disabled_reason
+           FROM oncely_webhook_endpoints"
+    };
+}
+
 /// The statements of webhook endpoints.
 const ENDPOINTS: EndpointStatements = EndpointStatements {
     webhook_targets: "SELECT id, events FROM oncely_webhook_endpoints
@@ -206,24 +221,13 @@ const ENDPOINTS: EndpointStatements = EndpointStatements {
     insert_webhook_endpoint: "INSERT INTO oncely_webhook_endpoints
                                   (id, tenant, url, events, secret_sealed, created_at)
                               VALUES (?1, ?2, ?3, ?4, ?5, ?6)",
-    webhook_endpoint: "SELECT id, tenant, url, events, secret_sealed,
-                               CASE WHEN previous_secret_expires_at > ?2
-                                    THEN previous_secret_sealed END AS previous_secret_sealed,
-                               CASE WHEN previous_secret_expires_at > ?2
-                                    THEN previous_secret_expires_at END AS previous_secret_expires_at_ms,
-                               created_at AS created_at_ms, disabled_at AS disabled_at_ms,
-                               disabled_reason
-                          FROM oncely_webhook_endpoints WHERE id = ?1",
-    webhook_endpoints: "SELECT id, tenant, url, events, secret_sealed,
-                                CASE WHEN previous_secret_expires_at > ?2
-                                     THEN previous_secret_sealed END AS previous_secret_sealed,
-                                CASE WHEN previous_secret_expires_at > ?2
-                                     THEN previous_secret_expires_at END AS previous_secret_expires_at_ms,
-                                created_at AS created_at_ms, disabled_at AS disabled_at_ms,
-                                disabled_reason
-                           FROM oncely_webhook_endpoints
+    webhook_endpoint: concat!(endpoint_records!(), " WHERE id = ?1"),
+    webhook_endpoints: concat!(
+        endpoint_records!(),
+        "
                           WHERE ?1 IS NULL OR tenant = ?1
-                          ORDER BY tenant, created_at, id",
+                          ORDER BY tenant, created_at, id"
+    ),
     set_webhook_disabled: "UPDATE oncely_webhook_endpoints
                               SET disabled_at = CASE WHEN ?3 IS NULL THEN NULL ELSE ?2 END,
                                   disabled_reason = ?3

@@ -1,11 +1,11 @@
-//! Limits: the caps on emails ([`email`]) and on failed logins ([`login`]) — what they are,
+//! Limits: the caps on emails sent ([`mail`]) and on failed logins ([`login`]) — what they are,
 //! how an attempt is counted against them, and the names of their counters. The routes that
 //! email or log in count through them; the database rows are the account storage's.
 
 use oncely::ServerSecret;
 
-pub mod email;
 pub mod login;
+pub mod mail;
 
 /// How many times its total a per-address cap lets through at most, first attempts of new
 /// clients included (they pass the total itself, so that strangers cannot lock an owner out).

@@ -14,11 +14,11 @@ use serde::Deserialize;
 use serde_json::json;
 use uuid::Uuid;
 
-use super::email_caps::suppression;
+use super::account_events::{account_event, address_of};
 use super::error::ApiError;
-use super::events::{account_event, address_of};
+use super::mail_caps::suppression;
 use super::post::IdempotentPost;
-use super::send_link::{Accepted, Link, Owner, accepted, issue_link, request_locale};
+use super::send_link::{Accepted, Link, Owner, accepted};
 use super::use_link::{LinkUse, LinkUsed};
 use crate::accounts::{Accounts, ReturnTo};
 use crate::email::EmailAddress;
@@ -49,16 +49,16 @@ pub async fn request<A: Accounts>(
     post: IdempotentPost<A, EmailChangeRequest>,
 ) -> Result<Accepted, ApiError> {
     post.tenant.require_proven()?;
+    let locale = post.locale(post.body.locale.as_deref())?;
     let IdempotentPost {
         state,
         tenant,
         caller,
         tx,
         body,
-        accepted_languages,
+        ..
     } = post;
     let tenant = tenant.id;
-    let locale = request_locale(&state, &tenant, body.locale.as_deref(), accepted_languages)?;
     let new = EmailAddress::parse(&body.new_email)
         .map_err(|_| ApiError::invalid_request("new_email is not a valid address"))?;
     let mut conn = tx.lock().await?;
@@ -100,15 +100,8 @@ pub async fn request<A: Accounts>(
         return_to: ReturnTo::Nowhere,
         locale: locale.as_ref(),
     };
-    issue_link(
-        &mut *conn,
-        &state,
-        &tenant,
-        link,
-        suppressed_new.clone(),
-        None,
-    )
-    .await?;
+    link.issue(&mut *conn, &state, &tenant, suppressed_new.clone(), None)
+        .await?;
     // The notice names the current address itself: by the time it is sent the account may
     // have the new one.
     let requested = NewJob::new(

@@ -113,26 +113,25 @@ pub async fn with_email<A: Accounts>(
     request: Request,
     next: Next,
 ) -> Response {
-    let (parts, mut answer) = match read(next.run(request).await).await {
-        Ok(json) => json,
-        Err(passed) => return passed,
-    };
-    let user = answer
-        .get("user_id")
-        .and_then(Value::as_str)
-        .and_then(|id| Uuid::parse_str(id).ok());
-    let (Some(user), Some(fields)) = (user, answer.as_object_mut()) else {
-        return answer_with(parts, &answer);
-    };
-    match state.accounts.user_email(user).await {
-        Ok(Some(email)) => {
-            fields.insert(EMAIL.into(), Value::from(email));
-            answer_with(parts, &answer)
+    rewrite(request, next, async |parts, mut answer| {
+        let user = answer
+            .get("user_id")
+            .and_then(Value::as_str)
+            .and_then(|id| Uuid::parse_str(id).ok());
+        let (Some(user), Some(fields)) = (user, answer.as_object_mut()) else {
+            return answer_with(parts, &answer);
+        };
+        match state.accounts.user_email(user).await {
+            Ok(Some(email)) => {
+                fields.insert(EMAIL.into(), Value::from(email));
+                answer_with(parts, &answer)
+            }
+            Ok(None) => ApiError::Unexpected(anyhow::anyhow!("an exchanged code's user vanished"))
+                .into_response(),
+            Err(error) => ApiError::from(error).into_response(),
         }
-        Ok(None) => ApiError::Unexpected(anyhow::anyhow!("an exchanged code's user vanished"))
-            .into_response(),
-        Err(error) => ApiError::from(error).into_response(),
-    }
+    })
+    .await
 }
 
 /// The largest answer [`redirect`] reads (a used link's is a few hundred bytes).
@@ -148,40 +147,52 @@ pub async fn redirect<A: Accounts>(
     request: Request,
     next: Next,
 ) -> Response {
-    let (parts, mut answer) = match read(next.run(request).await).await {
-        Ok(json) => json,
-        Err(passed) => return passed,
-    };
-    let Some(fields) = answer.as_object_mut() else {
-        return answer_with(parts, &answer);
-    };
-    let id = fields.get(CODE_ID).and_then(Value::as_str);
-    let return_to = fields.get(RETURN_TO).and_then(Value::as_str);
-    let (Some(id), Some(return_to)) = (id, return_to) else {
-        return answer_with(parts, &answer);
-    };
-    let Ok(id) = Uuid::parse_str(id) else {
-        return ApiError::Unexpected(anyhow::anyhow!("a used link's code id is not a UUID"))
-            .into_response();
-    };
-    // A replay, maybe long after: only to a URL its tenant still lists (an operator who
-    // removed one, a domain given up, wants no browser sent there again).
-    let tenant = fields
-        .get(CODE_TENANT)
-        .and_then(Value::as_str)
-        .unwrap_or_default();
-    let listed = match state.accounts.return_urls(tenant).await {
-        Ok(urls) => urls.iter().any(|url| url == return_to),
-        Err(error) => return ApiError::from(error).into_response(),
-    };
-    let location = listed.then(|| code::redirect(return_to, &Code::derive(&state.secret, id)));
-    for field in [CODE_ID, RETURN_TO, CODE_TENANT] {
-        fields.remove(field);
+    rewrite(request, next, async |parts, mut answer| {
+        let Some(fields) = answer.as_object_mut() else {
+            return answer_with(parts, &answer);
+        };
+        let id = fields.get(CODE_ID).and_then(Value::as_str);
+        let return_to = fields.get(RETURN_TO).and_then(Value::as_str);
+        let (Some(id), Some(return_to)) = (id, return_to) else {
+            return answer_with(parts, &answer);
+        };
+        let Ok(id) = Uuid::parse_str(id) else {
+            return ApiError::Unexpected(anyhow::anyhow!("a used link's code id is not a UUID"))
+                .into_response();
+        };
+        // A replay, maybe long after: only to a URL its tenant still lists (an operator who
+        // removed one, a domain given up, wants no browser sent there again).
+        let tenant = fields
+            .get(CODE_TENANT)
+            .and_then(Value::as_str)
+            .unwrap_or_default();
+        let listed = match state.accounts.return_urls(tenant).await {
+            Ok(urls) => urls.iter().any(|url| url == return_to),
+            Err(error) => return ApiError::from(error).into_response(),
+        };
+        let location = listed.then(|| code::redirect(return_to, &Code::derive(&state.secret, id)));
+        for field in [CODE_ID, RETURN_TO, CODE_TENANT] {
+            fields.remove(field);
+        }
+        if let Some(location) = location {
+            fields.insert("redirect".into(), Value::from(location));
+        }
+        answer_with(parts, &answer)
+    })
+    .await
+}
+
+/// Runs the rest of the stack and hands a 200 JSON answer's head and JSON to `edit`, whose
+/// response goes out instead; any other response passes as it is (see [`read`]).
+async fn rewrite(
+    request: Request,
+    next: Next,
+    edit: impl AsyncFnOnce(Parts, Value) -> Response,
+) -> Response {
+    match read(next.run(request).await).await {
+        Ok((parts, answer)) => edit(parts, answer).await,
+        Err(passed) => passed,
     }
-    if let Some(location) = location {
-        fields.insert("redirect".into(), Value::from(location));
-    }
-    answer_with(parts, &answer)
 }
 
 /// A 200 JSON answer's head and JSON, to rewrite; any other response (a problem, a page, a

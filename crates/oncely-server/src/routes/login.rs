@@ -31,8 +31,8 @@ use serde_json::{Value, json};
 use time::OffsetDateTime;
 
 use super::AppState;
+use super::account_events::{SignInMethod, account_event};
 use super::error::ApiError;
-use super::events::{SignInMethod, account_event};
 use super::exchange::without_email;
 use super::post::peek_json;
 use super::tenants::Tenant;
@@ -43,7 +43,7 @@ use crate::identity::{self, Identity, Proof};
 // The end-to-end suite names it here.
 pub use crate::limits::login::LoginLimits;
 use crate::limits::{HARD_CEILING, bucket};
-use crate::password::{self, Checked};
+use crate::password::{self, Verified};
 use crate::webhooks::EventType;
 
 /// The login request.
@@ -115,11 +115,12 @@ async fn authenticated<A: Accounts>(
             return Err(error);
         }
     };
-    let checked = check(state, &tenant, address.as_ref(), request.password, &caller).await;
+    let verified =
+        verify_password(state, &tenant, address.as_ref(), request.password, &caller).await;
     let masked = address
         .as_ref()
         .map_or_else(|| "(invalid)".into(), EmailAddress::masked);
-    match checked {
+    match verified {
         Err(ApiError::LoginFailed) => {
             // The failure stays counted.
             metrics::counter!("oncely_logins_total", "outcome" => "failed").increment(1);
@@ -201,7 +202,7 @@ async fn signed_in<A: Accounts>(
 /// Checks the password against the account's hash, or against the decoy when there is no
 /// verified account with a password: one Argon2 check either way. A match on a hash of other
 /// parameters stores its new hash (compare-and-set: a concurrent reset wins).
-async fn check<A: Accounts>(
+async fn verify_password<A: Accounts>(
     state: &AppState<A>,
     tenant: &TenantId,
     address: Option<&EmailAddress>,
@@ -219,9 +220,10 @@ async fn check<A: Accounts>(
         .and_then(|user| user.password_hash.clone());
     let phc = stored.as_deref().unwrap_or_else(|| password::decoy());
     let share = caller.bucket();
-    let checked = password::check(share.as_deref(), phc, SecretString::from(password)).await?;
-    let (Some(user), Some(address), Some(old), Checked::Match { rehashed }) =
-        (user, address, stored.as_deref(), checked)
+    let verified =
+        password::verify_and_rehash(share.as_deref(), phc, SecretString::from(password)).await?;
+    let (Some(user), Some(address), Some(old), Verified::Match { rehashed }) =
+        (user, address, stored.as_deref(), verified)
     else {
         return Err(ApiError::LoginFailed);
     };

@@ -5,8 +5,8 @@
 
 use serde_json::json;
 
+use super::account_events::{SignInMethod, account_event, address_of};
 use super::error::ApiError;
-use super::events::{SignInMethod, account_event, address_of};
 use super::send_link::{Accepted, LinkRequest, Target};
 use super::use_link::{LinkUse, LinkUsed};
 use crate::accounts::Accounts;

@@ -18,7 +18,6 @@ use use_link::page;
 
 // The flows, one module each: their routes, pages and handlers.
 pub mod email_change;
-pub mod events;
 pub mod exchange;
 pub mod invites;
 pub mod login;
@@ -29,8 +28,9 @@ pub mod tenants;
 pub mod verification;
 
 // What several flows share.
-pub mod email_caps;
+pub mod account_events;
 pub mod error;
+pub mod mail_caps;
 pub mod new_password;
 pub mod post;
 pub mod problem;
@@ -47,9 +47,9 @@ pub struct AppState<A: Accounts> {
     /// Derives tokens.
     pub secret: ServerSecret,
     /// Caps on emails.
-    pub limits: crate::limits::email::MailLimits,
+    pub limits: crate::limits::mail::MailLimits,
     /// The per-client email cap, counted in this process.
-    pub client_mail: crate::limits::email::ClientMail,
+    pub client_mail: crate::limits::mail::ClientMail,
     /// Caps on failed logins.
     pub login: crate::limits::login::LoginLimits,
     /// Email jobs' payloads name their recipient (`"recipient"`), so that the dev inbox can show

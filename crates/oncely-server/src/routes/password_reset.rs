@@ -4,8 +4,8 @@
 
 use serde_json::json;
 
+use super::account_events::{account_event, address_of};
 use super::error::ApiError;
-use super::events::{account_event, address_of};
 use super::new_password::hash_new_password;
 use super::send_link::{Accepted, LinkRequest, Target};
 use super::use_link::{LinkUse, LinkUsed};

@@ -8,7 +8,7 @@ use axum::extract::rejection::JsonRejection;
 use axum::extract::{FromRequest, FromRequestParts, Request};
 use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
-use oncely::IdempotentTx;
+use oncely::{IdempotentTx, TenantId};
 use serde::de::DeserializeOwned;
 
 use super::AppState;
@@ -85,6 +85,15 @@ pub struct IdempotentPost<A: Accounts, T> {
     pub accepted_languages: Vec<Locale>,
 }
 
+impl<A: Accounts, T> IdempotentPost<A, T> {
+    /// The locale the request asks its emails in ([`request_locale`]): `asked` (its body's
+    /// `locale`), else its `Accept-Language`.
+    pub fn locale(&self, asked: Option<&str>) -> Result<Option<Locale>, ApiError> {
+        let accepted = self.accepted_languages.clone();
+        request_locale(&self.state, &self.tenant.id, asked, accepted)
+    }
+}
+
 impl<A: Accounts, T: DeserializeOwned> FromRequest<AppState<A>> for IdempotentPost<A, T> {
     type Rejection = Response;
 
@@ -120,5 +129,22 @@ impl<A: Accounts, T: DeserializeOwned> FromRequest<AppState<A>> for IdempotentPo
             body,
             accepted_languages,
         })
+    }
+}
+
+/// The locale a flow request asks its emails in: its `locale` (400 `invalid-request` if that is
+/// not a BCP 47 tag), else the best of its `Accept-Language` that the tenant has templates in
+/// (else the first); `None`: the account's, or English.
+pub fn request_locale<A: Accounts>(
+    state: &AppState<A>,
+    tenant: &TenantId,
+    locale: Option<&str>,
+    accepted: Vec<Locale>,
+) -> Result<Option<Locale>, ApiError> {
+    match locale {
+        Some(tag) => Locale::parse(tag)
+            .map(Some)
+            .map_err(|why| ApiError::invalid_request(format!("locale: {why}"))),
+        None => Ok(state.templates.negotiate(tenant.as_str(), accepted)),
     }
 }

@@ -1,9 +1,9 @@
 //! Emailing a link — what every flow that sends one shares (signup, resend, password reset,
 //! magic link, invite): the same 202 whatever the address ([`accepted`]), issuing a token — or a
-//! never-usable decoy when there is no account — and its email job ([`issue_link`]), and the
+//! never-usable decoy when there is no account — and its email job ([`Link::issue`]), and the
 //! request for a link by address ([`LinkRequest::send_link`]). The same statements run
 //! whether or not the address has an account and whether or not the email is suppressed
-//! ([`super::email_caps`]): responses and their timing cannot tell those cases apart.
+//! ([`super::mail_caps`]): responses and their timing cannot tell those cases apart.
 
 use axum::Json;
 use axum::http::StatusCode;
@@ -15,9 +15,10 @@ use time::OffsetDateTime;
 use uuid::Uuid;
 
 use super::AppState;
-use super::email_caps::suppression;
 use super::error::ApiError;
+use super::mail_caps::suppression;
 use super::post::IdempotentPost;
+use super::tenants::Tenant;
 use crate::accounts::{Accounts, NewToken, ReturnTo};
 use crate::email::EmailAddress;
 use crate::templates::Locale;
@@ -73,18 +74,17 @@ impl<A: Accounts> LinkRequest<A> {
     /// Emails a link of `flow` to the address if it has the `target` account (else a decoy
     /// that sends nothing), within the email caps, and answers 202 either way.
     pub async fn send_link(self, flow: Flow, target: Target) -> Result<Accepted, ApiError> {
+        let email = EmailAddress::parse(&self.body.email)
+            .map_err(|_| ApiError::invalid_request("email is not a valid address"))?;
+        let locale = self.locale(self.body.locale.as_deref())?;
         let Self {
             state,
-            tenant,
+            tenant: Tenant { id: tenant, .. },
             caller,
             tx,
             body,
-            accepted_languages,
+            ..
         } = self;
-        let email = EmailAddress::parse(&body.email)
-            .map_err(|_| ApiError::invalid_request("email is not a valid address"))?;
-        let tenant = tenant.id;
-        let locale = request_locale(&state, &tenant, body.locale.as_deref(), accepted_languages)?;
         let return_to = return_url(&state, &tenant, body.return_to.as_deref()).await?;
         let mut conn = tx.lock().await?;
         let user = A::find_user(&mut conn, tenant.as_str(), &email).await?;
@@ -106,7 +106,8 @@ impl<A: Accounts> LinkRequest<A> {
             return_to,
             locale: locale.as_ref(),
         };
-        issue_link(&mut *conn, &state, &tenant, link, suppressed, None).await?;
+        link.issue(&mut *conn, &state, &tenant, suppressed, None)
+            .await?;
         tracing::info!(email = %email.masked(), tenant = %tenant, flow = flow.as_str(), "link requested");
         charge.keep();
         Ok(accepted())
@@ -134,23 +135,6 @@ pub async fn return_url<'r, A: Accounts>(
         Ok(ReturnTo::Url(requested))
     } else {
         Err(ApiError::ReturnUrlNotAllowed)
-    }
-}
-
-/// The locale a flow request asks its emails in: its `locale` (400 `invalid-request` if that is
-/// not a BCP 47 tag), else the best of its `Accept-Language` that the tenant has templates in
-/// (else the first); `None`: the account's, or English.
-pub fn request_locale<A: Accounts>(
-    state: &AppState<A>,
-    tenant: &TenantId,
-    locale: Option<&str>,
-    accepted: Vec<Locale>,
-) -> Result<Option<Locale>, ApiError> {
-    match locale {
-        Some(tag) => Locale::parse(tag)
-            .map(Some)
-            .map_err(|why| ApiError::invalid_request(format!("locale: {why}"))),
-        None => Ok(state.templates.negotiate(tenant.as_str(), accepted)),
     }
 }
 
@@ -203,53 +187,56 @@ pub struct Link<'a> {
     pub locale: Option<&'a Locale>,
 }
 
-/// Issues a link: stores a token of the link's flow for its owner (a decoy if nobody) and
-/// enqueues its email job, in the request's transaction. A token that is not from a signup
-/// supersedes the owner's live tokens of the flow (unless its email is suppressed: then the
-/// current link must keep working).
-pub async fn issue_link<A: Accounts>(
-    conn: &mut <A::Database as sqlx::Database>::Connection,
-    state: &AppState<A>,
-    tenant: &TenantId,
-    Link {
-        flow,
-        owner,
-        to,
-        return_to,
-        locale,
-    }: Link<'_>,
-    suppressed: Option<String>,
-    signup: Option<FromSignup<'_>>,
-) -> anyhow::Result<()> {
-    let token_id = Uuid::new_v4();
-    let expires_at = OffsetDateTime::now_utc() + flow.lifetime();
-    let hash = Token::derive(&state.secret, flow, token_id).hash();
-    let token = NewToken {
-        id: token_id,
-        tenant: tenant.as_str(),
-        user_id: owner.user,
-        email: owner.email,
-        flow: flow.as_str(),
-        hash: &hash,
-        expires_at,
-        password_hash: signup.and_then(|s| s.password_hash),
-        supersede: suppressed.is_none() && signup.is_none(),
-        return_to,
-        locale: locale.map(Locale::as_str),
-    };
-    A::insert_token(conn, &token).await?;
-    let user = owner
-        .user
-        .map_or_else(|| "no-account".to_owned(), |u| u.to_string());
-    let job = NewJob::new(
-        format!("{}:{tenant}:{user}:{token_id}", flow.as_str()),
-        flow.job_kind(),
-        state.email_payload(
-            json!({ "token_id": token_id, "suppressed": suppressed }),
-            to.as_str(),
-        ),
-    )
-    .not_after(expires_at);
-    state.jobs.enqueue(conn, &job).await?;
-    Ok(())
+impl Link<'_> {
+    /// Issues a link: stores a token of the link's flow for its owner (a decoy if nobody) and
+    /// enqueues its email job, in the request's transaction. A token that is not from a signup
+    /// supersedes the owner's live tokens of the flow (unless its email is suppressed: then the
+    /// current link must keep working).
+    pub async fn issue<A: Accounts>(
+        self,
+        conn: &mut <A::Database as sqlx::Database>::Connection,
+        state: &AppState<A>,
+        tenant: &TenantId,
+        suppressed: Option<String>,
+        signup: Option<FromSignup<'_>>,
+    ) -> anyhow::Result<()> {
+        let Link {
+            flow,
+            owner,
+            to,
+            return_to,
+            locale,
+        } = self;
+        let token_id = Uuid::new_v4();
+        let expires_at = OffsetDateTime::now_utc() + flow.lifetime();
+        let hash = Token::derive(&state.secret, flow, token_id).hash();
+        let token = NewToken {
+            id: token_id,
+            tenant: tenant.as_str(),
+            user_id: owner.user,
+            email: owner.email,
+            flow: flow.as_str(),
+            hash: &hash,
+            expires_at,
+            password_hash: signup.and_then(|s| s.password_hash),
+            supersede: suppressed.is_none() && signup.is_none(),
+            return_to,
+            locale: locale.map(Locale::as_str),
+        };
+        A::insert_token(conn, &token).await?;
+        let user = owner
+            .user
+            .map_or_else(|| "no-account".to_owned(), |u| u.to_string());
+        let job = NewJob::new(
+            format!("{}:{tenant}:{user}:{token_id}", flow.as_str()),
+            flow.job_kind(),
+            state.email_payload(
+                json!({ "token_id": token_id, "suppressed": suppressed }),
+                to.as_str(),
+            ),
+        )
+        .not_after(expires_at);
+        state.jobs.enqueue(conn, &job).await?;
+        Ok(())
+    }
 }

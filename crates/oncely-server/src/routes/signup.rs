@@ -6,14 +6,12 @@ use oncely_outbox::{JobStore, NewJob};
 use serde::Deserialize;
 use serde_json::json;
 
-use super::email_caps::email_count;
+use super::account_events::account_event_to;
 use super::error::ApiError;
-use super::events::account_event_to;
+use super::mail_caps::email_count;
 use super::new_password::hash_new_password;
-use super::post::IdempotentPost;
-use super::send_link::{
-    Accepted, FromSignup, Link, Owner, accepted, issue_link, request_locale, return_url,
-};
+use super::post::{IdempotentPost, request_locale};
+use super::send_link::{Accepted, FromSignup, Link, Owner, accepted, return_url};
 use crate::accounts::{Accounts, SignupCounted, SignupOutcome};
 use crate::email::EmailAddress;
 use crate::mail::SIGNUP_NOTICE;
@@ -120,23 +118,15 @@ pub async fn signup<A: Accounts>(
         SignupOutcome::Verified(user) => (Owner::NOBODY, Some("decoy".into()), None, Some(user)),
     };
     let signup = FromSignup { password_hash };
-    let flow = Flow::Verification;
     let link = Link {
-        flow,
+        flow: Flow::Verification,
         owner,
         to: &email,
         return_to,
         locale: locale.as_ref(),
     };
-    issue_link(
-        &mut *conn,
-        &state,
-        &tenant,
-        link,
-        link_suppressed,
-        Some(signup),
-    )
-    .await?;
+    link.issue(&mut *conn, &state, &tenant, link_suppressed, Some(signup))
+        .await?;
     if let Some(user) = notice {
         let job = NewJob::new(
             format!("signup-notice:{tenant}:{user}:{}", tx.derived_key()),

@@ -6,8 +6,8 @@
 use secrecy::SecretString;
 use serde_json::json;
 
+use super::account_events::{account_event, address_of};
 use super::error::ApiError;
-use super::events::{account_event, address_of};
 use super::send_link::{Accepted, LinkRequest, Target};
 use super::use_link::{LinkUse, LinkUsed};
 use crate::accounts::Accounts;

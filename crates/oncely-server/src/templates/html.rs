@@ -28,7 +28,7 @@ const VOID: [&str; 13] = [
 ];
 
 /// Checks `html`; the first problem found.
-pub(crate) fn check(html: &str) -> Result<(), Malformed> {
+pub(crate) fn well_formed(html: &str) -> Result<(), Malformed> {
     let input = BufferQueue::default();
     input.push_back(StrTendril::from_slice(html));
     let opts = TokenizerOpts {
@@ -138,7 +138,7 @@ mod tests {
                     <title>A &amp; B</title><style>p > a { color: red }</style></head>\n\
                     <body><p>Hello<br>there <img src=\"data:,\" alt=\"\"></p>\
                     <!-- a comment --><table><tr><td>1</td></tr></table></body></html>";
-        assert_eq!(check(html), Ok(()));
+        assert_eq!(well_formed(html), Ok(()));
     }
 
     #[test]
@@ -153,7 +153,7 @@ mod tests {
             ("<p class=\"a\"\"b\">x</p>", 1, "parse error"),
         ];
         for (html, line, reason) in cases {
-            let problem = check(html).unwrap_err();
+            let problem = well_formed(html).unwrap_err();
             assert_eq!(problem.line, line, "{html:?}: {problem:?}");
             assert!(problem.reason.contains(reason), "{html:?}: {problem:?}");
         }

@@ -236,20 +236,9 @@ impl Vars {
 }
 
 /// A link as it is written in HTML (in an attribute or as text): `&`, `<`, `>`, `"` and `'`
-/// escaped, nothing else.
+/// escaped, nothing else (as the inbox's page escapes text).
 pub fn escape_link(link: &str) -> String {
-    let mut out = String::with_capacity(link.len());
-    for c in link.chars() {
-        match c {
-            '&' => out.push_str("&amp;"),
-            '<' => out.push_str("&lt;"),
-            '>' => out.push_str("&gt;"),
-            '"' => out.push_str("&quot;"),
-            '\'' => out.push_str("&#39;"),
-            c => out.push(c),
-        }
-    }
-    out
+    oncely_inbox::page::escape(link)
 }
 
 /// How long a link works, in words of the locale's language (German or English).
@@ -519,7 +508,7 @@ impl Templates {
             overrides,
             embedded: embedded_sources(),
         });
-        if let Err(Problems(found)) = templates.check() {
+        if let Err(Problems(found)) = templates.validate() {
             problems.extend(found);
         }
         match problems.is_empty() {
@@ -590,7 +579,7 @@ impl Templates {
     /// The tenant folders of the directory that name none of `tenants` (besides `default`, the
     /// default tenant's): a typo (`acmee`, `Acme` for `acme`) would fall back in silence. One
     /// line, or `Ok`.
-    pub fn check_tenants(&self, tenants: &[String]) -> Result<(), String> {
+    pub fn validate_tenants(&self, tenants: &[String]) -> Result<(), String> {
         let default = oncely::TenantId::default();
         let unknown: Vec<&str> = self
             .sources
@@ -755,9 +744,9 @@ impl Templates {
     /// variables its message has, that its HTML is well formed (the file alone, and the
     /// message as rendered), that a message with a link has it in both parts, and that the
     /// subject is one line.
-    pub fn check(&self) -> Result<(), Problems> {
+    pub fn validate(&self) -> Result<(), Problems> {
         let mut problems = BTreeSet::new();
-        self.check_files(&mut problems);
+        self.validate_files(&mut problems);
         let sample_link = "https://accounts.example.com/v1/verify?token=SAMPLE-TOKEN";
         let scopes: Vec<&str> = std::iter::once(DEFAULT_SCOPE)
             .chain(self.sources.tenant_scopes())
@@ -787,7 +776,7 @@ impl Templates {
                             )
                             .file
                         };
-                        if let Err(malformed) = html::check(&rendered.html) {
+                        if let Err(malformed) = html::well_formed(&rendered.html) {
                             problems.insert(Problem {
                                 file: file("html"),
                                 line: None,
@@ -831,7 +820,7 @@ impl Templates {
 
     /// Checks each file on its own: it compiles, it uses only its message's variables, and an
     /// HTML file's own tags balance (its template code blanked out).
-    fn check_files(&self, problems: &mut BTreeSet<Problem>) {
+    fn validate_files(&self, problems: &mut BTreeSet<Problem>) {
         let files = self
             .sources
             .overrides
@@ -873,7 +862,7 @@ impl Templates {
                 });
             }
             if file.ends_with(".html")
-                && let Err(malformed) = html::check(&blank_template_code(&source.text))
+                && let Err(malformed) = html::well_formed(&blank_template_code(&source.text))
             {
                 problems.insert(Problem {
                     file: source.origin.clone(),
@@ -1131,7 +1120,7 @@ mod tests {
     #[test]
     fn the_embedded_defaults_pass_their_own_check_in_both_languages() {
         let templates = Templates::embedded();
-        templates.check().unwrap();
+        templates.validate().unwrap();
         for message in Message::ALL {
             for (tag, word) in [("en", "This email was sent"), ("de", "Diese E-Mail wurde")] {
                 let vars = Vars::sample("default", LINK, true);
@@ -1220,7 +1209,7 @@ mod tests {
             assert!(!rendered.html.contains("<script>"), "{message:?}");
             assert!(!rendered.html.contains("<img src=x"), "{message:?}");
             assert!(rendered.html.contains("&lt;script&gt;"), "{message:?}");
-            assert_eq!(html::check(&rendered.html), Ok(()), "{message:?}");
+            assert_eq!(html::well_formed(&rendered.html), Ok(()), "{message:?}");
         }
         let rendered = templates
             .render(Message::Verification, "default", None, &vars)
@@ -1382,12 +1371,14 @@ mod tests {
             "{problems}"
         );
 
-        let refused = templates.check_tenants(&["acme".to_owned()]).unwrap_err();
+        let refused = templates
+            .validate_tenants(&["acme".to_owned()])
+            .unwrap_err();
         assert!(
             refused.contains("Acme") && !refused.contains("default,"),
             "{refused}"
         );
-        templates.check_tenants(&["Acme".to_owned()]).unwrap();
+        templates.validate_tenants(&["Acme".to_owned()]).unwrap();
         let path = format!("{}/Acme/en/verification.subject", dir.path().display());
         assert_eq!(templates.relative(&path), "Acme/en/verification.subject");
     }

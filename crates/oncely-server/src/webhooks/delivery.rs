@@ -214,7 +214,7 @@ impl<A: Accounts> WebhookDelivery<A> {
         if endpoint.disabled_at_ms.is_some() {
             return Attempted::Dead("the endpoint is disabled".into());
         }
-        if let Err(refused) = self.policy.check(&endpoint.url) {
+        if let Err(refused) = self.policy.allow(&endpoint.url) {
             return Attempted::Dead(format!("refused URL: {refused}"));
         }
         let secrets = match signing_secrets_of(&self.secret, &endpoint) {

@@ -27,8 +27,8 @@ pub struct Refused(pub String);
 impl UrlPolicy {
     /// Checks a URL's form and, when its host is an IP literal, its address: absolute
     /// http(s) (https only in production), no user info, no fragment, at most
-    /// [`MAX_URL_BYTES`]. A host name is checked where it resolves ([`Self::check_resolved`]).
-    pub fn check(&self, url: &str) -> Result<Url, Refused> {
+    /// [`MAX_URL_BYTES`]. A host name is checked where it resolves ([`Self::allow_resolved`]).
+    pub fn allow(&self, url: &str) -> Result<Url, Refused> {
         if url.len() > MAX_URL_BYTES {
             return Err(Refused(format!(
                 "the URL is longer than {MAX_URL_BYTES} bytes"
@@ -50,23 +50,23 @@ impl UrlPolicy {
         }
         match parsed.host() {
             None => return Err(Refused("the URL names no host".into())),
-            Some(Host::Ipv4(ip)) => self.check_ip(IpAddr::V4(ip))?,
-            Some(Host::Ipv6(ip)) => self.check_ip(IpAddr::V6(ip))?,
+            Some(Host::Ipv4(ip)) => self.allow_ip(IpAddr::V4(ip))?,
+            Some(Host::Ipv6(ip)) => self.allow_ip(IpAddr::V6(ip))?,
             Some(Host::Domain(_)) => {}
         }
         Ok(parsed)
     }
 
-    /// Checks `url` ([`Self::check`]) and the addresses its host name resolves to now: every
+    /// Checks `url` ([`Self::allow`]) and the addresses its host name resolves to now: every
     /// one must be allowed. A name that does not resolve (yet) passes: every delivery checks
     /// again where it connects.
-    pub async fn check_resolved(&self, url: &str) -> Result<Url, Refused> {
-        let parsed = self.check(url)?;
+    pub async fn allow_resolved(&self, url: &str) -> Result<Url, Refused> {
+        let parsed = self.allow(url)?;
         if let Some(Host::Domain(name)) = parsed.host() {
             let port = parsed.port_or_known_default().unwrap_or(443);
             if let Ok(addrs) = tokio::net::lookup_host((name, port)).await {
                 for addr in addrs {
-                    self.check_ip(addr.ip())
+                    self.allow_ip(addr.ip())
                         .map_err(|Refused(why)| Refused(format!("{name} resolves to {why}")))?;
                 }
             }
@@ -76,7 +76,7 @@ impl UrlPolicy {
 
     /// Whether oncely may connect to `ip`: see [`refused_range`]; development allows loopback,
     /// `ONCELY_WEBHOOK_ALLOW_PRIVATE` everything.
-    pub fn check_ip(&self, ip: IpAddr) -> Result<(), Refused> {
+    pub fn allow_ip(&self, ip: IpAddr) -> Result<(), Refused> {
         if self.allow_private {
             return Ok(());
         }
@@ -193,7 +193,7 @@ impl reqwest::dns::Resolve for CheckingResolver {
             let mut refused = None;
             let allowed: Vec<SocketAddr> = found
                 .into_iter()
-                .filter(|addr| match policy.check_ip(addr.ip()) {
+                .filter(|addr| match policy.allow_ip(addr.ip()) {
                     Ok(()) => true,
                     Err(Refused(why)) => {
                         refused.get_or_insert(why);
@@ -318,34 +318,34 @@ mod tests {
                 (DEVELOPMENT_PRIVATE, development_private),
             ] {
                 assert_eq!(
-                    policy.check(url).is_ok(),
+                    policy.allow(url).is_ok(),
                     expected,
                     "{url} under {policy:?}: {:?}",
-                    policy.check(url)
+                    policy.allow(url)
                 );
             }
         }
         let long = format!("https://hooks.example.com/{}", "a".repeat(MAX_URL_BYTES));
-        assert!(DEVELOPMENT_PRIVATE.check(&long).is_err());
+        assert!(DEVELOPMENT_PRIVATE.allow(&long).is_err());
     }
 
     #[tokio::test]
     async fn a_name_that_resolves_to_loopback_is_refused_in_production_only() {
         assert!(
             PRODUCTION
-                .check_resolved("https://localhost/x")
+                .allow_resolved("https://localhost/x")
                 .await
                 .is_err()
         );
         assert!(
             DEVELOPMENT
-                .check_resolved("http://localhost/x")
+                .allow_resolved("http://localhost/x")
                 .await
                 .is_ok()
         );
         assert!(
             PRODUCTION_PRIVATE
-                .check_resolved("https://localhost/x")
+                .allow_resolved("https://localhost/x")
                 .await
                 .is_ok()
         );

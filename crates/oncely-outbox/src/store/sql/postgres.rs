@@ -51,6 +51,30 @@ macro_rules! claimed {
     };
 }
 
+/// The ids of the oldest due jobs of `status` of each kind in the JSON array `$4` (due at
+/// `$1`, at most `$5` of each, locked with SKIP LOCKED), the oldest `$5` of them first: a
+/// lateral walk of the due index per kind, as `d`. What a claim and a reconciler's claim of
+/// parked jobs select from.
+macro_rules! due_per_kind {
+    ($status:literal) => {
+        concat!(
+            "FROM jsonb_array_elements_text($4) AS k(kind)
+            CROSS JOIN LATERAL (
+                SELECT id, run_after FROM oncely_outbox
+                 WHERE status = '",
+            $status,
+            "' AND kind = k.kind
+                   AND run_after <= COALESCE($1, now())
+                 ORDER BY run_after, id
+                 LIMIT $5
+                   FOR UPDATE SKIP LOCKED
+            ) d
+            ORDER BY d.run_after, d.id
+            LIMIT $5"
+        )
+    };
+}
+
 /// The dead jobs a filter matches: 1 kind, 2 dead at or after, 3 a substring of the last
 /// error, ignoring case (each `NULL`: any).
 macro_rules! dead {
@@ -81,17 +105,8 @@ impl super::Statements for Postgres {
     const CLAIM: &'static str = concat!(
         "
         WITH due AS (
-            SELECT d.id FROM jsonb_array_elements_text($4) AS k(kind)
-            CROSS JOIN LATERAL (
-                SELECT id, run_after FROM oncely_outbox
-                 WHERE status = 'pending' AND kind = k.kind
-                   AND run_after <= COALESCE($1, now())
-                 ORDER BY run_after, id
-                 LIMIT $5
-                   FOR UPDATE SKIP LOCKED
-            ) d
-            ORDER BY d.run_after, d.id
-            LIMIT $5",
+            SELECT d.id ",
+        due_per_kind!("pending"),
         claimed!("$7")
     );
 
@@ -263,19 +278,12 @@ impl super::Statements for Postgres {
 
     // Differs: a lateral walk per kind (as CLAIM), SKIP LOCKED (two reconcilers take different
     // jobs), the age in milliseconds from the database's clock.
-    const CLAIM_PARKED: &'static str = "
+    const CLAIM_PARKED: &'static str = concat!(
+        "
         WITH due AS (
-            SELECT d.id, d.run_after FROM jsonb_array_elements_text($4) AS k(kind)
-            CROSS JOIN LATERAL (
-                SELECT id, run_after FROM oncely_outbox
-                 WHERE status = 'unknown' AND kind = k.kind
-                   AND run_after <= COALESCE($1, now())
-                 ORDER BY run_after, id
-                 LIMIT $5
-                   FOR UPDATE SKIP LOCKED
-            ) d
-            ORDER BY d.run_after, d.id
-            LIMIT $5
+            SELECT d.id, d.run_after ",
+        due_per_kind!("unknown"),
+        "
         )
         UPDATE oncely_outbox o
            SET run_after = COALESCE($1, now()) + $2 * interval '1 millisecond', lease_token = $3
@@ -284,7 +292,8 @@ impl super::Statements for Postgres {
                   o.free_attempts, o.created_at, o.redriven_at, o.not_after, o.frozen,
                   o.partition_key, o.settled, o.parked_at,
                   GREATEST(EXTRACT(EPOCH FROM COALESCE($1, now()) - o.parked_at) * 1000, 0)::int8
-                      AS parked_ms";
+                      AS parked_ms"
+    );
 
     // Differs: an interval.
     const LOOK_LATER: &'static str = "

@@ -5,6 +5,23 @@
 
 use sqlx::Sqlite;
 
+/// The ids of the oldest `?5` due jobs of `status` (due at `?1`) of the kinds in the JSON
+/// array `?4`, and the parenthesis of the `WHERE id IN (` before it: what a claim and a
+/// reconciler's claim of parked jobs take.
+macro_rules! due_per_kind {
+    ($status:literal) => {
+        concat!(
+            "SELECT id FROM oncely_outbox
+             WHERE status = '",
+            $status,
+            "' AND run_after <= ?1
+               AND kind IN (SELECT value FROM json_each(?4))
+             ORDER BY run_after, id
+             LIMIT ?5)"
+        )
+    };
+}
+
 /// The claimed jobs, found again by index after the claim: the claim just set `run_after` to
 /// `now + lease` and the lease token, which no other row has.
 macro_rules! claimed {
@@ -88,11 +105,9 @@ impl super::Statements for Sqlite {
         UPDATE oncely_outbox
            SET run_after = ?1 + ?2, lease_token = ?3, attempts = attempts + 1
          WHERE id IN (
-            SELECT id FROM oncely_outbox
-             WHERE status = 'pending' AND run_after <= ?1
-               AND kind IN (SELECT value FROM json_each(?4))
-             ORDER BY run_after, id
-             LIMIT ?5)
+            ",
+        due_per_kind!("pending"),
+        "
         RETURNING",
         attempts!("?7")
     );
@@ -262,17 +277,17 @@ impl super::Statements for Sqlite {
         RETURNING id";
 
     // Differs: no row locks to skip (the store's write transaction holds the one write lock).
-    const CLAIM_PARKED: &'static str = "
+    const CLAIM_PARKED: &'static str = concat!(
+        "
         UPDATE oncely_outbox SET run_after = ?1 + ?2, lease_token = ?3
          WHERE id IN (
-            SELECT id FROM oncely_outbox
-             WHERE status = 'unknown' AND run_after <= ?1
-               AND kind IN (SELECT value FROM json_each(?4))
-             ORDER BY run_after, id
-             LIMIT ?5)
+            ",
+        due_per_kind!("unknown"),
+        "
         RETURNING id, operation_key, kind, payload, delivery_key, attempts, free_attempts,
                   created_at, redriven_at, not_after, frozen, partition_key, settled, parked_at,
-                  max(?1 - coalesce(parked_at, created_at), 0) AS parked_ms";
+                  max(?1 - coalesce(parked_at, created_at), 0) AS parked_ms"
+    );
 
     // Differs: milliseconds.
     const LOOK_LATER: &'static str = "

@@ -2,7 +2,7 @@
 //! every route that emails counts its email here, whether or not the address has an account,
 //! and learns whether the email must be suppressed. The counters touched depend on the
 //! client's own history, never on the address having an account. What counts and how:
-//! [`crate::limits::email`].
+//! [`crate::limits::mail`].
 
 use oncely::TenantId;
 
@@ -11,7 +11,7 @@ use crate::accounts::{Accounts, count_in};
 use crate::client_addr::CallerAddr;
 use crate::email::EmailAddress;
 // The end-to-end suite names them here.
-pub use crate::limits::email::{ClientCharge, EmailCount};
+pub use crate::limits::mail::{ClientCharge, MailCount};
 
 /// Counts this email for the address from this client and for this client (whenever the client
 /// is known), then — if those let it through — for the address from all clients, and says
@@ -32,14 +32,14 @@ pub async fn suppression<A: Accounts>(
     Ok((verdict, count.charge))
 }
 
-/// One email of `caller` to `email` ([`EmailCount::new`]), under this service's caps, counted
+/// One email of `caller` to `email` ([`MailCount::new`]), under this service's caps, counted
 /// against the client's cap in this process.
 pub fn email_count<A: Accounts>(
     state: &AppState<A>,
     tenant: &TenantId,
     email: &EmailAddress,
     caller: &CallerAddr,
-) -> EmailCount {
+) -> MailCount {
     let caps = (&state.limits, &state.client_mail);
-    EmailCount::new(caps, &state.secret, tenant, email, caller)
+    MailCount::new(caps, &state.secret, tenant, email, caller)
 }

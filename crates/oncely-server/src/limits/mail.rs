@@ -1,6 +1,6 @@
 //! The email caps' counting: the caps ([`MailLimits`]), the per-client cap counted in this
-//! process ([`ClientMail`]), and one email's counters and verdict ([`EmailCount`]). The routes
-//! that email count through it (`routes::email_caps`); the per-address counters are rows the
+//! process ([`ClientMail`]), and one email's counters and verdict ([`MailCount`]). The routes
+//! that email count through it (`routes::mail_caps`); the per-address counters are rows the
 //! account storage writes.
 //!
 //! The per-address counters are rows of `oncely_rate_limits` (one per address, or per address
@@ -197,9 +197,9 @@ impl std::fmt::Debug for ClientMail {
 /// One email to count against the caps: the per-client cap already counted (in this process),
 /// the per-address counters to count in the request's transaction — by the account storage, alone
 /// or in a statement that writes them along with others (a signup's) — and then
-/// [`EmailCount::verdict`] on their counts.
+/// [`MailCount::verdict`] on their counts.
 #[derive(Debug)]
-pub struct EmailCount {
+pub struct MailCount {
     /// The counter of this address from this client; `None`: the client is unknown (only the
     /// address's total counts).
     pub pair: Option<String>,
@@ -216,7 +216,7 @@ pub struct EmailCount {
     pub charge: ClientCharge,
 }
 
-impl EmailCount {
+impl MailCount {
     /// Counts the email against the client's cap (in this process) and names the counters.
     pub fn new(
         (limits, client_mail): (&MailLimits, &ClientMail),

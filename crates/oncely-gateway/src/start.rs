@@ -8,7 +8,7 @@
 
 use oncely::ServerSecret;
 use oncely::store::KeyStore;
-use oncely::store::shared_secret::{SharedSecretStore, development_secret, require_shared_secret};
+use oncely::store::shared_secret::{SharedSecretStore, share_secret};
 use oncely::store::{Dialect, SqlKeyStore};
 use oncely_sql::open::{Create, Location, Open, warn_if_commits_are_not_durable};
 use oncely_sql::schema::{Library, Schema, migrate};
@@ -67,11 +67,7 @@ where
             opened
         }
     };
-    let keys = SqlKeyStore::on(opened.db);
-    let secret = match generated {
-        Some(generated) => development_secret(&keys, &generated, &secret).await?,
-        None => secret,
-    };
-    require_shared_secret(&keys, &secret).await?;
+    let keys = SqlKeyStore::on(opened.db.clone());
+    let secret = share_secret(&keys, &opened.db, secret, generated.as_ref()).await?;
     Ok((keys, secret))
 }

@@ -10,7 +10,7 @@ use axum::Router;
 use axum::extract::State;
 use axum::http::StatusCode;
 use axum::routing::get;
-use oncely::store::shared_secret::{development_secret, require_shared_secret};
+use oncely::store::shared_secret::share_secret;
 use oncely_inbox::{Inbox, Running};
 use oncely_outbox::OnUnknown;
 use oncely_outbox::mail::{self, IdempotencyHeader, Mailer};
@@ -159,11 +159,13 @@ impl<B: Accounts> Application<B> {
             settings.environment,
         )
         .await?;
-        if let Some(generated) = &settings.generated_secret {
-            settings.secret =
-                development_secret(backend.keys(), generated, &settings.secret).await?;
-        }
-        require_shared_secret(backend.keys(), &settings.secret).await?;
+        settings.secret = share_secret(
+            backend.keys(),
+            backend.db(),
+            settings.secret.clone(),
+            settings.generated_secret.as_ref(),
+        )
+        .await?;
         crate::webhooks::delivery::reseal_at_start(&backend, &settings.secret).await;
         let tenants: Vec<String> = backend.tenants().await?.into_iter().map(|t| t.id).collect();
         templates

@@ -3,7 +3,7 @@
 use std::sync::Arc;
 
 use clap::Args;
-use oncely::store::shared_secret::{development_secret, require_shared_secret};
+use oncely::store::shared_secret::share_secret;
 use oncely_server::accounts::Accounts;
 use oncely_server::app;
 use oncely_server::mail::MailContext;
@@ -41,11 +41,13 @@ pub async fn run<B: Accounts>(settings: WorkerSettings) -> anyhow::Result<()> {
         settings.environment,
     )
     .await?;
-    let secret = match &settings.generated_secret {
-        Some(generated) => development_secret(backend.keys(), generated, &settings.secret).await?,
-        None => settings.secret,
-    };
-    require_shared_secret(backend.keys(), &secret).await?;
+    let secret = share_secret(
+        backend.keys(),
+        backend.db(),
+        settings.secret,
+        settings.generated_secret.as_ref(),
+    )
+    .await?;
     let (mailer, _) = app::mailer(&settings.mailer).await?;
     app::warn_unless_reconciled(settings.plan.options.on_unknown, &*mailer);
     let context = Arc::new(MailContext {

@@ -432,7 +432,7 @@ async fn started(mut command: tokio::process::Command, last: impl Fn(&str) -> bo
 }
 
 /// `oncely gateway` in front of `upstream` as a child process, on a free port unless `extra`
-/// names `--bind`, with the test secret.
+/// names `--bind`, with the test secret unless it names `--secret`.
 pub async fn spawn_gateway(database_url: &str, upstream: &str, extra: &[&str]) -> Process {
     let mut command = tokio::process::Command::new(env!("CARGO_BIN_EXE_oncely"));
     command.args([
@@ -441,9 +441,10 @@ pub async fn spawn_gateway(database_url: &str, upstream: &str, extra: &[&str]) -
         database_url,
         "--upstream",
         upstream,
-        "--secret",
-        SECRET,
     ]);
+    if !extra.contains(&"--secret") {
+        command.args(["--secret", SECRET]);
+    }
     if !extra.contains(&"--bind") {
         command.args(["--bind", "127.0.0.1:0"]);
     }

@@ -222,6 +222,10 @@ pub trait Open: Database<Connection: Migrate> + Sized {
 
     /// The one number `sql` returns.
     fn scalar(db: &Db<Self>, sql: String) -> impl Future<Output = Result<i64, sqlx::Error>> + Send;
+
+    /// Runs `sql`; the rows it changed.
+    fn execute(db: &Db<Self>, sql: String)
+    -> impl Future<Output = Result<u64, sqlx::Error>> + Send;
 }
 
 /// Warns when the database acknowledges commits it may lose in a crash (`synchronous_commit =

@@ -126,6 +126,11 @@ impl Open for Postgres {
             .fetch_one(db)
             .await
     }
+
+    async fn execute(db: &Db<Self>, sql: String) -> Result<u64, sqlx::Error> {
+        let done = sqlx::query(sqlx::AssertSqlSafe(sql)).execute(db).await?;
+        Ok(done.rows_affected())
+    }
 }
 
 impl Opened<Postgres> {

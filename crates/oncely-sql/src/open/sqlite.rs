@@ -121,6 +121,11 @@ impl Open for Sqlite {
             .fetch_one(db)
             .await
     }
+
+    async fn execute(db: &Db<Self>, sql: String) -> Result<u64, sqlx::Error> {
+        let done = sqlx::query(sqlx::AssertSqlSafe(sql)).execute(db).await?;
+        Ok(done.rows_affected())
+    }
 }
 
 /// The file a SQLite URL names, unless it is an in-memory database.

@@ -19,6 +19,7 @@ use super::StoreError;
 use super::sql::{Dialect, SqlKeyStore};
 use crate::ServerSecret;
 use oncely_sql::Db;
+use oncely_sql::open::Open;
 
 /// What the database keeps of the server secret its processes use, to check at start that
 /// they all use the same one: keyed hashes, never the secret.
@@ -121,6 +122,72 @@ where
     }
 }
 
+/// The tables the previous release kept the shared secret in (the account service's), beside
+/// this one's: `(previous, now, columns)`.
+const PREVIOUS_RELEASE: [(&str, &str, &str); 2] = [
+    (
+        "oncely_secret_check",
+        "oncely_shared_secret_check",
+        "id, current_mac, previous_mac, retired_macs",
+    ),
+    (
+        "oncely_development_secret",
+        "oncely_shared_development_secret",
+        "id, secret",
+    ),
+];
+
+/// On a database the previous release ran on, its secret check and development secret become
+/// this release's, unless this release's tables already hold theirs: a process started before
+/// `oncely migrate` copied them (a gateway in development, which migrates the key store's
+/// history alone, on SQLite, where the key store's migration cannot copy them) would otherwise
+/// start the check afresh — accepting another secret, forgetting retired ones — and sign with
+/// another development secret (the links already sent then fail). Run it before
+/// [`development_secret`] and [`require_shared_secret`]; nothing happens where the previous
+/// release's tables do not exist.
+pub async fn adopt_previous_release<DB: Open>(db: &Db<DB>) -> Result<(), StoreError> {
+    for (previous, now, columns) in PREVIOUS_RELEASE {
+        if DB::scalar(db, DB::has_table(previous)).await? > 0 {
+            DB::execute(
+                db,
+                format!(
+                    "INSERT INTO {now} ({columns}) SELECT {columns} FROM {previous} WHERE true \
+                     ON CONFLICT (id) DO NOTHING"
+                ),
+            )
+            .await?;
+        }
+    }
+    Ok(())
+}
+
+/// Writes this release's secret check and development secret into the previous release's
+/// tables, where they exist: a process of the previous release still running, or started
+/// during a rolling upgrade or a rollback, reads only those — and would accept a secret that
+/// this release's processes refuse, or one a rotation retired. Run it after
+/// [`require_shared_secret`].
+pub async fn mirror_to_previous_release<DB: Open>(db: &Db<DB>) -> Result<(), StoreError> {
+    for (previous, now, columns) in PREVIOUS_RELEASE {
+        if DB::scalar(db, DB::has_table(previous)).await? > 0 {
+            let update = columns
+                .split(", ")
+                .filter(|c| *c != "id")
+                .map(|c| format!("{c} = excluded.{c}"))
+                .collect::<Vec<_>>()
+                .join(", ");
+            DB::execute(
+                db,
+                format!(
+                    "INSERT INTO {previous} ({columns}) SELECT {columns} FROM {now} WHERE true \
+                     ON CONFLICT (id) DO UPDATE SET {update}"
+                ),
+            )
+            .await?;
+        }
+    }
+    Ok(())
+}
+
 /// Why a process may not use its server secret on this database.
 #[derive(Debug, thiserror::Error)]
 pub enum SharedSecretError {
@@ -150,6 +217,32 @@ pub enum SharedSecretError {
         "the secret check of the database kept changing while this process started; start it again"
     )]
     Changing,
+}
+
+/// What a process does at start with its server secret `secret` (or, `generated` in
+/// development when none was given, the one its database keeps): the previous release's rows
+/// adopted ([`adopt_previous_release`]), the development secret resolved
+/// ([`development_secret`]), the secret required to be the one the other processes use
+/// ([`require_shared_secret`]), and the outcome written where the previous release's processes
+/// read it ([`mirror_to_previous_release`]). `store` is the key store on `db`.
+pub async fn share_secret<S: SharedSecretStore, DB: Open>(
+    store: &S,
+    db: &Db<DB>,
+    secret: ServerSecret,
+    generated: Option<&SecretString>,
+) -> Result<ServerSecret, SharedSecretError> {
+    adopt_previous_release(db)
+        .await
+        .map_err(SharedSecretError::Store)?;
+    let secret = match generated {
+        Some(generated) => development_secret(store, generated, &secret).await?,
+        None => secret,
+    };
+    require_shared_secret(store, &secret).await?;
+    mirror_to_previous_release(db)
+        .await
+        .map_err(SharedSecretError::Store)?;
+    Ok(secret)
 }
 
 /// The server secret of a development process that was given none: the one stored in the

@@ -39,14 +39,20 @@ fn recorded(migrator: &Migrator) -> Vec<(i64, Vec<u8>)> {
 
 #[test]
 fn the_migrators_keep_the_previous_releases_versions_and_checksums() {
-    assert_eq!(
-        recorded(&postgres::migrator()),
-        recorded(&previous_release(PREVIOUS_POSTGRES))
-    );
-    assert_eq!(
-        recorded(&sqlite::migrator()),
-        recorded(&previous_release(PREVIOUS_SQLITE))
-    );
+    // Migrations only add: the previous release's come first, unchanged; later ones follow
+    // (0002, the shared secret's tables).
+    for (now, before) in [
+        (postgres::migrator(), previous_release(PREVIOUS_POSTGRES)),
+        (sqlite::migrator(), previous_release(PREVIOUS_SQLITE)),
+    ] {
+        let (now, before) = (recorded(&now), recorded(&before));
+        assert!(now.len() > before.len(), "{now:?}");
+        assert_eq!(now[..before.len()], before[..]);
+        assert!(
+            now.windows(2).all(|w| w[0].0 < w[1].0),
+            "ascending: {now:?}"
+        );
+    }
 }
 
 /// The store migrates (twice, as on a restart) over the previous release's history and works.

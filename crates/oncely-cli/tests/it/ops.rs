@@ -666,15 +666,14 @@ async fn prune_deletes_expired_keys_old_history_and_counters_but_keeps_pending_w
     let (inbox, running) = start_inbox(Faults::default()).await;
     let short = |s: &mut Settings| {
         s.lease = Duration::from_millis(300);
-        // Long enough that the key written below outlives both prunes even on a loaded
-        // machine (a fresh-clone run saw it expire between them at 1 s).
-        s.key_retention = Duration::from_secs(4);
     };
     let app = spawn_app_with_inbox(&url, inbox, running, short).await;
     app.post("/v1/signup", "old", &json!({ "email": "old@example.com" }))
         .await;
     assert_eq!(app.emails_to("old@example.com", 1).await.len(), 1);
-    tokio::time::sleep(Duration::from_millis(4200)).await;
+    // An hour passes for what is there now: the key expires, the sent job and the email-cap
+    // counters fall out of the retention below (1 s). The rows are aged, nothing sleeps.
+    age_an_hour(&url).await;
     // A job that is still pending is never pruned, however old.
     app.inbox.set_faults(Faults {
         reject_next: 100,
@@ -739,6 +738,25 @@ async fn prune_deletes_expired_keys_old_history_and_counters_but_keeps_pending_w
         .post("/v1/signup", "old", &json!({ "email": "old@example.com" }))
         .await;
     assert!(again.headers().get("idempotent-replayed").is_none());
+}
+
+/// Ages every idempotency key past its expiry, every finished outbox job and every email-cap
+/// counter by an hour, in place (as if an hour had passed since they were written).
+async fn age_an_hour(url: &str) {
+    let (expired, an_hour_earlier) = if url.starts_with("postgres") {
+        ("now() - interval '1 hour'", "sent_at - interval '1 hour'")
+    } else {
+        // Unix milliseconds.
+        ("0", "sent_at - 3600000")
+    };
+    for sql in [
+        format!("UPDATE oncely_idempotency_keys SET expires_at = {expired}"),
+        format!("UPDATE oncely_outbox SET sent_at = {an_hour_earlier} WHERE status = 'sent'"),
+        // Unix seconds in both.
+        "UPDATE oncely_rate_limits SET window_start = window_start - 3600".to_owned(),
+    ] {
+        execute(url, &sql).await;
+    }
 }
 
 #[tokio::test]

@@ -7,7 +7,7 @@ use oncely_inbox::Faults;
 use serde_json::{Value, json};
 
 use crate::requests::{VERIFIED_USERS, app_with_faults};
-use crate::support::{spawn_inbox, sqlite_db, token_in};
+use crate::support::{spawn_inbox, spawn_inbox_with_env, sqlite_db, token_in};
 
 /// `oncely inbox expect --http <base> <args>`: its exit code, stdout and stderr.
 async fn expect(base: &str, args: &[&str]) -> (i32, String, String) {
@@ -412,14 +412,7 @@ async fn oncely_inbox_runs_with_a_fixed_malloc_mmap_threshold() {
     assert_eq!(stats.status(), 200, "the same process serves");
     drop(child);
 
-    let mut own = tokio::process::Command::new(env!("CARGO_BIN_EXE_oncely"))
-        .args(["inbox", "--smtp", "127.0.0.1:0", "--http", "127.0.0.1:0"])
-        .env("MALLOC_MMAP_THRESHOLD_", "262144")
-        .stdout(std::process::Stdio::null())
-        .kill_on_drop(true)
-        .spawn()
-        .unwrap();
-    tokio::time::sleep(Duration::from_millis(300)).await;
+    let (mut own, _) = spawn_inbox_with_env(&[], &[("MALLOC_MMAP_THRESHOLD_", "262144")]).await;
     assert_eq!(
         environ(own.id().unwrap()),
         ["MALLOC_MMAP_THRESHOLD_=262144"]

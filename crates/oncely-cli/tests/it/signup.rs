@@ -12,7 +12,7 @@ use crate::requests::{
     smtp_inbox, token, wait_for_count,
 };
 use crate::support::{
-    TestApp, both_databases, count, dump, spawn_app_on, spawn_app_with_inbox, spawn_binary,
+    TestApp, both_databases, count, dump, outbox_settled, spawn_app_on, spawn_app_with_inbox, spawn_binary,
     start_inbox, token_in,
 };
 
@@ -233,7 +233,7 @@ async fn the_server_killed_after_commit_replays_on_retry_and_one_email_arrives(
     inbox
         .wait_for("crash@example.com", 1, Duration::from_secs(10))
         .await;
-    tokio::time::sleep(Duration::from_millis(300)).await;
+    outbox_settled(&url, Duration::from_secs(10)).await;
     assert_eq!(inbox.messages(Some("crash@example.com")).len(), 1);
     assert_eq!(count(&url, USERS).await, 1);
 }
@@ -307,7 +307,7 @@ async fn a_worker_that_loses_the_answer_over_plain_smtp_reconciles_and_sends_one
     let plain = Faults::default();
     let app = a_signup_whose_answer_is_lost(&url, plain, "once@example.com", None).await;
     assert_eq!(app.emails_to("once@example.com", 1).await.len(), 1);
-    tokio::time::sleep(Duration::from_millis(300)).await;
+    outbox_settled(&url, Duration::from_secs(10)).await;
     assert_eq!(app.inbox.messages(Some("once@example.com")).len(), 1);
     assert_eq!(app.inbox.stats().duplicates, 0);
     let settled = "SELECT count(*) FROM oncely_outbox_attempts

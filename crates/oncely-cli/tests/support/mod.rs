@@ -171,15 +171,40 @@ impl TestApp {
             .unwrap()
     }
 
-    /// Waits for `n` emails to `to` (or 10 s), then a little longer to catch any extra one.
+    /// Waits for `n` emails to `to` (or 10 s), then until the outbox has settled (or 10 s), so
+    /// that an extra one that would come is there too.
     pub async fn emails_to(&self, to: &str, n: usize) -> Vec<Message> {
         self.inbox.wait_for(to, n, Duration::from_secs(10)).await;
-        tokio::time::sleep(Duration::from_millis(300)).await;
+        outbox_settled(&self.database_url, Duration::from_secs(10)).await;
         self.inbox.messages(Some(to))
     }
 
     pub async fn count(&self, sql: &str) -> i64 {
         count(&self.database_url, sql).await
+    }
+}
+
+/// Waits until no email job is being sent or due to be (none claimed, none pending or parked
+/// whose time comes within a second), or `within` has passed: every email the outbox was about
+/// to send is in the inbox.
+pub async fn outbox_settled(database_url: &str, within: Duration) {
+    let soon = if database_url.starts_with("postgres") {
+        "now() + interval '1 second'"
+    } else {
+        // Unix milliseconds.
+        "CAST((julianday('now') - 2440587.5) * 86400000 AS INTEGER) + 1000"
+    };
+    let unsettled = format!(
+        "SELECT count(*) FROM oncely_outbox
+          WHERE kind LIKE 'email.%' AND status IN ('pending', 'unknown')
+            AND (lease_token IS NOT NULL OR run_after <= {soon})"
+    );
+    let deadline = std::time::Instant::now() + within;
+    while count(database_url, &unsettled).await > 0 && std::time::Instant::now() < deadline {
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    if std::time::Instant::now() >= deadline {
+        eprintln!("SETTLE-TIMEOUT");
     }
 }
 
@@ -543,9 +568,19 @@ pub async fn spawn_inbox() -> (tokio::process::Child, String) {
 
 /// [`spawn_inbox`] with these flags too.
 pub async fn spawn_inbox_with(args: &[&str]) -> (tokio::process::Child, String) {
+    spawn_inbox_with_env(args, &[]).await
+}
+
+/// [`spawn_inbox_with`] with these environment variables too; returns once it serves (it
+/// printed its addresses).
+pub async fn spawn_inbox_with_env(
+    args: &[&str],
+    env: &[(&str, &str)],
+) -> (tokio::process::Child, String) {
     let mut child = tokio::process::Command::new(env!("CARGO_BIN_EXE_oncely"))
         .args(["inbox", "--smtp", "127.0.0.1:0", "--http", "127.0.0.1:0"])
         .args(args)
+        .envs(env.iter().copied())
         .stdout(std::process::Stdio::piped())
         .kill_on_drop(true)
         .spawn()

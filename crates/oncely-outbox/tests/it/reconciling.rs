@@ -146,6 +146,16 @@ async fn parked<S: Backend>(store: &S, worker: &Worker<S>, key: &str, look: &str
     record.id
 }
 
+/// Waits (10 s at the most) until the inbox has taken the message under the delivery key `key`
+/// (a delay fault holds it) and decides on no other copy.
+async fn taken(inbox: &oncely_inbox::Inbox, key: &str) {
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    let deciding = |d: oncely_inbox::Delivery| d.deciding || d.copies == 0;
+    while deciding(inbox.delivery(key)) && std::time::Instant::now() < deadline {
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+}
+
 async fn status<S: Backend>(store: &S, key: &str) -> JobStatus {
     store.job(key).await.unwrap().unwrap().status
 }
@@ -569,7 +579,8 @@ async fn a_slow_answer_is_not_taken_for_a_no_and_a_broken_lookup_says_nothing<S:
         "{done:?}"
     );
     // Meanwhile the inbox takes it; asked again once the lease has passed: accepted.
-    tokio::time::sleep(Duration::from_millis(1800)).await;
+    let job = store.job("mail:slow").await.unwrap().unwrap();
+    taken(&inbox, &job.delivery_key.to_string()).await;
     assert_eq!(inbox.messages(None).len(), 1);
     store.clock().advance(GRACE);
     let done = worker.reconcile_once().await.unwrap();
@@ -647,7 +658,8 @@ async fn the_inbox_lookup_says_no_only_when_it_can_know() {
         matches!(&deciding, Reconciled::Unknown(why) if why.contains("deciding")),
         "{deciding:?}"
     );
-    tokio::time::sleep(Duration::from_millis(1800)).await;
+    // Once the inbox has taken it: accepted.
+    taken(&inbox, &key).await;
     assert!(matches!(
         mailer.look_up(&key, enqueued).await,
         Reconciled::Accepted { .. }

@@ -181,14 +181,14 @@ fn email_count(
     pair: Option<&str>,
     per_address: i64,
     client_allowed: bool,
-) -> oncely_server::routes::mail_caps::MailCount {
-    oncely_server::routes::mail_caps::MailCount {
+) -> oncely_server::limits::mail::MailCount {
+    oncely_server::limits::mail::MailCount {
         pair: pair.map(str::to_owned),
         address: "address".to_owned(),
         window_start: 0,
         per_address,
         client_allowed,
-        charge: oncely_server::routes::mail_caps::ClientCharge::nothing(),
+        charge: oncely_server::limits::mail::ClientCharge::nothing(),
     }
 }
 
@@ -210,7 +210,7 @@ async fn a_signups_user_counters_and_endpoints_are_written_and_read_as_their_sta
 async fn signup_user_counted_on<B: Accounts>(url: &str) {
     use oncely_server::accounts::{SignupCounted, SignupOutcome};
     use oncely_server::email::EmailAddress;
-    use oncely_server::routes::mail_caps::MailCount;
+    use oncely_server::limits::mail::MailCount;
 
     let backend = B::connect(&oncely_server::backend::Location::url(url), COMMAND_POOL)
         .await

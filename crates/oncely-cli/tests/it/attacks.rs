@@ -6,7 +6,8 @@
 use std::time::Duration;
 
 use argon2::{PasswordHash, PasswordVerifier};
-use oncely_server::settings::{Environment, Settings};
+use oncely_server::environment::Environment;
+use oncely_server::settings::Settings;
 use oncely_testdb::TestDb;
 use serde_json::{Value, json};
 

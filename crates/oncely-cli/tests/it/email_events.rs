@@ -10,7 +10,7 @@ use oncely_inbox::{Faults, Rejection, Verification, Webhook};
 use oncely_server::accounts::{Accounts, NewEndpoint};
 use oncely_server::backend::{Backend, COMMAND_POOL, Postgres, Sqlite};
 use oncely_server::token::{Flow, Token};
-use oncely_server::webhooks::secret::{SigningSecret, seal};
+use oncely_server::secret::signing::{SigningSecret, seal};
 use oncely_testdb::TestDb;
 use serde_json::{Value, json};
 use uuid::Uuid;

@@ -10,7 +10,7 @@ use std::collections::{BTreeMap, BTreeSet};
 
 use oncely_server::accounts::{Accounts, NewEndpoint};
 use oncely_server::backend::{Postgres, Sqlite};
-use oncely_server::routes::login::LoginLimits;
+use oncely_server::limits::login::LoginLimits;
 use oncely_testdb::TestDb;
 use serde_json::{Value, json};
 use sqlx::{AssertSqlSafe, Connection};

@@ -5,7 +5,7 @@
 
 use std::time::{Duration, Instant};
 
-use oncely_server::routes::login::LoginLimits;
+use oncely_server::limits::login::LoginLimits;
 use oncely_testdb::TestDb;
 use serde_json::{Value, json};
 

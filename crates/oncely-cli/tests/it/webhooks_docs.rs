@@ -6,7 +6,7 @@
 
 use std::process::Stdio;
 
-use oncely_server::webhooks::secret::{SigningSecret, signature_header};
+use oncely_server::secret::signing::{SigningSecret, signature_header};
 use serde_json::{Value, json};
 use tokio::io::AsyncWriteExt;
 

@@ -18,7 +18,7 @@ use oncely_outbox::{
 };
 use oncely_server::accounts::{Accounts, NewEndpoint};
 use oncely_server::backend::{Backend, COMMAND_POOL, Postgres, Sqlite};
-use oncely_server::webhooks::secret::{SigningSecret, seal};
+use oncely_server::secret::signing::{SigningSecret, seal};
 use oncely_server::webhooks::{
     EndpointRef, Event, EventType, UrlPolicy, WebhookDelivery, WebhookSettings, emit,
     signing_secrets,

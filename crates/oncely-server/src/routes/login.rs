@@ -40,8 +40,6 @@ use crate::accounts::{AccountError, Accounts};
 use crate::client_addr::CallerAddr;
 use crate::email::EmailAddress;
 use crate::identity::{self, Identity, Proof};
-// The end-to-end suite names it here.
-pub use crate::limits::login::LoginLimits;
 use crate::limits::{HARD_CEILING, bucket};
 use crate::password::{self, Verified};
 use crate::webhooks::EventType;

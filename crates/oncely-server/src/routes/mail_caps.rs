@@ -10,8 +10,7 @@ use super::AppState;
 use crate::accounts::{Accounts, count_in};
 use crate::client_addr::CallerAddr;
 use crate::email::EmailAddress;
-// The end-to-end suite names them here.
-pub use crate::limits::mail::{ClientCharge, MailCount};
+use crate::limits::mail::{ClientCharge, MailCount};
 
 /// Counts this email for the address from this client and for this client (whenever the client
 /// is known), then — if those let it through — for the address from all clients, and says

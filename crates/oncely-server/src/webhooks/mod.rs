@@ -8,12 +8,8 @@
 
 pub mod delivery;
 pub mod events;
-// The signing secrets, under the name they had before the secrets had a module of their own
-// (the end-to-end suite names them here).
-pub use crate::secret::signing as secret;
 pub mod url;
 
-pub use crate::secret::signing::SigningSecret;
 pub use delivery::{EndpointRef, WebhookDelivery, WebhookSettings, signing_secrets};
 pub use events::{Event, EventType, emit, emit_to};
 pub use url::UrlPolicy;

@@ -14,6 +14,8 @@ use oncely_outbox::mail::{Email, from_url};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpListener;
 
+use crate::support::mailer;
+
 fn email() -> Email {
     Email {
         from: "from@example.com".into(),
@@ -25,7 +27,7 @@ fn email() -> Email {
 }
 
 async fn send(url: &str) -> Delivery {
-    let mailer = from_url(url, None, Duration::from_secs(5), None).unwrap();
+    let mailer = mailer(url, Duration::from_secs(5));
     mailer.send(&email(), "key-1").await
 }
 
@@ -275,7 +277,7 @@ fn blank(outcome: &Delivery) -> Delivery {
 
 /// Sends `email` with `key` over `url`'s transport.
 async fn send_with_key(url: &str, email: &Email, key: &str) -> Delivery {
-    let mailer = from_url(url, None, Duration::from_secs(5), None).unwrap();
+    let mailer = mailer(url, Duration::from_secs(5));
     mailer.send(email, key).await
 }
 
@@ -406,8 +408,7 @@ async fn an_endless_answer_is_read_no_further_than_64_kib() {
         (500, Delivery::Retry(String::new())),
     ] {
         let (url, written) = endless_answer(status).await;
-        let mailer =
-            from_url(&format!("{url}/emails"), None, Duration::from_secs(2), None).unwrap();
+        let mailer = mailer(&format!("{url}/emails"), Duration::from_secs(2));
         let outcome = mailer.send(&email(), "key-1").await;
         assert_eq!(
             std::mem::discriminant(&outcome),
@@ -419,7 +420,7 @@ async fn an_endless_answer_is_read_no_further_than_64_kib() {
     }
     // A delivery lookup: no verdict in 64 KiB is no answer.
     let (url, written) = endless_answer(200).await;
-    let smtp = from_url("smtp://127.0.0.1:9", None, Duration::from_secs(2), None).unwrap();
+    let smtp = mailer("smtp://127.0.0.1:9", Duration::from_secs(2));
     let lookup = LookedUp::new(
         smtp,
         &format!("{url}/deliveries/{{key}}"),
@@ -456,13 +457,7 @@ async fn an_error_answer_that_stalls_keeps_what_arrived_in_its_reason() {
             });
         }
     });
-    let mailer = from_url(
-        &format!("http://{addr}/emails"),
-        None,
-        Duration::from_millis(500),
-        None,
-    )
-    .unwrap();
+    let mailer = mailer(&format!("http://{addr}/emails"), Duration::from_millis(500));
     let outcome = mailer.send(&email(), "key-1").await;
     assert!(
         matches!(&outcome, Delivery::Retry(reason) if reason.contains("provider says no")),
@@ -478,13 +473,7 @@ async fn an_address_the_smtp_server_cannot_take_is_permanent_not_unknown() {
     use crate::provider::smtp_answering;
     // The server's EHLO offers AUTH only: no SMTPUTF8.
     let addr = smtp_answering("NOOP", "250 ok").await;
-    let mailer = from_url(
-        &format!("smtp://{addr}"),
-        None,
-        Duration::from_secs(5),
-        None,
-    )
-    .unwrap();
+    let mailer = mailer(&format!("smtp://{addr}"), Duration::from_secs(5));
     let to_joerg = Email {
         to: "jörg@example.com".into(),
         ..email()

@@ -4,13 +4,13 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use oncely_inbox::{Faults, Inbox, Rejection, Running};
-use oncely_outbox::mail::{Email, EmailHandler, IdempotencyHeader, Mailer, from_url};
+use oncely_outbox::mail::{EmailHandler, IdempotencyHeader, Mailer, from_url};
 use oncely_outbox::{JobStatus, JobStore, NewJob, RetryPolicy, Worker, WorkerConfig};
 use oncely_testdb::TestDb;
 use time::OffsetDateTime;
 use tokio_util::sync::CancellationToken;
 
-use crate::support::{Backend, Spy, both_stores, idle};
+use crate::support::{Backend, Spy, batch_of, both_stores, email_to, idle, mailer, results};
 
 const FAST: RetryPolicy = RetryPolicy {
     base: Duration::from_millis(10),
@@ -39,13 +39,7 @@ fn smtp_with_header(running: &Running, header: Option<&str>) -> Arc<dyn Mailer> 
 }
 
 fn http(running: &Running, timeout: Duration) -> Arc<dyn Mailer> {
-    from_url(
-        &format!("http://{}/emails", running.http_addr),
-        None,
-        timeout,
-        None,
-    )
-    .unwrap()
+    mailer(&format!("http://{}/emails", running.http_addr), timeout)
 }
 
 fn worker<S: Backend>(store: &S, mailer: Arc<dyn Mailer>, policy: RetryPolicy) -> Worker<S> {
@@ -61,13 +55,7 @@ fn worker<S: Backend>(store: &S, mailer: Arc<dyn Mailer>, policy: RetryPolicy) -
 }
 
 fn email_job(key: &str, to: &str) -> NewJob {
-    let email = Email {
-        from: "oncely@localhost".into(),
-        to: to.into(),
-        subject: "Hello".into(),
-        text: format!("job {key}"),
-        ..Default::default()
-    };
+    let email = email_to(to, &format!("job {key}"));
     NewJob::new(key, "email", serde_json::to_value(email).unwrap())
 }
 
@@ -168,16 +156,6 @@ async fn stop(
         .expect(why)
         .unwrap()
         .unwrap();
-}
-
-async fn results<S: Backend>(store: &S, id: i64) -> Vec<String> {
-    store
-        .attempts(id)
-        .await
-        .unwrap()
-        .into_iter()
-        .map(|a| a.result.unwrap_or_default())
-        .collect()
 }
 
 both_stores!(
@@ -477,22 +455,16 @@ async fn a_limited_kind_runs_at_most_its_concurrency_while_others_run_in_full_ba
         enqueue(&store, plain(format!("usage:{i}"), "usage")).await;
     }
     let (charges, usage) = (gauge(), gauge());
-    let worker = Worker::new(
-        store.clone(),
-        WorkerConfig {
-            batch: 8,
-            ..WorkerConfig::default()
-        },
-    )
-    .handle_with(
-        "charge",
-        charges.clone(),
-        KindOptions {
-            concurrency: Some(2),
-            ..KindOptions::default()
-        },
-    )
-    .handle("usage", usage.clone());
+    let worker = Worker::new(store.clone(), batch_of(8))
+        .handle_with(
+            "charge",
+            charges.clone(),
+            KindOptions {
+                concurrency: Some(2),
+                ..KindOptions::default()
+            },
+        )
+        .handle("usage", usage.clone());
     assert_eq!(worker.drain().await.unwrap(), 24);
     use std::sync::atomic::Ordering::SeqCst;
     assert_eq!(

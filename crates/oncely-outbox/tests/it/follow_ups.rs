@@ -18,7 +18,7 @@ use serde_json::json;
 use tokio::sync::{Semaphore, mpsc};
 use tokio_util::sync::CancellationToken;
 
-use crate::support::{Backend, LEASE, Spy, both_stores, idle, kinds};
+use crate::support::{Backend, LEASE, Report, Spy, both_stores, idle, kinds};
 
 both_stores!(
     follow_ups_come_once_with_each_final_status_and_never_with_a_retry,
@@ -357,20 +357,6 @@ async fn a_re_driven_job_gets_the_follow_ups_of_its_new_end<S: Backend>(store: S
     assert!(store.redrive("k").await.unwrap());
     assert_eq!(worker.drain().await.unwrap(), 1);
     assert_eq!(events(&store).await, ["event:k:dead", "event:k:sent"]);
-}
-
-/// Reports the jobs it runs.
-struct Report(mpsc::UnboundedSender<String>);
-
-impl Handler for Report {
-    fn run<'a>(&'a self, job: &'a Job) -> Pin<Box<dyn Future<Output = Delivery> + Send + 'a>> {
-        let _ = self.0.send(job.operation_key.clone());
-        Box::pin(async {
-            Delivery::Sent {
-                provider_message_id: None,
-            }
-        })
-    }
 }
 
 async fn follow_ups_wake_the_workers_of_their_kind<S: Backend>(store: S, _db: TestDb) {

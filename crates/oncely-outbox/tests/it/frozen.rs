@@ -9,14 +9,14 @@ use std::time::Duration;
 
 use oncely_inbox::{Faults, Inbox};
 use oncely_outbox::job::FreezeFuture;
-use oncely_outbox::mail::{Email, Mailer, from_url};
+use oncely_outbox::mail::Mailer;
 use oncely_outbox::{
     Delivery, DeliveryFuture, Handler, Job, JobStatus, NewJob, RetryPolicy, Worker, WorkerConfig,
 };
 use oncely_testdb::TestDb;
 use serde_json::json;
 
-use crate::support::{Backend, both_stores};
+use crate::support::{Backend, both_stores, email_to, finished_attempts, mailer};
 
 const FAST: RetryPolicy = RetryPolicy {
     base: Duration::from_millis(10),
@@ -54,13 +54,7 @@ impl Handler for Notify {
                 Some(to) => to.to_owned(),
                 None => self.current.lock().unwrap().clone(),
             };
-            let email = Email {
-                from: "oncely@localhost".into(),
-                to: to.clone(),
-                subject: "Hello".into(),
-                text: format!("Hello {to}"),
-                ..Default::default()
-            };
+            let email = email_to(&to, &format!("Hello {to}"));
             self.mailer
                 .send(&email, &job.delivery_key.to_string())
                 .await
@@ -87,7 +81,7 @@ async fn setup_with<S: Backend>(
     let (inbox, running) = Inbox::start_local(faults).await.unwrap();
     let url = format!("http://{}/emails", running.http_addr);
     let handler = Arc::new(Notify {
-        mailer: from_url(&url, None, Duration::from_millis(500), None).unwrap(),
+        mailer: mailer(&url, Duration::from_millis(500)),
         current: Arc::new(Mutex::new("old@example.com".into())),
         refuse,
         freezes: AtomicUsize::new(0),
@@ -113,11 +107,6 @@ impl Handler for Shared {
     fn run<'a>(&'a self, job: &'a Job) -> DeliveryFuture<'a> {
         self.0.run(job)
     }
-}
-
-async fn results<S: Backend>(store: &S, id: i64) -> Vec<String> {
-    let attempts = store.attempts(id).await.unwrap();
-    attempts.into_iter().filter_map(|a| a.result).collect()
 }
 
 both_stores!(
@@ -175,13 +164,16 @@ async fn a_payload_the_provider_refused_or_throttled_is_frozen_anew_at_the_next_
     let (inbox, worker, handler) = setup_with(&store, None, faults).await;
     worker.drain().await.unwrap(); // refused: the kind pauses
     let record = store.job("notify:1").await.unwrap().unwrap();
-    assert_eq!(results(&store, record.id).await, ["paused"]);
+    assert_eq!(finished_attempts(&store, record.id).await, ["paused"]);
     assert_eq!(record.frozen, None, "nothing reached the provider");
     *handler.current.lock().unwrap() = "fixed@example.com".into();
     store.clock().advance(PROBE);
     worker.drain().await.unwrap(); // the probe: throttled
     let record = store.job("notify:1").await.unwrap().unwrap();
-    assert_eq!(results(&store, record.id).await, ["paused", "throttled"]);
+    assert_eq!(
+        finished_attempts(&store, record.id).await,
+        ["paused", "throttled"]
+    );
     assert_eq!(record.frozen, None);
     *handler.current.lock().unwrap() = "final@example.com".into();
     store
@@ -222,7 +214,7 @@ async fn a_payload_an_earlier_attempt_may_have_delivered_stays_frozen_through_a_
     worker.drain().await.unwrap(); // deduplicated: the first payload
     let record = store.job("notify:1").await.unwrap().unwrap();
     assert_eq!(
-        results(&store, record.id).await,
+        finished_attempts(&store, record.id).await,
         ["unknown", "throttled", "sent"]
     );
     assert_eq!(record.frozen, Some(json!({ "to": "old@example.com" })));
@@ -242,7 +234,7 @@ async fn a_retry_sends_the_payload_frozen_at_the_first_attempt_whatever_changed_
     worker.drain().await.unwrap();
     let record = store.job("notify:1").await.unwrap().unwrap();
     assert_eq!(record.frozen, Some(json!({ "to": "old@example.com" })));
-    assert_eq!(results(&store, record.id).await, ["unknown"]);
+    assert_eq!(finished_attempts(&store, record.id).await, ["unknown"]);
     // The state the payload was made from changes before the retry.
     *handler.current.lock().unwrap() = "new@example.com".into();
     store.clock().advance(FAST.max_delay);
@@ -250,7 +242,7 @@ async fn a_retry_sends_the_payload_frozen_at_the_first_attempt_whatever_changed_
 
     let record = store.job("notify:1").await.unwrap().unwrap();
     assert_eq!(
-        (record.status, results(&store, record.id).await),
+        (record.status, finished_attempts(&store, record.id).await),
         (JobStatus::Sent, vec!["unknown".into(), "sent".into()]),
         "{:?}",
         record.last_error
@@ -273,7 +265,7 @@ async fn a_handler_can_end_an_attempt_from_freeze_without_running_it<S: Backend>
     let record = store.job("notify:1").await.unwrap().unwrap();
     assert_eq!(record.status, JobStatus::Skipped);
     assert_eq!(record.last_error.as_deref(), Some("nobody to send to"));
-    assert_eq!(results(&store, record.id).await, ["skipped"]);
+    assert_eq!(finished_attempts(&store, record.id).await, ["skipped"]);
     assert_eq!(
         (record.frozen, handler.runs.load(Ordering::SeqCst)),
         (None, 0)

@@ -225,6 +225,50 @@ fn release_up_to(current: &Migrator, version: i64) -> Migrator {
     migrator
 }
 
+/// Migrates as the release before 0007 did, then writes
+/// [`BEFORE_SKIPPED`] as that release left it, with the dialect's statements (`insert_job`
+/// returns the job's id); how many attempts it wrote.
+async fn write_before_skipped<D: Dialect>(
+    pool: &Pool<D>,
+    insert_job: &'static str,
+    insert_attempt: &'static str,
+) -> i64
+where
+    D::Connection: Migrate,
+    for<'c> &'c Pool<D>: Executor<'c, Database = D>,
+    D::Arguments: IntoArguments<D>,
+    for<'q> &'q str: sqlx::Encode<'q, D> + sqlx::Type<D>,
+    for<'q> uuid::Uuid: sqlx::Encode<'q, D> + sqlx::Type<D>,
+    for<'q> i32: sqlx::Encode<'q, D> + sqlx::Type<D>,
+    for<'q> i64: sqlx::Encode<'q, D> + sqlx::Decode<'q, D> + sqlx::Type<D>,
+    for<'r> (i64,): sqlx::FromRow<'r, D::Row>,
+{
+    release_up_to(&D::migrator(), 6).run(pool).await.unwrap();
+    let mut attempts = 0;
+    for (key, status, results, _) in BEFORE_SKIPPED {
+        let id: i64 = sqlx::query_scalar(insert_job)
+            .bind(key)
+            .bind(uuid::Uuid::new_v4())
+            .bind(status)
+            .bind(i32::try_from(results.len()).unwrap())
+            .fetch_one(pool)
+            .await
+            .unwrap();
+        for (n, result) in results.iter().enumerate() {
+            sqlx::query(insert_attempt)
+                .bind(id)
+                .bind(i32::try_from(n + 1).unwrap())
+                .bind(uuid::Uuid::new_v4())
+                .bind(*result)
+                .execute(pool)
+                .await
+                .unwrap();
+            attempts += 1;
+        }
+    }
+    attempts
+}
+
 /// After 0007: each job's status, whether `dead_at` and `skipped_at` are set, and how many
 /// attempts are kept; then a prune far in the future deletes every job and (the foreign key
 /// still in place) every attempt.
@@ -299,44 +343,20 @@ where
 async fn postgres_jobs_an_earlier_release_made_dead_for_a_skip_become_skipped() {
     let db = TestPostgres::empty().await;
     let pool = db.pool(2).await;
-    release_up_to(&postgres::migrator(), 6)
-        .run(&pool)
-        .await
-        .unwrap();
-    let mut attempts = 0;
-    for (key, status, results, _) in BEFORE_SKIPPED {
-        let id: i64 = sqlx::query_scalar(
-            "INSERT INTO oncely_outbox
-                    (operation_key, kind, payload, delivery_key, status, attempts, sent_at,
-                     dead_at, last_error)
-             VALUES ($1, 'email', '{}', $2, $3, $4,
-                     CASE WHEN $3 = 'sent' THEN now() END,
-                     CASE WHEN $3 = 'dead' THEN now() END, 'why')
-             RETURNING id",
-        )
-        .bind(key)
-        .bind(uuid::Uuid::new_v4())
-        .bind(status)
-        .bind(i32::try_from(results.len()).unwrap())
-        .fetch_one(&pool)
-        .await
-        .unwrap();
-        for (n, result) in results.iter().enumerate() {
-            sqlx::query(
-                "INSERT INTO oncely_outbox_attempts
-                        (job_id, attempt, worker, lease_token, finished_at, result)
-                 VALUES ($1, $2, 'w', $3, now(), $4)",
-            )
-            .bind(id)
-            .bind(i32::try_from(n + 1).unwrap())
-            .bind(uuid::Uuid::new_v4())
-            .bind(*result)
-            .execute(&pool)
-            .await
-            .unwrap();
-            attempts += 1;
-        }
-    }
+    let attempts = write_before_skipped(
+        &pool,
+        "INSERT INTO oncely_outbox
+                (operation_key, kind, payload, delivery_key, status, attempts, sent_at,
+                 dead_at, last_error)
+         VALUES ($1, 'email', '{}', $2, $3, $4,
+                 CASE WHEN $3 = 'sent' THEN now() END,
+                 CASE WHEN $3 = 'dead' THEN now() END, 'why')
+         RETURNING id",
+        "INSERT INTO oncely_outbox_attempts
+                (job_id, attempt, worker, lease_token, finished_at, result)
+         VALUES ($1, $2, 'w', $3, now(), $4)",
+    )
+    .await;
     skips_became_skipped(&pool, attempts).await;
     let indexes: Vec<String> = sqlx::query_scalar(
         "SELECT indexdef FROM pg_indexes WHERE tablename = 'oncely_outbox' ORDER BY indexname",
@@ -356,44 +376,20 @@ async fn postgres_jobs_an_earlier_release_made_dead_for_a_skip_become_skipped() 
 async fn sqlite_jobs_an_earlier_release_made_dead_for_a_skip_become_skipped() {
     let db = TestSqlite::new();
     let pool = db.pool(2).await;
-    release_up_to(&sqlite::migrator(), 6)
-        .run(&pool)
-        .await
-        .unwrap();
-    let mut attempts = 0;
-    for (key, status, results, _) in BEFORE_SKIPPED {
-        let id: i64 = sqlx::query_scalar(
-            "INSERT INTO oncely_outbox
-                    (operation_key, kind, payload, delivery_key, status, attempts, run_after,
-                     created_at, sent_at, dead_at, last_error)
-             VALUES (?1, 'email', '{}', ?2, ?3, ?4, 0, 0,
-                     CASE WHEN ?3 = 'sent' THEN 1000 END,
-                     CASE WHEN ?3 = 'dead' THEN 1000 END, 'why')
-             RETURNING id",
-        )
-        .bind(key)
-        .bind(uuid::Uuid::new_v4())
-        .bind(status)
-        .bind(i32::try_from(results.len()).unwrap())
-        .fetch_one(&pool)
-        .await
-        .unwrap();
-        for (n, result) in results.iter().enumerate() {
-            sqlx::query(
-                "INSERT INTO oncely_outbox_attempts
-                        (job_id, attempt, worker, lease_token, started_at, finished_at, result)
-                 VALUES (?1, ?2, 'w', ?3, 0, 1000, ?4)",
-            )
-            .bind(id)
-            .bind(i32::try_from(n + 1).unwrap())
-            .bind(uuid::Uuid::new_v4())
-            .bind(*result)
-            .execute(&pool)
-            .await
-            .unwrap();
-            attempts += 1;
-        }
-    }
+    let attempts = write_before_skipped(
+        &pool,
+        "INSERT INTO oncely_outbox
+                (operation_key, kind, payload, delivery_key, status, attempts, run_after,
+                 created_at, sent_at, dead_at, last_error)
+         VALUES (?1, 'email', '{}', ?2, ?3, ?4, 0, 0,
+                 CASE WHEN ?3 = 'sent' THEN 1000 END,
+                 CASE WHEN ?3 = 'dead' THEN 1000 END, 'why')
+         RETURNING id",
+        "INSERT INTO oncely_outbox_attempts
+                (job_id, attempt, worker, lease_token, started_at, finished_at, result)
+         VALUES (?1, ?2, 'w', ?3, 0, 1000, ?4)",
+    )
+    .await;
     skips_became_skipped(&pool, attempts).await;
     // Every index is there again, and pruning and claims use theirs.
     let plan = |sql: &'static str| {

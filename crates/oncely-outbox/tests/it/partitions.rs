@@ -16,7 +16,7 @@ use serde_json::json;
 use tokio::sync::{Semaphore, mpsc};
 use tokio_util::sync::CancellationToken;
 
-use crate::support::{Backend, both_stores};
+use crate::support::{Backend, Report, batch_of, both_stores};
 
 both_stores!(
     a_partition_at_its_limit_never_keeps_the_kind_s_other_partitions_waiting,
@@ -156,20 +156,6 @@ async fn a_partition_at_its_limit_never_keeps_the_kind_s_other_partitions_waitin
     running.await.unwrap().unwrap();
 }
 
-/// Reports every job it runs.
-struct Report(mpsc::UnboundedSender<String>);
-
-impl Handler for Report {
-    fn run<'a>(&'a self, job: &'a Job) -> Pin<Box<dyn Future<Output = Delivery> + Send + 'a>> {
-        let _ = self.0.send(job.operation_key.clone());
-        Box::pin(async {
-            Delivery::Sent {
-                provider_message_id: None,
-            }
-        })
-    }
-}
-
 async fn jobs_without_a_partition_have_only_the_kind_s_limits<S: Backend>(store: S, _db: TestDb) {
     for i in 0..6 {
         let job = NewJob::new(format!("plain:{i}"), "webhook", json!({}));
@@ -229,14 +215,7 @@ async fn a_kind_s_concurrency_above_the_batch_size_is_its_own<S: Backend>(store:
     }
     let (started, mut started_rx) = mpsc::unbounded_channel();
     let gate = Arc::new(Semaphore::new(0));
-    let worker = Worker::new(
-        store.clone(),
-        WorkerConfig {
-            batch: 4,
-            ..WorkerConfig::default()
-        },
-    )
-    .handle_with(
+    let worker = Worker::new(store.clone(), batch_of(4)).handle_with(
         "webhook",
         Blocked {
             started,

@@ -7,26 +7,15 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
-use oncely_outbox::mail::{Email, EmailHandler, from_url};
+use oncely_outbox::mail::EmailHandler;
 use oncely_outbox::{JobStatus, NewJob, Worker, WorkerConfig};
 use oncely_testdb::TestDb;
 
 use crate::provider::{FakeApi, accepted};
-use crate::support::{Backend, both_stores};
+use crate::support::{Backend, both_stores, email_job, enqueue_emails, finished_results, mailer};
 
 /// `KindOptions::probe_interval`'s default.
 const INTERVAL: Duration = Duration::from_secs(30);
-
-fn email_job(key: &str) -> NewJob {
-    let email = Email {
-        from: "oncely@localhost".into(),
-        to: format!("{key}@example.com"),
-        subject: "Hello".into(),
-        text: "hi".into(),
-        ..Default::default()
-    };
-    NewJob::new(key, "email", serde_json::to_value(email).unwrap())
-}
 
 /// A provider that refuses our API key (401) until the flag it returns is set, then accepts;
 /// with `first_fails`, its first answer is a 500 instead.
@@ -46,12 +35,6 @@ async fn refusing_until_told(first_fails: bool) -> (FakeApi, Arc<AtomicBool>) {
     (api, accepting)
 }
 
-async fn results<S: Backend>(store: &S, key: &str) -> Vec<String> {
-    let id = store.job(key).await.unwrap().unwrap().id;
-    let attempts = store.attempts(id).await.unwrap();
-    attempts.into_iter().filter_map(|a| a.result).collect()
-}
-
 both_stores!(a_refused_kind_pauses_is_probed_once_per_interval_and_resumes_by_itself);
 
 async fn a_refused_kind_pauses_is_probed_once_per_interval_and_resumes_by_itself<S: Backend>(
@@ -59,15 +42,10 @@ async fn a_refused_kind_pauses_is_probed_once_per_interval_and_resumes_by_itself
     _db: TestDb,
 ) {
     let (api, accepting) = refusing_until_told(false).await;
-    let mailer = from_url(&api.url, None, Duration::from_secs(5), None).unwrap();
+    let mailer = mailer(&api.url, Duration::from_secs(5));
     let worker = Worker::new(store.clone(), WorkerConfig::default())
         .handle("email", EmailHandler::new(mailer));
-    for key in ["a", "b", "c"] {
-        store
-            .enqueue_with_business_row(email_job(key), true)
-            .await
-            .unwrap();
-    }
+    enqueue_emails(&store, &["a", "b", "c"]).await;
     // The three in flight when the kind paused finish normally: refused, pending.
     assert_eq!(worker.drain().await.unwrap(), 3);
     assert_eq!(api.requests(), 3);
@@ -79,14 +57,11 @@ async fn a_refused_kind_pauses_is_probed_once_per_interval_and_resumes_by_itself
             "{key}: {:?}",
             job.last_error
         );
-        assert_eq!(results(&store, key).await, ["paused"]);
+        assert_eq!(finished_results(&store, key).await, ["paused"]);
     }
 
     // Paused: a new job waits with the others; nothing goes out until the interval ends.
-    store
-        .enqueue_with_business_row(email_job("d"), true)
-        .await
-        .unwrap();
+    enqueue_emails(&store, &["d"]).await;
     assert_eq!(worker.drain().await.unwrap(), 0);
     store.clock().advance(INTERVAL - Duration::from_secs(1));
     assert_eq!(worker.drain().await.unwrap(), 0);
@@ -114,7 +89,7 @@ async fn a_refused_kind_pauses_is_probed_once_per_interval_and_resumes_by_itself
     for key in ["a", "b", "c", "d"] {
         let job = store.job(key).await.unwrap().unwrap();
         assert_eq!(job.status, JobStatus::Sent, "{key}");
-        let results = results(&store, key).await;
+        let results = finished_results(&store, key).await;
         assert_eq!(results.last().map(String::as_str), Some("sent"), "{key}");
         assert!(
             results[..results.len() - 1].iter().all(|r| r == "paused"),
@@ -147,13 +122,10 @@ async fn skipped_decoys_neither_resume_a_paused_kind_nor_let_its_jobs_through<S:
     _db: TestDb,
 ) {
     let api = FakeApi::start(|_| (401, vec![], r#"{"message":"bad key"}"#.into())).await;
-    let mailer = from_url(&api.url, None, Duration::from_secs(5), None).unwrap();
+    let mailer = mailer(&api.url, Duration::from_secs(5));
     let worker = Worker::new(store.clone(), WorkerConfig::default())
         .handle("email", DecoysSkipped(EmailHandler::new(mailer)));
-    store
-        .enqueue_with_business_row(email_job("first"), true)
-        .await
-        .unwrap();
+    enqueue_emails(&store, &["first"]).await;
     assert_eq!(worker.drain().await.unwrap(), 1);
     assert_eq!(api.requests(), 1, "refused: the kind pauses");
     // Decoys first in line, then real jobs.
@@ -210,7 +182,7 @@ fn hourly_worker<S: Backend>(store: &S, api: &FakeApi) -> Worker<S> {
         on_unknown: oncely_outbox::OnUnknown::Resend,
         reconcile_grace: oncely_outbox::KindOptions::DEFAULT_RECONCILE_GRACE,
     };
-    let mailer = from_url(&api.url, None, Duration::from_secs(5), None).unwrap();
+    let mailer = mailer(&api.url, Duration::from_secs(5));
     Worker::new(store.clone(), WorkerConfig::default()).handle_with(
         "email",
         EmailHandler::new(mailer),
@@ -229,14 +201,11 @@ async fn a_retry_claimed_after_its_horizon_is_not_sent<S: Backend>(store: S, _db
     // A 500 (it may have reached the provider), then refusals, then accepted.
     let (api, accepting) = refusing_until_told(true).await;
     let worker = hourly_worker(&store, &api);
-    store
-        .enqueue_with_business_row(email_job("late"), true)
-        .await
-        .unwrap();
+    enqueue_emails(&store, &["late"]).await;
     worker.drain().await.unwrap();
     store.clock().advance(Duration::from_secs(5));
     worker.drain().await.unwrap();
-    assert_eq!(results(&store, "late").await, ["retry", "paused"]);
+    assert_eq!(finished_results(&store, "late").await, ["retry", "paused"]);
     // The provider accepts again only after the horizon has passed.
     accepting.store(true, Ordering::SeqCst);
     store.clock().advance(HOUR);
@@ -266,14 +235,11 @@ async fn a_retry_claimed_after_its_horizon_is_not_sent<S: Backend>(store: S, _db
 async fn a_job_only_ever_refused_is_sent_however_late<S: Backend>(store: S, _db: TestDb) {
     let (api, accepting) = refusing_until_told(false).await;
     let worker = hourly_worker(&store, &api);
-    store
-        .enqueue_with_business_row(email_job("held"), true)
-        .await
-        .unwrap();
+    enqueue_emails(&store, &["held"]).await;
     worker.drain().await.unwrap();
     store.clock().advance(INTERVAL);
     worker.drain().await.unwrap();
-    assert_eq!(results(&store, "held").await, ["paused", "paused"]);
+    assert_eq!(finished_results(&store, "held").await, ["paused", "paused"]);
     accepting.store(true, Ordering::SeqCst);
     store.clock().advance(HOUR);
     worker.drain().await.unwrap();
@@ -323,7 +289,7 @@ async fn a_payload_the_provider_refuses_while_it_accepts_the_rest_does_not_pause
             .unwrap();
     }
     assert_eq!(worker.drain().await.unwrap(), 3);
-    assert_eq!(results(&store, "poison").await, ["retry"]);
+    assert_eq!(finished_results(&store, "poison").await, ["retry"]);
     let poison = store.job("poison").await.unwrap().unwrap();
     assert_eq!(
         (poison.status, poison.free_attempts),
@@ -339,10 +305,7 @@ async fn a_payload_the_provider_refuses_while_it_accepts_the_rest_does_not_pause
         poison.last_error
     );
     // Not paused: a new email goes out at once, without waiting for a probe.
-    store
-        .enqueue_with_business_row(email_job("c"), true)
-        .await
-        .unwrap();
+    enqueue_emails(&store, &["c"]).await;
     assert_eq!(worker.drain().await.unwrap(), 1);
     assert_eq!(
         store.job("c").await.unwrap().unwrap().status,

@@ -13,7 +13,9 @@ use std::time::Duration;
 use oncely_inbox::{Faults, Inbox, Running};
 use oncely_outbox::job::AttemptRecord;
 use oncely_outbox::mail::{Email, EmailHandler, SmtpMailer};
-use oncely_outbox::{JobStatus, KindOptions, NewJob, OnUnknown, Worker, WorkerConfig};
+use oncely_outbox::{
+    Job, JobRecord, JobStatus, KindOptions, NewJob, OnUnknown, Worker, WorkerConfig,
+};
 use oncely_testdb::TestDb;
 use tokio::io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt, BufReader};
 use tokio::net::TcpListener;
@@ -173,6 +175,40 @@ fn worker<S: Backend>(store: &S, smtp: SocketAddr) -> Worker<S> {
     )
 }
 
+/// Claims up to `batch` jobs of the email kind as `worker`, marking them.
+async fn claim_marking<S: Backend>(store: &S, worker: &str, batch: u32) -> Vec<Job> {
+    let email = kinds(&[KIND]);
+    store
+        .claim_marking(worker, &email, batch, LEASE, &email)
+        .await
+        .unwrap()
+}
+
+/// The job `signup:1` (its id), claimed by a worker that passed its point of no return and
+/// died: its lease is over.
+async fn abandoned_past_its_mark<S: Backend>(store: &S) -> i64 {
+    let id = enqueue(store, "signup:1", "ada@example.com").await;
+    let first = claim_marking(store, "dying", 10).await;
+    assert!(store.pass_point_of_no_return(&first[0]).await.unwrap());
+    store.clock().advance(LEASE + Duration::from_secs(1));
+    id
+}
+
+/// A worker runs the job `signup:1` (`id`) again, mailing a fresh inbox, and leaves it in
+/// `status`: the inbox, the job and its attempts.
+async fn run_again<S: Backend>(
+    store: &S,
+    id: i64,
+    status: JobStatus,
+) -> (Inbox, JobRecord, Vec<AttemptRecord>) {
+    let (inbox, running) = inbox().await;
+    assert_eq!(worker(store, running.smtp_addr).drain().await.unwrap(), 1);
+    let record = store.job("signup:1").await.unwrap().unwrap();
+    assert_eq!(record.status, status, "{record:?}");
+    let attempts = store.attempts(id).await.unwrap();
+    (inbox, record, attempts)
+}
+
 async fn inbox() -> (Inbox, Running) {
     Inbox::start_local(Faults::default()).await.unwrap()
 }
@@ -189,6 +225,25 @@ fn marks(attempts: &[AttemptRecord]) -> Vec<Option<&str>> {
         .iter()
         .map(|a| a.point_of_no_return.as_deref())
         .collect()
+}
+
+/// The job `signup:1` (its id), and a worker's batch (in a task of its own) sending it to a
+/// scripted server that has answered `DATA` and waits in the content.
+async fn at_data<S: Backend>(
+    store: &S,
+) -> (
+    i64,
+    Scripted,
+    tokio::task::JoinHandle<Result<usize, oncely_outbox::OutboxError>>,
+) {
+    let id = enqueue(store, "signup:1", "ada@example.com").await;
+    let mut server = scripted(Hang::InContent).await;
+    let run = {
+        let worker = worker(store, server.addr);
+        tokio::spawn(async move { worker.run_once().await })
+    };
+    server.reached("data").await;
+    (id, server, run)
 }
 
 /// Runs one batch of `worker` in a task of its own and "kills" it once the scripted server
@@ -213,11 +268,7 @@ async fn a_worker_killed_before_data_leaves_a_plain_retry_and_one_email<S: Backe
     killed_at(worker(&store, server.addr), &mut server, "data").await;
     store.clock().advance(Duration::from_secs(3));
 
-    let (inbox, running) = inbox().await;
-    assert_eq!(worker(&store, running.smtp_addr).drain().await.unwrap(), 1);
-    let record = store.job("signup:1").await.unwrap().unwrap();
-    assert_eq!(record.status, JobStatus::Sent, "{record:?}");
-    let attempts = store.attempts(id).await.unwrap();
+    let (inbox, _, attempts) = run_again(&store, id, JobStatus::Sent).await;
     assert_eq!(results(&attempts), ["abandoned", "sent"]);
     assert_eq!(marks(&attempts)[0], Some("ahead"), "{attempts:?}");
     assert!(attempts[0].handed_over_at.is_none());
@@ -232,13 +283,7 @@ async fn a_worker_killed_before_data_leaves_a_plain_retry_and_one_email<S: Backe
 /// A worker killed once its server accepted `DATA` and was reading the content: the message may
 /// have arrived, so the email is parked as before — the mark says so.
 async fn a_worker_killed_after_its_mark_parks_the_email<S: Backend>(store: S, _db: TestDb) {
-    let id = enqueue(&store, "signup:1", "ada@example.com").await;
-    let mut server = scripted(Hang::InContent).await;
-    let run = {
-        let worker = worker(&store, server.addr);
-        tokio::spawn(async move { worker.run_once().await })
-    };
-    server.reached("data").await;
+    let (id, mut server, run) = at_data(&store).await;
     server.proceed.notify_one();
     server.reached("content").await;
     run.abort();
@@ -246,11 +291,7 @@ async fn a_worker_killed_after_its_mark_parks_the_email<S: Backend>(store: S, _d
     assert!(!server.content.lock().unwrap().is_empty());
     store.clock().advance(Duration::from_secs(3));
 
-    let (inbox, running) = inbox().await;
-    assert_eq!(worker(&store, running.smtp_addr).drain().await.unwrap(), 1);
-    let record = store.job("signup:1").await.unwrap().unwrap();
-    assert_eq!(record.status, JobStatus::Unknown, "parked: {record:?}");
-    let attempts = store.attempts(id).await.unwrap();
+    let (inbox, _, attempts) = run_again(&store, id, JobStatus::Unknown).await;
     assert_eq!(results(&attempts), ["abandoned", "parked"]);
     assert_eq!(marks(&attempts)[0], Some("passed"), "{attempts:?}");
     assert!(attempts[0].handed_over_at.is_some());
@@ -270,16 +311,10 @@ async fn an_abandoned_attempt_parks_unless_it_was_still_ahead_of_its_mark<S: Bac
 ) {
     let ahead = enqueue(&store, "signup:ahead", "a@example.com").await;
     let email = kinds(&[KIND]);
-    let claimed = store
-        .claim_marking("dying", &email, 10, LEASE, &email)
-        .await
-        .unwrap();
+    let claimed = claim_marking(&store, "dying", 10).await;
     assert_eq!(claimed.len(), 1);
     let passed = enqueue(&store, "signup:passed", "p@example.com").await;
-    let claimed = store
-        .claim_marking("dying", &email, 10, LEASE, &email)
-        .await
-        .unwrap();
+    let claimed = claim_marking(&store, "dying", 10).await;
     assert_eq!(claimed.len(), 1);
     assert!(store.pass_point_of_no_return(&claimed[0]).await.unwrap());
     let unknown = enqueue(&store, "signup:unknown", "u@example.com").await;
@@ -315,13 +350,7 @@ async fn an_abandoned_attempt_parks_unless_it_was_still_ahead_of_its_mark<S: Bac
 /// (another worker took the job) cannot write it, and the mailer closes the connection after
 /// the 354 without a byte of content — the server discards the transaction.
 async fn a_mark_that_cannot_be_written_sends_nothing<S: Backend>(store: S, _db: TestDb) {
-    let id = enqueue(&store, "signup:1", "ada@example.com").await;
-    let mut server = scripted(Hang::InContent).await;
-    let run = {
-        let worker = worker(&store, server.addr);
-        tokio::spawn(async move { worker.run_once().await })
-    };
-    server.reached("data").await;
+    let (id, mut server, run) = at_data(&store).await;
     // The lease is lost meanwhile (what a claim by another worker does to the job's token).
     store
         .execute_for_test(
@@ -367,26 +396,12 @@ async fn an_attempt_past_its_mark_still_parks_behind_a_later_abandoned_claim<S: 
     store: S,
     _db: TestDb,
 ) {
-    let id = enqueue(&store, "signup:1", "ada@example.com").await;
-    let email = kinds(&[KIND]);
-    let first = store
-        .claim_marking("dying", &email, 10, LEASE, &email)
-        .await
-        .unwrap();
-    assert!(store.pass_point_of_no_return(&first[0]).await.unwrap());
-    store.clock().advance(LEASE + Duration::from_secs(1));
-    let second = store
-        .claim_marking("dying too", &email, 10, LEASE, &email)
-        .await
-        .unwrap();
+    let id = abandoned_past_its_mark(&store).await;
+    let second = claim_marking(&store, "dying too", 10).await;
     assert_eq!(second.len(), 1);
     store.clock().advance(LEASE + Duration::from_secs(1));
 
-    let (inbox, running) = inbox().await;
-    assert_eq!(worker(&store, running.smtp_addr).drain().await.unwrap(), 1);
-    let record = store.job("signup:1").await.unwrap().unwrap();
-    assert_eq!(record.status, JobStatus::Unknown, "parked: {record:?}");
-    let attempts = store.attempts(id).await.unwrap();
+    let (inbox, record, attempts) = run_again(&store, id, JobStatus::Unknown).await;
     assert_eq!(results(&attempts), ["abandoned", "abandoned", "parked"]);
     assert_eq!(marks(&attempts)[..2], [Some("passed"), Some("ahead")]);
     let error = record.last_error.unwrap_or_default();
@@ -406,18 +421,8 @@ async fn an_attempt_past_its_mark_still_parks_behind_a_claim_that_could_not_read
 ) {
     use oncely_outbox::job::AttemptResult;
     use oncely_outbox::store::Finish;
-    let id = enqueue(&store, "signup:1", "ada@example.com").await;
-    let email = kinds(&[KIND]);
-    let first = store
-        .claim_marking("dying", &email, 10, LEASE, &email)
-        .await
-        .unwrap();
-    assert!(store.pass_point_of_no_return(&first[0]).await.unwrap());
-    store.clock().advance(LEASE + Duration::from_secs(1));
-    let second = store
-        .claim_marking("blind", &email, 10, LEASE, &email)
-        .await
-        .unwrap();
+    let id = abandoned_past_its_mark(&store).await;
+    let second = claim_marking(&store, "blind", 10).await;
     assert_eq!(second.len(), 1);
     // What the executor records when it cannot read the attempts.
     let blind = Finish::retry_free(
@@ -428,11 +433,7 @@ async fn an_attempt_past_its_mark_still_parks_behind_a_claim_that_could_not_read
     store.finish(&second[0], &blind).await.unwrap();
     store.clock().advance(Duration::from_secs(2));
 
-    let (inbox, running) = inbox().await;
-    assert_eq!(worker(&store, running.smtp_addr).drain().await.unwrap(), 1);
-    let record = store.job("signup:1").await.unwrap().unwrap();
-    assert_eq!(record.status, JobStatus::Unknown, "parked: {record:?}");
-    let attempts = store.attempts(id).await.unwrap();
+    let (inbox, record, attempts) = run_again(&store, id, JobStatus::Unknown).await;
     assert_eq!(results(&attempts), ["abandoned", "retry", "parked"]);
     let error = record.last_error.unwrap_or_default();
     assert!(error.contains("attempt 1 was abandoned"), "{error}");
@@ -448,21 +449,14 @@ async fn only_attempts_that_may_have_handed_something_over_count_as_maybe_delive
 ) {
     use oncely_outbox::job::AttemptResult;
     use oncely_outbox::store::{DeadFilter, Finish, PROVIDER_DEDUPE_WINDOW};
-    let email = kinds(&[KIND]);
     for (key, passed) in [("ahead:1", false), ("passed:1", true)] {
         enqueue(&store, key, "ada@example.com").await;
-        let first = store
-            .claim_marking("dying", &email, 1, LEASE, &email)
-            .await
-            .unwrap();
+        let first = claim_marking(&store, "dying", 1).await;
         if passed {
             assert!(store.pass_point_of_no_return(&first[0]).await.unwrap());
         }
         store.clock().advance(LEASE + Duration::from_secs(1));
-        let second = store
-            .claim_marking("w", &email, 1, LEASE, &email)
-            .await
-            .unwrap();
+        let second = claim_marking(&store, "w", 1).await;
         let dead = Finish::dead(AttemptResult::Dead, "550 no such user".into());
         assert!(store.finish(&second[0], &dead).await.unwrap());
     }

@@ -19,7 +19,7 @@ use serde_json::json;
 use tokio_util::sync::CancellationToken;
 use uuid::Uuid;
 
-use crate::support::{Backend, LEASE, both_stores, kinds};
+use crate::support::{Backend, LEASE, Runs, both_stores, email_to, kinds, mailer, results, status};
 
 /// How long a "no" waits to be believed: the kinds' default grace.
 const GRACE: Duration = KindOptions::DEFAULT_RECONCILE_GRACE;
@@ -42,7 +42,7 @@ both_stores!(
 /// is counted.
 #[derive(Clone, Default)]
 struct Provider {
-    runs: Arc<Mutex<Vec<(String, Uuid)>>>,
+    runs: Runs,
     looks: Arc<Mutex<HashMap<String, usize>>>,
     /// Whether it says it can ask its provider (`true` unless set).
     cannot_ask: bool,
@@ -50,11 +50,7 @@ struct Provider {
 
 impl Provider {
     fn runs_of(&self, key: &str) -> Vec<Uuid> {
-        let runs = self.runs.lock().unwrap();
-        runs.iter()
-            .filter(|(k, _)| k == key)
-            .map(|(_, d)| *d)
-            .collect()
+        self.runs.of(key)
     }
 
     fn looks_at(&self, key: &str) -> usize {
@@ -64,11 +60,7 @@ impl Provider {
 
 impl Handler for Provider {
     fn run<'a>(&'a self, job: &'a Job) -> Pin<Box<dyn Future<Output = Delivery> + Send + 'a>> {
-        let first = {
-            let mut runs = self.runs.lock().unwrap();
-            runs.push((job.operation_key.clone(), job.delivery_key));
-            runs.iter().filter(|(k, _)| *k == job.operation_key).count() == 1
-        };
+        let first = self.runs.record(job) == 1;
         Box::pin(async move {
             if first {
                 Delivery::Unknown("the answer to DATA was lost".into())
@@ -154,10 +146,6 @@ async fn taken(inbox: &oncely_inbox::Inbox, key: &str) {
     while deciding(inbox.delivery(key)) && std::time::Instant::now() < deadline {
         tokio::time::sleep(Duration::from_millis(10)).await;
     }
-}
-
-async fn status<S: Backend>(store: &S, key: &str) -> JobStatus {
-    store.job(key).await.unwrap().unwrap().status
 }
 
 async fn a_parked_job_the_provider_accepted_is_settled_as_sent_and_never_run_again<S: Backend>(
@@ -474,16 +462,6 @@ async fn a_running_worker_looks_again_at_once_after_a_full_batch<S: Backend>(
     running.await.unwrap().unwrap();
 }
 
-async fn results<S: Backend>(store: &S, id: i64) -> Vec<String> {
-    store
-        .attempts(id)
-        .await
-        .unwrap()
-        .into_iter()
-        .map(|a| a.result.unwrap_or_else(|| "open".into()))
-        .collect()
-}
-
 /// An email kind over SMTP to the test inbox that reconciles by asking the inbox's lookup
 /// (`template`, `{key}` for the delivery key), each send bounded by `timeout`.
 fn email_worker<S: Backend>(
@@ -492,13 +470,7 @@ fn email_worker<S: Backend>(
     template: &str,
     timeout: Duration,
 ) -> Worker<S> {
-    let smtp = oncely_outbox::mail::from_url(
-        &format!("smtp://{}", running.smtp_addr),
-        None,
-        timeout,
-        None,
-    )
-    .unwrap();
+    let smtp = mailer(&format!("smtp://{}", running.smtp_addr), timeout);
     let mailer =
         oncely_outbox::mail::LookedUp::new(smtp, template, Duration::from_secs(2)).unwrap();
     Worker::new(store.clone(), WorkerConfig::default()).handle_with(
@@ -509,13 +481,7 @@ fn email_worker<S: Backend>(
 }
 
 async fn enqueue_email<S: Backend>(store: &S, key: &str, to: &str) {
-    let email = oncely_outbox::mail::Email {
-        from: "oncely@localhost".into(),
-        to: to.into(),
-        subject: "Hello".into(),
-        text: format!("job {key}"),
-        ..Default::default()
-    };
+    let email = email_to(to, &format!("job {key}"));
     let job = NewJob::new(key, "email", serde_json::to_value(email).unwrap());
     store.enqueue_with_business_row(job, true).await.unwrap();
 }
@@ -633,23 +599,14 @@ async fn the_inbox_lookup_says_no_only_when_it_can_know() {
         ..oncely_inbox::Faults::default()
     };
     let (inbox, running) = oncely_inbox::Inbox::start_local(faults).await.unwrap();
-    let smtp = oncely_outbox::mail::from_url(
+    let smtp = mailer(
         &format!("smtp://{}", running.smtp_addr),
-        None,
         Duration::from_millis(300),
-        None,
-    )
-    .unwrap();
+    );
     let lookup = format!("http://{}/deliveries/{{key}}", running.http_addr);
     let mailer = oncely_outbox::mail::LookedUp::new(smtp, &lookup, Duration::from_secs(2)).unwrap();
     let enqueued = time::OffsetDateTime::now_utc();
-    let email = oncely_outbox::mail::Email {
-        from: "oncely@localhost".into(),
-        to: "ada@example.com".into(),
-        subject: "Hello".into(),
-        text: "hi".into(),
-        ..Default::default()
-    };
+    let email = email_to("ada@example.com", "hi");
     let key = Uuid::new_v4().to_string();
     let sent = mailer.send(&email, &key).await;
     assert!(matches!(sent, Delivery::Unknown(_)), "{sent:?}");

@@ -390,18 +390,35 @@ trait Racing: Backend {
 const BY_HAND: &str =
     "UPDATE oncely_outbox SET status = 'pending', dead_at = NULL WHERE operation_key = $1";
 
+/// Re-drives the dead job `key` by hand in `tx` ([`BY_HAND`]), not yet committed.
+async fn redrive_by_hand<DB: sqlx::Database>(tx: &mut sqlx::Transaction<'_, DB>, key: &str)
+where
+    for<'c> &'c mut DB::Connection: sqlx::Executor<'c, Database = DB>,
+    for<'q> &'q str: sqlx::Encode<'q, DB> + sqlx::Type<DB>,
+    DB::Arguments: sqlx::IntoArguments<DB>,
+{
+    sqlx::query(BY_HAND)
+        .bind(key)
+        .execute(&mut **tx)
+        .await
+        .unwrap();
+}
+
+/// `redrive_dead(filter, Some(expect))` on `store`, in a task of its own.
+fn bulk_redrive<S: JobStore + Clone + Send + Sync + 'static>(
+    store: &S,
+    filter: DeadFilter,
+    expect: u64,
+) -> tokio::task::JoinHandle<BulkRedrive> {
+    let store = store.clone();
+    tokio::spawn(async move { store.redrive_dead(&filter, Some(expect)).await.unwrap() })
+}
+
 impl Racing for PgJobStore {
     async fn race(&self, key: &str, filter: DeadFilter, expect: u64) -> BulkRedrive {
         let mut by_hand = self.pool().begin().await.unwrap();
-        sqlx::query(BY_HAND)
-            .bind(key)
-            .execute(&mut *by_hand)
-            .await
-            .unwrap();
-        let bulk = tokio::spawn({
-            let store = self.clone();
-            async move { store.redrive_dead(&filter, Some(expect)).await.unwrap() }
-        });
+        redrive_by_hand(&mut by_hand, key).await;
+        let bulk = bulk_redrive(self, filter, expect);
         let deadline = Instant::now() + Duration::from_secs(10);
         loop {
             let waiting: i64 = sqlx::query_scalar(
@@ -428,15 +445,8 @@ impl Racing for PgJobStore {
 impl Racing for SqliteJobStore {
     async fn race(&self, key: &str, filter: DeadFilter, expect: u64) -> BulkRedrive {
         let mut by_hand = self.pool().begin_with("BEGIN IMMEDIATE").await.unwrap();
-        sqlx::query(BY_HAND)
-            .bind(key)
-            .execute(&mut *by_hand)
-            .await
-            .unwrap();
-        let bulk = tokio::spawn({
-            let store = self.clone();
-            async move { store.redrive_dead(&filter, Some(expect)).await.unwrap() }
-        });
+        redrive_by_hand(&mut by_hand, key).await;
+        let bulk = bulk_redrive(self, filter, expect);
         // SQLite shows no one waiting for its write lock: give the bulk re-drive the time to
         // count (a store that counted outside its write transaction would count the job the
         // hand re-drive is taking). A store that counts and re-drives in one write transaction

@@ -8,7 +8,7 @@ use oncely_outbox::{AttemptResult, Enqueued, Job, JobStatus, NewJob};
 use oncely_testdb::TestDb;
 use serde_json::json;
 
-use crate::support::{Backend, LEASE, both_stores, kinds};
+use crate::support::{Backend, LEASE, both_stores, kinds, listed};
 
 fn job(key: &str) -> NewJob {
     NewJob::new(key, "email", json!({"n": key}))
@@ -219,13 +219,7 @@ async fn dead_jobs_are_listed_with_their_reason_and_redriven_with_the_same_key<S
     let dead = Finish::dead(AttemptResult::Dead, "card declined".into());
     store.finish(&claimed, &dead).await.unwrap();
 
-    let dead_jobs = store
-        .list(&JobFilter {
-            status: Some(JobStatus::Dead),
-            ..JobFilter::default()
-        })
-        .await
-        .unwrap();
+    let dead_jobs = listed(&store, JobStatus::Dead).await;
     assert_eq!(dead_jobs.len(), 1);
     assert_eq!(dead_jobs[0].last_error.as_deref(), Some("card declined"));
     let invoices = store

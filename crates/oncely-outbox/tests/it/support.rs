@@ -355,6 +355,124 @@ impl<S: Backend> JobStore for Spy<S> {
     }
 }
 
+/// A mailer to `url` (SMTP or HTTP), each send bounded by `timeout`.
+pub fn mailer(url: &str, timeout: Duration) -> Arc<dyn oncely_outbox::mail::Mailer> {
+    oncely_outbox::mail::from_url(url, None, timeout, None).unwrap()
+}
+
+/// The result of each attempt of job `id`, in order (`open`: not finished).
+pub async fn results<S: Backend>(store: &S, id: i64) -> Vec<String> {
+    store
+        .attempts(id)
+        .await
+        .unwrap()
+        .into_iter()
+        .map(|a| a.result.unwrap_or_else(|| "open".into()))
+        .collect()
+}
+
+/// The results of the finished attempts of job `id`, in order.
+pub async fn finished_attempts<S: Backend>(store: &S, id: i64) -> Vec<String> {
+    let attempts = store.attempts(id).await.unwrap();
+    attempts.into_iter().filter_map(|a| a.result).collect()
+}
+
+/// The results of the finished attempts of the job `key`, in order.
+pub async fn finished_results<S: Backend>(store: &S, key: &str) -> Vec<String> {
+    let id = store.job(key).await.unwrap().unwrap().id;
+    finished_attempts(store, id).await
+}
+
+/// The status of the job `key`.
+pub async fn status<S: Backend>(store: &S, key: &str) -> oncely_outbox::JobStatus {
+    store.job(key).await.unwrap().unwrap().status
+}
+
+/// The jobs whose status is `status`.
+pub async fn listed<S: Backend>(store: &S, status: oncely_outbox::JobStatus) -> Vec<JobRecord> {
+    store
+        .list(&JobFilter {
+            status: Some(status),
+            ..JobFilter::default()
+        })
+        .await
+        .unwrap()
+}
+
+/// A worker's default configuration but for its batch.
+pub fn batch_of(batch: u32) -> oncely_outbox::WorkerConfig {
+    oncely_outbox::WorkerConfig {
+        batch,
+        ..oncely_outbox::WorkerConfig::default()
+    }
+}
+
+/// An email from `oncely@localhost` to `to`, subject `Hello`, body `text`.
+pub fn email_to(to: &str, text: &str) -> oncely_outbox::mail::Email {
+    oncely_outbox::mail::Email {
+        from: "oncely@localhost".into(),
+        to: to.into(),
+        subject: "Hello".into(),
+        text: text.into(),
+        ..Default::default()
+    }
+}
+
+/// An email job `key` to `<key>@example.com` (kind `email`).
+pub fn email_job(key: &str) -> NewJob {
+    let email = email_to(&format!("{key}@example.com"), "hi");
+    NewJob::new(key, "email", serde_json::to_value(email).unwrap())
+}
+
+/// Enqueues `email_job(key)` for each of `keys`, each with its business row.
+pub async fn enqueue_emails<S: Backend>(store: &S, keys: &[&str]) {
+    for key in keys {
+        store
+            .enqueue_with_business_row(email_job(key), true)
+            .await
+            .unwrap();
+    }
+}
+
+/// Every run of a handler: the job's operation key and delivery key.
+#[derive(Clone, Default)]
+pub struct Runs(Arc<Mutex<Vec<(String, uuid::Uuid)>>>);
+
+impl Runs {
+    /// Notes a run of `job`; which run of its job it is (1 for the first).
+    pub fn record(&self, job: &Job) -> usize {
+        let mut runs = self.0.lock().unwrap();
+        runs.push((job.operation_key.clone(), job.delivery_key));
+        runs.iter().filter(|(k, _)| *k == job.operation_key).count()
+    }
+
+    /// The delivery key of each run of the job `key`, in order.
+    pub fn of(&self, key: &str) -> Vec<uuid::Uuid> {
+        let runs = self.0.lock().unwrap();
+        runs.iter()
+            .filter(|(k, _)| k == key)
+            .map(|(_, d)| *d)
+            .collect()
+    }
+}
+
+/// A handler that tells the test which job it ran (its operation key), and sends it.
+pub struct Report(pub mpsc::UnboundedSender<String>);
+
+impl oncely_outbox::Handler for Report {
+    fn run<'a>(
+        &'a self,
+        job: &'a Job,
+    ) -> std::pin::Pin<Box<dyn Future<Output = oncely_outbox::Delivery> + Send + 'a>> {
+        let _ = self.0.send(job.operation_key.clone());
+        Box::pin(async {
+            oncely_outbox::Delivery::Sent {
+                provider_message_id: None,
+            }
+        })
+    }
+}
+
 /// Waits until a watched worker's claim returned nothing: it waits for a wake-up (or its poll)
 /// now.
 pub async fn idle(claims: &mut mpsc::UnboundedReceiver<Claim>) {

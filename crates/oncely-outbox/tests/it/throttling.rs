@@ -7,12 +7,12 @@ use std::future::Future;
 use std::pin::Pin;
 use std::time::Duration;
 
-use oncely_outbox::mail::{Email, EmailHandler, from_url};
+use oncely_outbox::mail::EmailHandler;
 use oncely_outbox::{Delivery, Handler, Job, JobStatus, NewJob, RetryPolicy, Worker, WorkerConfig};
 use oncely_testdb::TestDb;
 
 use crate::provider::{FakeApi, accepted, smtp_answering_first};
-use crate::support::{Backend, both_stores};
+use crate::support::{Backend, both_stores, enqueue_emails, finished_results, mailer, status};
 
 /// Two attempts of budget: more than two tries show that throttles spend none.
 const TWO_ATTEMPTS: RetryPolicy = RetryPolicy {
@@ -21,17 +21,6 @@ const TWO_ATTEMPTS: RetryPolicy = RetryPolicy {
     max_attempts: 2,
     horizon: Duration::from_secs(3600),
 };
-
-fn email_job(key: &str) -> NewJob {
-    let email = Email {
-        from: "oncely@localhost".into(),
-        to: format!("{key}@example.com"),
-        subject: "Hello".into(),
-        text: "hi".into(),
-        ..Default::default()
-    };
-    NewJob::new(key, "email", serde_json::to_value(email).unwrap())
-}
 
 /// A kind whose jobs are always done.
 struct Done;
@@ -44,16 +33,6 @@ impl Handler for Done {
             }
         })
     }
-}
-
-async fn results<S: Backend>(store: &S, key: &str) -> Vec<String> {
-    let id = store.job(key).await.unwrap().unwrap().id;
-    let attempts = store.attempts(id).await.unwrap();
-    attempts.into_iter().filter_map(|a| a.result).collect()
-}
-
-async fn status<S: Backend>(store: &S, key: &str) -> JobStatus {
-    store.job(key).await.unwrap().unwrap().status
 }
 
 both_stores!(
@@ -74,27 +53,19 @@ async fn a_429_with_retry_after_is_waited_for_holds_the_kind_and_spends_no_attem
         }
     })
     .await;
-    let mailer = from_url(&api.url, None, Duration::from_secs(5), None).unwrap();
+    let mailer = mailer(&api.url, Duration::from_secs(5));
     let worker = Worker::new(store.clone(), WorkerConfig::default())
         .handle_with_policy("email", EmailHandler::new(mailer), TWO_ATTEMPTS)
         .handle("other", Done);
-    for key in ["a", "b", "c"] {
-        store
-            .enqueue_with_business_row(email_job(key), true)
-            .await
-            .unwrap();
-    }
+    enqueue_emails(&store, &["a", "b", "c"]).await;
     assert_eq!(worker.drain().await.unwrap(), 3);
     assert_eq!(api.requests(), 3);
     for key in ["a", "b", "c"] {
-        assert_eq!(results(&store, key).await, ["throttled"], "{key}");
+        assert_eq!(finished_results(&store, key).await, ["throttled"], "{key}");
     }
 
     // Held until the Retry-After: a new email job waits, another kind runs on.
-    store
-        .enqueue_with_business_row(email_job("d"), true)
-        .await
-        .unwrap();
+    enqueue_emails(&store, &["d"]).await;
     let other = NewJob::new("other:1", "other", serde_json::json!({}));
     store.enqueue_with_business_row(other, true).await.unwrap();
     assert_eq!(worker.drain().await.unwrap(), 1, "only the other kind");
@@ -117,12 +88,12 @@ async fn a_429_with_retry_after_is_waited_for_holds_the_kind_and_spends_no_attem
         assert_eq!(status(&store, key).await, JobStatus::Sent, "{key}");
         // Three attempts on a budget of two: the throttled ones spent nothing.
         assert_eq!(
-            results(&store, key).await,
+            finished_results(&store, key).await,
             ["throttled", "throttled", "sent"],
             "{key}"
         );
     }
-    assert_eq!(results(&store, "d").await, ["throttled", "sent"]);
+    assert_eq!(finished_results(&store, "d").await, ["throttled", "sent"]);
 }
 
 async fn smtp_throttling_backs_off_without_spending_the_budget<S: Backend>(store: S, _db: TestDb) {
@@ -132,22 +103,13 @@ async fn smtp_throttling_backs_off_without_spending_the_budget<S: Backend>(store
         ..TWO_ATTEMPTS
     };
     let addr = smtp_answering_first("RCPT", "451 4.7.1 Rate limited, try later", 4).await;
-    let mailer = from_url(
-        &format!("smtp://{addr}"),
-        None,
-        Duration::from_secs(5),
-        None,
-    )
-    .unwrap();
+    let mailer = mailer(&format!("smtp://{addr}"), Duration::from_secs(5));
     let worker = Worker::new(store.clone(), WorkerConfig::default()).handle_with_policy(
         "email",
         EmailHandler::new(mailer),
         policy,
     );
-    store
-        .enqueue_with_business_row(email_job("a"), true)
-        .await
-        .unwrap();
+    enqueue_emails(&store, &["a"]).await;
     for _ in 0..10 {
         worker.drain().await.unwrap();
         if status(&store, "a").await != JobStatus::Pending {
@@ -157,7 +119,7 @@ async fn smtp_throttling_backs_off_without_spending_the_budget<S: Backend>(store
     }
     assert_eq!(status(&store, "a").await, JobStatus::Sent);
     assert_eq!(
-        results(&store, "a").await,
+        finished_results(&store, "a").await,
         ["throttled", "throttled", "throttled", "throttled", "sent"]
     );
 }

@@ -7,11 +7,10 @@
 
 use std::future::Future;
 use std::pin::Pin;
+use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use oncely_outbox::store::JobFilter;
 use oncely_outbox::{
     AttemptResult, Delivery, Ended, Handler, Job, JobStatus, KindOptions, NewJob, OnUnknown,
     RetryPolicy, Settlement, ThenFuture, Worker, WorkerConfig,
@@ -20,7 +19,7 @@ use oncely_testdb::TestDb;
 use serde_json::json;
 use uuid::Uuid;
 
-use crate::support::{Backend, LEASE, both_stores, kinds};
+use crate::support::{Backend, LEASE, Runs, both_stores, kinds, listed};
 
 both_stores!(
     an_unknown_outcome_parks_the_job_under_reconcile_and_is_resent_under_resend,
@@ -39,28 +38,20 @@ both_stores!(
 /// job whose payload says `"follow_up": true` has the follow-up `event:<key>`.
 #[derive(Clone, Default)]
 struct Scripted {
-    runs: Arc<Mutex<Vec<(String, Uuid)>>>,
+    runs: Runs,
     /// `then` fails while this holds.
     then_fails: Arc<AtomicBool>,
 }
 
 impl Scripted {
     fn runs_of(&self, key: &str) -> Vec<Uuid> {
-        let runs = self.runs.lock().unwrap();
-        runs.iter()
-            .filter(|(k, _)| k == key)
-            .map(|(_, d)| *d)
-            .collect()
+        self.runs.of(key)
     }
 }
 
 impl Handler for Scripted {
     fn run<'a>(&'a self, job: &'a Job) -> Pin<Box<dyn Future<Output = Delivery> + Send + 'a>> {
-        let runs = {
-            let mut runs = self.runs.lock().unwrap();
-            runs.push((job.operation_key.clone(), job.delivery_key));
-            runs.iter().filter(|(k, _)| *k == job.operation_key).count()
-        };
+        let runs = self.runs.record(job);
         let script = job.payload["do"].as_str().unwrap_or("sent").to_owned();
         let step = script.split(',').nth(runs - 1).unwrap_or("sent").to_owned();
         Box::pin(async move {
@@ -192,13 +183,7 @@ async fn an_unknown_outcome_parks_the_job_under_reconcile_and_is_resent_under_re
         "parked three hours ago: {backlog:?}"
     );
     // Operators find it by its status, and the list of every status shows it.
-    let listed = store
-        .list(&JobFilter {
-            status: Some(JobStatus::Unknown),
-            ..JobFilter::default()
-        })
-        .await
-        .unwrap();
+    let listed = listed(&store, JobStatus::Unknown).await;
     let keys: Vec<_> = listed.iter().map(|j| j.operation_key.as_str()).collect();
     assert_eq!(keys, ["r:1"]);
 }

@@ -20,7 +20,7 @@ use sqlx::{Sqlite, Transaction};
 use tokio::sync::{Semaphore, mpsc};
 use tokio_util::sync::CancellationToken;
 
-use crate::support::{Backend, Claim, Fresh, Spy, both_stores, idle};
+use crate::support::{Backend, Claim, Fresh, Report, Spy, both_stores, idle};
 
 async fn postgres() -> (PgJobStore, TestPostgres) {
     let (store, db) = crate::support::postgres().await;
@@ -110,20 +110,6 @@ async fn an_enqueue_inside_the_window_gets_a_trailing_notify() {
     assert_eq!(next(&mut listener).await, PING, "the first enqueue's");
     assert_eq!(next(&mut listener).await, "marker");
     assert_eq!(next(&mut listener).await, PING, "the trailing NOTIFY");
-}
-
-/// Tells the test which job ran.
-struct Report(mpsc::UnboundedSender<String>);
-
-impl Handler for Report {
-    fn run<'a>(&'a self, job: &'a Job) -> Pin<Box<dyn Future<Output = Delivery> + Send + 'a>> {
-        let _ = self.0.send(job.operation_key.clone());
-        Box::pin(async {
-            Delivery::Sent {
-                provider_message_id: None,
-            }
-        })
-    }
 }
 
 /// A worker that polls once an hour, reporting each job it runs.

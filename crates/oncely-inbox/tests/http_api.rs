@@ -1,20 +1,18 @@
 //! The inbox's HTTP API as a client (a test, an operator, the chaos run) uses it.
 
+mod common;
+
 use std::time::{Duration, Instant};
 
 use oncely_inbox::{Clock, Faults, Inbox};
 use serde_json::{Value, json};
 use time::OffsetDateTime;
 
+use common::{get_json, json_of, post_json, reset, text_of};
+
 async fn start() -> (Inbox, String) {
     let (inbox, running) = Inbox::start_local(Faults::default()).await.unwrap();
     (inbox, format!("http://{}", running.http_addr))
-}
-
-/// The JSON answer to a GET.
-async fn get_json<T: serde::de::DeserializeOwned>(url: String) -> T {
-    let response = oncely_testdb::http().get(url).send().await.unwrap();
-    response.json().await.unwrap()
 }
 
 /// The status of a sent request.
@@ -75,15 +73,7 @@ async fn faults_are_set_over_http_and_delay_and_reject_as_configured() {
         delay_ms: 200,
         ..Faults::default()
     };
-    let set: Faults = http
-        .put(format!("{base}/faults"))
-        .json(&faults)
-        .send()
-        .await
-        .unwrap()
-        .json()
-        .await
-        .unwrap();
+    let set: Faults = json_of(http.put(format!("{base}/faults")).json(&faults)).await;
     assert_eq!(set, faults);
     let started = Instant::now();
     let send = || {
@@ -174,15 +164,7 @@ async fn throttling_and_refused_credentials_are_set_over_http_and_counted() {
     let (_inbox, base) = start().await;
     let http = oncely_testdb::http();
     let faults = json!({ "throttle_next": 1, "retry_after_s": 120, "unauthorized_next": 1 });
-    let set: Value = http
-        .put(format!("{base}/faults"))
-        .json(&faults)
-        .send()
-        .await
-        .unwrap()
-        .json()
-        .await
-        .unwrap();
+    let set: Value = json_of(http.put(format!("{base}/faults")).json(&faults)).await;
     assert_eq!(
         (set["throttle_next"].as_u64(), set["reject_next"].as_u64()),
         (Some(1), Some(0))
@@ -261,8 +243,7 @@ async fn delete_takes_every_message_or_the_ids_given_like_mailpit_or_one_by_its_
     );
     // Not a form a web page could post to a developer's loopback inbox: JSON only.
     assert_eq!(status_of(http.post(format!("{base}/reset"))).await, 415);
-    let reset = http.post(format!("{base}/reset")).json(&json!({}));
-    assert_eq!(status_of(reset).await, 204);
+    assert_eq!(reset(&base).await.status(), 204);
     let stats: Value = get_json(format!("{base}/stats")).await;
     assert_eq!(stats["delivered"], 0, "a reset starts the counters afresh");
 }
@@ -348,8 +329,7 @@ async fn deleting_every_message_keeps_provider_mode_keys_and_a_reset_forgets_the
 
     // Not a form a web page could post to a developer's loopback inbox: JSON only.
     assert_eq!(status_of(http.post(format!("{base}/reset"))).await, 415);
-    let reset = http.post(format!("{base}/reset")).json(&json!({}));
-    assert_eq!(status_of(reset).await, 204);
+    assert_eq!(reset(&base).await.status(), 204);
     let stats: Value = get_json(format!("{base}/stats")).await;
     assert_eq!(
         (stats["delivered"].as_u64(), stats["mismatched"].as_u64()),
@@ -827,14 +807,7 @@ async fn the_html_part_is_framed_sandboxed_and_served_with_a_policy_that_lets_it
     assert!(!page.contains("allow-"), "{page}");
 
     // No HTML: no frame, and nothing at the route; an unknown message: nothing either.
-    let page = http
-        .get(format!("{base}/view/{}", ids[1]))
-        .send()
-        .await
-        .unwrap()
-        .text()
-        .await
-        .unwrap();
+    let page = text_of(http.get(format!("{base}/view/{}", ids[1]))).await;
     assert!(
         page.contains("text part") && !page.contains("<iframe"),
         "{page}"
@@ -967,12 +940,7 @@ async fn a_delivery_key_is_looked_up_as_a_provider_would_answer_for_it() {
     assert!(inbox.messages(None).is_empty());
     assert_eq!(lookup("k-http").await["copies"], json!(2));
     assert_eq!(lookup("k-smtp").await["accepted"], json!(true));
-    let reset = http
-        .post(format!("{base}/reset"))
-        .json(&json!({}))
-        .send()
-        .await
-        .unwrap();
+    let reset = reset(&base).await;
     assert!(reset.status().is_success());
     assert_eq!(lookup("k-http").await["accepted"], json!(false));
 }
@@ -1172,15 +1140,7 @@ async fn a_messages_links_and_one_time_codes_are_extracted_from_its_text_and_htm
         "html": "<p><a href=\"http://127.0.0.1:8080/v1/verify?token=Ab_9-x\">Confirm</a> \
                  <a href='https://example.com/help?a=1&amp;code=XY12'>help</a></p>",
     });
-    let sent: Value = oncely_testdb::http()
-        .post(format!("{base}/emails"))
-        .json(&body)
-        .send()
-        .await
-        .unwrap()
-        .json()
-        .await
-        .unwrap();
+    let sent: Value = post_json(format!("{base}/emails"), &body).await;
     let id = sent["id"].as_str().unwrap();
     let links: Value = get_json(format!("{base}/messages/{id}/links")).await;
     assert_eq!(
@@ -1257,15 +1217,7 @@ async fn the_link_scanner_gets_every_loopback_link_on_arrival_and_never_another_
                          http://example.com/never and https://127.0.0.1:1/tls"),
         "html": format!("<a href=\"{site}/verify?token=t1\">again, once</a>"),
     });
-    let sent: Value = oncely_testdb::http()
-        .post(format!("{base}/emails"))
-        .json(&body)
-        .send()
-        .await
-        .unwrap()
-        .json()
-        .await
-        .unwrap();
+    let sent: Value = post_json(format!("{base}/emails"), &body).await;
     let scans = scanned(&base, sent["id"].as_str().unwrap()).await;
     let outcome: Vec<(String, Value, bool)> = scans
         .iter()
@@ -1298,15 +1250,7 @@ async fn the_link_scanner_gets_every_loopback_link_on_arrival_and_never_another_
     put_faults(&base, json!({ "link_scanner": false })).await;
     let quiet = json!({ "from": "a@example.com", "to": ["b@example.com"], "subject": "s",
                         "text": format!("{site}/quiet") });
-    let sent: Value = oncely_testdb::http()
-        .post(format!("{base}/emails"))
-        .json(&quiet)
-        .send()
-        .await
-        .unwrap()
-        .json()
-        .await
-        .unwrap();
+    let sent: Value = post_json(format!("{base}/emails"), &quiet).await;
     tokio::time::sleep(Duration::from_millis(100)).await;
     let links: Value = get_json(format!(
         "{base}/messages/{}/links",
@@ -1391,15 +1335,12 @@ async fn the_link_scanner_opens_only_the_origins_its_operator_named() {
     let (other, other_seen) = recording_site().await;
     let (status, _) = put_faults(&base, json!({ "link_scanner": true })).await;
     assert_eq!(status, 400, "no origin named: it cannot be switched on");
-    let refused = oncely_testdb::http()
-        .put(format!("{base}/faults"))
-        .body(r#"{"link_scanner": true}"#)
-        .send()
-        .await
-        .unwrap()
-        .text()
-        .await
-        .unwrap();
+    let refused = text_of(
+        oncely_testdb::http()
+            .put(format!("{base}/faults"))
+            .body(r#"{"link_scanner": true}"#),
+    )
+    .await;
     assert!(refused.contains("--scan-origin"), "{refused}");
     assert!(!inbox.faults().link_scanner);
     // Named as the operator writes it: the case and a trailing slash make no difference.
@@ -1426,15 +1367,7 @@ async fn the_link_scanner_opens_only_the_origins_its_operator_named() {
         "from": "a@example.com", "to": ["ada@example.com"], "subject": "Links",
         "text": links.join(" \n"),
     });
-    let sent: Value = oncely_testdb::http()
-        .post(format!("{base}/emails"))
-        .json(&body)
-        .send()
-        .await
-        .unwrap()
-        .json()
-        .await
-        .unwrap();
+    let sent: Value = post_json(format!("{base}/emails"), &body).await;
     let scans = scanned(&base, sent["id"].as_str().unwrap()).await;
     let outcome: Vec<(String, Value)> = scans
         .iter()

@@ -5,6 +5,8 @@
 //! checks never skip) and, when it can be imported, by the reference Python package through
 //! `scripts/standardwebhooks-check.py` (else those checks print `SKIPPED:`).
 
+mod common;
+
 use std::io::Write as _;
 use std::process::{Command, Stdio};
 use std::sync::Arc;
@@ -16,6 +18,8 @@ use hmac::{KeyInit, Mac};
 use oncely_inbox::{Clock, Faults, Inbox, Verification};
 use serde_json::{Value, json};
 use time::OffsetDateTime;
+
+use common::{get_text, json_of, reset};
 
 const SECRET: &str = "whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw";
 const OTHER: &str = "whsec_c2Vjb25kLXNlY3JldC1mb3Itcm90YXRpb24=";
@@ -487,14 +491,7 @@ async fn duplicates_are_counted_by_webhook_id_per_name_and_listed_newest_first_b
         .unwrap();
     assert_eq!(missing.status(), 404);
     // The page shows the count of copies of evt_1.
-    let page = oncely_testdb::http()
-        .get(format!("{base}/"))
-        .send()
-        .await
-        .unwrap()
-        .text()
-        .await
-        .unwrap();
+    let page = get_text(format!("{base}/")).await;
     assert!(page.contains("×3"), "{page}");
 }
 
@@ -502,13 +499,11 @@ async fn duplicates_are_counted_by_webhook_id_per_name_and_listed_newest_first_b
 async fn webhook_faults_reject_with_the_status_chosen_and_leave_mail_alone() {
     let (inbox, base) = start_at_now().await;
     let http = oncely_testdb::http();
-    let put = |patch: Value| http.put(format!("{base}/faults")).json(&patch).send();
-    let set: Faults = put(json!({ "webhook_reject_next": 2, "webhook_reject_status": 410 }))
-        .await
-        .unwrap()
-        .json()
-        .await
-        .unwrap();
+    let put = |patch: Value| http.put(format!("{base}/faults")).json(&patch);
+    let set: Faults = json_of(put(
+        json!({ "webhook_reject_next": 2, "webhook_reject_status": 410 }),
+    ))
+    .await;
     assert_eq!(
         (set.webhook_reject_next, set.webhook_reject_status),
         (2, 410)
@@ -524,10 +519,11 @@ async fn webhook_faults_reject_with_the_status_chosen_and_leave_mail_alone() {
         .unwrap();
     assert_eq!(mail.status(), 200, "mail has its own faults");
     put(json!({ "webhook_reject_next": 1, "webhook_reject_status": 500 }))
+        .send()
         .await
         .unwrap();
     assert_eq!(deliver(&base, "app", &[], "{}").await.0, 500);
-    put(json!({ "reject_next": 1 })).await.unwrap();
+    put(json!({ "reject_next": 1 })).send().await.unwrap();
     assert_eq!(
         deliver(&base, "app", &[], "{}").await.0,
         204,
@@ -537,7 +533,11 @@ async fn webhook_faults_reject_with_the_status_chosen_and_leave_mail_alone() {
         json!({ "webhook_reject_status": 200 }),
         json!({ "webhook_reject_status": 99 }),
     ] {
-        assert_eq!(put(bad.clone()).await.unwrap().status(), 400, "{bad}");
+        assert_eq!(
+            put(bad.clone()).send().await.unwrap().status(),
+            400,
+            "{bad}"
+        );
     }
     let stats = inbox.stats().webhooks;
     assert_eq!(
@@ -725,12 +725,7 @@ async fn reset_forgets_webhooks_and_their_counters_and_delete_only_the_copies() 
     );
     assert_eq!(deliver(&base, "app", &signed, &body).await.0, 204);
     assert_eq!(inbox.stats().webhooks.duplicates, 1, "no kept copy had it");
-    let reset = http
-        .post(format!("{base}/reset"))
-        .json(&json!({}))
-        .send()
-        .await
-        .unwrap();
+    let reset = reset(&base).await;
     assert_eq!(reset.status(), 204);
     assert!(inbox.webhooks(None, None).is_empty());
     assert_eq!(
@@ -805,14 +800,7 @@ async fn the_page_escapes_what_a_webhook_carries() {
         .to_string();
     let evil = [("webhook-id", "<b id=x>".to_owned())];
     assert_eq!(deliver(&base, "a%3Cscript%3E", &evil, &body).await.0, 204);
-    let page = oncely_testdb::http()
-        .get(format!("{base}/"))
-        .send()
-        .await
-        .unwrap()
-        .text()
-        .await
-        .unwrap();
+    let page = get_text(format!("{base}/")).await;
     for raw in [
         "<img src=x",
         "<script>alert",

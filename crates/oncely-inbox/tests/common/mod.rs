@@ -46,3 +46,49 @@ pub(crate) fn inbox(max_bytes: usize) -> Inbox {
         ..Config::default()
     })
 }
+
+/// The JSON answer to a GET of `url`.
+pub(crate) async fn get_json<T: serde::de::DeserializeOwned>(url: impl reqwest::IntoUrl) -> T {
+    let response = oncely_testdb::http().get(url).send().await.unwrap();
+    response.json().await.unwrap()
+}
+
+/// The text answer to a GET of `url`.
+pub(crate) async fn get_text(url: impl reqwest::IntoUrl) -> String {
+    let response = oncely_testdb::http().get(url).send().await.unwrap();
+    response.text().await.unwrap()
+}
+
+/// The JSON answer to a POST of `body` (as JSON) to `url`.
+pub(crate) async fn post_json(
+    url: impl reqwest::IntoUrl,
+    body: &serde_json::Value,
+) -> serde_json::Value {
+    let response = oncely_testdb::http()
+        .post(url)
+        .json(body)
+        .send()
+        .await
+        .unwrap();
+    response.json().await.unwrap()
+}
+
+/// The JSON answer to `request`, sent.
+pub(crate) async fn json_of<T: serde::de::DeserializeOwned>(request: reqwest::RequestBuilder) -> T {
+    request.send().await.unwrap().json().await.unwrap()
+}
+
+/// The text answer to `request`, sent.
+pub(crate) async fn text_of(request: reqwest::RequestBuilder) -> String {
+    request.send().await.unwrap().text().await.unwrap()
+}
+
+/// `POST /reset` (JSON) to the inbox at `base`: its answer.
+pub(crate) async fn reset(base: &str) -> reqwest::Response {
+    oncely_testdb::http()
+        .post(format!("{base}/reset"))
+        .json(&serde_json::json!({}))
+        .send()
+        .await
+        .unwrap()
+}

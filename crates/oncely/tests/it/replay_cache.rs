@@ -30,6 +30,17 @@ fn cached<S: Backend>(
     (app(store, effects.clone(), tune), effects)
 }
 
+/// A new key on each route (generic, transactional), each sent twice: the repeat is replayed.
+async fn replayed_on_both_routes(app: &axum::Router) -> [(&'static str, String); 2] {
+    let keys = [("/payments", new_key()), ("/tx/payments", new_key())];
+    for (path, key) in &keys {
+        send(app, path, Some(key), "{}", &[]).await;
+        let kept = send(app, path, Some(key), "{}", &[]).await;
+        assert_eq!(kept.outcome, Some(Outcome::Replayed));
+    }
+    keys
+}
+
 const DAY: Duration = Duration::from_secs(24 * 60 * 60);
 
 async fn repeats_of_a_finished_key_are_answered_from_memory_once_read<S: Backend>(
@@ -100,12 +111,7 @@ async fn an_entry_never_outlives_its_keys_retention_on_the_stores_clock<S: Backe
     let cache = ReplayCache::new(1 << 20);
     let retention = Duration::from_secs(60);
     let (app, effects) = cached(store, &cache, retention);
-    let keys = [("/payments", new_key()), ("/tx/payments", new_key())];
-    for (path, key) in &keys {
-        send(&app, path, Some(key), "{}", &[]).await;
-        let kept = send(&app, path, Some(key), "{}", &[]).await;
-        assert_eq!(kept.outcome, Some(Outcome::Replayed));
-    }
+    let keys = replayed_on_both_routes(&app).await;
     assert_eq!(cache.entry_count(), 2);
     clock.advance(retention - Duration::from_secs(1));
     for (path, key) in &keys {
@@ -129,12 +135,7 @@ async fn an_entry_never_outlives_its_keys_retention_on_the_real_clock<S: Backend
     let cache = ReplayCache::new(1 << 20);
     let retention = Duration::from_millis(1500);
     let (app, effects) = cached(store, &cache, retention);
-    let keys = [("/payments", new_key()), ("/tx/payments", new_key())];
-    for (path, key) in &keys {
-        send(&app, path, Some(key), "{}", &[]).await;
-        let kept = send(&app, path, Some(key), "{}", &[]).await;
-        assert_eq!(kept.outcome, Some(Outcome::Replayed));
-    }
+    let keys = replayed_on_both_routes(&app).await;
     tokio::time::sleep(retention + Duration::from_millis(300)).await;
     for (path, key) in &keys {
         let fresh = send(&app, path, Some(key), "{}", &[]).await;

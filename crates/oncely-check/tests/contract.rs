@@ -18,29 +18,14 @@ async fn a_fixture_that_keeps_the_contract_passes_every_row_but_retry_after() {
         "{}",
         report.table()
     );
-    assert!(
-        report
-            .row("concurrent")
-            .unwrap()
-            .evidence
-            .contains("probe 3 → 4"),
-        "{}",
-        report.table()
-    );
+    assert_evidence(&report, "concurrent", "probe 3 → 4");
 }
 
 /// A busy answer with `Retry-After` is load, not a verdict: the checker waits and sends the
 /// same request again, and says how often it did.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn busy_answers_outside_the_burst_are_retried_after_their_retry_after() {
-    let base = spawn_fixture(
-        Behaviour {
-            busy_first: 3,
-            ..CORRECT
-        },
-        6,
-    )
-    .await;
+    let base = spawn_fixture(behaving(|b| b.busy_first = 3), 6).await;
     let report = assert_conforms(&fixture_config(&base, 6)).await;
     assert_eq!(report.busy_retries, 3);
     assert!(
@@ -54,21 +39,8 @@ async fn busy_answers_outside_the_burst_are_retried_after_their_retry_after() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_server_that_ignores_the_key_fails_the_rows_that_need_one() {
-    let base = spawn_fixture(
-        Behaviour {
-            ignores_key: true,
-            ..CORRECT
-        },
-        6,
-    )
-    .await;
-    let report = oncely_check::run(&fixture_config(&base, 6)).await.unwrap();
-    assert_eq!(
-        failures(&report),
-        set(&IGNORES_THE_KEY),
-        "{}",
-        report.table()
-    );
+    let (base, report) = fixture_report(behaving(|b| b.ignores_key = true), 6).await;
+    assert_fails(&report, &IGNORES_THE_KEY);
     let concurrent = &report.row("concurrent").unwrap().evidence;
     assert!(
         concurrent.contains("the probe counted 7 executions"),
@@ -83,30 +55,20 @@ async fn a_server_that_ignores_the_key_fails_the_rows_that_need_one() {
         "{}",
         report.table()
     );
-    assert!(
-        report
-            .row("concurrent")
-            .unwrap()
-            .evidence
-            .contains("different success bodies"),
-        "{}",
-        report.table()
-    );
+    assert_evidence(&report, "concurrent", "different success bodies");
 }
 
 /// Same answers every time: the answers cannot tell one execution from seven, the probe can.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn only_the_probe_catches_a_server_that_runs_every_duplicate_with_the_same_answer() {
-    let base = spawn_fixture(
-        Behaviour {
-            ignores_key: true,
-            constant_answer: true,
-            ..CORRECT
-        },
+    let (base, report) = fixture_report(
+        behaving(|b| {
+            b.ignores_key = true;
+            b.constant_answer = true;
+        }),
         6,
     )
     .await;
-    let report = oncely_check::run(&fixture_config(&base, 6)).await.unwrap();
     let concurrent = report.row("concurrent").unwrap();
     assert_eq!(concurrent.verdict, Verdict::Fail, "{}", report.table());
     assert!(
@@ -136,21 +98,8 @@ async fn only_the_probe_catches_a_server_that_runs_every_duplicate_with_the_same
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_server_that_stores_by_key_only_fails_reuse_with_another_body() {
-    let base = spawn_fixture(
-        Behaviour {
-            compares_body: false,
-            ..CORRECT
-        },
-        6,
-    )
-    .await;
-    let report = oncely_check::run(&fixture_config(&base, 6)).await.unwrap();
-    assert_eq!(
-        failures(&report),
-        set(&["reuse-other-body"]),
-        "{}",
-        report.table()
-    );
+    let (_, report) = fixture_report(behaving(|b| b.compares_body = false), 6).await;
+    assert_fails(&report, &["reuse-other-body"]);
     let evidence = &report.row("reuse-other-body").unwrap().evidence;
     assert!(
         evidence.contains("expected 422, got 201") && evidence.contains("Idempotent-Replayed"),
@@ -172,34 +121,20 @@ async fn a_server_that_stores_by_key_only_fails_reuse_with_another_body() {
     }
 
     // The same, one key for every route: the other route replays the first one's answer.
-    let base = spawn_fixture(
-        Behaviour {
-            compares_body: false,
-            per_route: false,
-            ..CORRECT
-        },
+    let (_, report) = fixture_report(
+        behaving(|b| {
+            b.compares_body = false;
+            b.per_route = false;
+        }),
         6,
     )
     .await;
-    let report = oncely_check::run(&fixture_config(&base, 6)).await.unwrap();
-    assert_eq!(
-        failures(&report),
-        set(&["reuse-other-body", "key-per-route"]),
-        "{}",
-        report.table()
-    );
+    assert_fails(&report, &["reuse-other-body", "key-per-route"]);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn conflicts_in_the_burst_pass_with_retry_after_and_fail_without() {
-    let base = spawn_fixture(
-        Behaviour {
-            conflicts: Some(true),
-            ..CORRECT
-        },
-        5,
-    )
-    .await;
+    let base = spawn_fixture(behaving(|b| b.conflicts = Some(true)), 5).await;
     let report = assert_conforms(&fixture_config(&base, 5)).await;
     let row = report.row("retry-after").unwrap();
     assert_eq!(row.verdict, Verdict::Pass, "{}", report.table());
@@ -209,21 +144,8 @@ async fn conflicts_in_the_burst_pass_with_retry_after_and_fail_without() {
         row.evidence
     );
 
-    let base = spawn_fixture(
-        Behaviour {
-            conflicts: Some(false),
-            ..CORRECT
-        },
-        5,
-    )
-    .await;
-    let report = oncely_check::run(&fixture_config(&base, 5)).await.unwrap();
-    assert_eq!(
-        failures(&report),
-        set(&["retry-after"]),
-        "{}",
-        report.table()
-    );
+    let (_, report) = fixture_report(behaving(|b| b.conflicts = Some(false)), 5).await;
+    assert_fails(&report, &["retry-after"]);
     assert_eq!(
         report.row("concurrent").unwrap().verdict,
         Verdict::Pass,

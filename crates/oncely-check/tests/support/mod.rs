@@ -36,15 +36,8 @@ pub async fn assert_conforms(config: &CheckConfig) -> Report {
     let report = oncely_check::run(config).await.expect("the route answers");
     println!("{}", report.table());
     assert_eq!(failures(&report), BTreeSet::new(), "{}", report.table());
-    for name in [
-        "key-missing",
-        "key-malformed",
-        "first-request",
-        "replay",
-        "replay-header",
-        "reuse-other-body",
-        "concurrent",
-    ] {
+    let always = |name: &&str| !["key-per-route", "retry-after"].contains(name);
+    for name in oncely_check::ROWS.into_iter().filter(always) {
         assert_eq!(
             report.row(name).unwrap().verdict,
             Verdict::Pass,
@@ -53,6 +46,30 @@ pub async fn assert_conforms(config: &CheckConfig) -> Report {
         );
     }
     report
+}
+
+/// A fixture of `behaviour` (a burst of `burst`) and the checker's report on it.
+pub async fn fixture_report(behaviour: Behaviour, burst: usize) -> (String, Report) {
+    let base = spawn_fixture(behaviour, burst).await;
+    let report = oncely_check::run(&fixture_config(&base, burst))
+        .await
+        .unwrap();
+    (base, report)
+}
+
+/// Asserts that the rows `names` fail, and no other.
+pub fn assert_fails(report: &Report, names: &[&'static str]) {
+    assert_eq!(failures(report), set(names), "{}", report.table());
+}
+
+/// Asserts that the evidence of row `name` contains `part`.
+pub fn assert_evidence(report: &Report, name: &str, part: &str) {
+    let evidence = &report.row(name).unwrap().evidence;
+    assert!(
+        evidence.contains(part),
+        "{name}: {evidence}\n{}",
+        report.table()
+    );
 }
 
 pub fn failures(report: &Report) -> BTreeSet<&'static str> {
@@ -89,6 +106,13 @@ pub struct Behaviour {
     pub conflicts: Option<bool>,
     /// Answers the first this many POSTs `503` with `Retry-After: 0` (busy, come back now).
     pub busy_first: usize,
+}
+
+/// [`CORRECT`] but for what `change` changes.
+pub fn behaving(change: impl FnOnce(&mut Behaviour)) -> Behaviour {
+    let mut behaviour = CORRECT;
+    change(&mut behaviour);
+    behaviour
 }
 
 pub const CORRECT: Behaviour = Behaviour {

@@ -5,7 +5,7 @@ use std::time::{Duration, Instant};
 
 use oncely_inbox::{Faults, Inbox, Rejection, Running};
 use oncely_outbox::mail::{EmailHandler, IdempotencyHeader, Mailer, from_url};
-use oncely_outbox::{JobStatus, JobStore, NewJob, RetryPolicy, Worker, WorkerConfig};
+use oncely_outbox::{JobRecord, JobStatus, JobStore, NewJob, RetryPolicy, Worker, WorkerConfig};
 use oncely_testdb::TestDb;
 use time::OffsetDateTime;
 use tokio_util::sync::CancellationToken;
@@ -250,19 +250,21 @@ async fn attempts_stop_at_the_maximum_and_the_job_is_dead<S: Backend>(store: S, 
     );
 }
 
+/// Asserts that the job is sent, its first attempt's outcome unknown.
+async fn sent_after_an_unknown<S: Backend>(store: &S, record: &JobRecord) {
+    assert_eq!(record.status, JobStatus::Sent);
+    assert_eq!(results(store, record.id).await, ["unknown", "sent"]);
+}
+
 async fn accept_then_drop_with_a_deduplicating_provider_delivers_exactly_one_email<S: Backend>(
     store: S,
     _db: TestDb,
 ) {
     let faults = losing_the_first_answer(Faults::provider());
     let (inbox, record) = settle(&store, faults, email_job("k", "e@example.com")).await;
-    assert_eq!(record.status, JobStatus::Sent);
-    assert_eq!(results(&store, record.id).await, ["unknown", "sent"]);
-    assert_eq!(
-        inbox.messages(Some("e@example.com")).len(),
-        1,
-        "exactly one email"
-    );
+    sent_after_an_unknown(&store, &record).await;
+    let emails = inbox.messages(Some("e@example.com"));
+    assert_eq!(emails.len(), 1, "exactly one email");
     assert_eq!(inbox.stats().deduplicated, 1);
 }
 
@@ -277,13 +279,10 @@ async fn a_provider_that_does_not_read_the_mailer_s_header_delivers_the_resend_a
     enqueue(&store, email_job("k", "w@example.com")).await;
     let mailer = smtp_with_header(&running, Some("Idempotency-Key"));
     let record = run_until_settled(&worker(&store, mailer, FAST), &store, "k").await;
-    assert_eq!(record.status, JobStatus::Sent);
-    assert_eq!(results(&store, record.id).await, ["unknown", "sent"]);
-    assert_eq!(
-        inbox.messages(Some("w@example.com")).len(),
-        2,
-        "the provider saw no key it reads: the resend is a second email"
-    );
+    sent_after_an_unknown(&store, &record).await;
+    let emails = inbox.messages(Some("w@example.com"));
+    let why = "the provider saw no key it reads: the resend is a second email";
+    assert_eq!(emails.len(), 2, "{why}");
     assert_eq!(inbox.stats().deduplicated, 0);
 }
 

@@ -196,11 +196,7 @@ async fn a_payload_an_earlier_attempt_may_have_delivered_stays_frozen_through_a_
     store: S,
     _db: TestDb,
 ) {
-    let faults = Faults {
-        drop_after_accept: 1,
-        ..Faults::provider()
-    };
-    let (inbox, worker, handler) = setup_with(&store, None, faults).await;
+    let (inbox, worker, handler) = setup(&store, None).await;
     worker.drain().await.unwrap(); // accepted, answer lost: unknown
     *handler.current.lock().unwrap() = "new@example.com".into();
     inbox.set_faults(Faults {

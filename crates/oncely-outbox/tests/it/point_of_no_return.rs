@@ -21,7 +21,7 @@ use tokio::io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt, BufReader};
 use tokio::net::TcpListener;
 use tokio::sync::{Notify, watch};
 
-use crate::support::{Backend, LEASE, both_stores, kinds};
+use crate::support::{Backend, LEASE, both_stores, job_in, kinds};
 
 both_stores!(
     a_worker_killed_before_data_leaves_a_plain_retry_and_one_email,
@@ -380,8 +380,7 @@ async fn a_send_that_times_out_before_data_is_answered_is_a_plain_retry<S: Backe
     let server = scripted(Hang::AtData).await;
     // The attempt ends at 90 % of its 2 s lease.
     assert_eq!(worker(&store, server.addr).run_once().await.unwrap(), 1);
-    let record = store.job("signup:1").await.unwrap().unwrap();
-    assert_eq!(record.status, JobStatus::Pending, "{record:?}");
+    let record = job_in(&store, "signup:1", JobStatus::Pending).await;
     let error = record.last_error.unwrap_or_default();
     assert!(error.contains("nothing was handed over"), "{error}");
     let attempts = store.attempts(id).await.unwrap();

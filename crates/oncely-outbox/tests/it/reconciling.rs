@@ -19,7 +19,9 @@ use serde_json::json;
 use tokio_util::sync::CancellationToken;
 use uuid::Uuid;
 
-use crate::support::{Backend, LEASE, Runs, both_stores, email_to, kinds, mailer, results, status};
+use crate::support::{
+    Backend, LEASE, Runs, both_stores, email_to, job_in, kinds, mailer, results, status,
+};
 
 /// How long a "no" waits to be believed: the kinds' default grace.
 const GRACE: Duration = KindOptions::DEFAULT_RECONCILE_GRACE;
@@ -133,8 +135,7 @@ async fn parked<S: Backend>(store: &S, worker: &Worker<S>, key: &str, look: &str
     let job = NewJob::new(key, "r", json!({ "look": look }));
     store.enqueue_with_business_row(job, true).await.unwrap();
     worker.drain().await.unwrap();
-    let record = store.job(key).await.unwrap().unwrap();
-    assert_eq!(record.status, JobStatus::Unknown, "{record:?}");
+    let record = job_in(&store, key, JobStatus::Unknown).await;
     record.id
 }
 
@@ -169,8 +170,7 @@ async fn a_parked_job_the_provider_accepted_is_settled_as_sent_and_never_run_aga
         "settled: due"
     );
     assert_eq!(worker.drain().await.unwrap(), 1);
-    let record = store.job("r:1").await.unwrap().unwrap();
-    assert_eq!(record.status, JobStatus::Sent, "{record:?}");
+    let record = job_in(&store, "r:1", JobStatus::Sent).await;
     assert_eq!(
         record.provider_message_id.as_deref(),
         Some("accepted-1"),
@@ -486,6 +486,26 @@ async fn enqueue_email<S: Backend>(store: &S, key: &str, to: &str) {
     store.enqueue_with_business_row(job, true).await.unwrap();
 }
 
+/// A test inbox with `faults` and an email worker to it (each send bounded by `timeout`) that
+/// reconciles by asking the inbox's lookup.
+async fn looking_up<S: Backend>(
+    store: &S,
+    faults: oncely_inbox::Faults,
+    timeout: Duration,
+) -> (oncely_inbox::Inbox, oncely_inbox::Running, Worker<S>) {
+    let (inbox, running) = oncely_inbox::Inbox::start_local(faults).await.unwrap();
+    let lookup = format!("http://{}/deliveries/{{key}}", running.http_addr);
+    let worker = email_worker(store, &running, &lookup, timeout);
+    (inbox, running, worker)
+}
+
+/// An email job `key` to `to`, run by `worker`: parked, its outcome unknown.
+async fn parked<S: Backend>(store: &S, worker: &Worker<S>, key: &str, to: &str) {
+    enqueue_email(store, key, to).await;
+    worker.drain().await.unwrap();
+    assert_eq!(status(store, key).await, JobStatus::Unknown);
+}
+
 async fn over_smtp_a_dropped_answer_is_settled_by_the_inbox_s_lookup_with_one_copy<S: Backend>(
     store: S,
     _db: TestDb,
@@ -494,12 +514,8 @@ async fn over_smtp_a_dropped_answer_is_settled_by_the_inbox_s_lookup_with_one_co
         drop_after_accept: 1,
         ..oncely_inbox::Faults::default()
     };
-    let (inbox, running) = oncely_inbox::Inbox::start_local(faults).await.unwrap();
-    let lookup = format!("http://{}/deliveries/{{key}}", running.http_addr);
-    let worker = email_worker(&store, &running, &lookup, Duration::from_secs(2));
-    enqueue_email(&store, "mail:1", "ada@example.com").await;
-    worker.drain().await.unwrap();
-    assert_eq!(status(&store, "mail:1").await, JobStatus::Unknown);
+    let (inbox, _, worker) = looking_up(&store, faults, Duration::from_secs(2)).await;
+    parked(&store, &worker, "mail:1", "ada@example.com").await;
     assert_eq!(
         inbox.messages(None).len(),
         1,
@@ -509,8 +525,7 @@ async fn over_smtp_a_dropped_answer_is_settled_by_the_inbox_s_lookup_with_one_co
     let done = worker.reconcile_once().await.unwrap();
     assert_eq!((done.looked, done.sent), (1, 1), "{done:?}");
     worker.drain().await.unwrap();
-    let record = store.job("mail:1").await.unwrap().unwrap();
-    assert_eq!(record.status, JobStatus::Sent, "{record:?}");
+    let record = job_in(&store, "mail:1", JobStatus::Sent).await;
     assert_eq!(
         record.provider_message_id,
         Some(inbox.messages(None)[0].id.clone()),
@@ -529,12 +544,8 @@ async fn a_slow_answer_is_not_taken_for_a_no_and_a_broken_lookup_says_nothing<S:
         delay_ms: 1500,
         ..oncely_inbox::Faults::default()
     };
-    let (inbox, running) = oncely_inbox::Inbox::start_local(faults).await.unwrap();
-    let lookup = format!("http://{}/deliveries/{{key}}", running.http_addr);
-    let worker = email_worker(&store, &running, &lookup, Duration::from_millis(300));
-    enqueue_email(&store, "mail:slow", "ada@example.com").await;
-    worker.drain().await.unwrap();
-    assert_eq!(status(&store, "mail:slow").await, JobStatus::Unknown);
+    let (inbox, running, worker) = looking_up(&store, faults, Duration::from_millis(300)).await;
+    parked(&store, &worker, "mail:slow", "ada@example.com").await;
     assert!(inbox.messages(None).is_empty(), "not taken yet");
     // Asked at once, the inbox has not taken it: a "no" that is not believed yet.
     store.clock().advance(Duration::from_secs(3));
@@ -576,9 +587,7 @@ async fn a_slow_answer_is_not_taken_for_a_no_and_a_broken_lookup_says_nothing<S:
         ),
     ] {
         let worker = email_worker(&store, &running, &template, Duration::from_secs(2));
-        enqueue_email(&store, key, "bob@example.com").await;
-        worker.drain().await.unwrap();
-        assert_eq!(status(&store, key).await, JobStatus::Unknown);
+        parked(&store, &worker, key, "bob@example.com").await;
         store.clock().advance(GRACE * 2);
         let done = worker.reconcile_once().await.unwrap();
         // (The first job again too: asked again once its delay passed.)

@@ -121,16 +121,22 @@ async fn a_leased_job_is_not_claimed_again_until_its_lease_ends<S: Backend>(stor
     assert!(claim(&store, "b", "email", 10, LEASE).await.is_empty());
 }
 
+/// A new job `key` claimed by worker `a` for 100 ms, and once that lease is over by worker `b`:
+/// both claims.
+async fn claimed_again<S: Backend>(store: &S, key: &str) -> (Job, Job) {
+    enqueue(store, job(key)).await;
+    let first = claim(store, "a", "email", 1, Duration::from_millis(100))
+        .await
+        .remove(0);
+    store.clock().advance(Duration::from_millis(200));
+    (first, claim_one(store, "b").await)
+}
+
 async fn an_expired_lease_lets_another_worker_take_the_job_and_fences_out_the_first<S: Backend>(
     store: S,
     _db: TestDb,
 ) {
-    enqueue(&store, job("k")).await;
-    let first = claim(&store, "a", "email", 1, Duration::from_millis(100))
-        .await
-        .remove(0);
-    store.clock().advance(Duration::from_millis(200));
-    let second = claim_one(&store, "b").await;
+    let (first, second) = claimed_again(&store, "k").await;
     assert_eq!(second.id, first.id);
     assert_eq!(second.attempt, 2);
     assert_eq!(
@@ -388,12 +394,7 @@ async fn a_frozen_payload_is_written_once_under_the_claim_s_lease_and_comes_with
     assert_eq!(record.frozen, Some(first_payload));
 
     // A claim whose lease ended before anything was frozen cannot freeze the first value.
-    enqueue(&store, job("k2")).await;
-    let stale = claim(&store, "a", "email", 1, Duration::from_millis(100))
-        .await
-        .remove(0);
-    store.clock().advance(Duration::from_millis(200));
-    let owner = claim_one(&store, "b").await;
+    let (stale, owner) = claimed_again(&store, "k2").await;
     assert_eq!(store.freeze(&stale, &other).await.unwrap(), None);
     assert_eq!(owner.frozen, None);
     assert_eq!(store.job("k2").await.unwrap().unwrap().frozen, None);

@@ -383,6 +383,17 @@ pub async fn finished_results<S: Backend>(store: &S, key: &str) -> Vec<String> {
     finished_attempts(store, id).await
 }
 
+/// The job `key`, asserted to be in `status`.
+pub async fn job_in<S: Backend>(
+    store: &S,
+    key: &str,
+    status: oncely_outbox::JobStatus,
+) -> JobRecord {
+    let record = store.job(key).await.unwrap().unwrap();
+    assert_eq!(record.status, status, "{record:?}");
+    record
+}
+
 /// The status of the job `key`.
 pub async fn status<S: Backend>(store: &S, key: &str) -> oncely_outbox::JobStatus {
     store.job(key).await.unwrap().unwrap().status

@@ -19,7 +19,7 @@ use oncely_testdb::TestDb;
 use serde_json::json;
 use uuid::Uuid;
 
-use crate::support::{Backend, LEASE, Runs, both_stores, kinds, listed};
+use crate::support::{Backend, LEASE, Runs, both_stores, job_in, kinds, listed};
 
 both_stores!(
     an_unknown_outcome_parks_the_job_under_reconcile_and_is_resent_under_resend,
@@ -133,8 +133,7 @@ async fn an_unknown_outcome_parks_the_job_under_reconcile_and_is_resent_under_re
     enqueue(&store, "s:1", "s", "unknown,sent").await;
     assert_eq!(worker.drain().await.unwrap(), 3);
 
-    let record = store.job("r:1").await.unwrap().unwrap();
-    assert_eq!(record.status, JobStatus::Unknown, "{record:?}");
+    let record = job_in(&store, "r:1", JobStatus::Unknown).await;
     assert_eq!(record.attempts, 1);
     let error = record.last_error.as_deref().unwrap_or_default();
     assert!(
@@ -245,8 +244,7 @@ async fn settled_as_sent_is_recorded_without_running_and_names_its_follow_ups<S:
     );
     assert!(!store.settle(id, Settlement::Resend).await.unwrap());
     assert_eq!(worker.drain().await.unwrap(), 1);
-    let record = store.job("r:1").await.unwrap().unwrap();
-    assert_eq!(record.status, JobStatus::Sent, "{record:?}");
+    let record = job_in(&store, "r:1", JobStatus::Sent).await;
     assert_eq!(
         handler.runs_of("r:1").len(),
         1,
@@ -289,8 +287,7 @@ async fn settled_for_resending_runs_again_under_the_same_key_with_a_fresh_budget
     assert_eq!(record.attempts, 0, "a fresh attempt budget");
     assert!(record.redriven_at.is_some(), "a fresh horizon");
     assert_eq!(worker.drain().await.unwrap(), 1);
-    let record = store.job("r:1").await.unwrap().unwrap();
-    assert_eq!(record.status, JobStatus::Sent, "{record:?}");
+    let record = job_in(&store, "r:1", JobStatus::Sent).await;
     let keys = handler.runs_of("r:1");
     assert_eq!(keys.len(), 2);
     assert_eq!(keys[0], keys[1], "the same delivery key");
@@ -314,8 +311,7 @@ async fn a_retry_after_an_abandoned_attempt_is_parked_not_run<S: Backend>(store:
     store.clock().advance(LEASE + Duration::from_secs(1));
 
     assert_eq!(worker.drain().await.unwrap(), 2);
-    let record = store.job("r:1").await.unwrap().unwrap();
-    assert_eq!(record.status, JobStatus::Unknown, "{record:?}");
+    let record = job_in(&store, "r:1", JobStatus::Unknown).await;
     assert!(
         handler.runs_of("r:1").is_empty(),
         "the reconciling kind does not run it again"
@@ -412,8 +408,7 @@ async fn a_dead_job_whose_follow_ups_cannot_be_named_is_not_parked_and_keeps_its
     let worker = short_lease_worker(&store, &handler, OnUnknown::Reconcile);
     enqueue(&store, "r:1", "r", "dead,dead").await;
     assert_eq!(worker.drain().await.unwrap(), 1);
-    let record = store.job("r:1").await.unwrap().unwrap();
-    assert_eq!(record.status, JobStatus::Pending, "{record:?}");
+    let record = job_in(&store, "r:1", JobStatus::Pending).await;
     let error = record.last_error.as_deref().unwrap_or_default();
     assert!(
         error.contains("550 mailbox unavailable") && !error.contains("parked"),

@@ -1,14 +1,19 @@
 //! Account storage on both backends, through the library: migrations a previous release
 //! applied, and time-dependent statements with an injected `now` (no sleeping).
 
-use oncely_server::accounts::{Accounts, NewEndpoint, NewToken, ReturnTo};
-use oncely_server::backend::{Backend, COMMAND_POOL, Postgres, Sqlite};
+use oncely_server::accounts::{
+    Accounts, NewEndpoint, NewToken, ReturnTo, SignupCounted, SignupOutcome,
+};
+use oncely_server::backend::{Backend, Postgres, Sqlite};
+use oncely_server::email::EmailAddress;
 use oncely_testdb::TestDb;
 use sqlx::SqlSafeStr;
 use sqlx::migrate::{Migration, MigrationType, Migrator};
 use time::{Duration, OffsetDateTime};
 
-use crate::support::{both_databases, both_empty_databases};
+use crate::support::{
+    both_databases, both_empty_databases, on_backend, open_backend, open_migrated,
+};
 
 /// The account migrations as the previous release built them by hand (before
 /// `sqlx::migrate!`), with their descriptions: what its databases recorded.
@@ -109,9 +114,7 @@ async fn a_database_the_previous_release_migrated_migrates_and_is_ready(url: Str
 }
 
 async fn migrated_by_the_previous_release<B: Accounts>(url: &str, previous: Migrator) {
-    let backend = B::connect(&oncely_server::backend::Location::url(url), COMMAND_POOL)
-        .await
-        .unwrap();
+    let backend = open_backend::<B>(url).await;
     previous.run(backend.pool()).await.unwrap();
     oncely_server::startup::migrate(&backend)
         .await
@@ -120,18 +123,11 @@ async fn migrated_by_the_previous_release<B: Accounts>(url: &str, previous: Migr
 }
 
 async fn expired_tokens_are_pruned_by_the_given_clock(url: String, _db: TestDb) {
-    if url.starts_with("postgres") {
-        prune_tokens_at::<Postgres>(&url).await;
-    } else {
-        prune_tokens_at::<Sqlite>(&url).await;
-    }
+    on_backend!(url, prune_tokens_at(&url));
 }
 
 async fn prune_tokens_at<B: Accounts>(url: &str) {
-    let backend = B::connect(&oncely_server::backend::Location::url(url), COMMAND_POOL)
-        .await
-        .unwrap();
-    oncely_server::startup::migrate(&backend).await.unwrap();
+    let backend = open_migrated::<B>(url).await;
     let now = OffsetDateTime::now_utc();
     let token = NewToken {
         id: uuid::Uuid::new_v4(),
@@ -200,22 +196,13 @@ async fn a_signups_user_counters_and_endpoints_are_written_and_read_as_their_sta
     url: String,
     _db: TestDb,
 ) {
-    if url.starts_with("postgres") {
-        signup_user_counted_on::<Postgres>(&url).await;
-    } else {
-        signup_user_counted_on::<Sqlite>(&url).await;
-    }
+    on_backend!(url, signup_user_counted_on(&url));
 }
 
 async fn signup_user_counted_on<B: Accounts>(url: &str) {
-    use oncely_server::accounts::{SignupCounted, SignupOutcome};
-    use oncely_server::email::EmailAddress;
     use oncely_server::limits::mail::MailCount;
 
-    let backend = B::connect(&oncely_server::backend::Location::url(url), COMMAND_POOL)
-        .await
-        .unwrap();
-    oncely_server::startup::migrate(&backend).await.unwrap();
+    let backend = open_migrated::<B>(url).await;
     let mut conn = backend.pool().acquire().await.unwrap();
     let ada = EmailAddress::parse("ada@example.com").unwrap();
     let count = |pair, client_allowed| email_count(pair, 2, client_allowed);
@@ -306,41 +293,69 @@ async fn signup_user_counted_on<B: Accounts>(url: &str) {
     assert_eq!(crate::support::count(url, users).await, 1);
 }
 
+/// A migrated PostgreSQL database and the backend on it.
+async fn migrated_postgres_backend() -> (String, TestDb, Postgres) {
+    let (url, db) = crate::support::postgres_db().await;
+    let backend = open_migrated::<Postgres>(url.as_str()).await;
+    (url, db, backend)
+}
+
+/// Ada's signup (counted as `count`) in a transaction of its own while `holder` holds what it
+/// needs: once it waits for `holder`, `holder` commits; the signup's result.
+async fn ada_signs_up_behind(
+    backend: &Postgres,
+    url: &str,
+    holder: sqlx::Transaction<'static, sqlx::Postgres>,
+    count: oncely_server::limits::mail::MailCount,
+) -> SignupCounted {
+    let pool = backend.pool().clone();
+    let signup = tokio::spawn(async move {
+        let mut tx = pool.begin().await.unwrap();
+        let ada = EmailAddress::parse("ada@example.com").unwrap();
+        Postgres::signup_user_counted(&mut tx, "default", &ada, None, &count).await
+    });
+    until_a_transaction_waits(url).await;
+    holder.commit().await.unwrap();
+    signup.await.unwrap().unwrap()
+}
+
+/// Ada's new account of the default tenant, counted as `count`: its id.
+async fn ada_created(
+    conn: &mut sqlx::PgConnection,
+    count: &oncely_server::limits::mail::MailCount,
+) -> uuid::Uuid {
+    let ada = EmailAddress::parse("ada@example.com").unwrap();
+    let created = Postgres::signup_user_counted(conn, "default", &ada, None, count)
+        .await
+        .unwrap();
+    let SignupOutcome::Created(id) = created.outcome else {
+        panic!("{created:?}");
+    };
+    id
+}
+
+/// A new account of the default tenant at `address`: its id.
+async fn created(conn: &mut sqlx::PgConnection, address: &EmailAddress) -> uuid::Uuid {
+    match Postgres::signup_user(conn, "default", address, None)
+        .await
+        .unwrap()
+    {
+        SignupOutcome::Created(id) => id,
+        other => panic!("{other:?}"),
+    }
+}
+
 /// Issue 20: on PostgreSQL a signup's user is inserted and read back in one statement, whose
 /// snapshot cannot see an account that a concurrent signup of the same address committed while
 /// the insert waited for it: the account is then read by a statement of its own, and the
 /// signup finds it (pending), never "vanished" and never a second account.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_signup_racing_another_for_its_address_finds_the_account_the_other_committed() {
-    use oncely_server::accounts::SignupOutcome;
-    use oncely_server::email::EmailAddress;
-
-    let (url, _db) = crate::support::postgres_db().await;
-    let backend = Postgres::connect(
-        &oncely_server::backend::Location::url(url.as_str()),
-        COMMAND_POOL,
-    )
-    .await
-    .unwrap();
-    oncely_server::startup::migrate(&backend).await.unwrap();
+    let (url, _db, backend) = migrated_postgres_backend().await;
     let count = email_count(Some("pair"), 10, true);
-    let ada = EmailAddress::parse("ada@example.com").unwrap();
     let mut first = backend.pool().begin().await.unwrap();
-    let created = Postgres::signup_user_counted(&mut first, "default", &ada, None, &count)
-        .await
-        .unwrap();
-    let SignupOutcome::Created(id) = created.outcome else {
-        panic!("{created:?}");
-    };
-    let pool = backend.pool().clone();
-    let second = tokio::spawn(async move {
-        let mut second = pool.begin().await.unwrap();
-        let ada = EmailAddress::parse("ada@example.com").unwrap();
-        Postgres::signup_user_counted(&mut second, "default", &ada, None, &count).await
-    });
-    until_a_transaction_waits(&url).await;
-    first.commit().await.unwrap();
-    let raced = second.await.unwrap().unwrap();
+    let id = ada_created(&mut first, &count).await;
+    let raced = ada_signs_up_behind(&backend, &url, first, count).await;
     assert_eq!(raced.outcome, SignupOutcome::Pending(id));
     let users = "SELECT count(*) FROM oncely_users";
     assert_eq!(crate::support::count(&url, users).await, 1);
@@ -351,26 +366,10 @@ async fn a_signup_racing_another_for_its_address_finds_the_account_the_other_com
 /// not pending as the statement's snapshot had it.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_signup_racing_a_verification_of_its_address_finds_the_account_verified() {
-    use oncely_server::accounts::SignupOutcome;
-    use oncely_server::email::EmailAddress;
-
-    let (url, _db) = crate::support::postgres_db().await;
-    let backend = Postgres::connect(
-        &oncely_server::backend::Location::url(url.as_str()),
-        COMMAND_POOL,
-    )
-    .await
-    .unwrap();
-    oncely_server::startup::migrate(&backend).await.unwrap();
+    let (url, _db, backend) = migrated_postgres_backend().await;
     let count = email_count(None, 10, true);
-    let ada = EmailAddress::parse("ada@example.com").unwrap();
     let mut conn = backend.pool().acquire().await.unwrap();
-    let created = Postgres::signup_user_counted(&mut conn, "default", &ada, None, &count)
-        .await
-        .unwrap();
-    let SignupOutcome::Created(id) = created.outcome else {
-        panic!("{created:?}");
-    };
+    let id = ada_created(&mut conn, &count).await;
     drop(conn);
     let mut verifying = backend.pool().begin().await.unwrap();
     sqlx::query("UPDATE oncely_users SET status = 'verified' WHERE id = $1")
@@ -378,15 +377,7 @@ async fn a_signup_racing_a_verification_of_its_address_finds_the_account_verifie
         .execute(&mut *verifying)
         .await
         .unwrap();
-    let pool = backend.pool().clone();
-    let signup = tokio::spawn(async move {
-        let mut tx = pool.begin().await.unwrap();
-        let ada = EmailAddress::parse("ada@example.com").unwrap();
-        Postgres::signup_user_counted(&mut tx, "default", &ada, None, &count).await
-    });
-    until_a_transaction_waits(&url).await;
-    verifying.commit().await.unwrap();
-    let raced = signup.await.unwrap().unwrap();
+    let raced = ada_signs_up_behind(&backend, &url, verifying, count).await;
     assert_eq!(raced.outcome, SignupOutcome::Verified(id));
 }
 
@@ -396,27 +387,11 @@ async fn a_signup_racing_a_verification_of_its_address_finds_the_account_verifie
 /// address, not an error (the route answers `token-invalid` and rolls back).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_change_racing_to_one_address_is_refused_like_a_taken_one() {
-    use oncely_server::accounts::SignupOutcome;
-    use oncely_server::email::EmailAddress;
-
-    let (url, _db) = crate::support::postgres_db().await;
-    let backend = Postgres::connect(
-        &oncely_server::backend::Location::url(url.as_str()),
-        COMMAND_POOL,
-    )
-    .await
-    .unwrap();
-    oncely_server::startup::migrate(&backend).await.unwrap();
+    let (url, _db, backend) = migrated_postgres_backend().await;
     let mut conn = backend.pool().acquire().await.unwrap();
     let mut user = async |address: &str| {
         let address = EmailAddress::parse(address).unwrap();
-        match Postgres::signup_user(&mut conn, "default", &address, None)
-            .await
-            .unwrap()
-        {
-            SignupOutcome::Created(id) => id,
-            other => panic!("{other:?}"),
-        }
+        created(&mut conn, &address).await
     };
     let (ada, bob) = (user("ada@example.com").await, user("bob@example.com").await);
     drop(conn);
@@ -446,26 +421,10 @@ async fn a_change_racing_to_one_address_is_refused_like_a_taken_one() {
 /// account first, so the second waits for the first and then finds its link ended.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn two_links_of_one_account_used_at_once_run_one_after_the_other() {
-    use oncely_server::accounts::SignupOutcome;
-    use oncely_server::email::EmailAddress;
-
-    let (url, _db) = crate::support::postgres_db().await;
-    let backend = Postgres::connect(
-        &oncely_server::backend::Location::url(url.as_str()),
-        COMMAND_POOL,
-    )
-    .await
-    .unwrap();
-    oncely_server::startup::migrate(&backend).await.unwrap();
+    let (url, _db, backend) = migrated_postgres_backend().await;
     let mut conn = backend.pool().acquire().await.unwrap();
     let address = EmailAddress::parse("ada@example.com").unwrap();
-    let ada = match Postgres::signup_user(&mut conn, "default", &address, None)
-        .await
-        .unwrap()
-    {
-        SignupOutcome::Created(id) => id,
-        other => panic!("{other:?}"),
-    };
+    let ada = created(&mut conn, &address).await;
     let (reset, change) = (vec![1u8; 32], vec![2u8; 32]);
     for (flow, hash, email) in [
         ("password_reset", &reset, None),
@@ -537,12 +496,7 @@ async fn until_a_transaction_waits(url: &str) {
 async fn setting_return_urls_on_sqlite_waits_for_the_services_writes() {
     let db = oncely_testdb::TestSqlite::new();
     crate::support::migrate(db.url()).await;
-    let backend = Sqlite::connect(
-        &oncely_server::backend::Location::url(db.url()),
-        COMMAND_POOL,
-    )
-    .await
-    .unwrap();
+    let backend = open_backend::<Sqlite>(db.url()).await;
     let tenant = oncely::TenantId::parse("acme").unwrap();
     oncely_cli::commands::tenant::create_tenant(&backend, &tenant)
         .await

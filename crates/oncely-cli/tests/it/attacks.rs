@@ -590,16 +590,12 @@ async fn a_reused_login_key_is_no_password_oracle_and_replays_no_stale_identity(
     let password = "correct horse battery";
     let signup = json!({ "email": ada, "password": password });
     assert_eq!(
-        app.post_as(&acme, "/v1/signup", "s-ada", &signup)
-            .await
-            .status(),
+        app.status_as(&acme, "/v1/signup", "s-ada", &signup).await,
         202
     );
     let confirm = json!({ "token": nth_token(&app, ada, 1).await, "password": password });
     assert_eq!(
-        app.post_as(&acme, "/v1/verify", "v-ada", &confirm)
-            .await
-            .status(),
+        app.status_as(&acme, "/v1/verify", "v-ada", &confirm).await,
         200
     );
 
@@ -837,16 +833,12 @@ async fn a_login_key_reused_after_the_address_moved_replays_no_other_account(
     };
     let signup = json!({ "email": ada, "password": hers });
     assert_eq!(
-        app.post_as(&acme, "/v1/signup", "s-ada", &signup)
-            .await
-            .status(),
+        app.status_as(&acme, "/v1/signup", "s-ada", &signup).await,
         202
     );
     let confirm = json!({ "token": nth_token(&app, ada, 1).await, "password": hers });
     assert_eq!(
-        app.post_as(&acme, "/v1/verify", "v-ada", &confirm)
-            .await
-            .status(),
+        app.status_as(&acme, "/v1/verify", "v-ada", &confirm).await,
         200
     );
     let first = login("swap-1", hers).await;
@@ -869,16 +861,12 @@ async fn a_login_key_reused_after_the_address_moved_replays_no_other_account(
     app.inbox.clear();
     let signup = json!({ "email": ada, "password": his });
     assert_eq!(
-        app.post_as(&acme, "/v1/signup", "s-mal", &signup)
-            .await
-            .status(),
+        app.status_as(&acme, "/v1/signup", "s-mal", &signup).await,
         202
     );
     let confirm = json!({ "token": nth_token(&app, ada, 1).await, "password": his });
     assert_eq!(
-        app.post_as(&acme, "/v1/verify", "v-mal", &confirm)
-            .await
-            .status(),
+        app.status_as(&acme, "/v1/verify", "v-mal", &confirm).await,
         200
     );
     let fresh = login("swap-2", his).await;

@@ -9,7 +9,7 @@ use serde_json::{Value, json};
 use sqlx::{AssertSqlSafe, Connection, PgConnection};
 
 use crate::requests::{app_with_mail_caps, email, nth_token, problem_type, token};
-use crate::support::TestApp;
+use crate::support::{TestApp, open_backend};
 
 /// The accounts the sending routes need on tenant `acme`: a verified one (`v@`), a pending one
 /// (`p@`); returns the tenant's API key and the verified account's id.
@@ -323,15 +323,10 @@ async fn a_password_attempt_waiting_on_a_held_lock_is_a_503_in_seconds() {
 /// deploy; a sent email's record rather than send it again).
 #[tokio::test]
 async fn the_pool_gives_up_on_locks_and_the_migrations_wait() {
-    use oncely_server::backend::{Backend, COMMAND_POOL, Postgres};
+    use oncely_server::backend::{Backend, Postgres};
 
     let (url, _db) = crate::support::postgres_db().await;
-    let backend = Postgres::connect(
-        &oncely_server::backend::Location::url(url.as_str()),
-        COMMAND_POOL,
-    )
-    .await
-    .unwrap();
+    let backend = open_backend::<Postgres>(url.as_str()).await;
     let show = "SHOW lock_timeout";
     let pooled: String = sqlx::query_scalar(show)
         .fetch_one(backend.pool())

@@ -113,14 +113,7 @@ async fn the_checker_passes_against_the_payments_example_and_its_probe_counts_on
     assert!(concurrent.contains("probe"), "{}", report.table());
     // The example's own count: the rows that ran the handler, each once — first-request,
     // reuse-other-body's own first request, the concurrent burst.
-    let count: Value = oncely_testdb::http()
-        .get(probe)
-        .send()
-        .await
-        .unwrap()
-        .json()
-        .await
-        .unwrap();
+    let count: Value = crate::requests::json_of(oncely_testdb::http().get(probe)).await;
     assert_eq!(count, json!({ "count": 3 }), "{}", report.table());
 }
 

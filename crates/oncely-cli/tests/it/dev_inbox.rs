@@ -16,8 +16,8 @@ use time::OffsetDateTime;
 use time::format_description::well_known::Rfc3339;
 
 use crate::browser::Browser;
-use crate::ops::oncely;
-use crate::requests::{assert_drained, email, wait_for_count};
+use crate::ops::{first_listed_key, oncely};
+use crate::requests::{assert_drained, email, json_of, wait_for_count};
 use crate::support::{TestApp, mail_caps, settings, spawn_app_on, spawn_inbox};
 
 /// The service on SQLite with the dev mailer (its inbox mounted at `/_dev/inbox`).
@@ -322,15 +322,7 @@ async fn the_dev_inbox_page_is_live_searchable_and_shows_headers_raw_source_dupl
     browser
         .wait_for("document.getElementById('faults-summary').textContent === 'reject the next 1 (permanent)'")
         .await;
-    let faults: Value = app
-        .client
-        .get(format!("{intake}/faults"))
-        .send()
-        .await
-        .unwrap()
-        .json()
-        .await
-        .unwrap();
+    let faults: Value = json_of(app.client.get(format!("{intake}/faults"))).await;
     assert_eq!(
         (faults["reject_next"].clone(), faults["rejection"].clone()),
         (json!(1), json!("permanent"))
@@ -464,14 +456,7 @@ async fn the_standalone_inbox_serves_the_page_at_its_root_with_every_action() {
             "document.getElementById('faults-summary').textContent.includes('throttle the next 2')",
         )
         .await;
-    let faults: Value = client
-        .get(format!("{base}/faults"))
-        .send()
-        .await
-        .unwrap()
-        .json()
-        .await
-        .unwrap();
+    let faults: Value = json_of(client.get(format!("{base}/faults"))).await;
     assert_eq!(faults["throttle_next"], 2);
     assert_eq!(faults["dedupe_window_ms"], 86_400_000);
 
@@ -527,14 +512,7 @@ async fn the_standalone_inbox_serves_the_page_at_its_root_with_every_action() {
     browser
         .wait_for("document.querySelector('#messages .empty')")
         .await;
-    let left: Vec<Value> = client
-        .get(format!("{base}/messages"))
-        .send()
-        .await
-        .unwrap()
-        .json()
-        .await
-        .unwrap();
+    let left: Vec<Value> = json_of(client.get(format!("{base}/messages"))).await;
     assert!(left.is_empty());
     browser.screenshot("standalone-inbox").await;
     browser.close().await;
@@ -617,15 +595,11 @@ async fn the_suppressed_feed_names_each_skipped_email_s_recipient_kind_reason_an
     app.post("/v1/password-reset", "n1", &email("nobody@example.com"))
         .await;
     assert_drained(&app, Duration::from_secs(10)).await;
-    let feed: Vec<Value> = app
-        .client
-        .get(format!("{}/_dev/inbox/suppressed", app.base))
-        .send()
-        .await
-        .unwrap()
-        .json()
-        .await
-        .unwrap();
+    let feed: Vec<Value> = json_of(
+        app.client
+            .get(format!("{}/_dev/inbox/suppressed", app.base)),
+    )
+    .await;
     assert_eq!(feed.len(), 2, "{feed:?}");
     let row = |to: &str| feed.iter().find(|r| r["to"] == to).unwrap().clone();
     let capped = row("ada@example.com");
@@ -656,13 +630,7 @@ async fn the_suppressed_feed_names_each_skipped_email_s_recipient_kind_reason_an
     ])
     .await;
     assert!(ok, "{listed}");
-    let key = listed
-        .lines()
-        .nth(1)
-        .unwrap()
-        .split_whitespace()
-        .nth(4)
-        .unwrap();
+    let key = first_listed_key(&listed);
     let (ok, shown) = oncely(&["outbox", "show", key, "--database-url", &app.database_url]).await;
     assert!(
         ok && shown.contains("\"recipient\":\"n***@example.com\""),

@@ -60,6 +60,31 @@ fn nodes(node: &Value, out: &mut Vec<Value>) {
 
 /// The frame's document as Chromium holds it: Chromium runs a sandboxed frame in a process of
 /// its own, so it is read over the frame's own session ([`Browser::watch_frames`]).
+/// The frame whose URL ends with `url_end` (its session and document) once its text contains
+/// `text` (within 15 s; `what` names it otherwise).
+async fn frame_showing(
+    browser: &mut Browser,
+    url_end: &str,
+    text: &str,
+    what: &str,
+) -> (String, Value) {
+    let deadline = std::time::Instant::now() + Duration::from_secs(15);
+    loop {
+        if let Some((session, document)) = frame_document(browser, url_end).await
+            && text_of(&document).contains(text)
+        {
+            return (session, document);
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the frame shows no {what}; frames: {:?}; log: {:?}",
+            browser.frames,
+            browser.log
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
 async fn frame_document(browser: &mut Browser, url_end: &str) -> Option<(String, Value)> {
     browser.eval("1").await; // takes in the events so far: the frame's attachment among them
     let sessions: Vec<String> = browser.frames.iter().map(|(s, _)| s.clone()).collect();
@@ -206,21 +231,13 @@ async fn the_dev_inbox_draws_an_html_email_in_a_sandbox_where_no_script_runs_and
     );
     // The frame's document, once drawn.
     let frame_url = format!("/_dev/inbox/view/{id}/html");
-    let deadline = std::time::Instant::now() + Duration::from_secs(15);
-    let (session, document) = loop {
-        if let Some((session, document)) = frame_document(&mut browser, &frame_url).await
-            && text_of(&document).contains("Grüße from the HTML part")
-        {
-            break (session, document);
-        }
-        assert!(
-            std::time::Instant::now() < deadline,
-            "the frame shows no HTML part; frames: {:?}; log: {:?}",
-            browser.frames,
-            browser.log
-        );
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    };
+    let (session, document) = frame_showing(
+        &mut browser,
+        &frame_url,
+        "Grüße from the HTML part",
+        "HTML part",
+    )
+    .await;
     let text = text_of(&document);
     assert!(text.contains("Styled"), "{text}");
     for ran in ["script-ran", "handler-ran"] {
@@ -430,21 +447,8 @@ async fn a_templated_email_of_the_service_is_drawn_in_the_dev_inbox_in_its_langu
         .wait_for("document.querySelector('iframe#html') !== null")
         .await;
     let frame_url = format!("/_dev/inbox/view/{id}/html");
-    let deadline = std::time::Instant::now() + Duration::from_secs(15);
-    let (_, document) = loop {
-        if let Some((session, document)) = frame_document(&mut browser, &frame_url).await
-            && text_of(&document).contains("Willkommen bei")
-        {
-            break (session, document);
-        }
-        assert!(
-            std::time::Instant::now() < deadline,
-            "the frame shows no German email; frames: {:?}; log: {:?}",
-            browser.frames,
-            browser.log
-        );
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    };
+    let (_, document) =
+        frame_showing(&mut browser, &frame_url, "Willkommen bei", "German email").await;
     let text = text_of(&document);
     for shown in [
         "Adresse bestätigen",

@@ -7,7 +7,6 @@ use std::time::Duration;
 
 use oncely_testdb::TestDb;
 use serde_json::{Value, json};
-use sqlx::{AssertSqlSafe, Connection};
 
 use crate::requests::{
     app_with_mail_caps, assert_drained, click, email, link_in, nth_link, nth_token, problem_type,
@@ -34,27 +33,7 @@ fn new_email(address: &str) -> Value {
 
 /// The id of the account `address` of `tenant`, hyphenated.
 async fn user_id(app: &TestApp, tenant: &str, address: &str) -> String {
-    let url = &app.database_url;
-    let id: String = if url.starts_with("postgres") {
-        let sql = format!(
-            "SELECT id::text FROM oncely_users WHERE tenant = '{tenant}' AND email = '{address}'"
-        );
-        let mut conn = sqlx::PgConnection::connect(url).await.unwrap();
-        sqlx::query_scalar(AssertSqlSafe(sql))
-            .fetch_one(&mut conn)
-            .await
-            .unwrap()
-    } else {
-        let sql = format!(
-            "SELECT lower(hex(id)) FROM oncely_users WHERE tenant = '{tenant}' AND email = '{address}'"
-        );
-        let mut conn = sqlx::SqliteConnection::connect(url).await.unwrap();
-        sqlx::query_scalar(AssertSqlSafe(sql))
-            .fetch_one(&mut conn)
-            .await
-            .unwrap()
-    };
-    uuid::Uuid::parse_str(&id).unwrap().to_string()
+    crate::support::user_id(&app.database_url, tenant, address).await
 }
 
 /// A verified account of the key's tenant (signup, then its link); returns its id.

@@ -8,17 +8,17 @@ use std::time::{Duration, Instant};
 
 use oncely_inbox::{Faults, Rejection, Verification, Webhook};
 use oncely_server::accounts::{Accounts, NewEndpoint};
-use oncely_server::backend::{Backend, COMMAND_POOL, Postgres, Sqlite};
-use oncely_server::token::{Flow, Token};
+use oncely_server::backend::{Postgres, Sqlite};
 use oncely_server::secret::signing::{SigningSecret, seal};
+use oncely_server::token::{Flow, Token};
 use oncely_testdb::TestDb;
 use serde_json::{Value, json};
 use uuid::Uuid;
 
 use crate::requests::{click, email, nth_link};
 use crate::support::{
-    Logs, SECRET, TestApp, both_databases, capture_logs, dump, execute, secret,
-    spawn_app_with_inbox, start_inbox,
+    Logs, SECRET, TestApp, both_databases, capture_logs, dump, execute, oncely_binary,
+    open_backend, run_to_end, secret, spawn_app_with_inbox, start_inbox, texts,
 };
 
 const PASSWORD: &str = "correct horse battery";
@@ -52,35 +52,13 @@ async fn endpoint(url: &str, tenant: &str, address: &str, events: &str) -> Signi
         secret_sealed: &sealed,
     };
     if url.starts_with("postgres") {
-        let backend = Postgres::connect(&oncely_server::backend::Location::url(url), COMMAND_POOL)
-            .await
-            .unwrap();
+        let backend = open_backend::<Postgres>(url).await;
         backend.insert_webhook_endpoint(endpoint).await.unwrap();
     } else {
-        let backend = Sqlite::connect(&oncely_server::backend::Location::url(url), COMMAND_POOL)
-            .await
-            .unwrap();
+        let backend = open_backend::<Sqlite>(url).await;
         backend.insert_webhook_endpoint(endpoint).await.unwrap();
     }
     signing
-}
-
-/// Rows of `sql` (one text column).
-async fn texts(url: &str, sql: &str) -> Vec<String> {
-    use sqlx::{AssertSqlSafe, Connection};
-    if url.starts_with("postgres") {
-        let mut conn = sqlx::PgConnection::connect(url).await.unwrap();
-        sqlx::query_scalar(AssertSqlSafe(sql.to_owned()))
-            .fetch_all(&mut conn)
-            .await
-            .unwrap()
-    } else {
-        let mut conn = sqlx::SqliteConnection::connect(url).await.unwrap();
-        sqlx::query_scalar(AssertSqlSafe(sql.to_owned()))
-            .fetch_all(&mut conn)
-            .await
-            .unwrap()
-    }
 }
 
 /// The payloads of the webhook jobs of events of `kind`.
@@ -350,17 +328,7 @@ async fn a_decoy_or_a_capped_email_has_no_event(url: String, _db: TestDb) {
 
 /// `oncely tenant …` on the database: exit code, stdout, stderr.
 async fn oncely(url: &str, args: &[&str]) -> (i32, String, String) {
-    let output = tokio::process::Command::new(env!("CARGO_BIN_EXE_oncely"))
-        .args(args)
-        .args(["--database-url", url])
-        .output()
-        .await
-        .unwrap();
-    (
-        output.status.code().unwrap_or(-1),
-        String::from_utf8_lossy(&output.stdout).into_owned(),
-        String::from_utf8_lossy(&output.stderr).into_owned(),
-    )
+    run_to_end(oncely_binary(args).args(["--database-url", url])).await
 }
 
 async fn email_delivery_webhook_is_refused_without_an_endpoint_that_receives_email_requested(

@@ -193,13 +193,7 @@ async fn every_message_in_both_shipped_languages_through_the_inbox(url: String, 
         let new = format!("new-{locale}@example.com");
         app.inbox.clear();
         let path = format!("/v1/users/{id}/email-change");
-        let change = json!({ "new_email": new });
-        assert_eq!(
-            app.post_as(&key, &path, &format!("c-{locale}"), &change)
-                .await
-                .status(),
-            202
-        );
+        change_address(&app, &key, &path, &format!("c-{locale}"), &new).await;
         one_email(&app, &new, "email_change", locale).await;
         one_email(&app, &guest, "email_change_notice", locale).await;
         let other = format!("other-{locale}@example.com");
@@ -209,21 +203,22 @@ async fn every_message_in_both_shipped_languages_through_the_inbox(url: String, 
         let invite = nth_token(&app, &other, 1).await;
         let accept = json!({ "token": invite });
         assert_eq!(
-            app.post_as(&key, "/v1/invites/accept", &format!("oa-{locale}"), &accept)
-                .await
-                .status(),
+            app.status_as(&key, "/v1/invites/accept", &format!("oa-{locale}"), &accept)
+                .await,
             200
         );
         app.inbox.clear();
-        let taken = json!({ "new_email": other });
-        assert_eq!(
-            app.post_as(&key, &path, &format!("t-{locale}"), &taken)
-                .await
-                .status(),
-            202
-        );
+        change_address(&app, &key, &path, &format!("t-{locale}"), &other).await;
         one_email(&app, &other, "email_taken_notice", locale).await;
     }
+}
+
+/// Asks, as the tenant of `api_key` with Idempotency-Key `key`, for the change of the address at
+/// `path` to `to`: accepted (202).
+async fn change_address(app: &TestApp, api_key: &str, path: &str, key: &str, to: &str) {
+    let change = json!({ "new_email": to });
+    let asked = app.post_as(api_key, path, key, &change).await;
+    assert_eq!(asked.status(), 202);
 }
 
 async fn user_id_of(app: &TestApp, address: &str) -> uuid::Uuid {
@@ -446,16 +441,7 @@ async fn tenant_branding_names_the_product_and_the_sender_and_is_inert_in_html(
     let signup = app.post_as(&key, "/v1/signup", "s1", &email(ada)).await;
     assert_eq!(signup.status(), 202);
     let email_ = one_email(&app, ada, "verification", "en").await;
-    assert!(
-        email_.raw.contains("From: Acme <hello@acme.test>"),
-        "{}",
-        email_.raw
-    );
-    assert!(
-        email_.raw.contains("Reply-To: help@acme.test"),
-        "{}",
-        email_.raw
-    );
+    sent_as(&email_.raw, "Acme <hello@acme.test>", "help@acme.test");
     assert!(
         email_.text.contains(&format!("Welcome to {hostile}!")),
         "{}",
@@ -484,16 +470,13 @@ async fn tenant_branding_names_the_product_and_the_sender_and_is_inert_in_html(
         "{}",
         again.text
     );
-    assert!(
-        again.raw.contains("From: oncely@localhost"),
-        "{}",
-        again.raw
-    );
-    assert!(
-        again.raw.contains("Reply-To: help@acme.test"),
-        "{}",
-        again.raw
-    );
+    sent_as(&again.raw, "oncely@localhost", "help@acme.test");
+}
+
+/// Asserts that the raw message `raw` is from `from` with replies to `reply_to`.
+fn sent_as(raw: &str, from: &str, reply_to: &str) {
+    assert!(raw.contains(&format!("From: {from}")), "{raw}");
+    assert!(raw.contains(&format!("Reply-To: {reply_to}")), "{raw}");
 }
 
 /// A templates directory with `files` (path, text).
@@ -508,6 +491,18 @@ fn templates_dir(files: &[(&str, &str)]) -> tempfile::TempDir {
 }
 
 /// `oncely ARGS…` with `env`: (exit code, stdout, stderr).
+/// `templates check --dir <dir> --database-url <database>`.
+fn templates_check<'a>(dir: &'a str, database: &'a str) -> [&'a str; 6] {
+    [
+        "templates",
+        "check",
+        "--dir",
+        dir,
+        "--database-url",
+        database,
+    ]
+}
+
 async fn oncely(args: &[&str], env: &[(&str, &str)]) -> (Option<i32>, String, String) {
     let mut command = tokio::process::Command::new(env!("CARGO_BIN_EXE_oncely"));
     command.args(args).env_remove("ONCELY_TEMPLATES");
@@ -689,28 +684,12 @@ async fn a_tenant_folder_that_names_no_tenant_stops_serve_and_check_says_so() {
         line.contains("acmee") && line.contains("name no tenant"),
         "{line}"
     );
-    let check = [
-        "templates",
-        "check",
-        "--dir",
-        &dir_arg,
-        "--database-url",
-        &sqlite,
-    ];
-    let (code, stdout, _) = oncely(&check, &[]).await;
+    let (code, stdout, _) = oncely(&templates_check(&dir_arg, &sqlite), &[]).await;
     assert_eq!(code, Some(1));
     assert!(stdout.contains("acmee"), "{stdout}");
     // Without a database to ask, the folders are not checked, and the report says so.
     let nowhere = format!("sqlite://{}", database.path().join("none.db").display());
-    let check = [
-        "templates",
-        "check",
-        "--dir",
-        &dir_arg,
-        "--database-url",
-        &nowhere,
-    ];
-    let (code, stdout, stderr) = oncely(&check, &[]).await;
+    let (code, stdout, stderr) = oncely(&templates_check(&dir_arg, &nowhere), &[]).await;
     assert_eq!(code, Some(0), "{stderr}");
     assert!(stdout.contains("tenant folders not checked"), "{stdout}");
 }

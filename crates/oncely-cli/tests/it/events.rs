@@ -9,15 +9,14 @@
 use std::collections::{BTreeMap, BTreeSet};
 
 use oncely_server::accounts::{Accounts, NewEndpoint};
-use oncely_server::backend::{Postgres, Sqlite};
 use oncely_server::limits::login::LoginLimits;
 use oncely_testdb::TestDb;
 use serde_json::{Value, json};
-use sqlx::{AssertSqlSafe, Connection};
+
 use uuid::Uuid;
 
 use crate::requests::{app_with_mail_caps, email, nth_link, problem_type};
-use crate::support::{TestApp, both_databases, execute};
+use crate::support::{TestApp, both_databases, execute, on_backend};
 
 /// The event types of the account flows.
 const ACCOUNT_TYPES: [&str; 6] = [
@@ -68,11 +67,7 @@ async fn add_endpoint(url: &str, tenant: &str, address: &str, events: &str) -> S
         events,
         secret_sealed: "sealed-dummy-secret",
     };
-    if url.starts_with("postgres") {
-        insert::<Postgres>(url, endpoint).await;
-    } else {
-        insert::<Sqlite>(url, endpoint).await;
-    }
+    on_backend!(url, insert(url, endpoint));
     id.to_string()
 }
 
@@ -104,13 +99,7 @@ async fn world(url: &str, tenant: &str, return_url: Option<&str>) -> World {
         name => Some(app.create_tenant(name).await),
     };
     if let Some(return_url) = return_url {
-        let output = tokio::process::Command::new(env!("CARGO_BIN_EXE_oncely"))
-            .args(["tenant", "set", tenant, "--return-url", return_url])
-            .args(["--database-url", url])
-            .output()
-            .await
-            .unwrap();
-        assert!(output.status.success(), "{output:?}");
+        crate::support::set_return_url(url, tenant, return_url).await;
     }
     app.create_tenant("other").await;
     let every = add_endpoint(url, tenant, "https://every.example/hook", "[]").await;
@@ -208,21 +197,12 @@ impl World {
 }
 
 async fn deliveries(url: &str) -> Vec<Delivery> {
-    let payloads: Vec<String> = if url.starts_with("postgres") {
-        let sql = "SELECT payload::text FROM oncely_outbox WHERE kind = 'webhook' ORDER BY id";
-        let mut conn = sqlx::PgConnection::connect(url).await.unwrap();
-        sqlx::query_scalar(AssertSqlSafe(sql))
-            .fetch_all(&mut conn)
-            .await
-            .unwrap()
+    let sql = if url.starts_with("postgres") {
+        "SELECT payload::text FROM oncely_outbox WHERE kind = 'webhook' ORDER BY id"
     } else {
-        let sql = "SELECT payload FROM oncely_outbox WHERE kind = 'webhook' ORDER BY id";
-        let mut conn = sqlx::SqliteConnection::connect(url).await.unwrap();
-        sqlx::query_scalar(AssertSqlSafe(sql))
-            .fetch_all(&mut conn)
-            .await
-            .unwrap()
+        "SELECT payload FROM oncely_outbox WHERE kind = 'webhook' ORDER BY id"
     };
+    let payloads = crate::support::texts(url, sql).await;
     payloads
         .into_iter()
         .map(|raw| {
@@ -364,27 +344,7 @@ async fn assert_clean(world: &World, secrets: &[&str]) {
 
 /// Hyphenated id of the account of `address` in `tenant`, from the database.
 async fn user_id(world: &World, tenant: &str, address: &str) -> String {
-    let url = &world.app.database_url;
-    let id: String = if url.starts_with("postgres") {
-        let sql = format!(
-            "SELECT id::text FROM oncely_users WHERE tenant = '{tenant}' AND email = '{address}'"
-        );
-        let mut conn = sqlx::PgConnection::connect(url).await.unwrap();
-        sqlx::query_scalar(AssertSqlSafe(sql))
-            .fetch_one(&mut conn)
-            .await
-            .unwrap()
-    } else {
-        let sql = format!(
-            "SELECT lower(hex(id)) FROM oncely_users WHERE tenant = '{tenant}' AND email = '{address}'"
-        );
-        let mut conn = sqlx::SqliteConnection::connect(url).await.unwrap();
-        sqlx::query_scalar(AssertSqlSafe(sql))
-            .fetch_one(&mut conn)
-            .await
-            .unwrap()
-    };
-    Uuid::parse_str(&id).unwrap().to_string()
+    crate::support::user_id(&world.app.database_url, tenant, address).await
 }
 
 both_databases!(

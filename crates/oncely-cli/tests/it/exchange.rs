@@ -10,7 +10,7 @@ use oncely_testdb::TestDb;
 use crate::requests::{
     app_with_mail_caps, assert_counts, client_from, email, nth_token, problem_type, token,
 };
-use crate::support::{TestApp, both_databases, dump, execute};
+use crate::support::{TestApp, both_databases, dump, execute, oncely_binary, run_to_end};
 
 const CALLBACK: &str = "https://app.example.com/auth/callback";
 const LOCAL: &str = "http://127.0.0.1:9/alt?from=mail";
@@ -21,18 +21,32 @@ async fn app(url: &str) -> TestApp {
 
 /// `oncely tenant …` on the app's database: (exit code, stdout, stderr).
 async fn oncely_tenant(app: &TestApp, args: &[&str]) -> (i32, String, String) {
-    let output = tokio::process::Command::new(env!("CARGO_BIN_EXE_oncely"))
-        .arg("tenant")
+    let mut command = oncely_binary(&["tenant"]);
+    command
         .args(args)
-        .args(["--database-url", &app.database_url])
-        .output()
-        .await
-        .unwrap();
-    (
-        output.status.code().unwrap_or(-1),
-        String::from_utf8(output.stdout).unwrap(),
-        String::from_utf8(output.stderr).unwrap(),
-    )
+        .args(["--database-url", &app.database_url]);
+    run_to_end(&mut command).await
+}
+
+/// `set acme --return-url CALLBACK --return-url <second>`, then `extra`.
+fn callback_and<'a>(second: &'a str, extra: &[&'a str]) -> Vec<&'a str> {
+    let mut args = vec![
+        "set",
+        "acme",
+        "--return-url",
+        CALLBACK,
+        "--return-url",
+        second,
+    ];
+    args.extend(extra);
+    args
+}
+
+/// The return URLs of the first tenant `tenant list --json` lists.
+async fn return_urls(app: &TestApp) -> Value {
+    let (_, out, _) = oncely_tenant(app, &["list", "--json"]).await;
+    let list: Value = serde_json::from_str(&out).unwrap();
+    list[0]["return_urls"].clone()
 }
 
 /// Tenant `name` with these return URLs; its API key.
@@ -45,6 +59,34 @@ async fn tenant_with_return_urls(app: &TestApp, name: &str, urls: &[&str]) -> St
     let (code, out, err) = oncely_tenant(app, &args).await;
     assert_eq!(code, 0, "{out}{err}");
     key
+}
+
+const ADA: &str = "ada@example.com";
+
+/// The app, the tenant `acme` returning to [`CALLBACK`] (its API key), and Ada's signup through
+/// acme.
+async fn ada_signed_up(url: &str) -> (TestApp, String) {
+    let app = app(url).await;
+    let acme = tenant_with_return_urls(&app, "acme", &[CALLBACK]).await;
+    app.post_as(&acme, "/v1/signup", "s1", &email(ADA)).await;
+    (app, acme)
+}
+
+/// Uses the link in the `n`th email to `to` at `path` as a browser does (Idempotency-Key
+/// `key`): its answer, which is a 200.
+async fn use_nth_link(app: &TestApp, to: &str, n: usize, path: &str, key: &str) -> Value {
+    let presented = token(&nth_token(app, to, n).await);
+    let (status, body, _) = use_link(app, path, key, &presented).await;
+    assert_eq!(status, 200, "{body}");
+    body
+}
+
+/// `to`'s verification link (the first email) used: what the page posts, and the code its
+/// redirect to [`CALLBACK`] carries.
+async fn verified_code(app: &TestApp, to: &str) -> (Value, String) {
+    let presented = token(&nth_token(app, to, 1).await);
+    let (_, body, _) = use_link(app, "/v1/verify", "v1", &presented).await;
+    (presented, code_of(&body["redirect"], CALLBACK))
 }
 
 /// POST as a browser (no API key) with its own Idempotency-Key: (status, body, replayed).
@@ -75,24 +117,12 @@ fn code_of(redirect: &Value, return_to: &str) -> String {
 
 /// Every stored answer of the idempotency layer, as text.
 async fn stored_answers(url: &str) -> Vec<String> {
-    use sqlx::Connection;
-    if url.starts_with("postgres") {
-        let mut conn = sqlx::PgConnection::connect(url).await.unwrap();
-        sqlx::query_scalar(
-            "SELECT convert_from(coalesce(response_body, ''), 'UTF8') FROM oncely_idempotency_keys",
-        )
-        .fetch_all(&mut conn)
-        .await
-        .unwrap()
+    let sql = if url.starts_with("postgres") {
+        "SELECT convert_from(coalesce(response_body, ''), 'UTF8') FROM oncely_idempotency_keys"
     } else {
-        let mut conn = sqlx::SqliteConnection::connect(url).await.unwrap();
-        sqlx::query_scalar(
-            "SELECT CAST(coalesce(response_body, '') AS TEXT) FROM oncely_idempotency_keys",
-        )
-        .fetch_all(&mut conn)
-        .await
-        .unwrap()
-    }
+        "SELECT CAST(coalesce(response_body, '') AS TEXT) FROM oncely_idempotency_keys"
+    };
+    crate::support::texts(url, sql).await
 }
 
 async fn exchange(app: &TestApp, api_key: &str, key: &str, code: &str) -> (u16, Value) {
@@ -161,9 +191,7 @@ async fn an_email_change_returns_nowhere_even_where_the_tenant_has_return_urls(
     let ada = "ada@example.com";
     let signup = app.post_as(&acme, "/v1/signup", "s1", &email(ada)).await;
     assert_eq!(signup.status(), 202);
-    let presented = token(&nth_token(&app, ada, 1).await);
-    let (status, body, _) = use_link(&app, "/v1/verify", "v1", &presented).await;
-    assert_eq!(status, 200, "{body}");
+    let body = use_nth_link(&app, ada, 1, "/v1/verify", "v1").await;
     let identity = exchanges_once(
         &app,
         &acme,
@@ -176,9 +204,14 @@ async fn an_email_change_returns_nowhere_even_where_the_tenant_has_return_urls(
     let change = json!({ "new_email": "ada.new@example.com" });
     let path = format!("/v1/users/{user_id}/email-change");
     assert_eq!(app.post_as(&acme, &path, "c1", &change).await.status(), 202);
-    let presented = token(&nth_token(&app, "ada.new@example.com", 1).await);
-    let (status, body, _) = use_link(&app, "/v1/email-change/confirm", "ec1", &presented).await;
-    assert_eq!(status, 200, "{body}");
+    let body = use_nth_link(
+        &app,
+        "ada.new@example.com",
+        1,
+        "/v1/email-change/confirm",
+        "ec1",
+    )
+    .await;
     assert!(body.get("redirect").is_none(), "{body}");
     assert_counts(
         &app,
@@ -207,15 +240,8 @@ async fn each_link_flow_returns_to_the_tenants_url_with_a_code_that_exchanges_on
 
     // Signup without return_to: the tenant's first URL.
     let signup = json!({ "email": ada, "password": "correct horse battery" });
-    assert_eq!(
-        app.post_as(&acme, "/v1/signup", "s1", &signup)
-            .await
-            .status(),
-        202
-    );
-    let presented = token(&nth_token(&app, ada, 1).await);
-    let (status, body, _) = use_link(&app, "/v1/verify", "v1", &presented).await;
-    assert_eq!(status, 200, "{body}");
+    assert_eq!(app.status_as(&acme, "/v1/signup", "s1", &signup).await, 202);
+    let body = use_nth_link(&app, ada, 1, "/v1/verify", "v1").await;
     assert_eq!(body["status"], "verified");
     assert_eq!(body["password_set"], false);
     assert!(
@@ -277,14 +303,11 @@ async fn each_link_flow_returns_to_the_tenants_url_with_a_code_that_exchanges_on
     nth_token(&app, bob, 1).await;
     let resend = json!({ "email": bob, "return_to": CALLBACK });
     assert_eq!(
-        app.post_as(&acme, "/v1/verification/resend", "rs", &resend)
-            .await
-            .status(),
+        app.status_as(&acme, "/v1/verification/resend", "rs", &resend)
+            .await,
         202
     );
-    let presented = token(&nth_token(&app, bob, 2).await);
-    let (status, body, _) = use_link(&app, "/v1/verify", "v2", &presented).await;
-    assert_eq!(status, 200, "{body}");
+    let body = use_nth_link(&app, bob, 2, "/v1/verify", "v2").await;
     let code = code_of(&body["redirect"], CALLBACK);
     exchanges_once(&app, &acme, &code, bob, "verification").await;
 
@@ -292,14 +315,11 @@ async fn each_link_flow_returns_to_the_tenants_url_with_a_code_that_exchanges_on
     let guest = "guest@example.com";
     let invite = json!({ "email": guest, "return_to": LOCAL });
     assert_eq!(
-        app.post_as(&acme, "/v1/invites", "i1", &invite)
-            .await
-            .status(),
+        app.status_as(&acme, "/v1/invites", "i1", &invite).await,
         202
     );
-    let presented = token(&nth_token(&app, guest, 1).await);
-    let (status, body, _) = use_link(&app, "/v1/invites/accept", "a1", &presented).await;
-    assert_eq!((status, &body["status"]), (200, &json!("joined")), "{body}");
+    let body = use_nth_link(&app, guest, 1, "/v1/invites/accept", "a1").await;
+    assert_eq!(body["status"], "joined", "{body}");
     let code = code_of(&body["redirect"], LOCAL);
     exchanges_once(&app, &acme, &code, guest, "invite").await;
     assert_counts(
@@ -316,10 +336,8 @@ async fn a_retried_use_replays_the_same_redirect_and_its_code_exchanges_once(
     url: String,
     _db: TestDb,
 ) {
-    let app = app(&url).await;
-    let acme = tenant_with_return_urls(&app, "acme", &[CALLBACK]).await;
-    let ada = "ada@example.com";
-    app.post_as(&acme, "/v1/signup", "s1", &email(ada)).await;
+    let (app, acme) = ada_signed_up(&url).await;
+    let ada = ADA;
     let presented = token(&nth_token(&app, ada, 1).await);
     let (_, first, replayed) = use_link(&app, "/v1/verify", "v1", &presented).await;
     assert!(!replayed);
@@ -379,13 +397,9 @@ async fn a_retried_use_replays_the_same_redirect_and_its_code_exchanges_once(
 }
 
 async fn concurrent_exchanges_of_one_code_give_exactly_one_identity(url: String, _db: TestDb) {
-    let app = app(&url).await;
-    let acme = tenant_with_return_urls(&app, "acme", &[CALLBACK]).await;
-    let ada = "ada@example.com";
-    app.post_as(&acme, "/v1/signup", "s1", &email(ada)).await;
-    let presented = token(&nth_token(&app, ada, 1).await);
-    let (_, body, _) = use_link(&app, "/v1/verify", "v1", &presented).await;
-    let code = code_of(&body["redirect"], CALLBACK);
+    let (app, acme) = ada_signed_up(&url).await;
+    let ada = ADA;
+    let (_, code) = verified_code(&app, ada).await;
     let n = 12;
     let keys: Vec<String> = (0..n).map(|i| format!("x{i}")).collect();
     let answers =
@@ -399,10 +413,8 @@ async fn concurrent_exchanges_of_one_code_give_exactly_one_identity(url: String,
 }
 
 async fn a_link_used_concurrently_with_one_key_mints_one_code(url: String, _db: TestDb) {
-    let app = app(&url).await;
-    let acme = tenant_with_return_urls(&app, "acme", &[CALLBACK]).await;
-    let ada = "ada@example.com";
-    app.post_as(&acme, "/v1/signup", "s1", &email(ada)).await;
+    let (app, acme) = ada_signed_up(&url).await;
+    let ada = ADA;
     // The signup's email first: sent at once, the two could arrive in either order.
     nth_token(&app, ada, 1).await;
     let body = json!({ "email": ada, "return_to": CALLBACK });
@@ -441,13 +453,9 @@ async fn expire_codes(url: &str) {
 }
 
 async fn a_code_expires_after_60_seconds_and_is_pruned(url: String, _db: TestDb) {
-    let app = app(&url).await;
-    let acme = tenant_with_return_urls(&app, "acme", &[CALLBACK]).await;
-    let ada = "ada@example.com";
-    app.post_as(&acme, "/v1/signup", "s1", &email(ada)).await;
-    let presented = token(&nth_token(&app, ada, 1).await);
-    let (_, body, _) = use_link(&app, "/v1/verify", "v1", &presented).await;
-    let code = code_of(&body["redirect"], CALLBACK);
+    let (app, acme) = ada_signed_up(&url).await;
+    let ada = ADA;
+    let (_, code) = verified_code(&app, ada).await;
     let postgres = url.starts_with("postgres");
     // Bound at the link's use: 60 s, authenticated when the token was consumed.
     let lifetime = if postgres {
@@ -495,9 +503,7 @@ async fn a_code_of_tenant_a_is_invalid_with_tenant_bs_key_and_still_good_for_a(
     let other = tenant_with_return_urls(&app, "other", &[CALLBACK]).await;
     let ada = "ada@example.com";
     app.post_as(&acme, "/v1/signup", "s1", &email(ada)).await;
-    let presented = token(&nth_token(&app, ada, 1).await);
-    let (_, body, _) = use_link(&app, "/v1/verify", "v1", &presented).await;
-    let code = code_of(&body["redirect"], CALLBACK);
+    let (_, code) = verified_code(&app, ada).await;
 
     let (status, problem) = exchange(&app, &other, "x1", &code).await;
     assert_eq!((status, problem_type(&problem)), (400, "code-invalid"));
@@ -522,12 +528,7 @@ async fn a_link_whose_return_url_was_removed_since_returns_nowhere(url: String, 
     let acme = tenant_with_return_urls(&app, "acme", &[CALLBACK, LOCAL]).await;
     let ada = "ada@example.com";
     let signup = json!({ "email": ada, "return_to": LOCAL });
-    assert_eq!(
-        app.post_as(&acme, "/v1/signup", "s1", &signup)
-            .await
-            .status(),
-        202
-    );
+    assert_eq!(app.status_as(&acme, "/v1/signup", "s1", &signup).await, 202);
     let presented = token(&nth_token(&app, ada, 1).await);
     // Bob's link is used while the URL is listed: a redirect, its answer stored.
     let bob = "bob@example.com";
@@ -669,18 +670,7 @@ async fn the_cli_sets_checks_lists_and_clears_return_urls(url: String, _db: Test
             "write it as https://app.example.com/",
         ),
     ] {
-        let (code, out, err) = oncely_tenant(
-            &app,
-            &[
-                "set",
-                "acme",
-                "--return-url",
-                CALLBACK,
-                "--return-url",
-                given,
-            ],
-        )
-        .await;
+        let (code, out, err) = oncely_tenant(&app, &callback_and(given, &[])).await;
         assert_eq!(code, 1, "{given}: {out}{err}");
         assert!(err.contains(says), "{given}: {err}");
         assert_eq!(err.lines().count(), 1, "{err}");
@@ -701,56 +691,34 @@ async fn the_cli_sets_checks_lists_and_clears_return_urls(url: String, _db: Test
     let (code, _, err) = oncely_tenant(&app, &["set", "acme"]).await;
     assert_eq!(code, 2, "a list or --no-return-urls: {err}");
 
-    let (code, out, err) = oncely_tenant(
-        &app,
-        &[
-            "set",
-            "acme",
-            "--return-url",
-            CALLBACK,
-            "--return-url",
-            LOCAL,
-            "--json",
-        ],
-    )
-    .await;
+    let (code, out, err) = oncely_tenant(&app, &callback_and(LOCAL, &["--json"])).await;
     assert_eq!(code, 0, "{err}");
     let set: Value = serde_json::from_str(&out).unwrap();
     assert_eq!(
         set,
         json!({ "tenant": "acme", "return_urls": [CALLBACK, LOCAL] })
     );
-    let (_, out, _) = oncely_tenant(&app, &["list", "--json"]).await;
-    let list: Value = serde_json::from_str(&out).unwrap();
-    assert_eq!(list[0]["return_urls"], json!([CALLBACK, LOCAL]));
+    assert_eq!(return_urls(&app).await, json!([CALLBACK, LOCAL]));
     let (_, out, _) = oncely_tenant(&app, &["list"]).await;
     assert!(out.lines().next().unwrap().contains("return URLs"), "{out}");
     assert!(out.contains(&format!("{CALLBACK} {LOCAL}")), "{out}");
     // Replaced, in the new order.
     oncely_tenant(&app, &["set", "acme", "--return-url", LOCAL]).await;
-    let (_, out, _) = oncely_tenant(&app, &["list", "--json"]).await;
-    let list: Value = serde_json::from_str(&out).unwrap();
-    assert_eq!(list[0]["return_urls"], json!([LOCAL]));
+    assert_eq!(return_urls(&app).await, json!([LOCAL]));
 
     let (code, out, _) = oncely_tenant(&app, &["set", "acme", "--no-return-urls"]).await;
     assert_eq!(code, 0);
     assert!(out.contains("no return URLs"), "{out}");
-    let (_, out, _) = oncely_tenant(&app, &["list", "--json"]).await;
-    let list: Value = serde_json::from_str(&out).unwrap();
-    assert_eq!(list[0]["return_urls"], json!([]));
+    assert_eq!(return_urls(&app).await, json!([]));
 }
 
 /// A backend that derives the exchange's Idempotency-Key from the code (a callback that may be
 /// reloaded) gets the identity again while the code would still be good — and `code-invalid`
 /// once its 60 s are over: a spent code is no bearer for the key's 24 h retention.
 async fn an_exchange_keyed_by_its_code_replays_only_while_the_code_lives(url: String, _db: TestDb) {
-    let app = app(&url).await;
-    let acme = tenant_with_return_urls(&app, "acme", &[CALLBACK]).await;
-    let ada = "ada@example.com";
-    app.post_as(&acme, "/v1/signup", "s1", &email(ada)).await;
-    let presented = token(&nth_token(&app, ada, 1).await);
-    let (_, body, _) = use_link(&app, "/v1/verify", "v1", &presented).await;
-    let code = code_of(&body["redirect"], CALLBACK);
+    let (app, acme) = ada_signed_up(&url).await;
+    let ada = ADA;
+    let (_, code) = verified_code(&app, ada).await;
     let key = format!("exchange-{code}");
     let (status, identity) = exchange(&app, &acme, &key, &code).await;
     assert_eq!(status, 200, "{identity}");

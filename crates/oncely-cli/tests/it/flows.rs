@@ -9,8 +9,8 @@ use serde_json::{Value, json};
 
 use crate::requests::{
     ACME_MEMBERSHIPS, ACME_VERIFIED_USERS, CAPPED_BY_CLIENT, PENDING_JOBS, USERS,
-    app_with_mail_caps, assert_counts, email, expire_tokens, idempotent_post, nth_token, token,
-    wait_for_count,
+    app_with_mail_caps, assert_counts, email, expire_tokens, idempotent_post, nth_token, sign_up,
+    token, wait_for_count,
 };
 use crate::support::{TestApp, both_databases, token_in};
 
@@ -22,8 +22,7 @@ async fn app(url: &str) -> TestApp {
 /// A verified account (signup, then its link), its inbox emptied.
 async fn verified_user(app: &TestApp, address: &str) {
     let signup_key = format!("signup-{address}");
-    let signup = app.post("/v1/signup", &signup_key, &email(address)).await;
-    assert_eq!(signup.status(), 202);
+    sign_up(app, &signup_key, address).await;
     let presented = token(&nth_token(app, address, 1).await);
     let verify = app
         .post("/v1/verify", &format!("verify-{address}"), &presented)
@@ -236,12 +235,7 @@ async fn a_token_of_tenant_a_is_useless_for_tenant_b(url: String, _db: TestDb) {
     assert!(in_b.headers().get("idempotent-replayed").is_none());
     let users = "SELECT count(*) FROM oncely_users WHERE email = 'both@example.com'";
     assert_counts(&app, &[(users, 2)]).await;
-    assert_eq!(
-        app.post_as(&b, "/v1/verify", "v", &presented)
-            .await
-            .status(),
-        400
-    );
+    assert_eq!(app.status_as(&b, "/v1/verify", "v", &presented).await, 400);
     // A browser has no API key: the token names its tenant, so the owner's click works
     // (this test used to assert a 400 here — every non-default tenant's links were broken).
     assert_eq!(
@@ -256,9 +250,7 @@ async fn a_token_of_tenant_a_is_useless_for_tenant_b(url: String, _db: TestDb) {
         "verified in its own tenant, not in b"
     );
     assert_eq!(
-        app.post_as(&a, "/v1/verify", "v", &presented)
-            .await
-            .status(),
+        app.status_as(&a, "/v1/verify", "v", &presented).await,
         400,
         "and only once"
     );
@@ -447,8 +439,7 @@ async fn per_client_caps_stop_mail_from_one_client(url: String, _db: TestDb) {
     let app = app_with_mail_caps(&url, 100, 3, |_| {}).await;
     for i in 0..5 {
         let (key, address) = (format!("s{i}"), format!("user{i}@example.com"));
-        let r = app.post("/v1/signup", &key, &email(&address)).await;
-        assert_eq!(r.status(), 202);
+        sign_up(&app, &key, &address).await;
     }
     wait_for_count(&app, PENDING_JOBS, Duration::from_secs(10), |n| n == 0).await;
     assert_eq!(app.inbox.messages(None).len(), 3);

@@ -5,7 +5,7 @@ use oncely_server::backend::Postgres;
 use oncely_testdb::TestSqlite;
 
 use crate::requests::{email, idempotent_post, smtp_inbox};
-use crate::support::{settings, spawn_app_on, spawn_binary};
+use crate::support::{Process, settings, spawn_app_on, spawn_binary};
 
 #[tokio::test]
 async fn health_and_readiness_answer_on_sqlite() {
@@ -86,6 +86,14 @@ async fn every_response_carries_a_request_id_and_keeps_the_callers() {
     assert_eq!(given.headers()["x-request-id"], "abc-123");
 }
 
+/// Sends `signup` (answered 202), then stops the process: everything it logged.
+async fn logs_after(signup: reqwest::RequestBuilder, mut process: Process) -> String {
+    let response = signup.send().await.unwrap();
+    assert_eq!(response.status(), 202);
+    process.child.kill().await.unwrap();
+    process.stderr.await.unwrap()
+}
+
 #[tokio::test]
 async fn production_logs_are_json_lines_with_request_id_route_outcome_and_a_masked_address() {
     let db = TestSqlite::new();
@@ -96,17 +104,12 @@ async fn production_logs_are_json_lines_with_request_id_route_outcome_and_a_mask
         ("ONCELY_ENV", "production"),
         ("ONCELY_PUBLIC_URL", "https://accounts.example.com"),
     ];
-    let mut process = spawn_binary(db.url(), &mailer, &[], &production).await;
+    let process = spawn_binary(db.url(), &mailer, &[], &production).await;
     let client = oncely_testdb::http();
-    let response = idempotent_post(&client, &process.base, "/v1/signup", "json-logs")
+    let signup = idempotent_post(&client, &process.base, "/v1/signup", "json-logs")
         .header("x-request-id", "req-42")
-        .json(&email("logged@example.com"))
-        .send()
-        .await
-        .unwrap();
-    assert_eq!(response.status(), 202);
-    process.child.kill().await.unwrap();
-    let logs = process.stderr.await.unwrap();
+        .json(&email("logged@example.com"));
+    let logs = logs_after(signup, process).await;
     let lines: Vec<serde_json::Value> = logs
         .lines()
         .filter_map(|l| serde_json::from_str(l).ok())
@@ -135,16 +138,11 @@ async fn production_logs_are_json_lines_with_request_id_route_outcome_and_a_mask
 async fn logs_to_a_pipe_carry_no_colour_codes() {
     let db = TestSqlite::new();
     let (_inbox, mailer) = smtp_inbox().await;
-    let mut process = spawn_binary(db.url(), &mailer, &[], &[]).await;
+    let process = spawn_binary(db.url(), &mailer, &[], &[]).await;
     let client = oncely_testdb::http();
-    let response = idempotent_post(&client, &process.base, "/v1/signup", "plain-logs")
-        .json(&email("plain@example.com"))
-        .send()
-        .await
-        .unwrap();
-    assert_eq!(response.status(), 202);
-    process.child.kill().await.unwrap();
-    let logs = process.stderr.await.unwrap();
+    let signup = idempotent_post(&client, &process.base, "/v1/signup", "plain-logs")
+        .json(&email("plain@example.com"));
+    let logs = logs_after(signup, process).await;
     assert!(logs.contains("INFO"), "text logs: {logs}");
     assert!(!logs.contains('\x1b'), "no escape codes: {logs}");
 }

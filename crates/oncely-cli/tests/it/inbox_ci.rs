@@ -6,22 +6,14 @@ use std::time::Duration;
 use oncely_inbox::Faults;
 use serde_json::{Value, json};
 
-use crate::requests::{VERIFIED_USERS, app_with_faults};
-use crate::support::{spawn_inbox, spawn_inbox_with_env, sqlite_db, token_in};
+use crate::requests::{VERIFIED_USERS, app_with_faults, json_of};
+use crate::support::{
+    oncely_binary, run_to_end, spawn_inbox, spawn_inbox_with_env, sqlite_db, token_in,
+};
 
 /// `oncely inbox expect --http <base> <args>`: its exit code, stdout and stderr.
 async fn expect(base: &str, args: &[&str]) -> (i32, String, String) {
-    let output = tokio::process::Command::new(env!("CARGO_BIN_EXE_oncely"))
-        .args(["inbox", "expect", "--http", base])
-        .args(args)
-        .output()
-        .await
-        .unwrap();
-    (
-        output.status.code().unwrap(),
-        String::from_utf8(output.stdout).unwrap(),
-        String::from_utf8(output.stderr).unwrap(),
-    )
+    run_to_end(oncely_binary(&["inbox", "expect", "--http", base]).args(args)).await
 }
 
 /// Sends a message with `text` to `to` through the inbox's HTTP intake.
@@ -39,14 +31,7 @@ async fn send(base: &str, to: &str, text: &str) {
 async fn inbox_expect_prints_the_matching_link_once_mail_arrives_and_exits_distinctly_for_each_failure()
  {
     let (_inbox, base) = spawn_inbox().await;
-    let run: Value = oncely_testdb::http()
-        .post(format!("{base}/runs"))
-        .send()
-        .await
-        .unwrap()
-        .json()
-        .await
-        .unwrap();
+    let run: Value = json_of(oncely_testdb::http().post(format!("{base}/runs"))).await;
     let id = run["run"].as_str().unwrap().to_owned();
     let ada = format!("ada@{id}.run.test");
     // Waiting before the mail is sent: it answers when it arrives.
@@ -270,23 +255,9 @@ async fn counting_port() -> (u16, std::sync::Arc<std::sync::atomic::AtomicUsize>
 async fn scanned_at(base: &str, to: &str) -> Vec<(String, Value)> {
     let http = oncely_testdb::http();
     for _ in 0..250 {
-        let messages: Value = http
-            .get(format!("{base}/messages?to={to}"))
-            .send()
-            .await
-            .unwrap()
-            .json()
-            .await
-            .unwrap();
+        let messages: Value = json_of(http.get(format!("{base}/messages?to={to}"))).await;
         if let Some(id) = messages[0]["id"].as_str() {
-            let links: Value = http
-                .get(format!("{base}/messages/{id}/links"))
-                .send()
-                .await
-                .unwrap()
-                .json()
-                .await
-                .unwrap();
+            let links: Value = json_of(http.get(format!("{base}/messages/{id}/links"))).await;
             if let Some(scans) = links["scanned"].as_array() {
                 return scans
                     .iter()

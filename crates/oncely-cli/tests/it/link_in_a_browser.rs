@@ -15,7 +15,7 @@ use oncely_testdb::TestSqlite;
 use serde_json::{Value, json};
 
 use crate::browser::Browser;
-use crate::requests::{VERIFIED_USERS, email, link_in, nth_link, problem_type};
+use crate::requests::{VERIFIED_USERS, email, link_in, nth_link, problem_type, sign_up};
 use crate::support::spawn_app_on;
 
 /// Issue 16, item 4: a tenant's magic link, opened in a browser, takes the person back to the
@@ -44,13 +44,7 @@ async fn a_magic_link_in_a_browser_lands_on_the_return_url_with_a_code_that_exch
         return;
     };
     let acme = app.create_tenant("acme").await;
-    let set = tokio::process::Command::new(env!("CARGO_BIN_EXE_oncely"))
-        .args(["tenant", "set", "acme", "--return-url", &callback])
-        .args(["--database-url", db.url()])
-        .output()
-        .await
-        .unwrap();
-    assert!(set.status.success(), "{set:?}");
+    crate::support::set_return_url(db.url(), "acme", &callback).await;
     let ada = "ada@example.com";
     for (path, key) in [("/v1/signup", "s"), ("/v1/magic-link", "m")] {
         let r = app.post_as(&acme, path, key, &email(ada)).await;
@@ -109,14 +103,7 @@ async fn a_verify_link_opened_over_plain_http_on_a_named_host_verifies_with_one_
     else {
         return;
     };
-    let signup = app
-        .post(
-            "/v1/signup",
-            "plain-http",
-            &json!({ "email": "plain@example.com" }),
-        )
-        .await;
-    assert_eq!(signup.status(), 202);
+    sign_up(&app, "plain-http", "plain@example.com").await;
     let link = nth_link(&app, "plain@example.com", 1).await;
     assert!(
         link.starts_with("http://oncely.test/v1/verify?token="),
@@ -165,14 +152,7 @@ async fn a_verify_link_under_a_path_prefix_posts_through_the_proxy_and_a_404_is_
     else {
         return;
     };
-    let signup = app
-        .post(
-            "/v1/signup",
-            "prefix",
-            &json!({ "email": "prefix@example.com" }),
-        )
-        .await;
-    assert_eq!(signup.status(), 202);
+    sign_up(&app, "prefix", "prefix@example.com").await;
     let link = nth_link(&app, "prefix@example.com", 1).await;
     assert!(
         link.starts_with(&format!("{public_url}/v1/verify?token=")),

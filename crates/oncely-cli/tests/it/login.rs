@@ -48,25 +48,27 @@ async fn app(url: &str, limits: LoginLimits) -> (TestApp, String) {
 /// An account of `acme`: signed up (with `password`, if any) and, if `verify`, verified with
 /// the password re-entered (so adopted).
 async fn account(app: &TestApp, acme: &str, address: &str, password: Option<&str>, verify: bool) {
-    let mut body = email(address);
-    if let Some(password) = password {
-        body["password"] = json!(password);
-    }
-    let signup = app
-        .post_as(acme, "/v1/signup", &format!("signup-{address}"), &body)
-        .await;
-    assert_eq!(signup.status(), 202);
+    let body = with_password(email(address), password);
+    let signup = format!("signup-{address}");
+    assert_eq!(app.status_as(acme, "/v1/signup", &signup, &body).await, 202);
     if !verify {
         return;
     }
-    let mut confirm = json!({ "token": nth_token(app, address, 1).await });
+    let confirm = json!({ "token": nth_token(app, address, 1).await });
+    let confirm = with_password(confirm, password);
+    let verify = format!("verify-{address}");
+    assert_eq!(
+        app.status_as(acme, "/v1/verify", &verify, &confirm).await,
+        200
+    );
+}
+
+/// `body` with `"password"`, if any.
+fn with_password(mut body: Value, password: Option<&str>) -> Value {
     if let Some(password) = password {
-        confirm["password"] = json!(password);
+        body["password"] = json!(password);
     }
-    let verified = app
-        .post_as(acme, "/v1/verify", &format!("verify-{address}"), &confirm)
-        .await;
-    assert_eq!(verified.status(), 200);
+    body
 }
 
 /// A login the application's backend sends for the person at `client` (its address in
@@ -289,16 +291,27 @@ async fn a_failed_login_takes_as_long_whether_or_not_the_address_has_an_account(
     }
 }
 
-async fn a_strangers_failures_refuse_its_own_client_never_the_owner(url: String, _db: TestDb) {
-    let limits = LoginLimits {
-        per_address: 3,
-        per_address_total: 6,
-        per_client: 8,
+/// Login caps: failures per client and address, per address in all, per client; 15 minutes.
+fn limits(per_address: u32, per_address_total: u32, per_client: u32) -> LoginLimits {
+    LoginLimits {
+        per_address,
+        per_address_total,
+        per_client,
         window: Duration::from_secs(900),
-    };
-    let (app, acme) = app(&url, limits).await;
+    }
+}
+
+/// [`app`] with `limits`, and a verified account of acme at `address` with [`PASSWORD`].
+async fn app_with_account(url: &str, limits: LoginLimits, address: &str) -> (TestApp, String) {
+    let (app, acme) = app(url, limits).await;
+    account(&app, &acme, address, Some(PASSWORD), true).await;
+    (app, acme)
+}
+
+async fn a_strangers_failures_refuse_its_own_client_never_the_owner(url: String, _db: TestDb) {
+    let limits = limits(3, 6, 8);
     let victim = "victim@example.com";
-    account(&app, &acme, victim, Some(PASSWORD), true).await;
+    let (app, acme) = app_with_account(&url, limits, victim).await;
     let stranger = Some("127.0.0.2");
     let owner = Some("127.0.0.3");
     let attempt = async |client: Option<&str>, address: &str, password: &str| {
@@ -364,15 +377,9 @@ async fn a_strangers_failures_refuse_its_own_client_never_the_owner(url: String,
 /// the client is unknown: only the per-address total applies. A header that is not one address
 /// is a 400, never silently the backend.
 async fn a_backend_that_forwards_no_client_address_is_not_one_client(url: String, _db: TestDb) {
-    let limits = LoginLimits {
-        per_address: 3,
-        per_address_total: 6,
-        per_client: 8,
-        window: Duration::from_secs(900),
-    };
-    let (app, acme) = app(&url, limits).await;
+    let limits = limits(3, 6, 8);
     let victim = "victim@example.com";
-    account(&app, &acme, victim, Some(PASSWORD), true).await;
+    let (app, acme) = app_with_account(&url, limits, victim).await;
     let through_backend = async |address: &str, password: &str| {
         login(&app, &acme, None, address, password)
             .await
@@ -415,14 +422,8 @@ async fn a_backend_that_forwards_no_client_address_is_not_one_client(url: String
 /// thousands, a backend may name any address — so twelve guesses from twelve addresses were
 /// all checked against a total of four. No address takes more than twice its total.
 async fn new_clients_together_stop_at_the_hard_ceiling(url: String, _db: TestDb) {
-    let limits = LoginLimits {
-        per_address: 3,
-        per_address_total: 6,
-        per_client: 100,
-        window: Duration::from_secs(900),
-    };
-    let (app, acme) = app(&url, limits).await;
-    account(&app, &acme, "ada@example.com", Some(PASSWORD), true).await;
+    let limits = limits(3, 6, 100);
+    let (app, acme) = app_with_account(&url, limits, "ada@example.com").await;
     let mut checked = 0;
     for i in 1..=20 {
         let client = format!("198.51.100.{i}");
@@ -445,28 +446,14 @@ async fn new_clients_together_stop_at_the_hard_ceiling(url: String, _db: TestDb)
 
 /// Every bucket of the limits table.
 async fn bucket_names(url: &str) -> Vec<String> {
-    use sqlx::Connection;
-    let sql = "SELECT bucket FROM oncely_rate_limits";
-    if url.starts_with("postgres") {
-        let mut conn = sqlx::PgConnection::connect(url).await.unwrap();
-        sqlx::query_scalar(sql).fetch_all(&mut conn).await.unwrap()
-    } else {
-        let mut conn = sqlx::SqliteConnection::connect(url).await.unwrap();
-        sqlx::query_scalar(sql).fetch_all(&mut conn).await.unwrap()
-    }
+    crate::support::texts(url, "SELECT bucket FROM oncely_rate_limits").await
 }
 
 /// An attempt is counted before its password is checked: many at once from one client get no
 /// more checks than the limit allows.
 async fn concurrent_failures_cannot_slip_under_the_limit(url: String, _db: TestDb) {
-    let limits = LoginLimits {
-        per_address: 3,
-        per_address_total: 100,
-        per_client: 100,
-        window: Duration::from_secs(900),
-    };
-    let (app, acme) = app(&url, limits).await;
-    account(&app, &acme, "ada@example.com", Some(PASSWORD), true).await;
+    let limits = limits(3, 100, 100);
+    let (app, acme) = app_with_account(&url, limits, "ada@example.com").await;
     let attacker = Some("127.0.0.2");
     let guesses = (0..12).map(|i| {
         let password = format!("guess {i}");

@@ -10,7 +10,6 @@ use std::time::Duration;
 use oncely_inbox::{Faults, Inbox, Running};
 use oncely_server::accounts::Accounts;
 use oncely_server::app::Application;
-use oncely_server::backend::{Postgres, Sqlite};
 use oncely_server::settings::Settings;
 use oncely_testdb::TestDb;
 use serde_json::json;
@@ -18,7 +17,7 @@ use tokio::sync::oneshot;
 use tokio::task::JoinHandle;
 
 use crate::requests::{SENT_JOBS, idempotent_post, token};
-use crate::support::{both_databases, count, execute, settings, token_in};
+use crate::support::{both_databases, count, execute, on_backend, settings, token_in};
 
 both_databases!(a_retry_after_an_unknown_outcome_sends_the_first_attempts_email_whatever_changed);
 
@@ -38,11 +37,7 @@ async fn serve(
     let stopped = async move {
         let _ = stopped.await;
     };
-    if url.starts_with("postgres") {
-        start::<Postgres>(settings, stopped, stop).await
-    } else {
-        start::<Sqlite>(settings, stopped, stop).await
-    }
+    on_backend!(url, start(settings, stopped, stop))
 }
 
 async fn start<B: Accounts>(

@@ -5,26 +5,30 @@ use std::time::{Duration, Instant};
 use oncely_cli::commands::tenant as ops;
 use oncely_inbox::{Faults, Rejection};
 use oncely_server::accounts::Accounts;
-use oncely_server::backend::{COMMAND_POOL, Postgres, Sqlite};
 use oncely_server::settings::Settings;
 use oncely_testdb::TestDb;
 use serde_json::{Value, json};
 
-use crate::requests::{app_with_mail_caps, assert_drained};
-use crate::support::{SECRET, both_databases, execute, spawn_app_with_inbox, start_inbox};
+use crate::requests::{app_with_faults, app_with_mail_caps, assert_drained};
+use crate::support::{
+    SECRET, both_databases, execute, on_backend, oncely_binary, open_backend, run_to_end,
+    spawn_app_with_inbox, start_inbox,
+};
 
 pub async fn oncely(args: &[&str]) -> (bool, String) {
-    let output = tokio::process::Command::new(env!("CARGO_BIN_EXE_oncely"))
-        .args(args)
-        .output()
-        .await
-        .unwrap();
-    let text = format!(
-        "{}{}",
-        String::from_utf8_lossy(&output.stdout),
-        String::from_utf8_lossy(&output.stderr)
-    );
-    (output.status.success(), text)
+    let (code, stdout, stderr) = run_to_end(&mut oncely_binary(args)).await;
+    (code == 0, format!("{stdout}{stderr}"))
+}
+
+/// The operation key of the first job `oncely outbox list` printed.
+pub fn first_listed_key(listed: &str) -> &str {
+    listed
+        .lines()
+        .nth(1)
+        .unwrap()
+        .split_whitespace()
+        .nth(4)
+        .unwrap()
 }
 
 both_databases!(
@@ -35,13 +39,15 @@ async fn a_dead_job_is_listed_with_its_reason_shown_with_its_attempts_and_redriv
     url: String,
     _db: TestDb,
 ) {
-    let (inbox, running) = start_inbox(Faults {
-        reject_next: 1,
-        rejection: Rejection::Permanent,
-        ..Faults::default()
-    })
+    let app = app_with_faults(
+        &url,
+        Faults {
+            reject_next: 1,
+            rejection: Rejection::Permanent,
+            ..Faults::default()
+        },
+    )
     .await;
-    let app = spawn_app_with_inbox(&url, inbox, running, |_| {}).await;
     app.post("/v1/signup", "s", &json!({ "email": "bounce@example.com" }))
         .await;
     let deadline = Instant::now() + Duration::from_secs(10);
@@ -61,14 +67,7 @@ async fn a_dead_job_is_listed_with_its_reason_shown_with_its_attempts_and_redriv
         listed.contains("email.verification") && listed.contains("550"),
         "{listed}"
     );
-    let key = listed
-        .lines()
-        .nth(1)
-        .unwrap()
-        .split_whitespace()
-        .nth(4)
-        .unwrap()
-        .to_owned();
+    let key = first_listed_key(&listed).to_owned();
     assert!(key.starts_with("verification:default:"), "{key}");
 
     let (ok, dead) = oncely(&["outbox", "dead", "--database-url", &url]).await;
@@ -227,13 +226,15 @@ async fn dead_jobs_are_redriven_in_bulk_after_a_dry_run_each_with_its_delivery_k
     url: String,
     _db: TestDb,
 ) {
-    let (inbox, running) = start_inbox(Faults {
-        reject_next: 3,
-        rejection: Rejection::Permanent,
-        ..Faults::default()
-    })
+    let app = app_with_faults(
+        &url,
+        Faults {
+            reject_next: 3,
+            rejection: Rejection::Permanent,
+            ..Faults::default()
+        },
+    )
     .await;
-    let app = spawn_app_with_inbox(&url, inbox, running, |_| {}).await;
     for i in 0..3 {
         let email = format!("bulk{i}@example.com");
         app.post("/v1/signup", &format!("s{i}"), &json!({ "email": email }))
@@ -375,8 +376,7 @@ async fn a_job_that_dies_after_the_dry_run_is_not_redriven_by_the_command_it_pri
     url: String,
     _db: TestDb,
 ) {
-    let (inbox, running) = start_inbox(Faults::default()).await;
-    let app = spawn_app_with_inbox(&url, inbox, running, |_| {}).await;
+    let app = app_with_faults(&url, Faults::default()).await;
     signup_that_dies(&app, "early1@example.com", 1).await;
     signup_that_dies(&app, "early2@example.com", 2).await;
     let filters = [
@@ -555,11 +555,7 @@ async fn tenant_create_tells_a_taken_name_from_an_unavailable_database(url: Stri
             "{reserved}: {refused}"
         );
     }
-    let unavailable = if url.starts_with("postgres") {
-        create_tenant_without_a_database::<Postgres>(&url).await
-    } else {
-        create_tenant_without_a_database::<Sqlite>(&url).await
-    };
+    let unavailable = on_backend!(url, create_tenant_without_a_database(&url));
     assert!(
         unavailable.contains("tenant other was not created: the database is unavailable")
             && !unavailable.contains("already exists"),
@@ -569,9 +565,7 @@ async fn tenant_create_tells_a_taken_name_from_an_unavailable_database(url: Stri
 
 /// What creating a tenant says when the database stopped answering (its pool closed).
 async fn create_tenant_without_a_database<B: Accounts>(url: &str) -> String {
-    let backend = B::connect(&oncely_server::backend::Location::url(url), COMMAND_POOL)
-        .await
-        .unwrap();
+    let backend = open_backend::<B>(url).await;
     backend.pool().close().await;
     let tenant = ops::tenant_name("other").unwrap();
     let error = ops::create_tenant(&backend, &tenant).await.unwrap_err();
@@ -972,8 +966,7 @@ async fn outbox_commands_answer_scripts_in_json_and_number_attempts_across_re_dr
     url: String,
     _db: TestDb,
 ) {
-    let (inbox, running) = start_inbox(Faults::default()).await;
-    let app = spawn_app_with_inbox(&url, inbox, running, |_| {}).await;
+    let app = app_with_faults(&url, Faults::default()).await;
     signup_that_dies(&app, "twice@example.com", 1).await;
 
     let (code, listed, _) = oncely_json(&url, &["outbox", "list"]).await;

@@ -10,30 +10,9 @@ use std::time::Duration;
 use serde_json::{Value, json};
 
 use crate::requests::{email, idempotent_post, smtp_inbox, token};
-use crate::support::{count, dump, postgres_db, spawn_binary, token_in};
-
-/// Creates a tenant with `oncely tenant create` and returns the API key it printed.
-async fn create_tenant(database_url: &str, name: &str) -> String {
-    let output = tokio::process::Command::new(env!("CARGO_BIN_EXE_oncely"))
-        .args(["tenant", "create", name, "--database-url", database_url])
-        .output()
-        .await
-        .unwrap();
-    assert!(output.status.success());
-    let stdout = String::from_utf8(output.stdout).unwrap();
-    stdout.lines().last().unwrap().trim().to_owned()
-}
-
-/// `oncely tenant set NAME --return-url URL`.
-async fn set_return_url(database_url: &str, name: &str, url: &str) {
-    let output = tokio::process::Command::new(env!("CARGO_BIN_EXE_oncely"))
-        .args(["tenant", "set", name, "--return-url", url])
-        .args(["--database-url", database_url])
-        .output()
-        .await
-        .unwrap();
-    assert!(output.status.success());
-}
+use crate::support::{
+    count, create_tenant, dump, postgres_db, set_return_url, spawn_binary, token_in,
+};
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn no_secret_leaks_into_logs_stored_responses_or_the_database() {

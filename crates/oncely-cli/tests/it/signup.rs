@@ -12,8 +12,8 @@ use crate::requests::{
     smtp_inbox, token, wait_for_count,
 };
 use crate::support::{
-    TestApp, both_databases, count, dump, outbox_settled, spawn_app_on, spawn_app_with_inbox, spawn_binary,
-    start_inbox, token_in,
+    TestApp, both_databases, count, dump, outbox_settled, spawn_app_on, spawn_app_with_inbox,
+    spawn_binary, start_inbox, token_in,
 };
 
 fn signup_body(email: &str) -> Value {

@@ -8,14 +8,16 @@
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
+use crate::requests::sign_up;
 use axum::body::Bytes;
 use axum::http::{HeaderMap, StatusCode};
 use oncely_inbox::{Faults, Inbox, Verification, WebhookHeaders, WebhookVerdict};
 use oncely_testdb::TestDb;
-use serde_json::{Value, json};
+use serde_json::Value;
 
 use crate::support::{
-    SECRET, both_databases, count, migrate, spawn_app_with_inbox, spawn_worker_with, start_inbox,
+    SECRET, both_databases, count, migrate, oncely_binary, run_ok, spawn_app_with_inbox,
+    spawn_worker_with, start_inbox,
 };
 
 both_databases!(a_worker_killed_after_the_endpoint_accepted_is_followed_by_the_same_webhook_id);
@@ -98,20 +100,14 @@ async fn receive(
 /// `oncely tenant webhook add default URL --events user.created --json` with the test secret
 /// (the workers unseal with it); returns the signing secret it printed.
 async fn add_endpoint(url: &str, target: &str) -> String {
-    let output = tokio::process::Command::new(env!("CARGO_BIN_EXE_oncely"))
-        .args(["tenant", "webhook", "add", "default", target])
-        .args(["--events", "user.created", "--json", "--database-url", url])
-        .env("ONCELY_SECRET", SECRET)
-        .env_remove("ONCELY_ENV")
-        .output()
-        .await
-        .unwrap();
-    assert!(
-        output.status.success(),
-        "{}",
-        String::from_utf8_lossy(&output.stderr)
-    );
-    let added: Value = serde_json::from_slice(&output.stdout).unwrap();
+    let added = run_ok(
+        oncely_binary(&["tenant", "webhook", "add", "default", target])
+            .args(["--events", "user.created", "--json", "--database-url", url])
+            .env("ONCELY_SECRET", SECRET)
+            .env_remove("ONCELY_ENV"),
+    )
+    .await;
+    let added: Value = serde_json::from_str(&added).unwrap();
     added["secret"].as_str().unwrap().to_owned()
 }
 
@@ -155,14 +151,7 @@ async fn a_worker_killed_after_the_endpoint_accepted_is_followed_by_the_same_web
     let (mail, running) = start_inbox(Faults::default()).await;
     let mailer = format!("smtp://{}", running.smtp_addr);
     let app = spawn_app_with_inbox(&url, mail, running, |s| s.workers = 0).await;
-    let answer = app
-        .post(
-            "/v1/signup",
-            "crash-1",
-            &json!({ "email": "crash@example.com" }),
-        )
-        .await;
-    assert_eq!(answer.status(), 202);
+    sign_up(&app, "crash-1", "crash@example.com").await;
     // A short lease, so that the job comes back soon after the kill; a long webhook timeout, so
     // that the first worker never gives up on the delivery by itself before it is killed.
     let worker_args = ["--lease", "2s", "--webhook-timeout", "60s"];

@@ -17,7 +17,7 @@ use oncely_outbox::{
     JobRecord, JobStatus, JobStore, KindOptions, RetryPolicy, Worker, WorkerConfig,
 };
 use oncely_server::accounts::{Accounts, NewEndpoint};
-use oncely_server::backend::{Backend, COMMAND_POOL, Postgres, Sqlite};
+use oncely_server::backend::{Backend, Sqlite};
 use oncely_server::secret::signing::{SigningSecret, seal};
 use oncely_server::webhooks::{
     EndpointRef, Event, EventType, UrlPolicy, WebhookDelivery, WebhookSettings, emit,
@@ -28,28 +28,28 @@ use oncely_testdb::TestDb;
 use serde_json::{Value, json};
 use uuid::Uuid;
 
-use crate::support::{SECRET, both_databases, dump, secret};
+use crate::support::{
+    SECRET, both_databases, dump, on_backend, oncely_binary, open_migrated, run_to_end, secret,
+};
 
 // ---------------------------------------------------------------------------------------------
 // The CLI
 
 async fn oncely(url: &str, env: &[(&str, &str)], args: &[&str]) -> (i32, String, String) {
-    let output = tokio::process::Command::new(env!("CARGO_BIN_EXE_oncely"))
-        .args(args)
+    let mut command = oncely_binary(args);
+    command
         .args(["--database-url", url])
         .env_remove("ONCELY_SECRET")
         .env_remove("ONCELY_SECRET_PREVIOUS")
         .env_remove("ONCELY_ENV")
         .env_remove("ONCELY_WEBHOOK_ALLOW_PRIVATE")
-        .envs(env.iter().copied())
-        .output()
-        .await
-        .unwrap();
-    (
-        output.status.code().unwrap_or(-1),
-        String::from_utf8_lossy(&output.stdout).into_owned(),
-        String::from_utf8_lossy(&output.stderr).into_owned(),
-    )
+        .envs(env.iter().copied());
+    run_to_end(&mut command).await
+}
+
+/// `oncely tenant webhook ARGS…` on the database, as [`oncely`] runs it.
+async fn webhook(url: &str, env: &[(&str, &str)], args: &[&str]) -> (i32, String, String) {
+    oncely(url, env, &[&["tenant", "webhook"], args].concat()).await
 }
 
 const PRODUCTION: &[(&str, &str)] = &[("ONCELY_ENV", "production"), ("ONCELY_SECRET", SECRET)];
@@ -67,78 +67,30 @@ async fn webhook_endpoints_are_added_listed_disabled_enabled_rotated_and_removed
     let (code, ..) = oncely(&url, &[], &["tenant", "create", "acme"]).await;
     assert_eq!(code, 0);
     // An unknown tenant, an unknown event type: refused.
-    let (code, _, err) = oncely(
-        &url,
-        &[],
-        &["tenant", "webhook", "add", "nope", "http://127.0.0.1:9/h"],
-    )
-    .await;
+    let (code, _, err) = webhook(&url, &[], &["add", "nope", "http://127.0.0.1:9/h"]).await;
     assert_eq!(code, 3, "{err}");
-    let (code, _, err) = oncely(
-        &url,
-        &[],
-        &[
-            "tenant",
-            "webhook",
-            "add",
-            "acme",
-            "http://127.0.0.1:9/h",
-            "--events",
-            "user.deleted",
-        ],
-    )
-    .await;
+    let add = ["add", "acme", "http://127.0.0.1:9/h", "--events"];
+    let (code, _, err) = webhook(&url, &[], &[&add[..], &["user.deleted"]].concat()).await;
     assert_eq!(code, 1);
     assert!(
         err.contains("user.verified") && err.contains("email.failed"),
         "{err}"
     );
 
-    let (code, out, err) = oncely(
-        &url,
-        &[],
-        &[
-            "tenant",
-            "webhook",
-            "add",
-            "acme",
-            "http://127.0.0.1:9/h",
-            "--events",
-            "user.verified,email.failed",
-            "--json",
-        ],
-    )
-    .await;
+    let verified_and_failed = ["user.verified,email.failed", "--json"];
+    let (code, out, err) = webhook(&url, &[], &[&add[..], &verified_and_failed].concat()).await;
     assert_eq!(code, 0, "{err}");
     let added: Value = serde_json::from_str(&out).unwrap();
     let id = added["id"].as_str().unwrap().to_owned();
     let first = added["secret"].as_str().unwrap().to_owned();
     assert!(SigningSecret::parse(&first).is_some(), "{first}");
     assert_eq!(added["events"], json!(["user.verified", "email.failed"]));
-    let (code, out, _) = oncely(
-        &url,
-        &[],
-        &[
-            "tenant",
-            "webhook",
-            "add",
-            "default",
-            "http://localhost:9/d",
-        ],
-    )
-    .await;
+    let (code, out, _) = webhook(&url, &[], &["add", "default", "http://localhost:9/d"]).await;
     assert_eq!(code, 0);
     assert!(out.contains("whsec_"), "{out}");
 
     // Rotate: a new secret, printed once; the previous one signs until the grace ends.
-    let (code, out, err) = oncely(
-        &url,
-        &[],
-        &[
-            "tenant", "webhook", "rotate", &id, "--grace", "1h", "--json",
-        ],
-    )
-    .await;
+    let (code, out, err) = webhook(&url, &[], &["rotate", &id, "--grace", "1h", "--json"]).await;
     assert_eq!(code, 0, "{err}");
     let rotated: Value = serde_json::from_str(&out).unwrap();
     let second = rotated["secret"].as_str().unwrap().to_owned();
@@ -146,30 +98,26 @@ async fn webhook_endpoints_are_added_listed_disabled_enabled_rotated_and_removed
     assert!(rotated["previous_secret_valid_until"].is_string());
 
     // Both sign now (what the dev inbox reads).
-    if url.starts_with("postgres") {
-        both_sign_now::<Postgres>(&url, &id, [&second, &first]).await;
-    } else {
-        both_sign_now::<Sqlite>(&url, &id, [&second, &first]).await;
-    }
+    on_backend!(url, both_sign_now(&url, &id, [&second, &first]));
 
     // Disable, list, enable.
-    let (code, ..) = oncely(&url, &[], &["tenant", "webhook", "disable", &id]).await;
+    let (code, ..) = webhook(&url, &[], &["disable", &id]).await;
     assert_eq!(code, 0);
-    let (code, out, _) = oncely(&url, &[], &["tenant", "webhook", "list", "acme", "--json"]).await;
+    let (code, out, _) = webhook(&url, &[], &["list", "acme", "--json"]).await;
     assert_eq!(code, 0);
     let listed: Value = serde_json::from_str(&out).unwrap();
     assert_eq!(listed.as_array().unwrap().len(), 1);
     assert_eq!(listed[0]["enabled"], false);
     assert_eq!(listed[0]["disabled_reason"], "disabled by an operator");
     assert!(listed[0]["previous_secret_valid_until"].is_string());
-    let (_, human, _) = oncely(&url, &[], &["tenant", "webhook", "list"]).await;
+    let (_, human, _) = webhook(&url, &[], &["list"]).await;
     assert!(
         human.contains("disabled by an operator") && human.contains("all"),
         "{human}"
     );
-    let (code, ..) = oncely(&url, &[], &["tenant", "webhook", "enable", &id]).await;
+    let (code, ..) = webhook(&url, &[], &["enable", &id]).await;
     assert_eq!(code, 0);
-    let (_, out, _) = oncely(&url, &[], &["tenant", "webhook", "list", "--json"]).await;
+    let (_, out, _) = webhook(&url, &[], &["list", "--json"]).await;
     let listed: Value = serde_json::from_str(&out).unwrap();
     assert_eq!(listed.as_array().unwrap().len(), 2);
     assert!(
@@ -193,7 +141,7 @@ async fn webhook_endpoints_are_added_listed_disabled_enabled_rotated_and_removed
     }
 
     // Remove; unknown and malformed ids: exit 3, in JSON too.
-    let (code, ..) = oncely(&url, &[], &["tenant", "webhook", "remove", &id]).await;
+    let (code, ..) = webhook(&url, &[], &["remove", &id]).await;
     assert_eq!(code, 0);
     for args in [
         &["tenant", "webhook", "remove", id.as_str()][..],
@@ -213,7 +161,7 @@ async fn webhook_endpoints_are_added_listed_disabled_enabled_rotated_and_removed
 /// The endpoint's signing secrets, unsealed with the database's development secret (the CLI
 /// was given no ONCELY_SECRET), are `expected`; the test secret opens nothing.
 async fn both_sign_now<B: Accounts>(url: &str, id: &str, expected: [&String; 2]) {
-    let backend: B = open(url).await;
+    let backend: B = open_migrated(url).await;
     let by_url = EndpointRef::Url("http://127.0.0.1:9/h");
     assert!(
         signing_secrets(&backend, &secret(SECRET), by_url)
@@ -221,7 +169,11 @@ async fn both_sign_now<B: Accounts>(url: &str, id: &str, expected: [&String; 2])
             .is_err(),
         "the test secret does not open what the CLI sealed"
     );
-    let stored = sqlx_scalar(url, "SELECT secret FROM oncely_shared_development_secret").await;
+    let stored = crate::support::scalar::<String>(
+        url,
+        "SELECT secret FROM oncely_shared_development_secret",
+    )
+    .await;
     let development = ServerSecret::new(stored.into_bytes()).unwrap();
     for which in [EndpointRef::Id(id.parse().unwrap()), by_url] {
         let secrets = signing_secrets(&backend, &development, which)
@@ -246,12 +198,7 @@ async fn private_addresses_are_refused_at_add_in_production(url: String, _db: Te
         "https://user:pw@hooks.example.com/h",
         "https://hooks.example.com/h#x",
     ] {
-        let (code, out, err) = oncely(
-            &url,
-            PRODUCTION,
-            &["tenant", "webhook", "add", "default", target],
-        )
-        .await;
+        let (code, out, err) = webhook(&url, PRODUCTION, &["add", "default", target]).await;
         assert_eq!(code, 1, "{target}: {out}{err}");
         assert!(err.contains("refused webhook URL"), "{target}: {err}");
     }
@@ -266,31 +213,9 @@ async fn private_addresses_are_refused_at_add_in_production(url: String, _db: Te
     .await;
     assert_eq!(code, 0, "{err}");
     // Development: loopback http is accepted, a private address is not.
-    let (code, _, err) = oncely(
-        &url,
-        &[],
-        &[
-            "tenant",
-            "webhook",
-            "add",
-            "default",
-            "http://localhost:1/h",
-        ],
-    )
-    .await;
+    let (code, _, err) = webhook(&url, &[], &["add", "default", "http://localhost:1/h"]).await;
     assert_eq!(code, 0, "{err}");
-    let (code, ..) = oncely(
-        &url,
-        &[],
-        &[
-            "tenant",
-            "webhook",
-            "add",
-            "default",
-            "http://192.168.1.1/h",
-        ],
-    )
-    .await;
+    let (code, ..) = webhook(&url, &[], &["add", "default", "http://192.168.1.1/h"]).await;
     assert_eq!(code, 1);
     assert_eq!(count_endpoints(&url).await, 2);
 }
@@ -398,14 +323,6 @@ async fn counting_listener() -> (Arc<AtomicUsize>, SocketAddr) {
     (connections, addr)
 }
 
-async fn open<B: Accounts>(url: &str) -> B {
-    let backend = B::connect(&oncely_server::backend::Location::url(url), COMMAND_POOL)
-        .await
-        .unwrap();
-    oncely_server::startup::migrate(&backend).await.unwrap();
-    backend
-}
-
 /// An endpoint of tenant `acme` at `url` (stored directly: production's checks at `add` are
 /// what the forced-in rows bypass), sealed with the test secret; returns its id and secret.
 async fn endpoint<B: Accounts>(backend: &B, url: &str) -> (Uuid, SigningSecret) {
@@ -476,6 +393,23 @@ fn development(timeout: Duration) -> WebhookSettings {
 }
 
 /// Runs the worker until the job of `event` at `endpoint` is no longer pending (bounded).
+/// An endpoint of a receiver answering `answers`, one event for it, and a worker (development
+/// settings, `timeout`) run until the event's job is done: the backend, the receiver, the
+/// endpoint's signing secret, the event and the job.
+async fn delivered<B: Accounts>(
+    url: &str,
+    answers: Vec<Answer>,
+    timeout: Duration,
+) -> (B, Receiver, SigningSecret, Event, JobRecord) {
+    let backend: B = open_migrated(url).await;
+    let (receiver, target) = Receiver::start(answers).await;
+    let (endpoint_id, signing) = endpoint(&backend, &target).await;
+    let event = emit_event(&backend).await;
+    let worker = worker(&backend, development(timeout));
+    let job = run_until_done(&backend, &worker, &event, endpoint_id).await;
+    (backend, receiver, signing, event, job)
+}
+
 async fn run_until_done<B: Accounts>(
     backend: &B,
     worker: &Worker<B::Jobs>,
@@ -522,30 +456,16 @@ both_databases!(
     a_server_secret_rotation_keeps_every_endpoint_signing
 );
 
-macro_rules! on_backend {
-    ($url:expr, $f:ident) => {
-        if $url.starts_with("postgres") {
-            $f::<Postgres>(&$url).await
-        } else {
-            $f::<Sqlite>(&$url).await
-        }
-    };
-}
-
 async fn a_delivery_is_signed_verifiable_by_the_reference_package_and_a_retry_keeps_its_id(
     url: String,
     _db: TestDb,
 ) {
-    on_backend!(url, signed_and_retried);
+    on_backend!(url, signed_and_retried(&url));
 }
 
 async fn signed_and_retried<B: Accounts>(url: &str) {
-    let backend: B = open(url).await;
-    let (receiver, target) = Receiver::start(vec![Answer::Status(500)]).await;
-    let (endpoint_id, signing) = endpoint(&backend, &target).await;
-    let event = emit_event(&backend).await;
-    let worker = worker(&backend, development(Duration::from_secs(10)));
-    let job = run_until_done(&backend, &worker, &event, endpoint_id).await;
+    let (backend, receiver, signing, event, job) =
+        delivered::<B>(url, vec![Answer::Status(500)], Duration::from_secs(10)).await;
     assert_eq!(job.status, JobStatus::Sent, "{:?}", job.last_error);
     assert_eq!(attempt_results(&backend, &job).await, ["retry", "sent"]);
     let captured = receiver.captured();
@@ -578,11 +498,11 @@ async fn signed_and_retried<B: Accounts>(url: &str) {
 }
 
 async fn during_a_rotation_both_secrets_sign(url: String, _db: TestDb) {
-    on_backend!(url, rotation);
+    on_backend!(url, rotation(&url));
 }
 
 async fn rotation<B: Accounts>(url: &str) {
-    let backend: B = open(url).await;
+    let backend: B = open_migrated(url).await;
     let (receiver, target) = Receiver::start(vec![]).await;
     let (endpoint_id, old) = endpoint(&backend, &target).await;
     let new = SigningSecret::generate();
@@ -625,12 +545,12 @@ async fn rotation<B: Accounts>(url: &str) {
 /// secret still did not open). Now a process started with the previous secret seals them again
 /// under the new one, and a previous signing secret that does not open is left out.
 async fn a_server_secret_rotation_keeps_every_endpoint_signing(url: String, _db: TestDb) {
-    on_backend!(url, server_secret_rotation);
+    on_backend!(url, server_secret_rotation(&url));
 }
 
 async fn server_secret_rotation<B: Accounts>(url: &str) {
     use oncely_server::webhooks::delivery::reseal_endpoints;
-    let backend: B = open(url).await;
+    let backend: B = open_migrated(url).await;
     let (receiver, target) = Receiver::start(vec![]).await;
     let old = secret(SECRET);
     let new = secret("a-new-server-secret-after-the-rotation-0123456789");
@@ -686,16 +606,12 @@ async fn server_secret_rotation<B: Accounts>(url: &str) {
 }
 
 async fn gone_disables_the_endpoint_and_list_shows_it(url: String, _db: TestDb) {
-    on_backend!(url, gone);
+    on_backend!(url, gone(&url));
 }
 
 async fn gone<B: Accounts>(url: &str) {
-    let backend: B = open(url).await;
-    let (receiver, target) = Receiver::start(vec![Answer::Status(410)]).await;
-    let (endpoint_id, _) = endpoint(&backend, &target).await;
-    let event = emit_event(&backend).await;
-    let worker = worker(&backend, development(Duration::from_secs(10)));
-    let job = run_until_done(&backend, &worker, &event, endpoint_id).await;
+    let (backend, receiver, _, _, job) =
+        delivered::<B>(url, vec![Answer::Status(410)], Duration::from_secs(10)).await;
     assert_eq!(job.status, JobStatus::Dead);
     assert!(
         job.last_error.as_deref().unwrap().contains("410"),
@@ -703,7 +619,7 @@ async fn gone<B: Accounts>(url: &str) {
         job.last_error
     );
     assert_eq!(receiver.captured().len(), 1);
-    let (code, out, _) = oncely(url, &[], &["tenant", "webhook", "list", "--json"]).await;
+    let (code, out, _) = webhook(url, &[], &["list", "--json"]).await;
     assert_eq!(code, 0);
     let listed: Value = serde_json::from_str(&out).unwrap();
     assert_eq!(listed[0]["enabled"], false);
@@ -726,16 +642,12 @@ async fn gone<B: Accounts>(url: &str) {
 }
 
 async fn a_huge_answer_is_read_up_to_the_cap(url: String, _db: TestDb) {
-    on_backend!(url, huge);
+    on_backend!(url, huge(&url));
 }
 
 async fn huge<B: Accounts>(url: &str) {
-    let backend: B = open(url).await;
-    let (receiver, target) = Receiver::start(vec![Answer::Huge]).await;
-    let (endpoint_id, _) = endpoint(&backend, &target).await;
-    let event = emit_event(&backend).await;
-    let worker = worker(&backend, development(Duration::from_secs(10)));
-    let job = run_until_done(&backend, &worker, &event, endpoint_id).await;
+    let (backend, receiver, _, _, job) =
+        delivered::<B>(url, vec![Answer::Huge], Duration::from_secs(10)).await;
     assert_eq!(job.status, JobStatus::Sent);
     let attempts = backend.jobs(true).attempts(job.id).await.unwrap();
     let reason = attempts[0].error.clone().unwrap();
@@ -752,16 +664,16 @@ async fn huge<B: Accounts>(url: &str) {
 }
 
 async fn a_timeout_is_unknown_and_retried_with_the_same_id(url: String, _db: TestDb) {
-    on_backend!(url, timeout);
+    on_backend!(url, timeout(&url));
 }
 
 async fn timeout<B: Accounts>(url: &str) {
-    let backend: B = open(url).await;
-    let (receiver, target) = Receiver::start(vec![Answer::Slow(Duration::from_secs(5))]).await;
-    let (endpoint_id, _) = endpoint(&backend, &target).await;
-    let event = emit_event(&backend).await;
-    let worker = worker(&backend, development(Duration::from_millis(300)));
-    let job = run_until_done(&backend, &worker, &event, endpoint_id).await;
+    let (backend, receiver, _, event, job) = delivered::<B>(
+        url,
+        vec![Answer::Slow(Duration::from_secs(5))],
+        Duration::from_millis(300),
+    )
+    .await;
     assert_eq!(job.status, JobStatus::Sent);
     assert_eq!(attempt_results(&backend, &job).await, ["unknown", "sent"]);
     let ids: Vec<String> = receiver
@@ -773,18 +685,17 @@ async fn timeout<B: Accounts>(url: &str) {
 }
 
 async fn a_redirect_is_not_followed(url: String, _db: TestDb) {
-    on_backend!(url, redirect);
+    on_backend!(url, redirect(&url));
 }
 
 async fn redirect<B: Accounts>(url: &str) {
-    let backend: B = open(url).await;
     let (elsewhere, addr) = counting_listener().await;
-    let (receiver, target) =
-        Receiver::start(vec![Answer::Redirect(format!("http://{addr}/internal"))]).await;
-    let (endpoint_id, _) = endpoint(&backend, &target).await;
-    let event = emit_event(&backend).await;
-    let worker = worker(&backend, development(Duration::from_secs(10)));
-    let job = run_until_done(&backend, &worker, &event, endpoint_id).await;
+    let (backend, receiver, _, _, job) = delivered::<B>(
+        url,
+        vec![Answer::Redirect(format!("http://{addr}/internal"))],
+        Duration::from_secs(10),
+    )
+    .await;
     assert_eq!(job.status, JobStatus::Sent, "retried at the same URL");
     let attempts = backend.jobs(true).attempts(job.id).await.unwrap();
     assert!(attempts[0].error.as_deref().unwrap().contains("302"));
@@ -793,11 +704,11 @@ async fn redirect<B: Accounts>(url: &str) {
 }
 
 async fn in_production_forced_private_endpoints_die_without_a_connection(url: String, _db: TestDb) {
-    on_backend!(url, forced_private);
+    on_backend!(url, forced_private(&url));
 }
 
 async fn forced_private<B: Accounts>(url: &str) {
-    let backend: B = open(url).await;
+    let backend: B = open_migrated(url).await;
     let (connections, addr) = counting_listener().await;
     let port = addr.port();
     let production = WebhookSettings {
@@ -829,11 +740,11 @@ async fn forced_private<B: Accounts>(url: &str) {
 }
 
 async fn a_removed_or_disabled_endpoint_ends_its_deliveries_dead(url: String, _db: TestDb) {
-    on_backend!(url, removed_or_disabled);
+    on_backend!(url, removed_or_disabled(&url));
 }
 
 async fn removed_or_disabled<B: Accounts>(url: &str) {
-    let backend: B = open(url).await;
+    let backend: B = open_migrated(url).await;
     let (receiver, target) = Receiver::start(vec![]).await;
     let worker = worker(&backend, development(Duration::from_secs(10)));
     let (removed, _) = endpoint(&backend, &target).await;
@@ -934,18 +845,6 @@ fn python_verifies(secret: &str, request: &Captured, expected: bool) {
     );
 }
 
-async fn sqlx_scalar(url: &str, sql: &str) -> String {
-    use sqlx::Connection;
-    let sql = sqlx::AssertSqlSafe(sql.to_owned());
-    if url.starts_with("postgres") {
-        let mut conn = sqlx::PgConnection::connect(url).await.unwrap();
-        sqlx::query_scalar(sql).fetch_one(&mut conn).await.unwrap()
-    } else {
-        let mut conn = sqlx::SqliteConnection::connect(url).await.unwrap();
-        sqlx::query_scalar(sql).fetch_one(&mut conn).await.unwrap()
-    }
-}
-
 async fn count_endpoints(url: &str) -> i64 {
     crate::support::count(url, "SELECT COUNT(*) FROM oncely_webhook_endpoints").await
 }
@@ -962,7 +861,7 @@ async fn a_delivery_logs_and_counts_ids_and_outcomes_never_the_secret_or_the_bod
     let _recording = metrics::set_default_local_recorder(&recorder);
 
     let (url, _db) = crate::support::sqlite_db().await;
-    let backend: Sqlite = open(&url).await;
+    let backend: Sqlite = open_migrated(&url).await;
     let (_receiver, target) = Receiver::start(vec![Answer::Status(503)]).await;
     let (endpoint_id, signing) = endpoint(&backend, &target).await;
     let link = "https://app.example.com/v1/magic-link/consume?token=MARKER-OF-A-LINK";

@@ -5,14 +5,13 @@ use std::time::Duration;
 use oncely_outbox::{JobStore, NewJob};
 use oncely_server::accounts::Accounts;
 use oncely_server::app::Application;
-use oncely_server::backend::{Postgres, Sqlite};
 use oncely_server::mail::SIGNUP_NOTICE;
 use oncely_testdb::TestDb;
 use serde_json::json;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
 
-use crate::support::{both_databases, count, settings, spawn_app_on, start_inbox};
+use crate::support::{both_databases, count, on_backend, settings, spawn_app_on, start_inbox};
 
 both_databases!(
     two_workers_on_a_pool_of_two_send_promptly_and_the_api_still_answers,
@@ -47,11 +46,7 @@ async fn serve_stops_claiming_at_the_shutdown_signal_not_after_the_http_drain(
     url: String,
     _db: TestDb,
 ) {
-    if url.starts_with("postgres") {
-        stops_claiming_at_the_signal::<Postgres>(&url).await;
-    } else {
-        stops_claiming_at_the_signal::<Sqlite>(&url).await;
-    }
+    on_backend!(url, stops_claiming_at_the_signal(&url));
 }
 
 async fn stops_claiming_at_the_signal<B: Accounts>(url: &str) {

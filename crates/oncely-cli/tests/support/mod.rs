@@ -88,18 +88,38 @@ pub async fn spawn_app_with_inbox(
     }
 }
 
+/// `oncely ARGS…`, the binary under test, not yet started.
+pub fn oncely_binary(args: &[&str]) -> tokio::process::Command {
+    let mut command = tokio::process::Command::new(env!("CARGO_BIN_EXE_oncely"));
+    command.args(args);
+    command
+}
+
+/// Runs `command` to its end: its exit code (-1: ended by a signal), stdout and stderr.
+pub async fn run_to_end(command: &mut tokio::process::Command) -> (i32, String, String) {
+    let output = command.output().await.unwrap();
+    (
+        output.status.code().unwrap_or(-1),
+        String::from_utf8(output.stdout).unwrap(),
+        String::from_utf8(output.stderr).unwrap(),
+    )
+}
+
+/// Runs `command` to its end and asserts that it succeeded (its stderr otherwise); its stdout.
+pub async fn run_ok(command: &mut tokio::process::Command) -> String {
+    let (code, stdout, stderr) = run_to_end(command).await;
+    assert_eq!(code, 0, "{stderr}");
+    stdout
+}
+
 /// Runs `oncely migrate` on the database (production processes do not migrate).
 pub async fn migrate(database_url: &str) {
-    let output = tokio::process::Command::new(env!("CARGO_BIN_EXE_oncely"))
-        .args(["migrate", "--database-url", database_url])
-        .output()
-        .await
-        .unwrap();
-    assert!(
-        output.status.success(),
-        "{}",
-        String::from_utf8_lossy(&output.stderr)
-    );
+    run_ok(&mut oncely_binary(&[
+        "migrate",
+        "--database-url",
+        database_url,
+    ]))
+    .await;
 }
 
 /// Starts the app on backend `B` in this process; returns its base URL.
@@ -131,26 +151,15 @@ impl TestApp {
             .unwrap()
     }
 
+    /// The status of a POST as a tenant ([`TestApp::post_as`]).
+    pub async fn status_as(&self, api_key: &str, path: &str, key: &str, body: &Value) -> u16 {
+        let response = self.post_as(api_key, path, key, body).await;
+        response.status().as_u16()
+    }
+
     /// Creates a tenant with `oncely tenant create` and returns the API key it printed.
     pub async fn create_tenant(&self, name: &str) -> String {
-        let output = tokio::process::Command::new(env!("CARGO_BIN_EXE_oncely"))
-            .args([
-                "tenant",
-                "create",
-                name,
-                "--database-url",
-                &self.database_url,
-            ])
-            .output()
-            .await
-            .unwrap();
-        assert!(
-            output.status.success(),
-            "{}",
-            String::from_utf8_lossy(&output.stderr)
-        );
-        let stdout = String::from_utf8(output.stdout).unwrap();
-        stdout.lines().last().unwrap().trim().to_owned()
+        create_tenant(&self.database_url, name).await
     }
 
     pub async fn get(&self, path: &str) -> reqwest::Response {
@@ -184,9 +193,9 @@ impl TestApp {
     }
 }
 
-/// Waits until no email job is being sent or due to be (none claimed, none pending or parked
-/// whose time comes within a second), or `within` has passed: every email the outbox was about
-/// to send is in the inbox.
+/// Waits until no email job is being sent or due to be (none claimed, none pending whose time
+/// comes within a second), or `within` has passed: every email the outbox was about to send is
+/// in the inbox. (A parked job, its outcome unknown, sends nothing before its grace is over.)
 pub async fn outbox_settled(database_url: &str, within: Duration) {
     let soon = if database_url.starts_with("postgres") {
         "now() + interval '1 second'"
@@ -196,20 +205,43 @@ pub async fn outbox_settled(database_url: &str, within: Duration) {
     };
     let unsettled = format!(
         "SELECT count(*) FROM oncely_outbox
-          WHERE kind LIKE 'email.%' AND status IN ('pending', 'unknown')
+          WHERE kind LIKE 'email.%' AND status = 'pending'
             AND (lease_token IS NOT NULL OR run_after <= {soon})"
     );
     let deadline = std::time::Instant::now() + within;
     while count(database_url, &unsettled).await > 0 && std::time::Instant::now() < deadline {
         tokio::time::sleep(Duration::from_millis(10)).await;
     }
-    if std::time::Instant::now() >= deadline {
-        eprintln!("SETTLE-TIMEOUT");
-    }
+}
+
+/// Creates a tenant with `oncely tenant create` and returns the API key it printed.
+pub async fn create_tenant(database_url: &str, name: &str) -> String {
+    let create = ["tenant", "create", name, "--database-url", database_url];
+    let stdout = run_ok(&mut oncely_binary(&create)).await;
+    stdout.lines().last().unwrap().trim().to_owned()
+}
+
+/// `oncely tenant set NAME --return-url URL` on the database.
+pub async fn set_return_url(database_url: &str, name: &str, url: &str) {
+    let set = ["tenant", "set", name, "--return-url", url];
+    run_ok(oncely_binary(&set).args(["--database-url", database_url])).await;
 }
 
 pub async fn count(database_url: &str, sql: &str) -> i64 {
     scalar(database_url, sql).await
+}
+
+/// `$body`, with `$conn` a new connection to the database at `$url` (PostgreSQL or SQLite).
+macro_rules! on_connection {
+    ($url:expr, |$conn:ident| $body:expr) => {
+        if $url.starts_with("postgres") {
+            let mut $conn = sqlx::PgConnection::connect($url).await.unwrap();
+            $body
+        } else {
+            let mut $conn = sqlx::SqliteConnection::connect($url).await.unwrap();
+            $body
+        }
+    };
 }
 
 /// The one value `sql` selects (a count, a text, an id).
@@ -223,25 +255,40 @@ where
         + Unpin,
 {
     let sql = AssertSqlSafe(sql.to_owned());
-    if database_url.starts_with("postgres") {
-        let mut conn = sqlx::PgConnection::connect(database_url).await.unwrap();
-        sqlx::query_scalar(sql).fetch_one(&mut conn).await.unwrap()
+    on_connection!(database_url, |conn| sqlx::query_scalar(sql)
+        .fetch_one(&mut conn)
+        .await
+        .unwrap())
+}
+
+/// The id of the account `address` of `tenant`, hyphenated.
+pub async fn user_id(database_url: &str, tenant: &str, address: &str) -> String {
+    let id = if database_url.starts_with("postgres") {
+        "id::text"
     } else {
-        let mut conn = sqlx::SqliteConnection::connect(database_url).await.unwrap();
-        sqlx::query_scalar(sql).fetch_one(&mut conn).await.unwrap()
-    }
+        "lower(hex(id))"
+    };
+    let sql =
+        format!("SELECT {id} FROM oncely_users WHERE tenant = '{tenant}' AND email = '{address}'");
+    let id: String = scalar(database_url, &sql).await;
+    uuid::Uuid::parse_str(&id).unwrap().to_string()
+}
+
+/// The rows `sql` selects, one text column.
+pub async fn texts(database_url: &str, sql: &str) -> Vec<String> {
+    let sql = AssertSqlSafe(sql.to_owned());
+    on_connection!(database_url, |conn| sqlx::query_scalar(sql)
+        .fetch_all(&mut conn)
+        .await
+        .unwrap())
 }
 
 /// Runs one statement (test set-up that the API cannot do, like ageing a token).
 pub async fn execute(database_url: &str, sql: &str) {
     let sql = AssertSqlSafe(sql.to_owned());
-    if database_url.starts_with("postgres") {
-        let mut conn = sqlx::PgConnection::connect(database_url).await.unwrap();
+    on_connection!(database_url, |conn| {
         sqlx::query(sql).execute(&mut conn).await.unwrap();
-    } else {
-        let mut conn = sqlx::SqliteConnection::connect(database_url).await.unwrap();
-        sqlx::query(sql).execute(&mut conn).await.unwrap();
-    }
+    });
 }
 
 /// Every row of every table, as text (bytes as hex), for scanning a database for secrets.
@@ -498,6 +545,35 @@ macro_rules! both_empty_databases {
 }
 #[allow(unused_imports)]
 pub(crate) use both_empty_databases;
+
+/// `f::<Postgres>(args…)` or `f::<Sqlite>(args…)`, as the database URL says, awaited.
+#[allow(unused_macros)]
+macro_rules! on_backend {
+    ($url:expr, $f:ident($($arg:expr),* $(,)?)) => {
+        if $url.starts_with("postgres") {
+            $f::<oncely_server::backend::Postgres>($($arg),*).await
+        } else {
+            $f::<oncely_server::backend::Sqlite>($($arg),*).await
+        }
+    };
+}
+#[allow(unused_imports)]
+pub(crate) use on_backend;
+
+/// The backend `B` on the database at `url`, opened as a command opens it.
+pub async fn open_backend<B: oncely_server::backend::Backend>(url: &str) -> B {
+    let at = oncely_server::backend::Location::url(url);
+    B::connect(&at, oncely_server::backend::COMMAND_POOL)
+        .await
+        .unwrap()
+}
+
+/// [`open_backend`], migrated by this release.
+pub async fn open_migrated<B: Accounts>(url: &str) -> B {
+    let backend = open_backend::<B>(url).await;
+    oncely_server::startup::migrate(&backend).await.unwrap();
+    backend
+}
 
 /// `oncely worker` as a child process; returns once it reports that it runs.
 pub async fn spawn_worker(database_url: &str, mailer: &str) -> tokio::process::Child {

@@ -56,6 +56,11 @@ pub fn idempotent_post(
         .header("idempotency-key", key)
 }
 
+/// The JSON answer to `request`, sent.
+pub async fn json_of<T: serde::de::DeserializeOwned>(request: reqwest::RequestBuilder) -> T {
+    request.send().await.unwrap().json().await.unwrap()
+}
+
 /// An HTTP client whose connections come from `source` (a loopback address).
 pub fn client_from(source: &str) -> reqwest::Client {
     // Installs the TLS provider reqwest needs, as every test client does.
@@ -91,6 +96,12 @@ pub async fn app_with_faults(url: &str, faults: Faults) -> TestApp {
 pub async fn smtp_inbox() -> (Inbox, String) {
     let (inbox, running) = start_inbox(Faults::default()).await;
     (inbox, format!("smtp://{}", running.smtp_addr))
+}
+
+/// A signup of `address` (no API key, Idempotency-Key `key`), answered 202.
+pub async fn sign_up(app: &TestApp, key: &str, address: &str) {
+    let signup = app.post("/v1/signup", key, &email(address)).await;
+    assert_eq!(signup.status(), 202);
 }
 
 /// Waits for `n` emails to `to` and returns the token of the `n`th.

@@ -12,9 +12,8 @@ use std::time::Duration;
 use oncely::ServerSecret;
 
 use crate::branding::ServiceBrand;
-// Where it was before it had a module of its own (the end-to-end suite names it here).
 use crate::connections::ConnectionLimits;
-pub use crate::environment::Environment;
+use crate::environment::Environment;
 use crate::webhooks::WebhookSettings;
 use oncely_outbox::OnUnknown;
 use oncely_outbox::mail::IdempotencyHeader;

@@ -135,8 +135,7 @@ async fn parked<S: Backend>(store: &S, worker: &Worker<S>, key: &str, look: &str
     let job = NewJob::new(key, "r", json!({ "look": look }));
     store.enqueue_with_business_row(job, true).await.unwrap();
     worker.drain().await.unwrap();
-    let record = job_in(&store, key, JobStatus::Unknown).await;
-    record.id
+    job_in(store, key, JobStatus::Unknown).await.id
 }
 
 /// Waits (10 s at the most) until the inbox has taken the message under the delivery key `key`
@@ -500,7 +499,7 @@ async fn looking_up<S: Backend>(
 }
 
 /// An email job `key` to `to`, run by `worker`: parked, its outcome unknown.
-async fn parked<S: Backend>(store: &S, worker: &Worker<S>, key: &str, to: &str) {
+async fn email_parked<S: Backend>(store: &S, worker: &Worker<S>, key: &str, to: &str) {
     enqueue_email(store, key, to).await;
     worker.drain().await.unwrap();
     assert_eq!(status(store, key).await, JobStatus::Unknown);
@@ -515,7 +514,7 @@ async fn over_smtp_a_dropped_answer_is_settled_by_the_inbox_s_lookup_with_one_co
         ..oncely_inbox::Faults::default()
     };
     let (inbox, _, worker) = looking_up(&store, faults, Duration::from_secs(2)).await;
-    parked(&store, &worker, "mail:1", "ada@example.com").await;
+    email_parked(&store, &worker, "mail:1", "ada@example.com").await;
     assert_eq!(
         inbox.messages(None).len(),
         1,
@@ -545,7 +544,7 @@ async fn a_slow_answer_is_not_taken_for_a_no_and_a_broken_lookup_says_nothing<S:
         ..oncely_inbox::Faults::default()
     };
     let (inbox, running, worker) = looking_up(&store, faults, Duration::from_millis(300)).await;
-    parked(&store, &worker, "mail:slow", "ada@example.com").await;
+    email_parked(&store, &worker, "mail:slow", "ada@example.com").await;
     assert!(inbox.messages(None).is_empty(), "not taken yet");
     // Asked at once, the inbox has not taken it: a "no" that is not believed yet.
     store.clock().advance(Duration::from_secs(3));
@@ -587,7 +586,7 @@ async fn a_slow_answer_is_not_taken_for_a_no_and_a_broken_lookup_says_nothing<S:
         ),
     ] {
         let worker = email_worker(&store, &running, &template, Duration::from_secs(2));
-        parked(&store, &worker, key, "bob@example.com").await;
+        email_parked(&store, &worker, key, "bob@example.com").await;
         store.clock().advance(GRACE * 2);
         let done = worker.reconcile_once().await.unwrap();
         // (The first job again too: asked again once its delay passed.)

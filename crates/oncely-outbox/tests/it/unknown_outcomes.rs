@@ -244,7 +244,7 @@ async fn settled_as_sent_is_recorded_without_running_and_names_its_follow_ups<S:
     );
     assert!(!store.settle(id, Settlement::Resend).await.unwrap());
     assert_eq!(worker.drain().await.unwrap(), 1);
-    let record = job_in(&store, "r:1", JobStatus::Sent).await;
+    job_in(&store, "r:1", JobStatus::Sent).await;
     assert_eq!(
         handler.runs_of("r:1").len(),
         1,
@@ -287,7 +287,7 @@ async fn settled_for_resending_runs_again_under_the_same_key_with_a_fresh_budget
     assert_eq!(record.attempts, 0, "a fresh attempt budget");
     assert!(record.redriven_at.is_some(), "a fresh horizon");
     assert_eq!(worker.drain().await.unwrap(), 1);
-    let record = job_in(&store, "r:1", JobStatus::Sent).await;
+    job_in(&store, "r:1", JobStatus::Sent).await;
     let keys = handler.runs_of("r:1");
     assert_eq!(keys.len(), 2);
     assert_eq!(keys[0], keys[1], "the same delivery key");

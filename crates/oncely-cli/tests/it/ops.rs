@@ -20,6 +20,15 @@ pub async fn oncely(args: &[&str]) -> (bool, String) {
     (code == 0, format!("{stdout}{stderr}"))
 }
 
+/// Inbox faults: the next `n` emails refused for good.
+fn rejecting(n: u32) -> Faults {
+    Faults {
+        reject_next: n,
+        rejection: Rejection::Permanent,
+        ..Faults::default()
+    }
+}
+
 /// The operation key of the first job `oncely outbox list` printed.
 pub fn first_listed_key(listed: &str) -> &str {
     listed
@@ -39,15 +48,7 @@ async fn a_dead_job_is_listed_with_its_reason_shown_with_its_attempts_and_redriv
     url: String,
     _db: TestDb,
 ) {
-    let app = app_with_faults(
-        &url,
-        Faults {
-            reject_next: 1,
-            rejection: Rejection::Permanent,
-            ..Faults::default()
-        },
-    )
-    .await;
+    let app = app_with_faults(&url, rejecting(1)).await;
     app.post("/v1/signup", "s", &json!({ "email": "bounce@example.com" }))
         .await;
     let deadline = Instant::now() + Duration::from_secs(10);
@@ -226,15 +227,7 @@ async fn dead_jobs_are_redriven_in_bulk_after_a_dry_run_each_with_its_delivery_k
     url: String,
     _db: TestDb,
 ) {
-    let app = app_with_faults(
-        &url,
-        Faults {
-            reject_next: 3,
-            rejection: Rejection::Permanent,
-            ..Faults::default()
-        },
-    )
-    .await;
+    let app = app_with_faults(&url, rejecting(3)).await;
     for i in 0..3 {
         let email = format!("bulk{i}@example.com");
         app.post("/v1/signup", &format!("s{i}"), &json!({ "email": email }))

@@ -2,7 +2,6 @@
 
 use std::fmt::Write;
 
-use clap::Args;
 use oncely_server::accounts::Accounts;
 use oncely_server::backend::Backend;
 use oncely_server::backend::COMMAND_POOL;
@@ -10,20 +9,11 @@ use oncely_server::startup;
 use serde_json::Value;
 use serde_json::json;
 
-use crate::args::DatabaseArgs;
 use crate::output::OutputArgs;
 use crate::output::render;
 
-/// Settings of `oncely migrate`.
-#[derive(Debug, Clone, Args)]
-pub struct MigrateArgs {
-    #[command(flatten)]
-    #[allow(missing_docs)]
-    pub database: DatabaseArgs,
-    #[command(flatten)]
-    #[allow(missing_docs)]
-    pub output: OutputArgs,
-}
+/// Settings of `oncely migrate`: an operator command's (the database, how it prints).
+pub type MigrateArgs = super::OperatorArgs;
 
 /// What `oncely migrate` prints: per library what it applied (`outbox 1 applied, schema at
 /// 0007`), or with `--json` `{"database": "postgres", "applied": n, "libraries":

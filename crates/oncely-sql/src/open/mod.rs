@@ -228,6 +228,19 @@ pub trait Open: Database<Connection: Migrate> + Sized {
     -> impl Future<Output = Result<u64, sqlx::Error>> + Send;
 }
 
+/// [`Open::scalar`], in any dialect whose pool runs statements.
+async fn scalar_on<DB: Database>(db: &Db<DB>, sql: String) -> Result<i64, sqlx::Error>
+where
+    for<'c> &'c Db<DB>: sqlx::Executor<'c, Database = DB>,
+    DB::Arguments: sqlx::IntoArguments<DB>,
+    i64: sqlx::Type<DB> + for<'r> sqlx::Decode<'r, DB>,
+    usize: sqlx::ColumnIndex<DB::Row>,
+{
+    sqlx::query_scalar(sqlx::AssertSqlSafe(sql))
+        .fetch_one(db)
+        .await
+}
+
 /// Warns when the database acknowledges commits it may lose in a crash (`synchronous_commit =
 /// off`): an acknowledged signup or key could vanish, and an outbox attempt's point of no return
 /// be forgotten after its email left — then sent again.

@@ -117,9 +117,7 @@ impl Open for Sqlite {
     }
 
     async fn scalar(db: &Db<Self>, sql: String) -> Result<i64, sqlx::Error> {
-        sqlx::query_scalar(sqlx::AssertSqlSafe(sql))
-            .fetch_one(db)
-            .await
+        super::scalar_on(db, sql).await
     }
 
     async fn execute(db: &Db<Self>, sql: String) -> Result<u64, sqlx::Error> {

@@ -137,53 +137,67 @@ const PREVIOUS_RELEASE: [(&str, &str, &str); 2] = [
     ),
 ];
 
+/// Which of [`PREVIOUS_RELEASE`]'s tables this database has (a database the previous release
+/// ran on: both; a fresh one: none). Asked once per start.
+async fn previous_release_tables<DB: Open>(
+    db: &Db<DB>,
+) -> Result<Vec<(&'static str, &'static str, &'static str)>, StoreError> {
+    let mut present = Vec::new();
+    for tables in PREVIOUS_RELEASE {
+        if DB::scalar(db, DB::has_table(tables.0)).await? > 0 {
+            present.push(tables);
+        }
+    }
+    Ok(present)
+}
+
 /// On a database the previous release ran on, its secret check and development secret become
 /// this release's, unless this release's tables already hold theirs: a process started before
 /// `oncely migrate` copied them (a gateway in development, which migrates the key store's
 /// history alone, on SQLite, where the key store's migration cannot copy them) would otherwise
 /// start the check afresh — accepting another secret, forgetting retired ones — and sign with
-/// another development secret (the links already sent then fail). Run it before
-/// [`development_secret`] and [`require_shared_secret`]; nothing happens where the previous
-/// release's tables do not exist.
-pub async fn adopt_previous_release<DB: Open>(db: &Db<DB>) -> Result<(), StoreError> {
-    for (previous, now, columns) in PREVIOUS_RELEASE {
-        if DB::scalar(db, DB::has_table(previous)).await? > 0 {
-            DB::execute(
-                db,
-                format!(
-                    "INSERT INTO {now} ({columns}) SELECT {columns} FROM {previous} WHERE true \
-                     ON CONFLICT (id) DO NOTHING"
-                ),
-            )
-            .await?;
-        }
+/// another development secret (the links already sent then fail). `present`: the previous
+/// release's tables this database has.
+async fn adopt_previous_release<DB: Open>(
+    db: &Db<DB>,
+    present: &[(&str, &str, &str)],
+) -> Result<(), StoreError> {
+    for (previous, now, columns) in present {
+        DB::execute(
+            db,
+            format!(
+                "INSERT INTO {now} ({columns}) SELECT {columns} FROM {previous} WHERE true \
+                 ON CONFLICT (id) DO NOTHING"
+            ),
+        )
+        .await?;
     }
     Ok(())
 }
 
 /// Writes this release's secret check and development secret into the previous release's
-/// tables, where they exist: a process of the previous release still running, or started
-/// during a rolling upgrade or a rollback, reads only those — and would accept a secret that
-/// this release's processes refuse, or one a rotation retired. Run it after
-/// [`require_shared_secret`].
-pub async fn mirror_to_previous_release<DB: Open>(db: &Db<DB>) -> Result<(), StoreError> {
-    for (previous, now, columns) in PREVIOUS_RELEASE {
-        if DB::scalar(db, DB::has_table(previous)).await? > 0 {
-            let update = columns
-                .split(", ")
-                .filter(|c| *c != "id")
-                .map(|c| format!("{c} = excluded.{c}"))
-                .collect::<Vec<_>>()
-                .join(", ");
-            DB::execute(
-                db,
-                format!(
-                    "INSERT INTO {previous} ({columns}) SELECT {columns} FROM {now} WHERE true \
-                     ON CONFLICT (id) DO UPDATE SET {update}"
-                ),
-            )
-            .await?;
-        }
+/// tables (`present`): a process of the previous release still running, or started during a
+/// rolling upgrade or a rollback, reads only those — and would accept a secret that this
+/// release's processes refuse, or one a rotation retired.
+async fn mirror_to_previous_release<DB: Open>(
+    db: &Db<DB>,
+    present: &[(&str, &str, &str)],
+) -> Result<(), StoreError> {
+    for (previous, now, columns) in present {
+        let update = columns
+            .split(", ")
+            .filter(|c| *c != "id")
+            .map(|c| format!("{c} = excluded.{c}"))
+            .collect::<Vec<_>>()
+            .join(", ");
+        DB::execute(
+            db,
+            format!(
+                "INSERT INTO {previous} ({columns}) SELECT {columns} FROM {now} WHERE true \
+                 ON CONFLICT (id) DO UPDATE SET {update}"
+            ),
+        )
+        .await?;
     }
     Ok(())
 }
@@ -221,17 +235,20 @@ pub enum SharedSecretError {
 
 /// What a process does at start with its server secret `secret` (or, `generated` in
 /// development when none was given, the one its database keeps): the previous release's rows
-/// adopted ([`adopt_previous_release`]), the development secret resolved
+/// adopted (the account service's tables, where they exist), the development secret resolved
 /// ([`development_secret`]), the secret required to be the one the other processes use
-/// ([`require_shared_secret`]), and the outcome written where the previous release's processes
-/// read it ([`mirror_to_previous_release`]). `store` is the key store on `db`.
+/// ([`require_shared_secret`]), and the outcome written back where the previous release's
+/// processes read it. `store` is the key store on `db`.
 pub async fn share_secret<S: SharedSecretStore, DB: Open>(
     store: &S,
     db: &Db<DB>,
     secret: ServerSecret,
     generated: Option<&SecretString>,
 ) -> Result<ServerSecret, SharedSecretError> {
-    adopt_previous_release(db)
+    let present = previous_release_tables(db)
+        .await
+        .map_err(SharedSecretError::Store)?;
+    adopt_previous_release(db, &present)
         .await
         .map_err(SharedSecretError::Store)?;
     let secret = match generated {
@@ -239,7 +256,7 @@ pub async fn share_secret<S: SharedSecretStore, DB: Open>(
         None => secret,
     };
     require_shared_secret(store, &secret).await?;
-    mirror_to_previous_release(db)
+    mirror_to_previous_release(db, &present)
         .await
         .map_err(SharedSecretError::Store)?;
     Ok(secret)
